@@ -1,0 +1,22 @@
+//! kiln: a deep-learning training framework in Rust.
+//!
+//! This facade re-exports every kiln crate under one name, so an application can depend on
+//! `kiln` alone, or on the individual crates it needs:
+//!
+//! | module | crate | job |
+//! |---|---|---|
+//! | [`device`] | `kiln-device` | devices, visibility, properties, kernels |
+//! | [`alloc`] | `kiln-alloc-cache` | the caching allocator behind all tensor memory |
+//! | [`autograd`] | `kiln-autograd` | tensors, views, reverse-mode autograd |
+//! | [`optim`] | `kiln-optim` | optimizers, gradient clipping, AMP scaling |
+//! | [`sched`] | `kiln-sched` | learning-rate schedulers and scalar logging |
+//! | [`losses`] | `kiln-losses` | loss functions |
+//! | [`models`] | `kiln-models` | layers, models, summaries, checkpoints |
+
+pub use kiln_alloc_cache as alloc;
+pub use kiln_autograd as autograd;
+pub use kiln_device as device;
+pub use kiln_losses as losses;
+pub use kiln_models as models;
+pub use kiln_optim as optim;
+pub use kiln_sched as sched;

@@ -1,0 +1,33 @@
+//! kiln's developer tasks, run as `cargo xtask <command>`.
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  kernels    compile every .cu file with NVRTC (compute_80/90) and assemble with ptxas (sm_80/90)
+  gpu-pack   build test and bench binaries into target/gpu-pack/ for a GPU machine
+  replay     replay an allocation trace through the simulated backend
+  bench      run benchmark groups and write target/kiln-bench/report.{json,md}";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((cmd, rest)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::FAILURE;
+    };
+    let result: Result<(), String> = match cmd.as_str() {
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`: {rest:?}\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
