@@ -2,6 +2,9 @@
 
 mod device;
 mod error;
+mod nvrtc_options;
+pub mod ops;
 
 pub use device::Device;
 pub use error::{Error, Result};
+pub use nvrtc_options::nvrtc_options;
