@@ -7,6 +7,83 @@ pub enum Error {
     /// A CUDA device was asked for but CUDA cannot be used; the string says why.
     #[error("CUDA unavailable: {0}")]
     CudaUnavailable(String),
+    /// A CUDA ordinal past the visible devices.
+    #[error(
+        "cuda:{ordinal} does not exist: {count} CUDA device(s) visible; use an ordinal below {count} \
+         (check CUDA_VISIBLE_DEVICES / set_visible_devices)"
+    )]
+    NoSuchCudaDevice {
+        /// The logical ordinal asked for.
+        ordinal: usize,
+        /// How many devices are visible.
+        count: usize,
+    },
+    /// `set_visible_devices` was called after kiln initialised CUDA.
+    #[error(
+        "set_visible_devices called after CUDA was initialised in this process; call it first thing \
+         in main, before any device query, or set CUDA_VISIBLE_DEVICES before starting the process"
+    )]
+    VisibilityFrozen,
+    /// An entry given to `set_visible_devices` is not a device id.
+    #[error("set_visible_devices: entry {index} ({entry:?}) is invalid: {why}")]
+    InvalidVisibleDevice {
+        /// Index of the entry in the list.
+        index: usize,
+        /// The entry as given.
+        entry: String,
+        /// What is wrong and how to write it.
+        why: String,
+    },
+    /// A CUDA driver call failed.
+    #[error(
+        "CUDA driver call {call} failed with {code}; check `nvidia-smi` and the driver install"
+    )]
+    Driver {
+        /// The driver call (`cuMemGetInfo`, `cuModuleLoadData`, …).
+        call: &'static str,
+        /// The driver's error name (`CUDA_ERROR_OUT_OF_MEMORY`, …) and description.
+        code: String,
+    },
+    /// The NVRTC library could not be loaded, so kernels cannot be compiled.
+    #[error(
+        "libnvrtc.so not found, so CUDA kernels cannot be compiled; install the CUDA toolkit's NVRTC \
+         (or `pip install nvidia-cuda-nvrtc`) and add its lib folder to LD_LIBRARY_PATH"
+    )]
+    NvrtcNotFound,
+    /// NVRTC rejected a kernel source file.
+    #[error("NVRTC failed to compile {file} for compute_{arch}: {code}\n{log}")]
+    KernelCompile {
+        /// The `.cu` file, relative to the crate's `src/`.
+        file: &'static str,
+        /// The virtual architecture compiled for (`90` for compute_90).
+        arch: u32,
+        /// NVRTC's result code.
+        code: String,
+        /// NVRTC's compile log (the compiler's error messages).
+        log: String,
+    },
+    /// A kernel function is missing from its compiled module.
+    #[error("kernel {function} not found in {file}; check its `extern \"C\"` instantiation")]
+    KernelNotFound {
+        /// The `.cu` file.
+        file: &'static str,
+        /// The function looked for.
+        function: String,
+    },
+    /// Two buffers or a buffer and a shape disagree in length.
+    #[error("{op}: {what}; pass buffers whose lengths match the shape")]
+    LengthMismatch {
+        /// The operation.
+        op: &'static str,
+        /// What disagrees, with the numbers.
+        what: String,
+    },
+    /// The operation is not supported on this platform.
+    #[error("not supported here: {what}")]
+    Unsupported {
+        /// What is missing.
+        what: &'static str,
+    },
 }
 
 /// `Result` with [`Error`].

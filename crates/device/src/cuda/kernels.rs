@@ -1,0 +1,160 @@
+//! Kernel loading: CUDA C sources compiled at first use by NVRTC, cached per process.
+//!
+//! Each op family keeps its kernels in a `.cu` file beside the Rust that launches them and names
+//! it with a [`KernelSource`] (`include_str!`, so the source ships inside the binary and no file
+//! is read at run time). The first launch on a device compiles the file to PTX with NVRTC for
+//! that device's compute capability, with the one option list [`crate::nvrtc_options`] (the same
+//! list `cargo xtask kernels` checks in CI), then loads the PTX into the device's context.
+//!
+//! Two caches, both per process and filled under a lock (a file is compiled once even when many
+//! threads launch at once):
+//! - PTX by (compute capability, file): two devices of the same arch share one compile;
+//! - functions by (context, file, function): a module is loaded once per context.
+//!
+//! Failures are typed: NVRTC absent → [`Error::NvrtcNotFound`] (checked before any NVRTC call,
+//! which would otherwise panic); a compile error → [`Error::KernelCompile`] carrying the file name
+//! and NVRTC's log; a missing function → [`Error::KernelNotFound`].
+
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{result as nvrtc, Ptx};
+
+use crate::error::{Error, Result};
+
+/// A `.cu` file compiled by NVRTC at first use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelSource {
+    /// Path of the file relative to the crate's `src/` (shown in errors and NVRTC's log).
+    pub file: &'static str,
+    /// The CUDA C source (`include_str!` of the file).
+    pub source: &'static str,
+}
+
+type PtxKey = ((u32, u32), &'static str);
+type FunctionKey = (usize, &'static str, String);
+
+static PTX: Mutex<Option<HashMap<PtxKey, Arc<str>>>> = Mutex::new(None);
+static FUNCTIONS: Mutex<Option<HashMap<FunctionKey, CudaFunction>>> = Mutex::new(None);
+
+fn chars_to_string(chars: Vec<c_char>) -> String {
+    let bytes: Vec<u8> = chars
+        .into_iter()
+        .map(|c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Compiles `kernel` to PTX for compute capability `(major, minor)`, or returns the cached PTX.
+pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<Arc<str>> {
+    if !super::probe::nvrtc_present() {
+        return Err(Error::NvrtcNotFound);
+    }
+    let mut cache = PTX.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(ptx) = cache.get(&((major, minor), kernel.file)) {
+        return Ok(ptx.clone());
+    }
+    let arch = major * 10 + minor;
+    let fail = |code: String, log: String| Error::KernelCompile {
+        file: kernel.file,
+        arch,
+        code,
+        log,
+    };
+    let source = CString::new(kernel.source)
+        .map_err(|_| fail("NUL byte in source".into(), String::new()))?;
+    let name = CString::new(kernel.file)
+        .map_err(|_| fail("NUL byte in file name".into(), String::new()))?;
+    let prog = nvrtc::create_program(&source, Some(&name))
+        .map_err(|e| fail(format!("{:?}", e.0), String::new()))?;
+    // SAFETY: `prog` was created above and is destroyed once, below; `source` and `name` outlive it.
+    let compiled = unsafe { nvrtc::compile_program(prog, &crate::nvrtc_options(major, minor)) };
+    // SAFETY: as above.
+    let log = unsafe { nvrtc::get_program_log(prog) }
+        .map(chars_to_string)
+        .unwrap_or_default();
+    let ptx = match compiled {
+        // SAFETY: as above; the program compiled.
+        Ok(()) => unsafe { nvrtc::get_ptx(prog) }
+            .map(chars_to_string)
+            .map_err(|e| fail(format!("{:?}", e.0), log)),
+        Err(e) => Err(fail(format!("{:?}", e.0), log)),
+    };
+    // SAFETY: as above; not used afterwards.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    let ptx: Arc<str> = ptx?.into();
+    cache.insert(((major, minor), kernel.file), ptx.clone());
+    Ok(ptx)
+}
+
+/// The function `name` of `kernel`, loaded into `ctx` (compiling the file on first use).
+pub fn load_function(
+    ctx: &Arc<CudaContext>,
+    kernel: &KernelSource,
+    name: &str,
+) -> Result<CudaFunction> {
+    let key: FunctionKey = (ctx.cu_ctx() as usize, kernel.file, name.to_string());
+    let mut cache = FUNCTIONS.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(f) = cache.get(&key) {
+        return Ok(f.clone());
+    }
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| super::driver_error("cuDeviceGetAttribute", e))?;
+    let ptx = compile_ptx(kernel, (major as u32, minor as u32))?;
+    let module = ctx
+        .load_module(Ptx::from_src(ptx.to_string()))
+        .map_err(|e| super::driver_error("cuModuleLoadData", e))?;
+    let function = module
+        .load_function(name)
+        .map_err(|_| Error::KernelNotFound {
+            file: kernel.file,
+            function: name.to_string(),
+        })?;
+    cache.insert(key, function.clone());
+    Ok(function)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BROKEN: KernelSource = KernelSource {
+        file: "cuda/broken_for_test.cu",
+        source: "extern \"C\" __global__ void kiln_broken(float* x) { x[0] = undeclared_name; }\n",
+    };
+
+    #[test]
+    fn compile_errors_are_typed_and_carry_file_and_log() {
+        match compile_ptx(&BROKEN, (8, 0)) {
+            Err(Error::NvrtcNotFound) => {
+                // Without NVRTC the loader must refuse with the typed error, never panic.
+                assert!(!super::super::probe::nvrtc_present());
+                let msg = Error::NvrtcNotFound.to_string();
+                assert!(msg.starts_with("libnvrtc.so not found"), "{msg}");
+                if crate::testing::cuda_required() {
+                    panic!("KILN_REQUIRE_CUDA=1 but NVRTC is absent");
+                }
+            }
+            Err(Error::KernelCompile {
+                file, arch, log, ..
+            }) => {
+                assert_eq!(file, "cuda/broken_for_test.cu");
+                assert_eq!(arch, 80);
+                assert!(log.contains("undeclared_name"), "{log}");
+            }
+            other => panic!("expected a typed compile error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn char_buffers_become_strings_up_to_the_nul() {
+        let chars: Vec<c_char> = b"ptx\0junk".iter().map(|&b| b as c_char).collect();
+        assert_eq!(chars_to_string(chars), "ptx");
+    }
+}

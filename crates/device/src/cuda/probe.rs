@@ -1,0 +1,198 @@
+//! The CUDA probe: loads nothing it has not checked, calls the driver, and turns every outcome
+//! into a [`CudaStatus`]. Runs once per process, from [`crate::cuda_status`].
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{result, sys};
+
+use crate::properties::{format_uuid, CudaDeviceProperties};
+use crate::status::{CudaStatus, CudaUnavailable};
+use crate::visibility::{parse_selectors, DeviceSelector, VisibleDevices};
+
+/// True when `libcuda` can be loaded (checked once; cudarc panics on a missing library).
+pub(crate) fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen the library's candidate names.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// True when `libnvrtc` can be loaded (checked once).
+pub(crate) fn nvrtc_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen the library's candidate names.
+    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+}
+
+/// The driver's name for an error (`CUDA_ERROR_NO_DEVICE`).
+pub(crate) fn code_name(err: &result::DriverError) -> String {
+    format!("{:?}", err.0)
+}
+
+/// Probes the driver; `programmatic_mask` is what `set_visible_devices` asked for, joined by commas.
+pub(crate) fn probe(programmatic_mask: Option<String>) -> CudaStatus {
+    if !driver_present() {
+        return CudaStatus::unavailable(CudaUnavailable::DriverNotFound, Vec::new(), Vec::new());
+    }
+    // cudarc panics when a driver symbol is missing (a driver older than the CUDA version kiln is
+    // built for); that is a reason to fall back, not to abort.
+    match std::panic::catch_unwind(|| probe_driver(programmatic_mask)) {
+        Ok(status) => status,
+        Err(payload) => {
+            let detail = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a driver function is missing".to_string());
+            CudaStatus::unavailable(
+                CudaUnavailable::DriverTooOld { detail },
+                Vec::new(),
+                Vec::new(),
+            )
+        }
+    }
+}
+
+fn unavailable(reason: CudaUnavailable) -> CudaStatus {
+    CudaStatus::unavailable(reason, Vec::new(), Vec::new())
+}
+
+fn hidden_by_env(value: &str) -> CudaUnavailable {
+    let detail = parse_selectors(value).stop.map(|s| s.to_string());
+    CudaUnavailable::HiddenByEnv {
+        value: value.to_string(),
+        detail,
+    }
+}
+
+fn probe_driver(programmatic_mask: Option<String>) -> CudaStatus {
+    let env = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    if let Err(e) = result::init() {
+        let code = code_name(&e);
+        return match &env {
+            Some(value) if code == "CUDA_ERROR_NO_DEVICE" => unavailable(hidden_by_env(value)),
+            _ => unavailable(CudaUnavailable::Driver {
+                call: "cuInit",
+                code,
+            }),
+        };
+    }
+    let count = match result::device::get_count() {
+        Ok(n) => n.max(0) as usize,
+        Err(e) => {
+            let code = code_name(&e);
+            return unavailable(CudaUnavailable::Driver {
+                call: "cuDeviceGetCount",
+                code,
+            });
+        }
+    };
+    if count == 0 {
+        return unavailable(match &env {
+            Some(value) => hidden_by_env(value),
+            None => CudaUnavailable::NoDevices,
+        });
+    }
+    let mut notes = Vec::new();
+    let env_selectors = env.as_deref().map(parse_selectors);
+    if let (Some(value), Some(stop)) = (&env, env_selectors.as_ref().and_then(|s| s.stop.as_ref()))
+    {
+        notes.push(format!(
+            "CUDA_VISIBLE_DEVICES={value:?}: {stop}; later entries are ignored"
+        ));
+    }
+    let mut all = Vec::with_capacity(count);
+    for driver_ordinal in 0..count {
+        let entry = env_selectors
+            .as_ref()
+            .and_then(|s| s.entries.get(driver_ordinal));
+        match read_device(driver_ordinal, entry) {
+            Ok(props) => all.push(props),
+            Err((call, e)) => {
+                return unavailable(CudaUnavailable::Driver {
+                    call,
+                    code: code_name(&e),
+                });
+            }
+        }
+    }
+    let uuids: Vec<String> = all.iter().map(|p| p.uuid.clone()).collect();
+    let visible = VisibleDevices::parse(programmatic_mask.as_deref(), &uuids);
+    if let (Some(ids), Some(stop)) = (&programmatic_mask, &visible.stop) {
+        if !visible.is_empty() {
+            notes.push(format!(
+                "set_visible_devices([{ids}]): {stop}; later entries are ignored"
+            ));
+        }
+    }
+    if visible.is_empty() {
+        let ids = programmatic_mask.unwrap_or_default();
+        let detail = visible.stop.map(|s| s.to_string());
+        return CudaStatus::unavailable(
+            CudaUnavailable::HiddenByProgram { ids, detail },
+            Vec::new(),
+            notes,
+        );
+    }
+    let devices: Vec<CudaDeviceProperties> = visible
+        .ordinals
+        .iter()
+        .enumerate()
+        .map(|(logical, &d)| CudaDeviceProperties {
+            logical,
+            ..all[d].clone()
+        })
+        .collect();
+    if !nvrtc_present() {
+        return CudaStatus::unavailable(CudaUnavailable::NvrtcNotFound, devices, notes);
+    }
+    CudaStatus::available(devices, notes)
+}
+
+type ProbeError = (&'static str, result::DriverError);
+
+/// Reads one device's properties; `env_entry` is the `CUDA_VISIBLE_DEVICES` entry that selected it.
+fn read_device(
+    driver_ordinal: usize,
+    env_entry: Option<&DeviceSelector>,
+) -> Result<CudaDeviceProperties, ProbeError> {
+    use sys::CUdevice_attribute as A;
+    let dev = result::device::get(driver_ordinal as i32).map_err(|e| ("cuDeviceGet", e))?;
+    let attr = |a: A, call: &'static str| -> Result<u32, ProbeError> {
+        // SAFETY: `dev` is a valid device handle from cuDeviceGet.
+        let v = unsafe { result::device::get_attribute(dev, a) }.map_err(|e| (call, e))?;
+        Ok(v.max(0) as u32)
+    };
+    let name = result::device::get_name(dev).map_err(|e| ("cuDeviceGetName", e))?;
+    // SAFETY: as above.
+    let total = unsafe { result::device::total_mem(dev) }.map_err(|e| ("cuDeviceTotalMem", e))?;
+    let uuid = result::device::get_uuid(dev).map_err(|e| ("cuDeviceGetUuid", e))?;
+    let bytes: [u8; 16] = uuid.bytes.map(|b| b as u8);
+    let (prefix, physical_ordinal) = match env_entry {
+        None => ("GPU-", Some(driver_ordinal)),
+        Some(DeviceSelector::Ordinal(n)) => ("GPU-", Some(*n)),
+        Some(DeviceSelector::Uuid(u)) if u.starts_with("MIG-") => ("MIG-", None),
+        Some(DeviceSelector::Uuid(_)) => ("GPU-", None),
+    };
+    Ok(CudaDeviceProperties {
+        logical: driver_ordinal,
+        driver_ordinal,
+        physical_ordinal,
+        name,
+        total_memory: total as u64,
+        compute_capability: (
+            attr(
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                "cuDeviceGetAttribute",
+            )?,
+            attr(
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                "cuDeviceGetAttribute",
+            )?,
+        ),
+        sm_count: attr(
+            A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "cuDeviceGetAttribute",
+        )?,
+        uuid: format_uuid(prefix, &bytes),
+    })
+}

@@ -1,0 +1,239 @@
+//! Fill and strided copy on CUDA: launches the kernels of `fill.cu` on a cudarc stream.
+//!
+//! Launches go on the stream the destination buffer belongs to (`CudaSlice::stream`), so they
+//! order after whatever else was queued there; cudarc records the read/write events that keep
+//! the buffers alive until the kernels finish.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
+
+use super::{StridedLayout, MAX_DIMS};
+use crate::cuda::driver_error;
+use crate::cuda::kernels::{load_function, KernelSource};
+use crate::error::{Error, Result};
+
+/// The kernels of this op family.
+pub const FILL_KERNELS: KernelSource = KernelSource {
+    file: "ops/fill/fill.cu",
+    source: include_str!("fill.cu"),
+};
+
+/// An element type the fill kernel is instantiated for.
+pub trait FillElement: DeviceRepr + Copy {
+    /// The kernel's `extern "C"` name.
+    const FILL_KERNEL: &'static str;
+}
+
+macro_rules! fill_element {
+    ($($t:ty => $name:literal),* $(,)?) => {
+        $(impl FillElement for $t {
+            const FILL_KERNEL: &'static str = $name;
+        })*
+    };
+}
+
+fill_element!(
+    f32 => "kiln_fill_f32",
+    f64 => "kiln_fill_f64",
+    f16 => "kiln_fill_f16",
+    bf16 => "kiln_fill_bf16",
+    i32 => "kiln_fill_i32",
+    i64 => "kiln_fill_i64",
+    u8 => "kiln_fill_u8",
+);
+
+/// The layout as the kernel receives it (matches `struct StridedArgs` in fill.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct StridedArgs {
+    shape: [u64; MAX_DIMS],
+    strides: [u64; MAX_DIMS],
+    ndim: u32,
+    pad: u32,
+}
+
+// SAFETY: plain `#[repr(C)]` data with the same layout as the CUDA struct.
+unsafe impl DeviceRepr for StridedArgs {}
+
+const BLOCK: u32 = 256;
+/// Grid cap: the kernels are grid-stride loops, so more blocks than this only add overhead.
+const MAX_GRID: u64 = 65_536;
+
+fn launch_config(n: u64) -> LaunchConfig {
+    let blocks = n.div_ceil(u64::from(BLOCK)).clamp(1, MAX_GRID) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Writes `value` into every element of `dst`, on `dst`'s stream.
+pub fn fill<T: FillElement>(dst: &mut CudaSlice<T>, value: T) -> Result<()> {
+    let n = dst.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let stream = dst.stream().clone();
+    let function = load_function(stream.context(), &FILL_KERNELS, T::FILL_KERNEL)?;
+    let mut launch = stream.launch_builder(&function);
+    launch.arg(dst).arg(&value).arg(&n);
+    // SAFETY: the kernel's signature is (T*, T, u64) and it writes only dst[0..n).
+    unsafe { launch.launch(launch_config(n)) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
+    Ok(())
+}
+
+/// Gathers the view `layout` of `src` into the contiguous `dst`, on `dst`'s stream (which must
+/// be `src`'s stream or ordered after it).
+pub fn copy_strided<T: DeviceRepr>(
+    src: &CudaSlice<T>,
+    layout: &StridedLayout,
+    dst: &mut CudaSlice<T>,
+) -> Result<()> {
+    let n = layout.check("copy_strided", src.len(), dst.len())? as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let name = match std::mem::size_of::<T>() {
+        1 => "kiln_copy_strided_b1",
+        2 => "kiln_copy_strided_b2",
+        4 => "kiln_copy_strided_b4",
+        8 => "kiln_copy_strided_b8",
+        other => {
+            return Err(Error::LengthMismatch {
+                op: "copy_strided",
+                what: format!("elements of {other} bytes have no kernel (1, 2, 4 or 8 bytes)"),
+            })
+        }
+    };
+    let mut args = StridedArgs {
+        shape: [1; MAX_DIMS],
+        strides: [0; MAX_DIMS],
+        ndim: 0,
+        pad: 0,
+    };
+    for (d, (&size, &stride)) in layout.shape.iter().zip(&layout.strides).enumerate() {
+        args.shape[d] = size as u64;
+        args.strides[d] = stride as u64;
+    }
+    args.ndim = layout.shape.len() as u32;
+    let offset = layout.offset as u64;
+    let stream = dst.stream().clone();
+    let function = load_function(stream.context(), &FILL_KERNELS, name)?;
+    let mut launch = stream.launch_builder(&function);
+    launch.arg(src).arg(&offset).arg(&args).arg(dst).arg(&n);
+    // SAFETY: the signature matches fill.cu; `check` proved every index read is < src.len() and
+    // the kernel writes only dst[0..n) with n == dst.len().
+    unsafe { launch.launch(launch_config(n)) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::cuda_device_or_skip;
+
+    #[test]
+    fn fill_matches_cpu_for_every_dtype() {
+        let Some(dev) = cuda_device_or_skip() else {
+            return;
+        };
+        let stream = crate::cuda::default_stream(dev).unwrap();
+        fn check<T: FillElement + PartialEq + std::fmt::Debug + Default>(
+            stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+            value: T,
+        ) {
+            // 1000 003 elements: several blocks plus a ragged tail.
+            let n = 1_000_003;
+            let mut buf = stream.clone_htod(&vec![T::default(); n]).unwrap();
+            fill(&mut buf, value).unwrap();
+            let host = stream.clone_dtoh(&buf).unwrap();
+            let mut want = vec![T::default(); n];
+            super::super::cpu::fill(&mut want, value);
+            assert_eq!(host, want);
+        }
+        check(&stream, 1.25f32);
+        check(&stream, -3.5f64);
+        check(&stream, f16::from_f32(0.333));
+        check(&stream, bf16::from_f32(-7.0));
+        check(&stream, -42i32);
+        check(&stream, i64::MIN + 1);
+        check(&stream, 0xA5u8);
+        let mut empty = stream.alloc_zeros::<f32>(0).unwrap();
+        fill(&mut empty, 1.0).unwrap();
+    }
+
+    #[test]
+    fn strided_copy_matches_cpu() {
+        let Some(dev) = cuda_device_or_skip() else {
+            return;
+        };
+        let stream = crate::cuda::default_stream(dev).unwrap();
+        let src_host: Vec<f32> = (0..24 * 5).map(|i| i as f32).collect();
+        let src = stream.clone_htod(&src_host).unwrap();
+        let views = [
+            StridedLayout {
+                shape: vec![3, 2],
+                strides: vec![1, 3],
+                offset: 0,
+            },
+            StridedLayout {
+                shape: vec![2, 2, 2],
+                strides: vec![12, 4, 2],
+                offset: 4,
+            },
+            StridedLayout {
+                shape: vec![4, 5],
+                strides: vec![0, 1],
+                offset: 7,
+            },
+            StridedLayout {
+                shape: vec![],
+                strides: vec![],
+                offset: 9,
+            },
+            StridedLayout {
+                shape: vec![2, 1, 3, 1, 2, 1, 2, 2],
+                strides: vec![48, 0, 16, 0, 8, 0, 4, 1],
+                offset: 3,
+            },
+        ];
+        for view in &views {
+            let mut want = vec![0f32; view.numel()];
+            super::super::cpu::copy_strided(&src_host, view, &mut want).unwrap();
+            let mut dst = stream.alloc_zeros::<f32>(view.numel()).unwrap();
+            copy_strided(&src, view, &mut dst).unwrap();
+            assert_eq!(stream.clone_dtoh(&dst).unwrap(), want, "{view:?}");
+        }
+        let bytes: Vec<u8> = (0..=255).collect();
+        let src8 = stream.clone_htod(&bytes).unwrap();
+        let rev = StridedLayout {
+            shape: vec![16, 16],
+            strides: vec![1, 16],
+            offset: 0,
+        };
+        let mut dst8 = stream.alloc_zeros::<u8>(256).unwrap();
+        copy_strided(&src8, &rev, &mut dst8).unwrap();
+        let mut want8 = vec![0u8; 256];
+        super::super::cpu::copy_strided(&bytes, &rev, &mut want8).unwrap();
+        assert_eq!(stream.clone_dtoh(&dst8).unwrap(), want8);
+        let whole = StridedLayout {
+            shape: vec![120],
+            strides: vec![1],
+            offset: 0,
+        };
+        let mut all = stream.alloc_zeros::<f32>(120).unwrap();
+        copy_strided(&src, &whole, &mut all).unwrap();
+        assert_eq!(stream.clone_dtoh(&all).unwrap(), src_host);
+        let too_far = StridedLayout {
+            shape: vec![2],
+            strides: vec![200],
+            offset: 0,
+        };
+        let mut two = stream.alloc_zeros::<f32>(2).unwrap();
+        assert!(matches!(
+            copy_strided(&src, &too_far, &mut two),
+            Err(Error::LengthMismatch { .. })
+        ));
+    }
+}
