@@ -51,7 +51,7 @@ pub enum Error {
     )]
     NvrtcNotFound,
     /// NVRTC rejected a kernel source file.
-    #[error("NVRTC failed to compile {file} for compute_{arch}: {code}\n{log}")]
+    #[error("NVRTC failed to compile {file} for compute_{arch}: {code}\n{log}{hint}")]
     KernelCompile {
         /// The `.cu` file, relative to the crate's `src/`.
         file: &'static str,
@@ -61,6 +61,8 @@ pub enum Error {
         code: String,
         /// NVRTC's compile log (the compiler's error messages).
         log: String,
+        /// kiln's advice (`\nhint: …`) for a failure it recognises (missing CUDA headers), else empty.
+        hint: String,
     },
     /// A kernel function is missing from its compiled module.
     #[error("kernel {function} not found in {file}; check its `extern \"C\"` instantiation")]

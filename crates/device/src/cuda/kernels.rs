@@ -11,13 +11,18 @@
 //! - PTX by (compute capability, file): two devices of the same arch share one compile;
 //! - functions by (context, file, function): a module is loaded once per context.
 //!
+//! CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`) are not built into NVRTC, so the loader looks for
+//! a folder holding them once per process ([`cuda_include_dir`]) and passes it as
+//! `--include-path` after the common options (as `cargo xtask kernels` does with its own copy).
+//!
 //! Failures are typed: NVRTC absent → [`Error::NvrtcNotFound`] (checked before any NVRTC call,
 //! which would otherwise panic); a compile error → [`Error::KernelCompile`] carrying the file name
 //! and NVRTC's log; a missing function → [`Error::KernelNotFound`].
 
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, Ptx};
@@ -48,6 +53,72 @@ fn chars_to_string(chars: Vec<c_char>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Where to look for the CUDA headers, most explicit first: `$KILN_CUDA_INCLUDE`; `include/` of
+/// `$CUDA_HOME`, `$CUDA_PATH`, `$CUDA_ROOT`; `../include` of each `LD_LIBRARY_PATH` folder (the
+/// toolkit's `lib64/` and the pip wheels' `nvidia/cu13/lib/` both sit beside their `include/`);
+/// the usual toolkit folders; `cargo xtask kernels`' cache; `/usr/include` (distribution packages).
+pub fn include_dir_candidates(var: impl Fn(&str) -> Option<String>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    out.extend(var("KILN_CUDA_INCLUDE").map(PathBuf::from));
+    for root in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        out.extend(var(root).map(|r| Path::new(&r).join("include")));
+    }
+    if let Some(paths) = var("LD_LIBRARY_PATH") {
+        out.extend(std::env::split_paths(&paths).map(|lib| lib.join("../include")));
+    }
+    out.extend(
+        [
+            "/usr/local/cuda/include",
+            "/usr/local/cuda-13.0/include",
+            "/opt/cuda/include",
+        ]
+        .map(PathBuf::from),
+    );
+    let cache = var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| var("HOME").map(|h| Path::new(&h).join(".cache")));
+    out.extend(cache.map(|c| c.join("kiln/cuda-13.0/nvidia/cu13/include")));
+    out.push(PathBuf::from("/usr/include"));
+    out
+}
+
+/// The first candidate folder holding `cuda_fp16.h`, `None` when there is none.
+pub fn find_include_dir(candidates: &[PathBuf]) -> Option<PathBuf> {
+    candidates
+        .iter()
+        .find(|dir| dir.join("cuda_fp16.h").is_file())
+        .cloned()
+}
+
+/// The CUDA header folder kernels are compiled with (searched once; see
+/// [`include_dir_candidates`]).
+pub fn cuda_include_dir() -> Option<&'static Path> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| find_include_dir(&include_dir_candidates(|k| std::env::var(k).ok())))
+        .as_deref()
+}
+
+/// The full NVRTC option list for `(major, minor)`: kiln's list plus the header folder.
+fn options(major: u32, minor: u32) -> Vec<String> {
+    let mut options = crate::nvrtc_options(major, minor);
+    if let Some(dir) = cuda_include_dir() {
+        options.push(format!("--include-path={}", dir.display()));
+    }
+    options
+}
+
+/// A hint for a log NVRTC wrote: how to fix what it says, when kiln knows.
+fn hint_for(log: &str) -> String {
+    if log.contains("could not open source file \"cuda_") {
+        "\nhint: kiln found no CUDA headers: set KILN_CUDA_INCLUDE (or CUDA_HOME) to a folder holding \
+         cuda_fp16.h, e.g. /usr/local/cuda/include or a `pip install nvidia-cuda-runtime` wheel's \
+         nvidia/cu13/include"
+            .to_string()
+    } else {
+        String::new()
+    }
+}
+
 /// Compiles `kernel` to PTX for compute capability `(major, minor)`, or returns the cached PTX.
 pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<Arc<str>> {
     if !super::probe::nvrtc_present() {
@@ -63,6 +134,7 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
         file: kernel.file,
         arch,
         code,
+        hint: hint_for(&log),
         log,
     };
     let source = CString::new(kernel.source)
@@ -72,7 +144,7 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     let prog = nvrtc::create_program(&source, Some(&name))
         .map_err(|e| fail(format!("{:?}", e.0), String::new()))?;
     // SAFETY: `prog` was created above and is destroyed once, below; `source` and `name` outlive it.
-    let compiled = unsafe { nvrtc::compile_program(prog, &crate::nvrtc_options(major, minor)) };
+    let compiled = unsafe { nvrtc::compile_program(prog, &options(major, minor)) };
     // SAFETY: as above.
     let log = unsafe { nvrtc::get_program_log(prog) }
         .map(chars_to_string)
@@ -150,6 +222,49 @@ mod tests {
             }
             other => panic!("expected a typed compile error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn include_dir_search_order_and_pick() {
+        let vars = |k: &str| match k {
+            "KILN_CUDA_INCLUDE" => Some("/explicit".to_string()),
+            "CUDA_HOME" => Some("/opt/cuda-13".to_string()),
+            "LD_LIBRARY_PATH" => Some("/w/nvidia/cu13/lib:/x/lib64".to_string()),
+            "HOME" => Some("/home/u".to_string()),
+            _ => None,
+        };
+        let got = include_dir_candidates(vars);
+        let want: Vec<PathBuf> = [
+            "/explicit",
+            "/opt/cuda-13/include",
+            "/w/nvidia/cu13/lib/../include",
+            "/x/lib64/../include",
+            "/usr/local/cuda/include",
+            "/usr/local/cuda-13.0/include",
+            "/opt/cuda/include",
+            "/home/u/.cache/kiln/cuda-13.0/nvidia/cu13/include",
+            "/usr/include",
+        ]
+        .map(PathBuf::from)
+        .to_vec();
+        assert_eq!(got, want);
+
+        let root = std::env::temp_dir().join(format!("kiln-include-test-{}", std::process::id()));
+        let (empty, headers) = (root.join("empty"), root.join("headers"));
+        std::fs::create_dir_all(&empty).unwrap();
+        std::fs::create_dir_all(&headers).unwrap();
+        std::fs::write(headers.join("cuda_fp16.h"), "").unwrap();
+        let picked = find_include_dir(&[root.join("missing"), empty.clone(), headers.clone()]);
+        assert_eq!(picked, Some(headers));
+        assert_eq!(find_include_dir(&[empty]), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn missing_header_logs_get_a_fix() {
+        let log = "fill.cu(10): catastrophic error: could not open source file \"cuda_fp16.h\"";
+        assert!(hint_for(log).contains("KILN_CUDA_INCLUDE"));
+        assert_eq!(hint_for("error: identifier \"x\" is undefined"), "");
     }
 
     #[test]

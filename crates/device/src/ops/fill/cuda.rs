@@ -134,6 +134,32 @@ mod tests {
     use crate::testing::cuda_device_or_skip;
 
     #[test]
+    fn fill_cu_compiles_to_ptx_with_every_kernel() {
+        let ptx = match crate::cuda::kernels::compile_ptx(&FILL_KERNELS, (9, 0)) {
+            Err(Error::NvrtcNotFound) if !crate::testing::cuda_required() => {
+                eprintln!(
+                    "skipping fill_cu_compiles_to_ptx_with_every_kernel: libnvrtc.so not found"
+                );
+                return;
+            }
+            other => other.unwrap(),
+        };
+        assert!(ptx.contains(".target sm_90"), "PTX for the wrong arch");
+        for name in ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"] {
+            assert!(
+                ptx.contains(&format!(".entry kiln_fill_{name}(")),
+                "kiln_fill_{name} missing"
+            );
+        }
+        for bytes in [1, 2, 4, 8] {
+            assert!(ptx.contains(&format!(".entry kiln_copy_strided_b{bytes}(")));
+        }
+        // Cached: the second request returns the same compiled text.
+        let again = crate::cuda::kernels::compile_ptx(&FILL_KERNELS, (9, 0)).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&ptx, &again));
+    }
+
+    #[test]
     fn fill_matches_cpu_for_every_dtype() {
         let Some(dev) = cuda_device_or_skip() else {
             return;
