@@ -15,7 +15,7 @@ pub use device::{Device, DeviceChoice};
 pub use error::{Error, Result};
 pub use nvrtc_options::nvrtc_options;
 pub use properties::{
-    format_bytes, CpuProperties, CudaDeviceProperties, DeviceProperties, MemoryInfo,
+    format_bytes, format_uuid, CpuProperties, CudaDeviceProperties, DeviceProperties, MemoryInfo,
 };
 pub use status::{cuda_status, CudaStatus, CudaUnavailable};
 pub use visibility::{set_visible_devices, VisibleDevices};

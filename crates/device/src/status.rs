@@ -105,6 +105,7 @@ pub struct CudaStatus {
 
 impl CudaStatus {
     /// A usable status with these devices (at least one).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn available(devices: Vec<CudaDeviceProperties>, notes: Vec<String>) -> Self {
         Self {
             devices,

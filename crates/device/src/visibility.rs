@@ -133,7 +133,8 @@ fn read_ordinal(entry: &str) -> std::result::Result<usize, StopReason> {
     Ok(usize::try_from(value).unwrap_or(usize::MAX))
 }
 
-/// Splits and reads a visibility list without knowing the devices (syntax only).
+/// Splits and reads a visibility list without knowing the devices (syntax only). An entry
+/// repeated verbatim (same ordinal, same UUID text) empties the list, as the driver does.
 pub fn parse_selectors(spec: &str) -> Selectors {
     let uuid_kind = ["GPU-", "MIG-"].into_iter().find(|p| spec.starts_with(p));
     let mut entries = Vec::new();
@@ -147,7 +148,22 @@ pub fn parse_selectors(spec: &str) -> Selectors {
             None => read_ordinal(entry).map(DeviceSelector::Ordinal),
         };
         match read {
-            Ok(sel) => entries.push(sel),
+            Ok(sel) => {
+                if let Some(first) = entries.iter().position(|e| *e == sel) {
+                    // Named twice: the driver hides every device.
+                    let reason = StopReason::Duplicate { first };
+                    let stop = ParseStop {
+                        index,
+                        entry: entry.to_string(),
+                        reason,
+                    };
+                    return Selectors {
+                        entries: Vec::new(),
+                        stop: Some(stop),
+                    };
+                }
+                entries.push(sel)
+            }
             Err(reason) => {
                 stop = Some(ParseStop {
                     index,

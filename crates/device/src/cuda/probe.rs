@@ -92,14 +92,7 @@ fn probe_driver(programmatic_mask: Option<String>) -> CudaStatus {
             None => CudaUnavailable::NoDevices,
         });
     }
-    let mut notes = Vec::new();
     let env_selectors = env.as_deref().map(parse_selectors);
-    if let (Some(value), Some(stop)) = (&env, env_selectors.as_ref().and_then(|s| s.stop.as_ref()))
-    {
-        notes.push(format!(
-            "CUDA_VISIBLE_DEVICES={value:?}: {stop}; later entries are ignored"
-        ));
-    }
     let mut all = Vec::with_capacity(count);
     for driver_ordinal in 0..count {
         let entry = env_selectors
@@ -115,23 +108,38 @@ fn probe_driver(programmatic_mask: Option<String>) -> CudaStatus {
             }
         }
     }
-    let uuids: Vec<String> = all.iter().map(|p| p.uuid.clone()).collect();
-    let visible = VisibleDevices::parse(programmatic_mask.as_deref(), &uuids);
-    if let (Some(ids), Some(stop)) = (&programmatic_mask, &visible.stop) {
-        if !visible.is_empty() {
+    assemble(all, env.as_deref(), programmatic_mask, nvrtc_present())
+}
+
+/// Builds the status from the devices the driver lists (in driver order, with their physical
+/// ordinals already read from `CUDA_VISIBLE_DEVICES`): applies the programmatic mask, collects
+/// notes about lists that stopped early, and checks NVRTC. Pure, so it is tested without a GPU.
+fn assemble(
+    all: Vec<CudaDeviceProperties>,
+    env: Option<&str>,
+    programmatic_mask: Option<String>,
+    nvrtc: bool,
+) -> CudaStatus {
+    let mut notes = Vec::new();
+    if let Some(value) = env {
+        if let Some(stop) = parse_selectors(value).stop {
             notes.push(format!(
-                "set_visible_devices([{ids}]): {stop}; later entries are ignored"
+                "CUDA_VISIBLE_DEVICES={value:?}: {stop}; later entries are ignored"
             ));
         }
     }
+    let uuids: Vec<String> = all.iter().map(|p| p.uuid.clone()).collect();
+    let visible = VisibleDevices::parse(programmatic_mask.as_deref(), &uuids);
     if visible.is_empty() {
         let ids = programmatic_mask.unwrap_or_default();
         let detail = visible.stop.map(|s| s.to_string());
-        return CudaStatus::unavailable(
-            CudaUnavailable::HiddenByProgram { ids, detail },
-            Vec::new(),
-            notes,
-        );
+        let reason = CudaUnavailable::HiddenByProgram { ids, detail };
+        return CudaStatus::unavailable(reason, Vec::new(), notes);
+    }
+    if let (Some(ids), Some(stop)) = (&programmatic_mask, &visible.stop) {
+        notes.push(format!(
+            "set_visible_devices([{ids}]): {stop}; later entries are ignored"
+        ));
     }
     let devices: Vec<CudaDeviceProperties> = visible
         .ordinals
@@ -142,7 +150,7 @@ fn probe_driver(programmatic_mask: Option<String>) -> CudaStatus {
             ..all[d].clone()
         })
         .collect();
-    if !nvrtc_present() {
+    if !nvrtc {
         return CudaStatus::unavailable(CudaUnavailable::NvrtcNotFound, devices, notes);
     }
     CudaStatus::available(devices, notes)
@@ -195,4 +203,109 @@ fn read_device(
         )?,
         uuid: format_uuid(prefix, &bytes),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three GPUs as the driver lists them under `CUDA_VISIBLE_DEVICES=5,2,7`.
+    fn driver_devices() -> Vec<CudaDeviceProperties> {
+        [5, 2, 7]
+            .iter()
+            .enumerate()
+            .map(|(d, &physical)| CudaDeviceProperties {
+                logical: d,
+                driver_ordinal: d,
+                physical_ordinal: Some(physical),
+                name: format!("GPU {physical}"),
+                total_memory: 80 << 30,
+                compute_capability: (9, 0),
+                sm_count: 132,
+                uuid: format!(
+                    "GPU-{physical}{physical}{physical}{physical}0000-0000-0000-0000-000000000000"
+                ),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn no_mask_keeps_driver_order() {
+        let status = assemble(driver_devices(), Some("5,2,7"), None, true);
+        assert!(status.is_available());
+        let got: Vec<_> = status
+            .devices()
+            .iter()
+            .map(|p| (p.logical, p.driver_ordinal, p.physical_ordinal))
+            .collect();
+        assert_eq!(got, vec![(0, 0, Some(5)), (1, 1, Some(2)), (2, 2, Some(7))]);
+        assert!(status.notes().is_empty());
+    }
+
+    #[test]
+    fn programmatic_mask_composes_with_the_env_mask() {
+        // cuda:0 -> driver 2 -> physical 7; cuda:1 -> driver 0 -> physical 5.
+        let status = assemble(driver_devices(), Some("5,2,7"), Some("2,0".into()), true);
+        let got: Vec<_> = status
+            .devices()
+            .iter()
+            .map(|p| (p.logical, p.driver_ordinal, p.physical_ordinal))
+            .collect();
+        assert_eq!(got, vec![(0, 2, Some(7)), (1, 0, Some(5))]);
+        let by_uuid = assemble(driver_devices(), None, Some("GPU-2222".into()), true);
+        assert_eq!(by_uuid.devices().len(), 1);
+        assert_eq!(by_uuid.devices()[0].name, "GPU 2");
+    }
+
+    #[test]
+    fn lists_that_stop_early_leave_notes() {
+        let status = assemble(
+            driver_devices(),
+            Some("5,2,7,-1,3"),
+            Some("1,9".into()),
+            true,
+        );
+        assert_eq!(status.device_count(), 1);
+        assert_eq!(
+            status.notes(),
+            [
+                "CUDA_VISIBLE_DEVICES=\"5,2,7,-1,3\": entry 3 (\"-1\") is negative; later entries are ignored",
+                "set_visible_devices([1,9]): entry 1 (\"9\") is out of range: 3 device(s); later entries are ignored",
+            ]
+        );
+    }
+
+    #[test]
+    fn masks_hiding_everything_and_missing_nvrtc_are_reasons() {
+        let empty = assemble(driver_devices(), None, Some(String::new()), true);
+        assert!(matches!(
+            empty.reason(),
+            Some(CudaUnavailable::HiddenByProgram { .. })
+        ));
+        let dup = assemble(driver_devices(), None, Some("1,1".into()), true);
+        let msg = dup.reason().unwrap().to_string();
+        assert!(
+            msg.starts_with("set_visible_devices([1,1]) hides all devices (entry 1"),
+            "{msg}"
+        );
+        let no_nvrtc = assemble(driver_devices(), None, None, false);
+        assert_eq!(no_nvrtc.reason(), Some(&CudaUnavailable::NvrtcNotFound));
+        assert_eq!(no_nvrtc.devices().len(), 3, "devices are still listed");
+        assert_eq!(no_nvrtc.device_count(), 0, "but none is usable");
+    }
+
+    #[test]
+    fn env_values_hiding_everything_say_why() {
+        let reason = hidden_by_env("");
+        assert_eq!(
+            reason.to_string(),
+            "CUDA_VISIBLE_DEVICES=\"\" hides all devices (entry 0 (\"\") is not a device ordinal or UUID); \
+             unset it or name a device `nvidia-smi -L` lists"
+        );
+        let dup = hidden_by_env("0,0");
+        assert!(
+            dup.to_string().contains("names the same device as entry 0"),
+            "{dup}"
+        );
+    }
 }
