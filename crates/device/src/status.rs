@@ -74,12 +74,19 @@ impl fmt::Display for CudaUnavailable {
                  this process may open /dev/nvidia*"
             ),
             Self::NoDevices => write!(f, "the driver reports no CUDA device; `nvidia-smi` should list one"),
-            Self::HiddenByEnv { value, detail: d } => write!(
-                f,
-                "CUDA_VISIBLE_DEVICES={value:?} hides all devices{}; unset it or name a device \
-                 `nvidia-smi -L` lists",
-                detail(d)
-            ),
+            Self::HiddenByEnv { value, detail: d } => {
+                let why = match d {
+                    Some(d) => format!(" ({d})"),
+                    None => ": the driver returned CUDA_ERROR_NO_DEVICE, so no visible device \
+                               matches it (or no GPU is installed)"
+                        .to_string(),
+                };
+                write!(
+                    f,
+                    "CUDA_VISIBLE_DEVICES={value:?} hides all devices{why}; unset it or name a \
+                     device `nvidia-smi -L` lists"
+                )
+            }
             Self::HiddenByProgram { ids, detail: d } => write!(
                 f,
                 "set_visible_devices([{ids}]) hides all devices{}; name a device among those \

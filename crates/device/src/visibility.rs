@@ -282,16 +282,21 @@ fn check_entry(index: usize, entry: &str) -> Result<DeviceSelector> {
             .map(DeviceSelector::Ordinal)
             .map_err(|_| invalid("ordinal too large"));
     }
-    for prefix in ["GPU-", "MIG-"] {
-        if let Some(rest) = entry.strip_prefix(prefix) {
-            if rest
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'/')
-            {
-                return Ok(DeviceSelector::Uuid(entry.to_string()));
-            }
-            return Err(invalid("a UUID holds only hex digits and dashes"));
+    if let Some(rest) = entry.strip_prefix("GPU-") {
+        if rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return Ok(DeviceSelector::Uuid(entry.to_string()));
         }
+        return Err(invalid("a GPU UUID holds only hex digits and dashes"));
+    }
+    if let Some(rest) = entry.strip_prefix("MIG-") {
+        // `MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gpu instance>/<compute instance>`.
+        let allowed = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'/';
+        if !rest.is_empty() && rest.bytes().all(allowed) {
+            return Ok(DeviceSelector::Uuid(entry.to_string()));
+        }
+        return Err(invalid(
+            "a MIG id holds only letters, digits, dashes and slashes",
+        ));
     }
     Err(invalid(
         "write an ordinal such as \"0\" or a UUID such as \"GPU-8932f937\"",
@@ -454,7 +459,11 @@ mod tests {
             check_entry(0, "GPU-89ab").unwrap(),
             DeviceSelector::Uuid("GPU-89ab".into())
         );
-        for bad in ["", "-1", "1gpu", " 1", "GPU-xyz", "cuda:0"] {
+        assert!(check_entry(0, "MIG-GPU-89ab/1/0").is_ok());
+        assert!(check_entry(0, "MIG-4f0b7a4c-13e2-5d6b-8b4a-0c6a0fe1f9f4").is_ok());
+        for bad in [
+            "", "-1", "1gpu", " 1", "GPU-xyz", "MIG-", "MIG-a b", "cuda:0",
+        ] {
             let err = check_entry(3, bad).unwrap_err();
             assert!(
                 matches!(err, Error::InvalidVisibleDevice { index: 3, .. }),

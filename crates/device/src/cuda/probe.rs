@@ -56,8 +56,16 @@ fn unavailable(reason: CudaUnavailable) -> CudaStatus {
     CudaStatus::unavailable(reason, Vec::new(), Vec::new())
 }
 
+/// The reason for a driver that found no device under `CUDA_VISIBLE_DEVICES=value`. The detail
+/// is given only when the value selects nothing by itself (empty, `-1`, a duplicate, garbage);
+/// otherwise its entries name devices that do not exist, which only the driver knows.
 fn hidden_by_env(value: &str) -> CudaUnavailable {
-    let detail = parse_selectors(value).stop.map(|s| s.to_string());
+    let selectors = parse_selectors(value);
+    let detail = if selectors.entries.is_empty() {
+        selectors.stop.map(|s| s.to_string())
+    } else {
+        None
+    };
     CudaUnavailable::HiddenByEnv {
         value: value.to_string(),
         detail,
