@@ -52,6 +52,7 @@ toolkit_dirs() {
     for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13*; do
         [ -n "$d" ] || continue
         echo "$d/lib64"
+        echo "$d/lib"
         echo "$d/targets/x86_64-linux/lib"
         echo "$d/targets/sbsa-linux/lib"
     done
@@ -107,13 +108,26 @@ export RUST_BACKTRACE=1
     echo "CUDA_HOME=${CUDA_HOME:-<unset>}"
     echo "missing: ${missing[*]:-none}"
     for d in "${LIB_DIRS[@]}"; do ls -l "$d"/libcuda.so* "$d"/libnvrtc.so* "$d"/libcublas.so* 2>/dev/null; done
-    nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv 2>&1
-    nvidia-smi 2>&1
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv 2>&1
+        nvidia-smi 2>&1
+    else
+        echo "nvidia-smi: not found"
+    fi
 } > "$OUT/env.txt"
-log "kiln GPU run; libraries: ${LIB_DIRS[*]:-none}; missing: ${missing[*]:-none}"
-log "$(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1 | head -n 1)"
+log "kiln GPU run; libraries: ${LIB_DIRS[*]:-none}"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    log "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1 | head -n 1)"
+else
+    log "GPU: nvidia-smi not found"
+fi
 
 FAILS=0
+# A GPU run without the CUDA libraries proves nothing: count each missing one as a failure.
+for lib in "${missing[@]}"; do
+    log "FAIL  $lib not found (searched ldconfig, CUDA_HOME, /usr/local/cuda*, the nvidia Python packages)"
+    FAILS=$((FAILS + 1))
+done
 TEST_TIMEOUT="${KILN_TEST_TIMEOUT_S:-120}"
 for t in "$HERE"/tests/*; do
     [ -x "$t" ] || continue
