@@ -15,7 +15,8 @@
 //!    `cuda_fp16.h` / `cuda_bf16.h`, then assembles the PTX with `ptxas -arch=sm_80` / `sm_90`,
 //!    which catches register and resource errors NVRTC does not;
 //! 5. prints one line per file and fails (non-zero exit) with the NVRTC log or ptxas output of
-//!    every failure; warnings count as failures, as with `clippy -D warnings`. PTX and cubins are left in `target/kiln-kernels/` for inspection.
+//!    every failure; warnings count as failures, as with `clippy -D warnings`. PTX and cubins
+//!    are left in `target/kiln-kernels/` for inspection.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -198,25 +199,33 @@ fn check_file(file: &Path, rel: &str, tools: &CudaTools, out_dir: &Path) -> Resu
     let source = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let stem = rel.trim_end_matches(".cu").replace(['/', '\\'], "__");
-    let mut errors = Vec::new();
+    let mut errors: Vec<(String, String, String)> = Vec::new();
+    // Most errors read the same for every arch: report each distinct output once.
+    let mut report = |label: String, detail: String, body: &str| {
+        let body = body.trim_end().to_string();
+        let first = errors.iter().find(|(_, _, seen)| *seen == body);
+        match first.map(|(first, _, _)| first.clone()) {
+            Some(first) => {
+                errors.push((label, "same output as ".to_string() + &first, String::new()))
+            }
+            None => errors.push((label, detail, body)),
+        }
+    };
     let mut kernels = 0;
     for (major, minor) in ARCHS {
         let arch = format!("sm_{major}{minor}");
         let ptx = match compile_ptx(&source, rel, major, minor, tools) {
             Ok((ptx, log)) => {
                 if !log.trim().is_empty() {
-                    errors.push(format!(
-                        "nvrtc compute_{major}{minor} warned (warnings count as errors):\n{}",
-                        log.trim_end()
-                    ));
+                    let detail = "warned; warnings count as errors".to_string();
+                    report(format!("nvrtc compute_{major}{minor}"), detail, &log);
                 }
                 ptx
             }
-            Err(log) => {
-                errors.push(format!(
-                    "nvrtc compute_{major}{minor} failed:\n{}",
-                    log.trim_end()
-                ));
+            Err((status, log)) => {
+                let options = options_for(major, minor, &tools.include_dir).join(" ");
+                let detail = format!("failed: {status}; options: {options}");
+                report(format!("nvrtc compute_{major}{minor}"), detail, &log);
                 continue;
             }
         };
@@ -238,24 +247,24 @@ fn check_file(file: &Path, rel: &str, tools: &CudaTools, out_dir: &Path) -> Resu
             String::from_utf8_lossy(&output.stderr)
         );
         if !output.status.success() {
-            errors.push(format!(
-                "ptxas -arch={arch} {} failed ({}):\n{}",
-                ptx_path.display(),
-                output.status,
-                text.trim_end()
-            ));
+            let detail = format!("failed ({}) on {}", output.status, ptx_path.display());
+            report(format!("ptxas -arch={arch}"), detail, &text);
         } else if !text.trim().is_empty() {
-            errors.push(format!(
-                "ptxas -arch={arch} warned (warnings count as errors):\n{}",
-                text.trim_end()
-            ));
+            let detail = "warned; warnings count as errors".to_string();
+            report(format!("ptxas -arch={arch}"), detail, &text);
         }
     }
     if errors.is_empty() {
-        Ok(kernels)
-    } else {
-        Err(errors.join("\n"))
+        return Ok(kernels);
     }
+    let text: Vec<String> = errors
+        .into_iter()
+        .map(|(label, detail, body)| match body.is_empty() {
+            true => format!("{label} {detail}"),
+            false => format!("{label} {detail}:\n{body}"),
+        })
+        .collect();
+    Err(text.join("\n"))
 }
 
 /// The NVRTC options for one arch: [`kiln_device::nvrtc_options`] plus the header folder.
@@ -265,7 +274,7 @@ pub fn options_for(major: u32, minor: u32, include_dir: &Path) -> Vec<String> {
     options
 }
 
-/// Compiles `source` to PTX; `Ok((ptx, log))` or `Err(log)`. Uses cudarc's thin `result` layer
+/// Compiles `source` to PTX; `Ok((ptx, log))` or `Err((what failed, log))`. Uses cudarc's thin `result` layer
 /// rather than its safe `compile_ptx_with_opts`, because only the former returns the log
 /// (warnings) of a successful compile.
 fn compile_ptx(
@@ -274,13 +283,14 @@ fn compile_ptx(
     major: u32,
     minor: u32,
     tools: &CudaTools,
-) -> Result<(String, String), String> {
+) -> Result<(String, String), (String, String)> {
     use cudarc::nvrtc::result;
     let options = options_for(major, minor, &tools.include_dir);
-    let source = CString::new(source).map_err(|_| "the file contains a NUL byte".to_string())?;
-    let name = CString::new(name).map_err(|_| "the path contains a NUL byte".to_string())?;
+    let nul = |what: &str| (format!("the {what} contains a NUL byte"), String::new());
+    let source = CString::new(source).map_err(|_| nul("file"))?;
+    let name = CString::new(name).map_err(|_| nul("path"))?;
     let program = result::create_program(&source, Some(&name))
-        .map_err(|e| format!("nvrtcCreateProgram failed: {e:?}"))?;
+        .map_err(|e| (format!("nvrtcCreateProgram: {e:?}"), String::new()))?;
     // SAFETY: `program` was created above and is destroyed exactly once, below.
     let compiled = unsafe { result::compile_program(program, &options) };
     // SAFETY: as above; the log exists whether or not compilation succeeded.
@@ -291,8 +301,8 @@ fn compile_ptx(
         // SAFETY: as above, after a successful compile.
         Ok(()) => unsafe { result::get_ptx(program) }
             .map(|chars| c_chars_to_string(&chars))
-            .map_err(|e| format!("nvrtcGetPTX failed: {e:?}")),
-        Err(e) => Err(format!("{e:?} with options {options:?}\n{log}")),
+            .map_err(|e| (format!("nvrtcGetPTX: {e:?}"), log.clone())),
+        Err(e) => Err((format!("{e:?}"), log.clone())),
     };
     // SAFETY: as above.
     let _ = unsafe { result::destroy_program(program) };

@@ -133,7 +133,7 @@ for t in "$HERE"/tests/*; do
     [ -x "$t" ] || continue
     name="$(basename "$t")"
     t0=$(date +%s)
-    timeout "$TEST_TIMEOUT" "$t" >"$OUT/test-$name.log" 2>&1
+    (cd "$OUT" && timeout "$TEST_TIMEOUT" "$t") >"$OUT/test-$name.log" 2>&1
     rc=$?
     secs=$(($(date +%s) - t0))
     result="$(grep -E '^test result:' "$OUT/test-$name.log" | tail -n 1)"
