@@ -3,7 +3,7 @@
 #
 # Runs on a GPU machine that has a driver but no Rust toolchain:
 #   1. finds libcuda, libnvrtc and libcublas and exports LD_LIBRARY_PATH (plus the folder holding
-#      cuda_fp16.h for NVRTC, as KILN_CUDA_INCLUDE_DIR and CUDA_HOME when a toolkit is found);
+#      cuda_fp16.h for NVRTC, as KILN_CUDA_INCLUDE and CUDA_HOME when a toolkit is found);
 #   2. sets KILN_REQUIRE_CUDA=1, so every GPU test FAILS instead of skipping when no device is
 #      usable: a silent skip can never pass for a GPU run;
 #   3. runs each test binary in tests/, logging to $OUT/test-<name>.log;
@@ -87,11 +87,12 @@ if d=$(find_lib_dir libcublas.so .13 "${TK_DIRS[@]}" "${PY_DIRS[@]}" "${LDC_CUBL
 LD_LIBRARY_PATH="$(IFS=:; echo "${LIB_DIRS[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 
-# NVRTC 13.0 has no built-in cuda_fp16.h / cuda_bf16.h: tell kiln where the headers are.
-for d in "${CUDA_HOME:-/nonexistent}/include" /usr/local/cuda/include /usr/local/cuda-13*/include \
+# NVRTC 13.0 has no built-in cuda_fp16.h / cuda_bf16.h: tell kiln where the headers are
+# (kiln-device reads KILN_CUDA_INCLUDE first); a value set by the caller wins.
+for d in "${KILN_CUDA_INCLUDE:-/nonexistent}" "${CUDA_HOME:-/nonexistent}/include" /usr/local/cuda/include /usr/local/cuda-13*/include \
     $(printf '%s\n' "${PY_DIRS[@]}" | sed -e 's#/lib64$#/include#' -e 's#/lib$#/include#'); do
     if [ -f "$d/cuda_fp16.h" ] && [ -f "$d/cuda_bf16.h" ]; then
-        export KILN_CUDA_INCLUDE_DIR="$d"
+        export KILN_CUDA_INCLUDE="$d"
         [ -z "${CUDA_HOME:-}" ] && [ -d "$d/../bin" ] && export CUDA_HOME="$(cd "$d/.." && pwd)"
         break
     fi
@@ -104,7 +105,7 @@ export RUST_BACKTRACE=1
     echo "host: $(uname -a)"
     echo "pack: $(cat "$HERE/MANIFEST.txt" 2>/dev/null | head -n 3 | tr '\n' ' ')"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-    echo "KILN_CUDA_INCLUDE_DIR=${KILN_CUDA_INCLUDE_DIR:-<none found>}"
+    echo "KILN_CUDA_INCLUDE=${KILN_CUDA_INCLUDE:-<none found>}"
     echo "CUDA_HOME=${CUDA_HOME:-<unset>}"
     echo "missing: ${missing[*]:-none}"
     for d in "${LIB_DIRS[@]}"; do ls -l "$d"/libcuda.so* "$d"/libnvrtc.so* "$d"/libcublas.so* 2>/dev/null; done
