@@ -145,7 +145,11 @@ for t in "$HERE"/tests/*; do
         log "FAIL  $name  (rc $rc, ${secs}s)  $result  -> $OUT/test-$name.log"
         FAILS=$((FAILS + 1))
     fi
-    grep -iE 'skip|cuda unavailable' "$OUT/test-$name.log" | head -n 5 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
+    # Why tests failed (the line after each panic), and any skips (`skipping <test>: ...`).
+    {
+        grep -A1 'panicked at' "$OUT/test-$name.log" | grep -vE 'panicked at|^--$' | head -n 5
+        grep -E '^skipping ' "$OUT/test-$name.log" | head -n 5
+    } | sed 's/^/      /' | tee -a "$OUT/summary.txt"
 done
 
 if [ -x "$HERE/xtask" ]; then
