@@ -1,6 +1,11 @@
 //! kiln's developer tasks, run as `cargo xtask <command>`.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+mod cuda_tools;
+mod gpu_pack;
+mod kernels;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
@@ -21,6 +26,8 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             Ok(())
         }
+        "kernels" => kernels::run(rest),
+        "gpu-pack" => gpu_pack::run(rest),
         other => Err(format!("unknown command `{other}`: {rest:?}\n\n{USAGE}")),
     };
     match result {
@@ -29,5 +36,19 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The workspace root (the folder holding `xtask/`), as known when xtask was built.
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
+}
+
+/// Cargo's target folder: `$CARGO_TARGET_DIR` when set, else `<root>/target`.
+pub fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
     }
 }

@@ -1,0 +1,317 @@
+//! `cargo xtask gpu-pack`: everything a GPU machine without Rust needs to run kiln's GPU checks.
+//!
+//! The GPU machine has a driver, a CUDA toolkit and Python but no Rust toolchain and no network
+//! (see `docs/GPU.md`). So we build here and ship binaries:
+//!
+//! - every test binary of the workspace in release mode, found by parsing the JSON messages of
+//!   `cargo test --workspace --release --no-run --message-format=json` (xtask's own tests are
+//!   left out: they check this development machine, not the GPU), into `tests/`;
+//! - the running `xtask` binary itself, which is the benchmark runner (`xtask bench --gpu`);
+//! - `run.sh` (source: `xtask/src/gpu_pack/run.sh`), which finds the CUDA libraries, sets
+//!   `KILN_REQUIRE_CUDA=1` and runs the tests, then the benchmarks, writing logs and
+//!   `gpu-bench.json` to `$OUT`;
+//! - `MANIFEST.txt`: commit, date, toolchain and the list of binaries.
+//!
+//! Binaries are stripped of debug info (symbols stay, so panics still name functions) and the
+//! folder's size is printed; over [`SIZE_LIMIT`] is an error, since the pack must travel to the
+//! GPU machine through a 64 MiB channel.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The most the pack folder may weigh.
+pub const SIZE_LIMIT: u64 = 64 << 20;
+
+const RUN_SH: &str = include_str!("gpu_pack/run.sh");
+
+/// One test binary cargo built.
+#[derive(Debug, PartialEq)]
+pub struct TestBinary {
+    /// File name in the pack, e.g. `kiln-device` or `kiln-device--test-visibility`.
+    pub name: String,
+    /// Where cargo put it.
+    pub path: PathBuf,
+}
+
+/// Runs `cargo xtask gpu-pack`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    if let Some(arg) = args.first() {
+        return Err(format!("`gpu-pack` takes no arguments (got `{arg}`)"));
+    }
+    let root = crate::workspace_root();
+    let pack = crate::target_dir(&root).join("gpu-pack");
+
+    let binaries = build_test_binaries(&root)?;
+    if binaries.is_empty() {
+        return Err("cargo built no test binaries; is the workspace empty?".to_string());
+    }
+
+    if pack.exists() {
+        std::fs::remove_dir_all(&pack)
+            .map_err(|e| format!("cannot remove the old {}: {e}", pack.display()))?;
+    }
+    let tests_dir = pack.join("tests");
+    std::fs::create_dir_all(&tests_dir)
+        .map_err(|e| format!("cannot create {}: {e}", tests_dir.display()))?;
+
+    let mut packed = Vec::new();
+    for binary in &binaries {
+        let dest = tests_dir.join(&binary.name);
+        copy_executable(&binary.path, &dest)?;
+        packed.push(dest);
+    }
+    let xtask_exe =
+        std::env::current_exe().map_err(|e| format!("cannot find xtask's own path: {e}"))?;
+    let xtask_dest = pack.join("xtask");
+    copy_executable(&xtask_exe, &xtask_dest)?;
+    packed.push(xtask_dest);
+
+    let strip_note = match strip_debug_info(&packed) {
+        Ok(()) => "stripped of debug info".to_string(),
+        Err(e) => {
+            eprintln!("xtask: warning: {e}; the pack keeps its debug info");
+            "NOT stripped".to_string()
+        }
+    };
+
+    let run_sh = pack.join("run.sh");
+    std::fs::write(&run_sh, RUN_SH)
+        .map_err(|e| format!("cannot write {}: {e}", run_sh.display()))?;
+    set_executable(&run_sh)?;
+    let manifest = manifest(&root, &binaries);
+    std::fs::write(pack.join("MANIFEST.txt"), manifest)
+        .map_err(|e| format!("cannot write MANIFEST.txt: {e}"))?;
+
+    let size = folder_size(&pack)?;
+    for binary in &binaries {
+        println!("packed  tests/{}", binary.name);
+    }
+    println!("packed  xtask (bench runner: `xtask bench --gpu`)");
+    println!(
+        "{}: {} test binaries + xtask, {strip_note}, {:.1} MiB",
+        pack.display(),
+        binaries.len(),
+        size as f64 / (1u64 << 20) as f64
+    );
+    println!(
+        "on the GPU machine: `OUT=<folder> ./run.sh` (logs, summary.txt, gpu-bench.json; see docs/GPU.md)"
+    );
+    if size > SIZE_LIMIT {
+        return Err(format!(
+            "the pack weighs {:.1} MiB, over the {} MiB limit: strip symbols too (`strip -s`) or \
+             find which test binary grew (ls -lS {}/tests)",
+            size as f64 / (1u64 << 20) as f64,
+            SIZE_LIMIT >> 20,
+            pack.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Builds the release test binaries and lists them.
+fn build_test_binaries(root: &Path) -> Result<Vec<TestBinary>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let output = Command::new(&cargo)
+        .current_dir(root)
+        .args([
+            "test",
+            "--workspace",
+            "--release",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run `{cargo} test`: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "`cargo test --workspace --release --no-run` failed ({}); see the errors above",
+            output.status
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    parse_test_binaries(&stdout)
+}
+
+/// The test executables in cargo's JSON messages, named for the pack, xtask's own left out.
+pub fn parse_test_binaries(messages: &str) -> Result<Vec<TestBinary>, String> {
+    let mut binaries: Vec<TestBinary> = Vec::new();
+    for line in messages.lines().filter(|l| l.starts_with('{')) {
+        let message: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| format!("cannot parse cargo's JSON message `{line}`: {e}"))?;
+        if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+            continue;
+        }
+        let Some(path) = message["executable"].as_str() else {
+            continue;
+        };
+        let package = package_name(message["package_id"].as_str().unwrap_or_default());
+        if package == "xtask" {
+            continue;
+        }
+        let kind = message["target"]["kind"][0].as_str().unwrap_or("test");
+        let target = message["target"]["name"].as_str().unwrap_or("unknown");
+        let name = if kind == "lib" {
+            package.clone()
+        } else {
+            format!("{package}--{kind}-{target}")
+        };
+        if binaries.iter().any(|b| b.name == name) {
+            return Err(format!(
+                "two test binaries would both be named `{name}` in the pack"
+            ));
+        }
+        binaries.push(TestBinary {
+            name,
+            path: PathBuf::from(path),
+        });
+    }
+    binaries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(binaries)
+}
+
+/// The package name in a cargo package id, in either format:
+/// `path+file:///w/crates/device#kiln-device@0.1.0`, `path+file:///w/xtask#0.1.0` (name = last
+/// path component) or the old `kiln-device 0.1.0 (path+file:///w/crates/device)`.
+pub fn package_name(package_id: &str) -> String {
+    if let Some((url, fragment)) = package_id.split_once('#') {
+        if let Some((name, _version)) = fragment.split_once('@') {
+            return name.to_string();
+        }
+        return url.rsplit('/').next().unwrap_or(url).to_string();
+    }
+    package_id
+        .split(' ')
+        .next()
+        .unwrap_or(package_id)
+        .to_string()
+}
+
+fn copy_executable(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+    set_executable(to)
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("cannot make {} executable: {e}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn set_executable(_path: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+fn strip_debug_info(files: &[PathBuf]) -> Result<(), String> {
+    let status = Command::new("strip")
+        .arg("--strip-debug")
+        .args(files)
+        .status()
+        .map_err(|e| format!("cannot run `strip` ({e}); install binutils"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`strip --strip-debug` failed ({status})"))
+    }
+}
+
+fn manifest(root: &Path, binaries: &[TestBinary]) -> String {
+    let run = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|| "unknown".to_string())
+    };
+    let mut text = format!(
+        "commit: {}{}\nbuilt: {}\nrustc: {}\n\ntests/:\n",
+        run("git", &["rev-parse", "--short=12", "HEAD"]),
+        if run("git", &["status", "--porcelain"]).is_empty() {
+            ""
+        } else {
+            " (with uncommitted changes)"
+        },
+        run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        run("rustc", &["--version"]),
+    );
+    for binary in binaries {
+        text.push_str(&format!("  {}\n", binary.name));
+    }
+    text.push_str("xtask: bench runner (`xtask bench --gpu`)\n");
+    text
+}
+
+fn folder_size(dir: &Path) -> Result<u64, String> {
+    let mut total = 0;
+    for entry in
+        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?
+    {
+        let entry = entry.map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+        let meta = entry
+            .metadata()
+            .map_err(|e| format!("cannot stat {}: {e}", entry.path().display()))?;
+        total += if meta.is_dir() {
+            folder_size(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_names_from_every_id_format() {
+        assert_eq!(
+            package_name("path+file:///w/crates/device#kiln-device@0.1.0"),
+            "kiln-device"
+        );
+        assert_eq!(package_name("path+file:///w/crates/kiln#0.1.0"), "kiln");
+        assert_eq!(
+            package_name("kiln-device 0.1.0 (path+file:///w/crates/device)"),
+            "kiln-device"
+        );
+    }
+
+    #[test]
+    fn picks_test_executables_and_names_them() {
+        let messages = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/crates/device#kiln-device@0.1.0","target":{"kind":["lib"],"name":"kiln_device"},"profile":{"test":true},"executable":"/w/target/release/deps/kiln_device-1a2b"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/device#kiln-device@0.1.0","target":{"kind":["lib"],"name":"kiln_device"},"profile":{"test":false},"executable":null}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/device#kiln-device@0.1.0","target":{"kind":["test"],"name":"visibility"},"profile":{"test":true},"executable":"/w/target/release/deps/visibility-3c4d"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/xtask#0.1.0","target":{"kind":["bin"],"name":"xtask"},"profile":{"test":true},"executable":"/w/target/release/deps/xtask-5e6f"}
+{"reason":"compiler-artifact","package_id":"registry+https://github.com/rust-lang/crates.io-index#half@2.4.1","target":{"kind":["lib"],"name":"half"},"profile":{"test":false},"executable":null}
+{"reason":"build-finished","success":true}"#;
+        let binaries = parse_test_binaries(messages).unwrap();
+        assert_eq!(
+            binaries,
+            [
+                TestBinary {
+                    name: "kiln-device".into(),
+                    path: "/w/target/release/deps/kiln_device-1a2b".into()
+                },
+                TestBinary {
+                    name: "kiln-device--test-visibility".into(),
+                    path: "/w/target/release/deps/visibility-3c4d".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn run_sh_sets_require_cuda_and_writes_gpu_bench_json() {
+        assert!(RUN_SH.starts_with("#!/usr/bin/env bash"));
+        assert!(RUN_SH.contains("export KILN_REQUIRE_CUDA=1"));
+        assert!(RUN_SH.contains("gpu-bench.json"));
+        assert!(RUN_SH.contains("bench --gpu"));
+    }
+}

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# kiln GPU run, written by `cargo xtask gpu-pack` (source: xtask/src/gpu_pack/run.sh).
+#
+# Runs on a GPU machine that has a driver but no Rust toolchain:
+#   1. finds libcuda, libnvrtc and libcublas and exports LD_LIBRARY_PATH (plus the folder holding
+#      cuda_fp16.h for NVRTC, as KILN_CUDA_INCLUDE and CUDA_HOME when a toolkit is found);
+#   2. sets KILN_REQUIRE_CUDA=1, so every GPU test FAILS instead of skipping when no device is
+#      usable: a silent skip can never pass for a GPU run;
+#   3. runs each test binary in tests/, logging to $OUT/test-<name>.log;
+#   4. runs `xtask bench --gpu` (when this build has a bench command), copying its report to
+#      $OUT/gpu-bench.json.
+# Output goes to $OUT (default ./gpu-out): env.txt, summary.txt, logs, gpu-bench.json.
+# Planned to finish in under 8 minutes: each test binary gets KILN_TEST_TIMEOUT_S (120 s), the
+# benchmarks get what is left of KILN_RUN_BUDGET_S (450 s), at least 60 s.
+# Exit status: 0 when every test binary and the benchmarks passed, 1 otherwise.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+START=$(date +%s)
+: > "$OUT/summary.txt"
+log() { echo "[+$(($(date +%s) - START))s] $*" | tee -a "$OUT/summary.txt"; }
+
+# Candidate library folders, most specific first.
+python_nvidia_dirs() {
+    local py
+    for py in python3 python; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        "$py" - <<'PY' 2>/dev/null && return 0
+import os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit(0)
+for root in nvidia.__path__:
+    for sub in sorted(os.listdir(root)):
+        for leaf in ("lib", "lib64"):
+            d = os.path.join(root, sub, leaf)
+            if os.path.isdir(d):
+                print(d)
+PY
+    done
+}
+ldconfig_dirs() { # folders ldconfig knows that hold $1*
+    { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } |
+        awk -v n="$1" '$1 ~ "^"n { print $NF }' | xargs -r -n1 dirname | awk '!seen[$0]++'
+}
+toolkit_dirs() {
+    local d
+    for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13*; do
+        [ -n "$d" ] || continue
+        echo "$d/lib64"
+        echo "$d/lib"
+        echo "$d/targets/x86_64-linux/lib"
+        echo "$d/targets/sbsa-linux/lib"
+    done
+}
+# find_lib_dir NAME PREFERRED_SUFFIX DIR... : first folder holding NAME.PREFERRED_SUFFIX, else NAME*.
+find_lib_dir() {
+    local name=$1 preferred=$2 d
+    shift 2
+    for d in "$@"; do
+        [ -d "$d" ] && [ -e "$d/$name$preferred" ] && { echo "$d"; return 0; }
+    done
+    for d in "$@"; do
+        [ -d "$d" ] && compgen -G "$d/$name*" >/dev/null && { echo "$d"; return 0; }
+    done
+    return 1
+}
+
+mapfile -t PY_DIRS < <(python_nvidia_dirs)
+mapfile -t TK_DIRS < <(toolkit_dirs)
+mapfile -t LDC_CUDA < <(ldconfig_dirs libcuda.so)
+mapfile -t LDC_NVRTC < <(ldconfig_dirs libnvrtc.so)
+mapfile -t LDC_CUBLAS < <(ldconfig_dirs libcublas.so)
+DRIVER_DIRS=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib)
+
+LIB_DIRS=()
+missing=()
+add_dir() { local d; for d in "${LIB_DIRS[@]}"; do [ "$d" = "$1" ] && return; done; LIB_DIRS+=("$1"); }
+# The driver's own libcuda first (never a toolkit stub); NVRTC/cuBLAS 13 from a toolkit or wheel.
+if d=$(find_lib_dir libcuda.so .1 "${LDC_CUDA[@]}" "${DRIVER_DIRS[@]}"); then add_dir "$d"; else missing+=(libcuda.so); fi
+if d=$(find_lib_dir libnvrtc.so .13 "${TK_DIRS[@]}" "${PY_DIRS[@]}" "${LDC_NVRTC[@]}"); then add_dir "$d"; else missing+=(libnvrtc.so); fi
+if d=$(find_lib_dir libcublas.so .13 "${TK_DIRS[@]}" "${PY_DIRS[@]}" "${LDC_CUBLAS[@]}"); then add_dir "$d"; else missing+=(libcublas.so); fi
+LD_LIBRARY_PATH="$(IFS=:; echo "${LIB_DIRS[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+
+# NVRTC 13.0 has no built-in cuda_fp16.h / cuda_bf16.h: tell kiln where the headers are
+# (kiln-device reads KILN_CUDA_INCLUDE first); a value set by the caller wins.
+for d in "${KILN_CUDA_INCLUDE:-/nonexistent}" "${CUDA_HOME:-/nonexistent}/include" /usr/local/cuda/include /usr/local/cuda-13*/include \
+    $(printf '%s\n' "${PY_DIRS[@]}" | sed -e 's#/lib64$#/include#' -e 's#/lib$#/include#'); do
+    if [ -f "$d/cuda_fp16.h" ] && [ -f "$d/cuda_bf16.h" ]; then
+        export KILN_CUDA_INCLUDE="$d"
+        [ -z "${CUDA_HOME:-}" ] && [ -d "$d/../bin" ] && export CUDA_HOME="$(cd "$d/.." && pwd)"
+        break
+    fi
+done
+export KILN_REQUIRE_CUDA=1
+export RUST_BACKTRACE=1
+
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "host: $(uname -a)"
+    echo "pack: $(cat "$HERE/MANIFEST.txt" 2>/dev/null | head -n 3 | tr '\n' ' ')"
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    echo "KILN_CUDA_INCLUDE=${KILN_CUDA_INCLUDE:-<none found>}"
+    echo "CUDA_HOME=${CUDA_HOME:-<unset>}"
+    echo "missing: ${missing[*]:-none}"
+    for d in "${LIB_DIRS[@]}"; do ls -l "$d"/libcuda.so* "$d"/libnvrtc.so* "$d"/libcublas.so* 2>/dev/null; done
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv 2>&1
+        nvidia-smi 2>&1
+    else
+        echo "nvidia-smi: not found"
+    fi
+} > "$OUT/env.txt"
+log "kiln GPU run; libraries: ${LIB_DIRS[*]:-none}"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    log "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1 | head -n 1)"
+else
+    log "GPU: nvidia-smi not found"
+fi
+
+FAILS=0
+# A GPU run without the CUDA libraries proves nothing: count each missing one as a failure.
+for lib in "${missing[@]}"; do
+    log "FAIL  $lib not found (searched ldconfig, CUDA_HOME, /usr/local/cuda*, the nvidia Python packages)"
+    FAILS=$((FAILS + 1))
+done
+TEST_TIMEOUT="${KILN_TEST_TIMEOUT_S:-120}"
+for t in "$HERE"/tests/*; do
+    [ -x "$t" ] || continue
+    name="$(basename "$t")"
+    t0=$(date +%s)
+    (cd "$OUT" && timeout "$TEST_TIMEOUT" "$t") >"$OUT/test-$name.log" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - t0))
+    result="$(grep -E '^test result:' "$OUT/test-$name.log" | tail -n 1)"
+    if [ $rc -eq 0 ]; then
+        log "PASS  $name  (${secs}s)  $result"
+    else
+        [ $rc -eq 124 ] && result="timed out after ${TEST_TIMEOUT}s"
+        log "FAIL  $name  (rc $rc, ${secs}s)  $result  -> $OUT/test-$name.log"
+        FAILS=$((FAILS + 1))
+    fi
+    # Why tests failed (the line after each panic), and any skips (`skipping <test>: ...`).
+    {
+        grep -A1 'panicked at' "$OUT/test-$name.log" | grep -vE 'panicked at|^--$' | head -n 5
+        grep -E '^skipping ' "$OUT/test-$name.log" | head -n 5
+    } | sed 's/^/      /' | tee -a "$OUT/summary.txt"
+done
+
+if [ -x "$HERE/xtask" ]; then
+    budget="${KILN_RUN_BUDGET_S:-450}"
+    left=$((budget - ($(date +%s) - START)))
+    [ $left -lt 60 ] && left=60
+    mkdir -p "$OUT/bench"
+    t0=$(date +%s)
+    (cd "$OUT/bench" && KILN_BENCH_OUT="$OUT/bench" timeout "$left" "$HERE/xtask" bench --gpu) \
+        >"$OUT/bench.log" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - t0))
+    report="$(find "$OUT/bench" -name report.json 2>/dev/null | head -n 1)"
+    if grep -q 'unknown command `bench`' "$OUT/bench.log"; then
+        log "SKIP  bench: this build's xtask has no bench command yet"
+    elif [ $rc -ne 0 ]; then
+        [ $rc -eq 124 ] && log "      bench timed out after ${left}s"
+        log "FAIL  xtask bench --gpu  (rc $rc, ${secs}s)  -> $OUT/bench.log"
+        FAILS=$((FAILS + 1))
+    elif [ -z "$report" ]; then
+        log "FAIL  xtask bench --gpu wrote no report.json  -> $OUT/bench.log"
+        FAILS=$((FAILS + 1))
+    else
+        cp "$report" "$OUT/gpu-bench.json"
+        log "PASS  xtask bench --gpu  (${secs}s)  -> $OUT/gpu-bench.json"
+    fi
+fi
+
+log "done in $(($(date +%s) - START))s: $FAILS failure(s); logs in $OUT"
+[ $FAILS -eq 0 ]
