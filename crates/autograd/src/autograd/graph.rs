@@ -1,0 +1,56 @@
+//! Graph nodes. Each op output that needs gradients points at a [`Node`]: the op's name, one
+//! optional [`Edge`] per input (to the input's node, or to the input itself when it is a leaf),
+//! and the backward closure, which owns the tensors the op saved. The closure sits in a
+//! `Mutex<Option<..>>`: running the node without `retain_graph` takes it out and drops it, which
+//! frees the saved tensors right away, and a second run finds `None` and reports the freed graph
+//! instead of computing garbage.
+
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+use std::sync::{Arc, Mutex};
+
+/// Computes the input gradients from the output gradient; `None` for inputs needing none.
+pub(crate) type BackwardFn = Box<dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// Where an input's gradient goes.
+pub(crate) enum Edge {
+    /// Into another node's gradient buffer.
+    Node(Arc<Node>),
+    /// Into a leaf tensor's `.grad()`.
+    Leaf(Tensor),
+}
+
+/// One recorded op.
+pub(crate) struct Node {
+    pub(crate) name: &'static str,
+    pub(crate) edges: Vec<Option<Edge>>,
+    backward: Mutex<Option<BackwardFn>>,
+}
+
+impl Node {
+    pub(crate) fn new(name: &'static str, edges: Vec<Option<Edge>>, backward: BackwardFn) -> Self {
+        Node {
+            name,
+            edges,
+            backward: Mutex::new(Some(backward)),
+        }
+    }
+
+    /// Runs the backward closure; drops it (and its saved tensors) unless `retain_graph`.
+    pub(crate) fn run(&self, grad: &Tensor, retain_graph: bool) -> Result<Vec<Option<Tensor>>> {
+        let mut slot = self.backward.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(f) = slot.as_ref() else {
+            return Err(Error::Autograd(format!(
+                "backward: trying to backward through {} a second time, but its saved tensors were \
+                 already freed by the first backward; pass retain_graph = true to the first \
+                 backward_with call if you need to backward twice",
+                self.name
+            )));
+        };
+        let grads = f(grad)?;
+        if !retain_graph {
+            *slot = None;
+        }
+        Ok(grads)
+    }
+}
