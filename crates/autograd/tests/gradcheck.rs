@@ -1,5 +1,7 @@
 //! Finite-difference gradient checks, in f64, for every op that has a backward.
 
+#![allow(clippy::cloned_ref_to_slice_refs)] // `&[x.clone()]` reads better in a table of cases
+
 mod common;
 
 use common::{data, gradcheck};
