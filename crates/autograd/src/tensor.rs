@@ -217,6 +217,12 @@ impl Tensor {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
     }
 
+    /// How many handles share this tensor's storage: views, clones and tensors saved by the
+    /// graph for backward (PyTorch's `use_count`). Lets tests see saved tensors being freed.
+    pub fn storage_use_count(&self) -> usize {
+        Arc::strong_count(&self.0.storage)
+    }
+
     /// A process-unique id of this tensor handle's description (not of its storage).
     pub fn id(&self) -> u64 {
         self.0.id

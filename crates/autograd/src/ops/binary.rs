@@ -45,15 +45,41 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
     Ok(out)
 }
 
-type PairGrad = fn(&[Tensor; 3], &Tensor, [bool; 2]) -> Result<[Option<Tensor>; 2]>;
+/// The tensors a binary backward kept: lhs, rhs, output (only those its op asked for).
+struct Saved([Option<Tensor>; 3]);
+
+impl Saved {
+    fn get(&self, i: usize) -> Result<&Tensor> {
+        self.0[i].as_ref().ok_or_else(|| {
+            crate::Error::Autograd(
+                "internal: a binary backward read a tensor it did not save".into(),
+            )
+        })
+    }
+    fn a(&self) -> Result<&Tensor> {
+        self.get(0)
+    }
+    fn b(&self) -> Result<&Tensor> {
+        self.get(1)
+    }
+    fn y(&self) -> Result<&Tensor> {
+        self.get(2)
+    }
+}
+
+/// Which of (lhs, rhs, output) a backward needs.
+const NONE: [bool; 3] = [false, false, false];
+const INPUTS: [bool; 3] = [true, true, false];
+
+type PairGrad = fn(&Saved, &Tensor, [bool; 2]) -> Result<[Option<Tensor>; 2]>;
 
 impl Tensor {
     fn binary_op(
         &self,
         rhs: &Tensor,
         op: BinaryOp,
-        name: &'static str,
-        lower: &'static str,
+        (name, lower): (&'static str, &'static str),
+        save: [bool; 3],
         grad: PairGrad,
     ) -> Result<Tensor> {
         self.check_same_kind(lower, rhs)?;
@@ -68,7 +94,8 @@ impl Tensor {
         };
         let out = Tensor::from_storage(storage, &shape, None);
         let node = Tensor::grad_node(name, &[self, rhs], |needs| {
-            let saved = [self.detach(), rhs.detach(), out.detach()];
+            let keep = |i: usize, t: &Tensor| save[i].then(|| t.detach());
+            let saved = Saved([keep(0, self), keep(1, rhs), keep(2, &out)]);
             let (sa, sb) = (self.shape().to_vec(), rhs.shape().to_vec());
             Box::new(move |g| {
                 let [ga, gb] = grad(&saved, g, [needs[0], needs[1]])?;
@@ -83,16 +110,24 @@ impl Tensor {
 
     /// `self + rhs` (broadcasting).
     pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.binary_op(rhs, BinaryOp::Add, "AddBackward", "add", |_, g, _| {
-            Ok([Some(g.clone()), Some(g.clone())])
-        })
+        self.binary_op(
+            rhs,
+            BinaryOp::Add,
+            ("AddBackward", "add"),
+            NONE,
+            |_, g, _| Ok([Some(g.clone()), Some(g.clone())]),
+        )
     }
 
     /// `self - rhs` (broadcasting).
     pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.binary_op(rhs, BinaryOp::Sub, "SubBackward", "sub", |_, g, n| {
-            Ok([Some(g.clone()), if n[1] { Some(g.neg()?) } else { None }])
-        })
+        self.binary_op(
+            rhs,
+            BinaryOp::Sub,
+            ("SubBackward", "sub"),
+            NONE,
+            |_, g, n| Ok([Some(g.clone()), if n[1] { Some(g.neg()?) } else { None }]),
+        )
     }
 
     /// `self * rhs` (broadcasting).
@@ -100,12 +135,12 @@ impl Tensor {
         self.binary_op(
             rhs,
             BinaryOp::Mul,
-            "MulBackward",
-            "mul",
-            |[a, b, _], g, n| {
+            ("MulBackward", "mul"),
+            INPUTS,
+            |s, g, n| {
                 Ok([
-                    if n[0] { Some(g.mul(b)?) } else { None },
-                    if n[1] { Some(g.mul(a)?) } else { None },
+                    if n[0] { Some(g.mul(s.b()?)?) } else { None },
+                    if n[1] { Some(g.mul(s.a()?)?) } else { None },
                 ])
             },
         )
@@ -116,11 +151,15 @@ impl Tensor {
         self.binary_op(
             rhs,
             BinaryOp::Div,
-            "DivBackward",
-            "div",
-            |[_, b, y], g, n| {
-                let ga = g.div(b)?;
-                let gb = if n[1] { Some(ga.mul(y)?.neg()?) } else { None };
+            ("DivBackward", "div"),
+            [false, true, true],
+            |s, g, n| {
+                let ga = g.div(s.b()?)?;
+                let gb = if n[1] {
+                    Some(ga.mul(s.y()?)?.neg()?)
+                } else {
+                    None
+                };
                 Ok([if n[0] { Some(ga) } else { None }, gb])
             },
         )
@@ -131,9 +170,10 @@ impl Tensor {
         self.binary_op(
             rhs,
             BinaryOp::Pow,
-            "PowBackward",
-            "pow",
-            |[a, b, y], g, n| {
+            ("PowBackward", "pow"),
+            [true, true, true],
+            |s, g, n| {
+                let (a, b, y) = (s.a()?, s.b()?, s.y()?);
                 let ga = if n[0] {
                     // d/da a^b = b * a^(b-1)
                     Some(g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)?)
@@ -158,9 +198,9 @@ impl Tensor {
         self.binary_op(
             rhs,
             BinaryOp::Maximum,
-            "MaximumBackward",
-            "maximum",
-            |[a, b, _], g, _| split_ties(a, b, g, CmpOp::Gt),
+            ("MaximumBackward", "maximum"),
+            INPUTS,
+            |s, g, _| split_ties(s.a()?, s.b()?, g, CmpOp::Gt),
         )
     }
 
@@ -169,9 +209,9 @@ impl Tensor {
         self.binary_op(
             rhs,
             BinaryOp::Minimum,
-            "MinimumBackward",
-            "minimum",
-            |[a, b, _], g, _| split_ties(a, b, g, CmpOp::Lt),
+            ("MinimumBackward", "minimum"),
+            INPUTS,
+            |s, g, _| split_ties(s.a()?, s.b()?, g, CmpOp::Lt),
         )
     }
 
