@@ -55,6 +55,32 @@ pub enum UnaryOp {
     SiluGrad,
 }
 
+impl UnaryOp {
+    /// The op's PyTorch-style name, for error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Relu => "relu",
+            UnaryOp::GeluErf | UnaryOp::GeluTanh => "gelu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Recip => "reciprocal",
+            UnaryOp::Square => "square",
+            UnaryOp::ReluGrad => "relu_backward",
+            UnaryOp::GeluErfGrad | UnaryOp::GeluTanhGrad => "gelu_backward",
+            UnaryOp::SiluGrad => "silu_backward",
+        }
+    }
+}
+
 /// Elementwise functions of two same-shaped (possibly broadcast) tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
@@ -72,6 +98,21 @@ pub enum BinaryOp {
     Maximum,
     /// `min(a, b)`, NaN-propagating
     Minimum,
+}
+
+impl BinaryOp {
+    /// The op's PyTorch-style name, for error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+        }
+    }
 }
 
 /// Elementwise comparisons; the result has dtype `Bool`.

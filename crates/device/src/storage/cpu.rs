@@ -218,7 +218,7 @@ impl CpuStorage {
 
 /// Runs a float op natively on f32/f64 and through f32 on f16/bf16.
 macro_rules! float_op {
-    ($self:expr, $layout:expr, $op:literal, |$s:ident, $l:ident| $body:expr) => {
+    ($self:expr, $layout:expr, $op:expr, |$s:ident, $l:ident| $body:expr) => {
         match $self {
             CpuStorage::F32(b) => {
                 let ($s, $l) = (b.as_slice(), $layout);
@@ -327,9 +327,9 @@ impl BackendStorage for CpuStorage {
         if let CpuStorage::I64(b) = self {
             return elementwise::cpu::unary_int(b.as_slice(), layout, op)
                 .map(|v| CpuStorage::I64(HostBuffer::from_vec(v)))
-                .ok_or_else(|| unsupported("unary op", DType::I64, FLOAT_HINT));
+                .ok_or_else(|| unsupported(op.name(), DType::I64, FLOAT_HINT));
         }
-        float_op!(self, layout, "unary op", |s, l| {
+        float_op!(self, layout, op.name(), |s, l| {
             elementwise::cpu::unary_float(s, l, op)
         })
     }
@@ -341,12 +341,12 @@ impl BackendStorage for CpuStorage {
         rhs_layout: &Layout,
         op: BinaryOp,
     ) -> Result<Self> {
-        same_dtype("binary op", self, rhs)?;
+        same_dtype(op.name(), self, rhs)?;
         match (self, rhs) {
             (CpuStorage::I64(a), CpuStorage::I64(b)) => {
                 elementwise::cpu::binary_int(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
                     .map(|v| CpuStorage::I64(HostBuffer::from_vec(v)))
-                    .ok_or_else(|| unsupported("pow", DType::I64, FLOAT_HINT))
+                    .ok_or_else(|| unsupported(op.name(), DType::I64, FLOAT_HINT))
             }
             (CpuStorage::F32(a), CpuStorage::F32(b)) => Ok(CpuStorage::F32(HostBuffer::from_vec(
                 elementwise::cpu::binary_float(a.as_slice(), layout, b.as_slice(), rhs_layout, op),
@@ -361,7 +361,7 @@ impl BackendStorage for CpuStorage {
                 Ok(CpuStorage::F32(HostBuffer::from_vec(r)).to_dtype(&cl, self.dtype())?)
             }
             (other, _) => Err(unsupported(
-                "binary op",
+                op.name(),
                 other.dtype(),
                 "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
             )),

@@ -155,11 +155,11 @@ impl BackendStorage for CudaStorage {
             host.copy_contiguous(layout)
         }
     }
-    fn unary(&self, _: &Layout, _: UnaryOp) -> Result<Self> {
-        self.not_yet("unary op")
+    fn unary(&self, _: &Layout, op: UnaryOp) -> Result<Self> {
+        self.not_yet(op.name())
     }
-    fn binary(&self, _: &Layout, _: &Self, _: &Layout, _: BinaryOp) -> Result<Self> {
-        self.not_yet("binary op")
+    fn binary(&self, _: &Layout, _: &Self, _: &Layout, op: BinaryOp) -> Result<Self> {
+        self.not_yet(op.name())
     }
     fn compare(&self, _: &Layout, _: &Self, _: &Layout, _: CmpOp) -> Result<Self> {
         self.not_yet("comparison")

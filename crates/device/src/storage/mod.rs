@@ -181,7 +181,7 @@ impl BackendStorage for Storage {
         rhs_layout: &Layout,
         op: BinaryOp,
     ) -> Result<Self> {
-        pair!("binary op", self, rhs, |a, b| a
+        pair!(op.name(), self, rhs, |a, b| a
             .binary(layout, b, rhs_layout, op))
     }
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
