@@ -268,3 +268,15 @@ fn module_names_modes_and_zero_grad() {
     m.set_requires_grad(false).unwrap();
     assert!(m.parameters().iter().all(|p| !p.requires_grad()));
 }
+
+#[test]
+fn a_very_long_graph_backprops_and_drops_without_overflowing_the_stack() {
+    let x = leaf(&[1.0]);
+    let mut y = x.clone();
+    for _ in 0..30_000 {
+        y = y.mul_scalar(1.0).unwrap();
+    }
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(grad(&x), vec![1.0]);
+    drop(y);
+}

@@ -27,6 +27,28 @@ pub(crate) struct Node {
     backward: Mutex<Option<BackwardFn>>,
 }
 
+impl Drop for Node {
+    /// Drops long chains iteratively: a node whose edges hold the last handle to the next node
+    /// would otherwise recurse once per node and overflow the stack on graphs of ~10k ops.
+    fn drop(&mut self) {
+        let mut pending: Vec<Arc<Node>> = Vec::new();
+        let take_edges = |edges: &mut Vec<Option<Edge>>, pending: &mut Vec<Arc<Node>>| {
+            for edge in edges.drain(..).flatten() {
+                if let Edge::Node(n) = edge {
+                    pending.push(n);
+                }
+            }
+        };
+        take_edges(&mut self.edges, &mut pending);
+        while let Some(node) = pending.pop() {
+            if let Ok(mut owned) = Arc::try_unwrap(node) {
+                take_edges(&mut owned.edges, &mut pending);
+                // `owned` drops here with no edges left, so it does not recurse.
+            }
+        }
+    }
+}
+
 impl Node {
     pub(crate) fn new(name: &'static str, edges: Vec<Option<Edge>>, backward: BackwardFn) -> Self {
         Node {
