@@ -9,6 +9,7 @@
 
 mod autograd;
 mod error;
+mod inplace;
 mod join;
 mod module;
 mod ops;

@@ -1,7 +1,8 @@
 //! [`Tensor`]: a strided view of a device buffer, plus its place in the autograd graph.
 //!
 //! A `Tensor` is a cheap handle (`Arc`) to an immutable description: the shared storage
-//! (`Arc<RwLock<Storage>>`, so views of one buffer share it), a [`Layout`] (shape, strides,
+//! (`Arc<StorageCell>`, so views of one buffer share it, with a version counter that in-place
+//! ops bump), a [`Layout`] (shape, strides,
 //! offset), and either a `grad_fn` (the [`Node`] of the op that made it) or, for a leaf, a
 //! `requires_grad` flag and a `.grad()` slot. Cloning a handle shares everything, like assigning a
 //! tensor in Python. Ops never write into an existing buffer except through `copy_into` on a
@@ -14,11 +15,33 @@ use crate::{Error, Result};
 use kiln_device::{BackendStorage, CpuStorage, DType, Device, Element, Layout, Storage};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A buffer shared by a tensor and all its views, with the count of in-place writes to it.
+/// Tensors saved for backward remember the version they saw; backward refuses to use one that
+/// was modified since (PyTorch's version counter).
+pub(crate) struct StorageCell {
+    data: RwLock<Storage>,
+    version: AtomicU64,
+}
+
+impl StorageCell {
+    fn new(storage: Storage) -> Self {
+        StorageCell {
+            data: RwLock::new(storage),
+            version: AtomicU64::new(0),
+        }
+    }
+
+    /// How many in-place writes this buffer has seen.
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+}
 
 pub(crate) struct TensorImpl {
     id: u64,
-    storage: Arc<RwLock<Storage>>,
+    storage: Arc<StorageCell>,
     layout: Layout,
     dtype: DType,
     device: Device,
@@ -85,12 +108,12 @@ impl Tensor {
     // ----- construction (crate-internal) -----
 
     pub(crate) fn from_parts(
-        storage: Arc<RwLock<Storage>>,
+        storage: Arc<StorageCell>,
         layout: Layout,
         grad_fn: Option<Arc<Node>>,
     ) -> Tensor {
         let (dtype, device) = {
-            let s = storage.read().unwrap_or_else(|p| p.into_inner());
+            let s = storage.data.read().unwrap_or_else(|p| p.into_inner());
             (s.dtype(), s.device())
         };
         Tensor(Arc::new(TensorImpl {
@@ -112,7 +135,7 @@ impl Tensor {
         grad_fn: Option<Arc<Node>>,
     ) -> Tensor {
         Tensor::from_parts(
-            Arc::new(RwLock::new(storage)),
+            Arc::new(StorageCell::new(storage)),
             Layout::contiguous(shape),
             grad_fn,
         )
@@ -147,7 +170,8 @@ impl Tensor {
                 }
             })
             .collect();
-        Some(Arc::new(Node::new(name, edges, make(needs))))
+        let (backward, saved) = crate::autograd::graph::collect_saved(|| make(needs));
+        Some(Arc::new(Node::new(name, edges, backward, saved)))
     }
 
     /// The node of the op that made this tensor.
@@ -157,11 +181,31 @@ impl Tensor {
 
     /// Read access to the storage.
     pub(crate) fn storage(&self) -> RwLockReadGuard<'_, Storage> {
-        self.0.storage.read().unwrap_or_else(|p| p.into_inner())
+        self.0
+            .storage
+            .data
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Write access to the storage, bumping its version (for in-place ops).
+    pub(crate) fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
+        self.0.storage.version.fetch_add(1, Ordering::AcqRel);
+        self.0
+            .storage
+            .data
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A detached handle to save for backward; the node records the storage version it saw.
+    pub(crate) fn saved(&self) -> Tensor {
+        crate::autograd::graph::register_saved(&self.0.storage);
+        self.detach()
     }
 
     /// The storage handle (shared by views).
-    pub(crate) fn storage_arc(&self) -> &Arc<RwLock<Storage>> {
+    pub(crate) fn storage_arc(&self) -> &Arc<StorageCell> {
         &self.0.storage
     }
 
@@ -221,6 +265,11 @@ impl Tensor {
     /// graph for backward (PyTorch's `use_count`). Lets tests see saved tensors being freed.
     pub fn storage_use_count(&self) -> usize {
         Arc::strong_count(&self.0.storage)
+    }
+
+    /// Number of in-place writes to this tensor's storage so far.
+    pub fn version(&self) -> u64 {
+        self.0.storage.version()
     }
 
     /// A process-unique id of this tensor handle's description (not of its storage).

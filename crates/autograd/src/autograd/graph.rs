@@ -5,9 +5,37 @@
 //! frees the saved tensors right away, and a second run finds `None` and reports the freed graph
 //! instead of computing garbage.
 
-use crate::tensor::Tensor;
+use crate::tensor::{StorageCell, Tensor};
 use crate::{Error, Result};
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, Weak};
+
+/// A saved tensor's buffer and the version it had when saved.
+pub(crate) type SavedVersion = (Weak<StorageCell>, u64);
+
+thread_local! {
+    /// Buffers saved while a backward closure is being built (see `collect_saved`).
+    static SAVING: RefCell<Option<Vec<SavedVersion>>> = const { RefCell::new(None) };
+}
+
+/// Notes that the closure being built saves `cell` (called by `Tensor::saved`).
+pub(crate) fn register_saved(cell: &Arc<StorageCell>) {
+    SAVING.with(|s| {
+        if let Some(list) = s.borrow_mut().as_mut() {
+            list.push((Arc::downgrade(cell), cell.version()));
+        }
+    });
+}
+
+/// Runs `make` and returns what it built along with the versions of the tensors it saved.
+pub(crate) fn collect_saved<T>(make: impl FnOnce() -> T) -> (T, Vec<SavedVersion>) {
+    let outer = SAVING.with(|s| s.borrow_mut().replace(Vec::new()));
+    let built = make();
+    let saved = SAVING
+        .with(|s| std::mem::replace(&mut *s.borrow_mut(), outer))
+        .unwrap_or_default();
+    (built, saved)
+}
 
 /// Computes the input gradients from the output gradient; `None` for inputs needing none.
 pub(crate) type BackwardFn = Box<dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
@@ -25,6 +53,7 @@ pub(crate) struct Node {
     pub(crate) name: &'static str,
     pub(crate) edges: Vec<Option<Edge>>,
     backward: Mutex<Option<BackwardFn>>,
+    saved: Vec<SavedVersion>,
 }
 
 impl Drop for Node {
@@ -50,11 +79,17 @@ impl Drop for Node {
 }
 
 impl Node {
-    pub(crate) fn new(name: &'static str, edges: Vec<Option<Edge>>, backward: BackwardFn) -> Self {
+    pub(crate) fn new(
+        name: &'static str,
+        edges: Vec<Option<Edge>>,
+        backward: BackwardFn,
+        saved: Vec<SavedVersion>,
+    ) -> Self {
         Node {
             name,
             edges,
             backward: Mutex::new(Some(backward)),
+            saved,
         }
     }
 
@@ -69,6 +104,19 @@ impl Node {
                 self.name
             )));
         };
+        for (cell, seen) in &self.saved {
+            if let Some(cell) = cell.upgrade() {
+                let now = cell.version();
+                if now != *seen {
+                    return Err(Error::Autograd(format!(
+                        "backward: a tensor saved by {} was modified in place after it was saved \
+                         (version {now}, saved at version {seen}); modify a copy (copy_data()) \
+                         instead, or do the in-place update after backward",
+                        self.name
+                    )));
+                }
+            }
+        }
         let grads = f(grad)?;
         if !retain_graph {
             *slot = None;

@@ -94,7 +94,7 @@ impl Tensor {
         };
         let out = Tensor::from_storage(storage, &shape, None);
         let node = Tensor::grad_node(name, &[self, rhs], |needs| {
-            let keep = |i: usize, t: &Tensor| save[i].then(|| t.detach());
+            let keep = |i: usize, t: &Tensor| save[i].then(|| t.saved());
             let saved = Saved([keep(0, self), keep(1, rhs), keep(2, &out)]);
             let (sa, sb) = (self.shape().to_vec(), rhs.shape().to_vec());
             Box::new(move |g| {
@@ -375,7 +375,7 @@ impl Tensor {
         };
         let out = Tensor::from_storage(storage, &shape, None);
         let node = Tensor::grad_node("WhereBackward", &[on_true, on_false], |needs| {
-            let c = cond.detach();
+            let c = cond.saved();
             let (st, sf) = (on_true.shape().to_vec(), on_false.shape().to_vec());
             Box::new(move |g| {
                 let zero = g.zeros_like()?;

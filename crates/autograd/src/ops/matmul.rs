@@ -81,7 +81,7 @@ impl Tensor {
         };
         let out = Tensor::from_storage(storage, &shape, None);
         let node = Tensor::grad_node("MmBackward", &[self, rhs], |needs| {
-            let (a, b) = (self.detach(), rhs.detach());
+            let (a, b) = (self.saved(), rhs.saved());
             Box::new(move |g| {
                 let ga = if needs[0] {
                     Some(g.bmm(&b.transpose(-1, -2)?)?)

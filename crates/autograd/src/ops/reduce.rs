@@ -116,7 +116,7 @@ impl Tensor {
             },
             &[self],
             |_| {
-                let x = self.detach();
+                let (x, y) = (self.saved(), y.saved());
                 let dims: Vec<isize> = d.iter().map(|&i| i as isize).collect();
                 Box::new(move |g| {
                     // The gradient is shared evenly among the elements equal to the extreme.
@@ -181,7 +181,7 @@ impl Tensor {
             |_| {
                 let from = self.shape().to_vec();
                 let kept = keep_shape(self.shape(), &dims);
-                let idx = indices.detach();
+                let idx = indices.saved();
                 Box::new(move |g| {
                     // The gradient goes to the one selected index along `d`.
                     if from.is_empty() {
@@ -193,11 +193,7 @@ impl Tensor {
                         .reshape_to(&pos_shape)?;
                     let hit = pos.eq(&idx.reshape_to(&kept)?)?;
                     let g = g.reshape_to(&kept)?.expand(&from)?;
-                    Ok(vec![Some(Tensor::where_(
-                        &hit,
-                        &g,
-                        &g.zeros_like()?.detach(),
-                    )?)])
+                    Ok(vec![Some(Tensor::where_(&hit, &g, &g.zeros_like()?)?)])
                 })
             },
         );
@@ -279,7 +275,7 @@ impl Tensor {
             }
         })?;
         let node = Tensor::grad_node("NormBackward", &[self], |_| {
-            let (x, yk) = (self.detach(), y.detach());
+            let (x, yk) = (self.saved(), y.saved());
             let dims_i: Vec<isize> = d.iter().map(|&i| i as isize).collect();
             Box::new(move |g| {
                 let sign = x.sign()?;

@@ -45,7 +45,7 @@ impl Tensor {
             "SoftmaxBackward"
         };
         let node = Tensor::grad_node(name, &[self], |_| {
-            let y = out.detach();
+            let y = out.saved();
             Box::new(move |g| {
                 let gi = if log {
                     // d log_softmax: g - softmax * sum(g)

@@ -29,8 +29,8 @@ impl Tensor {
         let node = Tensor::grad_node(name, &[self], |_| {
             let saved = match save {
                 Save::Nothing => None,
-                Save::Input => Some(self.detach()),
-                Save::Output => Some(out.detach()),
+                Save::Input => Some(self.saved()),
+                Save::Output => Some(out.saved()),
             };
             Box::new(move |g| {
                 let s = saved.as_ref().unwrap_or(g);
