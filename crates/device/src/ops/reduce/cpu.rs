@@ -32,9 +32,15 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
         .checked_div(r)
         .unwrap_or_else(|| layout.numel_kept(dims));
     let mut out = vec![U::zero(); n_out];
+    // Reducing the trailing dims of a dense layout: each group is a plain slice.
+    let dense = perm.contiguous_offset();
     let body = |o: usize, slot: &mut U| {
         let mut acc = init;
-        if r > 0 {
+        if let (Some(base), true) = (dense, r > 0) {
+            for (j, &v) in src[base + o * r..base + (o + 1) * r].iter().enumerate() {
+                acc = fold(acc, j, v);
+            }
+        } else if r > 0 {
             for (j, i) in StridedIndex::new(&perm, o * r).take(r).enumerate() {
                 acc = fold(acc, j, src[i]);
             }
@@ -149,5 +155,23 @@ mod tests {
         assert_eq!(s[..4], [12.0, 15.0, 18.0, 21.0]);
         assert_eq!(arg_extreme(&x, &l, &[2], true), vec![3; 6]);
         assert_eq!(extreme(&x, &l, &[0, 2], false), vec![0.0, 4.0, 8.0]);
+        // trailing dims of a dense layout (slice path) and of a transposed one (strided path)
+        assert_eq!(sum_float(&x, &l, &[1, 2]), vec![66.0, 210.0]);
+        let t = l.permute(&[2, 1, 0]);
+        assert_eq!(sum_float(&x, &t, &[2])[..3], [12.0, 20.0, 28.0]);
+    }
+
+    #[test]
+    fn large_whole_sums_split_into_exact_partials() {
+        let n = 1 << 17;
+        let x: Vec<f32> = (0..n).map(|v| (v % 7) as f32).collect();
+        let want: f64 = x.iter().map(|&v| v as f64).sum();
+        assert_eq!(
+            sum_float(&x, &Layout::contiguous(&[n]), &[0]),
+            vec![want as f32]
+        );
+        let grid = Layout::contiguous(&[n / 4, 4]);
+        assert_eq!(sum_float(&x, &grid, &[0, 1]), vec![want as f32]);
+        assert_eq!(sum_float(&x, &grid, &[1])[..2], [6.0, 15.0]);
     }
 }
