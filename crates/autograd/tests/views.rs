@@ -143,3 +143,22 @@ fn ops_read_strided_inputs_correctly() {
         assert_eq!(m.to_vec::<f32>().unwrap()[0], 0. * 0. + 4. * 4. + 8. * 8.);
     }
 }
+
+#[test]
+fn empty_tensors_flow_through_ops() {
+    for dev in devices() {
+        let e = Tensor::zeros(&[0, 3], DType::F32, dev).unwrap();
+        assert_eq!(
+            e.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+            vec![0.0; 3]
+        );
+        assert_eq!(e.exp().unwrap().shape(), &[0, 3]);
+        let one = Tensor::ones(&[1, 3], DType::F32, dev).unwrap();
+        assert_eq!(Tensor::cat(&[e.clone(), one], 0).unwrap().shape(), &[1, 3]);
+        let a = Tensor::zeros(&[2, 0], DType::F32, dev).unwrap();
+        let b = Tensor::ones(&[0, 3], DType::F32, dev).unwrap();
+        assert_eq!(a.matmul(&b).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
+        assert!(e.amax(&[0], false).is_err());
+        assert_eq!(e.view(&[3, 0]).unwrap().shape(), &[3, 0]);
+    }
+}
