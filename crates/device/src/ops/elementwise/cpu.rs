@@ -1,5 +1,5 @@
 //! CPU elementwise kernels: strided map loops, parallel over output chunks above
-//! [`PARALLEL_THRESHOLD`](crate::threads::PARALLEL_THRESHOLD) elements.
+//! [`crate::threads::PARALLEL_THRESHOLD`] elements.
 //!
 //! Inputs are read through their [`Layout`]s (a contiguous input takes a plain slice fast path),
 //! outputs are written contiguously. Each parallel chunk starts its own [`StridedIndex`] at the
