@@ -1,4 +1,28 @@
 //! `kiln-autograd`: tensors, views and reverse-mode automatic differentiation.
 //!
-//! This crate is filled by the tensor/autograd issue; every op reaches its kernel through the
-//! backend seam in `kiln-device`. See `docs/ARCHITECTURE.md`.
+//! [`Tensor`] is a strided view of a device buffer; every op validates its inputs, reaches its
+//! kernel through the backend seam in `kiln-device` (`BackendStorage`), and, when grad mode is on
+//! and an input requires grad, records a node whose backward closure owns what it saved.
+//! [`Tensor::backward`] walks those nodes in reverse, freeing each node's saved tensors as it
+//! runs. [`no_grad`] turns recording off per thread. [`Parameter`] and [`Module`] are the
+//! contract layers and optimizers build on.
+
+mod autograd;
+mod error;
+mod inplace;
+mod join;
+mod module;
+mod ops;
+mod random;
+mod tensor;
+mod view;
+
+pub use autograd::grad_mode::{
+    enable_grad, is_grad_enabled, no_grad, EnableGradGuard, NoGradGuard,
+};
+pub use error::{Error, Result};
+pub use kiln_device::{DType, Device};
+pub use module::{Module, Parameter};
+pub use ops::broadcast_shapes;
+pub use random::{manual_seed, Generator};
+pub use tensor::Tensor;

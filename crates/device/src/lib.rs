@@ -1,21 +1,33 @@
-//! `kiln-device`: devices (CPU and CUDA), visibility, properties and kernel loading.
+//! `kiln-device`: devices (CPU and CUDA), visibility, properties, storage, the backend seam every
+//! op goes through, and the kernels (CPU here; CUDA C beside them).
 
+mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod device;
+mod dtype;
 mod error;
+mod layout;
 mod nvrtc_options;
 pub mod ops;
 mod properties;
 mod status;
+mod storage;
 pub mod testing;
+pub mod threads;
 pub mod visibility;
 
+pub use backend::{BackendStorage, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 pub use device::{Device, DeviceChoice};
+pub use dtype::{BoolByte, DType, Element};
 pub use error::{Error, Result};
+pub use layout::{contiguous_strides, Layout, StridedIndex};
 pub use nvrtc_options::nvrtc_options;
 pub use properties::{
     format_bytes, format_uuid, CpuProperties, CudaDeviceProperties, DeviceProperties, MemoryInfo,
 };
 pub use status::{cuda_status, CudaStatus, CudaUnavailable};
+#[cfg(feature = "cuda")]
+pub use storage::{cuda_stream, CudaStorage};
+pub use storage::{CpuStorage, HostBuffer, Storage};
 pub use visibility::{set_visible_devices, VisibleDevices};

@@ -1,0 +1,135 @@
+//! The backward engine.
+//!
+//! `backward` walks the graph once to count, for every reachable node, how many edges point at it;
+//! then it runs nodes from the root, summing each node's incoming gradients in a buffer and
+//! running the node only when all of its consumers have run (a node whose count reaches zero is
+//! ready). Each node drops its saved tensors right after it runs (unless `retain_graph`), and each
+//! gradient buffer is dropped once consumed, so memory held by the graph falls as backward
+//! proceeds. Gradients are computed with grad mode off (no higher-order graphs). Leaf gradients
+//! accumulate into `.grad()`.
+
+use super::grad_mode::NoGradGuard;
+use super::graph::{Edge, Node};
+use crate::tensor::{fmt_shape, Tensor};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn key(node: &Arc<Node>) -> *const Node {
+    Arc::as_ptr(node)
+}
+
+/// Consumer counts of every node reachable from `root`.
+fn dependencies(root: &Arc<Node>) -> HashMap<*const Node, usize> {
+    let mut deps: HashMap<*const Node, usize> = HashMap::new();
+    let mut stack = vec![root.clone()];
+    deps.insert(key(root), 0);
+    while let Some(node) = stack.pop() {
+        for edge in node.edges.iter().flatten() {
+            if let Edge::Node(next) = edge {
+                let seen = deps.contains_key(&key(next));
+                *deps.entry(key(next)).or_insert(0) += 1;
+                if !seen {
+                    stack.push(next.clone());
+                }
+            }
+        }
+    }
+    deps
+}
+
+pub(crate) fn run_backward(
+    root: &Tensor,
+    gradient: Option<&Tensor>,
+    retain_graph: bool,
+) -> Result<()> {
+    if !root.requires_grad() {
+        return Err(Error::Autograd(
+            "backward: the tensor does not require grad and has no grad_fn; call \
+             set_requires_grad(true) on the leaves it is computed from (outside no_grad)"
+                .into(),
+        ));
+    }
+    let grad = match gradient {
+        Some(g) => {
+            if g.shape() != root.shape() {
+                return Err(Error::Shape {
+                    op: "backward",
+                    msg: format!(
+                        "gradient shape {} does not match the tensor's shape {}",
+                        fmt_shape(g.shape()),
+                        fmt_shape(root.shape())
+                    ),
+                });
+            }
+            root.check_same_kind("backward", g)?;
+            g.detach()
+        }
+        None => {
+            if root.numel() != 1 {
+                return Err(Error::Autograd(format!(
+                    "backward: a gradient can be implied only for scalar outputs, but this tensor has shape {}; \
+                     reduce it first (e.g. .sum_all()) or pass a gradient of the same shape to backward_with",
+                    fmt_shape(root.shape())
+                )));
+            }
+            root.ones_like()?
+        }
+    };
+    let _no_grad = NoGradGuard::new();
+    let Some(root_node) = root.grad_fn_node() else {
+        return root.accumulate_grad(grad);
+    };
+    let mut deps = dependencies(&root_node);
+    let mut buffers: HashMap<*const Node, Tensor> = HashMap::new();
+    buffers.insert(key(&root_node), grad);
+    let mut ready = vec![root_node];
+    while let Some(node) = ready.pop() {
+        let grads = match buffers.remove(&key(&node)) {
+            Some(g) => node.run(&g, retain_graph)?,
+            None => vec![None; node.edges.len()],
+        };
+        for (edge, g) in node.edges.iter().zip(grads) {
+            let Some(edge) = edge else { continue };
+            match edge {
+                Edge::Leaf(leaf) => {
+                    if let Some(g) = g {
+                        if leaf.requires_grad() {
+                            leaf.accumulate_grad(g)?;
+                        }
+                    }
+                }
+                Edge::Node(next) => {
+                    let k = key(next);
+                    if let Some(g) = g {
+                        let summed = match buffers.remove(&k) {
+                            None => g,
+                            Some(prev) => prev.add(&g)?,
+                        };
+                        buffers.insert(k, summed);
+                    }
+                    let count = deps.get_mut(&k).expect("every reachable node was counted");
+                    *count -= 1;
+                    if *count == 0 {
+                        ready.push(next.clone());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// Backpropagates from this scalar: accumulates d(self)/d(leaf) into every leaf's `.grad()`
+    /// and frees the graph. An error on a non-scalar (use [`Tensor::backward_with`]).
+    pub fn backward(&self) -> Result<()> {
+        run_backward(self, None, false)
+    }
+
+    /// Backpropagates with an explicit output `gradient` (required for non-scalars) and,
+    /// with `retain_graph`, keeps the saved tensors so backward can run again.
+    pub fn backward_with(&self, gradient: Option<&Tensor>, retain_graph: bool) -> Result<()> {
+        run_backward(self, gradient, retain_graph)
+    }
+}

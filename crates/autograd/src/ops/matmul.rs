@@ -1,0 +1,101 @@
+//! `matmul` with PyTorch's rules: 1-D operands are promoted (and the added dim removed after),
+//! batch dims broadcast. Both operands reach the kernel as views expanded to one batch shape, so
+//! broadcast batches are not copied; the backward is two more matmuls, and `expand`'s backward
+//! sums the broadcast batch dims.
+
+use crate::error::shape_err;
+use crate::ops::broadcast_shapes;
+use crate::tensor::{fmt_shape, Tensor};
+use crate::Result;
+use kiln_device::BackendStorage;
+
+impl Tensor {
+    /// Matrix product with batch broadcasting (`[.., m, k] @ [.., k, n]`; 1-D operands allowed).
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.check_float("matmul")?;
+        self.check_same_kind("matmul", rhs)?;
+        let shapes = || format!("{} @ {}", fmt_shape(self.shape()), fmt_shape(rhs.shape()));
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(shape_err(
+                "matmul",
+                format!(
+                    "{}: both operands need at least 1 dim; use mul for scalars",
+                    shapes()
+                ),
+            ));
+        }
+        let a = if self.rank() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if rhs.rank() == 1 {
+            rhs.unsqueeze(-1)?
+        } else {
+            rhs.clone()
+        };
+        let (ra, rb) = (a.rank(), b.rank());
+        let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+        let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
+        if k != k2 {
+            return Err(shape_err(
+                "matmul",
+                format!("{}: inner dims {k} != {k2}", shapes()),
+            ));
+        }
+        let batch = broadcast_shapes("matmul", &a.shape()[..ra - 2], &b.shape()[..rb - 2])
+            .map_err(|_| {
+                shape_err(
+                    "matmul",
+                    format!(
+                    "{}: batch dims {} and {} cannot be broadcast (each pair must be equal or 1)",
+                    shapes(),
+                    fmt_shape(&a.shape()[..ra - 2]),
+                    fmt_shape(&b.shape()[..rb - 2])
+                ),
+                )
+            })?;
+        let sa: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
+        let sb: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
+        let out = a.expand(&sa)?.bmm(&b.expand(&sb)?)?;
+        let out = if self.rank() == 1 {
+            out.squeeze_dim(-2)?
+        } else {
+            out
+        };
+        if rhs.rank() == 1 {
+            out.squeeze_dim(-1)
+        } else {
+            Ok(out)
+        }
+    }
+
+    /// The kernel call: both operands have identical batch dims.
+    fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
+        let r = self.rank();
+        let mut shape = self.shape().to_vec();
+        shape[r - 1] = rhs.shape()[r - 1];
+        let storage = {
+            let (a, b) = (self.storage(), rhs.storage());
+            a.matmul(self.layout(), &b, rhs.layout())?
+        };
+        let out = Tensor::from_storage(storage, &shape, None);
+        let node = Tensor::grad_node("MmBackward", &[self, rhs], |needs| {
+            let (a, b) = (self.saved(), rhs.saved());
+            Box::new(move |g| {
+                let ga = if needs[0] {
+                    Some(g.bmm(&b.transpose(-1, -2)?)?)
+                } else {
+                    None
+                };
+                let gb = if needs[1] {
+                    Some(a.transpose(-1, -2)?.bmm(g)?)
+                } else {
+                    None
+                };
+                Ok(vec![ga, gb])
+            })
+        });
+        Ok(Tensor::with_node(&out, node))
+    }
+}

@@ -1,0 +1,13 @@
+//! Differentiable ops on [`Tensor`](crate::Tensor), one file per family. Each op validates its
+//! arguments (errors name the op, the shapes and the rule), calls one method of the backend seam
+//! (`kiln_device::BackendStorage`) and records a backward closure that saves only what it needs.
+//! Ops whose math is a composition (mean, var, logsumexp, triu) are written as compositions and get
+//! their gradients from the parts.
+
+mod binary;
+mod matmul;
+mod reduce;
+mod softmax;
+mod unary;
+
+pub use binary::broadcast_shapes;

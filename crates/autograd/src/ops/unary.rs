@@ -1,0 +1,176 @@
+//! Elementwise functions of one tensor and their derivatives.
+
+use crate::tensor::Tensor;
+use crate::Result;
+use kiln_device::{BackendStorage, UnaryOp};
+use std::sync::Arc;
+
+/// What a unary op's backward needs kept alive.
+#[derive(Clone, Copy)]
+enum Save {
+    Nothing,
+    Input,
+    Output,
+}
+
+type UnaryGrad = fn(&Tensor, &Tensor) -> Result<Tensor>;
+
+impl Tensor {
+    /// Runs `op` and records `grad(saved, g)` as its backward.
+    fn unary_op(
+        &self,
+        op: UnaryOp,
+        name: &'static str,
+        save: Save,
+        grad: UnaryGrad,
+    ) -> Result<Tensor> {
+        let storage = self.storage().unary(self.layout(), op)?;
+        let out = Tensor::from_storage(storage, self.shape(), None);
+        let node = Tensor::grad_node(name, &[self], |_| {
+            let saved = match save {
+                Save::Nothing => None,
+                Save::Input => Some(self.saved()),
+                Save::Output => Some(out.saved()),
+            };
+            Box::new(move |g| {
+                let s = saved.as_ref().unwrap_or(g);
+                Ok(vec![Some(grad(s, g)?)])
+            })
+        });
+        Ok(Tensor::with_node(&out, node))
+    }
+
+    /// `out` (made without history) re-issued with `node` as its grad_fn.
+    pub(crate) fn with_node(
+        out: &Tensor,
+        node: Option<Arc<crate::autograd::graph::Node>>,
+    ) -> Tensor {
+        if node.is_none() {
+            return out.clone();
+        }
+        Tensor::from_parts(out.storage_arc().clone(), out.layout().clone(), node)
+    }
+
+    /// `-x`.
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Neg, "NegBackward", Save::Nothing, |_, g| g.neg())
+    }
+
+    /// `e^x`.
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Exp, "ExpBackward", Save::Output, |y, g| g.mul(y))
+    }
+
+    /// Natural logarithm.
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Log, "LogBackward", Save::Input, |x, g| g.div(x))
+    }
+
+    /// Square root.
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sqrt, "SqrtBackward", Save::Output, |y, g| {
+            g.div(y)?.mul_scalar(0.5)
+        })
+    }
+
+    /// `1 / sqrt(x)`.
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Rsqrt, "RsqrtBackward", Save::Output, |y, g| {
+            g.mul(&y.mul(y)?.mul(y)?)?.mul_scalar(-0.5)
+        })
+    }
+
+    /// `|x|` (gradient `sign(x)`, 0 at 0 as in PyTorch).
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Abs, "AbsBackward", Save::Input, |x, g| {
+            g.mul(&x.sign()?)
+        })
+    }
+
+    /// `max(x, 0)`.
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Relu, "ReluBackward", Save::Output, |y, g| {
+            g.mul(&y.unary_raw(UnaryOp::ReluGrad)?)
+        })
+    }
+
+    /// GELU, exact form `x * Φ(x)` (PyTorch's default `approximate='none'`).
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::GeluErf, "GeluBackward", Save::Input, |x, g| {
+            g.mul(&x.unary_raw(UnaryOp::GeluErfGrad)?)
+        })
+    }
+
+    /// GELU, tanh approximation (`approximate='tanh'`).
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::GeluTanh, "GeluBackward", Save::Input, |x, g| {
+            g.mul(&x.unary_raw(UnaryOp::GeluTanhGrad)?)
+        })
+    }
+
+    /// Logistic sigmoid.
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sigmoid, "SigmoidBackward", Save::Output, |y, g| {
+            g.mul(&y.mul(&y.rsub_scalar(1.0)?)?)
+        })
+    }
+
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Tanh, "TanhBackward", Save::Output, |y, g| {
+            g.mul(&y.mul(y)?.rsub_scalar(1.0)?)
+        })
+    }
+
+    /// SiLU (swish): `x * sigmoid(x)`.
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Silu, "SiluBackward", Save::Input, |x, g| {
+            g.mul(&x.unary_raw(UnaryOp::SiluGrad)?)
+        })
+    }
+
+    /// Error function.
+    pub fn erf(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Erf, "ErfBackward", Save::Input, |x, g| {
+            g.mul(
+                &x.mul(x)?
+                    .neg()?
+                    .exp()?
+                    .mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?,
+            )
+        })
+    }
+
+    /// `1 / x`.
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary_op(
+            UnaryOp::Recip,
+            "ReciprocalBackward",
+            Save::Output,
+            |y, g| g.mul(&y.mul(y)?)?.neg(),
+        )
+    }
+
+    /// `x * x`.
+    pub fn square(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Square, "SquareBackward", Save::Input, |x, g| {
+            g.mul(x)?.mul_scalar(2.0)
+        })
+    }
+
+    /// `sign(x)`: -1, 0 or 1 (gradient zero).
+    pub fn sign(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sign, "SignBackward", Save::Nothing, |_, g| {
+            g.zeros_like()
+        })
+    }
+
+    /// The kernel alone, without recording (for derivatives inside backward closures).
+    pub(crate) fn unary_raw(&self, op: UnaryOp) -> Result<Tensor> {
+        Ok(Tensor::from_storage(
+            self.storage().unary(self.layout(), op)?,
+            self.shape(),
+            None,
+        ))
+    }
+}

@@ -1,0 +1,229 @@
+//! The backend seam: the one trait through which every tensor op reaches its kernel.
+//!
+//! `kiln-autograd` never touches a buffer directly. It validates shapes, builds [`Layout`]s (views,
+//! broadcasts) and then calls a method of [`BackendStorage`] on a [`crate::Storage`], which
+//! dispatches on the device to [`crate::CpuStorage`] or, behind the `cuda` feature, to
+//! [`crate::CudaStorage`]. Adding a device means implementing this trait; no op is written for one
+//! device only. Kernels take any strided input layout and return a fresh contiguous buffer, except
+//! [`BackendStorage::copy_into`], which writes through a strided destination layout (used by
+//! `cat`, `stack` and the backward of `narrow`/`select`).
+
+use crate::{DType, Device, Layout, Result};
+
+/// Elementwise functions of one tensor. The `*Grad` variants are derivatives used by backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `e^x`
+    Exp,
+    /// natural log
+    Log,
+    /// square root
+    Sqrt,
+    /// `1/sqrt(x)`
+    Rsqrt,
+    /// `|x|`
+    Abs,
+    /// `max(x, 0)`
+    Relu,
+    /// GELU, exact form `x * Φ(x)` with `erf`
+    GeluErf,
+    /// GELU, tanh approximation
+    GeluTanh,
+    /// logistic sigmoid
+    Sigmoid,
+    /// hyperbolic tangent
+    Tanh,
+    /// `x * sigmoid(x)`
+    Silu,
+    /// `sign(x)` (-1, 0 or 1)
+    Sign,
+    /// `erf(x)`
+    Erf,
+    /// `1/x`
+    Recip,
+    /// `x * x`
+    Square,
+    /// 1 where `x > 0`, else 0 (derivative of relu)
+    ReluGrad,
+    /// derivative of exact GELU
+    GeluErfGrad,
+    /// derivative of tanh-approximate GELU
+    GeluTanhGrad,
+    /// derivative of SiLU
+    SiluGrad,
+}
+
+impl UnaryOp {
+    /// The op's PyTorch-style name, for error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Relu => "relu",
+            UnaryOp::GeluErf | UnaryOp::GeluTanh => "gelu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Recip => "reciprocal",
+            UnaryOp::Square => "square",
+            UnaryOp::ReluGrad => "relu_backward",
+            UnaryOp::GeluErfGrad | UnaryOp::GeluTanhGrad => "gelu_backward",
+            UnaryOp::SiluGrad => "silu_backward",
+        }
+    }
+}
+
+/// Elementwise functions of two same-shaped (possibly broadcast) tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b` (true division for floats, truncating for integers)
+    Div,
+    /// `a ^ b` (floats only)
+    Pow,
+    /// `max(a, b)`, NaN-propagating
+    Maximum,
+    /// `min(a, b)`, NaN-propagating
+    Minimum,
+}
+
+impl BinaryOp {
+    /// The op's PyTorch-style name, for error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+        }
+    }
+}
+
+/// Elementwise comparisons; the result has dtype `Bool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    /// `a == b`
+    Eq,
+    /// `a != b`
+    Ne,
+    /// `a < b`
+    Lt,
+    /// `a <= b`
+    Le,
+    /// `a > b`
+    Gt,
+    /// `a >= b`
+    Ge,
+}
+
+/// Reductions over a set of dims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// sum (floats accumulate in f64, integers in i64; bool sums to i64)
+    Sum,
+    /// maximum (NaN-propagating)
+    Max,
+    /// minimum (NaN-propagating)
+    Min,
+    /// index of the first maximum along exactly one dim, as `I64`
+    ArgMax,
+    /// index of the first minimum along exactly one dim, as `I64`
+    ArgMin,
+}
+
+/// The kernels of one device over its buffer type.
+///
+/// Every method reads `self` through a [`Layout`] (any strides, offset) and returns a new
+/// contiguous buffer, except `copy_into`. Shapes have been validated by the caller.
+pub trait BackendStorage: Sized + Send + Sync {
+    /// The element type.
+    fn dtype(&self) -> DType;
+    /// The device holding the buffer.
+    fn device(&self) -> Device;
+    /// Number of elements in the buffer.
+    fn len(&self) -> usize;
+    /// True when the buffer has no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `n` elements equal to `value` (converted to `dtype`).
+    fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self>;
+    /// `start, start + step, ...` (`n` elements).
+    fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self>;
+    /// `n` uniform samples in `[low, high)` from Philox4x32-10 with `seed`, counters from `offset`.
+    fn rand_uniform(
+        device: Device,
+        n: usize,
+        low: f64,
+        high: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self>;
+    /// `n` normal samples (Box-Muller over Philox4x32-10), counters from `offset`.
+    fn rand_normal(
+        device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self>;
+    /// A copy of a host buffer on `device`.
+    fn from_cpu(device: Device, cpu: &crate::CpuStorage) -> Result<Self>;
+    /// The elements of `layout`, contiguous, on the host.
+    fn to_cpu(&self, layout: &Layout) -> Result<crate::CpuStorage>;
+
+    /// Elementwise `op`.
+    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self>;
+    /// Elementwise `op` of two inputs whose layouts have the same shape (broadcast already).
+    fn binary(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<Self>;
+    /// Elementwise comparison; result dtype `Bool`.
+    fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self>;
+    /// `self` is a `Bool`/`U8` condition: picks `on_true` where nonzero, else `on_false`.
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        on_true: &Self,
+        true_layout: &Layout,
+        on_false: &Self,
+        false_layout: &Layout,
+    ) -> Result<Self>;
+    /// Reduces `dims` (sorted, unique); the output is contiguous with those dims of size 1.
+    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self>;
+    /// Batched matrix product: `layout` is `[..batch, m, k]`, `rhs_layout` `[..batch, k, n]` with
+    /// identical batch dims (broadcast already, stride 0 allowed); output `[..batch, m, n]`.
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self>;
+    /// Softmax (or log-softmax) over the last dim.
+    fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self>;
+    /// The elements of `layout`, contiguous.
+    fn copy_contiguous(&self, layout: &Layout) -> Result<Self>;
+    /// Writes the elements of `layout` into `dst` through `dst_layout` (same shape).
+    fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()>;
+    /// The elements of `layout` converted to `dtype`, contiguous.
+    fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self>;
+}

@@ -1,0 +1,36 @@
+//! CPU fill of uniform and normal draws (parallel: each element depends only on its index).
+
+use super::{block, normal, uniform24, uniform53};
+use crate::dtype::{DType, Element};
+use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use rayon::prelude::*;
+
+fn fill<T: Element>(n: usize, f: impl Fn(u64) -> f64 + Sync) -> Vec<T> {
+    let mut out = vec![T::zero(); n];
+    let body = |(i, o): (usize, &mut T)| *o = T::from_f64(f(i as u64));
+    if n > PARALLEL_THRESHOLD {
+        cpu_pool().install(|| out.par_iter_mut().enumerate().for_each(body));
+    } else {
+        out.iter_mut().enumerate().for_each(body);
+    }
+    out
+}
+
+/// `n` uniforms in `[low, high)`.
+pub fn uniform<T: Element>(n: usize, low: f64, high: f64, seed: u64, offset: u64) -> Vec<T> {
+    let wide = T::DTYPE == DType::F64;
+    fill(n, |i| {
+        let b = block(seed, offset, i);
+        let u = if wide {
+            uniform53(b[0], b[1])
+        } else {
+            uniform24(b[0])
+        };
+        low + (high - low) * u
+    })
+}
+
+/// `n` normals with `mean` and `std`.
+pub fn normals<T: Element>(n: usize, mean: f64, std: f64, seed: u64, offset: u64) -> Vec<T> {
+    fill(n, |i| mean + std * normal(block(seed, offset, i)))
+}

@@ -1,0 +1,177 @@
+//! CPU reductions. The input layout is permuted so the kept dims come first and the reduced dims
+//! last; output element `o` then folds the `R` consecutive logical elements `o*R .. (o+1)*R` of
+//! the permuted layout. Outputs are independent, so they are split across the pool. Floats
+//! accumulate in `f64` (more accurate than PyTorch's f32 cascade sum, never less), integers in
+//! `i64`.
+
+use crate::dtype::Element;
+use crate::layout::{Layout, StridedIndex};
+use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use rayon::prelude::*;
+
+/// The permuted layout (kept dims, then reduced dims) and the reduced element count `R`.
+fn kept_then_reduced(layout: &Layout, dims: &[usize]) -> (Layout, usize) {
+    let mut perm: Vec<usize> = (0..layout.rank()).filter(|d| !dims.contains(d)).collect();
+    perm.extend_from_slice(dims);
+    let r = dims.iter().map(|&d| layout.shape()[d]).product();
+    (layout.permute(&perm), r)
+}
+
+/// Folds each group of `R` elements into one output with `fold`, starting from `init`.
+pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
+    src: &[T],
+    layout: &Layout,
+    dims: &[usize],
+    init: A,
+    fold: impl Fn(A, usize, T) -> A + Sync,
+    finish: impl Fn(A) -> U + Sync,
+) -> Vec<U> {
+    let (perm, r) = kept_then_reduced(layout, dims);
+    let n_out = perm
+        .numel()
+        .checked_div(r)
+        .unwrap_or_else(|| layout.numel_kept(dims));
+    let mut out = vec![U::zero(); n_out];
+    // Reducing the trailing dims of a dense layout: each group is a plain slice.
+    let dense = perm.contiguous_offset();
+    let body = |o: usize, slot: &mut U| {
+        let mut acc = init;
+        if let (Some(base), true) = (dense, r > 0) {
+            for (j, &v) in src[base + o * r..base + (o + 1) * r].iter().enumerate() {
+                acc = fold(acc, j, v);
+            }
+        } else if r > 0 {
+            for (j, i) in StridedIndex::new(&perm, o * r).take(r).enumerate() {
+                acc = fold(acc, j, src[i]);
+            }
+        }
+        *slot = finish(acc);
+    };
+    if perm.numel() > PARALLEL_THRESHOLD && n_out > 1 {
+        cpu_pool().install(|| out.par_iter_mut().enumerate().for_each(|(o, s)| body(o, s)));
+    } else {
+        out.iter_mut().enumerate().for_each(|(o, s)| body(o, s));
+    }
+    out
+}
+
+trait KeptNumel {
+    fn numel_kept(&self, dims: &[usize]) -> usize;
+}
+
+impl KeptNumel for Layout {
+    fn numel_kept(&self, dims: &[usize]) -> usize {
+        (0..self.rank())
+            .filter(|d| !dims.contains(d))
+            .map(|d| self.shape()[d])
+            .product()
+    }
+}
+
+/// Float sum (f64 accumulator).
+pub fn sum_float<T: Element>(src: &[T], layout: &Layout, dims: &[usize]) -> Vec<T> {
+    fold_groups(
+        src,
+        layout,
+        dims,
+        0.0f64,
+        |a, _, v: T| a + v.to_f64(),
+        T::from_f64,
+    )
+}
+
+/// Integer / bool sum into `i64`.
+pub fn sum_int<T: Element>(src: &[T], layout: &Layout, dims: &[usize]) -> Vec<i64> {
+    fold_groups(
+        src,
+        layout,
+        dims,
+        0i64,
+        |a, _, v: T| a.wrapping_add(v.to_f64() as i64),
+        |a| a,
+    )
+}
+
+/// Max (`largest = true`) or min, NaN-propagating for floats. Empty groups give NaN / 0.
+pub fn extreme<T: Element>(src: &[T], layout: &Layout, dims: &[usize], largest: bool) -> Vec<T> {
+    fold_groups(
+        src,
+        layout,
+        dims,
+        None::<T>,
+        move |acc, _, v: T| match acc {
+            None => Some(v),
+            #[allow(clippy::eq_op)]
+            Some(a) if a != a => Some(a),
+            #[allow(clippy::eq_op)]
+            Some(_) if v != v => Some(v),
+            Some(a) => Some(if (largest && v > a) || (!largest && v < a) {
+                v
+            } else {
+                a
+            }),
+        },
+        |acc| acc.unwrap_or_else(|| T::from_f64(f64::NAN)),
+    )
+}
+
+/// Index of the first max / min along the reduced dims (NaN counts as the extreme, as in PyTorch).
+pub fn arg_extreme<T: Element>(
+    src: &[T],
+    layout: &Layout,
+    dims: &[usize],
+    largest: bool,
+) -> Vec<i64> {
+    fold_groups(
+        src,
+        layout,
+        dims,
+        None::<(usize, T)>,
+        move |acc, j, v: T| match acc {
+            None => Some((j, v)),
+            #[allow(clippy::eq_op)]
+            Some((i, a)) if a != a => Some((i, a)),
+            #[allow(clippy::eq_op)]
+            Some(_) if v != v => Some((j, v)),
+            Some((i, a)) => Some(if (largest && v > a) || (!largest && v < a) {
+                (j, v)
+            } else {
+                (i, a)
+            }),
+        },
+        |acc| acc.map(|(i, _)| i as i64).unwrap_or(0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_over_middle_dim() {
+        let x: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        let l = Layout::contiguous(&[2, 3, 4]);
+        let s = sum_float(&x, &l, &[1]);
+        assert_eq!(s[..4], [12.0, 15.0, 18.0, 21.0]);
+        assert_eq!(arg_extreme(&x, &l, &[2], true), vec![3; 6]);
+        assert_eq!(extreme(&x, &l, &[0, 2], false), vec![0.0, 4.0, 8.0]);
+        // trailing dims of a dense layout (slice path) and of a transposed one (strided path)
+        assert_eq!(sum_float(&x, &l, &[1, 2]), vec![66.0, 210.0]);
+        let t = l.permute(&[2, 1, 0]);
+        assert_eq!(sum_float(&x, &t, &[2])[..3], [12.0, 20.0, 28.0]);
+    }
+
+    #[test]
+    fn large_whole_sums_split_into_exact_partials() {
+        let n = 1 << 17;
+        let x: Vec<f32> = (0..n).map(|v| (v % 7) as f32).collect();
+        let want: f64 = x.iter().map(|&v| v as f64).sum();
+        assert_eq!(
+            sum_float(&x, &Layout::contiguous(&[n]), &[0]),
+            vec![want as f32]
+        );
+        let grid = Layout::contiguous(&[n / 4, 4]);
+        assert_eq!(sum_float(&x, &grid, &[0, 1]), vec![want as f32]);
+        assert_eq!(sum_float(&x, &grid, &[1])[..2], [6.0, 15.0]);
+    }
+}

@@ -1,0 +1,41 @@
+//! CPU softmax over rows of the last dim, rows split across the pool.
+
+use crate::layout::Layout;
+use crate::ops::elementwise::cpu::map1;
+use crate::ops::elementwise::float::Float;
+use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use rayon::prelude::*;
+
+/// Softmax (`log = false`) or log-softmax over the last dim of `layout`; output contiguous.
+pub fn softmax_last_dim<F: Float>(src: &[F], layout: &Layout, log: bool) -> Vec<F> {
+    let d = layout.shape().last().copied().unwrap_or(1);
+    let mut out = map1(src, layout, |v: F| v);
+    if d == 0 {
+        return out;
+    }
+    let row = |r: &mut [F]| {
+        let mut max = r[0];
+        for &v in r.iter() {
+            if v > max || v.is_nan() {
+                max = v;
+            }
+        }
+        let mut sum = 0.0f64;
+        for &v in r.iter() {
+            sum += (v - max).exp().to_f64();
+        }
+        if log {
+            let lse = F::c(sum.ln());
+            r.iter_mut().for_each(|v| *v = *v - max - lse);
+        } else {
+            let inv = F::c(1.0 / sum);
+            r.iter_mut().for_each(|v| *v = (*v - max).exp() * inv);
+        }
+    };
+    if out.len() > PARALLEL_THRESHOLD {
+        cpu_pool().install(|| out.par_chunks_mut(d).for_each(row));
+    } else {
+        out.chunks_mut(d).for_each(row);
+    }
+    out
+}

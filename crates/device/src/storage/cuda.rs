@@ -1,0 +1,191 @@
+//! [`CudaStorage`]: a device buffer on one CUDA device (behind the `cuda` feature).
+//!
+//! The buffer is untyped bytes (`CudaSlice<u8>`) plus a [`DType`], so one type covers every
+//! element type without needing cudarc's `f16` feature. This issue provides allocation and
+//! host<->device copies; every kernel method returns [`Error::NotImplemented`] naming the op until
+//! the CUDA backend issue fills it in. Contexts are created once per ordinal and shared; nothing
+//! here panics when libcuda is absent (the driver library's presence is checked first).
+
+use super::cpu::CpuStorage;
+use crate::backend::{BackendStorage, BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Error, Layout, Result};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A device buffer of one dtype on `Device::Cuda(ordinal)`.
+#[derive(Debug, Clone)]
+pub struct CudaStorage {
+    bytes: CudaSlice<u8>,
+    dtype: DType,
+    ordinal: usize,
+}
+
+fn cuda_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Cuda {
+        op,
+        msg: e.to_string(),
+    }
+}
+
+/// The default stream of logical device `ordinal`, creating its context on first use.
+pub fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
+    static STREAMS: OnceLock<Mutex<Vec<Option<Arc<CudaStream>>>>> = OnceLock::new();
+    // SAFETY: only probes whether the dynamic library can be loaded.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::CudaUnavailable(
+            "the CUDA driver library (libcuda) was not found".into(),
+        ));
+    }
+    let mut streams = STREAMS
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if streams.len() <= ordinal {
+        streams.resize(ordinal + 1, None);
+    }
+    if let Some(s) = &streams[ordinal] {
+        return Ok(s.clone());
+    }
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| Error::CudaUnavailable(format!("cuda:{ordinal}: {e}")))?;
+    let s = ctx.default_stream();
+    streams[ordinal] = Some(s.clone());
+    Ok(s)
+}
+
+fn ordinal_of(device: Device) -> Result<usize> {
+    match device {
+        Device::Cuda(i) => Ok(i),
+        Device::Cpu => Err(Error::CudaUnavailable(
+            "CudaStorage asked to live on the CPU".into(),
+        )),
+    }
+}
+
+impl CudaStorage {
+    /// Copies a host buffer to `cuda:ordinal`.
+    pub fn from_host(ordinal: usize, cpu: &CpuStorage) -> Result<Self> {
+        let s = stream(ordinal)?;
+        let bytes = s
+            .clone_htod(cpu.as_bytes())
+            .map_err(cuda_err("host-to-device copy"))?;
+        Ok(CudaStorage {
+            bytes,
+            dtype: cpu.dtype(),
+            ordinal,
+        })
+    }
+
+    /// Copies the whole buffer to the host.
+    pub fn to_host(&self) -> Result<CpuStorage> {
+        let s = stream(self.ordinal)?;
+        let bytes = s
+            .clone_dtoh(&self.bytes)
+            .map_err(cuda_err("device-to-host copy"))?;
+        Ok(CpuStorage::from_bytes(&bytes, self.dtype))
+    }
+
+    fn not_yet<T>(&self, op: &'static str) -> Result<T> {
+        Err(Error::NotImplemented {
+            op,
+            device: Device::Cuda(self.ordinal),
+        })
+    }
+
+    /// True when `layout` covers the whole buffer in order (a copy can move it as is). Ops without
+    /// a CUDA kernel never fall back to the host silently; they return `NotImplemented`.
+    fn layout_is_whole(&self, layout: &Layout) -> bool {
+        layout.is_contiguous()
+            && layout.offset() == 0
+            && layout.numel() * self.dtype.size_in_bytes() == self.bytes.len()
+    }
+}
+
+impl BackendStorage for CudaStorage {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn device(&self) -> Device {
+        Device::Cuda(self.ordinal)
+    }
+    fn len(&self) -> usize {
+        self.bytes.len() / self.dtype.size_in_bytes()
+    }
+    fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
+        let host = CpuStorage::full(Device::Cpu, n, value, dtype)?;
+        CudaStorage::from_host(ordinal_of(device)?, &host)
+    }
+    fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
+        let host = CpuStorage::arange(Device::Cpu, start, step, n, dtype)?;
+        CudaStorage::from_host(ordinal_of(device)?, &host)
+    }
+    fn rand_uniform(
+        device: Device,
+        _n: usize,
+        _l: f64,
+        _h: f64,
+        _s: u64,
+        _o: u64,
+        _d: DType,
+    ) -> Result<Self> {
+        Err(Error::NotImplemented { op: "rand", device })
+    }
+    fn rand_normal(
+        device: Device,
+        _n: usize,
+        _m: f64,
+        _s: f64,
+        _seed: u64,
+        _o: u64,
+        _d: DType,
+    ) -> Result<Self> {
+        Err(Error::NotImplemented {
+            op: "randn",
+            device,
+        })
+    }
+    fn from_cpu(device: Device, cpu: &CpuStorage) -> Result<Self> {
+        CudaStorage::from_host(ordinal_of(device)?, cpu)
+    }
+    fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
+        let host = self.to_host()?;
+        if self.layout_is_whole(layout) {
+            Ok(host)
+        } else {
+            host.copy_contiguous(layout)
+        }
+    }
+    fn unary(&self, _: &Layout, op: UnaryOp) -> Result<Self> {
+        self.not_yet(op.name())
+    }
+    fn binary(&self, _: &Layout, _: &Self, _: &Layout, op: BinaryOp) -> Result<Self> {
+        self.not_yet(op.name())
+    }
+    fn compare(&self, _: &Layout, _: &Self, _: &Layout, _: CmpOp) -> Result<Self> {
+        self.not_yet("comparison")
+    }
+    fn where_cond(&self, _: &Layout, _: &Self, _: &Layout, _: &Self, _: &Layout) -> Result<Self> {
+        self.not_yet("where")
+    }
+    fn reduce(&self, _: &Layout, _: &[usize], _: ReduceOp) -> Result<Self> {
+        self.not_yet("reduction")
+    }
+    fn matmul(&self, _: &Layout, _: &Self, _: &Layout) -> Result<Self> {
+        self.not_yet("matmul")
+    }
+    fn softmax_last_dim(&self, _: &Layout, _: bool) -> Result<Self> {
+        self.not_yet("softmax")
+    }
+    fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
+        if self.layout_is_whole(layout) {
+            return Ok(self.clone());
+        }
+        self.not_yet("contiguous")
+    }
+    fn copy_into(&self, _: &Layout, _: &mut Self, _: &Layout) -> Result<()> {
+        self.not_yet("copy")
+    }
+    fn to_dtype(&self, _: &Layout, _: DType) -> Result<Self> {
+        self.not_yet("to_dtype")
+    }
+}

@@ -1,0 +1,255 @@
+//! [`Storage`]: a buffer on some device, and the dispatch from the backend seam to the device's
+//! implementation.
+//!
+//! `Storage` is an enum over the device storages ([`CpuStorage`] always, [`CudaStorage`] with
+//! the `cuda` feature). Each [`BackendStorage`] method matches once on the variant(s) and calls
+//! that device's implementation; operands on different devices are an error naming `to_device`.
+
+mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod host;
+
+pub use cpu::CpuStorage;
+#[cfg(feature = "cuda")]
+pub use cuda::{stream as cuda_stream, CudaStorage};
+pub use host::HostBuffer;
+
+use crate::backend::{BackendStorage, BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Error, Layout, Result};
+
+/// A buffer of one dtype on one device.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Storage {
+    /// Host memory.
+    Cpu(CpuStorage),
+    /// CUDA device memory.
+    #[cfg(feature = "cuda")]
+    Cuda(CudaStorage),
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda(device: Device) -> Error {
+    Error::CudaUnavailable(format!(
+        "{device} requested but kiln-device was built without the `cuda` feature; rebuild with it"
+    ))
+}
+
+/// Runs `$body` with `$s` bound to the device storage of `$st`.
+macro_rules! on_device {
+    ($st:expr, $s:ident => $body:expr) => {
+        match $st {
+            Storage::Cpu($s) => $body,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda($s) => $body,
+        }
+    };
+}
+
+/// Like `on_device!` but wraps a returned device storage back into `Storage`.
+macro_rules! wrap {
+    ($st:expr, $s:ident => $body:expr) => {
+        match $st {
+            Storage::Cpu($s) => $body.map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda($s) => $body.map(Storage::Cuda),
+        }
+    };
+}
+
+/// Pairs two operands on the same device, or errors.
+macro_rules! pair {
+    ($op:expr, $a:expr, $b:expr, |$x:ident, $y:ident| $body:expr) => {
+        match ($a, $b) {
+            (Storage::Cpu($x), Storage::Cpu($y)) => $body.map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda($x), Storage::Cuda($y)) if $x.device() == $y.device() => {
+                $body.map(Storage::Cuda)
+            }
+            #[allow(unreachable_patterns)]
+            (x, y) => Err(Error::DeviceMismatch {
+                op: $op,
+                lhs: x.device(),
+                rhs: y.device(),
+            }),
+        }
+    };
+}
+
+impl Storage {
+    /// A host storage owning `data`.
+    pub fn from_vec<T: crate::Element>(data: Vec<T>) -> Self {
+        Storage::Cpu(CpuStorage::from_vec(data))
+    }
+
+    /// A copy of this storage's `layout` elements on `device`, contiguous.
+    pub fn to_device(&self, layout: &Layout, device: Device) -> Result<Storage> {
+        let host = self.to_cpu(layout)?;
+        Storage::from_cpu(device, &host)
+    }
+}
+
+impl BackendStorage for Storage {
+    fn dtype(&self) -> DType {
+        on_device!(self, s => s.dtype())
+    }
+    fn device(&self) -> Device {
+        on_device!(self, s => s.device())
+    }
+    fn len(&self) -> usize {
+        on_device!(self, s => s.len())
+    }
+    fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
+        match device {
+            Device::Cpu => CpuStorage::full(device, n, value, dtype).map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => CudaStorage::full(device, n, value, dtype).map(Storage::Cuda),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(no_cuda(device)),
+        }
+    }
+    fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
+        match device {
+            Device::Cpu => CpuStorage::arange(device, start, step, n, dtype).map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                CudaStorage::arange(device, start, step, n, dtype).map(Storage::Cuda)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(no_cuda(device)),
+        }
+    }
+    fn rand_uniform(
+        device: Device,
+        n: usize,
+        low: f64,
+        high: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self> {
+        match device {
+            Device::Cpu => CpuStorage::rand_uniform(device, n, low, high, seed, offset, dtype)
+                .map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => CudaStorage::rand_uniform(device, n, low, high, seed, offset, dtype)
+                .map(Storage::Cuda),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(no_cuda(device)),
+        }
+    }
+    fn rand_normal(
+        device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self> {
+        match device {
+            Device::Cpu => {
+                CpuStorage::rand_normal(device, n, mean, std, seed, offset, dtype).map(Storage::Cpu)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => CudaStorage::rand_normal(device, n, mean, std, seed, offset, dtype)
+                .map(Storage::Cuda),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(no_cuda(device)),
+        }
+    }
+    fn from_cpu(device: Device, cpu: &CpuStorage) -> Result<Self> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(cpu.clone())),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => CudaStorage::from_cpu(device, cpu).map(Storage::Cuda),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(no_cuda(device)),
+        }
+    }
+    fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
+        on_device!(self, s => s.to_cpu(layout))
+    }
+    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
+        wrap!(self, s => s.unary(layout, op))
+    }
+    fn binary(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<Self> {
+        pair!(op.name(), self, rhs, |a, b| a
+            .binary(layout, b, rhs_layout, op))
+    }
+    fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
+        pair!("comparison", self, rhs, |a, b| a
+            .compare(layout, b, rhs_layout, op))
+    }
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        on_true: &Self,
+        tl: &Layout,
+        on_false: &Self,
+        fl: &Layout,
+    ) -> Result<Self> {
+        match (self, on_true, on_false) {
+            (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => {
+                c.where_cond(layout, t, tl, f, fl).map(Storage::Cpu)
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(c), Storage::Cuda(t), Storage::Cuda(f))
+                if c.device() == t.device() && t.device() == f.device() =>
+            {
+                c.where_cond(layout, t, tl, f, fl).map(Storage::Cuda)
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let other = if self.device() != on_true.device() {
+                    on_true
+                } else {
+                    on_false
+                };
+                Err(Error::DeviceMismatch {
+                    op: "where",
+                    lhs: self.device(),
+                    rhs: other.device(),
+                })
+            }
+        }
+    }
+    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
+        wrap!(self, s => s.reduce(layout, dims, op))
+    }
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
+        pair!("matmul", self, rhs, |a, b| a.matmul(layout, b, rhs_layout))
+    }
+    fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self> {
+        wrap!(self, s => s.softmax_last_dim(layout, log))
+    }
+    fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
+        wrap!(self, s => s.copy_contiguous(layout))
+    }
+    fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
+        let (src_dev, dst_dev) = (self.device(), dst.device());
+        match (self, dst) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => a.copy_into(layout, b, dst_layout),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b)) if src_dev == dst_dev => {
+                a.copy_into(layout, b, dst_layout)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::DeviceMismatch {
+                op: "copy",
+                lhs: src_dev,
+                rhs: dst_dev,
+            }),
+        }
+    }
+    fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
+        wrap!(self, s => s.to_dtype(layout, dtype))
+    }
+}
