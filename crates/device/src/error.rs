@@ -7,6 +7,9 @@ pub enum Error {
     /// A CUDA device was asked for but CUDA cannot be used; the string says why.
     #[error("CUDA unavailable: {0}")]
     CudaUnavailable(String),
+    /// A kernel was called with bad parameters, shapes, buffers or indices.
+    #[error(transparent)]
+    Kernel(#[from] crate::ops::KernelError),
 }
 
 /// `Result` with [`Error`].
