@@ -432,3 +432,32 @@ fn batch_norm_backward_computes_only_requested_gradients() {
     cpu::batch_norm_train_backward(&shape, &[1.0, 2.0, 3.0, 4.0], &x, None, saved, grads).unwrap();
     assert_eq!(gb, [10.0]);
 }
+
+#[test]
+fn layer_norm_parameter_gradients_do_not_depend_on_the_thread_count() {
+    let mut rng = Rng::new(29);
+    let shape = LayerNormShape::new(&[100, 7], &[7]).unwrap();
+    let (x, dy, w) = (rng.vec(700), rng.vec(700), rng.vec(7));
+    let (mean, rstd) = (rng.vec(100), rng.vec(100));
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let (mut gw, mut gb) = (vec![0.0; 7], vec![0.0; 7]);
+            let grads = NormGrads {
+                weight: Some(&mut gw[..]),
+                bias: Some(&mut gb[..]),
+                ..Default::default()
+            };
+            let saved = SavedStats {
+                mean: &mean,
+                rstd: &rstd,
+            };
+            cpu::layer_norm_backward(&shape, &dy, &x, Some(&w), saved, grads).unwrap();
+            (gw, gb)
+        })
+    };
+    assert_eq!(run(1), run(3));
+}

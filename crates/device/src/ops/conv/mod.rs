@@ -76,10 +76,10 @@ impl Conv2dGeometry {
         const OP: &str = "conv2d";
         let [batch, in_channels, in_h, in_w] = input_shape;
         let [out_channels, weight_in, k_h, k_w] = weight_shape;
-        check_nonzero(OP, "stride", params.stride[0] * params.stride[1])?;
-        check_nonzero(OP, "dilation", params.dilation[0] * params.dilation[1])?;
+        check_nonzero(OP, "stride", params.stride[0].min(params.stride[1]))?;
+        check_nonzero(OP, "dilation", params.dilation[0].min(params.dilation[1]))?;
         check_nonzero(OP, "groups", params.groups)?;
-        check_nonzero(OP, "kernel_size", k_h * k_w)?;
+        check_nonzero(OP, "kernel_size", k_h.min(k_w))?;
         for (channels_name, channels) in
             [("in_channels", in_channels), ("out_channels", out_channels)]
         {

@@ -213,9 +213,9 @@ impl MaxPool2dGeometry {
     pub fn new(input_shape: [usize; 4], params: MaxPool2dParams) -> Result<Self, KernelError> {
         const OP: &str = "max_pool2d";
         let p = &params;
-        check_nonzero(OP, "kernel_size", p.kernel_size[0] * p.kernel_size[1])?;
-        check_nonzero(OP, "stride", p.stride[0] * p.stride[1])?;
-        check_nonzero(OP, "dilation", p.dilation[0] * p.dilation[1])?;
+        check_nonzero(OP, "kernel_size", p.kernel_size[0].min(p.kernel_size[1]))?;
+        check_nonzero(OP, "stride", p.stride[0].min(p.stride[1]))?;
+        check_nonzero(OP, "dilation", p.dilation[0].min(p.dilation[1]))?;
         check_input_plane(OP, input_shape)?;
         let mut output_size = [0; 2];
         for axis in 0..2 {
@@ -260,8 +260,8 @@ impl AvgPool2dGeometry {
     pub fn new(input_shape: [usize; 4], params: AvgPool2dParams) -> Result<Self, KernelError> {
         const OP: &str = "avg_pool2d";
         let p = &params;
-        check_nonzero(OP, "kernel_size", p.kernel_size[0] * p.kernel_size[1])?;
-        check_nonzero(OP, "stride", p.stride[0] * p.stride[1])?;
+        check_nonzero(OP, "kernel_size", p.kernel_size[0].min(p.kernel_size[1]))?;
+        check_nonzero(OP, "stride", p.stride[0].min(p.stride[1]))?;
         if let Some(divisor) = p.divisor_override {
             check_nonzero(OP, "divisor_override", divisor)?;
         }
@@ -293,7 +293,7 @@ impl AdaptiveAvgPool2dGeometry {
     /// Validates adaptive average pooling of an `[N, C, H, W]` input to `[H_out, W_out]`.
     pub fn new(input_shape: [usize; 4], output_size: [usize; 2]) -> Result<Self, KernelError> {
         const OP: &str = "adaptive_avg_pool2d";
-        check_nonzero(OP, "output_size", output_size[0] * output_size[1])?;
+        check_nonzero(OP, "output_size", output_size[0].min(output_size[1]))?;
         check_input_plane(OP, input_shape)?;
         let shape = PoolShape {
             batch: input_shape[0],
