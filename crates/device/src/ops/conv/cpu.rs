@@ -4,9 +4,10 @@
 //! task per image, each with its own column buffer. When the batch is smaller than the thread
 //! pool, the images run one after the other and `gemm` itself is parallelised instead. The
 //! weight gradient sums over the batch: the batch is cut into one contiguous slice per thread,
-//! each slice accumulates a private partial gradient, and the partials are added in slice order,
-//! so the result does not depend on scheduling. 1x1 convolutions with stride 1 and no padding
-//! skip im2col (the input block already is the column matrix).
+//! the first slice accumulates into the output and every other slice into a private partial
+//! gradient, and the partials are added in slice order, so the result does not depend on
+//! scheduling. 1x1 convolutions with stride 1 and no padding skip im2col (the input block
+//! already is the column matrix).
 //!
 //! All outputs are overwritten, never accumulated into.
 
@@ -326,26 +327,39 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     let batch = geometry.batch;
     let threads = rayon::current_num_threads();
     if threads > 1 && batch >= threads {
+        // Slice 0 accumulates straight into `grad_weight`; the others into private partials,
+        // added afterwards in slice order.
         let per_slice = batch.div_ceil(threads);
-        let partials: Vec<Vec<T>> = (0..batch.div_ceil(per_slice))
-            .into_par_iter()
-            .map(|slice| {
-                let mut partial = vec![T::ZERO; grad_weight.len()];
-                let mut col = vec![T::ZERO; col_len];
-                for n in slice * per_slice..((slice + 1) * per_slice).min(batch) {
-                    accumulate_weight_grad(
-                        &b,
-                        n,
-                        input,
-                        grad_output,
-                        &mut col,
-                        &mut partial,
-                        Parallelism::None,
-                    );
-                }
-                partial
-            })
-            .collect();
+        let slices = batch.div_ceil(per_slice);
+        let slice_images = |slice: usize| slice * per_slice..((slice + 1) * per_slice).min(batch);
+        let accumulate_slice = |slice: usize, into: &mut [T]| {
+            let mut col = vec![T::ZERO; col_len];
+            for n in slice_images(slice) {
+                accumulate_weight_grad(
+                    &b,
+                    n,
+                    input,
+                    grad_output,
+                    &mut col,
+                    into,
+                    Parallelism::None,
+                );
+            }
+        };
+        let len = grad_weight.len();
+        let (_, partials) = rayon::join(
+            || accumulate_slice(0, grad_weight),
+            || {
+                (1..slices)
+                    .into_par_iter()
+                    .map(|slice| {
+                        let mut partial = vec![T::ZERO; len];
+                        accumulate_slice(slice, &mut partial);
+                        partial
+                    })
+                    .collect::<Vec<_>>()
+            },
+        );
         for partial in partials {
             grad_weight
                 .iter_mut()
