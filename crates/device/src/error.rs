@@ -136,6 +136,9 @@ pub enum Error {
         /// The driver's message.
         msg: String,
     },
+    /// A kernel was called with bad parameters, shapes, buffers or indices.
+    #[error(transparent)]
+    Kernel(#[from] crate::ops::KernelError),
 }
 
 /// `Result` with [`Error`].

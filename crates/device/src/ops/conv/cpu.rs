@@ -1,0 +1,411 @@
+//! CPU conv2d kernels: im2col + `gemm`, parallel over the batch with rayon.
+//!
+//! Each image is independent in the forward and input-gradient passes, so those run one rayon
+//! task per image, each with its own column buffer. When the batch is smaller than the thread
+//! pool, the images run one after the other and `gemm` itself is parallelised instead. The
+//! weight gradient sums over the batch: the batch is cut into one contiguous slice per thread,
+//! the first slice accumulates into the output and every other slice into a private partial
+//! gradient, and the partials are added in slice order, so the result does not depend on
+//! scheduling. 1x1 convolutions with stride 1 and no padding skip im2col (the input block
+//! already is the column matrix).
+//!
+//! All outputs are overwritten, never accumulated into.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::im2col::{col2im_add, im2col};
+use super::Conv2dGeometry;
+use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::KernelFloat;
+
+/// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
+/// transpose (`cols x rows`).
+#[derive(Clone, Copy)]
+enum Stored {
+    AsIs,
+    Transposed,
+}
+
+/// `dst[m x n] (+)= lhs[m x k] · rhs[k x n]`, `dst` row-major and contiguous.
+#[allow(clippy::too_many_arguments)]
+fn matmul_into<T: KernelFloat>(
+    dst: &mut [T],
+    [m, n, k]: [usize; 3],
+    lhs: &[T],
+    lhs_stored: Stored,
+    rhs: &[T],
+    rhs_stored: Stored,
+    accumulate: bool,
+    parallelism: Parallelism,
+) {
+    assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(T::ZERO);
+        }
+        return;
+    }
+    // (row stride, column stride) of each operand.
+    let (lhs_rs, lhs_cs) = match lhs_stored {
+        Stored::AsIs => (k as isize, 1),
+        Stored::Transposed => (1, m as isize),
+    };
+    let (rhs_rs, rhs_cs) = match rhs_stored {
+        Stored::AsIs => (n as isize, 1),
+        Stored::Transposed => (1, k as isize),
+    };
+    // SAFETY: the assert above guarantees every element addressed through these strides lies
+    // inside its slice; `T` is `f32` or `f64` (sealed), which `gemm` supports; `dst` does not
+    // alias `lhs`/`rhs` (distinct borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            rhs.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// `gemm` parallelism for a batch of `batch` images: none when the batch alone fills the pool.
+fn gemm_parallelism(batch: usize) -> Parallelism {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || batch >= threads {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(threads)
+    }
+}
+
+/// Per-image and per-group block sizes.
+struct Blocks<'a> {
+    geometry: &'a Conv2dGeometry,
+    /// See [`Conv2dGeometry::is_pointwise`].
+    pointwise: bool,
+    groups: usize,
+    /// `C_in/groups * H * W`.
+    in_group: usize,
+    /// `C_out/groups * H_out * W_out`.
+    out_group: usize,
+    /// `C_out/groups * C_in/groups * kH * kW`.
+    weight_group: usize,
+    /// `C_out / groups`.
+    out_channels: usize,
+    /// im2col rows.
+    col_rows: usize,
+    /// im2col columns.
+    col_cols: usize,
+}
+
+impl<'a> Blocks<'a> {
+    fn new(g: &'a Conv2dGeometry) -> Self {
+        let groups = g.params.groups;
+        let col_cols = g.col_cols();
+        let out_channels = g.out_channels / groups;
+        Self {
+            geometry: g,
+            pointwise: g.is_pointwise(),
+            groups,
+            in_group: g.in_channels / groups * g.input_size[0] * g.input_size[1],
+            out_group: out_channels * col_cols,
+            weight_group: out_channels * g.col_rows(),
+            out_channels,
+            col_rows: g.col_rows(),
+            col_cols,
+        }
+    }
+
+    fn col_len(&self) -> usize {
+        if self.pointwise {
+            0
+        } else {
+            self.col_rows * self.col_cols
+        }
+    }
+}
+
+/// Forward convolution: `output = conv2d(input, weight) + bias`.
+///
+/// Shapes: `input` [`Conv2dGeometry::input_shape`], `weight`
+/// [`Conv2dGeometry::weight_shape`], `bias` `[C_out]`, `output`
+/// [`Conv2dGeometry::output_shape`].
+pub fn conv2d_forward<T: KernelFloat>(
+    geometry: &Conv2dGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "conv2d";
+    check_len(OP, "input", input, &geometry.input_shape())?;
+    check_len(OP, "weight", weight, &geometry.weight_shape())?;
+    if let Some(bias) = bias {
+        check_len(OP, "bias", bias, &[geometry.out_channels])?;
+    }
+    check_len(OP, "output", output, &geometry.output_shape())?;
+    if output.is_empty() {
+        return Ok(());
+    }
+    let b = Blocks::new(geometry);
+    let pointwise = b.pointwise;
+    let parallelism = gemm_parallelism(geometry.batch);
+    let dims = [b.out_channels, b.col_cols, b.col_rows];
+    output
+        .par_chunks_mut(b.groups * b.out_group)
+        .enumerate()
+        .for_each_init(
+            || vec![T::ZERO; b.col_len()],
+            |col, (n, out_image)| {
+                let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
+                for g in 0..b.groups {
+                    let in_block = &in_image[g * b.in_group..][..b.in_group];
+                    let col: &[T] = if pointwise {
+                        in_block
+                    } else {
+                        im2col(geometry, in_block, col);
+                        col
+                    };
+                    let w = &weight[g * b.weight_group..][..b.weight_group];
+                    let out = &mut out_image[g * b.out_group..][..b.out_group];
+                    matmul_into(
+                        out,
+                        dims,
+                        w,
+                        Stored::AsIs,
+                        col,
+                        Stored::AsIs,
+                        false,
+                        parallelism,
+                    );
+                }
+                if let Some(bias) = bias {
+                    for (plane, &bias) in out_image.chunks_mut(b.col_cols).zip(bias) {
+                        plane.iter_mut().for_each(|v| *v += bias);
+                    }
+                }
+            },
+        );
+    Ok(())
+}
+
+/// Gradient of the convolution with respect to its input.
+///
+/// Shapes: `grad_output` [`Conv2dGeometry::output_shape`], `weight`
+/// [`Conv2dGeometry::weight_shape`], `grad_input` [`Conv2dGeometry::input_shape`].
+pub fn conv2d_backward_input<T: KernelFloat>(
+    geometry: &Conv2dGeometry,
+    grad_output: &[T],
+    weight: &[T],
+    grad_input: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "conv2d_backward_input";
+    check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
+    check_len(OP, "weight", weight, &geometry.weight_shape())?;
+    check_len(OP, "grad_input", grad_input, &geometry.input_shape())?;
+    if grad_input.is_empty() {
+        return Ok(());
+    }
+    let b = Blocks::new(geometry);
+    let pointwise = b.pointwise;
+    let parallelism = gemm_parallelism(geometry.batch);
+    let dims = [b.col_rows, b.col_cols, b.out_channels];
+    grad_input
+        .par_chunks_mut(b.groups * b.in_group)
+        .enumerate()
+        .for_each_init(
+            || vec![T::ZERO; b.col_len()],
+            |col, (n, gin_image)| {
+                let gout_image =
+                    &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
+                for g in 0..b.groups {
+                    let w = &weight[g * b.weight_group..][..b.weight_group];
+                    let gout = &gout_image[g * b.out_group..][..b.out_group];
+                    let gin = &mut gin_image[g * b.in_group..][..b.in_group];
+                    if pointwise {
+                        matmul_into(
+                            gin,
+                            dims,
+                            w,
+                            Stored::Transposed,
+                            gout,
+                            Stored::AsIs,
+                            false,
+                            parallelism,
+                        );
+                    } else {
+                        matmul_into(
+                            col,
+                            dims,
+                            w,
+                            Stored::Transposed,
+                            gout,
+                            Stored::AsIs,
+                            false,
+                            parallelism,
+                        );
+                        gin.fill(T::ZERO);
+                        col2im_add(geometry, col, gin);
+                    }
+                }
+            },
+        );
+    Ok(())
+}
+
+/// Adds image `n`'s contribution to the weight gradient into `grad_weight`.
+fn accumulate_weight_grad<T: KernelFloat>(
+    b: &Blocks,
+    n: usize,
+    input: &[T],
+    grad_output: &[T],
+    col: &mut [T],
+    grad_weight: &mut [T],
+    parallelism: Parallelism,
+) {
+    let dims = [b.out_channels, b.col_rows, b.col_cols];
+    let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
+    let gout_image = &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
+    for g in 0..b.groups {
+        let in_block = &in_image[g * b.in_group..][..b.in_group];
+        let col: &[T] = if b.pointwise {
+            in_block
+        } else {
+            im2col(b.geometry, in_block, col);
+            col
+        };
+        let gout = &gout_image[g * b.out_group..][..b.out_group];
+        let gw = &mut grad_weight[g * b.weight_group..][..b.weight_group];
+        matmul_into(
+            gw,
+            dims,
+            gout,
+            Stored::AsIs,
+            col,
+            Stored::Transposed,
+            true,
+            parallelism,
+        );
+    }
+}
+
+/// Gradient of the convolution with respect to its weight (summed over the batch).
+///
+/// Shapes: `input` [`Conv2dGeometry::input_shape`], `grad_output`
+/// [`Conv2dGeometry::output_shape`], `grad_weight` [`Conv2dGeometry::weight_shape`].
+pub fn conv2d_backward_weight<T: KernelFloat>(
+    geometry: &Conv2dGeometry,
+    input: &[T],
+    grad_output: &[T],
+    grad_weight: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "conv2d_backward_weight";
+    check_len(OP, "input", input, &geometry.input_shape())?;
+    check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
+    check_len(OP, "grad_weight", grad_weight, &geometry.weight_shape())?;
+    grad_weight.fill(T::ZERO);
+    let b = Blocks::new(geometry);
+    let col_len = b.col_len();
+    let batch = geometry.batch;
+    let threads = rayon::current_num_threads();
+    if threads > 1 && batch >= threads {
+        // Slice 0 accumulates straight into `grad_weight`; the others into private partials,
+        // added afterwards in slice order.
+        let per_slice = batch.div_ceil(threads);
+        let slices = batch.div_ceil(per_slice);
+        let slice_images = |slice: usize| slice * per_slice..((slice + 1) * per_slice).min(batch);
+        let accumulate_slice = |slice: usize, into: &mut [T]| {
+            let mut col = vec![T::ZERO; col_len];
+            for n in slice_images(slice) {
+                accumulate_weight_grad(
+                    &b,
+                    n,
+                    input,
+                    grad_output,
+                    &mut col,
+                    into,
+                    Parallelism::None,
+                );
+            }
+        };
+        let len = grad_weight.len();
+        let (_, partials) = rayon::join(
+            || accumulate_slice(0, grad_weight),
+            || {
+                (1..slices)
+                    .into_par_iter()
+                    .map(|slice| {
+                        let mut partial = vec![T::ZERO; len];
+                        accumulate_slice(slice, &mut partial);
+                        partial
+                    })
+                    .collect::<Vec<_>>()
+            },
+        );
+        for partial in partials {
+            grad_weight
+                .iter_mut()
+                .zip(partial)
+                .for_each(|(g, p)| *g += p);
+        }
+    } else {
+        let mut col = vec![T::ZERO; col_len];
+        for n in 0..batch {
+            accumulate_weight_grad(
+                &b,
+                n,
+                input,
+                grad_output,
+                &mut col,
+                grad_weight,
+                gemm_parallelism(batch),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Gradient of the convolution with respect to its bias: `grad_output` summed over batch and
+/// space, per output channel.
+pub fn conv2d_backward_bias<T: KernelFloat>(
+    geometry: &Conv2dGeometry,
+    grad_output: &[T],
+    grad_bias: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "conv2d_backward_bias";
+    check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
+    check_len(OP, "grad_bias", grad_bias, &[geometry.out_channels])?;
+    let plane = geometry.output_size[0] * geometry.output_size[1];
+    let channels = geometry.out_channels;
+    grad_bias.par_iter_mut().enumerate().for_each(|(o, gb)| {
+        let sum: f64 = (0..geometry.batch)
+            .map(|n| {
+                let start = (n * channels + o) * plane;
+                grad_output[start..start + plane]
+                    .iter()
+                    .map(|v| v.to_f64())
+                    .sum::<f64>()
+            })
+            .sum();
+        *gb = T::from_f64(sum);
+    });
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! Plain-loop conv2d: the definition, written as directly as possible.
+//!
+//! Seven nested loops straight from the formula
+//! `out[n, o, y, x] = bias[o] + Σ_{c, i, j} in[n, g*Cg + c, y*s - p + i*d, x*s - p + j*d] * w[o, c, i, j]`,
+//! no unrolling, no gemm, single-threaded. It is the oracle the im2col kernels are tested
+//! against on many random configurations, and the baseline the ops benchmark reports ratios
+//! against. Never use it for real work.
+
+use super::Conv2dGeometry;
+use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::KernelFloat;
+
+/// Calls `visit(input_offset, weight_offset, output_offset)` for every multiply-accumulate of
+/// the convolution, in loop order `n, o, y, x, c, i, j`.
+fn for_each_tap(g: &Conv2dGeometry, mut visit: impl FnMut(usize, usize, usize)) {
+    let [batch, in_channels, in_h, in_w] = g.input_shape();
+    let [out_channels, group_in, k_h, k_w] = g.weight_shape();
+    let [_, _, out_h, out_w] = g.output_shape();
+    let group_out = out_channels / g.params.groups;
+    for n in 0..batch {
+        for o in 0..out_channels {
+            let group = o / group_out;
+            for y in 0..out_h {
+                for x in 0..out_w {
+                    let out_offset = ((n * out_channels + o) * out_h + y) * out_w + x;
+                    for c in 0..group_in {
+                        let channel = group * group_in + c;
+                        for i in 0..k_h {
+                            let iy = (y * g.params.stride[0] + i * g.params.dilation[0]) as isize
+                                - g.params.padding[0] as isize;
+                            if iy < 0 || iy >= in_h as isize {
+                                continue;
+                            }
+                            for j in 0..k_w {
+                                let ix = (x * g.params.stride[1] + j * g.params.dilation[1])
+                                    as isize
+                                    - g.params.padding[1] as isize;
+                                if ix < 0 || ix >= in_w as isize {
+                                    continue;
+                                }
+                                let in_offset = ((n * in_channels + channel) * in_h + iy as usize)
+                                    * in_w
+                                    + ix as usize;
+                                let w_offset = ((o * group_in + c) * k_h + i) * k_w + j;
+                                visit(in_offset, w_offset, out_offset);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Forward convolution by plain loops; same contract as [`super::cpu::conv2d_forward`].
+pub fn conv2d_forward<T: KernelFloat>(
+    geometry: &Conv2dGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "conv2d_reference";
+    check_len(OP, "input", input, &geometry.input_shape())?;
+    check_len(OP, "weight", weight, &geometry.weight_shape())?;
+    if let Some(bias) = bias {
+        check_len(OP, "bias", bias, &[geometry.out_channels])?;
+    }
+    check_len(OP, "output", output, &geometry.output_shape())?;
+    let plane = geometry.output_size[0] * geometry.output_size[1];
+    for (k, out) in output.iter_mut().enumerate() {
+        let channel = (k / plane.max(1)) % geometry.out_channels;
+        *out = bias.map_or(T::ZERO, |b| b[channel]);
+    }
+    for_each_tap(geometry, |i, w, o| output[o] += input[i] * weight[w]);
+    Ok(())
+}
+
+/// Input gradient by plain loops; same contract as [`super::cpu::conv2d_backward_input`].
+pub fn conv2d_backward_input<T: KernelFloat>(
+    geometry: &Conv2dGeometry,
+    grad_output: &[T],
+    weight: &[T],
+    grad_input: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "conv2d_reference_backward_input";
+    check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
+    check_len(OP, "weight", weight, &geometry.weight_shape())?;
+    check_len(OP, "grad_input", grad_input, &geometry.input_shape())?;
+    grad_input.fill(T::ZERO);
+    for_each_tap(geometry, |i, w, o| {
+        grad_input[i] += grad_output[o] * weight[w]
+    });
+    Ok(())
+}
+
+/// Weight gradient by plain loops; same contract as [`super::cpu::conv2d_backward_weight`].
+pub fn conv2d_backward_weight<T: KernelFloat>(
+    geometry: &Conv2dGeometry,
+    input: &[T],
+    grad_output: &[T],
+    grad_weight: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "conv2d_reference_backward_weight";
+    check_len(OP, "input", input, &geometry.input_shape())?;
+    check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
+    check_len(OP, "grad_weight", grad_weight, &geometry.weight_shape())?;
+    grad_weight.fill(T::ZERO);
+    for_each_tap(geometry, |i, w, o| {
+        grad_weight[w] += input[i] * grad_output[o]
+    });
+    Ok(())
+}

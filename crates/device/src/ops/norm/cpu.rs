@@ -1,0 +1,463 @@
+//! CPU normalisation kernels.
+//!
+//! Batch norm: the per-channel reductions run one rayon task per channel (each reads its
+//! channel's `N` strided blocks of `S` values), then the elementwise pass runs one task per
+//! `(n, c)` block with per-channel constants. Layer norm: one task per row; the weight and bias
+//! gradients (sums over rows) are accumulated in fixed blocks of [`ROW_BLOCK`] rows whose
+//! partial sums are added in block order, so results do not depend on the thread count.
+//! Reductions accumulate in `f64`.
+
+use rayon::prelude::*;
+
+use super::{
+    Affine, BatchNormShape, LayerNormShape, NormGrads, RunningStats, RunningStatsUpdate,
+    SavedStats, SavedStatsMut,
+};
+use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::KernelFloat;
+
+/// Rows per partial sum in the layer-norm parameter gradients.
+const ROW_BLOCK: usize = 32;
+
+/// Checks optional weight/bias lengths against `[features]`.
+fn check_affine<T>(
+    op: &'static str,
+    affine: &Affine<'_, T>,
+    features: usize,
+) -> Result<(), KernelError> {
+    if let Some(w) = affine.weight {
+        check_len(op, "weight", w, &[features])?;
+    }
+    if let Some(b) = affine.bias {
+        check_len(op, "bias", b, &[features])?;
+    }
+    Ok(())
+}
+
+/// Checks the optional gradient buffers of a backward call.
+fn check_grads<T>(
+    op: &'static str,
+    grads: &NormGrads<'_, T>,
+    input_shape: &[usize],
+    features: usize,
+) -> Result<(), KernelError> {
+    if let Some(g) = grads.input.as_deref() {
+        check_len(op, "grad_input", g, input_shape)?;
+    }
+    if let Some(g) = grads.weight.as_deref() {
+        check_len(op, "grad_weight", g, &[features])?;
+    }
+    if let Some(g) = grads.bias.as_deref() {
+        check_len(op, "grad_bias", g, &[features])?;
+    }
+    Ok(())
+}
+
+/// The `N` blocks of `S` values that belong to channel `c`.
+fn channel_blocks<'a, T>(
+    data: &'a [T],
+    shape: &BatchNormShape,
+    c: usize,
+) -> impl Iterator<Item = &'a [T]> + 'a {
+    let [batch, channels, spatial] = shape.dims();
+    (0..batch).map(move |n| &data[(n * channels + c) * spatial..][..spatial])
+}
+
+/// Writes `output = input * scale[c] + shift[c]` blockwise.
+fn scale_shift<T: KernelFloat>(
+    shape: &BatchNormShape,
+    input: &[T],
+    scale_shift: &[(T, T)],
+    output: &mut [T],
+) {
+    if output.is_empty() {
+        return;
+    }
+    output
+        .par_chunks_mut(shape.spatial)
+        .zip(input.par_chunks(shape.spatial))
+        .enumerate()
+        .for_each(|(block, (out, inp))| {
+            let (scale, shift) = scale_shift[block % shape.channels];
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = x * scale + shift;
+            }
+        });
+}
+
+/// The per-channel `(scale, shift)` that normalises with `mean`/`rstd` and applies `affine`.
+fn affine_coefficients<T: KernelFloat>(
+    affine: &Affine<'_, T>,
+    c: usize,
+    mean: f64,
+    rstd: f64,
+) -> (T, T) {
+    let w = affine.weight.map_or(1.0, |w| w[c].to_f64());
+    let b = affine.bias.map_or(0.0, |b| b[c].to_f64());
+    let scale = w * rstd;
+    (T::from_f64(scale), T::from_f64(b - mean * scale))
+}
+
+/// Batch norm in training mode: normalises with batch statistics, saves `mean`/`rstd` (`[C]`)
+/// for backward, and updates the running statistics if given.
+///
+/// Shapes: `input` and `output` `[N, C, S]`, weight/bias and statistics `[C]`. Fewer than two
+/// values per channel is [`KernelError::TooFewValuesPerChannel`].
+pub fn batch_norm_train_forward<T: KernelFloat>(
+    shape: &BatchNormShape,
+    input: &[T],
+    affine: Affine<'_, T>,
+    running: Option<RunningStatsUpdate<'_, T>>,
+    eps: f64,
+    output: &mut [T],
+    saved: SavedStatsMut<'_, T>,
+) -> Result<(), KernelError> {
+    const OP: &str = "batch_norm";
+    let channels = shape.channels;
+    check_len(OP, "input", input, &shape.dims())?;
+    check_len(OP, "output", output, &shape.dims())?;
+    check_affine(OP, &affine, channels)?;
+    check_len(OP, "save_mean", saved.mean, &[channels])?;
+    check_len(OP, "save_rstd", saved.rstd, &[channels])?;
+    if let Some(r) = &running {
+        check_len(OP, "running_mean", r.mean, &[channels])?;
+        check_len(OP, "running_var", r.var, &[channels])?;
+    }
+    let count = shape.count();
+    if count < 2 && channels > 0 {
+        return Err(KernelError::TooFewValuesPerChannel { op: OP, count });
+    }
+    let n = count as f64;
+    // (mean, biased variance) per channel.
+    let stats: Vec<(f64, f64)> = (0..channels)
+        .into_par_iter()
+        .map(|c| {
+            let sum: f64 = channel_blocks(input, shape, c)
+                .flat_map(|b| b.iter().map(|v| v.to_f64()))
+                .sum();
+            let mean = sum / n;
+            let squares: f64 = channel_blocks(input, shape, c)
+                .flat_map(|b| b.iter().map(|v| (v.to_f64() - mean).powi(2)))
+                .sum();
+            (mean, squares / n)
+        })
+        .collect();
+    let mut coefficients = Vec::with_capacity(channels);
+    for (c, &(mean, var)) in stats.iter().enumerate() {
+        let rstd = 1.0 / (var + eps).sqrt();
+        saved.mean[c] = T::from_f64(mean);
+        saved.rstd[c] = T::from_f64(rstd);
+        coefficients.push(affine_coefficients(&affine, c, mean, rstd));
+    }
+    if let Some(running) = running {
+        let m = running.momentum;
+        for (c, &(mean, var)) in stats.iter().enumerate() {
+            let unbiased = var * n / (n - 1.0);
+            running.mean[c] = T::from_f64((1.0 - m) * running.mean[c].to_f64() + m * mean);
+            running.var[c] = T::from_f64((1.0 - m) * running.var[c].to_f64() + m * unbiased);
+        }
+    }
+    scale_shift(shape, input, &coefficients, output);
+    Ok(())
+}
+
+/// Batch norm in evaluation mode: normalises with the running statistics.
+///
+/// Shapes: `input` and `output` `[N, C, S]`, weight/bias and statistics `[C]`.
+pub fn batch_norm_eval_forward<T: KernelFloat>(
+    shape: &BatchNormShape,
+    input: &[T],
+    affine: Affine<'_, T>,
+    running: RunningStats<'_, T>,
+    eps: f64,
+    output: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "batch_norm";
+    let channels = shape.channels;
+    check_len(OP, "input", input, &shape.dims())?;
+    check_len(OP, "output", output, &shape.dims())?;
+    check_affine(OP, &affine, channels)?;
+    check_len(OP, "running_mean", running.mean, &[channels])?;
+    check_len(OP, "running_var", running.var, &[channels])?;
+    let coefficients: Vec<(T, T)> = (0..channels)
+        .map(|c| {
+            let rstd = 1.0 / (running.var[c].to_f64() + eps).sqrt();
+            affine_coefficients(&affine, c, running.mean[c].to_f64(), rstd)
+        })
+        .collect();
+    scale_shift(shape, input, &coefficients, output);
+    Ok(())
+}
+
+/// Shared batch-norm backward. `training` selects whether the statistics depend on the input
+/// (batch statistics) or are constants (running statistics).
+#[allow(clippy::too_many_arguments)]
+fn batch_norm_backward<T: KernelFloat>(
+    shape: &BatchNormShape,
+    grad_output: &[T],
+    input: &[T],
+    weight: Option<&[T]>,
+    mean: &[f64],
+    rstd: &[f64],
+    training: bool,
+    grads: NormGrads<'_, T>,
+) {
+    let channels = shape.channels;
+    let n = shape.count() as f64;
+    // (Σ dy, Σ dy * (x - mean)) per channel.
+    let sums: Vec<(f64, f64)> = (0..channels)
+        .into_par_iter()
+        .map(|c| {
+            let mut sum_dy = 0.0;
+            let mut sum_dy_xmu = 0.0;
+            for (dy, x) in
+                channel_blocks(grad_output, shape, c).zip(channel_blocks(input, shape, c))
+            {
+                for (&dy, &x) in dy.iter().zip(x) {
+                    sum_dy += dy.to_f64();
+                    sum_dy_xmu += dy.to_f64() * (x.to_f64() - mean[c]);
+                }
+            }
+            (sum_dy, sum_dy_xmu)
+        })
+        .collect();
+    if let Some(gw) = grads.weight {
+        for (c, g) in gw.iter_mut().enumerate() {
+            *g = T::from_f64(sums[c].1 * rstd[c]);
+        }
+    }
+    if let Some(gb) = grads.bias {
+        for (c, g) in gb.iter_mut().enumerate() {
+            *g = T::from_f64(sums[c].0);
+        }
+    }
+    let Some(gin) = grads.input else { return };
+    if gin.is_empty() {
+        return;
+    }
+    // dx = w * rstd * (dy - Σdy / n - (x - mean) * rstd² * Σdy(x - mean) / n) in training,
+    // dx = w * rstd * dy in evaluation; as dx = dy * a + x * b + k per channel.
+    let coefficients: Vec<(T, T, T)> = (0..channels)
+        .map(|c| {
+            let w = weight.map_or(1.0, |w| w[c].to_f64());
+            let a = w * rstd[c];
+            if training {
+                let proj = rstd[c] * rstd[c] * sums[c].1 / n;
+                let k = a * (mean[c] * proj - sums[c].0 / n);
+                (T::from_f64(a), T::from_f64(-a * proj), T::from_f64(k))
+            } else {
+                (T::from_f64(a), T::ZERO, T::ZERO)
+            }
+        })
+        .collect();
+    gin.par_chunks_mut(shape.spatial)
+        .enumerate()
+        .for_each(|(block, gin)| {
+            let (a, b, k) = coefficients[block % channels];
+            let start = block * shape.spatial;
+            let dy = &grad_output[start..][..shape.spatial];
+            let x = &input[start..][..shape.spatial];
+            for ((g, &dy), &x) in gin.iter_mut().zip(dy).zip(x) {
+                *g = dy * a + x * b + k;
+            }
+        });
+}
+
+/// Gradients of [`batch_norm_train_forward`] from its saved statistics.
+///
+/// Shapes: `grad_output`, `input` and `grads.input` `[N, C, S]`; `weight`, `saved` and the
+/// parameter gradients `[C]`.
+pub fn batch_norm_train_backward<T: KernelFloat>(
+    shape: &BatchNormShape,
+    grad_output: &[T],
+    input: &[T],
+    weight: Option<&[T]>,
+    saved: SavedStats<'_, T>,
+    grads: NormGrads<'_, T>,
+) -> Result<(), KernelError> {
+    const OP: &str = "batch_norm_backward";
+    let channels = shape.channels;
+    check_len(OP, "grad_output", grad_output, &shape.dims())?;
+    check_len(OP, "input", input, &shape.dims())?;
+    if let Some(w) = weight {
+        check_len(OP, "weight", w, &[channels])?;
+    }
+    check_len(OP, "save_mean", saved.mean, &[channels])?;
+    check_len(OP, "save_rstd", saved.rstd, &[channels])?;
+    check_grads(OP, &grads, &shape.dims(), channels)?;
+    let mean: Vec<f64> = saved.mean.iter().map(|v| v.to_f64()).collect();
+    let rstd: Vec<f64> = saved.rstd.iter().map(|v| v.to_f64()).collect();
+    batch_norm_backward(shape, grad_output, input, weight, &mean, &rstd, true, grads);
+    Ok(())
+}
+
+/// Gradients of [`batch_norm_eval_forward`] (the running statistics are constants).
+///
+/// Shapes: `grad_output`, `input` and `grads.input` `[N, C, S]`; `weight`, `running` and the
+/// parameter gradients `[C]`.
+pub fn batch_norm_eval_backward<T: KernelFloat>(
+    shape: &BatchNormShape,
+    grad_output: &[T],
+    input: &[T],
+    weight: Option<&[T]>,
+    running: RunningStats<'_, T>,
+    eps: f64,
+    grads: NormGrads<'_, T>,
+) -> Result<(), KernelError> {
+    const OP: &str = "batch_norm_backward";
+    let channels = shape.channels;
+    check_len(OP, "grad_output", grad_output, &shape.dims())?;
+    check_len(OP, "input", input, &shape.dims())?;
+    if let Some(w) = weight {
+        check_len(OP, "weight", w, &[channels])?;
+    }
+    check_len(OP, "running_mean", running.mean, &[channels])?;
+    check_len(OP, "running_var", running.var, &[channels])?;
+    check_grads(OP, &grads, &shape.dims(), channels)?;
+    let mean: Vec<f64> = running.mean.iter().map(|v| v.to_f64()).collect();
+    let rstd: Vec<f64> = running
+        .var
+        .iter()
+        .map(|v| 1.0 / (v.to_f64() + eps).sqrt())
+        .collect();
+    batch_norm_backward(
+        shape,
+        grad_output,
+        input,
+        weight,
+        &mean,
+        &rstd,
+        false,
+        grads,
+    );
+    Ok(())
+}
+
+/// Layer norm: normalises each row of `[rows, cols]`, applies the optional elementwise
+/// affine (`[cols]`), and saves per-row `mean`/`rstd` (`[rows]`).
+pub fn layer_norm_forward<T: KernelFloat>(
+    shape: &LayerNormShape,
+    input: &[T],
+    affine: Affine<'_, T>,
+    eps: f64,
+    output: &mut [T],
+    saved: SavedStatsMut<'_, T>,
+) -> Result<(), KernelError> {
+    const OP: &str = "layer_norm";
+    let dims = [shape.rows, shape.cols];
+    check_len(OP, "input", input, &dims)?;
+    check_len(OP, "output", output, &dims)?;
+    check_affine(OP, &affine, shape.cols)?;
+    check_len(OP, "mean", saved.mean, &[shape.rows])?;
+    check_len(OP, "rstd", saved.rstd, &[shape.rows])?;
+    if output.is_empty() {
+        return Ok(());
+    }
+    let n = shape.cols as f64;
+    output
+        .par_chunks_mut(shape.cols)
+        .zip(input.par_chunks(shape.cols))
+        .zip(saved.mean.par_iter_mut().zip(saved.rstd.par_iter_mut()))
+        .for_each(|((out, x), (mean_out, rstd_out))| {
+            let mean = x.iter().map(|v| v.to_f64()).sum::<f64>() / n;
+            let var = x.iter().map(|v| (v.to_f64() - mean).powi(2)).sum::<f64>() / n;
+            let rstd = 1.0 / (var + eps).sqrt();
+            *mean_out = T::from_f64(mean);
+            *rstd_out = T::from_f64(rstd);
+            let (mean, rstd) = (T::from_f64(mean), T::from_f64(rstd));
+            for (j, (o, &x)) in out.iter_mut().zip(x).enumerate() {
+                let mut y = (x - mean) * rstd;
+                if let Some(w) = affine.weight {
+                    y *= w[j];
+                }
+                if let Some(b) = affine.bias {
+                    y += b[j];
+                }
+                *o = y;
+            }
+        });
+    Ok(())
+}
+
+/// Gradients of [`layer_norm_forward`] from its saved statistics.
+///
+/// Shapes: `grad_output`, `input` and `grads.input` `[rows, cols]`; `weight` and the parameter
+/// gradients `[cols]`; `saved` `[rows]`.
+pub fn layer_norm_backward<T: KernelFloat>(
+    shape: &LayerNormShape,
+    grad_output: &[T],
+    input: &[T],
+    weight: Option<&[T]>,
+    saved: SavedStats<'_, T>,
+    grads: NormGrads<'_, T>,
+) -> Result<(), KernelError> {
+    const OP: &str = "layer_norm_backward";
+    let dims = [shape.rows, shape.cols];
+    let cols = shape.cols;
+    check_len(OP, "grad_output", grad_output, &dims)?;
+    check_len(OP, "input", input, &dims)?;
+    if let Some(w) = weight {
+        check_len(OP, "weight", w, &[cols])?;
+    }
+    check_len(OP, "mean", saved.mean, &[shape.rows])?;
+    check_len(OP, "rstd", saved.rstd, &[shape.rows])?;
+    check_grads(OP, &grads, &dims, cols)?;
+    if cols == 0 {
+        return Ok(());
+    }
+    let xhat = |row: usize, j: usize| {
+        (input[row * cols + j].to_f64() - saved.mean[row].to_f64()) * saved.rstd[row].to_f64()
+    };
+    if let Some(gin) = grads.input {
+        let n = cols as f64;
+        gin.par_chunks_mut(cols).enumerate().for_each(|(row, gin)| {
+            let dy = &grad_output[row * cols..][..cols];
+            let g = |j: usize| dy[j].to_f64() * weight.map_or(1.0, |w| w[j].to_f64());
+            let mut mean_g = 0.0;
+            let mut mean_g_xhat = 0.0;
+            for j in 0..cols {
+                mean_g += g(j);
+                mean_g_xhat += g(j) * xhat(row, j);
+            }
+            mean_g /= n;
+            mean_g_xhat /= n;
+            let rstd = saved.rstd[row].to_f64();
+            for (j, out) in gin.iter_mut().enumerate() {
+                *out = T::from_f64(rstd * (g(j) - mean_g - xhat(row, j) * mean_g_xhat));
+            }
+        });
+    }
+    if grads.weight.is_none() && grads.bias.is_none() {
+        return Ok(());
+    }
+    // Per block of rows: Σ dy * xhat (weight) then Σ dy (bias), per column.
+    let partials: Vec<Vec<f64>> = (0..shape.rows.div_ceil(ROW_BLOCK))
+        .into_par_iter()
+        .map(|block| {
+            let mut acc = vec![0.0; 2 * cols];
+            for row in block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(shape.rows) {
+                for j in 0..cols {
+                    let dy = grad_output[row * cols + j].to_f64();
+                    acc[j] += dy * xhat(row, j);
+                    acc[cols + j] += dy;
+                }
+            }
+            acc
+        })
+        .collect();
+    let mut totals = vec![0.0; 2 * cols];
+    for partial in partials {
+        totals.iter_mut().zip(partial).for_each(|(t, p)| *t += p);
+    }
+    if let Some(gw) = grads.weight {
+        gw.iter_mut()
+            .zip(&totals[..cols])
+            .for_each(|(g, &t)| *g = T::from_f64(t));
+    }
+    if let Some(gb) = grads.bias {
+        gb.iter_mut()
+            .zip(&totals[cols..])
+            .for_each(|(g, &t)| *g = T::from_f64(t));
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! Normalisation: `batch_norm` (training and evaluation) and `layer_norm`, forward and backward.
+//!
+//! Batch norm sees its input as `[N, C, S]` (`S` = product of the spatial dims, 1 for
+//! `BatchNorm1d` on `[N, C]`) and normalises each channel over `N * S` values. In training it
+//! normalises with the batch mean and the *biased* variance, saves `mean` and
+//! `rstd = 1 / sqrt(var + eps)` (PyTorch's `save_mean` / `save_invstd`) for backward, and, when
+//! running statistics are tracked, updates them as
+//! `running = (1 - momentum) * running + momentum * batch_stat` with the *unbiased* variance
+//! (`var * n / (n - 1)`). PyTorch's `momentum=None` (cumulative average) is the caller's
+//! `momentum = 1 / num_batches_tracked`. In evaluation it normalises with the running
+//! statistics.
+//!
+//! Layer norm sees its input as `[rows, cols]` (`cols` = product of `normalized_shape`, the
+//! trailing dims) and normalises each row; it saves per-row `mean` and `rstd`.
+//!
+//! `weight` (gamma) and `bias` (beta) are optional, as with `affine=False` /
+//! `elementwise_affine=False`. Statistics are computed in `f64` (two passes: mean, then
+//! squared deviations) whatever the element type; the backward kernels compute only the
+//! gradients that are asked for ([`NormGrads`]).
+
+pub mod cpu;
+
+use super::kernel_error::KernelError;
+
+/// Batch-norm sizes: input `[batch, channels, spatial...]` viewed as `[N, C, S]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchNormShape {
+    /// `N`.
+    pub batch: usize,
+    /// `C`.
+    pub channels: usize,
+    /// `S`: product of the dims after the channel dim.
+    pub spatial: usize,
+}
+
+impl BatchNormShape {
+    /// Views an input of shape `[N, C, ...]` (at least two dims) as `[N, C, S]`.
+    pub fn from_input_shape(input_shape: &[usize]) -> Result<Self, KernelError> {
+        match input_shape {
+            [batch, channels, spatial @ ..] => Ok(Self {
+                batch: *batch,
+                channels: *channels,
+                spatial: spatial.iter().product(),
+            }),
+            _ => Err(KernelError::InvalidShape {
+                op: "batch_norm",
+                shape: input_shape.to_vec(),
+                rule: "the input needs at least 2 dims [N, C, ...]; add a batch dim".into(),
+            }),
+        }
+    }
+
+    /// `[N, C, S]`.
+    pub fn dims(&self) -> [usize; 3] {
+        [self.batch, self.channels, self.spatial]
+    }
+
+    /// Values per channel, `N * S`.
+    pub fn count(&self) -> usize {
+        self.batch * self.spatial
+    }
+}
+
+/// Layer-norm sizes: input viewed as `[rows, cols]`, `cols` = product of `normalized_shape`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LayerNormShape {
+    /// Number of independently normalised rows (product of the leading dims).
+    pub rows: usize,
+    /// Elements per row (product of `normalized_shape`).
+    pub cols: usize,
+}
+
+impl LayerNormShape {
+    /// Checks that `input_shape` ends with `normalized_shape` (PyTorch's rule) and views it as
+    /// `[rows, cols]`.
+    pub fn new(input_shape: &[usize], normalized_shape: &[usize]) -> Result<Self, KernelError> {
+        let k = normalized_shape.len();
+        if k == 0
+            || k > input_shape.len()
+            || input_shape[input_shape.len() - k..] != *normalized_shape
+        {
+            return Err(KernelError::InvalidShape {
+                op: "layer_norm",
+                shape: input_shape.to_vec(),
+                rule: format!(
+                    "normalized_shape {normalized_shape:?} must be a non-empty suffix of the input \
+                     shape; pass the input's last dims as normalized_shape"
+                ),
+            });
+        }
+        Ok(Self {
+            rows: input_shape[..input_shape.len() - k].iter().product(),
+            cols: normalized_shape.iter().product(),
+        })
+    }
+}
+
+/// Optional per-feature scale (`weight`, gamma) and shift (`bias`, beta).
+#[derive(Debug, Clone, Copy)]
+pub struct Affine<'a, T> {
+    /// Scale, one per channel / normalised element; `None` means 1.
+    pub weight: Option<&'a [T]>,
+    /// Shift, one per channel / normalised element; `None` means 0.
+    pub bias: Option<&'a [T]>,
+}
+
+impl<T> Affine<'_, T> {
+    /// No weight, no bias (`affine=False`).
+    pub fn none() -> Self {
+        Self {
+            weight: None,
+            bias: None,
+        }
+    }
+}
+
+/// Batch norm's running statistics, read in evaluation mode.
+#[derive(Debug, Clone, Copy)]
+pub struct RunningStats<'a, T> {
+    /// Running mean, `[C]`.
+    pub mean: &'a [T],
+    /// Running (unbiased) variance, `[C]`.
+    pub var: &'a [T],
+}
+
+/// Batch norm's running statistics, updated in place in training mode.
+#[derive(Debug)]
+pub struct RunningStatsUpdate<'a, T> {
+    /// Running mean, `[C]`.
+    pub mean: &'a mut [T],
+    /// Running (unbiased) variance, `[C]`.
+    pub var: &'a mut [T],
+    /// Weight of the new batch statistic (PyTorch's default: 0.1).
+    pub momentum: f64,
+}
+
+/// The statistics a forward pass saves for backward: per channel (batch norm) or per row
+/// (layer norm).
+#[derive(Debug, Clone, Copy)]
+pub struct SavedStats<'a, T> {
+    /// Means.
+    pub mean: &'a [T],
+    /// `1 / sqrt(var + eps)` (biased variance).
+    pub rstd: &'a [T],
+}
+
+/// Where a forward pass writes the statistics it saves for backward.
+#[derive(Debug)]
+pub struct SavedStatsMut<'a, T> {
+    /// Means.
+    pub mean: &'a mut [T],
+    /// `1 / sqrt(var + eps)` (biased variance).
+    pub rstd: &'a mut [T],
+}
+
+/// Where a backward pass writes its gradients; `None` skips that gradient (PyTorch's
+/// `output_mask`).
+#[derive(Debug, Default)]
+pub struct NormGrads<'a, T> {
+    /// Gradient of the input, the input's shape.
+    pub input: Option<&'a mut [T]>,
+    /// Gradient of the weight.
+    pub weight: Option<&'a mut [T]>,
+    /// Gradient of the bias.
+    pub bias: Option<&'a mut [T]>,
+}

@@ -1,0 +1,363 @@
+//! CPU pooling kernels: one rayon task per `(n, c)` plane, forward and backward.
+//!
+//! Every plane of the input maps to one plane of the output, and backward writes only the
+//! plane it reads indices or windows for, so planes never share an output element and the
+//! kernels need no atomics. Backward kernels overwrite the input gradient (zero it, then add
+//! each output gradient onto its window), never accumulate into what was there.
+
+use rayon::prelude::*;
+
+use super::{AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, MaxPool2dGeometry, PoolShape};
+use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::KernelFloat;
+
+/// The taps `t` in `0..kernel` for which `start + t * dilation` lies in `0..input`, as a
+/// half-open range (empty when none does).
+fn tap_range(start: i64, kernel: usize, dilation: usize, input: usize) -> (usize, usize) {
+    let d = dilation as i64;
+    let lo = if start >= 0 { 0 } else { (-start + d - 1) / d };
+    let room = input as i64 - start;
+    let hi = if room <= 0 { 0 } else { (room + d - 1) / d };
+    let hi = hi.min(kernel as i64).max(0) as usize;
+    (lo.min(hi as i64) as usize, hi)
+}
+
+/// Checks the lengths of the input-side and output-side buffers of a pooling call.
+fn check_pool_buffers<T>(
+    op: &'static str,
+    shape: &PoolShape,
+    input_name: &'static str,
+    input: &[T],
+    output_name: &'static str,
+    output: &[T],
+) -> Result<(), KernelError> {
+    check_len(op, input_name, input, &shape.input_shape())?;
+    check_len(op, output_name, output, &shape.output_shape())
+}
+
+/// Max pooling: writes each window's maximum to `output` and its position in the input plane
+/// (`h * W + w`) to `indices`; NaN wins over numbers, the first maximum wins a tie.
+///
+/// Shapes: `input` `[N, C, H, W]`, `output` and `indices` `[N, C, H_out, W_out]`.
+pub fn max_pool2d_forward<T: KernelFloat>(
+    geometry: &MaxPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+    indices: &mut [i64],
+) -> Result<(), KernelError> {
+    const OP: &str = "max_pool2d";
+    let shape = &geometry.shape;
+    check_pool_buffers(OP, shape, "input", input, "output", output)?;
+    check_len(OP, "indices", indices, &shape.output_shape())?;
+    let p = &geometry.params;
+    let [in_h, in_w] = shape.input_size;
+    let out_w = shape.output_size[1];
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    output
+        .par_chunks_mut(out_plane)
+        .zip(indices.par_chunks_mut(out_plane))
+        .enumerate()
+        .for_each(|(plane, (out, idx))| {
+            let src = &input[plane * in_plane..][..in_plane];
+            for (o, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {
+                let h_start = ((o / out_w) * p.stride[0]) as i64 - p.padding[0] as i64;
+                let w_start = ((o % out_w) * p.stride[1]) as i64 - p.padding[1] as i64;
+                let (h_lo, h_hi) = tap_range(h_start, p.kernel_size[0], p.dilation[0], in_h);
+                let (w_lo, w_hi) = tap_range(w_start, p.kernel_size[1], p.dilation[1], in_w);
+                let at = |th: usize, tw: usize| {
+                    let ih = (h_start + (th * p.dilation[0]) as i64) as usize;
+                    let iw = (w_start + (tw * p.dilation[1]) as i64) as usize;
+                    ih * in_w + iw
+                };
+                // The geometry guarantees a non-empty window.
+                let mut best_index = at(h_lo, w_lo);
+                let mut best = T::NEG_INFINITY;
+                for th in h_lo..h_hi {
+                    for tw in w_lo..w_hi {
+                        let k = at(th, tw);
+                        let v = src[k];
+                        if v > best || v.is_nan() {
+                            best = v;
+                            best_index = k;
+                        }
+                    }
+                }
+                *out = best;
+                *idx = best_index as i64;
+            }
+        });
+    Ok(())
+}
+
+/// Gradient of max pooling: routes each output gradient to the input element its index
+/// names (adding where windows overlap).
+///
+/// Shapes: `grad_output` and `indices` `[N, C, H_out, W_out]` (indices from
+/// [`max_pool2d_forward`]), `grad_input` `[N, C, H, W]`. An index outside the input plane is an
+/// [`KernelError::IndexOutOfRange`] naming the first one.
+pub fn max_pool2d_backward<T: KernelFloat>(
+    geometry: &MaxPool2dGeometry,
+    grad_output: &[T],
+    indices: &[i64],
+    grad_input: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "max_pool2d_backward";
+    let shape = &geometry.shape;
+    check_pool_buffers(
+        OP,
+        shape,
+        "grad_input",
+        grad_input,
+        "grad_output",
+        grad_output,
+    )?;
+    check_len(OP, "indices", indices, &shape.output_shape())?;
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    if let Some(k) = indices.iter().position(|&i| i < 0 || i >= in_plane as i64) {
+        let [_, c, h, w] = shape.output_shape();
+        return Err(KernelError::IndexOutOfRange {
+            op: OP,
+            index: indices[k],
+            position: vec![k / (c * h * w), k / (h * w) % c, k / w % h, k % w],
+            dim: 2,
+            size: in_plane,
+        });
+    }
+    grad_input
+        .par_chunks_mut(in_plane)
+        .enumerate()
+        .for_each(|(plane, gin)| {
+            gin.fill(T::ZERO);
+            let gout = &grad_output[plane * out_plane..][..out_plane];
+            let idx = &indices[plane * out_plane..][..out_plane];
+            for (&g, &i) in gout.iter().zip(idx) {
+                gin[i as usize] += g;
+            }
+        });
+    Ok(())
+}
+
+/// The clipped window `[h0, h1) x [w0, w1)` of output cell `(oh, ow)` and its divisor.
+struct AvgWindow {
+    h: (usize, usize),
+    w: (usize, usize),
+    divisor: usize,
+}
+
+fn avg_window(geometry: &AvgPool2dGeometry, oh: usize, ow: usize) -> AvgWindow {
+    let p = &geometry.params;
+    let axis = |o: usize, a: usize| {
+        let input = geometry.shape.input_size[a] as i64;
+        let start = (o * p.stride[a]) as i64 - p.padding[a] as i64;
+        let end = (start + p.kernel_size[a] as i64).min(input + p.padding[a] as i64);
+        let padded_len = (end - start) as usize;
+        let (start, end) = (start.max(0), end.min(input));
+        (start as usize, (end.max(start)) as usize, padded_len)
+    };
+    let (h0, h1, padded_h) = axis(oh, 0);
+    let (w0, w1, padded_w) = axis(ow, 1);
+    let divisor = match p.divisor_override {
+        Some(d) => d,
+        None if p.count_include_pad => padded_h * padded_w,
+        None => (h1 - h0) * (w1 - w0),
+    };
+    AvgWindow {
+        h: (h0, h1),
+        w: (w0, w1),
+        divisor,
+    }
+}
+
+/// Average pooling (zero padding; divisor per [`super::AvgPool2dParams`]); a window that holds
+/// no input element gives 0.
+///
+/// Shapes: `input` `[N, C, H, W]`, `output` `[N, C, H_out, W_out]`.
+pub fn avg_pool2d_forward<T: KernelFloat>(
+    geometry: &AvgPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "avg_pool2d";
+    let shape = &geometry.shape;
+    check_pool_buffers(OP, shape, "input", input, "output", output)?;
+    let in_w = shape.input_size[1];
+    let out_w = shape.output_size[1];
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    output
+        .par_chunks_mut(out_plane)
+        .enumerate()
+        .for_each(|(plane, out)| {
+            let src = &input[plane * in_plane..][..in_plane];
+            for (o, out) in out.iter_mut().enumerate() {
+                let win = avg_window(geometry, o / out_w, o % out_w);
+                let mut sum = T::ZERO;
+                for ih in win.h.0..win.h.1 {
+                    for &v in &src[ih * in_w + win.w.0..ih * in_w + win.w.1] {
+                        sum += v;
+                    }
+                }
+                let empty = win.h.0 == win.h.1 || win.w.0 == win.w.1;
+                *out = if empty {
+                    T::ZERO
+                } else {
+                    sum / T::from_f64(win.divisor as f64)
+                };
+            }
+        });
+    Ok(())
+}
+
+/// Gradient of average pooling: spreads each output gradient, divided by its window's divisor,
+/// over the window's input elements.
+///
+/// Shapes: `grad_output` `[N, C, H_out, W_out]`, `grad_input` `[N, C, H, W]`.
+pub fn avg_pool2d_backward<T: KernelFloat>(
+    geometry: &AvgPool2dGeometry,
+    grad_output: &[T],
+    grad_input: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "avg_pool2d_backward";
+    let shape = &geometry.shape;
+    check_pool_buffers(
+        OP,
+        shape,
+        "grad_input",
+        grad_input,
+        "grad_output",
+        grad_output,
+    )?;
+    let in_w = shape.input_size[1];
+    let out_w = shape.output_size[1];
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    grad_input
+        .par_chunks_mut(in_plane)
+        .enumerate()
+        .for_each(|(plane, gin)| {
+            gin.fill(T::ZERO);
+            let gout = &grad_output[plane * out_plane..][..out_plane];
+            for (o, &g) in gout.iter().enumerate() {
+                let win = avg_window(geometry, o / out_w, o % out_w);
+                let share = g / T::from_f64(win.divisor as f64);
+                for ih in win.h.0..win.h.1 {
+                    for v in &mut gin[ih * in_w + win.w.0..ih * in_w + win.w.1] {
+                        *v += share;
+                    }
+                }
+            }
+        });
+    Ok(())
+}
+
+/// PyTorch's adaptive window of output cell `o`: `[floor(o*in/out), ceil((o+1)*in/out))`.
+fn adaptive_range(o: usize, input: usize, output: usize) -> (usize, usize) {
+    (o * input / output, ((o + 1) * input).div_ceil(output))
+}
+
+/// Adaptive average pooling to the geometry's output size.
+///
+/// Shapes: `input` `[N, C, H, W]`, `output` `[N, C, H_out, W_out]`.
+pub fn adaptive_avg_pool2d_forward<T: KernelFloat>(
+    geometry: &AdaptiveAvgPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "adaptive_avg_pool2d";
+    let shape = &geometry.shape;
+    check_pool_buffers(OP, shape, "input", input, "output", output)?;
+    let [in_h, in_w] = shape.input_size;
+    let [out_h, out_w] = shape.output_size;
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    output
+        .par_chunks_mut(out_plane)
+        .enumerate()
+        .for_each(|(plane, out)| {
+            let src = &input[plane * in_plane..][..in_plane];
+            for (o, out) in out.iter_mut().enumerate() {
+                let (h0, h1) = adaptive_range(o / out_w, in_h, out_h);
+                let (w0, w1) = adaptive_range(o % out_w, in_w, out_w);
+                let mut sum = T::ZERO;
+                for ih in h0..h1 {
+                    for &v in &src[ih * in_w + w0..ih * in_w + w1] {
+                        sum += v;
+                    }
+                }
+                *out = sum / T::from_f64(((h1 - h0) * (w1 - w0)) as f64);
+            }
+        });
+    Ok(())
+}
+
+/// Gradient of adaptive average pooling.
+///
+/// Shapes: `grad_output` `[N, C, H_out, W_out]`, `grad_input` `[N, C, H, W]`.
+pub fn adaptive_avg_pool2d_backward<T: KernelFloat>(
+    geometry: &AdaptiveAvgPool2dGeometry,
+    grad_output: &[T],
+    grad_input: &mut [T],
+) -> Result<(), KernelError> {
+    const OP: &str = "adaptive_avg_pool2d_backward";
+    let shape = &geometry.shape;
+    check_pool_buffers(
+        OP,
+        shape,
+        "grad_input",
+        grad_input,
+        "grad_output",
+        grad_output,
+    )?;
+    let [in_h, in_w] = shape.input_size;
+    let [out_h, out_w] = shape.output_size;
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    grad_input
+        .par_chunks_mut(in_plane)
+        .enumerate()
+        .for_each(|(plane, gin)| {
+            gin.fill(T::ZERO);
+            let gout = &grad_output[plane * out_plane..][..out_plane];
+            for (o, &g) in gout.iter().enumerate() {
+                let (h0, h1) = adaptive_range(o / out_w, in_h, out_h);
+                let (w0, w1) = adaptive_range(o % out_w, in_w, out_w);
+                let share = g / T::from_f64(((h1 - h0) * (w1 - w0)) as f64);
+                for ih in h0..h1 {
+                    for v in &mut gin[ih * in_w + w0..ih * in_w + w1] {
+                        *v += share;
+                    }
+                }
+            }
+        });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{adaptive_range, tap_range};
+
+    #[test]
+    fn tap_range_matches_brute_force() {
+        for start in -4i64..6 {
+            for kernel in 1..5 {
+                for dilation in 1..4 {
+                    for input in 1..6 {
+                        let inside: Vec<usize> = (0..kernel)
+                            .filter(|&t| {
+                                (0..input as i64).contains(&(start + (t * dilation) as i64))
+                            })
+                            .collect();
+                        let (lo, hi) = tap_range(start, kernel, dilation, input);
+                        assert_eq!((lo..hi).collect::<Vec<_>>(), inside);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn adaptive_ranges_cover_the_input() {
+        // 5 -> 3: [0, 2), [1, 4), [3, 5) as in PyTorch.
+        let ranges: Vec<_> = (0..3).map(|o| adaptive_range(o, 5, 3)).collect();
+        assert_eq!(ranges, vec![(0, 2), (1, 4), (3, 5)]);
+        // 2 -> 3 (upsampling): [0, 1), [0, 2), [1, 2).
+        let ranges: Vec<_> = (0..3).map(|o| adaptive_range(o, 2, 3)).collect();
+        assert_eq!(ranges, vec![(0, 1), (0, 2), (1, 2)]);
+    }
+}
