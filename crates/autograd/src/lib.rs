@@ -14,6 +14,7 @@ mod join;
 mod module;
 mod ops;
 mod random;
+mod raw_access;
 mod tensor;
 mod view;
 

@@ -9,6 +9,7 @@ pub mod index;
 mod kernel_error;
 mod kernel_float;
 pub mod matmul;
+pub mod multi_tensor;
 pub mod norm;
 pub mod pool;
 pub mod random;

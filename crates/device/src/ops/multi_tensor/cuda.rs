@@ -1,0 +1,327 @@
+//! CUDA launcher for `multi_tensor.cu`: global-norm clipping in two launches.
+//!
+//! A [`ClipPlan`] is built once per parameter set: it uploads the tensor table and the chunk
+//! table and allocates the per-chunk partials, the ticket counter and the two-float result
+//! (`[total_norm, clip_coef]`). [`ClipPlan::norm`] and [`ClipPlan::scale`] then each enqueue
+//! one kernel on the stream, for any number of tensors; neither waits for the device.
+//! [`ClipPlan::matches`] tells a caller whether the cached plan still describes its tensors
+//! (same pointers, lengths and dtypes), so the tables are rebuilt only when the set changes.
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+use super::{plan_chunks, NormKind, CHUNK_ELEMS};
+use crate::cuda::driver_error;
+use crate::cuda::kernels::{load_function, KernelSource};
+use crate::error::{Error, Result};
+use crate::DType;
+
+/// The kernels of this op family.
+pub const MULTI_TENSOR_KERNELS: KernelSource = KernelSource {
+    file: "ops/multi_tensor/multi_tensor.cu",
+    source: include_str!("multi_tensor.cu"),
+};
+
+/// One tensor as the kernels see it: a device address, a length in elements and a dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceTensor {
+    /// Device address of the first element.
+    pub ptr: u64,
+    /// Number of elements.
+    pub len: u64,
+    /// Element type (F32, F64, F16 or BF16).
+    pub dtype: DType,
+}
+
+/// Matches `struct KilnMtTensor` in multi_tensor.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct TensorEntry {
+    ptr: u64,
+    len: u64,
+    dtype: u32,
+    first_chunk: u32,
+    num_chunks: u32,
+    pad: u32,
+}
+
+/// Matches `struct KilnMtChunk` in multi_tensor.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ChunkEntry {
+    start: u64,
+    len: u64,
+    tensor: u32,
+    pad: u32,
+}
+
+// SAFETY: plain `#[repr(C)]` data laid out like the CUDA structs.
+unsafe impl DeviceRepr for TensorEntry {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for ChunkEntry {}
+
+const THREADS: u32 = 256;
+/// Most blocks launched; blocks stride over the chunk table beyond this.
+const MAX_BLOCKS: usize = 4096;
+
+fn dtype_code(dtype: DType) -> Result<u32> {
+    Ok(match dtype {
+        DType::F32 => 0,
+        DType::F64 => 1,
+        DType::F16 => 2,
+        DType::BF16 => 3,
+        other => {
+            return Err(Error::UnsupportedDType {
+                op: "clip_grad_norm_",
+                dtype: other,
+                hint: "gradients are floating point; convert with to_dtype(DType::F32)",
+            })
+        }
+    })
+}
+
+/// Device-side tables and buffers for clipping one fixed list of tensors.
+#[derive(Debug)]
+pub struct ClipPlan {
+    stream: Arc<CudaStream>,
+    key: Vec<DeviceTensor>,
+    tensors: CudaSlice<TensorEntry>,
+    chunks: CudaSlice<ChunkEntry>,
+    num_chunks: u32,
+    partials: CudaSlice<f32>,
+    ticket: CudaSlice<u32>,
+    result: CudaSlice<f32>,
+}
+
+impl ClipPlan {
+    /// Uploads the tables for `list` on `stream`.
+    pub fn new(stream: &Arc<CudaStream>, list: &[DeviceTensor]) -> Result<Self> {
+        let lens: Vec<usize> = list.iter().map(|t| t.len as usize).collect();
+        let plan = plan_chunks(&lens, CHUNK_ELEMS);
+        let too_many = |what: &str| Error::LengthMismatch {
+            op: "clip_grad_norm_",
+            what: format!("{what} exceed the CUDA table's u32 index"),
+        };
+        let num_chunks = u32::try_from(plan.len()).map_err(|_| too_many("chunks"))?;
+        u32::try_from(list.len()).map_err(|_| too_many("tensors"))?;
+        let mut entries = Vec::with_capacity(list.len());
+        let mut first = 0u32;
+        for (i, t) in list.iter().enumerate() {
+            let n = plan.iter().filter(|c| c.tensor == i).count() as u32;
+            entries.push(TensorEntry {
+                ptr: t.ptr,
+                len: t.len,
+                dtype: dtype_code(t.dtype)?,
+                first_chunk: first,
+                num_chunks: n,
+                pad: 0,
+            });
+            first += n;
+        }
+        let chunk_entries: Vec<ChunkEntry> = plan
+            .iter()
+            .map(|c| ChunkEntry {
+                start: c.start as u64,
+                len: c.len as u64,
+                tensor: c.tensor as u32,
+                pad: 0,
+            })
+            .collect();
+        let upload = |e| driver_error("cuMemcpyHtoD", e);
+        // Zero-length device buffers are not allowed; keep at least one slot.
+        let tensors = if entries.is_empty() {
+            stream
+                .clone_htod(&[TensorEntry {
+                    ptr: 0,
+                    len: 0,
+                    dtype: 0,
+                    first_chunk: 0,
+                    num_chunks: 0,
+                    pad: 0,
+                }])
+                .map_err(upload)?
+        } else {
+            stream.clone_htod(&entries).map_err(upload)?
+        };
+        let chunks = if chunk_entries.is_empty() {
+            stream
+                .clone_htod(&[ChunkEntry {
+                    start: 0,
+                    len: 0,
+                    tensor: 0,
+                    pad: 0,
+                }])
+                .map_err(upload)?
+        } else {
+            stream.clone_htod(&chunk_entries).map_err(upload)?
+        };
+        let alloc = |e| driver_error("cuMemAlloc", e);
+        Ok(ClipPlan {
+            stream: stream.clone(),
+            key: list.to_vec(),
+            tensors,
+            chunks,
+            num_chunks,
+            partials: stream
+                .alloc_zeros::<f32>(plan.len().max(1))
+                .map_err(alloc)?,
+            ticket: stream.alloc_zeros::<u32>(1).map_err(alloc)?,
+            result: stream.alloc_zeros::<f32>(2).map_err(alloc)?,
+        })
+    }
+
+    /// True when the plan was built for exactly this list (reuse it instead of rebuilding).
+    pub fn matches(&self, list: &[DeviceTensor]) -> bool {
+        self.key == list
+    }
+
+    fn config(&self) -> LaunchConfig {
+        let blocks = (self.num_chunks as usize).clamp(1, MAX_BLOCKS) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Enqueues the norm kernel: writes `[total_norm, clip_coef]` to [`ClipPlan::result`].
+    pub fn norm(&mut self, norm_type: f64, max_norm: f64) -> Result<()> {
+        let kind = NormKind::from_norm_type(norm_type).ok_or(Error::LengthMismatch {
+            op: "clip_grad_norm_",
+            what: "norm_type is NaN".into(),
+        })?;
+        let (code, p): (i32, f32) = match kind {
+            NormKind::Zero => (0, 0.0),
+            NormKind::One => (1, 1.0),
+            NormKind::Two => (2, 2.0),
+            NormKind::Inf => (3, 0.0),
+            NormKind::NegInf => (4, 0.0),
+            NormKind::P(p) => (5, p as f32),
+        };
+        let function = load_function(self.stream.context(), &MULTI_TENSOR_KERNELS, "kiln_mt_norm")?;
+        let num_tensors = self.key.len() as u32;
+        let max_norm = max_norm as f32;
+        let cfg = self.config();
+        let mut launch = self.stream.launch_builder(&function);
+        launch
+            .arg(&self.tensors)
+            .arg(&num_tensors)
+            .arg(&self.chunks)
+            .arg(&self.num_chunks)
+            .arg(&code)
+            .arg(&p)
+            .arg(&max_norm)
+            .arg(&mut self.partials)
+            .arg(&mut self.ticket)
+            .arg(&mut self.result);
+        // SAFETY: the argument list matches kiln_mt_norm; the tables were built from `key`, whose
+        // pointers the caller guarantees stay valid until the kernel finishes.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
+        Ok(())
+    }
+
+    /// Enqueues the scale kernel (a no-op on the device when `clip_coef >= 1`).
+    pub fn scale(&mut self) -> Result<()> {
+        let function = load_function(
+            self.stream.context(),
+            &MULTI_TENSOR_KERNELS,
+            "kiln_mt_scale",
+        )?;
+        let cfg = self.config();
+        let mut launch = self.stream.launch_builder(&function);
+        launch
+            .arg(&self.tensors)
+            .arg(&self.chunks)
+            .arg(&self.num_chunks)
+            .arg(&self.result);
+        // SAFETY: as for `norm`; the kernel writes only elements listed in the tables.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
+        Ok(())
+    }
+
+    /// The device buffer `[total_norm, clip_coef]` the norm kernel writes.
+    pub fn result(&self) -> &CudaSlice<f32> {
+        &self.result
+    }
+
+    /// Copies `[total_norm, clip_coef]` to the host (a synchronisation; only for checks and
+    /// `error_if_nonfinite`).
+    pub fn read_result(&self) -> Result<[f32; 2]> {
+        let v = self
+            .stream
+            .clone_dtoh(&self.result)
+            .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        Ok([v[0], v[1]])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::cuda_device_or_skip;
+    use cudarc::driver::DevicePtr;
+
+    #[test]
+    fn multi_tensor_cu_compiles_with_both_kernels() {
+        let ptx = match crate::cuda::kernels::compile_ptx(&MULTI_TENSOR_KERNELS, (8, 0)) {
+            Err(Error::NvrtcNotFound) if !crate::testing::cuda_required() => {
+                eprintln!("skipping multi_tensor_cu_compiles_with_both_kernels: no libnvrtc.so");
+                return;
+            }
+            other => other.unwrap(),
+        };
+        assert!(ptx.contains(".entry kiln_mt_norm("));
+        assert!(ptx.contains(".entry kiln_mt_scale("));
+    }
+
+    #[test]
+    fn clip_on_the_device_matches_the_cpu() {
+        let Some(dev) = cuda_device_or_skip() else {
+            return;
+        };
+        let stream = crate::cuda::default_stream(dev).unwrap();
+        let lens = [0usize, 1, 3, 70_001, 1000];
+        let host: Vec<Vec<f32>> = lens
+            .iter()
+            .map(|&n| (0..n).map(|i| ((i % 17) as f32 - 8.0) * 0.25).collect())
+            .collect();
+        let bufs: Vec<CudaSlice<f32>> = host
+            .iter()
+            .map(|h| {
+                if h.is_empty() {
+                    stream.alloc_zeros::<f32>(1).unwrap()
+                } else {
+                    stream.clone_htod(h).unwrap()
+                }
+            })
+            .collect();
+        let list: Vec<DeviceTensor> = bufs
+            .iter()
+            .zip(&lens)
+            .map(|(b, &n)| DeviceTensor {
+                ptr: b.device_ptr(&stream).0,
+                len: n as u64,
+                dtype: DType::F32,
+            })
+            .collect();
+        let views: Vec<super::super::FloatSlice> = host
+            .iter()
+            .map(|h| super::super::FloatSlice::F32(h))
+            .collect();
+        let norms = super::super::cpu::per_tensor_norms(&views, NormKind::Two);
+        let want_total = NormKind::Two.norm_of(&norms);
+        let mut plan = ClipPlan::new(&stream, &list).unwrap();
+        assert!(plan.matches(&list));
+        for max_norm in [1e9, 1.0] {
+            plan.norm(2.0, max_norm).unwrap();
+            plan.scale().unwrap();
+            let [total, coef] = plan.read_result().unwrap();
+            assert!((f64::from(total) - want_total).abs() < 1e-4 * want_total);
+            let want_coef = super::super::clip_coef(max_norm, f64::from(total));
+            assert!((f64::from(coef) - want_coef).abs() < 1e-6);
+        }
+        let after = stream.clone_dtoh(&bufs[3]).unwrap();
+        let coef = 1.0 / (want_total + 1e-6);
+        assert!((f64::from(after[1]) - f64::from(host[3][1]) * coef).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,162 @@
+// Multi-tensor kernels for gradient clipping: two launches for any number of tensors.
+//
+// The host builds, once per parameter set, a device-side table of tensors (pointer, length,
+// dtype, and the range of chunks each one owns) and a table of fixed-size chunks (tensor index,
+// first element, length; 64-bit offsets, so tensors past 2^31 elements work). Then:
+//
+// kiln_mt_norm: every block reduces its chunks (grid-stride over the chunk table) into one f32
+//   partial per chunk, written to `chunk_partials`. After a __threadfence each block takes a
+//   ticket; the block that draws the last ticket combines the partials of each tensor in chunk
+//   order (so the result does not depend on which block ran which chunk), takes the norm of the
+//   per-tensor norms, writes {total_norm, clip_coef} to `result`, and resets the ticket counter
+//   so the same buffers serve the next step. Nothing returns to the host.
+// kiln_mt_scale: reads clip_coef from `result` on the device and returns at once when it is
+//   >= 1 (a NaN coefficient still scales, as PyTorch does); otherwise multiplies every element.
+//
+// Half types are widened to f32 as they are read and accumulated in f32.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define KILN_MT_THREADS 256
+
+struct KilnMtTensor {
+    unsigned long long ptr;
+    unsigned long long len;
+    unsigned int dtype;        // 0 f32, 1 f64, 2 f16, 3 bf16
+    unsigned int first_chunk;  // index of the tensor's first chunk in the chunk table
+    unsigned int num_chunks;   // how many chunks it owns (0 for an empty tensor)
+    unsigned int pad;
+};
+
+struct KilnMtChunk {
+    unsigned long long start;
+    unsigned long long len;
+    unsigned int tensor;
+    unsigned int pad;
+};
+
+// kind: 0 count nonzero, 1 sum |x|, 2 sum x^2, 3 max |x|, 4 min |x|, 5 sum |x|^p
+__device__ __forceinline__ float kiln_mt_identity(int kind) {
+    return kind == 4 ? __int_as_float(0x7f800000) : 0.0f;
+}
+
+__device__ __forceinline__ float kiln_mt_combine(int kind, float a, float b) {
+    if (kind == 3) return (isnan(a) || b > a) ? (isnan(a) ? a : b) : (isnan(b) ? b : a);
+    if (kind == 4) return (isnan(a) || b < a) ? (isnan(a) ? a : b) : (isnan(b) ? b : a);
+    return a + b;
+}
+
+__device__ __forceinline__ float kiln_mt_element(int kind, float p, float x) {
+    float a = fabsf(x);
+    switch (kind) {
+        case 0: return a != 0.0f ? 1.0f : 0.0f;
+        case 2: return a * a;
+        case 5: return powf(a, p);
+        default: return a;
+    }
+}
+
+__device__ __forceinline__ float kiln_mt_finish(int kind, float p, float r) {
+    if (kind == 2) return sqrtf(r);
+    if (kind == 5) return powf(r, 1.0f / p);
+    return r;
+}
+
+__device__ __forceinline__ float kiln_mt_load(const KilnMtTensor& t, unsigned long long i) {
+    switch (t.dtype) {
+        case 0: return reinterpret_cast<const float*>(t.ptr)[i];
+        case 1: return (float)reinterpret_cast<const double*>(t.ptr)[i];
+        case 2: return __half2float(reinterpret_cast<const __half*>(t.ptr)[i]);
+        default: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(t.ptr)[i]);
+    }
+}
+
+__device__ __forceinline__ void kiln_mt_store_scaled(const KilnMtTensor& t, unsigned long long i,
+                                                     float coef) {
+    switch (t.dtype) {
+        case 0: { float* p = reinterpret_cast<float*>(t.ptr); p[i] = p[i] * coef; break; }
+        case 1: { double* p = reinterpret_cast<double*>(t.ptr); p[i] = p[i] * (double)coef; break; }
+        case 2: {
+            __half* p = reinterpret_cast<__half*>(t.ptr);
+            p[i] = __float2half(__half2float(p[i]) * coef);
+            break;
+        }
+        default: {
+            __nv_bfloat16* p = reinterpret_cast<__nv_bfloat16*>(t.ptr);
+            p[i] = __float2bfloat16(__bfloat162float(p[i]) * coef);
+            break;
+        }
+    }
+}
+
+// Fixed-shape tree reduction of one value per thread; the result is in shared[0].
+__device__ float kiln_mt_block_reduce(int kind, float v, float* shared) {
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            shared[threadIdx.x] = kiln_mt_combine(kind, shared[threadIdx.x], shared[threadIdx.x + s]);
+        }
+        __syncthreads();
+    }
+    float r = shared[0];
+    __syncthreads();
+    return r;
+}
+
+extern "C" __global__ void kiln_mt_norm(const KilnMtTensor* tensors, unsigned int num_tensors,
+                                        const KilnMtChunk* chunks, unsigned int num_chunks,
+                                        int kind, float p, float max_norm,
+                                        float* chunk_partials, unsigned int* ticket,
+                                        float* result) {
+    __shared__ float shared[KILN_MT_THREADS];
+    __shared__ bool is_last;
+    for (unsigned int c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+        const KilnMtChunk chunk = chunks[c];
+        const KilnMtTensor t = tensors[chunk.tensor];
+        float acc = kiln_mt_identity(kind);
+        for (unsigned long long i = threadIdx.x; i < chunk.len; i += blockDim.x) {
+            acc = kiln_mt_combine(kind, acc, kiln_mt_element(kind, p, kiln_mt_load(t, chunk.start + i)));
+        }
+        float r = kiln_mt_block_reduce(kind, acc, shared);
+        if (threadIdx.x == 0) chunk_partials[c] = r;
+    }
+    __threadfence();
+    if (threadIdx.x == 0) {
+        unsigned int done = atomicAdd(ticket, 1u);
+        is_last = (done == gridDim.x - 1);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    // The last block: per-tensor norms in chunk order, then the norm of the norms.
+    float acc = kiln_mt_identity(kind);
+    for (unsigned int ti = threadIdx.x; ti < num_tensors; ti += blockDim.x) {
+        const KilnMtTensor t = tensors[ti];
+        float r = kiln_mt_identity(kind);
+        for (unsigned int k = 0; k < t.num_chunks; ++k) {
+            r = kiln_mt_combine(kind, r, ((volatile float*)chunk_partials)[t.first_chunk + k]);
+        }
+        acc = kiln_mt_combine(kind, acc, kiln_mt_element(kind, p, kiln_mt_finish(kind, p, r)));
+    }
+    float total = kiln_mt_finish(kind, p, kiln_mt_block_reduce(kind, acc, shared));
+    if (threadIdx.x == 0) {
+        float coef = max_norm / (total + 1e-6f);
+        result[0] = total;
+        result[1] = isnan(coef) ? coef : fminf(coef, 1.0f);
+        *ticket = 0u;
+    }
+}
+
+extern "C" __global__ void kiln_mt_scale(const KilnMtTensor* tensors, const KilnMtChunk* chunks,
+                                         unsigned int num_chunks, const float* result) {
+    const float coef = result[1];
+    if (coef >= 1.0f) return;
+    for (unsigned int c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+        const KilnMtChunk chunk = chunks[c];
+        const KilnMtTensor t = tensors[chunk.tensor];
+        for (unsigned long long i = threadIdx.x; i < chunk.len; i += blockDim.x) {
+            kiln_mt_store_scaled(t, chunk.start + i, coef);
+        }
+    }
+}
