@@ -2,7 +2,7 @@
 //! expandable segments), the out-of-memory fallbacks, garbage collection, and giving cached
 //! memory back (`empty_cache`, `trim_to`).
 
-use crate::allocator::{segment_size_for, CachingAllocator};
+use crate::allocator::{segment_size_for, CachingAllocator, ROUND_LARGE};
 use crate::backend::BackendError;
 use crate::block::{key, pool_index, Block, BlockState, Segment, State, NONE};
 use crate::error::{Error, OomReport, Result};
@@ -95,9 +95,11 @@ impl CachingAllocator {
             return self.grow_expandable(st, si, pool, rounded);
         }
         let padded = segment_size_for(rounded);
+        // Devices hand out whole 2 MiB pages anyway, so the fallback is rounded to them.
+        let exact = rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
         let (size, base) = match self.backend.reserve(padded) {
             Ok(base) => (padded, base),
-            Err(e) if is_oom(&e) && padded > rounded => (rounded, self.backend.reserve(rounded)?),
+            Err(e) if is_oom(&e) && padded > exact => (exact, self.backend.reserve(exact)?),
             Err(e) => return Err(e),
         };
         st.stats.num_device_alloc += 1;

@@ -172,9 +172,14 @@ fn oom_releases_cache_and_retries() {
 fn padded_segment_falls_back_to_exact_size() {
     let (_sim, a) = sim_alloc(30 * MIB, AllocatorConfig::default());
     let x = a.allocate_raw(25 * MIB, S0).unwrap();
+    // 26 MiB reserved; a 20 MiB segment does not fit, a 4 MiB one (3 MiB in whole pages) does.
     let y = a.allocate_raw(3 * MIB, S0).unwrap();
-    assert_eq!(y.block_size(), 3 * MIB);
-    assert_eq!(a.memory_stats().reserved_bytes.all.current, 29 * MIB as i64);
+    assert_eq!(
+        y.block_size(),
+        4 * MIB,
+        "the 1 MiB remainder is too small to split off"
+    );
+    assert_eq!(a.memory_stats().reserved_bytes.all.current, 30 * MIB as i64);
     assert_eq!(a.memory_stats().num_alloc_retries, 0);
     a.free_raw(x).unwrap();
     a.free_raw(y).unwrap();
