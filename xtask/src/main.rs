@@ -2,6 +2,9 @@
 
 use std::process::ExitCode;
 
+mod bench;
+mod replay;
+
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
@@ -21,6 +24,8 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             Ok(())
         }
+        "replay" => replay::run(rest),
+        "bench" => bench::run(rest),
         other => Err(format!("unknown command `{other}`: {rest:?}\n\n{USAGE}")),
     };
     match result {
