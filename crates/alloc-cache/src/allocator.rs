@@ -19,9 +19,11 @@
 //! [`ROUND_LARGE`] = 2 MiB. Keeping small and large apart stops long-lived small tensors (biases,
 //! norms, scalars) from pinning large segments so they can never be released.
 //!
-//! **Best fit, split, coalesce.** A pool is an ordered map keyed by `(size, address)`; the first
-//! key at or above the request is the smallest fitting block, ties going to the lowest address
-//! (which packs live data downwards). The tail of a block is split off when it is worth keeping:
+//! **Best fit, split, coalesce.** A pool is a segregated free index (`free_index.rs`): exact size
+//! classes up to 2 MiB and 16 classes per power of two above, with a bitmap of non-empty classes,
+//! so the smallest fitting block is found in constant time without touching an ordered tree
+//! (PyTorch uses a `std::set`). Ties go to the most recently freed block (its memory is the most
+//! likely to be in cache) up to 2 MiB and to the lowest address above. The tail of a block is split off when it is worth keeping:
 //! any remainder of at least 512 bytes in the small pool and in expandable segments, more than
 //! 1 MiB in the large pool (smaller remainders there could only serve small requests, which never
 //! look in the large pool). A freed block is merged with free neighbours at once.
@@ -47,19 +49,22 @@
 //! fails while a fitting free block exists) -> release every cached segment of every stream and
 //! retry (counted in `num_alloc_retries`) -> [`Error::OutOfMemory`] with a full report.
 //!
-//! **The hit path** takes one uncontended mutex, does one ordered-map lookup and removal (plus an
-//! insertion when it splits) and a few integer statistic updates; a free is a slab index (the
-//! handle carries it, no hash lookup), up to two removals for coalescing and one insertion.
+//! **The hit path** takes one uncontended lock (`lock.rs`: one atomic to take, a plain store to
+//! release), does one bitmap lookup and list removal (plus a
+//! list insertion when it splits) and a few integer statistic updates; a free is a slab index
+//! (the handle carries it, no hash lookup), up to two list removals for coalescing and one
+//! insertion. Nothing on it allocates.
 
 use crate::backend::{MemoryBackend, StreamId};
-use crate::block::{key, pool_index, BlockState, State};
+use crate::block::{pool_index, BlockState, State};
 use crate::config::AllocatorConfig;
 use crate::error::{Error, Result};
 use crate::handle::{Allocation, RawAllocation};
+use crate::lock::{HitGuard, HitLock};
 use crate::stats::{MemoryStats, PoolKind};
 use crate::trace::TraceRecorder;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
 
@@ -111,7 +116,7 @@ pub struct CachingAllocator {
     pub(crate) page: usize,
     /// Distinguishes this allocator's handles from another allocator's.
     instance: u32,
-    pub(crate) state: Mutex<State>,
+    pub(crate) state: HitLock<State>,
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -157,7 +162,7 @@ impl CachingAllocator {
             config,
             page,
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
-            state: Mutex::new(state),
+            state: HitLock::new(state),
         })
     }
 
@@ -171,9 +176,9 @@ impl CachingAllocator {
         &self.config
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves consistent data (no user code runs under it).
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    #[inline]
+    pub(crate) fn lock(&self) -> HitGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Allocates `size` bytes on `stream` and returns an RAII handle that frees on drop.
@@ -226,16 +231,18 @@ impl CachingAllocator {
         pool: PoolKind,
         rounded: usize,
     ) -> Option<u32> {
-        let free = &mut st.streams[si as usize].free[pool_index(pool)];
-        let (&k, &id) = free.range(key(rounded, 0)..).next()?;
-        let size = (k >> 64) as usize;
-        let oversize = size >= self.max_split;
-        if (rounded < self.max_split && oversize)
+        let State {
+            streams, blocks, ..
+        } = st;
+        let free = &mut streams[si as usize].free[pool_index(pool)];
+        let id = free.best_fit(blocks, rounded)?;
+        let size = blocks[id as usize].size;
+        if (rounded < self.max_split && size >= self.max_split)
             || (rounded >= self.max_split && size >= rounded + LARGE_SEGMENT)
         {
             return None;
         }
-        free.remove(&k);
+        free.remove(blocks, id);
         Some(id)
     }
 
@@ -360,12 +367,8 @@ impl CachingAllocator {
     }
 
     pub(crate) fn largest_free(st: &State) -> usize {
-        let sizes = st.streams.iter().flat_map(|s| s.free.iter());
-        sizes
-            .filter_map(|m| m.keys().next_back())
-            .map(|&k| (k >> 64) as usize)
-            .max()
-            .unwrap_or(0)
+        let indexes = st.streams.iter().flat_map(|s| s.free.iter());
+        indexes.map(|f| f.largest(&st.blocks)).max().unwrap_or(0)
     }
 
     /// Starts recording every allocation and free into `recorder` (replacing any previous one).

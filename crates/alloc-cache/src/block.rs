@@ -2,16 +2,15 @@
 //! primitive moves on it (take a block with an optional split, free a block with coalescing).
 //!
 //! Blocks and segments live in slabs (`Vec`s indexed by `u32`), linked into a doubly linked list
-//! per segment in address order. A free block sits in exactly one pool: an ordered map keyed by
-//! `(size, address)` packed into a `u128`, so the first key at or above `(rounded, 0)` is the
-//! best fit (smallest, then lowest address). Statistics are maintained by diffing the
+//! per segment in address order. A free block sits in exactly one pool's [`FreeIndex`]
+//! (segregated size classes, see `free_index.rs`). Statistics are maintained by diffing the
 //! contribution of every touched block before and after a move, so they cannot drift from what
 //! a recomputation over the blocks would give (the property tests check exactly that).
 
 use crate::backend::{EventId, StreamId};
+use crate::free_index::FreeIndex;
 use crate::stats::{MemoryStats, PoolKind};
 use crate::trace::TraceRecorder;
-use std::collections::BTreeMap;
 
 /// Sentinel for "no block" in the intrusive links.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -42,6 +41,9 @@ pub(crate) struct Block {
     pub pending_events: u32,
     pub freed_at: u64,
     pub alloc_id: u64,
+    /// Links of the free-index class list (meaningful while free).
+    pub free_prev: u32,
+    pub free_next: u32,
     pub stream_uses: Vec<StreamId>,
 }
 
@@ -68,7 +70,7 @@ impl Segment {
 #[derive(Debug)]
 pub(crate) struct StreamPools {
     pub stream: StreamId,
-    pub free: [BTreeMap<u128, u32>; 2],
+    pub free: [FreeIndex; 2],
     pub expandable: [u32; 2],
 }
 
@@ -77,10 +79,6 @@ pub(crate) fn pool_index(pool: PoolKind) -> usize {
         PoolKind::Small => 0,
         PoolKind::Large => 1,
     }
-}
-
-pub(crate) fn key(size: usize, addr: u64) -> u128 {
-    ((size as u128) << 64) | addr as u128
 }
 
 /// What one block adds to the current value of each block statistic.
@@ -185,7 +183,7 @@ impl State {
         }
         self.streams.push(StreamPools {
             stream,
-            free: [BTreeMap::new(), BTreeMap::new()],
+            free: [FreeIndex::default(), FreeIndex::default()],
             expandable: [NONE, NONE],
         });
         (self.streams.len() - 1) as u16
@@ -239,17 +237,18 @@ impl State {
         self.segments[id as usize].as_mut().expect("live segment")
     }
 
+    #[inline]
     pub fn pool_insert(&mut self, id: u32) {
         let b = &self.blocks[id as usize];
-        let k = key(b.size, b.addr);
-        self.streams[b.stream as usize].free[pool_index(b.pool)].insert(k, id);
+        let index = &mut self.streams[b.stream as usize].free[pool_index(b.pool)];
+        index.insert(&mut self.blocks, id);
     }
 
+    #[inline]
     pub fn pool_remove(&mut self, id: u32) {
         let b = &self.blocks[id as usize];
-        let k = key(b.size, b.addr);
-        let removed = self.streams[b.stream as usize].free[pool_index(b.pool)].remove(&k);
-        debug_assert_eq!(removed, Some(id));
+        let index = &mut self.streams[b.stream as usize].free[pool_index(b.pool)];
+        index.remove(&mut self.blocks, id);
     }
 
     /// Hands out free block `id` (already out of its pool) for a request of `rounded` bytes,
@@ -272,6 +271,8 @@ impl State {
                 pending_events: 0,
                 freed_at: b.freed_at,
                 alloc_id: 0,
+                free_prev: NONE,
+                free_next: NONE,
                 stream_uses: Vec::new(),
             };
             let (next, segment) = (b.next, b.segment);

@@ -4,7 +4,7 @@
 
 use crate::allocator::{segment_size_for, CachingAllocator, ROUND_LARGE};
 use crate::backend::BackendError;
-use crate::block::{key, pool_index, Block, BlockState, Segment, State, NONE};
+use crate::block::{pool_index, Block, BlockState, Segment, State, NONE};
 use crate::error::{Error, OomReport, Result};
 use crate::stats::PoolKind;
 
@@ -70,17 +70,15 @@ impl CachingAllocator {
     /// The smallest free block of stream `si` in either pool with at least `rounded` bytes,
     /// ignoring pool boundaries and `max_split_size` (the last resort before releasing memory).
     fn find_any_fit(st: &mut State, si: u16, rounded: usize) -> Option<u32> {
-        let pools = &mut st.streams[si as usize].free;
-        let best = (0..2)
-            .filter_map(|p| {
-                pools[p]
-                    .range(key(rounded, 0)..)
-                    .next()
-                    .map(|(&k, &id)| (k, id, p))
-            })
-            .min_by_key(|&(k, _, _)| k)?;
-        pools[best.2].remove(&best.0);
-        Some(best.1)
+        let State {
+            streams, blocks, ..
+        } = st;
+        let pools = &mut streams[si as usize].free;
+        let (p, id) = (0..2)
+            .filter_map(|p| pools[p].best_fit(blocks, rounded).map(|id| (p, id)))
+            .min_by_key(|&(_, id)| blocks[id as usize].size)?;
+        pools[p].remove(blocks, id);
+        Some(id)
     }
 
     /// Gets new memory from the backend for a request of `rounded` bytes.
@@ -128,6 +126,8 @@ impl CachingAllocator {
             pending_events: 0,
             freed_at: st.clock,
             alloc_id: 0,
+            free_prev: NONE,
+            free_next: NONE,
             stream_uses: Vec::new(),
         });
         let s = st.segment_mut(seg);
@@ -206,6 +206,8 @@ impl CachingAllocator {
             pending_events: 0,
             freed_at: st.clock,
             alloc_id: 0,
+            free_prev: NONE,
+            free_next: NONE,
             stream_uses: Vec::new(),
         });
         if tail == NONE {
@@ -409,7 +411,7 @@ impl Drop for CachingAllocator {
     /// Gives every segment back to the backend. Live `Allocation`s keep the allocator alive, so
     /// only blocks leaked as `RawAllocation`s can still be in use here; their memory goes too.
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let st = self.state.get_mut();
         for (event, _) in st.pending.drain(..) {
             self.backend.destroy_event(event);
         }

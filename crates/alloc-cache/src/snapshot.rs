@@ -4,7 +4,7 @@
 
 use crate::allocator::CachingAllocator;
 use crate::backend::StreamId;
-use crate::block::{key, pool_index, BlockState, Contribution, State, NONE};
+use crate::block::{pool_index, BlockState, Contribution, State, NONE};
 use crate::stats::{MemoryStats, PoolKind};
 use serde::Serialize;
 
@@ -176,7 +176,7 @@ fn check(st: &State, page: usize) -> Result<(), String> {
             if free {
                 free_blocks += 1;
                 let pool = &st.streams[b.stream as usize].free[pool_index(b.pool)];
-                if pool.get(&key(b.size, b.addr)) != Some(&id) {
+                if !pool.contains(&st.blocks, id) {
                     return Err(format!("{here}: free block missing from its pool"));
                 }
             }
