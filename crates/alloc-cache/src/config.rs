@@ -28,6 +28,18 @@ impl AllocatorConfig {
         }
     }
 
+    /// The settings in the `KILN_ALLOC_CONF` environment variable (same syntax as
+    /// [`parse`](Self::parse)); defaults when it is unset or empty.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("KILN_ALLOC_CONF") {
+            Ok(text) => Self::parse(&text).map_err(|e| match e {
+                Error::InvalidConfig(m) => Error::InvalidConfig(format!("KILN_ALLOC_CONF: {m}")),
+                other => other,
+            }),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
     /// Parses PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax, e.g.
     /// `"expandable_segments:True,max_split_size_mb:128,garbage_collection_threshold:0.8"`.
     pub fn parse(text: &str) -> Result<Self> {

@@ -531,6 +531,20 @@ fn config_parsing_and_validation() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("known keys are"), "{e}");
+    // Only this test touches KILN_ALLOC_CONF.
+    std::env::set_var("KILN_ALLOC_CONF", "expandable_segments:True");
+    assert!(AllocatorConfig::from_env().unwrap().expandable_segments);
+    std::env::set_var("KILN_ALLOC_CONF", "expandable_segments:maybe");
+    let e = AllocatorConfig::from_env().unwrap_err().to_string();
+    assert!(
+        e.contains("KILN_ALLOC_CONF: `expandable_segments:maybe`: expected True or False"),
+        "{e}"
+    );
+    std::env::remove_var("KILN_ALLOC_CONF");
+    assert_eq!(
+        AllocatorConfig::from_env().unwrap(),
+        AllocatorConfig::default()
+    );
     let e = CachingAllocator::new(HostBackend::new(), AllocatorConfig::expandable()).unwrap_err();
     assert!(
         e.to_string().contains("turn expandable_segments off"),
