@@ -36,8 +36,8 @@
 //!
 //! **Expandable segments.** Instead of fixed segments, each (stream, pool) has one segment that
 //! reserves address space for the whole device and maps 2 MiB pages at its end on demand; a
-//! free block at the end is grown in place. Freed memory at the end is unmapped by
-//! `empty_cache`. This removes the "free but in the wrong segment" waste.
+//! free block at the end is grown in place. `empty_cache` unmaps every page lying wholly inside
+//! a free block, in the middle too (`expandable.rs`). This removes the "free but in the wrong segment" waste.
 //!
 //! **Streams.** A block belongs to the stream it was allocated on and is reused only there.
 //! `record_stream` notes other streams that used it; freeing such a block records an event on
@@ -205,8 +205,8 @@ impl CachingAllocator {
         st.clock += 1;
         let si = st.stream_index(stream);
         let id = match self.find_fit(&mut st, si, pool, rounded) {
-            Some(id) => id,
-            None => self.allocate_miss(&mut st, si, pool, rounded, size)?,
+            Some(id) if self.back_pages(&mut st, id, rounded)? => id,
+            _ => self.allocate_miss(&mut st, si, pool, rounded, size)?,
         };
         let split = self.should_split(&st, id, rounded);
         st.take(id, rounded, size, split);

@@ -52,8 +52,14 @@ pub(crate) struct Segment {
     pub base: u64,
     /// Bytes backed by memory (the whole segment for fixed segments).
     pub mapped: usize,
+    /// Bytes covered by blocks (`mapped` plus holes for expandable segments).
+    pub extent: usize,
     /// Reserved address space of an expandable segment; 0 for a fixed segment.
     pub address_space: usize,
+    /// Expandable segments: one bit per page, set when mapped (empty for fixed segments).
+    pub pages: Vec<u64>,
+    /// Expandable segments: unmapped pages below `extent`.
+    pub holes: usize,
     pub pool: PoolKind,
     pub stream: u16,
     pub head: u32,
@@ -63,6 +69,37 @@ pub(crate) struct Segment {
 impl Segment {
     pub fn expandable(&self) -> bool {
         self.address_space > 0
+    }
+}
+
+impl Block {
+    /// A new free block, not yet in any pool.
+    pub fn free(
+        addr: u64,
+        size: usize,
+        segment: u32,
+        prev: u32,
+        pool: PoolKind,
+        stream: u16,
+        now: u64,
+    ) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            segment,
+            prev,
+            next: NONE,
+            state: BlockState::Free,
+            pool,
+            stream,
+            pending_events: 0,
+            freed_at: now,
+            alloc_id: 0,
+            free_prev: NONE,
+            free_next: NONE,
+            stream_uses: Vec::new(),
+        }
     }
 }
 

@@ -25,6 +25,7 @@ pub mod backend;
 mod block;
 mod config;
 mod error;
+mod expandable;
 mod free_index;
 mod handle;
 mod lock;

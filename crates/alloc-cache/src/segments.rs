@@ -4,7 +4,7 @@
 
 use crate::allocator::{segment_size_for, CachingAllocator, ROUND_LARGE};
 use crate::backend::BackendError;
-use crate::block::{pool_index, Block, BlockState, Segment, State, NONE};
+use crate::block::{Block, BlockState, Segment, State, NONE};
 use crate::error::{Error, OomReport, Result};
 use crate::stats::PoolKind;
 
@@ -45,20 +45,27 @@ impl CachingAllocator {
                 self.release_cached(st, Release::OldestFirst(limit.saturating_sub(needed)))?;
             }
         }
-        match self.grow(st, si, pool, rounded) {
-            Ok(id) => return Ok(id),
-            Err(e) if is_oom(&e) => {}
-            Err(e) => return Err(e.into()),
+        if let Some(id) = self.grow_backed(st, si, pool, rounded)? {
+            return Ok(id);
         }
-        if let Some(id) = Self::find_any_fit(st, si, rounded) {
+        if let Some(id) = self.find_any_fit(st, si, rounded)? {
+            return Ok(id);
+        }
+        if let Some(id) = self.find_backed_fit(st, si, rounded) {
             return Ok(id);
         }
         if self.release_cached(st, Release::All)? > 0 {
             st.stats.num_alloc_retries += 1;
-            match self.grow(st, si, pool, rounded) {
-                Ok(id) => return Ok(id),
-                Err(e) if is_oom(&e) => {}
-                Err(e) => return Err(e.into()),
+            if let Some(id) = self.find_fit(st, si, pool, rounded) {
+                if self.back_pages(st, id, rounded)? {
+                    return Ok(id);
+                }
+            }
+            if let Some(id) = self.grow_backed(st, si, pool, rounded)? {
+                return Ok(id);
+            }
+            if let Some(id) = self.find_any_fit(st, si, rounded)? {
+                return Ok(id);
             }
         }
         st.stats.num_ooms += 1;
@@ -67,17 +74,59 @@ impl CachingAllocator {
         )))
     }
 
+    /// New memory from the backend with its pages backed; `None` when the backend is full.
+    fn grow_backed(
+        &self,
+        st: &mut State,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<Option<u32>> {
+        match self.grow(st, si, pool, rounded) {
+            Ok(id) if self.back_pages(st, id, rounded)? => Ok(Some(id)),
+            Ok(_) => Ok(None),
+            Err(e) if is_oom(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The smallest free block of stream `si` in either pool with at least `rounded` bytes,
     /// ignoring pool boundaries and `max_split_size` (the last resort before releasing memory).
-    fn find_any_fit(st: &mut State, si: u16, rounded: usize) -> Option<u32> {
+    fn find_any_fit(&self, st: &mut State, si: u16, rounded: usize) -> Result<Option<u32>> {
         let State {
             streams, blocks, ..
         } = st;
         let pools = &mut streams[si as usize].free;
-        let (p, id) = (0..2)
+        let Some((p, id)) = (0..2)
             .filter_map(|p| pools[p].best_fit(blocks, rounded).map(|id| (p, id)))
-            .min_by_key(|&(_, id)| blocks[id as usize].size)?;
+            .min_by_key(|&(_, id)| blocks[id as usize].size)
+        else {
+            return Ok(None);
+        };
         pools[p].remove(blocks, id);
+        Ok(self.back_pages(st, id, rounded)?.then_some(id))
+    }
+
+    /// The smallest free block of stream `si` whose first `rounded` bytes are backed already
+    /// (expandable segments with holes only; scans every block, so only on the way to an OOM).
+    fn find_backed_fit(&self, st: &mut State, si: u16, rounded: usize) -> Option<u32> {
+        if !self.config.expandable_segments {
+            return None;
+        }
+        let page = self.page as u64;
+        let backed = |b: &Block| {
+            let s = st.segment(b.segment);
+            let p0 = ((b.addr - s.base) / page) as usize;
+            let p1 = (b.addr + rounded as u64 - s.base).div_ceil(page) as usize;
+            (p0..p1).all(|p| s.page_mapped(p))
+        };
+        let id = (0..st.blocks.len() as u32)
+            .filter(|&i| {
+                let b = &st.blocks[i as usize];
+                b.state == BlockState::Free && b.stream == si && b.size >= rounded && backed(b)
+            })
+            .min_by_key(|&i| st.blocks[i as usize].size)?;
+        st.pool_remove(id);
         Some(id)
     }
 
@@ -103,121 +152,23 @@ impl CachingAllocator {
         st.stats.num_device_alloc += 1;
         st.stats.segment.update(pool, 1);
         st.stats.reserved_bytes.update(pool, size as i64);
-        let stream = si;
-        let seg = st.new_segment(Segment {
+        let segment = Segment {
             base,
             mapped: size,
+            extent: size,
             address_space: 0,
+            pages: Vec::new(),
+            holes: 0,
             pool,
-            stream,
+            stream: si,
             head: NONE,
             tail: NONE,
-        });
-        let id = st.new_block(Block {
-            addr: base,
-            size,
-            requested: 0,
-            segment: seg,
-            prev: NONE,
-            next: NONE,
-            state: BlockState::Free,
-            pool,
-            stream,
-            pending_events: 0,
-            freed_at: st.clock,
-            alloc_id: 0,
-            free_prev: NONE,
-            free_next: NONE,
-            stream_uses: Vec::new(),
-        });
+        };
+        let seg = st.new_segment(segment);
+        let id = st.new_block(Block::free(base, size, seg, NONE, pool, si, st.clock));
         let s = st.segment_mut(seg);
         s.head = id;
         s.tail = id;
-        Ok(id)
-    }
-
-    /// Maps pages at the end of stream `si`'s expandable segment for `pool` until its last block
-    /// is free and holds `rounded` bytes; returns that block (out of its pool).
-    fn grow_expandable(
-        &self,
-        st: &mut State,
-        si: u16,
-        pool: PoolKind,
-        rounded: usize,
-    ) -> Result<u32, BackendError> {
-        let mut seg = st.streams[si as usize].expandable[pool_index(pool)];
-        if seg == NONE {
-            let address_space = self.backend.capacity().div_ceil(self.page) * self.page;
-            let base = self.backend.reserve_address_space(address_space)?;
-            let segment = Segment {
-                base,
-                mapped: 0,
-                address_space,
-                pool,
-                stream: si,
-                head: NONE,
-                tail: NONE,
-            };
-            seg = st.new_segment(segment);
-            st.streams[si as usize].expandable[pool_index(pool)] = seg;
-            st.stats.segment.update(pool, 1);
-        }
-        let (base, mapped, address_space, tail) = {
-            let s = st.segment(seg);
-            (s.base, s.mapped, s.address_space, s.tail)
-        };
-        let tail_free = tail != NONE && st.blocks[tail as usize].state == BlockState::Free;
-        let have = if tail_free {
-            st.blocks[tail as usize].size
-        } else {
-            0
-        };
-        let need = (rounded - have).div_ceil(self.page) * self.page;
-        if mapped + need > address_space {
-            return Err(BackendError::OutOfMemory {
-                requested: need,
-                free: address_space - mapped,
-            });
-        }
-        let end = base + mapped as u64;
-        self.backend.map(end, need)?;
-        st.stats.num_device_alloc += 1;
-        st.stats.reserved_bytes.update(pool, need as i64);
-        st.segment_mut(seg).mapped += need;
-        if tail_free {
-            st.pool_remove(tail);
-            let before = st.contribution(tail);
-            st.blocks[tail as usize].size += need;
-            let after = st.contribution(tail);
-            before.apply_change(after, &mut st.stats, pool);
-            return Ok(tail);
-        }
-        let before = st.contribution(tail);
-        let id = st.new_block(Block {
-            addr: end,
-            size: need,
-            requested: 0,
-            segment: seg,
-            prev: tail,
-            next: NONE,
-            state: BlockState::Free,
-            pool,
-            stream: si,
-            pending_events: 0,
-            freed_at: st.clock,
-            alloc_id: 0,
-            free_prev: NONE,
-            free_next: NONE,
-            stream_uses: Vec::new(),
-        });
-        if tail == NONE {
-            st.segment_mut(seg).head = id;
-        } else {
-            st.blocks[tail as usize].next = id;
-        }
-        st.segment_mut(seg).tail = id;
-        let after = st.contribution(tail) + st.contribution(id);
-        before.apply_change(after, &mut st.stats, pool);
         Ok(id)
     }
 
@@ -227,24 +178,20 @@ impl CachingAllocator {
         let mut candidates: Vec<(u32, usize, u64)> = Vec::new();
         for (i, s) in st.segments.iter().enumerate() {
             let Some(s) = s else { continue };
-            if s.tail == NONE {
-                candidates.push((i as u32, 0, 0));
-                continue;
-            }
-            let t = &st.blocks[s.tail as usize];
-            if t.state != BlockState::Free {
-                continue;
-            }
-            if !s.expandable() {
-                if s.head == s.tail {
-                    candidates.push((i as u32, s.mapped, t.freed_at));
+            if s.expandable() {
+                let releasable = self.expandable_releasable(st, i as u32);
+                if releasable > 0 || s.tail == NONE {
+                    candidates.push((
+                        i as u32,
+                        releasable,
+                        st.blocks.get(s.tail as usize).map_or(0, |t| t.freed_at),
+                    ));
                 }
                 continue;
             }
-            let start = (t.addr - s.base).div_ceil(self.page as u64) * self.page as u64;
-            let releasable = s.mapped.saturating_sub(start as usize);
-            if releasable > 0 {
-                candidates.push((i as u32, releasable, t.freed_at));
+            let t = &st.blocks[s.tail as usize];
+            if t.state == BlockState::Free && s.head == s.tail {
+                candidates.push((i as u32, s.mapped, t.freed_at));
             }
         }
         match order {
@@ -262,7 +209,7 @@ impl CachingAllocator {
                 }
             }
             released += if st.segment(seg).expandable() {
-                self.release_expandable_tail(st, seg)?
+                self.release_expandable(st, seg)?
             } else {
                 self.release_segment(st, seg)?
             };
@@ -284,56 +231,6 @@ impl CachingAllocator {
         st.segments[seg as usize] = None;
         st.free_segment_slots.push(seg);
         Ok(s.mapped)
-    }
-
-    /// Unmaps the whole pages inside the free last block of an expandable segment, and gives
-    /// the address space back once nothing is mapped.
-    fn release_expandable_tail(&self, st: &mut State, seg: u32) -> Result<usize> {
-        let s = st.segment(seg).clone();
-        let mut released = 0;
-        if s.tail != NONE {
-            let t = st.blocks[s.tail as usize].clone();
-            let page = self.page as u64;
-            let start = s.base + (t.addr - s.base).div_ceil(page) * page;
-            let end = s.base + s.mapped as u64;
-            if start < end {
-                let bytes = (end - start) as usize;
-                // SAFETY: [start, end) lies inside the free last block, so nobody uses it.
-                unsafe { self.backend.unmap(start, bytes)? };
-                st.stats.num_device_free += 1;
-                st.stats.reserved_bytes.update(s.pool, -(bytes as i64));
-                st.segment_mut(seg).mapped -= bytes;
-                st.pool_remove(s.tail);
-                let before = st.contribution(s.tail) + st.contribution(t.prev);
-                if t.size == bytes {
-                    if t.prev == NONE {
-                        st.segment_mut(seg).head = NONE;
-                    } else {
-                        st.blocks[t.prev as usize].next = NONE;
-                    }
-                    st.segment_mut(seg).tail = t.prev;
-                    st.kill_block(s.tail);
-                } else {
-                    st.blocks[s.tail as usize].size -= bytes;
-                    st.pool_insert(s.tail);
-                }
-                let after = st.contribution(s.tail) + st.contribution(t.prev);
-                before.apply_change(after, &mut st.stats, s.pool);
-                released = bytes;
-            }
-        }
-        if st.segment(seg).head == NONE {
-            // SAFETY: nothing is mapped in the reservation any more.
-            unsafe {
-                self.backend
-                    .release_address_space(s.base, s.address_space)?
-            };
-            st.stats.segment.update(s.pool, -1);
-            st.streams[s.stream as usize].expandable[pool_index(s.pool)] = NONE;
-            st.segments[seg as usize] = None;
-            st.free_segment_slots.push(seg);
-        }
-        Ok(released)
     }
 
     /// Waits for every outstanding stream event and frees the blocks waiting on them.
@@ -384,10 +281,12 @@ impl CachingAllocator {
         let reserved = st.stats.reserved_bytes.all.current as usize;
         let reserved_unallocated = reserved.saturating_sub(allocated);
         let largest_free_block = Self::largest_free(st);
+        // A free block of an expandable segment may span unmapped pages, so it can exceed the
+        // free mapped bytes; fragmentation is then reported as 0.
         let fragmentation = if reserved_unallocated == 0 {
             0.0
         } else {
-            1.0 - largest_free_block as f64 / reserved_unallocated as f64
+            (1.0 - largest_free_block as f64 / reserved_unallocated as f64).max(0.0)
         };
         OomReport {
             backend: self.backend.name(),
@@ -412,17 +311,16 @@ impl Drop for CachingAllocator {
     /// only blocks leaked as `RawAllocation`s can still be in use here; their memory goes too.
     fn drop(&mut self) {
         let st = self.state.get_mut();
-        for (event, _) in st.pending.drain(..) {
+        let pending: Vec<_> = st.pending.drain(..).collect();
+        let segments: Vec<_> = st.segments.drain(..).flatten().collect();
+        for (event, _) in pending {
             self.backend.destroy_event(event);
         }
-        for s in st.segments.drain(..).flatten() {
+        for s in segments {
             // SAFETY: the allocator is going away; no handle can reach these segments any more.
             unsafe {
                 if s.expandable() {
-                    if s.mapped > 0 {
-                        let _ = self.backend.unmap(s.base, s.mapped);
-                    }
-                    let _ = self.backend.release_address_space(s.base, s.address_space);
+                    self.drop_expandable(&s);
                 } else {
                     let _ = self.backend.release(s.base, s.mapped);
                 }

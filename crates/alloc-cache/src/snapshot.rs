@@ -31,6 +31,9 @@ pub struct BlockSnapshot {
     pub requested_size: usize,
     /// Allocated, pending or free.
     pub state: BlockSnapshotState,
+    /// Whether memory backs all of it (false only for free blocks of expandable segments whose
+    /// pages `empty_cache` unmapped).
+    pub fully_mapped: bool,
 }
 
 /// One segment and its blocks in address order.
@@ -115,6 +118,7 @@ impl CachingAllocator {
                             size: b.size,
                             requested_size: b.requested,
                             state,
+                            fully_mapped: self.fully_mapped(s, b),
                         });
                         id = b.next;
                     }
@@ -132,11 +136,11 @@ impl CachingAllocator {
     /// Checks every internal invariant and that the statistics equal a recomputation from the
     /// blocks; returns the first violation found. Costs a full walk: meant for tests.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.with_state(|st| check(st, self.page))
+        self.with_state(|st| check(self, st, self.page))
     }
 }
 
-fn check(st: &State, page: usize) -> Result<(), String> {
+fn check(a: &CachingAllocator, st: &State, page: usize) -> Result<(), String> {
     let mut recomputed = MemoryStats::default();
     let mut free_blocks = 0usize;
     let mut reserved = [0i64; 2];
@@ -145,11 +149,27 @@ fn check(st: &State, page: usize) -> Result<(), String> {
         let Some(s) = s else { continue };
         segments[pool_index(s.pool)] += 1;
         reserved[pool_index(s.pool)] += s.mapped as i64;
-        if s.expandable() && (s.mapped % page != 0 || s.mapped > s.address_space) {
-            return Err(format!(
-                "segment {si}: mapped {} not whole pages in reservation",
-                s.mapped
-            ));
+        if s.expandable() {
+            let pages = s.extent / page;
+            let mapped = (0..pages).filter(|&p| s.page_mapped(p)).count();
+            let total: usize = s.pages.iter().map(|w| w.count_ones() as usize).sum();
+            let beyond = total != mapped;
+            if s.extent % page != 0 || s.extent > s.address_space || beyond {
+                return Err(format!(
+                    "segment {si}: extent {} or pages beyond it",
+                    s.extent
+                ));
+            }
+            if mapped * page != s.mapped || pages - mapped != s.holes {
+                return Err(format!(
+                    "segment {si}: {mapped} pages mapped, {} holes, but mapped={} holes={}",
+                    pages - mapped,
+                    s.mapped,
+                    s.holes
+                ));
+            }
+        } else if s.extent != s.mapped {
+            return Err(format!("segment {si}: fixed segment with extent != mapped"));
         }
         let (mut id, mut prev, mut addr, mut prev_free) = (s.head, NONE, s.base, false);
         while id != NONE {
@@ -180,6 +200,9 @@ fn check(st: &State, page: usize) -> Result<(), String> {
                     return Err(format!("{here}: free block missing from its pool"));
                 }
             }
+            if b.state != BlockState::Free && !a.fully_mapped(s, b) {
+                return Err(format!("{here}: in use but not fully mapped"));
+            }
             if b.state == BlockState::Allocated && b.requested > b.size {
                 return Err(format!(
                     "{here}: requested {} > block {}",
@@ -192,7 +215,7 @@ fn check(st: &State, page: usize) -> Result<(), String> {
             prev = id;
             id = b.next;
         }
-        if s.tail != prev || addr != s.base + s.mapped as u64 {
+        if s.tail != prev || addr != s.base + s.extent as u64 {
             return Err(format!(
                 "segment {si}: blocks end at {addr:#x}, tail {} vs {prev}",
                 s.tail

@@ -3,7 +3,7 @@
 //!
 //! Asserted: no two live blocks overlap; the kept statistics equal a recomputation from the
 //! blocks (`check_invariants`); an allocation never fails while a free block of its stream fits
-//! it; after everything is freed, `empty_cache` returns all memory to the backend.
+//! it (and is backed by memory: `empty_cache` may have unmapped pages of expandable segments); after everything is freed, `empty_cache` returns all memory to the backend.
 
 use kiln_alloc_cache::synth::SplitMix64;
 use kiln_alloc_cache::*;
@@ -25,9 +25,9 @@ fn fitting_free_block_exists(a: &CachingAllocator, stream: StreamId, rounded: us
         .iter()
         .filter(|s| s.stream == stream)
         .any(|s| {
-            s.blocks
-                .iter()
-                .any(|b| b.state == BlockSnapshotState::Inactive && b.size >= rounded)
+            s.blocks.iter().any(|b| {
+                b.state == BlockSnapshotState::Inactive && b.size >= rounded && b.fully_mapped
+            })
         })
 }
 
@@ -178,6 +178,13 @@ fn random_sequences_with_max_split_and_gc() {
     };
     for seed in 200..208 {
         run(seed, config.clone(), 128 * MIB, 2000);
+    }
+    let expandable_gc = AllocatorConfig {
+        garbage_collection_threshold: Some(0.6),
+        ..AllocatorConfig::expandable()
+    };
+    for seed in 250..254 {
+        run(seed, expandable_gc.clone(), 128 * MIB, 2000);
     }
 }
 
