@@ -19,14 +19,15 @@
 //! [`ROUND_LARGE`] = 2 MiB. Keeping small and large apart stops long-lived small tensors (biases,
 //! norms, scalars) from pinning large segments so they can never be released.
 //!
-//! **Best fit, split, coalesce.** A pool is a segregated free index (`free_index.rs`): exact size
-//! classes up to 2 MiB and 16 classes per power of two above, with a bitmap of non-empty classes,
-//! so the smallest fitting block is found in constant time without touching an ordered tree
-//! (PyTorch uses a `std::set`). Ties go to the most recently freed block (its memory is the most
-//! likely to be in cache) up to 2 MiB and to the lowest address above. The tail of a block is split off when it is worth keeping:
-//! any remainder of at least 512 bytes in the small pool and in expandable segments, more than
-//! 1 MiB in the large pool (smaller remainders there could only serve small requests, which never
-//! look in the large pool). A freed block is merged with free neighbours at once.
+//! **Best fit, split, coalesce.** A pool is a segregated free index (`free_index.rs`): exact
+//! size classes up to 2 MiB and 16 classes per power of two above, with a bitmap of non-empty
+//! classes, so the smallest fitting block is found in constant time without an ordered tree
+//! (PyTorch uses a `std::set`). Ties go to the most recently freed block up to 2 MiB (its memory
+//! is the likeliest to be in cache) and to the lowest address above. The tail of a block is split
+//! off when it is worth keeping: any remainder of at least 512 bytes in the small pool and in
+//! expandable segments, more than 1 MiB in the large pool (smaller remainders there could only
+//! serve small requests, which never look in the large pool). A freed block is merged with its
+//! free neighbours at once.
 //!
 //! **`max_split_size`** (default unlimited): blocks at least this big are never cut for smaller
 //! requests, and a request of at least this size only takes a block less than 20 MiB larger.
@@ -35,25 +36,30 @@
 //! needed (PyTorch frees every block older than the mean age).
 //!
 //! **Expandable segments.** Instead of fixed segments, each (stream, pool) has one segment that
-//! reserves address space for the whole device and maps 2 MiB pages at its end on demand; a
-//! free block at the end is grown in place. `empty_cache` unmaps every page lying wholly inside
-//! a free block, in the middle too (`expandable.rs`). This removes the "free but in the wrong segment" waste.
+//! reserves address space for the whole device and maps 2 MiB pages at its end on demand (2 MiB
+//! for both pools, where PyTorch maps 20 MiB at a time for large ones: less overshoot); a free
+//! block at the end is grown in place. Releasing unmaps every page lying wholly inside a free
+//! block, in the middle too, and a block is mapped again when handed out (`expandable.rs`).
+//! This removes the "free, but in a segment of the wrong size" waste of fixed segments.
 //!
 //! **Streams.** A block belongs to the stream it was allocated on and is reused only there.
 //! `record_stream` notes other streams that used it; freeing such a block records an event on
-//! each and the block returns to its pool only when all have completed (checked without blocking
-//! at the start of each allocation). Freeing never synchronises; `empty_cache`/`trim_to` may.
+//! each and the block returns to its pool only when all have completed. While such blocks wait,
+//! each allocation polls their events (non-blocking, as PyTorch does); otherwise a hit makes no
+//! backend call. Freeing never synchronises; only `empty_cache`/`trim_to` may.
 //!
-//! **Out of memory.** Pool miss -> backend (a padded segment, then an exact one) -> any free
-//! block of the stream that fits regardless of pool and `max_split_size` (so an allocation never
-//! fails while a fitting free block exists) -> release every cached segment of every stream and
-//! retry (counted in `num_alloc_retries`) -> [`Error::OutOfMemory`] with a full report.
+//! **Out of memory.** Pool miss -> backend (a padded segment, then one of the request rounded to
+//! 2 MiB) -> the smallest free block of the stream that fits regardless of pool and
+//! `max_split_size`, then one whose pages are still mapped (so an allocation never fails while a
+//! fitting free block exists) -> release every cached segment and page of every stream and retry
+//! (counted in `num_alloc_retries`) -> [`Error::OutOfMemory`], whose report gives the request,
+//! capacity, backend-free, allocated, reserved, reserved-but-unallocated, largest free block,
+//! fragmentation and advice that depends on which of these is the problem.
 //!
 //! **The hit path** takes one uncontended lock (`lock.rs`: one atomic to take, a plain store to
-//! release), does one bitmap lookup and list removal (plus a
-//! list insertion when it splits) and a few integer statistic updates; a free is a slab index
-//! (the handle carries it, no hash lookup), up to two list removals for coalescing and one
-//! insertion. Nothing on it allocates.
+//! release), does one bitmap lookup and list removal (plus a list insertion when it splits) and
+//! a few integer statistic updates; a free is a slab index (the handle carries it, no hash
+//! lookup), up to two list removals for coalescing and one insertion. Nothing on it allocates.
 
 use crate::backend::{MemoryBackend, StreamId};
 use crate::block::{pool_index, BlockState, State};

@@ -6,7 +6,7 @@
 //!   [`SimBackend`] (a simulated device for tests and replay); the CUDA backend lives in
 //!   `kiln-device`.
 //! - [`Allocation`]: RAII handle (frees on drop); [`RawAllocation`] for explicit allocate/free.
-//! - [`TraceRecorder`], [`Trace`] and [`replay`]: record any run, replay it anywhere.
+//! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere.
 //!
 //! ```
 //! use kiln_alloc_cache::{AllocatorConfig, CachingAllocator, HostBackend, StreamId};
