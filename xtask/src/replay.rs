@@ -68,3 +68,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_with_and_without_units() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_bytes("80GiB"), Ok(80 << 30));
+        assert_eq!(parse_bytes("2K"), Ok(2048));
+        assert!(parse_bytes("3 GB").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("GiB").unwrap_err().contains("not a byte count"));
+    }
+}

@@ -71,6 +71,13 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
                 .expect("cache hit");
             alloc.free_raw(black_box(r)).expect("free");
         });
+        // The same through the RAII handle tensor storage uses (adds an `Arc` clone and drop).
+        let (raii50, _) = time_pairs(samples, || {
+            let a = alloc
+                .allocate(black_box(size), StreamId::DEFAULT)
+                .expect("cache hit");
+            drop(black_box(a));
+        });
         drop(neighbour);
         let layout = Layout::from_size_align(size, 512).expect("layout");
         let (sys50, _) = time_pairs(samples, || {
@@ -88,6 +95,14 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             p50,
             "target <= 100 ns",
             100.0 / p50,
+        ));
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p50_ns_raii_handle",
+            raii50,
+            "target <= 100 ns",
+            100.0 / raii50,
         ));
         rows.push(Row::new(
             GROUP,

@@ -61,8 +61,13 @@ pub struct Options {
 
 type Group = fn(&Options) -> Result<Vec<Row>, String>;
 
-/// Every benchmark group: name and entry point. Add a group with one line here.
-const GROUPS: &[(&str, Group)] = &[("alloc", alloc::run)];
+/// Every benchmark group: name and entry point. Add a group with a `mod` line above and one
+/// entry here.
+/// One entry per line (kept by `rustfmt::skip`) so groups added in parallel merge cleanly.
+#[rustfmt::skip]
+const GROUPS: &[(&str, Group)] = &[
+    ("alloc", alloc::run),
+];
 
 const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";
 
