@@ -65,7 +65,7 @@ use crate::backend::{MemoryBackend, StreamId};
 use crate::block::{pool_index, BlockState, State};
 use crate::config::AllocatorConfig;
 use crate::error::{Error, Result};
-use crate::handle::{Allocation, RawAllocation};
+use crate::handle::{Allocation, AllocatorRef, RawAllocation};
 use crate::lock::{HitGuard, HitLock};
 use crate::stats::{MemoryStats, PoolKind};
 use crate::trace::TraceRecorder;
@@ -190,7 +190,15 @@ impl CachingAllocator {
     /// Allocates `size` bytes on `stream` and returns an RAII handle that frees on drop.
     pub fn allocate(self: &Arc<Self>, size: usize, stream: StreamId) -> Result<Allocation> {
         let raw = self.allocate_raw(size, stream)?;
-        Ok(Allocation::new(Arc::clone(self), raw))
+        Ok(Allocation::new(AllocatorRef::Shared(Arc::clone(self)), raw))
+    }
+
+    /// Like [`allocate`](Self::allocate) for an allocator that lives for the whole process (a
+    /// per-device allocator in a `static`): the handle holds a plain reference, so no reference
+    /// count is touched.
+    pub fn allocate_static(&'static self, size: usize, stream: StreamId) -> Result<Allocation> {
+        let raw = self.allocate_raw(size, stream)?;
+        Ok(Allocation::new(AllocatorRef::Static(self), raw))
     }
 
     /// Allocates `size` bytes on `stream`; the block must be returned with

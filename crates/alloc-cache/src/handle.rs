@@ -52,15 +52,35 @@ impl RawAllocation {
     }
 }
 
+/// How an [`Allocation`] reaches its allocator: a shared reference count, or a `'static`
+/// allocator (a process-wide per-device one) that needs no reference counting at all.
+#[derive(Debug, Clone)]
+pub enum AllocatorRef {
+    /// Shared ownership; the allocator lives while any handle does.
+    Shared(Arc<CachingAllocator>),
+    /// An allocator that is never dropped; saves two atomic operations per allocation.
+    Static(&'static CachingAllocator),
+}
+
+impl std::ops::Deref for AllocatorRef {
+    type Target = CachingAllocator;
+    fn deref(&self) -> &CachingAllocator {
+        match self {
+            AllocatorRef::Shared(a) => a,
+            AllocatorRef::Static(a) => a,
+        }
+    }
+}
+
 /// An allocated block that returns itself to its allocator when dropped.
 #[derive(Debug)]
 pub struct Allocation {
-    allocator: Arc<CachingAllocator>,
+    allocator: AllocatorRef,
     raw: Option<RawAllocation>,
 }
 
 impl Allocation {
-    pub(crate) fn new(allocator: Arc<CachingAllocator>, raw: RawAllocation) -> Self {
+    pub(crate) fn new(allocator: AllocatorRef, raw: RawAllocation) -> Self {
         Self {
             allocator,
             raw: Some(raw),
@@ -104,7 +124,7 @@ impl Allocation {
     }
 
     /// The allocator this block came from.
-    pub fn allocator(&self) -> &Arc<CachingAllocator> {
+    pub fn allocator(&self) -> &AllocatorRef {
         &self.allocator
     }
 

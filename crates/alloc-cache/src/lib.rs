@@ -45,7 +45,7 @@ pub use backend::{
 };
 pub use config::AllocatorConfig;
 pub use error::{Error, OomReport, Result};
-pub use handle::{Allocation, RawAllocation};
+pub use handle::{Allocation, AllocatorRef, RawAllocation};
 pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
 pub use snapshot::{BlockSnapshot, BlockSnapshotState, MemorySnapshot, SegmentSnapshot};
 pub use stats::{format_bytes, MemoryStats, PoolKind, Stat, StatArray};

@@ -66,3 +66,23 @@ fn threads_never_share_a_block() {
     assert_eq!(alloc.empty_cache().unwrap(), reserved);
     assert_eq!(alloc.backend().free_bytes(), alloc.backend().capacity());
 }
+
+#[test]
+fn static_allocator_handles_free_on_drop_from_any_thread() {
+    static ALLOC: std::sync::OnceLock<CachingAllocator> = std::sync::OnceLock::new();
+    let alloc: &'static CachingAllocator = ALLOC.get_or_init(|| {
+        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default()).unwrap()
+    });
+    let handles: Vec<Allocation> = (0..8)
+        .map(|i| {
+            alloc
+                .allocate_static(1000 * (i + 1), StreamId::DEFAULT)
+                .unwrap()
+        })
+        .collect();
+    assert!(matches!(handles[0].allocator(), AllocatorRef::Static(_)));
+    assert_eq!(alloc.memory_stats().allocation.all.current, 8);
+    std::thread::spawn(move || drop(handles)).join().unwrap();
+    assert_eq!(alloc.memory_stats().allocation.all.current, 0);
+    alloc.check_invariants().unwrap();
+}

@@ -78,6 +78,21 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
                 .expect("cache hit");
             drop(black_box(a));
         });
+        // And with a process-wide allocator, as kiln-device keeps one per device.
+        let static_alloc: &'static CachingAllocator = Box::leak(Box::new(
+            CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
+                .map_err(|e| e.to_string())?,
+        ));
+        let static_neighbour = static_alloc
+            .allocate_static(size, StreamId::DEFAULT)
+            .map_err(|e| e.to_string())?;
+        let (static50, _) = time_pairs(samples, || {
+            let a = static_alloc
+                .allocate_static(black_box(size), StreamId::DEFAULT)
+                .expect("cache hit");
+            drop(black_box(a));
+        });
+        drop(static_neighbour);
         drop(neighbour);
         let layout = Layout::from_size_align(size, 512).expect("layout");
         let (sys50, _) = time_pairs(samples, || {
@@ -103,6 +118,14 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             raii50,
             "target <= 100 ns",
             100.0 / raii50,
+        ));
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p50_ns_static_handle",
+            static50,
+            "target <= 100 ns",
+            100.0 / static50,
         ));
         rows.push(Row::new(
             GROUP,
