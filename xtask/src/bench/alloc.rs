@@ -22,6 +22,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     hit_latency(options, &mut rows)?;
     steady_state(&mut rows)?;
     fragmentation(&mut rows)?;
+    tight_capacity(&mut rows)?;
     host_touch(options, &mut rows)?;
     if options.gpu {
         eprintln!(
@@ -221,6 +222,28 @@ fn fragmentation(rows: &mut Vec<Row>) -> Result<(), String> {
                 report.reserved_over_live,
                 format!("target <= {target}"),
                 target / report.reserved_over_live,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Replays each trace on a device only 5% larger than its peak of live bytes: how many
+/// allocations fail where fragmentation, not live data, is the limit.
+fn tight_capacity(rows: &mut Vec<Row>) -> Result<(), String> {
+    for (name, trace) in read_traces()? {
+        let capacity = (trace.peak_live_bytes() as f64 * 1.05) as usize;
+        let capacity = capacity.div_ceil(2 * MIB) * 2 * MIB;
+        for mode in [ReplayMode::Default, ReplayMode::Expandable] {
+            let report =
+                kiln_alloc_cache::replay(&trace, mode, capacity).map_err(|e| e.to_string())?;
+            rows.push(Row::new(
+                GROUP,
+                format!("{name}_{}_capacity_1.05x_live", mode_name(mode)),
+                "ooms",
+                report.ooms as f64,
+                format!("target 0 ({} retries)", report.alloc_retries),
+                1.0 / (1.0 + report.ooms as f64),
             ));
         }
     }
