@@ -54,7 +54,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct OomReport {
     /// The backend's name.
-    pub backend: &'static str,
+    pub backend: String,
     /// Bytes asked for.
     pub requested: usize,
     /// Bytes after rounding to the allocator's block size.

@@ -289,7 +289,7 @@ impl CachingAllocator {
             (1.0 - largest_free_block as f64 / reserved_unallocated as f64).max(0.0)
         };
         OomReport {
-            backend: self.backend.name(),
+            backend: self.backend.name().to_string(),
             requested,
             rounded,
             stream: st.streams[si as usize].stream,

@@ -85,7 +85,7 @@ fn physical_memory() -> Option<usize> {
 }
 
 impl MemoryBackend for HostBackend {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "host"
     }
 

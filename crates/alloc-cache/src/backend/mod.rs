@@ -5,12 +5,24 @@
 //! events just enough for `record_stream` semantics: the allocator records an event on a stream
 //! and later asks whether it has completed. Nothing here knows about blocks, pools or statistics.
 //!
-//! A CUDA backend fits this trait one-to-one with the driver API:
-//! `reserve`/`release` = `cuMemAlloc`/`cuMemFree`; `reserve_address_space`/`release_address_space`
-//! = `cuMemAddressReserve`/`cuMemAddressFree`; `map` = one `cuMemCreate` handle per page plus
-//! `cuMemMap` + `cuMemSetAccess`; `unmap` = `cuMemUnmap` + `cuMemRelease` per page;
-//! `record_event`/`query_event`/`synchronize_event`/`destroy_event` = `cuEventRecord`/
-//! `cuEventQuery`/`cuEventSynchronize`/`cuEventDestroy` (events taken from a small pool).
+//! A CUDA backend (in `kiln-device`, over cudarc's driver API) fits this trait one-to-one:
+//! - `reserve`/`release` = `cuMemAlloc`/`cuMemFree` with the device's context bound to the
+//!   calling thread (the allocator calls from whichever thread missed).
+//! - `capacity`/`free_bytes` = `cuMemGetInfo` (total, free).
+//! - `page_size` = `cuMemGetAllocationGranularity(RECOMMENDED)` for a pinned-device
+//!   `CUmemAllocationProp` (2 MiB today), or `None` when VMM is unsupported
+//!   (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
+//! - `reserve_address_space`/`release_address_space` = `cuMemAddressReserve`/`cuMemAddressFree`.
+//! - `map` = per page `cuMemCreate` + `cuMemMap`, then one `cuMemSetAccess` (read-write for the
+//!   device) over the range; keep the handles in a map from page address to handle, because
+//!   `unmap` must be able to take any page-aligned sub-range: per page `cuMemUnmap` +
+//!   `cuMemRelease`. On a failure part-way, unmap what was mapped and return the error.
+//! - `record_event` = take an event from a pool (`cuEventCreate(DISABLE_TIMING)`) and
+//!   `cuEventRecord` it on the stream (`StreamId` = the `CUstream` handle value, 0 = legacy
+//!   default stream); `query_event` = `cuEventQuery` (`CUDA_ERROR_NOT_READY` -> `false`);
+//!   `synchronize_event` = `cuEventSynchronize`; `destroy_event` returns it to the pool.
+//! - `CUDA_ERROR_OUT_OF_MEMORY` maps to [`BackendError::OutOfMemory`] (so the allocator releases
+//!   its cache and retries); every other driver error to [`BackendError::Driver`].
 
 mod host;
 mod sim;
@@ -54,7 +66,7 @@ pub enum BackendError {
     #[error("backend `{backend}` does not support {what}")]
     Unsupported {
         /// The backend's name.
-        backend: &'static str,
+        backend: String,
         /// The missing capability.
         what: &'static str,
     },
@@ -70,7 +82,7 @@ pub enum BackendError {
 /// miss, while holding its own lock, so contention is not a concern).
 pub trait MemoryBackend: Send + Sync {
     /// Short name used in reports, e.g. `"host"`, `"sim"`, `"cuda:0"`.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
 
     /// Total bytes of memory the backend manages (device memory size, or a configured limit).
     fn capacity(&self) -> usize;
@@ -99,7 +111,7 @@ pub trait MemoryBackend: Send + Sync {
     fn reserve_address_space(&self, bytes: usize) -> Result<u64, BackendError> {
         let _ = bytes;
         Err(BackendError::Unsupported {
-            backend: self.name(),
+            backend: self.name().to_string(),
             what: "address-space reservation",
         })
     }
@@ -112,7 +124,7 @@ pub trait MemoryBackend: Send + Sync {
     unsafe fn release_address_space(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
         let _ = (addr, bytes);
         Err(BackendError::Unsupported {
-            backend: self.name(),
+            backend: self.name().to_string(),
             what: "address-space reservation",
         })
     }
@@ -122,7 +134,7 @@ pub trait MemoryBackend: Send + Sync {
     fn map(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
         let _ = (addr, bytes);
         Err(BackendError::Unsupported {
-            backend: self.name(),
+            backend: self.name().to_string(),
             what: "page mapping",
         })
     }
@@ -134,7 +146,7 @@ pub trait MemoryBackend: Send + Sync {
     unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
         let _ = (addr, bytes);
         Err(BackendError::Unsupported {
-            backend: self.name(),
+            backend: self.name().to_string(),
             what: "page mapping",
         })
     }
@@ -155,7 +167,7 @@ pub trait MemoryBackend: Send + Sync {
 /// A shared backend is a backend, so tests and tools can keep a handle to inspect it (for
 /// example `Arc<SimBackend>` to read call counts) while the allocator owns a clone.
 impl<T: MemoryBackend + ?Sized> MemoryBackend for std::sync::Arc<T> {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         (**self).name()
     }
     fn capacity(&self) -> usize {

@@ -177,7 +177,7 @@ fn inside_reservation(s: &SimState, addr: u64, bytes: usize) -> bool {
 }
 
 impl MemoryBackend for SimBackend {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "sim"
     }
 
