@@ -210,7 +210,7 @@ impl CachingAllocator {
                 reason: "larger than 1 PiB, which no device holds; check the shape arithmetic",
             });
         }
-        let rounded = round_size(size);
+        let rounded = self.config.rounded_size(size);
         let pool = pool_for(rounded);
         let mut st = self.lock();
         if !st.pending.is_empty() {

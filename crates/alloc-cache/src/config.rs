@@ -17,6 +17,11 @@ pub struct AllocatorConfig {
     ///
     /// [`page_size`]: crate::MemoryBackend::page_size
     pub expandable_segments: bool,
+    /// Round requests above `512 * n` bytes up to one of `n` equal steps between consecutive
+    /// powers of two (PyTorch's `roundup_power2_divisions`): varying shapes then share block
+    /// sizes, at the cost of up to `1/n` internal waste. `None`: plain 512-byte rounding. Must be
+    /// a power of two from 1 to 64.
+    pub roundup_power2_divisions: Option<usize>,
 }
 
 impl AllocatorConfig {
@@ -63,6 +68,12 @@ impl AllocatorConfig {
                         .map_err(|_| bad("expected a number in (0, 1)"))?;
                     config.garbage_collection_threshold = Some(t);
                 }
+                "roundup_power2_divisions" => {
+                    let n: usize = value
+                        .parse()
+                        .map_err(|_| bad("expected a power of two, 1 to 64"))?;
+                    config.roundup_power2_divisions = Some(n);
+                }
                 "expandable_segments" => {
                     config.expandable_segments = match value {
                         "True" | "true" | "1" => true,
@@ -72,7 +83,8 @@ impl AllocatorConfig {
                 }
                 _ => {
                     return Err(bad("unknown key; known keys are max_split_size_mb, \
-                         garbage_collection_threshold, expandable_segments"))
+                         garbage_collection_threshold, expandable_segments, \
+                         roundup_power2_divisions"))
                 }
             }
         }
@@ -99,6 +111,27 @@ impl AllocatorConfig {
                 )));
             }
         }
+        if let Some(n) = self.roundup_power2_divisions {
+            if !n.is_power_of_two() || n > 64 {
+                return Err(Error::InvalidConfig(format!(
+                    "roundup_power2_divisions {n} must be a power of two from 1 to 64; 4 is a \
+                     common choice"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The block size for a request of `size` bytes under these settings.
+    pub fn rounded_size(&self, size: usize) -> usize {
+        let base = crate::round_size(size);
+        match self.roundup_power2_divisions {
+            Some(n) if n > 1 && base > crate::MIN_BLOCK * n => {
+                let floor = 1usize << (usize::BITS - 1 - base.leading_zeros());
+                let step = floor / n;
+                base.div_ceil(step) * step
+            }
+            _ => base,
+        }
     }
 }

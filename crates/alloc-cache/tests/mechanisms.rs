@@ -511,48 +511,6 @@ fn foreign_free_is_refused_with_a_fix() {
 }
 
 #[test]
-fn config_parsing_and_validation() {
-    let c = AllocatorConfig::parse(
-        "expandable_segments:True, max_split_size_mb:128,garbage_collection_threshold:0.8",
-    )
-    .unwrap();
-    assert!(c.expandable_segments);
-    assert_eq!(c.max_split_size, Some(128 * MIB));
-    assert_eq!(c.garbage_collection_threshold, Some(0.8));
-    let e = AllocatorConfig::parse("max_split_size_mb:10")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("must exceed 20 MiB"), "{e}");
-    let e = AllocatorConfig::parse("garbage_collection_threshold:1.5")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("strictly between 0 and 1"), "{e}");
-    let e = AllocatorConfig::parse("roundup_power2:4")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("known keys are"), "{e}");
-    // Only this test touches KILN_ALLOC_CONF.
-    std::env::set_var("KILN_ALLOC_CONF", "expandable_segments:True");
-    assert!(AllocatorConfig::from_env().unwrap().expandable_segments);
-    std::env::set_var("KILN_ALLOC_CONF", "expandable_segments:maybe");
-    let e = AllocatorConfig::from_env().unwrap_err().to_string();
-    assert!(
-        e.contains("KILN_ALLOC_CONF: `expandable_segments:maybe`: expected True or False"),
-        "{e}"
-    );
-    std::env::remove_var("KILN_ALLOC_CONF");
-    assert_eq!(
-        AllocatorConfig::from_env().unwrap(),
-        AllocatorConfig::default()
-    );
-    let e = CachingAllocator::new(HostBackend::new(), AllocatorConfig::expandable()).unwrap_err();
-    assert!(
-        e.to_string().contains("turn expandable_segments off"),
-        "{e}"
-    );
-}
-
-#[test]
 fn raii_handle_frees_on_drop_and_host_memory_is_usable() {
     let a =
         Arc::new(CachingAllocator::new(HostBackend::new(), AllocatorConfig::default()).unwrap());

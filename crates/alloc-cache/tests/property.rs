@@ -60,7 +60,7 @@ fn run(seed: u64, config: AllocatorConfig, capacity: usize, steps: usize) {
             0..=54 => {
                 let size = random_size(&mut rng);
                 let stream = streams[rng.range(0, 1) as usize];
-                let fit_before = fitting_free_block_exists(&a, stream, round_size(size));
+                let fit_before = fitting_free_block_exists(&a, stream, config.rounded_size(size));
                 match a.allocate_raw(size, stream) {
                     Ok(r) => {
                         assert!(r.block_size() >= size && r.addr() % 512 == 0, "{}", ctx());
@@ -170,11 +170,12 @@ fn random_sequences_expandable_mode() {
 }
 
 #[test]
-fn random_sequences_with_max_split_and_gc() {
+fn random_sequences_with_max_split_gc_and_power2_rounding() {
     let config = AllocatorConfig {
         max_split_size: Some(24 * MIB),
         garbage_collection_threshold: Some(0.6),
         expandable_segments: false,
+        roundup_power2_divisions: Some(4),
     };
     for seed in 200..208 {
         run(seed, config.clone(), 128 * MIB, 2000);
