@@ -1,5 +1,42 @@
 //! `kiln-optim`: optimizers (SGD, Adam, AdamW) with parameter groups, fused gradient clipping by
 //! global norm and AMP loss scaling.
 //!
-//! This crate is filled by the optimizer issue; it depends on `kiln-autograd` for parameters and
-//! their gradients. See `docs/ARCHITECTURE.md` for where it sits in a training step.
+//! A training step with clipping and mixed precision reads:
+//!
+//! ```text
+//! scaler.scale(&loss)?.backward()?;
+//! scaler.unscale_(&mut opt)?;                     // one fused pass: divide + inf check
+//! clip_grad_norm_(&params, 1.0, 2.0, false)?;     // one read pass (+ a scale pass if clipping)
+//! scaler.step(&mut opt)?;                         // one fused pass per group and dtype
+//! scaler.update()?;
+//! opt.zero_grad(true)?;
+//! ```
+//!
+//! Everything that touches all gradients or all parameters runs on `kiln-device`'s
+//! multi-tensor design: fixed chunks over the whole list, one parallel pass, results identical
+//! for any thread count. See `clip`, `optimizer` and `scaler` for each piece.
+
+mod access;
+mod adam;
+pub mod clip;
+mod error;
+mod fused;
+mod group;
+mod optimizer;
+mod scaler;
+mod sgd;
+
+pub use adam::{Adam, AdamAlgorithm, AdamOptions, AdamState, AdamW};
+pub use clip::{
+    clip_coef, clip_coef_for, clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_,
+    get_total_norm, unnamed, ClipInfo,
+};
+pub(crate) use error::arg_err;
+pub use error::{Error, Result};
+pub use group::ParamGroup;
+pub use optimizer::{
+    Algorithm, GroupOptions, GroupRecord, Optim, Optimizer, ParamStateRecord, StateDict, StepItem,
+    TensorRecord,
+};
+pub use scaler::{GradScaler, GradScalerOptions, GradScalerState};
+pub use sgd::{Sgd, SgdAlgorithm, SgdOptions, SgdState};

@@ -1,0 +1,442 @@
+//! Adam and AdamW (with amsgrad and maximize), following PyTorch's `torch.optim.Adam`/`AdamW`
+//! update step for step:
+//!
+//! ```text
+//! g = grad (negated when maximize)
+//! Adam:  g += weight_decay * p            AdamW:  p *= 1 - lr * weight_decay
+//! m = m + (1 - beta1) * (g - m)           (lerp)
+//! v = beta2 * v + (1 - beta2) * g * g
+//! vmax = max(vmax, v)                     (amsgrad; the denominator then uses vmax)
+//! denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+//! p = p - lr / (1 - beta1^t) * m / denom
+//! ```
+//!
+//! Step counts are per parameter (a parameter frozen for a while keeps its own count), and the
+//! bias corrections are computed in `f64` per parameter before the fused pass, which then runs
+//! over fixed chunks of every parameter of the group in parallel.
+
+use crate::access::OptFloat;
+use crate::fused::{checked_grad, typed, typed_mut, CHUNK};
+use crate::group::ParamGroup;
+use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
+use crate::{arg_err, Result};
+use kiln_autograd::{DType, Parameter, Tensor};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The options of an Adam/AdamW group (PyTorch's names and defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdamOptions {
+    /// Learning rate (default 1e-3).
+    pub lr: f64,
+    /// Decay rates of the first and second moment (default (0.9, 0.999)).
+    pub betas: (f64, f64),
+    /// Added to the denominator (default 1e-8).
+    pub eps: f64,
+    /// Weight decay: L2 penalty for Adam (default 0), decoupled for AdamW (default 1e-2).
+    pub weight_decay: f64,
+    /// Use the running maximum of the second moment (default false).
+    pub amsgrad: bool,
+    /// Maximize the objective (default false).
+    pub maximize: bool,
+}
+
+impl Default for AdamOptions {
+    fn default() -> Self {
+        AdamOptions {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+            maximize: false,
+        }
+    }
+}
+
+impl AdamOptions {
+    /// AdamW's defaults (weight_decay 1e-2).
+    pub fn adamw() -> Self {
+        AdamOptions {
+            weight_decay: 1e-2,
+            ..Default::default()
+        }
+    }
+    /// Sets the learning rate.
+    pub fn lr(mut self, v: f64) -> Self {
+        self.lr = v;
+        self
+    }
+    /// Sets the betas.
+    pub fn betas(mut self, v: (f64, f64)) -> Self {
+        self.betas = v;
+        self
+    }
+    /// Sets eps.
+    pub fn eps(mut self, v: f64) -> Self {
+        self.eps = v;
+        self
+    }
+    /// Sets the weight decay.
+    pub fn weight_decay(mut self, v: f64) -> Self {
+        self.weight_decay = v;
+        self
+    }
+    /// Sets amsgrad.
+    pub fn amsgrad(mut self, v: bool) -> Self {
+        self.amsgrad = v;
+        self
+    }
+    /// Sets maximize.
+    pub fn maximize(mut self, v: bool) -> Self {
+        self.maximize = v;
+        self
+    }
+}
+
+impl GroupOptions for AdamOptions {
+    fn resolve(&self, g: &ParamGroup) -> Result<Self> {
+        for (name, set) in [
+            ("momentum", g.momentum.is_some()),
+            ("dampening", g.dampening.is_some()),
+            ("nesterov", g.nesterov.is_some()),
+        ] {
+            if set {
+                return Err(arg_err(
+                    "Adam",
+                    format!("a parameter group sets `{name}`, which Adam has not got; use betas"),
+                ));
+            }
+        }
+        let o = AdamOptions {
+            lr: g.lr.unwrap_or(self.lr),
+            betas: g.betas.unwrap_or(self.betas),
+            eps: g.eps.unwrap_or(self.eps),
+            weight_decay: g.weight_decay.unwrap_or(self.weight_decay),
+            amsgrad: g.amsgrad.unwrap_or(self.amsgrad),
+            maximize: g.maximize.unwrap_or(self.maximize),
+        };
+        o.validate()?;
+        Ok(o)
+    }
+    fn validate(&self) -> Result<()> {
+        let ge0 = |what: &str, v: f64| {
+            if v.is_nan() || v < 0.0 {
+                Err(arg_err(
+                    "Adam",
+                    format!("invalid {what} {v}; it must be >= 0"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        ge0("learning rate", self.lr)?;
+        ge0("eps", self.eps)?;
+        ge0("weight_decay", self.weight_decay)?;
+        for (i, b) in [self.betas.0, self.betas.1].into_iter().enumerate() {
+            if !(0.0..1.0).contains(&b) {
+                return Err(arg_err(
+                    "Adam",
+                    format!("invalid beta parameter at index {i}: {b}; betas must be in [0, 1)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn momentum(&self) -> Option<f64> {
+        Some(self.betas.0)
+    }
+    fn set_momentum(&mut self, m: f64) -> bool {
+        self.betas.0 = m;
+        true
+    }
+    fn betas(&self) -> Option<(f64, f64)> {
+        Some(self.betas)
+    }
+    fn set_betas(&mut self, b: (f64, f64)) -> bool {
+        self.betas = b;
+        true
+    }
+}
+
+/// Per-parameter Adam state.
+#[derive(Debug)]
+pub struct AdamState {
+    /// Steps taken by this parameter.
+    pub step: u64,
+    /// First moment.
+    pub exp_avg: Tensor,
+    /// Second moment.
+    pub exp_avg_sq: Tensor,
+    /// Running maximum of the second moment (amsgrad only).
+    pub max_exp_avg_sq: Option<Tensor>,
+}
+
+/// The Adam algorithm; `decoupled` selects AdamW's weight decay (use [`Adam`] / [`AdamW`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AdamAlgorithm {
+    decoupled: bool,
+}
+
+/// Adam (PyTorch's `torch.optim.Adam`).
+pub type Adam = Optim<AdamAlgorithm>;
+/// AdamW, Adam with decoupled weight decay (PyTorch's `torch.optim.AdamW`); it shares
+/// [`Adam`]'s type, built with [`AdamW::new`].
+pub struct AdamW;
+
+impl Adam {
+    /// Adam over `groups`; options a group leaves unset come from `defaults`.
+    pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Self> {
+        Optim::with_algorithm(AdamAlgorithm { decoupled: false }, groups, defaults)
+    }
+}
+
+impl AdamW {
+    /// AdamW over `groups`; pass [`AdamOptions::adamw`] (weight_decay 1e-2) for PyTorch's
+    /// defaults.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Adam> {
+        Optim::with_algorithm(AdamAlgorithm { decoupled: true }, groups, defaults)
+    }
+}
+
+/// Per-parameter scalars of one step, computed in f64 as PyTorch does in Python.
+#[derive(Clone, Copy)]
+struct StepScalars {
+    step_size: f64,
+    bc2_sqrt: f64,
+}
+
+struct Work {
+    p: Tensor,
+    g: Tensor,
+    m: Tensor,
+    v: Tensor,
+    vmax: Option<Tensor>,
+    k: StepScalars,
+}
+
+struct AdamChunk<'a, T> {
+    p: &'a mut [T],
+    g: &'a [T],
+    m: &'a mut [T],
+    v: &'a mut [T],
+    vmax: Option<&'a mut [T]>,
+    k: StepScalars,
+}
+
+fn adam_pass<T: OptFloat>(
+    o: &AdamOptions,
+    decoupled: bool,
+    work: &[Work],
+    scale: f64,
+) -> Result<()> {
+    let mut pw = work
+        .iter()
+        .map(|w| w.p.storage_write())
+        .collect::<Result<Vec<_>, _>>()?;
+    let gr: Vec<_> = work.iter().map(|w| w.g.storage_read()).collect();
+    let mut mw = work
+        .iter()
+        .map(|w| w.m.storage_write())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut vw = work
+        .iter()
+        .map(|w| w.v.storage_write())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut xw = work
+        .iter()
+        .map(|w| w.vmax.as_ref().map(|x| x.storage_write()).transpose())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut chunks: Vec<AdamChunk<'_, T>> = Vec::new();
+    let lanes = pw
+        .iter_mut()
+        .zip(&gr)
+        .zip(mw.iter_mut())
+        .zip(vw.iter_mut())
+        .zip(xw.iter_mut());
+    for (w, ((((pg, gg), mg), vg), xg)) in work.iter().zip(lanes) {
+        let p = typed_mut::<T>(pg, &w.p)?;
+        let g = typed::<T>(gg, &w.g)?;
+        let m = typed_mut::<T>(mg, &w.m)?;
+        let v = typed_mut::<T>(vg, &w.v)?;
+        let mut xs: Vec<Option<&mut [T]>> = match (xg.as_mut(), &w.vmax) {
+            (Some(x), Some(t)) => typed_mut::<T>(x, t)?.chunks_mut(CHUNK).map(Some).collect(),
+            _ => Vec::new(),
+        };
+        xs.resize_with(p.len().div_ceil(CHUNK), || None);
+        let pieces = p
+            .chunks_mut(CHUNK)
+            .zip(g.chunks(CHUNK))
+            .zip(m.chunks_mut(CHUNK))
+            .zip(v.chunks_mut(CHUNK));
+        for ((((p, g), m), v), vmax) in pieces.zip(xs) {
+            chunks.push(AdamChunk {
+                p,
+                g,
+                m,
+                v,
+                vmax,
+                k: w.k,
+            });
+        }
+    }
+    let (b1w, b2, b2w) = (
+        T::of(1.0 - o.betas.0),
+        T::of(o.betas.1),
+        T::of(1.0 - o.betas.1),
+    );
+    let (eps, wd, gs) = (T::of(o.eps), T::of(o.weight_decay), T::of(scale));
+    let decay = T::of(1.0 - o.lr * o.weight_decay);
+    let has_wd = o.weight_decay != 0.0;
+    let (scaled, maximize) = (scale != 1.0, o.maximize);
+    kiln_device::threads::cpu_pool().install(|| {
+        chunks.into_par_iter().for_each(|c| {
+            let AdamChunk {
+                p,
+                g,
+                m,
+                v,
+                mut vmax,
+                k,
+            } = c;
+            let (step, bc2) = (T::of(-k.step_size), T::of(k.bc2_sqrt));
+            for i in 0..p.len() {
+                let mut d = g[i];
+                if scaled {
+                    d = d * gs;
+                }
+                if maximize {
+                    d = -d;
+                }
+                if has_wd {
+                    if decoupled {
+                        p[i] = p[i] * decay;
+                    } else {
+                        d = d + p[i] * wd;
+                    }
+                }
+                m[i] = m[i] + b1w * (d - m[i]);
+                v[i] = v[i] * b2 + b2w * d * d;
+                let second = match vmax.as_deref_mut() {
+                    Some(x) => {
+                        if v[i] > x[i] || v[i].is_nan() {
+                            x[i] = v[i];
+                        }
+                        x[i]
+                    }
+                    None => v[i],
+                };
+                let denom = second.sqrt() / bc2 + eps;
+                p[i] = p[i] + step * (m[i] / denom);
+            }
+        });
+    });
+    Ok(())
+}
+
+impl Algorithm for AdamAlgorithm {
+    type Options = AdamOptions;
+    type State = AdamState;
+
+    fn name(&self) -> &'static str {
+        if self.decoupled {
+            "AdamW"
+        } else {
+            "Adam"
+        }
+    }
+
+    fn init_state(&self, o: &AdamOptions, p: &Parameter) -> Result<AdamState> {
+        Ok(AdamState {
+            step: 0,
+            exp_avg: p.zeros_like()?,
+            exp_avg_sq: p.zeros_like()?,
+            max_exp_avg_sq: if o.amsgrad {
+                Some(p.zeros_like()?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn step_group(
+        &self,
+        o: &AdamOptions,
+        items: Vec<StepItem<'_, AdamState>>,
+        scale: f64,
+    ) -> Result<()> {
+        let mut by_dtype: [Vec<Work>; 2] = [Vec::new(), Vec::new()];
+        for it in items {
+            let g = checked_grad(self.name(), &it)?;
+            let s = &mut *it.state;
+            if o.amsgrad && s.max_exp_avg_sq.is_none() {
+                s.max_exp_avg_sq = Some(it.param.zeros_like()?);
+            }
+            s.step += 1;
+            let t = s.step as f64;
+            let bc1 = 1.0 - o.betas.0.powf(t);
+            let bc2 = 1.0 - o.betas.1.powf(t);
+            let slot = usize::from(it.param.dtype() == DType::F64);
+            by_dtype[slot].push(Work {
+                p: it.param.tensor().clone(),
+                g,
+                m: s.exp_avg.clone(),
+                v: s.exp_avg_sq.clone(),
+                vmax: s.max_exp_avg_sq.clone().filter(|_| o.amsgrad),
+                k: StepScalars {
+                    step_size: o.lr / bc1,
+                    bc2_sqrt: bc2.sqrt(),
+                },
+            });
+        }
+        adam_pass::<f32>(o, self.decoupled, &by_dtype[0], scale)?;
+        adam_pass::<f64>(o, self.decoupled, &by_dtype[1], scale)
+    }
+
+    fn save_state(&self, s: &AdamState) -> Result<ParamStateRecord> {
+        let mut buffers = BTreeMap::new();
+        buffers.insert("exp_avg".into(), TensorRecord::from_tensor(&s.exp_avg)?);
+        buffers.insert(
+            "exp_avg_sq".into(),
+            TensorRecord::from_tensor(&s.exp_avg_sq)?,
+        );
+        if let Some(x) = &s.max_exp_avg_sq {
+            buffers.insert("max_exp_avg_sq".into(), TensorRecord::from_tensor(x)?);
+        }
+        Ok(ParamStateRecord {
+            step: s.step,
+            buffers,
+        })
+    }
+
+    fn load_state(&self, r: &ParamStateRecord, p: &Parameter) -> Result<AdamState> {
+        let get = |k: &str| {
+            r.buffers
+                .get(k)
+                .ok_or_else(|| {
+                    crate::Error::StateDict(format!(
+                        "parameter state lacks `{k}`; load a state dict saved by Adam/AdamW"
+                    ))
+                })
+                .and_then(|b| b.to_tensor_like(p, k))
+        };
+        Ok(AdamState {
+            step: r.step,
+            exp_avg: get("exp_avg")?,
+            exp_avg_sq: get("exp_avg_sq")?,
+            max_exp_avg_sq: r
+                .buffers
+                .get("max_exp_avg_sq")
+                .map(|b| b.to_tensor_like(p, "max_exp_avg_sq"))
+                .transpose()?,
+        })
+    }
+}

@@ -1,0 +1,491 @@
+//! The [`Optimizer`] trait and [`Optim`], the machinery every optimizer shares: parameter groups
+//! with inherited options, duplicate and empty-group checks, lazily created per-parameter state
+//! (frozen parameters never get any), `zero_grad`, and state dicts.
+//!
+//! An optimizer algorithm ([`Algorithm`]) only supplies its options type, its per-parameter
+//! state and one fused update over the parameters of a group that have a gradient this step:
+//! one parallel pass over fixed chunks of all of them (PyTorch's `foreach`/`fused` paths).
+
+use crate::group::ParamGroup;
+use crate::{Error, Result};
+use kiln_autograd::{Parameter, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// What every optimizer offers: a step, gradient clearing, per-group hyper-parameters (the
+/// accessors learning-rate schedulers drive) and state dicts.
+pub trait Optimizer {
+    /// One update of every parameter that has a gradient.
+    fn step(&mut self) -> Result<()> {
+        self.step_with_grad_scale(1.0)
+    }
+    /// One update reading every gradient multiplied by `grad_scale` (a clip coefficient from
+    /// [`crate::clip_coef_for`], or an unscale factor) without writing the gradients: saves the
+    /// separate read-and-write pass over all gradients. `grad_scale = 1` is exactly [`step`].
+    ///
+    /// [`step`]: Optimizer::step
+    fn step_with_grad_scale(&mut self, grad_scale: f64) -> Result<()>;
+    /// Clears every gradient: dropped when `set_to_none` (PyTorch's default), else zeroed.
+    fn zero_grad(&mut self, set_to_none: bool) -> Result<()>;
+    /// Adds a group after creation (e.g. when unfreezing layers mid-training).
+    fn add_param_group(&mut self, group: ParamGroup) -> Result<()>;
+    /// Every parameter, with its name, group by group.
+    fn named_params(&self) -> Vec<(String, Parameter)>;
+    /// Number of parameter groups.
+    fn num_groups(&self) -> usize;
+    /// Learning rate of group `group`.
+    fn lr(&self, group: usize) -> Result<f64>;
+    /// Sets the learning rate of group `group`.
+    fn set_lr(&mut self, group: usize, lr: f64) -> Result<()>;
+    /// SGD's momentum or Adam's beta1 of group `group` (what one-cycle schedules cycle).
+    fn momentum(&self, group: usize) -> Result<Option<f64>>;
+    /// Sets SGD's momentum or Adam's beta1; an error for an optimizer without one.
+    fn set_momentum(&mut self, group: usize, momentum: f64) -> Result<()>;
+    /// Adam's `(beta1, beta2)` of group `group`, `None` for SGD.
+    fn betas(&self, group: usize) -> Result<Option<(f64, f64)>>;
+    /// Sets Adam's betas; an error for SGD.
+    fn set_betas(&mut self, group: usize, betas: (f64, f64)) -> Result<()>;
+    /// The optimizer's state: group options, step counts and moment buffers.
+    fn state_dict(&self) -> Result<StateDict>;
+    /// Restores a state saved by [`Optimizer::state_dict`] of an optimizer of the same kind over
+    /// the same parameter layout; training then continues bit-identically.
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()>;
+}
+
+/// The options of one group of an optimizer (`SgdOptions`, `AdamOptions`).
+pub trait GroupOptions: Clone + std::fmt::Debug + Serialize + for<'de> Deserialize<'de> {
+    /// The defaults overridden by what `group` sets; an error for an option this optimizer has
+    /// not got, or a value out of range.
+    fn resolve(&self, group: &ParamGroup) -> Result<Self>;
+    /// Checks ranges (PyTorch's constructor checks).
+    fn validate(&self) -> Result<()>;
+    /// The learning rate.
+    fn lr(&self) -> f64;
+    /// Sets the learning rate.
+    fn set_lr(&mut self, lr: f64);
+    /// Momentum or beta1, when the optimizer has one.
+    fn momentum(&self) -> Option<f64>;
+    /// Sets momentum or beta1; `false` when there is none.
+    fn set_momentum(&mut self, m: f64) -> bool;
+    /// Adam's betas.
+    fn betas(&self) -> Option<(f64, f64)>;
+    /// Sets Adam's betas; `false` when there are none.
+    fn set_betas(&mut self, b: (f64, f64)) -> bool;
+}
+
+/// One parameter to update this step.
+pub struct StepItem<'a, S> {
+    /// Its name (for messages).
+    pub name: &'a str,
+    /// The parameter.
+    pub param: &'a Parameter,
+    /// Its gradient.
+    pub grad: Tensor,
+    /// Its state, created at its first step.
+    pub state: &'a mut S,
+}
+
+/// An optimizer algorithm: options, per-parameter state and the fused group update.
+pub trait Algorithm {
+    /// Per-group options.
+    type Options: GroupOptions;
+    /// Per-parameter state.
+    type State;
+    /// Name recorded in state dicts (`"SGD"`, `"Adam"`, `"AdamW"`).
+    fn name(&self) -> &'static str;
+    /// Fresh state for `param` at its first step.
+    fn init_state(&self, options: &Self::Options, param: &Parameter) -> Result<Self::State>;
+    /// Updates every item in one fused pass, gradients read times `grad_scale`.
+    fn step_group(
+        &self,
+        options: &Self::Options,
+        items: Vec<StepItem<'_, Self::State>>,
+        grad_scale: f64,
+    ) -> Result<()>;
+    /// The state as a record.
+    fn save_state(&self, state: &Self::State) -> Result<ParamStateRecord>;
+    /// State from a record, for `param`.
+    fn load_state(&self, record: &ParamStateRecord, param: &Parameter) -> Result<Self::State>;
+}
+
+/// A saved tensor: dtype name, shape, and the values as `f64` (exact for every float dtype).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorRecord {
+    /// PyTorch's dtype name (`"float32"`).
+    pub dtype: String,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The values, row-major.
+    pub data: Vec<f64>,
+}
+
+impl TensorRecord {
+    /// Records `t`.
+    pub fn from_tensor(t: &Tensor) -> Result<Self> {
+        Ok(TensorRecord {
+            dtype: t.dtype().as_str().to_string(),
+            shape: t.shape().to_vec(),
+            data: t.to_vec_f64()?,
+        })
+    }
+
+    /// The tensor again, in `like`'s dtype and on its device, checked against `like`'s shape.
+    pub fn to_tensor_like(&self, like: &Tensor, what: &str) -> Result<Tensor> {
+        if self.shape != like.shape() || self.dtype != like.dtype().as_str() {
+            return Err(Error::StateDict(format!(
+                "{what}: saved {} {:?} does not match the parameter's {} {:?}; load a state dict \
+                 saved from the same model",
+                self.dtype,
+                self.shape,
+                like.dtype(),
+                like.shape()
+            )));
+        }
+        let t = Tensor::from_vec(self.data.clone(), &self.shape, kiln_autograd::Device::Cpu)?;
+        Ok(t.to_dtype(like.dtype())?.to_device(like.device())?)
+    }
+}
+
+/// The state of one parameter: its step count and named buffers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamStateRecord {
+    /// Steps taken by this parameter.
+    pub step: u64,
+    /// Buffers (`"exp_avg"`, `"momentum_buffer"`, ...).
+    pub buffers: BTreeMap<String, TensorRecord>,
+}
+
+/// One group in a state dict: its parameter names and options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    /// Names of the group's parameters, in order.
+    pub params: Vec<String>,
+    /// The group's options.
+    pub options: serde_json::Value,
+}
+
+/// A whole optimizer's state (serde: save it with `serde_json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateDict {
+    /// The optimizer kind.
+    pub optimizer: String,
+    /// Groups in order.
+    pub groups: Vec<GroupRecord>,
+    /// Per-parameter state by position over all groups; `None` for parameters never stepped.
+    pub state: Vec<Option<ParamStateRecord>>,
+}
+
+struct Group<O> {
+    params: Vec<(String, Parameter)>,
+    options: O,
+}
+
+/// An optimizer: groups of parameters with options, per-parameter state, and an algorithm.
+pub struct Optim<A: Algorithm> {
+    algorithm: A,
+    defaults: A::Options,
+    groups: Vec<Group<A::Options>>,
+    state: HashMap<u64, A::State>,
+    seen: HashMap<u64, String>,
+}
+
+impl<A: Algorithm> Optim<A> {
+    pub(crate) fn with_algorithm(
+        algorithm: A,
+        groups: Vec<ParamGroup>,
+        defaults: A::Options,
+    ) -> Result<Self> {
+        defaults.validate()?;
+        if groups.is_empty() {
+            return Err(Error::ParamGroup(format!(
+                "{}: no parameter groups given; pass at least one ParamGroup",
+                algorithm.name()
+            )));
+        }
+        let mut opt = Optim {
+            algorithm,
+            defaults,
+            groups: Vec::new(),
+            state: HashMap::new(),
+            seen: HashMap::new(),
+        };
+        for g in groups {
+            opt.push_group(g)?;
+        }
+        Ok(opt)
+    }
+
+    fn push_group(&mut self, group: ParamGroup) -> Result<()> {
+        let name = self.algorithm.name();
+        let index = self.groups.len();
+        if group.params.is_empty() {
+            return Err(Error::ParamGroup(format!(
+                "{name}: parameter group {index} is empty; give every group at least one parameter"
+            )));
+        }
+        let options = self.defaults.resolve(&group)?;
+        let mut here = HashSet::new();
+        let mut keys = HashSet::new();
+        for (n, p) in &group.params {
+            if let Some(prev) = self.seen.get(&p.id()) {
+                return Err(Error::ParamGroup(format!(
+                    "{name}: parameter `{n}` appears in more than one parameter group (first as \
+                     `{prev}`); list each parameter in exactly one group"
+                )));
+            }
+            if !here.insert(p.id()) {
+                return Err(Error::ParamGroup(format!(
+                    "{name}: parameter `{n}` is listed twice in parameter group {index}; list it once"
+                )));
+            }
+            keys.insert(p.storage_key());
+        }
+        for g in &self.groups {
+            for (n, p) in &g.params {
+                if keys.contains(&p.storage_key()) {
+                    return Err(Error::ParamGroup(format!(
+                        "{name}: parameter `{n}` shares its buffer with a parameter of group \
+                         {index}; pass the shared parameter once"
+                    )));
+                }
+            }
+        }
+        if keys.len() != group.params.len() {
+            return Err(Error::ParamGroup(format!(
+                "{name}: two parameters of group {index} share one buffer (views of one tensor); \
+                 pass the underlying parameter once"
+            )));
+        }
+        for (n, p) in &group.params {
+            self.seen.insert(p.id(), n.clone());
+        }
+        self.groups.push(Group {
+            params: group.params,
+            options,
+        });
+        Ok(())
+    }
+
+    fn group(&self, g: usize) -> Result<&Group<A::Options>> {
+        let n = self.groups.len();
+        self.groups.get(g).ok_or_else(|| {
+            crate::arg_err(
+                "param group",
+                format!("group {g} does not exist; this optimizer has {n} group(s)"),
+            )
+        })
+    }
+
+    fn group_mut(&mut self, g: usize) -> Result<&mut Group<A::Options>> {
+        self.group(g)?;
+        Ok(&mut self.groups[g])
+    }
+
+    /// The resolved options of group `group`.
+    pub fn options(&self, group: usize) -> Result<&A::Options> {
+        Ok(&self.group(group)?.options)
+    }
+
+    /// Replaces the options of group `group` (validated).
+    pub fn set_options(&mut self, group: usize, options: A::Options) -> Result<()> {
+        options.validate()?;
+        self.group_mut(group)?.options = options;
+        Ok(())
+    }
+
+    /// True when `param` has optimizer state (it has been stepped at least once).
+    pub fn has_state(&self, param: &Parameter) -> bool {
+        self.state.contains_key(&param.id())
+    }
+
+    /// The state of `param`, if it has been stepped.
+    pub fn state_of(&self, param: &Parameter) -> Option<&A::State> {
+        self.state.get(&param.id())
+    }
+}
+
+impl<A: Algorithm> Optimizer for Optim<A> {
+    fn step_with_grad_scale(&mut self, grad_scale: f64) -> Result<()> {
+        kiln_autograd::no_grad(|| {
+            for g in &self.groups {
+                // Frozen parameters and parameters without a gradient are skipped and get no
+                // state (PyTorch's `if p.grad is not None`).
+                for (_, p) in &g.params {
+                    if p.requires_grad() && p.grad().is_some() && !self.state.contains_key(&p.id())
+                    {
+                        let s = self.algorithm.init_state(&g.options, p)?;
+                        self.state.insert(p.id(), s);
+                    }
+                }
+                let wanted: HashMap<u64, (&str, &Parameter, Tensor)> = g
+                    .params
+                    .iter()
+                    .filter(|(_, p)| p.requires_grad())
+                    .filter_map(|(n, p)| p.grad().map(|gr| (p.id(), (n.as_str(), p, gr))))
+                    .collect();
+                let mut items = Vec::with_capacity(wanted.len());
+                let mut by_id: HashMap<u64, &mut A::State> = self
+                    .state
+                    .iter_mut()
+                    .filter(|(id, _)| wanted.contains_key(id))
+                    .map(|(id, s)| (*id, s))
+                    .collect();
+                for (_, p) in &g.params {
+                    if let (Some((name, param, grad)), Some(state)) =
+                        (wanted.get(&p.id()), by_id.remove(&p.id()))
+                    {
+                        items.push(StepItem {
+                            name,
+                            param,
+                            grad: grad.clone(),
+                            state,
+                        });
+                    }
+                }
+                if !items.is_empty() {
+                    self.algorithm.step_group(&g.options, items, grad_scale)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn zero_grad(&mut self, set_to_none: bool) -> Result<()> {
+        for g in &self.groups {
+            for (_, p) in &g.params {
+                if set_to_none {
+                    p.set_grad(None)?;
+                } else if let Some(gr) = p.grad() {
+                    kiln_autograd::no_grad(|| gr.zero_())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn add_param_group(&mut self, group: ParamGroup) -> Result<()> {
+        self.push_group(group)
+    }
+
+    fn named_params(&self) -> Vec<(String, Parameter)> {
+        self.groups
+            .iter()
+            .flat_map(|g| g.params.iter().cloned())
+            .collect()
+    }
+
+    fn num_groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    fn lr(&self, group: usize) -> Result<f64> {
+        Ok(self.group(group)?.options.lr())
+    }
+
+    fn set_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        if lr.is_nan() || lr < 0.0 {
+            return Err(crate::arg_err(
+                "set_lr",
+                format!("invalid learning rate {lr}; pass lr >= 0"),
+            ));
+        }
+        self.group_mut(group)?.options.set_lr(lr);
+        Ok(())
+    }
+
+    fn momentum(&self, group: usize) -> Result<Option<f64>> {
+        Ok(self.group(group)?.options.momentum())
+    }
+
+    fn set_momentum(&mut self, group: usize, momentum: f64) -> Result<()> {
+        let name = self.algorithm.name();
+        let g = self.group_mut(group)?;
+        let mut o = g.options.clone();
+        if !o.set_momentum(momentum) {
+            return Err(crate::arg_err(
+                "set_momentum",
+                format!("{name} has no momentum"),
+            ));
+        }
+        o.validate()?;
+        g.options = o;
+        Ok(())
+    }
+
+    fn betas(&self, group: usize) -> Result<Option<(f64, f64)>> {
+        Ok(self.group(group)?.options.betas())
+    }
+
+    fn set_betas(&mut self, group: usize, betas: (f64, f64)) -> Result<()> {
+        let name = self.algorithm.name();
+        let g = self.group_mut(group)?;
+        let mut o = g.options.clone();
+        if !o.set_betas(betas) {
+            return Err(crate::arg_err("set_betas", format!("{name} has no betas")));
+        }
+        o.validate()?;
+        g.options = o;
+        Ok(())
+    }
+
+    fn state_dict(&self) -> Result<StateDict> {
+        let mut groups = Vec::new();
+        let mut state = Vec::new();
+        for g in &self.groups {
+            groups.push(GroupRecord {
+                params: g.params.iter().map(|(n, _)| n.clone()).collect(),
+                options: serde_json::to_value(&g.options)
+                    .map_err(|e| Error::StateDict(format!("options do not serialise: {e}")))?,
+            });
+            for (_, p) in &g.params {
+                state.push(match self.state.get(&p.id()) {
+                    Some(s) => Some(self.algorithm.save_state(s)?),
+                    None => None,
+                });
+            }
+        }
+        Ok(StateDict {
+            optimizer: self.algorithm.name().to_string(),
+            groups,
+            state,
+        })
+    }
+
+    fn load_state_dict(&mut self, sd: &StateDict) -> Result<()> {
+        let name = self.algorithm.name();
+        if sd.optimizer != name {
+            return Err(Error::StateDict(format!(
+                "the state dict is from {} but this optimizer is {name}",
+                sd.optimizer
+            )));
+        }
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        let saved: Vec<usize> = sd.groups.iter().map(|g| g.params.len()).collect();
+        if sizes != saved || sd.state.len() != sizes.iter().sum::<usize>() {
+            return Err(Error::StateDict(format!(
+                "saved groups hold {saved:?} parameters but this optimizer's hold {sizes:?}; \
+                 build the optimizer with the same parameter groups before loading"
+            )));
+        }
+        let mut options = Vec::new();
+        for (i, g) in sd.groups.iter().enumerate() {
+            let o: A::Options = serde_json::from_value(g.options.clone()).map_err(|e| {
+                Error::StateDict(format!("group {i}: options do not match {name}'s: {e}"))
+            })?;
+            o.validate()?;
+            options.push(o);
+        }
+        let mut state = HashMap::new();
+        let params = self.named_params();
+        for ((_, p), rec) in params.iter().zip(&sd.state) {
+            if let Some(rec) = rec {
+                state.insert(p.id(), self.algorithm.load_state(rec, p)?);
+            }
+        }
+        for (g, o) in self.groups.iter_mut().zip(options) {
+            g.options = o;
+        }
+        self.state = state;
+        Ok(())
+    }
+}

@@ -1,0 +1,316 @@
+//! SGD with momentum, dampening, Nesterov momentum, weight decay and maximize, following
+//! PyTorch's `torch.optim.SGD` update step for step:
+//!
+//! ```text
+//! g = grad (negated when maximize); g += weight_decay * p
+//! if momentum != 0:
+//!     buf = g at the first step, else buf = momentum * buf + (1 - dampening) * g
+//!     g = g + momentum * buf when nesterov, else buf
+//! p -= lr * g
+//! ```
+//!
+//! One fused pass per step and dtype: every parameter of the group is split into fixed chunks
+//! (zipped with its gradient and momentum buffer) and the chunks run in parallel.
+
+use crate::access::OptFloat;
+use crate::fused::{checked_grad, typed, typed_mut, CHUNK};
+use crate::group::ParamGroup;
+use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
+use crate::{arg_err, Result};
+use kiln_autograd::{DType, Parameter, Tensor};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// The options of an SGD group (PyTorch's names and defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SgdOptions {
+    /// Learning rate (default 1e-3).
+    pub lr: f64,
+    /// Momentum factor (default 0).
+    pub momentum: f64,
+    /// Dampening for momentum (default 0).
+    pub dampening: f64,
+    /// L2 penalty added to the gradient (default 0).
+    pub weight_decay: f64,
+    /// Nesterov momentum (default false).
+    pub nesterov: bool,
+    /// Maximize the objective instead of minimising it (default false).
+    pub maximize: bool,
+}
+
+impl Default for SgdOptions {
+    fn default() -> Self {
+        SgdOptions {
+            lr: 1e-3,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            maximize: false,
+        }
+    }
+}
+
+impl SgdOptions {
+    /// Sets the learning rate.
+    pub fn lr(mut self, v: f64) -> Self {
+        self.lr = v;
+        self
+    }
+    /// Sets the momentum.
+    pub fn momentum(mut self, v: f64) -> Self {
+        self.momentum = v;
+        self
+    }
+    /// Sets the dampening.
+    pub fn dampening(mut self, v: f64) -> Self {
+        self.dampening = v;
+        self
+    }
+    /// Sets the weight decay.
+    pub fn weight_decay(mut self, v: f64) -> Self {
+        self.weight_decay = v;
+        self
+    }
+    /// Sets Nesterov momentum.
+    pub fn nesterov(mut self, v: bool) -> Self {
+        self.nesterov = v;
+        self
+    }
+    /// Sets maximize.
+    pub fn maximize(mut self, v: bool) -> Self {
+        self.maximize = v;
+        self
+    }
+}
+
+fn check_no(op: &'static str, name: &str, set: bool) -> Result<()> {
+    if set {
+        return Err(arg_err(
+            op,
+            format!("a parameter group sets `{name}`, which {op} has not got; remove it"),
+        ));
+    }
+    Ok(())
+}
+
+impl GroupOptions for SgdOptions {
+    fn resolve(&self, g: &ParamGroup) -> Result<Self> {
+        check_no("SGD", "betas", g.betas.is_some())?;
+        check_no("SGD", "eps", g.eps.is_some())?;
+        check_no("SGD", "amsgrad", g.amsgrad.is_some())?;
+        let o = SgdOptions {
+            lr: g.lr.unwrap_or(self.lr),
+            momentum: g.momentum.unwrap_or(self.momentum),
+            dampening: g.dampening.unwrap_or(self.dampening),
+            weight_decay: g.weight_decay.unwrap_or(self.weight_decay),
+            nesterov: g.nesterov.unwrap_or(self.nesterov),
+            maximize: g.maximize.unwrap_or(self.maximize),
+        };
+        o.validate()?;
+        Ok(o)
+    }
+    fn validate(&self) -> Result<()> {
+        let bad =
+            |what: &str, v: f64| arg_err("SGD", format!("invalid {what} {v}; it must be >= 0"));
+        if self.lr.is_nan() || self.lr < 0.0 {
+            return Err(bad("learning rate", self.lr));
+        }
+        if self.momentum.is_nan() || self.momentum < 0.0 {
+            return Err(bad("momentum", self.momentum));
+        }
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
+            return Err(bad("weight_decay", self.weight_decay));
+        }
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(arg_err(
+                "SGD",
+                "Nesterov momentum requires a momentum > 0 and zero dampening",
+            ));
+        }
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn momentum(&self) -> Option<f64> {
+        Some(self.momentum)
+    }
+    fn set_momentum(&mut self, m: f64) -> bool {
+        self.momentum = m;
+        true
+    }
+    fn betas(&self) -> Option<(f64, f64)> {
+        None
+    }
+    fn set_betas(&mut self, _: (f64, f64)) -> bool {
+        false
+    }
+}
+
+/// Per-parameter SGD state: the momentum buffer (absent until the first step with momentum).
+#[derive(Debug)]
+pub struct SgdState {
+    /// Steps taken.
+    pub step: u64,
+    /// The momentum buffer.
+    pub momentum_buffer: Option<Tensor>,
+}
+
+/// The SGD algorithm (use it through [`Sgd`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SgdAlgorithm;
+
+/// Stochastic gradient descent (PyTorch's `torch.optim.SGD`).
+pub type Sgd = Optim<SgdAlgorithm>;
+
+impl Sgd {
+    /// SGD over `groups`; options a group leaves unset come from `defaults`.
+    pub fn new(groups: Vec<ParamGroup>, defaults: SgdOptions) -> Result<Self> {
+        Optim::with_algorithm(SgdAlgorithm, groups, defaults)
+    }
+}
+
+/// A parameter, its gradient, its momentum buffer, and whether this is the buffer's first step.
+type SgdWork = (Tensor, Tensor, Option<Tensor>, bool);
+
+struct SgdChunk<'a, T> {
+    p: &'a mut [T],
+    g: &'a [T],
+    buf: Option<&'a mut [T]>,
+    first: bool,
+}
+
+fn sgd_pass<T: OptFloat>(o: &SgdOptions, work: &[SgdWork], scale: f64) -> Result<()> {
+    let mut pw = work
+        .iter()
+        .map(|w| w.0.storage_write())
+        .collect::<Result<Vec<_>, _>>()?;
+    let gr: Vec<_> = work.iter().map(|w| w.1.storage_read()).collect();
+    let mut bw = work
+        .iter()
+        .map(|w| w.2.as_ref().map(|b| b.storage_write()).transpose())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut chunks: Vec<SgdChunk<'_, T>> = Vec::new();
+    for (((w, pg), gg), bg) in work.iter().zip(pw.iter_mut()).zip(&gr).zip(bw.iter_mut()) {
+        let p = typed_mut::<T>(pg, &w.0)?;
+        let g = typed::<T>(gg, &w.1)?;
+        let mut bufs: Vec<Option<&mut [T]>> = match (bg.as_mut(), &w.2) {
+            (Some(b), Some(t)) => typed_mut::<T>(b, t)?.chunks_mut(CHUNK).map(Some).collect(),
+            _ => Vec::new(),
+        };
+        bufs.resize_with(p.len().div_ceil(CHUNK), || None);
+        for ((pc, gc), bc) in p.chunks_mut(CHUNK).zip(g.chunks(CHUNK)).zip(bufs) {
+            chunks.push(SgdChunk {
+                p: pc,
+                g: gc,
+                buf: bc,
+                first: w.3,
+            });
+        }
+    }
+    let (lr, wd, mom) = (T::of(-o.lr), T::of(o.weight_decay), T::of(o.momentum));
+    let damp = T::of(1.0 - o.dampening);
+    let gs = T::of(scale);
+    let (scaled, has_wd, nesterov, maximize) =
+        (scale != 1.0, o.weight_decay != 0.0, o.nesterov, o.maximize);
+    kiln_device::threads::cpu_pool().install(|| {
+        chunks.into_par_iter().for_each(|c| {
+            let SgdChunk {
+                p,
+                g,
+                mut buf,
+                first,
+            } = c;
+            for i in 0..p.len() {
+                let mut d = g[i];
+                if scaled {
+                    d = d * gs;
+                }
+                if maximize {
+                    d = -d;
+                }
+                if has_wd {
+                    d = d + p[i] * wd;
+                }
+                if let Some(b) = buf.as_deref_mut() {
+                    b[i] = if first { d } else { b[i] * mom + d * damp };
+                    d = if nesterov { d + b[i] * mom } else { b[i] };
+                }
+                p[i] = p[i] + d * lr;
+            }
+        });
+    });
+    Ok(())
+}
+
+impl Algorithm for SgdAlgorithm {
+    type Options = SgdOptions;
+    type State = SgdState;
+
+    fn name(&self) -> &'static str {
+        "SGD"
+    }
+
+    fn init_state(&self, _: &SgdOptions, _: &Parameter) -> Result<SgdState> {
+        Ok(SgdState {
+            step: 0,
+            momentum_buffer: None,
+        })
+    }
+
+    fn step_group(
+        &self,
+        o: &SgdOptions,
+        items: Vec<StepItem<'_, SgdState>>,
+        scale: f64,
+    ) -> Result<()> {
+        let mut by_dtype: [Vec<SgdWork>; 2] = [Vec::new(), Vec::new()];
+        for it in items {
+            let grad = checked_grad("SGD.step", &it)?;
+            let mut first = false;
+            if o.momentum != 0.0 && it.state.momentum_buffer.is_none() {
+                it.state.momentum_buffer = Some(it.param.zeros_like()?);
+                first = true;
+            }
+            it.state.step += 1;
+            let slot = usize::from(it.param.dtype() == DType::F64);
+            by_dtype[slot].push((
+                it.param.tensor().clone(),
+                grad,
+                it.state
+                    .momentum_buffer
+                    .clone()
+                    .filter(|_| o.momentum != 0.0),
+                first,
+            ));
+        }
+        sgd_pass::<f32>(o, &by_dtype[0], scale)?;
+        sgd_pass::<f64>(o, &by_dtype[1], scale)
+    }
+
+    fn save_state(&self, s: &SgdState) -> Result<ParamStateRecord> {
+        let mut buffers = std::collections::BTreeMap::new();
+        if let Some(b) = &s.momentum_buffer {
+            buffers.insert("momentum_buffer".to_string(), TensorRecord::from_tensor(b)?);
+        }
+        Ok(ParamStateRecord {
+            step: s.step,
+            buffers,
+        })
+    }
+
+    fn load_state(&self, r: &ParamStateRecord, p: &Parameter) -> Result<SgdState> {
+        Ok(SgdState {
+            step: r.step,
+            momentum_buffer: r
+                .buffers
+                .get("momentum_buffer")
+                .map(|b| b.to_tensor_like(p, "momentum_buffer"))
+                .transpose()?,
+        })
+    }
+}
