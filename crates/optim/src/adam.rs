@@ -21,6 +21,7 @@ use crate::group::ParamGroup;
 use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
 use crate::{arg_err, Result};
 use kiln_autograd::{DType, Parameter, Tensor};
+use kiln_device::ops::multi_tensor::cpu::batch_ranges;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -288,58 +289,96 @@ fn adam_pass<T: OptFloat>(
             });
         }
     }
-    let (b1w, b2, b2w) = (
-        T::of(1.0 - o.betas.0),
-        T::of(o.betas.1),
-        T::of(1.0 - o.betas.1),
-    );
-    let (eps, wd, gs) = (T::of(o.eps), T::of(o.weight_decay), T::of(scale));
-    let decay = T::of(1.0 - o.lr * o.weight_decay);
+    let c = AdamConsts {
+        b1w: T::of(1.0 - o.betas.0),
+        b2: T::of(o.betas.1),
+        b2w: T::of(1.0 - o.betas.1),
+        eps: T::of(o.eps),
+        wd: T::of(o.weight_decay),
+        decay: T::of(1.0 - o.lr * o.weight_decay),
+        // Negating and multiplying by 1 are exact, so one multiply covers maximize and scale.
+        gsm: T::of(if o.maximize { -scale } else { scale }),
+    };
     let has_wd = o.weight_decay != 0.0;
-    let (scaled, maximize) = (scale != 1.0, o.maximize);
+    let (l2, decay) = (has_wd && !decoupled, has_wd && decoupled);
+    let tasks = batch_ranges(chunks.iter().map(|c| c.p.len()), CHUNK);
+    let mut it = chunks.into_iter();
+    let batches: Vec<Vec<AdamChunk<'_, T>>> = tasks
+        .into_iter()
+        .map(|r| it.by_ref().take(r.len()).collect())
+        .collect();
     kiln_device::threads::cpu_pool().install(|| {
-        chunks.into_par_iter().for_each(|c| {
-            let AdamChunk {
-                p,
-                g,
-                m,
-                v,
-                mut vmax,
-                k,
-            } = c;
-            let (step, bc2) = (T::of(-k.step_size), T::of(k.bc2_sqrt));
-            for i in 0..p.len() {
-                let mut d = g[i];
-                if scaled {
-                    d = d * gs;
-                }
-                if maximize {
-                    d = -d;
-                }
-                if has_wd {
-                    if decoupled {
-                        p[i] = p[i] * decay;
-                    } else {
-                        d = d + p[i] * wd;
-                    }
-                }
-                m[i] = m[i] + b1w * (d - m[i]);
-                v[i] = v[i] * b2 + b2w * d * d;
-                let second = match vmax.as_deref_mut() {
-                    Some(x) => {
-                        if v[i] > x[i] || v[i].is_nan() {
-                            x[i] = v[i];
-                        }
-                        x[i]
-                    }
-                    None => v[i],
-                };
-                let denom = second.sqrt() / bc2 + eps;
-                p[i] = p[i] + step * (m[i] / denom);
-            }
-        });
+        batches
+            .into_par_iter()
+            .flatten_iter()
+            .for_each(|ch| match (l2, decay) {
+                (true, _) => adam_chunk::<T, true, false>(&c, ch),
+                (false, true) => adam_chunk::<T, false, true>(&c, ch),
+                (false, false) => adam_chunk::<T, false, false>(&c, ch),
+            });
     });
     Ok(())
+}
+
+/// The per-step constants of the update, rounded to the parameter dtype.
+struct AdamConsts<T> {
+    b1w: T,
+    b2: T,
+    b2w: T,
+    eps: T,
+    wd: T,
+    decay: T,
+    gsm: T,
+}
+
+/// The update of one chunk; `L2` adds weight decay to the gradient (Adam), `DECAY` shrinks the
+/// parameter first (AdamW). Branch-free per element so the loop vectorises.
+#[inline(always)]
+fn adam_chunk<T: OptFloat, const L2: bool, const DECAY: bool>(
+    c: &AdamConsts<T>,
+    ch: AdamChunk<'_, T>,
+) {
+    let AdamChunk {
+        p,
+        g,
+        m,
+        v,
+        vmax,
+        k,
+    } = ch;
+    let (step, bc2) = (T::of(-k.step_size), T::of(k.bc2_sqrt));
+    let moments = |p: &mut T, g: T, m: &mut T, v: &mut T| {
+        let mut d = g * c.gsm;
+        if DECAY {
+            *p = *p * c.decay;
+        }
+        if L2 {
+            d = d + *p * c.wd;
+        }
+        *m = *m + c.b1w * (d - *m);
+        *v = *v * c.b2 + c.b2w * d * d;
+    };
+    match vmax {
+        None => {
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                moments(p, g, m, v);
+                let denom = v.sqrt() / bc2 + c.eps;
+                *p = *p + step * (*m / denom);
+            }
+        }
+        Some(x) => {
+            let lanes = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
+            for ((((p, &g), m), v), x) in lanes.zip(x.iter_mut()) {
+                moments(p, g, m, v);
+                // torch.maximum: NaN wins.
+                if *v > *x || v.is_nan() {
+                    *x = *v;
+                }
+                let denom = x.sqrt() / bc2 + c.eps;
+                *p = *p + step * (*m / denom);
+            }
+        }
+    }
 }
 
 impl Algorithm for AdamAlgorithm {

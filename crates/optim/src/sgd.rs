@@ -18,6 +18,7 @@ use crate::group::ParamGroup;
 use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
 use crate::{arg_err, Result};
 use kiln_autograd::{DType, Parameter, Tensor};
+use kiln_device::ops::multi_tensor::cpu::batch_ranges;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -217,8 +218,14 @@ fn sgd_pass<T: OptFloat>(o: &SgdOptions, work: &[SgdWork], scale: f64) -> Result
     let gs = T::of(scale);
     let (scaled, has_wd, nesterov, maximize) =
         (scale != 1.0, o.weight_decay != 0.0, o.nesterov, o.maximize);
+    let tasks = batch_ranges(chunks.iter().map(|c| c.p.len()), CHUNK);
+    let mut it = chunks.into_iter();
+    let batches: Vec<Vec<SgdChunk<'_, T>>> = tasks
+        .into_iter()
+        .map(|r| it.by_ref().take(r.len()).collect())
+        .collect();
     kiln_device::threads::cpu_pool().install(|| {
-        chunks.into_par_iter().for_each(|c| {
+        batches.into_par_iter().flatten_iter().for_each(|c| {
             let SgdChunk {
                 p,
                 g,

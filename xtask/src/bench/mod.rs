@@ -7,6 +7,8 @@
 //! adding one is one line in [`GROUPS`].
 
 mod alloc;
+mod clip;
+mod optim;
 
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -67,6 +69,8 @@ type Group = fn(&Options) -> Result<Vec<Row>, String>;
 #[rustfmt::skip]
 const GROUPS: &[(&str, Group)] = &[
     ("alloc", alloc::run),
+    ("clip", clip::run),
+    ("optim", optim::run),
 ];
 
 const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";

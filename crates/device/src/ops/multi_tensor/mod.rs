@@ -24,7 +24,10 @@
 //! pass runs **only when the clip coefficient is below 1** (multiplying by exactly 1 is an
 //! identity, so skipping it changes no bit; a NaN coefficient still scales, as PyTorch does).
 //! Half-precision inputs (`f16`, `bf16`) are widened as they are read and accumulated in `f64`
-//! on the CPU (`f32` on CUDA), never in their own precision.
+//! on the CPU (`f32` on CUDA), never in their own precision. `f32` inputs of the 1- and 2-norms
+//! (the hot path) accumulate in 16 `f32` lanes over sub-blocks of 256 elements (16 terms per
+//! lane) that are then added into an `f64` total, which keeps full SIMD width and `f32`
+//! accuracy however long the tensor is.
 //!
 //! [`cpu`] holds the CPU kernels over typed slices; `cuda` (behind the `cuda` feature) launches
 //! `multi_tensor.cu`, whose norm kernel reads a device-side table of `(pointer, length, dtype)`

@@ -1,0 +1,76 @@
+//! The `optim` benchmark group (issue 5): one fused AdamW step over the `clip` group's gradient
+//! sets, against the memory-bandwidth limit measured in the same run (4 reads: parameter,
+//! gradient, two moments; 3 writes: parameter, two moments), and the same step with the clip
+//! coefficient handed to it (`step_with_grad_scale`) against clip-then-step.
+
+use super::clip::{bandwidth, grad_sets, median_secs, params_with_grads};
+use super::{Options, Row};
+use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup};
+
+const GROUP: &str = "optim";
+
+/// Runs every case of the group.
+pub fn run(options: &Options) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    let (read_bw, copy_bw) = bandwidth(options);
+    rows.push(Row::new(
+        GROUP,
+        "memory bandwidth: read pass",
+        "GB/s",
+        read_bw / 1e9,
+        "measured this run",
+        1.0,
+    ));
+    rows.push(Row::new(
+        GROUP,
+        "memory bandwidth: copy pass (R+W)",
+        "GB/s",
+        copy_bw / 1e9,
+        "measured this run",
+        1.0,
+    ));
+    let reps = if options.quick { 1 } else { 5 };
+    let e = |e: kiln_optim::Error| e.to_string();
+    for set in grad_sets() {
+        let params = params_with_grads(&set)?;
+        let mut opt = AdamW::new(
+            vec![ParamGroup::new(params.clone())],
+            AdamOptions::adamw().lr(1e-4),
+        )
+        .map_err(e)?;
+        let bytes = (set.numel() * 4) as f64;
+        let t = median_secs(reps, || opt.step().map_err(e))?;
+        // 4 reads + 3 writes: three read+write pairs at copy bandwidth plus one read.
+        let limit = 6.0 * bytes / copy_bw + bytes / read_bw;
+        rows.push(Row::new(
+            GROUP,
+            format!("{}: AdamW step, fused", set.name),
+            "ms",
+            t * 1e3,
+            "bandwidth limit (4 reads + 3 writes)",
+            limit / t,
+        ));
+        // Both variants really clip (max_norm = half the current total): separately, the
+        // gradients are scaled in place (halving them each run); handed over, they are not.
+        let mut total = kiln_optim::clip_coef_for(&params, 1.0, 2.0, false)
+            .map_err(e)?
+            .total_norm;
+        let t_sep = median_secs(reps, || {
+            total = kiln_optim::clip_grad_norm_(&params, total * 0.5, 2.0, false).map_err(e)? * 0.5;
+            opt.step().map_err(e)
+        })?;
+        let t_fused = median_secs(reps, || {
+            let info = kiln_optim::clip_coef_for(&params, total * 0.5, 2.0, false).map_err(e)?;
+            opt.step_with_grad_scale(info.coef).map_err(e)
+        })?;
+        rows.push(Row::new(
+            GROUP,
+            format!("{}: clip coef handed to AdamW step", set.name),
+            "ms",
+            t_fused * 1e3,
+            "clip_grad_norm_ then step, same run",
+            t_sep / t_fused,
+        ));
+    }
+    Ok(rows)
+}
