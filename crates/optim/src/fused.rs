@@ -78,8 +78,7 @@ pub(crate) fn typed_mut<'a, T: OptFloat>(
     st: &'a mut kiln_device::Storage,
     t: &Tensor,
 ) -> Result<&'a mut [T]> {
-    let err = mismatch::<T>(t);
-    T::slice_mut(st, t).ok_or(err)
+    T::slice_mut(st, t).ok_or_else(|| mismatch::<T>(t))
 }
 
 fn mismatch<T: OptFloat>(t: &Tensor) -> Error {

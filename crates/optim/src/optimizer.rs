@@ -323,6 +323,21 @@ impl<A: Algorithm> Optimizer for Optim<A> {
                     .filter(|(_, p)| p.requires_grad())
                     .filter_map(|(n, p)| p.grad().map(|gr| (p.id(), (n.as_str(), p, gr))))
                     .collect();
+                // The fused pass holds every parameter's buffer for writing while it reads the
+                // gradients, so a gradient viewing a parameter's buffer is refused up front.
+                let param_keys: HashSet<usize> =
+                    g.params.iter().map(|(_, p)| p.storage_key()).collect();
+                for (name, _, gr) in wanted.values() {
+                    if param_keys.contains(&gr.storage_key()) {
+                        return Err(Error::Unsupported {
+                            op: "step",
+                            msg: format!(
+                                "the gradient of `{name}` views a parameter's buffer; give each \
+                                 gradient its own buffer (e.g. set_grad with a copy)"
+                            ),
+                        });
+                    }
+                }
                 let mut items = Vec::with_capacity(wanted.len());
                 let mut by_id: HashMap<u64, &mut A::State> = self
                     .state

@@ -398,3 +398,60 @@ fn grad_scaler_unscales_skips_nonfinite_steps_and_adapts_the_scale() {
     })
     .is_err());
 }
+
+#[test]
+fn unsupported_parameters_get_a_message_with_the_fix() {
+    let h = Parameter::new(Tensor::zeros(&[2], DType::F16, Device::Cpu).unwrap()).unwrap();
+    h.set_grad(Some(Tensor::zeros(&[2], DType::F16, Device::Cpu).unwrap()))
+        .unwrap();
+    let mut opt = Sgd::new(
+        vec![ParamGroup::new(vec![("half.weight".into(), h)])],
+        SgdOptions::default(),
+    )
+    .unwrap();
+    let msg = opt.step().unwrap_err().to_string();
+    assert!(
+        msg.contains("`half.weight`") && msg.contains("master weights in f32"),
+        "{msg}"
+    );
+
+    // A gradient that views another parameter's buffer would be read while that buffer is
+    // written; it is refused instead.
+    let (a, b) = (param(&[1.0, 2.0]), param(&[3.0, 4.0]));
+    a.set_grad(Some(b.detach())).unwrap();
+    let mut opt = Sgd::new(
+        vec![ParamGroup::new(named(&[&a, &b], "p"))],
+        SgdOptions::default(),
+    )
+    .unwrap();
+    let msg = opt.step().unwrap_err().to_string();
+    assert!(msg.contains("`p.0`") && msg.contains("own buffer"), "{msg}");
+}
+
+#[test]
+fn get_total_norm_names_the_first_nonfinite_tensor_and_value_clipping_keeps_nan() {
+    let ok = Tensor::from_vec(vec![3f32, 4.0], &[2], Device::Cpu).unwrap();
+    let bad = Tensor::from_vec(vec![f32::INFINITY], &[1], Device::Cpu).unwrap();
+    assert_eq!(
+        get_total_norm(std::slice::from_ref(&ok), 2.0, true).unwrap(),
+        5.0
+    );
+    assert_eq!(get_total_norm(&[], 2.0, true).unwrap(), 0.0);
+    let err = get_total_norm(&[ok.clone(), bad.clone(), bad], 2.0, true).unwrap_err();
+    assert!(err.to_string().contains("`tensor[1]`"), "{err}");
+    assert_eq!(
+        get_total_norm(std::slice::from_ref(&ok), 1.0, false).unwrap(),
+        7.0
+    );
+    assert_eq!(
+        get_total_norm(&[ok], 0.0, false).unwrap(),
+        1.0,
+        "count of nonzero norms"
+    );
+    let p = param(&[0.0; 3]);
+    grad(&p, &[f32::NAN, -5.0, 0.25]);
+    clip_grad_value_(&[("p".into(), p.clone())], 1.0).unwrap();
+    let g = p.grad().unwrap().to_vec::<f32>().unwrap();
+    assert!(g[0].is_nan());
+    assert_eq!(&g[1..], &[-1.0, 0.25]);
+}
