@@ -144,6 +144,17 @@ pub fn clip_grad_norm_(
         norm_kind("clip_grad_norm_", norm_type)?;
         return Ok(0.0);
     }
+    #[cfg(feature = "cuda")]
+    if grads.iter().any(|g| !g.device().is_cpu()) {
+        norm_kind("clip_grad_norm_", norm_type)?;
+        return crate::clip_cuda::clip_grad_norm_cuda(
+            &names,
+            &grads,
+            max_norm,
+            norm_type,
+            error_if_nonfinite,
+        );
+    }
     let total = total_norm_named(&names, &grads, norm_type, error_if_nonfinite)?;
     scale_grads(&grads, clip_coef(max_norm, total))?;
     Ok(total)

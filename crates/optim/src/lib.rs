@@ -19,6 +19,8 @@
 mod access;
 mod adam;
 pub mod clip;
+#[cfg(feature = "cuda")]
+mod clip_cuda;
 mod error;
 mod fused;
 mod group;

@@ -455,3 +455,63 @@ fn get_total_norm_names_the_first_nonfinite_tensor_and_value_clipping_keeps_nan(
     assert!(g[0].is_nan());
     assert_eq!(&g[1..], &[-1.0, 0.25]);
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn clip_on_a_cuda_device_matches_the_cpu() {
+    let Some(dev) = kiln_device::testing::cuda_device_or_skip() else {
+        return;
+    };
+    let lens = [12usize, 1, 70_001, 3];
+    let host: Vec<Vec<f32>> = lens
+        .iter()
+        .map(|&n| (0..n).map(|i| ((i % 13) as f32 - 6.0) * 0.5).collect())
+        .collect();
+    let mk = |device: Device| -> Vec<(String, Parameter)> {
+        host.iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let p =
+                    Parameter::new(Tensor::zeros(&[h.len()], DType::F32, device).unwrap()).unwrap();
+                p.set_grad(Some(
+                    Tensor::from_vec(h.clone(), &[h.len()], Device::Cpu)
+                        .unwrap()
+                        .to_device(device)
+                        .unwrap(),
+                ))
+                .unwrap();
+                (format!("g{i}"), p)
+            })
+            .collect()
+    };
+    let (cpu, gpu) = (mk(Device::Cpu), mk(dev));
+    for max_norm in [1e9, 1.0] {
+        let want = clip_grad_norm_(&cpu, max_norm, 2.0, false).unwrap();
+        let got = clip_grad_norm_(&gpu, max_norm, 2.0, false).unwrap();
+        assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+    }
+    for ((_, a), (_, b)) in cpu.iter().zip(&gpu) {
+        let (a, b) = (
+            a.grad().unwrap().to_vec::<f32>().unwrap(),
+            b.grad().unwrap().to_vec::<f32>().unwrap(),
+        );
+        assert!(a
+            .iter()
+            .zip(&b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + x.abs())));
+    }
+    gpu[1]
+        .1
+        .set_grad(Some(
+            Tensor::from_vec(vec![f32::NAN], &[1], Device::Cpu)
+                .unwrap()
+                .to_device(dev)
+                .unwrap(),
+        ))
+        .unwrap();
+    let err = clip_grad_norm_(&gpu, 1.0, 2.0, true).unwrap_err();
+    assert!(
+        matches!(&err, Error::NonFiniteNorm { name, .. } if name == "g1"),
+        "{err}"
+    );
+}

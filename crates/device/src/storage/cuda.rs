@@ -85,6 +85,15 @@ impl CudaStorage {
         Ok(CpuStorage::from_bytes(&bytes, self.dtype))
     }
 
+    /// Device address of element `element_offset` of the buffer, for the tables of
+    /// multi-tensor kernels; valid while this storage lives.
+    pub fn device_address(&self, element_offset: usize) -> u64 {
+        use cudarc::driver::DevicePtr;
+        let stream = self.bytes.stream().clone();
+        let (base, _record) = self.bytes.device_ptr(&stream);
+        base + (element_offset * self.dtype.size_in_bytes()) as u64
+    }
+
     fn not_yet<T>(&self, op: &'static str) -> Result<T> {
         Err(Error::NotImplemented {
             op,

@@ -8,7 +8,8 @@
 //! (same pointers, lengths and dtypes), so the tables are rebuilt only when the set changes.
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use super::{plan_chunks, NormKind, CHUNK_ELEMS};
 use crate::cuda::driver_error;
@@ -252,6 +253,30 @@ impl ClipPlan {
             .clone_dtoh(&self.result)
             .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
         Ok([v[0], v[1]])
+    }
+}
+
+/// Runs `f` with the [`ClipPlan`] of `list` on `cuda:ordinal`, building it (on the stream
+/// kiln's storages use) only when the cached plan describes another list: the tables are
+/// uploaded once and reused while the parameter set is unchanged.
+pub fn with_clip_plan<R>(
+    ordinal: usize,
+    list: &[DeviceTensor],
+    f: impl FnOnce(&mut ClipPlan) -> Result<R>,
+) -> Result<R> {
+    static PLANS: Mutex<Option<HashMap<usize, ClipPlan>>> = Mutex::new(None);
+    let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
+    let plans = plans.get_or_insert_with(HashMap::new);
+    let stale = plans.get(&ordinal).is_none_or(|p| !p.matches(list));
+    if stale {
+        let stream = crate::storage::cuda_stream(ordinal)?;
+        plans.insert(ordinal, ClipPlan::new(&stream, list)?);
+    }
+    match plans.get_mut(&ordinal) {
+        Some(plan) => f(plan),
+        None => Err(Error::CudaUnavailable(format!(
+            "cuda:{ordinal}: the clip plan could not be cached"
+        ))),
     }
 }
 
