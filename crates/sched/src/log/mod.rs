@@ -1,0 +1,1 @@
+//! Scalar logging (placeholder while writing).
