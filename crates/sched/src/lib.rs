@@ -25,14 +25,14 @@
 //! Every step-driven scheduler implements [`LrScheduler`]; ReduceLROnPlateau implements
 //! [`MetricScheduler`], whose `step` takes the metric. Mixing them up does not compile:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0061
 //! use kiln_sched::{LrGroups, LrScheduler, StepLR};
 //! let mut opt = LrGroups::new(&[0.1]);
 //! let mut s = StepLR::new(&mut opt, 10, 0.1).unwrap();
 //! s.step(&mut opt, 0.5).unwrap(); // StepLR takes no metric
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0061
 //! use kiln_sched::{LrGroups, MetricScheduler, PlateauOptions, ReduceLROnPlateau};
 //! let mut opt = LrGroups::new(&[0.1]);
 //! let mut s = ReduceLROnPlateau::new(&mut opt, PlateauOptions::default()).unwrap();
