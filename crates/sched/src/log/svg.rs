@@ -42,6 +42,9 @@ pub struct Plot {
     pub log_y: bool,
 }
 
+/// Relative slack when snapping data limits to ticks: 0.1 + 1e-17 still ends at the 0.1 tick.
+const EPS: f64 = 1e-9;
+
 /// Tick positions covering `[lo, hi]` with at most `max_intervals` steps of 1, 2 or 5 x 10^k:
 /// the first tick is at or below `lo`, the last at or above `hi`.
 pub fn nice_ticks(lo: f64, hi: f64, max_intervals: usize) -> Vec<f64> {
@@ -53,14 +56,14 @@ pub fn nice_ticks(lo: f64, hi: f64, max_intervals: usize) -> Vec<f64> {
         if let Some(s) = [1.0, 2.0, 5.0]
             .iter()
             .map(|m| m * magnitude)
-            .find(|s| ((hi / s).ceil() - (lo / s).floor()) <= max_intervals)
+            .find(|s| ((hi / s - EPS).ceil() - (lo / s + EPS).floor()) <= max_intervals)
         {
             break s;
         }
         magnitude *= 10.0;
     };
-    let first = (lo / step).floor() as i64;
-    let last = (hi / step).ceil() as i64;
+    let first = (lo / step + EPS).floor() as i64;
+    let last = (hi / step - EPS).ceil() as i64;
     (first..=last).map(|k| k as f64 * step).collect()
 }
 
@@ -183,7 +186,12 @@ impl Plot {
         } else {
             let t = nice_ticks(ylo, yhi, 5);
             let step = t.get(1).map_or(1.0, |v| v - t[0]);
+            // A line on the first or last tick would run along the frame: leave 3% headroom
+            // (without adding a tick).
             let (a, b) = (t[0], *t.last().expect("ticks"));
+            let pad = (b - a) * 0.03;
+            let a = if ylo <= a { a - pad } else { a };
+            let b = if yhi >= b { b + pad } else { b };
             (t, a, b, step)
         };
         let sx = |x: f64| px + (x - xa) / (xb - xa) * pw;
@@ -275,7 +283,29 @@ impl Plot {
                 .unwrap_or(0);
             let lw = 30.0 + longest as f64 * 6.2;
             let lh = 6.0 + 15.0 * self.series.len() as f64;
-            let (lx, ly) = (px + pw - lw - 6.0, py + 6.0);
+            // Put the legend in the corner that hides the fewest points.
+            let corners = [
+                (px + pw - lw - 6.0, py + 6.0),
+                (px + 6.0, py + 6.0),
+                (px + pw - lw - 6.0, py + ph - lh - 6.0),
+                (px + 6.0, py + ph - lh - 6.0),
+            ];
+            let hidden = |&(cx, cy): &(f64, f64)| {
+                self.series
+                    .iter()
+                    .flat_map(|s| s.points.iter())
+                    .filter(|&&p| self.usable(p))
+                    .filter(|&&(x, y)| {
+                        let (x, y) = (sx(x), sy(y));
+                        x >= cx - 4.0 && x <= cx + lw + 4.0 && y >= cy - 4.0 && y <= cy + lh + 4.0
+                    })
+                    .count()
+            };
+            let (lx, ly) = corners
+                .iter()
+                .min_by_key(|c| hidden(c))
+                .copied()
+                .expect("four corners");
             let _ = writeln!(
                 out,
                 r##"<rect x="{lx:.2}" y="{ly:.2}" width="{lw:.2}" height="{lh:.2}" fill="#ffffff" fill-opacity="0.85" stroke="#bbbbbb"/>"##

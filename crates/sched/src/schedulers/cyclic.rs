@@ -272,6 +272,10 @@ struct Phase {
 }
 
 /// The 1cycle policy (PyTorch `OneCycleLR`): step it after every batch, `total_steps` times.
+///
+/// As in PyTorch the `total_steps`-th step extrapolates the last phase one step past its end
+/// (slightly below `min_lr`; with linear annealing that can be a tiny negative lr). That lr is
+/// never trained with when the scheduler steps once per batch; stepping further is an error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OneCycleLR {
     core: Core,
