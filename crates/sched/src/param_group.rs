@@ -18,6 +18,32 @@ use crate::error::{Result, SchedError};
 /// The learning-rate view of an optimizer's parameter groups that schedulers drive.
 ///
 /// Group indices run from `0` to `num_groups() - 1`; schedulers never pass anything else.
+/// An optimizer implements it over its own group storage; `initial_lr` needs one
+/// `Option<f64>` per group:
+///
+/// ```
+/// use kiln_sched::{LrScheduler, ParamGroupLr, StepLR};
+///
+/// struct Group { lr: f64, initial_lr: Option<f64>, momentum: f64 }
+/// struct Sgd { groups: Vec<Group> }
+///
+/// impl ParamGroupLr for Sgd {
+///     fn num_groups(&self) -> usize { self.groups.len() }
+///     fn lr(&self, g: usize) -> f64 { self.groups[g].lr }
+///     fn set_lr(&mut self, g: usize, lr: f64) { self.groups[g].lr = lr }
+///     fn initial_lr(&self, g: usize) -> Option<f64> { self.groups[g].initial_lr }
+///     fn set_initial_lr(&mut self, g: usize, lr: f64) { self.groups[g].initial_lr = Some(lr) }
+///     fn momentum(&self, g: usize) -> Option<f64> { Some(self.groups[g].momentum) }
+///     fn set_momentum(&mut self, g: usize, m: f64) { self.groups[g].momentum = m }
+/// }
+///
+/// let mut sgd = Sgd { groups: vec![Group { lr: 0.1, initial_lr: None, momentum: 0.9 }] };
+/// let mut sched = StepLR::new(&mut sgd, 2, 0.5)?;
+/// sched.step(&mut sgd)?;
+/// sched.step(&mut sgd)?;
+/// assert_eq!(sgd.groups[0].lr, 0.05);
+/// # Ok::<(), kiln_sched::SchedError>(())
+/// ```
 pub trait ParamGroupLr {
     /// Number of parameter groups.
     fn num_groups(&self) -> usize;
