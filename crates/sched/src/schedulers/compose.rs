@@ -197,6 +197,7 @@ impl LrScheduler for SequentialLR {
 }
 
 /// Step every scheduler each epoch, so their factors multiply (PyTorch `ChainedScheduler`).
+/// If a child's step fails, the children before it have already stepped, as in PyTorch.
 pub struct ChainedScheduler {
     schedulers: Vec<Box<dyn LrScheduler>>,
     last_lr: Vec<f64>,

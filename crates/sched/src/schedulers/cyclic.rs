@@ -412,6 +412,31 @@ impl OneCycleLR {
         Ok(s)
     }
 
+    /// PyTorch's other form: `total_steps = epochs * steps_per_epoch`. Errors name whichever
+    /// of the two is 0.
+    pub fn with_epochs(
+        opt: &mut dyn ParamGroupLr,
+        max_lr: impl Into<PerGroup>,
+        epochs: usize,
+        steps_per_epoch: usize,
+        options: OneCycleOptions,
+    ) -> Result<Self> {
+        for (name, v) in [("epochs", epochs), ("steps_per_epoch", steps_per_epoch)] {
+            if v == 0 {
+                return Err(invalid(Self::NAME, name, 0, "use a positive integer"));
+            }
+        }
+        let total = epochs.checked_mul(steps_per_epoch).ok_or_else(|| {
+            invalid(
+                Self::NAME,
+                "steps_per_epoch",
+                steps_per_epoch,
+                "epochs * steps_per_epoch overflows usize",
+            )
+        })?;
+        Self::new(opt, max_lr, total, options)
+    }
+
     /// The configured number of steps.
     pub fn total_steps(&self) -> usize {
         self.total_steps as usize
