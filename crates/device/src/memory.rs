@@ -28,19 +28,19 @@ use kiln_alloc_cache::{
 use crate::error::{Error, Result};
 use crate::Device;
 
-/// Serialises allocator creation (creation is rare and may fail, so it is not done inside
-/// `OnceLock::get_or_init`, which could not report the failure).
-static CREATE: Mutex<()> = Mutex::new(());
-
 /// Returns the allocator in `slot`, creating it with `create` when it does not exist yet.
+/// Creation is serialised by `lock` (one per device kind, so creating a CUDA allocator may use
+/// the CPU one); it is not done inside `OnceLock::get_or_init`, which could not report a
+/// failure.
 fn get_or_create(
     slot: &'static OnceLock<CachingAllocator>,
+    lock: &Mutex<()>,
     create: impl FnOnce() -> Result<CachingAllocator>,
 ) -> Result<&'static CachingAllocator> {
     if let Some(a) = slot.get() {
         return Ok(a);
     }
-    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = lock.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(a) = slot.get() {
         return Ok(a);
     }
@@ -50,7 +50,8 @@ fn get_or_create(
 
 fn cpu_allocator() -> Result<&'static CachingAllocator> {
     static CPU: OnceLock<CachingAllocator> = OnceLock::new();
-    get_or_create(&CPU, || {
+    static CREATE: Mutex<()> = Mutex::new(());
+    get_or_create(&CPU, &CREATE, || {
         let config = AllocatorConfig {
             expandable_segments: false,
             ..AllocatorConfig::from_env()?
@@ -69,6 +70,7 @@ fn expandable_set_in_env() -> bool {
 fn cuda_allocator(device: Device) -> Result<&'static CachingAllocator> {
     use crate::cuda::CudaBackend;
     static CUDA: OnceLock<Box<[OnceLock<CachingAllocator>]>> = OnceLock::new();
+    static CREATE: Mutex<()> = Mutex::new(());
     let status = crate::cuda_status();
     status.check()?;
     let Device::Cuda(ordinal) = device else {
@@ -79,7 +81,7 @@ fn cuda_allocator(device: Device) -> Result<&'static CachingAllocator> {
     let slot = slots
         .get(ordinal)
         .ok_or(Error::NoSuchCudaDevice { ordinal, count })?;
-    get_or_create(slot, || {
+    get_or_create(slot, &CREATE, || {
         let mut config = AllocatorConfig::from_env()?;
         let backend = CudaBackend::new(device)?;
         if !expandable_set_in_env() {

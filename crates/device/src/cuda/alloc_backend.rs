@@ -19,7 +19,10 @@
 //! Each mapped page has its own physical handle (kept in a map from page address to handle), so
 //! the allocator can unmap any page-aligned sub-range later. There are no per-allocation events
 //! or synchronisations: the allocator asks for events only for blocks used on other streams
-//! (`record_stream`). `StreamId` is the `CUstream` value (0 = the legacy default stream).
+//! (`record_stream`). Giving memory back to the driver (`release`, `unmap`) first waits for the
+//! device, since a cached block may still be in use by queued kernels (PyTorch does the same
+//! before unmapping expandable pages); that only happens in `empty_cache`/`trim_to`, garbage
+//! collection and the out-of-memory retry. `StreamId` is the `CUstream` value (0 = the legacy default stream).
 //! `CUDA_ERROR_OUT_OF_MEMORY` becomes [`BackendError::OutOfMemory`], which makes the allocator
 //! release its cache and retry; every other driver error is [`BackendError::Driver`].
 
@@ -138,6 +141,19 @@ impl CudaBackend {
             .map_err(|e| driver("cuCtxSetCurrent", e))
     }
 
+    /// Waits for all work queued on the device. Called before memory goes back to the driver:
+    /// the allocator returns a block to its cache as soon as it is freed, while kernels queued
+    /// on its stream may still use it (stream order makes reuse safe, but not release), and
+    /// `cuMemUnmap`/`cuMemRelease` do not wait for them (nor is `cuMemFree`'s implicit
+    /// synchronisation relied on). Only
+    /// `empty_cache`/`trim_to`, garbage collection and the out-of-memory retry release memory,
+    /// so allocation and free never reach this.
+    fn wait_for_device(&self) -> Result<(), BackendError> {
+        self.ctx
+            .synchronize()
+            .map_err(|e| driver("cuCtxSynchronize", e))
+    }
+
     /// Unmaps and releases the pages of `[addr, addr + bytes)` that are in the page map.
     fn unmap_pages(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
         let page = self.page.unwrap_or(bytes.max(1)) as u64;
@@ -201,6 +217,7 @@ impl MemoryBackend for CudaBackend {
 
     unsafe fn release(&self, addr: u64, _bytes: usize) -> Result<(), BackendError> {
         self.bind()?;
+        self.wait_for_device()?;
         // SAFETY: the caller guarantees `addr` is a live segment from `reserve` with no pending
         // access.
         unsafe { result::free_sync(addr) }.map_err(|e| driver("cuMemFree", e))
@@ -295,6 +312,7 @@ impl MemoryBackend for CudaBackend {
 
     unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
         self.bind()?;
+        self.wait_for_device()?;
         self.unmap_pages(addr, bytes)
     }
 
