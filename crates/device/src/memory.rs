@@ -67,15 +67,12 @@ fn expandable_set_in_env() -> bool {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_allocator(device: Device) -> Result<&'static CachingAllocator> {
+fn cuda_allocator(ordinal: usize) -> Result<&'static CachingAllocator> {
     use crate::cuda::CudaBackend;
     static CUDA: OnceLock<Box<[OnceLock<CachingAllocator>]>> = OnceLock::new();
     static CREATE: Mutex<()> = Mutex::new(());
     let status = crate::cuda_status();
     status.check()?;
-    let Device::Cuda(ordinal) = device else {
-        unreachable!("called for CUDA devices only")
-    };
     let count = status.device_count();
     let slots = CUDA.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
     let slot = slots
@@ -83,7 +80,7 @@ fn cuda_allocator(device: Device) -> Result<&'static CachingAllocator> {
         .ok_or(Error::NoSuchCudaDevice { ordinal, count })?;
     get_or_create(slot, &CREATE, || {
         let mut config = AllocatorConfig::from_env()?;
-        let backend = CudaBackend::new(device)?;
+        let backend = CudaBackend::new(Device::Cuda(ordinal))?;
         if !expandable_set_in_env() {
             config.expandable_segments = backend.supports_expandable_segments();
         }
@@ -92,9 +89,9 @@ fn cuda_allocator(device: Device) -> Result<&'static CachingAllocator> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_allocator(device: Device) -> Result<&'static CachingAllocator> {
+fn cuda_allocator(ordinal: usize) -> Result<&'static CachingAllocator> {
     Err(Error::CudaUnavailable(format!(
-        "{device} requested but kiln-device was built without the `cuda` feature; rebuild with it"
+        "cuda:{ordinal} requested but kiln-device was built without the `cuda` feature; rebuild with it"
     )))
 }
 
@@ -105,7 +102,7 @@ fn cuda_allocator(device: Device) -> Result<&'static CachingAllocator> {
 pub fn allocator(device: Device) -> Result<&'static CachingAllocator> {
     match device {
         Device::Cpu => cpu_allocator(),
-        Device::Cuda(_) => cuda_allocator(device),
+        Device::Cuda(ordinal) => cuda_allocator(ordinal),
     }
 }
 
