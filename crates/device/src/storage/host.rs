@@ -21,7 +21,9 @@
 //!   process through `handle_alloc_error`, as the `Vec` itself would have.
 //!
 //! Kernels still produce a `Vec<T>` that [`HostBuffer::from_vec`] copies into the block (one
-//! extra pass over the output); writing kernel outputs straight into a block is the next step.
+//! extra pass over the output, and the `Vec` itself still comes from the system allocator);
+//! only `full` (zeros, ones, scalars) fills a block in place. Writing kernel outputs straight
+//! into a block is the next step.
 
 use std::alloc::Layout;
 use std::fmt;
