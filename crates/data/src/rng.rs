@@ -7,7 +7,7 @@
 //! resume. Domains keep the uses apart (synthetic rendering, augmentation, shuffling); `sub` is
 //! the split or the epoch (its low 24 bits: epochs repeat their random streams after 16.7 million).
 
-use kiln_device::ops::random::{normal, philox4x32_10, uniform53};
+use kiln_device::ops::random::{philox4x32_10, uniform53};
 
 /// What a stream is for (top 8 bits of counter word 3).
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +26,7 @@ pub(crate) struct Stream {
     draw: u32,
     buf: [u32; 4],
     used: usize,
+    spare_normal: Option<f64>,
 }
 
 impl Stream {
@@ -37,6 +38,7 @@ impl Stream {
             draw: 0,
             buf: [0; 4],
             used: 4,
+            spare_normal: None,
         }
     }
 
@@ -83,9 +85,19 @@ impl Stream {
         ((x as u128 * n as u128) >> 64) as usize
     }
 
-    /// A standard normal (one whole block, Box-Muller).
+    /// A standard normal: Box-Muller on one whole block gives two (cosine and sine branch);
+    /// the sine one is kept for the next call.
     pub(crate) fn normal(&mut self) -> f64 {
-        normal(self.block())
+        if let Some(z) = self.spare_normal.take() {
+            return z;
+        }
+        let b = self.block();
+        let u1 = 1.0 - uniform53(b[0], b[1]); // (0, 1]: log is finite
+        let u2 = uniform53(b[2], b[3]);
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+        self.spare_normal = Some(r * sin);
+        r * cos
     }
 }
 
@@ -118,6 +130,18 @@ mod tests {
         ] {
             assert_ne!(t.next_u32(), a[0]);
         }
+    }
+
+    #[test]
+    fn normals_have_unit_moments() {
+        let mut s = Stream::new(3, Domain::Synthetic, 0, 9);
+        let z: Vec<f64> = (0..20_000).map(|_| s.normal()).collect();
+        let mean = z.iter().sum::<f64>() / z.len() as f64;
+        let var = z.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / z.len() as f64;
+        assert!(mean.abs() < 0.03, "mean {mean}");
+        assert!((var - 1.0).abs() < 0.05, "var {var}");
+        // Consecutive pairs are not the same number.
+        assert_ne!(z[0], z[1]);
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub fn render(seed: u64, split: Split, index: u64) -> (Vec<u8>, i64) {
     let r = if pattern {
         s.range(8.0, 13.0)
     } else {
-        s.range(6.0, 11.0)
+        s.range(7.0, 11.0)
     };
     let side = SIZE as f64;
     let cx = s.range(r + 1.0, side - r - 1.0);

@@ -67,13 +67,13 @@ fn classes_are_balanced_and_images_are_varied() {
 /// the classes are not separable by where their pixels are.
 #[test]
 fn nearest_class_mean_on_pixels_is_weak() {
-    let (train, val) = synthetic::train_val(1, 1000, 300);
+    let (train, val) = synthetic::train_val(1, 500, 200);
     let per = 3 * 32 * 32;
     let mut means = vec![vec![0f64; per]; 10];
     for i in 0..train.len() {
         let l = train.label(i) as usize;
         for (m, &v) in means[l].iter_mut().zip(train.image(i)) {
-            *m += v as f64 / 100.0;
+            *m += v as f64 / 50.0;
         }
     }
     let mut correct = 0;
