@@ -111,7 +111,8 @@ impl Plan {
             let pixels = if aug.is_identity() {
                 src
             } else {
-                aug.apply(src, shape, self.config.seed, epoch, i, &mut scratch);
+                aug.apply(src, shape, self.config.seed, epoch, i, &mut scratch)
+                    .expect("dataset samples and scratch have the dataset's sample shape");
                 &scratch
             };
             push_f32(

@@ -73,12 +73,15 @@ fn check_len(file: &FileBytes, start: usize, len: usize, what: &str) -> Result<(
 fn parse_images(file: &FileBytes) -> Result<(usize, usize, usize, Vec<u8>)> {
     let (dims, start) = header(file, 3, "images")?;
     let (n, rows, cols) = (dims[0], dims[1], dims[2]);
-    check_len(
-        file,
-        start,
-        n * rows * cols,
-        &format!("{n} images of {rows}x{cols}"),
-    )?;
+    let what = format!("{n} images of {rows}x{cols}");
+    let Some(len) = n.checked_mul(rows).and_then(|v| v.checked_mul(cols)) else {
+        return Err(file.error(
+            4,
+            format!("sizes whose product fits in memory ({what})"),
+            "an overflowing product",
+        ));
+    };
+    check_len(file, start, len, &what)?;
     Ok((n, rows, cols, file.bytes[start..].to_vec()))
 }
 

@@ -154,8 +154,20 @@ impl Augment {
         epoch: u64,
         index: usize,
         dst: &mut [u8],
-    ) {
+    ) -> Result<()> {
         let [c, h, w] = shape;
+        if src.len() != c * h * w || dst.len() != src.len() {
+            return Err(arg_err(
+                "Augment::apply",
+                format!(
+                    "src has {} bytes and dst {} for a {c}x{h}x{w} image; pass two buffers of \
+                     {} bytes",
+                    src.len(),
+                    dst.len(),
+                    c * h * w
+                ),
+            ));
+        }
         let mut s = Stream::new(seed, Domain::Augment, epoch, index as u64);
         let p = self.crop_padding;
         // Offsets into the padded image: 0..=2p each; `p` means no shift.
@@ -178,6 +190,7 @@ impl Augment {
                 }
             }
         }
+        Ok(())
     }
 }
 
@@ -216,7 +229,8 @@ mod tests {
                 crop_padding: 1,
                 flip_prob: 0.5,
             }
-            .apply(&src, [1, 3, 3], 5, 0, index, &mut dst);
+            .apply(&src, [1, 3, 3], 5, 0, index, &mut dst)
+            .unwrap();
             // Every output pixel is 0 (padding) or a source pixel; the centre pixel is a
             // source pixel at most one step from the centre, so never padding.
             assert_ne!(dst[4], 0);
@@ -231,10 +245,13 @@ mod tests {
             crop_padding: 0,
             flip_prob: 1.0,
         }
-        .apply(&src, [1, 3, 3], 5, 0, 0, &mut dst);
+        .apply(&src, [1, 3, 3], 5, 0, 0, &mut dst)
+        .unwrap();
         assert_eq!(dst, [3, 2, 1, 6, 5, 4, 9, 8, 7]);
         // Identity: unchanged.
-        Augment::default().apply(&src, [1, 3, 3], 5, 0, 0, &mut dst);
+        Augment::default()
+            .apply(&src, [1, 3, 3], 5, 0, 0, &mut dst)
+            .unwrap();
         assert_eq!(dst, src);
     }
 
@@ -243,7 +260,9 @@ mod tests {
         let src: Vec<u8> = (0..48).collect();
         let run = |seed, epoch, index| {
             let mut dst = vec![0; 48];
-            Augment::cifar().apply(&src, [3, 4, 4], seed, epoch, index, &mut dst);
+            Augment::cifar()
+                .apply(&src, [3, 4, 4], seed, epoch, index, &mut dst)
+                .unwrap();
             dst
         };
         assert_eq!(run(1, 2, 3), run(1, 2, 3));

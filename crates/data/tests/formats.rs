@@ -132,6 +132,18 @@ fn mnist_truncated_header_and_extra_bytes() {
 }
 
 #[test]
+fn mnist_absurd_dimensions_are_an_error_not_an_overflow() {
+    let mut images = vec![0, 0, 8, 3];
+    images.extend([0xff; 12]);
+    let msg = mnist_error("mnist-huge", images, idx_labels(&[1]), false);
+    assert!(msg.contains("at byte offset 4:"), "{msg}");
+    assert!(
+        msg.contains("4294967295 images of 4294967295x4294967295"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn mnist_bad_label_and_count_mismatch() {
     let msg = mnist_error(
         "mnist-label",
