@@ -60,8 +60,10 @@ impl Default for DataLoaderConfig {
 }
 
 /// Where a loader is: the epoch and how many of its batches were handed out. Save it with a
-/// checkpoint; [`DataLoader::set_state`] resumes from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// checkpoint (it derives serde's traits); [`DataLoader::set_state`] resumes from it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct LoaderState {
     /// The current epoch (0-based).
     pub epoch: u64,

@@ -204,6 +204,10 @@ fn resume_mid_epoch_continues_bit_identically() {
             }
         );
         assert_eq!(first.state(), saved);
+        // Through a checkpoint's JSON and back.
+        let json = serde_json::to_string(&saved).unwrap();
+        assert_eq!(json, r#"{"epoch":0,"batches_done":2}"#);
+        let saved: LoaderState = serde_json::from_str(&json).unwrap();
         let mut resumed = augmented(prefetch);
         resumed.set_state(saved).unwrap();
         got.extend(epoch(&mut resumed));
