@@ -234,7 +234,7 @@ fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             c.name
         );
         kiln_total += kiln;
-        ref_seconds_total += flops / ref_rate;
+        ref_seconds_total += flops / (ref_rate * 1e9);
         flops_total += flops;
         rows.push(Row::new(
             GROUP,
