@@ -192,3 +192,46 @@ fn embedding_padding_idx_gets_no_gradient() {
     let g = table.grad().unwrap().to_vec::<f64>().unwrap();
     assert_eq!(g, vec![1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
 }
+
+#[test]
+fn strided_operands_give_the_contiguous_results() {
+    // Inputs that are views (permuted, narrowed, transposed) are read through their layouts.
+    let nhwc = data(70, &[2, 5, 6, 4]);
+    let x = nhwc.permute(&[0, 3, 1, 2]).unwrap();
+    assert!(!x.is_contiguous());
+    let xc = x.contiguous().unwrap();
+    let w = data(71, &[3, 4, 3, 3]).transpose(2, 3).unwrap();
+    let p = Conv2dParams::default();
+    let same = |a: Tensor, b: Tensor| {
+        assert_eq!(a.shape(), b.shape());
+        assert_eq!(a.to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
+    };
+    same(
+        x.conv2d(&w, None, p).unwrap(),
+        xc.conv2d(&w.contiguous().unwrap(), None, p).unwrap(),
+    );
+    let mp = MaxPool2dParams::new([2, 2]);
+    same(x.max_pool2d(mp).unwrap(), xc.max_pool2d(mp).unwrap());
+    let opts = BatchNormOptions::default();
+    same(
+        x.batch_norm(None, None, None, None, opts).unwrap(),
+        xc.batch_norm(None, None, None, None, opts).unwrap(),
+    );
+    let rows = data(72, &[6, 8]).narrow(1, 2, 5).unwrap();
+    same(
+        rows.layer_norm(&[5], None, None, 1e-5).unwrap(),
+        rows.contiguous()
+            .unwrap()
+            .layer_norm(&[5], None, None, 1e-5)
+            .unwrap(),
+    );
+    let idx = indices(&[0, 4, 1, 3, 2, 0], &[2, 3]).t().unwrap();
+    let m = data(73, &[3, 5]);
+    same(
+        m.gather(1, &idx).unwrap(),
+        m.gather(1, &idx.contiguous().unwrap()).unwrap(),
+    );
+    gradcheck("conv2d_of_a_permuted_input", &[nhwc], |t| {
+        t[0].permute(&[0, 3, 1, 2])?.conv2d(&w, None, p)
+    });
+}
