@@ -15,6 +15,7 @@ use super::cpu::CpuStorage;
 use crate::backend::{BatchNormStats, GradMask, Grads3, Pool2d, RunningStatsMut, Strided};
 use crate::dtype::{BoolByte, DType, Element};
 use crate::ops::conv::{cpu as conv, Conv2dGeometry};
+use crate::ops::copy::cpu::cast;
 use crate::ops::norm::{
     cpu as norm, Affine, BatchNormShape, LayerNormShape, NormGrads, RunningStats,
     RunningStatsUpdate, SavedStats, SavedStatsMut,
@@ -58,8 +59,9 @@ host_element!(i64, I64);
 host_element!(u8, U8);
 host_element!(BoolByte, Bool);
 
-/// Runs `$body` with `$T` the float type of `$dtype` (`f32`/`f64`), else an unsupported-dtype
-/// error naming `$op`.
+/// Runs `$body` with `$T` the float type of `$dtype`: `f32`/`f64` natively; `f16`/`bf16` as
+/// `f32` (operands widened by [`dense`], float results rounded back once by [`Narrow`]), as
+/// PyTorch's CPU kernels do for half types. Other dtypes get an unsupported-dtype error.
 macro_rules! float_kernel {
     ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
         match $dtype {
@@ -71,10 +73,16 @@ macro_rules! float_kernel {
                 type $T = f64;
                 $body
             }
+            half @ (DType::F16 | DType::BF16) => {
+                type $T = f32;
+                #[allow(clippy::redundant_closure_call)]
+                let wide = (|| $body)();
+                wide.and_then(|r| $crate::storage::cpu_nn::Narrow::narrow(r, half))
+            }
             other => Err(Error::UnsupportedDType {
                 op: $op,
                 dtype: other,
-                hint: "this kernel runs on float32 and float64; convert with \
+                hint: "this kernel runs on floating-point tensors; convert with \
                        to_dtype(DType::F32) first",
             }),
         }
@@ -117,9 +125,57 @@ macro_rules! any_kernel {
     };
 }
 
-/// The elements of `layout` as a dense row-major slice of `T` (borrowed when possible).
+/// Results of a half-precision call computed in `f32`: every `F32` buffer is rounded to the
+/// call's dtype (index buffers stay `I64`).
+trait Narrow: Sized {
+    fn narrow(self, dtype: DType) -> Result<Self>;
+}
+
+impl Narrow for CpuStorage {
+    fn narrow(self, dtype: DType) -> Result<Self> {
+        if self.dtype() != DType::F32 {
+            return Ok(self);
+        }
+        let n = self.len();
+        self.to_dtype(&Layout::contiguous(&[n]), dtype)
+    }
+}
+
+impl<S: Narrow> Narrow for Option<S> {
+    fn narrow(self, dtype: DType) -> Result<Self> {
+        self.map(|s| s.narrow(dtype)).transpose()
+    }
+}
+
+impl<S: Narrow, const N: usize> Narrow for [S; N] {
+    fn narrow(self, dtype: DType) -> Result<Self> {
+        let mut out = Vec::with_capacity(N);
+        for s in self {
+            out.push(s.narrow(dtype)?);
+        }
+        Ok(out
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    }
+}
+
+impl<A: Narrow, B: Narrow> Narrow for (A, B) {
+    fn narrow(self, dtype: DType) -> Result<Self> {
+        Ok((self.0.narrow(dtype)?, self.1.narrow(dtype)?))
+    }
+}
+
+/// The elements of `layout` as a dense row-major slice of `T` (borrowed when possible). An
+/// `F16`/`BF16` buffer read as `f32` is widened (a copy).
 fn dense<'a, T: HostElement>(op: &'static str, x: Strided<'a, CpuStorage>) -> Result<Cow<'a, [T]>> {
     let (s, layout) = x;
+    if T::DTYPE == DType::F32 {
+        match s {
+            CpuStorage::F16(b) => return Ok(Cow::Owned(cast::<f16, T>(b.as_slice(), layout))),
+            CpuStorage::BF16(b) => return Ok(Cow::Owned(cast::<bf16, T>(b.as_slice(), layout))),
+            _ => {}
+        }
+    }
     let data = T::slice(s).ok_or(Error::DTypeMismatch {
         op,
         lhs: T::DTYPE,
