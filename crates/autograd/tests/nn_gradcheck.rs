@@ -235,3 +235,30 @@ fn strided_operands_give_the_contiguous_results() {
         t[0].permute(&[0, 3, 1, 2])?.conv2d(&w, None, p)
     });
 }
+
+#[test]
+fn backward_computes_only_the_gradients_needed() {
+    // Weight and bias gradients are the same whether or not the input wants one.
+    let (x, w, b) = (
+        data(80, &[2, 3, 5, 5]),
+        data(81, &[4, 3, 3, 3]),
+        data(82, &[4]),
+    );
+    let run = |input_grad: bool| {
+        let (x, w, b) = (x.detach(), w.detach(), b.detach());
+        x.set_requires_grad(input_grad).unwrap();
+        w.set_requires_grad(true).unwrap();
+        b.set_requires_grad(true).unwrap();
+        let y = x.conv2d(&w, Some(&b), Conv2dParams::default()).unwrap();
+        let n = y
+            .batch_norm(None, None, None, None, BatchNormOptions::default())
+            .unwrap();
+        n.square().unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().is_some(), input_grad);
+        (
+            w.grad().unwrap().to_vec::<f64>().unwrap(),
+            b.grad().unwrap().to_vec::<f64>().unwrap(),
+        )
+    };
+    assert_eq!(run(true), run(false));
+}
