@@ -106,3 +106,29 @@ fn half_types_compute_through_f32() {
         }
     }
 }
+
+#[test]
+fn half_running_statistics_are_updated_in_place() {
+    let x = Generator::new(3)
+        .normal(&[6, 2], 1.0, 2.0, DType::F32, Device::Cpu)
+        .unwrap();
+    let run = |dtype: DType| {
+        let (m, v) = (
+            Tensor::zeros(&[2], dtype, Device::Cpu).unwrap(),
+            Tensor::ones(&[2], dtype, Device::Cpu).unwrap(),
+        );
+        x.to_dtype(dtype)
+            .unwrap()
+            .batch_norm(Some(&m), Some(&v), None, None, BatchNormOptions::default())
+            .unwrap();
+        assert_eq!((m.version(), v.version()), (1, 1), "{dtype}: updated once");
+        (m.to_vec_f64().unwrap(), v.to_vec_f64().unwrap())
+    };
+    let (m32, v32) = run(DType::F32);
+    assert!(m32.iter().all(|&m| m != 0.0));
+    for dtype in [DType::F16, DType::BF16] {
+        let (m, v) = run(dtype);
+        assert_close(&format!("running_mean {dtype}"), &m, &m32, 1e-2);
+        assert_close(&format!("running_var {dtype}"), &v, &v32, 1e-2);
+    }
+}

@@ -348,8 +348,39 @@ pub(super) fn batch_norm_train(
     running: Option<RunningStatsMut<'_, CpuStorage>>,
     eps: f64,
 ) -> Result<[CpuStorage; 3]> {
-    const OP: &str = "batch_norm";
     let shape = BatchNormShape::from_input_shape(x.1.shape())?;
+    if let Some(r) = running {
+        let half = r.mean.0.dtype();
+        if matches!(half, DType::F16 | DType::BF16) {
+            // Half running statistics: update f32 copies, then round them back in place.
+            let mut mean = r.mean.0.to_dtype(r.mean.1, DType::F32)?;
+            let mut var = r.var.0.to_dtype(r.var.1, DType::F32)?;
+            let c = Layout::contiguous(r.mean.1.shape());
+            let wide = RunningStatsMut {
+                mean: (&mut mean, &c),
+                var: (&mut var, &c),
+                momentum: r.momentum,
+            };
+            let out = batch_norm_train(x, weight, bias, Some(wide), eps)?;
+            mean.to_dtype(&c, half)?.copy_into(&c, r.mean.0, r.mean.1)?;
+            var.to_dtype(&c, half)?.copy_into(&c, r.var.0, r.var.1)?;
+            return Ok(out);
+        }
+        return batch_norm_train_with(x, weight, bias, Some(r), eps, &shape);
+    }
+    batch_norm_train_with(x, weight, bias, None, eps, &shape)
+}
+
+fn batch_norm_train_with(
+    x: Strided<'_, CpuStorage>,
+    weight: Option<Strided<'_, CpuStorage>>,
+    bias: Option<Strided<'_, CpuStorage>>,
+    running: Option<RunningStatsMut<'_, CpuStorage>>,
+    eps: f64,
+    shape: &BatchNormShape,
+) -> Result<[CpuStorage; 3]> {
+    const OP: &str = "batch_norm";
+    let shape = *shape;
     float_kernel!(OP, x.0.dtype(), T => {
         let input = dense::<T>(OP, x)?;
         let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
