@@ -6,7 +6,15 @@
 //! [`crate::CudaStorage`]. Adding a device means implementing this trait; no op is written for one
 //! device only. Kernels take any strided input layout and return a fresh contiguous buffer, except
 //! [`BackendStorage::copy_into`], which writes through a strided destination layout (used by
-//! `cat`, `stack` and the backward of `narrow`/`select`).
+//! `cat`, `stack` and the backward of `narrow`/`select`), and
+//! [`BackendStorage::batch_norm_train`], which also updates the running statistics in place.
+//!
+//! The neural-network methods (convolution, pooling, normalisation, indexing) take extra
+//! operands as [`Strided`] pairs and their validated geometry types from [`crate::ops`]; each
+//! forward returns what its backward needs (max-pooling indices, batch/layer-norm statistics),
+//! and each backward takes a [`GradMask`] so only the gradients that are needed are computed. A
+//! device without a kernel for one of them returns [`crate::Error::NotImplemented`] naming the
+//! op; no method falls back to another device silently.
 
 use crate::ops::conv::Conv2dGeometry;
 use crate::ops::pool::{AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, MaxPool2dGeometry};

@@ -319,7 +319,9 @@ pub(super) fn pool2d_backward(
                 let Some(indices) = indices else {
                     return Err(Error::LengthMismatch {
                         op: "max_pool2d_backward",
-                        what: "no indices were passed".into(),
+                        what: "got no indices buffer, but max pooling's backward needs the \
+                               indices its forward returned"
+                            .into(),
                     });
                 };
                 let idx = dense::<i64>(OP, indices)?;
