@@ -530,4 +530,22 @@ impl BackendStorage for CpuStorage {
     fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
         Ok(with_slice!(self, s => build!(dtype, E => copy::cpu::cast::<_, E>(s, layout))))
     }
+
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        crate::ops::loss::cpu::softmax_cross_entropy_storage(
+            self,
+            layout,
+            target,
+            target_layout,
+            weight,
+            spec,
+        )
+    }
 }
