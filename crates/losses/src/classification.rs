@@ -18,7 +18,7 @@ use crate::targets::{check_class_targets, check_logits, index_shape};
 use crate::{Reduction, Result};
 use kiln_autograd::{is_grad_enabled, DType, Tensor};
 use kiln_device::ops::index::{cpu::scatter_, DimIndex};
-use kiln_device::ops::loss::{CrossEntropyShape, CrossEntropySpec};
+use kiln_device::ops::loss::{CrossEntropyShape, CrossEntropySpec, TargetKind};
 use kiln_device::ops::KernelError;
 use kiln_device::BackendStorage;
 
@@ -176,15 +176,43 @@ pub fn cross_entropy(
     })?;
     let loss_shape = index_shape(input.shape());
     let losses = Tensor::from_storage_contiguous(out.losses, &loss_shape)?;
-    let losses = match out.grad {
-        Some(grad) => {
-            let grad = Tensor::from_storage_contiguous(grad, input.shape())?;
-            Tensor::record_op("CrossEntropyBackward", &[input], &losses, move |_| {
-                Box::new(move |g| Ok(vec![Some(grad.mul(&g.unsqueeze(1)?)?)]))
-            })
-        }
-        None => losses,
+    let grad = out
+        .grad
+        .map(|g| Tensor::from_storage_contiguous(g, input.shape()))
+        .transpose()?;
+    // Probability targets get PyTorch's target gradient, -(1 - ε) w_c log_softmax(x)_c per
+    // position, computed in backward from the saved logits (only when the target needs it).
+    let probabilities = kind == TargetKind::Probabilities;
+    let inputs: Vec<&Tensor> = if probabilities {
+        vec![input, target]
+    } else {
+        vec![input]
     };
+    let mut weight_shape = vec![1; input.rank()];
+    weight_shape[1] = classes;
+    let losses = Tensor::record_op("CrossEntropyBackward", &inputs, &losses, |needs| {
+        let target_needs = needs.get(1).copied().unwrap_or(false);
+        let logits = target_needs.then(|| input.save_for_backward());
+        let weight = options.weight.map(|w| w.save_for_backward());
+        let n_inputs = needs.len();
+        Box::new(move |g| {
+            let g = g.unsqueeze(1)?;
+            let grad_input = grad.as_ref().map(|unit| unit.mul(&g)).transpose()?;
+            let grad_target = match &logits {
+                Some(x) => {
+                    let mut t = x.log_softmax(1)?.mul_scalar(-(1.0 - eps))?;
+                    if let Some(w) = &weight {
+                        t = t.mul(&w.reshape_to(&weight_shape)?)?;
+                    }
+                    Some(t.mul(&g)?)
+                }
+                None => None,
+            };
+            let mut grads = vec![grad_input, grad_target];
+            grads.truncate(n_inputs);
+            Ok(grads)
+        })
+    });
     Ok(match options.reduction {
         Reduction::None => losses,
         Reduction::Sum => losses.sum_all()?,

@@ -51,14 +51,18 @@ fn cross_entropy_gradients() {
         )
     });
     let p = normal(4, &[3, 4]).softmax(1).unwrap();
-    gradcheck("cross_entropy probabilities", &[normal(5, &[3, 4])], |x| {
-        let opts = CrossEntropyOptions {
-            weight: Some(&w),
-            label_smoothing: 0.1,
-            ..Default::default()
-        };
-        cross_entropy(&x[0], &p, &opts)
-    });
+    gradcheck(
+        "cross_entropy probabilities",
+        &[normal(5, &[3, 4]), p],
+        |v| {
+            let opts = CrossEntropyOptions {
+                weight: Some(&w),
+                label_smoothing: 0.1,
+                ..Default::default()
+            };
+            cross_entropy(&v[0], &v[1], &opts)
+        },
+    );
     // A non-contiguous (transposed) logits view goes through the same kernel.
     gradcheck(
         "cross_entropy transposed view",
