@@ -75,3 +75,53 @@ fn no_graph_without_grad() {
         with.to_vec::<f32>().unwrap()
     );
 }
+
+#[test]
+fn masked_classes_with_minus_infinity_logits_contribute_nothing() {
+    // PyTorch: cross_entropy([[-inf, 1, 2]], [1]) = ln(1 + e), gradient [0, p1 - 1, p2].
+    let x = Tensor::from_slice(&[f64::NEG_INFINITY, 1.0, 2.0], &[1, 3], Device::Cpu).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let t = Tensor::from_slice(&[1i64], &[1], Device::Cpu).unwrap();
+    let loss = cross_entropy(&x, &t, &Default::default()).unwrap();
+    let e = std::f64::consts::E;
+    assert!((loss.item().unwrap() - (1.0 + e).ln()).abs() < 1e-15);
+    loss.backward().unwrap();
+    let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+    let p1 = 1.0 / (1.0 + e);
+    assert_eq!(g[0], 0.0);
+    assert!(
+        (g[1] - (p1 - 1.0)).abs() < 1e-15 && (g[2] - (1.0 - p1)).abs() < 1e-15,
+        "{g:?}"
+    );
+}
+
+#[test]
+fn half_precision_logits_run_in_f32_and_round_once() {
+    let vals = [0.5f32, -1.25, 2.0, 0.0, 1.5, -0.75];
+    let x32 = Tensor::from_slice(&vals, &[2, 3], Device::Cpu).unwrap();
+    let t = Tensor::from_slice(&[2i64, 1], &[2], Device::Cpu).unwrap();
+    let opts = CrossEntropyOptions {
+        reduction: Reduction::None,
+        label_smoothing: 0.1,
+        ..Default::default()
+    };
+    let want = cross_entropy(&x32, &t, &opts)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for dtype in [DType::F16, DType::BF16] {
+        let x = x32.to_dtype(dtype).unwrap(); // these values are exact in both
+        x.set_requires_grad(true).unwrap();
+        let loss = cross_entropy(&x, &t, &opts).unwrap();
+        assert_eq!(loss.dtype(), dtype);
+        let got = loss.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-2 * w.abs(),
+                "{dtype}: {got:?} vs {want:?}"
+            );
+        }
+        loss.sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().dtype(), dtype);
+    }
+}

@@ -97,7 +97,8 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
                 if zk > max {
                     sum = sum * (max - zk).exp() + 1.0;
                     max = zk;
-                } else {
+                } else if zk != f64::NEG_INFINITY {
+                    // (-inf logits, i.e. masked classes, add nothing; NaN still propagates.)
                     sum += (zk - max).exp();
                 }
                 let qwk = match label {

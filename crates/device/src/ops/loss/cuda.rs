@@ -234,6 +234,109 @@ pub fn softmax_cross_entropy<T: LossElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::loss::cpu::{self as cpu_kernel, Targets};
+    use crate::ops::loss::{CrossEntropyShape, TargetKind};
+    use crate::testing::cuda_device_or_skip;
+
+    fn spec(target: TargetKind, label_smoothing: f64) -> CrossEntropySpec {
+        CrossEntropySpec {
+            shape: CrossEntropyShape {
+                batch: 3,
+                classes: 300, // more classes than threads in a block
+                inner: 2,
+            },
+            target,
+            ignore_index: -100,
+            label_smoothing,
+            with_grad: true,
+        }
+    }
+
+    fn close(what: &str, got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-12 + 1e-12 * b.abs(),
+                "{what}[{i}]: {a} vs {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn cuda_matches_cpu_and_reports_the_same_bad_target() {
+        let Some(dev) = cuda_device_or_skip() else {
+            return;
+        };
+        let stream = crate::cuda::default_stream(dev).unwrap();
+        let s = spec(TargetKind::Indices, 0.1);
+        let n = s.shape.logits();
+        // Magnitudes up to 1e4: the shifted log-sum-exp must hold on both sides.
+        let logits: Vec<f64> = (0..n)
+            .map(|i| ((i * 37) % 101) as f64 * 200.0 - 1e4)
+            .collect();
+        let weight: Vec<f64> = (0..300).map(|k| 0.5 + (k % 7) as f64 * 0.25).collect();
+        let labels = vec![5i64, 299, -100, 0, 17, 150];
+        let (mut losses, mut grad) = (vec![0.0; 6], vec![0.0; n]);
+        let total = cpu_kernel::softmax_cross_entropy(
+            &s,
+            &logits,
+            Targets::Indices(&labels),
+            Some(&weight),
+            &mut losses,
+            Some(&mut grad),
+        )
+        .unwrap();
+        let (dl, dt, dw) = (
+            stream.clone_htod(&logits).unwrap(),
+            stream.clone_htod(&labels).unwrap(),
+            stream.clone_htod(&weight).unwrap(),
+        );
+        let (gl, gg, gt) =
+            softmax_cross_entropy(&stream, &s, &dl, DeviceTargets::Indices(&dt), Some(&dw))
+                .unwrap();
+        close("losses", &stream.clone_dtoh(&gl).unwrap(), &losses);
+        close("grad", &stream.clone_dtoh(&gg.unwrap()).unwrap(), &grad);
+        close("total", &[gt], &[total]);
+
+        let sp = spec(TargetKind::Probabilities, 0.2);
+        let probs: Vec<f64> = (0..n).map(|i| ((i * 13) % 17) as f64 / 170.0).collect();
+        let total = cpu_kernel::softmax_cross_entropy(
+            &sp,
+            &logits,
+            Targets::Probabilities(&probs),
+            None,
+            &mut losses,
+            Some(&mut grad),
+        )
+        .unwrap();
+        let dp = stream.clone_htod(&probs).unwrap();
+        let (gl, gg, gt) =
+            softmax_cross_entropy(&stream, &sp, &dl, DeviceTargets::Probabilities(&dp), None)
+                .unwrap();
+        close("prob losses", &stream.clone_dtoh(&gl).unwrap(), &losses);
+        close(
+            "prob grad",
+            &stream.clone_dtoh(&gg.unwrap()).unwrap(),
+            &grad,
+        );
+        close("prob total", &[gt], &[total]);
+
+        let bad = vec![0i64, 300, 1, -7, 2, 3];
+        let cpu_err = cpu_kernel::softmax_cross_entropy(
+            &s,
+            &logits,
+            Targets::Indices(&bad),
+            None,
+            &mut losses,
+            None,
+        )
+        .unwrap_err();
+        let db = stream.clone_htod(&bad).unwrap();
+        match softmax_cross_entropy(&stream, &s, &dl, DeviceTargets::Indices(&db), None) {
+            Err(Error::Kernel(e)) => assert_eq!(e, cpu_err),
+            other => panic!("expected the CPU's error {cpu_err:?}, got {other:?}"),
+        }
+    }
 
     #[test]
     fn loss_cu_compiles_to_ptx_with_every_kernel() {

@@ -55,6 +55,7 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
 
 __device__ __forceinline__ MaxSum push(MaxSum a, double z) {
     if (isnan(z)) return MaxSum{z, z};
+    if (z == KILN_NEG_INF) return a;  // masked class: adds nothing
     if (z > a.max) return MaxSum{z, a.sum * exp(a.max - z) + 1.0};
     return MaxSum{a.max, a.sum + exp(z - a.max)};
 }
@@ -162,8 +163,10 @@ __device__ void xent_prob(const T* __restrict__ logits, const T* __restrict__ ta
             ms = push(ms, z);
             const double qwk = ((1.0 - eps) * (double)targets[base + k * d] + smooth) *
                                (double)weight[k];
-            qwz += qwk * z;
-            qw += qwk;
+            if (qwk != 0.0) {  // 0 * -inf must not turn a masked class into NaN
+                qwz += qwk * z;
+                qw += qwk;
+            }
         }
         block_reduce(ms, qwz, qw);
         const double lse = ms.max + log(ms.sum);
