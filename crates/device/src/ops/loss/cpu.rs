@@ -1,12 +1,19 @@
-//! CPU fused softmax-cross-entropy: rows of logits in parallel over the batch (one rayon task
-//! per sample `n`, covering its `D` positions), statistics in `f64` (see the module docs of
-//! [`super`] for the math).
+//! CPU fused softmax-cross-entropy: samples in parallel (one rayon task per sample `n`, covering
+//! its `D` positions), statistics in `f64` (see the module docs of [`super`] for the math).
+//!
+//! Plain `[N, C]` logits (`D = 1`) are swept row by row. Spatial logits (`D > 1`, e.g.
+//! `[N, C, H, W]`) store a position's classes `D` elements apart, so a per-position sweep would
+//! touch one cache line per logit; there the sample's `[C, D]` block is swept class-major instead,
+//! carrying the `D` positions' running statistics side by side, so every read and write is
+//! contiguous.
 
 use rayon::prelude::*;
 use std::any::Any;
 use std::borrow::Cow;
 
-use super::{check_spec, check_targets, CrossEntropyOutput, CrossEntropySpec, TargetKind};
+use super::{
+    check_spec, check_targets, CrossEntropyOutput, CrossEntropyShape, CrossEntropySpec, TargetKind,
+};
 use crate::layout::Layout;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
@@ -132,23 +139,131 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
         denom
     };
 
+    let block = Block {
+        spec,
+        logits,
+        targets,
+        weight,
+    };
+    let run = |n: usize, l: &mut [T], g: Option<&mut [T]>| {
+        if d == 1 {
+            sample(n, l, g)
+        } else {
+            block.class_major(n, l, g)
+        }
+    };
     let denom = cpu_pool().install(|| match grad {
         Some(g) => losses
             .par_chunks_mut(d)
             .zip(g.par_chunks_mut(c * d))
             .enumerate()
-            .map(|(n, (l, gb))| sample(n, l, Some(gb)))
+            .map(|(n, (l, gb))| run(n, l, Some(gb)))
             .sum::<f64>(),
         None => losses
             .par_chunks_mut(d)
             .enumerate()
-            .map(|(n, l)| sample(n, l, None))
+            .map(|(n, l)| run(n, l, None))
             .sum::<f64>(),
     });
     Ok(match targets {
         Targets::Indices(_) => denom,
         Targets::Probabilities(_) => shape.positions() as f64,
     })
+}
+
+/// The inputs of one call, for the class-major sweep of spatial samples.
+struct Block<'a, T> {
+    spec: &'a CrossEntropySpec,
+    logits: &'a [T],
+    targets: Targets<'a, T>,
+    weight: Option<&'a [T]>,
+}
+
+impl<T: KernelFloat> Block<'_, T> {
+    /// Sample `n` swept class-major: losses of its `D` positions into `losses`, gradient into
+    /// `grad` (`[C, D]`); returns its share of the mean's denominator.
+    fn class_major(&self, n: usize, losses: &mut [T], grad: Option<&mut [T]>) -> f64 {
+        let CrossEntropyShape {
+            classes: c,
+            inner: d,
+            ..
+        } = self.spec.shape;
+        let eps = self.spec.label_smoothing;
+        let smooth = eps / c as f64;
+        let w_of = |k: usize| self.weight.map_or(1.0, |w| w[k].to_f64());
+        let x = &self.logits[n * c * d..][..c * d];
+        let (labels, probs) = match self.targets {
+            Targets::Indices(t) => (Some(&t[n * d..][..d]), None),
+            Targets::Probabilities(t) => (None, Some(&t[n * c * d..][..c * d])),
+        };
+        let q_of = |k: usize, j: usize| match (probs, labels) {
+            (Some(p), _) => (1.0 - eps) * p[k * d + j].to_f64() + smooth,
+            (None, Some(l)) => smooth + if l[j] == k as i64 { 1.0 - eps } else { 0.0 },
+            (None, None) => unreachable!("a call has index or probability targets"),
+        };
+        // Pass 1, class-major: online max / sum of exp, and the q·w sums (for index targets only
+        // the smoothing part here; the label's share is added per position below).
+        let (mut max, mut sum) = (vec![f64::NEG_INFINITY; d], vec![0.0f64; d]);
+        let (mut qwz, mut qw) = (vec![0.0f64; d], vec![0.0f64; d]);
+        for k in 0..c {
+            let wk = w_of(k);
+            for (j, v) in x[k * d..][..d].iter().enumerate() {
+                let z = v.to_f64();
+                if z > max[j] {
+                    sum[j] = sum[j] * (max[j] - z).exp() + 1.0;
+                    max[j] = z;
+                } else if z != f64::NEG_INFINITY {
+                    sum[j] += (z - max[j]).exp();
+                }
+                let qwk = match probs {
+                    Some(p) => ((1.0 - eps) * p[k * d + j].to_f64() + smooth) * wk,
+                    None => smooth * wk,
+                };
+                if qwk != 0.0 {
+                    qwz[j] += qwk * z;
+                    qw[j] += qwk;
+                }
+            }
+        }
+        // Per position: the label's share, the log-sum-exp (kept in `max`), the loss.
+        let mut denom = 0.0;
+        let mut ignored = vec![false; d];
+        for j in 0..d {
+            match labels {
+                Some(l) if l[j] == self.spec.ignore_index => {
+                    ignored[j] = true;
+                    losses[j] = T::ZERO;
+                    continue;
+                }
+                Some(l) => {
+                    let y = l[j] as usize;
+                    let wy = w_of(y);
+                    qwz[j] += (1.0 - eps) * wy * x[y * d + j].to_f64();
+                    qw[j] += (1.0 - eps) * wy;
+                    denom += wy;
+                }
+                None => denom += 1.0,
+            }
+            max[j] += sum[j].ln();
+            losses[j] = T::from_f64(qw[j] * max[j] - qwz[j]);
+        }
+        // Pass 2, class-major: the gradient softmax · S - q w.
+        if let Some(g) = grad {
+            for k in 0..c {
+                let wk = w_of(k);
+                let row = &x[k * d..][..d];
+                for (j, out) in g[k * d..][..d].iter_mut().enumerate() {
+                    *out = if ignored[j] {
+                        T::ZERO
+                    } else {
+                        let p = (row[j].to_f64() - max[j]).exp();
+                        T::from_f64(p * qw[j] - q_of(k, j) * wk)
+                    };
+                }
+            }
+        }
+        denom
+    }
 }
 
 /// The elements of `layout` borrowed in place when the storage holds `T` and the view is
