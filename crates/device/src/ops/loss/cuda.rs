@@ -148,13 +148,10 @@ pub fn softmax_cross_entropy<T: LossElement>(
         }
     };
     let p = shape.positions();
-    let mut losses = stream.alloc_zeros::<T>(p.max(1)).map_err(copy_err)?;
+    let mut losses = stream.alloc_zeros::<T>(p).map_err(copy_err)?;
+    // Without a gradient the kernel still takes a pointer: one unused element.
     let mut grad = stream
-        .alloc_zeros::<T>(if spec.with_grad {
-            shape.logits().max(1)
-        } else {
-            1
-        })
+        .alloc_zeros::<T>(if spec.with_grad { shape.logits() } else { 1 })
         .map_err(copy_err)?;
     let mut weight_sum = stream.alloc_zeros::<f64>(1).map_err(copy_err)?;
     let (n, c, d) = (shape.batch as u64, shape.classes as u64, shape.inner as u64);
