@@ -407,4 +407,22 @@ pub trait BackendStorage: Sized + Send + Sync {
         src: Strided<'_, Self>,
         accumulate: bool,
     ) -> Result<Self>;
+    /// Fused softmax + cross-entropy over `[N, C, D]` logits (`layout`, contiguous or not):
+    /// per-position losses, optionally their gradient, and the mean's denominator. `target` is
+    /// `[N, D]` integers or `[N, C, D]` floats as `spec.target` says; `weight` is `[C]`. See
+    /// [`crate::ops::loss`]. Devices without the kernel return `NotImplemented`.
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        let _ = (layout, target, target_layout, weight, spec);
+        Err(crate::Error::NotImplemented {
+            op: "cross_entropy",
+            device: self.device(),
+        })
+    }
 }

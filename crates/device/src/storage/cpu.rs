@@ -670,4 +670,21 @@ impl BackendStorage for CpuStorage {
     ) -> Result<Self> {
         cpu_nn::scatter((self, layout), dim, index, src, accumulate)
     }
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        crate::ops::loss::cpu::softmax_cross_entropy_storage(
+            self,
+            layout,
+            target,
+            target_layout,
+            weight,
+            spec,
+        )
+    }
 }

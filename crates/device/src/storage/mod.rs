@@ -557,4 +557,58 @@ impl BackendStorage for Storage {
             .scatter(layout, dim, arg(op, s, index)?, arg(op, s, src)?, accumulate)
             .map(Variant::wrap))
     }
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        use crate::ops::loss::CrossEntropyOutput;
+        fn unwrap_all<S>(
+            out: CrossEntropyOutput<S>,
+            wrap: fn(S) -> Storage,
+        ) -> CrossEntropyOutput<Storage> {
+            CrossEntropyOutput {
+                losses: wrap(out.losses),
+                grad: out.grad.map(wrap),
+                total_weight: out.total_weight,
+            }
+        }
+        let mismatch = |other: &Storage| Error::DeviceMismatch {
+            op: "cross_entropy",
+            lhs: self.device(),
+            rhs: other.device(),
+        };
+        for other in std::iter::once(target).chain(weight.map(|(w, _)| w)) {
+            if other.device() != self.device() {
+                return Err(mismatch(other));
+            }
+        }
+        match (self, target) {
+            (Storage::Cpu(x), Storage::Cpu(t)) => {
+                let w = match weight {
+                    Some((Storage::Cpu(w), l)) => Some((w, l)),
+                    #[allow(unreachable_patterns)]
+                    Some((other, _)) => return Err(mismatch(other)),
+                    None => None,
+                };
+                x.softmax_cross_entropy(layout, t, target_layout, w, spec)
+                    .map(|o| unwrap_all(o, Storage::Cpu))
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(t)) => {
+                let w = match weight {
+                    Some((Storage::Cuda(w), l)) => Some((w, l)),
+                    Some((other, _)) => return Err(mismatch(other)),
+                    None => None,
+                };
+                x.softmax_cross_entropy(layout, t, target_layout, w, spec)
+                    .map(|o| unwrap_all(o, Storage::Cuda))
+            }
+            #[allow(unreachable_patterns)]
+            (_, other) => Err(mismatch(other)),
+        }
+    }
 }
