@@ -41,21 +41,27 @@
 //!   fixed-shape trace, the second and later replays of the step make no backend call at all
 //!   (tested). Skipped when the merged block would be at least `max_split_size` and the request
 //!   smaller, since such a block could not be split for it.
-//! - *Geometric growth*: a new segment for a request of at least 10 MiB is at least 1/16
-//!   ([`GROWTH_DIVISOR`]) of the large pool's reserved bytes. Activations then share segments,
-//!   so the 2 MiB rounding is paid once per segment instead of per tensor, and tensors freed
-//!   together in backward coalesce into blocks big enough for the next large request. The cost
-//!   is the unused end of the newest segment, at most 1/16 of what is reserved. Divisors 8, 12,
-//!   16, 20, 24 and 32 were measured on the four shipped traces; 16 is the best compromise
-//!   (8 leaves too large a tail, 24 and 32 fragment the variable-length trace again). Growth is
-//!   not applied to 1-10 MiB requests, which keep their 20 MiB segments (applying it there
-//!   measured ResNet-18 1.091 instead of 1.075 and the variable-length trace 1.067 instead of
-//!   1.096: a trade, taken for the fixed shapes most training runs have), nor beyond
-//!   `max_split_size`.
+//! - *Geometric growth in whole requests*: a new segment for a request of at least 10 MiB holds
+//!   as many copies of the request as fit in 1/16 ([`GROWTH_DIVISOR`]) of the large pool's
+//!   reserved bytes (at least one; rounded to 2 MiB). Runs of same-sized activations (repeated
+//!   layers) then share segments, so the 2 MiB rounding is paid once per segment instead of per
+//!   tensor, and tensors freed together in backward coalesce into blocks big enough for the next
+//!   large request. Whole copies, because a segment merely "a bit larger" than the request
+//!   (1/16 of reserved, not a multiple) leaves a tail no request of that size can use: that
+//!   variant measured 1.123 on the MLP trace instead of 1.047. The cost is the unused copies of
+//!   the newest segment, under 1/16 of what is reserved. Divisors 10 to 18 were measured on the
+//!   four shipped traces: every trace moves by up to +-0.03 from one divisor to the next with no
+//!   trend (the placement is chaotic), so 16 is a round choice inside the range where all four
+//!   stay <= 1.11, not a tuned optimum; 8 leaves too large a tail and 24 fragments the
+//!   variable-length trace (1.163). Growth is not applied to 1-10 MiB requests, which keep their
+//!   20 MiB segments, nor beyond `max_split_size`.
 //!
-//! Together (default mode, reserved/live; PyTorch's rules in brackets): ResNet-18 step 1.075
-//! (1.395), GPT-2-like variable length 1.096 (1.158), fixed length 1.062 (1.059), MLP 1.123
-//! (1.202). Where the backend maps pages, expandable segments do better still (1.000-1.047).
+//! Together (default mode, reserved/live; PyTorch's rules in brackets): ResNet-18 step 1.084
+//! (1.395), GPT-2-like variable length 1.103 (1.158), fixed length 1.052 (1.059), MLP 1.047
+//! (1.202). What is left on ResNet-18 is the tail of the newest segments at the forward peak and
+//! 8 MiB of small segments the optimizer adds while the large pool is mostly free (small requests
+//! never take large blocks, so that long-lived small tensors cannot pin large segments). Where
+//! the backend maps pages, expandable segments do better still (1.000-1.047).
 //!
 //! **Best fit, split, coalesce.** A pool is a segregated free index (`free_index.rs`): exact
 //! size classes up to 2 MiB and 16 classes per power of two above, with a bitmap of non-empty
@@ -125,9 +131,9 @@ pub const LARGE_SEGMENT: usize = 20 << 20;
 pub const MIN_LARGE_ALLOC: usize = 10 << 20;
 /// Rounding of large segments.
 pub const ROUND_LARGE: usize = 2 << 20;
-/// A fixed segment made for a request of at least [`MIN_LARGE_ALLOC`] is at least the large
-/// pool's reserved bytes divided by this (rounded to [`ROUND_LARGE`]): segments grow
-/// geometrically, by at most 1/16 (6.25%) of what is already reserved.
+/// A fixed segment made for a request of at least [`MIN_LARGE_ALLOC`] holds as many copies of
+/// the request as fit in the large pool's reserved bytes divided by this (at least one, rounded
+/// to [`ROUND_LARGE`]): segments grow geometrically, by at most 1/16 of what is reserved.
 pub const GROWTH_DIVISOR: usize = 16;
 /// Largest request accepted (anything larger cannot be a real buffer and would overflow).
 pub const MAX_REQUEST: usize = 1 << 50;

@@ -200,16 +200,18 @@ impl CachingAllocator {
         }
     }
 
-    /// Size of a new fixed segment for a request of `rounded` bytes: [`segment_size_for`], and
-    /// for requests of at least [`MIN_LARGE_ALLOC`] at least `1 / GROWTH_DIVISOR` of the large
-    /// pool's reserved bytes (unless `max_split_size` would then forbid splitting it).
+    /// Size of a new fixed segment for a request of `rounded` bytes: [`segment_size_for`], or
+    /// for requests of at least [`MIN_LARGE_ALLOC`] the largest whole number of such requests
+    /// that fits in `1 / GROWTH_DIVISOR` of the large pool's reserved bytes, when that is more
+    /// (and `max_split_size` does not forbid splitting it).
     pub(crate) fn fixed_segment_size(&self, st: &State, pool: PoolKind, rounded: usize) -> usize {
         let base = segment_size_for(rounded);
         if pool != PoolKind::Large || rounded < MIN_LARGE_ALLOC {
             return base;
         }
         let reserved = st.stats.reserved_bytes.large_pool.current as usize;
-        let grown = (reserved / GROWTH_DIVISOR).div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        let copies = reserved / GROWTH_DIVISOR / rounded;
+        let grown = (copies * rounded).div_ceil(ROUND_LARGE) * ROUND_LARGE;
         if grown > base && grown < self.max_split {
             grown
         } else {

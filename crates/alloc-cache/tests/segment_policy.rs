@@ -97,14 +97,14 @@ fn merging_respects_max_split_size() {
 }
 
 #[test]
-fn large_segments_grow_by_a_sixteenth_of_the_reserved_large_pool() {
+fn large_segments_hold_the_copies_of_a_request_that_fit_a_sixteenth_of_the_pool() {
     let (sim, a) = sim_alloc(AllocatorConfig::default());
     let big = a.allocate_raw(320 * MIB, S0).unwrap();
     assert_eq!(
         a.memory_stats().reserved_bytes.all.current,
         320 * MIB as i64
     );
-    // 10 MiB would get a 10 MiB segment; 320 MiB / GROWTH_DIVISOR = 20 MiB is more.
+    // 10 MiB would get a 10 MiB segment; two copies fit 320 MiB / GROWTH_DIVISOR = 20 MiB.
     assert_eq!(GROWTH_DIVISOR, 16);
     let x = a.allocate_raw(10 * MIB, S0).unwrap();
     assert_eq!(
@@ -119,13 +119,20 @@ fn large_segments_grow_by_a_sixteenth_of_the_reserved_large_pool() {
         "the second 10 MiB fits the same segment"
     );
     assert_eq!(y.addr(), x.addr() + 10 * MIB as u64);
+    // 12 MiB fits only once in 340 MiB / 16 = 21.25 MiB: a segment of its own size, since a
+    // larger one would end in a tail no 12 MiB request could use.
+    let w = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        352 * MIB as i64
+    );
     // Requests below 10 MiB keep the 20 MiB segment, whatever is reserved.
     let z = a.allocate_raw(2 * MIB, S0).unwrap();
     assert_eq!(
         a.memory_stats().reserved_bytes.all.current,
-        360 * MIB as i64
+        372 * MIB as i64
     );
-    for r in [big, x, y, z] {
+    for r in [big, x, y, w, z] {
         a.free_raw(r).unwrap();
     }
     a.check_invariants().unwrap();
@@ -139,7 +146,8 @@ fn growth_stays_below_max_split_size() {
     };
     let (_sim, a) = sim_alloc(config);
     let big = a.allocate_raw(640 * MIB, S0).unwrap();
-    // 640 MiB / 16 = 40 MiB would be a block that max_split_size forbids splitting.
+    // Three 12 MiB copies (36 MiB of 640 / 16 = 40 MiB) would make a block that max_split_size
+    // forbids splitting.
     let x = a.allocate_raw(12 * MIB, S0).unwrap();
     assert_eq!(
         a.memory_stats().reserved_bytes.all.current,
