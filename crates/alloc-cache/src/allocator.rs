@@ -25,12 +25,13 @@
 //!
 //! **Where PyTorch's fixed segments lose memory, and the two rules that recover it.** Copying
 //! PyTorch's rules exactly, replaying the shipped ResNet-18 step reserved 1.395x its peak of
-//! live bytes. A per-miss diagnostic (request, reserved, cached-free bytes, then the segment map
-//! at the peak) showed two causes. (1) *Stranding*: backward needs two 98 MiB gradients when
-//! 426 MiB sit cached, but in 26/14/20 MiB segments that cannot be joined, so both were new
-//! segments and the peak came *after* the forward pass, with 577 MiB free. (2) *Rounding*: a
-//! 24.5 MiB activation in its own 26 MiB segment, 12.25 MiB in 14 MiB, and so on; at the forward
-//! peak 80 MiB (9%) were such tails. The variable-length transformer (1.158x) strands the same
+//! live bytes. A per-miss diagnostic (`examples/replay_misses.rs`: request, reserved and
+//! cached-free bytes at each miss, then the segment map at the peak) showed two causes.
+//! (1) *Stranding*: backward needs two 98 MiB gradients when 426 MiB sit cached, but in
+//! 26/14/20 MiB segments that cannot be joined, so both were new segments and the peak came
+//! *after* the forward pass, with 577 MiB free. (2) *Rounding*: a 24.5 MiB activation in its own
+//! 26 MiB segment, 12.25 MiB in 14 MiB, and so on; at the forward peak 80 MiB (9%) were such
+//! tails. The variable-length transformer (1.158x) strands the same
 //! way: segments sized for one step's shapes serve the next step's larger ones one per segment.
 //!
 //! - *Defragmentation on a miss* (`segments.rs`): when a large request misses and the wholly
