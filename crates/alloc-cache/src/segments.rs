@@ -3,7 +3,8 @@
 //! memory back (`empty_cache`, `trim_to`).
 
 use crate::allocator::{
-    segment_size_for, CachingAllocator, GROWTH_DIVISOR, MIN_LARGE_ALLOC, ROUND_LARGE,
+    segment_size_for, CachingAllocator, GROWTH_DIVISOR, MIN_LARGE_ALLOC, PAIR_ROUNDING_WASTE,
+    ROUND_LARGE,
 };
 use crate::backend::BackendError;
 use crate::block::{Block, BlockState, Segment, State, NONE};
@@ -202,15 +203,23 @@ impl CachingAllocator {
 
     /// Size of a new fixed segment for a request of `rounded` bytes: [`segment_size_for`], or
     /// for requests of at least [`MIN_LARGE_ALLOC`] the largest whole number of such requests
-    /// that fits in `1 / GROWTH_DIVISOR` of the large pool's reserved bytes, when that is more
-    /// (and `max_split_size` does not forbid splitting it).
+    /// that fits in `1 / GROWTH_DIVISOR` of the large pool's reserved bytes (two when rounding
+    /// one would waste more than `1 / PAIR_ROUNDING_WASTE` of it), when that is more and
+    /// `max_split_size` does not forbid splitting it.
     pub(crate) fn fixed_segment_size(&self, st: &State, pool: PoolKind, rounded: usize) -> usize {
         let base = segment_size_for(rounded);
         if pool != PoolKind::Large || rounded < MIN_LARGE_ALLOC {
             return base;
         }
         let reserved = st.stats.reserved_bytes.large_pool.current as usize;
-        let copies = reserved / GROWTH_DIVISOR / rounded;
+        let budget = reserved / GROWTH_DIVISOR;
+        let mut copies = budget / rounded;
+        // A request whose own segment would lose more than 1/32 of it to the 2 MiB rounding
+        // gets room for two (the rounding is then paid once for both), while it is at most
+        // 1/8 of the pool.
+        if copies < 2 && (base - rounded) * PAIR_ROUNDING_WASTE > rounded && 2 * budget >= rounded {
+            copies = 2;
+        }
         let grown = (copies * rounded).div_ceil(ROUND_LARGE) * ROUND_LARGE;
         if grown > base && grown < self.max_split {
             grown

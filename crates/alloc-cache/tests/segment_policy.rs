@@ -158,3 +158,31 @@ fn growth_stays_below_max_split_size() {
     }
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn a_request_that_rounding_would_waste_gets_a_segment_for_two() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    let big = a.allocate_raw(320 * MIB, S0).unwrap();
+    // 12.25 MiB alone would take a 14 MiB segment (1.75 MiB, 14%, lost); one copy fits
+    // 320 / 16 = 20 MiB, but two are made room for: 24.5 MiB in 26 MiB.
+    let x = a.allocate_raw(12 * MIB + MIB / 4, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        346 * MIB as i64
+    );
+    let calls = sim.calls();
+    let y = a.allocate_raw(12 * MIB + MIB / 4, S0).unwrap();
+    assert_eq!(sim.calls(), calls, "the second copy is a hit");
+    assert_eq!(y.addr(), x.addr() + (12 * MIB + MIB / 4) as u64);
+    // Above 1/8 of the pool (346 MiB / 8 = 43.25 MiB) no pair is made, however wasteful the
+    // rounding: 44.25 MiB gets its own 46 MiB segment.
+    let z = a.allocate_raw(44 * MIB + MIB / 4, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        392 * MIB as i64
+    );
+    for r in [big, x, y, z] {
+        a.free_raw(r).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
