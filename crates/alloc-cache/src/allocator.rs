@@ -40,7 +40,8 @@
 //!   grow; the cache becomes one contiguous block. Releasing costs backend calls (and on CUDA a
 //!   device synchronisation), but only while the cache is still being shaped: on every shipped
 //!   fixed-shape trace, the second and later replays of the step make no backend call at all
-//!   (tested). Skipped when the merged block would be at least `max_split_size` and the request
+//!   (tested; measured, not guaranteed: a different placement in step 2 could miss again, as
+//!   the MLP trace did with growth divisor 8). Skipped when the merged block would be at least `max_split_size` and the request
 //!   smaller, since such a block could not be split for it.
 //! - *Geometric growth in whole requests*: a new segment for a request of at least 10 MiB holds
 //!   as many copies of the request as fit in 1/16 ([`GROWTH_DIVISOR`]) of the large pool's
