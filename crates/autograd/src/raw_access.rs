@@ -1,25 +1,19 @@
 //! Direct buffer access for fused multi-tensor kernels (optimizer steps, gradient clipping).
 //!
 //! Ordinary ops never hand out their buffers. Fused kernels that update many tensors in one
-//! parallel pass (`kiln-optim`) need the flat buffer behind each tensor instead, so this module
-//! exposes the lock guards: a read guard for inputs, a write guard (which bumps the version
-//! counter, like every in-place op) for outputs. [`Tensor::storage_key`] identifies the shared
-//! buffer, so a caller can refuse, or route elsewhere, two tensors that view the same buffer
-//! before taking two guards on it (a second write guard on one buffer would deadlock).
+//! parallel pass (`kiln-optim`) need the flat buffer behind each tensor instead: they read
+//! inputs through [`Tensor::storage_read`] and write outputs through [`Tensor::storage_write`],
+//! which bumps the version counter like every in-place op. [`Tensor::storage_key`] identifies
+//! the shared buffer, so a caller can refuse, or route elsewhere, two tensors that view the same
+//! buffer before taking two guards on it (a second write guard on one buffer would deadlock).
 
 use crate::autograd::grad_mode::is_grad_enabled;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use kiln_device::Storage;
-use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLockWriteGuard};
 
 impl Tensor {
-    /// Read access to the whole buffer behind this tensor; the tensor's elements are the ones its
-    /// [`Tensor::layout`] addresses. Hold it only for the duration of one kernel.
-    pub fn storage_read(&self) -> RwLockReadGuard<'_, Storage> {
-        self.storage()
-    }
-
     /// Write access to the whole buffer behind this tensor, for an in-place kernel; bumps the
     /// buffer's version. Refused for a tensor that requires grad while grad mode is on (run
     /// optimizer updates under `no_grad`, as PyTorch does).

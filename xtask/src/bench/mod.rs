@@ -8,6 +8,7 @@
 
 mod alloc;
 mod clip;
+mod ops;
 mod optim;
 
 use serde::Serialize;
@@ -71,6 +72,7 @@ const GROUPS: &[(&str, Group)] = &[
     ("alloc", alloc::run),
     ("clip", clip::run),
     ("optim", optim::run),
+    ("ops", ops::run),
 ];
 
 const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";
