@@ -210,18 +210,18 @@ impl AdamW {
 
 /// Per-parameter scalars of one step, computed in f64 as PyTorch does in Python.
 #[derive(Clone, Copy)]
-struct StepScalars {
-    step_size: f64,
-    bc2_sqrt: f64,
+pub(crate) struct StepScalars {
+    pub(crate) step_size: f64,
+    pub(crate) bc2_sqrt: f64,
 }
 
-struct Work {
-    p: Tensor,
-    g: Tensor,
-    m: Tensor,
-    v: Tensor,
-    vmax: Option<Tensor>,
-    k: StepScalars,
+pub(crate) struct Work {
+    pub(crate) p: Tensor,
+    pub(crate) g: Tensor,
+    pub(crate) m: Tensor,
+    pub(crate) v: Tensor,
+    pub(crate) vmax: Option<Tensor>,
+    pub(crate) k: StepScalars,
 }
 
 struct AdamChunk<'a, T> {
@@ -412,9 +412,15 @@ impl Algorithm for AdamAlgorithm {
         items: Vec<StepItem<'_, AdamState>>,
         scale: f64,
     ) -> Result<()> {
-        let mut by_dtype: [Vec<Work>; 2] = [Vec::new(), Vec::new()];
+        // Slots: f32 on the host, f64 on the host, CUDA (f32).
+        let mut by_dtype: [Vec<Work>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         for it in items {
-            let g = checked_grad(self.name(), &it)?;
+            let on_cuda = !it.param.device().is_cpu();
+            let g = if on_cuda {
+                crate::adam_cuda::checked_cuda_grad(self.name(), &it)?
+            } else {
+                checked_grad(self.name(), &it)?
+            };
             let s = &mut *it.state;
             if o.amsgrad && s.max_exp_avg_sq.is_none() {
                 s.max_exp_avg_sq = Some(it.param.zeros_like()?);
@@ -423,7 +429,11 @@ impl Algorithm for AdamAlgorithm {
             let t = s.step as f64;
             let bc1 = 1.0 - o.betas.0.powf(t);
             let bc2 = 1.0 - o.betas.1.powf(t);
-            let slot = usize::from(it.param.dtype() == DType::F64);
+            let slot = if on_cuda {
+                2
+            } else {
+                usize::from(it.param.dtype() == DType::F64)
+            };
             by_dtype[slot].push(Work {
                 p: it.param.tensor().clone(),
                 g,
@@ -437,7 +447,8 @@ impl Algorithm for AdamAlgorithm {
             });
         }
         adam_pass::<f32>(o, self.decoupled, &by_dtype[0], scale)?;
-        adam_pass::<f64>(o, self.decoupled, &by_dtype[1], scale)
+        adam_pass::<f64>(o, self.decoupled, &by_dtype[1], scale)?;
+        crate::adam_cuda::adam_step_cuda(o, self.decoupled, &by_dtype[2], scale)
     }
 
     fn save_state(&self, s: &AdamState) -> Result<ParamStateRecord> {

@@ -18,6 +18,7 @@
 
 mod access;
 mod adam;
+mod adam_cuda;
 pub mod clip;
 #[cfg(feature = "cuda")]
 mod clip_cuda;

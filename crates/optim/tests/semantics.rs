@@ -515,3 +515,50 @@ fn clip_on_a_cuda_device_matches_the_cpu() {
         "{err}"
     );
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn adamw_on_a_cuda_device_follows_the_cpu_step_for_step() {
+    let Some(dev) = kiln_device::testing::cuda_device_or_skip() else {
+        return;
+    };
+    let init: Vec<Vec<f32>> = [5usize, 70_001]
+        .iter()
+        .map(|&n| (0..n).map(|i| ((i % 11) as f32 - 5.0) * 0.1).collect())
+        .collect();
+    let mk = |device: Device| -> Vec<Parameter> {
+        init.iter()
+            .map(|h| {
+                let t = Tensor::from_vec(h.clone(), &[h.len()], Device::Cpu).unwrap();
+                Parameter::new(t.to_device(device).unwrap()).unwrap()
+            })
+            .collect()
+    };
+    let (cpu, gpu) = (mk(Device::Cpu), mk(dev));
+    let opts = AdamOptions::adamw().lr(0.01).amsgrad(true);
+    let group =
+        |ps: &[Parameter]| vec![ParamGroup::new(named(&ps.iter().collect::<Vec<_>>(), "p"))];
+    let (mut oc, mut og) = (
+        AdamW::new(group(&cpu), opts).unwrap(),
+        AdamW::new(group(&gpu), opts).unwrap(),
+    );
+    for step in 0..3 {
+        for (c, g) in cpu.iter().zip(&gpu) {
+            let v: Vec<f32> = (0..c.numel())
+                .map(|i| ((i + step) % 7) as f32 * 0.3 - 0.9)
+                .collect();
+            let t = Tensor::from_vec(v, &[c.numel()], Device::Cpu).unwrap();
+            c.set_grad(Some(t.clone())).unwrap();
+            g.set_grad(Some(t.to_device(dev).unwrap())).unwrap();
+        }
+        oc.step().unwrap();
+        og.step().unwrap();
+    }
+    for (c, g) in cpu.iter().zip(&gpu) {
+        let (c, g) = (c.to_vec::<f32>().unwrap(), g.to_vec::<f32>().unwrap());
+        assert!(c
+            .iter()
+            .zip(&g)
+            .all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + a.abs())));
+    }
+}

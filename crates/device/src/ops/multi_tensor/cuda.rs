@@ -256,6 +256,142 @@ impl ClipPlan {
     }
 }
 
+/// One f32 parameter of a fused Adam/AdamW step on the device (addresses of its buffers, its
+/// length, and the step's per-parameter scalars).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamTensor {
+    /// Parameter address.
+    pub param: u64,
+    /// Gradient address.
+    pub grad: u64,
+    /// First-moment address.
+    pub exp_avg: u64,
+    /// Second-moment address.
+    pub exp_avg_sq: u64,
+    /// Running-maximum address (amsgrad), 0 otherwise.
+    pub max_exp_avg_sq: u64,
+    /// Number of elements.
+    pub len: u64,
+    /// `lr / (1 - beta1^t)` for this parameter's step count `t`.
+    pub step_size: f32,
+    /// `sqrt(1 - beta2^t)`.
+    pub bias_correction2_sqrt: f32,
+}
+
+// SAFETY: `#[repr(C)]`-compatible plain data laid out like `struct KilnMtAdamTensor`.
+unsafe impl DeviceRepr for AdamEntry {}
+
+/// Matches `struct KilnMtAdamTensor` in multi_tensor.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct AdamEntry {
+    param: u64,
+    grad: u64,
+    exp_avg: u64,
+    exp_avg_sq: u64,
+    max_exp_avg_sq: u64,
+    len: u64,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+}
+
+/// The step's constants, shared by every parameter of the group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamConstants {
+    /// `1 - beta1`.
+    pub beta1_weight: f32,
+    /// `beta2`.
+    pub beta2: f32,
+    /// `1 - beta2`.
+    pub beta2_weight: f32,
+    /// `eps`.
+    pub eps: f32,
+    /// Weight decay (used when `l2`).
+    pub weight_decay: f32,
+    /// `1 - lr * weight_decay` (used when `decoupled`).
+    pub decay: f32,
+    /// Gradient multiplier (`-scale` for maximize).
+    pub grad_scale: f32,
+    /// Adam's L2 penalty added to the gradient.
+    pub l2: bool,
+    /// AdamW's decoupled decay of the parameter.
+    pub decoupled: bool,
+}
+
+/// Enqueues one fused Adam/AdamW step over every parameter in `list` (one launch). `clip`, when
+/// given, is a [`ClipPlan::result`] whose coefficient scales every gradient as it is read.
+pub fn adam_step_f32(
+    stream: &Arc<CudaStream>,
+    list: &[AdamTensor],
+    k: &AdamConstants,
+    clip: Option<&CudaSlice<f32>>,
+) -> Result<()> {
+    let lens: Vec<usize> = list.iter().map(|t| t.len as usize).collect();
+    let plan = plan_chunks(&lens, CHUNK_ELEMS);
+    if plan.is_empty() {
+        return Ok(());
+    }
+    let num_chunks = u32::try_from(plan.len()).map_err(|_| Error::LengthMismatch {
+        op: "adam_step",
+        what: "more chunks than the CUDA table's u32 index".into(),
+    })?;
+    let entries: Vec<AdamEntry> = list
+        .iter()
+        .map(|t| AdamEntry {
+            param: t.param,
+            grad: t.grad,
+            exp_avg: t.exp_avg,
+            exp_avg_sq: t.exp_avg_sq,
+            max_exp_avg_sq: t.max_exp_avg_sq,
+            len: t.len,
+            step_size: t.step_size,
+            bias_correction2_sqrt: t.bias_correction2_sqrt,
+        })
+        .collect();
+    let chunk_entries: Vec<ChunkEntry> = plan
+        .iter()
+        .map(|c| ChunkEntry {
+            start: c.start as u64,
+            len: c.len as u64,
+            tensor: c.tensor as u32,
+            pad: 0,
+        })
+        .collect();
+    let upload = |e| driver_error("cuMemcpyHtoD", e);
+    let tensors = stream.clone_htod(&entries).map_err(upload)?;
+    let chunks = stream.clone_htod(&chunk_entries).map_err(upload)?;
+    let function = load_function(stream.context(), &MULTI_TENSOR_KERNELS, "kiln_mt_adam_f32")?;
+    let (l2, decoupled) = (i32::from(k.l2), i32::from(k.decoupled));
+    let cfg = LaunchConfig {
+        grid_dim: ((num_chunks as usize).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let null = 0u64;
+    let mut launch = stream.launch_builder(&function);
+    launch
+        .arg(&tensors)
+        .arg(&chunks)
+        .arg(&num_chunks)
+        .arg(&k.beta1_weight)
+        .arg(&k.beta2)
+        .arg(&k.beta2_weight)
+        .arg(&k.eps)
+        .arg(&k.weight_decay)
+        .arg(&k.decay)
+        .arg(&k.grad_scale)
+        .arg(&l2)
+        .arg(&decoupled);
+    match clip {
+        Some(c) => launch.arg(c),
+        None => launch.arg(&null),
+    };
+    // SAFETY: the argument list matches kiln_mt_adam_f32; every address in the table is a live
+    // f32 buffer of at least `len` elements (the caller's contract), written only within it.
+    unsafe { launch.launch(cfg) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
+    Ok(())
+}
+
 /// Runs `f` with the [`ClipPlan`] of `list` on `cuda:ordinal`, building it (on the stream
 /// kiln's storages use) only when the cached plan describes another list: the tables are
 /// uploaded once and reused while the parameter set is unchanged.
@@ -297,6 +433,57 @@ mod tests {
         };
         assert!(ptx.contains(".entry kiln_mt_norm("));
         assert!(ptx.contains(".entry kiln_mt_scale("));
+        assert!(ptx.contains(".entry kiln_mt_adam_f32("));
+    }
+
+    #[test]
+    fn adamw_step_on_the_device_follows_the_formula() {
+        let Some(dev) = cuda_device_or_skip() else {
+            return;
+        };
+        let stream = crate::cuda::default_stream(dev).unwrap();
+        let n = 70_001usize;
+        let p0: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+        let g0: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+        let p = stream.clone_htod(&p0).unwrap();
+        let g = stream.clone_htod(&g0).unwrap();
+        let m = stream.alloc_zeros::<f32>(n).unwrap();
+        let v = stream.alloc_zeros::<f32>(n).unwrap();
+        let addr = |s: &CudaSlice<f32>| s.device_ptr(&stream).0;
+        let (lr, wd, b1, b2, eps) = (0.01f64, 0.1f64, 0.9f64, 0.999f64, 1e-8f64);
+        let t = AdamTensor {
+            param: addr(&p),
+            grad: addr(&g),
+            exp_avg: addr(&m),
+            exp_avg_sq: addr(&v),
+            max_exp_avg_sq: 0,
+            len: n as u64,
+            step_size: (lr / (1.0 - b1)) as f32,
+            bias_correction2_sqrt: (1.0 - b2).sqrt() as f32,
+        };
+        let k = AdamConstants {
+            beta1_weight: (1.0 - b1) as f32,
+            beta2: b2 as f32,
+            beta2_weight: (1.0 - b2) as f32,
+            eps: eps as f32,
+            weight_decay: wd as f32,
+            decay: (1.0 - lr * wd) as f32,
+            grad_scale: 1.0,
+            l2: false,
+            decoupled: true,
+        };
+        adam_step_f32(&stream, &[t], &k, None).unwrap();
+        let got = stream.clone_dtoh(&p).unwrap();
+        for i in [0, 1, 4, n - 1] {
+            let (p, g) = (f64::from(p0[i]), f64::from(g0[i]));
+            // First step: m/(1-b1) = g and sqrt(v/(1-b2)) = |g|, so p moves by lr * sign(g).
+            let want = p * (1.0 - lr * wd) - if g == 0.0 { 0.0 } else { lr * g.signum() };
+            assert!(
+                (f64::from(got[i]) - want).abs() < 1e-5,
+                "{i}: {} vs {want}",
+                got[i]
+            );
+        }
     }
 
     #[test]

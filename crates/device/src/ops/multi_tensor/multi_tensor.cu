@@ -160,3 +160,67 @@ extern "C" __global__ void kiln_mt_scale(const KilnMtTensor* tensors, const Kiln
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// kiln_mt_adam_f32: one Adam/AdamW step over every f32 parameter of a group in one launch.
+//
+// The table holds, per parameter, the addresses of the parameter, gradient, both moments and
+// (amsgrad) the running maximum, its length, and the step's two per-parameter scalars computed
+// on the host in double precision (lr / (1 - beta1^t) and sqrt(1 - beta2^t); step counts are per
+// parameter). Chunks are the same (tensor, start, len) table as for clipping. `clip` may point
+// at a clip plan's {total_norm, clip_coef}: the gradient is then read times the coefficient
+// (when it is below 1, or NaN), so clipping costs no extra pass and no host synchronisation.
+
+struct KilnMtAdamTensor {
+    unsigned long long param;
+    unsigned long long grad;
+    unsigned long long exp_avg;
+    unsigned long long exp_avg_sq;
+    unsigned long long max_exp_avg_sq;  // 0 unless amsgrad
+    unsigned long long len;
+    float step_size;
+    float bias_correction2_sqrt;
+};
+
+extern "C" __global__ void kiln_mt_adam_f32(const KilnMtAdamTensor* tensors,
+                                            const KilnMtChunk* chunks, unsigned int num_chunks,
+                                            float beta1_weight, float beta2, float beta2_weight,
+                                            float eps, float weight_decay, float decay,
+                                            float grad_scale, int l2, int decoupled,
+                                            const float* clip) {
+    float scale = grad_scale;
+    if (clip != nullptr) {
+        const float coef = clip[1];
+        if (!(coef >= 1.0f)) scale *= coef;
+    }
+    for (unsigned int c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+        const KilnMtChunk chunk = chunks[c];
+        const KilnMtAdamTensor t = tensors[chunk.tensor];
+        float* p = reinterpret_cast<float*>(t.param);
+        const float* g = reinterpret_cast<const float*>(t.grad);
+        float* m = reinterpret_cast<float*>(t.exp_avg);
+        float* v = reinterpret_cast<float*>(t.exp_avg_sq);
+        float* vmax = reinterpret_cast<float*>(t.max_exp_avg_sq);
+        for (unsigned long long k = threadIdx.x; k < chunk.len; k += blockDim.x) {
+            const unsigned long long i = chunk.start + k;
+            float pi = p[i];
+            float d = g[i] * scale;
+            if (decoupled) pi = pi * decay;
+            if (l2) d = d + pi * weight_decay;
+            float mi = m[i];
+            mi = mi + beta1_weight * (d - mi);
+            float vi = v[i] * beta2 + beta2_weight * d * d;
+            float second = vi;
+            if (vmax != nullptr) {
+                float x = vmax[i];
+                if (vi > x || isnan(vi)) x = vi;
+                vmax[i] = x;
+                second = x;
+            }
+            const float denom = sqrtf(second) / t.bias_correction2_sqrt + eps;
+            p[i] = pi + (-t.step_size) * (mi / denom);
+            m[i] = mi;
+            v[i] = vi;
+        }
+    }
+}
