@@ -52,6 +52,12 @@ pub trait Layer: Module + Send + Sync {
     fn as_module_mut(&mut self) -> &mut dyn Module;
 }
 
+/// True when any of `params` requires grad (for traces: a frozen layer saves nothing for its
+/// weight gradient).
+pub fn any_trainable<'a>(params: impl IntoIterator<Item = &'a kiln_autograd::Parameter>) -> bool {
+    params.into_iter().any(|p| p.requires_grad())
+}
+
 /// Tree walks every layer gets: buffers and state dicts with dotted names.
 pub trait LayerExt {
     /// Every buffer with its dotted path (`"bn1.running_mean"`), PyTorch's `named_buffers()`.

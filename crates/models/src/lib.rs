@@ -9,16 +9,22 @@
 //!   [`checkpoint`] files load in torchvision with `strict=True` and back.
 //! - [`freeze`]: select trainable parameters by name.
 
+pub mod checkpoint;
 mod error;
+pub mod freeze;
 pub mod functional;
 pub mod init;
 mod layer;
 pub mod layers;
 pub mod models;
+pub mod plan;
 pub mod summary;
 pub mod trace;
 
+pub use checkpoint::{load_safetensors, save_safetensors, LoadReport};
 pub use error::{Error, Result};
+pub use freeze::Freeze;
 pub use layer::{Layer, LayerExt};
+pub use plan::{max_batch_size, plan, MemoryPlan, OptimizerKind};
 pub use summary::{summary, summary_with_dtype, Summary};
 pub use trace::{Act, LayerRecord, Tracer};

@@ -69,7 +69,7 @@ pub fn summary_with_dtype(
     dtype: DType,
 ) -> Result<Summary> {
     let mut tracer = Tracer::new();
-    let x = tracer.value(input_shape, dtype);
+    let x = tracer.input(input_shape, dtype);
     tracer.call("", model, &x)?;
     let layers = tracer.records();
     let mut total_params = 0;

@@ -28,6 +28,7 @@ pub struct Act {
     shape: Vec<usize>,
     dtype: DType,
     id: usize,
+    requires_grad: bool,
 }
 
 impl Act {
@@ -44,6 +45,12 @@ impl Act {
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// True when gradients flow through this value (it depends on a trainable parameter or on
+    /// a value that does); ops record saved tensors only then, as autograd does.
+    pub fn requires_grad(&self) -> bool {
+        self.requires_grad
     }
 
     /// Size of the data this value would hold.
@@ -98,13 +105,39 @@ impl Tracer {
         Tracer::default()
     }
 
-    /// A fresh value of `shape` and `dtype` (a model input, or an op's output).
-    pub fn value(&mut self, shape: &[usize], dtype: DType) -> Act {
+    /// A model input of `shape` and `dtype` (no gradient flows into it).
+    pub fn input(&mut self, shape: &[usize], dtype: DType) -> Act {
+        self.fresh(shape, dtype, false)
+    }
+
+    /// The output of an op on `inputs`: it requires grad when an input does or when the op has
+    /// a trainable parameter (`trainable`).
+    pub fn output(
+        &mut self,
+        inputs: &[&Act],
+        shape: &[usize],
+        dtype: DType,
+        trainable: bool,
+    ) -> Act {
+        let rg = trainable || inputs.iter().any(|a| a.requires_grad);
+        self.fresh(shape, dtype, rg)
+    }
+
+    /// A view of `x` with another shape (same storage, so saving it counts `x` once).
+    pub fn view(&mut self, x: &Act, shape: &[usize]) -> Act {
+        Act {
+            shape: shape.to_vec(),
+            ..x.clone()
+        }
+    }
+
+    fn fresh(&mut self, shape: &[usize], dtype: DType, requires_grad: bool) -> Act {
         self.next_id += 1;
         Act {
             shape: shape.to_vec(),
             dtype,
             id: self.next_id,
+            requires_grad,
         }
     }
 
@@ -115,7 +148,7 @@ impl Tracer {
 
     /// A fresh value that is kept for backward (statistics, pooling indices, dropout masks).
     pub fn save_new(&mut self, shape: &[usize], dtype: DType) -> Act {
-        let a = self.value(shape, dtype);
+        let a = self.fresh(shape, dtype, false);
         self.save(&a);
         a
     }

@@ -43,9 +43,11 @@ impl Layer for ReLU {
         Ok(x.relu()?)
     }
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
-        let out = tracer.value(x.shape(), x.dtype());
+        let out = tracer.output(&[x], x.shape(), x.dtype(), false);
         // The gradient mask is read from the output.
-        tracer.save(&out);
+        if x.requires_grad() {
+            tracer.save(&out);
+        }
         Ok(out)
     }
     layer_casts!();
@@ -93,8 +95,10 @@ impl Layer for GELU {
         Ok(if self.tanh { x.gelu_tanh()? } else { x.gelu()? })
     }
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
-        tracer.save(x);
-        Ok(tracer.value(x.shape(), x.dtype()))
+        if x.requires_grad() {
+            tracer.save(x);
+        }
+        Ok(tracer.output(&[x], x.shape(), x.dtype(), false))
     }
     layer_casts!();
 }
@@ -136,8 +140,10 @@ impl Layer for Dropout {
             return Ok(x.clone());
         }
         // The scaled mask is kept for backward.
-        tracer.save_new(x.shape(), x.dtype());
-        Ok(tracer.value(x.shape(), x.dtype()))
+        if x.requires_grad() {
+            tracer.save_new(x.shape(), x.dtype());
+        }
+        Ok(tracer.output(&[x], x.shape(), x.dtype(), false))
     }
     layer_casts!();
 }
@@ -197,7 +203,7 @@ impl Layer for Flatten {
         let mut shape = x.shape()[..s].to_vec();
         shape.push(x.shape()[s..=e].iter().product());
         shape.extend_from_slice(&x.shape()[e + 1..]);
-        Ok(tracer.value(&shape, x.dtype()))
+        Ok(tracer.view(x, &shape))
     }
     layer_casts!();
 }

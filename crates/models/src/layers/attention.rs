@@ -8,6 +8,7 @@
 use crate::error::{config_err, input_err};
 use crate::functional;
 use crate::init;
+use crate::layer::any_trainable;
 use crate::layers::Linear;
 use crate::trace::{Act, Tracer};
 use crate::{layer_casts, module_tree, Layer, Result};
@@ -165,8 +166,15 @@ impl MultiheadAttention {
     pub fn trace_attend(&self, tracer: &mut Tracer, q: &Act, k: &Act, v: &Act) -> Result<Act> {
         self.check(q.shape(), k.shape(), v.shape())?;
         let (bs, t, s) = (q.shape()[0], q.shape()[1], k.shape()[1]);
-        for x in [q, k, v] {
-            tracer.save(x);
+        let trainable = any_trainable([&self.in_proj_weight, &self.in_proj_bias]);
+        let ctx = tracer.output(&[q, k, v], &[bs, t, self.embed_dim()], q.dtype(), trainable);
+        if !ctx.requires_grad() {
+            return tracer.call("out_proj", &self.out_proj, &ctx);
+        }
+        if trainable {
+            for x in [q, k, v] {
+                tracer.save(x);
+            }
         }
         // Projected q, k, v are kept for the two attention matmuls, the probabilities for the
         // softmax backward and the matmul with v.
@@ -181,7 +189,6 @@ impl MultiheadAttention {
             tracer.save_new(&probs, q.dtype());
             tracer.save_new(&probs, q.dtype());
         }
-        let ctx = tracer.value(&[bs, t, self.embed_dim()], q.dtype());
         tracer.call("out_proj", &self.out_proj, &ctx)
     }
 }

@@ -3,6 +3,7 @@
 use crate::error::{config_err, input_err};
 use crate::functional;
 use crate::init;
+use crate::layer::any_trainable;
 use crate::trace::{Act, Tracer};
 use crate::{layer_casts, module_tree, Layer, Result};
 use kiln_autograd::{Module, Parameter, Tensor};
@@ -199,8 +200,11 @@ impl Layer for Conv2d {
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         let shape = self.output_shape(x.shape())?;
         // Backward needs the input (for the weight gradient; the weight itself is a parameter).
-        tracer.save(x);
-        Ok(tracer.value(&shape, x.dtype()))
+        if self.weight.requires_grad() {
+            tracer.save(x);
+        }
+        let trainable = any_trainable(std::iter::once(&self.weight).chain(&self.bias));
+        Ok(tracer.output(&[x], &shape, x.dtype(), trainable))
     }
 
     layer_casts!();

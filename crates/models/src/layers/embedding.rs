@@ -64,8 +64,11 @@ impl Layer for Embedding {
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         let shape = self.check(x.shape(), x.dtype())?;
         // Backward scatters into the table rows named by the ids.
-        tracer.save(x);
-        Ok(tracer.value(&shape, self.weight.dtype()))
+        let trainable = self.weight.requires_grad();
+        if trainable {
+            tracer.save(x);
+        }
+        Ok(tracer.output(&[x], &shape, self.weight.dtype(), trainable))
     }
     layer_casts!();
 }

@@ -2,6 +2,7 @@
 
 use crate::error::input_err;
 use crate::init;
+use crate::layer::any_trainable;
 use crate::trace::{Act, Tracer};
 use crate::{layer_casts, module_tree, Layer, Result};
 use kiln_autograd::{Module, Parameter, Tensor};
@@ -94,8 +95,11 @@ impl Layer for Linear {
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         let shape = self.check(x.shape())?;
         // Backward needs the input (for the weight gradient).
-        tracer.save(x);
-        Ok(tracer.value(&shape, x.dtype()))
+        if self.weight.requires_grad() {
+            tracer.save(x);
+        }
+        let trainable = any_trainable(std::iter::once(&self.weight).chain(&self.bias));
+        Ok(tracer.output(&[x], &shape, x.dtype(), trainable))
     }
 
     layer_casts!();

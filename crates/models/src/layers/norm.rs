@@ -3,6 +3,7 @@
 use crate::error::{config_err, input_err};
 use crate::functional;
 use crate::init;
+use crate::layer::any_trainable;
 use crate::trace::{Act, Tracer};
 use crate::{layer_casts, module_tree, Layer, Result};
 use kiln_autograd::{DType, Device, Module, Parameter, Tensor};
@@ -97,13 +98,17 @@ impl Layer for BatchNorm2d {
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         self.check(x.shape())?;
         // Backward needs the input and, in training, the batch mean and inverse std per channel.
-        tracer.save(x);
-        if self.training {
-            let c = [x.shape()[1]];
-            tracer.save_new(&c, DType::F32);
-            tracer.save_new(&c, DType::F32);
+        let trainable = any_trainable([&self.weight, &self.bias]);
+        let out = tracer.output(&[x], x.shape(), x.dtype(), trainable);
+        if out.requires_grad() {
+            tracer.save(x);
+            if self.training {
+                let c = [x.shape()[1]];
+                tracer.save_new(&c, DType::F32);
+                tracer.save_new(&c, DType::F32);
+            }
         }
-        Ok(tracer.value(x.shape(), x.dtype()))
+        Ok(out)
     }
 
     fn own_buffers(&self) -> Vec<(String, Tensor)> {
@@ -197,11 +202,15 @@ impl Layer for LayerNorm {
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         self.check(x.shape())?;
         // Backward needs the input and the mean and inverse std of each normalised row.
-        tracer.save(x);
-        let rows = &x.shape()[..x.shape().len() - self.normalized_shape.len()];
-        tracer.save_new(rows, DType::F32);
-        tracer.save_new(rows, DType::F32);
-        Ok(tracer.value(x.shape(), x.dtype()))
+        let trainable = any_trainable([&self.weight, &self.bias]);
+        let out = tracer.output(&[x], x.shape(), x.dtype(), trainable);
+        if out.requires_grad() {
+            tracer.save(x);
+            let rows = &x.shape()[..x.shape().len() - self.normalized_shape.len()];
+            tracer.save_new(rows, DType::F32);
+            tracer.save_new(rows, DType::F32);
+        }
+        Ok(out)
     }
 
     layer_casts!();

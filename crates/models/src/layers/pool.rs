@@ -105,8 +105,10 @@ impl Layer for MaxPool2d {
             1,
         )?;
         // Backward routes gradients through the argmax indices.
-        tracer.save_new(&shape, DType::I64);
-        Ok(tracer.value(&shape, x.dtype()))
+        if x.requires_grad() {
+            tracer.save_new(&shape, DType::I64);
+        }
+        Ok(tracer.output(&[x], &shape, x.dtype(), false))
     }
     layer_casts!();
 }
@@ -153,7 +155,7 @@ impl Layer for AvgPool2d {
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         let (k, s, p) = (self.kernel_size, self.stride, self.padding);
         let shape = pooled_shape("AvgPool2d", x.shape(), k, s, p, 1)?;
-        Ok(tracer.value(&shape, x.dtype()))
+        Ok(tracer.output(&[x], &shape, x.dtype(), false))
     }
     layer_casts!();
 }
@@ -206,7 +208,7 @@ impl Layer for AdaptiveAvgPool2d {
     }
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         let shape = self.shape(x.shape())?;
-        Ok(tracer.value(&shape, x.dtype()))
+        Ok(tracer.output(&[x], &shape, x.dtype(), false))
     }
     layer_casts!();
 }

@@ -149,12 +149,14 @@ impl TransformerEncoderLayer {
     fn trace_feed_forward(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
         let h = t.call("linear1", &self.linear1, x)?;
         // The activation keeps its input (GELU) or output (ReLU) for backward.
-        let a = t.value(h.shape(), h.dtype());
-        t.save(if self.config.activation == Activation::Relu {
-            &a
-        } else {
-            &h
-        });
+        let a = t.output(&[&h], h.shape(), h.dtype(), false);
+        if h.requires_grad() {
+            t.save(if self.config.activation == Activation::Relu {
+                &a
+            } else {
+                &h
+            });
+        }
         let h = t.call("dropout", &self.dropout, &a)?;
         let h = t.call("linear2", &self.linear2, &h)?;
         t.call("dropout2", &self.dropout2, &h)
@@ -178,16 +180,16 @@ impl Layer for TransformerEncoderLayer {
         if self.config.norm_first {
             let n = t.call("norm1", &self.norm1, x)?;
             let a = self.trace_attention(t, &n)?;
-            let x = t.value(a.shape(), a.dtype());
+            let x = t.output(&[x, &a], a.shape(), a.dtype(), false);
             let n = t.call("norm2", &self.norm2, &x)?;
             let f = self.trace_feed_forward(t, &n)?;
-            Ok(t.value(f.shape(), f.dtype()))
+            Ok(t.output(&[&x, &f], f.shape(), f.dtype(), false))
         } else {
             let a = self.trace_attention(t, x)?;
-            let s = t.value(a.shape(), a.dtype());
+            let s = t.output(&[x, &a], a.shape(), a.dtype(), false);
             let x = t.call("norm1", &self.norm1, &s)?;
             let f = self.trace_feed_forward(t, &x)?;
-            let s = t.value(f.shape(), f.dtype());
+            let s = t.output(&[&x, &f], f.shape(), f.dtype(), false);
             t.call("norm2", &self.norm2, &s)
         }
     }

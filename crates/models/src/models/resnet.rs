@@ -97,10 +97,11 @@ impl Layer for BasicBlock {
         let out = t.call("relu", &self.relu, &out)?;
         let out = t.call("conv2", &self.conv2, &out)?;
         let out = t.call("bn2", &self.bn2, &out)?;
-        if let Some(d) = &self.downsample {
-            t.call("downsample", d, x)?;
-        }
-        let sum = t.value(out.shape(), out.dtype());
+        let identity = match &self.downsample {
+            Some(d) => t.call("downsample", d, x)?,
+            None => x.clone(),
+        };
+        let sum = t.output(&[&out, &identity], out.shape(), out.dtype(), false);
         t.call("relu", &self.relu, &sum)
     }
 
@@ -207,10 +208,11 @@ impl Layer for Bottleneck {
         let out = t.call("relu", &self.relu, &out)?;
         let out = t.call("conv3", &self.conv3, &out)?;
         let out = t.call("bn3", &self.bn3, &out)?;
-        if let Some(d) = &self.downsample {
-            t.call("downsample", d, x)?;
-        }
-        let sum = t.value(out.shape(), out.dtype());
+        let identity = match &self.downsample {
+            Some(d) => t.call("downsample", d, x)?,
+            None => x.clone(),
+        };
+        let sum = t.output(&[&out, &identity], out.shape(), out.dtype(), false);
         t.call("relu", &self.relu, &sum)
     }
 
@@ -410,7 +412,7 @@ impl Layer for ResNet {
             h = t.call(name, s, &h)?;
         }
         let h = t.call("avgpool", &self.avgpool, &h)?;
-        let flat = t.value(&[h.shape()[0], h.shape()[1]], h.dtype());
+        let flat = t.view(&h, &[h.shape()[0], h.shape()[1]]);
         t.call("fc", &self.fc, &flat)
     }
 

@@ -1,0 +1,236 @@
+//! The training memory plan: what one training step needs at batch size `B`, and the largest
+//! `B` that fits a device.
+//!
+//! torchinfo's "Forward/backward pass size" is a rough proxy (twice the outputs of layers with
+//! parameters). A step's peak is reached during backward, when all of these are alive at once:
+//! - parameters and buffers;
+//! - gradients of the trainable parameters (accumulated as backward reaches each layer, all of
+//!   them at the end);
+//! - optimizer state from earlier steps: none for SGD, one buffer per trainable parameter for
+//!   SGD with momentum, two for Adam/AdamW (`exp_avg`, `exp_avg_sq`);
+//! - the activations saved for backward, from a shape-only trace: each leaf layer names what its
+//!   backward reads (`Tracer::save`), a tensor kept by two ops counts once, and frozen layers
+//!   keep nothing for their weight gradient. Traces at batch 1 and 2 split this into a
+//!   per-sample part and a batch-independent part (BatchNorm statistics);
+//! - the input batch, and the gradients in flight: the output gradient of the layer being
+//!   differentiated and its input gradient, at most twice the largest layer output;
+//! - allocator overhead: the caching allocator rounds blocks up and keeps freed blocks cached,
+//!   modelled as a fraction of everything above (`allocator_overhead`, 10% by default: an
+//!   assumption until checked against `max_memory_allocated`).
+
+use crate::error::Error;
+use crate::trace::Tracer;
+use crate::{Layer, Result};
+use kiln_autograd::DType;
+use std::fmt;
+use std::str::FromStr;
+
+/// The optimizer whose state the plan reserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// Plain SGD: no state.
+    Sgd,
+    /// SGD with momentum: one momentum buffer per parameter.
+    SgdMomentum,
+    /// Adam: `exp_avg` and `exp_avg_sq` per parameter.
+    Adam,
+    /// AdamW: as Adam.
+    AdamW,
+}
+
+impl OptimizerKind {
+    /// State buffers kept per trainable parameter element.
+    pub fn state_buffers(self) -> usize {
+        match self {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::SgdMomentum => 1,
+            OptimizerKind::Adam | OptimizerKind::AdamW => 2,
+        }
+    }
+}
+
+impl FromStr for OptimizerKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "sgd" => OptimizerKind::Sgd,
+            "sgd-momentum" | "momentum" => OptimizerKind::SgdMomentum,
+            "adam" => OptimizerKind::Adam,
+            "adamw" => OptimizerKind::AdamW,
+            other => {
+                return Err(crate::error::config_err(
+                    "optimizer",
+                    format!("unknown optimizer {other:?}; use sgd, sgd-momentum, adam or adamw"),
+                ))
+            }
+        })
+    }
+}
+
+/// Memory needed by a training step, split by what holds it. Bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPlan {
+    /// The optimizer planned for.
+    pub optimizer: OptimizerKind,
+    /// All parameters.
+    pub param_bytes: usize,
+    /// Buffers (BatchNorm running statistics, ...).
+    pub buffer_bytes: usize,
+    /// Gradients of the trainable parameters.
+    pub grad_bytes: usize,
+    /// Optimizer state.
+    pub optimizer_state_bytes: usize,
+    /// Activations saved for backward, per sample.
+    pub saved_activation_bytes_per_sample: usize,
+    /// Activations saved for backward that do not grow with the batch.
+    pub saved_activation_bytes_fixed: usize,
+    /// The input, per sample.
+    pub input_bytes_per_sample: usize,
+    /// Gradients in flight during backward, per sample (twice the largest layer output).
+    pub gradient_in_flight_bytes_per_sample: usize,
+    /// Fraction added for allocator rounding and caching.
+    pub allocator_overhead: f64,
+}
+
+impl MemoryPlan {
+    /// Bytes that do not depend on the batch size (before allocator overhead).
+    pub fn fixed_bytes(&self) -> usize {
+        self.param_bytes
+            + self.buffer_bytes
+            + self.grad_bytes
+            + self.optimizer_state_bytes
+            + self.saved_activation_bytes_fixed
+    }
+
+    /// Bytes per sample of the batch (before allocator overhead).
+    pub fn per_sample_bytes(&self) -> usize {
+        self.saved_activation_bytes_per_sample
+            + self.input_bytes_per_sample
+            + self.gradient_in_flight_bytes_per_sample
+    }
+
+    /// Predicted peak of one training step at `batch_size`.
+    pub fn peak_bytes(&self, batch_size: usize) -> usize {
+        let raw = self.fixed_bytes() + batch_size * self.per_sample_bytes();
+        (raw as f64 * (1.0 + self.allocator_overhead)).ceil() as usize
+    }
+
+    /// The largest batch whose predicted peak fits in `device_memory_bytes`.
+    pub fn max_batch_size(&self, device_memory_bytes: usize) -> Result<usize> {
+        let usable = device_memory_bytes as f64 / (1.0 + self.allocator_overhead);
+        let fixed = self.fixed_bytes() as f64;
+        let per = self.per_sample_bytes().max(1) as f64;
+        if usable < fixed + per {
+            return Err(Error::Memory(format!(
+                "{device_memory_bytes} bytes cannot hold even one sample: parameters, gradients \
+                 and {:?} state need {} bytes and one sample {} more (plus {:.0}% allocator \
+                 overhead); freeze layers, choose an optimizer with less state, or use a smaller \
+                 model",
+                self.optimizer,
+                self.fixed_bytes(),
+                self.per_sample_bytes(),
+                self.allocator_overhead * 100.0
+            )));
+        }
+        let mut b = ((usable - fixed) / per).floor() as usize;
+        while b > 1 && self.peak_bytes(b) > device_memory_bytes {
+            b -= 1;
+        }
+        Ok(b)
+    }
+}
+
+/// Plans a training step of `model` on inputs of one sample's shape `sample_shape` (without the
+/// batch dim) and `dtype`, with `optimizer`.
+pub fn plan(
+    model: &dyn Layer,
+    sample_shape: &[usize],
+    dtype: DType,
+    optimizer: OptimizerKind,
+) -> Result<MemoryPlan> {
+    let trace_at = |batch: usize| -> Result<(usize, usize)> {
+        let mut shape = vec![batch];
+        shape.extend_from_slice(sample_shape);
+        let mut t = Tracer::new();
+        let x = t.input(&shape, dtype);
+        t.call("", model, &x)?;
+        let largest = t
+            .records()
+            .iter()
+            .filter(|r| r.is_leaf)
+            .map(|r| r.output_bytes)
+            .max()
+            .unwrap_or(0);
+        Ok((t.saved_bytes(), largest))
+    };
+    let (saved1, largest1) = trace_at(1)?;
+    let (saved2, _) = trace_at(2)?;
+    let per_sample = saved2.saturating_sub(saved1);
+    let fixed = saved1.saturating_sub(per_sample);
+    let (mut param_bytes, mut grad_bytes) = (0, 0);
+    for p in model.parameters() {
+        let b = p.numel() * p.dtype().size_in_bytes();
+        param_bytes += b;
+        if p.requires_grad() {
+            grad_bytes += b;
+        }
+    }
+    let buffer_bytes = crate::LayerExt::named_buffers(model)
+        .iter()
+        .map(|(_, b)| b.numel() * b.dtype().size_in_bytes())
+        .sum();
+    Ok(MemoryPlan {
+        optimizer,
+        param_bytes,
+        buffer_bytes,
+        grad_bytes,
+        optimizer_state_bytes: grad_bytes * optimizer.state_buffers(),
+        saved_activation_bytes_per_sample: per_sample,
+        saved_activation_bytes_fixed: fixed,
+        input_bytes_per_sample: sample_shape.iter().product::<usize>() * dtype.size_in_bytes(),
+        gradient_in_flight_bytes_per_sample: 2 * largest1,
+        allocator_overhead: 0.10,
+    })
+}
+
+/// The largest batch of `sample_shape` inputs a training step of `model` with `optimizer` fits
+/// in `device_memory_bytes`, by the plan above.
+pub fn max_batch_size(
+    model: &dyn Layer,
+    sample_shape: &[usize],
+    optimizer: OptimizerKind,
+    device_memory_bytes: usize,
+) -> Result<usize> {
+    plan(model, sample_shape, DType::F32, optimizer)?.max_batch_size(device_memory_bytes)
+}
+
+impl fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mb = |b: usize| b as f64 / 1e6;
+        writeln!(f, "Training memory plan ({:?})", self.optimizer)?;
+        writeln!(f, "Parameters (MB): {:.2}", mb(self.param_bytes))?;
+        writeln!(f, "Buffers (MB): {:.2}", mb(self.buffer_bytes))?;
+        writeln!(f, "Gradients (MB): {:.2}", mb(self.grad_bytes))?;
+        writeln!(
+            f,
+            "Optimizer state (MB): {:.2}",
+            mb(self.optimizer_state_bytes)
+        )?;
+        writeln!(
+            f,
+            "Saved activations per sample (MB): {:.2} (+ {:.2} fixed)",
+            mb(self.saved_activation_bytes_per_sample),
+            mb(self.saved_activation_bytes_fixed)
+        )?;
+        writeln!(
+            f,
+            "Input + gradients in flight per sample (MB): {:.2}",
+            mb(self.input_bytes_per_sample + self.gradient_in_flight_bytes_per_sample)
+        )?;
+        write!(
+            f,
+            "Allocator overhead: {:.0}%",
+            self.allocator_overhead * 100.0
+        )
+    }
+}
