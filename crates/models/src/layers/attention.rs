@@ -169,7 +169,7 @@ impl MultiheadAttention {
         let trainable = any_trainable([&self.in_proj_weight, &self.in_proj_bias]);
         let ctx = tracer.output(&[q, k, v], &[bs, t, self.embed_dim()], q.dtype(), trainable);
         if !ctx.requires_grad() {
-            return tracer.call("out_proj", &self.out_proj, &ctx);
+            return Ok(self.trace_out_proj(tracer, &ctx));
         }
         if trainable {
             for x in [q, k, v] {
@@ -189,7 +189,18 @@ impl MultiheadAttention {
             tracer.save_new(&probs, q.dtype());
             tracer.save_new(&probs, q.dtype());
         }
-        tracer.call("out_proj", &self.out_proj, &ctx)
+        Ok(self.trace_out_proj(tracer, &ctx))
+    }
+
+    /// PyTorch applies `out_proj` functionally (its weights, not its `forward`), so torchinfo
+    /// never sees it run: traced here without a row of its own.
+    fn trace_out_proj(&self, tracer: &mut Tracer, ctx: &Act) -> Act {
+        let w = &self.out_proj.weight;
+        if w.requires_grad() {
+            tracer.save(ctx);
+        }
+        let trainable = any_trainable(std::iter::once(w).chain(&self.out_proj.bias));
+        tracer.output(&[ctx], ctx.shape(), ctx.dtype(), trainable)
     }
 }
 

@@ -9,6 +9,7 @@ use kiln_autograd::{Module, Tensor};
 /// unless pushed with a name (as torchvision's ViT does: `encoder_layer_0`, `head`).
 pub struct Sequential {
     items: Vec<(String, Box<dyn Layer>)>,
+    type_name: &'static str,
     training: bool,
 }
 
@@ -28,8 +29,16 @@ impl Sequential {
     pub fn new() -> Self {
         Sequential {
             items: Vec::new(),
+            type_name: "Sequential",
             training: true,
         }
+    }
+
+    /// The same sequence shown under another class name in summaries (torchvision's `MLPBlock`
+    /// is an `nn.Sequential` subclass).
+    pub fn with_type_name(mut self, type_name: &'static str) -> Self {
+        self.type_name = type_name;
+        self
     }
 
     /// Appends `layer` named by its position.
@@ -79,7 +88,7 @@ impl Module for Sequential {
 
 impl Layer for Sequential {
     fn type_name(&self) -> &'static str {
-        "Sequential"
+        self.type_name
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
