@@ -3,9 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod bench;
 mod cuda_tools;
 mod gpu_pack;
 mod kernels;
+mod replay;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
@@ -28,6 +30,8 @@ fn main() -> ExitCode {
         }
         "kernels" => kernels::run(rest),
         "gpu-pack" => gpu_pack::run(rest),
+        "replay" => replay::run(rest),
+        "bench" => bench::run(rest),
         other => Err(format!("unknown command `{other}`: {rest:?}\n\n{USAGE}")),
     };
     match result {

@@ -1,1 +1,52 @@
-//! `kiln-alloc-cache`: a caching allocator over a `MemoryBackend` (filled by the allocator issue).
+//! `kiln-alloc-cache`: the caching allocator through which every kiln tensor gets memory.
+//!
+//! - [`CachingAllocator`]: pools, best fit, splitting, coalescing, expandable segments, streams,
+//!   the out-of-memory path and statistics (design notes at the top of `allocator.rs`).
+//! - [`MemoryBackend`]: where segments come from: [`HostBackend`] (aligned host memory),
+//!   [`SimBackend`] (a simulated device for tests and replay); the CUDA backend lives in
+//!   `kiln-device`.
+//! - [`Allocation`]: RAII handle (frees on drop); [`RawAllocation`] for explicit allocate/free.
+//! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere.
+//!
+//! ```
+//! use kiln_alloc_cache::{AllocatorConfig, CachingAllocator, HostBackend, StreamId};
+//! use std::sync::Arc;
+//! let alloc = Arc::new(CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())?);
+//! let a = alloc.allocate(1000, StreamId::DEFAULT)?;
+//! assert_eq!(a.block_size(), 1024);
+//! drop(a); // back to the cache, not to the system
+//! assert_eq!(alloc.memory_stats().reserved_bytes.all.current, 2 << 20);
+//! assert_eq!(alloc.empty_cache()?, 2 << 20);
+//! # Ok::<(), kiln_alloc_cache::Error>(())
+//! ```
+
+mod allocator;
+pub mod backend;
+mod block;
+mod config;
+mod error;
+mod expandable;
+mod free_index;
+mod handle;
+mod lock;
+pub mod replay;
+mod segments;
+mod snapshot;
+mod stats;
+pub mod synth;
+mod trace;
+
+pub use allocator::{
+    pool_for, round_size, segment_size_for, CachingAllocator, LARGE_SEGMENT, MAX_REQUEST,
+    MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,
+};
+pub use backend::{
+    BackendError, EventId, HostBackend, MemoryBackend, SimBackend, SimCalls, StreamId,
+};
+pub use config::AllocatorConfig;
+pub use error::{Error, OomReport, Result};
+pub use handle::{Allocation, AllocatorRef, RawAllocation};
+pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
+pub use snapshot::{BlockSnapshot, BlockSnapshotState, MemorySnapshot, SegmentSnapshot};
+pub use stats::{format_bytes, MemoryStats, PoolKind, Stat, StatArray};
+pub use trace::{Trace, TraceEvent, TraceRecorder};

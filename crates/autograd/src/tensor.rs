@@ -428,11 +428,12 @@ impl Tensor {
             ));
         }
         let host = CpuStorage::from_vec(data);
-        Ok(Tensor::from_storage(
-            Storage::from_cpu(device, &host)?,
-            shape,
-            None,
-        ))
+        // On the CPU the host buffer is the storage (no second block).
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(host),
+            _ => Storage::from_cpu(device, &host)?,
+        };
+        Ok(Tensor::from_storage(storage, shape, None))
     }
 
     /// A tensor of `shape` copying `data`.

@@ -139,6 +139,10 @@ pub enum Error {
     /// A kernel was called with bad parameters, shapes, buffers or indices.
     #[error(transparent)]
     Kernel(#[from] crate::ops::KernelError),
+    /// The device's caching allocator failed: out of memory (its report says what is
+    /// allocated, cached and free, and what to do) or a bad `KILN_ALLOC_CONF`.
+    #[error(transparent)]
+    Alloc(#[from] kiln_alloc_cache::Error),
 }
 
 /// `Result` with [`Error`].

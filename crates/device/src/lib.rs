@@ -8,6 +8,7 @@ mod device;
 mod dtype;
 mod error;
 mod layout;
+mod memory;
 mod nvrtc_options;
 pub mod ops;
 mod properties;
@@ -22,6 +23,10 @@ pub use device::{Device, DeviceChoice};
 pub use dtype::{BoolByte, DType, Element};
 pub use error::{Error, Result};
 pub use layout::{contiguous_strides, Layout, StridedIndex};
+pub use memory::{
+    allocator, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
+    memory_reserved, memory_snapshot, memory_stats, memory_summary, reset_peak_memory_stats,
+};
 pub use nvrtc_options::nvrtc_options;
 pub use properties::{
     format_bytes, format_uuid, CpuProperties, CudaDeviceProperties, DeviceProperties, MemoryInfo,

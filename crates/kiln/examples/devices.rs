@@ -1,11 +1,26 @@
 //! Lists what kiln can run on: every visible CUDA device, the CPU, and the device
-//! `Device::best()` picks, with the reason.
+//! `Device::best()` picks, with the reason; and, per device, the memory its caching allocator
+//! has handed to tensors (allocated) and holds from the driver or system (reserved).
 //!
 //! ```text
 //! cargo run --release --example devices
 //! ```
 
-use kiln::device::{cuda_status, format_bytes, CpuProperties, Device};
+use kiln::device::{
+    cuda_status, format_bytes, memory_allocated, memory_reserved, CpuProperties, Device,
+};
+
+/// `allocated X, reserved Y` for `device`'s caching allocator, or why it cannot be read.
+fn allocator_line(device: Device) -> String {
+    match (memory_allocated(device), memory_reserved(device)) {
+        (Ok(a), Ok(r)) => format!(
+            "allocated {}, reserved {}",
+            format_bytes(a as u64),
+            format_bytes(r as u64)
+        ),
+        (Err(e), _) | (_, Err(e)) => format!("unavailable ({e})"),
+    }
+}
 
 fn main() {
     let status = cuda_status();
@@ -29,6 +44,10 @@ fn main() {
             d.sm_count,
             d.uuid
         );
+        println!(
+            "    caching allocator: {}",
+            allocator_line(Device::Cuda(d.logical))
+        );
     }
     for note in status.notes() {
         println!("  note: {note}");
@@ -45,6 +64,13 @@ fn main() {
         "CPU: {}, {} logical cores, {ram} RAM",
         cpu.model, cpu.logical_cores
     );
+    // one live 4 MiB tensor, to show the allocator at work
+    let x = kiln::autograd::Tensor::zeros(&[1024, 1024], kiln::autograd::DType::F32, Device::Cpu);
+    println!(
+        "  caching allocator (one 4 MiB tensor live): {}",
+        allocator_line(Device::Cpu)
+    );
+    drop(x);
 
     let choice = Device::best_with_reason();
     println!("Device::best() = {} ({})", choice.device, choice.reason);

@@ -5,12 +5,14 @@
 //! ordinal the visibility map gives for it ([`crate::visibility`]). Everything here first checks
 //! [`crate::cuda_status`], so no driver call is made when the library is absent.
 
+mod alloc_backend;
 pub mod kernels;
 pub(crate) mod probe;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+pub use alloc_backend::CudaBackend;
 pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 

@@ -284,7 +284,16 @@ impl BackendStorage for CpuStorage {
     }
 
     fn full(_device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
-        Ok(build!(dtype, E => vec![E::from_f64(value); n]))
+        // Filled in place in an allocator block (no intermediate `Vec`).
+        Ok(match dtype {
+            DType::F32 => CpuStorage::F32(HostBuffer::filled(n, f32::from_f64(value))?),
+            DType::F64 => CpuStorage::F64(HostBuffer::filled(n, value)?),
+            DType::F16 => CpuStorage::F16(HostBuffer::filled(n, f16::from_f64(value))?),
+            DType::BF16 => CpuStorage::BF16(HostBuffer::filled(n, bf16::from_f64(value))?),
+            DType::I64 => CpuStorage::I64(HostBuffer::filled(n, i64::from_f64(value))?),
+            DType::U8 => CpuStorage::U8(HostBuffer::filled(n, u8::from_f64(value))?),
+            DType::Bool => CpuStorage::Bool(HostBuffer::filled(n, BoolByte::from_f64(value))?),
+        })
     }
 
     fn arange(_device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {

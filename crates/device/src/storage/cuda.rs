@@ -1,21 +1,42 @@
 //! [`CudaStorage`]: a device buffer on one CUDA device (behind the `cuda` feature).
 //!
-//! The buffer is untyped bytes (`CudaSlice<u8>`) plus a [`DType`], so one type covers every
-//! element type without needing cudarc's `f16` feature. This issue provides allocation and
-//! host<->device copies; every kernel method returns [`Error::NotImplemented`] naming the op until
-//! the CUDA backend issue fills it in. Contexts are created once per ordinal and shared; nothing
-//! here panics when libcuda is absent (the driver library's presence is checked first).
+//! The buffer is untyped bytes plus a [`DType`], so one type covers every element type.
+//!
+//! **Memory comes from the device's caching allocator** ([`crate::allocator`]`(Device::Cuda(i))`,
+//! over [`CudaBackend`](crate::cuda::CudaBackend)): a `CudaStorage` owns one block
+//! ([`Allocation`]) and frees it on drop, back to the cache, with no driver call and no
+//! synchronisation. Blocks are allocated on the stream the storage works on (the context's
+//! default stream, `StreamId` 0) and every copy and kernel on them is queued on that same stream,
+//! so a block freed while work on it is still queued can only be reused by work queued after it:
+//! stream order keeps it safe (PyTorch's rule; `record_stream` covers other streams).
+//!
+//! **Raw device pointers, not `CudaSlice`.** cudarc's `CudaSlice` frees its memory itself
+//! (`cuMemFreeAsync`) and tracks read/write events per buffer; wrapping an allocator block in one
+//! would need `upgrade_device_ptr` + `leak` around every use, and a panic in between would free
+//! the block behind the allocator's back. Instead the storage holds the block's `CUdeviceptr`
+//! ([`CudaStorage::device_ptr`]): copies go through `cudarc::driver::result`
+//! (`cuMemcpy*Async` on the stream), and kernels take the pointer as a plain `u64` launch
+//! argument (`launch.arg(&ptr)`), which is what the pointer of a `CudaSlice` becomes anyway.
+//! Empty buffers take no block (pointer 0).
+//!
+//! This issue provides allocation and host<->device copies; every kernel method returns
+//! [`Error::NotImplemented`] naming the op until the CUDA backend issue fills it in. Nothing here
+//! panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
 use crate::backend::{BackendStorage, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{result, sys, CudaStream};
+use kiln_alloc_cache::{Allocation, StreamId};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A device buffer of one dtype on `Device::Cuda(ordinal)`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CudaStorage {
-    bytes: CudaSlice<u8>,
+    /// The allocator block; `None` for an empty buffer.
+    block: Option<Allocation>,
+    /// Bytes of data (the block may be larger: it is rounded up).
+    num_bytes: usize,
     dtype: DType,
     ordinal: usize,
 }
@@ -27,7 +48,8 @@ fn cuda_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     }
 }
 
-/// The default stream of logical device `ordinal`, creating its context on first use.
+/// The default stream of logical device `ordinal` (in the context [`crate::cuda::context`]
+/// opens for it), creating the context on first use.
 pub fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
     static STREAMS: OnceLock<Mutex<Vec<Option<Arc<CudaStream>>>>> = OnceLock::new();
     // SAFETY: only probes whether the dynamic library can be loaded.
@@ -46,9 +68,7 @@ pub fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
     if let Some(s) = &streams[ordinal] {
         return Ok(s.clone());
     }
-    let ctx = CudaContext::new(ordinal)
-        .map_err(|e| Error::CudaUnavailable(format!("cuda:{ordinal}: {e}")))?;
-    let s = ctx.default_stream();
+    let s = crate::cuda::default_stream(Device::Cuda(ordinal))?;
     streams[ordinal] = Some(s.clone());
     Ok(s)
 }
@@ -63,26 +83,94 @@ fn ordinal_of(device: Device) -> Result<usize> {
 }
 
 impl CudaStorage {
-    /// Copies a host buffer to `cuda:ordinal`.
-    pub fn from_host(ordinal: usize, cpu: &CpuStorage) -> Result<Self> {
-        let s = stream(ordinal)?;
-        let bytes = s
-            .clone_htod(cpu.as_bytes())
-            .map_err(cuda_err("host-to-device copy"))?;
+    /// An uninitialised buffer of `num_bytes` bytes from `cuda:ordinal`'s allocator, on the
+    /// stream `s`; callers fill it before handing it out.
+    fn allocate(ordinal: usize, s: &CudaStream, num_bytes: usize, dtype: DType) -> Result<Self> {
+        let block = if num_bytes == 0 {
+            None
+        } else {
+            let stream = StreamId(s.cu_stream() as usize as u64);
+            Some(crate::allocator(Device::Cuda(ordinal))?.allocate_static(num_bytes, stream)?)
+        };
         Ok(CudaStorage {
-            bytes,
-            dtype: cpu.dtype(),
+            block,
+            num_bytes,
+            dtype,
             ordinal,
         })
     }
 
+    /// The device address of the first byte (0 for an empty buffer); pass it to kernels as a
+    /// `u64` launch argument. Valid while `self` lives; work using it must be queued on
+    /// [`stream`]`(ordinal)`.
+    pub fn device_ptr(&self) -> sys::CUdeviceptr {
+        self.block.as_ref().map_or(0, Allocation::addr)
+    }
+
+    /// Bytes of data.
+    pub fn num_bytes(&self) -> usize {
+        self.num_bytes
+    }
+
+    /// Bytes of the allocator block behind the buffer (what it adds to `memory_allocated`).
+    pub fn block_size(&self) -> usize {
+        self.block.as_ref().map_or(0, Allocation::block_size)
+    }
+
+    /// Copies a host buffer to `cuda:ordinal`.
+    pub fn from_host(ordinal: usize, cpu: &CpuStorage) -> Result<Self> {
+        let s = stream(ordinal)?;
+        let src = cpu.as_bytes();
+        let out = Self::allocate(ordinal, &s, src.len(), cpu.dtype())?;
+        if !src.is_empty() {
+            s.context()
+                .bind_to_thread()
+                .map_err(cuda_err("host-to-device copy"))?;
+            // SAFETY: the block holds `src.len()` bytes; the stream is synchronised below, so
+            // `src` outlives the copy.
+            unsafe { result::memcpy_htod_async(out.device_ptr(), src, s.cu_stream()) }
+                .map_err(cuda_err("host-to-device copy"))?;
+            s.synchronize().map_err(cuda_err("host-to-device copy"))?;
+        }
+        Ok(out)
+    }
+
     /// Copies the whole buffer to the host.
     pub fn to_host(&self) -> Result<CpuStorage> {
-        let s = stream(self.ordinal)?;
-        let bytes = s
-            .clone_dtoh(&self.bytes)
-            .map_err(cuda_err("device-to-host copy"))?;
+        let mut bytes = vec![0u8; self.num_bytes];
+        if self.num_bytes > 0 {
+            let s = stream(self.ordinal)?;
+            s.context()
+                .bind_to_thread()
+                .map_err(cuda_err("device-to-host copy"))?;
+            // SAFETY: `bytes` has room for the whole buffer; synchronised before it is read.
+            unsafe { result::memcpy_dtoh_async(&mut bytes, self.device_ptr(), s.cu_stream()) }
+                .map_err(cuda_err("device-to-host copy"))?;
+            s.synchronize().map_err(cuda_err("device-to-host copy"))?;
+        }
         Ok(CpuStorage::from_bytes(&bytes, self.dtype))
+    }
+
+    /// A copy in a new block (queued on the stream; no synchronisation).
+    pub fn try_clone(&self) -> Result<Self> {
+        let s = stream(self.ordinal)?;
+        let out = Self::allocate(self.ordinal, &s, self.num_bytes, self.dtype)?;
+        if self.num_bytes > 0 {
+            s.context()
+                .bind_to_thread()
+                .map_err(cuda_err("device-to-device copy"))?;
+            // SAFETY: both blocks hold `num_bytes` bytes, are distinct, and are used on `s`.
+            unsafe {
+                result::memcpy_dtod_async(
+                    out.device_ptr(),
+                    self.device_ptr(),
+                    self.num_bytes,
+                    s.cu_stream(),
+                )
+            }
+            .map_err(cuda_err("device-to-device copy"))?;
+        }
+        Ok(out)
     }
 
     fn not_yet<T>(&self, op: &'static str) -> Result<T> {
@@ -97,7 +185,16 @@ impl CudaStorage {
     fn layout_is_whole(&self, layout: &Layout) -> bool {
         layout.is_contiguous()
             && layout.offset() == 0
-            && layout.numel() * self.dtype.size_in_bytes() == self.bytes.len()
+            && layout.numel() * self.dtype.size_in_bytes() == self.num_bytes
+    }
+}
+
+impl Clone for CudaStorage {
+    /// A copy in a new block. Panics when the copy fails (out of device memory, a driver error),
+    /// as cloning a cudarc `CudaSlice` does; [`CudaStorage::try_clone`] returns the error.
+    fn clone(&self) -> Self {
+        self.try_clone()
+            .unwrap_or_else(|e| panic!("cloning a cuda:{} buffer failed: {e}", self.ordinal))
     }
 }
 
@@ -109,7 +206,7 @@ impl BackendStorage for CudaStorage {
         Device::Cuda(self.ordinal)
     }
     fn len(&self) -> usize {
-        self.bytes.len() / self.dtype.size_in_bytes()
+        self.num_bytes / self.dtype.size_in_bytes()
     }
     fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
         let host = CpuStorage::full(Device::Cpu, n, value, dtype)?;
@@ -178,7 +275,7 @@ impl BackendStorage for CudaStorage {
     }
     fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
         if self.layout_is_whole(layout) {
-            return Ok(self.clone());
+            return self.try_clone();
         }
         self.not_yet("contiguous")
     }

@@ -1,43 +1,255 @@
-//! [`HostBuffer`]: the host memory behind a CPU tensor.
+//! [`HostBuffer`]: the host memory behind a CPU tensor, drawn from the CPU's caching allocator.
 //!
-//! Today it owns a `Vec<T>`. It is its own type so that switching CPU storage to blocks from
-//! `kiln-alloc-cache` (a host `MemoryBackend` with caching and statistics) changes this file only:
-//! kernels see `&[T]` / `&mut [T]` and never the allocation behind them.
+//! A buffer owns one block ([`Allocation`]) of the process-wide CPU allocator
+//! ([`crate::allocator`]`(Device::Cpu)`), so every CPU tensor shows up in
+//! `memory_allocated(Device::Cpu)` and a freed buffer goes back to the cache, not to the system
+//! (large host buffers then stay page-faulted in, instead of being faulted in again each step).
+//! Kernels see `&[T]` / `&mut [T]` and never the allocation behind them.
+//!
+//! - **Alignment.** Blocks start on 512-byte boundaries (the allocator's block granularity, in
+//!   4 KiB- or 2 MiB-aligned segments), more than any element type needs; construction checks it.
+//! - **Initialisation.** Every constructor writes every element (a copy, a fill or zeros), so a
+//!   slice never exposes uninitialised memory; cached blocks keep old bytes, so nothing may rely
+//!   on fresh memory being zero without [`HostBuffer::zeroed`].
+//! - **Empty buffers** take no block (a dangling, aligned pointer), like PyTorch's null data
+//!   pointer for zero-element tensors.
+//! - **Ownership.** The buffer is the only owner of its block (like a `Vec`): `Clone` allocates a
+//!   new block and copies, so it is `Send`/`Sync` exactly when `T` is.
+//! - **Allocation failure.** The `try_` constructors return the allocator's error (its
+//!   out-of-memory report). [`HostBuffer::from_vec`] keeps `Vec`'s contract instead: it is only
+//!   reached after the kernel's `Vec` of the same size was allocated, and on failure it ends the
+//!   process through `handle_alloc_error`, as the `Vec` itself would have.
+//!
+//! Kernels still produce a `Vec<T>` that [`HostBuffer::from_vec`] copies into the block (one
+//! extra pass over the output, and the `Vec` itself still comes from the system allocator);
+//! only `full` (zeros, ones, scalars) fills a block in place. Writing kernel outputs straight
+//! into a block is the next step.
 
-/// A typed, owned, contiguous host allocation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostBuffer<T> {
-    data: Vec<T>,
+use std::alloc::Layout;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use kiln_alloc_cache::{Allocation, StreamId};
+
+use crate::{Device, Error, Result};
+
+/// A typed, owned, contiguous host buffer in a block of the CPU caching allocator.
+pub struct HostBuffer<T: Copy> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// The block behind `ptr`; `None` for an empty buffer.
+    block: Option<Allocation>,
+    _elements: PhantomData<T>,
 }
 
-impl<T> HostBuffer<T> {
-    /// Takes ownership of `data`.
+// SAFETY: the buffer exclusively owns its block (no other handle to the memory exists), exactly
+// like `Vec<T>`; moving it to another thread moves `T` values, and `&HostBuffer` only gives `&[T]`.
+unsafe impl<T: Copy + Send> Send for HostBuffer<T> {}
+// SAFETY: as above; shared access only reads through `&[T]`.
+unsafe impl<T: Copy + Sync> Sync for HostBuffer<T> {}
+
+impl<T: Copy> HostBuffer<T> {
+    /// An uninitialised buffer of `len` elements; every constructor initialises it fully before
+    /// returning it.
+    fn allocate(len: usize) -> Result<Self> {
+        let Some(bytes) = len.checked_mul(std::mem::size_of::<T>()) else {
+            return Err(Error::Alloc(kiln_alloc_cache::Error::InvalidSize {
+                requested: usize::MAX,
+                reason: "element count times element size overflows; check the shape arithmetic",
+            }));
+        };
+        if bytes == 0 {
+            return Ok(HostBuffer {
+                ptr: NonNull::dangling(),
+                len,
+                block: None,
+                _elements: PhantomData,
+            });
+        }
+        let block = crate::allocator(Device::Cpu)?.allocate_static(bytes, StreamId::DEFAULT)?;
+        let ptr = NonNull::new(block.as_ptr().cast::<T>())
+            .filter(|p| p.as_ptr().align_offset(std::mem::align_of::<T>()) == 0)
+            .ok_or(Error::Unsupported {
+                what: "host allocator returned a null or misaligned block",
+            })?;
+        Ok(HostBuffer {
+            ptr,
+            len,
+            block: Some(block),
+            _elements: PhantomData,
+        })
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn try_from_slice(data: &[T]) -> Result<Self> {
+        let buf = Self::allocate(data.len())?;
+        // SAFETY: the block holds `data.len()` elements and cannot overlap `data` (it is ours).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr.as_ptr(), data.len()) };
+        Ok(buf)
+    }
+
+    /// A buffer of `len` copies of `value`.
+    pub fn filled(len: usize, value: T) -> Result<Self> {
+        let buf = Self::allocate(len)?;
+        for i in 0..len {
+            // SAFETY: `i < len`, inside the block; writing does not read the old bytes.
+            unsafe { buf.ptr.as_ptr().add(i).write(value) };
+        }
+        Ok(buf)
+    }
+
+    /// A buffer of `len` elements whose bytes are all zero.
+    ///
+    /// # Safety
+    /// The all-zero bit pattern must be a valid `T` (true for every kiln element type).
+    pub unsafe fn zeroed(len: usize) -> Result<Self> {
+        let buf = Self::allocate(len)?;
+        // SAFETY: `len` elements fit in the block; the caller vouches for zero being valid.
+        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), 0, len) };
+        Ok(buf)
+    }
+
+    /// A buffer holding `data` (copied into a block of the CPU allocator).
+    pub fn try_from_vec(data: Vec<T>) -> Result<Self> {
+        Self::try_from_slice(&data)
+    }
+
+    /// A buffer holding `data` (copied into a block of the CPU allocator). Ends the process
+    /// through `handle_alloc_error` when no block can be had, as `Vec` does; use
+    /// [`try_from_vec`](Self::try_from_vec) to get the error instead.
     pub fn from_vec(data: Vec<T>) -> Self {
-        HostBuffer { data }
+        let len = data.len();
+        Self::try_from_vec(data).unwrap_or_else(|_| {
+            std::alloc::handle_alloc_error(
+                Layout::array::<T>(len).unwrap_or_else(|_| Layout::new::<T>()),
+            )
+        })
     }
 
     /// The elements.
     pub fn as_slice(&self) -> &[T] {
-        &self.data
+        // SAFETY: `ptr` points at `len` initialised elements (or is dangling with `len` elements
+        // of zero total size), owned by `self` for the borrow.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The elements, writable.
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        &mut self.data
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.len
     }
 
     /// True when empty.
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.len == 0
     }
 
-    /// Gives the elements back as a `Vec`.
+    /// Bytes of the allocator block behind the buffer (the byte size rounded up to the block
+    /// granularity; 0 for an empty buffer). This is what the buffer adds to `memory_allocated`.
+    pub fn block_size(&self) -> usize {
+        self.block.as_ref().map_or(0, Allocation::block_size)
+    }
+
+    /// The elements as a `Vec` (a copy; the block returns to the cache).
     pub fn into_vec(self) -> Vec<T> {
-        self.data
+        self.as_slice().to_vec()
+    }
+
+    /// A copy in a new block.
+    pub fn try_clone(&self) -> Result<Self> {
+        Self::try_from_slice(self.as_slice())
+    }
+}
+
+impl<T: Copy> Clone for HostBuffer<T> {
+    /// A copy in a new block; ends the process like [`HostBuffer::from_vec`] when none can be had.
+    fn clone(&self) -> Self {
+        self.try_clone().unwrap_or_else(|_| {
+            std::alloc::handle_alloc_error(
+                Layout::array::<T>(self.len).unwrap_or_else(|_| Layout::new::<T>()),
+            )
+        })
+    }
+}
+
+impl<T: Copy + PartialEq> PartialEq for HostBuffer<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl<T: Copy + fmt::Debug> fmt::Debug for HostBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("data", &self.as_slice())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn buffers_are_send_sync_and_aligned_for_every_dtype() {
+        assert_send_sync::<HostBuffer<f64>>();
+        fn check<T: Copy + PartialEq + fmt::Debug>(v: T) {
+            // odd lengths, so consecutive blocks are not trivially aligned by size
+            for len in [1, 3, 7, 1001] {
+                let b = HostBuffer::filled(len, v).unwrap();
+                assert_eq!(
+                    b.as_slice().as_ptr() as usize % std::mem::align_of::<T>(),
+                    0
+                );
+                assert_eq!(b.as_slice().as_ptr() as usize % 512, 0);
+                assert!(b.as_slice().iter().all(|x| *x == v));
+            }
+        }
+        check(1.5f32);
+        check(-2.25f64);
+        check(f16::from_f32(3.0));
+        check(bf16::from_f32(-1.0));
+        check(-7i64);
+        check(9u8);
+        check(crate::BoolByte(1));
+    }
+
+    #[test]
+    fn copies_own_their_memory() {
+        let a = HostBuffer::from_vec(vec![1i64, 2, 3]);
+        let mut b = a.clone();
+        b.as_mut_slice()[0] = 10;
+        assert_eq!(a.as_slice(), &[1, 2, 3]);
+        assert_eq!(b.as_slice(), &[10, 2, 3]);
+        assert_ne!(a.as_slice().as_ptr(), b.as_slice().as_ptr());
+        assert_eq!(b.clone().into_vec(), vec![10, 2, 3]);
+        assert_eq!(a.block_size(), 512);
+    }
+
+    #[test]
+    fn empty_buffers_take_no_block() {
+        let e = HostBuffer::<f32>::from_vec(Vec::new());
+        assert!(e.is_empty());
+        assert_eq!(e.block_size(), 0);
+        assert_eq!(e.as_slice(), &[] as &[f32]);
+        assert_eq!(e.clone(), e);
+    }
+
+    #[test]
+    fn zeroed_is_zero_even_in_a_reused_block() {
+        // dirty a block, free it, and get it (or another) back zeroed
+        drop(HostBuffer::filled(300, u8::MAX).unwrap());
+        // SAFETY: zero is a valid f32.
+        let z = unsafe { HostBuffer::<f32>::zeroed(75) }.unwrap();
+        assert!(z.as_slice().iter().all(|x| *x == 0.0));
     }
 }

@@ -1,0 +1,338 @@
+//! `SimBackend`: a simulated device address space for tests and trace replay.
+//!
+//! No memory is touched: addresses come from a bump pointer (with a one-page guard gap between
+//! ranges, so a bug that merges blocks across segments shows up as a bad address), physical use is
+//! counted against a capacity, and every call is counted so tests can assert "zero backend calls".
+//! Every misuse the allocator could commit (releasing an unknown segment, mapping a mapped page,
+//! unmapping outside a reservation, leaking a reservation) is reported as an error.
+//! Events complete only when a test says so ([`SimBackend::complete_event`]) or when the
+//! allocator synchronises on them.
+
+use super::{BackendError, EventId, MemoryBackend, StreamId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+/// Default page size for expandable segments: 2 MiB, the CUDA VMM granularity on current GPUs.
+pub const SIM_DEFAULT_PAGE: usize = 2 << 20;
+
+/// How many times each backend entry point was called.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SimCalls {
+    /// `reserve` calls (including failed ones).
+    pub reserve: u64,
+    /// `release` calls.
+    pub release: u64,
+    /// `reserve_address_space` calls.
+    pub reserve_address_space: u64,
+    /// `release_address_space` calls.
+    pub release_address_space: u64,
+    /// `map` calls (including failed ones).
+    pub map: u64,
+    /// `unmap` calls.
+    pub unmap: u64,
+    /// `record_event` calls.
+    pub record_event: u64,
+    /// `query_event` calls.
+    pub query_event: u64,
+    /// `synchronize_event` calls.
+    pub synchronize_event: u64,
+}
+
+impl SimCalls {
+    /// Calls that reserve, release, map or unmap memory (what a real device charges for).
+    pub fn memory_calls(&self) -> u64 {
+        self.reserve
+            + self.release
+            + self.reserve_address_space
+            + self.release_address_space
+            + self.map
+            + self.unmap
+    }
+}
+
+#[derive(Debug, Default)]
+struct SimState {
+    next_addr: u64,
+    used: usize,
+    segments: BTreeMap<u64, usize>,
+    reservations: BTreeMap<u64, usize>,
+    mapped_pages: BTreeSet<u64>,
+    events: Vec<Option<bool>>,
+    calls: SimCalls,
+}
+
+/// A simulated address space with a capacity and an optional physical page granularity.
+#[derive(Debug)]
+pub struct SimBackend {
+    capacity: usize,
+    granularity: Option<usize>,
+    page: usize,
+    state: Mutex<SimState>,
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+impl SimBackend {
+    /// A simulated device with `capacity` bytes; segments are charged their exact size and
+    /// expandable segments map 2 MiB pages.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            granularity: None,
+            page: SIM_DEFAULT_PAGE,
+            state: Mutex::new(SimState {
+                next_addr: 1 << 32,
+                ..SimState::default()
+            }),
+        }
+    }
+
+    /// Charges every segment in whole pages of `page` bytes (like `cudaMalloc` does) and uses
+    /// `page` as the expandable-segment page size. `page` must be a non-zero multiple of 512.
+    pub fn with_page_granularity(mut self, page: usize) -> Self {
+        let page = round_up(page.max(512), 512);
+        self.granularity = Some(page);
+        self.page = page;
+        self
+    }
+
+    /// Counts of every backend call so far.
+    pub fn calls(&self) -> SimCalls {
+        self.lock().calls
+    }
+
+    /// Physical bytes in use (segments plus mapped pages).
+    pub fn used_bytes(&self) -> usize {
+        self.lock().used
+    }
+
+    /// Number of live segments, address-space reservations and mapped pages.
+    pub fn live_ranges(&self) -> (usize, usize, usize) {
+        let s = self.lock();
+        (s.segments.len(), s.reservations.len(), s.mapped_pages.len())
+    }
+
+    /// Marks `event` complete (what the device would do when the stream reaches it).
+    pub fn complete_event(&self, event: EventId) {
+        if let Some(Some(done)) = self.lock().events.get_mut(event.0 as usize) {
+            *done = true;
+        }
+    }
+
+    /// Marks every live event complete.
+    pub fn complete_all_events(&self) {
+        for e in self.lock().events.iter_mut().flatten() {
+            *e = true;
+        }
+    }
+
+    /// Events recorded and not yet destroyed.
+    pub fn live_events(&self) -> Vec<EventId> {
+        let s = self.lock();
+        (0..s.events.len())
+            .filter(|&i| s.events[i].is_some())
+            .map(|i| EventId(i as u64))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn charge(&self, s: &mut SimState, bytes: usize) -> Result<(), BackendError> {
+        if bytes > self.capacity - s.used {
+            return Err(BackendError::OutOfMemory {
+                requested: bytes,
+                free: self.capacity - s.used,
+            });
+        }
+        s.used += bytes;
+        Ok(())
+    }
+
+    fn take_addresses(&self, s: &mut SimState, bytes: usize) -> u64 {
+        let addr = s.next_addr;
+        s.next_addr += (round_up(bytes, self.page) + self.page) as u64;
+        addr
+    }
+
+    fn check_pages(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        if bytes == 0 || addr % self.page as u64 != 0 || bytes % self.page != 0 {
+            return Err(BackendError::Driver(format!(
+                "sim: range {addr:#x}+{bytes} is not a non-empty multiple of the {} byte page",
+                self.page
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn inside_reservation(s: &SimState, addr: u64, bytes: usize) -> bool {
+    s.reservations
+        .range(..=addr)
+        .next_back()
+        .is_some_and(|(&start, &len)| addr + bytes as u64 <= start + len as u64)
+}
+
+impl MemoryBackend for SimBackend {
+    fn name(&self) -> &str {
+        "sim"
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn free_bytes(&self) -> usize {
+        self.capacity - self.lock().used
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<u64, BackendError> {
+        let mut s = self.lock();
+        s.calls.reserve += 1;
+        let charged = self.granularity.map_or(bytes, |g| round_up(bytes, g));
+        if bytes == 0 {
+            return Err(BackendError::Driver(
+                "sim: zero-byte segment requested".into(),
+            ));
+        }
+        self.charge(&mut s, charged)?;
+        let addr = self.take_addresses(&mut s, bytes);
+        s.segments.insert(addr, bytes);
+        Ok(addr)
+    }
+
+    unsafe fn release(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        s.calls.release += 1;
+        match s.segments.get(&addr) {
+            Some(&len) if len == bytes => {}
+            other => {
+                return Err(BackendError::Driver(format!(
+                    "sim: release of {addr:#x}+{bytes} does not match a live segment ({other:?})"
+                )))
+            }
+        }
+        s.segments.remove(&addr);
+        s.used -= self.granularity.map_or(bytes, |g| round_up(bytes, g));
+        Ok(())
+    }
+
+    fn page_size(&self) -> Option<usize> {
+        Some(self.page)
+    }
+
+    fn reserve_address_space(&self, bytes: usize) -> Result<u64, BackendError> {
+        let mut s = self.lock();
+        s.calls.reserve_address_space += 1;
+        self.check_pages(0, bytes)?;
+        let addr = self.take_addresses(&mut s, bytes);
+        s.reservations.insert(addr, bytes);
+        Ok(addr)
+    }
+
+    unsafe fn release_address_space(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        s.calls.release_address_space += 1;
+        if s.reservations.get(&addr) != Some(&bytes) {
+            return Err(BackendError::Driver(format!(
+                "sim: {addr:#x}+{bytes} is not a live address-space reservation"
+            )));
+        }
+        if s.mapped_pages
+            .range(addr..addr + bytes as u64)
+            .next()
+            .is_some()
+        {
+            return Err(BackendError::Driver(format!(
+                "sim: reservation {addr:#x}+{bytes} released with pages still mapped"
+            )));
+        }
+        s.reservations.remove(&addr);
+        Ok(())
+    }
+
+    fn map(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        s.calls.map += 1;
+        self.check_pages(addr, bytes)?;
+        if !inside_reservation(&s, addr, bytes) {
+            return Err(BackendError::Driver(format!(
+                "sim: map of {addr:#x}+{bytes} outside any reservation"
+            )));
+        }
+        if s.mapped_pages
+            .range(addr..addr + bytes as u64)
+            .next()
+            .is_some()
+        {
+            return Err(BackendError::Driver(format!(
+                "sim: map of {addr:#x}+{bytes} overlaps"
+            )));
+        }
+        self.charge(&mut s, bytes)?;
+        for page in (addr..addr + bytes as u64).step_by(self.page) {
+            s.mapped_pages.insert(page);
+        }
+        Ok(())
+    }
+
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        s.calls.unmap += 1;
+        self.check_pages(addr, bytes)?;
+        let pages = bytes / self.page;
+        if s.mapped_pages.range(addr..addr + bytes as u64).count() != pages {
+            return Err(BackendError::Driver(format!(
+                "sim: unmap of {addr:#x}+{bytes} covers unmapped pages"
+            )));
+        }
+        for page in (addr..addr + bytes as u64).step_by(self.page) {
+            s.mapped_pages.remove(&page);
+        }
+        s.used -= bytes;
+        Ok(())
+    }
+
+    fn record_event(&self, _stream: StreamId) -> Result<EventId, BackendError> {
+        let mut s = self.lock();
+        s.calls.record_event += 1;
+        s.events.push(Some(false));
+        Ok(EventId(s.events.len() as u64 - 1))
+    }
+
+    fn query_event(&self, event: EventId) -> Result<bool, BackendError> {
+        let mut s = self.lock();
+        s.calls.query_event += 1;
+        match s.events.get(event.0 as usize) {
+            Some(Some(done)) => Ok(*done),
+            _ => Err(BackendError::Driver(format!(
+                "sim: query of dead event {}",
+                event.0
+            ))),
+        }
+    }
+
+    fn synchronize_event(&self, event: EventId) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        s.calls.synchronize_event += 1;
+        match s.events.get_mut(event.0 as usize) {
+            Some(Some(done)) => {
+                *done = true;
+                Ok(())
+            }
+            _ => Err(BackendError::Driver(format!(
+                "sim: sync on dead event {}",
+                event.0
+            ))),
+        }
+    }
+
+    fn destroy_event(&self, event: EventId) {
+        if let Some(slot) = self.lock().events.get_mut(event.0 as usize) {
+            *slot = None;
+        }
+    }
+}

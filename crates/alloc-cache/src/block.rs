@@ -1,0 +1,395 @@
+//! Blocks, segments and the per-stream pools: the data the allocator's lock protects, and the
+//! primitive moves on it (take a block with an optional split, free a block with coalescing).
+//!
+//! Blocks and segments live in slabs (`Vec`s indexed by `u32`), linked into a doubly linked list
+//! per segment in address order. A free block sits in exactly one pool's [`FreeIndex`]
+//! (segregated size classes, see `free_index.rs`). Statistics are maintained by diffing the
+//! contribution of every touched block before and after a move, so they cannot drift from what
+//! a recomputation over the blocks would give (the property tests check exactly that).
+
+use crate::backend::{EventId, StreamId};
+use crate::free_index::FreeIndex;
+use crate::stats::{MemoryStats, PoolKind};
+use crate::trace::TraceRecorder;
+
+/// Sentinel for "no block" in the intrusive links.
+pub(crate) const NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlockState {
+    /// In a pool, available.
+    Free,
+    /// Handed to a caller.
+    Allocated,
+    /// Freed by the caller, waiting for events on other streams that used it.
+    Pending,
+    /// Slab slot not in use.
+    Dead,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    pub addr: u64,
+    pub size: usize,
+    pub requested: usize,
+    pub segment: u32,
+    pub prev: u32,
+    pub next: u32,
+    pub state: BlockState,
+    pub pool: PoolKind,
+    pub stream: u16,
+    pub pending_events: u32,
+    pub freed_at: u64,
+    pub alloc_id: u64,
+    /// Links of the free-index class list (meaningful while free).
+    pub free_prev: u32,
+    pub free_next: u32,
+    pub stream_uses: Vec<StreamId>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    pub base: u64,
+    /// Bytes backed by memory (the whole segment for fixed segments).
+    pub mapped: usize,
+    /// Bytes covered by blocks (`mapped` plus holes for expandable segments).
+    pub extent: usize,
+    /// Reserved address space of an expandable segment; 0 for a fixed segment.
+    pub address_space: usize,
+    /// Expandable segments: one bit per page, set when mapped (empty for fixed segments).
+    pub pages: Vec<u64>,
+    /// Expandable segments: unmapped pages below `extent`.
+    pub holes: usize,
+    pub pool: PoolKind,
+    pub stream: u16,
+    pub head: u32,
+    pub tail: u32,
+}
+
+impl Segment {
+    pub fn expandable(&self) -> bool {
+        self.address_space > 0
+    }
+}
+
+impl Block {
+    /// A new free block, not yet in any pool.
+    pub fn free(
+        addr: u64,
+        size: usize,
+        segment: u32,
+        prev: u32,
+        pool: PoolKind,
+        stream: u16,
+        now: u64,
+    ) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            segment,
+            prev,
+            next: NONE,
+            state: BlockState::Free,
+            pool,
+            stream,
+            pending_events: 0,
+            freed_at: now,
+            alloc_id: 0,
+            free_prev: NONE,
+            free_next: NONE,
+            stream_uses: Vec::new(),
+        }
+    }
+}
+
+/// The free blocks of one stream: one ordered map per pool, plus its expandable segments.
+#[derive(Debug)]
+pub(crate) struct StreamPools {
+    pub stream: StreamId,
+    pub free: [FreeIndex; 2],
+    pub expandable: [u32; 2],
+}
+
+pub(crate) fn pool_index(pool: PoolKind) -> usize {
+    match pool {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+    }
+}
+
+/// What one block adds to the current value of each block statistic.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Contribution {
+    allocation: i64,
+    allocated_bytes: i64,
+    requested_bytes: i64,
+    active: i64,
+    active_bytes: i64,
+    inactive_split: i64,
+    inactive_split_bytes: i64,
+}
+
+impl std::ops::Add for Contribution {
+    type Output = Contribution;
+    fn add(self, o: Contribution) -> Contribution {
+        Contribution {
+            allocation: self.allocation + o.allocation,
+            allocated_bytes: self.allocated_bytes + o.allocated_bytes,
+            requested_bytes: self.requested_bytes + o.requested_bytes,
+            active: self.active + o.active,
+            active_bytes: self.active_bytes + o.active_bytes,
+            inactive_split: self.inactive_split + o.inactive_split,
+            inactive_split_bytes: self.inactive_split_bytes + o.inactive_split_bytes,
+        }
+    }
+}
+
+impl Contribution {
+    pub fn of(b: &Block) -> Contribution {
+        let size = b.size as i64;
+        match b.state {
+            BlockState::Allocated => Contribution {
+                allocation: 1,
+                allocated_bytes: size,
+                requested_bytes: b.requested as i64,
+                active: 1,
+                active_bytes: size,
+                ..Contribution::default()
+            },
+            BlockState::Pending => Contribution {
+                active: 1,
+                active_bytes: size,
+                ..Contribution::default()
+            },
+            BlockState::Free if b.prev != NONE || b.next != NONE => Contribution {
+                inactive_split: 1,
+                inactive_split_bytes: size,
+                ..Contribution::default()
+            },
+            BlockState::Free | BlockState::Dead => Contribution::default(),
+        }
+    }
+
+    /// Applies `after - self` to `stats` for `pool`.
+    pub fn apply_change(self, after: Contribution, stats: &mut MemoryStats, pool: PoolKind) {
+        stats
+            .allocation
+            .update(pool, after.allocation - self.allocation);
+        stats
+            .allocated_bytes
+            .update(pool, after.allocated_bytes - self.allocated_bytes);
+        stats
+            .requested_bytes
+            .update(pool, after.requested_bytes - self.requested_bytes);
+        stats.active.update(pool, after.active - self.active);
+        stats
+            .active_bytes
+            .update(pool, after.active_bytes - self.active_bytes);
+        stats
+            .inactive_split
+            .update(pool, after.inactive_split - self.inactive_split);
+        stats
+            .inactive_split_bytes
+            .update(pool, after.inactive_split_bytes - self.inactive_split_bytes);
+    }
+}
+
+/// Everything behind the allocator's mutex.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub blocks: Vec<Block>,
+    pub free_block_slots: Vec<u32>,
+    pub segments: Vec<Option<Segment>>,
+    pub free_segment_slots: Vec<u32>,
+    pub streams: Vec<StreamPools>,
+    pub stats: MemoryStats,
+    pub pending: Vec<(EventId, u32)>,
+    pub clock: u64,
+    pub next_alloc_id: u64,
+    pub recorder: Option<TraceRecorder>,
+}
+
+impl State {
+    /// Index of `stream`'s pools, creating them on first use. Streams are few, so a linear scan
+    /// beats hashing.
+    #[inline]
+    pub fn stream_index(&mut self, stream: StreamId) -> u16 {
+        if let Some(i) = self.streams.iter().position(|s| s.stream == stream) {
+            return i as u16;
+        }
+        self.streams.push(StreamPools {
+            stream,
+            free: [FreeIndex::default(), FreeIndex::default()],
+            expandable: [NONE, NONE],
+        });
+        (self.streams.len() - 1) as u16
+    }
+
+    pub fn contribution(&self, id: u32) -> Contribution {
+        if id == NONE {
+            return Contribution::default();
+        }
+        Contribution::of(&self.blocks[id as usize])
+    }
+
+    pub fn new_block(&mut self, block: Block) -> u32 {
+        match self.free_block_slots.pop() {
+            Some(id) => {
+                self.blocks[id as usize] = block;
+                id
+            }
+            None => {
+                self.blocks.push(block);
+                (self.blocks.len() - 1) as u32
+            }
+        }
+    }
+
+    pub fn kill_block(&mut self, id: u32) {
+        let b = &mut self.blocks[id as usize];
+        b.state = BlockState::Dead;
+        b.stream_uses = Vec::new();
+        self.free_block_slots.push(id);
+    }
+
+    pub fn new_segment(&mut self, segment: Segment) -> u32 {
+        match self.free_segment_slots.pop() {
+            Some(id) => {
+                self.segments[id as usize] = Some(segment);
+                id
+            }
+            None => {
+                self.segments.push(Some(segment));
+                (self.segments.len() - 1) as u32
+            }
+        }
+    }
+
+    pub fn segment(&self, id: u32) -> &Segment {
+        self.segments[id as usize].as_ref().expect("live segment")
+    }
+
+    pub fn segment_mut(&mut self, id: u32) -> &mut Segment {
+        self.segments[id as usize].as_mut().expect("live segment")
+    }
+
+    #[inline]
+    pub fn pool_insert(&mut self, id: u32) {
+        let b = &self.blocks[id as usize];
+        let index = &mut self.streams[b.stream as usize].free[pool_index(b.pool)];
+        index.insert(&mut self.blocks, id);
+    }
+
+    #[inline]
+    pub fn pool_remove(&mut self, id: u32) {
+        let b = &self.blocks[id as usize];
+        let index = &mut self.streams[b.stream as usize].free[pool_index(b.pool)];
+        index.remove(&mut self.blocks, id);
+    }
+
+    /// Hands out free block `id` (already out of its pool) for a request of `rounded` bytes,
+    /// splitting the tail off into a new free block when `split` says so.
+    pub fn take(&mut self, id: u32, rounded: usize, requested: usize, split: bool) {
+        let before = self.contribution(id);
+        let mut rest = NONE;
+        if split {
+            let b = &self.blocks[id as usize];
+            let remainder = Block {
+                addr: b.addr + rounded as u64,
+                size: b.size - rounded,
+                requested: 0,
+                segment: b.segment,
+                prev: id,
+                next: b.next,
+                state: BlockState::Free,
+                pool: b.pool,
+                stream: b.stream,
+                pending_events: 0,
+                freed_at: b.freed_at,
+                alloc_id: 0,
+                free_prev: NONE,
+                free_next: NONE,
+                stream_uses: Vec::new(),
+            };
+            let (next, segment) = (b.next, b.segment);
+            rest = self.new_block(remainder);
+            if next == NONE {
+                self.segment_mut(segment).tail = rest;
+            } else {
+                self.blocks[next as usize].prev = rest;
+            }
+            let b = &mut self.blocks[id as usize];
+            b.next = rest;
+            b.size = rounded;
+            self.pool_insert(rest);
+        }
+        self.next_alloc_id += 1;
+        let alloc_id = self.next_alloc_id;
+        let b = &mut self.blocks[id as usize];
+        b.state = BlockState::Allocated;
+        b.requested = requested;
+        b.alloc_id = alloc_id;
+        let pool = b.pool;
+        let after = self.contribution(id) + self.contribution(rest);
+        before.apply_change(after, &mut self.stats, pool);
+        if let Some(r) = self.recorder.as_mut() {
+            r.record_alloc(alloc_id, requested);
+        }
+    }
+
+    /// Returns allocated or pending block `id` to its pool, merging it with free neighbours.
+    pub fn free_block(&mut self, id: u32) {
+        let (prev, next, pool) = {
+            let b = &self.blocks[id as usize];
+            (b.prev, b.next, b.pool)
+        };
+        let is_free =
+            |s: &State, n: u32| n != NONE && s.blocks[n as usize].state == BlockState::Free;
+        let merge_prev = is_free(self, prev);
+        let merge_next = is_free(self, next);
+        let mut before = self.contribution(id);
+        if merge_prev {
+            before = before + self.contribution(prev);
+            self.pool_remove(prev);
+        }
+        if merge_next {
+            before = before + self.contribution(next);
+            self.pool_remove(next);
+        }
+        if merge_prev {
+            let p = self.blocks[prev as usize].clone();
+            let b = &mut self.blocks[id as usize];
+            b.addr = p.addr;
+            b.size += p.size;
+            b.prev = p.prev;
+            if p.prev == NONE {
+                self.segment_mut(p.segment).head = id;
+            } else {
+                self.blocks[p.prev as usize].next = id;
+            }
+            self.kill_block(prev);
+        }
+        if merge_next {
+            let n = self.blocks[next as usize].clone();
+            let b = &mut self.blocks[id as usize];
+            b.size += n.size;
+            b.next = n.next;
+            if n.next == NONE {
+                self.segment_mut(n.segment).tail = id;
+            } else {
+                self.blocks[n.next as usize].prev = id;
+            }
+            self.kill_block(next);
+        }
+        let clock = self.clock;
+        let b = &mut self.blocks[id as usize];
+        b.state = BlockState::Free;
+        b.requested = 0;
+        b.freed_at = clock;
+        b.stream_uses.clear();
+        self.pool_insert(id);
+        let after = self.contribution(id);
+        before.apply_change(after, &mut self.stats, pool);
+    }
+}

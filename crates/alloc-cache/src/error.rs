@@ -1,0 +1,139 @@
+//! Errors of `kiln-alloc-cache`, including the out-of-memory report.
+
+use crate::backend::{BackendError, StreamId};
+use crate::stats::{format_bytes, PoolKind};
+use std::fmt;
+
+/// Everything that can go wrong in `kiln-alloc-cache`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request could not be satisfied even after releasing every cached segment; the report
+    /// says how memory was used at that moment and what to do.
+    #[error("{0}")]
+    OutOfMemory(Box<OomReport>),
+    /// The requested size cannot be allocated at all.
+    #[error("invalid allocation size {requested} bytes: {reason}")]
+    InvalidSize {
+        /// Bytes asked for.
+        requested: usize,
+        /// Why it is refused and what to do instead.
+        reason: &'static str,
+    },
+    /// A free of something this allocator did not hand out, or handed out and already freed.
+    #[error("invalid free: {0}")]
+    InvalidFree(String),
+    /// An allocator setting is out of range or unsupported by the backend.
+    #[error("invalid allocator configuration: {0}")]
+    InvalidConfig(String),
+    /// The backend failed for a reason other than running out of memory.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A trace file line could not be parsed or does not make sense.
+    #[error("trace line {line}: {message}")]
+    TraceParse {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// Reading or writing a trace file failed.
+    #[error("trace file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The state of memory when an allocation failed: everything `Error::OutOfMemory` prints.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OomReport {
+    /// The backend's name.
+    pub backend: String,
+    /// Bytes asked for.
+    pub requested: usize,
+    /// Bytes after rounding to the allocator's block size.
+    pub rounded: usize,
+    /// Stream of the request.
+    pub stream: StreamId,
+    /// Pool the request belongs to.
+    pub pool: PoolKind,
+    /// Backend capacity.
+    pub capacity: usize,
+    /// Bytes the backend reported free after the allocator released its cache.
+    pub backend_free: usize,
+    /// Bytes in blocks handed to callers.
+    pub allocated: usize,
+    /// Bytes the allocator holds from the backend.
+    pub reserved: usize,
+    /// `reserved - allocated`: cached, or split off inside segments that are partly in use.
+    pub reserved_unallocated: usize,
+    /// Largest free block the cache holds (any pool, any stream).
+    pub largest_free_block: usize,
+    /// `1 - largest_free_block / reserved_unallocated` (0 = all free memory in one block).
+    pub fragmentation: f64,
+    /// Whether expandable segments were on.
+    pub expandable_segments: bool,
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = |v: usize| format!("{} ({v} bytes)", format_bytes(v as i64));
+        writeln!(
+            f,
+            "out of memory: tried to allocate {} on stream {} ({} pool, rounded to {} bytes).",
+            b(self.requested),
+            self.stream,
+            self.pool.stat_name().trim_end_matches("_pool"),
+            self.rounded
+        )?;
+        writeln!(
+            f,
+            "  {} backend: capacity {}, free {}.",
+            self.backend,
+            b(self.capacity),
+            b(self.backend_free)
+        )?;
+        writeln!(
+            f,
+            "  kiln: allocated {}, reserved {}, reserved but unallocated {}.",
+            b(self.allocated),
+            b(self.reserved),
+            b(self.reserved_unallocated)
+        )?;
+        writeln!(
+            f,
+            "  largest free block {}, fragmentation {:.1}% (1 - largest free / reserved-unallocated).",
+            b(self.largest_free_block),
+            self.fragmentation * 100.0
+        )?;
+        let fragmented = self.reserved_unallocated + self.backend_free >= self.rounded;
+        if fragmented && !self.expandable_segments {
+            write!(
+                f,
+                "  advice: enough memory is free in total but not in one piece: turn on expandable \
+                 segments (AllocatorConfig::expandable_segments, or \
+                 KILN_ALLOC_CONF=expandable_segments:True) to stop fragmentation, or set \
+                 max_split_size_mb so large blocks are not carved up; otherwise reduce the batch size."
+            )
+        } else if fragmented {
+            write!(
+                f,
+                "  advice: enough memory is free in total but not in one piece (free blocks of \
+                 another stream or pool cannot be moved): reduce the batch size, or free \
+                 long-lived tensors before this step."
+            )
+        } else {
+            write!(
+                f,
+                "  advice: live tensors use the device: reduce the batch size (or sequence length), \
+                 free tensors you no longer need, use activation checkpointing or mixed precision."
+            )
+        }
+    }
+}

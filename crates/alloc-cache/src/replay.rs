@@ -1,0 +1,175 @@
+//! Replaying a [`Trace`] through the allocator on a [`SimBackend`]: the measurement behind
+//! `cargo xtask replay` and the fragmentation figures of `cargo xtask bench alloc`.
+
+use crate::allocator::CachingAllocator;
+use crate::backend::{SimBackend, StreamId};
+use crate::config::AllocatorConfig;
+use crate::error::{Error, Result};
+use crate::handle::RawAllocation;
+use crate::trace::{Trace, TraceEvent};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Segment strategy for a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// Fixed segments.
+    Default,
+    /// Expandable segments.
+    Expandable,
+}
+
+impl std::str::FromStr for ReplayMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "default" => Ok(ReplayMode::Default),
+            "expandable" => Ok(ReplayMode::Expandable),
+            _ => Err(Error::InvalidConfig(format!(
+                "mode `{s}`: use `default` or `expandable`"
+            ))),
+        }
+    }
+}
+
+/// Default simulated capacity: 80 GiB, an A100/H100.
+pub const DEFAULT_REPLAY_CAPACITY: usize = 80 << 30;
+
+/// What a replay reports (the JSON object `cargo xtask replay` prints).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ReplayReport {
+    /// Alloc and free events replayed.
+    pub events: usize,
+    /// Largest sum of live requested bytes.
+    pub peak_live_bytes: usize,
+    /// Largest reserved (backend-held) bytes.
+    pub peak_reserved_bytes: usize,
+    /// `peak_reserved_bytes / peak_live_bytes` (1.0 is perfect).
+    pub reserved_over_live: f64,
+    /// Backend calls that obtained memory.
+    pub device_allocs: u64,
+    /// Backend calls that returned memory.
+    pub device_frees: u64,
+    /// Allocations retried after releasing the cache.
+    pub alloc_retries: u64,
+    /// Allocations that failed.
+    pub ooms: u64,
+}
+
+/// An allocator on a simulated device that replays traces, possibly several times.
+#[derive(Debug)]
+pub struct Replayer {
+    sim: Arc<SimBackend>,
+    allocator: CachingAllocator,
+    live: HashMap<u64, RawAllocation>,
+    live_bytes: usize,
+    peak_live: usize,
+    events: usize,
+}
+
+impl Replayer {
+    /// A fresh simulated device of `capacity` bytes with 2 MiB pages, and an allocator in `mode`.
+    pub fn new(mode: ReplayMode, capacity: usize) -> Result<Self> {
+        let sim = Arc::new(SimBackend::new(capacity).with_page_granularity(2 << 20));
+        let config = match mode {
+            ReplayMode::Default => AllocatorConfig::default(),
+            ReplayMode::Expandable => AllocatorConfig::expandable(),
+        };
+        let allocator = CachingAllocator::new(Arc::clone(&sim), config)?;
+        Ok(Self {
+            sim,
+            allocator,
+            live: HashMap::new(),
+            live_bytes: 0,
+            peak_live: 0,
+            events: 0,
+        })
+    }
+
+    /// Replays every event; an allocation that runs out of memory is counted (in `ooms`) and
+    /// its later free skipped. Fails only if the allocator reports a non-memory error.
+    pub fn run(&mut self, trace: &Trace) -> Result<()> {
+        let mut failed = std::collections::HashSet::new();
+        for e in &trace.events {
+            self.events += 1;
+            match *e {
+                TraceEvent::Alloc { id, bytes } => {
+                    match self.allocator.allocate_raw(bytes, StreamId::DEFAULT) {
+                        Ok(raw) => {
+                            if let Some(old) = self.live.insert(id, raw) {
+                                self.allocator.free_raw(old)?;
+                                return Err(Error::TraceParse {
+                                line: 0,
+                                message: format!("id {id} allocated twice across replays; free it in the trace"),
+                            });
+                            }
+                            self.live_bytes += bytes;
+                            self.peak_live = self.peak_live.max(self.live_bytes);
+                        }
+                        Err(Error::OutOfMemory(_)) => {
+                            failed.insert(id);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                TraceEvent::Free { id } => {
+                    if let Some(raw) = self.live.remove(&id) {
+                        self.live_bytes -= raw.size();
+                        self.allocator.free_raw(raw)?;
+                    } else if !failed.remove(&id) {
+                        return Err(Error::TraceParse {
+                            line: 0,
+                            message: format!("free of unknown id {id}"),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The figures so far.
+    pub fn report(&self) -> ReplayReport {
+        let stats = self.allocator.memory_stats();
+        let peak_reserved = stats.reserved_bytes.all.peak as usize;
+        ReplayReport {
+            events: self.events,
+            peak_live_bytes: self.peak_live,
+            peak_reserved_bytes: peak_reserved,
+            reserved_over_live: if self.peak_live == 0 {
+                0.0
+            } else {
+                peak_reserved as f64 / self.peak_live as f64
+            },
+            device_allocs: stats.num_device_alloc,
+            device_frees: stats.num_device_free,
+            alloc_retries: stats.num_alloc_retries,
+            ooms: stats.num_ooms,
+        }
+    }
+
+    /// The simulated device (for call counts).
+    pub fn sim(&self) -> &SimBackend {
+        &self.sim
+    }
+
+    /// The allocator.
+    pub fn allocator(&self) -> &CachingAllocator {
+        &self.allocator
+    }
+}
+
+impl Drop for Replayer {
+    fn drop(&mut self) {
+        for (_, raw) in self.live.drain() {
+            let _ = self.allocator.free_raw(raw);
+        }
+    }
+}
+
+/// Replays `trace` once on a fresh simulated device.
+pub fn replay(trace: &Trace, mode: ReplayMode, capacity: usize) -> Result<ReplayReport> {
+    let mut r = Replayer::new(mode, capacity)?;
+    r.run(trace)?;
+    Ok(r.report())
+}

@@ -1,0 +1,330 @@
+//! The slow paths of the allocator: getting memory from the backend on a miss (fixed or
+//! expandable segments), the out-of-memory fallbacks, garbage collection, and giving cached
+//! memory back (`empty_cache`, `trim_to`).
+
+use crate::allocator::{segment_size_for, CachingAllocator, ROUND_LARGE};
+use crate::backend::BackendError;
+use crate::block::{Block, BlockState, Segment, State, NONE};
+use crate::error::{Error, OomReport, Result};
+use crate::stats::PoolKind;
+
+/// Which cached segments to release first, and when to stop.
+#[derive(Debug, Clone, Copy)]
+enum Release {
+    /// Everything releasable.
+    All,
+    /// Oldest free memory first until reserved bytes are at most the target.
+    OldestFirst(usize),
+    /// Largest releasable amounts first until reserved bytes are at most the target.
+    LargestFirst(usize),
+}
+
+fn is_oom(e: &BackendError) -> bool {
+    matches!(e, BackendError::OutOfMemory { .. })
+}
+
+impl CachingAllocator {
+    /// Called when the pool has no fitting block: returns a free block (out of its pool) of at
+    /// least `rounded` bytes on stream `si`, or the out-of-memory error.
+    pub(crate) fn allocate_miss(
+        &self,
+        st: &mut State,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+        requested: usize,
+    ) -> Result<u32> {
+        if let Some(threshold) = self.config.garbage_collection_threshold {
+            let limit = (threshold * self.backend.capacity() as f64) as usize;
+            let needed = if self.config.expandable_segments {
+                rounded
+            } else {
+                segment_size_for(rounded)
+            };
+            if st.stats.reserved_bytes.all.current as usize + needed > limit {
+                self.release_cached(st, Release::OldestFirst(limit.saturating_sub(needed)))?;
+            }
+        }
+        if let Some(id) = self.grow_backed(st, si, pool, rounded)? {
+            return Ok(id);
+        }
+        if let Some(id) = self.find_any_fit(st, si, rounded)? {
+            return Ok(id);
+        }
+        if let Some(id) = self.find_backed_fit(st, si, rounded) {
+            return Ok(id);
+        }
+        if self.release_cached(st, Release::All)? > 0 {
+            st.stats.num_alloc_retries += 1;
+            if let Some(id) = self.find_fit(st, si, pool, rounded) {
+                if self.back_pages(st, id, rounded)? {
+                    return Ok(id);
+                }
+            }
+            if let Some(id) = self.grow_backed(st, si, pool, rounded)? {
+                return Ok(id);
+            }
+            if let Some(id) = self.find_any_fit(st, si, rounded)? {
+                return Ok(id);
+            }
+        }
+        st.stats.num_ooms += 1;
+        Err(Error::OutOfMemory(Box::new(
+            self.oom_report(st, si, pool, rounded, requested),
+        )))
+    }
+
+    /// New memory from the backend with its pages backed; `None` when the backend is full.
+    fn grow_backed(
+        &self,
+        st: &mut State,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<Option<u32>> {
+        match self.grow(st, si, pool, rounded) {
+            Ok(id) if self.back_pages(st, id, rounded)? => Ok(Some(id)),
+            Ok(_) => Ok(None),
+            Err(e) if is_oom(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The smallest free block of stream `si` in either pool with at least `rounded` bytes,
+    /// ignoring pool boundaries and `max_split_size` (the last resort before releasing memory).
+    fn find_any_fit(&self, st: &mut State, si: u16, rounded: usize) -> Result<Option<u32>> {
+        let State {
+            streams, blocks, ..
+        } = st;
+        let pools = &mut streams[si as usize].free;
+        let Some((p, id)) = (0..2)
+            .filter_map(|p| pools[p].best_fit(blocks, rounded).map(|id| (p, id)))
+            .min_by_key(|&(_, id)| blocks[id as usize].size)
+        else {
+            return Ok(None);
+        };
+        pools[p].remove(blocks, id);
+        Ok(self.back_pages(st, id, rounded)?.then_some(id))
+    }
+
+    /// The smallest free block of stream `si` whose first `rounded` bytes are backed already
+    /// (expandable segments with holes only; scans every block, so only on the way to an OOM).
+    fn find_backed_fit(&self, st: &mut State, si: u16, rounded: usize) -> Option<u32> {
+        if !self.config.expandable_segments {
+            return None;
+        }
+        let page = self.page as u64;
+        let backed = |b: &Block| {
+            let s = st.segment(b.segment);
+            let p0 = ((b.addr - s.base) / page) as usize;
+            let p1 = (b.addr + rounded as u64 - s.base).div_ceil(page) as usize;
+            (p0..p1).all(|p| s.page_mapped(p))
+        };
+        let id = (0..st.blocks.len() as u32)
+            .filter(|&i| {
+                let b = &st.blocks[i as usize];
+                b.state == BlockState::Free && b.stream == si && b.size >= rounded && backed(b)
+            })
+            .min_by_key(|&i| st.blocks[i as usize].size)?;
+        st.pool_remove(id);
+        Some(id)
+    }
+
+    /// Gets new memory from the backend for a request of `rounded` bytes.
+    fn grow(
+        &self,
+        st: &mut State,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<u32, BackendError> {
+        if self.config.expandable_segments {
+            return self.grow_expandable(st, si, pool, rounded);
+        }
+        let padded = segment_size_for(rounded);
+        // Devices hand out whole 2 MiB pages anyway, so the fallback is rounded to them.
+        let exact = rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        let (size, base) = match self.backend.reserve(padded) {
+            Ok(base) => (padded, base),
+            Err(e) if is_oom(&e) && padded > exact => (exact, self.backend.reserve(exact)?),
+            Err(e) => return Err(e),
+        };
+        st.stats.num_device_alloc += 1;
+        st.stats.segment.update(pool, 1);
+        st.stats.reserved_bytes.update(pool, size as i64);
+        let segment = Segment {
+            base,
+            mapped: size,
+            extent: size,
+            address_space: 0,
+            pages: Vec::new(),
+            holes: 0,
+            pool,
+            stream: si,
+            head: NONE,
+            tail: NONE,
+        };
+        let seg = st.new_segment(segment);
+        let id = st.new_block(Block::free(base, size, seg, NONE, pool, si, st.clock));
+        let s = st.segment_mut(seg);
+        s.head = id;
+        s.tail = id;
+        Ok(id)
+    }
+
+    /// Releases cached memory in `order`; returns the bytes given back to the backend.
+    fn release_cached(&self, st: &mut State, order: Release) -> Result<usize> {
+        // (segment, releasable bytes, freed_at of the free block)
+        let mut candidates: Vec<(u32, usize, u64)> = Vec::new();
+        for (i, s) in st.segments.iter().enumerate() {
+            let Some(s) = s else { continue };
+            if s.expandable() {
+                let releasable = self.expandable_releasable(st, i as u32);
+                if releasable > 0 || s.tail == NONE {
+                    candidates.push((
+                        i as u32,
+                        releasable,
+                        st.blocks.get(s.tail as usize).map_or(0, |t| t.freed_at),
+                    ));
+                }
+                continue;
+            }
+            let t = &st.blocks[s.tail as usize];
+            if t.state == BlockState::Free && s.head == s.tail {
+                candidates.push((i as u32, s.mapped, t.freed_at));
+            }
+        }
+        match order {
+            Release::All => {}
+            Release::OldestFirst(_) => candidates.sort_by_key(|&(i, _, age)| (age, i)),
+            Release::LargestFirst(_) => {
+                candidates.sort_by_key(|&(i, bytes, _)| (std::cmp::Reverse(bytes), i))
+            }
+        }
+        let mut released = 0;
+        for (seg, _, _) in candidates {
+            if let Release::OldestFirst(target) | Release::LargestFirst(target) = order {
+                if st.stats.reserved_bytes.all.current as usize <= target {
+                    break;
+                }
+            }
+            released += if st.segment(seg).expandable() {
+                self.release_expandable(st, seg)?
+            } else {
+                self.release_segment(st, seg)?
+            };
+        }
+        Ok(released)
+    }
+
+    /// Gives a wholly free fixed segment back to the backend.
+    fn release_segment(&self, st: &mut State, seg: u32) -> Result<usize> {
+        let s = st.segment(seg).clone();
+        // SAFETY: the segment came from `reserve` with this size and its only block is free, so
+        // no caller holds any part of it.
+        unsafe { self.backend.release(s.base, s.mapped)? };
+        st.pool_remove(s.head);
+        st.kill_block(s.head);
+        st.stats.num_device_free += 1;
+        st.stats.segment.update(s.pool, -1);
+        st.stats.reserved_bytes.update(s.pool, -(s.mapped as i64));
+        st.segments[seg as usize] = None;
+        st.free_segment_slots.push(seg);
+        Ok(s.mapped)
+    }
+
+    /// Waits for every outstanding stream event and frees the blocks waiting on them.
+    fn synchronize_pending(&self, st: &mut State) -> Result<()> {
+        if st.pending.is_empty() {
+            return Ok(());
+        }
+        st.stats.num_sync_all_streams += 1;
+        for &(event, _) in &st.pending {
+            self.backend.synchronize_event(event)?;
+        }
+        self.process_events(st)
+    }
+
+    /// Returns every cached free segment (and the free pages at the end of expandable segments)
+    /// to the backend, after waiting for outstanding stream events. Returns the bytes released.
+    pub fn empty_cache(&self) -> Result<usize> {
+        self.with_state(|st| {
+            self.synchronize_pending(st)?;
+            self.release_cached(st, Release::All)
+        })
+    }
+
+    /// Releases cached memory, largest pieces first, until at most `max_reserved` bytes stay
+    /// reserved (or nothing releasable is left); waits on stream events only if that is needed.
+    /// Returns the bytes released.
+    pub fn trim_to(&self, max_reserved: usize) -> Result<usize> {
+        self.with_state(|st| {
+            let mut released = self.release_cached(st, Release::LargestFirst(max_reserved))?;
+            if st.stats.reserved_bytes.all.current as usize > max_reserved && !st.pending.is_empty()
+            {
+                self.synchronize_pending(st)?;
+                released += self.release_cached(st, Release::LargestFirst(max_reserved))?;
+            }
+            Ok(released)
+        })
+    }
+
+    fn oom_report(
+        &self,
+        st: &State,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+        requested: usize,
+    ) -> OomReport {
+        let allocated = st.stats.allocated_bytes.all.current as usize;
+        let reserved = st.stats.reserved_bytes.all.current as usize;
+        let reserved_unallocated = reserved.saturating_sub(allocated);
+        let largest_free_block = Self::largest_free(st);
+        // A free block of an expandable segment may span unmapped pages, so it can exceed the
+        // free mapped bytes; fragmentation is then reported as 0.
+        let fragmentation = if reserved_unallocated == 0 {
+            0.0
+        } else {
+            (1.0 - largest_free_block as f64 / reserved_unallocated as f64).max(0.0)
+        };
+        OomReport {
+            backend: self.backend.name().to_string(),
+            requested,
+            rounded,
+            stream: st.streams[si as usize].stream,
+            pool,
+            capacity: self.backend.capacity(),
+            backend_free: self.backend.free_bytes(),
+            allocated,
+            reserved,
+            reserved_unallocated,
+            largest_free_block,
+            fragmentation,
+            expandable_segments: self.config.expandable_segments,
+        }
+    }
+}
+
+impl Drop for CachingAllocator {
+    /// Gives every segment back to the backend. Live `Allocation`s keep the allocator alive, so
+    /// only blocks leaked as `RawAllocation`s can still be in use here; their memory goes too.
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        let pending: Vec<_> = st.pending.drain(..).collect();
+        let segments: Vec<_> = st.segments.drain(..).flatten().collect();
+        for (event, _) in pending {
+            self.backend.destroy_event(event);
+        }
+        for s in segments {
+            // SAFETY: the allocator is going away; no handle can reach these segments any more.
+            unsafe {
+                if s.expandable() {
+                    self.drop_expandable(&s);
+                } else {
+                    let _ = self.backend.release(s.base, s.mapped);
+                }
+            }
+        }
+    }
+}

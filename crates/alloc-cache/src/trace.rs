@@ -1,0 +1,196 @@
+//! Allocation traces: the text format, a recorder and a parser.
+//!
+//! One event a line: `a ID BYTES` (allocate BYTES, the caller's request before rounding, under
+//! the name ID), `f ID` (free it), `# comment`. Blank lines are ignored. An ID may be reused after
+//! its free. Traces recorded from any run can be replayed through any backend (see
+//! [`crate::replay`]).
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// One trace event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceEvent {
+    /// `a ID BYTES`.
+    Alloc {
+        /// Name of the allocation.
+        id: u64,
+        /// Bytes requested.
+        bytes: usize,
+    },
+    /// `f ID`.
+    Free {
+        /// Name of the allocation freed.
+        id: u64,
+    },
+}
+
+/// A parsed, validated trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// Events in order.
+    pub events: Vec<TraceEvent>,
+}
+
+impl Trace {
+    /// Parses the text format; rejects unknown lines, frees of ids that are not live, and
+    /// allocations under an id that is still live, naming the line.
+    pub fn parse(text: &str) -> Result<Trace> {
+        let mut events = Vec::new();
+        let mut live: HashMap<u64, usize> = HashMap::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line = index + 1;
+            let err = |message: String| Error::TraceParse { line, message };
+            let text = raw.trim();
+            if text.is_empty() || text.starts_with('#') {
+                continue;
+            }
+            let mut parts = text.split_whitespace();
+            let number = |p: Option<&str>, what: &str| -> Result<u64> {
+                let p = p.ok_or_else(|| {
+                    err(format!(
+                        "`{text}` lacks the {what}; write `a ID BYTES` or `f ID`"
+                    ))
+                })?;
+                p.parse()
+                    .map_err(|_| err(format!("{what} `{p}` is not a non-negative integer")))
+            };
+            let event = match parts.next() {
+                Some("a") => {
+                    let id = number(parts.next(), "id")?;
+                    let bytes = number(parts.next(), "byte count")? as usize;
+                    if let Some(&at) = live.get(&id) {
+                        return Err(err(format!(
+                            "id {id} is allocated again while live (allocated on line {at}); free it first or use a new id"
+                        )));
+                    }
+                    live.insert(id, line);
+                    TraceEvent::Alloc { id, bytes }
+                }
+                Some("f") => {
+                    let id = number(parts.next(), "id")?;
+                    if live.remove(&id).is_none() {
+                        return Err(err(format!("id {id} is freed but not live; every `f ID` needs an earlier `a ID BYTES`")));
+                    }
+                    TraceEvent::Free { id }
+                }
+                _ => {
+                    return Err(err(format!(
+                        "`{text}` is not an event; lines are `a ID BYTES`, `f ID` or `# comment`"
+                    )))
+                }
+            };
+            if let Some(extra) = parts.next() {
+                return Err(err(format!("unexpected `{extra}` after the event")));
+            }
+            events.push(event);
+        }
+        Ok(Trace { events })
+    }
+
+    /// Reads and parses a trace file.
+    pub fn read(path: impl AsRef<std::path::Path>) -> Result<Trace> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Trace::parse(&text)
+    }
+
+    /// The text format (no comments).
+    pub fn to_text(&self) -> String {
+        let mut r = TraceRecorder::new();
+        for e in &self.events {
+            match *e {
+                TraceEvent::Alloc { id, bytes } => r.record_alloc(id, bytes),
+                TraceEvent::Free { id } => r.record_free(id),
+            }
+        }
+        r.into_string()
+    }
+
+    /// Largest sum of live requested bytes over the trace.
+    pub fn peak_live_bytes(&self) -> usize {
+        let mut sizes = HashMap::new();
+        let (mut live, mut peak) = (0usize, 0usize);
+        for e in &self.events {
+            match *e {
+                TraceEvent::Alloc { id, bytes } => {
+                    sizes.insert(id, bytes);
+                    live += bytes;
+                    peak = peak.max(live);
+                }
+                TraceEvent::Free { id } => live -= sizes.remove(&id).unwrap_or(0),
+            }
+        }
+        peak
+    }
+}
+
+impl std::str::FromStr for Trace {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Trace> {
+        Trace::parse(s)
+    }
+}
+
+/// Writes events in the trace format as they happen. Attach one to an allocator with
+/// [`CachingAllocator::set_trace_recorder`](crate::CachingAllocator::set_trace_recorder) (ids are
+/// then the allocations' unique ids), or feed it by hand.
+#[derive(Debug, Clone, Default)]
+pub struct TraceRecorder {
+    text: String,
+    events: usize,
+}
+
+impl TraceRecorder {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records `a ID BYTES`.
+    pub fn record_alloc(&mut self, id: u64, bytes: usize) {
+        let _ = writeln!(self.text, "a {id} {bytes}");
+        self.events += 1;
+    }
+
+    /// Records `f ID`.
+    pub fn record_free(&mut self, id: u64) {
+        let _ = writeln!(self.text, "f {id}");
+        self.events += 1;
+    }
+
+    /// Records `# TEXT` (one comment line per line of `text`).
+    pub fn comment(&mut self, text: &str) {
+        for line in text.lines() {
+            let _ = writeln!(self.text, "# {line}");
+        }
+    }
+
+    /// Number of alloc/free events recorded.
+    pub fn events(&self) -> usize {
+        self.events
+    }
+
+    /// The trace text so far.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The trace text.
+    pub fn into_string(self) -> String {
+        self.text
+    }
+
+    /// Writes the trace text to `path`.
+    pub fn write_to(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, &self.text).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+}

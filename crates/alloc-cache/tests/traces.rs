@@ -1,0 +1,174 @@
+//! Trace format, recorder, parser, the shipped traces and replay.
+//!
+//! `KILN_REGEN_TRACES=1 cargo test -p kiln-alloc-cache --test traces` rewrites the shipped
+//! files from the generators in `kiln_alloc_cache::synth`.
+
+use kiln_alloc_cache::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The shipped traces and the generator call that produces each.
+fn shipped() -> Vec<(&'static str, String)> {
+    vec![
+        ("resnet18_step_b32.trace", synth::resnet18_step(32)),
+        (
+            "transformer_varlen_b8.trace",
+            synth::transformer_varlen(12, 8, 2024),
+        ),
+    ]
+}
+
+fn traces_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("traces")
+}
+
+#[test]
+fn shipped_traces_match_their_generators() {
+    let regen = std::env::var_os("KILN_REGEN_TRACES").is_some();
+    for (name, text) in shipped() {
+        let path = traces_dir().join(name);
+        if regen {
+            std::fs::write(&path, &text).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; run with KILN_REGEN_TRACES=1", path.display()));
+        assert!(
+            on_disk == text,
+            "{name} differs from its generator; run with KILN_REGEN_TRACES=1"
+        );
+        let trace = Trace::parse(&on_disk).unwrap();
+        assert!(trace.events.len() > 100);
+        // Every allocation is freed, so the trace can be replayed back to back.
+        let allocs = trace
+            .events
+            .iter()
+            .filter(|e| matches!(e, TraceEvent::Alloc { .. }))
+            .count();
+        assert_eq!(allocs * 2, trace.events.len(), "{name}");
+    }
+}
+
+#[test]
+fn parser_accepts_the_format_and_names_bad_lines() {
+    let t = Trace::parse("# a comment\n\na 1 100\na 2 5000\nf 1\na 1 7\nf 2\nf 1\n").unwrap();
+    assert_eq!(t.events.len(), 6);
+    assert_eq!(t.events[1], TraceEvent::Alloc { id: 2, bytes: 5000 });
+    assert_eq!(t.peak_live_bytes(), 5100);
+    assert_eq!(Trace::parse(&t.to_text()).unwrap(), t);
+    let cases = [
+        ("a 1 10\nf 2\n", 2, "id 2 is freed but not live"),
+        (
+            "a 1 10\na 1 20\n",
+            2,
+            "allocated again while live (allocated on line 1)",
+        ),
+        ("a 1\n", 1, "lacks the byte count"),
+        ("a x 10\n", 1, "id `x` is not a non-negative integer"),
+        ("m 1 10\n", 1, "is not an event"),
+        ("f 1 2\n", 1, "not live"),
+        ("a 1 10 3\n", 1, "unexpected `3`"),
+    ];
+    for (text, line, needle) in cases {
+        match Trace::parse(text) {
+            Err(Error::TraceParse { line: l, message }) => {
+                assert_eq!(l, line, "{text:?}");
+                assert!(message.contains(needle), "{text:?}: {message}");
+            }
+            other => panic!("{text:?}: expected a parse error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn recorder_captures_an_allocator_run_and_replays_identically() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let a = Arc::new(CachingAllocator::new(Arc::clone(&sim), AllocatorConfig::default()).unwrap());
+    a.set_trace_recorder(Some(TraceRecorder::new()));
+    let x = a.allocate(1000, StreamId::DEFAULT).unwrap();
+    let y = a.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+    let (xid, yid) = (x.id(), y.id());
+    drop(x);
+    let z = a.allocate(10, StreamId::DEFAULT).unwrap();
+    let zid = z.id();
+    drop((y, z));
+    let rec = a.take_trace_recorder().unwrap();
+    assert_eq!(rec.events(), 6);
+    let expected =
+        format!("a {xid} 1000\na {yid} 3145728\nf {xid}\na {zid} 10\nf {yid}\nf {zid}\n");
+    assert_eq!(rec.as_str(), expected);
+    let report = replay(
+        &Trace::parse(rec.as_str()).unwrap(),
+        ReplayMode::Default,
+        1 << 30,
+    )
+    .unwrap();
+    assert_eq!(report.events, 6);
+    assert_eq!(report.peak_live_bytes, 1000 + (3 << 20));
+    assert_eq!(report.peak_reserved_bytes, (2 << 20) + (20 << 20));
+    assert_eq!(
+        (report.device_allocs, report.device_frees, report.ooms),
+        (2, 0, 0)
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    for key in [
+        "events",
+        "peak_live_bytes",
+        "peak_reserved_bytes",
+        "reserved_over_live",
+        "device_allocs",
+        "device_frees",
+        "alloc_retries",
+        "ooms",
+    ] {
+        assert!(json.get(key).is_some(), "{key} missing from {json}");
+    }
+}
+
+#[test]
+fn replay_counts_ooms_and_skips_their_frees() {
+    let trace = Trace::parse("a 1 30000000\na 2 30000000\nf 2\nf 1\n").unwrap();
+    let report = replay(&trace, ReplayMode::Default, 40 << 20).unwrap();
+    assert_eq!((report.ooms, report.events), (1, 4));
+    assert_eq!(report.peak_live_bytes, 30000000);
+    let report = replay(&trace, ReplayMode::Expandable, 40 << 20).unwrap();
+    assert_eq!(report.ooms, 1);
+    assert_eq!(
+        report.peak_reserved_bytes,
+        30 << 20,
+        "whole 2 MiB pages for 28.6 MiB"
+    );
+}
+
+#[test]
+fn shipped_traces_replay_without_ooms_or_retries() {
+    for (name, text) in shipped() {
+        let trace = Trace::parse(&text).unwrap();
+        for mode in [ReplayMode::Default, ReplayMode::Expandable] {
+            let r = replay(&trace, mode, replay::DEFAULT_REPLAY_CAPACITY).unwrap();
+            assert_eq!((r.ooms, r.alloc_retries), (0, 0), "{name} {mode:?}");
+            assert_eq!(r.peak_live_bytes, trace.peak_live_bytes());
+            assert!(r.reserved_over_live >= 1.0, "{name} {mode:?}: {r:?}");
+            eprintln!("{name} {mode:?}: {}", serde_json::to_string(&r).unwrap());
+        }
+    }
+}
+
+#[test]
+fn fixed_shape_step_replayed_ten_times_calls_the_backend_only_in_the_first() {
+    let trace = Trace::parse(&synth::resnet18_step(32)).unwrap();
+    for mode in [ReplayMode::Default, ReplayMode::Expandable] {
+        let mut r = Replayer::new(mode, replay::DEFAULT_REPLAY_CAPACITY).unwrap();
+        r.run(&trace).unwrap();
+        let after_first = r.sim().calls();
+        assert!(after_first.memory_calls() > 10, "{mode:?}: {after_first:?}");
+        for _ in 1..10 {
+            r.run(&trace).unwrap();
+        }
+        assert_eq!(
+            r.sim().calls(),
+            after_first,
+            "{mode:?}: backend called after the first step"
+        );
+        assert_eq!(r.report().events, 10 * trace.events.len());
+    }
+}

@@ -1,0 +1,372 @@
+//! The `alloc` benchmark group (issue 3): cache-hit latency, steady-state backend calls,
+//! fragmentation of the shipped traces, and host allocate-touch-free through the cache versus
+//! the system allocator.
+
+use super::{workspace_root, Options, Row};
+use kiln_alloc_cache::{
+    AllocatorConfig, CachingAllocator, HostBackend, ReplayMode, Replayer, StreamId, Trace,
+};
+use std::alloc::Layout;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Instant;
+
+const GROUP: &str = "alloc";
+const MIB: usize = 1 << 20;
+/// Pairs timed together: one `Instant` read costs ~20 ns, so single pairs cannot be timed.
+const PAIRS_PER_SAMPLE: u32 = 32;
+
+/// Runs every case of the group.
+pub fn run(options: &Options) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    hit_latency(options, &mut rows)?;
+    steady_state(&mut rows)?;
+    fragmentation(&mut rows)?;
+    tight_capacity(&mut rows)?;
+    host_touch(options, &mut rows)?;
+    if options.gpu {
+        gpu_hit_latency(options, &mut rows)?;
+    }
+    Ok(rows)
+}
+
+/// `--gpu`: a cache-hit pair through kiln's allocator on `CudaBackend` against a
+/// `cuMemAlloc`+`cuMemFree` pair, for 1 KiB and 4 MiB, on cuda:0. Without a device it says why
+/// and reports no row.
+fn gpu_hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+    use kiln_device::cuda::cudarc::driver::result;
+    use kiln_device::cuda::CudaBackend;
+    use kiln_device::Device;
+    if let Some(reason) = kiln_device::cuda_status().reason() {
+        eprintln!("bench alloc: --gpu cases skipped: CUDA unavailable: {reason}");
+        return Ok(());
+    }
+    let device = Device::Cuda(0);
+    let backend = CudaBackend::new(device).map_err(|e| e.to_string())?;
+    let alloc = Arc::new(
+        CachingAllocator::new(backend, AllocatorConfig::default()).map_err(|e| e.to_string())?,
+    );
+    let ctx = kiln_device::cuda::context(device).map_err(|e| e.to_string())?;
+    ctx.bind_to_thread().map_err(|e| e.to_string())?;
+    let (samples, driver_samples) = if options.quick {
+        (2_000, 20)
+    } else {
+        (50_000, 200)
+    };
+    for (label, size) in [("1KiB", 1024usize), ("4MiB", 4 * MIB)] {
+        let neighbour = alloc
+            .allocate(size, StreamId::DEFAULT)
+            .map_err(|e| e.to_string())?;
+        let (p50, p99) = time_pairs(samples, || {
+            let r = alloc
+                .allocate_raw(black_box(size), StreamId::DEFAULT)
+                .expect("cache hit");
+            alloc.free_raw(black_box(r)).expect("free");
+        });
+        drop(neighbour);
+        // Driver pairs are slow (tens of microseconds): time each one on its own.
+        let mut t = Vec::with_capacity(driver_samples);
+        for _ in 0..driver_samples {
+            let start = Instant::now();
+            // SAFETY: a plain allocation freed at once, never accessed.
+            unsafe {
+                let p = result::malloc_sync(black_box(size)).map_err(|e| e.to_string())?;
+                result::free_sync(black_box(p)).map_err(|e| e.to_string())?;
+            }
+            t.push(start.elapsed().as_nanos() as f64);
+        }
+        t.sort_by(f64::total_cmp);
+        let driver50 = percentile(&t, 0.5);
+        let case = format!("gpu_hit_alloc_free_pair_{label}");
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p50_ns",
+            p50,
+            format!("cuMemAlloc+cuMemFree p50 {driver50:.0} ns"),
+            driver50 / p50,
+        ));
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p99_ns",
+            p99,
+            "PyTorch's CUDA allocator: about 1 us per hit",
+            1000.0 / p99,
+        ));
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// p50 and p99 (ns per pair) of `samples` timings of `PAIRS_PER_SAMPLE` calls of `pair`.
+fn time_pairs(samples: usize, mut pair: impl FnMut()) -> (f64, f64) {
+    for _ in 0..samples / 10 + 100 {
+        pair();
+    }
+    let mut t = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        for _ in 0..PAIRS_PER_SAMPLE {
+            pair();
+        }
+        t.push(start.elapsed().as_nanos() as f64 / PAIRS_PER_SAMPLE as f64);
+    }
+    t.sort_by(f64::total_cmp);
+    (percentile(&t, 0.5), percentile(&t, 0.99))
+}
+
+fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+    let samples = if options.quick { 2_000 } else { 50_000 };
+    let alloc = Arc::new(
+        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
+            .map_err(|e| e.to_string())?,
+    );
+    for (label, size) in [("1KiB", 1024usize), ("4MiB", 4 * MIB)] {
+        // Keep one neighbour live so every hit splits a block and every free coalesces it: the
+        // common case inside a busy segment, not the cheapest one.
+        let neighbour = alloc
+            .allocate(size, StreamId::DEFAULT)
+            .map_err(|e| e.to_string())?;
+        let (p50, p99) = time_pairs(samples, || {
+            let r = alloc
+                .allocate_raw(black_box(size), StreamId::DEFAULT)
+                .expect("cache hit");
+            alloc.free_raw(black_box(r)).expect("free");
+        });
+        // The same through the RAII handle tensor storage uses (adds an `Arc` clone and drop).
+        let (raii50, _) = time_pairs(samples, || {
+            let a = alloc
+                .allocate(black_box(size), StreamId::DEFAULT)
+                .expect("cache hit");
+            drop(black_box(a));
+        });
+        // And with a process-wide allocator, as kiln-device keeps one per device.
+        let static_alloc: &'static CachingAllocator = Box::leak(Box::new(
+            CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
+                .map_err(|e| e.to_string())?,
+        ));
+        let static_neighbour = static_alloc
+            .allocate_static(size, StreamId::DEFAULT)
+            .map_err(|e| e.to_string())?;
+        let (static50, _) = time_pairs(samples, || {
+            let a = static_alloc
+                .allocate_static(black_box(size), StreamId::DEFAULT)
+                .expect("cache hit");
+            drop(black_box(a));
+        });
+        drop(static_neighbour);
+        drop(neighbour);
+        let layout = Layout::from_size_align(size, 512).expect("layout");
+        let (sys50, _) = time_pairs(samples, || {
+            // SAFETY: non-zero size; freed with the same layout.
+            unsafe {
+                let p = std::alloc::alloc(black_box(layout));
+                std::alloc::dealloc(black_box(p), layout);
+            }
+        });
+        let case = format!("hit_alloc_free_pair_{label}");
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p50_ns",
+            p50,
+            "target <= 100 ns",
+            100.0 / p50,
+        ));
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p50_ns_raii_handle",
+            raii50,
+            "target <= 100 ns",
+            100.0 / raii50,
+        ));
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p50_ns_static_handle",
+            static50,
+            "target <= 100 ns",
+            100.0 / static50,
+        ));
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p99_ns",
+            p99,
+            "PyTorch CUDA hit ~1000 ns",
+            1000.0 / p99,
+        ));
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "p50_ns_vs_system",
+            p50,
+            format!("std::alloc pair p50 {sys50:.1} ns (same run)"),
+            sys50 / p50,
+        ));
+    }
+    Ok(())
+}
+
+fn read_traces() -> Result<Vec<(String, Trace)>, String> {
+    let dir = workspace_root().join("crates/alloc-cache/traces");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "trace"))
+        .collect();
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let name = p
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            Trace::read(&p)
+                .map(|t| (name, t))
+                .map_err(|e| format!("{}: {e}", p.display()))
+        })
+        .collect()
+}
+
+fn mode_name(mode: ReplayMode) -> &'static str {
+    match mode {
+        ReplayMode::Default => "default",
+        ReplayMode::Expandable => "expandable",
+    }
+}
+
+fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
+    for (name, trace) in read_traces()? {
+        if name.contains("varlen") {
+            continue;
+        }
+        for mode in [ReplayMode::Default, ReplayMode::Expandable] {
+            let mut r = Replayer::new(mode, kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY)
+                .map_err(|e| e.to_string())?;
+            r.run(&trace).map_err(|e| e.to_string())?;
+            let first = r.sim().calls().memory_calls();
+            for _ in 1..10 {
+                r.run(&trace).map_err(|e| e.to_string())?;
+            }
+            let later = r.sim().calls().memory_calls() - first;
+            rows.push(Row::new(
+                GROUP,
+                format!("{name}_x10_{}", mode_name(mode)),
+                "backend_calls_after_step_1",
+                later as f64,
+                format!("target 0 (step 1 made {first})"),
+                1.0 / (1.0 + later as f64),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn fragmentation(rows: &mut Vec<Row>) -> Result<(), String> {
+    for (name, trace) in read_traces()? {
+        let target = if name.contains("varlen") { 1.15 } else { 1.05 };
+        for mode in [ReplayMode::Default, ReplayMode::Expandable] {
+            let report = kiln_alloc_cache::replay(
+                &trace,
+                mode,
+                kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY,
+            )
+            .map_err(|e| e.to_string())?;
+            rows.push(Row::new(
+                GROUP,
+                format!("{name}_{}", mode_name(mode)),
+                "reserved_over_live",
+                report.reserved_over_live,
+                format!("target <= {target}"),
+                target / report.reserved_over_live,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Replays each trace on a device only 5% larger than its peak of live bytes: how many
+/// allocations fail where fragmentation, not live data, is the limit.
+fn tight_capacity(rows: &mut Vec<Row>) -> Result<(), String> {
+    for (name, trace) in read_traces()? {
+        let capacity = (trace.peak_live_bytes() as f64 * 1.05) as usize;
+        let capacity = capacity.div_ceil(2 * MIB) * 2 * MIB;
+        for mode in [ReplayMode::Default, ReplayMode::Expandable] {
+            let report =
+                kiln_alloc_cache::replay(&trace, mode, capacity).map_err(|e| e.to_string())?;
+            rows.push(Row::new(
+                GROUP,
+                format!("{name}_{}_capacity_1.05x_live", mode_name(mode)),
+                "ooms",
+                report.ooms as f64,
+                format!("target 0 ({} retries)", report.alloc_retries),
+                1.0 / (1.0 + report.ooms as f64),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes one byte per 4 KiB page, as a first use of a fresh buffer would.
+fn touch(ptr: *mut u8, len: usize) {
+    for offset in (0..len).step_by(4096) {
+        // SAFETY: `offset < len` and the caller owns `len` bytes at `ptr`.
+        unsafe { ptr.add(offset).write_volatile(offset as u8) };
+    }
+}
+
+fn host_touch(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+    let alloc = Arc::new(
+        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
+            .map_err(|e| e.to_string())?,
+    );
+    for mib in [1usize, 4, 16, 64] {
+        let size = mib * MIB;
+        let iterations = (if options.quick { 64 } else { 512 }) / mib.min(16) + 4;
+        // One untimed round each first: the steady state of a training loop is what counts.
+        let mut start = Instant::now();
+        for i in 0..=iterations {
+            if i == 1 {
+                start = Instant::now();
+            }
+            let a = alloc
+                .allocate(size, StreamId::DEFAULT)
+                .map_err(|e| e.to_string())?;
+            touch(a.as_ptr(), size);
+            drop(black_box(a));
+        }
+        let cached = start.elapsed().as_nanos() as f64 / iterations as f64;
+        let layout = Layout::from_size_align(size, 4096).expect("layout");
+        for i in 0..=iterations {
+            if i == 1 {
+                start = Instant::now();
+            }
+            // SAFETY: non-zero size; freed with the same layout.
+            unsafe {
+                let p = std::alloc::alloc(layout);
+                assert!(!p.is_null(), "system allocator out of memory");
+                touch(p, size);
+                std::alloc::dealloc(black_box(p), layout);
+            }
+        }
+        let system = start.elapsed().as_nanos() as f64 / iterations as f64;
+        rows.push(Row::new(
+            GROUP,
+            format!("host_alloc_touch_free_{mib}MiB"),
+            "us_per_iter",
+            cached / 1000.0,
+            format!("system allocator {:.1} us/iter (same run)", system / 1000.0),
+            system / cached,
+        ));
+    }
+    alloc.empty_cache().map_err(|e| e.to_string())?;
+    Ok(())
+}

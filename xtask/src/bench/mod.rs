@@ -1,0 +1,176 @@
+//! `cargo xtask bench [GROUP ...] [--quick] [--gpu]`: runs benchmark groups, prints a table and
+//! writes `target/kiln-bench/report.json` (an array of rows) and `report.md`.
+//!
+//! A row is `{"group", "case", "metric", "value", "reference", "ratio"}`; `ratio` compares
+//! kiln's figure with the reference measured in the same run (or a stated target), oriented so
+//! that `ratio >= 1` means kiln is better. A group is a function from [`Options`] to rows;
+//! adding one is one line in [`GROUPS`].
+
+mod alloc;
+
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// One measured figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Benchmark group (`alloc`, `clip`, ...).
+    pub group: String,
+    /// What was measured within the group.
+    pub case: String,
+    /// Unit or name of the figure.
+    pub metric: String,
+    /// kiln's figure.
+    pub value: f64,
+    /// What it is compared with.
+    pub reference: String,
+    /// kiln against the reference; >= 1 means kiln is better.
+    pub ratio: f64,
+}
+
+impl Row {
+    /// A row of `group`.
+    pub fn new(
+        group: &str,
+        case: impl Into<String>,
+        metric: &str,
+        value: f64,
+        reference: impl Into<String>,
+        ratio: f64,
+    ) -> Self {
+        Self {
+            group: group.to_string(),
+            case: case.into(),
+            metric: metric.to_string(),
+            value,
+            reference: reference.into(),
+            ratio,
+        }
+    }
+}
+
+/// Flags every group sees.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Keep the run short (CI smoke test): fewer iterations, same cases.
+    pub quick: bool,
+    /// Also run the cases that need a CUDA device.
+    pub gpu: bool,
+}
+
+type Group = fn(&Options) -> Result<Vec<Row>, String>;
+
+/// Every benchmark group: name and entry point. Add a group with a `mod` line above and one
+/// entry here.
+/// One entry per line (kept by `rustfmt::skip`) so groups added in parallel merge cleanly.
+#[rustfmt::skip]
+const GROUPS: &[(&str, Group)] = &[
+    ("alloc", alloc::run),
+];
+
+const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";
+
+/// Runs the subcommand.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut options = Options::default();
+    let mut selected: Vec<(&str, Group)> = Vec::new();
+    for arg in args {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--gpu" => options.gpu = true,
+            "-h" | "--help" => {
+                println!("{USAGE}\ngroups: {}", group_names());
+                return Ok(());
+            }
+            name => match GROUPS.iter().find(|(n, _)| *n == name) {
+                Some(&g) => selected.push(g),
+                None => {
+                    return Err(format!(
+                        "unknown group or flag `{name}`; groups: {}\n{USAGE}",
+                        group_names()
+                    ))
+                }
+            },
+        }
+    }
+    if selected.is_empty() {
+        selected = GROUPS.to_vec();
+    }
+    let mut rows = Vec::new();
+    for (name, group) in selected {
+        eprintln!(
+            "bench: running group `{name}`{}",
+            if options.quick { " (quick)" } else { "" }
+        );
+        rows.extend(group(&options).map_err(|e| format!("group `{name}`: {e}"))?);
+    }
+    let table = markdown(&rows);
+    println!("{table}");
+    let dir = target_dir().join("kiln-bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+    for (file, text) in [("report.json", json), ("report.md", table)] {
+        let path = dir.join(file);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    eprintln!("bench: wrote {}/report.{{json,md}}", dir.display());
+    Ok(())
+}
+
+fn group_names() -> String {
+    GROUPS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// Formats a figure with about four significant digits.
+fn figure(v: f64) -> String {
+    if v == 0.0 || (v.abs() >= 0.01 && v.abs() < 1e6) {
+        let digits = if v.abs() >= 100.0 {
+            1
+        } else if v.abs() >= 10.0 {
+            2
+        } else {
+            3
+        };
+        format!("{v:.digits$}")
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
+fn markdown(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "| group | case | metric | value | reference | ratio |");
+    let _ = writeln!(s, "|---|---|---|---:|---|---:|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.group,
+            r.case,
+            r.metric,
+            figure(r.value),
+            r.reference,
+            figure(r.ratio)
+        );
+    }
+    s
+}

@@ -1,0 +1,85 @@
+//! `cargo xtask replay FILE [--mode default|expandable] [--capacity BYTES]`: replays an
+//! allocation trace through the caching allocator on a simulated device and prints one JSON
+//! object (events, peak_live_bytes, peak_reserved_bytes, reserved_over_live, device_allocs,
+//! device_frees, alloc_retries, ooms).
+
+use kiln_alloc_cache::{replay, ReplayMode, Trace};
+
+const USAGE: &str = "usage: cargo xtask replay FILE [--mode default|expandable] [--capacity BYTES]
+  --capacity accepts bytes or a KiB/MiB/GiB suffix (default 80GiB)";
+
+/// Parses `123`, `16MiB`, `80GiB`, `512KiB`.
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" | "K" => 10,
+        "MiB" | "M" => 20,
+        "GiB" | "G" => 30,
+        "TiB" | "T" => 40,
+        _ => {
+            return Err(format!(
+                "`{text}`: unknown unit `{unit}`; use bytes or KiB/MiB/GiB/TiB"
+            ))
+        }
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a byte count like 80GiB"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{text}` overflows"))
+}
+
+/// Runs the subcommand.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut file = None;
+    let mut mode = ReplayMode::Default;
+    let mut capacity = kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |flag: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--mode" => mode = value("--mode")?.parse().map_err(|e| format!("{e}"))?,
+            "--capacity" => capacity = parse_bytes(&value("--capacity")?)?,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            flag if flag.starts_with("--") => {
+                return Err(format!("unknown flag `{flag}`\n{USAGE}"))
+            }
+            path if file.is_none() => file = Some(path.to_string()),
+            extra => return Err(format!("unexpected argument `{extra}`\n{USAGE}")),
+        }
+    }
+    let file = file.ok_or_else(|| format!("no trace file given\n{USAGE}"))?;
+    let trace = Trace::read(&file).map_err(|e| format!("{file}: {e}"))?;
+    let report = replay(&trace, mode, capacity).map_err(|e| format!("{file}: {e}"))?;
+    println!(
+        "{}",
+        serde_json::to_string(&report).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_with_and_without_units() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_bytes("80GiB"), Ok(80 << 30));
+        assert_eq!(parse_bytes("2K"), Ok(2048));
+        assert!(parse_bytes("3 GB").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("GiB").unwrap_err().contains("not a byte count"));
+    }
+}
