@@ -199,12 +199,13 @@ impl Layer for Conv2d {
 
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         let shape = self.output_shape(x.shape())?;
-        // Backward needs the input (for the weight gradient; the weight itself is a parameter).
-        if self.weight.requires_grad() {
+        let trainable = any_trainable(std::iter::once(&self.weight).chain(&self.bias));
+        let out = tracer.output(&[x], &shape, x.dtype(), trainable);
+        if out.requires_grad() {
+            // kiln's backward keeps the input whenever the op is recorded.
             tracer.save(x);
         }
-        let trainable = any_trainable(std::iter::once(&self.weight).chain(&self.bias));
-        Ok(tracer.output(&[x], &shape, x.dtype(), trainable))
+        Ok(out)
     }
 
     layer_casts!();
