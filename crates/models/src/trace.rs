@@ -88,6 +88,19 @@ pub struct LayerRecord {
     pub is_recursive: bool,
 }
 
+/// One leaf-layer call, as the backward pass will meet it (for the memory plan's timeline).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackwardEvent {
+    /// Bytes of the call's input (its input gradient is produced here).
+    pub input_bytes: usize,
+    /// Bytes of the call's output (its output gradient arrives here).
+    pub output_bytes: usize,
+    /// Bytes of the layer's trainable parameters (their gradients are produced here).
+    pub grad_bytes: usize,
+    /// True when backward runs through this call (its output requires grad).
+    pub recorded: bool,
+}
+
 /// Records layer calls and saved activations during a shape-only forward.
 #[derive(Debug, Default)]
 pub struct Tracer {
@@ -96,6 +109,9 @@ pub struct Tracer {
     depth: usize,
     next_id: usize,
     saved: BTreeMap<usize, usize>,
+    /// Per saved value: the first leaf call that saved it (backward frees it there).
+    first_saver: BTreeMap<usize, usize>,
+    events: Vec<BackwardEvent>,
     seen: HashSet<(usize, &'static str)>,
 }
 
@@ -144,6 +160,8 @@ impl Tracer {
     /// Marks `act` as kept alive for backward (counted once however many ops keep it).
     pub fn save(&mut self, act: &Act) {
         self.saved.insert(act.id, act.bytes());
+        let event = self.events.len();
+        self.first_saver.entry(act.id).or_insert(event);
     }
 
     /// A fresh value that is kept for backward (statistics, pooling indices, dropout masks).
@@ -192,9 +210,24 @@ impl Tracer {
             is_leaf: layer.layers().is_empty(),
             is_recursive,
         });
+        let is_leaf = layer.layers().is_empty();
         self.depth += 1;
         let out = layer.trace(self, x);
         self.depth -= 1;
+        if let (true, Ok(o)) = (is_leaf, &out) {
+            let grad_bytes = layer
+                .own_parameters()
+                .iter()
+                .filter(|(_, p)| p.requires_grad())
+                .map(|(_, p)| p.numel() * p.dtype().size_in_bytes())
+                .sum();
+            self.events.push(BackwardEvent {
+                input_bytes: x.bytes(),
+                output_bytes: o.bytes(),
+                grad_bytes,
+                recorded: o.requires_grad(),
+            });
+        }
         if depth > 0 {
             self.path.pop();
         }
@@ -227,6 +260,26 @@ impl Tracer {
     /// Bytes of all distinct values saved for backward so far.
     pub fn saved_bytes(&self) -> usize {
         self.saved.values().sum()
+    }
+
+    /// Leaf-layer calls in forward order (backward meets them in reverse).
+    pub fn events(&self) -> &[BackwardEvent] {
+        &self.events
+    }
+
+    /// Bytes of saved values still alive while backward processes leaf call `event`: those
+    /// whose first saver is `event` or earlier.
+    pub fn saved_bytes_alive_at(&self, event: usize) -> usize {
+        self.saved
+            .iter()
+            .filter(|(id, _)| {
+                // Values saved after the last leaf call live until backward starts freeing.
+                self.first_saver
+                    .get(id)
+                    .is_some_and(|&e| e <= event || e >= self.events.len())
+            })
+            .map(|(_, b)| b)
+            .sum()
     }
 
     /// Number of distinct values saved for backward so far.
