@@ -294,3 +294,73 @@ pub fn load_state_dict(
     }
     Ok(report)
 }
+
+/// Prefix of model tensors in a training checkpoint.
+const MODEL_PREFIX: &str = "model.";
+/// Prefix of optimizer tensors in a training checkpoint.
+const OPTIMIZER_PREFIX: &str = "optimizer.";
+
+/// What a training checkpoint carries besides the model: the optimizer's tensors (momentum,
+/// `exp_avg`, ... under names of the optimizer's choosing) and string metadata (optimizer
+/// hyper-parameters and step counts, the scheduler's serialised state, the epoch, ...).
+#[derive(Debug, Clone, Default)]
+pub struct TrainingState {
+    /// Optimizer tensors by name.
+    pub optimizer_tensors: NamedTensors,
+    /// Everything else, as strings (JSON for structured state).
+    pub metadata: HashMap<String, String>,
+}
+
+/// Saves a training checkpoint in one safetensors file (atomically): the model's state dict
+/// under `model.`, the optimizer's tensors under `optimizer.`, and `state.metadata` as the
+/// file's metadata.
+pub fn save_training_checkpoint(
+    model: &dyn Layer,
+    state: &TrainingState,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    let mut tensors: NamedTensors = model
+        .state_dict()
+        .into_iter()
+        .map(|(n, t)| (format!("{MODEL_PREFIX}{n}"), t))
+        .collect();
+    tensors.extend(
+        state
+            .optimizer_tensors
+            .iter()
+            .map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t.clone())),
+    );
+    save_tensors(&tensors, Some(state.metadata.clone()), path)
+}
+
+/// Loads a training checkpoint written by [`save_training_checkpoint`]: the model's tensors go
+/// into `model` (strictly or not, as [`load_safetensors`]), the rest is returned.
+pub fn load_training_checkpoint(
+    model: &dyn Layer,
+    path: impl AsRef<Path>,
+    strict: bool,
+) -> Result<(LoadReport, TrainingState)> {
+    let (tensors, metadata) = load_tensors(path)?;
+    let mut model_tensors = Vec::new();
+    let mut optimizer_tensors = Vec::new();
+    for (name, t) in tensors {
+        if let Some(rest) = name.strip_prefix(MODEL_PREFIX) {
+            model_tensors.push((rest.to_string(), t));
+        } else if let Some(rest) = name.strip_prefix(OPTIMIZER_PREFIX) {
+            optimizer_tensors.push((rest.to_string(), t));
+        } else {
+            return Err(Error::StateDict(format!(
+                "{name:?} is neither a model. nor an optimizer. tensor; this is not a kiln \
+                 training checkpoint (load it with load_safetensors)"
+            )));
+        }
+    }
+    let report = load_state_dict(model, &model_tensors, strict)?;
+    Ok((
+        report,
+        TrainingState {
+            optimizer_tensors,
+            metadata,
+        },
+    ))
+}

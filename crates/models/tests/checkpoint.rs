@@ -212,3 +212,58 @@ fn torchvision_loads_kiln_checkpoints_with_strict_true() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("strict=True"), "{text}");
 }
+
+#[test]
+fn training_checkpoints_carry_optimizer_tensors_and_scheduler_state() {
+    use kiln_models::checkpoint::{
+        load_training_checkpoint, save_training_checkpoint, TrainingState,
+    };
+    manual_seed(6);
+    let a = mlp(&[4, 8, 2], 0.0).unwrap();
+    let exp_avg: Vec<(String, Tensor)> = a
+        .named_parameters()
+        .into_iter()
+        .map(|(n, p)| {
+            (
+                format!("state.{n}.exp_avg"),
+                p.mul_scalar(0.5).unwrap().detach(),
+            )
+        })
+        .collect();
+    let mut metadata = std::collections::HashMap::new();
+    metadata.insert(
+        "scheduler".to_string(),
+        r#"{"last_epoch":3,"base_lrs":[0.1]}"#.to_string(),
+    );
+    metadata.insert("epoch".to_string(), "3".to_string());
+    let state = TrainingState {
+        optimizer_tensors: exp_avg.clone(),
+        metadata: metadata.clone(),
+    };
+    let path = tmp("train.safetensors");
+    save_training_checkpoint(&a, &state, &path).unwrap();
+    manual_seed(7);
+    let b = mlp(&[4, 8, 2], 0.0).unwrap();
+    let (report, back) = load_training_checkpoint(&b, &path, true).unwrap();
+    assert!(report.is_exact());
+    assert_eq!(values(&a), values(&b));
+    assert_eq!(back.metadata, metadata);
+    let mut want: Vec<(String, Vec<f64>)> = exp_avg
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_vec_f64().unwrap()))
+        .collect();
+    want.sort_by(|x, y| x.0.cmp(&y.0));
+    let got: Vec<(String, Vec<f64>)> = back
+        .optimizer_tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_vec_f64().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+    // A plain model file is not a training checkpoint.
+    save_safetensors(&a, tmp("plain.safetensors")).unwrap();
+    let err = load_training_checkpoint(&b, tmp("plain.safetensors"), true).unwrap_err();
+    assert!(
+        err.to_string().contains("not a kiln training checkpoint"),
+        "{err}"
+    );
+}
