@@ -19,8 +19,59 @@
 //! small segment costs exactly one page). Larger requests go to the *large* pool: 1-10 MiB
 //! requests get a [`LARGE_SEGMENT`] = 20 MiB segment so several of them share one backend call,
 //! and requests of [`MIN_LARGE_ALLOC`] = 10 MiB or more get a segment of their size rounded up to
-//! [`ROUND_LARGE`] = 2 MiB. Keeping small and large apart stops long-lived small tensors (biases,
-//! norms, scalars) from pinning large segments so they can never be released.
+//! [`ROUND_LARGE`] = 2 MiB, or more under geometric growth (below). Keeping small and large apart
+//! stops long-lived small tensors (biases, norms, scalars) from pinning large segments so they
+//! can never be released.
+//!
+//! **Where PyTorch's fixed segments lose memory, and the two rules that recover it.** Copying
+//! PyTorch's rules exactly, replaying the shipped ResNet-18 step reserved 1.395x its peak of
+//! live bytes. A per-miss diagnostic (`examples/replay_misses.rs`: request, reserved and
+//! cached-free bytes at each miss, then the segment map at the peak) showed two causes.
+//! (1) *Stranding*: backward needs two 98 MiB gradients when 426 MiB sit cached, but in
+//! 26/14/20 MiB segments that cannot be joined, so both were new segments and the peak came
+//! *after* the forward pass, with 577 MiB free. (2) *Rounding*: a 24.5 MiB activation in its own
+//! 26 MiB segment, 12.25 MiB in 14 MiB, and so on; at the forward peak 80 MiB (9%) were such
+//! tails. The variable-length transformer (1.158x) strands the same
+//! way: segments sized for one step's shapes serve the next step's larger ones one per segment.
+//!
+//! - *Defragmentation on a miss* (`segments.rs`): when a large request misses and the wholly
+//!   free large segments of the stream together hold at least the request, all of them are
+//!   released and one segment of their total size is reserved instead. Reserved memory does not
+//!   grow; the cache becomes one contiguous block. Releasing costs backend calls (and on CUDA a
+//!   device synchronisation), but only while the cache is still being shaped: on every shipped
+//!   fixed-shape trace, the second and later replays of the step make no backend call at all
+//!   (tested; measured, not guaranteed: a different placement in step 2 could miss again, as
+//!   the MLP trace did with growth divisor 8). Skipped when the merged block would be at least `max_split_size` and the request
+//!   smaller, since such a block could not be split for it.
+//! - *Geometric growth in whole requests*: a new segment for a request of at least 10 MiB holds
+//!   as many copies of the request as fit in 1/16 ([`GROWTH_DIVISOR`]) of the large pool's
+//!   reserved bytes (at least one; rounded to 2 MiB). Runs of same-sized activations (repeated
+//!   layers) then share segments, so the 2 MiB rounding is paid once per segment instead of per
+//!   tensor, and tensors freed together in backward coalesce into blocks big enough for the next
+//!   large request. Whole copies, because a segment merely "a bit larger" than the request
+//!   (1/16 of reserved, not a multiple) leaves a tail no request of that size can use: that
+//!   variant measured 1.123 on the MLP trace instead of 1.047. The cost is the unused copies of
+//!   the newest segment, under 1/16 of what is reserved. Divisors 10 to 18 were measured on the
+//!   four shipped traces: every trace moves by up to +-0.03 from one divisor to the next with no
+//!   trend (the placement is chaotic), so 16 is a round choice inside the range where all four
+//!   stay <= 1.11, not a tuned optimum; 8 leaves too large a tail and 24 fragments the
+//!   variable-length trace (1.163). Growth is not applied to 1-10 MiB requests, which keep their
+//!   20 MiB segments, nor beyond `max_split_size`. While the pool is still too small for two
+//!   copies, a request that its own segment's 2 MiB rounding would waste more than 1/32 of
+//!   (`PAIR_ROUNDING_WASTE`; 24.5 MiB in 26 MiB, 12.25 MiB in 14 MiB) gets a segment for two
+//!   anyway, if it is at most 1/8 of the pool: ResNet-18 1.084 -> 1.054, the other three
+//!   traces unchanged (their large sizes are within 1/32 of a 2 MiB multiple); 1/16 changes
+//!   nothing, 1/64 the same as 1/32.
+//!
+//! Together (default mode, reserved/live; PyTorch's rules in brackets): ResNet-18 step 1.054
+//! (1.395), GPT-2-like variable length 1.103 (1.158), fixed length 1.052 (1.059), MLP 1.047
+//! (1.202). What is left on ResNet-18 is mostly 8 MiB of small segments the optimizer adds at
+//! the end of the step while the large pool is mostly free (small requests never take large
+//! blocks, so that long-lived small tensors cannot pin large segments). On the fixed-length
+//! transformer, the optimizer state created after the first backward settles where that step's
+//! activations were, so the second step's activations take the cached logits blocks and the
+//! logits need new segments. Where the backend maps pages, expandable segments do better still
+//! (1.000-1.047).
 //!
 //! **Best fit, split, coalesce.** A pool is a segregated free index (`free_index.rs`): exact
 //! size classes up to 2 MiB and 16 classes per power of two above, with a bitmap of non-empty
@@ -49,13 +100,14 @@
 //! `record_stream` notes other streams that used it; freeing such a block records an event on
 //! each and the block returns to its pool only when all have completed. While such blocks wait,
 //! each allocation polls their events (non-blocking, as PyTorch does); otherwise a hit makes no
-//! backend call. Freeing never synchronises; only `empty_cache`/`trim_to` may.
+//! backend call. Freeing never synchronises; only `empty_cache`/`trim_to` and the slow paths of
+//! a miss (defragmentation, the out-of-memory retry), which release segments, may.
 //!
-//! **Out of memory.** Pool miss -> backend (a padded segment, then one of the request rounded to
-//! 2 MiB) -> the smallest free block of the stream that fits regardless of pool and
-//! `max_split_size`, then one whose pages are still mapped (so an allocation never fails while a
-//! fitting free block exists) -> release every cached segment and page of every stream and retry
-//! (counted in `num_alloc_retries`) -> [`Error::OutOfMemory`], whose report gives the request,
+//! **Out of memory.** Pool miss -> defragmentation (above) -> backend (a padded segment, then one
+//! of the request rounded to 2 MiB) -> the smallest free block of the stream that fits
+//! regardless of pool and `max_split_size`, then one whose pages are still mapped (so an
+//! allocation never fails while a fitting free block exists) -> release every cached segment and
+//! page of every stream and retry (counted in `num_alloc_retries`) -> [`Error::OutOfMemory`], whose report gives the request,
 //! capacity, backend-free, allocated, reserved, reserved-but-unallocated, largest free block,
 //! fragmentation and advice that depends on which of these is the problem.
 //!
@@ -89,6 +141,14 @@ pub const LARGE_SEGMENT: usize = 20 << 20;
 pub const MIN_LARGE_ALLOC: usize = 10 << 20;
 /// Rounding of large segments.
 pub const ROUND_LARGE: usize = 2 << 20;
+/// A fixed segment made for a request of at least [`MIN_LARGE_ALLOC`] holds as many copies of
+/// the request as fit in the large pool's reserved bytes divided by this (at least one, rounded
+/// to [`ROUND_LARGE`]): segments grow geometrically, by at most 1/16 of what is reserved.
+pub const GROWTH_DIVISOR: usize = 16;
+/// A request of at least [`MIN_LARGE_ALLOC`] whose own segment would lose more than this
+/// fraction (1/32) of it to rounding gets a segment for two copies instead (when the request is
+/// at most 1/8 of the large pool), so the rounding is paid once per pair.
+pub(crate) const PAIR_ROUNDING_WASTE: usize = 32;
 /// Largest request accepted (anything larger cannot be a real buffer and would overflow).
 pub const MAX_REQUEST: usize = 1 << 50;
 

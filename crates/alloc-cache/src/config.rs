@@ -33,6 +33,17 @@ impl AllocatorConfig {
         }
     }
 
+    /// The settings that fragment least on `backend`: expandable segments where it can map
+    /// pages, fixed segments otherwise (reserved/live on the shipped traces: 1.000-1.047 with
+    /// expandable segments, 1.047-1.103 with fixed ones). [`Default`] keeps PyTorch's default
+    /// (fixed segments), so that setting nothing behaves the same on every backend.
+    pub fn recommended_for(backend: &dyn crate::MemoryBackend) -> Self {
+        Self {
+            expandable_segments: backend.page_size().is_some(),
+            ..Self::default()
+        }
+    }
+
     /// The settings in the `KILN_ALLOC_CONF` environment variable (same syntax as
     /// [`parse`](Self::parse)); defaults when it is unset or empty.
     pub fn from_env() -> Result<Self> {

@@ -37,8 +37,8 @@ pub mod synth;
 mod trace;
 
 pub use allocator::{
-    pool_for, round_size, segment_size_for, CachingAllocator, LARGE_SEGMENT, MAX_REQUEST,
-    MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,
+    pool_for, round_size, segment_size_for, CachingAllocator, GROWTH_DIVISOR, LARGE_SEGMENT,
+    MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,
 };
 pub use backend::{
     BackendError, EventId, HostBackend, MemoryBackend, SimBackend, SimCalls, StreamId,

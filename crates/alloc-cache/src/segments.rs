@@ -2,7 +2,10 @@
 //! expandable segments), the out-of-memory fallbacks, garbage collection, and giving cached
 //! memory back (`empty_cache`, `trim_to`).
 
-use crate::allocator::{segment_size_for, CachingAllocator, ROUND_LARGE};
+use crate::allocator::{
+    segment_size_for, CachingAllocator, GROWTH_DIVISOR, MIN_LARGE_ALLOC, PAIR_ROUNDING_WASTE,
+    ROUND_LARGE,
+};
 use crate::backend::BackendError;
 use crate::block::{Block, BlockState, Segment, State, NONE};
 use crate::error::{Error, OomReport, Result};
@@ -45,6 +48,9 @@ impl CachingAllocator {
                 self.release_cached(st, Release::OldestFirst(limit.saturating_sub(needed)))?;
             }
         }
+        if let Some(id) = self.defragment(st, si, pool, rounded)? {
+            return Ok(id);
+        }
         if let Some(id) = self.grow_backed(st, si, pool, rounded)? {
             return Ok(id);
         }
@@ -72,6 +78,51 @@ impl CachingAllocator {
         Err(Error::OutOfMemory(Box::new(
             self.oom_report(st, si, pool, rounded, requested),
         )))
+    }
+
+    /// Defragmentation on a miss (fixed segments, large pool): when the wholly free large
+    /// segments of stream `si` together hold at least the request, they are all released and
+    /// one segment of their total size is reserved in their place, so reserved memory does not
+    /// grow and the cached bytes become one contiguous block. Returns that block (out of its
+    /// pool), or `None` when there is not enough wholly free memory or the backend refuses.
+    fn defragment(
+        &self,
+        st: &mut State,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<Option<u32>> {
+        if self.config.expandable_segments || pool != PoolKind::Large {
+            return Ok(None);
+        }
+        let need = rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        let mut free_segments = Vec::new();
+        let mut total = 0;
+        for (i, s) in st.segments.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let wholly_free =
+                s.head == s.tail && st.blocks[s.head as usize].state == BlockState::Free;
+            if wholly_free && !s.expandable() && s.pool == pool && s.stream == si {
+                free_segments.push(i as u32);
+                total += s.mapped;
+            }
+        }
+        // Below the request nothing is gained; and a merged block that `max_split_size` would
+        // forbid splitting must not be made for a smaller request.
+        if total < need || (rounded < self.max_split && total >= self.max_split) {
+            return Ok(None);
+        }
+        for seg in free_segments {
+            self.release_segment(st, seg)?;
+        }
+        for size in [total, need] {
+            match self.reserve_fixed(st, si, pool, size) {
+                Ok(id) => return Ok(Some(id)),
+                Err(e) if is_oom(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
     }
 
     /// New memory from the backend with its pages backed; `None` when the backend is full.
@@ -141,14 +192,51 @@ impl CachingAllocator {
         if self.config.expandable_segments {
             return self.grow_expandable(st, si, pool, rounded);
         }
-        let padded = segment_size_for(rounded);
+        let padded = self.fixed_segment_size(st, pool, rounded);
         // Devices hand out whole 2 MiB pages anyway, so the fallback is rounded to them.
         let exact = rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
-        let (size, base) = match self.backend.reserve(padded) {
-            Ok(base) => (padded, base),
-            Err(e) if is_oom(&e) && padded > exact => (exact, self.backend.reserve(exact)?),
-            Err(e) => return Err(e),
-        };
+        match self.reserve_fixed(st, si, pool, padded) {
+            Err(e) if is_oom(&e) && padded > exact => self.reserve_fixed(st, si, pool, exact),
+            other => other,
+        }
+    }
+
+    /// Size of a new fixed segment for a request of `rounded` bytes: [`segment_size_for`], or
+    /// for requests of at least [`MIN_LARGE_ALLOC`] the largest whole number of such requests
+    /// that fits in `1 / GROWTH_DIVISOR` of the large pool's reserved bytes (two when rounding
+    /// one would waste more than `1 / PAIR_ROUNDING_WASTE` of it), when that is more and
+    /// `max_split_size` does not forbid splitting it.
+    pub(crate) fn fixed_segment_size(&self, st: &State, pool: PoolKind, rounded: usize) -> usize {
+        let base = segment_size_for(rounded);
+        if pool != PoolKind::Large || rounded < MIN_LARGE_ALLOC {
+            return base;
+        }
+        let reserved = st.stats.reserved_bytes.large_pool.current as usize;
+        let budget = reserved / GROWTH_DIVISOR;
+        let mut copies = budget / rounded;
+        // A request whose own segment would lose more than 1/32 of it to the 2 MiB rounding
+        // gets room for two (the rounding is then paid once for both), while it is at most
+        // 1/8 of the pool.
+        if copies < 2 && (base - rounded) * PAIR_ROUNDING_WASTE > rounded && 2 * budget >= rounded {
+            copies = 2;
+        }
+        let grown = (copies * rounded).div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        if grown > base && grown < self.max_split {
+            grown
+        } else {
+            base
+        }
+    }
+
+    /// A new fixed segment of exactly `size` bytes, as one free block (out of the pool).
+    fn reserve_fixed(
+        &self,
+        st: &mut State,
+        si: u16,
+        pool: PoolKind,
+        size: usize,
+    ) -> Result<u32, BackendError> {
+        let base = self.backend.reserve(size)?;
         st.stats.num_device_alloc += 1;
         st.stats.segment.update(pool, 1);
         st.stats.reserved_bytes.update(pool, size as i64);

@@ -71,3 +71,15 @@ fn roundup_power2_divisions_rounds_to_power_of_two_steps() {
     a.free_raw(r).unwrap();
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn recommended_settings_use_expandable_segments_where_pages_map() {
+    let sim = SimBackend::new(1 << 30);
+    let c = AllocatorConfig::recommended_for(&sim);
+    assert_eq!(c, AllocatorConfig::expandable());
+    assert!(CachingAllocator::new(sim, c).is_ok());
+    let host = HostBackend::new();
+    let c = AllocatorConfig::recommended_for(&host);
+    assert_eq!(c, AllocatorConfig::default());
+    assert!(CachingAllocator::new(host, c).is_ok());
+}

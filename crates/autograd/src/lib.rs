@@ -8,6 +8,7 @@
 //! contract layers and optimizers build on.
 
 mod autograd;
+mod custom_op;
 mod error;
 mod inplace;
 mod join;
@@ -20,9 +21,12 @@ mod view;
 pub use autograd::grad_mode::{
     enable_grad, is_grad_enabled, no_grad, EnableGradGuard, NoGradGuard,
 };
+pub use custom_op::CustomBackward;
 pub use error::{Error, Result};
+pub use kiln_device::ops::conv::Conv2dParams;
+pub use kiln_device::ops::pool::{AvgPool2dParams, MaxPool2dParams};
 pub use kiln_device::{DType, Device};
 pub use module::{Module, Parameter};
-pub use ops::broadcast_shapes;
+pub use ops::{broadcast_shapes, BatchNormOptions};
 pub use random::{manual_seed, Generator};
 pub use tensor::Tensor;

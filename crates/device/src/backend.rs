@@ -6,8 +6,18 @@
 //! [`crate::CudaStorage`]. Adding a device means implementing this trait; no op is written for one
 //! device only. Kernels take any strided input layout and return a fresh contiguous buffer, except
 //! [`BackendStorage::copy_into`], which writes through a strided destination layout (used by
-//! `cat`, `stack` and the backward of `narrow`/`select`).
+//! `cat`, `stack` and the backward of `narrow`/`select`), and
+//! [`BackendStorage::batch_norm_train`], which also updates the running statistics in place.
+//!
+//! The neural-network methods (convolution, pooling, normalisation, indexing) take extra
+//! operands as [`Strided`] pairs and their validated geometry types from [`crate::ops`]; each
+//! forward returns what its backward needs (max-pooling indices, batch/layer-norm statistics),
+//! and each backward takes a [`GradMask`] so only the gradients that are needed are computed. A
+//! device without a kernel for one of them returns [`crate::Error::NotImplemented`] naming the
+//! op; no method falls back to another device silently.
 
+use crate::ops::conv::Conv2dGeometry;
+use crate::ops::pool::{AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, MaxPool2dGeometry};
 use crate::{DType, Device, Layout, Result};
 
 /// Elementwise functions of one tensor. The `*Grad` variants are derivatives used by backward.
@@ -147,6 +157,59 @@ pub enum ReduceOp {
     ArgMin,
 }
 
+/// An operand read through a layout: a buffer and the view of it the op uses.
+pub type Strided<'a, S> = (&'a S, &'a Layout);
+
+/// A 2-D pooling op and its validated geometry (input `[N, C, H, W]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool2d {
+    /// `max_pool2d`; its forward also returns the `I64` argmax indices backward needs.
+    Max(MaxPool2dGeometry),
+    /// `avg_pool2d`.
+    Avg(AvgPool2dGeometry),
+    /// `adaptive_avg_pool2d`.
+    AdaptiveAvg(AdaptiveAvgPool2dGeometry),
+}
+
+/// Batch norm's running statistics, updated in place by a training forward:
+/// `running = (1 - momentum) * running + momentum * batch_stat` (unbiased variance).
+#[derive(Debug)]
+pub struct RunningStatsMut<'a, S> {
+    /// Running mean `[C]` (a contiguous view).
+    pub mean: (&'a mut S, &'a Layout),
+    /// Running variance `[C]` (a contiguous view).
+    pub var: (&'a mut S, &'a Layout),
+    /// Weight of the new batch statistic.
+    pub momentum: f64,
+}
+
+/// The per-channel statistics a batch-norm backward differentiates through.
+#[derive(Debug, Clone, Copy)]
+pub enum BatchNormStats<'a, S> {
+    /// Training: the batch `mean` and `rstd = 1 / sqrt(var + eps)` the forward returned.
+    Batch {
+        /// Saved mean `[C]`.
+        mean: Strided<'a, S>,
+        /// Saved `rstd` `[C]`.
+        rstd: Strided<'a, S>,
+    },
+    /// Evaluation: the running statistics (constants) and `eps`.
+    Running {
+        /// Running mean `[C]`.
+        mean: Strided<'a, S>,
+        /// Running variance `[C]`.
+        var: Strided<'a, S>,
+        /// The forward's `eps`.
+        eps: f64,
+    },
+}
+
+/// Which gradients a backward computes (PyTorch's `output_mask`): input, weight, bias.
+pub type GradMask = [bool; 3];
+
+/// Gradients of an op with input, weight and bias; `None` where not asked for.
+pub type Grads3<S> = [Option<S>; 3];
+
 /// The kernels of one device over its buffer type.
 ///
 /// Every method reads `self` through a [`Layout`] (any strides, offset) and returns a new
@@ -226,4 +289,140 @@ pub trait BackendStorage: Sized + Send + Sync {
     fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()>;
     /// The elements of `layout` converted to `dtype`, contiguous.
     fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self>;
+
+    // ----- neural-network kernels (input shapes validated by the caller; the geometry types
+    // check the parameters) -----
+
+    /// `conv2d`: `self` is the input `[N, C_in, H, W]`, `weight` `[C_out, C_in/groups, kH, kW]`,
+    /// `bias` `[C_out]`; output `[N, C_out, H_out, W_out]`.
+    fn conv2d(
+        &self,
+        layout: &Layout,
+        weight: Strided<'_, Self>,
+        bias: Option<Strided<'_, Self>>,
+        geometry: &Conv2dGeometry,
+    ) -> Result<Self>;
+    /// Gradients of `conv2d` from `self` = the output gradient: `[input, weight, bias]`.
+    fn conv2d_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Strided<'_, Self>,
+        geometry: &Conv2dGeometry,
+        mask: GradMask,
+    ) -> Result<Grads3<Self>>;
+    /// A 2-D pooling of `self`; `Pool2d::Max` also returns its `I64` indices.
+    fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)>;
+    /// Gradient of a 2-D pooling from `self` = the output gradient (`indices` for max pooling).
+    fn pool2d_backward(
+        &self,
+        layout: &Layout,
+        indices: Option<Strided<'_, Self>>,
+        pool: &Pool2d,
+    ) -> Result<Self>;
+    /// Batch norm in training mode over `self` `[N, C, ...]`: returns the output and the saved
+    /// batch `mean` and `rstd` (`[C]`), and updates `running` in place when given.
+    fn batch_norm_train(
+        &self,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running: Option<RunningStatsMut<'_, Self>>,
+        eps: f64,
+    ) -> Result<[Self; 3]>;
+    /// Batch norm in evaluation mode (normalises with the running statistics).
+    fn batch_norm_eval(
+        &self,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running_mean: Strided<'_, Self>,
+        running_var: Strided<'_, Self>,
+        eps: f64,
+    ) -> Result<Self>;
+    /// Gradients of batch norm from `self` = the output gradient: `[input, weight, bias]`.
+    fn batch_norm_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Option<Strided<'_, Self>>,
+        stats: BatchNormStats<'_, Self>,
+        mask: GradMask,
+    ) -> Result<Grads3<Self>>;
+    /// Layer norm of `self` over its last `normalized_dims` dims (each leading index is one
+    /// row): returns the output and the saved per-row `mean` and `rstd`.
+    fn layer_norm(
+        &self,
+        layout: &Layout,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        eps: f64,
+    ) -> Result<[Self; 3]>;
+    /// Gradients of layer norm from `self` = the output gradient: `[input, weight, bias]`.
+    fn layer_norm_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        saved: [Strided<'_, Self>; 2],
+        mask: GradMask,
+    ) -> Result<Grads3<Self>>;
+
+    // ----- indexing kernels (indices are `I64`; each kernel checks every index value) -----
+
+    /// `embedding`: rows of the table `self` `[num, dim]` picked by `indices` (any shape);
+    /// output `[..indices.shape, dim]`.
+    fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> Result<Self>;
+    /// Gradient of the table from `self` = the output gradient, summed per index, none for
+    /// `padding_idx` (already in `[0, num_embeddings)`).
+    fn embedding_backward(
+        &self,
+        layout: &Layout,
+        indices: Strided<'_, Self>,
+        num_embeddings: usize,
+        padding_idx: Option<i64>,
+    ) -> Result<Self>;
+    /// `index_select(self, dim, index)` with a 1-D `index`.
+    fn index_select(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self>;
+    /// Gradient of `index_select` from `self` = the output gradient: an index-add into zeros
+    /// of `input_shape`.
+    fn index_select_backward(
+        &self,
+        layout: &Layout,
+        input_shape: &[usize],
+        dim: usize,
+        index: Strided<'_, Self>,
+    ) -> Result<Self>;
+    /// `gather(self, dim, index)`: the output has the index's shape.
+    fn gather(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self>;
+    /// Out-of-place `scatter` (`accumulate = false`, last write wins) or `scatter_add`: a copy
+    /// of `self` with `src` written (added) at `index` along `dim`.
+    fn scatter(
+        &self,
+        layout: &Layout,
+        dim: usize,
+        index: Strided<'_, Self>,
+        src: Strided<'_, Self>,
+        accumulate: bool,
+    ) -> Result<Self>;
+    /// Fused softmax + cross-entropy over `[N, C, D]` logits (`layout`, contiguous or not):
+    /// per-position losses, optionally their gradient, and the mean's denominator. `target` is
+    /// `[N, D]` integers or `[N, C, D]` floats as `spec.target` says; `weight` is `[C]`. See
+    /// [`crate::ops::loss`]. Devices without the kernel return `NotImplemented`.
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        let _ = (layout, target, target_layout, weight, spec);
+        Err(crate::Error::NotImplemented {
+            op: "cross_entropy",
+            device: self.device(),
+        })
+    }
 }

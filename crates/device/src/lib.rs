@@ -19,6 +19,7 @@ pub mod threads;
 pub mod visibility;
 
 pub use backend::{BackendStorage, BinaryOp, CmpOp, ReduceOp, UnaryOp};
+pub use backend::{BatchNormStats, GradMask, Grads3, Pool2d, RunningStatsMut, Strided};
 pub use device::{Device, DeviceChoice};
 pub use dtype::{BoolByte, DType, Element};
 pub use error::{Error, Result};

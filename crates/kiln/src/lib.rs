@@ -12,9 +12,11 @@
 //! | [`sched`] | `kiln-sched` | learning-rate schedulers and scalar logging |
 //! | [`losses`] | `kiln-losses` | loss functions |
 //! | [`models`] | `kiln-models` | layers, models, summaries, checkpoints |
+//! | [`data`] | `kiln-data` | datasets (synthetic, MNIST, CIFAR-10), transforms, data loader, image input |
 
 pub use kiln_alloc_cache as alloc;
 pub use kiln_autograd as autograd;
+pub use kiln_data as data;
 pub use kiln_device as device;
 pub use kiln_losses as losses;
 pub use kiln_models as models;

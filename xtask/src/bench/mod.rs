@@ -7,6 +7,7 @@
 //! adding one is one line in [`GROUPS`].
 
 mod alloc;
+mod ops;
 
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -67,6 +68,7 @@ type Group = fn(&Options) -> Result<Vec<Row>, String>;
 #[rustfmt::skip]
 const GROUPS: &[(&str, Group)] = &[
     ("alloc", alloc::run),
+    ("ops", ops::run),
 ];
 
 const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";

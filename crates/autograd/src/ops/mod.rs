@@ -5,9 +5,14 @@
 //! their gradients from the parts.
 
 mod binary;
+mod conv_pool;
+mod dropout;
+mod index;
 mod matmul;
+mod norm;
 mod reduce;
 mod softmax;
 mod unary;
 
 pub use binary::broadcast_shapes;
+pub use norm::BatchNormOptions;

@@ -8,11 +8,16 @@
 //! accepts a fixed set of element types.
 //!
 //! Reductions inside the kernels (means, variances, bias gradients) accumulate in `f64` through
-//! [`KernelFloat::to_f64`], as PyTorch accumulates `float` reductions on CPU in `double`.
+//! `Element::to_f64`, as PyTorch accumulates `float` reductions on CPU in `double`.
+//!
+//! `KernelFloat` is a sub-trait of the seam's float trait ([`Float`], itself an [`Element`](crate::Element)):
+//! conversions (`to_f64`, `from_f64`) come from `Element` and `is_nan` from `Float`, so each
+//! method has exactly one source and calls on a `T: KernelFloat` are never ambiguous. It adds
+//! only what the heavy kernels need on top: compound assignment, `Sum`, and constants.
 
-use std::fmt::Debug;
+use crate::ops::elementwise::float::Float;
 use std::iter::Sum;
-use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+use std::ops::{AddAssign, MulAssign, SubAssign};
 
 mod sealed {
     pub trait Sealed {}
@@ -22,23 +27,7 @@ mod sealed {
 
 /// A floating-point element type the CPU kernels run on: `f32` or `f64`.
 pub trait KernelFloat:
-    sealed::Sealed
-    + Copy
-    + Debug
-    + Default
-    + PartialOrd
-    + Send
-    + Sync
-    + 'static
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-    + Neg<Output = Self>
-    + AddAssign
-    + SubAssign
-    + MulAssign
-    + Sum
+    sealed::Sealed + Float + Default + AddAssign + SubAssign + MulAssign + Sum
 {
     /// Additive identity.
     const ZERO: Self;
@@ -46,43 +35,16 @@ pub trait KernelFloat:
     const ONE: Self;
     /// Negative infinity (the identity of `max`).
     const NEG_INFINITY: Self;
-
-    /// Converts from `f64`, rounding to nearest.
-    fn from_f64(value: f64) -> Self;
-    /// Widens (or keeps) the value as `f64`.
-    fn to_f64(self) -> f64;
-    /// True when the value is NaN.
-    fn is_nan(self) -> bool;
 }
 
 impl KernelFloat for f32 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
     const NEG_INFINITY: Self = f32::NEG_INFINITY;
-
-    fn from_f64(value: f64) -> Self {
-        value as f32
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-    fn is_nan(self) -> bool {
-        f32::is_nan(self)
-    }
 }
 
 impl KernelFloat for f64 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
     const NEG_INFINITY: Self = f64::NEG_INFINITY;
-
-    fn from_f64(value: f64) -> Self {
-        value
-    }
-    fn to_f64(self) -> f64 {
-        self
-    }
-    fn is_nan(self) -> bool {
-        f64::is_nan(self)
-    }
 }

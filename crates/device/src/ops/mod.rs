@@ -8,6 +8,7 @@ pub mod fill;
 pub mod index;
 mod kernel_error;
 mod kernel_float;
+pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;

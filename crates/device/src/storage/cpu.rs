@@ -4,10 +4,15 @@
 //! Float kernels are written for `f32`/`f64`; `F16`/`BF16` inputs are widened to `f32`, computed,
 //! and rounded back once (what PyTorch's CPU kernels do for half types).
 
+use super::cpu_nn;
 use super::host::HostBuffer;
-use crate::backend::{BackendStorage, BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::backend::{
+    BackendStorage, BatchNormStats, BinaryOp, CmpOp, GradMask, Grads3, Pool2d, ReduceOp,
+    RunningStatsMut, Strided, UnaryOp,
+};
 use crate::dtype::{BoolByte, DType, Element};
 use crate::layout::Layout;
+use crate::ops::conv::Conv2dGeometry;
 use crate::ops::{copy, elementwise, matmul, random, reduce, softmax};
 use crate::{Device, Error, Result};
 use half::{bf16, f16};
@@ -538,5 +543,148 @@ impl BackendStorage for CpuStorage {
 
     fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
         Ok(with_slice!(self, s => build!(dtype, E => copy::cpu::cast::<_, E>(s, layout))))
+    }
+
+    fn conv2d(
+        &self,
+        layout: &Layout,
+        weight: Strided<'_, Self>,
+        bias: Option<Strided<'_, Self>>,
+        geometry: &Conv2dGeometry,
+    ) -> Result<Self> {
+        cpu_nn::conv2d((self, layout), weight, bias, geometry)
+    }
+    fn conv2d_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Strided<'_, Self>,
+        geometry: &Conv2dGeometry,
+        mask: GradMask,
+    ) -> Result<Grads3<Self>> {
+        cpu_nn::conv2d_backward((self, layout), input, weight, geometry, mask)
+    }
+    fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
+        cpu_nn::pool2d((self, layout), pool)
+    }
+    fn pool2d_backward(
+        &self,
+        layout: &Layout,
+        indices: Option<Strided<'_, Self>>,
+        pool: &Pool2d,
+    ) -> Result<Self> {
+        cpu_nn::pool2d_backward((self, layout), indices, pool)
+    }
+    fn batch_norm_train(
+        &self,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running: Option<RunningStatsMut<'_, Self>>,
+        eps: f64,
+    ) -> Result<[Self; 3]> {
+        cpu_nn::batch_norm_train((self, layout), weight, bias, running, eps)
+    }
+    fn batch_norm_eval(
+        &self,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running_mean: Strided<'_, Self>,
+        running_var: Strided<'_, Self>,
+        eps: f64,
+    ) -> Result<Self> {
+        cpu_nn::batch_norm_eval(
+            (self, layout),
+            weight,
+            bias,
+            [running_mean, running_var],
+            eps,
+        )
+    }
+    fn batch_norm_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Option<Strided<'_, Self>>,
+        stats: BatchNormStats<'_, Self>,
+        mask: GradMask,
+    ) -> Result<Grads3<Self>> {
+        cpu_nn::batch_norm_backward((self, layout), input, weight, stats, mask)
+    }
+    fn layer_norm(
+        &self,
+        layout: &Layout,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        eps: f64,
+    ) -> Result<[Self; 3]> {
+        cpu_nn::layer_norm((self, layout), normalized_dims, weight, bias, eps)
+    }
+    fn layer_norm_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        saved: [Strided<'_, Self>; 2],
+        mask: GradMask,
+    ) -> Result<Grads3<Self>> {
+        cpu_nn::layer_norm_backward((self, layout), input, normalized_dims, weight, saved, mask)
+    }
+    fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> Result<Self> {
+        cpu_nn::embedding((self, layout), indices)
+    }
+    fn embedding_backward(
+        &self,
+        layout: &Layout,
+        indices: Strided<'_, Self>,
+        num_embeddings: usize,
+        padding_idx: Option<i64>,
+    ) -> Result<Self> {
+        cpu_nn::embedding_backward((self, layout), indices, num_embeddings, padding_idx)
+    }
+    fn index_select(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        cpu_nn::index_select((self, layout), dim, index)
+    }
+    fn index_select_backward(
+        &self,
+        layout: &Layout,
+        input_shape: &[usize],
+        dim: usize,
+        index: Strided<'_, Self>,
+    ) -> Result<Self> {
+        cpu_nn::index_select_backward((self, layout), input_shape, dim, index)
+    }
+    fn gather(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        cpu_nn::gather((self, layout), dim, index)
+    }
+    fn scatter(
+        &self,
+        layout: &Layout,
+        dim: usize,
+        index: Strided<'_, Self>,
+        src: Strided<'_, Self>,
+        accumulate: bool,
+    ) -> Result<Self> {
+        cpu_nn::scatter((self, layout), dim, index, src, accumulate)
+    }
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        crate::ops::loss::cpu::softmax_cross_entropy_storage(
+            self,
+            layout,
+            target,
+            target_layout,
+            weight,
+            spec,
+        )
     }
 }

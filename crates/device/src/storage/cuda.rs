@@ -24,7 +24,11 @@
 //! panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
-use crate::backend::{BackendStorage, BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::backend::{
+    BackendStorage, BatchNormStats, BinaryOp, CmpOp, GradMask, Grads3, Pool2d, ReduceOp,
+    RunningStatsMut, Strided, UnaryOp,
+};
+use crate::ops::conv::Conv2dGeometry;
 use crate::{DType, Device, Error, Layout, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use kiln_alloc_cache::{Allocation, StreamId};
@@ -284,5 +288,133 @@ impl BackendStorage for CudaStorage {
     }
     fn to_dtype(&self, _: &Layout, _: DType) -> Result<Self> {
         self.not_yet("to_dtype")
+    }
+    fn conv2d(
+        &self,
+        _: &Layout,
+        _: Strided<'_, Self>,
+        _: Option<Strided<'_, Self>>,
+        _: &Conv2dGeometry,
+    ) -> Result<Self> {
+        self.not_yet("conv2d")
+    }
+    fn conv2d_backward(
+        &self,
+        _: &Layout,
+        _: Strided<'_, Self>,
+        _: Strided<'_, Self>,
+        _: &Conv2dGeometry,
+        _: GradMask,
+    ) -> Result<Grads3<Self>> {
+        self.not_yet("conv2d_backward")
+    }
+    fn pool2d(&self, _: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
+        self.not_yet(pool_name(pool))
+    }
+    fn pool2d_backward(
+        &self,
+        _: &Layout,
+        _: Option<Strided<'_, Self>>,
+        pool: &Pool2d,
+    ) -> Result<Self> {
+        self.not_yet(pool_name(pool))
+    }
+    fn batch_norm_train(
+        &self,
+        _: &Layout,
+        _: Option<Strided<'_, Self>>,
+        _: Option<Strided<'_, Self>>,
+        _: Option<RunningStatsMut<'_, Self>>,
+        _: f64,
+    ) -> Result<[Self; 3]> {
+        self.not_yet("batch_norm")
+    }
+    fn batch_norm_eval(
+        &self,
+        _: &Layout,
+        _: Option<Strided<'_, Self>>,
+        _: Option<Strided<'_, Self>>,
+        _: Strided<'_, Self>,
+        _: Strided<'_, Self>,
+        _: f64,
+    ) -> Result<Self> {
+        self.not_yet("batch_norm")
+    }
+    fn batch_norm_backward(
+        &self,
+        _: &Layout,
+        _: Strided<'_, Self>,
+        _: Option<Strided<'_, Self>>,
+        _: BatchNormStats<'_, Self>,
+        _: GradMask,
+    ) -> Result<Grads3<Self>> {
+        self.not_yet("batch_norm_backward")
+    }
+    fn layer_norm(
+        &self,
+        _: &Layout,
+        _: usize,
+        _: Option<Strided<'_, Self>>,
+        _: Option<Strided<'_, Self>>,
+        _: f64,
+    ) -> Result<[Self; 3]> {
+        self.not_yet("layer_norm")
+    }
+    fn layer_norm_backward(
+        &self,
+        _: &Layout,
+        _: Strided<'_, Self>,
+        _: usize,
+        _: Option<Strided<'_, Self>>,
+        _: [Strided<'_, Self>; 2],
+        _: GradMask,
+    ) -> Result<Grads3<Self>> {
+        self.not_yet("layer_norm_backward")
+    }
+    fn embedding(&self, _: &Layout, _: Strided<'_, Self>) -> Result<Self> {
+        self.not_yet("embedding")
+    }
+    fn embedding_backward(
+        &self,
+        _: &Layout,
+        _: Strided<'_, Self>,
+        _: usize,
+        _: Option<i64>,
+    ) -> Result<Self> {
+        self.not_yet("embedding_backward")
+    }
+    fn index_select(&self, _: &Layout, _: usize, _: Strided<'_, Self>) -> Result<Self> {
+        self.not_yet("index_select")
+    }
+    fn index_select_backward(
+        &self,
+        _: &Layout,
+        _: &[usize],
+        _: usize,
+        _: Strided<'_, Self>,
+    ) -> Result<Self> {
+        self.not_yet("index_select_backward")
+    }
+    fn gather(&self, _: &Layout, _: usize, _: Strided<'_, Self>) -> Result<Self> {
+        self.not_yet("gather")
+    }
+    fn scatter(
+        &self,
+        _: &Layout,
+        _: usize,
+        _: Strided<'_, Self>,
+        _: Strided<'_, Self>,
+        accumulate: bool,
+    ) -> Result<Self> {
+        self.not_yet(if accumulate { "scatter_add" } else { "scatter" })
+    }
+}
+
+/// The op name of a pooling, for `NotImplemented`.
+fn pool_name(pool: &Pool2d) -> &'static str {
+    match pool {
+        Pool2d::Max(_) => "max_pool2d",
+        Pool2d::Avg(_) => "avg_pool2d",
+        Pool2d::AdaptiveAvg(_) => "adaptive_avg_pool2d",
     }
 }

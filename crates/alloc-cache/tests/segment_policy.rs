@@ -1,0 +1,188 @@
+//! The fixed-segment policies that beat PyTorch's rules on fragmentation: defragmentation on a
+//! miss and geometric growth of large segments (design notes at the top of `allocator.rs`).
+
+use kiln_alloc_cache::*;
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+fn sim_alloc(config: AllocatorConfig) -> (Arc<SimBackend>, CachingAllocator) {
+    let sim = Arc::new(SimBackend::new(1 << 30).with_page_granularity(2 * MIB));
+    let a = CachingAllocator::new(Arc::clone(&sim), config).unwrap();
+    (sim, a)
+}
+
+#[test]
+fn a_miss_merges_wholly_free_segments_instead_of_growing() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    let xs: Vec<_> = (0..3)
+        .map(|_| a.allocate_raw(12 * MIB, S0).unwrap())
+        .collect();
+    assert_eq!(
+        a.memory_stats().num_device_alloc,
+        3,
+        "one 12 MiB segment each"
+    );
+    for x in xs {
+        a.free_raw(x).unwrap();
+    }
+    // 36 MiB cached in three 12 MiB segments, none of which fits 30 MiB.
+    let y = a.allocate_raw(30 * MIB, S0).unwrap();
+    let s = a.memory_stats();
+    assert_eq!((s.num_device_free, s.num_device_alloc), (3, 4));
+    assert_eq!(
+        s.reserved_bytes.all.current,
+        36 * MIB as i64,
+        "did not grow"
+    );
+    assert_eq!(s.reserved_bytes.all.peak, 36 * MIB as i64);
+    assert_eq!(s.segment.all.current, 1);
+    assert_eq!(y.block_size(), 30 * MIB);
+    assert_eq!(a.largest_free_block(), 6 * MIB, "the rest stays cached");
+    assert_eq!(sim.used_bytes(), 36 * MIB);
+    a.check_invariants().unwrap();
+    // The merged segment serves the next 30 MiB request of a repeated step: no backend call.
+    a.free_raw(y).unwrap();
+    let calls = sim.calls();
+    let y = a.allocate_raw(30 * MIB, S0).unwrap();
+    assert_eq!(sim.calls(), calls);
+    a.free_raw(y).unwrap();
+    assert_eq!(a.empty_cache().unwrap(), 36 * MIB);
+    assert_eq!(sim.live_ranges(), (0, 0, 0));
+}
+
+#[test]
+fn merging_leaves_partly_used_segments_and_other_streams_alone() {
+    let (_sim, a) = sim_alloc(AllocatorConfig::default());
+    let s1 = StreamId(1);
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let kept = a.allocate_raw(12 * MIB, S0).unwrap();
+    let other = a.allocate_raw(12 * MIB, s1).unwrap();
+    a.free_raw(x).unwrap();
+    a.free_raw(other).unwrap();
+    // Only 12 MiB wholly free on stream 0 (the other stream's segment is not ours): a new
+    // segment, nothing released.
+    let y = a.allocate_raw(20 * MIB, S0).unwrap();
+    let s = a.memory_stats();
+    assert_eq!((s.num_device_free, s.num_device_alloc), (0, 4));
+    assert_eq!(s.reserved_bytes.all.current, 56 * MIB as i64);
+    for r in [kept, y] {
+        a.free_raw(r).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn merging_respects_max_split_size() {
+    let config = AllocatorConfig {
+        max_split_size: Some(32 * MIB),
+        ..AllocatorConfig::default()
+    };
+    let (_sim, a) = sim_alloc(config);
+    let xs: Vec<_> = (0..3)
+        .map(|_| a.allocate_raw(12 * MIB, S0).unwrap())
+        .collect();
+    for x in xs {
+        a.free_raw(x).unwrap();
+    }
+    // A merged 36 MiB block could never be split for this 30 MiB request's successors, so the
+    // segments stay as they are and a fresh one is made.
+    let y = a.allocate_raw(30 * MIB, S0).unwrap();
+    let s = a.memory_stats();
+    assert_eq!((s.num_device_free, s.num_device_alloc), (0, 4));
+    assert_eq!(y.block_size(), 30 * MIB);
+    a.free_raw(y).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn large_segments_hold_the_copies_of_a_request_that_fit_a_sixteenth_of_the_pool() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    let big = a.allocate_raw(320 * MIB, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        320 * MIB as i64
+    );
+    // 10 MiB would get a 10 MiB segment; two copies fit 320 MiB / GROWTH_DIVISOR = 20 MiB.
+    assert_eq!(GROWTH_DIVISOR, 16);
+    let x = a.allocate_raw(10 * MIB, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        340 * MIB as i64
+    );
+    let calls = sim.calls();
+    let y = a.allocate_raw(10 * MIB, S0).unwrap();
+    assert_eq!(
+        sim.calls(),
+        calls,
+        "the second 10 MiB fits the same segment"
+    );
+    assert_eq!(y.addr(), x.addr() + 10 * MIB as u64);
+    // 12 MiB fits only once in 340 MiB / 16 = 21.25 MiB: a segment of its own size, since a
+    // larger one would end in a tail no 12 MiB request could use.
+    let w = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        352 * MIB as i64
+    );
+    // Requests below 10 MiB keep the 20 MiB segment, whatever is reserved.
+    let z = a.allocate_raw(2 * MIB, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        372 * MIB as i64
+    );
+    for r in [big, x, y, w, z] {
+        a.free_raw(r).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn growth_stays_below_max_split_size() {
+    let config = AllocatorConfig {
+        max_split_size: Some(24 * MIB),
+        ..AllocatorConfig::default()
+    };
+    let (_sim, a) = sim_alloc(config);
+    let big = a.allocate_raw(640 * MIB, S0).unwrap();
+    // Three 12 MiB copies (36 MiB of 640 / 16 = 40 MiB) would make a block that max_split_size
+    // forbids splitting.
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        652 * MIB as i64
+    );
+    for r in [big, x] {
+        a.free_raw(r).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_request_that_rounding_would_waste_gets_a_segment_for_two() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    let big = a.allocate_raw(320 * MIB, S0).unwrap();
+    // 12.25 MiB alone would take a 14 MiB segment (1.75 MiB, 14%, lost); one copy fits
+    // 320 / 16 = 20 MiB, but two are made room for: 24.5 MiB in 26 MiB.
+    let x = a.allocate_raw(12 * MIB + MIB / 4, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        346 * MIB as i64
+    );
+    let calls = sim.calls();
+    let y = a.allocate_raw(12 * MIB + MIB / 4, S0).unwrap();
+    assert_eq!(sim.calls(), calls, "the second copy is a hit");
+    assert_eq!(y.addr(), x.addr() + (12 * MIB + MIB / 4) as u64);
+    // Above 1/8 of the pool (346 MiB / 8 = 43.25 MiB) no pair is made, however wasteful the
+    // rounding: 44.25 MiB gets its own 46 MiB segment.
+    let z = a.allocate_raw(44 * MIB + MIB / 4, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        392 * MIB as i64
+    );
+    for r in [big, x, y, z] {
+        a.free_raw(r).unwrap();
+    }
+    a.check_invariants().unwrap();
+}

@@ -1,0 +1,247 @@
+//! Single images in and out: PNG/JPEG files to a normalised `[C, H, W]` tensor for inference
+//! (`predict`), and dataset samples to PNG (`save_png`, `image_grid`) for docs and debugging.
+//!
+//! Decoding is the `image` crate (PNG and JPEG only). A file's pixels become 8-bit HWC, then CHW
+//! `f32` in `[0, 1]`, then normalised, as torchvision's `ToTensor` + `Normalize`. Nothing is
+//! changed silently: a size or channel count the model does not take is an error naming both,
+//! unless the caller asks for the fix ([`ImageOptions`]). The channel conversions are fixed and
+//! documented: gray to RGB repeats the gray plane; alpha is dropped, not composited (PIL's
+//! `convert("RGB")`); RGB to gray is PIL's `L` (ITU-R 601-2 luma, 299/587/114 per mille).
+
+use crate::error::{Error, Result};
+use crate::transforms::{push_f32, Normalize};
+use image::{imageops::FilterType, ColorType, DynamicImage, ImageFormat, ImageReader};
+use kiln_autograd::{Device, Tensor};
+use std::path::Path;
+
+/// What [`load_image`] may change to make an image fit the model. Both off by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImageOptions {
+    /// Convert gray/gray+alpha/RGB/RGBA to the model's channel count (see the module docs).
+    pub convert_channels: bool,
+    /// Resize to the model's height and width (bilinear, aspect ratio not kept).
+    pub resize: bool,
+}
+
+fn channels_word(c: usize) -> &'static str {
+    if c == 1 {
+        "channel"
+    } else {
+        "channels"
+    }
+}
+
+fn decode(path: &Path) -> Result<DynamicImage> {
+    let image_err = |msg: String| Error::Image {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let reader = ImageReader::open(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let reader = reader
+        .with_guessed_format()
+        .map_err(|e| image_err(format!("cannot read the file: {e}")))?;
+    reader.decode().map_err(|e| {
+        image_err(format!(
+            "cannot decode the image ({e}); kiln reads PNG and JPEG files"
+        ))
+    })
+}
+
+/// Reads a PNG or JPEG as 8-bit CHW bytes with its own channel count (1 gray, 2 gray+alpha,
+/// 3 RGB, 4 RGBA): `(pixels, [C, H, W])`.
+pub fn read_image(path: impl AsRef<Path>) -> Result<(Vec<u8>, [usize; 3])> {
+    let img = decode(path.as_ref())?;
+    Ok(to_chw(&img, img.color().channel_count() as usize))
+}
+
+/// `img` as CHW bytes with `c` channels (1..=4), converting as the module docs say.
+fn to_chw(img: &DynamicImage, c: usize) -> (Vec<u8>, [usize; 3]) {
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    let src = img.color().channel_count() as usize;
+    let hwc: Vec<u8> = match (src, c) {
+        (1 | 2, 1) => img.to_luma8().into_raw(),
+        (3 | 4, 1) => img
+            .to_rgb8()
+            .pixels()
+            .map(|p| {
+                let [r, g, b] = p.0.map(|v| v as u32);
+                ((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8
+            })
+            .collect(),
+        (1 | 2, 2) => img.to_luma_alpha8().into_raw(),
+        (_, 2) => {
+            let rgba = img.to_rgba8();
+            rgba.pixels()
+                .flat_map(|p| {
+                    let [r, g, b, a] = p.0.map(|v| v as u32);
+                    [((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8, a as u8]
+                })
+                .collect()
+        }
+        (_, 3) => img.to_rgb8().into_raw(), // gray repeats; alpha dropped
+        _ => img.to_rgba8().into_raw(),
+    };
+    (hwc_to_chw(&hwc, [h, w, c]), [c, h, w])
+}
+
+/// Reorders HWC bytes (`shape` = `[H, W, C]`) to CHW.
+pub fn hwc_to_chw(hwc: &[u8], shape: [usize; 3]) -> Vec<u8> {
+    let [h, w, c] = shape;
+    let mut out = vec![0u8; h * w * c];
+    for (i, px) in hwc.chunks_exact(c).enumerate() {
+        for (ch, &v) in px.iter().enumerate() {
+            out[ch * h * w + i] = v;
+        }
+    }
+    out
+}
+
+/// Reads a PNG or JPEG as the model's input: a `[C, H, W]` `F32` tensor on `device`, scaled to
+/// `[0, 1]` and normalised when `normalize` is given. `expected` is the model's `[C, H, W]`;
+/// add the batch dimension with `unsqueeze(0)`.
+pub fn load_image(
+    path: impl AsRef<Path>,
+    expected: [usize; 3],
+    options: ImageOptions,
+    normalize: Option<&Normalize>,
+    device: Device,
+) -> Result<Tensor> {
+    let path = path.as_ref();
+    let [ec, eh, ew] = expected;
+    if !(1..=4).contains(&ec) || eh == 0 || ew == 0 {
+        return Err(crate::error::arg_err(
+            "load_image",
+            format!("expected input {ec}x{eh}x{ew} is not an image shape; pass [C, H, W] with C in 1..=4"),
+        ));
+    }
+    if let Some(n) = normalize {
+        if n.channels() != ec {
+            return Err(crate::error::arg_err(
+                "load_image",
+                format!(
+                    "normalize has {} channel(s) but the model expects {ec}; pass the \
+                     statistics the model was trained with",
+                    n.channels()
+                ),
+            ));
+        }
+    }
+    let mut img = decode(path)?;
+    let (h, w) = (img.height() as usize, img.width() as usize);
+    let c = img.color().channel_count() as usize;
+    let wrong_size = (h, w) != (eh, ew) && !options.resize;
+    let wrong_channels = c != ec && !options.convert_channels;
+    if wrong_size || wrong_channels {
+        let mut fixes = Vec::new();
+        if wrong_size {
+            fixes.push(format!(
+                "resize it to {eh}x{ew} (ImageOptions::resize, --resize in predict)"
+            ));
+        }
+        if wrong_channels {
+            fixes.push(format!(
+                "convert it to {ec} {} (ImageOptions::convert_channels, --convert-channels in \
+                 predict: gray is repeated, alpha dropped, RGB to gray by luma)",
+                channels_word(ec)
+            ));
+        }
+        return Err(Error::ImageShape {
+            path: path.to_path_buf(),
+            found: format!("{h}x{w} with {c} {}", channels_word(c)),
+            expected: format!("{ec}x{eh}x{ew}"),
+            fix: fixes.join(", and "),
+        });
+    }
+    if (h, w) != (eh, ew) {
+        img = img.resize_exact(ew as u32, eh as u32, FilterType::Triangle);
+    }
+    let (chw, _) = to_chw(&img, ec);
+    let mut data = Vec::with_capacity(chw.len());
+    push_f32(&chw, ec, normalize, &mut data);
+    Ok(Tensor::from_vec(data, &[ec, eh, ew], device)?)
+}
+
+/// Writes CHW bytes of `shape` (`C` = 1 gray, 3 RGB or 4 RGBA) as a PNG file.
+pub fn save_png(path: impl AsRef<Path>, chw: &[u8], shape: [usize; 3]) -> Result<()> {
+    let path = path.as_ref();
+    let [c, h, w] = shape;
+    let color = match c {
+        1 => ColorType::L8,
+        2 => ColorType::La8,
+        3 => ColorType::Rgb8,
+        4 => ColorType::Rgba8,
+        _ => {
+            return Err(crate::error::arg_err(
+                "save_png",
+                format!("{c} channels; PNG holds 1 (gray), 2, 3 (RGB) or 4 (RGBA)"),
+            ))
+        }
+    };
+    if chw.len() != c * h * w {
+        return Err(crate::error::arg_err(
+            "save_png",
+            format!(
+                "{} bytes for a {c}x{h}x{w} image (needs {}); pass CHW bytes of that shape",
+                chw.len(),
+                c * h * w
+            ),
+        ));
+    }
+    let mut hwc = vec![0u8; chw.len()];
+    for ch in 0..c {
+        for i in 0..h * w {
+            hwc[i * c + ch] = chw[ch * h * w + i];
+        }
+    }
+    image::save_buffer_with_format(path, &hwc, w as u32, h as u32, color, ImageFormat::Png).map_err(
+        |e| Error::Write {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+            source: match e {
+                image::ImageError::IoError(io) => Some(io),
+                _ => None,
+            },
+        },
+    )
+}
+
+/// Tiles same-shape CHW `images` into one CHW image, `cols` per row, `gap` pixels of `fill`
+/// between and around them: `(pixels, [C, H, W])`, ready for [`save_png`].
+pub fn image_grid(
+    images: &[&[u8]],
+    shape: [usize; 3],
+    cols: usize,
+    gap: usize,
+    fill: u8,
+) -> Result<(Vec<u8>, [usize; 3])> {
+    let [c, h, w] = shape;
+    if cols == 0 || images.is_empty() {
+        return Err(crate::error::arg_err(
+            "image_grid",
+            "needs at least one image and one column",
+        ));
+    }
+    if let Some(i) = images.iter().position(|im| im.len() != c * h * w) {
+        return Err(crate::error::arg_err(
+            "image_grid",
+            format!("image {i} is not {c}x{h}x{w}; pass images of one shape"),
+        ));
+    }
+    let rows = images.len().div_ceil(cols);
+    let gh = rows * (h + gap) + gap;
+    let gw = cols * (w + gap) + gap;
+    let mut out = vec![fill; c * gh * gw];
+    for (k, im) in images.iter().enumerate() {
+        let (oy, ox) = (gap + (k / cols) * (h + gap), gap + (k % cols) * (w + gap));
+        for ch in 0..c {
+            for y in 0..h {
+                let dst = (ch * gh + oy + y) * gw + ox;
+                out[dst..dst + w].copy_from_slice(&im[(ch * h + y) * w..(ch * h + y + 1) * w]);
+            }
+        }
+    }
+    Ok((out, [c, gh, gw]))
+}

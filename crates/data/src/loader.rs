@@ -1,0 +1,456 @@
+//! [`DataLoader`]: shuffled, batched, augmented and normalised samples as `Tensor`s, with an
+//! optional prefetch worker, resumable mid-epoch.
+//!
+//! Order. Epoch `e`'s order is a Fisher-Yates permutation drawn from the Philox stream at
+//! `(seed, shuffle, e)` (or `0..len` unshuffled). It depends on nothing else, so the loader's
+//! whole state is [`LoaderState`] `{ epoch, batches_done }`: a checkpoint that saves it (each
+//! [`Batch`] carries the state *after* it) and calls [`DataLoader::set_state`] on resume gets the
+//! same remaining batches, bit for bit (augmentation is keyed by epoch and sample index too).
+//!
+//! Prefetch. With `prefetch_batches = N > 0` each epoch spawns one worker thread that builds the
+//! host buffers of the remaining batches in order and sends them through a bounded channel of
+//! `N` slots (so it runs at most `N` batches, plus the one it is building, ahead of the
+//! consumer). The consuming thread wraps each buffer in tensors on the loader's device, so the
+//! worker never touches a device. Dropping the [`EpochIter`] (or ending the epoch) sets a stop
+//! flag, drops the receiver (a blocked `send` then fails) and joins the worker: no thread
+//! outlives its iterator. Batches are the same with and without prefetch, since each is a pure
+//! function of (dataset, config, epoch, batch index).
+
+use crate::dataset::ImageDataset;
+use crate::error::{arg_err, Error, Result};
+use crate::rng::{Domain, Stream};
+use crate::transforms::{push_f32, Augment, Normalize};
+use kiln_autograd::{Device, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// How a [`DataLoader`] batches, shuffles and transforms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataLoaderConfig {
+    /// Samples per batch (>= 1).
+    pub batch_size: usize,
+    /// Reshuffle every epoch (PyTorch's `shuffle=True`); otherwise dataset order.
+    pub shuffle: bool,
+    /// Drop the last batch when it is smaller than `batch_size` (PyTorch's `drop_last`).
+    pub drop_last: bool,
+    /// Seed of the shuffle and augmentation streams.
+    pub seed: u64,
+    /// Batches a worker thread prepares ahead (0: build each batch on the calling thread).
+    pub prefetch_batches: usize,
+    /// Random augmentation (default: none).
+    pub augment: Augment,
+    /// Per-channel normalisation (default: none, pixels in `[0, 1]`).
+    pub normalize: Option<Normalize>,
+}
+
+impl Default for DataLoaderConfig {
+    fn default() -> Self {
+        DataLoaderConfig {
+            batch_size: 1,
+            shuffle: false,
+            drop_last: false,
+            seed: 0,
+            prefetch_batches: 0,
+            augment: Augment::default(),
+            normalize: None,
+        }
+    }
+}
+
+/// Where a loader is: the epoch and how many of its batches were handed out. Save it with a
+/// checkpoint (it derives serde's traits); [`DataLoader::set_state`] resumes from it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+pub struct LoaderState {
+    /// The current epoch (0-based).
+    pub epoch: u64,
+    /// Batches of `epoch` already yielded.
+    pub batches_done: usize,
+}
+
+/// One batch: images `[B, C, H, W]` (`F32`), labels `[B]` (`I64`).
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// The images, augmented and normalised.
+    pub images: Tensor,
+    /// The class indices.
+    pub labels: Tensor,
+    /// Dataset indices of the samples, in batch order.
+    pub indices: Vec<usize>,
+    /// The epoch this batch belongs to.
+    pub epoch: u64,
+    /// Position of this batch in its epoch.
+    pub batch_index: usize,
+    /// The loader's state after this batch: what to checkpoint.
+    pub state_after: LoaderState,
+}
+
+/// A batch's host buffers, built by [`build`] on either thread.
+struct HostBatch {
+    images: Vec<f32>,
+    labels: Vec<i64>,
+    indices: Vec<usize>,
+}
+
+/// Everything needed to build a batch, shared with the worker.
+struct Plan {
+    dataset: Arc<ImageDataset>,
+    config: DataLoaderConfig,
+}
+
+impl Plan {
+    fn build(&self, epoch: u64, indices: &[usize]) -> HostBatch {
+        let shape = self.dataset.sample_shape();
+        let per: usize = shape.iter().product();
+        let mut images = Vec::with_capacity(indices.len() * per);
+        let mut scratch = vec![0u8; per];
+        let aug = &self.config.augment;
+        for &i in indices {
+            let src = self.dataset.image(i);
+            let pixels = if aug.is_identity() {
+                src
+            } else {
+                aug.apply(src, shape, self.config.seed, epoch, i, &mut scratch)
+                    .expect("dataset samples and scratch have the dataset's sample shape");
+                &scratch
+            };
+            push_f32(
+                pixels,
+                shape[0],
+                self.config.normalize.as_ref(),
+                &mut images,
+            );
+        }
+        HostBatch {
+            images,
+            labels: indices.iter().map(|&i| self.dataset.label(i)).collect(),
+            indices: indices.to_vec(),
+        }
+    }
+}
+
+/// Batches of an [`ImageDataset`], epoch after epoch (see the module docs).
+pub struct DataLoader {
+    plan: Arc<Plan>,
+    device: Device,
+    state: LoaderState,
+}
+
+impl DataLoader {
+    /// A loader over `dataset` putting batches on `device`.
+    pub fn new(
+        dataset: Arc<ImageDataset>,
+        config: DataLoaderConfig,
+        device: Device,
+    ) -> Result<Self> {
+        if config.batch_size == 0 {
+            return Err(arg_err(
+                "DataLoader::new",
+                "batch_size is 0; pass at least 1",
+            ));
+        }
+        config.augment.validate()?;
+        if let Some(n) = &config.normalize {
+            if n.channels() != dataset.channels() {
+                return Err(arg_err(
+                    "DataLoader::new",
+                    format!(
+                        "normalize has {} channel(s) but {} images have {}; use matching \
+                         statistics (Normalize::mnist() for 1 channel, Normalize::cifar10() or \
+                         Normalize::from_dataset for 3)",
+                        n.channels(),
+                        dataset.name(),
+                        dataset.channels()
+                    ),
+                ));
+            }
+        }
+        if dataset.is_empty() || (config.drop_last && dataset.len() < config.batch_size) {
+            return Err(arg_err(
+                "DataLoader::new",
+                format!(
+                    "{} has {} samples, so batch_size {}{} gives no batches; use a smaller \
+                     batch size{}",
+                    dataset.name(),
+                    dataset.len(),
+                    config.batch_size,
+                    if config.drop_last {
+                        " with drop_last"
+                    } else {
+                        ""
+                    },
+                    if config.drop_last {
+                        " or drop_last: false"
+                    } else {
+                        ""
+                    },
+                ),
+            ));
+        }
+        Ok(DataLoader {
+            plan: Arc::new(Plan { dataset, config }),
+            device,
+            state: LoaderState::default(),
+        })
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Arc<ImageDataset> {
+        &self.plan.dataset
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DataLoaderConfig {
+        &self.plan.config
+    }
+
+    /// Batches per epoch (PyTorch's `len(loader)`).
+    pub fn len(&self) -> usize {
+        let (n, b) = (self.plan.dataset.len(), self.plan.config.batch_size);
+        if self.plan.config.drop_last {
+            n / b
+        } else {
+            n.div_ceil(b)
+        }
+    }
+
+    /// Always false: [`new`](Self::new) refuses a loader with no batches.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the loader is.
+    pub fn state(&self) -> LoaderState {
+        self.state
+    }
+
+    /// Continues from `state` (as saved from [`Batch::state_after`]); `batches_done` may equal
+    /// [`len`](Self::len), meaning the start of the next epoch.
+    pub fn set_state(&mut self, state: LoaderState) -> Result<()> {
+        let len = self.len();
+        if state.batches_done > len {
+            return Err(arg_err(
+                "DataLoader::set_state",
+                format!(
+                    "batches_done {} is past the {len} batches of an epoch; the state comes from \
+                     a loader with another dataset size, batch size or drop_last",
+                    state.batches_done
+                ),
+            ));
+        }
+        self.state = if state.batches_done == len {
+            LoaderState {
+                epoch: state.epoch + 1,
+                batches_done: 0,
+            }
+        } else {
+            state
+        };
+        Ok(())
+    }
+
+    /// The sample order of `epoch`.
+    pub fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        let n = self.plan.dataset.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        if self.plan.config.shuffle {
+            let mut s = Stream::new(self.plan.config.seed, Domain::Shuffle, epoch, 0);
+            for i in (1..n).rev() {
+                order.swap(i, s.below(i + 1));
+            }
+        }
+        order
+    }
+
+    /// The remaining batches of the current epoch; when they run out the loader moves on to
+    /// the next epoch. Each call to `iter` after that gives the next epoch.
+    pub fn iter(&mut self) -> EpochIter<'_> {
+        let epoch = self.state.epoch;
+        let start = self.state.batches_done;
+        let order = self.epoch_order(epoch);
+        let len = self.len();
+        let b = self.plan.config.batch_size;
+        let chunks: Vec<Vec<usize>> = (start..len)
+            .map(|k| order[k * b..((k + 1) * b).min(order.len())].to_vec())
+            .collect();
+        let source = if self.plan.config.prefetch_batches == 0 {
+            Source::Inline {
+                chunks: chunks.into_iter(),
+            }
+        } else {
+            Source::spawn(
+                self.plan.clone(),
+                epoch,
+                chunks,
+                self.plan.config.prefetch_batches,
+            )
+        };
+        EpochIter {
+            loader: self,
+            source,
+            epoch,
+        }
+    }
+}
+
+/// Where an epoch's host batches come from.
+enum Source {
+    Inline {
+        chunks: std::vec::IntoIter<Vec<usize>>,
+    },
+    Worker {
+        rx: Option<Receiver<HostBatch>>,
+        handle: Option<JoinHandle<()>>,
+        stop: Arc<AtomicBool>,
+        remaining: usize,
+    },
+}
+
+impl Source {
+    fn spawn(plan: Arc<Plan>, epoch: u64, chunks: Vec<Vec<usize>>, ahead: usize) -> Source {
+        let (tx, rx) = sync_channel(ahead);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_worker = stop.clone();
+        let remaining = chunks.len();
+        let fallback = chunks.clone();
+        let handle = std::thread::Builder::new()
+            .name("kiln-data-prefetch".into())
+            .spawn(move || {
+                for chunk in chunks {
+                    if stop_worker.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if tx.send(plan.build(epoch, &chunk)).is_err() {
+                        return; // the iterator was dropped
+                    }
+                }
+            });
+        match handle {
+            Ok(handle) => Source::Worker {
+                rx: Some(rx),
+                handle: Some(handle),
+                stop,
+                remaining,
+            },
+            // No thread to be had: build on the caller's thread instead (same batches).
+            Err(_) => Source::Inline {
+                chunks: fallback.into_iter(),
+            },
+        }
+    }
+
+    fn stop(&mut self) -> Option<String> {
+        if let Source::Worker {
+            rx, handle, stop, ..
+        } = self
+        {
+            stop.store(true, Ordering::Relaxed);
+            drop(rx.take());
+            if let Some(h) = handle.take() {
+                if let Err(panic) = h.join() {
+                    return Some(
+                        panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic without a message".into()),
+                    );
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The remaining batches of one epoch (from [`DataLoader::iter`]). Dropping it stops and joins
+/// its prefetch worker.
+pub struct EpochIter<'a> {
+    loader: &'a mut DataLoader,
+    source: Source,
+    epoch: u64,
+}
+
+impl EpochIter<'_> {
+    /// The loader's state now (after the batches yielded so far).
+    pub fn state(&self) -> LoaderState {
+        self.loader.state
+    }
+
+    fn next_host(&mut self) -> Option<Result<HostBatch>> {
+        match &mut self.source {
+            Source::Inline { chunks } => {
+                let chunk = chunks.next()?;
+                Some(Ok(self.loader.plan.build(self.epoch, &chunk)))
+            }
+            Source::Worker { rx, remaining, .. } => {
+                if *remaining == 0 {
+                    return None;
+                }
+                match rx.as_ref()?.recv() {
+                    Ok(batch) => {
+                        *remaining -= 1;
+                        Some(Ok(batch))
+                    }
+                    Err(_) => {
+                        let why = self
+                            .source
+                            .stop()
+                            .unwrap_or_else(|| "it stopped before the end of the epoch".into());
+                        Some(Err(Error::Worker(why)))
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for EpochIter<'_> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        let host = match self.next_host()? {
+            Ok(h) => h,
+            Err(e) => return Some(Err(e)),
+        };
+        let [c, h, w] = self.loader.plan.dataset.sample_shape();
+        let b = host.labels.len();
+        let device = self.loader.device;
+        let images = match Tensor::from_vec(host.images, &[b, c, h, w], device) {
+            Ok(t) => t,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let labels = match Tensor::from_vec(host.labels, &[b], device) {
+            Ok(t) => t,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let batch_index = self.loader.state.batches_done;
+        let mut after = LoaderState {
+            epoch: self.epoch,
+            batches_done: batch_index + 1,
+        };
+        if after.batches_done == self.loader.len() {
+            after = LoaderState {
+                epoch: self.epoch + 1,
+                batches_done: 0,
+            };
+        }
+        self.loader.state = after;
+        Some(Ok(Batch {
+            images,
+            labels,
+            indices: host.indices,
+            epoch: self.epoch,
+            batch_index,
+            state_after: after,
+        }))
+    }
+}
+
+impl Drop for EpochIter<'_> {
+    fn drop(&mut self) {
+        self.source.stop();
+    }
+}

@@ -1,0 +1,467 @@
+//! CPU fused softmax-cross-entropy: samples in parallel (one rayon task per sample `n`, covering
+//! its `D` positions), statistics in `f64` (see the module docs of [`super`] for the math).
+//!
+//! Plain `[N, C]` logits (`D = 1`) are swept row by row. Spatial logits (`D > 1`, e.g.
+//! `[N, C, H, W]`) store a position's classes `D` elements apart, so a per-position sweep would
+//! touch one cache line per logit; there the sample's `[C, D]` block is swept class-major instead,
+//! carrying the `D` positions' running statistics side by side, so every read and write is
+//! contiguous.
+
+use rayon::prelude::*;
+use std::any::Any;
+use std::borrow::Cow;
+
+use super::{
+    check_spec, check_targets, CrossEntropyOutput, CrossEntropyShape, CrossEntropySpec, TargetKind,
+};
+use crate::layout::Layout;
+use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::KernelFloat;
+use crate::storage::{CpuStorage, HostBuffer};
+use crate::threads::cpu_pool;
+use crate::{BackendStorage, DType, Error, Result};
+
+/// The targets of one call, as slices.
+#[derive(Debug, Clone, Copy)]
+pub enum Targets<'a, T> {
+    /// `[N, D]` class indices.
+    Indices(&'a [i64]),
+    /// `[N, C, D]` class probabilities.
+    Probabilities(&'a [T]),
+}
+
+/// Fused softmax-cross-entropy on contiguous `[N, C, D]` `logits`: writes the per-position
+/// losses (`[N, D]`) and, when given, the per-position gradient (`[N, C, D]`); returns the
+/// denominator of `reduction='mean'`.
+pub fn softmax_cross_entropy<T: KernelFloat>(
+    spec: &CrossEntropySpec,
+    logits: &[T],
+    targets: Targets<'_, T>,
+    weight: Option<&[T]>,
+    losses: &mut [T],
+    grad: Option<&mut [T]>,
+) -> Result<f64, KernelError> {
+    const OP: &str = "cross_entropy";
+    check_spec(spec)?;
+    let shape = spec.shape;
+    let (c, d) = (shape.classes, shape.inner);
+    let full = [shape.batch, c, d];
+    check_len(OP, "logits", logits, &full)?;
+    check_len(OP, "losses", losses, &[shape.batch, d])?;
+    if let Some(w) = weight {
+        check_len(OP, "weight", w, &[c])?;
+    }
+    match targets {
+        Targets::Indices(t) => {
+            check_len(OP, "target", t, &[shape.batch, d])?;
+            check_targets(spec, t)?;
+        }
+        Targets::Probabilities(t) => check_len(OP, "target", t, &full)?,
+    }
+    if let Some(g) = grad.as_deref() {
+        check_len(OP, "grad", g, &full)?;
+    }
+    if shape.positions() == 0 {
+        return Ok(0.0);
+    }
+    let eps = spec.label_smoothing;
+    let w_of = |k: usize| weight.map_or(1.0, |w| w[k].to_f64());
+    let smooth = eps / c as f64;
+
+    // One sample: its D positions; returns its share of the mean's denominator.
+    let sample = |n: usize, loss_row: &mut [T], mut grad_block: Option<&mut [T]>| -> f64 {
+        let base = n * c * d;
+        let mut denom = 0.0;
+        for (j, loss) in loss_row.iter_mut().enumerate() {
+            let z = |k: usize| logits[base + k * d + j].to_f64();
+            // q_k for this position: returns (the index target, if any, and q of class k).
+            let label = match targets {
+                Targets::Indices(t) => {
+                    let y = t[n * d + j];
+                    if y == spec.ignore_index {
+                        *loss = T::ZERO;
+                        if let Some(g) = grad_block.as_deref_mut() {
+                            (0..c).for_each(|k| g[k * d + j] = T::ZERO);
+                        }
+                        continue;
+                    }
+                    Some(y as usize)
+                }
+                Targets::Probabilities(_) => None,
+            };
+            let q = |k: usize| match (targets, label) {
+                (Targets::Probabilities(t), _) => {
+                    (1.0 - eps) * t[base + k * d + j].to_f64() + smooth
+                }
+                (_, Some(y)) => smooth + if k == y { 1.0 - eps } else { 0.0 },
+                _ => unreachable!("index targets always have a label"),
+            };
+            // Pass 1: online max / sum of exp, and the q·w weighted sums.
+            let (mut max, mut sum) = (f64::NEG_INFINITY, 0.0f64);
+            let (mut qwz, mut qw) = (0.0f64, 0.0f64);
+            for k in 0..c {
+                let zk = z(k);
+                if zk > max {
+                    sum = sum * (max - zk).exp() + 1.0;
+                    max = zk;
+                } else if zk != f64::NEG_INFINITY {
+                    // (-inf logits, i.e. masked classes, add nothing; NaN still propagates.)
+                    sum += (zk - max).exp();
+                }
+                let qwk = match label {
+                    // Index targets: only the smoothing part runs over all classes.
+                    Some(_) => smooth * w_of(k),
+                    None => q(k) * w_of(k),
+                };
+                if qwk != 0.0 {
+                    qwz += qwk * zk;
+                    qw += qwk;
+                }
+            }
+            if let Some(y) = label {
+                let wy = w_of(y);
+                qwz += (1.0 - eps) * wy * z(y);
+                qw += (1.0 - eps) * wy;
+                denom += wy;
+            } else {
+                denom += 1.0;
+            }
+            let lse = max + sum.ln();
+            *loss = T::from_f64(qw * lse - qwz);
+            // Pass 2: gradient softmax_k * S - q_k w_k with S = Σ q w.
+            if let Some(g) = grad_block.as_deref_mut() {
+                for k in 0..c {
+                    let p = (z(k) - lse).exp();
+                    g[k * d + j] = T::from_f64(p * qw - q(k) * w_of(k));
+                }
+            }
+        }
+        denom
+    };
+
+    let block = Block {
+        spec,
+        logits,
+        targets,
+        weight,
+    };
+    let run = |n: usize, l: &mut [T], g: Option<&mut [T]>| {
+        if d == 1 {
+            sample(n, l, g)
+        } else {
+            block.class_major(n, l, g)
+        }
+    };
+    let denom = cpu_pool().install(|| match grad {
+        Some(g) => losses
+            .par_chunks_mut(d)
+            .zip(g.par_chunks_mut(c * d))
+            .enumerate()
+            .map(|(n, (l, gb))| run(n, l, Some(gb)))
+            .sum::<f64>(),
+        None => losses
+            .par_chunks_mut(d)
+            .enumerate()
+            .map(|(n, l)| run(n, l, None))
+            .sum::<f64>(),
+    });
+    Ok(match targets {
+        Targets::Indices(_) => denom,
+        Targets::Probabilities(_) => shape.positions() as f64,
+    })
+}
+
+/// The inputs of one call, for the class-major sweep of spatial samples.
+struct Block<'a, T> {
+    spec: &'a CrossEntropySpec,
+    logits: &'a [T],
+    targets: Targets<'a, T>,
+    weight: Option<&'a [T]>,
+}
+
+impl<T: KernelFloat> Block<'_, T> {
+    /// Sample `n` swept class-major: losses of its `D` positions into `losses`, gradient into
+    /// `grad` (`[C, D]`); returns its share of the mean's denominator.
+    fn class_major(&self, n: usize, losses: &mut [T], grad: Option<&mut [T]>) -> f64 {
+        let CrossEntropyShape {
+            classes: c,
+            inner: d,
+            ..
+        } = self.spec.shape;
+        let eps = self.spec.label_smoothing;
+        let smooth = eps / c as f64;
+        let w_of = |k: usize| self.weight.map_or(1.0, |w| w[k].to_f64());
+        let x = &self.logits[n * c * d..][..c * d];
+        let (labels, probs) = match self.targets {
+            Targets::Indices(t) => (Some(&t[n * d..][..d]), None),
+            Targets::Probabilities(t) => (None, Some(&t[n * c * d..][..c * d])),
+        };
+        let q_of = |k: usize, j: usize| match (probs, labels) {
+            (Some(p), _) => (1.0 - eps) * p[k * d + j].to_f64() + smooth,
+            (None, Some(l)) => smooth + if l[j] == k as i64 { 1.0 - eps } else { 0.0 },
+            (None, None) => unreachable!("a call has index or probability targets"),
+        };
+        // Pass 1, class-major: online max / sum of exp, and the q·w sums (for index targets only
+        // the smoothing part here; the label's share is added per position below).
+        let (mut max, mut sum) = (vec![f64::NEG_INFINITY; d], vec![0.0f64; d]);
+        let (mut qwz, mut qw) = (vec![0.0f64; d], vec![0.0f64; d]);
+        for k in 0..c {
+            let wk = w_of(k);
+            for (j, v) in x[k * d..][..d].iter().enumerate() {
+                let z = v.to_f64();
+                if z > max[j] {
+                    sum[j] = sum[j] * (max[j] - z).exp() + 1.0;
+                    max[j] = z;
+                } else if z != f64::NEG_INFINITY {
+                    sum[j] += (z - max[j]).exp();
+                }
+                let qwk = match probs {
+                    Some(p) => ((1.0 - eps) * p[k * d + j].to_f64() + smooth) * wk,
+                    None => smooth * wk,
+                };
+                if qwk != 0.0 {
+                    qwz[j] += qwk * z;
+                    qw[j] += qwk;
+                }
+            }
+        }
+        // Per position: the label's share, the log-sum-exp (kept in `max`), the loss.
+        let mut denom = 0.0;
+        let mut ignored = vec![false; d];
+        for j in 0..d {
+            match labels {
+                Some(l) if l[j] == self.spec.ignore_index => {
+                    ignored[j] = true;
+                    losses[j] = T::ZERO;
+                    continue;
+                }
+                Some(l) => {
+                    let y = l[j] as usize;
+                    let wy = w_of(y);
+                    qwz[j] += (1.0 - eps) * wy * x[y * d + j].to_f64();
+                    qw[j] += (1.0 - eps) * wy;
+                    denom += wy;
+                }
+                None => denom += 1.0,
+            }
+            max[j] += sum[j].ln();
+            losses[j] = T::from_f64(qw[j] * max[j] - qwz[j]);
+        }
+        // Pass 2, class-major: the gradient softmax · S - q w.
+        if let Some(g) = grad {
+            for k in 0..c {
+                let wk = w_of(k);
+                let row = &x[k * d..][..d];
+                for (j, out) in g[k * d..][..d].iter_mut().enumerate() {
+                    *out = if ignored[j] {
+                        T::ZERO
+                    } else {
+                        let p = (row[j].to_f64() - max[j]).exp();
+                        T::from_f64(p * qw[j] - q_of(k, j) * wk)
+                    };
+                }
+            }
+        }
+        denom
+    }
+}
+
+/// The elements of `layout` borrowed in place when the storage holds `T` and the view is
+/// dense (the common case: no copy of the logits), else converted to a contiguous `Vec<T>`.
+fn dense<'a, T: KernelFloat + crate::Element>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+) -> Result<Cow<'a, [T]>> {
+    let buffer: Option<&HostBuffer<T>> = match storage {
+        CpuStorage::F32(b) => (b as &dyn Any).downcast_ref(),
+        CpuStorage::F64(b) => (b as &dyn Any).downcast_ref(),
+        _ => None,
+    };
+    if let (Some(b), Some(offset)) = (buffer, layout.contiguous_offset()) {
+        return Ok(Cow::Borrowed(
+            &b.as_slice()[offset..offset + layout.numel()],
+        ));
+    }
+    let converted = storage.to_dtype(layout, T::DTYPE)?;
+    Ok(Cow::Owned(
+        converted.to_vec::<T>().expect("converted to T above"),
+    ))
+}
+
+/// Runs the kernel for element type `T` (the logits' dtype or, for 16-bit floats, `f32`).
+fn run_typed<T: KernelFloat + crate::Element>(
+    spec: &CrossEntropySpec,
+    logits: &CpuStorage,
+    layout: &Layout,
+    target: &CpuStorage,
+    target_layout: &Layout,
+    weight: Option<(&CpuStorage, &Layout)>,
+) -> Result<(Vec<T>, Option<Vec<T>>, f64)> {
+    let x = dense::<T>(logits, layout)?;
+    let w = weight.map(|(s, l)| dense::<T>(s, l)).transpose()?;
+    let index_targets;
+    let prob_targets;
+    let targets = match spec.target {
+        TargetKind::Indices => {
+            index_targets = match target {
+                CpuStorage::I64(_) | CpuStorage::U8(_) => target
+                    .to_dtype(target_layout, DType::I64)?
+                    .to_vec::<i64>()
+                    .expect("converted to i64 above"),
+                other => return Err(Error::UnsupportedDType {
+                    op: "cross_entropy",
+                    dtype: other.dtype(),
+                    hint: "class-index targets must be integers; convert with to_dtype(DType::I64)",
+                }),
+            };
+            Targets::Indices(&index_targets)
+        }
+        TargetKind::Probabilities => {
+            prob_targets = dense::<T>(target, target_layout)?;
+            Targets::Probabilities(&prob_targets)
+        }
+    };
+    let mut losses = vec![T::ZERO; spec.shape.positions()];
+    let mut grad = spec.with_grad.then(|| vec![T::ZERO; spec.shape.logits()]);
+    let total = softmax_cross_entropy(
+        spec,
+        &x,
+        targets,
+        w.as_deref(),
+        &mut losses,
+        grad.as_deref_mut(),
+    )?;
+    Ok((losses, grad, total))
+}
+
+/// The seam entry point for host buffers: dispatches on the logits' dtype (16-bit floats run in
+/// `f32` and round their outputs once).
+pub fn softmax_cross_entropy_storage(
+    logits: &CpuStorage,
+    layout: &Layout,
+    target: &CpuStorage,
+    target_layout: &Layout,
+    weight: Option<(&CpuStorage, &Layout)>,
+    spec: &CrossEntropySpec,
+) -> Result<CrossEntropyOutput<CpuStorage>> {
+    let dtype = logits.dtype();
+    match dtype {
+        DType::F64 => {
+            let (l, g, t) = run_typed::<f64>(spec, logits, layout, target, target_layout, weight)?;
+            Ok(CrossEntropyOutput {
+                losses: CpuStorage::from_vec(l),
+                grad: g.map(CpuStorage::from_vec),
+                total_weight: t,
+            })
+        }
+        DType::F32 | DType::F16 | DType::BF16 => {
+            let (l, g, t) = run_typed::<f32>(spec, logits, layout, target, target_layout, weight)?;
+            // 16-bit logits: the outputs go back to the logits' dtype, rounded once.
+            let back = |v: Vec<f32>| {
+                let n = v.len();
+                CpuStorage::from_vec(v).to_dtype(&Layout::contiguous(&[n]), dtype)
+            };
+            Ok(CrossEntropyOutput {
+                losses: back(l)?,
+                grad: g.map(back).transpose()?,
+                total_weight: t,
+            })
+        }
+        other => Err(Error::UnsupportedDType {
+            op: "cross_entropy",
+            dtype: other,
+            hint: "logits must be floating point; convert with to_dtype(DType::F32)",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::loss::{CrossEntropyShape, TargetKind};
+
+    fn spec(batch: usize, classes: usize, inner: usize, target: TargetKind) -> CrossEntropySpec {
+        CrossEntropySpec {
+            shape: CrossEntropyShape {
+                batch,
+                classes,
+                inner,
+            },
+            target,
+            ignore_index: -100,
+            label_smoothing: 0.0,
+            with_grad: true,
+        }
+    }
+
+    #[test]
+    fn index_and_one_hot_probability_targets_agree() {
+        // [N=2, C=3, D=2] logits; the probability form of the same targets is their one-hot.
+        let logits: Vec<f64> = (0..12).map(|i| ((i * 7) % 5) as f64 * 0.3 - 0.5).collect();
+        let labels = [2i64, 0, 1, 1];
+        let mut probs = vec![0.0; 12];
+        for (p, &y) in labels.iter().enumerate() {
+            let (n, j) = (p / 2, p % 2);
+            probs[n * 6 + y as usize * 2 + j] = 1.0;
+        }
+        let (mut l1, mut g1) = (vec![0.0; 4], vec![0.0; 12]);
+        let (mut l2, mut g2) = (vec![0.0; 4], vec![0.0; 12]);
+        let s = spec(2, 3, 2, TargetKind::Indices);
+        let t1 = softmax_cross_entropy(
+            &s,
+            &logits,
+            Targets::Indices(&labels),
+            None,
+            &mut l1,
+            Some(&mut g1),
+        )
+        .unwrap();
+        let s = spec(2, 3, 2, TargetKind::Probabilities);
+        let t2 = softmax_cross_entropy(
+            &s,
+            &logits,
+            Targets::Probabilities(&probs),
+            None,
+            &mut l2,
+            Some(&mut g2),
+        )
+        .unwrap();
+        assert_eq!((t1, t2), (4.0, 4.0));
+        for (a, b) in l1.iter().zip(&l2).chain(g1.iter().zip(&g2)) {
+            assert!((a - b).abs() < 1e-15, "{a} vs {b}");
+        }
+        // Each position's loss is lse - z_y, computed directly here.
+        for (p, &y) in labels.iter().enumerate() {
+            let (n, j) = (p / 2, p % 2);
+            let z = |k: usize| logits[n * 6 + k * 2 + j];
+            let lse = (0..3).map(|k| z(k).exp()).sum::<f64>().ln();
+            assert!((l1[p] - (lse - z(y as usize))).abs() < 1e-14);
+        }
+    }
+
+    #[test]
+    fn first_bad_target_is_reported_before_anything_is_written() {
+        let s = spec(2, 3, 2, TargetKind::Indices);
+        let mut losses = vec![7.0f32; 4];
+        let err = softmax_cross_entropy(
+            &s,
+            &[0.0f32; 12],
+            Targets::Indices(&[0, -100, 3, -1]),
+            None,
+            &mut losses,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::IndexOutOfRange {
+                op: "cross_entropy",
+                index: 3,
+                position: vec![1, 0],
+                dim: 1,
+                size: 3
+            }
+        );
+        assert_eq!(losses, vec![7.0; 4]);
+    }
+}

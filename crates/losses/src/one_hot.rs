@@ -1,0 +1,104 @@
+//! `one_hot`: class indices to one-hot vectors, built on kiln-device's `scatter` kernel.
+//!
+//! The labels are read to the host (like PyTorch, which synchronises to find the largest label
+//! when `num_classes` is inferred), validated (first negative or too-large label reported with
+//! its position), and a zeroed `[..labels, C]` int64 buffer gets 1 scattered at each label along
+//! the last dim. The result goes back to the labels' device.
+
+use crate::error::{dtype_err, Error};
+use crate::Result;
+use kiln_autograd::{DType, Tensor};
+use kiln_device::ops::index::{cpu::scatter_value_, DimIndex};
+
+/// Coordinates of element `flat` of a row-major `shape`.
+pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut coords = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        let size = shape[d].max(1);
+        coords[d] = flat % size;
+        flat /= size;
+    }
+    coords
+}
+
+/// Integer labels as `i64` on the host, or a dtype error for `op`.
+pub(crate) fn labels_to_host(op: &'static str, labels: &Tensor) -> Result<Vec<i64>> {
+    match labels.dtype() {
+        DType::I64 => Ok(labels.to_vec::<i64>()?),
+        DType::U8 => Ok(labels.to_dtype(DType::I64)?.to_vec::<i64>()?),
+        other => Err(dtype_err(
+            op,
+            format!(
+                "labels must be integer class indices, got {other}; convert with \
+                 to_dtype(DType::I64){}",
+                if other.is_float() {
+                    " (if these are already one-hot vectors or probabilities, they need no \
+                     one_hot)"
+                } else {
+                    ""
+                }
+            ),
+        )),
+    }
+}
+
+/// PyTorch's `torch.nn.functional.one_hot`: an int64 tensor of shape `[..labels.shape, C]`
+/// with 1 at each label's class and 0 elsewhere.
+///
+/// `num_classes = None` is PyTorch's `-1`: one more than the largest label (an error for empty
+/// labels). Negative labels, and labels `>= num_classes`, are errors naming the first such label
+/// and its position. `labels` may be `I64` or `U8`.
+pub fn one_hot(labels: &Tensor, num_classes: Option<usize>) -> Result<Tensor> {
+    let values = labels_to_host("one_hot", labels)?;
+    let shape = labels.shape().to_vec();
+    if let Some(flat) = values.iter().position(|&v| v < 0) {
+        return Err(Error::InvalidLabel {
+            value: values[flat],
+            position: unravel(flat, &shape),
+            why: "is negative; class labels must be non-negative indices 0, 1, ... (drop or remap \
+                  ignored labels such as -100 before one_hot)"
+                .into(),
+        });
+    }
+    let classes = match num_classes {
+        Some(c) => c,
+        None => match values.iter().max() {
+            Some(&m) => m as usize + 1,
+            None => {
+                return Err(crate::error::arg_err(
+                    "one_hot",
+                    "cannot infer the number of classes from empty labels; pass \
+                     Some(num_classes)",
+                ))
+            }
+        },
+    };
+    if let Some(flat) = values.iter().position(|&v| v as u64 >= classes as u64) {
+        return Err(Error::InvalidLabel {
+            value: values[flat],
+            position: unravel(flat, &shape),
+            why: format!(
+                "is out of range for num_classes = {classes}; labels must lie in [0, \
+                 {classes}): pass a larger num_classes (or None to infer it from the largest \
+                 label)"
+            ),
+        });
+    }
+    let mut out_shape = shape.clone();
+    out_shape.push(classes);
+    let mut index_shape = shape;
+    index_shape.push(1);
+    let mut buffer = vec![0i64; values.len() * classes];
+    scatter_value_(
+        &mut buffer,
+        &out_shape,
+        DimIndex {
+            dim: out_shape.len() - 1,
+            index: &values,
+            shape: &index_shape,
+        },
+        1,
+    )
+    .map_err(kiln_device::Error::from)?;
+    Ok(Tensor::from_vec(buffer, &out_shape, labels.device())?)
+}

@@ -1,0 +1,127 @@
+//! Numerical behaviour of the fused cross-entropy: logits of magnitude 1e4 in f32, the mean's
+//! denominators with weights and ignored targets, and no gradient work without a graph.
+
+use kiln_autograd::{no_grad, DType, Device, Tensor};
+use kiln_losses::*;
+
+#[test]
+fn logits_of_magnitude_1e4_give_exact_losses_and_gradients() {
+    // Row 0: the target is the largest logit by 1 → loss = log(1 + e^-1).
+    // Row 1: the target is 2e4 below the top → loss = 2e4 exactly in f32.
+    let x = Tensor::from_slice(
+        &[1e4f32, 1e4 - 1.0, -1e4, -1e4, 1e4, -1e4],
+        &[2, 3],
+        Device::Cpu,
+    )
+    .unwrap();
+    x.set_requires_grad(true).unwrap();
+    let t = Tensor::from_slice(&[0i64, 0], &[2], Device::Cpu).unwrap();
+    let opts = CrossEntropyOptions {
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let loss = cross_entropy(&x, &t, &opts).unwrap();
+    let v = loss.to_vec::<f32>().unwrap();
+    assert!(
+        (v[0] as f64 - (1.0 + (-1.0f64).exp()).ln()).abs() < 1e-6,
+        "{v:?}"
+    );
+    assert_eq!(v[1], 2e4);
+    loss.sum_all().unwrap().backward().unwrap();
+    let g = x.grad().unwrap().to_vec::<f32>().unwrap();
+    let p0 = 1.0 / (1.0 + (-1.0f64).exp());
+    assert!((g[0] as f64 - (p0 - 1.0)).abs() < 1e-6, "{g:?}");
+    assert!((g[1] as f64 - (1.0 - p0)).abs() < 1e-6, "{g:?}");
+    assert_eq!(&g[3..], &[-1.0, 1.0, 0.0]);
+    assert!(g.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn mean_divides_by_the_weights_of_the_kept_targets() {
+    let x = Tensor::zeros(&[3, 2], DType::F64, Device::Cpu).unwrap();
+    let w = Tensor::from_slice(&[1.0f64, 3.0], &[2], Device::Cpu).unwrap();
+    let t = Tensor::from_slice(&[0i64, 1, -100], &[3], Device::Cpu).unwrap();
+    let opts = CrossEntropyOptions {
+        weight: Some(&w),
+        ..Default::default()
+    };
+    // Each kept loss is w[y] ln 2; the mean divides by w[0] + w[1] = 4.
+    let mean = cross_entropy(&x, &t, &opts).unwrap().item().unwrap();
+    assert!((mean - 2f64.ln()).abs() < 1e-15, "{mean}");
+    // All targets ignored: 0 / 0 = NaN, as in PyTorch.
+    let all_ignored = Tensor::from_slice(&[-100i64; 3], &[3], Device::Cpu).unwrap();
+    assert!(cross_entropy(&x, &all_ignored, &opts)
+        .unwrap()
+        .item()
+        .unwrap()
+        .is_nan());
+}
+
+#[test]
+fn no_graph_without_grad() {
+    let x = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let t = Tensor::from_slice(&[0i64, 2], &[2], Device::Cpu).unwrap();
+    let opts = CrossEntropyOptions {
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let with = cross_entropy(&x, &t, &opts).unwrap();
+    assert_eq!(with.grad_fn_name(), Some("CrossEntropyBackward"));
+    let without = no_grad(|| cross_entropy(&x, &t, &opts)).unwrap();
+    assert!(without.grad_fn_name().is_none());
+    assert_eq!(
+        without.to_vec::<f32>().unwrap(),
+        with.to_vec::<f32>().unwrap()
+    );
+}
+
+#[test]
+fn masked_classes_with_minus_infinity_logits_contribute_nothing() {
+    // PyTorch: cross_entropy([[-inf, 1, 2]], [1]) = ln(1 + e), gradient [0, p1 - 1, p2].
+    let x = Tensor::from_slice(&[f64::NEG_INFINITY, 1.0, 2.0], &[1, 3], Device::Cpu).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let t = Tensor::from_slice(&[1i64], &[1], Device::Cpu).unwrap();
+    let loss = cross_entropy(&x, &t, &Default::default()).unwrap();
+    let e = std::f64::consts::E;
+    assert!((loss.item().unwrap() - (1.0 + e).ln()).abs() < 1e-15);
+    loss.backward().unwrap();
+    let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+    let p1 = 1.0 / (1.0 + e);
+    assert_eq!(g[0], 0.0);
+    assert!(
+        (g[1] - (p1 - 1.0)).abs() < 1e-15 && (g[2] - (1.0 - p1)).abs() < 1e-15,
+        "{g:?}"
+    );
+}
+
+#[test]
+fn half_precision_logits_run_in_f32_and_round_once() {
+    let vals = [0.5f32, -1.25, 2.0, 0.0, 1.5, -0.75];
+    let x32 = Tensor::from_slice(&vals, &[2, 3], Device::Cpu).unwrap();
+    let t = Tensor::from_slice(&[2i64, 1], &[2], Device::Cpu).unwrap();
+    let opts = CrossEntropyOptions {
+        reduction: Reduction::None,
+        label_smoothing: 0.1,
+        ..Default::default()
+    };
+    let want = cross_entropy(&x32, &t, &opts)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for dtype in [DType::F16, DType::BF16] {
+        let x = x32.to_dtype(dtype).unwrap(); // these values are exact in both
+        x.set_requires_grad(true).unwrap();
+        let loss = cross_entropy(&x, &t, &opts).unwrap();
+        assert_eq!(loss.dtype(), dtype);
+        let got = loss.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-2 * w.abs(),
+                "{dtype}: {got:?} vs {want:?}"
+            );
+        }
+        loss.sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().dtype(), dtype);
+    }
+}

@@ -1,0 +1,264 @@
+//! The `ops` benchmark group (issue 4): GFLOP/s of f32 matmul at 256/512/1024 and of conv2d
+//! forward+backward on ResNet18's convolution shapes (CIFAR-style stem: 3x3 stride-1 first
+//! conv, no max-pool; batch 32, 32x32 input), each next to a plain-loop reference timed in the
+//! same run. kiln's side goes through `Tensor` (autograd, backend seam, CPU kernels); the
+//! references are kiln-device's plain loops (`matmul_reference`: the i-j-k triple loop;
+//! `conv::reference`: seven nested loops straight from the definition), single-threaded and
+//! unvectorised by design. `ratio` is kiln's GFLOP/s over the reference's.
+//!
+//! kiln's figure is the best of a few timed repetitions after one warm-up. The references are
+//! slow, so each is timed once, and the conv reference runs on a smaller batch (its rate per
+//! FLOP does not depend on the batch: it is the same loop per image).
+
+use super::{Options, Row};
+use kiln_autograd::{Conv2dParams, DType, Device, Generator};
+use kiln_device::ops::conv::{reference, Conv2dGeometry};
+use kiln_device::ops::matmul::cpu::matmul_reference;
+use kiln_device::Layout;
+use std::hint::black_box;
+use std::time::Instant;
+
+const GROUP: &str = "ops";
+/// PyTorch's CPU matmul at 512 on the reference machine (issue 4's target: within 15%).
+const PYTORCH_MATMUL_512_GFLOPS: f64 = 120.0;
+
+/// Runs every case of the group.
+pub fn run(options: &Options) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    eprintln!(
+        "bench ops: {} CPU threads (KILN_NUM_THREADS caps them)",
+        kiln_device::threads::num_threads()
+    );
+    matmul(options, &mut rows)?;
+    conv2d(options, &mut rows)?;
+    if options.gpu {
+        eprintln!(
+            "bench ops: --gpu cases skipped: conv2d/matmul have no CUDA kernels yet (the CUDA \
+             backend issue adds them); no CUDA row is reported"
+        );
+    }
+    Ok(rows)
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Seconds of the fastest of `reps` runs of `f`, after one warm-up run.
+fn best_of(reps: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let start = Instant::now();
+        f()?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+fn seconds(f: impl FnOnce()) -> f64 {
+    let start = Instant::now();
+    f();
+    start.elapsed().as_secs_f64()
+}
+
+fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+    let mut generator = Generator::new(1);
+    for n in [256usize, 512, 1024] {
+        let flops = 2.0 * (n * n * n) as f64;
+        let a = generator
+            .normal(&[n, n], 0.0, 1.0, DType::F32, Device::Cpu)
+            .map_err(err)?;
+        let b = generator
+            .normal(&[n, n], 0.0, 1.0, DType::F32, Device::Cpu)
+            .map_err(err)?;
+        let reps = if options.quick { 2 } else { 10 };
+        let kiln = best_of(reps, || {
+            black_box(a.matmul(&b).map_err(err)?);
+            Ok(())
+        })?;
+        let (av, bv) = (
+            a.to_vec::<f32>().map_err(err)?,
+            b.to_vec::<f32>().map_err(err)?,
+        );
+        let layout = Layout::contiguous(&[n, n]);
+        let reference = seconds(|| {
+            black_box(matmul_reference(&av, &layout, &bv, &layout));
+        });
+        let (kiln_rate, ref_rate) = (flops / kiln / 1e9, flops / reference / 1e9);
+        eprintln!(
+            "bench ops: matmul {n}: kiln {kiln_rate:.2} GFLOP/s, triple loop {ref_rate:.3} GFLOP/s"
+        );
+        rows.push(Row::new(
+            GROUP,
+            format!("matmul_f32_{n}x{n}x{n}"),
+            "GFLOP/s",
+            kiln_rate,
+            format!("plain i-j-k triple loop, same run: {ref_rate:.3} GFLOP/s"),
+            kiln_rate / ref_rate,
+        ));
+        if n == 512 {
+            rows.push(Row::new(
+                GROUP,
+                "matmul_f32_512_vs_pytorch_target",
+                "GFLOP/s",
+                kiln_rate,
+                format!(
+                    "PyTorch CPU matmul on the reference machine (stated, not measured here): \
+                     {PYTORCH_MATMUL_512_GFLOPS} GFLOP/s"
+                ),
+                kiln_rate / PYTORCH_MATMUL_512_GFLOPS,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One convolution shape of ResNet18 (CIFAR-style) at 32x32 input.
+struct ConvCase {
+    name: &'static str,
+    in_channels: usize,
+    out_channels: usize,
+    size: usize,
+    kernel: usize,
+    stride: usize,
+}
+
+const fn case(
+    name: &'static str,
+    in_channels: usize,
+    out_channels: usize,
+    size: usize,
+    kernel: usize,
+    stride: usize,
+) -> ConvCase {
+    ConvCase {
+        name,
+        in_channels,
+        out_channels,
+        size,
+        kernel,
+        stride,
+    }
+}
+
+/// Every distinct convolution of ResNet18 with a 3x3 stride-1 stem on 32x32 images.
+const RESNET18_CONVS: &[ConvCase] = &[
+    case("conv1_3to64_3x3_32px", 3, 64, 32, 3, 1),
+    case("layer1_64to64_3x3_32px", 64, 64, 32, 3, 1),
+    case("layer2.0.conv1_64to128_3x3s2_32px", 64, 128, 32, 3, 2),
+    case("layer2_128to128_3x3_16px", 128, 128, 16, 3, 1),
+    case("layer2.0.downsample_64to128_1x1s2_32px", 64, 128, 32, 1, 2),
+    case("layer3.0.conv1_128to256_3x3s2_16px", 128, 256, 16, 3, 2),
+    case("layer3_256to256_3x3_8px", 256, 256, 8, 3, 1),
+    case(
+        "layer3.0.downsample_128to256_1x1s2_16px",
+        128,
+        256,
+        16,
+        1,
+        2,
+    ),
+    case("layer4.0.conv1_256to512_3x3s2_8px", 256, 512, 8, 3, 2),
+    case("layer4_512to512_3x3_4px", 512, 512, 4, 3, 1),
+    case("layer4.0.downsample_256to512_1x1s2_8px", 256, 512, 8, 1, 2),
+];
+
+fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+    let batch = 32;
+    let reference_batch = if options.quick { 1 } else { 2 };
+    let reps = if options.quick { 1 } else { 3 };
+    let mut generator = Generator::new(2);
+    let (mut kiln_total, mut ref_seconds_total, mut flops_total) = (0.0, 0.0, 0.0);
+    for c in RESNET18_CONVS {
+        let params = Conv2dParams {
+            stride: [c.stride; 2],
+            padding: [c.kernel / 2; 2],
+            ..Conv2dParams::default()
+        };
+        let input_shape = [batch, c.in_channels, c.size, c.size];
+        let weight_shape = [c.out_channels, c.in_channels, c.kernel, c.kernel];
+        let geometry = Conv2dGeometry::new(input_shape, weight_shape, params).map_err(err)?;
+        // Forward, input gradient and weight gradient each do the forward's multiply-adds.
+        let flops = 3.0 * 2.0 * geometry.forward_macs() as f64;
+        let x = generator
+            .normal(&input_shape, 0.0, 1.0, DType::F32, Device::Cpu)
+            .map_err(err)?;
+        let w = generator
+            .normal(&weight_shape, 0.0, 0.1, DType::F32, Device::Cpu)
+            .map_err(err)?;
+        let grad = generator
+            .normal(&geometry.output_shape(), 0.0, 1.0, DType::F32, Device::Cpu)
+            .map_err(err)?;
+        x.set_requires_grad(true).map_err(err)?;
+        w.set_requires_grad(true).map_err(err)?;
+        let kiln = best_of(reps, || {
+            x.set_grad(None).map_err(err)?;
+            w.set_grad(None).map_err(err)?;
+            let out = x.conv2d(&w, None, params).map_err(err)?;
+            out.backward_with(Some(&grad), false).map_err(err)?;
+            black_box(w.grad());
+            Ok(())
+        })?;
+
+        // The reference on `reference_batch` images.
+        let small = Conv2dGeometry::new(
+            [reference_batch, c.in_channels, c.size, c.size],
+            weight_shape,
+            params,
+        )
+        .map_err(err)?;
+        let small_flops = 3.0 * 2.0 * small.forward_macs() as f64;
+        let xv = x.to_vec::<f32>().map_err(err)?;
+        let xv = &xv[..small.input_shape().iter().product::<usize>()];
+        let wv = w.to_vec::<f32>().map_err(err)?;
+        let gv = grad.to_vec::<f32>().map_err(err)?;
+        let gv = &gv[..small.output_shape().iter().product::<usize>()];
+        let mut out = vec![0f32; gv.len()];
+        let mut gin = vec![0f32; xv.len()];
+        let mut gw = vec![0f32; wv.len()];
+        let mut failed = None;
+        let reference = seconds(|| {
+            let r = reference::conv2d_forward(&small, xv, &wv, None, &mut out)
+                .and_then(|_| reference::conv2d_backward_input(&small, gv, &wv, &mut gin))
+                .and_then(|_| reference::conv2d_backward_weight(&small, xv, gv, &mut gw));
+            failed = r.err();
+        });
+        if let Some(e) = failed {
+            return Err(e.to_string());
+        }
+        black_box((&out, &gin, &gw));
+        let (kiln_rate, ref_rate) = (flops / kiln / 1e9, small_flops / reference / 1e9);
+        eprintln!(
+            "bench ops: conv2d {}: kiln {kiln_rate:.2} GFLOP/s, plain loops {ref_rate:.3} GFLOP/s",
+            c.name
+        );
+        kiln_total += kiln;
+        ref_seconds_total += flops / (ref_rate * 1e9);
+        flops_total += flops;
+        rows.push(Row::new(
+            GROUP,
+            format!("conv2d_fwd_bwd_f32_b{batch}_{}", c.name),
+            "GFLOP/s",
+            kiln_rate,
+            format!(
+                "plain 7-loop conv fwd+bwd (batch {reference_batch}), same run: {ref_rate:.3} \
+                 GFLOP/s"
+            ),
+            kiln_rate / ref_rate,
+        ));
+    }
+    let (kiln_rate, ref_rate) = (
+        flops_total / kiln_total / 1e9,
+        flops_total / ref_seconds_total / 1e9,
+    );
+    rows.push(Row::new(
+        GROUP,
+        format!("conv2d_fwd_bwd_f32_b{batch}_resnet18_all_shapes"),
+        "GFLOP/s",
+        kiln_rate,
+        format!("plain 7-loop conv over the same shapes: {ref_rate:.3} GFLOP/s"),
+        kiln_rate / ref_rate,
+    ));
+    Ok(())
+}
