@@ -2,12 +2,24 @@
 //! torchinfo-style summaries with memory planning, backbone freezing and checkpoints.
 //!
 //! - [`Layer`]: a `Module` with `forward` on tensors and `trace`, a shape-only forward that
-//!   [`summary`] and [`plan`] run without allocating any tensor data.
+//!   [`summary()`] and [`plan()`] run without allocating any tensor data.
 //! - [`layers`]: `Linear`, `Conv2d`, `BatchNorm2d`, `LayerNorm`, `Embedding`, `Dropout`, `ReLU`,
 //!   `GELU`, pooling, `Flatten`, `Sequential`, `MultiheadAttention`, `TransformerEncoderLayer`.
 //! - [`models`]: ResNet-18/34/50, ViT, a GPT-style decoder and an MLP, with PyTorch's names, so
 //!   [`checkpoint`] files load in torchvision with `strict=True` and back.
 //! - [`freeze`]: select trainable parameters by name.
+//!
+//! ```
+//! use kiln_models::{models::mlp, summary, Freeze, OptimizerKind};
+//! let model = mlp(&[784, 256, 10], 0.0)?;
+//! let s = summary(&model, &[32, 784])?;
+//! assert_eq!(s.total_params, 203_530);
+//! model.freeze(|name| name.starts_with("0."))?; // train only the head
+//! assert_eq!(model.trainable_parameters().len(), 2);
+//! let plan = kiln_models::plan(&model, &[784], kiln_autograd::DType::F32, OptimizerKind::AdamW)?;
+//! assert!(plan.max_batch_size(1 << 30)? > 1000);
+//! # Ok::<(), kiln_models::Error>(())
+//! ```
 
 pub mod checkpoint;
 mod error;
