@@ -178,7 +178,7 @@ fn python_with_torchvision() -> Result<String, String> {
 }
 
 #[test]
-fn torchvision_loads_kiln_checkpoints_with_strict_true() {
+fn torchvision_loads_kiln_checkpoints_with_strict_true_and_agrees_on_logits() {
     let py = match python_with_torchvision() {
         Ok(py) => py,
         Err(why) => {
@@ -187,13 +187,19 @@ fn torchvision_loads_kiln_checkpoints_with_strict_true() {
         }
     };
     manual_seed(5);
-    let m = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 10,
-        small_input: false,
-    })
-    .unwrap();
+    let mut m = tiny_resnet(10);
+    // Train-mode forwards move the BatchNorm statistics away from their initial values.
+    for _ in 0..2 {
+        m.forward(
+            &Tensor::randn(
+                &[4, 3, 32, 32],
+                kiln_autograd::DType::F32,
+                kiln_autograd::Device::Cpu,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    }
     let path = tmp("for_torchvision.safetensors");
     save_safetensors(&m, &path).unwrap();
     let script = concat!(
@@ -201,16 +207,29 @@ fn torchvision_loads_kiln_checkpoints_with_strict_true() {
         "/tests/fixtures/load_in_torchvision.py"
     );
     let out = std::process::Command::new(&py)
-        .args([script, path.to_str().unwrap(), "1,1,1,1", "10"])
+        .args([script, path.to_str().unwrap(), "1,1,1,1", "10", "2,3,32,32"])
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("strict=True"), "{text}");
+    assert!(stdout.contains("strict=True"), "{stdout}");
+    let torch_logits: Vec<f32> = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    m.eval();
+    let n = 2 * 3 * 32 * 32;
+    let x: Vec<f32> = (0..n).map(|i| (0.37 * i as f64).cos() as f32).collect();
+    let x = Tensor::from_vec(x, &[2, 3, 32, 32], kiln_autograd::Device::Cpu).unwrap();
+    let kiln_logits = m.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(kiln_logits.len(), torch_logits.len());
+    for (k, t) in kiln_logits.iter().zip(&torch_logits) {
+        assert!(
+            (k - t).abs() <= 1e-4 * t.abs().max(1.0),
+            "kiln {k} vs torchvision {t}"
+        );
+    }
 }
 
 #[test]

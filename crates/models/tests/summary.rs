@@ -74,3 +74,33 @@ fn resnet34_and_50_parameter_counts_match_torchvision() {
         }
     }
 }
+
+#[test]
+fn cifar_stem_resnet18_has_the_known_count_and_shapes() {
+    manual_seed(0);
+    let m = kiln_models::models::ResNet::new(kiln_models::models::ResNetConfig {
+        block: kiln_models::models::BlockKind::Basic,
+        layers: [2, 2, 2, 2],
+        num_classes: 10,
+        small_input: true,
+    })
+    .unwrap();
+    let s = summary(&m, &[8, 3, 32, 32]).unwrap();
+    // 3x3 stem instead of 7x7 (-7,680) and a 10-way head: the usual CIFAR ResNet-18 count.
+    assert_eq!(s.total_params, 11_173_962);
+    let row = |path: &str| {
+        s.layers
+            .iter()
+            .find(|r| r.path == path)
+            .unwrap()
+            .output_shape
+            .clone()
+    };
+    assert_eq!(row("conv1"), vec![8, 64, 32, 32]);
+    assert_eq!(row("layer4"), vec![8, 512, 4, 4]);
+    assert!(s.layers.iter().all(|r| r.type_name != "MaxPool2d"));
+    assert!(summary(&m, &[8, 1, 32, 32])
+        .unwrap_err()
+        .to_string()
+        .contains("[N, 3, H, W]"));
+}
