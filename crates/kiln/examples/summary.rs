@@ -1,0 +1,109 @@
+//! Prints torchinfo's summary of a built-in model, and optionally a training memory plan.
+//!
+//! ```text
+//! cargo run --release --example summary -- resnet18 1x3x224x224
+//! cargo run --release --example summary -- resnet50 8x3x224x224 --optimizer adamw --memory 24GiB
+//! cargo run --release --example summary -- gpt_tiny 4x16
+//! ```
+//! Models: see `kiln::models::models::MODEL_NAMES`. `--classes N` sets the classifier width
+//! (1000 by default). `--memory` takes bytes, or a number with KB/MB/GB/KiB/MiB/GiB.
+
+use kiln::autograd::DType;
+use kiln::models::models::{by_name, MODEL_NAMES};
+use kiln::models::{plan, summary_with_dtype, OptimizerKind};
+use std::process::ExitCode;
+
+fn parse_shape(s: &str) -> Option<Vec<usize>> {
+    s.split('x').map(|d| d.parse().ok()).collect()
+}
+
+fn parse_bytes(s: &str) -> Option<usize> {
+    let units = [
+        ("GiB", 1usize << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("GB", 1_000_000_000),
+        ("MB", 1_000_000),
+        ("KB", 1_000),
+        ("B", 1),
+    ];
+    for (suffix, mult) in units {
+        if let Some(num) = s.strip_suffix(suffix) {
+            return num
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .map(|v| (v * mult as f64) as usize);
+        }
+    }
+    s.parse().ok()
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = format!(
+        "usage: summary MODEL SHAPE [--classes N] [--optimizer sgd|sgd-momentum|adam|adamw] \
+         [--memory BYTES]\n  MODEL: {}\n  SHAPE: like 1x3x224x224 (token models: BxT)",
+        MODEL_NAMES.join(", ")
+    );
+    if args.len() < 2 {
+        return Err(usage);
+    }
+    let shape = parse_shape(&args[1]).ok_or(format!("bad shape {:?}\n{usage}", args[1]))?;
+    let (mut classes, mut optimizer, mut memory) = (1000usize, None, None);
+    let mut rest = args[2..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .ok_or(format!("{flag} needs a value\n{usage}"))?;
+        match flag.as_str() {
+            "--classes" => {
+                classes = value
+                    .parse()
+                    .map_err(|_| format!("bad --classes {value}"))?
+            }
+            "--optimizer" => {
+                optimizer = Some(value.parse::<OptimizerKind>().map_err(|e| e.to_string())?)
+            }
+            "--memory" => memory = Some(parse_bytes(value).ok_or(format!("bad --memory {value}"))?),
+            other => return Err(format!("unknown flag {other}\n{usage}")),
+        }
+    }
+    let model = by_name(&args[0], classes).map_err(|e| e.to_string())?;
+    let dtype = if args[0].starts_with("gpt") {
+        DType::I64
+    } else {
+        DType::F32
+    };
+    let s = summary_with_dtype(model.as_ref(), &shape, dtype).map_err(|e| e.to_string())?;
+    println!("{s}");
+    if optimizer.is_some() || memory.is_some() {
+        let opt = optimizer.unwrap_or(OptimizerKind::AdamW);
+        let p = plan(model.as_ref(), &shape[1..], dtype, opt).map_err(|e| e.to_string())?;
+        println!("{p}");
+        println!(
+            "Predicted peak at batch {} (MB): {:.2}",
+            shape[0],
+            p.peak_bytes(shape[0]) as f64 / 1e6
+        );
+        if let Some(bytes) = memory {
+            let b = p.max_batch_size(bytes).map_err(|e| e.to_string())?;
+            println!(
+                "Max batch size in {:.2} GB: {b} (peak {:.2} MB)",
+                bytes as f64 / 1e9,
+                p.peak_bytes(b) as f64 / 1e6
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

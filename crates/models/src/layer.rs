@@ -1,0 +1,135 @@
+//! The [`Layer`] trait: a [`Module`] that can run forward on data and forward on shapes.
+//!
+//! `kiln-autograd`'s `Module` knows parameters, children and train/eval. A `Layer` adds what
+//! models need on top:
+//! - `forward` on a tensor;
+//! - `trace`, the shape-only forward: the same call structure as `forward`, but on [`Act`]
+//!   values that carry only a shape and a dtype. Every sub-layer call goes through
+//!   [`Tracer::call`], which records the layer tree the way torchinfo's hooks do (one row per
+//!   call, in call order) and the activations the layer keeps for backward, so a summary or a
+//!   memory plan of ResNet-50 at 224x224 allocates nothing;
+//! - buffers (`running_mean`, ...) next to parameters, so state dicts carry PyTorch's names;
+//! - typed children (`layers`), so walks over the tree reach buffers and traces.
+//!
+//! The `Module` impl of each layer is written through [`module_tree!`], which derives
+//! `children`/`children_mut` from `layers`/`layers_mut` and the mode flag from a `training`
+//! field, so the two trees cannot disagree.
+
+use crate::trace::{Act, Tracer};
+use crate::Result;
+use kiln_autograd::{Module, Tensor};
+
+/// A module with a forward pass on tensors and a shape-only forward pass.
+pub trait Layer: Module + Send + Sync {
+    /// PyTorch's class name (`"Conv2d"`, `"BasicBlock"`), shown by summaries.
+    fn type_name(&self) -> &'static str;
+
+    /// Runs the layer on `x`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// The shape-only forward: same sub-layer calls as `forward`, each through `tracer.call`.
+    fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act>;
+
+    /// Child layers with their names, in registration order (PyTorch's `named_children`).
+    fn layers(&self) -> Vec<(String, &dyn Layer)> {
+        Vec::new()
+    }
+
+    /// Child layers, mutable.
+    fn layers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        Vec::new()
+    }
+
+    /// This layer's own buffers (not its children's): state that is saved but not trained.
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// This layer as a `Module`.
+    fn as_module(&self) -> &dyn Module;
+
+    /// This layer as a mutable `Module`.
+    fn as_module_mut(&mut self) -> &mut dyn Module;
+}
+
+/// True when any of `params` requires grad (for traces: a frozen layer saves nothing for its
+/// weight gradient).
+pub fn any_trainable<'a>(params: impl IntoIterator<Item = &'a kiln_autograd::Parameter>) -> bool {
+    params.into_iter().any(|p| p.requires_grad())
+}
+
+/// Tree walks every layer gets: buffers and state dicts with dotted names.
+pub trait LayerExt {
+    /// Every buffer with its dotted path (`"bn1.running_mean"`), PyTorch's `named_buffers()`.
+    fn named_buffers(&self) -> Vec<(String, Tensor)>;
+
+    /// Parameters and buffers with dotted names, in PyTorch's `state_dict()` order (per module:
+    /// own parameters, own buffers, then each child).
+    fn state_dict(&self) -> Vec<(String, Tensor)>;
+}
+
+impl<L: Layer + ?Sized> LayerExt for L {
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.own_buffers();
+        for (child_name, child) in self.layers() {
+            for (name, b) in child.named_buffers() {
+                out.push((format!("{child_name}.{name}"), b));
+            }
+        }
+        out
+    }
+
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self
+            .own_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.tensor().clone()))
+            .collect();
+        out.extend(self.own_buffers());
+        for (child_name, child) in self.layers() {
+            for (name, t) in child.state_dict() {
+                out.push((format!("{child_name}.{name}"), t));
+            }
+        }
+        out
+    }
+}
+
+/// Writes the parts of a `Module` impl that follow from the `Layer` impl and a `training: bool`
+/// field: `children`, `children_mut`, `is_training`, `set_training_flag`.
+#[macro_export]
+macro_rules! module_tree {
+    () => {
+        fn children(&self) -> Vec<(String, &dyn kiln_autograd::Module)> {
+            $crate::Layer::layers(self)
+                .into_iter()
+                .map(|(n, l)| (n, l.as_module()))
+                .collect()
+        }
+        fn children_mut(&mut self) -> Vec<(String, &mut dyn kiln_autograd::Module)> {
+            $crate::Layer::layers_mut(self)
+                .into_iter()
+                .map(|(n, l)| (n, l.as_module_mut()))
+                .collect()
+        }
+        fn is_training(&self) -> bool {
+            self.training
+        }
+        fn set_training_flag(&mut self, training: bool) {
+            self.training = training;
+        }
+    };
+}
+
+/// Writes `as_module` / `as_module_mut` inside a `Layer` impl.
+#[macro_export]
+macro_rules! layer_casts {
+    () => {
+        fn as_module(&self) -> &dyn kiln_autograd::Module {
+            self
+        }
+        fn as_module_mut(&mut self) -> &mut dyn kiln_autograd::Module {
+            self
+        }
+    };
+}

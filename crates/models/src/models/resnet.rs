@@ -1,0 +1,454 @@
+//! ResNet-18/34 (`BasicBlock`) and ResNet-50 (`Bottleneck`) with torchvision's structure,
+//! names and init: `conv1`, `bn1`, `relu`, `maxpool`, `layer1`..`layer4` (each a `Sequential`
+//! of blocks holding `conv1`, `bn1`, ..., and `downsample` = `Sequential(Conv2d 1x1, BatchNorm2d)`
+//! where the shape changes), `avgpool`, `fc`. Conv weights are drawn with
+//! `kaiming_normal_(mode="fan_out", nonlinearity="relu")` as torchvision does; stride sits on the
+//! 3x3 convolution of a bottleneck (ResNet v1.5). The small-input stem (CIFAR) replaces the 7x7
+//! stride-2 `conv1` by a 3x3 stride-1 one and drops the max-pool; parameter names stay the same.
+
+use crate::error::config_err;
+use crate::init;
+use crate::layers::{
+    AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Linear, MaxPool2d, ReLU, Sequential,
+};
+use crate::trace::{Act, Tracer};
+use crate::{layer_casts, module_tree, Layer, Result};
+use kiln_autograd::{Module, Tensor};
+
+fn conv(in_ch: usize, out_ch: usize, k: usize, stride: usize) -> Result<Conv2d> {
+    Conv2d::from_parts(
+        init::kaiming_normal_fan_out(&[out_ch, in_ch, k, k])?,
+        None,
+        Conv2dConfig::default()
+            .stride(stride)
+            .padding(k / 2)
+            .no_bias(),
+    )
+}
+
+fn downsample(in_ch: usize, out_ch: usize, stride: usize) -> Result<Option<Sequential>> {
+    if stride == 1 && in_ch == out_ch {
+        return Ok(None);
+    }
+    Ok(Some(
+        Sequential::new()
+            .push(conv(in_ch, out_ch, 1, stride)?)
+            .push(BatchNorm2d::new(out_ch)?),
+    ))
+}
+
+/// The two-3x3-convolution residual block of ResNet-18/34 (expansion 1).
+#[derive(Debug)]
+pub struct BasicBlock {
+    /// 3x3, carries the stride.
+    pub conv1: Conv2d,
+    /// After `conv1`.
+    pub bn1: BatchNorm2d,
+    /// Shared by both activations (called twice, as in torchvision).
+    pub relu: ReLU,
+    /// 3x3.
+    pub conv2: Conv2d,
+    /// After `conv2`.
+    pub bn2: BatchNorm2d,
+    /// 1x1 projection of the shortcut when the shape changes.
+    pub downsample: Option<Sequential>,
+    training: bool,
+}
+
+impl BasicBlock {
+    /// A block from `in_ch` to `planes` channels.
+    pub fn new(in_ch: usize, planes: usize, stride: usize) -> Result<Self> {
+        Ok(BasicBlock {
+            conv1: conv(in_ch, planes, 3, stride)?,
+            bn1: BatchNorm2d::new(planes)?,
+            relu: ReLU::new(),
+            conv2: conv(planes, planes, 3, 1)?,
+            bn2: BatchNorm2d::new(planes)?,
+            downsample: downsample(in_ch, planes, stride)?,
+            training: true,
+        })
+    }
+}
+
+impl Module for BasicBlock {
+    module_tree!();
+}
+
+impl Layer for BasicBlock {
+    fn type_name(&self) -> &'static str {
+        "BasicBlock"
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let out = self
+            .relu
+            .forward(&self.bn1.forward(&self.conv1.forward(x)?)?)?;
+        let out = self.bn2.forward(&self.conv2.forward(&out)?)?;
+        let identity = match &self.downsample {
+            Some(d) => d.forward(x)?,
+            None => x.clone(),
+        };
+        self.relu.forward(&out.add(&identity)?)
+    }
+
+    fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
+        let out = t.call("conv1", &self.conv1, x)?;
+        let out = t.call("bn1", &self.bn1, &out)?;
+        let out = t.call("relu", &self.relu, &out)?;
+        let out = t.call("conv2", &self.conv2, &out)?;
+        let out = t.call("bn2", &self.bn2, &out)?;
+        let identity = match &self.downsample {
+            Some(d) => t.call("downsample", d, x)?,
+            None => x.clone(),
+        };
+        let sum = t.output(&[&out, &identity], out.shape(), out.dtype(), false);
+        t.call("relu", &self.relu, &sum)
+    }
+
+    fn layers(&self) -> Vec<(String, &dyn Layer)> {
+        let mut v: Vec<(String, &dyn Layer)> = vec![
+            ("conv1".into(), &self.conv1),
+            ("bn1".into(), &self.bn1),
+            ("relu".into(), &self.relu),
+            ("conv2".into(), &self.conv2),
+            ("bn2".into(), &self.bn2),
+        ];
+        if let Some(d) = &self.downsample {
+            v.push(("downsample".into(), d));
+        }
+        v
+    }
+
+    fn layers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        let mut v: Vec<(String, &mut dyn Layer)> = vec![
+            ("conv1".into(), &mut self.conv1),
+            ("bn1".into(), &mut self.bn1),
+            ("relu".into(), &mut self.relu),
+            ("conv2".into(), &mut self.conv2),
+            ("bn2".into(), &mut self.bn2),
+        ];
+        if let Some(d) = &mut self.downsample {
+            v.push(("downsample".into(), d));
+        }
+        v
+    }
+
+    layer_casts!();
+}
+
+/// The 1x1-3x3-1x1 residual block of ResNet-50 (expansion 4, stride on the 3x3).
+#[derive(Debug)]
+pub struct Bottleneck {
+    /// 1x1 reduce.
+    pub conv1: Conv2d,
+    /// After `conv1`.
+    pub bn1: BatchNorm2d,
+    /// 3x3, carries the stride.
+    pub conv2: Conv2d,
+    /// After `conv2`.
+    pub bn2: BatchNorm2d,
+    /// 1x1 expand.
+    pub conv3: Conv2d,
+    /// After `conv3`.
+    pub bn3: BatchNorm2d,
+    /// Shared by the three activations.
+    pub relu: ReLU,
+    /// 1x1 projection of the shortcut when the shape changes.
+    pub downsample: Option<Sequential>,
+    training: bool,
+}
+
+impl Bottleneck {
+    /// A block from `in_ch` to `planes * 4` channels.
+    pub fn new(in_ch: usize, planes: usize, stride: usize) -> Result<Self> {
+        Ok(Bottleneck {
+            conv1: conv(in_ch, planes, 1, 1)?,
+            bn1: BatchNorm2d::new(planes)?,
+            conv2: conv(planes, planes, 3, stride)?,
+            bn2: BatchNorm2d::new(planes)?,
+            conv3: conv(planes, planes * 4, 1, 1)?,
+            bn3: BatchNorm2d::new(planes * 4)?,
+            relu: ReLU::new(),
+            downsample: downsample(in_ch, planes * 4, stride)?,
+            training: true,
+        })
+    }
+}
+
+impl Module for Bottleneck {
+    module_tree!();
+}
+
+impl Layer for Bottleneck {
+    fn type_name(&self) -> &'static str {
+        "Bottleneck"
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let out = self
+            .relu
+            .forward(&self.bn1.forward(&self.conv1.forward(x)?)?)?;
+        let out = self
+            .relu
+            .forward(&self.bn2.forward(&self.conv2.forward(&out)?)?)?;
+        let out = self.bn3.forward(&self.conv3.forward(&out)?)?;
+        let identity = match &self.downsample {
+            Some(d) => d.forward(x)?,
+            None => x.clone(),
+        };
+        self.relu.forward(&out.add(&identity)?)
+    }
+
+    fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
+        let out = t.call("conv1", &self.conv1, x)?;
+        let out = t.call("bn1", &self.bn1, &out)?;
+        let out = t.call("relu", &self.relu, &out)?;
+        let out = t.call("conv2", &self.conv2, &out)?;
+        let out = t.call("bn2", &self.bn2, &out)?;
+        let out = t.call("relu", &self.relu, &out)?;
+        let out = t.call("conv3", &self.conv3, &out)?;
+        let out = t.call("bn3", &self.bn3, &out)?;
+        let identity = match &self.downsample {
+            Some(d) => t.call("downsample", d, x)?,
+            None => x.clone(),
+        };
+        let sum = t.output(&[&out, &identity], out.shape(), out.dtype(), false);
+        t.call("relu", &self.relu, &sum)
+    }
+
+    fn layers(&self) -> Vec<(String, &dyn Layer)> {
+        let mut v: Vec<(String, &dyn Layer)> = vec![
+            ("conv1".into(), &self.conv1),
+            ("bn1".into(), &self.bn1),
+            ("conv2".into(), &self.conv2),
+            ("bn2".into(), &self.bn2),
+            ("conv3".into(), &self.conv3),
+            ("bn3".into(), &self.bn3),
+            ("relu".into(), &self.relu),
+        ];
+        if let Some(d) = &self.downsample {
+            v.push(("downsample".into(), d));
+        }
+        v
+    }
+
+    fn layers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        let mut v: Vec<(String, &mut dyn Layer)> = vec![
+            ("conv1".into(), &mut self.conv1),
+            ("bn1".into(), &mut self.bn1),
+            ("conv2".into(), &mut self.conv2),
+            ("bn2".into(), &mut self.bn2),
+            ("conv3".into(), &mut self.conv3),
+            ("bn3".into(), &mut self.bn3),
+            ("relu".into(), &mut self.relu),
+        ];
+        if let Some(d) = &mut self.downsample {
+            v.push(("downsample".into(), d));
+        }
+        v
+    }
+
+    layer_casts!();
+}
+
+/// The residual block kind of a ResNet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    /// Two 3x3 convolutions (ResNet-18/34).
+    Basic,
+    /// 1x1-3x3-1x1 with 4x expansion (ResNet-50/101/152).
+    Bottleneck,
+}
+
+/// What to build: block kind, blocks per stage, classes and stem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResNetConfig {
+    /// Block kind.
+    pub block: BlockKind,
+    /// Blocks in `layer1`..`layer4`.
+    pub layers: [usize; 4],
+    /// Outputs of `fc`.
+    pub num_classes: usize,
+    /// CIFAR-style stem: 3x3 stride-1 `conv1`, no max-pool (for 32x32 inputs).
+    pub small_input: bool,
+}
+
+/// torchvision's `ResNet`.
+#[derive(Debug)]
+pub struct ResNet {
+    /// Stem convolution (7x7 stride 2, or 3x3 stride 1 for small inputs).
+    pub conv1: Conv2d,
+    /// Stem norm.
+    pub bn1: BatchNorm2d,
+    /// Stem activation.
+    pub relu: ReLU,
+    /// 3x3 stride-2 max-pool (absent with the small-input stem).
+    pub maxpool: Option<MaxPool2d>,
+    /// Stages 1..4 (64, 128, 256, 512 planes).
+    pub stages: [Sequential; 4],
+    /// Global average pool.
+    pub avgpool: AdaptiveAvgPool2d,
+    /// Classifier.
+    pub fc: Linear,
+    /// The configuration.
+    pub config: ResNetConfig,
+    training: bool,
+}
+
+const STAGE_NAMES: [&str; 4] = ["layer1", "layer2", "layer3", "layer4"];
+
+impl ResNet {
+    /// Builds a ResNet from `config`.
+    pub fn new(config: ResNetConfig) -> Result<Self> {
+        if config.num_classes == 0 || config.layers.contains(&0) {
+            return Err(config_err(
+                "ResNet",
+                format!(
+                    "num_classes {} and blocks per stage {:?} must be positive",
+                    config.num_classes, config.layers
+                ),
+            ));
+        }
+        let (conv1, maxpool) = if config.small_input {
+            (conv(3, 64, 3, 1)?, None)
+        } else {
+            (conv(3, 64, 7, 2)?, Some(MaxPool2d::new(3, 2, 1)?))
+        };
+        let expansion = match config.block {
+            BlockKind::Basic => 1,
+            BlockKind::Bottleneck => 4,
+        };
+        let mut in_ch = 64;
+        let mut stages = Vec::new();
+        for (i, &n) in config.layers.iter().enumerate() {
+            let planes = 64 << i;
+            let mut stage = Sequential::new();
+            for b in 0..n {
+                let stride = if b == 0 && i > 0 { 2 } else { 1 };
+                stage = match config.block {
+                    BlockKind::Basic => stage.push(BasicBlock::new(in_ch, planes, stride)?),
+                    BlockKind::Bottleneck => stage.push(Bottleneck::new(in_ch, planes, stride)?),
+                };
+                in_ch = planes * expansion;
+            }
+            stages.push(stage);
+        }
+        let stages: [Sequential; 4] = stages.try_into().expect("four stages");
+        Ok(ResNet {
+            conv1,
+            bn1: BatchNorm2d::new(64)?,
+            relu: ReLU::new(),
+            maxpool,
+            stages,
+            avgpool: AdaptiveAvgPool2d::new([1, 1])?,
+            fc: Linear::new(512 * expansion, config.num_classes, true)?,
+            config,
+            training: true,
+        })
+    }
+}
+
+/// ResNet-18 (`BasicBlock`, `[2, 2, 2, 2]`).
+pub fn resnet18(num_classes: usize) -> Result<ResNet> {
+    ResNet::new(ResNetConfig {
+        block: BlockKind::Basic,
+        layers: [2, 2, 2, 2],
+        num_classes,
+        small_input: false,
+    })
+}
+
+/// ResNet-34 (`BasicBlock`, `[3, 4, 6, 3]`).
+pub fn resnet34(num_classes: usize) -> Result<ResNet> {
+    ResNet::new(ResNetConfig {
+        block: BlockKind::Basic,
+        layers: [3, 4, 6, 3],
+        num_classes,
+        small_input: false,
+    })
+}
+
+/// ResNet-50 (`Bottleneck`, `[3, 4, 6, 3]`).
+pub fn resnet50(num_classes: usize) -> Result<ResNet> {
+    ResNet::new(ResNetConfig {
+        block: BlockKind::Bottleneck,
+        layers: [3, 4, 6, 3],
+        num_classes,
+        small_input: false,
+    })
+}
+
+impl Module for ResNet {
+    module_tree!();
+}
+
+impl Layer for ResNet {
+    fn type_name(&self) -> &'static str {
+        "ResNet"
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = self
+            .relu
+            .forward(&self.bn1.forward(&self.conv1.forward(x)?)?)?;
+        if let Some(m) = &self.maxpool {
+            h = m.forward(&h)?;
+        }
+        for s in &self.stages {
+            h = s.forward(&h)?;
+        }
+        let h = self.avgpool.forward(&h)?.flatten(1, -1)?;
+        self.fc.forward(&h)
+    }
+
+    fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
+        let h = t.call("conv1", &self.conv1, x)?;
+        let h = t.call("bn1", &self.bn1, &h)?;
+        let mut h = t.call("relu", &self.relu, &h)?;
+        if let Some(m) = &self.maxpool {
+            h = t.call("maxpool", m, &h)?;
+        }
+        for (name, s) in STAGE_NAMES.iter().zip(&self.stages) {
+            h = t.call(name, s, &h)?;
+        }
+        let h = t.call("avgpool", &self.avgpool, &h)?;
+        let flat = t.view(&h, &[h.shape()[0], h.shape()[1]]);
+        t.call("fc", &self.fc, &flat)
+    }
+
+    fn layers(&self) -> Vec<(String, &dyn Layer)> {
+        let mut v: Vec<(String, &dyn Layer)> = vec![
+            ("conv1".into(), &self.conv1),
+            ("bn1".into(), &self.bn1),
+            ("relu".into(), &self.relu),
+        ];
+        if let Some(m) = &self.maxpool {
+            v.push(("maxpool".into(), m));
+        }
+        for (name, s) in STAGE_NAMES.iter().zip(&self.stages) {
+            v.push((name.to_string(), s));
+        }
+        v.push(("avgpool".into(), &self.avgpool));
+        v.push(("fc".into(), &self.fc));
+        v
+    }
+
+    fn layers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        let mut v: Vec<(String, &mut dyn Layer)> = vec![
+            ("conv1".into(), &mut self.conv1),
+            ("bn1".into(), &mut self.bn1),
+            ("relu".into(), &mut self.relu),
+        ];
+        if let Some(m) = &mut self.maxpool {
+            v.push(("maxpool".into(), m));
+        }
+        for (name, s) in STAGE_NAMES.iter().zip(self.stages.iter_mut()) {
+            v.push((name.to_string(), s));
+        }
+        v.push(("avgpool".into(), &mut self.avgpool));
+        v.push(("fc".into(), &mut self.fc));
+        v
+    }
+
+    layer_casts!();
+}

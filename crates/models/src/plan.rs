@@ -1,0 +1,310 @@
+//! The training memory plan: what one training step needs at batch size `B`, and the largest
+//! `B` that fits a device.
+//!
+//! torchinfo's "Forward/backward pass size" is a rough proxy (twice the outputs of layers with
+//! parameters). A step's peak is reached during backward, when all of these are alive at once:
+//! - parameters and buffers;
+//! - gradients of the trainable parameters (accumulated as backward reaches each layer, all of
+//!   them at the end);
+//! - optimizer state from earlier steps: none for SGD, one buffer per trainable parameter for
+//!   SGD with momentum, two for Adam/AdamW (`exp_avg`, `exp_avg_sq`);
+//! - the activations saved for backward, from a shape-only trace: each leaf layer names what its
+//!   backward reads (`Tracer::save`), a tensor kept by two ops counts once, and frozen layers
+//!   keep nothing for their weight gradient. Traces at batch 1 and 2 split this into a
+//!   per-sample part and a batch-independent part (BatchNorm statistics);
+//! - the input batch, and the gradients in flight at the layer being differentiated: its output
+//!   gradient, one temporary of that size (ReLU's mask, for instance) and its input gradient.
+//!
+//! These are not all at their largest at once: backward meets the layers in reverse, producing
+//! each layer's weight gradients and freeing what it saved as it goes. The plan replays the
+//! forward pass (what is saved so far, plus each call's input, output and one temporary: for
+//! frozen layers, which save nothing, that is the peak) and then backward over the traced
+//! leaf-layer calls, takes the largest moment, and compares it with the optimizer step (all
+//! gradients alive, activations freed);
+//! - or, once backward is done and the activations are freed, the optimizer step's workspace:
+//!   kiln's in-place updates compute their result out of place before writing it back, so the
+//!   step briefly holds two temporaries the size of the largest trainable parameter; for
+//!   weight-heavy models at small batches (ResNet's 512x512x3x3 convolutions) this is the peak;
+//! - allocator overhead: the caching allocator rounds blocks up and keeps freed blocks cached,
+//!   so the device must hold more than the tensors do; modelled as a fraction of everything
+//!   above (`allocator_overhead`, 10% by default). `peak_allocated_bytes` (without it) is
+//!   what the caching allocator's `max_memory_allocated` reports; `tests/memory_plan.rs`
+//!   checks the two agree within 10% on real CPU training steps.
+
+use crate::error::Error;
+use crate::trace::Tracer;
+use crate::{Layer, Result};
+use kiln_autograd::DType;
+use std::fmt;
+use std::str::FromStr;
+
+/// The optimizer whose state the plan reserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// Plain SGD: no state.
+    Sgd,
+    /// SGD with momentum: one momentum buffer per parameter.
+    SgdMomentum,
+    /// Adam: `exp_avg` and `exp_avg_sq` per parameter.
+    Adam,
+    /// AdamW: as Adam.
+    AdamW,
+}
+
+impl OptimizerKind {
+    /// State buffers kept per trainable parameter element.
+    pub fn state_buffers(self) -> usize {
+        match self {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::SgdMomentum => 1,
+            OptimizerKind::Adam | OptimizerKind::AdamW => 2,
+        }
+    }
+}
+
+impl FromStr for OptimizerKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "sgd" => OptimizerKind::Sgd,
+            "sgd-momentum" | "momentum" => OptimizerKind::SgdMomentum,
+            "adam" => OptimizerKind::Adam,
+            "adamw" => OptimizerKind::AdamW,
+            other => {
+                return Err(crate::error::config_err(
+                    "optimizer",
+                    format!("unknown optimizer {other:?}; use sgd, sgd-momentum, adam or adamw"),
+                ))
+            }
+        })
+    }
+}
+
+/// Memory needed by a training step, split by what holds it. Bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPlan {
+    /// The optimizer planned for.
+    pub optimizer: OptimizerKind,
+    /// All parameters.
+    pub param_bytes: usize,
+    /// Buffers (BatchNorm running statistics, ...).
+    pub buffer_bytes: usize,
+    /// Gradients of the trainable parameters.
+    pub grad_bytes: usize,
+    /// Optimizer state.
+    pub optimizer_state_bytes: usize,
+    /// Activations saved for backward, per sample.
+    pub saved_activation_bytes_per_sample: usize,
+    /// Activations saved for backward that do not grow with the batch.
+    pub saved_activation_bytes_fixed: usize,
+    /// The input, per sample.
+    pub input_bytes_per_sample: usize,
+    /// Gradients in flight during backward at the largest layer, per sample.
+    pub gradient_in_flight_bytes_per_sample: usize,
+    /// Temporaries of the optimizer step (twice the largest trainable parameter).
+    pub optimizer_step_workspace_bytes: usize,
+    /// Fraction added for allocator rounding and caching.
+    pub allocator_overhead: f64,
+    /// Live bytes beyond parameters, buffers and optimizer state at each moment of backward,
+    /// as `(per_sample, fixed)` (bytes are linear in the batch size).
+    timeline: Vec<(i64, i64)>,
+}
+
+impl MemoryPlan {
+    /// Bytes alive through the whole step: parameters, buffers, gradients, optimizer state.
+    pub fn fixed_bytes(&self) -> usize {
+        self.param_bytes + self.buffer_bytes + self.grad_bytes + self.optimizer_state_bytes
+    }
+
+    /// Bytes per sample of the batch (before allocator overhead).
+    pub fn per_sample_bytes(&self) -> usize {
+        self.saved_activation_bytes_per_sample
+            + self.input_bytes_per_sample
+            + self.gradient_in_flight_bytes_per_sample
+    }
+
+    /// Predicted peak of bytes handed to tensors during one training step at `batch_size`
+    /// (what `max_memory_allocated` measures).
+    pub fn peak_allocated_bytes(&self, batch_size: usize) -> usize {
+        let b = batch_size as i64;
+        let backward = self
+            .timeline
+            .iter()
+            .map(|&(per, fixed)| (fixed + per * b).max(0) as usize)
+            .max()
+            .unwrap_or(0);
+        let step = self.grad_bytes + self.optimizer_step_workspace_bytes;
+        self.param_bytes
+            + self.buffer_bytes
+            + self.optimizer_state_bytes
+            + batch_size * self.input_bytes_per_sample
+            + backward.max(step)
+    }
+
+    /// Predicted peak the device must provide: [`Self::peak_allocated_bytes`] plus the
+    /// allocator overhead (rounding, cached blocks, fragmentation).
+    pub fn peak_bytes(&self, batch_size: usize) -> usize {
+        let raw = self.peak_allocated_bytes(batch_size);
+        (raw as f64 * (1.0 + self.allocator_overhead)).ceil() as usize
+    }
+
+    /// The largest batch whose predicted peak fits in `device_memory_bytes`.
+    pub fn max_batch_size(&self, device_memory_bytes: usize) -> Result<usize> {
+        if (self.peak_bytes(1) as f64) > device_memory_bytes as f64 {
+            return Err(Error::Memory(format!(
+                "{device_memory_bytes} bytes cannot hold even one sample: parameters, gradients \
+                 and {:?} state need {} bytes and one sample {} more (plus {:.0}% allocator \
+                 overhead); freeze layers, choose an optimizer with less state, or use a smaller \
+                 model",
+                self.optimizer,
+                self.fixed_bytes(),
+                self.per_sample_bytes(),
+                self.allocator_overhead * 100.0
+            )));
+        }
+        // The peak grows with the batch: find a batch that does not fit, then bisect.
+        let (mut lo, mut hi) = (1usize, 2usize);
+        while self.peak_bytes(hi) <= device_memory_bytes {
+            lo = hi;
+            hi *= 2;
+        }
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.peak_bytes(mid) <= device_memory_bytes {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+}
+
+/// Plans a training step of `model` on inputs of one sample's shape `sample_shape` (without the
+/// batch dim) and `dtype`, with `optimizer`.
+pub fn plan(
+    model: &dyn Layer,
+    sample_shape: &[usize],
+    dtype: DType,
+    optimizer: OptimizerKind,
+) -> Result<MemoryPlan> {
+    let trainable: usize = model
+        .parameters()
+        .iter()
+        .filter(|p| p.requires_grad())
+        .map(|p| p.numel() * p.dtype().size_in_bytes())
+        .sum();
+    // Live bytes at each leaf call of the forward pass (saved so far, input, output), then at
+    // each one backward runs through, last first (saved still alive, gradients so far,
+    // gradients in flight); and the largest in-flight figure.
+    let trace_at = |batch: usize| -> Result<(usize, Vec<i64>, usize)> {
+        let mut shape = vec![batch];
+        shape.extend_from_slice(sample_shape);
+        let mut t = Tracer::new();
+        let x = t.input(&shape, dtype);
+        t.call("", model, &x)?;
+        let events = t.events();
+        let leaf_grads: usize = events.iter().map(|e| e.grad_bytes).sum();
+        let mut grads = trainable.saturating_sub(leaf_grads);
+        let mut live = Vec::with_capacity(events.len());
+        let mut largest_in_flight = 0;
+        for (i, e) in events.iter().enumerate() {
+            // Forward: what is saved so far, the call's input, its output and one temporary
+            // (Linear's matmul result before the bias is added).
+            live.push((t.saved_bytes_alive_at(i) + e.input_bytes + 2 * e.output_bytes) as i64);
+        }
+        for (i, e) in events.iter().enumerate().rev() {
+            if !e.recorded {
+                continue;
+            }
+            grads += e.grad_bytes;
+            let in_flight = 2 * e.output_bytes + e.input_bytes;
+            largest_in_flight = largest_in_flight.max(in_flight);
+            live.push((t.saved_bytes_alive_at(i) + grads + in_flight) as i64);
+        }
+        Ok((t.saved_bytes(), live, largest_in_flight))
+    };
+    let (saved1, live1, in_flight1) = trace_at(1)?;
+    let (saved2, live2, _) = trace_at(2)?;
+    let timeline = live1
+        .iter()
+        .zip(&live2)
+        .map(|(&a, &b)| (b - a, 2 * a - b))
+        .collect();
+    let per_sample = saved2.saturating_sub(saved1);
+    let fixed = saved1.saturating_sub(per_sample);
+    let (mut param_bytes, mut grad_bytes, mut largest) = (0, 0, 0);
+    for p in model.parameters() {
+        let b = p.numel() * p.dtype().size_in_bytes();
+        param_bytes += b;
+        if p.requires_grad() {
+            grad_bytes += b;
+            largest = largest.max(b);
+        }
+    }
+    let buffer_bytes = crate::LayerExt::named_buffers(model)
+        .iter()
+        .map(|(_, b)| b.numel() * b.dtype().size_in_bytes())
+        .sum();
+    Ok(MemoryPlan {
+        optimizer,
+        param_bytes,
+        buffer_bytes,
+        grad_bytes,
+        optimizer_state_bytes: grad_bytes * optimizer.state_buffers(),
+        saved_activation_bytes_per_sample: per_sample,
+        saved_activation_bytes_fixed: fixed,
+        input_bytes_per_sample: sample_shape.iter().product::<usize>() * dtype.size_in_bytes(),
+        gradient_in_flight_bytes_per_sample: in_flight1,
+        optimizer_step_workspace_bytes: 2 * largest,
+        allocator_overhead: 0.10,
+        timeline,
+    })
+}
+
+/// The largest batch of `sample_shape` inputs a training step of `model` with `optimizer` fits
+/// in `device_memory_bytes`, by the plan above.
+pub fn max_batch_size(
+    model: &dyn Layer,
+    sample_shape: &[usize],
+    optimizer: OptimizerKind,
+    device_memory_bytes: usize,
+) -> Result<usize> {
+    plan(model, sample_shape, DType::F32, optimizer)?.max_batch_size(device_memory_bytes)
+}
+
+impl fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mb = |b: usize| b as f64 / 1e6;
+        writeln!(f, "Training memory plan ({:?})", self.optimizer)?;
+        writeln!(f, "Parameters (MB): {:.2}", mb(self.param_bytes))?;
+        writeln!(f, "Buffers (MB): {:.2}", mb(self.buffer_bytes))?;
+        writeln!(f, "Gradients (MB): {:.2}", mb(self.grad_bytes))?;
+        writeln!(
+            f,
+            "Optimizer state (MB): {:.2}",
+            mb(self.optimizer_state_bytes)
+        )?;
+        writeln!(
+            f,
+            "Saved activations per sample (MB): {:.2} (+ {:.2} fixed)",
+            mb(self.saved_activation_bytes_per_sample),
+            mb(self.saved_activation_bytes_fixed)
+        )?;
+        writeln!(
+            f,
+            "Input + gradients in flight per sample (MB): {:.2}",
+            mb(self.input_bytes_per_sample + self.gradient_in_flight_bytes_per_sample)
+        )?;
+        writeln!(
+            f,
+            "Optimizer step workspace (MB): {:.2}",
+            mb(self.optimizer_step_workspace_bytes)
+        )?;
+        write!(
+            f,
+            "Allocator overhead: {:.0}%",
+            self.allocator_overhead * 100.0
+        )
+    }
+}

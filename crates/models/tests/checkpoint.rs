@@ -1,0 +1,288 @@
+//! safetensors checkpoints: round trips, strict and non-strict loads, files written by PyTorch,
+//! and kiln files loaded by torchvision.
+
+use kiln_autograd::{manual_seed, Module, Tensor};
+use kiln_models::layers::Sequential;
+use kiln_models::layers::{BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU};
+use kiln_models::models::{mlp, BlockKind, ResNet, ResNetConfig};
+use kiln_models::{load_safetensors, save_safetensors, Error, Layer, LayerExt};
+use std::path::PathBuf;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-models-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// torchvision's `ResNet(BasicBlock, [1, 1, 1, 1], num_classes)`.
+fn tiny_resnet(num_classes: usize) -> ResNet {
+    ResNet::new(ResNetConfig {
+        block: BlockKind::Basic,
+        layers: [1, 1, 1, 1],
+        num_classes,
+        small_input: false,
+    })
+    .unwrap()
+}
+
+fn values(m: &dyn Layer) -> Vec<(String, Vec<f64>)> {
+    m.state_dict()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_vec_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn round_trip_restores_parameters_and_buffers() {
+    manual_seed(1);
+    let a = tiny_resnet(10);
+    {
+        let _g = kiln_autograd::NoGradGuard::new();
+        let (_, nbt) = a
+            .named_buffers()
+            .into_iter()
+            .find(|(n, _)| n.ends_with("num_batches_tracked"))
+            .unwrap();
+        nbt.fill_(7.0).unwrap();
+    }
+    let path = tmp("resnet18.safetensors");
+    save_safetensors(&a, &path).unwrap();
+    manual_seed(2);
+    let b = tiny_resnet(10);
+    assert_ne!(values(&a), values(&b));
+    let report = load_safetensors(&b, &path, true).unwrap();
+    assert!(report.is_exact());
+    assert_eq!(report.loaded.len(), a.state_dict().len());
+    assert_eq!(report.loaded.len(), 38 + 36);
+    assert_eq!(values(&a), values(&b));
+    // No temporary file is left beside the checkpoint; overwriting works.
+    save_safetensors(&b, &path).unwrap();
+    let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty());
+}
+
+#[test]
+fn strict_load_names_missing_unexpected_and_misshaped_keys() {
+    manual_seed(3);
+    let small = mlp(&[4, 8, 2], 0.0).unwrap();
+    let path = tmp("mlp.safetensors");
+    save_safetensors(&small, &path).unwrap();
+    let other = mlp(&[4, 8, 3, 5], 0.0).unwrap();
+    let err = load_safetensors(&other, &path, true).unwrap_err();
+    assert!(matches!(err, Error::StateDict(_)));
+    let msg = err.to_string();
+    for want in [
+        "missing keys: 4.weight, 4.bias",
+        "2.weight: model has shape [3, 8], file has [2, 8]",
+        "strict = false",
+    ] {
+        assert!(msg.contains(want), "{want:?} not in {msg}");
+    }
+    // Nothing was copied by the failed strict load.
+    let before = other.named_parameters()[0].1.to_vec_f64().unwrap();
+    assert_ne!(before, small.named_parameters()[0].1.to_vec_f64().unwrap());
+    let bigger = mlp(&[4, 8], 0.0).unwrap();
+    let err = load_safetensors(&bigger, &path, true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unexpected keys: 2.bias, 2.weight"), "{err}");
+}
+
+#[test]
+fn non_strict_loads_a_backbone_into_a_model_with_a_new_head() {
+    manual_seed(4);
+    let pretrained = ResNet::new(ResNetConfig {
+        block: BlockKind::Basic,
+        layers: [1, 1, 1, 1],
+        num_classes: 1000,
+        small_input: false,
+    })
+    .unwrap();
+    let path = tmp("backbone.safetensors");
+    save_safetensors(&pretrained, &path).unwrap();
+    let finetune = ResNet::new(ResNetConfig {
+        num_classes: 7,
+        ..pretrained.config
+    })
+    .unwrap();
+    let report = load_safetensors(&finetune, &path, false).unwrap();
+    assert_eq!(
+        report.mismatched,
+        vec![
+            ("fc.weight".to_string(), vec![7, 512], vec![1000, 512]),
+            ("fc.bias".to_string(), vec![7], vec![1000]),
+        ]
+    );
+    assert!(report.missing.is_empty() && report.unexpected.is_empty());
+    let (p, f) = (values(&pretrained), values(&finetune));
+    for ((n, a), (_, b)) in p.iter().zip(&f) {
+        assert_eq!(a == b, !n.starts_with("fc."), "{n}");
+    }
+}
+
+/// The layers of `small_convnet` in gen_fixtures.py, as an nn.Sequential.
+fn small_convnet() -> Sequential {
+    Sequential::new()
+        .push(Conv2d::new(3, 4, 3, Conv2dConfig::default().padding(1)).unwrap())
+        .push(BatchNorm2d::new(4).unwrap())
+        .push(ReLU::new())
+        .push(MaxPool2d::new(2, 2, 0).unwrap())
+        .push(Flatten::new())
+        .push(Linear::new(16 * 4, 3, true).unwrap())
+}
+
+#[test]
+fn loads_a_file_written_by_pythons_safetensors() {
+    let m = small_convnet();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/small_convnet.safetensors"
+    );
+    let report = load_safetensors(&m, path, true).unwrap();
+    assert_eq!(report.loaded.len(), 9);
+    let (file, _) = kiln_models::checkpoint::load_tensors(path).unwrap();
+    let get = |k: &str| file.iter().find(|(n, _)| n == k).unwrap().1.clone();
+    let nbt: Tensor = get("1.num_batches_tracked");
+    assert_eq!(nbt.dtype(), kiln_autograd::DType::I64);
+    assert_eq!(nbt.to_vec::<i64>().unwrap(), vec![3]);
+    for (name, t) in m.state_dict() {
+        assert_eq!(
+            t.to_vec_f64().unwrap(),
+            get(&name).to_vec_f64().unwrap(),
+            "{name}"
+        );
+    }
+}
+
+fn python_with_torchvision() -> Result<String, String> {
+    let candidates = [
+        std::env::var("KILN_TORCH_PYTHON").ok(),
+        Some("/work/venv-torch/bin/python".into()),
+        Some("python3".into()),
+    ];
+    for py in candidates.into_iter().flatten() {
+        let ok = std::process::Command::new(&py)
+            .args(["-c", "import torch, torchvision, safetensors"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            return Ok(py);
+        }
+    }
+    Err("no Python with torch, torchvision and safetensors (set KILN_TORCH_PYTHON)".into())
+}
+
+#[test]
+fn torchvision_loads_kiln_checkpoints_with_strict_true_and_agrees_on_logits() {
+    let py = match python_with_torchvision() {
+        Ok(py) => py,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    manual_seed(5);
+    let mut m = tiny_resnet(10);
+    // Train-mode forwards move the BatchNorm statistics away from their initial values.
+    for _ in 0..2 {
+        m.forward(
+            &Tensor::randn(
+                &[4, 3, 32, 32],
+                kiln_autograd::DType::F32,
+                kiln_autograd::Device::Cpu,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    }
+    let path = tmp("for_torchvision.safetensors");
+    save_safetensors(&m, &path).unwrap();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/load_in_torchvision.py"
+    );
+    let out = std::process::Command::new(&py)
+        .args([script, path.to_str().unwrap(), "1,1,1,1", "10", "2,3,32,32"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("strict=True"), "{stdout}");
+    let torch_logits: Vec<f32> = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    m.eval();
+    let n = 2 * 3 * 32 * 32;
+    let x: Vec<f32> = (0..n).map(|i| (0.37 * i as f64).cos() as f32).collect();
+    let x = Tensor::from_vec(x, &[2, 3, 32, 32], kiln_autograd::Device::Cpu).unwrap();
+    let kiln_logits = m.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(kiln_logits.len(), torch_logits.len());
+    for (k, t) in kiln_logits.iter().zip(&torch_logits) {
+        assert!(
+            (k - t).abs() <= 1e-4 * t.abs().max(1.0),
+            "kiln {k} vs torchvision {t}"
+        );
+    }
+}
+
+#[test]
+fn training_checkpoints_carry_optimizer_tensors_and_scheduler_state() {
+    use kiln_models::checkpoint::{
+        load_training_checkpoint, save_training_checkpoint, TrainingState,
+    };
+    manual_seed(6);
+    let a = mlp(&[4, 8, 2], 0.0).unwrap();
+    let exp_avg: Vec<(String, Tensor)> = a
+        .named_parameters()
+        .into_iter()
+        .map(|(n, p)| {
+            (
+                format!("state.{n}.exp_avg"),
+                p.mul_scalar(0.5).unwrap().detach(),
+            )
+        })
+        .collect();
+    let mut metadata = std::collections::HashMap::new();
+    metadata.insert(
+        "scheduler".to_string(),
+        r#"{"last_epoch":3,"base_lrs":[0.1]}"#.to_string(),
+    );
+    metadata.insert("epoch".to_string(), "3".to_string());
+    let state = TrainingState {
+        optimizer_tensors: exp_avg.clone(),
+        metadata: metadata.clone(),
+    };
+    let path = tmp("train.safetensors");
+    save_training_checkpoint(&a, &state, &path).unwrap();
+    manual_seed(7);
+    let b = mlp(&[4, 8, 2], 0.0).unwrap();
+    let (report, back) = load_training_checkpoint(&b, &path, true).unwrap();
+    assert!(report.is_exact());
+    assert_eq!(values(&a), values(&b));
+    assert_eq!(back.metadata, metadata);
+    let mut want: Vec<(String, Vec<f64>)> = exp_avg
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_vec_f64().unwrap()))
+        .collect();
+    want.sort_by(|x, y| x.0.cmp(&y.0));
+    let got: Vec<(String, Vec<f64>)> = back
+        .optimizer_tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_vec_f64().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+    // A plain model file is not a training checkpoint.
+    save_safetensors(&a, tmp("plain.safetensors")).unwrap();
+    let err = load_training_checkpoint(&b, tmp("plain.safetensors"), true).unwrap_err();
+    assert!(
+        err.to_string().contains("not a kiln training checkpoint"),
+        "{err}"
+    );
+}

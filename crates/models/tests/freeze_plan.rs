@@ -1,0 +1,87 @@
+//! Freezing by name, and the training memory plan.
+
+use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
+use kiln_models::models::{mlp, resnet18};
+use kiln_models::{max_batch_size, plan, summary, Error, Freeze, Layer, OptimizerKind};
+
+#[test]
+fn a_frozen_backbone_gets_no_gradient() {
+    manual_seed(2);
+    let m = mlp(&[4, 8, 8, 2], 0.0).unwrap();
+    assert_eq!(m.freeze(|n| !n.starts_with("4.")).unwrap(), 4);
+    let trainable: Vec<String> = m
+        .trainable_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(trainable, ["4.weight", "4.bias"]);
+    let x = Tensor::randn(&[5, 4], DType::F32, Device::Cpu).unwrap();
+    m.forward(&x)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    for (name, p) in m.named_parameters() {
+        assert_eq!(p.grad().is_some(), name.starts_with("4."), "{name}");
+    }
+    // Summary shows the frozen part as non-trainable.
+    let s = summary(&m, &[5, 4]).unwrap();
+    assert_eq!(s.total_params, 4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2);
+    assert_eq!(s.trainable_params, 8 * 2 + 2);
+    assert_eq!(s.non_trainable_params, s.total_params - 18);
+    assert!(s.to_string().contains("(40)"), "{s}");
+    assert_eq!(m.unfreeze(|n| n.starts_with("0.")).unwrap(), 2);
+    assert_eq!(m.trainable_parameters().len(), 4);
+}
+
+#[test]
+fn saved_activations_are_counted_once_and_shrink_when_frozen() {
+    manual_seed(2);
+    // Linear(4, 8) keeps its input (16 B/sample) for the weight gradient; ReLU keeps its output
+    // (32 B), which the second Linear keeps too: counted once. 48 B per sample.
+    let m = mlp(&[4, 8, 2], 0.0).unwrap();
+    let p = plan(&m, &[4], DType::F32, OptimizerKind::Adam).unwrap();
+    assert_eq!(p.saved_activation_bytes_per_sample, 48);
+    assert_eq!(p.saved_activation_bytes_fixed, 0);
+    assert_eq!(p.param_bytes, (4 * 8 + 8 + 8 * 2 + 2) * 4);
+    assert_eq!(p.grad_bytes, p.param_bytes);
+    assert_eq!(p.optimizer_state_bytes, 2 * p.param_bytes);
+    // Frozen first layer: nothing upstream needs a gradient, so only the second Linear's input.
+    m.freeze(|n| n.starts_with("0.")).unwrap();
+    let f = plan(&m, &[4], DType::F32, OptimizerKind::Adam).unwrap();
+    assert_eq!(f.saved_activation_bytes_per_sample, 32);
+    assert_eq!(f.grad_bytes, (8 * 2 + 2) * 4);
+    assert_eq!(f.optimizer_state_bytes, 2 * f.grad_bytes);
+}
+
+#[test]
+fn resnet18_plan_and_max_batch_size() {
+    manual_seed(0);
+    let m = resnet18(1000).unwrap();
+    let sgd = plan(&m, &[3, 224, 224], DType::F32, OptimizerKind::Sgd).unwrap();
+    let adamw = plan(&m, &[3, 224, 224], DType::F32, OptimizerKind::AdamW).unwrap();
+    println!("{sgd}\n{adamw}");
+    assert_eq!(sgd.param_bytes, 11_689_512 * 4);
+    assert_eq!(adamw.optimizer_state_bytes, 2 * 11_689_512 * 4);
+    // Per sample: the input (0.60 MB), the stem's conv output and ReLU output (3.21 MB each),
+    // the max-pool indices (1.61 MB), then per stage the conv inputs, BN inputs and ReLU outputs
+    // (each counted once): 22.18 MB.
+    let per = adamw.saved_activation_bytes_per_sample as f64 / 1e6;
+    assert!((22.1..22.3).contains(&per), "{per} MB");
+    // BatchNorm keeps a mean and inverse std per channel whatever the batch.
+    let bn_channels = 64 + 4 * (64 + 128 + 256 + 512) + 128 + 256 + 512;
+    assert_eq!(adamw.saved_activation_bytes_fixed, bn_channels * 2 * 4);
+    let gib = 1usize << 30;
+    let b = max_batch_size(&m, &[3, 224, 224], OptimizerKind::AdamW, 8 * gib).unwrap();
+    assert!(adamw.peak_bytes(b) <= 8 * gib && adamw.peak_bytes(b + 1) > 8 * gib);
+    let b_sgd = max_batch_size(&m, &[3, 224, 224], OptimizerKind::Sgd, 8 * gib).unwrap();
+    assert!(b_sgd >= b);
+    let err = max_batch_size(&m, &[3, 224, 224], OptimizerKind::AdamW, 100_000_000).unwrap_err();
+    assert!(matches!(err, Error::Memory(_)));
+    assert!(
+        err.to_string().contains("cannot hold even one sample"),
+        "{err}"
+    );
+    assert_eq!(m.type_name(), "ResNet");
+}

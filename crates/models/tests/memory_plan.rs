@@ -1,0 +1,77 @@
+//! The memory plan against the caching allocator: real CPU training steps at two batch sizes,
+//! predicted peak vs `max_memory_allocated`. Its own test binary (one test) because the CPU
+//! allocator is process-wide and other tests would move its peak.
+
+use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
+use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
+use kiln_models::models::mlp;
+use kiln_models::{plan, Freeze, Layer, OptimizerKind};
+
+/// One SGD-with-momentum step (momentum buffers allocated by the caller), as an optimizer does.
+fn step(model: &dyn Layer, momentum: &[Tensor], x: &Tensor) {
+    let loss = model
+        .forward(x)
+        .unwrap()
+        .square()
+        .unwrap()
+        .mean_all()
+        .unwrap();
+    loss.backward().unwrap();
+    let _g = kiln_autograd::NoGradGuard::new();
+    for (p, m) in model.parameters().iter().zip(momentum) {
+        let Some(g) = p.grad() else { continue };
+        m.mul_scalar_(0.9).unwrap();
+        m.add_(&g).unwrap();
+        p.add_scaled_(m, -0.01).unwrap();
+    }
+}
+
+#[test]
+fn predicted_peak_is_within_ten_percent_of_max_memory_allocated() {
+    manual_seed(0);
+    let cpu = Device::Cpu;
+    let base = memory_allocated(cpu).unwrap();
+    let model = mlp(&[128, 512, 512, 10], 0.0).unwrap();
+    let momentum: Vec<Tensor> = model
+        .parameters()
+        .iter()
+        .map(|p| p.zeros_like().unwrap())
+        .collect();
+    let p = plan(&model, &[128], DType::F32, OptimizerKind::SgdMomentum).unwrap();
+    for batch in [256usize, 2048] {
+        let x = Tensor::randn(&[batch, 128], DType::F32, cpu).unwrap();
+        step(&model, &momentum, &x); // gradients exist from here on, as in steady state
+        model.zero_grad(true).unwrap();
+        reset_peak_memory_stats(cpu).unwrap();
+        step(&model, &momentum, &x);
+        let measured = max_memory_allocated(cpu).unwrap() - base;
+        let predicted = p.peak_allocated_bytes(batch);
+        let ratio = predicted as f64 / measured as f64;
+        println!("batch {batch}: predicted {predicted} B, max_memory_allocated {measured} B, ratio {ratio:.3}");
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "batch {batch}: ratio {ratio:.3}"
+        );
+        model.zero_grad(true).unwrap();
+    }
+
+    // Freezing the backbone: the measured peak drops, and the plan still predicts it.
+    let batch = 2048;
+    let x = Tensor::randn(&[batch, 128], DType::F32, cpu).unwrap();
+    reset_peak_memory_stats(cpu).unwrap();
+    step(&model, &momentum, &x);
+    let full = max_memory_allocated(cpu).unwrap() - base;
+    model.zero_grad(true).unwrap();
+    model.freeze(|n| !n.starts_with("4.")).unwrap();
+    let frozen_plan = plan(&model, &[128], DType::F32, OptimizerKind::SgdMomentum).unwrap();
+    step(&model, &momentum, &x);
+    model.zero_grad(true).unwrap();
+    reset_peak_memory_stats(cpu).unwrap();
+    step(&model, &momentum, &x);
+    let frozen = max_memory_allocated(cpu).unwrap() - base;
+    let drop = 100.0 * (1.0 - frozen as f64 / full as f64);
+    let ratio = frozen_plan.peak_allocated_bytes(batch) as f64 / frozen as f64;
+    println!("frozen backbone at batch {batch}: peak {full} B -> {frozen} B ({drop:.1}% less); plan ratio {ratio:.3}");
+    assert!(drop > 30.0, "{drop}");
+    assert!((0.9..=1.1).contains(&ratio), "frozen: ratio {ratio:.3}");
+}
