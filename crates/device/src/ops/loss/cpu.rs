@@ -296,7 +296,7 @@ fn run_typed<T: KernelFloat + crate::Element>(
     target: &CpuStorage,
     target_layout: &Layout,
     weight: Option<(&CpuStorage, &Layout)>,
-) -> Result<(Vec<T>, Option<Vec<T>>, f64)> {
+) -> Result<(HostBuffer<T>, Option<HostBuffer<T>>, f64)> {
     let x = dense::<T>(logits, layout)?;
     let w = weight.map(|(s, l)| dense::<T>(s, l)).transpose()?;
     let index_targets;
@@ -321,15 +321,19 @@ fn run_typed<T: KernelFloat + crate::Element>(
             Targets::Probabilities(&prob_targets)
         }
     };
-    let mut losses = vec![T::ZERO; spec.shape.positions()];
-    let mut grad = spec.with_grad.then(|| vec![T::ZERO; spec.shape.logits()]);
+    // Outputs are written in place into blocks of the CPU allocator.
+    let mut losses = HostBuffer::filled(spec.shape.positions(), T::ZERO)?;
+    let mut grad = match spec.with_grad {
+        true => Some(HostBuffer::filled(spec.shape.logits(), T::ZERO)?),
+        false => None,
+    };
     let total = softmax_cross_entropy(
         spec,
         &x,
         targets,
         w.as_deref(),
         &mut losses,
-        grad.as_deref_mut(),
+        grad.as_mut().map(HostBuffer::as_mut_slice),
     )?;
     Ok((losses, grad, total))
 }
@@ -349,17 +353,20 @@ pub fn softmax_cross_entropy_storage(
         DType::F64 => {
             let (l, g, t) = run_typed::<f64>(spec, logits, layout, target, target_layout, weight)?;
             Ok(CrossEntropyOutput {
-                losses: CpuStorage::from_vec(l),
-                grad: g.map(CpuStorage::from_vec),
+                losses: CpuStorage::F64(l),
+                grad: g.map(CpuStorage::F64),
                 total_weight: t,
             })
         }
         DType::F32 | DType::F16 | DType::BF16 => {
             let (l, g, t) = run_typed::<f32>(spec, logits, layout, target, target_layout, weight)?;
             // 16-bit logits: the outputs go back to the logits' dtype, rounded once.
-            let back = |v: Vec<f32>| {
+            let back = |v: HostBuffer<f32>| {
                 let n = v.len();
-                CpuStorage::from_vec(v).to_dtype(&Layout::contiguous(&[n]), dtype)
+                match dtype {
+                    DType::F32 => Ok(CpuStorage::F32(v)),
+                    _ => CpuStorage::F32(v).to_dtype(&Layout::contiguous(&[n]), dtype),
+                }
             };
             Ok(CrossEntropyOutput {
                 losses: back(l)?,
