@@ -20,8 +20,8 @@
 //! - not counted (system allocator): `gemm`'s internal packing buffers, and small per-op
 //!   bookkeeping (layouts, per-batch offsets, index coordinates, per-column or per-class `f64`
 //!   accumulators in norm and loss kernels, index-frequency counts), all far smaller than the
-//!   tensors involved; the cross-entropy kernel's contiguous copy of non-dense or 16-bit
-//!   logits (a `Vec`); plus whatever the caller itself allocates.
+//!   tensors involved; the cross-entropy kernel's class-index targets converted to `i64` (a
+//!   `Vec`); plus whatever the caller itself allocates.
 
 use super::cpu_nn::{self, HostElement};
 use super::host::HostBuffer;

@@ -9,7 +9,6 @@
 
 use rayon::prelude::*;
 use std::any::Any;
-use std::borrow::Cow;
 
 use super::{
     check_spec, check_targets, CrossEntropyOutput, CrossEntropyShape, CrossEntropySpec, TargetKind,
@@ -266,26 +265,45 @@ impl<T: KernelFloat> Block<'_, T> {
     }
 }
 
-/// The elements of `layout` borrowed in place when the storage holds `T` and the view is
-/// dense (the common case: no copy of the logits), else converted to a contiguous `Vec<T>`.
-fn dense<'a, T: KernelFloat + crate::Element>(
-    storage: &'a CpuStorage,
-    layout: &Layout,
-) -> Result<Cow<'a, [T]>> {
-    let buffer: Option<&HostBuffer<T>> = match storage {
+/// The `T` buffer of a storage, if it holds `T`.
+fn buffer_of<T: Copy + 'static>(storage: &CpuStorage) -> Option<&HostBuffer<T>> {
+    match storage {
         CpuStorage::F32(b) => (b as &dyn Any).downcast_ref(),
         CpuStorage::F64(b) => (b as &dyn Any).downcast_ref(),
         _ => None,
-    };
-    if let (Some(b), Some(offset)) = (buffer, layout.contiguous_offset()) {
-        return Ok(Cow::Borrowed(
+    }
+}
+
+/// An operand as a dense slice of `T`: borrowed in place, or a contiguous `T` copy (a block of
+/// the CPU allocator).
+enum Dense<'a, T> {
+    Borrowed(&'a [T]),
+    Converted(CpuStorage),
+}
+
+impl<T: Copy + 'static> std::ops::Deref for Dense<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Dense::Borrowed(s) => s,
+            Dense::Converted(c) => buffer_of::<T>(c).expect("converted to T").as_slice(),
+        }
+    }
+}
+
+/// The elements of `layout` borrowed in place when the storage holds `T` and the view is
+/// dense (the common case: no copy of the logits), else converted to a contiguous `T` storage.
+fn dense<'a, T: KernelFloat + crate::Element>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+) -> Result<Dense<'a, T>> {
+    if let (Some(b), Some(offset)) = (buffer_of::<T>(storage), layout.contiguous_offset()) {
+        return Ok(Dense::Borrowed(
             &b.as_slice()[offset..offset + layout.numel()],
         ));
     }
     let converted = storage.to_dtype(layout, T::DTYPE)?;
-    Ok(Cow::Owned(
-        converted.to_vec::<T>().expect("converted to T above"),
-    ))
+    Ok(Dense::Converted(converted))
 }
 
 /// Runs the kernel for element type `T` (the logits' dtype or, for 16-bit floats, `f32`).
