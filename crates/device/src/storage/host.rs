@@ -16,10 +16,10 @@
 //! - **Ownership.** The buffer is the only owner of its block (like a `Vec`): `Clone` allocates a
 //!   new block and copies, so it is `Send`/`Sync` exactly when `T` is.
 //! - **Allocation failure.** The `try_` constructors return the allocator's error (its
-//!   out-of-memory report). [`HostBuffer::from_vec`] keeps `Vec`'s contract instead: it is only
-//!   reached after the kernel's `Vec` of the same size was allocated, and on failure it ends the
-//!   process through `handle_alloc_error`, as the `Vec` itself would have.
-//!
+//!   out-of-memory report); op outputs use them, so an op that cannot get its output block
+//!   returns that error. [`HostBuffer::from_vec`] (user data already in a `Vec` of the same
+//!   size) and [`HostBuffer::scratch`] (kernel scratch that used to be a `Vec`) keep `Vec`'s
+//!   contract instead: on failure they end the process through `handle_alloc_error`.
 //! - **Kernel outputs** are written in place: [`HostBuffer::try_filled_with`] takes a block,
 //!   fills it with a cheap initial value (zero for outputs; a `memset`-speed pass that keeps the
 //!   slice sound without `MaybeUninit`, and gives accumulating kernels their zero start) and
