@@ -3,8 +3,27 @@
 //!
 //! Float kernels are written for `f32`/`f64`; `F16`/`BF16` inputs are widened to `f32`, computed,
 //! and rounded back once (what PyTorch's CPU kernels do for half types).
+//!
+//! **Outputs are written in place.** Every kernel takes its output as `&mut [T]`; the storage
+//! takes one block of the CPU caching allocator for it ([`HostBuffer::try_filled_with`]: zero
+//! fill, then the kernel overwrites it) and wraps that block, so an op's result costs exactly
+//! one allocator block and no `Vec` or copy. [`CpuStorage::from_vec`] (user data handed over as
+//! a `Vec`) is the one path that still copies.
+//!
+//! **What the allocator's statistics see during an op** (`memory_allocated`,
+//! `max_memory_allocated`, `memory_stats` of `Device::Cpu`):
+//! - counted: every output block; the large scratch of the kernels, which also comes from the
+//!   allocator and is freed before the op returns: dense copies of non-contiguous operands in
+//!   the nn ops (`cpu_nn`), the widened `f32` operands and `f32` results of `F16`/`BF16` ops,
+//!   conv2d's im2col columns (one per rayon task) and its per-thread partial weight gradients.
+//!   So `max_memory_allocated` is the real peak of tensor-sized memory.
+//! - not counted (system allocator): `gemm`'s internal packing buffers, and small per-op
+//!   bookkeeping (layouts, per-batch offsets, index coordinates, per-column or per-class `f64`
+//!   accumulators in norm and loss kernels, index-frequency counts), all far smaller than the
+//!   tensors involved; the cross-entropy kernel's class-index targets converted to `i64` (a
+//!   `Vec`); plus whatever the caller itself allocates.
 
-use super::cpu_nn;
+use super::cpu_nn::{self, HostElement};
 use super::host::HostBuffer;
 use crate::backend::{
     BackendStorage, BatchNormStats, BinaryOp, CmpOp, GradMask, Grads3, Pool2d, ReduceOp,
@@ -73,76 +92,52 @@ macro_rules! with_slice {
     };
 }
 
-/// Maps a generic `fn(&[T]) -> Vec<T>` over any variant, keeping the dtype.
-macro_rules! map_same {
-    ($st:expr, $s:ident => $body:expr) => {
-        match $st {
-            CpuStorage::F32(b) => {
-                let $s = b.as_slice();
-                CpuStorage::F32(HostBuffer::from_vec($body))
-            }
-            CpuStorage::F64(b) => {
-                let $s = b.as_slice();
-                CpuStorage::F64(HostBuffer::from_vec($body))
-            }
-            CpuStorage::F16(b) => {
-                let $s = b.as_slice();
-                CpuStorage::F16(HostBuffer::from_vec($body))
-            }
-            CpuStorage::BF16(b) => {
-                let $s = b.as_slice();
-                CpuStorage::BF16(HostBuffer::from_vec($body))
-            }
-            CpuStorage::I64(b) => {
-                let $s = b.as_slice();
-                CpuStorage::I64(HostBuffer::from_vec($body))
-            }
-            CpuStorage::U8(b) => {
-                let $s = b.as_slice();
-                CpuStorage::U8(HostBuffer::from_vec($body))
-            }
-            CpuStorage::Bool(b) => {
-                let $s = b.as_slice();
-                CpuStorage::Bool(HostBuffer::from_vec($body))
-            }
-        }
-    };
-}
-
-/// Builds a storage of `dtype` from a generic `Vec<T>` expression (`$T` names the element type).
+/// Runs `$body` with `$T` the element type of `$dtype`.
 macro_rules! build {
     ($dtype:expr, $T:ident => $body:expr) => {
         match $dtype {
             DType::F32 => {
                 type $T = f32;
-                CpuStorage::F32(HostBuffer::from_vec($body))
+                $body
             }
             DType::F64 => {
                 type $T = f64;
-                CpuStorage::F64(HostBuffer::from_vec($body))
+                $body
             }
             DType::F16 => {
                 type $T = f16;
-                CpuStorage::F16(HostBuffer::from_vec($body))
+                $body
             }
             DType::BF16 => {
                 type $T = bf16;
-                CpuStorage::BF16(HostBuffer::from_vec($body))
+                $body
             }
             DType::I64 => {
                 type $T = i64;
-                CpuStorage::I64(HostBuffer::from_vec($body))
+                $body
             }
             DType::U8 => {
                 type $T = u8;
-                CpuStorage::U8(HostBuffer::from_vec($body))
+                $body
             }
             DType::Bool => {
                 type $T = BoolByte;
-                CpuStorage::Bool(HostBuffer::from_vec($body))
+                $body
             }
         }
     };
+}
+
+/// A new storage of `len` elements of `T`, written in place by `write` (a kernel taking its
+/// output slice): one block of the CPU allocator, zero-filled first, no intermediate `Vec`.
+fn output<T: HostElement>(len: usize, write: impl FnOnce(&mut [T])) -> Result<CpuStorage> {
+    Ok(T::wrap(HostBuffer::try_filled_with(len, T::zero(), write)?))
+}
+
+/// A new `f32` buffer of `len` elements written by `write` (the `f32` result of a half-precision
+/// op before it is rounded back).
+fn f32_buffer(len: usize, write: impl FnOnce(&mut [f32])) -> Result<HostBuffer<f32>> {
+    HostBuffer::try_filled_with(len, 0.0, write)
 }
 
 /// `v` as `Vec<U>` when `T` and `U` are the same type.
@@ -164,7 +159,9 @@ const FLOAT_HINT: &str = "convert with to_dtype(DType::F32) first";
 impl CpuStorage {
     /// A storage owning `data`.
     pub fn from_vec<T: Element>(data: Vec<T>) -> Self {
-        build!(T::DTYPE, E => retype::<T, E>(data).expect("T::DTYPE names T's own variant"))
+        build!(T::DTYPE, E => E::wrap(HostBuffer::from_vec(
+            retype::<T, E>(data).expect("T::DTYPE names T's own variant"),
+        )))
     }
 
     /// The elements as `Vec<T>` if the dtype is `T`'s.
@@ -187,20 +184,24 @@ impl CpuStorage {
     }
 
     #[allow(clippy::unnecessary_cast)] // the macro instantiates u8 too
-    /// A storage of `dtype` from raw bytes (length a multiple of the element size).
+    /// A storage of `dtype` from raw bytes (length a multiple of the element size), copied
+    /// straight into a block of the CPU allocator. Ends the process through
+    /// `handle_alloc_error` when no block can be had, as the `Vec` it replaces would.
     pub fn from_bytes(bytes: &[u8], dtype: DType) -> Self {
         build!(dtype, E => {
             let n = bytes.len() / std::mem::size_of::<E>();
-            let mut v = vec![E::zero(); n];
-            // SAFETY: `v` has room for exactly `n * size_of::<E>()` bytes, all patterns valid for
-            // the float/int types; Bool bytes come from a Bool buffer.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, n * std::mem::size_of::<E>()) };
-            v
+            let mut buf = HostBuffer::scratch(n, E::zero());
+            // SAFETY: `buf` has room for exactly `n * size_of::<E>()` bytes, all patterns valid
+            // for the float/int types; Bool bytes come from a Bool buffer.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_slice().as_mut_ptr() as *mut u8, n * std::mem::size_of::<E>()) };
+            E::wrap(buf)
         })
     }
 
-    fn as_f32_vec(&self, layout: &Layout) -> Vec<f32> {
-        with_slice!(self, s => copy::cpu::cast::<_, f32>(s, layout))
+    /// The elements of `layout` widened to `f32`, contiguous, in a block of the CPU allocator
+    /// (the operand copy of a half-precision op computed in `f32`).
+    fn widen(&self, layout: &Layout) -> Result<HostBuffer<f32>> {
+        with_slice!(self, s => f32_buffer(layout.numel(), |out| copy::cpu::cast_into(s, layout, out)))
     }
 
     /// A byte view of a Bool or U8 storage (for conditions and masks).
@@ -221,35 +222,43 @@ impl CpuStorage {
     }
 }
 
-/// Runs a float op natively on f32/f64 and through f32 on f16/bf16.
+/// `f32` results rounded once to `F16` or `BF16`, in a new storage.
+fn round_to_half(wide: &HostBuffer<f32>, dtype: DType) -> Result<CpuStorage> {
+    let wide = wide.as_slice();
+    match dtype {
+        DType::F16 => output::<f16>(wide.len(), |out| {
+            out.iter_mut()
+                .zip(wide)
+                .for_each(|(o, &v)| *o = f16::from_f32(v))
+        }),
+        _ => output::<bf16>(wide.len(), |out| {
+            out.iter_mut()
+                .zip(wide)
+                .for_each(|(o, &v)| *o = bf16::from_f32(v))
+        }),
+    }
+}
+
+/// Runs a float op natively on f32/f64 and through f32 on f16/bf16. `$body` writes the
+/// `layout.numel()` outputs into `$out`.
 macro_rules! float_op {
-    ($self:expr, $layout:expr, $op:expr, |$s:ident, $l:ident| $body:expr) => {
+    ($self:expr, $layout:expr, $op:expr, |$s:ident, $l:ident, $out:ident| $body:expr) => {
         match $self {
             CpuStorage::F32(b) => {
                 let ($s, $l) = (b.as_slice(), $layout);
-                Ok(CpuStorage::F32(HostBuffer::from_vec($body)))
+                output::<f32>($l.numel(), |$out| $body)
             }
             CpuStorage::F64(b) => {
                 let ($s, $l) = (b.as_slice(), $layout);
-                Ok(CpuStorage::F64(HostBuffer::from_vec($body)))
+                output::<f64>($l.numel(), |$out| $body)
             }
-            CpuStorage::F16(_) => {
-                let wide = $self.as_f32_vec($layout);
+            CpuStorage::F16(_) | CpuStorage::BF16(_) => {
+                let wide = $self.widen($layout)?;
                 let cl = Layout::contiguous($layout.shape());
                 let ($s, $l) = (wide.as_slice(), &cl);
-                let r: Vec<f32> = $body;
-                Ok(CpuStorage::F16(HostBuffer::from_vec(
-                    r.into_iter().map(f16::from_f32).collect(),
-                )))
-            }
-            CpuStorage::BF16(_) => {
-                let wide = $self.as_f32_vec($layout);
-                let cl = Layout::contiguous($layout.shape());
-                let ($s, $l) = (wide.as_slice(), &cl);
-                let r: Vec<f32> = $body;
-                Ok(CpuStorage::BF16(HostBuffer::from_vec(
-                    r.into_iter().map(bf16::from_f32).collect(),
-                )))
+                let r = f32_buffer($l.numel(), |$out| $body)?;
+                drop(wide);
+                round_to_half(&r, $self.dtype())
             }
             other => Err(unsupported($op, other.dtype(), FLOAT_HINT)),
         }
@@ -302,7 +311,11 @@ impl BackendStorage for CpuStorage {
     }
 
     fn arange(_device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
-        Ok(build!(dtype, E => (0..n).map(|i| E::from_f64(start + step * i as f64)).collect()))
+        build!(dtype, E => output::<E>(n, |out| {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = E::from_f64(start + step * i as f64);
+            }
+        }))
     }
 
     fn rand_uniform(
@@ -314,7 +327,7 @@ impl BackendStorage for CpuStorage {
         offset: u64,
         dtype: DType,
     ) -> Result<Self> {
-        Ok(build!(dtype, E => random::cpu::uniform::<E>(n, low, high, seed, offset)))
+        build!(dtype, E => output::<E>(n, |out| random::cpu::uniform(out, low, high, seed, offset)))
     }
 
     fn rand_normal(
@@ -326,7 +339,7 @@ impl BackendStorage for CpuStorage {
         offset: u64,
         dtype: DType,
     ) -> Result<Self> {
-        Ok(build!(dtype, E => random::cpu::normals::<E>(n, mean, std, seed, offset)))
+        build!(dtype, E => output::<E>(n, |out| random::cpu::normals(out, mean, std, seed, offset)))
     }
 
     fn from_cpu(_device: Device, cpu: &CpuStorage) -> Result<Self> {
@@ -339,12 +352,17 @@ impl BackendStorage for CpuStorage {
 
     fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
         if let CpuStorage::I64(b) = self {
-            return elementwise::cpu::unary_int(b.as_slice(), layout, op)
-                .map(|v| CpuStorage::I64(HostBuffer::from_vec(v)))
-                .ok_or_else(|| unsupported(op.name(), DType::I64, FLOAT_HINT));
+            let mut supported = false;
+            let out = output::<i64>(layout.numel(), |out| {
+                supported = elementwise::cpu::unary_int(b.as_slice(), layout, op, out).is_some();
+            })?;
+            return match supported {
+                true => Ok(out),
+                false => Err(unsupported(op.name(), DType::I64, FLOAT_HINT)),
+            };
         }
-        float_op!(self, layout, op.name(), |s, l| {
-            elementwise::cpu::unary_float(s, l, op)
+        float_op!(self, layout, op.name(), |s, l, out| {
+            elementwise::cpu::unary_float(s, l, op, out)
         })
     }
 
@@ -355,24 +373,35 @@ impl BackendStorage for CpuStorage {
         rhs_layout: &Layout,
         op: BinaryOp,
     ) -> Result<Self> {
+        use elementwise::cpu::{binary_float, binary_int};
         same_dtype(op.name(), self, rhs)?;
+        let n = layout.numel();
         match (self, rhs) {
             (CpuStorage::I64(a), CpuStorage::I64(b)) => {
-                elementwise::cpu::binary_int(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-                    .map(|v| CpuStorage::I64(HostBuffer::from_vec(v)))
-                    .ok_or_else(|| unsupported(op.name(), DType::I64, FLOAT_HINT))
+                let mut supported = false;
+                let out = output::<i64>(n, |out| {
+                    let (a, b) = (a.as_slice(), b.as_slice());
+                    supported = binary_int(a, layout, b, rhs_layout, op, out).is_some();
+                })?;
+                match supported {
+                    true => Ok(out),
+                    false => Err(unsupported(op.name(), DType::I64, FLOAT_HINT)),
+                }
             }
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => Ok(CpuStorage::F32(HostBuffer::from_vec(
-                elementwise::cpu::binary_float(a.as_slice(), layout, b.as_slice(), rhs_layout, op),
-            ))),
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => Ok(CpuStorage::F64(HostBuffer::from_vec(
-                elementwise::cpu::binary_float(a.as_slice(), layout, b.as_slice(), rhs_layout, op),
-            ))),
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => output(n, |out| {
+                binary_float(a.as_slice(), layout, b.as_slice(), rhs_layout, op, out)
+            }),
+            (CpuStorage::F64(a), CpuStorage::F64(b)) => output(n, |out| {
+                binary_float(a.as_slice(), layout, b.as_slice(), rhs_layout, op, out)
+            }),
             (CpuStorage::F16(_), _) | (CpuStorage::BF16(_), _) => {
-                let (wa, wb) = (self.as_f32_vec(layout), rhs.as_f32_vec(rhs_layout));
+                let (wa, wb) = (self.widen(layout)?, rhs.widen(rhs_layout)?);
                 let cl = Layout::contiguous(layout.shape());
-                let r = elementwise::cpu::binary_float(&wa, &cl, &wb, &cl, op);
-                Ok(CpuStorage::F32(HostBuffer::from_vec(r)).to_dtype(&cl, self.dtype())?)
+                let r = f32_buffer(n, |out| {
+                    binary_float(wa.as_slice(), &cl, wb.as_slice(), &cl, op, out)
+                })?;
+                drop((wa, wb));
+                CpuStorage::F32(r).to_dtype(&cl, self.dtype())
             }
             (other, _) => Err(unsupported(
                 op.name(),
@@ -384,31 +413,12 @@ impl BackendStorage for CpuStorage {
 
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
         same_dtype("comparison", self, rhs)?;
-        let out = match (self, rhs) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                elementwise::cpu::compare(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-            }
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => {
-                elementwise::cpu::compare(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-            }
-            (CpuStorage::F16(a), CpuStorage::F16(b)) => {
-                elementwise::cpu::compare(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-            }
-            (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
-                elementwise::cpu::compare(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-            }
-            (CpuStorage::I64(a), CpuStorage::I64(b)) => {
-                elementwise::cpu::compare(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-            }
-            (CpuStorage::U8(a), CpuStorage::U8(b)) => {
-                elementwise::cpu::compare(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-            }
-            (CpuStorage::Bool(a), CpuStorage::Bool(b)) => {
-                elementwise::cpu::compare(a.as_slice(), layout, b.as_slice(), rhs_layout, op)
-            }
-            _ => unreachable!("dtypes checked equal above"),
-        };
-        Ok(CpuStorage::Bool(HostBuffer::from_vec(out)))
+        let rhs_layout = (rhs, rhs_layout);
+        with_slice!(self, a => output::<BoolByte>(layout.numel(), |out| {
+            let (b, lb) = rhs_layout;
+            let b = HostElement::slice(b).expect("dtypes checked equal above");
+            elementwise::cpu::compare(a, layout, b, lb, op, out)
+        }))
     }
 
     fn where_cond(
@@ -421,128 +431,94 @@ impl BackendStorage for CpuStorage {
     ) -> Result<Self> {
         same_dtype("where", on_true, on_false)?;
         let cond = (self.as_condition("where")?, layout);
-        Ok(match (on_true, on_false) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => CpuStorage::F32(HostBuffer::from_vec(
-                elementwise::cpu::where_cond(cond, (a.as_slice(), tl), (b.as_slice(), fl)),
-            )),
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => CpuStorage::F64(HostBuffer::from_vec(
-                elementwise::cpu::where_cond(cond, (a.as_slice(), tl), (b.as_slice(), fl)),
-            )),
-            (CpuStorage::F16(a), CpuStorage::F16(b)) => CpuStorage::F16(HostBuffer::from_vec(
-                elementwise::cpu::where_cond(cond, (a.as_slice(), tl), (b.as_slice(), fl)),
-            )),
-            (CpuStorage::BF16(a), CpuStorage::BF16(b)) => CpuStorage::BF16(HostBuffer::from_vec(
-                elementwise::cpu::where_cond(cond, (a.as_slice(), tl), (b.as_slice(), fl)),
-            )),
-            (CpuStorage::I64(a), CpuStorage::I64(b)) => CpuStorage::I64(HostBuffer::from_vec(
-                elementwise::cpu::where_cond(cond, (a.as_slice(), tl), (b.as_slice(), fl)),
-            )),
-            (CpuStorage::U8(a), CpuStorage::U8(b)) => CpuStorage::U8(HostBuffer::from_vec(
-                elementwise::cpu::where_cond(cond, (a.as_slice(), tl), (b.as_slice(), fl)),
-            )),
-            (CpuStorage::Bool(a), CpuStorage::Bool(b)) => CpuStorage::Bool(HostBuffer::from_vec(
-                elementwise::cpu::where_cond(cond, (a.as_slice(), tl), (b.as_slice(), fl)),
-            )),
-            _ => unreachable!("dtypes checked equal above"),
-        })
+        with_slice!(on_true, t => output(layout.numel(), |out| {
+            let f = HostElement::slice(on_false).expect("dtypes checked equal above");
+            elementwise::cpu::where_cond(cond, (t, tl), (f, fl), out)
+        }))
     }
 
     fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
-        use reduce::cpu::{arg_extreme, extreme, sum_float, sum_int};
-        Ok(match op {
+        use reduce::cpu::{
+            arg_extreme_into, extreme_into, reduced_len, sum_float_into, sum_int_into,
+        };
+        let n = reduced_len(layout, dims);
+        match op {
             ReduceOp::Sum => match self {
-                CpuStorage::F32(b) => {
-                    CpuStorage::F32(HostBuffer::from_vec(sum_float(b.as_slice(), layout, dims)))
+                CpuStorage::F32(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                CpuStorage::F64(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                CpuStorage::F16(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                CpuStorage::BF16(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                other => {
+                    with_slice!(other, s => output::<i64>(n, |o| sum_int_into(s, layout, dims, o)))
                 }
-                CpuStorage::F64(b) => {
-                    CpuStorage::F64(HostBuffer::from_vec(sum_float(b.as_slice(), layout, dims)))
-                }
-                CpuStorage::F16(b) => {
-                    CpuStorage::F16(HostBuffer::from_vec(sum_float(b.as_slice(), layout, dims)))
-                }
-                CpuStorage::BF16(b) => {
-                    CpuStorage::BF16(HostBuffer::from_vec(sum_float(b.as_slice(), layout, dims)))
-                }
-                other => CpuStorage::I64(HostBuffer::from_vec(
-                    with_slice!(other, s => sum_int(s, layout, dims)),
-                )),
             },
-            ReduceOp::Max => map_same!(self, s => extreme(s, layout, dims, true)),
-            ReduceOp::Min => map_same!(self, s => extreme(s, layout, dims, false)),
-            ReduceOp::ArgMax => CpuStorage::I64(HostBuffer::from_vec(
-                with_slice!(self, s => arg_extreme(s, layout, dims, true)),
-            )),
-            ReduceOp::ArgMin => CpuStorage::I64(HostBuffer::from_vec(
-                with_slice!(self, s => arg_extreme(s, layout, dims, false)),
-            )),
-        })
+            ReduceOp::Max => {
+                with_slice!(self, s => output(n, |o| extreme_into(s, layout, dims, true, o)))
+            }
+            ReduceOp::Min => {
+                with_slice!(self, s => output(n, |o| extreme_into(s, layout, dims, false, o)))
+            }
+            ReduceOp::ArgMax => {
+                with_slice!(self, s => output::<i64>(n, |o| arg_extreme_into(s, layout, dims, true, o)))
+            }
+            ReduceOp::ArgMin => {
+                with_slice!(self, s => output::<i64>(n, |o| arg_extreme_into(s, layout, dims, false, o)))
+            }
+        }
     }
 
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
+        use matmul::cpu::{matmul_into, output_len};
         same_dtype("matmul", self, rhs)?;
+        let n = output_len(layout, rhs_layout);
         match (self, rhs) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => Ok(CpuStorage::F32(HostBuffer::from_vec(
-                matmul::cpu::matmul(a.as_slice(), layout, b.as_slice(), rhs_layout),
-            ))),
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => Ok(CpuStorage::F64(HostBuffer::from_vec(
-                matmul::cpu::matmul(a.as_slice(), layout, b.as_slice(), rhs_layout),
-            ))),
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => output(n, |out| {
+                matmul_into(a.as_slice(), layout, b.as_slice(), rhs_layout, out)
+            }),
+            (CpuStorage::F64(a), CpuStorage::F64(b)) => output(n, |out| {
+                matmul_into(a.as_slice(), layout, b.as_slice(), rhs_layout, out)
+            }),
             (CpuStorage::F16(_), _) | (CpuStorage::BF16(_), _) => {
-                let (wa, wb) = (self.as_f32_vec(layout), rhs.as_f32_vec(rhs_layout));
+                let (wa, wb) = (self.widen(layout)?, rhs.widen(rhs_layout)?);
                 let (ca, cb) = (
                     Layout::contiguous(layout.shape()),
                     Layout::contiguous(rhs_layout.shape()),
                 );
-                let r = matmul::cpu::matmul(&wa, &ca, &wb, &cb);
-                let out = CpuStorage::F32(HostBuffer::from_vec(r));
-                let n = out.len();
-                out.to_dtype(&Layout::contiguous(&[n]), self.dtype())
+                let r = f32_buffer(n, |out| {
+                    matmul_into(wa.as_slice(), &ca, wb.as_slice(), &cb, out)
+                })?;
+                drop((wa, wb));
+                CpuStorage::F32(r).to_dtype(&Layout::contiguous(&[n]), self.dtype())
             }
             (other, _) => Err(unsupported("matmul", other.dtype(), FLOAT_HINT)),
         }
     }
 
     fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self> {
-        float_op!(self, layout, "softmax", |s, l| {
-            softmax::cpu::softmax_last_dim(s, l, log)
+        float_op!(self, layout, "softmax", |s, l, out| {
+            softmax::cpu::softmax_last_dim(s, l, log, out)
         })
     }
 
     fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
-        Ok(map_same!(self, s => copy::cpu::copy_contiguous(s, layout)))
+        with_slice!(self, s => output(layout.numel(), |out| {
+            copy::cpu::copy_contiguous_into(s, layout, out)
+        }))
     }
 
     fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
         same_dtype("copy", self, dst)?;
-        match (self, dst) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                copy::cpu::copy_into(a.as_slice(), layout, b.as_mut_slice(), dst_layout)
-            }
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => {
-                copy::cpu::copy_into(a.as_slice(), layout, b.as_mut_slice(), dst_layout)
-            }
-            (CpuStorage::F16(a), CpuStorage::F16(b)) => {
-                copy::cpu::copy_into(a.as_slice(), layout, b.as_mut_slice(), dst_layout)
-            }
-            (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
-                copy::cpu::copy_into(a.as_slice(), layout, b.as_mut_slice(), dst_layout)
-            }
-            (CpuStorage::I64(a), CpuStorage::I64(b)) => {
-                copy::cpu::copy_into(a.as_slice(), layout, b.as_mut_slice(), dst_layout)
-            }
-            (CpuStorage::U8(a), CpuStorage::U8(b)) => {
-                copy::cpu::copy_into(a.as_slice(), layout, b.as_mut_slice(), dst_layout)
-            }
-            (CpuStorage::Bool(a), CpuStorage::Bool(b)) => {
-                copy::cpu::copy_into(a.as_slice(), layout, b.as_mut_slice(), dst_layout)
-            }
-            _ => unreachable!("dtypes checked equal above"),
-        }
+        with_slice!(self, s => {
+            let d = HostElement::slice_mut(dst).expect("dtypes checked equal above");
+            copy::cpu::copy_into(s, layout, d, dst_layout)
+        });
         Ok(())
     }
 
     fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
-        Ok(with_slice!(self, s => build!(dtype, E => copy::cpu::cast::<_, E>(s, layout))))
+        with_slice!(self, s => build!(dtype, E => output::<E>(layout.numel(), |out| {
+            copy::cpu::cast_into(s, layout, out)
+        })))
     }
 
     fn conv2d(

@@ -9,13 +9,12 @@
 //! copy-only kernels (`index_select`, `gather`, `scatter`, `embedding` lookup) take every dtype.
 //! Every operand must have the first operand's dtype (indices: `I64`), else the error names both.
 
-use std::borrow::Cow;
-
 use super::cpu::CpuStorage;
+use super::host::HostBuffer;
 use crate::backend::{BatchNormStats, GradMask, Grads3, Pool2d, RunningStatsMut, Strided};
 use crate::dtype::{BoolByte, DType, Element};
 use crate::ops::conv::{cpu as conv, Conv2dGeometry};
-use crate::ops::copy::cpu::cast;
+use crate::ops::copy::cpu::{cast_into, copy_contiguous_into};
 use crate::ops::norm::{
     cpu as norm, Affine, BatchNormShape, LayerNormShape, NormGrads, RunningStats,
     RunningStatsUpdate, SavedStats, SavedStatsMut,
@@ -30,6 +29,8 @@ use half::{bf16, f16};
 pub(super) trait HostElement: Element {
     fn slice(s: &CpuStorage) -> Option<&[Self]>;
     fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
+    /// The storage variant holding `buf`.
+    fn wrap(buf: HostBuffer<Self>) -> CpuStorage;
 }
 
 macro_rules! host_element {
@@ -46,6 +47,9 @@ macro_rules! host_element {
                     CpuStorage::$variant(b) => Some(b.as_mut_slice()),
                     _ => None,
                 }
+            }
+            fn wrap(buf: HostBuffer<Self>) -> CpuStorage {
+                CpuStorage::$variant(buf)
             }
         }
     };
@@ -165,15 +169,52 @@ impl<A: Narrow, B: Narrow> Narrow for (A, B) {
     }
 }
 
+/// An operand as a dense row-major slice: borrowed from its storage, or a contiguous copy in a
+/// scratch block of the CPU allocator (counted by its statistics while the op runs).
+pub(super) enum Dense<'a, T: Copy> {
+    /// A contiguous run of the operand's own buffer.
+    Borrowed(&'a [T]),
+    /// A contiguous (or widened) copy.
+    Owned(HostBuffer<T>),
+}
+
+impl<T: Copy> std::ops::Deref for Dense<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Dense::Borrowed(s) => s,
+            Dense::Owned(b) => b.as_slice(),
+        }
+    }
+}
+
+impl<T: Copy> Dense<'_, T> {
+    /// An owned buffer of the elements (a copy into a new block when borrowed).
+    fn into_owned(self) -> Result<HostBuffer<T>> {
+        match self {
+            Dense::Borrowed(s) => HostBuffer::try_from_slice(s),
+            Dense::Owned(b) => Ok(b),
+        }
+    }
+}
+
 /// The elements of `layout` as a dense row-major slice of `T` (borrowed when possible). An
 /// `F16`/`BF16` buffer read as `f32` is widened (a copy).
-fn dense<'a, T: HostElement>(op: &'static str, x: Strided<'a, CpuStorage>) -> Result<Cow<'a, [T]>> {
+fn dense<'a, T: HostElement>(op: &'static str, x: Strided<'a, CpuStorage>) -> Result<Dense<'a, T>> {
     let (s, layout) = x;
+    let n = layout.numel();
     if T::DTYPE == DType::F32 {
-        match s {
-            CpuStorage::F16(b) => return Ok(Cow::Owned(cast::<f16, T>(b.as_slice(), layout))),
-            CpuStorage::BF16(b) => return Ok(Cow::Owned(cast::<bf16, T>(b.as_slice(), layout))),
-            _ => {}
+        let widened = match s {
+            CpuStorage::F16(b) => Some(HostBuffer::try_filled_with(n, T::zero(), |out| {
+                cast_into::<f16, T>(b.as_slice(), layout, out)
+            })?),
+            CpuStorage::BF16(b) => Some(HostBuffer::try_filled_with(n, T::zero(), |out| {
+                cast_into::<bf16, T>(b.as_slice(), layout, out)
+            })?),
+            _ => None,
+        };
+        if let Some(w) = widened {
+            return Ok(Dense::Owned(w));
         }
     }
     let data = T::slice(s).ok_or(Error::DTypeMismatch {
@@ -182,8 +223,10 @@ fn dense<'a, T: HostElement>(op: &'static str, x: Strided<'a, CpuStorage>) -> Re
         rhs: s.dtype(),
     })?;
     Ok(match layout.contiguous_offset() {
-        Some(o) => Cow::Borrowed(&data[o..o + layout.numel()]),
-        None => Cow::Owned(crate::ops::copy::cpu::copy_contiguous(data, layout)),
+        Some(o) => Dense::Borrowed(&data[o..o + n]),
+        None => Dense::Owned(HostBuffer::try_filled_with(n, T::zero(), |out| {
+            copy_contiguous_into(data, layout, out)
+        })?),
     })
 }
 
@@ -214,16 +257,18 @@ fn dense_mut<'a, T: HostElement>(
 fn dense_opt<'a, T: HostElement>(
     op: &'static str,
     x: Option<Strided<'a, CpuStorage>>,
-) -> Result<Option<Cow<'a, [T]>>> {
+) -> Result<Option<Dense<'a, T>>> {
     x.map(|x| dense(op, x)).transpose()
 }
 
-fn zeros<T: Element>(shape: &[usize]) -> Vec<T> {
-    vec![T::zero(); shape.iter().product()]
+/// A zero-filled output of `shape` in a block of the CPU allocator; the kernel writes it in
+/// place (accumulating kernels rely on the zeros).
+fn zeros<T: HostElement>(shape: &[usize]) -> Result<HostBuffer<T>> {
+    HostBuffer::filled(shape.iter().product(), T::zero())
 }
 
-fn wrap<T: Element>(v: Vec<T>) -> CpuStorage {
-    CpuStorage::from_vec(v)
+fn wrap<T: HostElement>(buf: HostBuffer<T>) -> CpuStorage {
+    T::wrap(buf)
 }
 
 /// Runs a kernel in kiln's CPU pool.
@@ -240,7 +285,7 @@ pub(super) fn conv2d(
     const OP: &str = "conv2d";
     float_kernel!(OP, x.0.dtype(), T => {
         let (input, w, b) = (dense::<T>(OP, x)?, dense::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
-        let mut out = zeros::<T>(&g.output_shape());
+        let mut out = zeros::<T>(&g.output_shape())?;
         in_pool(|| conv::conv2d_forward(g, &input, &w, b.as_deref(), &mut out))?;
         Ok(wrap(out))
     })
@@ -259,18 +304,18 @@ pub(super) fn conv2d_backward(
         let mut out: Grads3<CpuStorage> = [None, None, None];
         if mask[0] {
             let w = dense::<T>(OP, weight)?;
-            let mut gi = zeros::<T>(&g.input_shape());
+            let mut gi = zeros::<T>(&g.input_shape())?;
             in_pool(|| conv::conv2d_backward_input(g, &go, &w, &mut gi))?;
             out[0] = Some(wrap(gi));
         }
         if mask[1] {
             let input = dense::<T>(OP, x)?;
-            let mut gw = zeros::<T>(&g.weight_shape());
+            let mut gw = zeros::<T>(&g.weight_shape())?;
             in_pool(|| conv::conv2d_backward_weight(g, &input, &go, &mut gw))?;
             out[1] = Some(wrap(gw));
         }
         if mask[2] {
-            let mut gb = zeros::<T>(&[g.out_channels]);
+            let mut gb = zeros::<T>(&[g.out_channels])?;
             in_pool(|| conv::conv2d_backward_bias(g, &go, &mut gb))?;
             out[2] = Some(wrap(gb));
         }
@@ -287,18 +332,18 @@ pub(super) fn pool2d(
         let input = dense::<T>(OP, x)?;
         match p {
             Pool2d::Max(g) => {
-                let mut out = zeros::<T>(&g.shape.output_shape());
-                let mut idx = zeros::<i64>(&g.shape.output_shape());
+                let mut out = zeros::<T>(&g.shape.output_shape())?;
+                let mut idx = zeros::<i64>(&g.shape.output_shape())?;
                 in_pool(|| pool::max_pool2d_forward(g, &input, &mut out, &mut idx))?;
                 Ok((wrap(out), Some(wrap(idx))))
             }
             Pool2d::Avg(g) => {
-                let mut out = zeros::<T>(&g.shape.output_shape());
+                let mut out = zeros::<T>(&g.shape.output_shape())?;
                 in_pool(|| pool::avg_pool2d_forward(g, &input, &mut out))?;
                 Ok((wrap(out), None))
             }
             Pool2d::AdaptiveAvg(g) => {
-                let mut out = zeros::<T>(&g.shape.output_shape());
+                let mut out = zeros::<T>(&g.shape.output_shape())?;
                 in_pool(|| pool::adaptive_avg_pool2d_forward(g, &input, &mut out))?;
                 Ok((wrap(out), None))
             }
@@ -325,17 +370,17 @@ pub(super) fn pool2d_backward(
                     });
                 };
                 let idx = dense::<i64>(OP, indices)?;
-                let mut gi = zeros::<T>(&g.shape.input_shape());
+                let mut gi = zeros::<T>(&g.shape.input_shape())?;
                 in_pool(|| pool::max_pool2d_backward(g, &go, &idx, &mut gi))?;
                 Ok(wrap(gi))
             }
             Pool2d::Avg(g) => {
-                let mut gi = zeros::<T>(&g.shape.input_shape());
+                let mut gi = zeros::<T>(&g.shape.input_shape())?;
                 in_pool(|| pool::avg_pool2d_backward(g, &go, &mut gi))?;
                 Ok(wrap(gi))
             }
             Pool2d::AdaptiveAvg(g) => {
-                let mut gi = zeros::<T>(&g.shape.input_shape());
+                let mut gi = zeros::<T>(&g.shape.input_shape())?;
                 in_pool(|| pool::adaptive_avg_pool2d_backward(g, &go, &mut gi))?;
                 Ok(wrap(gi))
             }
@@ -394,8 +439,8 @@ fn batch_norm_train_with(
                 momentum: r.momentum,
             }),
         };
-        let mut out = zeros::<T>(&shape.dims());
-        let (mut mean, mut rstd) = (zeros::<T>(&[shape.channels]), zeros::<T>(&[shape.channels]));
+        let mut out = zeros::<T>(&shape.dims())?;
+        let (mut mean, mut rstd) = (zeros::<T>(&[shape.channels])?, zeros::<T>(&[shape.channels])?);
         let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
         let saved = SavedStatsMut { mean: &mut mean, rstd: &mut rstd };
         in_pool(|| norm::batch_norm_train_forward(&shape, &input, affine, running, eps, &mut out, saved))?;
@@ -416,7 +461,7 @@ pub(super) fn batch_norm_eval(
         let input = dense::<T>(OP, x)?;
         let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
         let (mean, var) = (dense::<T>(OP, running[0])?, dense::<T>(OP, running[1])?);
-        let mut out = zeros::<T>(&shape.dims());
+        let mut out = zeros::<T>(&shape.dims())?;
         let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
         let stats = RunningStats { mean: &mean, var: &var };
         in_pool(|| norm::batch_norm_eval_forward(&shape, &input, affine, stats, eps, &mut out))?;
@@ -425,7 +470,7 @@ pub(super) fn batch_norm_eval(
 }
 
 /// Output slots of a norm backward, as `NormGrads`.
-fn norm_grads<'a, T>(mask: GradMask, slots: &'a mut [Vec<T>; 3]) -> NormGrads<'a, T> {
+fn norm_grads<'a, T: Copy>(mask: GradMask, slots: &'a mut [HostBuffer<T>; 3]) -> NormGrads<'a, T> {
     let [gi, gw, gb] = slots;
     NormGrads {
         input: mask[0].then_some(gi.as_mut_slice()),
@@ -434,7 +479,7 @@ fn norm_grads<'a, T>(mask: GradMask, slots: &'a mut [Vec<T>; 3]) -> NormGrads<'a
     }
 }
 
-fn wrap_grads<T: Element>(mask: GradMask, slots: [Vec<T>; 3]) -> Grads3<CpuStorage> {
+fn wrap_grads<T: HostElement>(mask: GradMask, slots: [HostBuffer<T>; 3]) -> Grads3<CpuStorage> {
     let mut i = 0;
     slots.map(|v| {
         i += 1;
@@ -455,9 +500,9 @@ pub(super) fn batch_norm_backward(
         let (go, input, w) = (dense::<T>(OP, grad)?, dense::<T>(OP, x)?, dense_opt::<T>(OP, weight)?);
         let c = shape.channels;
         let mut slots = [
-            zeros::<T>(&[if mask[0] { shape.dims().iter().product() } else { 0 }]),
-            zeros::<T>(&[if mask[1] { c } else { 0 }]),
-            zeros::<T>(&[if mask[2] { c } else { 0 }]),
+            zeros::<T>(&[if mask[0] { shape.dims().iter().product() } else { 0 }])?,
+            zeros::<T>(&[if mask[1] { c } else { 0 }])?,
+            zeros::<T>(&[if mask[2] { c } else { 0 }])?,
         ];
         let grads = norm_grads(mask, &mut slots);
         match stats {
@@ -493,8 +538,8 @@ pub(super) fn layer_norm(
     float_kernel!(OP, x.0.dtype(), T => {
         let input = dense::<T>(OP, x)?;
         let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
-        let mut out = zeros::<T>(&[shape.rows, shape.cols]);
-        let (mut mean, mut rstd) = (zeros::<T>(&[shape.rows]), zeros::<T>(&[shape.rows]));
+        let mut out = zeros::<T>(&[shape.rows, shape.cols])?;
+        let (mut mean, mut rstd) = (zeros::<T>(&[shape.rows])?, zeros::<T>(&[shape.rows])?);
         let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
         let saved = SavedStatsMut { mean: &mut mean, rstd: &mut rstd };
         in_pool(|| norm::layer_norm_forward(&shape, &input, affine, eps, &mut out, saved))?;
@@ -516,9 +561,9 @@ pub(super) fn layer_norm_backward(
         let (go, input, w) = (dense::<T>(OP, grad)?, dense::<T>(OP, x)?, dense_opt::<T>(OP, weight)?);
         let (mean, rstd) = (dense::<T>(OP, saved[0])?, dense::<T>(OP, saved[1])?);
         let mut slots = [
-            zeros::<T>(&[if mask[0] { shape.rows * shape.cols } else { 0 }]),
-            zeros::<T>(&[if mask[1] { shape.cols } else { 0 }]),
-            zeros::<T>(&[if mask[2] { shape.cols } else { 0 }]),
+            zeros::<T>(&[if mask[0] { shape.rows * shape.cols } else { 0 }])?,
+            zeros::<T>(&[if mask[1] { shape.cols } else { 0 }])?,
+            zeros::<T>(&[if mask[2] { shape.cols } else { 0 }])?,
         ];
         let grads = norm_grads(mask, &mut slots);
         let saved = SavedStats { mean: &mean, rstd: &rstd };

@@ -16,14 +16,16 @@
 //! - **Ownership.** The buffer is the only owner of its block (like a `Vec`): `Clone` allocates a
 //!   new block and copies, so it is `Send`/`Sync` exactly when `T` is.
 //! - **Allocation failure.** The `try_` constructors return the allocator's error (its
-//!   out-of-memory report). [`HostBuffer::from_vec`] keeps `Vec`'s contract instead: it is only
-//!   reached after the kernel's `Vec` of the same size was allocated, and on failure it ends the
-//!   process through `handle_alloc_error`, as the `Vec` itself would have.
-//!
-//! Kernels still produce a `Vec<T>` that [`HostBuffer::from_vec`] copies into the block (one
-//! extra pass over the output, and the `Vec` itself still comes from the system allocator);
-//! only `full` (zeros, ones, scalars) fills a block in place. Writing kernel outputs straight
-//! into a block is the next step.
+//!   out-of-memory report); op outputs use them, so an op that cannot get its output block
+//!   returns that error. [`HostBuffer::from_vec`] (user data already in a `Vec` of the same
+//!   size) and [`HostBuffer::scratch`] (kernel scratch that used to be a `Vec`) keep `Vec`'s
+//!   contract instead: on failure they end the process through `handle_alloc_error`.
+//! - **Kernel outputs** are written in place: [`HostBuffer::try_filled_with`] takes a block,
+//!   fills it with a cheap initial value (zero for outputs; a `memset`-speed pass that keeps the
+//!   slice sound without `MaybeUninit`, and gives accumulating kernels their zero start) and
+//!   hands the kernel `&mut [T]` to overwrite. There is no intermediate `Vec` and no copy.
+//!   [`HostBuffer::scratch`] does the same for kernel scratch. What the allocator's statistics
+//!   do and do not count during an op is listed in `storage/cpu.rs`.
 
 use std::alloc::Layout;
 use std::fmt;
@@ -99,6 +101,27 @@ impl<T: Copy> HostBuffer<T> {
         Ok(buf)
     }
 
+    /// A buffer of `len` copies of `init` that `write` then fills in place: how CPU kernels put
+    /// their output straight into an allocator block (one block, no intermediate `Vec`, no
+    /// copy). `write` may leave elements untouched; they keep `init`.
+    pub fn try_filled_with(len: usize, init: T, write: impl FnOnce(&mut [T])) -> Result<Self> {
+        let mut buf = Self::filled(len, init)?;
+        write(buf.as_mut_slice());
+        Ok(buf)
+    }
+
+    /// Kernel scratch (im2col columns, partial sums, widened half-precision operands): a buffer
+    /// of `len` copies of `init` from the CPU allocator, so that `max_memory_allocated` sees it
+    /// while the op runs. Like the `Vec` it replaces, it ends the process through
+    /// `handle_alloc_error` when no block can be had.
+    pub fn scratch(len: usize, init: T) -> Self {
+        Self::filled(len, init).unwrap_or_else(|_| {
+            std::alloc::handle_alloc_error(
+                Layout::array::<T>(len).unwrap_or_else(|_| Layout::new::<T>()),
+            )
+        })
+    }
+
     /// A buffer of `len` elements whose bytes are all zero.
     ///
     /// # Safety
@@ -164,6 +187,19 @@ impl<T: Copy> HostBuffer<T> {
     /// A copy in a new block.
     pub fn try_clone(&self) -> Result<Self> {
         Self::try_from_slice(self.as_slice())
+    }
+}
+
+impl<T: Copy> std::ops::Deref for HostBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T: Copy> std::ops::DerefMut for HostBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.as_mut_slice()
     }
 }
 

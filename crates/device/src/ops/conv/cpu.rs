@@ -9,7 +9,9 @@
 //! scheduling. 1x1 convolutions with stride 1 and no padding skip im2col (the input block
 //! already is the column matrix).
 //!
-//! All outputs are overwritten, never accumulated into.
+//! All outputs are overwritten, never accumulated into. Column buffers and partial weight
+//! gradients are scratch blocks of the CPU caching allocator ([`HostBuffer::scratch`]), so
+//! `max_memory_allocated` includes them while the kernel runs.
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -18,6 +20,7 @@ use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
+use crate::storage::HostBuffer;
 
 /// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
 /// transpose (`cols x rows`).
@@ -173,8 +176,9 @@ pub fn conv2d_forward<T: KernelFloat>(
         .par_chunks_mut(b.groups * b.out_group)
         .enumerate()
         .for_each_init(
-            || vec![T::ZERO; b.col_len()],
+            || HostBuffer::scratch(b.col_len(), T::ZERO),
             |col, (n, out_image)| {
+                let col = col.as_mut_slice();
                 let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
                 for g in 0..b.groups {
                     let in_block = &in_image[g * b.in_group..][..b.in_group];
@@ -232,8 +236,9 @@ pub fn conv2d_backward_input<T: KernelFloat>(
         .par_chunks_mut(b.groups * b.in_group)
         .enumerate()
         .for_each_init(
-            || vec![T::ZERO; b.col_len()],
+            || HostBuffer::scratch(b.col_len(), T::ZERO),
             |col, (n, gin_image)| {
+                let col = col.as_mut_slice();
                 let gout_image =
                     &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
                 for g in 0..b.groups {
@@ -333,14 +338,14 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         let slices = batch.div_ceil(per_slice);
         let slice_images = |slice: usize| slice * per_slice..((slice + 1) * per_slice).min(batch);
         let accumulate_slice = |slice: usize, into: &mut [T]| {
-            let mut col = vec![T::ZERO; col_len];
+            let mut col = HostBuffer::scratch(col_len, T::ZERO);
             for n in slice_images(slice) {
                 accumulate_weight_grad(
                     &b,
                     n,
                     input,
                     grad_output,
-                    &mut col,
+                    col.as_mut_slice(),
                     into,
                     Parallelism::None,
                 );
@@ -353,8 +358,8 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
                 (1..slices)
                     .into_par_iter()
                     .map(|slice| {
-                        let mut partial = vec![T::ZERO; len];
-                        accumulate_slice(slice, &mut partial);
+                        let mut partial = HostBuffer::scratch(len, T::ZERO);
+                        accumulate_slice(slice, partial.as_mut_slice());
                         partial
                     })
                     .collect::<Vec<_>>()
@@ -363,18 +368,18 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         for partial in partials {
             grad_weight
                 .iter_mut()
-                .zip(partial)
-                .for_each(|(g, p)| *g += p);
+                .zip(partial.as_slice())
+                .for_each(|(g, &p)| *g += p);
         }
     } else {
-        let mut col = vec![T::ZERO; col_len];
+        let mut col = HostBuffer::scratch(col_len, T::ZERO);
         for n in 0..batch {
             accumulate_weight_grad(
                 &b,
                 n,
                 input,
                 grad_output,
-                &mut col,
+                col.as_mut_slice(),
                 grad_weight,
                 gemm_parallelism(batch),
             );

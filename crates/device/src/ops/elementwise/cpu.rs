@@ -2,7 +2,8 @@
 //! [`crate::threads::PARALLEL_THRESHOLD`] elements.
 //!
 //! Inputs are read through their [`Layout`]s (a contiguous input takes a plain slice fast path),
-//! outputs are written contiguously. Each parallel chunk starts its own [`StridedIndex`] at the
+//! outputs are written contiguously into a caller-provided slice (the CPU storage hands in a block
+//! of the caching allocator, so no output goes through a `Vec`). Each parallel chunk starts its own [`StridedIndex`] at the
 //! chunk's first logical index, so no chunk depends on another.
 
 use super::float::Float;
@@ -26,15 +27,29 @@ fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + S
     }
 }
 
-/// `f` of every element of `src` viewed through `layout`, contiguous.
+/// `f` of every element of `src` viewed through `layout`, as a new `Vec` (the allocating form of
+/// [`map1_into`], for tests and callers outside the storage).
 pub fn map1<T: Copy + Sync, U: Element>(
     src: &[T],
     layout: &Layout,
     f: impl Fn(T) -> U + Sync,
 ) -> Vec<U> {
     let mut out = vec![U::zero(); layout.numel()];
+    map1_into(src, layout, &mut out, f);
+    out
+}
+
+/// Writes `f` of every element of `src` viewed through `layout` into `out` (contiguous,
+/// `layout.numel()` elements).
+pub fn map1_into<T: Copy + Sync, U: Copy + Send>(
+    src: &[T],
+    layout: &Layout,
+    out: &mut [U],
+    f: impl Fn(T) -> U + Sync,
+) {
+    debug_assert_eq!(out.len(), layout.numel());
     let contiguous = layout.contiguous_offset();
-    fill_chunks(&mut out, |start, chunk| match contiguous {
+    fill_chunks(out, |start, chunk| match contiguous {
         Some(base) => {
             let s = &src[base + start..base + start + chunk.len()];
             for (o, &v) in chunk.iter_mut().zip(s) {
@@ -47,20 +62,18 @@ pub fn map1<T: Copy + Sync, U: Element>(
             }
         }
     });
-    out
 }
 
-/// `f(a, b)` elementwise over two same-shaped layouts, contiguous.
-pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Element>(
-    a: &[A],
-    la: &Layout,
-    b: &[B],
-    lb: &Layout,
+/// Writes `f(a, b)` elementwise over two same-shaped layouts into `out` (contiguous).
+pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
+    (a, la): (&[A], &Layout),
+    (b, lb): (&[B], &Layout),
+    out: &mut [U],
     f: impl Fn(A, B) -> U + Sync,
-) -> Vec<U> {
-    let mut out = vec![U::zero(); la.numel()];
+) {
+    debug_assert_eq!(out.len(), la.numel());
     let (ca, cb) = (la.contiguous_offset(), lb.contiguous_offset());
-    fill_chunks(&mut out, |start, chunk| {
+    fill_chunks(out, |start, chunk| {
         let n = chunk.len();
         match (ca, cb) {
             (Some(oa), Some(ob)) => {
@@ -87,18 +100,18 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Element>(
             }
         }
     });
-    out
 }
 
-/// `f(a, b, c)` elementwise over three same-shaped layouts, contiguous.
-pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Element>(
+/// Writes `f(a, b, c)` elementwise over three same-shaped layouts into `out` (contiguous).
+pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Copy + Send>(
     (a, la): (&[A], &Layout),
     (b, lb): (&[B], &Layout),
     (c, lc): (&[C], &Layout),
+    out: &mut [U],
     f: impl Fn(A, B, C) -> U + Sync,
-) -> Vec<U> {
-    let mut out = vec![U::zero(); la.numel()];
-    fill_chunks(&mut out, |start, chunk| {
+) {
+    debug_assert_eq!(out.len(), la.numel());
+    fill_chunks(out, |start, chunk| {
         let ia = StridedIndex::new(la, start);
         let ib = StridedIndex::new(lb, start);
         let ic = StridedIndex::new(lc, start);
@@ -106,7 +119,6 @@ pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Element>(
             *o = f(a[i], b[j], c[k]);
         }
     });
-    out
 }
 
 #[inline]
@@ -117,34 +129,36 @@ fn sigmoid<F: Float>(x: F) -> F {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_TANH_COEF: f64 = 0.044715;
 
-/// A float unary op on `src` through `layout`.
-pub fn unary_float<F: Float>(src: &[F], layout: &Layout, op: UnaryOp) -> Vec<F> {
+/// A float unary op on `src` through `layout`, written into `out` (`layout.numel()` elements).
+pub fn unary_float<F: Float>(src: &[F], layout: &Layout, op: UnaryOp, out: &mut [F]) {
     let one = F::c(1.0);
     let half = F::c(0.5);
     let zero = F::c(0.0);
     match op {
-        UnaryOp::Neg => map1(src, layout, |x: F| -x),
-        UnaryOp::Exp => map1(src, layout, |x: F| x.exp()),
-        UnaryOp::Log => map1(src, layout, |x: F| x.ln()),
-        UnaryOp::Sqrt => map1(src, layout, |x: F| x.sqrt()),
-        UnaryOp::Rsqrt => map1(src, layout, |x: F| one / x.sqrt()),
-        UnaryOp::Abs => map1(src, layout, |x: F| x.abs()),
-        UnaryOp::Relu => map1(
-            src,
-            layout,
-            |x: F| if x > zero || x.is_nan() { x } else { zero },
-        ),
-        UnaryOp::GeluErf => map1(src, layout, |x: F| {
+        UnaryOp::Neg => map1_into(src, layout, out, |x: F| -x),
+        UnaryOp::Exp => map1_into(src, layout, out, |x: F| x.exp()),
+        UnaryOp::Log => map1_into(src, layout, out, |x: F| x.ln()),
+        UnaryOp::Sqrt => map1_into(src, layout, out, |x: F| x.sqrt()),
+        UnaryOp::Rsqrt => map1_into(src, layout, out, |x: F| one / x.sqrt()),
+        UnaryOp::Abs => map1_into(src, layout, out, |x: F| x.abs()),
+        UnaryOp::Relu => map1_into(src, layout, out, |x: F| {
+            if x > zero || x.is_nan() {
+                x
+            } else {
+                zero
+            }
+        }),
+        UnaryOp::GeluErf => map1_into(src, layout, out, |x: F| {
             half * x * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf())
         }),
-        UnaryOp::GeluTanh => map1(src, layout, |x: F| {
+        UnaryOp::GeluTanh => map1_into(src, layout, out, |x: F| {
             half * x
                 * (one + (F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x)).tanh())
         }),
-        UnaryOp::Sigmoid => map1(src, layout, sigmoid),
-        UnaryOp::Tanh => map1(src, layout, |x: F| x.tanh()),
-        UnaryOp::Silu => map1(src, layout, |x: F| x * sigmoid(x)),
-        UnaryOp::Sign => map1(src, layout, |x: F| {
+        UnaryOp::Sigmoid => map1_into(src, layout, out, sigmoid),
+        UnaryOp::Tanh => map1_into(src, layout, out, |x: F| x.tanh()),
+        UnaryOp::Silu => map1_into(src, layout, out, |x: F| x * sigmoid(x)),
+        UnaryOp::Sign => map1_into(src, layout, out, |x: F| {
             if x > zero {
                 one
             } else if x < zero {
@@ -153,38 +167,40 @@ pub fn unary_float<F: Float>(src: &[F], layout: &Layout, op: UnaryOp) -> Vec<F> 
                 x
             }
         }),
-        UnaryOp::Erf => map1(src, layout, |x: F| x.erf()),
-        UnaryOp::Recip => map1(src, layout, |x: F| one / x),
-        UnaryOp::Square => map1(src, layout, |x: F| x * x),
-        UnaryOp::ReluGrad => map1(src, layout, |x: F| if x > zero { one } else { zero }),
-        UnaryOp::GeluErfGrad => map1(src, layout, |x: F| {
+        UnaryOp::Erf => map1_into(src, layout, out, |x: F| x.erf()),
+        UnaryOp::Recip => map1_into(src, layout, out, |x: F| one / x),
+        UnaryOp::Square => map1_into(src, layout, out, |x: F| x * x),
+        UnaryOp::ReluGrad => map1_into(src, layout, out, |x: F| if x > zero { one } else { zero }),
+        UnaryOp::GeluErfGrad => map1_into(src, layout, out, |x: F| {
             let cdf = half * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf());
             let pdf = (-half * x * x).exp() * F::c(0.398_942_280_401_432_7);
             cdf + x * pdf
         }),
-        UnaryOp::GeluTanhGrad => map1(src, layout, |x: F| {
+        UnaryOp::GeluTanhGrad => map1_into(src, layout, out, |x: F| {
             let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
             let t = inner.tanh();
             let dinner = F::c(SQRT_2_OVER_PI) * (one + F::c(3.0 * GELU_TANH_COEF) * x * x);
             half * (one + t) + half * x * (one - t * t) * dinner
         }),
-        UnaryOp::SiluGrad => map1(src, layout, |x: F| {
+        UnaryOp::SiluGrad => map1_into(src, layout, out, |x: F| {
             let s = sigmoid(x);
             s * (one + x * (one - s))
         }),
     }
 }
 
-/// An integer unary op (those that make sense on integers), or `None` when it does not.
-pub fn unary_int(src: &[i64], layout: &Layout, op: UnaryOp) -> Option<Vec<i64>> {
-    Some(match op {
-        UnaryOp::Neg => map1(src, layout, |x: i64| x.wrapping_neg()),
-        UnaryOp::Abs => map1(src, layout, |x: i64| x.wrapping_abs()),
-        UnaryOp::Relu => map1(src, layout, |x: i64| x.max(0)),
-        UnaryOp::Sign => map1(src, layout, |x: i64| x.signum()),
-        UnaryOp::Square => map1(src, layout, |x: i64| x.wrapping_mul(x)),
+/// An integer unary op (those that make sense on integers) written into `out`, or `None` (and
+/// `out` untouched) when it does not make sense.
+pub fn unary_int(src: &[i64], layout: &Layout, op: UnaryOp, out: &mut [i64]) -> Option<()> {
+    match op {
+        UnaryOp::Neg => map1_into(src, layout, out, |x: i64| x.wrapping_neg()),
+        UnaryOp::Abs => map1_into(src, layout, out, |x: i64| x.wrapping_abs()),
+        UnaryOp::Relu => map1_into(src, layout, out, |x: i64| x.max(0)),
+        UnaryOp::Sign => map1_into(src, layout, out, |x: i64| x.signum()),
+        UnaryOp::Square => map1_into(src, layout, out, |x: i64| x.wrapping_mul(x)),
         _ => return None,
-    })
+    }
+    Some(())
 }
 
 #[inline]
@@ -205,41 +221,59 @@ fn nan_min<F: Float>(a: F, b: F) -> F {
     }
 }
 
-/// A float binary op.
-pub fn binary_float<F: Float>(a: &[F], la: &Layout, b: &[F], lb: &Layout, op: BinaryOp) -> Vec<F> {
+/// A float binary op, written into `out` (`la.numel()` elements).
+pub fn binary_float<F: Float>(
+    a: &[F],
+    la: &Layout,
+    b: &[F],
+    lb: &Layout,
+    op: BinaryOp,
+    out: &mut [F],
+) {
+    let (a, b) = ((a, la), (b, lb));
     match op {
-        BinaryOp::Add => map2(a, la, b, lb, |x: F, y: F| x + y),
-        BinaryOp::Sub => map2(a, la, b, lb, |x: F, y: F| x - y),
-        BinaryOp::Mul => map2(a, la, b, lb, |x: F, y: F| x * y),
-        BinaryOp::Div => map2(a, la, b, lb, |x: F, y: F| x / y),
-        BinaryOp::Pow => map2(a, la, b, lb, |x: F, y: F| x.powf(y)),
-        BinaryOp::Maximum => map2(a, la, b, lb, nan_max),
-        BinaryOp::Minimum => map2(a, la, b, lb, nan_min),
+        BinaryOp::Add => map2(a, b, out, |x: F, y: F| x + y),
+        BinaryOp::Sub => map2(a, b, out, |x: F, y: F| x - y),
+        BinaryOp::Mul => map2(a, b, out, |x: F, y: F| x * y),
+        BinaryOp::Div => map2(a, b, out, |x: F, y: F| x / y),
+        BinaryOp::Pow => map2(a, b, out, |x: F, y: F| x.powf(y)),
+        BinaryOp::Maximum => map2(a, b, out, nan_max),
+        BinaryOp::Minimum => map2(a, b, out, nan_min),
     }
 }
 
-/// An integer binary op; `None` for `Pow`. Division by zero gives 0 instead of a panic (PyTorch
-/// raises); kiln-autograd checks for it before calling.
+/// An integer binary op written into `out`; `None` (and `out` untouched) for `Pow`. Division by
+/// zero gives 0 instead of a panic (PyTorch raises); kiln-autograd checks for it before calling.
 pub fn binary_int(
     a: &[i64],
     la: &Layout,
     b: &[i64],
     lb: &Layout,
     op: BinaryOp,
-) -> Option<Vec<i64>> {
-    Some(match op {
-        BinaryOp::Add => map2(a, la, b, lb, |x: i64, y: i64| x.wrapping_add(y)),
-        BinaryOp::Sub => map2(a, la, b, lb, |x: i64, y: i64| x.wrapping_sub(y)),
-        BinaryOp::Mul => map2(a, la, b, lb, |x: i64, y: i64| x.wrapping_mul(y)),
-        BinaryOp::Div => map2(a, la, b, lb, |x: i64, y: i64| x.checked_div(y).unwrap_or(0)),
-        BinaryOp::Maximum => map2(a, la, b, lb, |x: i64, y: i64| x.max(y)),
-        BinaryOp::Minimum => map2(a, la, b, lb, |x: i64, y: i64| x.min(y)),
+    out: &mut [i64],
+) -> Option<()> {
+    let (a, b) = ((a, la), (b, lb));
+    match op {
+        BinaryOp::Add => map2(a, b, out, |x: i64, y: i64| x.wrapping_add(y)),
+        BinaryOp::Sub => map2(a, b, out, |x: i64, y: i64| x.wrapping_sub(y)),
+        BinaryOp::Mul => map2(a, b, out, |x: i64, y: i64| x.wrapping_mul(y)),
+        BinaryOp::Div => map2(a, b, out, |x: i64, y: i64| x.checked_div(y).unwrap_or(0)),
+        BinaryOp::Maximum => map2(a, b, out, |x: i64, y: i64| x.max(y)),
+        BinaryOp::Minimum => map2(a, b, out, |x: i64, y: i64| x.min(y)),
         BinaryOp::Pow => return None,
-    })
+    }
+    Some(())
 }
 
-/// A comparison over any ordered element type; output is `Bool`.
-pub fn compare<T: Element>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: CmpOp) -> Vec<BoolByte> {
+/// A comparison over any ordered element type, written into the `Bool` slice `out`.
+pub fn compare<T: Element>(
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    op: CmpOp,
+    out: &mut [BoolByte],
+) {
     let f = move |x: T, y: T| -> BoolByte {
         BoolByte(match op {
             CmpOp::Eq => x == y,
@@ -250,19 +284,21 @@ pub fn compare<T: Element>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: CmpOp
             CmpOp::Ge => x >= y,
         } as u8)
     };
-    map2(a, la, b, lb, f)
+    map2((a, la), (b, lb), out, f)
 }
 
-/// `cond ? t : f` elementwise; `cond` is a byte buffer (Bool or U8).
+/// `cond ? t : f` elementwise into `out`; `cond` is a byte buffer (Bool or U8).
 pub fn where_cond<T: Element>(
     cond: (&[u8], &Layout),
     on_true: (&[T], &Layout),
     on_false: (&[T], &Layout),
-) -> Vec<T> {
+    out: &mut [T],
+) {
     map3(
         cond,
         on_true,
         on_false,
+        out,
         |c: u8, t: T, f: T| if c != 0 { t } else { f },
     )
 }

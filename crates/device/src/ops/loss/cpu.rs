@@ -9,7 +9,6 @@
 
 use rayon::prelude::*;
 use std::any::Any;
-use std::borrow::Cow;
 
 use super::{
     check_spec, check_targets, CrossEntropyOutput, CrossEntropyShape, CrossEntropySpec, TargetKind,
@@ -266,26 +265,45 @@ impl<T: KernelFloat> Block<'_, T> {
     }
 }
 
-/// The elements of `layout` borrowed in place when the storage holds `T` and the view is
-/// dense (the common case: no copy of the logits), else converted to a contiguous `Vec<T>`.
-fn dense<'a, T: KernelFloat + crate::Element>(
-    storage: &'a CpuStorage,
-    layout: &Layout,
-) -> Result<Cow<'a, [T]>> {
-    let buffer: Option<&HostBuffer<T>> = match storage {
+/// The `T` buffer of a storage, if it holds `T`.
+fn buffer_of<T: Copy + 'static>(storage: &CpuStorage) -> Option<&HostBuffer<T>> {
+    match storage {
         CpuStorage::F32(b) => (b as &dyn Any).downcast_ref(),
         CpuStorage::F64(b) => (b as &dyn Any).downcast_ref(),
         _ => None,
-    };
-    if let (Some(b), Some(offset)) = (buffer, layout.contiguous_offset()) {
-        return Ok(Cow::Borrowed(
+    }
+}
+
+/// An operand as a dense slice of `T`: borrowed in place, or a contiguous `T` copy (a block of
+/// the CPU allocator).
+enum Dense<'a, T> {
+    Borrowed(&'a [T]),
+    Converted(CpuStorage),
+}
+
+impl<T: Copy + 'static> std::ops::Deref for Dense<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Dense::Borrowed(s) => s,
+            Dense::Converted(c) => buffer_of::<T>(c).expect("converted to T").as_slice(),
+        }
+    }
+}
+
+/// The elements of `layout` borrowed in place when the storage holds `T` and the view is
+/// dense (the common case: no copy of the logits), else converted to a contiguous `T` storage.
+fn dense<'a, T: KernelFloat + crate::Element>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+) -> Result<Dense<'a, T>> {
+    if let (Some(b), Some(offset)) = (buffer_of::<T>(storage), layout.contiguous_offset()) {
+        return Ok(Dense::Borrowed(
             &b.as_slice()[offset..offset + layout.numel()],
         ));
     }
     let converted = storage.to_dtype(layout, T::DTYPE)?;
-    Ok(Cow::Owned(
-        converted.to_vec::<T>().expect("converted to T above"),
-    ))
+    Ok(Dense::Converted(converted))
 }
 
 /// Runs the kernel for element type `T` (the logits' dtype or, for 16-bit floats, `f32`).
@@ -296,7 +314,7 @@ fn run_typed<T: KernelFloat + crate::Element>(
     target: &CpuStorage,
     target_layout: &Layout,
     weight: Option<(&CpuStorage, &Layout)>,
-) -> Result<(Vec<T>, Option<Vec<T>>, f64)> {
+) -> Result<(HostBuffer<T>, Option<HostBuffer<T>>, f64)> {
     let x = dense::<T>(logits, layout)?;
     let w = weight.map(|(s, l)| dense::<T>(s, l)).transpose()?;
     let index_targets;
@@ -321,15 +339,19 @@ fn run_typed<T: KernelFloat + crate::Element>(
             Targets::Probabilities(&prob_targets)
         }
     };
-    let mut losses = vec![T::ZERO; spec.shape.positions()];
-    let mut grad = spec.with_grad.then(|| vec![T::ZERO; spec.shape.logits()]);
+    // Outputs are written in place into blocks of the CPU allocator.
+    let mut losses = HostBuffer::filled(spec.shape.positions(), T::ZERO)?;
+    let mut grad = match spec.with_grad {
+        true => Some(HostBuffer::filled(spec.shape.logits(), T::ZERO)?),
+        false => None,
+    };
     let total = softmax_cross_entropy(
         spec,
         &x,
         targets,
         w.as_deref(),
         &mut losses,
-        grad.as_deref_mut(),
+        grad.as_mut().map(HostBuffer::as_mut_slice),
     )?;
     Ok((losses, grad, total))
 }
@@ -349,17 +371,20 @@ pub fn softmax_cross_entropy_storage(
         DType::F64 => {
             let (l, g, t) = run_typed::<f64>(spec, logits, layout, target, target_layout, weight)?;
             Ok(CrossEntropyOutput {
-                losses: CpuStorage::from_vec(l),
-                grad: g.map(CpuStorage::from_vec),
+                losses: CpuStorage::F64(l),
+                grad: g.map(CpuStorage::F64),
                 total_weight: t,
             })
         }
         DType::F32 | DType::F16 | DType::BF16 => {
             let (l, g, t) = run_typed::<f32>(spec, logits, layout, target, target_layout, weight)?;
             // 16-bit logits: the outputs go back to the logits' dtype, rounded once.
-            let back = |v: Vec<f32>| {
+            let back = |v: HostBuffer<f32>| {
                 let n = v.len();
-                CpuStorage::from_vec(v).to_dtype(&Layout::contiguous(&[n]), dtype)
+                match dtype {
+                    DType::F32 => Ok(CpuStorage::F32(v)),
+                    _ => CpuStorage::F32(v).to_dtype(&Layout::contiguous(&[n]), dtype),
+                }
             };
             Ok(CrossEntropyOutput {
                 losses: back(l)?,

@@ -57,13 +57,29 @@ fn plan(la: &Layout, lb: &Layout) -> (usize, usize, usize, Vec<usize>, Vec<usize
     )
 }
 
-/// `a @ b` with batch dims; output contiguous `[..batch, m, n]`.
+/// Elements of `a @ b` for `a`, `b` of (batch-broadcast) layouts `la`, `lb`:
+/// `batch · m · n`.
+pub fn output_len(la: &Layout, lb: &Layout) -> usize {
+    let r = la.rank();
+    la.shape()[..r - 2].iter().product::<usize>() * la.shape()[r - 2] * lb.shape()[r - 1]
+}
+
+/// `a @ b` with batch dims as a new `Vec` (the allocating form of [`matmul_into`]).
 pub fn matmul<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec<T> {
+    let mut out = vec![T::zero(); output_len(la, lb)];
+    matmul_into(a, la, b, lb, &mut out);
+    out
+}
+
+/// `a @ b` with batch dims, written contiguously (`[..batch, m, n]`) into `out`, which holds
+/// [`output_len`] elements. Every element is overwritten (zero when `k == 0`).
+pub fn matmul_into<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [T]) {
     let r = la.rank();
     let (m, k, n, offs_a, offs_b) = plan(la, lb);
-    let mut out = vec![T::zero(); offs_a.len() * m * n];
+    assert_eq!(out.len(), offs_a.len() * m * n, "matmul output length");
     if m == 0 || n == 0 || k == 0 {
-        return out;
+        out.fill(T::zero());
+        return;
     }
     let (a_rs, a_cs) = (la.strides()[r - 2] as isize, la.strides()[r - 1] as isize);
     let (b_rs, b_cs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
@@ -115,7 +131,6 @@ pub fn matmul<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec
                 .for_each(|(i, dst)| one_matrix(dst, offs_a[i], offs_b[i], Parallelism::None));
         }
     });
-    out
 }
 
 /// The plain triple loop, for tests and as the benchmark's reference.

@@ -5,21 +5,20 @@ use crate::dtype::{DType, Element};
 use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
 use rayon::prelude::*;
 
-fn fill<T: Element>(n: usize, f: impl Fn(u64) -> f64 + Sync) -> Vec<T> {
-    let mut out = vec![T::zero(); n];
+fn fill<T: Element>(out: &mut [T], f: impl Fn(u64) -> f64 + Sync) {
+    let n = out.len();
     let body = |(i, o): (usize, &mut T)| *o = T::from_f64(f(i as u64));
     if n > PARALLEL_THRESHOLD {
         cpu_pool().install(|| out.par_iter_mut().enumerate().for_each(body));
     } else {
         out.iter_mut().enumerate().for_each(body);
     }
-    out
 }
 
-/// `n` uniforms in `[low, high)`.
-pub fn uniform<T: Element>(n: usize, low: f64, high: f64, seed: u64, offset: u64) -> Vec<T> {
+/// Uniforms in `[low, high)` into `out` (element `i` is draw `offset + i` of `seed`'s stream).
+pub fn uniform<T: Element>(out: &mut [T], low: f64, high: f64, seed: u64, offset: u64) {
     let wide = T::DTYPE == DType::F64;
-    fill(n, |i| {
+    fill(out, |i| {
         let b = block(seed, offset, i);
         let u = if wide {
             uniform53(b[0], b[1])
@@ -30,7 +29,7 @@ pub fn uniform<T: Element>(n: usize, low: f64, high: f64, seed: u64, offset: u64
     })
 }
 
-/// `n` normals with `mean` and `std`.
-pub fn normals<T: Element>(n: usize, mean: f64, std: f64, seed: u64, offset: u64) -> Vec<T> {
-    fill(n, |i| mean + std * normal(block(seed, offset, i)))
+/// Normals with `mean` and `std` into `out` (element `i` from draw `offset + i`).
+pub fn normals<T: Element>(out: &mut [T], mean: f64, std: f64, seed: u64, offset: u64) {
+    fill(out, |i| mean + std * normal(block(seed, offset, i)))
 }

@@ -3,6 +3,9 @@
 //! the permuted layout. Outputs are independent, so they are split across the pool. Floats
 //! accumulate in `f64` (more accurate than PyTorch's f32 cascade sum, never less), integers in
 //! `i64`.
+//!
+//! The `*_into` kernels write into a caller-provided slice of [`reduced_len`] elements (the CPU
+//! storage passes a block of the caching allocator); the plain forms return a new `Vec`.
 
 use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
@@ -17,7 +20,13 @@ fn kept_then_reduced(layout: &Layout, dims: &[usize]) -> (Layout, usize) {
     (layout.permute(&perm), r)
 }
 
-/// Folds each group of `R` elements into one output with `fold`, starting from `init`.
+/// Number of outputs of reducing `dims` of `layout` (the product of the kept dims).
+pub fn reduced_len(layout: &Layout, dims: &[usize]) -> usize {
+    layout.numel_kept(dims)
+}
+
+/// Folds each group of `R` elements into one output with `fold`, starting from `init`, writing
+/// output `o` to `out[o]` (`out` holds [`reduced_len`] elements).
 pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
     src: &[T],
     layout: &Layout,
@@ -25,13 +34,11 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
     init: A,
     fold: impl Fn(A, usize, T) -> A + Sync,
     finish: impl Fn(A) -> U + Sync,
-) -> Vec<U> {
+    out: &mut [U],
+) {
     let (perm, r) = kept_then_reduced(layout, dims);
-    let n_out = perm
-        .numel()
-        .checked_div(r)
-        .unwrap_or_else(|| layout.numel_kept(dims));
-    let mut out = vec![U::zero(); n_out];
+    let n_out = out.len();
+    debug_assert_eq!(n_out, reduced_len(layout, dims));
     // Reducing the trailing dims of a dense layout: each group is a plain slice.
     let dense = perm.contiguous_offset();
     let body = |o: usize, slot: &mut U| {
@@ -52,6 +59,12 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
     } else {
         out.iter_mut().enumerate().for_each(|(o, s)| body(o, s));
     }
+}
+
+/// The allocating form of a `*_into` reduction.
+fn collect<U: Element>(layout: &Layout, dims: &[usize], into: impl FnOnce(&mut [U])) -> Vec<U> {
+    let mut out = vec![U::zero(); reduced_len(layout, dims)];
+    into(&mut out);
     out
 }
 
@@ -70,6 +83,11 @@ impl KeptNumel for Layout {
 
 /// Float sum (f64 accumulator).
 pub fn sum_float<T: Element>(src: &[T], layout: &Layout, dims: &[usize]) -> Vec<T> {
+    collect(layout, dims, |out| sum_float_into(src, layout, dims, out))
+}
+
+/// Float sum (f64 accumulator) into `out`.
+pub fn sum_float_into<T: Element>(src: &[T], layout: &Layout, dims: &[usize], out: &mut [T]) {
     fold_groups(
         src,
         layout,
@@ -77,11 +95,17 @@ pub fn sum_float<T: Element>(src: &[T], layout: &Layout, dims: &[usize]) -> Vec<
         0.0f64,
         |a, _, v: T| a + v.to_f64(),
         T::from_f64,
+        out,
     )
 }
 
 /// Integer / bool sum into `i64`.
 pub fn sum_int<T: Element>(src: &[T], layout: &Layout, dims: &[usize]) -> Vec<i64> {
+    collect(layout, dims, |out| sum_int_into(src, layout, dims, out))
+}
+
+/// Integer / bool sum into the `i64` slice `out`.
+pub fn sum_int_into<T: Element>(src: &[T], layout: &Layout, dims: &[usize], out: &mut [i64]) {
     fold_groups(
         src,
         layout,
@@ -89,11 +113,25 @@ pub fn sum_int<T: Element>(src: &[T], layout: &Layout, dims: &[usize]) -> Vec<i6
         0i64,
         |a, _, v: T| a.wrapping_add(v.to_f64() as i64),
         |a| a,
+        out,
     )
 }
 
 /// Max (`largest = true`) or min, NaN-propagating for floats. Empty groups give NaN / 0.
 pub fn extreme<T: Element>(src: &[T], layout: &Layout, dims: &[usize], largest: bool) -> Vec<T> {
+    collect(layout, dims, |out| {
+        extreme_into(src, layout, dims, largest, out)
+    })
+}
+
+/// [`extreme`] into `out`.
+pub fn extreme_into<T: Element>(
+    src: &[T],
+    layout: &Layout,
+    dims: &[usize],
+    largest: bool,
+    out: &mut [T],
+) {
     fold_groups(
         src,
         layout,
@@ -112,6 +150,7 @@ pub fn extreme<T: Element>(src: &[T], layout: &Layout, dims: &[usize], largest: 
             }),
         },
         |acc| acc.unwrap_or_else(|| T::from_f64(f64::NAN)),
+        out,
     )
 }
 
@@ -122,6 +161,19 @@ pub fn arg_extreme<T: Element>(
     dims: &[usize],
     largest: bool,
 ) -> Vec<i64> {
+    collect(layout, dims, |out| {
+        arg_extreme_into(src, layout, dims, largest, out)
+    })
+}
+
+/// [`arg_extreme`] into `out`.
+pub fn arg_extreme_into<T: Element>(
+    src: &[T],
+    layout: &Layout,
+    dims: &[usize],
+    largest: bool,
+    out: &mut [i64],
+) {
     fold_groups(
         src,
         layout,
@@ -140,6 +192,7 @@ pub fn arg_extreme<T: Element>(
             }),
         },
         |acc| acc.map(|(i, _)| i as i64).unwrap_or(0),
+        out,
     )
 }
 

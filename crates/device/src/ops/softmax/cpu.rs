@@ -1,17 +1,18 @@
 //! CPU softmax over rows of the last dim, rows split across the pool.
 
 use crate::layout::Layout;
-use crate::ops::elementwise::cpu::map1;
+use crate::ops::copy::cpu::copy_contiguous_into;
 use crate::ops::elementwise::float::Float;
 use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
 use rayon::prelude::*;
 
-/// Softmax (`log = false`) or log-softmax over the last dim of `layout`; output contiguous.
-pub fn softmax_last_dim<F: Float>(src: &[F], layout: &Layout, log: bool) -> Vec<F> {
+/// Softmax (`log = false`) or log-softmax over the last dim of `layout`, written contiguously
+/// into `out` (`layout.numel()` elements).
+pub fn softmax_last_dim<F: Float>(src: &[F], layout: &Layout, log: bool, out: &mut [F]) {
     let d = layout.shape().last().copied().unwrap_or(1);
-    let mut out = map1(src, layout, |v: F| v);
+    copy_contiguous_into(src, layout, out);
     if d == 0 {
-        return out;
+        return;
     }
     let row = |r: &mut [F]| {
         let mut max = r[0];
@@ -37,5 +38,4 @@ pub fn softmax_last_dim<F: Float>(src: &[F], layout: &Layout, log: bool) -> Vec<
     } else {
         out.chunks_mut(d).for_each(row);
     }
-    out
 }

@@ -61,7 +61,7 @@ pub(in crate::storage) fn embedding(
     };
     any_kernel!(table.0.dtype(), T => {
         let w = dense::<T>(OP, table)?;
-        let mut out = zeros::<T>(&[idx.len(), embedding_dim]);
+        let mut out = zeros::<T>(&[idx.len(), embedding_dim])?;
         in_pool(|| index::embedding_forward(&shape, &w, &idx, &mut out))
             .map_err(|e| with_index_shape(e, indices.1.shape()))?;
         Ok(wrap(out))
@@ -87,7 +87,7 @@ pub(in crate::storage) fn embedding_backward(
     };
     float_kernel!(OP, grad.0.dtype(), T => {
         let go = dense::<T>(OP, grad)?;
-        let mut gw = zeros::<T>(&[num_embeddings, embedding_dim]);
+        let mut gw = zeros::<T>(&[num_embeddings, embedding_dim])?;
         index::embedding_backward(&shape, &go, &idx, options, &mut gw)
             .map_err(|e| with_index_shape(e, indices.1.shape()))?;
         Ok(wrap(gw))
@@ -107,7 +107,7 @@ pub(in crate::storage) fn index_select(
     }
     any_kernel!(x.0.dtype(), T => {
         let input = dense::<T>(OP, x)?;
-        let mut out = zeros::<T>(&out_shape);
+        let mut out = zeros::<T>(&out_shape)?;
         in_pool(|| index::index_select_forward(&input, x.1.shape(), dim, &idx, &mut out))?;
         Ok(wrap(out))
     })
@@ -123,7 +123,7 @@ pub(in crate::storage) fn index_select_backward(
     let idx = dense::<i64>(OP, index)?;
     float_kernel!(OP, grad.0.dtype(), T => {
         let go = dense::<T>(OP, grad)?;
-        let mut gi = zeros::<T>(input_shape);
+        let mut gi = zeros::<T>(input_shape)?;
         in_pool(|| index::index_select_backward(&go, input_shape, dim, &idx, &mut gi))?;
         Ok(wrap(gi))
     })
@@ -143,7 +143,7 @@ pub(in crate::storage) fn gather(
     };
     any_kernel!(x.0.dtype(), T => {
         let input = dense::<T>(OP, x)?;
-        let mut out = zeros::<T>(index.shape);
+        let mut out = zeros::<T>(index.shape)?;
         index::gather_forward(&input, x.1.shape(), index, &mut out)?;
         Ok(wrap(out))
     })
@@ -165,14 +165,14 @@ pub(in crate::storage) fn scatter(
     };
     if accumulate {
         float_kernel!(op, x.0.dtype(), T => {
-            let mut dest = dense::<T>(op, x)?.into_owned();
+            let mut dest = dense::<T>(op, x)?.into_owned()?;
             let s = dense::<T>(op, src)?;
             index::scatter_add_(&mut dest, x.1.shape(), dim_index, &s, src.1.shape())?;
             Ok(wrap(dest))
         })
     } else {
         any_kernel!(x.0.dtype(), T => {
-            let mut dest = dense::<T>(op, x)?.into_owned();
+            let mut dest = dense::<T>(op, x)?.into_owned()?;
             let s = dense::<T>(op, src)?;
             index::scatter_(&mut dest, x.1.shape(), dim_index, &s, src.1.shape())?;
             Ok(wrap(dest))

@@ -1,0 +1,196 @@
+//! CPU op outputs are written in place into one block of the CPU caching allocator: no output
+//! goes through a system-allocator `Vec` and no copy is made, and large kernel scratch (conv2d's
+//! im2col columns) is counted by the allocator's statistics while the op runs.
+//!
+//! Its own test binary with a single test, because the CPU allocator and the counting global
+//! allocator below are process-wide: no other test may allocate while an op is measured.
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use kiln_device::ops::conv::{Conv2dGeometry, Conv2dParams};
+use kiln_device::{
+    allocator, BackendStorage, BinaryOp, CpuStorage, Device, Layout, ReduceOp, Result,
+};
+
+/// The system allocator, counting the largest single request while `COUNTING` is on.
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+fn note(size: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        LARGEST.fetch_max(size, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call forwards to `System` unchanged; counting only reads the size.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: AllocLayout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// What one run of an op cost.
+#[derive(Debug, PartialEq)]
+struct Cost {
+    /// Blocks handed out by the CPU caching allocator.
+    blocks: i64,
+    /// Segments the allocator had to get from the system (0 once the cache is warm).
+    segments: u64,
+    /// `memory_allocated` after minus before (the output, still alive).
+    kept_bytes: i64,
+    /// `max_memory_allocated` during the op minus `memory_allocated` before.
+    peak_bytes: i64,
+    /// The largest single system-allocator request during the op.
+    largest_system_request: usize,
+}
+
+/// Runs `op` twice (the first run warms the allocator's cache, so the second takes no new
+/// segment and its system requests are the op's own) and measures the second run.
+fn measure(op: impl Fn() -> Result<CpuStorage>) -> (CpuStorage, Cost) {
+    drop(op().unwrap());
+    let cpu = allocator(Device::Cpu).unwrap();
+    cpu.reset_peak_stats();
+    let before = cpu.memory_stats();
+    LARGEST.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::SeqCst);
+    let out = op().unwrap();
+    COUNTING.store(false, Ordering::SeqCst);
+    let after = cpu.memory_stats();
+    let base = before.allocated_bytes.all.current;
+    let cost = Cost {
+        blocks: after.allocation.all.allocated - before.allocation.all.allocated,
+        segments: after.num_device_alloc - before.num_device_alloc,
+        kept_bytes: after.allocated_bytes.all.current - base,
+        peak_bytes: after.allocated_bytes.all.peak - base,
+        largest_system_request: LARGEST.load(Ordering::Relaxed),
+    };
+    (out, cost)
+}
+
+/// Bytes of the allocator block for `n` `f32`s (requests round up to 512 bytes).
+fn block_of_f32s(n: usize) -> i64 {
+    (n * 4).div_ceil(512) as i64 * 512
+}
+
+fn f32_storage(n: usize) -> CpuStorage {
+    CpuStorage::from_vec(
+        (0..n)
+            .map(|i| (i % 13) as f32 * 0.25 - 1.0)
+            .collect::<Vec<f32>>(),
+    )
+}
+
+/// The output cost of a kernel that writes straight into its block: one block, kept; the peak
+/// is that block alone; no system request as large as the output.
+fn one_block_in_place(out_elems: usize, cost: &Cost) {
+    let out_bytes = block_of_f32s(out_elems);
+    assert_eq!(cost.blocks, 1, "{cost:?}");
+    assert_eq!(cost.segments, 0, "{cost:?}");
+    assert_eq!(cost.kept_bytes, out_bytes, "{cost:?}");
+    assert_eq!(cost.peak_bytes, out_bytes, "{cost:?}");
+    assert!(
+        (cost.largest_system_request as i64) < out_bytes / 4,
+        "a system allocation of {} bytes during an op with a {out_bytes}-byte output: {cost:?}",
+        cost.largest_system_request
+    );
+}
+
+#[test]
+fn op_outputs_take_exactly_one_allocator_block_and_no_system_buffer() {
+    // Elementwise binary, broadcasting a row over a [256, 1024] matrix.
+    let (m, n) = (256, 1024);
+    let (a, b) = (f32_storage(m * n), f32_storage(n));
+    let la = Layout::contiguous(&[m, n]);
+    let lb = Layout::contiguous(&[1, n]).broadcast_to(&[m, n]);
+    let (sum, cost) = measure(|| a.binary(&la, &b, &lb, BinaryOp::Add));
+    one_block_in_place(m * n, &cost);
+    let (av, bv, sv) = (
+        a.to_vec::<f32>().unwrap(),
+        b.to_vec::<f32>().unwrap(),
+        sum.to_vec::<f32>().unwrap(),
+    );
+    assert_eq!(sv[5 * n + 7], av[5 * n + 7] + bv[7]);
+
+    // Reduction over the leading dim of a [4, 65536] matrix (strided groups).
+    let (r, c) = (4, 1 << 16);
+    let x = f32_storage(r * c);
+    let lx = Layout::contiguous(&[r, c]);
+    let (total, cost) = measure(|| x.reduce(&lx, &[0], ReduceOp::Sum));
+    one_block_in_place(c, &cost);
+    let xv = x.to_vec::<f32>().unwrap();
+    let want: f32 = (0..r).map(|i| xv[i * c + 3]).sum();
+    assert_eq!(total.to_vec::<f32>().unwrap()[3], want);
+
+    // Matmul [128, 96] @ [96, 512].
+    let (m, k, n) = (128, 96, 512);
+    let (a, b) = (f32_storage(m * k), f32_storage(k * n));
+    let (la, lb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
+    let (prod, cost) = measure(|| a.matmul(&la, &b, &lb));
+    one_block_in_place(m * n, &cost);
+    let (av, bv) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    let want: f64 = (0..k)
+        .map(|p| av[9 * k + p] as f64 * bv[p * n + 11] as f64)
+        .sum();
+    assert!((prod.to_vec::<f32>().unwrap()[9 * n + 11] as f64 - want).abs() < 1e-3);
+
+    // conv2d 3x3, padding 1, one image: the output block plus one im2col column block, both
+    // from the allocator; only the output is kept.
+    let params = Conv2dParams {
+        padding: [1, 1],
+        ..Conv2dParams::default()
+    };
+    let g = Conv2dGeometry::new([1, 8, 32, 32], [16, 8, 3, 3], params).unwrap();
+    let (x, w) = (f32_storage(8 * 32 * 32), f32_storage(16 * 8 * 9));
+    let (lx, lw) = (
+        Layout::contiguous(&g.input_shape()),
+        Layout::contiguous(&g.weight_shape()),
+    );
+    let (y, cost) = measure(|| x.conv2d(&lx, (&w, &lw), None, &g));
+    let out_elems = 16 * 32 * 32;
+    let col_elems = 8 * 9 * 32 * 32;
+    let out_bytes = block_of_f32s(out_elems);
+    assert_eq!(cost.blocks, 2, "output + im2col columns: {cost:?}");
+    assert_eq!(cost.segments, 0, "{cost:?}");
+    assert_eq!(cost.kept_bytes, out_bytes, "{cost:?}");
+    assert_eq!(
+        cost.peak_bytes,
+        out_bytes + block_of_f32s(col_elems),
+        "{cost:?}"
+    );
+    assert!(
+        (cost.largest_system_request as i64) < out_bytes / 4,
+        "{cost:?}"
+    );
+    // Output (o=2, y=0, x=0): the 3x3 window clipped by the padding to its 2x2 lower-right part.
+    let (xv, wv) = (x.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+    let mut want = 0.0f64;
+    for ci in 0..8 {
+        for (ky, kx) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
+            let input = xv[ci * 1024 + (ky - 1) * 32 + (kx - 1)] as f64;
+            want += input * wv[((2 * 8 + ci) * 3 + ky) * 3 + kx] as f64;
+        }
+    }
+    assert!((y.to_vec::<f32>().unwrap()[2 * 1024] as f64 - want).abs() < 1e-4);
+}
