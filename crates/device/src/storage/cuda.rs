@@ -19,9 +19,12 @@
 //! argument (`launch.arg(&ptr)`), which is what the pointer of a `CudaSlice` becomes anyway.
 //! Empty buffers take no block (pointer 0).
 //!
-//! This issue provides allocation and host<->device copies; every kernel method returns
-//! [`Error::NotImplemented`] naming the op until the CUDA backend issue fills it in. Nothing here
-//! panics when libcuda is absent (the driver library's presence is checked first).
+//! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each an
+//! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
+//! elementwise ops, reductions, softmax, and matmul on cuBLAS. The neural-network and indexing
+//! kernels (conv, pooling, norms, embedding, gather/scatter) and the fused cross-entropy are not
+//! wired yet and return [`Error::NotImplemented`] naming the op; nothing falls back to the host.
+//! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
 use crate::backend::{
@@ -29,6 +32,7 @@ use crate::backend::{
     RunningStatsMut, Strided, UnaryOp,
 };
 use crate::ops::conv::Conv2dGeometry;
+use crate::ops::random::cuda::Generator;
 use crate::{DType, Device, Error, Layout, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use kiln_alloc_cache::{Allocation, StreamId};
@@ -177,6 +181,56 @@ impl CudaStorage {
         Ok(out)
     }
 
+    /// The logical CUDA ordinal of the device holding the buffer.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// A new uninitialised output of `numel` elements of `dtype` on `ordinal`, and the stream
+    /// every kernel writing it must be queued on.
+    pub(crate) fn output(
+        ordinal: usize,
+        numel: usize,
+        dtype: DType,
+    ) -> Result<(Arc<CudaStream>, Self)> {
+        let s = stream(ordinal)?;
+        let out = Self::allocate(ordinal, &s, numel * dtype.size_in_bytes(), dtype)?;
+        Ok((s, out))
+    }
+
+    /// Checks that every element `layout` reads lies inside the buffer, so no kernel reads past
+    /// it (the CPU backend would panic on the slice index instead).
+    pub(crate) fn check_view(&self, op: &'static str, layout: &Layout) -> Result<()> {
+        let need = layout.required_len();
+        if need > self.len() {
+            return Err(Error::LengthMismatch {
+                op,
+                what: format!(
+                    "the view (shape {:?}, strides {:?}, offset {}) reaches element {} of a \
+                     buffer of {}",
+                    layout.shape(),
+                    layout.strides(),
+                    layout.offset(),
+                    need - 1,
+                    self.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `other` lives on the same CUDA device.
+    pub(crate) fn same_device(&self, op: &'static str, other: &Self) -> Result<()> {
+        if other.ordinal != self.ordinal {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: self.device(),
+                rhs: other.device(),
+            });
+        }
+        Ok(())
+    }
+
     fn not_yet<T>(&self, op: &'static str) -> Result<T> {
         Err(Error::NotImplemented {
             op,
@@ -213,81 +267,96 @@ impl BackendStorage for CudaStorage {
         self.num_bytes / self.dtype.size_in_bytes()
     }
     fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
-        let host = CpuStorage::full(Device::Cpu, n, value, dtype)?;
-        CudaStorage::from_host(ordinal_of(device)?, &host)
+        CudaStorage::full_cuda(ordinal_of(device)?, n, value, dtype)
     }
     fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
-        let host = CpuStorage::arange(Device::Cpu, start, step, n, dtype)?;
-        CudaStorage::from_host(ordinal_of(device)?, &host)
+        let generator = Generator::Arange { start, step };
+        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
     }
     fn rand_uniform(
         device: Device,
-        _n: usize,
-        _l: f64,
-        _h: f64,
-        _s: u64,
-        _o: u64,
-        _d: DType,
+        n: usize,
+        low: f64,
+        high: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
     ) -> Result<Self> {
-        Err(Error::NotImplemented { op: "rand", device })
+        let generator = Generator::Uniform {
+            low,
+            high,
+            seed,
+            offset,
+        };
+        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
     }
     fn rand_normal(
         device: Device,
-        _n: usize,
-        _m: f64,
-        _s: f64,
-        _seed: u64,
-        _o: u64,
-        _d: DType,
+        n: usize,
+        mean: f64,
+        std: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
     ) -> Result<Self> {
-        Err(Error::NotImplemented {
-            op: "randn",
-            device,
-        })
+        let generator = Generator::Normal {
+            mean,
+            std,
+            seed,
+            offset,
+        };
+        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
     }
     fn from_cpu(device: Device, cpu: &CpuStorage) -> Result<Self> {
         CudaStorage::from_host(ordinal_of(device)?, cpu)
     }
     fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
-        let host = self.to_host()?;
+        // Gather the view on the device first, so only its elements cross the bus.
         if self.layout_is_whole(layout) {
-            Ok(host)
+            self.to_host()
         } else {
-            host.copy_contiguous(layout)
+            self.cast_cuda(layout, self.dtype)?.to_host()
         }
     }
-    fn unary(&self, _: &Layout, op: UnaryOp) -> Result<Self> {
-        self.not_yet(op.name())
+    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
+        self.unary_cuda(layout, op)
     }
-    fn binary(&self, _: &Layout, _: &Self, _: &Layout, op: BinaryOp) -> Result<Self> {
-        self.not_yet(op.name())
+    fn binary(&self, layout: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
+        self.binary_cuda(layout, rhs, rl, op)
     }
-    fn compare(&self, _: &Layout, _: &Self, _: &Layout, _: CmpOp) -> Result<Self> {
-        self.not_yet("comparison")
+    fn compare(&self, layout: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
+        self.compare_cuda(layout, rhs, rl, op)
     }
-    fn where_cond(&self, _: &Layout, _: &Self, _: &Layout, _: &Self, _: &Layout) -> Result<Self> {
-        self.not_yet("where")
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        on_true: &Self,
+        tl: &Layout,
+        on_false: &Self,
+        fl: &Layout,
+    ) -> Result<Self> {
+        self.where_cuda(layout, (on_true, tl), (on_false, fl))
     }
-    fn reduce(&self, _: &Layout, _: &[usize], _: ReduceOp) -> Result<Self> {
-        self.not_yet("reduction")
+    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
+        self.reduce_cuda(layout, dims, op)
     }
-    fn matmul(&self, _: &Layout, _: &Self, _: &Layout) -> Result<Self> {
-        self.not_yet("matmul")
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
+        self.matmul_cuda(layout, rhs, rhs_layout)
     }
-    fn softmax_last_dim(&self, _: &Layout, _: bool) -> Result<Self> {
-        self.not_yet("softmax")
+    fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self> {
+        self.softmax_cuda(layout, log)
     }
     fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
         if self.layout_is_whole(layout) {
             return self.try_clone();
         }
-        self.not_yet("contiguous")
+        self.cast_cuda(layout, self.dtype)
     }
-    fn copy_into(&self, _: &Layout, _: &mut Self, _: &Layout) -> Result<()> {
-        self.not_yet("copy")
+    fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
+        self.copy_into_cuda(layout, dst, dst_layout)
     }
-    fn to_dtype(&self, _: &Layout, _: DType) -> Result<Self> {
-        self.not_yet("to_dtype")
+    fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
+        self.cast_cuda(layout, dtype)
     }
     fn conv2d(
         &self,
