@@ -21,8 +21,8 @@
 //!
 //! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each an
 //! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
-//! elementwise ops, reductions, softmax, and matmul on cuBLAS. The neural-network and indexing
-//! kernels (conv, pooling, norms, embedding, gather/scatter) and the fused cross-entropy are not
+//! elementwise ops, reductions, softmax, matmul on cuBLAS, and the fused cross-entropy. The
+//! neural-network and indexing kernels (conv, pooling, norms, embedding, gather/scatter) are not
 //! wired yet and return [`Error::NotImplemented`] naming the op; nothing falls back to the host.
 //! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
@@ -476,6 +476,16 @@ impl BackendStorage for CudaStorage {
         accumulate: bool,
     ) -> Result<Self> {
         self.not_yet(if accumulate { "scatter_add" } else { "scatter" })
+    }
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        self.softmax_cross_entropy_cuda(layout, (target, target_layout), weight, spec)
     }
 }
 
