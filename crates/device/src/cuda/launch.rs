@@ -50,7 +50,7 @@ unsafe impl DeviceRepr for StridedArgs {}
 
 impl StridedArgs {
     /// The args of one view with `shape`/`strides` (at most [`MAX_DIMS`] dims).
-    fn new(offset: usize, shape: &[usize], strides: &[usize]) -> Self {
+    pub fn new(offset: usize, shape: &[usize], strides: &[usize]) -> Self {
         let mut args = StridedArgs {
             offset: offset as u64,
             shape: [1; MAX_DIMS],
@@ -227,6 +227,14 @@ mod tests {
                 let s = softmax::cuda::SOFTMAX_KERNELS;
                 wanted.push((s, format!("kiln_softmax_{}", suffix(d))));
             }
+        }
+        let ix = crate::ops::index::cuda::INDEX_KERNELS;
+        wanted.push((ix, "kiln_index_first_bad".into()));
+        for name in ["add_f32", "add_f64", "b1", "b2", "b4", "b8"] {
+            wanted.push((ix, format!("kiln_put_{name}")));
+        }
+        for bytes in [1, 2, 4, 8] {
+            wanted.push((ix, format!("kiln_take_b{bytes}")));
         }
         for (source, name) in &wanted {
             let ptx = match super::super::kernels::compile_ptx(source, (8, 0)) {

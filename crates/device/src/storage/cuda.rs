@@ -21,9 +21,9 @@
 //!
 //! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each an
 //! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
-//! elementwise ops, reductions, softmax, matmul on cuBLAS, and the fused cross-entropy. The
-//! neural-network and indexing kernels (conv, pooling, norms, embedding, gather/scatter) are not
-//! wired yet and return [`Error::NotImplemented`] naming the op; nothing falls back to the host.
+//! elementwise ops, reductions, softmax, matmul on cuBLAS, the fused cross-entropy, and the
+//! indexing ops (embedding, index_select, gather, scatter and their backward). The
+//! neural-network kernels (conv, pooling, batch/layer norm) are not wired yet and return [`Error::NotImplemented`] naming the op; nothing falls back to the host.
 //! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
@@ -440,42 +440,42 @@ impl BackendStorage for CudaStorage {
     ) -> Result<Grads3<Self>> {
         self.not_yet("layer_norm_backward")
     }
-    fn embedding(&self, _: &Layout, _: Strided<'_, Self>) -> Result<Self> {
-        self.not_yet("embedding")
+    fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> Result<Self> {
+        self.embedding_cuda(layout, indices)
     }
     fn embedding_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: usize,
-        _: Option<i64>,
+        layout: &Layout,
+        indices: Strided<'_, Self>,
+        num_embeddings: usize,
+        padding_idx: Option<i64>,
     ) -> Result<Self> {
-        self.not_yet("embedding_backward")
+        self.embedding_backward_cuda(layout, indices, num_embeddings, padding_idx)
     }
-    fn index_select(&self, _: &Layout, _: usize, _: Strided<'_, Self>) -> Result<Self> {
-        self.not_yet("index_select")
+    fn index_select(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        self.index_select_cuda(layout, dim, index)
     }
     fn index_select_backward(
         &self,
-        _: &Layout,
-        _: &[usize],
-        _: usize,
-        _: Strided<'_, Self>,
+        layout: &Layout,
+        input_shape: &[usize],
+        dim: usize,
+        index: Strided<'_, Self>,
     ) -> Result<Self> {
-        self.not_yet("index_select_backward")
+        self.index_select_backward_cuda(layout, input_shape, dim, index)
     }
-    fn gather(&self, _: &Layout, _: usize, _: Strided<'_, Self>) -> Result<Self> {
-        self.not_yet("gather")
+    fn gather(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        self.gather_cuda(layout, dim, index)
     }
     fn scatter(
         &self,
-        _: &Layout,
-        _: usize,
-        _: Strided<'_, Self>,
-        _: Strided<'_, Self>,
+        layout: &Layout,
+        dim: usize,
+        index: Strided<'_, Self>,
+        src: Strided<'_, Self>,
         accumulate: bool,
     ) -> Result<Self> {
-        self.not_yet(if accumulate { "scatter_add" } else { "scatter" })
+        self.scatter_cuda(layout, dim, index, src, accumulate)
     }
     fn softmax_cross_entropy(
         &self,
