@@ -22,8 +22,9 @@
 //! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each an
 //! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
 //! elementwise ops, reductions, softmax, matmul on cuBLAS, the fused cross-entropy, and the
-//! indexing ops (embedding, index_select, gather, scatter and their backward). The
-//! neural-network kernels (conv, pooling, batch/layer norm) are not wired yet and return [`Error::NotImplemented`] naming the op; nothing falls back to the host.
+//! indexing ops (embedding, index_select, gather, scatter and their backward), and batch/layer
+//! norm (composed from those kernels). Convolution and pooling are not wired yet and return
+//! [`Error::NotImplemented`] naming the op; nothing falls back to the host.
 //! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
@@ -390,55 +391,55 @@ impl BackendStorage for CudaStorage {
     }
     fn batch_norm_train(
         &self,
-        _: &Layout,
-        _: Option<Strided<'_, Self>>,
-        _: Option<Strided<'_, Self>>,
-        _: Option<RunningStatsMut<'_, Self>>,
-        _: f64,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running: Option<RunningStatsMut<'_, Self>>,
+        eps: f64,
     ) -> Result<[Self; 3]> {
-        self.not_yet("batch_norm")
+        self.batch_norm_train_cuda(layout, weight, bias, running, eps)
     }
     fn batch_norm_eval(
         &self,
-        _: &Layout,
-        _: Option<Strided<'_, Self>>,
-        _: Option<Strided<'_, Self>>,
-        _: Strided<'_, Self>,
-        _: Strided<'_, Self>,
-        _: f64,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running_mean: Strided<'_, Self>,
+        running_var: Strided<'_, Self>,
+        eps: f64,
     ) -> Result<Self> {
-        self.not_yet("batch_norm")
+        self.batch_norm_eval_cuda(layout, weight, bias, [running_mean, running_var], eps)
     }
     fn batch_norm_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: Option<Strided<'_, Self>>,
-        _: BatchNormStats<'_, Self>,
-        _: GradMask,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Option<Strided<'_, Self>>,
+        stats: BatchNormStats<'_, Self>,
+        mask: GradMask,
     ) -> Result<Grads3<Self>> {
-        self.not_yet("batch_norm_backward")
+        self.batch_norm_backward_cuda(layout, input, weight, stats, mask)
     }
     fn layer_norm(
         &self,
-        _: &Layout,
-        _: usize,
-        _: Option<Strided<'_, Self>>,
-        _: Option<Strided<'_, Self>>,
-        _: f64,
+        layout: &Layout,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        eps: f64,
     ) -> Result<[Self; 3]> {
-        self.not_yet("layer_norm")
+        self.layer_norm_cuda(layout, normalized_dims, weight, bias, eps)
     }
     fn layer_norm_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: usize,
-        _: Option<Strided<'_, Self>>,
-        _: [Strided<'_, Self>; 2],
-        _: GradMask,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        saved: [Strided<'_, Self>; 2],
+        mask: GradMask,
     ) -> Result<Grads3<Self>> {
-        self.not_yet("layer_norm_backward")
+        self.layer_norm_backward_cuda(layout, input, normalized_dims, weight, saved, mask)
     }
     fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> Result<Self> {
         self.embedding_cuda(layout, indices)
