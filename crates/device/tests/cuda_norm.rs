@@ -1,5 +1,5 @@
-//! CUDA batch norm / layer norm parity (forward, running-statistics update, backward in both
-//! modes) on `CudaStorage` against the CPU backend. Skips without a GPU (`cuda_device_or_skip`).
+//! CUDA batch norm / layer norm / conv2d parity (forward, running-statistics update, backward)
+//! on `CudaStorage` against the CPU backend. Skips without a GPU (`cuda_device_or_skip`).
 #![cfg(feature = "cuda")]
 
 use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
@@ -195,6 +195,67 @@ fn batch_norm_train_eval_and_backward_match_cpu() {
             for k in 0..3 {
                 assert_match(
                     &format!("batch_norm_backward {dtype} grad {k}"),
+                    want_g[k].as_ref().unwrap(),
+                    got_g[k].as_ref().unwrap(),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn conv2d_forward_and_backward_match_cpu() {
+    use kiln_device::ops::conv::{Conv2dGeometry, Conv2dParams};
+    let Some(dev) = cuda_device_or_skip() else {
+        return;
+    };
+    let cases = [
+        // (input [N, C, H, W], weight [C_out, C_in/g, kH, kW], params)
+        ([2, 3, 7, 6], [4, 3, 3, 3], Conv2dParams::default()),
+        (
+            [2, 4, 9, 8],
+            [6, 2, 3, 2],
+            Conv2dParams {
+                stride: [2, 1],
+                padding: [1, 2],
+                dilation: [2, 1],
+                groups: 2,
+            },
+        ),
+        ([1, 2, 5, 5], [3, 2, 1, 1], Conv2dParams::default()),
+    ];
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for (xs, ws, params) in cases {
+            let g = Conv2dGeometry::new(xs, ws, params).unwrap();
+            let (xn, wn): (usize, usize) = (xs.iter().product(), ws.iter().product());
+            let (x, w, b) = (
+                values(xn, dtype, 1),
+                values(wn, dtype, 2),
+                values(ws[0], dtype, 3),
+            );
+            let (xl, wl, bl) = (
+                Layout::contiguous(&xs),
+                Layout::contiguous(&ws),
+                Layout::contiguous(&[ws[0]]),
+            );
+            let (xg, wg, bg) = (gpu(dev, &x), gpu(dev, &w), gpu(dev, &b));
+            let what = format!("conv2d {dtype} {xs:?} {ws:?}");
+            let want = x.conv2d(&xl, (&w, &wl), Some((&b, &bl)), &g).unwrap();
+            let got = xg.conv2d(&xl, (&wg, &wl), Some((&bg, &bl)), &g).unwrap();
+            assert_match(&what, &want, &got);
+            let on: usize = g.output_shape().iter().product();
+            let go = values(on, dtype, 4);
+            let ol = Layout::contiguous(&g.output_shape());
+            let gog = gpu(dev, &go);
+            let want_g = go
+                .conv2d_backward(&ol, (&x, &xl), (&w, &wl), &g, [true; 3])
+                .unwrap();
+            let got_g = gog
+                .conv2d_backward(&ol, (&xg, &xl), (&wg, &wl), &g, [true; 3])
+                .unwrap();
+            for k in 0..3 {
+                assert_match(
+                    &format!("{what} grad {k}"),
                     want_g[k].as_ref().unwrap(),
                     got_g[k].as_ref().unwrap(),
                 );

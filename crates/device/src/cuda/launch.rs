@@ -236,6 +236,9 @@ mod tests {
         for bytes in [1, 2, 4, 8] {
             wanted.push((ix, format!("kiln_take_b{bytes}")));
         }
+        for name in ["im2col_f32", "im2col_f64", "col2im_f32", "col2im_f64"] {
+            wanted.push((crate::ops::conv::cuda::CONV_KERNELS, format!("kiln_{name}")));
+        }
         for (source, name) in &wanted {
             let ptx = match super::super::kernels::compile_ptx(source, (8, 0)) {
                 Err(Error::NvrtcNotFound) if !crate::testing::cuda_required() => {

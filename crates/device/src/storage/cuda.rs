@@ -23,8 +23,8 @@
 //! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
 //! elementwise ops, reductions, softmax, matmul on cuBLAS, the fused cross-entropy, and the
 //! indexing ops (embedding, index_select, gather, scatter and their backward), and batch/layer
-//! norm (composed from those kernels). Convolution and pooling are not wired yet and return
-//! [`Error::NotImplemented`] naming the op; nothing falls back to the host.
+//! norm (composed from those kernels), conv2d (im2col + cuBLAS). Pooling is not wired yet: it
+//! returns [`Error::NotImplemented`] naming the op; nothing falls back to the host.
 //! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
@@ -361,22 +361,22 @@ impl BackendStorage for CudaStorage {
     }
     fn conv2d(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: Option<Strided<'_, Self>>,
-        _: &Conv2dGeometry,
+        layout: &Layout,
+        weight: Strided<'_, Self>,
+        bias: Option<Strided<'_, Self>>,
+        geometry: &Conv2dGeometry,
     ) -> Result<Self> {
-        self.not_yet("conv2d")
+        self.conv2d_cuda(layout, weight, bias, geometry)
     }
     fn conv2d_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: Strided<'_, Self>,
-        _: &Conv2dGeometry,
-        _: GradMask,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Strided<'_, Self>,
+        geometry: &Conv2dGeometry,
+        mask: GradMask,
     ) -> Result<Grads3<Self>> {
-        self.not_yet("conv2d_backward")
+        self.conv2d_backward_cuda(layout, input, weight, geometry, mask)
     }
     fn pool2d(&self, _: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
         self.not_yet(pool_name(pool))
