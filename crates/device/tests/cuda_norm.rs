@@ -1,4 +1,4 @@
-//! CUDA batch norm / layer norm / conv2d parity (forward, running-statistics update, backward)
+//! CUDA batch norm / layer norm / conv2d / pooling parity (forward, running statistics, backward)
 //! on `CudaStorage` against the CPU backend. Skips without a GPU (`cuda_device_or_skip`).
 #![cfg(feature = "cuda")]
 
@@ -260,6 +260,66 @@ fn conv2d_forward_and_backward_match_cpu() {
                     got_g[k].as_ref().unwrap(),
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn pooling_forward_and_backward_match_cpu() {
+    use kiln_device::ops::pool::{
+        AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, AvgPool2dParams, MaxPool2dGeometry,
+        MaxPool2dParams,
+    };
+    use kiln_device::Pool2d;
+    let Some(dev) = cuda_device_or_skip() else {
+        return;
+    };
+    let xs = [2, 3, 9, 8];
+    let mut maxp = MaxPool2dParams::new([3, 2]);
+    maxp.stride = [2, 2];
+    maxp.padding = [1, 1];
+    maxp.dilation = [1, 2];
+    maxp.ceil_mode = true;
+    let mut avgp = AvgPool2dParams::new([3, 3]);
+    avgp.stride = [2, 1];
+    avgp.padding = [1, 1];
+    avgp.count_include_pad = false;
+    let mut avg_div = AvgPool2dParams::new([2, 2]);
+    avg_div.divisor_override = Some(3);
+    let pools = [
+        Pool2d::Max(MaxPool2dGeometry::new(xs, maxp).unwrap()),
+        Pool2d::Avg(AvgPool2dGeometry::new(xs, avgp).unwrap()),
+        Pool2d::Avg(AvgPool2dGeometry::new(xs, avg_div).unwrap()),
+        Pool2d::AdaptiveAvg(AdaptiveAvgPool2dGeometry::new(xs, [4, 3]).unwrap()),
+    ];
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        let n: usize = xs.iter().product();
+        let x = values(n, dtype, 1);
+        let xl = Layout::contiguous(&xs);
+        let xg = gpu(dev, &x);
+        for pool in &pools {
+            let what = format!("{dtype} {pool:?}");
+            let (want, want_idx) = x.pool2d(&xl, pool).unwrap();
+            let (got, got_idx) = xg.pool2d(&xl, pool).unwrap();
+            assert_match(&what, &want, &got);
+            if let (Some(wi), Some(gi)) = (&want_idx, &got_idx) {
+                assert_match(&format!("{what} indices"), wi, gi);
+            }
+            let os: Vec<usize> = match pool {
+                Pool2d::Max(g) => g.shape.output_shape().to_vec(),
+                Pool2d::Avg(g) => g.shape.output_shape().to_vec(),
+                Pool2d::AdaptiveAvg(g) => g.shape.output_shape().to_vec(),
+            };
+            let ol = Layout::contiguous(&os);
+            let go = values(want.len(), dtype, 2);
+            let gog = gpu(dev, &go);
+            let want_g = go
+                .pool2d_backward(&ol, want_idx.as_ref().map(|i| (i, &ol)), pool)
+                .unwrap();
+            let got_g = gog
+                .pool2d_backward(&ol, got_idx.as_ref().map(|i| (i, &ol)), pool)
+                .unwrap();
+            assert_match(&format!("{what} backward"), &want_g, &got_g);
         }
     }
 }

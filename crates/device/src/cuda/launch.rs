@@ -239,6 +239,13 @@ mod tests {
         for name in ["im2col_f32", "im2col_f64", "col2im_f32", "col2im_f64"] {
             wanted.push((crate::ops::conv::cuda::CONV_KERNELS, format!("kiln_{name}")));
         }
+        for kind in ["max_pool", "avg_pool", "adaptive_avg_pool"] {
+            for t in ["f32", "f64"] {
+                let p = crate::ops::pool::cuda::POOL_KERNELS;
+                wanted.push((p, format!("kiln_{kind}_{t}")));
+                wanted.push((p, format!("kiln_{kind}_backward_{t}")));
+            }
+        }
         for (source, name) in &wanted {
             let ptx = match super::super::kernels::compile_ptx(source, (8, 0)) {
                 Err(Error::NvrtcNotFound) if !crate::testing::cuda_required() => {

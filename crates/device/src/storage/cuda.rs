@@ -23,8 +23,8 @@
 //! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
 //! elementwise ops, reductions, softmax, matmul on cuBLAS, the fused cross-entropy, and the
 //! indexing ops (embedding, index_select, gather, scatter and their backward), and batch/layer
-//! norm (composed from those kernels), conv2d (im2col + cuBLAS). Pooling is not wired yet: it
-//! returns [`Error::NotImplemented`] naming the op; nothing falls back to the host.
+//! norm (composed from those kernels), conv2d (im2col + cuBLAS) and 2-D pooling. Every method of
+//! the seam runs on the device; nothing falls back to the host.
 //! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
@@ -232,15 +232,7 @@ impl CudaStorage {
         Ok(())
     }
 
-    fn not_yet<T>(&self, op: &'static str) -> Result<T> {
-        Err(Error::NotImplemented {
-            op,
-            device: Device::Cuda(self.ordinal),
-        })
-    }
-
-    /// True when `layout` covers the whole buffer in order (a copy can move it as is). Ops without
-    /// a CUDA kernel never fall back to the host silently; they return `NotImplemented`.
+    /// True when `layout` covers the whole buffer in order (a copy can move it as is).
     fn layout_is_whole(&self, layout: &Layout) -> bool {
         layout.is_contiguous()
             && layout.offset() == 0
@@ -378,16 +370,16 @@ impl BackendStorage for CudaStorage {
     ) -> Result<Grads3<Self>> {
         self.conv2d_backward_cuda(layout, input, weight, geometry, mask)
     }
-    fn pool2d(&self, _: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
-        self.not_yet(pool_name(pool))
+    fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
+        self.pool2d_cuda(layout, pool)
     }
     fn pool2d_backward(
         &self,
-        _: &Layout,
-        _: Option<Strided<'_, Self>>,
+        layout: &Layout,
+        indices: Option<Strided<'_, Self>>,
         pool: &Pool2d,
     ) -> Result<Self> {
-        self.not_yet(pool_name(pool))
+        self.pool2d_backward_cuda(layout, indices, pool)
     }
     fn batch_norm_train(
         &self,
@@ -487,14 +479,5 @@ impl BackendStorage for CudaStorage {
         spec: &crate::ops::loss::CrossEntropySpec,
     ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
         self.softmax_cross_entropy_cuda(layout, (target, target_layout), weight, spec)
-    }
-}
-
-/// The op name of a pooling, for `NotImplemented`.
-fn pool_name(pool: &Pool2d) -> &'static str {
-    match pool {
-        Pool2d::Max(_) => "max_pool2d",
-        Pool2d::Avg(_) => "avg_pool2d",
-        Pool2d::AdaptiveAvg(_) => "adaptive_avg_pool2d",
     }
 }

@@ -57,12 +57,13 @@ fn along(rank: usize, dim: usize) -> Vec<usize> {
 }
 
 /// The index tensor as contiguous `I64` on the device, checked against `[0, size)`.
-struct Indices {
+pub(crate) struct Indices {
     _keep: Option<CudaStorage>,
-    ptr: u64,
+    /// Device address of the first index.
+    pub(crate) ptr: u64,
 }
 
-fn indices(
+pub(crate) fn indices(
     op: &'static str,
     (index, layout): (&CudaStorage, &Layout),
     dim: usize,
