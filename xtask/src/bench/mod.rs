@@ -8,6 +8,7 @@
 
 mod alloc;
 mod ops;
+mod ops_gpu;
 
 use serde::Serialize;
 use std::fmt::Write as _;
