@@ -7,6 +7,7 @@
 //! runs. [`no_grad`] turns recording off per thread. [`Parameter`] and [`Module`] are the
 //! contract layers and optimizers build on.
 
+mod autocast;
 mod autograd;
 mod custom_op;
 mod error;
@@ -19,6 +20,7 @@ mod raw_access;
 mod tensor;
 mod view;
 
+pub use autocast::{autocast, autocast_dtype, AutocastGuard};
 pub use autograd::grad_mode::{
     enable_grad, is_grad_enabled, no_grad, EnableGradGuard, NoGradGuard,
 };

@@ -136,6 +136,18 @@ pub enum Error {
         /// The driver's message.
         msg: String,
     },
+    /// Launching a CUDA kernel (or a cuBLAS call) failed. A sticky error left by an earlier
+    /// asynchronous failure also surfaces here, at the next launch on the context.
+    #[error(
+        "CUDA kernel {kernel} failed to launch: {code}; a sticky error (illegal address, device-side \
+         assert) means an earlier kernel failed: rerun with CUDA_LAUNCH_BLOCKING=1 to find it"
+    )]
+    KernelLaunch {
+        /// The kernel's `extern "C"` name (or the cuBLAS routine).
+        kernel: String,
+        /// The driver's (or cuBLAS's) error name and description.
+        code: String,
+    },
     /// A kernel was called with bad parameters, shapes, buffers or indices.
     #[error(transparent)]
     Kernel(#[from] crate::ops::KernelError),

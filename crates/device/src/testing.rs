@@ -47,6 +47,36 @@ pub fn cuda_device_or_skip() -> Option<Device> {
     }
 }
 
+/// The tolerances a device's result must meet against the CPU reference, per dtype: the one
+/// place they are written down. A value `got` matches `want` when
+/// `|got - want| <= atol + rtol * |want|` (NaN matches NaN, infinities must be equal).
+///
+/// Integer and bool results, copies, casts and the Philox uniforms must be exact (0, 0). Float
+/// tolerances cover a different summation order (tree vs sequential) and device math functions
+/// that differ from the host libm by a few ulps; for f16/bf16 they are one unit in the last
+/// place of the type, since both sides round the same f32 value but that value may differ.
+pub fn tolerance(dtype: crate::DType) -> (f64, f64) {
+    use crate::DType;
+    match dtype {
+        DType::F64 => (1e-12, 1e-12),
+        DType::F32 => (1e-5, 1e-5),
+        DType::F16 => (1e-3, 1e-3),
+        DType::BF16 => (8e-3, 8e-3),
+        DType::I64 | DType::U8 | DType::Bool => (0.0, 0.0),
+    }
+}
+
+/// True when `got` matches `want` within `(atol, rtol)` (see [`tolerance`]).
+pub fn close(got: f64, want: f64, (atol, rtol): (f64, f64)) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return got.is_nan() && want.is_nan();
+    }
+    if got.is_infinite() || want.is_infinite() {
+        return got == want;
+    }
+    (got - want).abs() <= atol + rtol * want.abs()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@
 mod alloc;
 mod clip;
 mod ops;
+mod ops_gpu;
 mod optim;
 
 use serde::Serialize;

@@ -32,10 +32,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     matmul(options, &mut rows)?;
     conv2d(options, &mut rows)?;
     if options.gpu {
-        eprintln!(
-            "bench ops: --gpu cases skipped: conv2d/matmul have no CUDA kernels yet (the CUDA \
-             backend issue adds them); no CUDA row is reported"
-        );
+        super::ops_gpu::run(options, &mut rows)?;
     }
     Ok(rows)
 }

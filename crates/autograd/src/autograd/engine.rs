@@ -43,6 +43,8 @@ pub(crate) fn run_backward(
     gradient: Option<&Tensor>,
     retain_graph: bool,
 ) -> Result<()> {
+    // Backward runs in the dtypes the forward recorded, never under autocast (PyTorch's rule).
+    let _no_autocast = crate::autocast::AutocastGuard::disabled();
     if !root.requires_grad() {
         return Err(Error::Autograd(
             "backward: the tensor does not require grad and has no grad_fn; call \

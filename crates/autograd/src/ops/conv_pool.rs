@@ -43,6 +43,11 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "conv2d";
         self.check_float(OP)?;
+        let mut operands = vec![self, weight];
+        operands.extend(bias);
+        if let Some(cast) = crate::autocast::lower_all(&operands)? {
+            return cast[0].conv2d(&cast[1], cast.get(2), params);
+        }
         self.check_same_kind(OP, weight)?;
         let input_shape = dims4(
             OP,

@@ -13,6 +13,9 @@ impl Tensor {
     /// Matrix product with batch broadcasting (`[.., m, k] @ [.., k, n]`; 1-D operands allowed).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.check_float("matmul")?;
+        if let Some(cast) = crate::autocast::lower_all(&[self, rhs])? {
+            return cast[0].matmul(&cast[1]);
+        }
         self.check_same_kind("matmul", rhs)?;
         let shapes = || format!("{} @ {}", fmt_shape(self.shape()), fmt_shape(rhs.shape()));
         if self.rank() == 0 || rhs.rank() == 0 {

@@ -9,7 +9,7 @@
 use crate::error::{arg_err, shape_err};
 use crate::ops::conv_pool::grad_tensor;
 use crate::tensor::{fmt_shape, Tensor};
-use crate::Result;
+use crate::{DType, Result};
 use kiln_device::{BackendStorage, BatchNormStats, RunningStatsMut};
 
 /// Mode and constants of [`Tensor::batch_norm`]; `Default` is PyTorch's (training, momentum
@@ -244,6 +244,13 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "layer_norm";
         self.check_float(OP)?;
+        if let Some(wide) = crate::autocast::to_f32(self)? {
+            let (w, b) = (
+                weight.map(|w| w.to_dtype(DType::F32)).transpose()?,
+                bias.map(|b| b.to_dtype(DType::F32)).transpose()?,
+            );
+            return wide.layer_norm(normalized_shape, w.as_ref(), b.as_ref(), eps);
+        }
         let k = normalized_shape.len();
         let r = self.rank();
         if k == 0 || k > r || self.shape()[r - k..] != *normalized_shape {

@@ -41,6 +41,9 @@ impl Tensor {
 
     /// Sum over `dims` (empty: all). Integer and bool tensors sum to `I64`.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        if let Some(wide) = crate::autocast::to_f32(self)? {
+            return wide.sum(dims, keepdim);
+        }
         let d = resolve_dims("sum", dims, self.rank())?;
         let out = self.reduce_raw(&d, ReduceOp::Sum, keepdim)?;
         let node = Tensor::grad_node("SumBackward", &[self], |_| {
@@ -238,6 +241,9 @@ impl Tensor {
     /// `log(sum(exp(x)))` over `dims`, computed stably (the max is subtracted first).
     pub fn logsumexp(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         self.check_float("logsumexp")?;
+        if let Some(wide) = crate::autocast::to_f32(self)? {
+            return wide.logsumexp(dims, keepdim);
+        }
         let m = no_grad(|| -> Result<Tensor> {
             let m = self.amax(dims, true)?;
             let infinite = m.abs()?.eq_scalar(f64::INFINITY)?;
@@ -255,6 +261,9 @@ impl Tensor {
     /// at a zero norm is 0 (PyTorch's convention), not NaN.
     pub fn norm(&self, p: f64, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         self.check_float("norm")?;
+        if let Some(wide) = crate::autocast::to_f32(self)? {
+            return wide.norm(p, dims, keepdim);
+        }
         if p.is_nan() || p <= 0.0 {
             return Err(arg_err(
                 "norm",

@@ -18,6 +18,9 @@ impl Tensor {
 
     fn softmax_impl(&self, op: &'static str, dim: isize, log: bool) -> Result<Tensor> {
         self.check_float(op)?;
+        if let Some(wide) = crate::autocast::to_f32(self)? {
+            return wide.softmax_impl(op, dim, log);
+        }
         let d = resolve_dim(op, dim, self.rank())?;
         if self.rank() == 0 {
             return self.unsqueeze(0)?.softmax_impl(op, 0, log)?.squeeze_dim(0);

@@ -4,10 +4,16 @@
 
 use kiln_autograd::{no_grad, DType, Device, Generator, Result, Tensor};
 
-/// Devices op tests run on. CUDA joins here (one line) once `kiln_device::testing` lands:
-/// `if let Some(d) = kiln_device::testing::cuda_device_or_skip() { v.push(d) }`.
+/// Devices op tests run on: the CPU always, and `cuda:0` when a GPU is usable
+/// (`cuda_device_or_skip` prints why not; with `KILN_REQUIRE_CUDA=1` it fails instead). Every
+/// test loops over this list and checks each device against the same reference values, so a
+/// GPU run compares CUDA results with what the CPU must produce.
 pub fn devices() -> Vec<Device> {
-    vec![Device::Cpu]
+    let mut v = vec![Device::Cpu];
+    if let Some(d) = kiln_device::testing::cuda_device_or_skip() {
+        v.push(d);
+    }
+    v
 }
 
 /// Deterministic f64 test data of `shape` (normal, seeded).

@@ -7,6 +7,7 @@
 
 mod alloc_backend;
 pub mod kernels;
+pub mod launch;
 pub(crate) mod probe;
 
 use std::collections::HashMap;

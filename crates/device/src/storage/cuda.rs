@@ -19,9 +19,13 @@
 //! argument (`launch.arg(&ptr)`), which is what the pointer of a `CudaSlice` becomes anyway.
 //! Empty buffers take no block (pointer 0).
 //!
-//! This issue provides allocation and host<->device copies; every kernel method returns
-//! [`Error::NotImplemented`] naming the op until the CUDA backend issue fills it in. Nothing here
-//! panics when libcuda is absent (the driver library's presence is checked first).
+//! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each an
+//! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
+//! elementwise ops, reductions, softmax, matmul on cuBLAS, the fused cross-entropy, and the
+//! indexing ops (embedding, index_select, gather, scatter and their backward), and batch/layer
+//! norm (composed from those kernels), conv2d (im2col + cuBLAS) and 2-D pooling. Every method of
+//! the seam runs on the device; nothing falls back to the host.
+//! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
 use crate::backend::{
@@ -29,6 +33,7 @@ use crate::backend::{
     RunningStatsMut, Strided, UnaryOp,
 };
 use crate::ops::conv::Conv2dGeometry;
+use crate::ops::random::cuda::Generator;
 use crate::{DType, Device, Error, Layout, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use kiln_alloc_cache::{Allocation, StreamId};
@@ -183,15 +188,57 @@ impl CudaStorage {
         self.device_ptr() + (element_offset * self.dtype.size_in_bytes()) as u64
     }
 
-    fn not_yet<T>(&self, op: &'static str) -> Result<T> {
-        Err(Error::NotImplemented {
-            op,
-            device: Device::Cuda(self.ordinal),
-        })
+    /// The logical CUDA ordinal of the device holding the buffer.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
-    /// True when `layout` covers the whole buffer in order (a copy can move it as is). Ops without
-    /// a CUDA kernel never fall back to the host silently; they return `NotImplemented`.
+    /// A new uninitialised output of `numel` elements of `dtype` on `ordinal`, and the stream
+    /// every kernel writing it must be queued on.
+    pub(crate) fn output(
+        ordinal: usize,
+        numel: usize,
+        dtype: DType,
+    ) -> Result<(Arc<CudaStream>, Self)> {
+        let s = stream(ordinal)?;
+        let out = Self::allocate(ordinal, &s, numel * dtype.size_in_bytes(), dtype)?;
+        Ok((s, out))
+    }
+
+    /// Checks that every element `layout` reads lies inside the buffer, so no kernel reads past
+    /// it (the CPU backend would panic on the slice index instead).
+    pub(crate) fn check_view(&self, op: &'static str, layout: &Layout) -> Result<()> {
+        let need = layout.required_len();
+        if need > self.len() {
+            return Err(Error::LengthMismatch {
+                op,
+                what: format!(
+                    "the view (shape {:?}, strides {:?}, offset {}) reaches element {} of a \
+                     buffer of {}",
+                    layout.shape(),
+                    layout.strides(),
+                    layout.offset(),
+                    need - 1,
+                    self.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `other` lives on the same CUDA device.
+    pub(crate) fn same_device(&self, op: &'static str, other: &Self) -> Result<()> {
+        if other.ordinal != self.ordinal {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: self.device(),
+                rhs: other.device(),
+            });
+        }
+        Ok(())
+    }
+
+    /// True when `layout` covers the whole buffer in order (a copy can move it as is).
     fn layout_is_whole(&self, layout: &Layout) -> bool {
         layout.is_contiguous()
             && layout.offset() == 0
@@ -219,208 +266,224 @@ impl BackendStorage for CudaStorage {
         self.num_bytes / self.dtype.size_in_bytes()
     }
     fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
-        let host = CpuStorage::full(Device::Cpu, n, value, dtype)?;
-        CudaStorage::from_host(ordinal_of(device)?, &host)
+        CudaStorage::full_cuda(ordinal_of(device)?, n, value, dtype)
     }
     fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
-        let host = CpuStorage::arange(Device::Cpu, start, step, n, dtype)?;
-        CudaStorage::from_host(ordinal_of(device)?, &host)
+        let generator = Generator::Arange { start, step };
+        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
     }
     fn rand_uniform(
         device: Device,
-        _n: usize,
-        _l: f64,
-        _h: f64,
-        _s: u64,
-        _o: u64,
-        _d: DType,
+        n: usize,
+        low: f64,
+        high: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
     ) -> Result<Self> {
-        Err(Error::NotImplemented { op: "rand", device })
+        let generator = Generator::Uniform {
+            low,
+            high,
+            seed,
+            offset,
+        };
+        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
     }
     fn rand_normal(
         device: Device,
-        _n: usize,
-        _m: f64,
-        _s: f64,
-        _seed: u64,
-        _o: u64,
-        _d: DType,
+        n: usize,
+        mean: f64,
+        std: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
     ) -> Result<Self> {
-        Err(Error::NotImplemented {
-            op: "randn",
-            device,
-        })
+        let generator = Generator::Normal {
+            mean,
+            std,
+            seed,
+            offset,
+        };
+        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
     }
     fn from_cpu(device: Device, cpu: &CpuStorage) -> Result<Self> {
         CudaStorage::from_host(ordinal_of(device)?, cpu)
     }
     fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
-        let host = self.to_host()?;
+        // Gather the view on the device first, so only its elements cross the bus.
         if self.layout_is_whole(layout) {
-            Ok(host)
+            self.to_host()
         } else {
-            host.copy_contiguous(layout)
+            self.cast_cuda(layout, self.dtype)?.to_host()
         }
     }
-    fn unary(&self, _: &Layout, op: UnaryOp) -> Result<Self> {
-        self.not_yet(op.name())
+    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
+        self.unary_cuda(layout, op)
     }
-    fn binary(&self, _: &Layout, _: &Self, _: &Layout, op: BinaryOp) -> Result<Self> {
-        self.not_yet(op.name())
+    fn binary(&self, layout: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
+        self.binary_cuda(layout, rhs, rl, op)
     }
-    fn compare(&self, _: &Layout, _: &Self, _: &Layout, _: CmpOp) -> Result<Self> {
-        self.not_yet("comparison")
+    fn compare(&self, layout: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
+        self.compare_cuda(layout, rhs, rl, op)
     }
-    fn where_cond(&self, _: &Layout, _: &Self, _: &Layout, _: &Self, _: &Layout) -> Result<Self> {
-        self.not_yet("where")
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        on_true: &Self,
+        tl: &Layout,
+        on_false: &Self,
+        fl: &Layout,
+    ) -> Result<Self> {
+        self.where_cuda(layout, (on_true, tl), (on_false, fl))
     }
-    fn reduce(&self, _: &Layout, _: &[usize], _: ReduceOp) -> Result<Self> {
-        self.not_yet("reduction")
+    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
+        self.reduce_cuda(layout, dims, op)
     }
-    fn matmul(&self, _: &Layout, _: &Self, _: &Layout) -> Result<Self> {
-        self.not_yet("matmul")
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
+        self.matmul_cuda(layout, rhs, rhs_layout)
     }
-    fn softmax_last_dim(&self, _: &Layout, _: bool) -> Result<Self> {
-        self.not_yet("softmax")
+    fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self> {
+        self.softmax_cuda(layout, log)
     }
     fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
         if self.layout_is_whole(layout) {
             return self.try_clone();
         }
-        self.not_yet("contiguous")
+        self.cast_cuda(layout, self.dtype)
     }
-    fn copy_into(&self, _: &Layout, _: &mut Self, _: &Layout) -> Result<()> {
-        self.not_yet("copy")
+    fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
+        self.copy_into_cuda(layout, dst, dst_layout)
     }
-    fn to_dtype(&self, _: &Layout, _: DType) -> Result<Self> {
-        self.not_yet("to_dtype")
+    fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
+        self.cast_cuda(layout, dtype)
     }
     fn conv2d(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: Option<Strided<'_, Self>>,
-        _: &Conv2dGeometry,
+        layout: &Layout,
+        weight: Strided<'_, Self>,
+        bias: Option<Strided<'_, Self>>,
+        geometry: &Conv2dGeometry,
     ) -> Result<Self> {
-        self.not_yet("conv2d")
+        self.conv2d_cuda(layout, weight, bias, geometry)
     }
     fn conv2d_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: Strided<'_, Self>,
-        _: &Conv2dGeometry,
-        _: GradMask,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Strided<'_, Self>,
+        geometry: &Conv2dGeometry,
+        mask: GradMask,
     ) -> Result<Grads3<Self>> {
-        self.not_yet("conv2d_backward")
+        self.conv2d_backward_cuda(layout, input, weight, geometry, mask)
     }
-    fn pool2d(&self, _: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
-        self.not_yet(pool_name(pool))
+    fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
+        self.pool2d_cuda(layout, pool)
     }
     fn pool2d_backward(
         &self,
-        _: &Layout,
-        _: Option<Strided<'_, Self>>,
+        layout: &Layout,
+        indices: Option<Strided<'_, Self>>,
         pool: &Pool2d,
     ) -> Result<Self> {
-        self.not_yet(pool_name(pool))
+        self.pool2d_backward_cuda(layout, indices, pool)
     }
     fn batch_norm_train(
         &self,
-        _: &Layout,
-        _: Option<Strided<'_, Self>>,
-        _: Option<Strided<'_, Self>>,
-        _: Option<RunningStatsMut<'_, Self>>,
-        _: f64,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running: Option<RunningStatsMut<'_, Self>>,
+        eps: f64,
     ) -> Result<[Self; 3]> {
-        self.not_yet("batch_norm")
+        self.batch_norm_train_cuda(layout, weight, bias, running, eps)
     }
     fn batch_norm_eval(
         &self,
-        _: &Layout,
-        _: Option<Strided<'_, Self>>,
-        _: Option<Strided<'_, Self>>,
-        _: Strided<'_, Self>,
-        _: Strided<'_, Self>,
-        _: f64,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running_mean: Strided<'_, Self>,
+        running_var: Strided<'_, Self>,
+        eps: f64,
     ) -> Result<Self> {
-        self.not_yet("batch_norm")
+        self.batch_norm_eval_cuda(layout, weight, bias, [running_mean, running_var], eps)
     }
     fn batch_norm_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: Option<Strided<'_, Self>>,
-        _: BatchNormStats<'_, Self>,
-        _: GradMask,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Option<Strided<'_, Self>>,
+        stats: BatchNormStats<'_, Self>,
+        mask: GradMask,
     ) -> Result<Grads3<Self>> {
-        self.not_yet("batch_norm_backward")
+        self.batch_norm_backward_cuda(layout, input, weight, stats, mask)
     }
     fn layer_norm(
         &self,
-        _: &Layout,
-        _: usize,
-        _: Option<Strided<'_, Self>>,
-        _: Option<Strided<'_, Self>>,
-        _: f64,
+        layout: &Layout,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        eps: f64,
     ) -> Result<[Self; 3]> {
-        self.not_yet("layer_norm")
+        self.layer_norm_cuda(layout, normalized_dims, weight, bias, eps)
     }
     fn layer_norm_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: usize,
-        _: Option<Strided<'_, Self>>,
-        _: [Strided<'_, Self>; 2],
-        _: GradMask,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        saved: [Strided<'_, Self>; 2],
+        mask: GradMask,
     ) -> Result<Grads3<Self>> {
-        self.not_yet("layer_norm_backward")
+        self.layer_norm_backward_cuda(layout, input, normalized_dims, weight, saved, mask)
     }
-    fn embedding(&self, _: &Layout, _: Strided<'_, Self>) -> Result<Self> {
-        self.not_yet("embedding")
+    fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> Result<Self> {
+        self.embedding_cuda(layout, indices)
     }
     fn embedding_backward(
         &self,
-        _: &Layout,
-        _: Strided<'_, Self>,
-        _: usize,
-        _: Option<i64>,
+        layout: &Layout,
+        indices: Strided<'_, Self>,
+        num_embeddings: usize,
+        padding_idx: Option<i64>,
     ) -> Result<Self> {
-        self.not_yet("embedding_backward")
+        self.embedding_backward_cuda(layout, indices, num_embeddings, padding_idx)
     }
-    fn index_select(&self, _: &Layout, _: usize, _: Strided<'_, Self>) -> Result<Self> {
-        self.not_yet("index_select")
+    fn index_select(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        self.index_select_cuda(layout, dim, index)
     }
     fn index_select_backward(
         &self,
-        _: &Layout,
-        _: &[usize],
-        _: usize,
-        _: Strided<'_, Self>,
+        layout: &Layout,
+        input_shape: &[usize],
+        dim: usize,
+        index: Strided<'_, Self>,
     ) -> Result<Self> {
-        self.not_yet("index_select_backward")
+        self.index_select_backward_cuda(layout, input_shape, dim, index)
     }
-    fn gather(&self, _: &Layout, _: usize, _: Strided<'_, Self>) -> Result<Self> {
-        self.not_yet("gather")
+    fn gather(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        self.gather_cuda(layout, dim, index)
     }
     fn scatter(
         &self,
-        _: &Layout,
-        _: usize,
-        _: Strided<'_, Self>,
-        _: Strided<'_, Self>,
+        layout: &Layout,
+        dim: usize,
+        index: Strided<'_, Self>,
+        src: Strided<'_, Self>,
         accumulate: bool,
     ) -> Result<Self> {
-        self.not_yet(if accumulate { "scatter_add" } else { "scatter" })
+        self.scatter_cuda(layout, dim, index, src, accumulate)
     }
-}
-
-/// The op name of a pooling, for `NotImplemented`.
-fn pool_name(pool: &Pool2d) -> &'static str {
-    match pool {
-        Pool2d::Max(_) => "max_pool2d",
-        Pool2d::Avg(_) => "avg_pool2d",
-        Pool2d::AdaptiveAvg(_) => "adaptive_avg_pool2d",
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &crate::ops::loss::CrossEntropySpec,
+    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
+        self.softmax_cross_entropy_cuda(layout, (target, target_layout), weight, spec)
     }
 }

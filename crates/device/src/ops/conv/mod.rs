@@ -8,9 +8,12 @@
 //! [`Conv2dParams`]; that constructor is where every parameter rule is checked (zero stride,
 //! channel counts not divisible by `groups`, a dilated kernel that does not fit into the padded
 //! input, ...). The kernels in [`cpu`] then only check that each slice has its shape's length.
-//! A CUDA implementation would sit beside `cpu.rs` and take the same geometry.
+//! The CUDA implementation ([`cuda`]: im2col/col2im kernels around cuBLAS GEMMs) sits beside
+//! `cpu.rs` and takes the same geometry.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod im2col;
 pub mod reference;
 

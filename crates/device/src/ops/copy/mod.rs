@@ -2,3 +2,5 @@
 //! backward of `narrow`/`select`), and dtype conversion.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -1,15 +1,18 @@
-//! Fill and strided copy on CUDA: launches the kernels of `fill.cu` on a cudarc stream.
+//! Fill and strided copy on CUDA: launches the kernels of `fill.cu` on a stream.
 //!
-//! Launches go on the stream the destination buffer belongs to (`CudaSlice::stream`), so they
-//! order after whatever else was queued there; cudarc records the read/write events that keep
-//! the buffers alive until the kernels finish.
+//! Buffers are raw device pointers with their element counts (the style of
+//! [`crate::CudaStorage`], whose blocks come from the caching allocator): launches are queued on
+//! the stream given, which must be the stream the buffers are used on, so stream order keeps them
+//! alive; nothing here waits.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 
 use super::{StridedLayout, MAX_DIMS};
-use crate::cuda::driver_error;
 use crate::cuda::kernels::{load_function, KernelSource};
+use crate::cuda::launch::launch_error;
 use crate::error::{Error, Result};
 
 /// The kernels of this op family.
@@ -68,29 +71,43 @@ fn launch_config(n: u64) -> LaunchConfig {
     }
 }
 
-/// Writes `value` into every element of `dst`, on `dst`'s stream.
-pub fn fill<T: FillElement>(dst: &mut CudaSlice<T>, value: T) -> Result<()> {
-    let n = dst.len() as u64;
+/// Writes `value` into the `n` elements of type `T` at device address `dst`, on `stream`.
+///
+/// # Safety
+/// `dst` must point to at least `n` elements of `T` in `stream`'s context, valid until the work
+/// queued on `stream` so far has run.
+pub unsafe fn fill<T: FillElement>(
+    stream: &Arc<CudaStream>,
+    dst: u64,
+    n: usize,
+    value: T,
+) -> Result<()> {
+    let n = n as u64;
     if n == 0 {
         return Ok(());
     }
-    let stream = dst.stream().clone();
     let function = load_function(stream.context(), &FILL_KERNELS, T::FILL_KERNEL)?;
     let mut launch = stream.launch_builder(&function);
-    launch.arg(dst).arg(&value).arg(&n);
-    // SAFETY: the kernel's signature is (T*, T, u64) and it writes only dst[0..n).
-    unsafe { launch.launch(launch_config(n)) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
+    launch.arg(&dst).arg(&value).arg(&n);
+    // SAFETY: the kernel's signature is (T*, T, u64) and it writes only dst[0..n), which the
+    // caller guarantees.
+    unsafe { launch.launch(launch_config(n)) }.map_err(|e| launch_error(T::FILL_KERNEL, e))?;
     Ok(())
 }
 
-/// Gathers the view `layout` of `src` into the contiguous `dst`, on `dst`'s stream (which must
-/// be `src`'s stream or ordered after it).
-pub fn copy_strided<T: DeviceRepr>(
-    src: &CudaSlice<T>,
+/// Gathers the view `layout` of the `src_len` elements of `T` at `src` into the `dst_len`
+/// contiguous elements at `dst`, on `stream`.
+///
+/// # Safety
+/// `src` and `dst` must point to at least `src_len` / `dst_len` elements of `T` in `stream`'s
+/// context, valid until the work queued on `stream` so far has run.
+pub unsafe fn copy_strided<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    (src, src_len): (u64, usize),
     layout: &StridedLayout,
-    dst: &mut CudaSlice<T>,
+    (dst, dst_len): (u64, usize),
 ) -> Result<()> {
-    let n = layout.check("copy_strided", src.len(), dst.len())? as u64;
+    let n = layout.check("copy_strided", src_len, dst_len)? as u64;
     if n == 0 {
         return Ok(());
     }
@@ -118,13 +135,12 @@ pub fn copy_strided<T: DeviceRepr>(
     }
     args.ndim = layout.shape.len() as u32;
     let offset = layout.offset as u64;
-    let stream = dst.stream().clone();
     let function = load_function(stream.context(), &FILL_KERNELS, name)?;
     let mut launch = stream.launch_builder(&function);
-    launch.arg(src).arg(&offset).arg(&args).arg(dst).arg(&n);
-    // SAFETY: the signature matches fill.cu; `check` proved every index read is < src.len() and
-    // the kernel writes only dst[0..n) with n == dst.len().
-    unsafe { launch.launch(launch_config(n)) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
+    launch.arg(&src).arg(&offset).arg(&args).arg(&dst).arg(&n);
+    // SAFETY: the signature matches fill.cu; `check` proved every index read is < src_len and
+    // the kernel writes only dst[0..n) with n == dst_len; the caller vouches for the pointers.
+    unsafe { launch.launch(launch_config(n)) }.map_err(|e| launch_error(name, e))?;
     Ok(())
 }
 
@@ -132,6 +148,31 @@ pub fn copy_strided<T: DeviceRepr>(
 mod tests {
     use super::*;
     use crate::testing::cuda_device_or_skip;
+    use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+    fn run_fill<T: FillElement>(
+        stream: &Arc<CudaStream>,
+        buf: &mut CudaSlice<T>,
+        value: T,
+    ) -> Result<()> {
+        let n = buf.len();
+        let (ptr, _sync) = buf.device_ptr_mut(stream);
+        // SAFETY: `buf` holds n elements and lives on `stream` past the launch.
+        unsafe { fill(stream, ptr, n, value) }
+    }
+
+    fn run_copy<T: DeviceRepr>(
+        stream: &Arc<CudaStream>,
+        src: &CudaSlice<T>,
+        layout: &StridedLayout,
+        dst: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let (src_len, dst_len) = (src.len(), dst.len());
+        let (s, _sync_src) = src.device_ptr(stream);
+        let (d, _sync_dst) = dst.device_ptr_mut(stream);
+        // SAFETY: the pointers hold src_len / dst_len elements and live on `stream`.
+        unsafe { copy_strided::<T>(stream, (s, src_len), layout, (d, dst_len)) }
+    }
 
     #[test]
     fn fill_cu_compiles_to_ptx_with_every_kernel() {
@@ -172,7 +213,7 @@ mod tests {
             // 1000 003 elements: several blocks plus a ragged tail.
             let n = 1_000_003;
             let mut buf = stream.clone_htod(&vec![T::default(); n]).unwrap();
-            fill(&mut buf, value).unwrap();
+            run_fill(stream, &mut buf, value).unwrap();
             let host = stream.clone_dtoh(&buf).unwrap();
             let mut want = vec![T::default(); n];
             super::super::cpu::fill(&mut want, value);
@@ -186,7 +227,7 @@ mod tests {
         check(&stream, i64::MIN + 1);
         check(&stream, 0xA5u8);
         let mut empty = stream.alloc_zeros::<f32>(0).unwrap();
-        fill(&mut empty, 1.0).unwrap();
+        run_fill(&stream, &mut empty, 1.0).unwrap();
     }
 
     #[test]
@@ -228,7 +269,7 @@ mod tests {
             let mut want = vec![0f32; view.numel()];
             super::super::cpu::copy_strided(&src_host, view, &mut want).unwrap();
             let mut dst = stream.alloc_zeros::<f32>(view.numel()).unwrap();
-            copy_strided(&src, view, &mut dst).unwrap();
+            run_copy(&stream, &src, view, &mut dst).unwrap();
             assert_eq!(stream.clone_dtoh(&dst).unwrap(), want, "{view:?}");
         }
         let bytes: Vec<u8> = (0..=255).collect();
@@ -239,7 +280,7 @@ mod tests {
             offset: 0,
         };
         let mut dst8 = stream.alloc_zeros::<u8>(256).unwrap();
-        copy_strided(&src8, &rev, &mut dst8).unwrap();
+        run_copy(&stream, &src8, &rev, &mut dst8).unwrap();
         let mut want8 = vec![0u8; 256];
         super::super::cpu::copy_strided(&bytes, &rev, &mut want8).unwrap();
         assert_eq!(stream.clone_dtoh(&dst8).unwrap(), want8);
@@ -249,7 +290,7 @@ mod tests {
             offset: 0,
         };
         let mut all = stream.alloc_zeros::<f32>(120).unwrap();
-        copy_strided(&src, &whole, &mut all).unwrap();
+        run_copy(&stream, &src, &whole, &mut all).unwrap();
         assert_eq!(stream.clone_dtoh(&all).unwrap(), src_host);
         let too_far = StridedLayout {
             shape: vec![2],
@@ -258,7 +299,7 @@ mod tests {
         };
         let mut two = stream.alloc_zeros::<f32>(2).unwrap();
         assert!(matches!(
-            copy_strided(&src, &too_far, &mut two),
+            run_copy(&stream, &src, &too_far, &mut two),
             Err(Error::LengthMismatch { .. })
         ));
     }

@@ -20,6 +20,8 @@
 //! every dim and no larger than `self` in every dim but `dim`.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use super::kernel_error::KernelError;
 

@@ -1,55 +1,31 @@
-//! CUDA fused softmax-cross-entropy: launches the kernels of `loss.cu` on typed device buffers.
+//! CUDA fused softmax-cross-entropy: launches the kernels of `loss.cu` for
+//! [`CudaStorage::softmax_cross_entropy`](crate::BackendStorage::softmax_cross_entropy).
+//!
+//! The kernels run on contiguous f32/f64 buffers, so the launcher first brings each operand to
+//! that form on the device (a strided or 16-bit view is gathered/converted by the copy kernels;
+//! a contiguous one is used in place at its offset), as the CPU side does with `dense`. 16-bit
+//! logits run in f32 and their outputs are rounded back once, as on the CPU.
 //!
 //! Index targets are checked on the device first (`kiln_xent_check_targets`), and a bad one is
 //! reported exactly as on the CPU ([`KernelError::IndexOutOfRange`] with its value and position),
-//! instead of a device-side assert. The launcher is not yet called by `CudaStorage` (whose
-//! kernels are filled in by the CUDA backend issue); it takes `CudaSlice`s directly.
+//! instead of a device-side assert. Reading that verdict, and the mean's denominator the seam
+//! returns as an `f64`, are the op's two waits on the stream.
 
-use cudarc::driver::{
-    CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
-};
-use std::sync::Arc;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{check_spec, CrossEntropySpec};
-use crate::cuda::driver_error;
-use crate::cuda::kernels::{load_function, KernelSource};
+use super::{check_spec, CrossEntropyOutput, CrossEntropySpec, TargetKind};
+use crate::cuda::kernels::KernelSource;
+use crate::cuda::launch::{function, launch_error};
 use crate::error::{Error, Result};
 use crate::ops::kernel_error::KernelError;
+use crate::storage::CudaStorage;
+use crate::{BackendStorage, DType, Layout};
 
 /// The kernels of this op family.
 pub const LOSS_KERNELS: KernelSource = KernelSource {
     file: "ops/loss/loss.cu",
     source: include_str!("loss.cu"),
 };
-
-/// An element type the loss kernels are instantiated for.
-pub trait LossElement: DeviceRepr + ValidAsZeroBits + Copy + Unpin {
-    /// Suffix of the kernels' `extern "C"` names.
-    const SUFFIX: &'static str;
-    /// The value 1.
-    const ONE: Self;
-}
-
-impl LossElement for f32 {
-    const SUFFIX: &'static str = "f32";
-    const ONE: Self = 1.0;
-}
-
-impl LossElement for f64 {
-    const SUFFIX: &'static str = "f64";
-    const ONE: Self = 1.0;
-}
-
-/// The targets of one call, on the device.
-pub enum DeviceTargets<'a, T> {
-    /// `[N, D]` class indices.
-    Indices(&'a CudaSlice<i64>),
-    /// `[N, C, D]` class probabilities.
-    Probabilities(&'a CudaSlice<T>),
-}
-
-/// Per-position losses `[N, D]`, the optional gradient `[N, C, D]`, and the mean's denominator.
-pub type DeviceOutput<T> = (CudaSlice<T>, Option<CudaSlice<T>>, f64);
 
 const BLOCK: u32 = 256;
 const MAX_GRID: u64 = 65_536;
@@ -58,49 +34,238 @@ fn grid(n: u64) -> u32 {
     n.clamp(1, MAX_GRID) as u32
 }
 
-fn launch_err(e: cudarc::driver::DriverError) -> Error {
-    driver_error("cuLaunchKernel", e)
+/// A contiguous `dtype` buffer of the view: `(buffer kept alive, device address of element 0)`.
+fn dense(src: &CudaStorage, layout: &Layout, dtype: DType) -> Result<(Option<CudaStorage>, u64)> {
+    src.check_view("cross_entropy", layout)?;
+    if src.dtype() == dtype && layout.is_contiguous() {
+        let at = src.device_ptr() + (layout.offset() * dtype.size_in_bytes()) as u64;
+        return Ok((None, at));
+    }
+    let copy = src.cast_cuda(layout, dtype)?;
+    let at = copy.device_ptr();
+    Ok((Some(copy), at))
 }
 
-fn copy_err(e: cudarc::driver::DriverError) -> Error {
-    driver_error("cuMemcpy", e)
+/// The first element of a one-element buffer, read back (waits for the stream).
+fn read_u64(buffer: &CudaStorage) -> Result<u64> {
+    let host = buffer.to_host()?;
+    let bytes: [u8; 8] = host.as_bytes()[..8].try_into().expect("an 8-byte buffer");
+    Ok(u64::from_ne_bytes(bytes))
 }
 
-/// Checks `targets` on the device; returns the first bad one as the CPU check would.
+impl CudaStorage {
+    /// Fused softmax + cross-entropy over the `[N, C, D]` view `layout` of `self`.
+    pub(crate) fn softmax_cross_entropy_cuda(
+        &self,
+        layout: &Layout,
+        (target, target_layout): (&Self, &Layout),
+        weight: Option<(&Self, &Layout)>,
+        spec: &CrossEntropySpec,
+    ) -> Result<CrossEntropyOutput<Self>> {
+        check_spec(spec)?;
+        self.same_device("cross_entropy", target)?;
+        let out_dtype = self.dtype();
+        let (dtype, suffix) = match out_dtype {
+            DType::F64 => (DType::F64, "f64"),
+            DType::F32 | DType::F16 | DType::BF16 => (DType::F32, "f32"),
+            other => {
+                return Err(Error::UnsupportedDType {
+                    op: "cross_entropy",
+                    dtype: other,
+                    hint: "logits must be floating point; convert with to_dtype(DType::F32)",
+                })
+            }
+        };
+        let shape = spec.shape;
+        let mismatch = |what: String| Error::LengthMismatch {
+            op: "cross_entropy",
+            what,
+        };
+        if layout.numel() != shape.logits() {
+            return Err(mismatch(format!(
+                "logits hold {} elements, [N, C, D] = {:?} needs {}",
+                layout.numel(),
+                [shape.batch, shape.classes, shape.inner],
+                shape.logits()
+            )));
+        }
+        let p = shape.positions();
+        let want_targets = match spec.target {
+            TargetKind::Indices => p,
+            TargetKind::Probabilities => shape.logits(),
+        };
+        if target_layout.numel() != want_targets {
+            return Err(mismatch(format!(
+                "targets hold {} values, {want_targets} expected",
+                target_layout.numel()
+            )));
+        }
+        let (_logits_keep, logits) = dense(self, layout, dtype)?;
+        let (_weight_keep, weight) = match weight {
+            Some((w, wl)) => {
+                self.same_device("cross_entropy", w)?;
+                if wl.numel() != shape.classes {
+                    return Err(mismatch(format!(
+                        "weight holds {} values for {} classes",
+                        wl.numel(),
+                        shape.classes
+                    )));
+                }
+                dense(w, wl, dtype)?
+            }
+            None => {
+                let ones = CudaStorage::full_cuda(self.ordinal(), shape.classes, 1.0, dtype)?;
+                let at = ones.device_ptr();
+                (Some(ones), at)
+            }
+        };
+        let ordinal = self.ordinal();
+        let (stream, losses) = CudaStorage::output(ordinal, p, dtype)?;
+        // Without a gradient the kernel still takes a pointer: one unused element.
+        let grad_len = if spec.with_grad { shape.logits() } else { 1 };
+        let (_, grad) = CudaStorage::output(ordinal, grad_len, dtype)?;
+        let weight_sum = CudaStorage::full_cuda(ordinal, 1, 0.0, DType::F64)?;
+        let (n, c, d) = (shape.batch as u64, shape.classes as u64, shape.inner as u64);
+        let with_grad = i32::from(spec.with_grad);
+        let eps = spec.label_smoothing;
+        let config = LaunchConfig {
+            grid_dim: (grid(p as u64), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (losses_ptr, grad_ptr, sum_ptr) = (
+            losses.device_ptr(),
+            grad.device_ptr(),
+            weight_sum.device_ptr(),
+        );
+        let mut total = p as f64;
+        if p > 0 {
+            match spec.target {
+                TargetKind::Indices => {
+                    if !matches!(target.dtype(), DType::I64 | DType::U8) {
+                        return Err(Error::UnsupportedDType {
+                            op: "cross_entropy",
+                            dtype: target.dtype(),
+                            hint: "class-index targets must be integers; convert with \
+                                   to_dtype(DType::I64)",
+                        });
+                    }
+                    let (_targets_keep, targets) = dense(target, target_layout, DType::I64)?;
+                    check_targets(&stream, ordinal, spec, targets)?;
+                    let name = format!("kiln_xent_index_{suffix}");
+                    let f = function(&stream, &LOSS_KERNELS, &name)?;
+                    let mut launch = stream.launch_builder(&f);
+                    launch
+                        .arg(&logits)
+                        .arg(&targets)
+                        .arg(&weight)
+                        .arg(&n)
+                        .arg(&c)
+                        .arg(&d)
+                        .arg(&spec.ignore_index)
+                        .arg(&eps)
+                        .arg(&with_grad)
+                        .arg(&losses_ptr)
+                        .arg(&grad_ptr)
+                        .arg(&sum_ptr);
+                    // SAFETY: the signature matches loss.cu; every buffer is contiguous with the
+                    // length checked above (logits and grad N·C·D, targets and losses N·D,
+                    // weight C), and every target is valid.
+                    unsafe { launch.launch(config) }.map_err(|e| launch_error(&name, e))?;
+                    let host = weight_sum.to_host()?.to_f64_vec();
+                    total = host[0];
+                }
+                TargetKind::Probabilities => {
+                    let (_targets_keep, targets) = dense(target, target_layout, dtype)?;
+                    let name = format!("kiln_xent_prob_{suffix}");
+                    let f = function(&stream, &LOSS_KERNELS, &name)?;
+                    let mut launch = stream.launch_builder(&f);
+                    launch
+                        .arg(&logits)
+                        .arg(&targets)
+                        .arg(&weight)
+                        .arg(&n)
+                        .arg(&c)
+                        .arg(&d)
+                        .arg(&eps)
+                        .arg(&with_grad)
+                        .arg(&losses_ptr)
+                        .arg(&grad_ptr);
+                    // SAFETY: as above, with [N, C, D] targets.
+                    unsafe { launch.launch(config) }.map_err(|e| launch_error(&name, e))?;
+                }
+            }
+        }
+        let back = |s: CudaStorage| -> Result<CudaStorage> {
+            if out_dtype == dtype {
+                Ok(s)
+            } else {
+                s.cast_cuda(&Layout::contiguous(&[s.len()]), out_dtype)
+            }
+        };
+        Ok(CrossEntropyOutput {
+            losses: back(losses)?,
+            grad: if spec.with_grad {
+                Some(back(grad)?)
+            } else {
+                None
+            },
+            total_weight: total,
+        })
+    }
+}
+
+/// Checks the contiguous `I64` targets at `targets` on the device; returns the first bad one as
+/// the CPU check would.
 fn check_targets(
-    stream: &Arc<CudaStream>,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ordinal: usize,
     spec: &CrossEntropySpec,
-    targets: &CudaSlice<i64>,
+    targets: u64,
 ) -> Result<()> {
     let p = spec.shape.positions() as u64;
-    let mut first_bad = stream.clone_htod(&[p]).map_err(copy_err)?;
-    let function = load_function(stream.context(), &LOSS_KERNELS, "kiln_xent_check_targets")?;
-    let (c, ignore) = (spec.shape.classes as u64, spec.ignore_index);
-    let mut launch = stream.launch_builder(&function);
+    let first_bad = CudaStorage::full_cuda(ordinal, 1, p as f64, DType::I64)?;
+    let name = "kiln_xent_check_targets";
+    let f = function(stream, &LOSS_KERNELS, name)?;
+    let (c, ignore, bad_ptr) = (
+        spec.shape.classes as u64,
+        spec.ignore_index,
+        first_bad.device_ptr(),
+    );
+    let mut launch = stream.launch_builder(&f);
     launch
-        .arg(targets)
+        .arg(&targets)
         .arg(&p)
         .arg(&c)
         .arg(&ignore)
-        .arg(&mut first_bad);
+        .arg(&bad_ptr);
     let config = LaunchConfig {
         grid_dim: (grid(p.div_ceil(u64::from(BLOCK))), 1, 1),
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: signature (const i64*, u64, u64, i64, u64*) as in loss.cu; reads targets[0..p).
-    unsafe { launch.launch(config) }.map_err(launch_err)?;
-    let flat = stream.clone_dtoh(&first_bad).map_err(copy_err)?[0];
+    unsafe { launch.launch(config) }.map_err(|e| launch_error(name, e))?;
+    let flat = read_u64(&first_bad)?;
     if flat >= p {
         return Ok(());
     }
-    let value = stream
-        .clone_dtoh(&targets.slice(flat as usize..flat as usize + 1))
-        .map_err(copy_err)?[0];
+    let mut value = [0u8; 8];
+    let s = stream.clone();
+    s.context()
+        .bind_to_thread()
+        .map_err(|e| launch_error(name, e))?;
+    // SAFETY: `flat < p`, so the 8 bytes lie inside the target buffer; synchronised below.
+    unsafe {
+        cudarc::driver::result::memcpy_dtoh_async(&mut value, targets + flat * 8, s.cu_stream())
+    }
+    .map_err(|e| launch_error("cuMemcpyDtoHAsync", e))?;
+    s.synchronize()
+        .map_err(|e| launch_error("cuStreamSynchronize", e))?;
     let inner = spec.shape.inner.max(1) as u64;
     Err(KernelError::IndexOutOfRange {
         op: "cross_entropy",
-        index: value,
+        index: i64::from_ne_bytes(value),
         position: vec![(flat / inner) as usize, (flat % inner) as usize],
         dim: 1,
         size: spec.shape.classes,
@@ -108,132 +273,12 @@ fn check_targets(
     .into())
 }
 
-/// Fused softmax-cross-entropy on contiguous `[N, C, D]` device `logits`, on `stream`.
-pub fn softmax_cross_entropy<T: LossElement>(
-    stream: &Arc<CudaStream>,
-    spec: &CrossEntropySpec,
-    logits: &CudaSlice<T>,
-    targets: DeviceTargets<'_, T>,
-    weight: Option<&CudaSlice<T>>,
-) -> Result<DeviceOutput<T>> {
-    check_spec(spec)?;
-    let shape = spec.shape;
-    let mismatch = |what: String| Error::LengthMismatch {
-        op: "cross_entropy",
-        what,
-    };
-    if logits.len() != shape.logits() {
-        return Err(mismatch(format!(
-            "logits hold {} elements, [N, C, D] = {:?} needs {}",
-            logits.len(),
-            [shape.batch, shape.classes, shape.inner],
-            shape.logits()
-        )));
-    }
-    let ones;
-    let weight = match weight {
-        Some(w) if w.len() == shape.classes => w,
-        Some(w) => {
-            return Err(mismatch(format!(
-                "weight holds {} values for {} classes",
-                w.len(),
-                shape.classes
-            )))
-        }
-        None => {
-            ones = stream
-                .clone_htod(&vec![T::ONE; shape.classes])
-                .map_err(copy_err)?;
-            &ones
-        }
-    };
-    let p = shape.positions();
-    let mut losses = stream.alloc_zeros::<T>(p).map_err(copy_err)?;
-    // Without a gradient the kernel still takes a pointer: one unused element.
-    let mut grad = stream
-        .alloc_zeros::<T>(if spec.with_grad { shape.logits() } else { 1 })
-        .map_err(copy_err)?;
-    let mut weight_sum = stream.alloc_zeros::<f64>(1).map_err(copy_err)?;
-    let (n, c, d) = (shape.batch as u64, shape.classes as u64, shape.inner as u64);
-    let with_grad = i32::from(spec.with_grad);
-    let eps = spec.label_smoothing;
-    let config = LaunchConfig {
-        grid_dim: (grid(p as u64), 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let is_index = matches!(targets, DeviceTargets::Indices(_));
-    if p > 0 {
-        match targets {
-            DeviceTargets::Indices(t) => {
-                if t.len() != p {
-                    return Err(mismatch(format!(
-                        "targets hold {} values for {p} positions",
-                        t.len()
-                    )));
-                }
-                check_targets(stream, spec, t)?;
-                let name = format!("kiln_xent_index_{}", T::SUFFIX);
-                let function = load_function(stream.context(), &LOSS_KERNELS, &name)?;
-                let mut launch = stream.launch_builder(&function);
-                launch
-                    .arg(logits)
-                    .arg(t)
-                    .arg(weight)
-                    .arg(&n)
-                    .arg(&c)
-                    .arg(&d)
-                    .arg(&spec.ignore_index)
-                    .arg(&eps)
-                    .arg(&with_grad)
-                    .arg(&mut losses)
-                    .arg(&mut grad)
-                    .arg(&mut weight_sum);
-                // SAFETY: the signature matches loss.cu; lengths were checked above (logits and
-                // grad N·C·D, targets and losses N·D, weight C) and every target is valid.
-                unsafe { launch.launch(config) }.map_err(launch_err)?;
-            }
-            DeviceTargets::Probabilities(t) => {
-                if t.len() != shape.logits() {
-                    return Err(mismatch(format!(
-                        "targets hold {} values, the logits {}",
-                        t.len(),
-                        shape.logits()
-                    )));
-                }
-                let name = format!("kiln_xent_prob_{}", T::SUFFIX);
-                let function = load_function(stream.context(), &LOSS_KERNELS, &name)?;
-                let mut launch = stream.launch_builder(&function);
-                launch
-                    .arg(logits)
-                    .arg(t)
-                    .arg(weight)
-                    .arg(&n)
-                    .arg(&c)
-                    .arg(&d)
-                    .arg(&eps)
-                    .arg(&with_grad)
-                    .arg(&mut losses)
-                    .arg(&mut grad);
-                // SAFETY: as above, with [N, C, D] targets.
-                unsafe { launch.launch(config) }.map_err(launch_err)?;
-            }
-        }
-    }
-    let total = if is_index {
-        stream.clone_dtoh(&weight_sum).map_err(copy_err)?[0]
-    } else {
-        p as f64
-    };
-    Ok((losses, spec.with_grad.then_some(grad), total))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::loss::cpu::{self as cpu_kernel, Targets};
-    use crate::ops::loss::{CrossEntropyShape, TargetKind};
-    use crate::testing::cuda_device_or_skip;
+    use crate::ops::loss::CrossEntropyShape;
+    use crate::testing::{close, cuda_device_or_skip, tolerance};
+    use crate::CpuStorage;
 
     fn spec(target: TargetKind, label_smoothing: f64) -> CrossEntropySpec {
         CrossEntropySpec {
@@ -249,13 +294,13 @@ mod tests {
         }
     }
 
-    fn close(what: &str, got: &[f64], want: &[f64]) {
+    fn assert_close(what: &str, got: &CudaStorage, want: &CpuStorage) {
+        let got = got.to_host().unwrap().to_f64_vec();
+        let want = want.to_f64_vec();
         assert_eq!(got.len(), want.len(), "{what}");
-        for (i, (a, b)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-12 + 1e-12 * b.abs(),
-                "{what}[{i}]: {a} vs {b}"
-            );
+        let tol = tolerance(DType::F64);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(close(*a, *b, tol), "{what}[{i}]: {a} vs {b}");
         }
     }
 
@@ -264,7 +309,6 @@ mod tests {
         let Some(dev) = cuda_device_or_skip() else {
             return;
         };
-        let stream = crate::cuda::default_stream(dev).unwrap();
         let s = spec(TargetKind::Indices, 0.1);
         let n = s.shape.logits();
         // Magnitudes up to 1e4: the shifted log-sum-exp must hold on both sides.
@@ -273,65 +317,63 @@ mod tests {
             .collect();
         let weight: Vec<f64> = (0..300).map(|k| 0.5 + (k % 7) as f64 * 0.25).collect();
         let labels = vec![5i64, 299, -100, 0, 17, 150];
-        let (mut losses, mut grad) = (vec![0.0; 6], vec![0.0; n]);
-        let total = cpu_kernel::softmax_cross_entropy(
-            &s,
-            &logits,
-            Targets::Indices(&labels),
-            Some(&weight),
-            &mut losses,
-            Some(&mut grad),
-        )
-        .unwrap();
-        let (dl, dt, dw) = (
-            stream.clone_htod(&logits).unwrap(),
-            stream.clone_htod(&labels).unwrap(),
-            stream.clone_htod(&weight).unwrap(),
+        let lc = CpuStorage::from_vec(logits);
+        let (wc, tc) = (CpuStorage::from_vec(weight), CpuStorage::from_vec(labels));
+        let lg = CudaStorage::from_cpu(dev, &lc).unwrap();
+        let (wg, tg) = (
+            CudaStorage::from_cpu(dev, &wc).unwrap(),
+            CudaStorage::from_cpu(dev, &tc).unwrap(),
         );
-        let (gl, gg, gt) =
-            softmax_cross_entropy(&stream, &s, &dl, DeviceTargets::Indices(&dt), Some(&dw))
-                .unwrap();
-        close("losses", &stream.clone_dtoh(&gl).unwrap(), &losses);
-        close("grad", &stream.clone_dtoh(&gg.unwrap()).unwrap(), &grad);
-        close("total", &[gt], &[total]);
+        let ll = Layout::contiguous(&[3, 300, 2]);
+        let (tl, wl) = (Layout::contiguous(&[3, 2]), Layout::contiguous(&[300]));
+        let want = lc
+            .softmax_cross_entropy(&ll, &tc, &tl, Some((&wc, &wl)), &s)
+            .unwrap();
+        let got = lg
+            .softmax_cross_entropy(&ll, &tg, &tl, Some((&wg, &wl)), &s)
+            .unwrap();
+        assert_close("losses", &got.losses, &want.losses);
+        assert_close("grad", &got.grad.unwrap(), &want.grad.unwrap());
+        assert!(close(
+            got.total_weight,
+            want.total_weight,
+            tolerance(DType::F64)
+        ));
 
+        // Probability targets through a transposed (non-contiguous) view of the logits.
         let sp = spec(TargetKind::Probabilities, 0.2);
         let probs: Vec<f64> = (0..n).map(|i| ((i * 13) % 17) as f64 / 170.0).collect();
-        let total = cpu_kernel::softmax_cross_entropy(
-            &sp,
-            &logits,
-            Targets::Probabilities(&probs),
-            None,
-            &mut losses,
-            Some(&mut grad),
-        )
-        .unwrap();
-        let dp = stream.clone_htod(&probs).unwrap();
-        let (gl, gg, gt) =
-            softmax_cross_entropy(&stream, &sp, &dl, DeviceTargets::Probabilities(&dp), None)
-                .unwrap();
-        close("prob losses", &stream.clone_dtoh(&gl).unwrap(), &losses);
-        close(
-            "prob grad",
-            &stream.clone_dtoh(&gg.unwrap()).unwrap(),
-            &grad,
-        );
-        close("prob total", &[gt], &[total]);
+        let pc = CpuStorage::from_vec(probs);
+        let pg = CudaStorage::from_cpu(dev, &pc).unwrap();
+        let lt = Layout::contiguous(&[3, 2, 300]).transpose(1, 2);
+        let want = lc.softmax_cross_entropy(&lt, &pc, &ll, None, &sp).unwrap();
+        let got = lg.softmax_cross_entropy(&lt, &pg, &ll, None, &sp).unwrap();
+        assert_close("prob losses", &got.losses, &want.losses);
+        assert_close("prob grad", &got.grad.unwrap(), &want.grad.unwrap());
+        assert_eq!(got.total_weight, want.total_weight);
 
-        let bad = vec![0i64, 300, 1, -7, 2, 3];
-        let cpu_err = cpu_kernel::softmax_cross_entropy(
-            &s,
-            &logits,
-            Targets::Indices(&bad),
-            None,
-            &mut losses,
-            None,
-        )
-        .unwrap_err();
-        let db = stream.clone_htod(&bad).unwrap();
-        match softmax_cross_entropy(&stream, &s, &dl, DeviceTargets::Indices(&db), None) {
-            Err(Error::Kernel(e)) => assert_eq!(e, cpu_err),
-            other => panic!("expected the CPU's error {cpu_err:?}, got {other:?}"),
+        // f32 logits in bf16: outputs come back in bf16 like the CPU's.
+        let lb = lc.to_dtype(&ll, DType::BF16).unwrap();
+        let lbg = CudaStorage::from_cpu(dev, &lb).unwrap();
+        let want = lb.softmax_cross_entropy(&ll, &tc, &tl, None, &s).unwrap();
+        let got = lbg.softmax_cross_entropy(&ll, &tg, &tl, None, &s).unwrap();
+        assert_eq!(got.losses.dtype(), DType::BF16);
+        let (g, w) = (got.losses.to_host().unwrap(), want.losses);
+        for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
+            assert!(close(*a, b, tolerance(DType::BF16)), "bf16 loss {a} vs {b}");
+        }
+
+        let bad = CpuStorage::from_vec(vec![0i64, 300, 1, -7, 2, 3]);
+        let cpu_err = lc
+            .softmax_cross_entropy(&ll, &bad, &tl, None, &s)
+            .unwrap_err();
+        let bad_g = CudaStorage::from_cpu(dev, &bad).unwrap();
+        match (
+            cpu_err,
+            lg.softmax_cross_entropy(&ll, &bad_g, &tl, None, &s),
+        ) {
+            (Error::Kernel(want), Err(Error::Kernel(got))) => assert_eq!(got, want),
+            (want, got) => panic!("expected the CPU's error {want:?}, got {got:?}"),
         }
     }
 

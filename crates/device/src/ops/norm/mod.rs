@@ -19,6 +19,8 @@
 //! gradients that are asked for ([`NormGrads`]).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use super::kernel_error::KernelError;
 

@@ -19,6 +19,8 @@
 //! (in max-pool backward) index values.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use super::kernel_error::{check_nonzero, KernelError};
 

@@ -7,6 +7,8 @@
 //! (f64) of the block; normals use Box-Muller in f64 over two 53-bit uniforms.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;

@@ -2,3 +2,5 @@
 //! norm are composed from these in `kiln-autograd`, so a backend implements only this small set.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -2,3 +2,5 @@
 //! transpose view). One pass for the row max, one for the sum of exponentials, one to write.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -1,0 +1,115 @@
+//! `autocast` on the CPU (and on CUDA when a GPU is usable): output dtypes follow PyTorch's op
+//! lists (matmul/conv2d in the 16-bit dtype, softmax/layer_norm/sum/mean/logsumexp/norm in f32,
+//! F64 never cast), values stay within bf16 rounding of the f32 computation, gradients reach
+//! f32 leaves in f32, and scopes nest and end.
+
+mod common;
+
+use common::devices;
+use kiln_autograd::{autocast, autocast_dtype, AutocastGuard, DType, Device, Generator, Tensor};
+
+fn randn(seed: u64, shape: &[usize], dev: Device) -> Tensor {
+    Generator::new(seed)
+        .normal(shape, 0.0, 1.0, DType::F32, dev)
+        .unwrap()
+}
+
+/// `got` within bf16 rounding of `want`: a few units of bf16's 2^-8 relative step, scaled by
+/// the largest magnitude (sums of rounded products).
+fn assert_bf16_close(what: &str, got: &Tensor, want: &Tensor) {
+    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
+    assert_eq!(g.len(), w.len(), "{what}");
+    let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(
+            (a - b).abs() <= 3e-2 * scale,
+            "{what}[{i}]: {a} vs {b} (scale {scale})"
+        );
+    }
+}
+
+#[test]
+fn matmul_and_conv_run_in_bf16_and_reductions_in_f32() {
+    for dev in devices() {
+        let (a, b) = (randn(1, &[8, 16], dev), randn(2, &[16, 4], dev));
+        let want = a.matmul(&b).unwrap();
+        let x = randn(3, &[2, 3, 6, 6], dev);
+        let w = randn(4, &[4, 3, 3, 3], dev);
+        let conv_want = x.conv2d(&w, None, Default::default()).unwrap();
+        let (got, conv, soft, total, mean, ln, lse, nrm) = autocast(DType::BF16, || {
+            assert_eq!(autocast_dtype(), Some(DType::BF16));
+            let got = a.matmul(&b).unwrap();
+            let conv = x.conv2d(&w, None, Default::default()).unwrap();
+            // 16-bit activations into f32-list ops
+            let soft = got.softmax(-1).unwrap();
+            let total = got.sum_all().unwrap();
+            let mean = got.mean(&[0], false).unwrap();
+            let ln = got.layer_norm(&[4], None, None, 1e-5).unwrap();
+            let lse = got.logsumexp(&[1], false).unwrap();
+            let nrm = got.norm(2.0, &[1], false).unwrap();
+            (got, conv, soft, total, mean, ln, lse, nrm)
+        })
+        .unwrap();
+        assert_eq!(autocast_dtype(), None, "the scope ended");
+        assert_eq!((got.dtype(), conv.dtype()), (DType::BF16, DType::BF16));
+        for (name, t) in [("softmax", &soft), ("sum", &total), ("mean", &mean)] {
+            assert_eq!(t.dtype(), DType::F32, "{name} runs in f32 under autocast");
+        }
+        for (name, t) in [("layer_norm", &ln), ("logsumexp", &lse), ("norm", &nrm)] {
+            assert_eq!(t.dtype(), DType::F32, "{name} runs in f32 under autocast");
+        }
+        assert_bf16_close("matmul", &got, &want);
+        assert_bf16_close("conv2d", &conv, &conv_want);
+        assert_bf16_close("softmax", &soft, &want.softmax(-1).unwrap());
+        assert_bf16_close("sum", &total, &want.sum_all().unwrap());
+        // Outside the scope the same ops keep their input dtype.
+        assert_eq!(a.matmul(&b).unwrap().dtype(), DType::F32);
+        assert_eq!(got.sum_all().unwrap().dtype(), DType::BF16);
+    }
+}
+
+#[test]
+fn gradients_reach_f32_leaves_in_f32() {
+    for dev in devices() {
+        let (a, b) = (randn(5, &[6, 5], dev), randn(6, &[5, 3], dev));
+        let (ra, rb) = (a.detach(), b.detach());
+        for t in [&a, &b, &ra, &rb] {
+            t.set_requires_grad(true).unwrap();
+        }
+        let loss = {
+            let _scope = AutocastGuard::new(DType::BF16).unwrap();
+            a.matmul(&b).unwrap().sum_all().unwrap()
+        };
+        loss.backward().unwrap();
+        ra.matmul(&rb)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let (ga, gra) = (a.grad().unwrap(), ra.grad().unwrap());
+        assert_eq!(ga.dtype(), DType::F32);
+        assert_bf16_close("grad a", &ga, &gra);
+        assert_bf16_close("grad b", &b.grad().unwrap(), &rb.grad().unwrap());
+    }
+}
+
+#[test]
+fn f64_is_never_cast_scopes_nest_and_bad_dtypes_are_refused() {
+    let a = Generator::new(1)
+        .normal(&[3, 3], 0.0, 1.0, DType::F64, Device::Cpu)
+        .unwrap();
+    autocast(DType::F16, || {
+        assert_eq!(a.matmul(&a).unwrap().dtype(), DType::F64);
+        {
+            let _off = AutocastGuard::disabled();
+            assert_eq!(autocast_dtype(), None);
+            let _inner = AutocastGuard::new(DType::BF16).unwrap();
+            assert_eq!(autocast_dtype(), Some(DType::BF16));
+        }
+        assert_eq!(autocast_dtype(), Some(DType::F16));
+    })
+    .unwrap();
+    let e = AutocastGuard::new(DType::F32).err().unwrap().to_string();
+    assert!(e.contains("BF16"), "{e}");
+}

@@ -1,0 +1,281 @@
+//! CUDA elementwise ops: the kernels of `elementwise.cu`, launched on the buffers' stream.
+//!
+//! Each op is one grid-stride kernel per dtype reading every operand through its own strides
+//! (broadcast operands have stride 0), so nothing is materialised before the kernel runs. The
+//! dtype rules are the CPU backend's: unary and binary arithmetic on the four float types and
+//! `I64` (the subset of ops that make sense on integers), comparisons on every dtype, `where`
+//! on every dtype with a `Bool`/`U8` condition.
+
+use crate::backend::{BinaryOp, CmpOp, UnaryOp};
+use crate::cuda::kernels::KernelSource;
+use crate::cuda::launch::{collapse, elementwise_config, function, launch_error, suffix};
+use crate::error::{Error, Result};
+use crate::storage::CudaStorage;
+use crate::{BackendStorage, DType, Layout};
+use cudarc::driver::PushKernelArg;
+
+/// The kernels of this op family.
+pub const ELEMENTWISE_KERNELS: KernelSource = KernelSource {
+    file: "ops/elementwise/elementwise.cu",
+    source: include_str!("elementwise.cu"),
+};
+
+const FLOAT_HINT: &str = "convert with to_dtype(DType::F32) first";
+
+/// The `UNARY_*` code of `op` in elementwise.cu.
+fn unary_code(op: UnaryOp) -> u32 {
+    match op {
+        UnaryOp::Neg => 0,
+        UnaryOp::Exp => 1,
+        UnaryOp::Log => 2,
+        UnaryOp::Sqrt => 3,
+        UnaryOp::Rsqrt => 4,
+        UnaryOp::Abs => 5,
+        UnaryOp::Relu => 6,
+        UnaryOp::GeluErf => 7,
+        UnaryOp::GeluTanh => 8,
+        UnaryOp::Sigmoid => 9,
+        UnaryOp::Tanh => 10,
+        UnaryOp::Silu => 11,
+        UnaryOp::Sign => 12,
+        UnaryOp::Erf => 13,
+        UnaryOp::Recip => 14,
+        UnaryOp::Square => 15,
+        UnaryOp::ReluGrad => 16,
+        UnaryOp::GeluErfGrad => 17,
+        UnaryOp::GeluTanhGrad => 18,
+        UnaryOp::SiluGrad => 19,
+    }
+}
+
+/// The `BINARY_*` code of `op` in elementwise.cu.
+fn binary_code(op: BinaryOp) -> u32 {
+    match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Pow => 4,
+        BinaryOp::Maximum => 5,
+        BinaryOp::Minimum => 6,
+    }
+}
+
+/// The `CMP_*` code of `op` in elementwise.cu.
+fn cmp_code(op: CmpOp) -> u32 {
+    match op {
+        CmpOp::Eq => 0,
+        CmpOp::Ne => 1,
+        CmpOp::Lt => 2,
+        CmpOp::Le => 3,
+        CmpOp::Gt => 4,
+        CmpOp::Ge => 5,
+    }
+}
+
+fn check_same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
+    a.same_device(op, b)?;
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        });
+    }
+    Ok(())
+}
+
+fn check_same_shape(op: &'static str, a: &Layout, b: &Layout) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(Error::LengthMismatch {
+            op,
+            what: format!(
+                "operand shapes {:?} and {:?} differ (broadcast them first)",
+                a.shape(),
+                b.shape()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn unsupported(op: &'static str, dtype: DType, hint: &'static str) -> Error {
+    Error::UnsupportedDType { op, dtype, hint }
+}
+
+impl CudaStorage {
+    /// Elementwise `op` (floats; `I64` for neg/abs/relu/sign/square).
+    pub(crate) fn unary_cuda(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
+        let int_ok = matches!(
+            op,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign | UnaryOp::Square
+        );
+        match self.dtype() {
+            d if d.is_float() => {}
+            DType::I64 if int_ok => {}
+            d => return Err(unsupported(op.name(), d, FLOAT_HINT)),
+        }
+        self.check_view(op.name(), layout)?;
+        let n = layout.numel();
+        let (stream, out) = CudaStorage::output(self.ordinal(), n, self.dtype())?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let name = format!("kiln_unary_{}", suffix(self.dtype()));
+        let f = function(&stream, &ELEMENTWISE_KERNELS, &name)?;
+        let [view] = collapse([layout])?;
+        let (x, dst, n, code) = (
+            self.device_ptr(),
+            out.device_ptr(),
+            n as u64,
+            unary_code(op),
+        );
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&x).arg(&view).arg(&dst).arg(&n).arg(&code);
+        // SAFETY: signature (const T*, StridedArgs, T*, u64, unsigned) as in elementwise.cu; the
+        // view was checked against `self`; `out` holds n elements.
+        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
+        Ok(out)
+    }
+
+    /// Elementwise `op` of two same-shaped views (floats and `I64`; no `Pow` on integers).
+    pub(crate) fn binary_cuda(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<Self> {
+        check_same_dtype(op.name(), self, rhs)?;
+        match self.dtype() {
+            d if d.is_float() => {}
+            DType::I64 if op != BinaryOp::Pow => {}
+            d => {
+                return Err(unsupported(
+                    op.name(),
+                    d,
+                    "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
+                ))
+            }
+        }
+        let name = format!("kiln_binary_{}", suffix(self.dtype()));
+        self.launch_binary(
+            (layout, rhs, rhs_layout),
+            op.name(),
+            &name,
+            self.dtype(),
+            binary_code(op),
+        )
+    }
+
+    /// Elementwise comparison; a `Bool` result.
+    pub(crate) fn compare_cuda(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: CmpOp,
+    ) -> Result<Self> {
+        check_same_dtype("comparison", self, rhs)?;
+        let name = format!("kiln_compare_{}", suffix(self.dtype()));
+        self.launch_binary(
+            (layout, rhs, rhs_layout),
+            "comparison",
+            &name,
+            DType::Bool,
+            cmp_code(op),
+        )
+    }
+
+    /// The launch shared by binary ops and comparisons: (a, la, b, lb, out, n, op).
+    fn launch_binary(
+        &self,
+        (layout, rhs, rhs_layout): (&Layout, &Self, &Layout),
+        op: &'static str,
+        name: &str,
+        out_dtype: DType,
+        code: u32,
+    ) -> Result<Self> {
+        check_same_shape(op, layout, rhs_layout)?;
+        self.check_view(op, layout)?;
+        rhs.check_view(op, rhs_layout)?;
+        let n = layout.numel();
+        let (stream, out) = CudaStorage::output(self.ordinal(), n, out_dtype)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = function(&stream, &ELEMENTWISE_KERNELS, name)?;
+        let [va, vb] = collapse([layout, rhs_layout])?;
+        let (a, b, dst, n) = (
+            self.device_ptr(),
+            rhs.device_ptr(),
+            out.device_ptr(),
+            n as u64,
+        );
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&a)
+            .arg(&va)
+            .arg(&b)
+            .arg(&vb)
+            .arg(&dst)
+            .arg(&n)
+            .arg(&code);
+        // SAFETY: signature (const T*, StridedArgs, const T*, StridedArgs, O*, u64, unsigned) as
+        // in elementwise.cu; both views were checked; `out` holds n elements of `out_dtype`.
+        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(name, e))?;
+        Ok(out)
+    }
+
+    /// `self` (a `Bool`/`U8` condition) picks `on_true` where nonzero, else `on_false`.
+    pub(crate) fn where_cuda(
+        &self,
+        layout: &Layout,
+        (on_true, tl): (&Self, &Layout),
+        (on_false, fl): (&Self, &Layout),
+    ) -> Result<Self> {
+        check_same_dtype("where", on_true, on_false)?;
+        self.same_device("where", on_true)?;
+        if !matches!(self.dtype(), DType::Bool | DType::U8) {
+            return Err(unsupported(
+                "where",
+                self.dtype(),
+                "the condition must be a bool tensor (e.g. from a comparison)",
+            ));
+        }
+        check_same_shape("where", layout, tl)?;
+        check_same_shape("where", layout, fl)?;
+        self.check_view("where", layout)?;
+        on_true.check_view("where", tl)?;
+        on_false.check_view("where", fl)?;
+        let n = layout.numel();
+        let (stream, out) = CudaStorage::output(self.ordinal(), n, on_true.dtype())?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let name = format!("kiln_where_b{}", on_true.dtype().size_in_bytes());
+        let f = function(&stream, &ELEMENTWISE_KERNELS, &name)?;
+        let [vc, vt, vf] = collapse([layout, tl, fl])?;
+        let (c, t, e, dst, n) = (
+            self.device_ptr(),
+            on_true.device_ptr(),
+            on_false.device_ptr(),
+            out.device_ptr(),
+            n as u64,
+        );
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&c)
+            .arg(&vc)
+            .arg(&t)
+            .arg(&vt)
+            .arg(&e)
+            .arg(&vf)
+            .arg(&dst)
+            .arg(&n);
+        // SAFETY: signature as in elementwise.cu; all three views were checked; `out` holds n
+        // elements of the branches' dtype.
+        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
+        Ok(out)
+    }
+}

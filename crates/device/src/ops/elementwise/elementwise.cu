@@ -1,0 +1,303 @@
+// Elementwise kernels over strided (broadcast) views (launched from cuda.rs; compiled at first use
+// by NVRTC and checked for sm_80/sm_90 by `cargo xtask kernels`).
+//
+//   kiln_unary_<t>(const T* x, StridedArgs lx, T* out, u64 n, unsigned op)          t: f32 f64 f16 bf16 i64
+//   kiln_binary_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, T* out, u64 n, unsigned op)
+//   kiln_compare_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, u8* out, u64 n, unsigned op)
+//                                                                                  t: every dtype
+//   kiln_where_b<bytes>(const u8* c, StridedArgs lc, const T* t, StridedArgs lt,
+//                       const T* f, StridedArgs lf, T* out, u64 n)
+//
+// `op` is the index of the Rust enum variant (UNARY_*/BINARY_*/CMP_* below must follow the order
+// of `UnaryOp`, `BinaryOp`, `CmpOp` in backend.rs; cuda.rs maps them explicitly). The op is a
+// kernel argument, uniform across the grid, so the switch costs one predictable branch.
+// Half types compute in f32 and round once per op, as the CPU backend does; f64 computes in
+// double. Outputs are contiguous. Grid-stride loops with 64-bit indices.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define KILN_MAX_DIMS 8
+
+// Must match `StridedArgs` in cuda/launch.rs field for field.
+struct StridedArgs {
+    u64 offset;
+    u64 shape[KILN_MAX_DIMS];
+    u64 strides[KILN_MAX_DIMS];
+    unsigned int ndim;
+    unsigned int pad;
+};
+
+__device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
+    u64 at = l.offset;
+    for (int d = (int)l.ndim - 1; d >= 0; --d) {
+        const u64 size = l.shape[d];
+        at += (i % size) * l.strides[d];
+        i /= size;
+    }
+    return at;
+}
+
+#define GRID_STRIDE(i, n)                                                                    \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
+         i < (n); i += step_)
+
+// ---- storage type <-> compute type ----
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ double widen(double v) { return v; }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T, typename C> __device__ __forceinline__ T narrow(C v);
+template <> __device__ __forceinline__ float narrow<float, float>(float v) { return v; }
+template <> __device__ __forceinline__ double narrow<double, double>(double v) { return v; }
+template <> __device__ __forceinline__ __half narrow<__half, float>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16, float>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+// ---- math in the compute type (float or double) ----
+__device__ __forceinline__ float k_exp(float x) { return expf(x); }
+__device__ __forceinline__ double k_exp(double x) { return exp(x); }
+__device__ __forceinline__ float k_log(float x) { return logf(x); }
+__device__ __forceinline__ double k_log(double x) { return log(x); }
+__device__ __forceinline__ float k_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double k_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float k_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double k_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float k_erf(float x) { return erff(x); }
+__device__ __forceinline__ double k_erf(double x) { return erf(x); }
+__device__ __forceinline__ float k_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double k_abs(double x) { return fabs(x); }
+__device__ __forceinline__ float k_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double k_pow(double x, double y) { return pow(x, y); }
+
+template <typename C> __device__ __forceinline__ C k_sigmoid(C x) {
+    return (C)1 / ((C)1 + k_exp(-x));
+}
+
+#define UNARY_NEG 0
+#define UNARY_EXP 1
+#define UNARY_LOG 2
+#define UNARY_SQRT 3
+#define UNARY_RSQRT 4
+#define UNARY_ABS 5
+#define UNARY_RELU 6
+#define UNARY_GELU_ERF 7
+#define UNARY_GELU_TANH 8
+#define UNARY_SIGMOID 9
+#define UNARY_TANH 10
+#define UNARY_SILU 11
+#define UNARY_SIGN 12
+#define UNARY_ERF 13
+#define UNARY_RECIP 14
+#define UNARY_SQUARE 15
+#define UNARY_RELU_GRAD 16
+#define UNARY_GELU_ERF_GRAD 17
+#define UNARY_GELU_TANH_GRAD 18
+#define UNARY_SILU_GRAD 19
+
+template <typename C> __device__ __forceinline__ C unary_float(unsigned op, C x) {
+    const C one = (C)1, half = (C)0.5, zero = (C)0;
+    const C frac_1_sqrt_2 = (C)0.70710678118654752440;
+    const C sqrt_2_over_pi = (C)0.7978845608028654;
+    const C coef = (C)0.044715;
+    switch (op) {
+    case UNARY_NEG: return -x;
+    case UNARY_EXP: return k_exp(x);
+    case UNARY_LOG: return k_log(x);
+    case UNARY_SQRT: return k_sqrt(x);
+    case UNARY_RSQRT: return one / k_sqrt(x);
+    case UNARY_ABS: return k_abs(x);
+    case UNARY_RELU: return (x > zero || x != x) ? x : zero;
+    case UNARY_GELU_ERF: return half * x * (one + k_erf(x * frac_1_sqrt_2));
+    case UNARY_GELU_TANH:
+        return half * x * (one + k_tanh(sqrt_2_over_pi * (x + coef * x * x * x)));
+    case UNARY_SIGMOID: return k_sigmoid(x);
+    case UNARY_TANH: return k_tanh(x);
+    case UNARY_SILU: return x * k_sigmoid(x);
+    case UNARY_SIGN: return x > zero ? one : (x < zero ? -one : x);
+    case UNARY_ERF: return k_erf(x);
+    case UNARY_RECIP: return one / x;
+    case UNARY_SQUARE: return x * x;
+    case UNARY_RELU_GRAD: return x > zero ? one : zero;
+    case UNARY_GELU_ERF_GRAD: {
+        const C cdf = half * (one + k_erf(x * frac_1_sqrt_2));
+        const C pdf = k_exp(-half * x * x) * (C)0.3989422804014327;
+        return cdf + x * pdf;
+    }
+    case UNARY_GELU_TANH_GRAD: {
+        const C t = k_tanh(sqrt_2_over_pi * (x + coef * x * x * x));
+        const C dinner = sqrt_2_over_pi * (one + (C)(3.0 * 0.044715) * x * x);
+        return half * (one + t) + half * x * (one - t * t) * dinner;
+    }
+    case UNARY_SILU_GRAD: {
+        const C s = k_sigmoid(x);
+        return s * (one + x * (one - s));
+    }
+    default: return x;
+    }
+}
+
+// Integer ops wrap like Rust's wrapping_* (unsigned arithmetic, no signed overflow UB).
+__device__ __forceinline__ i64 unary_int(unsigned op, i64 x) {
+    const u64 ux = (u64)x;
+    switch (op) {
+    case UNARY_NEG: return (i64)(0ULL - ux);
+    case UNARY_ABS: return x < 0 ? (i64)(0ULL - ux) : x;
+    case UNARY_RELU: return x > 0 ? x : 0;
+    case UNARY_SIGN: return (i64)(x > 0) - (i64)(x < 0);
+    case UNARY_SQUARE: return (i64)(ux * ux);
+    default: return x;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void unary_impl(const T* __restrict__ x, const StridedArgs& lx,
+                                           T* __restrict__ out, u64 n, unsigned op) {
+    GRID_STRIDE(i, n) {
+        out[i] = narrow<T>(unary_float(op, widen(x[strided_at(lx, i)])));
+    }
+}
+
+#define KILN_UNARY(NAME, T)                                                                  \
+    extern "C" __global__ void kiln_unary_##NAME(const T* __restrict__ x, StridedArgs lx,     \
+                                                 T* __restrict__ out, u64 n, unsigned op) {   \
+        unary_impl<T>(x, lx, out, n, op);                                                    \
+    }
+
+KILN_UNARY(f32, float)
+KILN_UNARY(f64, double)
+KILN_UNARY(f16, __half)
+KILN_UNARY(bf16, __nv_bfloat16)
+
+extern "C" __global__ void kiln_unary_i64(const i64* __restrict__ x, StridedArgs lx,
+                                          i64* __restrict__ out, u64 n, unsigned op) {
+    GRID_STRIDE(i, n) { out[i] = unary_int(op, x[strided_at(lx, i)]); }
+}
+
+#define BINARY_ADD 0
+#define BINARY_SUB 1
+#define BINARY_MUL 2
+#define BINARY_DIV 3
+#define BINARY_POW 4
+#define BINARY_MAXIMUM 5
+#define BINARY_MINIMUM 6
+
+template <typename C> __device__ __forceinline__ C binary_float(unsigned op, C a, C b) {
+    switch (op) {
+    case BINARY_ADD: return a + b;
+    case BINARY_SUB: return a - b;
+    case BINARY_MUL: return a * b;
+    case BINARY_DIV: return a / b;
+    case BINARY_POW: return k_pow(a, b);
+    case BINARY_MAXIMUM: return (a != a || a > b) ? a : b; // NaN-propagating
+    case BINARY_MINIMUM: return (a != a || a < b) ? a : b;
+    default: return a;
+    }
+}
+
+__device__ __forceinline__ i64 binary_int(unsigned op, i64 a, i64 b) {
+    switch (op) {
+    case BINARY_ADD: return (i64)((u64)a + (u64)b);
+    case BINARY_SUB: return (i64)((u64)a - (u64)b);
+    case BINARY_MUL: return (i64)((u64)a * (u64)b);
+    case BINARY_DIV: // Rust's checked_div(..).unwrap_or(0): 0 on division by zero and on overflow
+        if (b == 0 || (b == -1 && a == (i64)0x8000000000000000ULL)) return 0;
+        return a / b;
+    case BINARY_MAXIMUM: return a > b ? a : b;
+    case BINARY_MINIMUM: return a < b ? a : b;
+    default: return a;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void binary_impl(const T* __restrict__ a, const StridedArgs& la,
+                                            const T* __restrict__ b, const StridedArgs& lb,
+                                            T* __restrict__ out, u64 n, unsigned op) {
+    GRID_STRIDE(i, n) {
+        out[i] = narrow<T>(binary_float(op, widen(a[strided_at(la, i)]), widen(b[strided_at(lb, i)])));
+    }
+}
+
+#define KILN_BINARY(NAME, T)                                                                  \
+    extern "C" __global__ void kiln_binary_##NAME(const T* __restrict__ a, StridedArgs la,     \
+                                                  const T* __restrict__ b, StridedArgs lb,     \
+                                                  T* __restrict__ out, u64 n, unsigned op) {   \
+        binary_impl<T>(a, la, b, lb, out, n, op);                                             \
+    }
+
+KILN_BINARY(f32, float)
+KILN_BINARY(f64, double)
+KILN_BINARY(f16, __half)
+KILN_BINARY(bf16, __nv_bfloat16)
+
+extern "C" __global__ void kiln_binary_i64(const i64* __restrict__ a, StridedArgs la,
+                                           const i64* __restrict__ b, StridedArgs lb,
+                                           i64* __restrict__ out, u64 n, unsigned op) {
+    GRID_STRIDE(i, n) { out[i] = binary_int(op, a[strided_at(la, i)], b[strided_at(lb, i)]); }
+}
+
+#define CMP_EQ 0
+#define CMP_NE 1
+#define CMP_LT 2
+#define CMP_LE 3
+#define CMP_GT 4
+#define CMP_GE 5
+
+// Halves compare exactly after widening; NaN compares like IEEE (only != is true).
+__device__ __forceinline__ float cmp_key(__half v) { return __half2float(v); }
+__device__ __forceinline__ float cmp_key(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float cmp_key(float v) { return v; }
+__device__ __forceinline__ double cmp_key(double v) { return v; }
+__device__ __forceinline__ i64 cmp_key(i64 v) { return v; }
+__device__ __forceinline__ unsigned cmp_key(unsigned char v) { return v; }
+
+template <typename K> __device__ __forceinline__ bool compare(unsigned op, K a, K b) {
+    switch (op) {
+    case CMP_EQ: return a == b;
+    case CMP_NE: return a != b;
+    case CMP_LT: return a < b;
+    case CMP_LE: return a <= b;
+    case CMP_GT: return a > b;
+    case CMP_GE: return a >= b;
+    default: return false;
+    }
+}
+
+#define KILN_COMPARE(NAME, T)                                                                  \
+    extern "C" __global__ void kiln_compare_##NAME(const T* __restrict__ a, StridedArgs la,     \
+                                                   const T* __restrict__ b, StridedArgs lb,     \
+                                                   unsigned char* __restrict__ out, u64 n,      \
+                                                   unsigned op) {                               \
+        GRID_STRIDE(i, n) {                                                                    \
+            out[i] = compare(op, cmp_key(a[strided_at(la, i)]), cmp_key(b[strided_at(lb, i)])) \
+                         ? 1 : 0;                                                              \
+        }                                                                                      \
+    }
+
+KILN_COMPARE(f32, float)
+KILN_COMPARE(f64, double)
+KILN_COMPARE(f16, __half)
+KILN_COMPARE(bf16, __nv_bfloat16)
+KILN_COMPARE(i64, i64)
+KILN_COMPARE(u8, unsigned char)
+KILN_COMPARE(bool, unsigned char)
+
+// where moves bits, so it is instantiated per element size.
+#define KILN_WHERE(BYTES, T)                                                                   \
+    extern "C" __global__ void kiln_where_b##BYTES(                                            \
+        const unsigned char* __restrict__ c, StridedArgs lc, const T* __restrict__ t,           \
+        StridedArgs lt, const T* __restrict__ f, StridedArgs lf, T* __restrict__ out, u64 n) {  \
+        GRID_STRIDE(i, n) {                                                                    \
+            out[i] = c[strided_at(lc, i)] != 0 ? t[strided_at(lt, i)] : f[strided_at(lf, i)];   \
+        }                                                                                      \
+    }
+
+KILN_WHERE(1, unsigned char)
+KILN_WHERE(2, unsigned short)
+KILN_WHERE(4, unsigned int)
+KILN_WHERE(8, u64)

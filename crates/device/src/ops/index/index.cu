@@ -1,0 +1,129 @@
+// Indexing kernels: embedding, index_select, gather (one "take" kernel) and their backward /
+// scatter / scatter_add (one "put" kernel). Launched from cuda.rs; compiled at first use by
+// NVRTC and checked for sm_80/sm_90 by `cargo xtask kernels`.
+//
+//   kiln_index_first_bad(const i64* idx, u64 n, u64 size, u64* first_bad)
+//       atomicMin of the flat position of every index outside [0, size); the host reads
+//       first_bad (initialised to n) and reports the value there: the same first bad index, in
+//       row-major order, as the CPU check. Runs before any take/put, so none reads out of range.
+//   kiln_take_b<bytes>(const T* src, StridedArgs src_view, const i64* idx, StridedArgs idx_view,
+//                      unsigned dim, T* out, u64 n)
+//       out[i] = src at the coordinates c(i) of the output shape, with c[dim] replaced by
+//       idx[idx_view(i)]. `src_view` has the output's rank (its shape is the output shape; only
+//       its strides and offset are read). `idx_view` maps an output position to its index:
+//       gather passes the index tensor's contiguous strides (same shape as the output);
+//       index_select / embedding pass stride 1 at `dim` and 0 elsewhere.
+//   kiln_put_<t>(T* dst, StridedArgs dst_view, const T* src, StridedArgs src_view,
+//                const i64* idx, StridedArgs idx_view, unsigned dim, u64 n, int has_skip,
+//                i64 skip)
+//       for every position i of the iteration shape: dst at c(i) with c[dim] = idx[idx_view(i)]
+//       gets src[src_view(i)] (written, or added with atomicAdd when accumulate); positions
+//       whose index equals `skip` (embedding's padding_idx) are left out. t: f32 f64 (adds),
+//       b1 b2 b4 b8 (plain writes of any dtype).
+//
+// Coordinates are recomputed per element from the shape (64-bit), no dims are collapsed since
+// `dim` must stay addressable. Additions use atomicAdd, so their order (and the last bits of a
+// sum with repeated indices) can vary between runs, as in PyTorch's CUDA index_add/scatter_add;
+// repeated indices in a plain scatter leave one of the written values (which one is unspecified,
+// as in PyTorch). Grid-stride loops over a capped 1-D grid.
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define KILN_MAX_DIMS 8
+
+// Must match `StridedArgs` in cuda/launch.rs field for field.
+struct StridedArgs {
+    u64 offset;
+    u64 shape[KILN_MAX_DIMS];
+    u64 strides[KILN_MAX_DIMS];
+    unsigned int ndim;
+    unsigned int pad;
+};
+
+__device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
+    u64 at = l.offset;
+    for (int d = (int)l.ndim - 1; d >= 0; --d) {
+        const u64 size = l.shape[d];
+        at += (i % size) * l.strides[d];
+        i /= size;
+    }
+    return at;
+}
+
+// Like strided_at, but coordinate `dim` is replaced by `pick`.
+__device__ __forceinline__ u64 strided_at_picked(const StridedArgs& l, u64 i, unsigned dim, u64 pick) {
+    u64 at = l.offset;
+    for (int d = (int)l.ndim - 1; d >= 0; --d) {
+        const u64 size = l.shape[d];
+        const u64 c = (unsigned)d == dim ? pick : i % size;
+        at += c * l.strides[d];
+        i /= size;
+    }
+    return at;
+}
+
+#define GRID_STRIDE(i, n)                                                                    \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
+         i < (n); i += step_)
+
+extern "C" __global__ void kiln_index_first_bad(const i64* __restrict__ idx, u64 n, u64 size,
+                                                u64* __restrict__ first_bad) {
+    GRID_STRIDE(i, n) {
+        const i64 v = idx[i];
+        if (v < 0 || (u64)v >= size) atomicMin(first_bad, i);
+    }
+}
+
+#define KILN_TAKE(BYTES, T)                                                                    \
+    extern "C" __global__ void kiln_take_b##BYTES(                                             \
+        const T* __restrict__ src, StridedArgs src_view, const i64* __restrict__ idx,           \
+        StridedArgs idx_view, unsigned dim, T* __restrict__ out, u64 n) {                       \
+        GRID_STRIDE(i, n) {                                                                    \
+            const u64 pick = (u64)idx[strided_at(idx_view, i)];                                \
+            out[i] = src[strided_at_picked(src_view, i, dim, pick)];                           \
+        }                                                                                      \
+    }
+
+KILN_TAKE(1, unsigned char)
+KILN_TAKE(2, unsigned short)
+KILN_TAKE(4, unsigned int)
+KILN_TAKE(8, u64)
+
+// `src_view` and `idx_view` have the iteration shape; `dst_view` has the destination's shape
+// (same rank) and strides, and is addressed at the iteration coordinates with c[dim] = index.
+template <typename T, bool ADD>
+__device__ __forceinline__ void put_impl(T* dst, const StridedArgs& dst_view, const T* src,
+                                         const StridedArgs& src_view, const i64* idx,
+                                         const StridedArgs& idx_view, unsigned dim, u64 n,
+                                         int has_skip, i64 skip) {
+    // dst_view's shape is the destination's; the iteration shape is src_view's.
+    StridedArgs walk = dst_view;
+    for (unsigned d = 0; d < walk.ndim; ++d) walk.shape[d] = src_view.shape[d];
+    GRID_STRIDE(i, n) {
+        const i64 pick = idx[strided_at(idx_view, i)];
+        if (has_skip && pick == skip) continue;
+        const u64 at = strided_at_picked(walk, i, dim, (u64)pick);
+        const T v = src[strided_at(src_view, i)];
+        if constexpr (ADD) {
+            atomicAdd(&dst[at], v);
+        } else {
+            dst[at] = v;
+        }
+    }
+}
+
+#define KILN_PUT(NAME, T, ADD)                                                                 \
+    extern "C" __global__ void kiln_put_##NAME(                                                \
+        T* __restrict__ dst, StridedArgs dst_view, const T* __restrict__ src,                  \
+        StridedArgs src_view, const i64* __restrict__ idx, StridedArgs idx_view, unsigned dim,  \
+        u64 n, int has_skip, i64 skip) {                                                        \
+        put_impl<T, ADD>(dst, dst_view, src, src_view, idx, idx_view, dim, n, has_skip, skip);  \
+    }
+
+KILN_PUT(add_f32, float, true)
+KILN_PUT(add_f64, double, true)
+KILN_PUT(b1, unsigned char, false)
+KILN_PUT(b2, unsigned short, false)
+KILN_PUT(b4, unsigned int, false)
+KILN_PUT(b8, u64, false)

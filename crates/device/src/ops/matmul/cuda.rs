@@ -1,0 +1,303 @@
+//! CUDA batched matmul: one `cublasGemmStridedBatchedEx` call per product.
+//!
+//! **Layouts without copies.** cuBLAS is column-major; a row-major `C[m, n] = A[m, k] · B[k, n]`
+//! is the column-major `Cᵀ (n×m) = Bᵀ · Aᵀ`, so B is passed as cuBLAS's first operand and A as
+//! its second. Each operand is used in place when its matrix is row-major (unit column stride:
+//! no transpose) or column-major (unit row stride, e.g. a `.t()` view: cuBLAS transposes it),
+//! and its batch dims flatten to one batch stride (stride 0 for a broadcast operand, which is
+//! how `[b, m, k] @ [k, n]` runs as one batched call). Any other view is first copied
+//! contiguous on the device.
+//!
+//! **Types.** f32 and f64 compute in their own precision (no TF32, as PyTorch's default); f16 and
+//! bf16 read and write 16-bit values with f32 accumulation (`CUBLAS_COMPUTE_32F`), PyTorch's
+//! choice for autocast matmuls.
+//!
+//! **Handles.** One cuBLAS handle per device, created on first use and bound to kiln's stream,
+//! so GEMMs order with every other kernel without synchronisation.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublas::{result as blas, sys, CudaBlas};
+
+use crate::error::{Error, Result};
+use crate::storage::CudaStorage;
+use crate::{BackendStorage, DType, Layout};
+
+/// How cuBLAS reads one operand in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GemmOperand {
+    /// Row-major matrix (unit stride along the columns); otherwise column-major.
+    pub row_major: bool,
+    /// Leading dimension in elements.
+    pub ld: usize,
+    /// Elements between consecutive batch matrices (0 when broadcast).
+    pub batch_stride: usize,
+}
+
+/// `layout` (`[..batch, rows, cols]`) as a cuBLAS operand, or `None` when it needs a copy.
+pub(crate) fn gemm_operand(layout: &Layout) -> Option<GemmOperand> {
+    let (shape, strides) = (layout.shape(), layout.strides());
+    let r = shape.len();
+    if r < 2 {
+        return None;
+    }
+    let (rows, cols) = (shape[r - 2], shape[r - 1]);
+    let (rs, cs) = (strides[r - 2], strides[r - 1]);
+    // Batch dims must flatten to one stride.
+    let mut batch_stride = None::<usize>;
+    let mut expect = 0;
+    for d in (0..r - 2).rev() {
+        if shape[d] == 1 {
+            continue;
+        }
+        match batch_stride {
+            None => batch_stride = Some(strides[d]),
+            Some(_) if strides[d] != expect => return None,
+            Some(_) => {}
+        }
+        expect = strides[d] * shape[d];
+    }
+    let batch_stride = batch_stride.unwrap_or(0);
+    if cols == 1 || cs == 1 {
+        let ld = if rows == 1 { cols.max(1) } else { rs };
+        if ld >= cols.max(1) {
+            return Some(GemmOperand {
+                row_major: true,
+                ld,
+                batch_stride,
+            });
+        }
+    }
+    if rows == 1 || rs == 1 {
+        let ld = if cols == 1 { rows.max(1) } else { cs };
+        if ld >= rows.max(1) {
+            return Some(GemmOperand {
+                row_major: false,
+                ld,
+                batch_stride,
+            });
+        }
+    }
+    None
+}
+
+fn blas_err(call: &'static str) -> impl Fn(blas::CublasError) -> Error {
+    move |e| Error::KernelLaunch {
+        kernel: call.to_string(),
+        code: format!("{:?}", e.0),
+    }
+}
+
+static HANDLES: Mutex<Option<HashMap<usize, CudaBlas>>> = Mutex::new(None);
+
+fn as_int(what: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Unsupported {
+        what: match what {
+            "batch" => "matmul on CUDA: more than 2^31 - 1 batch matrices; split the batch",
+            _ => "matmul on CUDA: a matrix dimension or leading dimension is 2^31 or more",
+        },
+    })
+}
+
+impl CudaStorage {
+    /// `[..batch, m, k] @ [..batch, k, n]` (identical batch dims, stride 0 allowed).
+    pub(crate) fn matmul_cuda(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+    ) -> Result<Self> {
+        self.same_device("matmul", rhs)?;
+        let dtype = self.dtype();
+        if rhs.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: dtype,
+                rhs: rhs.dtype(),
+            });
+        }
+        let (data_type, compute) = match dtype {
+            DType::F32 => (
+                sys::cudaDataType::CUDA_R_32F,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            DType::F64 => (
+                sys::cudaDataType::CUDA_R_64F,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+            ),
+            DType::F16 => (
+                sys::cudaDataType::CUDA_R_16F,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            DType::BF16 => (
+                sys::cudaDataType::CUDA_R_16BF,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            other => {
+                return Err(Error::UnsupportedDType {
+                    op: "matmul",
+                    dtype: other,
+                    hint: "convert with to_dtype(DType::F32) first",
+                })
+            }
+        };
+        let (sa, sb) = (layout.shape(), rhs_layout.shape());
+        let r = sa.len();
+        if r < 2 || sb.len() != r || sa[..r - 2] != sb[..r - 2] || sa[r - 1] != sb[r - 2] {
+            return Err(Error::LengthMismatch {
+                op: "matmul",
+                what: format!("shapes {sa:?} and {sb:?} are not [..b, m, k] and [..b, k, n]"),
+            });
+        }
+        self.check_view("matmul", layout)?;
+        rhs.check_view("matmul", rhs_layout)?;
+        let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
+        let batch: usize = sa[..r - 2].iter().product();
+        let mut out_shape = sa[..r - 2].to_vec();
+        out_shape.extend([m, n]);
+        let numel = batch * m * n;
+        if numel == 0 || k == 0 {
+            // An empty sum is 0 (cuBLAS is not asked to handle k = 0).
+            return CudaStorage::full_cuda(self.ordinal(), numel, 0.0, dtype);
+        }
+        // Operands cuBLAS cannot read in place are copied contiguous first.
+        let (a_copy, b_copy);
+        let (a, la, a_offset) = match gemm_operand(layout) {
+            Some(op) => (self, op, layout.offset()),
+            None => {
+                a_copy = self.cast_cuda(layout, dtype)?;
+                let op = gemm_operand(&Layout::contiguous(sa)).expect("contiguous is row-major");
+                (&a_copy, op, 0)
+            }
+        };
+        let (b, lb, b_offset) = match gemm_operand(rhs_layout) {
+            Some(op) => (rhs, op, rhs_layout.offset()),
+            None => {
+                b_copy = rhs.cast_cuda(rhs_layout, dtype)?;
+                let op = gemm_operand(&Layout::contiguous(sb)).expect("contiguous is row-major");
+                (&b_copy, op, 0)
+            }
+        };
+        let (stream, out) = CudaStorage::output(self.ordinal(), numel, dtype)?;
+        let size = dtype.size_in_bytes() as u64;
+        let a_ptr = a.device_ptr() + a_offset as u64 * size;
+        let b_ptr = b.device_ptr() + b_offset as u64 * size;
+        // cuBLAS sees Cᵀ (n×m) = Bᵀ (n×k) · Aᵀ (k×m).
+        let op = |row_major: bool| {
+            if row_major {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            }
+        };
+        let (mi, ni, ki) = (as_int("m", n)?, as_int("n", m)?, as_int("k", k)?);
+        let (lda, ldb, ldc) = (as_int("ld", lb.ld)?, as_int("ld", la.ld)?, as_int("ld", n)?);
+        let batch_count = as_int("batch", batch)?;
+        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
+            (
+                (&one64 as *const f64).cast(),
+                (&zero64 as *const f64).cast(),
+            )
+        } else {
+            (
+                (&one32 as *const f32).cast(),
+                (&zero32 as *const f32).cast(),
+            )
+        };
+        // SAFETY: only probes whether the dynamic library can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::CudaUnavailable(
+                "libcublas was not found; install the CUDA toolkit's cuBLAS (or `pip install \
+                 nvidia-cublas`) and add its lib folder to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let mut handles = HANDLES.lock().unwrap_or_else(|p| p.into_inner());
+        let handles = handles.get_or_insert_with(HashMap::new);
+        let blas = match handles.entry(self.ordinal()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(CudaBlas::new(stream.clone()).map_err(blas_err("cublasCreate"))?)
+            }
+        };
+        let handle = *blas.handle();
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| crate::cuda::launch::launch_error("cublasGemmStridedBatchedEx", e))?;
+        // SAFETY: the pointers address blocks holding every element the strides reach (views
+        // checked above; copies are contiguous); alpha/beta are host scalars of the compute
+        // type; the handle is bound to `stream`, on which all three buffers are used.
+        unsafe {
+            blas::gemm_strided_batched_ex(
+                handle,
+                op(lb.row_major),
+                op(la.row_major),
+                mi,
+                ni,
+                ki,
+                alpha,
+                b_ptr as *const c_void,
+                data_type,
+                lda,
+                lb.batch_stride as i64,
+                a_ptr as *const c_void,
+                data_type,
+                ldb,
+                la.batch_stride as i64,
+                beta,
+                out.device_ptr() as *mut c_void,
+                data_type,
+                ldc,
+                (m * n) as i64,
+                batch_count,
+                compute,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            )
+        }
+        .map_err(blas_err("cublasGemmStridedBatchedEx"))?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(layout: &Layout) -> Option<(bool, usize, usize)> {
+        gemm_operand(layout).map(|o| (o.row_major, o.ld, o.batch_stride))
+    }
+
+    #[test]
+    fn row_major_transposed_and_broadcast_operands_need_no_copy() {
+        let a = Layout::contiguous(&[3, 4, 5]);
+        assert_eq!(op(&a), Some((true, 5, 20)));
+        // `.t()` of the last two dims: column-major with ld 5.
+        assert_eq!(op(&a.transpose(1, 2)), Some((false, 5, 20)));
+        // A 2-D weight broadcast over a batch: stride 0.
+        let w = Layout::contiguous(&[4, 5])
+            .unsqueeze(0)
+            .broadcast_to(&[3, 4, 5]);
+        assert_eq!(op(&w), Some((true, 5, 0)));
+        // Two batch dims that flatten; a column slice keeps its row stride as ld.
+        let b = Layout::contiguous(&[2, 3, 4, 8]).narrow(3, 2, 5);
+        assert_eq!(op(&b), Some((true, 8, 32)));
+        // Vectors: any stride on the size-1 dim.
+        assert_eq!(
+            op(&Layout::new(vec![1, 7], vec![99, 1], 0)),
+            Some((true, 7, 0))
+        );
+    }
+
+    #[test]
+    fn views_cublas_cannot_read_are_copied() {
+        // Neither dim has unit stride.
+        assert_eq!(op(&Layout::new(vec![4, 5], vec![10, 2], 0)), None);
+        // Batch dims that do not flatten (a narrowed outer batch dim).
+        let l = Layout::contiguous(&[4, 3, 2, 2]).narrow(1, 0, 2);
+        assert_eq!(op(&l), None);
+    }
+}
