@@ -10,6 +10,7 @@ mod alloc;
 mod clip;
 mod ops;
 mod optim;
+mod train;
 
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -73,6 +74,7 @@ const GROUPS: &[(&str, Group)] = &[
     ("clip", clip::run),
     ("optim", optim::run),
     ("ops", ops::run),
+    ("train", train::run),
 ];
 
 const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";
