@@ -20,7 +20,9 @@
 //! - `max_memory_reserved` over the same step, against the allocated peak: `ratio` is
 //!   allocated / reserved, the share of the cached segments that held live tensors at the peak.
 //!
-//! The CPU caching allocator is process-wide, so the group empties the cache before each case.
+//! The CPU caching allocator is process-wide, so the group empties the cache before each case
+//! and subtracts what is still allocated at that point from the allocated peak (the reserved
+//! figure is the allocator's total).
 
 use super::{Options, Row};
 use kiln_autograd::{manual_seed, DType, Device, Generator, Module, Tensor};
@@ -79,7 +81,7 @@ fn matmul_gflops(options: &Options) -> Result<f64, String> {
     Ok(2.0 * (n * n * n) as f64 / best / 1e9)
 }
 
-/// Random class-index targets in `[0, classes)`.
+/// Class-index targets in `[0, classes)` (a fixed pattern; the step time does not depend on it).
 fn labels(batch: usize, classes: usize) -> Result<Tensor, String> {
     let v: Vec<i64> = (0..batch).map(|i| ((i * 7 + 3) % classes) as i64).collect();
     Tensor::from_vec(v, &[batch], CPU).map_err(err)
