@@ -11,6 +11,7 @@ mod clip;
 mod ops;
 mod ops_gpu;
 mod optim;
+mod train;
 
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -74,6 +75,7 @@ const GROUPS: &[(&str, Group)] = &[
     ("clip", clip::run),
     ("optim", optim::run),
     ("ops", ops::run),
+    ("train", train::run),
 ];
 
 const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";
