@@ -22,3 +22,5 @@ pub use kiln_losses as losses;
 pub use kiln_models as models;
 pub use kiln_optim as optim;
 pub use kiln_sched as sched;
+
+pub mod recipe;
