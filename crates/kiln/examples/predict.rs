@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 /// Classify one image with a kiln training checkpoint.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// The checkpoint (RUN_DIR/ckpt.safetensors).
     #[arg(long)]

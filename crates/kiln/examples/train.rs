@@ -22,7 +22,7 @@ use std::time::Instant;
 
 /// Train a small ResNet with every practice of the kiln guide.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Epochs of the whole schedule.
     #[arg(long, default_value_t = TrainConfig::default().epochs)]
@@ -155,7 +155,7 @@ impl Observer for Display {
                 ProgressBar::with_draw_target(Some(batches as u64), ProgressDrawTarget::stdout());
             bar.set_style(
                 ProgressStyle::with_template(
-                    "epoch {prefix} [{bar:30}] {pos}/{len} {per_sec} batches {msg} ETA {eta}",
+                    "epoch {prefix} [{bar:30}] {pos}/{len} batches, {msg}, ETA {eta}",
                 )
                 .expect("valid template")
                 .progress_chars("=> "),
@@ -195,6 +195,23 @@ impl Observer for Display {
             self.started.elapsed().as_secs_f64()
         );
     }
+}
+
+/// Writes the first ten validation images of the synthetic set as PNGs into
+/// `RUN_DIR/samples/` (one per class), ready for the `predict` example.
+fn write_samples(config: &TrainConfig) -> Result<PathBuf, kiln::data::Error> {
+    use kiln::data::{save_png, synthetic, Split};
+    let dir = config.run_dir.join("samples");
+    std::fs::create_dir_all(&dir).map_err(|source| kiln::data::Error::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    for i in 0..10u64 {
+        let (pixels, label) = synthetic::render(config.seed, Split::Test, i);
+        let name = synthetic::CLASSES[label as usize].replace(' ', "_");
+        save_png(dir.join(format!("{i}_{name}.png")), &pixels, [3, 32, 32])?;
+    }
+    Ok(dir)
 }
 
 fn main() {
@@ -238,6 +255,18 @@ fn main() {
                 outcome.checkpoint.display(),
                 config.run_dir.display()
             );
+            if matches!(config.data, DataSource::Synthetic { .. }) {
+                match write_samples(&config) {
+                    Ok(dir) => println!(
+                        "validation samples as PNG in {}; try: cargo run --release --example \
+                         predict -- --checkpoint {} {}/2_triangle.png",
+                        dir.display(),
+                        outcome.checkpoint.display(),
+                        dir.display()
+                    ),
+                    Err(e) => eprintln!("could not write sample images: {e}"),
+                }
+            }
         }
         Err(e) => {
             eprintln!("error: {e}");
