@@ -1,7 +1,7 @@
 //! `--resume` continues bit for bit: two epochs in one go, and one epoch, a stop, a resume
 //! from the checkpoint and the second epoch, end with the same parameters and buffers (bit for
 //! bit) and the same logged losses. The config is tiny (100 synthetic images, width 4) but runs
-//! every part of the recipe: frozen first epoch, two lr groups, accumulation over 2 batches
+//! every part of the recipe: frozen first epoch, two lr groups, accumulation over 4 batches
 //! with a short last group, clipping, warm-up + cosine, prefetching loader with augmentation.
 //!
 //! One test per file: the recipe seeds kiln's process-wide generator, so two runs must not
@@ -22,7 +22,7 @@ fn config(run_dir: std::path::PathBuf) -> TrainConfig {
             val_len: 20,
         },
         freeze_epochs: 1,
-        accum_steps: 2,
+        accum_steps: 4,
         max_grad_norm: 0.5,
         width: 4,
         prefetch_batches: 1,
