@@ -14,6 +14,11 @@
 //! | [`models`] | `kiln-models` | layers, models, summaries, checkpoints |
 //! | [`data`] | `kiln-data` | datasets (synthetic, MNIST, CIFAR-10), transforms, data loader, image input |
 
+//!
+//! [`recipe`] holds the training recipe of `cargo run --release --example train` (model by
+//! configuration, the training loop, checkpoints that resume bit for bit, single-image
+//! prediction) as library code shared by the `train` and `predict` examples and the tests.
+
 pub use kiln_alloc_cache as alloc;
 pub use kiln_autograd as autograd;
 pub use kiln_data as data;
@@ -22,3 +27,5 @@ pub use kiln_losses as losses;
 pub use kiln_models as models;
 pub use kiln_optim as optim;
 pub use kiln_sched as sched;
+
+pub mod recipe;

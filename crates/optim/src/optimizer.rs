@@ -45,6 +45,11 @@ pub trait Optimizer {
     fn betas(&self, group: usize) -> Result<Option<(f64, f64)>>;
     /// Sets Adam's betas; an error for SGD.
     fn set_betas(&mut self, group: usize, betas: (f64, f64)) -> Result<()>;
+    /// The lr group `group` had when the first learning-rate scheduler attached (PyTorch's
+    /// `param_groups[g]["initial_lr"]`); `None` until a scheduler records it.
+    fn initial_lr(&self, group: usize) -> Result<Option<f64>>;
+    /// Records `initial_lr` for group `group` (schedulers do this when they attach).
+    fn set_initial_lr(&mut self, group: usize, lr: f64) -> Result<()>;
     /// The optimizer's state: group options, step counts and moment buffers.
     fn state_dict(&self) -> Result<StateDict>;
     /// Restores a state saved by [`Optimizer::state_dict`] of an optimizer of the same kind over
@@ -162,6 +167,10 @@ pub struct GroupRecord {
     pub params: Vec<String>,
     /// The group's options.
     pub options: serde_json::Value,
+    /// The lr recorded by the first scheduler (PyTorch's `initial_lr`); absent in state dicts
+    /// written before it was kept, which load as `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_lr: Option<f64>,
 }
 
 /// A whole optimizer's state (serde: save it with `serde_json`).
@@ -178,6 +187,8 @@ pub struct StateDict {
 struct Group<O> {
     params: Vec<(String, Parameter)>,
     options: O,
+    /// PyTorch's `initial_lr` key: written once by the first scheduler attached.
+    initial_lr: Option<f64>,
 }
 
 /// An optimizer: groups of parameters with options, per-parameter state, and an algorithm.
@@ -262,6 +273,7 @@ impl<A: Algorithm> Optim<A> {
         self.groups.push(Group {
             params: group.params,
             options,
+            initial_lr: None,
         });
         Ok(())
     }
@@ -443,6 +455,21 @@ impl<A: Algorithm> Optimizer for Optim<A> {
         Ok(())
     }
 
+    fn initial_lr(&self, group: usize) -> Result<Option<f64>> {
+        Ok(self.group(group)?.initial_lr)
+    }
+
+    fn set_initial_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        if lr.is_nan() || lr < 0.0 {
+            return Err(crate::arg_err(
+                "set_initial_lr",
+                format!("invalid learning rate {lr}; pass lr >= 0"),
+            ));
+        }
+        self.group_mut(group)?.initial_lr = Some(lr);
+        Ok(())
+    }
+
     fn state_dict(&self) -> Result<StateDict> {
         let mut groups = Vec::new();
         let mut state = Vec::new();
@@ -451,6 +478,7 @@ impl<A: Algorithm> Optimizer for Optim<A> {
                 params: g.params.iter().map(|(n, _)| n.clone()).collect(),
                 options: serde_json::to_value(&g.options)
                     .map_err(|e| Error::StateDict(format!("options do not serialise: {e}")))?,
+                initial_lr: g.initial_lr,
             });
             for (_, p) in &g.params {
                 state.push(match self.state.get(&p.id()) {
@@ -497,8 +525,9 @@ impl<A: Algorithm> Optimizer for Optim<A> {
                 state.insert(p.id(), self.algorithm.load_state(rec, p)?);
             }
         }
-        for (g, o) in self.groups.iter_mut().zip(options) {
+        for ((g, o), rec) in self.groups.iter_mut().zip(options).zip(&sd.groups) {
             g.options = o;
+            g.initial_lr = rec.initial_lr;
         }
         self.state = state;
         Ok(())

@@ -51,6 +51,7 @@
 
 mod error;
 pub mod log;
+mod optim_impl;
 mod param_group;
 mod scheduler;
 mod schedulers;

@@ -1,0 +1,276 @@
+//! Trains a small ResNet (CIFAR stem) on the built-in synthetic shapes (or MNIST / CIFAR-10) and
+//! shows the whole recipe: device report, model summary, memory plan and the batch size it
+//! allows, a frozen backbone first, per-group learning rates, AdamW, clipping, warm-up + cosine,
+//! gradient accumulation, validation under `no_grad`, memory figures, TensorBoard / CSV / SVG
+//! logs and a resumable checkpoint per epoch. The loop itself is `kiln::recipe::train`.
+//!
+//! ```text
+//! cargo run --release --example train                       # synthetic data, defaults
+//! cargo run --release --example train -- --help
+//! cargo run --release --example train -- --resume           # continue runs/train
+//! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
+//! ```
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kiln::data::DataSource;
+use kiln::device::{cuda_status, format_bytes, Device};
+use kiln::recipe::{self, EpochReport, Observer, Setup, TrainConfig};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Train a small ResNet with every practice of the kiln guide.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Epochs of the whole schedule.
+    #[arg(long, default_value_t = TrainConfig::default().epochs)]
+    epochs: usize,
+    /// Batch size [default: the largest the memory plan allows, capped at 128].
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Peak learning rate of the head (the backbone gets half).
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
+    lr: f64,
+    /// Device: cpu, cuda, cuda:N or best.
+    #[arg(long, default_value = "best")]
+    device: String,
+    /// Seed of the init, the synthetic data, the shuffle and the augmentation.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Run folder: checkpoint, TensorBoard events, metrics.csv, metrics.svg.
+    #[arg(long, default_value = "runs/train")]
+    run_dir: PathBuf,
+    /// Data: synthetic, synthetic:N, mnist:DIR or cifar10:DIR.
+    #[arg(long, default_value = "synthetic", value_parser = parse_data)]
+    data: DataSource,
+    /// Epochs with the backbone frozen (only the head trains).
+    #[arg(long, default_value_t = TrainConfig::default().freeze_epochs)]
+    freeze_epochs: usize,
+    /// Batches accumulated into one optimizer step.
+    #[arg(long, default_value_t = 1)]
+    accum_steps: usize,
+    /// Clip gradients to this global L2 norm.
+    #[arg(long, default_value_t = TrainConfig::default().max_grad_norm)]
+    max_grad_norm: f64,
+    /// Mixed precision (CUDA only).
+    #[arg(long)]
+    amp: bool,
+    /// Continue from RUN_DIR/ckpt.safetensors.
+    #[arg(long)]
+    resume: bool,
+    /// Planes of the first stage (doubled per stage).
+    #[arg(long, default_value_t = TrainConfig::default().width)]
+    width: usize,
+}
+
+fn parse_data(s: &str) -> Result<DataSource, String> {
+    s.parse().map_err(|e: kiln::data::Error| e.to_string())
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    match s {
+        "best" => Ok(Device::best()),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Device::cuda(0).map_err(|e| e.to_string()),
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => Device::cuda(i).map_err(|e| e.to_string()),
+            _ => Err(format!(
+                "unknown device {s:?}; use cpu, cuda, cuda:N or best"
+            )),
+        },
+    }
+}
+
+/// The device report: what is visible, what was chosen, and why.
+fn report_devices(requested: &str, device: Device) {
+    let status = cuda_status();
+    println!("== devices");
+    println!("  CUDA devices visible: {}", status.devices().len());
+    for d in status.devices() {
+        println!(
+            "    cuda:{}: {}, {}",
+            d.logical,
+            d.name,
+            format_bytes(d.total_memory)
+        );
+    }
+    if let Some(reason) = status.reason() {
+        println!("  CUDA unavailable: {reason}");
+    }
+    let why = if requested == "best" {
+        Device::best_with_reason().reason
+    } else {
+        format!("--device {requested}")
+    };
+    println!("  training on {device} ({why})");
+}
+
+/// Progress bar (hidden when stdout is not a terminal) and the per-epoch lines.
+struct Display {
+    bar: Option<ProgressBar>,
+    started: Instant,
+}
+
+impl Observer for Display {
+    fn setup(&mut self, s: &Setup) {
+        println!("== model\n{}", s.summary);
+        let p = &s.plan;
+        println!("== memory plan (AdamW, f32)");
+        println!(
+            "  fixed {} (params {}, grads {}, optimizer state {}) + {} per sample",
+            format_bytes(p.fixed_bytes() as u64),
+            format_bytes(p.param_bytes as u64),
+            format_bytes(p.grad_bytes as u64),
+            format_bytes(p.optimizer_state_bytes as u64),
+            format_bytes(p.per_sample_bytes() as u64)
+        );
+        match (s.budget_bytes, s.plan_max_batch) {
+            (Some(budget), Some(max)) => println!(
+                "  budget {} (half the free memory) fits batch {max}; using {} (capped), \
+                 planned peak {}",
+                format_bytes(budget as u64),
+                s.batch_size,
+                format_bytes(p.peak_bytes(s.batch_size) as u64)
+            ),
+            _ => println!(
+                "  batch size {} (given or resumed), planned peak {}",
+                s.batch_size,
+                format_bytes(p.peak_bytes(s.batch_size) as u64)
+            ),
+        }
+        println!(
+            "== data: {} training / {} validation samples, {} batches per epoch",
+            s.samples.0, s.samples.1, s.batches_per_epoch
+        );
+        if s.resumed_epochs > 0 {
+            println!("== resumed after epoch {}", s.resumed_epochs);
+        }
+    }
+
+    fn epoch_start(&mut self, epoch: usize, batches: usize) {
+        if std::io::stdout().is_terminal() {
+            let bar =
+                ProgressBar::with_draw_target(Some(batches as u64), ProgressDrawTarget::stdout());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "epoch {prefix} [{bar:30}] {pos}/{len} batches, {msg}, ETA {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            bar.set_prefix(epoch.to_string());
+            self.bar = Some(bar);
+        }
+    }
+
+    fn batch(&mut self, samples: usize, loss: f64) {
+        if let Some(bar) = &self.bar {
+            let per_sec = bar.per_sec() * samples as f64;
+            bar.set_message(format!("loss {loss:.3}, {per_sec:.0} img/s"));
+            bar.inc(1);
+        }
+    }
+
+    fn epoch_end(&mut self, r: &EpochReport) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        let [alloc, reserved, peak] = r.memory.map(|b| format_bytes(b as u64));
+        println!(
+            "epoch {:>2}{} train loss {:.4} | val loss {:.4} acc {:5.2}% | lr {:.2e}/{:.2e} | \
+             grad norm {:.2} | mem alloc {alloc} reserved {reserved} peak {peak} | {:.0} img/s, \
+             {:.1}s (total {:.0}s)",
+            r.epoch,
+            if r.frozen { " (backbone frozen)" } else { "" },
+            r.train_loss,
+            r.val_loss,
+            100.0 * r.val_accuracy,
+            r.lr[0],
+            r.lr[1],
+            r.grad_norm,
+            r.samples_per_sec,
+            r.seconds,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Writes the first ten validation images of the synthetic set as PNGs into
+/// `RUN_DIR/samples/` (one per class), ready for the `predict` example.
+fn write_samples(config: &TrainConfig) -> Result<PathBuf, kiln::data::Error> {
+    use kiln::data::{save_png, synthetic, Split};
+    let dir = config.run_dir.join("samples");
+    std::fs::create_dir_all(&dir).map_err(|source| kiln::data::Error::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    for i in 0..10u64 {
+        let (pixels, label) = synthetic::render(config.seed, Split::Test, i);
+        let name = synthetic::CLASSES[label as usize].replace(' ', "_");
+        save_png(dir.join(format!("{i}_{name}.png")), &pixels, [3, 32, 32])?;
+    }
+    Ok(dir)
+}
+
+fn main() {
+    let args = Args::parse();
+    let device = match parse_device(&args.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    report_devices(&args.device, device);
+    let config = TrainConfig {
+        epochs: args.epochs,
+        batch_size: args.batch_size,
+        lr: args.lr,
+        device,
+        seed: args.seed,
+        run_dir: args.run_dir,
+        data: args.data,
+        freeze_epochs: args.freeze_epochs,
+        accum_steps: args.accum_steps,
+        max_grad_norm: args.max_grad_norm,
+        amp: args.amp,
+        resume: args.resume,
+        width: args.width,
+        ..TrainConfig::default()
+    };
+    let mut display = Display {
+        bar: None,
+        started: Instant::now(),
+    };
+    match recipe::train(&config, &mut display) {
+        Ok(outcome) => {
+            let last = outcome.history.last();
+            println!(
+                "done in {:.0}s: validation accuracy {:.2}%; checkpoint {}, logs in {} \
+                 (metrics.csv, metrics.svg, tensorboard/)",
+                display.started.elapsed().as_secs_f64(),
+                last.map_or(0.0, |r| 100.0 * r.val_accuracy),
+                outcome.checkpoint.display(),
+                config.run_dir.display()
+            );
+            if matches!(config.data, DataSource::Synthetic { .. }) {
+                match write_samples(&config) {
+                    Ok(dir) => println!(
+                        "validation samples as PNG in {}; try: cargo run --release --example \
+                         predict -- --checkpoint {} {}/2_triangle.png",
+                        dir.display(),
+                        outcome.checkpoint.display(),
+                        dir.display()
+                    ),
+                    Err(e) => eprintln!("could not write sample images: {e}"),
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
