@@ -15,8 +15,8 @@ use kiln::optim::{
     ParamGroup,
 };
 use kiln::sched::{
-    CosineAnnealingLR, LinearLR, LrGroups, LrScheduler, MetricScheduler, ParamGroupLr,
-    PlateauOptions, ReduceLROnPlateau, SequentialLR,
+    CosineAnnealingLR, LinearLR, LrGroups, LrScheduler, MetricScheduler, PlateauOptions,
+    ReduceLROnPlateau, SequentialLR,
 };
 
 type Res = Result<(), Box<dyn Error>>;
@@ -247,17 +247,16 @@ fn lr_schedules() -> Res {
         vec![ParamGroup::from_module(&model)],
         AdamOptions::adamw().lr(1e-3),
     )?;
-    // Warm-up for 5 epochs, then cosine decay over the remaining 45.
-    let mut lrs = LrGroups::new(&[opt.lr(0)?]);
-    let warmup = LinearLR::new(&mut lrs, 0.1, 1.0, 5)?;
-    let cosine = CosineAnnealingLR::new(&mut lrs, 45, 0.0)?;
-    let mut sched = SequentialLR::new(&mut lrs, vec![Box::new(warmup), Box::new(cosine)], &[5])?;
+    // Warm-up for 5 epochs, then cosine decay over the remaining 45; the schedulers drive the
+    // optimizer's parameter groups directly.
+    let warmup = LinearLR::new(&mut opt, 0.1, 1.0, 5)?;
+    let cosine = CosineAnnealingLR::new(&mut opt, 45, 0.0)?;
+    let mut sched = SequentialLR::new(&mut opt, vec![Box::new(warmup), Box::new(cosine)], &[5])?;
     let mut seen = Vec::new();
     for _epoch in 0..50 {
-        opt.set_lr(0, lrs.lr(0))?;
         seen.push(opt.lr(0)?);
         // ... one epoch of training ...
-        sched.step(&mut lrs)?;
+        sched.step(&mut opt)?;
     }
     assert!((seen[0] - 1e-4).abs() < 1e-12);
     assert!((seen[5] - 1e-3).abs() < 1e-12);
