@@ -71,7 +71,10 @@ fn parse_data(s: &str) -> Result<DataSource, String> {
 
 fn parse_device(s: &str) -> Result<Device, String> {
     match s {
-        "best" => Ok(Device::best()),
+        // The recipe cannot place a model on CUDA yet (kiln-models builds its layers on the
+        // CPU), so `best` stays on the CPU rather than failing on a GPU machine; the device
+        // report says so. `--device cuda` asks explicitly and gets the recipe's clear error.
+        "best" => Ok(Device::Cpu),
         "cpu" => Ok(Device::Cpu),
         "cuda" => Device::cuda(0).map_err(|e| e.to_string()),
         _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
@@ -100,7 +103,13 @@ fn report_devices(requested: &str, device: Device) {
         println!("  CUDA unavailable: {reason}");
     }
     let why = if requested == "best" {
-        Device::best_with_reason().reason
+        match Device::best() {
+            Device::Cpu => Device::best_with_reason().reason,
+            cuda => format!(
+                "Device::best() picked {cuda}, but the training recipe cannot place a model on \
+                 CUDA yet, so it trains on the CPU"
+            ),
+        }
     } else {
         format!("--device {requested}")
     };
