@@ -197,11 +197,11 @@ fn bandwidth(stream: &Arc<CudaStream>, reps: usize, rows: &mut Vec<Row>) -> Resu
 }
 
 /// ResNet18 training step at batch 256, 224x224, bf16 autocast: not measured yet. kiln-models
-/// has no ResNet18 in this branch and the `autocast` scope is not implemented, so there is
-/// nothing honest to time; the reason is printed instead of a row.
+/// builds its layers on the CPU and cannot move a model to a CUDA device, so there is nothing
+/// honest to time; the reason is printed instead of a row.
 fn resnet18() {
     eprintln!(
-        "bench ops: gpu_resnet18_train_step_bf16 skipped: needs kiln-models' ResNet18 and the \
-         autocast scope, neither of which this build has"
+        "bench ops: gpu_resnet18_train_step_bf16 skipped: kiln-models cannot move a model to a \
+         CUDA device yet (no Module::to_device), so no GPU training step can be timed"
     );
 }

@@ -246,8 +246,8 @@ fn check(config: &TrainConfig) -> Result<()> {
     }
     if config.amp {
         return bad(
-            "--amp: kiln-autograd has no autocast yet, so the recipe cannot run mixed \
-                    precision; drop --amp"
+            "--amp: the training recipe does not use kiln-autograd's autocast or a GradScaler \
+                    yet, so it cannot run mixed precision; drop --amp"
                 .into(),
         );
     }
