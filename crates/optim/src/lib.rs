@@ -27,7 +27,9 @@ mod fused;
 mod group;
 mod optimizer;
 mod scaler;
+mod scaler_cuda;
 mod sgd;
+mod sgd_cuda;
 
 pub use adam::{Adam, AdamAlgorithm, AdamOptions, AdamState, AdamW};
 pub use clip::{

@@ -4,7 +4,8 @@
 //! The loss is multiplied by the scale before backward so small fp16 gradients do not flush to
 //! zero; [`GradScaler::unscale_`] divides every gradient of an optimizer by the scale and checks
 //! them for inf/NaN in the same fused pass (one read and one write of each gradient, a single
-//! found-inf flag). [`GradScaler::step`] skips the optimizer step when anything was non-finite,
+//! found-inf flag; for CUDA gradients one launch per device writing the flag in device memory,
+//! read back once by `step`). [`GradScaler::step`] skips the optimizer step when anything was non-finite,
 //! and [`GradScaler::update`] halves the scale after such a step or doubles it after
 //! `growth_interval` clean steps in a row. Call `unscale_` before clipping, as PyTorch documents,
 //! so the clip threshold applies to the true gradients:
@@ -19,6 +20,7 @@
 
 use crate::access::with_slices_mut;
 use crate::optimizer::Optimizer;
+use crate::scaler_cuda::{unscale_cuda, DeviceFoundInf};
 use crate::{arg_err, Error, Result};
 use kiln_autograd::Tensor;
 use kiln_device::ops::multi_tensor::cpu;
@@ -67,10 +69,30 @@ pub struct GradScalerState {
     pub growth_tracker: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Where an optimizer stands between two `update`s. After `unscale_`, the answer for CPU
+/// gradients is known; for CUDA gradients it waits in device-side flags until `step` (or
+/// `update`) reads them.
+#[derive(Debug)]
 enum Stage {
-    Unscaled { found_inf: bool },
-    Stepped { found_inf: bool },
+    Unscaled {
+        host_found_inf: bool,
+        device: DeviceFoundInf,
+    },
+    Stepped {
+        found_inf: bool,
+    },
+}
+
+impl Stage {
+    fn found_inf(&self) -> Result<bool> {
+        match self {
+            Stage::Unscaled {
+                host_found_inf,
+                device,
+            } => Ok(*host_found_inf || device.read()?),
+            Stage::Stepped { found_inf } => Ok(*found_inf),
+        }
+    }
 }
 
 /// Dynamic loss scaler.
@@ -171,15 +193,21 @@ impl GradScaler {
             .iter()
             .filter_map(|(_, p)| p.grad())
             .collect();
-        let found_inf = if grads.is_empty() {
+        let (host, cuda): (Vec<Tensor>, Vec<Tensor>) =
+            grads.into_iter().partition(|g| g.device().is_cpu());
+        let host_found_inf = if host.is_empty() {
             false
         } else {
-            with_slices_mut("unscale_", &grads, |s| {
-                cpu::unscale_and_check_(s, inv_scale)
-            })?
+            with_slices_mut("unscale_", &host, |s| cpu::unscale_and_check_(s, inv_scale))?
         };
-        self.per_optimizer
-            .insert(key(optimizer), Stage::Unscaled { found_inf });
+        let device = unscale_cuda(&cuda, inv_scale)?;
+        self.per_optimizer.insert(
+            key(optimizer),
+            Stage::Unscaled {
+                host_found_inf,
+                device,
+            },
+        );
         Ok(())
     }
 
@@ -201,8 +229,8 @@ impl GradScaler {
             self.unscale_(optimizer)?;
         }
         let found_inf = match self.per_optimizer.get(&k) {
-            Some(Stage::Unscaled { found_inf }) => *found_inf,
-            _ => false,
+            Some(stage) => stage.found_inf()?,
+            None => false,
         };
         if !found_inf {
             optimizer.step()?;
@@ -224,9 +252,10 @@ impl GradScaler {
                     .into(),
             });
         }
-        let found_inf = self.per_optimizer.values().any(|s| match s {
-            Stage::Unscaled { found_inf } | Stage::Stepped { found_inf } => *found_inf,
-        });
+        let mut found_inf = false;
+        for stage in self.per_optimizer.values() {
+            found_inf |= stage.found_inf()?;
+        }
         if found_inf {
             self.scale = (f64::from(self.scale) * self.options.backoff_factor) as f32;
             self.growth_tracker = 0;

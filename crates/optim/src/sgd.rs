@@ -10,7 +10,8 @@
 //! ```
 //!
 //! One fused pass per step and dtype: every parameter of the group is split into fixed chunks
-//! (zipped with its gradient and momentum buffer) and the chunks run in parallel.
+//! (zipped with its gradient and momentum buffer) and the chunks run in parallel. CUDA
+//! parameters (f32) take one launch per group instead (`sgd_cuda`).
 
 use crate::access::OptFloat;
 use crate::fused::{checked_grad, typed, typed_mut, CHUNK};
@@ -176,7 +177,7 @@ impl Sgd {
 }
 
 /// A parameter, its gradient, its momentum buffer, and whether this is the buffer's first step.
-type SgdWork = (Tensor, Tensor, Option<Tensor>, bool);
+pub(crate) type SgdWork = (Tensor, Tensor, Option<Tensor>, bool);
 
 struct SgdChunk<'a, T> {
     p: &'a mut [T],
@@ -275,16 +276,26 @@ impl Algorithm for SgdAlgorithm {
         items: Vec<StepItem<'_, SgdState>>,
         scale: f64,
     ) -> Result<()> {
-        let mut by_dtype: [Vec<SgdWork>; 2] = [Vec::new(), Vec::new()];
+        // Slots: f32 on the host, f64 on the host, CUDA (f32).
+        let mut by_dtype: [Vec<SgdWork>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         for it in items {
-            let grad = checked_grad("SGD.step", &it)?;
+            let on_cuda = !it.param.device().is_cpu();
+            let grad = if on_cuda {
+                crate::adam_cuda::checked_cuda_grad("SGD.step", &it)?
+            } else {
+                checked_grad("SGD.step", &it)?
+            };
             let mut first = false;
             if o.momentum != 0.0 && it.state.momentum_buffer.is_none() {
                 it.state.momentum_buffer = Some(it.param.zeros_like()?);
                 first = true;
             }
             it.state.step += 1;
-            let slot = usize::from(it.param.dtype() == DType::F64);
+            let slot = if on_cuda {
+                2
+            } else {
+                usize::from(it.param.dtype() == DType::F64)
+            };
             by_dtype[slot].push((
                 it.param.tensor().clone(),
                 grad,
@@ -296,7 +307,8 @@ impl Algorithm for SgdAlgorithm {
             ));
         }
         sgd_pass::<f32>(o, &by_dtype[0], scale)?;
-        sgd_pass::<f64>(o, &by_dtype[1], scale)
+        sgd_pass::<f64>(o, &by_dtype[1], scale)?;
+        crate::sgd_cuda::sgd_step_cuda(o, &by_dtype[2], scale)
     }
 
     fn save_state(&self, s: &SgdState) -> Result<ParamStateRecord> {

@@ -17,6 +17,11 @@ use crate::cuda::kernels::{load_function, KernelSource};
 use crate::error::{Error, Result};
 use crate::DType;
 
+mod sgd;
+mod unscale;
+pub use sgd::{sgd_step_f32, SgdConstants, SgdTensor};
+pub use unscale::{unscale_and_check, FoundInfFlag};
+
 /// The kernels of this op family.
 pub const MULTI_TENSOR_KERNELS: KernelSource = KernelSource {
     file: "ops/multi_tensor/multi_tensor.cu",
@@ -392,6 +397,35 @@ pub fn adam_step_f32(
     Ok(())
 }
 
+/// The chunk table of tensors of lengths `lens` for `op`'s kernels, and its length as the
+/// kernels' u32 index.
+fn chunk_table(op: &'static str, lens: &[usize]) -> Result<(Vec<ChunkEntry>, u32)> {
+    let plan = plan_chunks(lens, CHUNK_ELEMS);
+    let num_chunks = u32::try_from(plan.len()).map_err(|_| Error::LengthMismatch {
+        op,
+        what: "more chunks than the CUDA table's u32 index".into(),
+    })?;
+    let entries = plan
+        .iter()
+        .map(|c| ChunkEntry {
+            start: c.start as u64,
+            len: c.len as u64,
+            tensor: c.tensor as u32,
+            pad: 0,
+        })
+        .collect();
+    Ok((entries, num_chunks))
+}
+
+/// One block per chunk, at most [`MAX_BLOCKS`] (blocks stride over the rest).
+fn chunk_launch_config(num_chunks: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((num_chunks as usize).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Runs `f` with the [`ClipPlan`] of `list` on `cuda:ordinal`, building it (on the stream
 /// kiln's storages use) only when the cached plan describes another list: the tables are
 /// uploaded once and reused while the parameter set is unchanged.
@@ -434,6 +468,8 @@ mod tests {
         assert!(ptx.contains(".entry kiln_mt_norm("));
         assert!(ptx.contains(".entry kiln_mt_scale("));
         assert!(ptx.contains(".entry kiln_mt_adam_f32("));
+        assert!(ptx.contains(".entry kiln_mt_sgd_f32("));
+        assert!(ptx.contains(".entry kiln_mt_unscale("));
     }
 
     #[test]

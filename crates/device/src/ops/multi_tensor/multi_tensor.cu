@@ -224,3 +224,118 @@ extern "C" __global__ void kiln_mt_adam_f32(const KilnMtAdamTensor* tensors,
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// kiln_mt_sgd_f32: one SGD step over every f32 parameter of a group in one launch.
+//
+// The table holds, per parameter, the addresses of the parameter, gradient and momentum buffer
+// (0 when momentum is 0), its length, and whether this is the buffer's first step (the buffer
+// then takes the gradient as it is). The update is the CPU pass's, operation for operation, with
+// explicitly rounded multiplies and adds (__fmul_rn/__fadd_rn) so the compiler does not contract
+// them into FMAs and the result is bitwise the CPU's:
+//   d = g * grad_scale [* clip_coef]; d += p * weight_decay (when has_wd);
+//   b = first ? d : b * momentum + d * dampening_weight; d = nesterov ? d + b * momentum : b;
+//   p = p + d * neg_lr.
+// `grad_scale` already carries maximize's sign. `clip` as for Adam.
+
+struct KilnMtSgdTensor {
+    unsigned long long param;
+    unsigned long long grad;
+    unsigned long long momentum_buffer;  // 0 when momentum is 0
+    unsigned long long len;
+    unsigned int first;                  // 1 on the buffer's first step
+    unsigned int pad;
+};
+
+extern "C" __global__ void kiln_mt_sgd_f32(const KilnMtSgdTensor* tensors,
+                                           const KilnMtChunk* chunks, unsigned int num_chunks,
+                                           float neg_lr, float weight_decay, float momentum,
+                                           float dampening_weight, float grad_scale,
+                                           int scaled, int has_wd, int nesterov,
+                                           const float* clip) {
+    float scale = grad_scale;
+    int apply_scale = scaled;
+    if (clip != nullptr) {
+        const float coef = clip[1];
+        if (!(coef >= 1.0f)) {
+            scale = __fmul_rn(scale, coef);
+            apply_scale = 1;
+        }
+    }
+    for (unsigned int c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+        const KilnMtChunk chunk = chunks[c];
+        const KilnMtSgdTensor t = tensors[chunk.tensor];
+        float* p = reinterpret_cast<float*>(t.param);
+        const float* g = reinterpret_cast<const float*>(t.grad);
+        float* b = reinterpret_cast<float*>(t.momentum_buffer);
+        for (unsigned long long k = threadIdx.x; k < chunk.len; k += blockDim.x) {
+            const unsigned long long i = chunk.start + k;
+            const float pi = p[i];
+            float d = g[i];
+            if (apply_scale) d = __fmul_rn(d, scale);
+            if (has_wd) d = __fadd_rn(d, __fmul_rn(pi, weight_decay));
+            if (b != nullptr) {
+                const float bi = t.first ? d
+                                         : __fadd_rn(__fmul_rn(b[i], momentum),
+                                                     __fmul_rn(d, dampening_weight));
+                b[i] = bi;
+                d = nesterov ? __fadd_rn(d, __fmul_rn(bi, momentum)) : bi;
+            }
+            p[i] = __fadd_rn(pi, __fmul_rn(d, neg_lr));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// kiln_mt_unscale: AMP's unscale fused with the non-finite check, one pass over every gradient.
+//
+// Every element is multiplied in place by `inv_scale` (f64 tensors by its widened value, half
+// types computed in f32 and rounded back, as on the CPU); a value that is NaN or infinite
+// *before* scaling marks the block, and one thread of each marked block stores 1 to
+// `found_inf`. The caller zeroes the flag before the launch and reads it once afterwards; only
+// 1s are ever written, so the plain stores of different blocks need no atomics.
+
+__device__ __forceinline__ bool kiln_mt_unscale_one(const KilnMtTensor& t, unsigned long long i,
+                                                    float inv_scale) {
+    switch (t.dtype) {
+        case 0: {
+            float* p = reinterpret_cast<float*>(t.ptr);
+            const float x = p[i];
+            p[i] = __fmul_rn(x, inv_scale);
+            return !isfinite(x);
+        }
+        case 1: {
+            double* p = reinterpret_cast<double*>(t.ptr);
+            const double x = p[i];
+            p[i] = __dmul_rn(x, (double)inv_scale);
+            return !isfinite(x);
+        }
+        case 2: {
+            __half* p = reinterpret_cast<__half*>(t.ptr);
+            const float x = __half2float(p[i]);
+            p[i] = __float2half(__fmul_rn(x, inv_scale));
+            return !isfinite(x);
+        }
+        default: {
+            __nv_bfloat16* p = reinterpret_cast<__nv_bfloat16*>(t.ptr);
+            const float x = __bfloat162float(p[i]);
+            p[i] = __float2bfloat16(__fmul_rn(x, inv_scale));
+            return !isfinite(x);
+        }
+    }
+}
+
+extern "C" __global__ void kiln_mt_unscale(const KilnMtTensor* tensors, const KilnMtChunk* chunks,
+                                           unsigned int num_chunks, float inv_scale,
+                                           unsigned int* found_inf) {
+    int bad = 0;
+    for (unsigned int c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+        const KilnMtChunk chunk = chunks[c];
+        const KilnMtTensor t = tensors[chunk.tensor];
+        for (unsigned long long k = threadIdx.x; k < chunk.len; k += blockDim.x) {
+            if (kiln_mt_unscale_one(t, chunk.start + k, inv_scale)) bad = 1;
+        }
+    }
+    // Every thread of the block runs the same number of chunk iterations, so all reach this.
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1u;
+}
