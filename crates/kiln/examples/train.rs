@@ -8,6 +8,7 @@
 //! cargo run --release --example train                       # synthetic data, defaults
 //! cargo run --release --example train -- --help
 //! cargo run --release --example train -- --resume           # continue runs/train
+//! cargo run --release --example train -- --device cuda --amp # cuda:0, bf16 autocast
 //! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
 //! ```
 
