@@ -9,7 +9,11 @@
 //! - **f32** (`softmax`, `log_softmax`, `layer_norm`, `sum` and what is built on it — `mean`,
 //!   `sum_all`, losses' reductions — `logsumexp`, `norm`): 16-bit inputs are cast to `F32`, so
 //!   the op and its output are f32;
-//! - every other op runs in its inputs' dtype (PyTorch's "promote/fallthrough" behaviour).
+//! - **promote** (elementwise binary ops such as a bias `add` or a residual sum): when the two
+//!   float inputs differ (a 16-bit matmul output plus an f32 bias), both run in `F32`, the
+//!   widest, as PyTorch's type promotion does; `batch_norm` normalises a 16-bit input in f32
+//!   with its f32 statistics;
+//! - every other op runs in its inputs' dtype (PyTorch's "fallthrough" behaviour).
 //!
 //! The casts are ordinary differentiable `to_dtype` ops, so gradients flow back to the f32
 //! parameters in their own dtype. The scope is thread-local: [`AutocastGuard`] (RAII, restores
@@ -111,4 +115,14 @@ pub(crate) fn to_f32(t: &Tensor) -> Result<Option<Tensor>> {
         }
         _ => Ok(None),
     }
+}
+
+/// Under autocast, `a` and `b` both cast to `F32` when they are floats of different dtypes
+/// (`F32`/`F16`/`BF16`); `None` when nothing changes.
+pub(crate) fn promote_pair(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    let float = |t: &Tensor| matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16);
+    if autocast_dtype().is_none() || a.dtype() == b.dtype() || !float(a) || !float(b) {
+        return Ok(None);
+    }
+    Ok(Some((a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?)))
 }

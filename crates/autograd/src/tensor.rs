@@ -20,17 +20,43 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// A buffer shared by a tensor and all its views, with the count of in-place writes to it.
 /// Tensors saved for backward remember the version they saw; backward refuses to use one that
 /// was modified since (PyTorch's version counter).
+/// The buffer's device is kept here (not per tensor) so that [`Tensor::to_device_`] can move a
+/// buffer in place and every view of it follows.
 pub(crate) struct StorageCell {
     data: RwLock<Storage>,
     version: AtomicU64,
+    device: AtomicU64,
+}
+
+/// `Device` as one word for [`StorageCell::device`]: `u64::MAX` is the CPU, else a CUDA ordinal.
+fn encode_device(device: Device) -> u64 {
+    match device {
+        Device::Cpu => u64::MAX,
+        Device::Cuda(i) => i as u64,
+    }
+}
+
+fn decode_device(word: u64) -> Device {
+    if word == u64::MAX {
+        Device::Cpu
+    } else {
+        Device::Cuda(word as usize)
+    }
 }
 
 impl StorageCell {
     fn new(storage: Storage) -> Self {
+        let device = encode_device(storage.device());
         StorageCell {
             data: RwLock::new(storage),
             version: AtomicU64::new(0),
+            device: AtomicU64::new(device),
         }
+    }
+
+    /// The device holding the buffer.
+    fn device(&self) -> Device {
+        decode_device(self.device.load(Ordering::Acquire))
     }
 
     /// How many in-place writes this buffer has seen.
@@ -44,7 +70,6 @@ pub(crate) struct TensorImpl {
     storage: Arc<StorageCell>,
     layout: Layout,
     dtype: DType,
-    device: Device,
     requires_grad: AtomicBool,
     grad_fn: Option<Arc<Node>>,
     grad: Mutex<Option<Tensor>>,
@@ -112,16 +137,15 @@ impl Tensor {
         layout: Layout,
         grad_fn: Option<Arc<Node>>,
     ) -> Tensor {
-        let (dtype, device) = {
+        let dtype = {
             let s = storage.data.read().unwrap_or_else(|p| p.into_inner());
-            (s.dtype(), s.device())
+            s.dtype()
         };
         Tensor(Arc::new(TensorImpl {
             id: next_id(),
             storage,
             layout,
             dtype,
-            device,
             requires_grad: AtomicBool::new(false),
             grad_fn,
             grad: Mutex::new(None),
@@ -248,7 +272,7 @@ impl Tensor {
 
     /// Device.
     pub fn device(&self) -> Device {
-        self.0.device
+        self.0.storage.device()
     }
 
     /// True when the elements are densely packed in row-major order.
@@ -489,6 +513,45 @@ impl Tensor {
             Box::new(move |g| Ok(vec![Some(g.to_device(src)?)]))
         });
         Ok(Tensor::from_storage(storage, self.shape(), node))
+    }
+
+    /// Moves the buffer this tensor views to `device` in place (PyTorch's `module.to(device)` on a
+    /// parameter or buffer): the handle, its id, `requires_grad` and name stay, every view of the
+    /// buffer follows, and a leaf's gradient moves too. The whole buffer moves, so offsets and
+    /// strides stay valid. The version counter is bumped, so a graph that saved this tensor
+    /// refuses to run backward afterwards instead of reading moved data.
+    pub fn to_device_(&self, device: Device) -> Result<()> {
+        if self.0.grad_fn.is_some() {
+            return Err(arg_err(
+                "to_device_",
+                format!(
+                    "this tensor is the output of {} and part of a graph; move a leaf (a \
+                     parameter or buffer), or use to_device for a differentiable copy",
+                    self.grad_fn_name().unwrap_or("an op")
+                ),
+            ));
+        }
+        if device == self.device() {
+            return Ok(());
+        }
+        let grad = match self.grad() {
+            Some(g) => Some(g.detach().to_device(device)?),
+            None => None,
+        };
+        {
+            let mut data = self.storage_mut();
+            let whole = Layout::contiguous(&[data.len()]);
+            let moved = data.to_device(&whole, device)?;
+            *data = moved;
+            self.0
+                .storage
+                .device
+                .store(encode_device(device), Ordering::Release);
+        }
+        if grad.is_some() {
+            self.set_grad(grad)?;
+        }
+        Ok(())
     }
 
     /// A copy converted to `dtype` (gradients flow back between float types).

@@ -113,3 +113,57 @@ fn f64_is_never_cast_scopes_nest_and_bad_dtypes_are_refused() {
     let e = AutocastGuard::new(DType::F32).err().unwrap().to_string();
     assert!(e.contains("BF16"), "{e}");
 }
+
+#[test]
+fn mixed_float_binary_ops_promote_to_f32_and_batch_norm_runs_in_f32() {
+    use kiln_autograd::BatchNormOptions;
+    for dev in devices() {
+        let (x, w) = (randn(7, &[4, 6], dev), randn(8, &[6, 3], dev));
+        let bias = randn(9, &[3], dev);
+        let want = x.matmul(&w).unwrap().add(&bias).unwrap();
+        let img = randn(10, &[2, 3, 4, 4], dev);
+        let k = randn(11, &[3, 3, 1, 1], dev);
+        let bn_want = {
+            let y = img.conv2d(&k, None, Default::default()).unwrap();
+            let (m, v) = (
+                Tensor::zeros(&[3], DType::F32, dev).unwrap(),
+                Tensor::ones(&[3], DType::F32, dev).unwrap(),
+            );
+            let out = y
+                .batch_norm(Some(&m), Some(&v), None, None, BatchNormOptions::default())
+                .unwrap();
+            (out, m, v)
+        };
+        let (m, v) = (
+            Tensor::zeros(&[3], DType::F32, dev).unwrap(),
+            Tensor::ones(&[3], DType::F32, dev).unwrap(),
+        );
+        let (got, bn) = autocast(DType::BF16, || {
+            let got = x.matmul(&w).unwrap().add(&bias).unwrap();
+            let y = img.conv2d(&k, None, Default::default()).unwrap();
+            assert_eq!(y.dtype(), DType::BF16);
+            let bn = y
+                .batch_norm(Some(&m), Some(&v), None, None, BatchNormOptions::default())
+                .unwrap();
+            (got, bn)
+        })
+        .unwrap();
+        assert_eq!(got.dtype(), DType::F32, "bf16 matmul + f32 bias promotes");
+        assert_eq!(bn.dtype(), DType::F32, "batch_norm normalises in f32");
+        assert_bf16_close("linear", &got, &want);
+        assert_bf16_close("batch_norm", &bn, &bn_want.0);
+        // The running statistics were updated in place, in f32, like the f32 run's.
+        assert_eq!((m.dtype(), v.dtype()), (DType::F32, DType::F32));
+        assert_bf16_close("running_mean", &m, &bn_want.1);
+        assert_bf16_close("running_var", &v, &bn_want.2);
+        assert_ne!(m.to_vec_f64().unwrap(), vec![0.0; 3]);
+        // Outside autocast, mixed dtypes are still refused with the fix.
+        let err = got
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .add(&bias)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("to_dtype"), "{err}");
+    }
+}

@@ -66,6 +66,12 @@ pub trait LayerExt {
     /// Parameters and buffers with dotted names, in PyTorch's `state_dict()` order (per module:
     /// own parameters, own buffers, then each child).
     fn state_dict(&self) -> Vec<(String, Tensor)>;
+
+    /// Moves every parameter and buffer to `device` in place (PyTorch's `model.to(device)`):
+    /// parameters keep their handles, names and `requires_grad`, so an optimizer built before
+    /// the move keeps working; gradients move with them. Build the optimizer after moving when
+    /// it already holds state (its state stays where it was).
+    fn to_device(&self, device: kiln_device::Device) -> Result<()>;
 }
 
 impl<L: Layer + ?Sized> LayerExt for L {
@@ -92,6 +98,13 @@ impl<L: Layer + ?Sized> LayerExt for L {
             }
         }
         out
+    }
+
+    fn to_device(&self, device: kiln_device::Device) -> Result<()> {
+        for (_, t) in self.state_dict() {
+            t.to_device_(device)?;
+        }
+        Ok(())
     }
 }
 

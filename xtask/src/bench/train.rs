@@ -54,8 +54,8 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     resnet_step(options, resnet_batch, matmul_rate, &mut rows)?;
     if options.gpu {
         eprintln!(
-            "bench train: --gpu cases skipped: kiln-models cannot move a model to a CUDA device \
-             yet (no Module::to_device); no CUDA row is reported"
+            "bench train: --gpu: this group measures CPU steps; the CUDA training step (ResNet18, \
+             bf16 autocast) is `cargo xtask bench ops --gpu` (gpu resnet18 row)"
         );
     }
     Ok(rows)

@@ -82,6 +82,9 @@ impl Tensor {
         save: [bool; 3],
         grad: PairGrad,
     ) -> Result<Tensor> {
+        if let Some((a, b)) = crate::autocast::promote_pair(self, rhs)? {
+            return a.binary_op(&b, op, (name, lower), save, grad);
+        }
         self.check_same_kind(lower, rhs)?;
         let shape = broadcast_shapes(lower, self.shape(), rhs.shape())?;
         let (la, lb) = (

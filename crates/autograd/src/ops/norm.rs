@@ -76,6 +76,16 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "batch_norm";
         self.check_float(OP)?;
+        // Under autocast a 16-bit input is normalised in f32 (PyTorch's cuDNN batch norm takes
+        // 16-bit inputs with f32 statistics); the running statistics are updated in place, so
+        // they are used as they are, never cast.
+        if let Some(wide) = crate::autocast::to_f32(self)? {
+            let (w, b) = (
+                weight.map(|w| w.to_dtype(DType::F32)).transpose()?,
+                bias.map(|b| b.to_dtype(DType::F32)).transpose()?,
+            );
+            return wide.batch_norm(running_mean, running_var, w.as_ref(), b.as_ref(), options);
+        }
         if self.rank() < 2 {
             return Err(shape_err(
                 OP,

@@ -10,7 +10,14 @@
 //!   logged), a linear warm-up then cosine decay (`SequentialLR`) stepped per optimizer step;
 //! - validation under `no_grad` in eval mode after each epoch, then `empty_cache()`;
 //! - TensorBoard events, a CSV and an SVG plot in the run folder, and a checkpoint after every
-//!   epoch ([`checkpoint`]) from which `resume` continues bit for bit.
+//!   epoch ([`checkpoint`]) from which `resume` continues bit for bit;
+//! - the model moved to the chosen device once, before the optimizer is built (so its state is
+//!   created there too), and batches delivered there by the loader;
+//! - optional mixed precision: forward and loss under `autocast` (bf16 by default; matmuls and
+//!   convolutions in 16 bits, softmax, norms and reductions in f32) while parameters, gradients,
+//!   optimizer state and checkpoints stay f32; with f16 a `GradScaler` scales the loss, unscales
+//!   before clipping and skips steps whose gradients overflowed. bf16 has f32's range and needs
+//!   no scaling. It runs on the CPU too (slowly: the CPU kernels compute in f32 after casting).
 
 pub mod checkpoint;
 pub mod model;
@@ -20,11 +27,13 @@ pub use model::{ModelConfig, SmallResNet};
 pub use predict::{predict, top_k};
 
 use checkpoint::{ModelInfo, Progress, Saved};
-use kiln_autograd::{no_grad, DType, Device, Module};
+use kiln_autograd::{no_grad, AutocastGuard, DType, Device, Module};
 use kiln_data::{DataLoader, DataLoaderConfig, DataSource};
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
-use kiln_models::{Freeze, Layer, OptimizerKind};
-use kiln_optim::{clip_grad_norm_, AdamOptions, AdamW, Optimizer, ParamGroup};
+use kiln_models::{Freeze, Layer, LayerExt, OptimizerKind};
+use kiln_optim::{
+    clip_grad_norm_, AdamOptions, AdamW, GradScaler, GradScalerOptions, Optimizer, ParamGroup,
+};
 use kiln_sched::log::ScalarLogger;
 use kiln_sched::{CosineAnnealingLR, LinearLR, LrScheduler, SequentialLR};
 use serde::{Deserialize, Serialize};
@@ -109,8 +118,10 @@ pub struct TrainConfig {
     pub accum_steps: usize,
     /// Global gradient-norm clipping threshold.
     pub max_grad_norm: f64,
-    /// Mixed precision (CUDA only).
+    /// Mixed precision: forward and loss under `autocast(amp_dtype)`.
     pub amp: bool,
+    /// The autocast dtype of `amp`: `BF16` (no loss scaling) or `F16` (with a `GradScaler`).
+    pub amp_dtype: DType,
     /// Continue from `run_dir/ckpt.safetensors` when it exists.
     pub resume: bool,
     /// Width and depth of the network (channels, size and classes come from the data).
@@ -142,6 +153,7 @@ impl Default for TrainConfig {
             accum_steps: 1,
             max_grad_norm: 2.0,
             amp: false,
+            amp_dtype: DType::BF16,
             resume: false,
             width: 16,
             blocks: [1, 1, 1, 1],
@@ -237,25 +249,10 @@ fn is_head(name: &str) -> bool {
 
 fn check(config: &TrainConfig) -> Result<()> {
     let bad = |m: String| Err(Error::Config(m));
-    if config.amp && config.device.is_cpu() {
-        return bad(
-            "--amp needs a CUDA device (kiln's mixed precision is bf16/f16 on the GPU); \
-                    drop --amp, or pass --device cuda on a machine with CUDA"
-                .into(),
-        );
-    }
-    if config.amp {
-        return bad(
-            "--amp: the training recipe does not use kiln-autograd's autocast or a GradScaler \
-                    yet, so it cannot run mixed precision; drop --amp"
-                .into(),
-        );
-    }
-    if config.device.is_cuda() {
+    if config.amp && !matches!(config.amp_dtype, DType::BF16 | DType::F16) {
         return bad(format!(
-            "--device {}: kiln-models builds layers on the CPU and cannot move a model to a CUDA \
-             device yet; use --device cpu",
-            config.device
+            "--amp-dtype {}: mixed precision autocasts to a 16-bit float; use bf16 or f16",
+            config.amp_dtype
         ));
     }
     if config.epochs == 0 || config.accum_steps == 0 {
@@ -304,6 +301,9 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
     } else {
         None
     };
+    // Layers are built on the CPU; move them before the optimizer exists, so its state (and a
+    // resumed one) is created on the device.
+    model.to_device(device)?;
 
     // Summary, memory plan and the batch size.
     let summary = kiln_models::summary(&model, &[1, c, h, w])?.to_string();
@@ -407,6 +407,13 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
         .flush_every(50);
     let mut batch_losses = Vec::new();
     let ce = CrossEntropyOptions::default();
+    // f16 needs loss scaling (its range ends at 65504 and small gradients flush to zero); bf16
+    // has f32's exponent range and needs none. The scale starts afresh on resume.
+    let mut scaler = if config.amp && config.amp_dtype == DType::F16 {
+        Some(GradScaler::new(GradScalerOptions::default())?)
+    } else {
+        None
+    };
     let last = config
         .stop_after
         .unwrap_or(config.epochs)
@@ -429,9 +436,19 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
             // (the last group of an epoch may be shorter), so a step sees the group's mean.
             let group_start = i - i % config.accum_steps;
             let group_len = config.accum_steps.min(batches - group_start);
-            let logits = model.forward(&batch.images)?;
-            let loss = cross_entropy(&logits, &batch.labels, &ce)?;
-            loss.div_scalar(group_len as f64)?.backward()?;
+            let loss = {
+                let _autocast = match config.amp {
+                    true => Some(AutocastGuard::new(config.amp_dtype)?),
+                    false => None,
+                };
+                let logits = model.forward(&batch.images)?;
+                cross_entropy(&logits, &batch.labels, &ce)?
+            };
+            let share = loss.div_scalar(group_len as f64)?;
+            match &scaler {
+                Some(s) => s.scale(&share)?.backward()?,
+                None => share.backward()?,
+            }
             let value = loss.item()?;
             let n = batch.labels.shape()[0];
             loss_sum += value;
@@ -439,8 +456,25 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
             batch_losses.push(value);
             observer.batch(n, value);
             if i + 1 == group_start + group_len {
-                let norm = clip_grad_norm_(&opt.named_params(), config.max_grad_norm, 2.0, true)?;
-                opt.step()?;
+                let norm = match &mut scaler {
+                    Some(s) => {
+                        // Clip the true gradients; a step whose gradients overflowed is
+                        // skipped by the scaler (and the scale backs off), so the norm may be
+                        // inf here without failing the run.
+                        s.unscale_(&mut opt)?;
+                        let norm =
+                            clip_grad_norm_(&opt.named_params(), config.max_grad_norm, 2.0, false)?;
+                        s.step(&mut opt)?;
+                        s.update()?;
+                        norm
+                    }
+                    None => {
+                        let norm =
+                            clip_grad_norm_(&opt.named_params(), config.max_grad_norm, 2.0, true)?;
+                        opt.step()?;
+                        norm
+                    }
+                };
                 opt.zero_grad(true)?;
                 sched.step(&mut opt)?;
                 progress.global_step += 1;
