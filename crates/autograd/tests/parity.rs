@@ -146,12 +146,9 @@ fn apply(case: &Value, x: &[Tensor], device: Device) -> Result<Tensor> {
 
 #[test]
 fn forward_and_backward_match_pytorch() {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/parity.json"
-    ))
-    .unwrap();
-    let fixtures: Value = serde_json::from_str(&text).unwrap();
+    // Embedded, so the packed test binary runs on a GPU machine without the source tree.
+    let text = include_str!("fixtures/parity.json");
+    let fixtures: Value = serde_json::from_str(text).unwrap();
     let cases = fixtures["cases"].as_array().unwrap();
     assert!(cases.len() >= 44);
     for dev in devices() {
