@@ -64,36 +64,12 @@ impl AdamOptions {
             ..Default::default()
         }
     }
-    /// Sets the learning rate.
-    pub fn lr(mut self, v: f64) -> Self {
-        self.lr = v;
-        self
-    }
-    /// Sets the betas.
-    pub fn betas(mut self, v: (f64, f64)) -> Self {
-        self.betas = v;
-        self
-    }
-    /// Sets eps.
-    pub fn eps(mut self, v: f64) -> Self {
-        self.eps = v;
-        self
-    }
-    /// Sets the weight decay.
-    pub fn weight_decay(mut self, v: f64) -> Self {
-        self.weight_decay = v;
-        self
-    }
-    /// Sets amsgrad.
-    pub fn amsgrad(mut self, v: bool) -> Self {
-        self.amsgrad = v;
-        self
-    }
-    /// Sets maximize.
-    pub fn maximize(mut self, v: bool) -> Self {
-        self.maximize = v;
-        self
-    }
+    option_setter!(lr: f64, "Sets the learning rate.");
+    option_setter!(betas: (f64, f64), "Sets the betas.");
+    option_setter!(eps: f64, "Sets eps.");
+    option_setter!(weight_decay: f64, "Sets the weight decay.");
+    option_setter!(amsgrad: bool, "Sets amsgrad.");
+    option_setter!(maximize: bool, "Sets maximize.");
 }
 
 impl GroupOptions for AdamOptions {

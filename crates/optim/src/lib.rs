@@ -16,6 +16,18 @@
 //! multi-tensor design: fixed chunks over the whole list, one parallel pass, results identical
 //! for any thread count. See `clip`, `optimizer` and `scaler` for each piece.
 
+/// A builder setter for a plain option field: `option_setter!(lr: f64, "Sets the learning rate.")`
+/// expands to `pub fn lr(mut self, v: f64) -> Self`. Shared by the options of every optimizer.
+macro_rules! option_setter {
+    ($name:ident: $t:ty, $doc:literal) => {
+        #[doc = $doc]
+        pub fn $name(mut self, v: $t) -> Self {
+            self.$name = v;
+            self
+        }
+    };
+}
+
 mod access;
 mod adam;
 mod adam_cuda;

@@ -54,36 +54,12 @@ impl Default for SgdOptions {
 }
 
 impl SgdOptions {
-    /// Sets the learning rate.
-    pub fn lr(mut self, v: f64) -> Self {
-        self.lr = v;
-        self
-    }
-    /// Sets the momentum.
-    pub fn momentum(mut self, v: f64) -> Self {
-        self.momentum = v;
-        self
-    }
-    /// Sets the dampening.
-    pub fn dampening(mut self, v: f64) -> Self {
-        self.dampening = v;
-        self
-    }
-    /// Sets the weight decay.
-    pub fn weight_decay(mut self, v: f64) -> Self {
-        self.weight_decay = v;
-        self
-    }
-    /// Sets Nesterov momentum.
-    pub fn nesterov(mut self, v: bool) -> Self {
-        self.nesterov = v;
-        self
-    }
-    /// Sets maximize.
-    pub fn maximize(mut self, v: bool) -> Self {
-        self.maximize = v;
-        self
-    }
+    option_setter!(lr: f64, "Sets the learning rate.");
+    option_setter!(momentum: f64, "Sets the momentum.");
+    option_setter!(dampening: f64, "Sets the dampening.");
+    option_setter!(weight_decay: f64, "Sets the weight decay.");
+    option_setter!(nesterov: bool, "Sets Nesterov momentum.");
+    option_setter!(maximize: bool, "Sets maximize.");
 }
 
 fn check_no(op: &'static str, name: &str, set: bool) -> Result<()> {
