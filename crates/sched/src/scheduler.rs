@@ -235,6 +235,19 @@ pub(crate) fn from_state<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// `core`/`core_mut` for schedulers that keep their [`Core`] in a field named `core`.
+macro_rules! core_accessors {
+    () => {
+        fn core(&self) -> &$crate::scheduler::Core {
+            &self.core
+        }
+        fn core_mut(&mut self) -> &mut $crate::scheduler::Core {
+            &mut self.core
+        }
+    };
+}
+pub(crate) use core_accessors;
+
 /// `save`/`restore` for schedulers whose whole struct is serializable.
 macro_rules! whole_struct_state {
     () => {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{invalid, Result};
 use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
-    group_lrs, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
+    core_accessors, group_lrs, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
 };
 
 pub(crate) fn check_gamma(scheduler: &'static str, gamma: f64) -> Result<()> {
@@ -73,12 +73,7 @@ impl StepLR {
 
 impl Chainable for StepLR {
     const NAME: &'static str = "StepLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch;
         if e == 0 || e.rem_euclid(self.step_size) != 0 {
@@ -137,12 +132,7 @@ impl MultiStepLR {
 
 impl Chainable for MultiStepLR {
     const NAME: &'static str = "MultiStepLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch;
         let count = self.milestones.iter().filter(|&&m| m == e).count();
@@ -190,12 +180,7 @@ impl ExponentialLR {
 
 impl Chainable for ExponentialLR {
     const NAME: &'static str = "ExponentialLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         if self.core.initial {
             return Ok(group_lrs(opt));
@@ -253,12 +238,7 @@ impl ConstantLR {
 
 impl Chainable for ConstantLR {
     const NAME: &'static str = "ConstantLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch;
         let lrs = group_lrs(opt);
@@ -338,12 +318,7 @@ impl LinearLR {
 
 impl Chainable for LinearLR {
     const NAME: &'static str = "LinearLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch;
         let lrs = group_lrs(opt);
@@ -407,12 +382,7 @@ impl PolynomialLR {
 
 impl Chainable for PolynomialLR {
     const NAME: &'static str = "PolynomialLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch;
         let lrs = group_lrs(opt);

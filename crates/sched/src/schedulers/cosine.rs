@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{invalid, Result};
 use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
-    from_state, group_lrs, impl_lr_scheduler, tagged, untag, whole_struct_state, Chainable, Core,
-    LrScheduler,
+    core_accessors, from_state, group_lrs, impl_lr_scheduler, tagged, untag, whole_struct_state,
+    Chainable, Core, LrScheduler,
 };
 
 use std::f64::consts::PI;
@@ -66,12 +66,7 @@ impl CosineAnnealingLR {
 
 impl Chainable for CosineAnnealingLR {
     const NAME: &'static str = "CosineAnnealingLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch;
         let t = self.t_max as f64;
@@ -212,12 +207,7 @@ impl CosineAnnealingWarmRestarts {
 
 impl Chainable for CosineAnnealingWarmRestarts {
     const NAME: &'static str = "CosineAnnealingWarmRestarts";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, _opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let c = 1.0 + (PI * self.t_cur / self.t_i).cos();
         let eta = self.eta_min;

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, Result, SchedError};
 use crate::param_group::{ParamGroupLr, PerGroup};
-use crate::scheduler::{impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler};
+use crate::scheduler::{
+    core_accessors, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
+};
 
 use std::f64::consts::PI;
 
@@ -155,12 +157,7 @@ impl CyclicLR {
 
 impl Chainable for CyclicLR {
     const NAME: &'static str = "CyclicLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch as f64;
         let cycle = (1.0 + e / self.total_size).floor();
@@ -445,12 +442,7 @@ impl OneCycleLR {
 
 impl Chainable for OneCycleLR {
     const NAME: &'static str = "OneCycleLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let step = self.core.last_epoch;
         if step > self.total_steps {

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use crate::error::{Result, SchedError};
 use crate::param_group::ParamGroupLr;
-use crate::scheduler::{from_state, group_lrs, impl_lr_scheduler, Chainable, Core, LrScheduler};
+use crate::scheduler::{
+    core_accessors, from_state, group_lrs, impl_lr_scheduler, Chainable, Core, LrScheduler,
+};
 
 /// A learning-rate function of the epoch (`last_epoch`, 0 at construction).
 pub type LrLambda = Arc<dyn Fn(i64) -> f64 + Send + Sync>;
@@ -69,12 +71,7 @@ impl std::fmt::Debug for LambdaLR {
 
 impl Chainable for LambdaLR {
     const NAME: &'static str = "LambdaLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, _opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let e = self.core.last_epoch;
         Ok(self
@@ -133,12 +130,7 @@ impl std::fmt::Debug for MultiplicativeLR {
 
 impl Chainable for MultiplicativeLR {
     const NAME: &'static str = "MultiplicativeLR";
-    fn core(&self) -> &Core {
-        &self.core
-    }
-    fn core_mut(&mut self) -> &mut Core {
-        &mut self.core
-    }
+    core_accessors!();
     fn get_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<Vec<f64>> {
         let lrs = group_lrs(opt);
         if self.core.initial {
