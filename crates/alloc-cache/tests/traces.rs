@@ -7,20 +7,28 @@ use kiln_alloc_cache::*;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The shipped traces and the generator call that produces each.
-fn shipped() -> Vec<(&'static str, String)> {
+/// The shipped traces (embedded, so the test binary also runs where the source tree is absent,
+/// e.g. the GPU machine) and the generator call that produces each.
+fn shipped() -> Vec<(&'static str, &'static str, String)> {
     vec![
-        ("resnet18_step_b32.trace", synth::resnet18_step(32)),
+        (
+            "resnet18_step_b32.trace",
+            include_str!("../traces/resnet18_step_b32.trace"),
+            synth::resnet18_step(32),
+        ),
         (
             "transformer_varlen_b8.trace",
+            include_str!("../traces/transformer_varlen_b8.trace"),
             synth::transformer_varlen(12, 8, 2024),
         ),
         (
             "transformer_fixed_b8_t512.trace",
+            include_str!("../traces/transformer_fixed_b8_t512.trace"),
             synth::transformer_fixed(4, 8, 512),
         ),
         (
             "mlp_step_b1024.trace",
+            include_str!("../traces/mlp_step_b1024.trace"),
             synth::mlp_step(1024, &[3072, 4096, 4096, 4096, 4096, 10]),
         ),
     ]
@@ -33,18 +41,17 @@ fn traces_dir() -> PathBuf {
 #[test]
 fn shipped_traces_match_their_generators() {
     let regen = std::env::var_os("KILN_REGEN_TRACES").is_some();
-    for (name, text) in shipped() {
-        let path = traces_dir().join(name);
+    for (name, on_disk, text) in shipped() {
         if regen {
-            std::fs::write(&path, &text).unwrap();
+            // The comparison below uses the copy compiled in: rerun without the variable.
+            std::fs::write(traces_dir().join(name), &text).unwrap();
+            continue;
         }
-        let on_disk = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; run with KILN_REGEN_TRACES=1", path.display()));
         assert!(
             on_disk == text,
-            "{name} differs from its generator; run with KILN_REGEN_TRACES=1"
+            "{name} differs from its generator; run with KILN_REGEN_TRACES=1, then again without"
         );
-        let trace = Trace::parse(&on_disk).unwrap();
+        let trace = Trace::parse(on_disk).unwrap();
         assert!(trace.events.len() > 100);
         // Every allocation is freed, so the trace can be replayed back to back.
         let allocs = trace
@@ -149,8 +156,8 @@ fn replay_counts_ooms_and_skips_their_frees() {
 
 #[test]
 fn shipped_traces_replay_without_ooms_or_retries() {
-    for (name, text) in shipped() {
-        let trace = Trace::parse(&text).unwrap();
+    for (name, text, _) in shipped() {
+        let trace = Trace::parse(text).unwrap();
         for mode in [ReplayMode::Default, ReplayMode::Expandable] {
             let r = replay(&trace, mode, replay::DEFAULT_REPLAY_CAPACITY).unwrap();
             assert_eq!((r.ooms, r.alloc_retries), (0, 0), "{name} {mode:?}");
@@ -177,7 +184,7 @@ fn shipped_traces_fragment_less_than_the_bounds() {
     let traces = shipped();
     assert_eq!(traces.len(), FRAGMENTATION_BOUNDS.len());
     for (name, default_bound, expandable_bound) in FRAGMENTATION_BOUNDS {
-        let text = &traces.iter().find(|(n, _)| *n == name).unwrap().1;
+        let text = traces.iter().find(|(n, ..)| *n == name).unwrap().1;
         let trace = Trace::parse(text).unwrap();
         for (mode, bound) in [
             (ReplayMode::Default, default_bound),
@@ -195,11 +202,11 @@ fn shipped_traces_fragment_less_than_the_bounds() {
 
 #[test]
 fn fixed_shape_steps_replayed_ten_times_call_the_backend_only_in_the_first() {
-    for (name, text) in shipped() {
+    for (name, text, _) in shipped() {
         if name.contains("varlen") {
             continue;
         }
-        fixed_shape_step_calls_the_backend_only_in_the_first(name, &text);
+        fixed_shape_step_calls_the_backend_only_in_the_first(name, text);
     }
 }
 

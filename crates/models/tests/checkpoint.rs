@@ -138,13 +138,12 @@ fn small_convnet() -> Sequential {
 #[test]
 fn loads_a_file_written_by_pythons_safetensors() {
     let m = small_convnet();
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/small_convnet.safetensors"
-    );
-    let report = load_safetensors(&m, path, true).unwrap();
+    // Embedded, so the test binary runs without the source tree (the GPU machine).
+    let path = tmp("small_convnet.safetensors");
+    std::fs::write(&path, include_bytes!("fixtures/small_convnet.safetensors")).unwrap();
+    let report = load_safetensors(&m, &path, true).unwrap();
     assert_eq!(report.loaded.len(), 9);
-    let (file, _) = kiln_models::checkpoint::load_tensors(path).unwrap();
+    let (file, _) = kiln_models::checkpoint::load_tensors(&path).unwrap();
     let get = |k: &str| file.iter().find(|(n, _)| n == k).unwrap().1.clone();
     let nbt: Tensor = get("1.num_batches_tracked");
     assert_eq!(nbt.dtype(), kiln_autograd::DType::I64);
@@ -202,12 +201,16 @@ fn torchvision_loads_kiln_checkpoints_with_strict_true_and_agrees_on_logits() {
     }
     let path = tmp("for_torchvision.safetensors");
     save_safetensors(&m, &path).unwrap();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/load_in_torchvision.py"
-    );
+    let script = tmp("load_in_torchvision.py");
+    std::fs::write(&script, include_str!("fixtures/load_in_torchvision.py")).unwrap();
     let out = std::process::Command::new(&py)
-        .args([script, path.to_str().unwrap(), "1,1,1,1", "10", "2,3,32,32"])
+        .args([
+            script.to_str().unwrap(),
+            path.to_str().unwrap(),
+            "1,1,1,1",
+            "10",
+            "2,3,32,32",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();

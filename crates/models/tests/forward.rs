@@ -14,6 +14,16 @@ use kiln_models::{load_safetensors, plan, Freeze, Layer, LayerExt, OptimizerKind
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
+/// Writes an embedded fixture to a temporary file and returns its path: the fixtures travel
+/// inside the test binary, so it also runs where the source tree is absent (the GPU machine).
+fn embedded(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-models-forward-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
 #[derive(serde::Deserialize)]
 struct Logits {
     input_shape: Vec<usize>,
@@ -22,7 +32,15 @@ struct Logits {
 }
 
 fn read_logits(name: &str) -> Logits {
-    let text = std::fs::read_to_string(format!("{FIXTURES}/{name}_logits.json")).unwrap();
+    let text = match name {
+        "small_convnet" => include_str!("fixtures/small_convnet_logits.json").to_string(),
+        "vit_tiny" => include_str!("fixtures/vit_tiny_logits.json").to_string(),
+        "resnet_tiny_formula" => {
+            include_str!("fixtures/resnet_tiny_formula_logits.json").to_string()
+        }
+        // Generated on demand (not committed), so read at run time.
+        _ => std::fs::read_to_string(format!("{FIXTURES}/{name}_logits.json")).unwrap(),
+    };
     serde_json::from_str(&text).unwrap()
 }
 
@@ -60,14 +78,16 @@ fn small_convnet_written_by_python_gives_torchs_logits() {
         .push(MaxPool2d::new(2, 2, 0).unwrap())
         .push(Flatten::new())
         .push(Linear::new(16 * 4, 3, true).unwrap());
-    load_safetensors(&m, format!("{FIXTURES}/small_convnet.safetensors"), true).unwrap();
+    let bytes = include_bytes!("fixtures/small_convnet.safetensors");
+    load_safetensors(&m, embedded("small_convnet.safetensors", bytes), true).unwrap();
     check_logits(&mut m, "small_convnet");
 }
 
 #[test]
 fn vit_tiny_written_by_torchvision_gives_its_logits() {
     let mut m = VisionTransformer::new(VitConfig::tiny(10)).unwrap();
-    load_safetensors(&m, format!("{FIXTURES}/vit_tiny.safetensors"), true).unwrap();
+    let bytes = include_bytes!("fixtures/vit_tiny.safetensors");
+    load_safetensors(&m, embedded("vit_tiny.safetensors", bytes), true).unwrap();
     check_logits(&mut m, "vit_tiny");
 }
 

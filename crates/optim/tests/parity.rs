@@ -7,9 +7,15 @@ use kiln_optim::{
 };
 use serde_json::Value;
 
+/// The fixtures are embedded, so the test binary also runs without the source tree (the GPU
+/// machine of `cargo xtask gpu-pack`).
 fn load(name: &str) -> Value {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    let text = match name {
+        "clip.json" => include_str!("fixtures/clip.json"),
+        "optim_trajectories.json" => include_str!("fixtures/optim_trajectories.json"),
+        other => panic!("no embedded fixture `{other}`"),
+    };
+    serde_json::from_str(text).unwrap()
 }
 
 fn floats(v: &Value) -> Vec<f64> {
