@@ -7,7 +7,8 @@
 //!   optimizer's order), stored as `F64` so the values round-trip exactly whatever their dtype;
 //! - metadata (JSON strings): `kiln.model_config`, `kiln.classes`, `kiln.normalize` (mean and
 //!   std), and the training state: `kiln.optimizer` (groups, options, `initial_lr`, step counts;
-//!   the buffers emptied), `kiln.scheduler`, `kiln.loader`, `kiln.rng`, `kiln.progress`.
+//!   the buffers emptied), `kiln.scheduler`, `kiln.loader`, `kiln.rng`, `kiln.progress`, and
+//!   `kiln.grad_scaler` (scale and growth tracker) when the run uses f16 loss scaling.
 //!
 //! The random state is the seed: the model's init is overwritten by the checkpoint, the network
 //! draws nothing at training time (no dropout), and the data loader's shuffling and augmentation
@@ -21,7 +22,7 @@ use kiln_data::{LoaderState, Normalize};
 use kiln_models::checkpoint::{
     load_tensors, load_training_checkpoint, save_training_checkpoint, TrainingState,
 };
-use kiln_optim::StateDict;
+use kiln_optim::{GradScalerState, StateDict};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -64,6 +65,8 @@ pub struct Saved<'a> {
     pub loader: LoaderState,
     /// Progress and history.
     pub progress: &'a Progress,
+    /// The loss scaler's state (f16 mixed precision only).
+    pub grad_scaler: Option<GradScalerState>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -119,6 +122,9 @@ pub fn save(model: &SmallResNet, saved: &Saved<'_>, path: &Path) -> Result<()> {
         json(&serde_json::json!({ "seed": saved.progress.seed }))?,
     );
     metadata.insert("kiln.progress".into(), json(saved.progress)?);
+    if let Some(scaler) = &saved.grad_scaler {
+        metadata.insert("kiln.grad_scaler".into(), json(scaler)?);
+    }
     let state = TrainingState {
         optimizer_tensors: tensors,
         metadata,
@@ -163,6 +169,8 @@ pub struct Resumed {
     pub loader: LoaderState,
     /// Progress and history.
     pub progress: Progress,
+    /// The loss scaler's state, when the run saved one (f16 mixed precision).
+    pub grad_scaler: Option<GradScalerState>,
 }
 
 /// Loads `path` into `model` and returns the rest of the training state.
@@ -195,5 +203,9 @@ pub fn resume(model: &SmallResNet, path: &Path) -> Result<Resumed> {
         scheduler: field(meta, "kiln.scheduler", path)?,
         loader: field(meta, "kiln.loader", path)?,
         progress: field(meta, "kiln.progress", path)?,
+        grad_scaler: match meta.contains_key("kiln.grad_scaler") {
+            true => Some(field(meta, "kiln.grad_scaler", path)?),
+            false => None,
+        },
     })
 }

@@ -32,7 +32,8 @@ use kiln_data::{DataLoader, DataLoaderConfig, DataSource};
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::{Freeze, Layer, LayerExt, OptimizerKind};
 use kiln_optim::{
-    clip_grad_norm_, AdamOptions, AdamW, GradScaler, GradScalerOptions, Optimizer, ParamGroup,
+    clip_grad_norm_, AdamOptions, AdamW, GradScaler, GradScalerOptions, GradScalerState, Optimizer,
+    ParamGroup,
 };
 use kiln_sched::log::ScalarLogger;
 use kiln_sched::{CosineAnnealingLR, LinearLR, LrScheduler, SequentialLR};
@@ -122,6 +123,9 @@ pub struct TrainConfig {
     pub amp: bool,
     /// The autocast dtype of `amp`: `BF16` (no loss scaling) or `F16` (with a `GradScaler`).
     pub amp_dtype: DType,
+    /// The `GradScaler`'s options when `amp_dtype` is `F16` (PyTorch's defaults). The scaler's
+    /// state (scale, growth tracker) is checkpointed, so an f16 run resumes bit for bit too.
+    pub grad_scaler: GradScalerOptions,
     /// Continue from `run_dir/ckpt.safetensors` when it exists.
     pub resume: bool,
     /// Width and depth of the network (channels, size and classes come from the data).
@@ -154,6 +158,7 @@ impl Default for TrainConfig {
             max_grad_norm: 2.0,
             amp: false,
             amp_dtype: DType::BF16,
+            grad_scaler: GradScalerOptions::default(),
             resume: false,
             width: 16,
             blocks: [1, 1, 1, 1],
@@ -236,6 +241,8 @@ pub struct Outcome {
     pub model: SmallResNet,
     /// The checkpoint file.
     pub checkpoint: PathBuf,
+    /// The loss scaler's final state (f16 `amp` runs only).
+    pub grad_scaler: Option<GradScalerState>,
 }
 
 /// The checkpoint file of a run folder.
@@ -384,11 +391,13 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
         seed: config.seed,
         history: Vec::new(),
     };
+    let mut resumed_scaler = None;
     if let Some(r) = resumed {
         opt.load_state_dict(&r.optimizer)?;
         sched.load_state_dict(&r.scheduler)?;
         train_loader.set_state(r.loader)?;
         progress = r.progress;
+        resumed_scaler = r.grad_scaler;
     }
     observer.setup(&Setup {
         summary,
@@ -408,9 +417,13 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
     let mut batch_losses = Vec::new();
     let ce = CrossEntropyOptions::default();
     // f16 needs loss scaling (its range ends at 65504 and small gradients flush to zero); bf16
-    // has f32's exponent range and needs none. The scale starts afresh on resume.
+    // has f32's exponent range and needs none. A resumed run continues from the saved scale.
     let mut scaler = if config.amp && config.amp_dtype == DType::F16 {
-        Some(GradScaler::new(GradScalerOptions::default())?)
+        let mut s = GradScaler::new(config.grad_scaler)?;
+        if let Some(state) = &resumed_scaler {
+            s.load_state_dict(state)?;
+        }
+        Some(s)
     } else {
         None
     };
@@ -530,6 +543,7 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
                 scheduler: &sched_state,
                 loader: train_loader.state(),
                 progress: &progress,
+                grad_scaler: scaler.as_ref().map(GradScaler::state_dict),
             },
             &ckpt_path,
         )?;
@@ -541,6 +555,7 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
         batch_losses,
         model,
         checkpoint: ckpt_path,
+        grad_scaler: scaler.as_ref().map(GradScaler::state_dict),
     })
 }
 
