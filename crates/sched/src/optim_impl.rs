@@ -36,23 +36,23 @@ fn in_range<T>(r: kiln_optim::Result<T>, what: &str, group: usize) -> T {
 }
 
 impl<A: Algorithm> ParamGroupLr for Optim<A> {
-    fn num_groups(&self) -> usize {
+    fn num_lr_groups(&self) -> usize {
         Optimizer::num_groups(self)
     }
 
-    fn lr(&self, group: usize) -> f64 {
+    fn group_lr(&self, group: usize) -> f64 {
         in_range(Optimizer::lr(self, group), "read lr", group)
     }
 
-    fn set_lr(&mut self, group: usize, lr: f64) {
+    fn set_group_lr(&mut self, group: usize, lr: f64) {
         in_range(Optimizer::set_lr(self, group, lr), "set lr", group)
     }
 
-    fn initial_lr(&self, group: usize) -> Option<f64> {
+    fn group_initial_lr(&self, group: usize) -> Option<f64> {
         in_range(Optimizer::initial_lr(self, group), "read initial_lr", group)
     }
 
-    fn set_initial_lr(&mut self, group: usize, lr: f64) {
+    fn set_group_initial_lr(&mut self, group: usize, lr: f64) {
         in_range(
             Optimizer::set_initial_lr(self, group, lr),
             "set initial_lr",
@@ -60,13 +60,13 @@ impl<A: Algorithm> ParamGroupLr for Optim<A> {
         )
     }
 
-    fn momentum(&self, group: usize) -> Option<f64> {
+    fn group_momentum(&self, group: usize) -> Option<f64> {
         in_range(Optimizer::momentum(self, group), "read momentum", group)
     }
 
-    fn set_momentum(&mut self, group: usize, momentum: f64) {
+    fn set_group_momentum(&mut self, group: usize, momentum: f64) {
         // Ignored when the optimizer has neither momentum nor betas (the trait's contract).
-        if ParamGroupLr::momentum(self, group).is_some() {
+        if ParamGroupLr::group_momentum(self, group).is_some() {
             in_range(
                 Optimizer::set_momentum(self, group, momentum),
                 "set momentum",

@@ -17,7 +17,9 @@ use crate::error::{Result, SchedError};
 
 /// The learning-rate view of an optimizer's parameter groups that schedulers drive.
 ///
-/// Group indices run from `0` to `num_groups() - 1`; schedulers never pass anything else.
+/// Group indices run from `0` to `num_lr_groups() - 1`; schedulers never pass anything else.
+/// The method names differ from kiln-optim's `Optimizer` accessors (`lr`, `set_lr`,
+/// `num_groups`, ...), so both traits can be in scope and `opt.lr(0)` still means one method.
 /// An optimizer implements it over its own group storage; `initial_lr` needs one
 /// `Option<f64>` per group:
 ///
@@ -28,13 +30,13 @@ use crate::error::{Result, SchedError};
 /// struct Sgd { groups: Vec<Group> }
 ///
 /// impl ParamGroupLr for Sgd {
-///     fn num_groups(&self) -> usize { self.groups.len() }
-///     fn lr(&self, g: usize) -> f64 { self.groups[g].lr }
-///     fn set_lr(&mut self, g: usize, lr: f64) { self.groups[g].lr = lr }
-///     fn initial_lr(&self, g: usize) -> Option<f64> { self.groups[g].initial_lr }
-///     fn set_initial_lr(&mut self, g: usize, lr: f64) { self.groups[g].initial_lr = Some(lr) }
-///     fn momentum(&self, g: usize) -> Option<f64> { Some(self.groups[g].momentum) }
-///     fn set_momentum(&mut self, g: usize, m: f64) { self.groups[g].momentum = m }
+///     fn num_lr_groups(&self) -> usize { self.groups.len() }
+///     fn group_lr(&self, g: usize) -> f64 { self.groups[g].lr }
+///     fn set_group_lr(&mut self, g: usize, lr: f64) { self.groups[g].lr = lr }
+///     fn group_initial_lr(&self, g: usize) -> Option<f64> { self.groups[g].initial_lr }
+///     fn set_group_initial_lr(&mut self, g: usize, lr: f64) { self.groups[g].initial_lr = Some(lr) }
+///     fn group_momentum(&self, g: usize) -> Option<f64> { Some(self.groups[g].momentum) }
+///     fn set_group_momentum(&mut self, g: usize, m: f64) { self.groups[g].momentum = m }
 /// }
 ///
 /// let mut sgd = Sgd { groups: vec![Group { lr: 0.1, initial_lr: None, momentum: 0.9 }] };
@@ -46,27 +48,27 @@ use crate::error::{Result, SchedError};
 /// ```
 pub trait ParamGroupLr {
     /// Number of parameter groups.
-    fn num_groups(&self) -> usize;
+    fn num_lr_groups(&self) -> usize;
     /// Current learning rate of `group` (PyTorch `param_groups[group]["lr"]`).
-    fn lr(&self, group: usize) -> f64;
+    fn group_lr(&self, group: usize) -> f64;
     /// Set the learning rate of `group`.
-    fn set_lr(&mut self, group: usize, lr: f64);
+    fn set_group_lr(&mut self, group: usize, lr: f64);
     /// The lr recorded by the first scheduler attached to this optimizer (PyTorch
     /// `param_groups[group]["initial_lr"]`); `None` until a scheduler sets it.
-    fn initial_lr(&self, group: usize) -> Option<f64>;
+    fn group_initial_lr(&self, group: usize) -> Option<f64>;
     /// Record `initial_lr` for `group`. Schedulers call this once when attached (and
     /// `OneCycleLR` overwrites it with `max_lr / div_factor`, as PyTorch does).
-    fn set_initial_lr(&mut self, group: usize, lr: f64);
+    fn set_group_initial_lr(&mut self, group: usize, lr: f64);
     /// The value momentum-cycling schedulers (`OneCycleLR`, `CyclicLR`) drive: `momentum` for
     /// SGD-like optimizers, `betas.0` (beta1) for Adam-like ones; `None` when the optimizer has
     /// neither (then `cycle_momentum` is an error). SGD returns `Some` even when momentum is 0,
     /// as PyTorch cycles it whenever the optimizer has the option.
-    fn momentum(&self, group: usize) -> Option<f64> {
+    fn group_momentum(&self, group: usize) -> Option<f64> {
         let _ = group;
         None
     }
     /// Set the momentum (or beta1) of `group`; ignored when the optimizer has neither.
-    fn set_momentum(&mut self, group: usize, momentum: f64) {
+    fn set_group_momentum(&mut self, group: usize, momentum: f64) {
         let _ = (group, momentum);
     }
 }
@@ -121,25 +123,25 @@ impl LrGroups {
 }
 
 impl ParamGroupLr for LrGroups {
-    fn num_groups(&self) -> usize {
+    fn num_lr_groups(&self) -> usize {
         self.groups.len()
     }
-    fn lr(&self, group: usize) -> f64 {
+    fn group_lr(&self, group: usize) -> f64 {
         self.groups[group].lr
     }
-    fn set_lr(&mut self, group: usize, lr: f64) {
+    fn set_group_lr(&mut self, group: usize, lr: f64) {
         self.groups[group].lr = lr;
     }
-    fn initial_lr(&self, group: usize) -> Option<f64> {
+    fn group_initial_lr(&self, group: usize) -> Option<f64> {
         self.groups[group].initial_lr
     }
-    fn set_initial_lr(&mut self, group: usize, lr: f64) {
+    fn set_group_initial_lr(&mut self, group: usize, lr: f64) {
         self.groups[group].initial_lr = Some(lr);
     }
-    fn momentum(&self, group: usize) -> Option<f64> {
+    fn group_momentum(&self, group: usize) -> Option<f64> {
         self.groups[group].momentum
     }
-    fn set_momentum(&mut self, group: usize, momentum: f64) {
+    fn set_group_momentum(&mut self, group: usize, momentum: f64) {
         if let Some(m) = &mut self.groups[group].momentum {
             *m = momentum;
         }

@@ -89,17 +89,17 @@ impl Core {
     /// Attach to `opt`: record `initial_lr` in groups that have none (PyTorch `setdefault`) and
     /// take the groups' `initial_lr` as base lrs.
     pub(crate) fn attach(scheduler: &'static str, opt: &mut dyn ParamGroupLr) -> Result<Self> {
-        let n = opt.num_groups();
+        let n = opt.num_lr_groups();
         if n == 0 {
             return Err(SchedError::NoGroups { scheduler });
         }
         let mut base_lrs = Vec::with_capacity(n);
         for g in 0..n {
-            let initial = match opt.initial_lr(g) {
+            let initial = match opt.group_initial_lr(g) {
                 Some(lr) => lr,
                 None => {
-                    let lr = opt.lr(g);
-                    opt.set_initial_lr(g, lr);
+                    let lr = opt.group_lr(g);
+                    opt.set_group_initial_lr(g, lr);
                     lr
                 }
             };
@@ -129,13 +129,13 @@ pub(crate) fn check_group_count(
     expected: usize,
     opt: &dyn ParamGroupLr,
 ) -> Result<()> {
-    if opt.num_groups() == expected {
+    if opt.num_lr_groups() == expected {
         Ok(())
     } else {
         Err(SchedError::GroupCountMismatch {
             scheduler,
             parameter: "optimizer.param_groups",
-            expected: opt.num_groups(),
+            expected: opt.num_lr_groups(),
             got: expected,
         })
     }
@@ -143,7 +143,7 @@ pub(crate) fn check_group_count(
 
 /// The current lr of every group.
 pub(crate) fn group_lrs(opt: &dyn ParamGroupLr) -> Vec<f64> {
-    (0..opt.num_groups()).map(|g| opt.lr(g)).collect()
+    (0..opt.num_lr_groups()).map(|g| opt.group_lr(g)).collect()
 }
 
 /// What a concrete chainable scheduler provides; the rest of [`LrScheduler`] is generic.
@@ -192,7 +192,7 @@ pub(crate) fn update_lr<S: Chainable>(
         }
     };
     for (g, lr) in values.into_iter().enumerate() {
-        opt.set_lr(g, lr);
+        opt.set_group_lr(g, lr);
     }
     s.core_mut().last_lr = group_lrs(opt);
     Ok(())

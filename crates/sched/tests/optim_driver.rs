@@ -34,7 +34,7 @@ fn train_step(opt: &mut Adam) {
 }
 
 fn lrs(opt: &dyn ParamGroupLr) -> Vec<f64> {
-    (0..opt.num_groups()).map(|g| opt.lr(g)).collect()
+    (0..opt.num_lr_groups()).map(|g| opt.group_lr(g)).collect()
 }
 
 /// Runs `make`'s scheduler for `steps` steps on AdamW and on `LrGroups` with the same lrs and
@@ -93,7 +93,7 @@ fn initial_lr_is_recorded_once_and_saved_in_the_state_dict() {
     let _second = StepLR::new(&mut opt, 1, 0.5).unwrap();
     assert_eq!(Optimizer::initial_lr(&opt, 0).unwrap(), Some(1e-3));
     assert_eq!(Optimizer::initial_lr(&opt, 1).unwrap(), Some(1e-2));
-    assert_eq!(Optimizer::lr(&opt, 1).unwrap(), 5e-3);
+    assert_eq!(opt.lr(1).unwrap(), 5e-3);
 
     let sd = opt.state_dict().unwrap();
     assert_eq!(sd.groups[1].initial_lr, Some(1e-2));

@@ -226,8 +226,8 @@ fn run_case(case: &Value) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     let mut lr_rows = Vec::new();
     let mut mom_rows = Vec::new();
     let momenta = |opt: &LrGroups| {
-        (0..opt.num_groups())
-            .map(|g| opt.momentum(g).unwrap())
+        (0..opt.num_lr_groups())
+            .map(|g| opt.group_momentum(g).unwrap())
             .collect::<Vec<_>>()
     };
     if kind == "ReduceLROnPlateau" {

@@ -80,7 +80,7 @@ fn resumed_run_continues_identically_for_every_scheduler() {
         let mut saved = None;
         for step in 1..=total {
             s.step(&mut opt).unwrap();
-            reference.push((opt.lrs(), opt.momentum(0)));
+            reference.push((opt.lrs(), opt.group_momentum(0)));
             if step == k {
                 let text = serde_json::to_string(&(s.state_dict(), &opt)).unwrap();
                 saved = Some(text);
@@ -101,7 +101,7 @@ fn resumed_run_continues_identically_for_every_scheduler() {
         for (i, want) in reference[k..].iter().enumerate() {
             s2.step(&mut opt2).unwrap();
             assert_eq!(
-                &(opt2.lrs(), opt2.momentum(0)),
+                &(opt2.lrs(), opt2.group_momentum(0)),
                 want,
                 "{kind} at step {}",
                 k + 1 + i
@@ -169,9 +169,9 @@ fn plateau_counts_nan_as_a_bad_epoch() {
     assert_eq!(s.best(), 0.5);
     s.step(&mut opt, f64::NAN).unwrap();
     s.step(&mut opt, f64::NAN).unwrap();
-    assert_eq!((s.num_bad_epochs(), opt.lr(0)), (2, 1.0));
+    assert_eq!((s.num_bad_epochs(), opt.group_lr(0)), (2, 1.0));
     s.step(&mut opt, f64::NAN).unwrap();
-    assert_eq!((s.num_bad_epochs(), opt.lr(0)), (0, 0.1));
+    assert_eq!((s.num_bad_epochs(), opt.group_lr(0)), (0, 0.1));
     assert_eq!(s.best(), 0.5, "NaN never becomes the best");
 }
 
@@ -310,16 +310,19 @@ fn group_and_momentum_mismatches_are_errors() {
 fn momentum_cycling_writes_the_optimizer() {
     let mut opt = LrGroups::with_momentum(&[0.1], 0.0);
     let mut s = OneCycleLR::new(&mut opt, 1.0, 100, OneCycleOptions::default()).unwrap();
-    assert_eq!(opt.momentum(0), Some(0.95), "starts at max_momentum");
+    assert_eq!(opt.group_momentum(0), Some(0.95), "starts at max_momentum");
     // PyTorch's cos anneal at pct 0 is `end + (start - end) / 2 * 2`, a few ulps off `start`.
     assert!(
-        (opt.lr(0) - 1.0 / 25.0).abs() < 1e-15,
+        (opt.group_lr(0) - 1.0 / 25.0).abs() < 1e-15,
         "starts at max_lr / div_factor"
     );
-    assert_eq!(opt.initial_lr(0), Some(1.0 / 25.0));
+    assert_eq!(opt.group_initial_lr(0), Some(1.0 / 25.0));
     for _ in 0..29 {
         s.step(&mut opt).unwrap();
     }
     // step 29 = end of the warm-up phase: lr at max, momentum at base.
-    assert!((opt.lr(0) - 1.0).abs() < 1e-15 && (opt.momentum(0).unwrap() - 0.85).abs() < 1e-15);
+    assert!(
+        (opt.group_lr(0) - 1.0).abs() < 1e-15
+            && (opt.group_momentum(0).unwrap() - 0.85).abs() < 1e-15
+    );
 }

@@ -498,8 +498,8 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
                     &[
                         ("train/loss", value),
                         ("train/grad_norm", norm),
-                        ("lr/backbone", Optimizer::lr(&opt, 0)?),
-                        ("lr/head", Optimizer::lr(&opt, 1)?),
+                        ("lr/backbone", opt.lr(0)?),
+                        ("lr/head", opt.lr(1)?),
                     ],
                 )?;
             }
@@ -513,7 +513,7 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
             train_loss: loss_sum / batches as f64,
             val_loss,
             val_accuracy,
-            lr: [Optimizer::lr(&opt, 0)?, Optimizer::lr(&opt, 1)?],
+            lr: [opt.lr(0)?, opt.lr(1)?],
             grad_norm: norm_sum / norms.max(1) as f64,
             memory: [
                 kiln_device::memory_allocated(device)?,

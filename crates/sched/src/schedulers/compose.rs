@@ -112,12 +112,14 @@ impl SequentialLR {
                 "list the switch epochs in strictly increasing order",
             ));
         }
-        for g in 0..opt.num_groups() {
-            let initial = opt.initial_lr(g).ok_or(SchedError::MissingInitialLr {
-                scheduler: Self::NAME,
-                group: g,
-            })?;
-            opt.set_lr(g, initial);
+        for g in 0..opt.num_lr_groups() {
+            let initial = opt
+                .group_initial_lr(g)
+                .ok_or(SchedError::MissingInitialLr {
+                    scheduler: Self::NAME,
+                    group: g,
+                })?;
+            opt.set_group_lr(g, initial);
         }
         let mut s = Self {
             schedulers,

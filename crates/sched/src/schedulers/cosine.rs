@@ -198,7 +198,7 @@ impl CosineAnnealingWarmRestarts {
     fn apply(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
         let lrs = self.get_lr(opt)?;
         for (g, lr) in lrs.into_iter().enumerate() {
-            opt.set_lr(g, lr);
+            opt.set_group_lr(g, lr);
         }
         self.core.last_lr = group_lrs(opt);
         Ok(())

@@ -86,7 +86,7 @@ impl CyclicLR {
         max_lr: impl Into<PerGroup>,
         options: CyclicOptions,
     ) -> Result<Self> {
-        let n = opt.num_groups();
+        let n = opt.num_lr_groups();
         if n == 0 {
             return Err(SchedError::NoGroups {
                 scheduler: Self::NAME,
@@ -107,7 +107,7 @@ impl CyclicLR {
         let down = options.step_size_down.map_or(up, |d| d as f64);
         let total_size = up + down;
         let (base_momentums, max_momentums) = if options.cycle_momentum {
-            if (0..n).any(|g| opt.momentum(g).is_none()) {
+            if (0..n).any(|g| opt.group_momentum(g).is_none()) {
                 return Err(SchedError::NoMomentum {
                     scheduler: Self::NAME,
                 });
@@ -124,10 +124,10 @@ impl CyclicLR {
             (Vec::new(), Vec::new())
         };
         for (g, &lr) in base_lrs.iter().enumerate() {
-            opt.set_lr(g, lr);
+            opt.set_group_lr(g, lr);
         }
         for (g, &m) in max_momentums.iter().enumerate() {
-            opt.set_momentum(g, m);
+            opt.set_group_momentum(g, m);
         }
         let mut core = Core::attach(Self::NAME, opt)?;
         core.base_lrs = base_lrs;
@@ -182,7 +182,7 @@ impl Chainable for CyclicLR {
                 .zip(&self.max_momentums)
                 .enumerate()
             {
-                opt.set_momentum(g, m - (m - b) * scale_factor * scale);
+                opt.set_group_momentum(g, m - (m - b) * scale_factor * scale);
             }
         }
         Ok(lrs)
@@ -298,7 +298,7 @@ impl OneCycleLR {
         total_steps: usize,
         options: OneCycleOptions,
     ) -> Result<Self> {
-        let n = opt.num_groups();
+        let n = opt.num_lr_groups();
         if n == 0 {
             return Err(SchedError::NoGroups {
                 scheduler: Self::NAME,
@@ -369,7 +369,7 @@ impl OneCycleLR {
         }
         let max_lrs = max_lr.into().resolve(Self::NAME, "max_lr", n)?;
         let (base_momentums, max_momentums) = if options.cycle_momentum {
-            if (0..n).any(|g| opt.momentum(g).is_none()) {
+            if (0..n).any(|g| opt.group_momentum(g).is_none()) {
                 return Err(SchedError::NoMomentum {
                     scheduler: Self::NAME,
                 });
@@ -388,11 +388,11 @@ impl OneCycleLR {
         let mut min_lrs = Vec::with_capacity(n);
         for (g, &m) in max_lrs.iter().enumerate() {
             let initial = m / options.div_factor;
-            opt.set_initial_lr(g, initial);
+            opt.set_group_initial_lr(g, initial);
             min_lrs.push(initial / options.final_div_factor);
         }
         for (g, &m) in max_momentums.iter().enumerate() {
-            opt.set_momentum(g, m);
+            opt.set_group_momentum(g, m);
         }
         let mut s = Self {
             core: Core::attach(Self::NAME, opt)?,
@@ -483,7 +483,7 @@ impl Chainable for OneCycleLR {
             }
         }
         for (g, m) in momentums.into_iter().enumerate() {
-            opt.set_momentum(g, m);
+            opt.set_group_momentum(g, m);
         }
         Ok(lrs)
     }

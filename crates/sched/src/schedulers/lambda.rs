@@ -20,7 +20,7 @@ fn per_group(
     opt: &dyn ParamGroupLr,
     lambdas: Vec<LrLambda>,
 ) -> Result<Vec<LrLambda>> {
-    let n = opt.num_groups();
+    let n = opt.num_lr_groups();
     match lambdas.len() {
         1 => Ok(vec![lambdas[0].clone(); n]),
         len if len == n => Ok(lambdas),

@@ -90,7 +90,7 @@ impl ReduceLROnPlateau {
     /// Attach to `opt`. Errors when `factor` is outside (0, 1), `threshold` or `eps` is
     /// negative or not finite, or `min_lr` has the wrong number of groups.
     pub fn new(opt: &mut dyn ParamGroupLr, options: PlateauOptions) -> Result<Self> {
-        let n = opt.num_groups();
+        let n = opt.num_lr_groups();
         if n == 0 {
             return Err(SchedError::NoGroups {
                 scheduler: Self::NAME,
@@ -170,7 +170,7 @@ impl ReduceLROnPlateau {
     }
 
     fn reduce_lr(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
-        let n = opt.num_groups();
+        let n = opt.num_lr_groups();
         if n != self.min_lrs.len() {
             match self.default_min_lr {
                 Some(v) => self.min_lrs = vec![v; n],
@@ -185,10 +185,10 @@ impl ReduceLROnPlateau {
             }
         }
         for g in 0..n {
-            let old = opt.lr(g);
+            let old = opt.group_lr(g);
             let new = (old * self.factor).max(self.min_lrs[g]);
             if old - new > self.eps {
-                opt.set_lr(g, new);
+                opt.set_group_lr(g, new);
             }
         }
         Ok(())
@@ -201,11 +201,11 @@ impl MetricScheduler for ReduceLROnPlateau {
     }
 
     fn step(&mut self, opt: &mut dyn ParamGroupLr, metric: f64) -> Result<()> {
-        if opt.num_groups() != self.min_lrs.len() && self.default_min_lr.is_none() {
+        if opt.num_lr_groups() != self.min_lrs.len() && self.default_min_lr.is_none() {
             return Err(SchedError::GroupCountMismatch {
                 scheduler: Self::NAME,
                 parameter: "min_lr",
-                expected: opt.num_groups(),
+                expected: opt.num_lr_groups(),
                 got: self.min_lrs.len(),
             });
         }
