@@ -8,16 +8,16 @@
 //! divides the sum by the kernel's denominator, which is PyTorch's rule (the sum of the weights
 //! of the non-ignored targets; the number of positions for probability targets).
 //!
-//! `nll_loss` takes log-probabilities: it scatters `w[y]` into a zero tensor shaped like the
-//! input (one value per position, at its target class) and sums `-input * that` over the class
-//! dim, so its gradient is the scattered weights themselves.
+//! `nll_loss` takes log-probabilities: it gathers `input[n, y, d]` at each position's target
+//! class and multiplies by `w[y]` (0 for ignored positions), all as device ops, so it never reads
+//! the targets back to the host except to validate CPU targets; its gradient is gather's
+//! (the weights scattered back into the class dim).
 
 use crate::error::{arg_err, dtype_err, shape_err, Error};
 use crate::one_hot::{labels_to_host, unravel};
 use crate::targets::{check_class_targets, check_logits, index_shape};
 use crate::{Reduction, Result};
 use kiln_autograd::{is_grad_enabled, DType, Tensor};
-use kiln_device::ops::index::{cpu::scatter_, DimIndex};
 use kiln_device::ops::loss::{CrossEntropyShape, CrossEntropySpec, TargetKind};
 use kiln_device::ops::KernelError;
 use kiln_device::BackendStorage;
@@ -234,63 +234,45 @@ pub fn nll_loss(input: &Tensor, target: &Tensor, options: &NllLossOptions<'_>) -
             _ => Ok(out),
         };
     }
-    let labels = labels_to_host(OP, target)?;
     let ignore = options.ignore_index;
-    if let Some(flat) = labels
-        .iter()
-        .position(|&y| y != ignore && (y < 0 || y as u64 >= classes as u64))
-    {
-        return Err(Error::TargetOutOfRange {
-            op: OP,
-            value: labels[flat],
-            position: unravel(flat, target.shape()),
-            classes,
-            ignore: ignore_text(ignore),
-        });
+    if input.device().is_cpu() {
+        // Reading CPU labels costs nothing: report the first bad target with its position now.
+        // On a device the gather below checks the indices there (no synchronisation); a bad
+        // one is reported by kiln-device at the next synchronisation (see docs/GUIDE.md).
+        let labels = labels_to_host(OP, target)?;
+        if let Some(flat) = labels
+            .iter()
+            .position(|&y| y != ignore && (y < 0 || y as u64 >= classes as u64))
+        {
+            return Err(Error::TargetOutOfRange {
+                op: OP,
+                value: labels[flat],
+                position: unravel(flat, target.shape()),
+                classes,
+                ignore: ignore_text(ignore),
+            });
+        }
+    } else if !matches!(target.dtype(), DType::I64 | DType::U8) {
+        labels_to_host(OP, target)?; // the dtype error, without reading anything
     }
+    // Everything below runs on the input's device: ignored positions gather class 0 and get
+    // weight 0, so the loss is -w[y] * input[n, y, d] with w[y] = 0 where y == ignore_index.
+    let labels = target.to_dtype(DType::I64)?;
+    let kept = labels.ne_scalar(ignore as f64)?;
+    let safe = labels.masked_fill(&kept.logical_not()?, 0.0)?;
+    let picked = input.gather(1, &safe.unsqueeze(1)?)?.squeeze_dim(1)?;
+    let kept = kept.to_dtype(input.dtype())?;
     let weights = match options.weight {
-        Some(w) => w.to_dtype(DType::F64)?.to_vec::<f64>()?,
-        None => vec![1.0; classes],
+        Some(w) => w
+            .index_select(0, &safe.flatten(0, -1)?)?
+            .reshape_to(safe.shape())?
+            .mul(&kept)?,
+        None => kept,
     };
-    // [N, 1, D] index and values: each position's weight at its class (0 for ignored ones).
-    let (batch, inner) = (
-        input.shape()[0],
-        input.shape()[2..].iter().product::<usize>(),
-    );
-    let index: Vec<i64> = labels
-        .iter()
-        .map(|&y| if y == ignore { 0 } else { y })
-        .collect();
-    let values: Vec<f64> = labels
-        .iter()
-        .map(|&y| {
-            if y == ignore {
-                0.0
-            } else {
-                weights[y as usize]
-            }
-        })
-        .collect();
-    let total_weight: f64 = values.iter().sum();
-    let mut selection = vec![0f64; input.numel()];
-    scatter_(
-        &mut selection,
-        &[batch, classes, inner],
-        DimIndex {
-            dim: 1,
-            index: &index,
-            shape: &[batch, 1, inner],
-        },
-        &values,
-        &[batch, 1, inner],
-    )
-    .map_err(kiln_device::Error::from)?;
-    let selection =
-        Tensor::from_vec(selection, input.shape(), input.device())?.to_dtype(input.dtype())?;
-    let losses = input.mul(&selection)?.sum(&[1], false)?.neg()?;
+    let losses = picked.mul(&weights)?.neg()?;
     Ok(match options.reduction {
         Reduction::None => losses,
         Reduction::Sum => losses.sum_all()?,
-        Reduction::Mean => losses.sum_all()?.div_scalar(total_weight)?,
+        Reduction::Mean => losses.sum_all()?.div(&weights.sum_all()?)?,
     })
 }

@@ -1,9 +1,11 @@
 //! `one_hot`: class indices to one-hot vectors, built on kiln-device's `scatter` kernel.
 //!
-//! The labels are read to the host (like PyTorch, which synchronises to find the largest label
-//! when `num_classes` is inferred), validated (first negative or too-large label reported with
-//! its position), and a zeroed `[..labels, C]` int64 buffer gets 1 scattered at each label along
-//! the last dim. The result goes back to the labels' device.
+//! CPU labels, and device labels without `num_classes`, are read to the host (like PyTorch, which
+//! synchronises to find the largest label when `num_classes` is inferred), validated (first
+//! negative or too-large label reported with its position), and a zeroed `[..labels, C]` int64
+//! buffer gets 1 scattered at each label along the last dim; the result goes back to the labels'
+//! device. Device labels with `num_classes` given never leave the device: the same scatter runs
+//! there as a tensor op (see `one_hot_on_device`).
 
 use crate::error::{dtype_err, Error};
 use crate::Result;
@@ -49,6 +51,9 @@ pub(crate) fn labels_to_host(op: &'static str, labels: &Tensor) -> Result<Vec<i6
 /// labels). Negative labels, and labels `>= num_classes`, are errors naming the first such label
 /// and its position. `labels` may be `I64` or `U8`.
 pub fn one_hot(labels: &Tensor, num_classes: Option<usize>) -> Result<Tensor> {
+    if let (Some(classes), false) = (num_classes, labels.device().is_cpu()) {
+        return one_hot_on_device(labels, classes);
+    }
     let values = labels_to_host("one_hot", labels)?;
     let shape = labels.shape().to_vec();
     if let Some(flat) = values.iter().position(|&v| v < 0) {
@@ -101,4 +106,51 @@ pub fn one_hot(labels: &Tensor, num_classes: Option<usize>) -> Result<Tensor> {
     )
     .map_err(kiln_device::Error::from)?;
     Ok(Tensor::from_vec(buffer, &out_shape, labels.device())?)
+}
+
+/// `one_hot` of device labels with a known class count, without reading them back: a zero
+/// `[..labels, C]` int64 tensor gets 1 scattered at each label along the last dim on the
+/// device. The scatter checks every label against `[0, C)` there; a bad one is reported by
+/// kiln-device (value and position) at the next synchronisation rather than here.
+fn one_hot_on_device(labels: &Tensor, classes: usize) -> Result<Tensor> {
+    if !matches!(labels.dtype(), DType::I64 | DType::U8) {
+        labels_to_host("one_hot", labels)?; // the dtype error, without reading anything
+    }
+    let index = labels.to_dtype(DType::I64)?.unsqueeze(-1)?;
+    let mut out_shape = labels.shape().to_vec();
+    out_shape.push(classes);
+    let zeros = Tensor::zeros(&out_shape, DType::I64, labels.device())?;
+    let ones = Tensor::ones(index.shape(), DType::I64, labels.device())?;
+    Ok(zeros.scatter(-1, &index, &ones)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_autograd::Device;
+
+    /// The device path is plain tensor ops, so it runs on the CPU too: it must give exactly
+    /// what the host path gives, for I64 and U8 labels of any rank.
+    #[test]
+    fn the_device_composition_equals_the_host_path() {
+        let cases: [(&[usize], Vec<i64>); 3] = [
+            (&[5], vec![0, 3, 1, 3, 2]),
+            (&[2, 3], vec![4, 0, 0, 1, 2, 3]),
+            (&[], vec![2]),
+        ];
+        for (shape, values) in cases {
+            let labels = Tensor::from_vec(values.clone(), shape, Device::Cpu).unwrap();
+            let want = one_hot(&labels, Some(5)).unwrap();
+            let got = one_hot_on_device(&labels, 5).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            assert_eq!(got.to_vec::<i64>().unwrap(), want.to_vec::<i64>().unwrap());
+            let bytes: Vec<u8> = values.iter().map(|&v| v as u8).collect();
+            let u8_labels = Tensor::from_vec(bytes, shape, Device::Cpu).unwrap();
+            let got = one_hot_on_device(&u8_labels, 5).unwrap();
+            assert_eq!(got.to_vec::<i64>().unwrap(), want.to_vec::<i64>().unwrap());
+        }
+        let floats = Tensor::from_vec(vec![1f32], &[1], Device::Cpu).unwrap();
+        let err = one_hot_on_device(&floats, 5).unwrap_err().to_string();
+        assert!(err.contains("to_dtype(DType::I64)"), "{err}");
+    }
 }

@@ -1,10 +1,11 @@
 //! PyTorch parity: values and gradients of every loss and option combination, against
-//! `fixtures/losses.json` (written by `fixtures/gen_losses.py`).
+//! `fixtures/losses.json` (written by `fixtures/gen_losses.py`), on the CPU and, when a device
+//! is usable, on `cuda:0` (the same cases and tolerances; skipped with a reason otherwise).
 
 mod common;
 
 use common::{assert_close, tensor};
-use kiln_autograd::{DType, Tensor};
+use kiln_autograd::{DType, Device, Tensor};
 use kiln_losses::*;
 use serde_json::Value;
 
@@ -17,11 +18,16 @@ fn reduction(opts: &Value) -> Reduction {
     }
 }
 
-/// Runs the case's loss on `input`/`target`.
-fn call(case: &Value, input: &Tensor, target: &Tensor) -> Result<Tensor> {
+/// The fixture tensor at `v` on `device`.
+fn on(v: &Value, device: Device) -> Option<Tensor> {
+    tensor(v).map(|t| t.to_device(device).unwrap())
+}
+
+/// Runs the case's loss on `input`/`target` (class weights moved to `device`).
+fn call(case: &Value, input: &Tensor, target: &Tensor, device: Device) -> Result<Tensor> {
     let opts = &case["options"];
-    let weight = tensor(&case["weight"]);
-    let pos_weight = tensor(&case["pos_weight"]);
+    let weight = on(&case["weight"], device);
+    let pos_weight = on(&case["pos_weight"], device);
     let ignore_index = opts["ignore_index"].as_i64().unwrap_or(-100);
     let red = reduction(opts);
     match case["fn"].as_str().unwrap() {
@@ -81,14 +87,25 @@ fn call(case: &Value, input: &Tensor, target: &Tensor) -> Result<Tensor> {
 
 #[test]
 fn every_loss_matches_pytorch_values_and_gradients() {
+    every_loss_matches_pytorch_on(Device::Cpu);
+}
+
+#[test]
+fn every_loss_matches_pytorch_on_cuda() {
+    if let Some(cuda) = kiln_device::testing::cuda_device_or_skip() {
+        every_loss_matches_pytorch_on(cuda);
+    }
+}
+
+fn every_loss_matches_pytorch_on(device: Device) {
     let text = include_str!("fixtures/losses.json");
     let root: Value = serde_json::from_str(text).unwrap();
     let cases = root["cases"].as_array().unwrap();
     assert!(cases.len() >= 100, "fixture holds {} cases", cases.len());
     for case in cases {
         let name = case["name"].as_str().unwrap();
-        let input = tensor(&case["input"]).unwrap();
-        let target = tensor(&case["target"]).unwrap();
+        let input = on(&case["input"], device).unwrap();
+        let target = on(&case["target"], device).unwrap();
         let f32_case = input.dtype() == DType::F32;
         let (atol, rtol) = if f32_case {
             (1e-3, 1e-5)
@@ -100,7 +117,9 @@ fn every_loss_matches_pytorch_values_and_gradients() {
         if target_grad {
             target.set_requires_grad(true).unwrap();
         }
-        let out = call(case, &input, &target).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let out = call(case, &input, &target, device)
+            .unwrap_or_else(|e| panic!("{name} on {device}: {e}"));
+        assert_eq!(out.device(), device, "{name}");
         assert_close(
             &format!("{name} output"),
             &out,
