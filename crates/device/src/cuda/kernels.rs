@@ -6,10 +6,12 @@
 //! that device's compute capability, with the one option list [`crate::nvrtc_options`] (the same
 //! list `cargo xtask kernels` checks in CI), then loads the PTX into the device's context.
 //!
-//! Two caches, both per process and filled under a lock (a file is compiled once even when many
+//! Three caches, all per process and filled under a lock (a file is compiled once even when many
 //! threads launch at once):
 //! - PTX by (compute capability, file): two devices of the same arch share one compile;
-//! - functions by (context, file, function): a module is loaded once per context.
+//! - modules by (context, file): a file's PTX is loaded (and JIT-compiled by the driver, for
+//!   every kernel in it) once per context, however many of its kernels are launched;
+//! - functions by (context, file, function): a launch after the first is one map lookup.
 //!
 //! CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`) are not built into NVRTC, so the loader looks for
 //! a folder holding them once per process ([`cuda_include_dir`]) and passes it as
@@ -24,7 +26,7 @@ use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{result as nvrtc, Ptx};
 
 use crate::error::{Error, Result};
@@ -39,9 +41,11 @@ pub struct KernelSource {
 }
 
 type PtxKey = ((u32, u32), &'static str);
+type ModuleKey = (usize, &'static str);
 type FunctionKey = (usize, &'static str, String);
 
 static PTX: Mutex<Option<HashMap<PtxKey, Arc<str>>>> = Mutex::new(None);
+static MODULES: Mutex<Option<HashMap<ModuleKey, Arc<CudaModule>>>> = Mutex::new(None);
 static FUNCTIONS: Mutex<Option<HashMap<FunctionKey, CudaFunction>>> = Mutex::new(None);
 
 fn chars_to_string(chars: Vec<c_char>) -> String {
@@ -163,17 +167,14 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     Ok(ptx)
 }
 
-/// The function `name` of `kernel`, loaded into `ctx` (compiling the file on first use).
-pub fn load_function(
-    ctx: &Arc<CudaContext>,
-    kernel: &KernelSource,
-    name: &str,
-) -> Result<CudaFunction> {
-    let key: FunctionKey = (ctx.cu_ctx() as usize, kernel.file, name.to_string());
-    let mut cache = FUNCTIONS.lock().unwrap_or_else(|e| e.into_inner());
+/// The module of `kernel` in `ctx`: loaded on first use (compiling the file if needed), then
+/// shared by every function of the file.
+fn load_module(ctx: &Arc<CudaContext>, kernel: &KernelSource) -> Result<Arc<CudaModule>> {
+    let key: ModuleKey = (ctx.cu_ctx() as usize, kernel.file);
+    let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
     let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(f) = cache.get(&key) {
-        return Ok(f.clone());
+    if let Some(m) = cache.get(&key) {
+        return Ok(m.clone());
     }
     let (major, minor) = ctx
         .compute_capability()
@@ -182,13 +183,44 @@ pub fn load_function(
     let module = ctx
         .load_module(Ptx::from_src(ptx.to_string()))
         .map_err(|e| super::driver_error("cuModuleLoadData", e))?;
-    let function = module
-        .load_function(name)
-        .map_err(|_| Error::KernelNotFound {
-            file: kernel.file,
-            function: name.to_string(),
-        })?;
-    cache.insert(key, function.clone());
+    cache.insert(key, module.clone());
+    Ok(module)
+}
+
+/// The function `name` of `kernel`, loaded into `ctx` (compiling the file on first use).
+pub fn load_function(
+    ctx: &Arc<CudaContext>,
+    kernel: &KernelSource,
+    name: &str,
+) -> Result<CudaFunction> {
+    let key: FunctionKey = (ctx.cu_ctx() as usize, kernel.file, name.to_string());
+    if let Some(f) = FUNCTIONS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|cache| cache.get(&key))
+    {
+        return Ok(f.clone());
+    }
+    let module = load_module(ctx, kernel)?;
+    // The module may have been loaded on another thread: make the context current here.
+    ctx.bind_to_thread()
+        .map_err(|e| super::driver_error("cuCtxSetCurrent", e))?;
+    let function = module.load_function(name).map_err(|e| {
+        if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            Error::KernelNotFound {
+                file: kernel.file,
+                function: name.to_string(),
+            }
+        } else {
+            super::driver_error("cuModuleGetFunction", e)
+        }
+    })?;
+    FUNCTIONS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, function.clone());
     Ok(function)
 }
 
@@ -221,6 +253,39 @@ mod tests {
                 assert!(log.contains("undeclared_name"), "{log}");
             }
             other => panic!("expected a typed compile error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn functions_of_one_file_share_one_module_in_any_thread() {
+        let Some(dev) = crate::testing::cuda_device_or_skip() else {
+            return;
+        };
+        let ctx = super::super::context(dev).unwrap();
+        let fill = crate::ops::fill::cuda::FILL_KERNELS;
+        let modules_of_fill = || {
+            MODULES
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map_or(0, |m| m.keys().filter(|k| k.1 == fill.file).count())
+        };
+        load_function(&ctx, &fill, "kiln_fill_f32").unwrap();
+        load_function(&ctx, &fill, "kiln_fill_f64").unwrap();
+        // A thread that never bound the context gets its function from the cached module.
+        let other = ctx.clone();
+        std::thread::spawn(move || load_function(&other, &fill, "kiln_fill_u8").unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(modules_of_fill(), 1, "one module per (context, file)");
+        match load_function(&ctx, &fill, "kiln_no_such_kernel") {
+            Err(Error::KernelNotFound { file, function }) => {
+                assert_eq!(
+                    (file, function.as_str()),
+                    (fill.file, "kiln_no_such_kernel")
+                );
+            }
+            other => panic!("expected KernelNotFound, got {other:?}"),
         }
     }
 
