@@ -257,6 +257,11 @@ impl ClipPlan {
             .stream
             .clone_dtoh(&self.result)
             .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        // cudarc queues the copy into pageable memory without waiting for it (CUDA only says
+        // such a copy *might* be synchronous): wait before reading.
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error("cuStreamSynchronize", e))?;
         Ok([v[0], v[1]])
     }
 }
