@@ -6,12 +6,15 @@
 //! that device's compute capability, with the one option list [`crate::nvrtc_options`] (the same
 //! list `cargo xtask kernels` checks in CI), then loads the PTX into the device's context.
 //!
-//! Three caches, all per process and filled under a lock (a file is compiled once even when many
+//! Three caches in memory, all per process and filled under a lock (a file is compiled once even when many
 //! threads launch at once):
 //! - PTX by (compute capability, file): two devices of the same arch share one compile;
 //! - modules by (context, file): a file's PTX is loaded (and JIT-compiled by the driver, for
 //!   every kernel in it) once per context, however many of its kernels are launched;
 //! - functions by (context, file, function): a launch after the first is one map lookup.
+//!
+//! PTX is also kept on disk between processes ([`super::kernel_cache`]), so a run of many test
+//! binaries compiles each file once, not once per binary.
 //!
 //! CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`) are not built into NVRTC, so the loader looks for
 //! a folder holding them once per process ([`cuda_include_dir`]) and passes it as
@@ -134,6 +137,25 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
         return Ok(ptx.clone());
     }
     let arch = major * 10 + minor;
+    let options = options(major, minor);
+    // Compiled by an earlier process? (see `kernel_cache`)
+    let disk = super::kernel_cache::dir(|k| std::env::var(k).ok()).map(|dir| {
+        let mut version = (0, 0);
+        // SAFETY: NVRTC is present (checked above); both pointers are valid.
+        let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut version.0, &mut version.1) };
+        dir.join(super::kernel_cache::file_name(
+            kernel.file,
+            kernel.source,
+            &options,
+            version,
+            arch,
+        ))
+    });
+    if let Some(text) = disk.as_deref().and_then(super::kernel_cache::read) {
+        let ptx: Arc<str> = text.into();
+        cache.insert(((major, minor), kernel.file), ptx.clone());
+        return Ok(ptx);
+    }
     let fail = |code: String, log: String| Error::KernelCompile {
         file: kernel.file,
         arch,
@@ -148,7 +170,7 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     let prog = nvrtc::create_program(&source, Some(&name))
         .map_err(|e| fail(format!("{:?}", e.0), String::new()))?;
     // SAFETY: `prog` was created above and is destroyed once, below; `source` and `name` outlive it.
-    let compiled = unsafe { nvrtc::compile_program(prog, &options(major, minor)) };
+    let compiled = unsafe { nvrtc::compile_program(prog, &options) };
     // SAFETY: as above.
     let log = unsafe { nvrtc::get_program_log(prog) }
         .map(chars_to_string)
@@ -163,6 +185,9 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     // SAFETY: as above; not used afterwards.
     let _ = unsafe { nvrtc::destroy_program(prog) };
     let ptx: Arc<str> = ptx?.into();
+    if let Some(path) = &disk {
+        super::kernel_cache::write(path, &ptx);
+    }
     cache.insert(((major, minor), kernel.file), ptx.clone());
     Ok(ptx)
 }
