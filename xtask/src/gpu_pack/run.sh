@@ -102,6 +102,9 @@ for d in "${KILN_CUDA_INCLUDE:-/nonexistent}" "${CUDA_HOME:-/nonexistent}/includ
 done
 export KILN_REQUIRE_CUDA=1
 export RUST_BACKTRACE=1
+# NVRTC's PTX kept across the test processes (kiln-device's kernel_cache): each .cu file is
+# compiled once per run instead of once per test binary.
+export KILN_KERNEL_CACHE="${KILN_KERNEL_CACHE:-${TMPDIR:-/tmp}/kiln-kernel-cache}"
 
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -110,6 +113,7 @@ export RUST_BACKTRACE=1
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     echo "KILN_CUDA_INCLUDE=${KILN_CUDA_INCLUDE:-<none found>}"
     echo "CUDA_HOME=${CUDA_HOME:-<unset>}"
+    echo "KILN_KERNEL_CACHE=$KILN_KERNEL_CACHE"
     echo "missing: ${missing[*]:-none}"
     for d in "${LIB_DIRS[@]}"; do ls -l "$d"/libcuda.so* "$d"/libnvrtc.so* "$d"/libcublas.so* 2>/dev/null; done
     if command -v nvidia-smi >/dev/null 2>&1; then
