@@ -83,10 +83,13 @@ DRIVER_DIRS=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/l
 LIB_DIRS=()
 missing=()
 add_dir() { local d; for d in "${LIB_DIRS[@]}"; do [ "$d" = "$1" ] && return; done; LIB_DIRS+=("$1"); }
-# The driver's own libcuda first (never a toolkit stub); NVRTC/cuBLAS 13 from a toolkit or wheel.
-if d=$(find_lib_dir libcuda.so .1 "${LDC_CUDA[@]}" "${DRIVER_DIRS[@]}"); then add_dir "$d"; else missing+=(libcuda.so); fi
+# NVRTC/cuBLAS 13 from a toolkit or wheel first: cudarc dlopens the unversioned `libnvrtc.so`
+# before `libnvrtc.so.13`, so a distribution's CUDA 12 `libnvrtc.so` in the driver's folder
+# (/usr/lib/x86_64-linux-gnu) must not come earlier on the path. Then the driver's own libcuda
+# (never a toolkit stub: those sit in stubs/ folders, which are not searched).
 if d=$(find_lib_dir libnvrtc.so .13 "${TK_DIRS[@]}" "${PY_DIRS[@]}" "${LDC_NVRTC[@]}"); then add_dir "$d"; else missing+=(libnvrtc.so); fi
 if d=$(find_lib_dir libcublas.so .13 "${TK_DIRS[@]}" "${PY_DIRS[@]}" "${LDC_CUBLAS[@]}"); then add_dir "$d"; else missing+=(libcublas.so); fi
+if d=$(find_lib_dir libcuda.so .1 "${LDC_CUDA[@]}" "${DRIVER_DIRS[@]}"); then add_dir "$d"; else missing+=(libcuda.so); fi
 LD_LIBRARY_PATH="$(IFS=:; echo "${LIB_DIRS[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 
