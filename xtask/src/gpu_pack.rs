@@ -312,6 +312,13 @@ mod tests {
         assert!(RUN_SH.starts_with("#!/usr/bin/env bash"));
         assert!(RUN_SH.contains("export KILN_REQUIRE_CUDA=1"));
         assert!(RUN_SH.contains("gpu-bench.json"));
-        assert!(RUN_SH.contains("bench --gpu"));
+        // Only the `ops` group (the others read the source tree or measure the CPU), with its
+        // report under $OUT: xtask's default target dir is the build machine's workspace.
+        assert!(RUN_SH.contains("bench ops --gpu"));
+        assert!(RUN_SH.contains("CARGO_TARGET_DIR=\"$OUT/bench\""));
+        // NVRTC's folder precedes the driver's on LD_LIBRARY_PATH (cudarc tries the
+        // unversioned name first, which a distribution's older NVRTC may own there).
+        let at = |s: &str| RUN_SH.find(s).expect(s);
+        assert!(at("find_lib_dir libnvrtc.so") < at("find_lib_dir libcuda.so"));
     }
 }

@@ -7,8 +7,11 @@
 #   2. sets KILN_REQUIRE_CUDA=1, so every GPU test FAILS instead of skipping when no device is
 #      usable: a silent skip can never pass for a GPU run;
 #   3. runs each test binary in tests/, logging to $OUT/test-<name>.log;
-#   4. runs `xtask bench --gpu` (when this build has a bench command), copying its report to
-#      $OUT/gpu-bench.json.
+#   4. runs `xtask bench ops --gpu` (when this build has a bench command), copying its report to
+#      $OUT/gpu-bench.json. Only the `ops` group: it holds the GPU cases (matmul, bandwidth,
+#      ResNet18 step); `alloc` reads its traces from the source tree, which is not here, and
+#      `train` measures CPU steps. The report goes to $OUT/bench/kiln-bench/ (CARGO_TARGET_DIR,
+#      since xtask would otherwise write under the build machine's workspace path).
 # Output goes to $OUT (default ./gpu-out): env.txt, summary.txt, logs, gpu-bench.json.
 # Planned to finish in under 8 minutes: each test binary gets KILN_TEST_TIMEOUT_S (120 s), the
 # benchmarks get what is left of KILN_RUN_BUDGET_S (450 s), at least 60 s.
@@ -80,10 +83,13 @@ DRIVER_DIRS=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/l
 LIB_DIRS=()
 missing=()
 add_dir() { local d; for d in "${LIB_DIRS[@]}"; do [ "$d" = "$1" ] && return; done; LIB_DIRS+=("$1"); }
-# The driver's own libcuda first (never a toolkit stub); NVRTC/cuBLAS 13 from a toolkit or wheel.
-if d=$(find_lib_dir libcuda.so .1 "${LDC_CUDA[@]}" "${DRIVER_DIRS[@]}"); then add_dir "$d"; else missing+=(libcuda.so); fi
+# NVRTC/cuBLAS 13 from a toolkit or wheel first: cudarc dlopens the unversioned `libnvrtc.so`
+# before `libnvrtc.so.13`, so a distribution's CUDA 12 `libnvrtc.so` in the driver's folder
+# (/usr/lib/x86_64-linux-gnu) must not come earlier on the path. Then the driver's own libcuda
+# (never a toolkit stub: those sit in stubs/ folders, which are not searched).
 if d=$(find_lib_dir libnvrtc.so .13 "${TK_DIRS[@]}" "${PY_DIRS[@]}" "${LDC_NVRTC[@]}"); then add_dir "$d"; else missing+=(libnvrtc.so); fi
 if d=$(find_lib_dir libcublas.so .13 "${TK_DIRS[@]}" "${PY_DIRS[@]}" "${LDC_CUBLAS[@]}"); then add_dir "$d"; else missing+=(libcublas.so); fi
+if d=$(find_lib_dir libcuda.so .1 "${LDC_CUDA[@]}" "${DRIVER_DIRS[@]}"); then add_dir "$d"; else missing+=(libcuda.so); fi
 LD_LIBRARY_PATH="$(IFS=:; echo "${LIB_DIRS[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 
@@ -99,6 +105,9 @@ for d in "${KILN_CUDA_INCLUDE:-/nonexistent}" "${CUDA_HOME:-/nonexistent}/includ
 done
 export KILN_REQUIRE_CUDA=1
 export RUST_BACKTRACE=1
+# NVRTC's PTX kept across the test processes (kiln-device's kernel_cache): each .cu file is
+# compiled once per run instead of once per test binary.
+export KILN_KERNEL_CACHE="${KILN_KERNEL_CACHE:-${TMPDIR:-/tmp}/kiln-kernel-cache}"
 
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -107,6 +116,7 @@ export RUST_BACKTRACE=1
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     echo "KILN_CUDA_INCLUDE=${KILN_CUDA_INCLUDE:-<none found>}"
     echo "CUDA_HOME=${CUDA_HOME:-<unset>}"
+    echo "KILN_KERNEL_CACHE=$KILN_KERNEL_CACHE"
     echo "missing: ${missing[*]:-none}"
     for d in "${LIB_DIRS[@]}"; do ls -l "$d"/libcuda.so* "$d"/libnvrtc.so* "$d"/libcublas.so* 2>/dev/null; done
     if command -v nvidia-smi >/dev/null 2>&1; then
@@ -158,7 +168,7 @@ if [ -x "$HERE/xtask" ]; then
     [ $left -lt 60 ] && left=60
     mkdir -p "$OUT/bench"
     t0=$(date +%s)
-    (cd "$OUT/bench" && KILN_BENCH_OUT="$OUT/bench" timeout "$left" "$HERE/xtask" bench --gpu) \
+    (cd "$OUT/bench" && CARGO_TARGET_DIR="$OUT/bench" timeout "$left" "$HERE/xtask" bench ops --gpu) \
         >"$OUT/bench.log" 2>&1
     rc=$?
     secs=$(($(date +%s) - t0))
@@ -167,14 +177,14 @@ if [ -x "$HERE/xtask" ]; then
         log "SKIP  bench: this build's xtask has no bench command yet"
     elif [ $rc -ne 0 ]; then
         [ $rc -eq 124 ] && log "      bench timed out after ${left}s"
-        log "FAIL  xtask bench --gpu  (rc $rc, ${secs}s)  -> $OUT/bench.log"
+        log "FAIL  xtask bench ops --gpu  (rc $rc, ${secs}s)  -> $OUT/bench.log"
         FAILS=$((FAILS + 1))
     elif [ -z "$report" ]; then
-        log "FAIL  xtask bench --gpu wrote no report.json  -> $OUT/bench.log"
+        log "FAIL  xtask bench ops --gpu wrote no report.json  -> $OUT/bench.log"
         FAILS=$((FAILS + 1))
     else
         cp "$report" "$OUT/gpu-bench.json"
-        log "PASS  xtask bench --gpu  (${secs}s)  -> $OUT/gpu-bench.json"
+        log "PASS  xtask bench ops --gpu  (${secs}s)  -> $OUT/gpu-bench.json"
     fi
 fi
 

@@ -6,10 +6,15 @@
 //! that device's compute capability, with the one option list [`crate::nvrtc_options`] (the same
 //! list `cargo xtask kernels` checks in CI), then loads the PTX into the device's context.
 //!
-//! Two caches, both per process and filled under a lock (a file is compiled once even when many
+//! Three caches in memory, all per process and filled under a lock (a file is compiled once even when many
 //! threads launch at once):
 //! - PTX by (compute capability, file): two devices of the same arch share one compile;
-//! - functions by (context, file, function): a module is loaded once per context.
+//! - modules by (context, file): a file's PTX is loaded (and JIT-compiled by the driver, for
+//!   every kernel in it) once per context, however many of its kernels are launched;
+//! - functions by (context, file, function): a launch after the first is one map lookup.
+//!
+//! PTX is also kept on disk between processes ([`super::kernel_cache`]), so a run of many test
+//! binaries compiles each file once, not once per binary.
 //!
 //! CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`) are not built into NVRTC, so the loader looks for
 //! a folder holding them once per process ([`cuda_include_dir`]) and passes it as
@@ -24,7 +29,7 @@ use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{result as nvrtc, Ptx};
 
 use crate::error::{Error, Result};
@@ -39,9 +44,11 @@ pub struct KernelSource {
 }
 
 type PtxKey = ((u32, u32), &'static str);
+type ModuleKey = (usize, &'static str);
 type FunctionKey = (usize, &'static str, String);
 
 static PTX: Mutex<Option<HashMap<PtxKey, Arc<str>>>> = Mutex::new(None);
+static MODULES: Mutex<Option<HashMap<ModuleKey, Arc<CudaModule>>>> = Mutex::new(None);
 static FUNCTIONS: Mutex<Option<HashMap<FunctionKey, CudaFunction>>> = Mutex::new(None);
 
 fn chars_to_string(chars: Vec<c_char>) -> String {
@@ -130,6 +137,25 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
         return Ok(ptx.clone());
     }
     let arch = major * 10 + minor;
+    let options = options(major, minor);
+    // Compiled by an earlier process? (see `kernel_cache`)
+    let disk = super::kernel_cache::dir(|k| std::env::var(k).ok()).map(|dir| {
+        let mut version = (0, 0);
+        // SAFETY: NVRTC is present (checked above); both pointers are valid.
+        let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut version.0, &mut version.1) };
+        dir.join(super::kernel_cache::file_name(
+            kernel.file,
+            kernel.source,
+            &options,
+            version,
+            arch,
+        ))
+    });
+    if let Some(text) = disk.as_deref().and_then(super::kernel_cache::read) {
+        let ptx: Arc<str> = text.into();
+        cache.insert(((major, minor), kernel.file), ptx.clone());
+        return Ok(ptx);
+    }
     let fail = |code: String, log: String| Error::KernelCompile {
         file: kernel.file,
         arch,
@@ -144,7 +170,7 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     let prog = nvrtc::create_program(&source, Some(&name))
         .map_err(|e| fail(format!("{:?}", e.0), String::new()))?;
     // SAFETY: `prog` was created above and is destroyed once, below; `source` and `name` outlive it.
-    let compiled = unsafe { nvrtc::compile_program(prog, &options(major, minor)) };
+    let compiled = unsafe { nvrtc::compile_program(prog, &options) };
     // SAFETY: as above.
     let log = unsafe { nvrtc::get_program_log(prog) }
         .map(chars_to_string)
@@ -159,8 +185,31 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     // SAFETY: as above; not used afterwards.
     let _ = unsafe { nvrtc::destroy_program(prog) };
     let ptx: Arc<str> = ptx?.into();
+    if let Some(path) = &disk {
+        super::kernel_cache::write(path, &ptx);
+    }
     cache.insert(((major, minor), kernel.file), ptx.clone());
     Ok(ptx)
+}
+
+/// The module of `kernel` in `ctx`: loaded on first use (compiling the file if needed), then
+/// shared by every function of the file.
+fn load_module(ctx: &Arc<CudaContext>, kernel: &KernelSource) -> Result<Arc<CudaModule>> {
+    let key: ModuleKey = (ctx.cu_ctx() as usize, kernel.file);
+    let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(m) = cache.get(&key) {
+        return Ok(m.clone());
+    }
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| super::driver_error("cuDeviceGetAttribute", e))?;
+    let ptx = compile_ptx(kernel, (major as u32, minor as u32))?;
+    let module = ctx
+        .load_module(Ptx::from_src(ptx.to_string()))
+        .map_err(|e| super::driver_error("cuModuleLoadData", e))?;
+    cache.insert(key, module.clone());
+    Ok(module)
 }
 
 /// The function `name` of `kernel`, loaded into `ctx` (compiling the file on first use).
@@ -170,25 +219,33 @@ pub fn load_function(
     name: &str,
 ) -> Result<CudaFunction> {
     let key: FunctionKey = (ctx.cu_ctx() as usize, kernel.file, name.to_string());
-    let mut cache = FUNCTIONS.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(f) = cache.get(&key) {
+    if let Some(f) = FUNCTIONS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|cache| cache.get(&key))
+    {
         return Ok(f.clone());
     }
-    let (major, minor) = ctx
-        .compute_capability()
-        .map_err(|e| super::driver_error("cuDeviceGetAttribute", e))?;
-    let ptx = compile_ptx(kernel, (major as u32, minor as u32))?;
-    let module = ctx
-        .load_module(Ptx::from_src(ptx.to_string()))
-        .map_err(|e| super::driver_error("cuModuleLoadData", e))?;
-    let function = module
-        .load_function(name)
-        .map_err(|_| Error::KernelNotFound {
-            file: kernel.file,
-            function: name.to_string(),
-        })?;
-    cache.insert(key, function.clone());
+    let module = load_module(ctx, kernel)?;
+    // The module may have been loaded on another thread: make the context current here.
+    ctx.bind_to_thread()
+        .map_err(|e| super::driver_error("cuCtxSetCurrent", e))?;
+    let function = module.load_function(name).map_err(|e| {
+        if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            Error::KernelNotFound {
+                file: kernel.file,
+                function: name.to_string(),
+            }
+        } else {
+            super::driver_error("cuModuleGetFunction", e)
+        }
+    })?;
+    FUNCTIONS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, function.clone());
     Ok(function)
 }
 
@@ -221,6 +278,39 @@ mod tests {
                 assert!(log.contains("undeclared_name"), "{log}");
             }
             other => panic!("expected a typed compile error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn functions_of_one_file_share_one_module_in_any_thread() {
+        let Some(dev) = crate::testing::cuda_device_or_skip() else {
+            return;
+        };
+        let ctx = super::super::context(dev).unwrap();
+        let fill = crate::ops::fill::cuda::FILL_KERNELS;
+        let modules_of_fill = || {
+            MODULES
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map_or(0, |m| m.keys().filter(|k| k.1 == fill.file).count())
+        };
+        load_function(&ctx, &fill, "kiln_fill_f32").unwrap();
+        load_function(&ctx, &fill, "kiln_fill_f64").unwrap();
+        // A thread that never bound the context gets its function from the cached module.
+        let other = ctx.clone();
+        std::thread::spawn(move || load_function(&other, &fill, "kiln_fill_u8").unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(modules_of_fill(), 1, "one module per (context, file)");
+        match load_function(&ctx, &fill, "kiln_no_such_kernel") {
+            Err(Error::KernelNotFound { file, function }) => {
+                assert_eq!(
+                    (file, function.as_str()),
+                    (fill.file, "kiln_no_such_kernel")
+                );
+            }
+            other => panic!("expected KernelNotFound, got {other:?}"),
         }
     }
 

@@ -48,6 +48,12 @@ pub struct StridedArgs {
 // SAFETY: plain `#[repr(C)]` integers with the same layout as the CUDA struct.
 unsafe impl DeviceRepr for StridedArgs {}
 
+// The layout every `.cu` file's `struct StridedArgs` must have (the kernels' own copies
+// `static_assert` the same numbers, so a drift on either side fails to build).
+const _: () = assert!(std::mem::size_of::<StridedArgs>() == 144);
+const _: () = assert!(std::mem::align_of::<StridedArgs>() == 8);
+const _: () = assert!(std::mem::offset_of!(StridedArgs, ndim) == 136);
+
 impl StridedArgs {
     /// The args of one view with `shape`/`strides` (at most [`MAX_DIMS`] dims).
     pub fn new(offset: usize, shape: &[usize], strides: &[usize]) -> Self {

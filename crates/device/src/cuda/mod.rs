@@ -6,6 +6,7 @@
 //! [`crate::cuda_status`], so no driver call is made when the library is absent.
 
 mod alloc_backend;
+pub mod kernel_cache;
 pub mod kernels;
 pub mod launch;
 pub(crate) mod probe;

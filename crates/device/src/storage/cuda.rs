@@ -37,6 +37,7 @@ use crate::ops::random::cuda::Generator;
 use crate::{DType, Device, Error, Layout, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use kiln_alloc_cache::{Allocation, StreamId};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A device buffer of one dtype on `Device::Cuda(ordinal)`.
@@ -60,7 +61,9 @@ fn cuda_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
 /// The default stream of logical device `ordinal` (in the context [`crate::cuda::context`]
 /// opens for it), creating the context on first use.
 pub fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
-    static STREAMS: OnceLock<Mutex<Vec<Option<Arc<CudaStream>>>>> = OnceLock::new();
+    // Keyed by ordinal in a map: an out-of-range ordinal is refused by `default_stream` (a typed
+    // `NoSuchCudaDevice`) without first growing a table to its size.
+    static STREAMS: OnceLock<Mutex<HashMap<usize, Arc<CudaStream>>>> = OnceLock::new();
     // SAFETY: only probes whether the dynamic library can be loaded.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(Error::CudaUnavailable(
@@ -68,17 +71,14 @@ pub fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
         ));
     }
     let mut streams = STREAMS
-        .get_or_init(|| Mutex::new(Vec::new()))
+        .get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if streams.len() <= ordinal {
-        streams.resize(ordinal + 1, None);
-    }
-    if let Some(s) = &streams[ordinal] {
+    if let Some(s) = streams.get(&ordinal) {
         return Ok(s.clone());
     }
     let s = crate::cuda::default_stream(Device::Cuda(ordinal))?;
-    streams[ordinal] = Some(s.clone());
+    streams.insert(ordinal, s.clone());
     Ok(s)
 }
 
@@ -485,5 +485,22 @@ impl BackendStorage for CudaStorage {
         spec: &crate::ops::loss::CrossEntropySpec,
     ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
         self.softmax_cross_entropy_cuda(layout, (target, target_layout), weight, spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_absurd_ordinal_is_a_typed_error() {
+        // Without a driver: CudaUnavailable; with one: NoSuchCudaDevice (the stream table used
+        // to be resized to the ordinal first, which aborts on usize::MAX).
+        for ordinal in [usize::MAX, 1 << 40] {
+            match stream(ordinal) {
+                Err(Error::CudaUnavailable(_) | Error::NoSuchCudaDevice { .. }) => {}
+                other => panic!("cuda:{ordinal}: expected a typed error, got {other:?}"),
+            }
+        }
     }
 }

@@ -58,6 +58,10 @@ struct StridedArgs {
 // SAFETY: plain `#[repr(C)]` data with the same layout as the CUDA struct.
 unsafe impl DeviceRepr for StridedArgs {}
 
+// fill.cu `static_assert`s the same numbers for its struct.
+const _: () = assert!(std::mem::size_of::<StridedArgs>() == 136);
+const _: () = assert!(std::mem::offset_of!(StridedArgs, ndim) == 128);
+
 const BLOCK: u32 = 256;
 /// Grid cap: the kernels are grid-stride loops, so more blocks than this only add overhead.
 const MAX_GRID: u64 = 65_536;

@@ -21,6 +21,8 @@ struct StridedArgs {
     unsigned int ndim;
     unsigned int pad;
 };
+// The same numbers cuda.rs asserts for its #[repr(C)] twin.
+static_assert(sizeof(StridedArgs) == 136 && alignof(StridedArgs) == 8, "StridedArgs layout");
 
 template <typename T>
 __device__ __forceinline__ void fill_impl(T* __restrict__ dst, T value, u64 n) {

@@ -66,6 +66,14 @@ unsafe impl DeviceRepr for TensorEntry {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for ChunkEntry {}
 
+// multi_tensor.cu `static_assert`s the same sizes and offsets for its structs.
+const _: () = assert!(std::mem::size_of::<TensorEntry>() == 32);
+const _: () = assert!(std::mem::offset_of!(TensorEntry, dtype) == 16);
+const _: () = assert!(std::mem::size_of::<ChunkEntry>() == 24);
+const _: () = assert!(std::mem::offset_of!(ChunkEntry, tensor) == 16);
+const _: () = assert!(std::mem::size_of::<AdamEntry>() == 56);
+const _: () = assert!(std::mem::offset_of!(AdamEntry, step_size) == 48);
+
 const THREADS: u32 = 256;
 /// Most blocks launched; blocks stride over the chunk table beyond this.
 const MAX_BLOCKS: usize = 4096;
@@ -257,6 +265,11 @@ impl ClipPlan {
             .stream
             .clone_dtoh(&self.result)
             .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        // cudarc queues the copy into pageable memory without waiting for it (CUDA only says
+        // such a copy *might* be synchronous): wait before reading.
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error("cuStreamSynchronize", e))?;
         Ok([v[0], v[1]])
     }
 }

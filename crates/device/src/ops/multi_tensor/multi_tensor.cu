@@ -36,6 +36,13 @@ struct KilnMtChunk {
     unsigned int pad;
 };
 
+// The tables are uploaded as bytes from #[repr(C)] Rust twins (cuda.rs, cuda/sgd.rs), which
+// assert the same sizes (and the offsets of their fields).
+static_assert(sizeof(KilnMtTensor) == 32 && alignof(KilnMtTensor) == 8,
+              "KilnMtTensor layout");
+static_assert(sizeof(KilnMtChunk) == 24 && alignof(KilnMtChunk) == 8,
+              "KilnMtChunk layout");
+
 // kind: 0 count nonzero, 1 sum |x|, 2 sum x^2, 3 max |x|, 4 min |x|, 5 sum |x|^p
 __device__ __forceinline__ float kiln_mt_identity(int kind) {
     return kind == 4 ? __int_as_float(0x7f800000) : 0.0f;
@@ -181,6 +188,8 @@ struct KilnMtAdamTensor {
     float step_size;
     float bias_correction2_sqrt;
 };
+static_assert(sizeof(KilnMtAdamTensor) == 56 && alignof(KilnMtAdamTensor) == 8,
+              "KilnMtAdamTensor layout");
 
 extern "C" __global__ void kiln_mt_adam_f32(const KilnMtAdamTensor* tensors,
                                             const KilnMtChunk* chunks, unsigned int num_chunks,
@@ -246,6 +255,8 @@ struct KilnMtSgdTensor {
     unsigned int first;                  // 1 on the buffer's first step
     unsigned int pad;
 };
+static_assert(sizeof(KilnMtSgdTensor) == 40 && alignof(KilnMtSgdTensor) == 8,
+              "KilnMtSgdTensor layout");
 
 extern "C" __global__ void kiln_mt_sgd_f32(const KilnMtSgdTensor* tensors,
                                            const KilnMtChunk* chunks, unsigned int num_chunks,

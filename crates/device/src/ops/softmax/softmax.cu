@@ -26,6 +26,8 @@ struct StridedArgs {
     unsigned int ndim;
     unsigned int pad;
 };
+// The same numbers launch.rs asserts for its #[repr(C)] twin.
+static_assert(sizeof(StridedArgs) == 144 && alignof(StridedArgs) == 8, "StridedArgs layout");
 
 __device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
     u64 at = l.offset;

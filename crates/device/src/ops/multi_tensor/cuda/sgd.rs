@@ -41,6 +41,10 @@ struct SgdEntry {
 // SAFETY: plain `#[repr(C)]` data laid out like `struct KilnMtSgdTensor`.
 unsafe impl DeviceRepr for SgdEntry {}
 
+// multi_tensor.cu `static_assert`s the same numbers.
+const _: () = assert!(std::mem::size_of::<SgdEntry>() == 40);
+const _: () = assert!(std::mem::offset_of!(SgdEntry, first) == 32);
+
 /// The step's constants, shared by every parameter of the group (each already rounded to f32
 /// the way the CPU pass rounds it).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -38,6 +38,10 @@ impl FoundInfFlag {
             .stream
             .clone_dtoh(&self.flag)
             .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        // The copy into pageable memory is only queued: wait before reading (see `read_result`).
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error("cuStreamSynchronize", e))?;
         Ok(v[0] != 0)
     }
 }
