@@ -2,7 +2,7 @@
 //! fragmentation of the shipped traces, and host allocate-touch-free through the cache versus
 //! the system allocator.
 
-use super::{workspace_root, Options, Row};
+use super::{Options, Row};
 use kiln_alloc_cache::{
     AllocatorConfig, CachingAllocator, HostBackend, ReplayMode, Replayer, StreamId, Trace,
 };
@@ -19,11 +19,13 @@ const PAIRS_PER_SAMPLE: u32 = 32;
 /// Runs every case of the group.
 pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
-    hit_latency(options, &mut rows)?;
-    steady_state(&mut rows)?;
-    fragmentation(&mut rows)?;
-    tight_capacity(&mut rows)?;
-    host_touch(options, &mut rows)?;
+    if !options.gpu_only {
+        hit_latency(options, &mut rows)?;
+        steady_state(&mut rows)?;
+        fragmentation(&mut rows)?;
+        tight_capacity(&mut rows)?;
+        host_touch(options, &mut rows)?;
+    }
     if options.gpu {
         gpu_hit_latency(options, &mut rows)?;
     }
@@ -213,25 +215,34 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     Ok(())
 }
 
+/// The shipped traces of kiln-alloc-cache, compiled in so the bench also runs where the source
+/// tree is absent (the GPU machine of `cargo xtask gpu-pack`).
+const TRACES: [(&str, &str); 4] = [
+    (
+        "mlp_step_b1024",
+        include_str!("../../../crates/alloc-cache/traces/mlp_step_b1024.trace"),
+    ),
+    (
+        "resnet18_step_b32",
+        include_str!("../../../crates/alloc-cache/traces/resnet18_step_b32.trace"),
+    ),
+    (
+        "transformer_fixed_b8_t512",
+        include_str!("../../../crates/alloc-cache/traces/transformer_fixed_b8_t512.trace"),
+    ),
+    (
+        "transformer_varlen_b8",
+        include_str!("../../../crates/alloc-cache/traces/transformer_varlen_b8.trace"),
+    ),
+];
+
 fn read_traces() -> Result<Vec<(String, Trace)>, String> {
-    let dir = workspace_root().join("crates/alloc-cache/traces");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "trace"))
-        .collect();
-    paths.sort();
-    paths
-        .into_iter()
-        .map(|p| {
-            let name = p
-                .file_stem()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            Trace::read(&p)
-                .map(|t| (name, t))
-                .map_err(|e| format!("{}: {e}", p.display()))
+    TRACES
+        .iter()
+        .map(|(name, text)| {
+            Trace::parse(text)
+                .map(|t| (name.to_string(), t))
+                .map_err(|e| format!("{name}.trace: {e}"))
         })
         .collect()
 }

@@ -1,5 +1,7 @@
-//! `cargo xtask bench [GROUP ...] [--quick] [--gpu]`: runs benchmark groups, prints a table and
-//! writes `target/kiln-bench/report.json` (an array of rows) and `report.md`.
+//! `cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only]`: runs benchmark groups, prints
+//! a table and writes `report.json` (an array of rows) and `report.md` to `$KILN_BENCH_OUT`, or to
+//! `target/kiln-bench/` when it is unset. `--gpu-only` runs just the CUDA cases of every group
+//! (what the GPU machine of `cargo xtask gpu-pack` runs).
 //!
 //! A row is `{"group", "case", "metric", "value", "reference", "ratio"}`; `ratio` compares
 //! kiln's figure with the reference measured in the same run (or a stated target), oriented so
@@ -62,6 +64,8 @@ pub struct Options {
     pub quick: bool,
     /// Also run the cases that need a CUDA device.
     pub gpu: bool,
+    /// Run only the cases that need a CUDA device (implies `gpu`).
+    pub gpu_only: bool,
 }
 
 type Group = fn(&Options) -> Result<Vec<Row>, String>;
@@ -78,7 +82,7 @@ const GROUPS: &[(&str, Group)] = &[
     ("train", train::run),
 ];
 
-const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu]";
+const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only]";
 
 /// Runs the subcommand.
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -88,6 +92,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         match arg.as_str() {
             "--quick" => options.quick = true,
             "--gpu" => options.gpu = true,
+            "--gpu-only" => {
+                options.gpu = true;
+                options.gpu_only = true;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}\ngroups: {}", group_names());
                 return Ok(());
@@ -116,7 +124,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let table = markdown(&rows);
     println!("{table}");
-    let dir = target_dir().join("kiln-bench");
+    let dir = match std::env::var_os("KILN_BENCH_OUT") {
+        Some(out) if !out.is_empty() => PathBuf::from(out),
+        _ => target_dir().join("kiln-bench"),
+    };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
     for (file, text) in [("report.json", json), ("report.md", table)] {

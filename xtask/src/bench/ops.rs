@@ -29,8 +29,10 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         "bench ops: {} CPU threads (KILN_NUM_THREADS caps them)",
         kiln_device::threads::num_threads()
     );
-    matmul(options, &mut rows)?;
-    conv2d(options, &mut rows)?;
+    if !options.gpu_only {
+        matmul(options, &mut rows)?;
+        conv2d(options, &mut rows)?;
+    }
     if options.gpu {
         super::ops_gpu::run(options, &mut rows)?;
     }
