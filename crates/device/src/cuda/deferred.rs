@@ -161,8 +161,12 @@ pub(crate) fn check_indices(ordinal: usize, check: IndexCheck<'_>) -> Result<Opt
             .arg(&ticket.info);
         // SAFETY: signature as in deferred.cu; one thread reads indices[position] (< n, written
         // by the range check) and writes the record.
-        unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }
-            .map_err(|e| launch_error(name, e))?;
+        let one_thread = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { launch.launch(one_thread) }.map_err(|e| launch_error(name, e))?;
         ticket
     };
     if crate::eager_checks() || !ticket.fits_record() {
@@ -249,6 +253,37 @@ mod tests {
         for name in ["kiln_deferred_check_range", "kiln_deferred_check_finish"] {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
         }
+    }
+
+    #[test]
+    fn the_message_names_the_op_the_place_the_fix_and_eager_mode() {
+        let error = Error::DeferredCheck {
+            op: "embedding",
+            device: Device::Cuda(0),
+            reported_at: "synchronize",
+            error: Box::new(crate::ops::KernelError::IndexOutOfRange {
+                op: "embedding",
+                index: 10,
+                position: vec![0, 2],
+                dim: 0,
+                size: 10,
+            }),
+        };
+        let text = error.to_string();
+        for part in [
+            "index 10 at position [0, 2]",
+            "every index must lie in [0, 10)",
+            "raised by embedding on cuda:0",
+            "reported at the next synchronisation, synchronize",
+            "KILN_CUDA_EAGER_CHECKS=1",
+            "set_eager_checks(true)",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from {text:?}");
+        }
+        assert!(matches!(
+            error.kernel_error(),
+            Some(crate::ops::KernelError::IndexOutOfRange { index: 10, .. })
+        ));
     }
 
     #[test]
