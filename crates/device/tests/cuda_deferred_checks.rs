@@ -1,6 +1,6 @@
 //! Deferred CUDA index checks (`crates/device/src/cuda/deferred.rs`): a bad index does not fail
-//! the op, it fails the next synchronisation with the CPU's error; a good index costs no wait;
-//! the device keeps working after the error. One test function, because the counters and the
+//! the op, it fails the thread's next synchronisation with the CPU's error; a good index costs no
+//! wait; the device keeps working after the error; another thread's copy does not see it. One test function, because the counters and the
 //! eager switch are per process. Skips without a GPU (`cuda_device_or_skip`).
 #![cfg(feature = "cuda")]
 
@@ -44,6 +44,7 @@ fn bad_indices_are_reported_at_the_next_synchronisation() {
     );
     assert_eq!(after_ops.pending, before.pending + 2);
     let want = table.embedding(&tl, (&good, &il)).unwrap();
+    let want_good = want.to_vec::<f32>().unwrap();
     assert_eq!(host(&a).unwrap(), want.to_vec::<f32>().unwrap());
     assert_eq!(host(&b).unwrap(), want.to_vec::<f32>().unwrap());
     // The first copy to the host read the record once; the second found nothing pending.
@@ -55,7 +56,7 @@ fn bad_indices_are_reported_at_the_next_synchronisation() {
 
     // A bad embedding index: no error at the op, nor at a later (also bad) op...
     let bad = CpuStorage::from_vec(vec![1i64, 2, 10, -1, 0, 0]);
-    let cpu_err = table.embedding(&tl, (&bad, &il)).unwrap_err();
+    let embedding_err = table.embedding(&tl, (&bad, &il)).unwrap_err();
     let bg = gpu(dev, &bad);
     let out = tg.embedding(&tl, (&bg, &il)).unwrap();
     let later_bad = CpuStorage::from_vec(vec![0i64, 1, 2, 3, 2, 40]);
@@ -71,7 +72,7 @@ fn bad_indices_are_reported_at_the_next_synchronisation() {
         }) => {
             assert_eq!((op, device), ("embedding", dev));
             assert!(reported_at.contains("copy to the host"), "{reported_at}");
-            assert_eq!(Some(&*error), cpu_err.kernel_error());
+            assert_eq!(Some(&*error), embedding_err.kernel_error());
         }
         other => panic!("expected the deferred embedding error, got {other:?}"),
     }
@@ -139,4 +140,29 @@ fn bad_indices_are_reported_at_the_next_synchronisation() {
         .scatter(&tl, 1, (&fixed_index, &il), (&fixed_src, &sl), true)
         .unwrap();
     assert_eq!(host(&summed).unwrap(), want.to_vec::<f32>().unwrap());
+
+    // A bad index is reported to the thread that ran the op, not to another thread's copy.
+    let (worker_ready, ready) = std::sync::mpsc::channel::<()>();
+    let (go, worker_go) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let (table, bad, layouts) = (&tg, &bg, (&tl, &il));
+        let worker = scope.spawn(move || {
+            let out = table.embedding(layouts.0, (bad, layouts.1)).unwrap();
+            worker_ready.send(()).unwrap();
+            worker_go.recv().unwrap();
+            host(&out)
+        });
+        ready.recv().unwrap();
+        let good_rows = tg.embedding(&tl, (&gg, &il)).unwrap();
+        assert_eq!(host(&good_rows).unwrap(), want_good);
+        go.send(()).unwrap();
+        match worker.join().unwrap() {
+            Err(Error::DeferredCheck {
+                op: "embedding",
+                error,
+                ..
+            }) => assert_eq!(Some(&*error), embedding_err.kernel_error()),
+            other => panic!("the worker expected its own embedding error, got {other:?}"),
+        }
+    });
 }

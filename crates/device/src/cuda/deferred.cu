@@ -1,7 +1,7 @@
 // Deferred index checks (launched from deferred.rs; compiled at first use by NVRTC and checked
-// for sm_80/sm_90 by `cargo xtask kernels`). The design is in deferred.rs; in short, each device
-// has one record of 16 u64 words that every check merges into, and only the first failing check
-// in stream order leaves its mark:
+// for sm_80/sm_90 by `cargo xtask kernels`). The design is in deferred.rs; in short, each thread
+// that runs checks on a device has one record of 16 u64 words that all its checks merge into,
+// and only the first failing check in stream order leaves its mark:
 //
 //   word 0  failed_seq  sequence number of the first failing check (~0: none yet)
 //   word 1  position    its first bad flat position, row-major (atomicMin; ~0 until set)

@@ -3,57 +3,64 @@
 //!
 //! **Why.** Indexing ops (`embedding`, `index_select`, `gather`, `scatter`, `scatter_add`, their
 //! backward) and the cross-entropy targets must reject an index outside `[0, size)` with kiln's
-//! [`KernelError::IndexOutOfRange`] (value, coordinates, valid range), not with PyTorch's
-//! device-side assert, which kills the CUDA context. Reading a verdict at the op would wait for
-//! the stream on every call, which issue 10 forbids: only `to_vec`/`item` (any copy to the host)
-//! and an explicit [`crate::synchronize`] wait.
+//! [`KernelError::IndexOutOfRange`](crate::ops::KernelError::IndexOutOfRange) (value,
+//! coordinates, valid range), not with PyTorch's device-side assert, which kills the CUDA
+//! context. Reading a verdict at the op would wait for the stream on every call, which issue 10
+//! forbids: only `to_vec`/`item` (any copy to the host) and an explicit [`crate::synchronize`]
+//! wait.
 //!
-//! **How.** Each device owns one *record*: 16 `u64` words (128 bytes) of device memory. A check
-//! is two launches queued on the device's stream right after the op validates its shapes:
-//! `kiln_deferred_check_range` scans the indices and, at a bad one, claims the record for the
-//! check's sequence number (`atomicCAS` on word 0) and lowers the first bad position
-//! (`atomicMin`, row-major, as the CPU scan finds it); `kiln_deferred_check_finish` (one thread)
-//! then copies the value at that position and the check's description (op code, dim, size,
-//! shape) into the record. Kernels on one stream run one after another, so a record already
-//! claimed by another sequence number was claimed by an *earlier* check and is left alone: the
-//! record always holds the first failing check in issue order, and nothing else.
+//! **Records.** A check is two launches queued on the device's stream right after the op
+//! validates its shapes. `kiln_deferred_check_range` scans the indices and, at a bad one, claims
+//! a *record* (16 `u64` words, 128 bytes of device memory) for the check's sequence number
+//! (`atomicCAS` on word 0) and lowers the first bad position (`atomicMin`, row-major, as the CPU
+//! scan finds it); `kiln_deferred_check_finish` (one thread) then copies the value at that
+//! position and the check's description (op code, dim, size, shape) into the record. Kernels on
+//! one stream run one after another, so a record already claimed by another sequence number was
+//! claimed by an *earlier* check and is left alone: a record holds the first failing check in
+//! issue order, and nothing else.
 //!
-//! **Bounded without syncing.** Since only the first failure is ever reported, every check of a
-//! device merges into the same record: there are no per-check slots to grow or recycle, and the
-//! host keeps a ledger per device that is a few counters plus the table of op names (one entry
-//! per distinct `&'static str`, so bounded by the ops kiln has). A ticket with the check's full
-//! shape lives only as long as the op that issued it. A million pending checks cost what one
-//! does, and no check ever forces a wait to make room.
+//! **One record slot per thread.** Each thread that runs a check on a device gets its own slot
+//! (a record), and a synchronisation reports only the calling thread's slot: a bad index is
+//! reported to the thread whose op it was, never to another thread that happens to copy a tensor
+//! to the host in between (so parallel tests, or a data thread and a training thread, do not
+//! see each other's errors). A thread's checks all merge into its one slot, since only its first
+//! failure is ever reported: no slot per check, and no wait to make room. Slots come in chunks of
+//! 32 records (one 4 KiB `cuMemAlloc` each, kept for the life of the process); a thread's slot
+//! returns to a free list when the thread ends (a failure it never synchronised is dropped), and
+//! the next thread to take it clears the record on the stream first. Device memory is thus
+//! bounded by the largest number of threads that ever ran checks at once, rounded up to 32,
+//! and the host keeps a few counters per slot plus the table of op names (one entry per distinct
+//! `&'static str`, so bounded by the ops kiln has). The chunks live outside the caching
+//! allocator: they are kiln's own bookkeeping, so they stay out of `memory_allocated` and the
+//! snapshots (whose counts the tests check exactly), and `empty_cache` cannot release them.
 //!
 //! **Reporting.** [`report`] runs after every wait that returns a `Result`
 //! ([`crate::CudaStorage::to_host`], which `to_vec`/`item`/`to_device(Cpu)` go through, and
-//! [`crate::synchronize`]). When checks are pending it copies the record to the host (one
-//! 128-byte copy), waits, queues a reset of the record (`cuMemsetD8Async` to all-ones bytes, so
-//! later checks find it clear), and returns the failure as [`Error::DeferredCheck`]: the CPU's
-//! error plus the op that raised it and the place it was reported. With nothing pending it makes
-//! no driver call. After the error the device works as before: bad indices are skipped by the
-//! kernels (see the op docs), so nothing out of bounds was touched and no sticky error exists.
+//! [`crate::synchronize`]). When the calling thread has checks pending it copies its record to
+//! the host (one 128-byte copy), waits, queues a reset of the record (`cuMemsetD8Async` to
+//! all-ones bytes, so later checks find it clear), and returns the failure as
+//! [`Error::DeferredCheck`]: the CPU's error plus the op that raised it and the place it was
+//! reported. With nothing pending it makes no driver call. After the error the device works as
+//! before: the kernels skip bad indices (see the op docs), so nothing out of bounds was touched
+//! and no sticky error exists.
 //!
 //! **Eager mode.** `KILN_CUDA_EAGER_CHECKS=1` or [`crate::set_eager_checks`]`(true)` makes
-//! every op read the record right after its check, and return the plain
-//! [`Error::Kernel`] at the op itself, as CPU ops do (like `CUDA_LAUNCH_BLOCKING=1` for finding
-//! the culprit; it costs one wait per checked op). An index tensor of more than
-//! 8 dims, which the record cannot describe, is always checked eagerly.
-//!
-//! **Memory.** The record is one `cuMemAlloc` per device, made at the first check and kept for
-//! the life of the process, outside the caching allocator: it is kiln's own bookkeeping, so it
-//! stays out of `memory_allocated` and the snapshots (whose counts the tests check exactly), and
-//! `empty_cache` cannot release it under a pending check.
+//! every op read its record right after its check, and return the plain [`Error::Kernel`] at
+//! the op itself, as CPU ops do (like `CUDA_LAUNCH_BLOCKING=1` for finding the culprit; it costs
+//! one wait per checked op). An index tensor of more than 8 dims, which the record cannot
+//! describe, is always checked eagerly. Cross-entropy, which waits anyway for its mean's
+//! denominator, settles its own check in that wait.
 
 mod ledger;
 
+use std::cell::RefCell;
 use std::sync::Mutex;
 
-use cudarc::driver::{result, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 pub use self::ledger::DeferredCheckStats;
 pub(crate) use self::ledger::Ticket;
-use self::ledger::{record_from_bytes, CheckInfo, Ledger, RECORD_BYTES};
+use self::ledger::{record_from_bytes, CheckInfo, Ledger, RECORD_BYTES, SLOTS_PER_CHUNK};
 use super::kernels::KernelSource;
 use super::launch::{function, launch_error};
 use crate::error::{Error, Result};
@@ -69,16 +76,49 @@ pub const DEFERRED_KERNELS: KernelSource = KernelSource {
 // SAFETY: plain `#[repr(C)]` integers with the layout of `struct CheckInfo` in deferred.cu.
 unsafe impl DeviceRepr for CheckInfo {}
 
-/// One device's checks: the host ledger and the device record (0 until the first check).
+/// One device's checks: the host ledger and the device chunks of records.
 #[derive(Default)]
 struct DeviceChecks {
     ledger: Ledger,
-    record: u64,
+    chunks: Vec<u64>,
 }
 
-/// Every device's checks, by logical ordinal. One lock: it is held across a check's two launches
-/// so that issue order is stream order, and across a report's copy and wait.
+impl DeviceChecks {
+    /// Device address of `slot`'s record.
+    fn record(&self, slot: usize) -> u64 {
+        self.chunks[slot / SLOTS_PER_CHUNK] + ((slot % SLOTS_PER_CHUNK) * RECORD_BYTES) as u64
+    }
+}
+
+/// Every device's checks, by logical ordinal. One lock, held across a check's two launches and
+/// across a report's copy and wait (checks are few per step; the launches are microseconds).
 static REGISTRY: Mutex<Vec<DeviceChecks>> = Mutex::new(Vec::new());
+
+/// The calling thread's record slot on each device (by ordinal); given back when it ends.
+struct ThreadSlots(Vec<Option<usize>>);
+
+impl Drop for ThreadSlots {
+    fn drop(&mut self) {
+        let mut registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        for (ordinal, slot) in self.0.iter().enumerate() {
+            if let (Some(slot), Some(entry)) = (slot, registry.get_mut(ordinal)) {
+                entry.ledger.release_slot(*slot);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static SLOTS: RefCell<ThreadSlots> = const { RefCell::new(ThreadSlots(Vec::new())) };
+}
+
+/// The calling thread's slot on `cuda:ordinal`, if it has one.
+fn my_slot(ordinal: usize) -> Option<usize> {
+    SLOTS
+        .try_with(|s| s.borrow().0.get(ordinal).copied().flatten())
+        .ok()
+        .flatten()
+}
 
 fn cuda_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Cuda {
@@ -87,7 +127,46 @@ fn cuda_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     }
 }
 
-/// An index tensor to check: `count` contiguous `i64`s at device address `indices`.
+/// The calling thread's slot on `cuda:ordinal` (taking one, and a new chunk when all are in
+/// use, on its first check there), with its record cleared on `stream` when newly taken.
+fn slot_for_thread(entry: &mut DeviceChecks, ordinal: usize, stream: &CudaStream) -> Result<usize> {
+    if let Some(slot) = my_slot(ordinal) {
+        return Ok(slot);
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(cuda_err("deferred check records"))?;
+    let slot = entry.ledger.acquire_slot();
+    if slot >= entry.chunks.len() * SLOTS_PER_CHUNK {
+        // SAFETY: a plain allocation in the bound context, kept for the life of the process.
+        match unsafe { result::malloc_sync(SLOTS_PER_CHUNK * RECORD_BYTES) } {
+            Ok(chunk) => entry.chunks.push(chunk),
+            Err(e) => {
+                entry.ledger.release_slot(slot);
+                return Err(cuda_err("deferred check records")(e));
+            }
+        }
+    }
+    // SAFETY: the record lies inside its chunk; queued before any check that uses it.
+    let cleared = unsafe {
+        result::memset_d8_async(entry.record(slot), 0xff, RECORD_BYTES, stream.cu_stream())
+    };
+    if let Err(e) = cleared {
+        entry.ledger.release_slot(slot);
+        return Err(cuda_err("deferred check records")(e));
+    }
+    SLOTS.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.0.len() <= ordinal {
+            s.0.resize(ordinal + 1, None);
+        }
+        s.0[ordinal] = Some(slot);
+    });
+    Ok(slot)
+}
+
+/// An index tensor to check: contiguous `i64`s at device address `indices`.
 pub(crate) struct IndexCheck<'a> {
     /// The op, for the error.
     pub(crate) op: &'static str,
@@ -113,33 +192,22 @@ pub(crate) fn check_indices(ordinal: usize, check: IndexCheck<'_>) -> Result<Opt
         return Ok(None);
     }
     let stream = cuda_stream(ordinal)?;
+    let range = function(&stream, &DEFERRED_KERNELS, "kiln_deferred_check_range")?;
+    let finish = function(&stream, &DEFERRED_KERNELS, "kiln_deferred_check_finish")?;
     let ticket = {
         let mut registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         if registry.len() <= ordinal {
             registry.resize_with(ordinal + 1, DeviceChecks::default);
         }
         let entry = &mut registry[ordinal];
-        if entry.record == 0 {
-            stream
-                .context()
-                .bind_to_thread()
-                .map_err(cuda_err("deferred check record"))?;
-            // SAFETY: a plain allocation in the bound context, kept for the life of the process.
-            let record = unsafe { result::malloc_sync(RECORD_BYTES) }
-                .map_err(cuda_err("deferred check record"))?;
-            // SAFETY: the allocation holds RECORD_BYTES bytes; queued before any check.
-            unsafe { result::memset_d8_async(record, 0xff, RECORD_BYTES, stream.cu_stream()) }
-                .map_err(cuda_err("deferred check record"))?;
-            entry.record = record;
-        }
+        let slot = slot_for_thread(entry, ordinal, &stream)?;
         let ticket = entry
             .ledger
-            .issue(check.op, check.dim, check.size, check.shape);
-        let (n, size, record, seq) = (n as u64, check.size as u64, entry.record, ticket.seq);
+            .issue(slot, check.op, check.dim, check.size, check.shape);
+        let (n, size, seq) = (n as u64, check.size as u64, ticket.seq);
+        let record = entry.record(slot);
         let (has_ignore, ignore) = (i32::from(check.ignore.is_some()), check.ignore.unwrap_or(0));
-        let name = "kiln_deferred_check_range";
-        let f = function(&stream, &DEFERRED_KERNELS, name)?;
-        let mut launch = stream.launch_builder(&f);
+        let mut launch = stream.launch_builder(&range);
         launch
             .arg(&check.indices)
             .arg(&n)
@@ -150,23 +218,22 @@ pub(crate) fn check_indices(ordinal: usize, check: IndexCheck<'_>) -> Result<Opt
             .arg(&seq);
         // SAFETY: signature as in deferred.cu; reads indices[0..n), writes the record.
         unsafe { launch.launch(super::launch::elementwise_config(n)) }
-            .map_err(|e| launch_error(name, e))?;
-        let name = "kiln_deferred_check_finish";
-        let f = function(&stream, &DEFERRED_KERNELS, name)?;
-        let mut launch = stream.launch_builder(&f);
+            .map_err(|e| launch_error("kiln_deferred_check_range", e))?;
+        let mut launch = stream.launch_builder(&finish);
         launch
             .arg(&check.indices)
             .arg(&record)
             .arg(&seq)
             .arg(&ticket.info);
-        // SAFETY: signature as in deferred.cu; one thread reads indices[position] (< n, written
-        // by the range check) and writes the record.
         let one_thread = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1, 1, 1),
             shared_mem_bytes: 0,
         };
-        unsafe { launch.launch(one_thread) }.map_err(|e| launch_error(name, e))?;
+        // SAFETY: signature as in deferred.cu; one thread reads indices[position] (< n, written
+        // by the range check) and writes the record.
+        unsafe { launch.launch(one_thread) }
+            .map_err(|e| launch_error("kiln_deferred_check_finish", e))?;
         ticket
     };
     if crate::eager_checks() || !ticket.fits_record() {
@@ -176,22 +243,25 @@ pub(crate) fn check_indices(ordinal: usize, check: IndexCheck<'_>) -> Result<Opt
     Ok(Some(ticket))
 }
 
-/// Reports the first failing check pending on `cuda:ordinal`, if any, as
+/// Reports the calling thread's first failing check pending on `cuda:ordinal`, if any, as
 /// [`Error::DeferredCheck`] naming `reported_at`. Call it after a wait on the stream that
 /// returns a `Result`; it makes no driver call when no check is pending.
 pub(crate) fn report(ordinal: usize, reported_at: &'static str) -> Result<()> {
     settle(ordinal, None, reported_at)
 }
 
-/// Reads and clears `cuda:ordinal`'s record when checks are pending. A failure of `own` (the
-/// caller's own check) is returned as the plain [`Error::Kernel`], as at a CPU op; any other as
-/// [`Error::DeferredCheck`].
+/// Reads and clears the calling thread's record on `cuda:ordinal` when checks are pending. A
+/// failure of `own` (the caller's own check) is returned as the plain [`Error::Kernel`], as at a
+/// CPU op; any other as [`Error::DeferredCheck`].
 pub(crate) fn settle(ordinal: usize, own: Option<&Ticket>, at: &'static str) -> Result<()> {
+    let Some(slot) = my_slot(ordinal) else {
+        return Ok(());
+    };
     let mut registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     let Some(entry) = registry.get_mut(ordinal) else {
         return Ok(());
     };
-    if entry.ledger.pending() == 0 {
+    if entry.ledger.pending(slot) == 0 {
         return Ok(());
     }
     let stream = cuda_stream(ordinal)?;
@@ -199,19 +269,20 @@ pub(crate) fn settle(ordinal: usize, own: Option<&Ticket>, at: &'static str) -> 
         .context()
         .bind_to_thread()
         .map_err(cuda_err("reading the deferred checks"))?;
+    let record = entry.record(slot);
     let mut bytes = [0u8; RECORD_BYTES];
     // SAFETY: the record holds RECORD_BYTES bytes; the stream is synchronised before `bytes` is
     // read, and the reset is queued after the copy on the same stream.
     unsafe {
-        result::memcpy_dtoh_async(&mut bytes, entry.record, stream.cu_stream())
+        result::memcpy_dtoh_async(&mut bytes, record, stream.cu_stream())
             .map_err(cuda_err("reading the deferred checks"))?;
         stream
             .synchronize()
             .map_err(cuda_err("reading the deferred checks"))?;
-        result::memset_d8_async(entry.record, 0xff, RECORD_BYTES, stream.cu_stream())
+        result::memset_d8_async(record, 0xff, RECORD_BYTES, stream.cu_stream())
             .map_err(cuda_err("clearing the deferred checks"))?;
     }
-    match entry.ledger.settle(&record_from_bytes(&bytes), own) {
+    match entry.ledger.settle(slot, &record_from_bytes(&bytes), own) {
         None => Ok(()),
         Some(failure) if own.is_some_and(|t| t.seq == failure.seq) => Err(failure.error.into()),
         Some(failure) => Err(Error::DeferredCheck {
@@ -223,17 +294,21 @@ pub(crate) fn settle(ordinal: usize, own: Option<&Ticket>, at: &'static str) -> 
     }
 }
 
-/// Counters of `device`'s deferred checks: how many were issued, how many are pending, and how
-/// often the record was read back (each read is one wait on the stream). All zero for a device
-/// that never ran a check, and for the CPU, whose checks are eager.
+/// Counters of the deferred checks the calling thread ran on `device`: how many it issued, how
+/// many are pending, and how often its record was read back (each read is one wait on the
+/// stream). All zero for a thread that never ran a check there, and for the CPU, whose checks
+/// are eager.
 pub fn deferred_check_stats(device: Device) -> DeferredCheckStats {
     let Device::Cuda(ordinal) = device else {
+        return DeferredCheckStats::default();
+    };
+    let Some(slot) = my_slot(ordinal) else {
         return DeferredCheckStats::default();
     };
     let registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     registry
         .get(ordinal)
-        .map(|entry| entry.ledger.stats())
+        .map(|entry| entry.ledger.stats(slot))
         .unwrap_or_default()
 }
 

@@ -1,7 +1,7 @@
-//! The host side of the deferred checks of one device: sequence numbers, the pending count, the
-//! table of op names, and turning the device record (read back as 16 plain `u64`s) into the
-//! error the CPU would have raised. No driver calls, so all of it is tested without a GPU; the
-//! design is in [`super`].
+//! The host side of one device's deferred checks: which thread owns which record slot, each
+//! slot's sequence numbers and pending count, the table of op names, and turning a record (read
+//! back as 16 plain `u64`s) into the error the CPU would have raised. No driver calls, so all of
+//! it is tested without a GPU; the design is in [`super`].
 
 use crate::ops::KernelError;
 
@@ -11,6 +11,8 @@ pub(crate) const RECORD_WORDS: usize = 16;
 pub(crate) const RECORD_BYTES: usize = RECORD_WORDS * 8;
 /// "No failure yet" / "no position yet": the all-ones word a cleared record holds.
 pub(crate) const NONE: u64 = u64::MAX;
+/// Records per device allocation: slots grow by chunks of this many (4 KiB).
+pub(crate) const SLOTS_PER_CHUNK: usize = 32;
 /// Dims of the index tensor the record can describe; a check of a tensor with more dims is
 /// settled at the op (eagerly), where the full shape is still at hand.
 pub(crate) const MAX_CHECK_DIMS: usize = 8;
@@ -46,7 +48,9 @@ pub(crate) struct CheckInfo {
 /// does not grow with the number of checks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Ticket {
-    /// Issue order on this device, from 0.
+    /// The record slot of the issuing thread.
+    pub(crate) slot: usize,
+    /// Issue order in that slot, from 0.
     pub(crate) seq: u64,
     /// The op's name.
     pub(crate) op: &'static str,
@@ -75,10 +79,11 @@ pub(crate) struct Failure {
     pub(crate) error: KernelError,
 }
 
-/// Counters of one device's deferred checks (see [`crate::cuda::deferred_check_stats`]).
+/// Counters of the deferred checks the calling thread ran on one device (see
+/// [`crate::cuda::deferred_check_stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeferredCheckStats {
-    /// Checks issued since the process started.
+    /// Checks issued since the thread's first check.
     pub issued: u64,
     /// Checks issued since the record was last read (not yet reported on).
     pub pending: u64,
@@ -88,14 +93,23 @@ pub struct DeferredCheckStats {
     pub reads: u64,
 }
 
-/// The host-side state of one device's checks: O(1) in the number of checks (a counter, not a
-/// list) plus the table of op names, which holds each distinct `&'static str` once.
-#[derive(Debug, Default)]
-pub(crate) struct Ledger {
+/// The book of one record slot.
+#[derive(Debug, Default, Clone)]
+struct SlotBook {
+    in_use: bool,
     next_seq: u64,
     pending: u64,
     reads: u64,
+}
+
+/// The host-side state of one device's checks: a book per record slot (one slot per thread that
+/// ran a check and is still alive; freed slots are reused) plus the table of op names, which
+/// holds each distinct `&'static str` once. Nothing grows with the number of checks.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
     ops: Vec<&'static str>,
+    slots: Vec<SlotBook>,
+    free: Vec<usize>,
 }
 
 /// A record with no failure (what the device record holds after a reset).
@@ -125,9 +139,41 @@ fn unravel(mut flat: u64, shape: &[usize]) -> Vec<usize> {
 }
 
 impl Ledger {
-    /// Registers a check of an index tensor of `shape` against `[0, size)` along `dim`.
+    /// A slot for a thread: a freed one when there is one, else a new one. The caller clears
+    /// the slot's record on the stream before its first check (a freed slot may hold a failure
+    /// its last thread never synchronised), and allocates a new chunk of records when the slot
+    /// index reaches `chunks * SLOTS_PER_CHUNK`.
+    pub(crate) fn acquire_slot(&mut self) -> usize {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(SlotBook::default());
+            self.slots.len() - 1
+        });
+        self.slots[slot] = SlotBook {
+            in_use: true,
+            ..SlotBook::default()
+        };
+        slot
+    }
+
+    /// Gives a slot back (its thread ended); a failure still pending in it is dropped.
+    pub(crate) fn release_slot(&mut self, slot: usize) {
+        if self.slots.get(slot).is_some_and(|book| book.in_use) {
+            self.slots[slot].in_use = false;
+            self.free.push(slot);
+        }
+    }
+
+    /// Slots ever created (the device holds that many records, rounded up to whole chunks).
+    #[cfg(test)]
+    fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Registers a check in `slot` of an index tensor of `shape` against `[0, size)` along
+    /// `dim`.
     pub(crate) fn issue(
         &mut self,
+        slot: usize,
         op: &'static str,
         dim: usize,
         size: usize,
@@ -144,10 +190,12 @@ impl Ledger {
         for (s, &d) in stored.iter_mut().zip(shape) {
             *s = d as u64;
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.pending += 1;
+        let book = &mut self.slots[slot];
+        let seq = book.next_seq;
+        book.next_seq += 1;
+        book.pending += 1;
         Ticket {
+            slot,
             seq,
             op,
             info: CheckInfo {
@@ -161,44 +209,50 @@ impl Ledger {
         }
     }
 
-    /// Checks issued since the record was last read.
-    pub(crate) fn pending(&self) -> u64 {
-        self.pending
+    /// Checks issued in `slot` since its record was last read.
+    pub(crate) fn pending(&self, slot: usize) -> u64 {
+        self.slots.get(slot).map_or(0, |book| book.pending)
     }
 
-    /// Distinct op names seen (the only part of the ledger that grows, bounded by the ops the
-    /// code names).
+    /// Distinct op names seen (bounded by the ops the code names).
     #[cfg(test)]
     fn op_names(&self) -> usize {
         self.ops.len()
     }
 
-    /// The counters.
-    pub(crate) fn stats(&self) -> DeferredCheckStats {
-        DeferredCheckStats {
-            issued: self.next_seq,
-            pending: self.pending,
-            reads: self.reads,
-        }
+    /// The counters of `slot`.
+    pub(crate) fn stats(&self, slot: usize) -> DeferredCheckStats {
+        self.slots
+            .get(slot)
+            .map(|book| DeferredCheckStats {
+                issued: book.next_seq,
+                pending: book.pending,
+                reads: book.reads,
+            })
+            .unwrap_or_default()
     }
 
-    /// Takes a record just read from the device (the device copy is reset right after): nothing
-    /// is pending any more, and the first failing check, if any, comes back. `own` is the
-    /// ticket of the op settling eagerly, whose full shape is used when it is the one that failed.
+    /// Takes `slot`'s record just read from the device (the device copy is reset right after):
+    /// nothing is pending there any more, and the first failing check, if any, comes back.
+    /// `own` is the ticket of the op settling its own check, whose full shape is used when it is
+    /// the one that failed.
     pub(crate) fn settle(
         &mut self,
+        slot: usize,
         record: &[u64; RECORD_WORDS],
         own: Option<&Ticket>,
     ) -> Option<Failure> {
-        self.pending = 0;
-        self.reads += 1;
+        if let Some(book) = self.slots.get_mut(slot) {
+            book.pending = 0;
+            book.reads += 1;
+        }
         let seq = record[FAILED_SEQ];
         if seq == NONE {
             return None;
         }
         let flat = record[POSITION];
         let index = record[VALUE] as i64;
-        if let Some(t) = own.filter(|t| t.seq == seq) {
+        if let Some(t) = own.filter(|t| t.slot == slot && t.seq == seq) {
             return Some(Failure {
                 seq,
                 op: t.op,
@@ -280,49 +334,68 @@ mod tests {
     }
 
     #[test]
-    fn tickets_count_up_and_share_op_codes() {
+    fn tickets_count_up_per_slot_and_share_op_codes() {
         let mut ledger = Ledger::default();
-        let a = ledger.issue("embedding", 0, 10, &[2, 3]);
-        let b = ledger.issue("gather", 1, 4, &[5]);
-        let c = ledger.issue("embedding", 0, 7, &[4]);
-        assert_eq!((a.seq, b.seq, c.seq), (0, 1, 2));
+        let (x, y) = (ledger.acquire_slot(), ledger.acquire_slot());
+        assert_eq!((x, y), (0, 1));
+        let a = ledger.issue(x, "embedding", 0, 10, &[2, 3]);
+        let b = ledger.issue(y, "gather", 1, 4, &[5]);
+        let c = ledger.issue(x, "embedding", 0, 7, &[4]);
+        assert_eq!((a.seq, b.seq, c.seq), (0, 0, 1));
+        assert_eq!((a.slot, b.slot, c.slot), (0, 1, 0));
         assert_eq!((a.info.op, b.info.op, c.info.op), (0, 1, 0));
         assert_eq!(a.info.shape, [2, 3, 1, 1, 1, 1, 1, 1]);
         assert_eq!((a.info.ndim, a.info.dim, a.info.size), (2, 0, 10));
-        assert_eq!(ledger.pending(), 3);
+        assert_eq!((ledger.pending(x), ledger.pending(y)), (2, 1));
         assert_eq!(ledger.op_names(), 2);
     }
 
     #[test]
-    fn a_clean_record_clears_the_pending_checks() {
+    fn a_clean_record_clears_only_its_own_slot() {
         let mut ledger = Ledger::default();
-        ledger.issue("gather", 0, 3, &[4]);
-        ledger.issue("gather", 0, 3, &[4]);
-        assert_eq!(ledger.settle(&cleared_record(), None), None);
-        let stats = ledger.stats();
+        let (x, y) = (ledger.acquire_slot(), ledger.acquire_slot());
+        ledger.issue(x, "gather", 0, 3, &[4]);
+        ledger.issue(x, "gather", 0, 3, &[4]);
+        ledger.issue(y, "gather", 0, 3, &[4]);
+        assert_eq!(ledger.settle(x, &cleared_record(), None), None);
+        let stats = ledger.stats(x);
         assert_eq!((stats.issued, stats.pending, stats.reads), (2, 0, 1));
+        assert_eq!(ledger.pending(y), 1);
+        assert_eq!(ledger.stats(7), DeferredCheckStats::default());
+    }
+
+    #[test]
+    fn freed_slots_are_reused_with_fresh_books() {
+        let mut ledger = Ledger::default();
+        let slots: Vec<usize> = (0..3).map(|_| ledger.acquire_slot()).collect();
+        ledger.issue(slots[1], "embedding", 0, 5, &[3]);
+        ledger.release_slot(slots[1]);
+        ledger.release_slot(slots[1]); // twice is harmless
+        assert_eq!(ledger.acquire_slot(), 1);
+        assert_eq!(ledger.stats(1), DeferredCheckStats::default());
+        assert_eq!(ledger.acquire_slot(), 3);
+        assert_eq!(ledger.slot_count(), 4);
     }
 
     #[test]
     fn the_first_failing_check_in_issue_order_is_reported_with_its_coordinates() {
         let mut ledger = Ledger::default();
+        let slot = ledger.acquire_slot();
         let mut record = cleared_record();
-        let good = ledger.issue("embedding", 0, 10, &[2, 2]);
+        let good = ledger.issue(slot, "embedding", 0, 10, &[2, 2]);
         run_check(&mut record, &good, &[1, 2, 3, 9]);
-        let first = ledger.issue("index_select", 2, 5, &[2, 3]);
+        let first = ledger.issue(slot, "index_select", 2, 5, &[2, 3]);
         // bad at flat 4 (value 7) and flat 5 (value -1): the smallest position wins
         run_check(&mut record, &first, &[0, 1, 2, 3, 7, -1]);
-        let later = ledger.issue("gather", 1, 4, &[3]);
+        let later = ledger.issue(slot, "gather", 1, 4, &[3]);
         run_check(&mut record, &later, &[9, 9, 9]);
         assert_eq!(record[FAILED_SEQ], first.seq);
-        let failure = ledger.settle(&record, None).unwrap();
+        let failure = ledger.settle(slot, &record, None).unwrap();
         assert_eq!(failure.seq, 1);
         assert_eq!(failure.op, "index_select");
-        assert_eq!(
-            failure.error,
-            out_of_range("index_select", 7, vec![1, 1], 2, 5)
-        );
-        assert_eq!(ledger.pending(), 0);
+        let want = out_of_range("index_select", 7, vec![1, 1], 2, 5);
+        assert_eq!(failure.error, want);
+        assert_eq!(ledger.pending(slot), 0);
         // the same record bytes decode the same way
         let bytes: Vec<u8> = record.iter().flat_map(|w| w.to_ne_bytes()).collect();
         assert_eq!(record_from_bytes(&bytes.try_into().unwrap()), record);
@@ -331,14 +404,15 @@ mod tests {
     #[test]
     fn an_own_failure_uses_the_full_shape_and_a_lost_op_code_still_decodes() {
         let mut ledger = Ledger::default();
+        let slot = ledger.acquire_slot();
         let shape = [2, 1, 1, 1, 1, 1, 1, 1, 3]; // 9 dims: more than the record holds
-        let t = ledger.issue("gather", 8, 3, &shape);
+        let t = ledger.issue(slot, "gather", 8, 3, &shape);
         assert!(!t.fits_record());
         let mut record = cleared_record();
         let mut values = vec![0i64; 6];
         values[4] = 3;
         run_check(&mut record, &t, &values);
-        let failure = ledger.settle(&record, Some(&t)).unwrap();
+        let failure = ledger.settle(slot, &record, Some(&t)).unwrap();
         let position = vec![1, 0, 0, 0, 0, 0, 0, 0, 1];
         assert_eq!(failure.error, out_of_range("gather", 3, position, 8, 3));
 
@@ -346,19 +420,21 @@ mod tests {
         let mut partial = cleared_record();
         partial[FAILED_SEQ] = 0;
         partial[POSITION] = 2;
-        let failure = ledger.settle(&partial, None).unwrap();
+        let failure = ledger.settle(slot, &partial, None).unwrap();
         assert_eq!(failure.op, "an indexing op");
     }
 
     #[test]
     fn memory_stays_bounded_however_many_checks_are_pending() {
         let mut ledger = Ledger::default();
+        let slot = ledger.acquire_slot();
         for i in 0..100_000usize {
             let op = ["embedding", "cross_entropy", "gather"][i % 3];
-            ledger.issue(op, 0, 10, &[i % 7 + 1, 3]);
+            ledger.issue(slot, op, 0, 10, &[i % 7 + 1, 3]);
         }
-        assert_eq!(ledger.pending(), 100_000);
+        assert_eq!(ledger.pending(slot), 100_000);
         assert_eq!(ledger.op_names(), 3);
-        assert_eq!(ledger.ops.capacity().min(4), ledger.ops.capacity());
+        assert_eq!(ledger.slot_count(), 1);
+        assert!(ledger.ops.capacity() <= 4 && ledger.free.capacity() == 0);
     }
 }
