@@ -99,6 +99,9 @@ struct ThreadSlots(Vec<Option<usize>>);
 
 impl Drop for ThreadSlots {
     fn drop(&mut self) {
+        if self.0.iter().all(Option::is_none) {
+            return;
+        }
         let mut registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         for (ordinal, slot) in self.0.iter().enumerate() {
             if let (Some(slot), Some(entry)) = (slot, registry.get_mut(ordinal)) {

@@ -2,15 +2,15 @@
 //! `embedding_backward`, `index_select_backward`, `scatter`, `scatter_add` (the "put" kernel).
 //!
 //! Validation matches the CPU side: the shape rules of [`super`] are checked at the op, and every
-//! index value on the device by a deferred check ([`crate::cuda::deferred`]) queued before the
-//! take/put kernel, without waiting for the stream. A bad index is reported at the next
-//! synchronisation (a copy to the host such as `to_vec`/`item`, or [`crate::synchronize`]) as
-//! [`Error::DeferredCheck`] holding the CPU's [`KernelError::IndexOutOfRange`] (same value,
-//! coordinates, dim and size); with eager checks (`KILN_CUDA_EAGER_CHECKS=1`,
-//! [`crate::set_eager_checks`]) the op waits and returns that `KernelError` itself. The kernels
-//! never touch memory through a bad index: a take writes 0 (all-zero bytes) for it, a put skips
-//! it. Ops that add run in f32/f64 (16-bit floats widen to f32 and round back once, as on the
-//! CPU); copies take every dtype.
+//! index value on the device by a deferred check (`crates/device/src/cuda/deferred.rs`) queued
+//! before the take/put kernel, without waiting for the stream. A bad index is reported at the
+//! calling thread's next synchronisation (a copy to the host such as `to_vec`/`item`, or
+//! [`crate::synchronize`]) as [`Error::DeferredCheck`] holding the CPU's
+//! [`KernelError::IndexOutOfRange`] (same value, coordinates, dim and size); with eager checks
+//! (`KILN_CUDA_EAGER_CHECKS=1`, [`crate::set_eager_checks`]) the op waits and returns that
+//! `KernelError` itself. The kernels never touch memory through a bad index: a take writes 0
+//! (all-zero bytes) for it, a put skips it. Ops that add run in f32/f64 (16-bit floats widen to
+//! f32 and round back once, as on the CPU); copies take every dtype.
 
 use cudarc::driver::PushKernelArg;
 

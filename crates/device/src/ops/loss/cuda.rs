@@ -6,16 +6,16 @@
 //! a contiguous one is used in place at its offset), as the CPU side does with `dense`. 16-bit
 //! logits run in f32 and their outputs are rounded back once, as on the CPU.
 //!
-//! Index targets are checked on the device by a deferred check ([`crate::cuda::deferred`])
-//! queued before the loss kernel, and a bad one is reported exactly as on the CPU
+//! Index targets are checked on the device by a deferred check
+//! (`crates/device/src/cuda/deferred.rs`) queued before the loss kernel, and a bad one is
+//! reported exactly as on the CPU
 //! ([`KernelError::IndexOutOfRange`](crate::ops::KernelError::IndexOutOfRange) with its value
 //! and position), instead of a device-side assert; the kernel gives such a row a NaN loss and
 //! NaN gradient and reads nothing through the bad target. Because the seam returns the mean's
 //! denominator as an `f64`, this op reads it back and so waits on the stream once; the target
-//! check is settled in that same wait, so a bad target is still this op's own error (and any
-//! earlier op's pending bad index is reported here as
-//! [`Error::DeferredCheck`](crate::Error::DeferredCheck)). That one wait remains until the
-//! denominator stays on the device.
+//! check is settled in that same wait, so a bad target is still this op's own error (and an
+//! earlier op's pending bad index, from the same thread, is reported here as
+//! [`Error::DeferredCheck`]). That one wait remains until the denominator stays on the device.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
