@@ -5,6 +5,7 @@
 #![cfg(feature = "cuda")]
 
 use kiln_device::cuda::deferred_check_stats;
+use kiln_device::ops::loss::{CrossEntropyShape, CrossEntropySpec, TargetKind};
 use kiln_device::testing::cuda_device_or_skip;
 use kiln_device::{set_eager_checks, synchronize, BackendStorage, CpuStorage, CudaStorage, Error};
 use kiln_device::{Device, Layout};
@@ -140,6 +141,41 @@ fn bad_indices_are_reported_at_the_next_synchronisation() {
         .scatter(&tl, 1, (&fixed_index, &il), (&fixed_src, &sl), true)
         .unwrap();
     assert_eq!(host(&summed).unwrap(), want.to_vec::<f32>().unwrap());
+
+    // Cross-entropy waits anyway (for its mean's denominator): a bad target is its own error,
+    // and an earlier op's pending bad index is reported there.
+    let spec = CrossEntropySpec {
+        shape: CrossEntropyShape {
+            batch: 2,
+            classes: 4,
+            inner: 1,
+        },
+        target: TargetKind::Indices,
+        ignore_index: -100,
+        label_smoothing: 0.0,
+        with_grad: true,
+    };
+    let logits_cpu = CpuStorage::from_vec((0..8).map(|v| v as f32 * 0.25).collect::<Vec<f32>>());
+    let logits = gpu(dev, &logits_cpu);
+    let (cl, tl2) = (Layout::contiguous(&[2, 4, 1]), Layout::contiguous(&[2, 1]));
+    let targets = CpuStorage::from_vec(vec![3i64, 4]);
+    let cpu_err = logits_cpu
+        .softmax_cross_entropy(&cl, &targets, &tl2, None, &spec)
+        .unwrap_err();
+    match logits.softmax_cross_entropy(&cl, &gpu(dev, &targets), &tl2, None, &spec) {
+        Err(Error::Kernel(e)) => assert_eq!(Some(&e), cpu_err.kernel_error()),
+        other => panic!("expected cross_entropy's own error, got {other:?}"),
+    }
+    let _pending = tg.embedding(&tl, (&bg, &il)).unwrap();
+    let good_targets = gpu(dev, &CpuStorage::from_vec(vec![3i64, 0]));
+    match logits.softmax_cross_entropy(&cl, &good_targets, &tl2, None, &spec) {
+        Err(Error::DeferredCheck {
+            op: "embedding",
+            reported_at: "cross_entropy",
+            ..
+        }) => {}
+        other => panic!("expected the embedding error at cross_entropy, got {other:?}"),
+    }
 
     // A bad index is reported to the thread that ran the op, not to another thread's copy.
     let (worker_ready, ready) = std::sync::mpsc::channel::<()>();
