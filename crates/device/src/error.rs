@@ -151,6 +151,26 @@ pub enum Error {
     /// A kernel was called with bad parameters, shapes, buffers or indices.
     #[error(transparent)]
     Kernel(#[from] crate::ops::KernelError),
+    /// A bad index found by a CUDA op's deferred check (the check runs on the device without
+    /// waiting, so the error surfaces at the next synchronisation: a copy to the host such as
+    /// `to_vec`/`item`, or `synchronize`). `error` is what the CPU raises for the same input.
+    #[error(
+        "{error} (raised by {op} on {device}, whose index check runs on the device without \
+         waiting, and reported at the next synchronisation, {reported_at}; outputs computed from \
+         the bad index are not meaningful. Fix the index; to get this error at the op itself, \
+         set KILN_CUDA_EAGER_CHECKS=1 or call kiln_device::set_eager_checks(true))"
+    )]
+    DeferredCheck {
+        /// The op whose check failed (the first failing check since the last synchronisation).
+        op: &'static str,
+        /// The device it ran on.
+        device: Device,
+        /// Where it was reported (`"a copy to the host (to_vec, item, to_device)"`, `"synchronize"`, or
+        /// the op that settled the checks).
+        reported_at: &'static str,
+        /// The error the CPU gives for the same index tensor (boxed to keep [`Error`] small).
+        error: Box<crate::ops::KernelError>,
+    },
     /// The device's caching allocator failed: out of memory (its report says what is
     /// allocated, cached and free, and what to do) or a bad `KILN_ALLOC_CONF`.
     #[error(transparent)]
@@ -159,3 +179,15 @@ pub enum Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The kernel error behind `self`: raised at the op ([`Error::Kernel`]) or reported at a
+    /// later synchronisation by a deferred CUDA check ([`Error::DeferredCheck`]).
+    pub fn kernel_error(&self) -> Option<&crate::ops::KernelError> {
+        match self {
+            Error::Kernel(error) => Some(error),
+            Error::DeferredCheck { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}

@@ -14,6 +14,7 @@ pub mod ops;
 mod properties;
 mod status;
 mod storage;
+mod sync;
 pub mod testing;
 pub mod threads;
 pub mod visibility;
@@ -36,4 +37,5 @@ pub use status::{cuda_status, CudaStatus, CudaUnavailable};
 #[cfg(feature = "cuda")]
 pub use storage::{cuda_stream, CudaStorage};
 pub use storage::{CpuStorage, HostBuffer, Storage};
+pub use sync::{eager_checks, set_eager_checks, synchronize, EAGER_CHECKS_VAR};
 pub use visibility::{set_visible_devices, VisibleDevices};

@@ -1,6 +1,7 @@
 //! CUDA indexing parity: embedding, index_select, gather, scatter/scatter_add and their
 //! backward on `CudaStorage` against the CPU backend, including the index-error reports
-//! (same variant, value and coordinates). Skips without a GPU (`cuda_device_or_skip`).
+//! (same variant, value and coordinates; reported at the op or, deferred, at the next copy to
+//! the host). Skips without a GPU (`cuda_device_or_skip`).
 #![cfg(feature = "cuda")]
 
 use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
@@ -33,15 +34,29 @@ fn assert_match(what: &str, want: &CpuStorage, got: &CudaStorage) {
     }
 }
 
-fn same_error<T: std::fmt::Debug, U: std::fmt::Debug>(
+/// The CPU's eager error and the CUDA op's: at the op in eager mode, else (deferred) at the
+/// next copy to the host, naming the op; same variant, value and coordinates either way.
+fn same_error<T: std::fmt::Debug>(
     what: &str,
     want: Result<T, Error>,
-    got: Result<U, Error>,
+    got: Result<CudaStorage, Error>,
 ) {
-    match (want, got) {
-        (Err(Error::Kernel(w)), Err(Error::Kernel(g))) => assert_eq!(g, w, "{what}"),
-        (w, g) => panic!("{what}: cpu {w:?} vs cuda {g:?}"),
-    }
+    let want = match want {
+        Err(Error::Kernel(w)) => w,
+        other => panic!("{what}: the cpu gave {other:?}"),
+    };
+    let got = match got {
+        Err(Error::Kernel(g)) => g,
+        Ok(out) => match out.to_cpu(&Layout::contiguous(&[out.len()])) {
+            Err(Error::DeferredCheck { op, error, .. }) => {
+                assert!(what.starts_with(op), "{what}: reported for op {op}");
+                *error
+            }
+            other => panic!("{what}: expected a deferred check error, got {other:?}"),
+        },
+        Err(other) => panic!("{what}: cuda gave {other:?}"),
+    };
+    assert_eq!(got, want, "{what}");
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! Indexing ops: `embedding`, `index_select`, `gather`, and the functional (out-of-place)
 //! `scatter` / `scatter_add`. Indices are `I64` tensors on the data's device; the kernels check
-//! every index value before writing and report the first bad one with its position in the index
-//! tensor.
+//! every index value and report the first bad one with its position in the index tensor: at the
+//! op on the CPU; on CUDA at the next synchronisation (`to_vec`, `item`, a copy to the CPU,
+//! `kiln_device::synchronize`) as `kiln_device::Error::DeferredCheck`, or at the op with
+//! `KILN_CUDA_EAGER_CHECKS=1` / `kiln_device::set_eager_checks(true)`.
 //!
 //! Backward rules: `embedding` and `index_select` add output-gradient rows back at their
 //! indices (seam `*_backward`); `gather`'s gradient is a `scatter_add` of the output gradient

@@ -235,7 +235,8 @@ mod tests {
             }
         }
         let ix = crate::ops::index::cuda::INDEX_KERNELS;
-        wanted.push((ix, "kiln_index_first_bad".into()));
+        let dc = crate::cuda::deferred::DEFERRED_KERNELS;
+        wanted.push((dc, "kiln_deferred_check_range".into()));
         for name in ["add_f32", "add_f64", "b1", "b2", "b4", "b8"] {
             wanted.push((ix, format!("kiln_put_{name}")));
         }

@@ -6,6 +6,7 @@
 //! [`crate::cuda_status`], so no driver call is made when the library is absent.
 
 mod alloc_backend;
+pub(crate) mod deferred;
 pub mod kernel_cache;
 pub mod kernels;
 pub mod launch;
@@ -17,6 +18,7 @@ use std::sync::{Arc, Mutex};
 pub use alloc_backend::CudaBackend;
 pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
+pub use deferred::{deferred_check_stats, DeferredCheckStats};
 
 use crate::error::{Error, Result};
 use crate::properties::{CudaDeviceProperties, MemoryInfo};

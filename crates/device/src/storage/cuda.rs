@@ -156,6 +156,10 @@ impl CudaStorage {
             unsafe { result::memcpy_dtoh_async(&mut bytes, self.device_ptr(), s.cu_stream()) }
                 .map_err(cuda_err("device-to-host copy"))?;
             s.synchronize().map_err(cuda_err("device-to-host copy"))?;
+            crate::cuda::deferred::report(
+                self.ordinal,
+                "a copy to the host (to_vec, item, to_device)",
+            )?;
         }
         Ok(CpuStorage::from_bytes(&bytes, self.dtype))
     }

@@ -1,16 +1,21 @@
 //! CUDA indexing: `embedding`, `index_select`, `gather` (the "take" kernel of `index.cu`) and
 //! `embedding_backward`, `index_select_backward`, `scatter`, `scatter_add` (the "put" kernel).
 //!
-//! Validation matches the CPU side: the shape rules of [`super`] first, then every index value
-//! on the device (`kiln_index_first_bad`), and the first bad one (row-major) comes back as the
-//! same [`KernelError::IndexOutOfRange`], value and coordinates included. Reading that verdict
-//! waits for the stream (the op cannot report an error otherwise); nothing else does. Ops that
-//! add run in f32/f64 (16-bit floats widen to f32 and round back once, as on the CPU); copies
-//! take every dtype.
+//! Validation matches the CPU side: the shape rules of [`super`] are checked at the op, and every
+//! index value on the device by a deferred check (`crates/device/src/cuda/deferred.rs`) queued
+//! before the take/put kernel, without waiting for the stream. A bad index is reported at the
+//! calling thread's next synchronisation (a copy to the host such as `to_vec`/`item`, or
+//! [`crate::synchronize`]) as [`Error::DeferredCheck`] holding the CPU's
+//! [`KernelError::IndexOutOfRange`] (same value, coordinates, dim and size); with eager checks
+//! (`KILN_CUDA_EAGER_CHECKS=1`, [`crate::set_eager_checks`]) the op waits and returns that
+//! `KernelError` itself. The kernels never touch memory through a bad index: a take writes 0
+//! (all-zero bytes) for it, a put skips it. Ops that add run in f32/f64 (16-bit floats widen to
+//! f32 and round back once, as on the CPU); copies take every dtype.
 
 use cudarc::driver::PushKernelArg;
 
 use super::{check_dim, check_index_fits, DimIndex};
+use crate::cuda::deferred::{self, IndexCheck};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, launch_error, StridedArgs, MAX_DIMS};
 use crate::error::{Error, Result};
@@ -23,17 +28,6 @@ pub const INDEX_KERNELS: KernelSource = KernelSource {
     file: "ops/index/index.cu",
     source: include_str!("index.cu"),
 };
-
-/// Coordinates of row-major position `flat` in `shape`.
-fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
-    let mut coords = vec![0; shape.len()];
-    for d in (0..shape.len()).rev() {
-        let n = shape[d].max(1);
-        coords[d] = flat % n;
-        flat /= n;
-    }
-    coords
-}
 
 fn args(
     op: &'static str,
@@ -56,7 +50,8 @@ fn along(rank: usize, dim: usize) -> Vec<usize> {
     (0..rank).map(|d| usize::from(d == dim)).collect()
 }
 
-/// The index tensor as contiguous `I64` on the device, checked against `[0, size)`.
+/// The index tensor as contiguous `I64` on the device, with its check against `[0, size)`
+/// queued (see the module docs: a bad index is reported at the next synchronisation).
 pub(crate) struct Indices {
     _keep: Option<CudaStorage>,
     /// Device address of the first index.
@@ -84,34 +79,15 @@ pub(crate) fn indices(
         let ptr = copy.device_ptr();
         (Some(copy), ptr)
     };
-    let n = layout.numel() as u64;
-    if n > 0 {
-        let first_bad = CudaStorage::full_cuda(index.ordinal(), 1, n as f64, DType::I64)?;
-        let stream = crate::storage::cuda_stream(index.ordinal())?;
-        let name = "kiln_index_first_bad";
-        let f = function(&stream, &INDEX_KERNELS, name)?;
-        let (size_u, bad_ptr) = (size as u64, first_bad.device_ptr());
-        let mut launch = stream.launch_builder(&f);
-        launch.arg(&ptr).arg(&n).arg(&size_u).arg(&bad_ptr);
-        // SAFETY: signature (const i64*, u64, u64, u64*) as in index.cu; reads idx[0..n).
-        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(name, e))?;
-        let flat = first_bad.to_host()?.to_vec::<i64>().expect("an I64 buffer")[0] as u64;
-        if flat < n {
-            let values = match &keep {
-                Some(copy) => copy.to_host()?,
-                None => index.cast_cuda(layout, DType::I64)?.to_host()?,
-            };
-            let value = values.to_vec::<i64>().expect("an I64 buffer")[flat as usize];
-            return Err(KernelError::IndexOutOfRange {
-                op,
-                index: value,
-                position: unravel(flat as usize, layout.shape()),
-                dim,
-                size,
-            }
-            .into());
-        }
-    }
+    let check = IndexCheck {
+        op,
+        indices: ptr,
+        shape: layout.shape(),
+        dim,
+        size,
+        ignore: None,
+    };
+    deferred::check_indices(index.ordinal(), check)?;
     Ok(Indices { _keep: keep, ptr })
 }
 
@@ -136,6 +112,7 @@ impl CudaStorage {
         let name = format!("kiln_take_b{}", self.dtype().size_in_bytes());
         let f = function(&stream, &INDEX_KERNELS, &name)?;
         let (src, dst, dim_u, n) = (self.device_ptr(), out.device_ptr(), dim as u32, n as u64);
+        let size = layout.shape()[dim] as u64;
         let mut launch = stream.launch_builder(&f);
         launch
             .arg(&src)
@@ -143,11 +120,13 @@ impl CudaStorage {
             .arg(&idx.ptr)
             .arg(&idx_view)
             .arg(&dim_u)
+            .arg(&size)
             .arg(&dst)
             .arg(&n);
-        // SAFETY: signature as in index.cu; every index was checked to lie in [0, size of dim),
-        // and the other coordinates stay inside `out_shape`, which the callers checked is no
-        // larger than the view (checked against `self`) in every dim but `dim`.
+        // SAFETY: signature as in index.cu; the kernel reads only indices in [0, size of dim)
+        // (it writes 0 for any other), and the other coordinates stay inside `out_shape`, which
+        // the callers checked is no larger than the view (checked against `self`) in every dim
+        // but `dim`.
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
         Ok(out)
     }
@@ -206,8 +185,8 @@ impl CudaStorage {
             .arg(&n)
             .arg(&has_skip)
             .arg(&skip);
-        // SAFETY: signature as in index.cu; indices were checked against dst's size along
-        // `dim`, the iteration shape is no larger than `dst_shape` in the other dims (checked by
+        // SAFETY: signature as in index.cu; the kernel skips indices outside dst's size along
+        // `dim` (dst_view's shape), the iteration shape is no larger than `dst_shape` in the other dims (checked by
         // the callers), and `src_layout` was checked against `src`.
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
         Ok(())
@@ -468,9 +447,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn coordinates_and_index_views() {
-        assert_eq!(unravel(17, &[2, 3, 4]), vec![1, 1, 1]);
-        assert_eq!(unravel(4, &[6]), vec![4]);
+    fn index_views_and_the_dim_limit() {
         assert_eq!(along(3, 1), vec![0, 1, 0]);
         assert!(args("t", 0, &[1; 9], &[1; 9]).is_err());
     }

@@ -7,6 +7,13 @@
 //! dimension it indexes and that dimension's size. Negative indices are errors, as in PyTorch's
 //! `gather`/`index_select`/`embedding` (wrap-around is the caller's decision).
 //!
+//! On CUDA the index values are checked on the device without waiting for the stream, so the
+//! error arrives at the next synchronisation (`to_vec`, `item`, a copy to the host,
+//! [`crate::synchronize`]) as [`crate::Error::DeferredCheck`] wrapping this same
+//! `IndexOutOfRange`; `KILN_CUDA_EAGER_CHECKS=1` or [`crate::set_eager_checks`]`(true)` returns
+//! it at the op, as here. The CUDA kernels skip a bad index (a take writes 0, a put leaves the
+//! element out), so nothing out of bounds is touched ([`cuda`] and `crate::cuda::deferred`).
+//!
 //! Backward rules, in terms of these kernels:
 //! - `embedding`: [`cpu::embedding_backward`] (rows of `padding_idx` get no gradient).
 //! - `index_select`: [`cpu::index_select_backward`] (an index-add into zeros).

@@ -6,18 +6,24 @@
 //! a contiguous one is used in place at its offset), as the CPU side does with `dense`. 16-bit
 //! logits run in f32 and their outputs are rounded back once, as on the CPU.
 //!
-//! Index targets are checked on the device first (`kiln_xent_check_targets`), and a bad one is
-//! reported exactly as on the CPU ([`KernelError::IndexOutOfRange`] with its value and position),
-//! instead of a device-side assert. Reading that verdict, and the mean's denominator the seam
-//! returns as an `f64`, are the op's two waits on the stream.
+//! Index targets are checked on the device by a deferred check
+//! (`crates/device/src/cuda/deferred.rs`) queued before the loss kernel, and a bad one is
+//! reported exactly as on the CPU
+//! ([`KernelError::IndexOutOfRange`](crate::ops::KernelError::IndexOutOfRange) with its value
+//! and position), instead of a device-side assert; the kernel gives such a row a NaN loss and
+//! NaN gradient and reads nothing through the bad target. Because the seam returns the mean's
+//! denominator as an `f64`, this op reads it back and so waits on the stream once; the target
+//! check is settled in that same wait, so a bad target is still this op's own error (and an
+//! earlier op's pending bad index, from the same thread, is reported here as
+//! [`Error::DeferredCheck`]). That one wait remains until the denominator stays on the device.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{check_spec, CrossEntropyOutput, CrossEntropySpec, TargetKind};
+use crate::cuda::deferred::{self, IndexCheck};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{function, launch_error};
 use crate::error::{Error, Result};
-use crate::ops::kernel_error::KernelError;
 use crate::storage::CudaStorage;
 use crate::{BackendStorage, DType, Layout};
 
@@ -44,13 +50,6 @@ fn dense(src: &CudaStorage, layout: &Layout, dtype: DType) -> Result<(Option<Cud
     let copy = src.cast_cuda(layout, dtype)?;
     let at = copy.device_ptr();
     Ok((Some(copy), at))
-}
-
-/// The first element of a one-element buffer, read back (waits for the stream).
-fn read_u64(buffer: &CudaStorage) -> Result<u64> {
-    let host = buffer.to_host()?;
-    let bytes: [u8; 8] = host.as_bytes()[..8].try_into().expect("an 8-byte buffer");
-    Ok(u64::from_ne_bytes(bytes))
 }
 
 impl CudaStorage {
@@ -151,7 +150,15 @@ impl CudaStorage {
                         });
                     }
                     let (_targets_keep, targets) = dense(target, target_layout, DType::I64)?;
-                    check_targets(&stream, ordinal, spec, targets)?;
+                    let check = IndexCheck {
+                        op: "cross_entropy",
+                        indices: targets,
+                        shape: &[shape.batch, shape.inner],
+                        dim: 1,
+                        size: shape.classes,
+                        ignore: Some(spec.ignore_index),
+                    };
+                    let pending = deferred::check_indices(ordinal, check)?;
                     let name = format!("kiln_xent_index_{suffix}");
                     let f = function(&stream, &LOSS_KERNELS, &name)?;
                     let mut launch = stream.launch_builder(&f);
@@ -170,8 +177,14 @@ impl CudaStorage {
                         .arg(&sum_ptr);
                     // SAFETY: the signature matches loss.cu; every buffer is contiguous with the
                     // length checked above (logits and grad N·C·D, targets and losses N·D,
-                    // weight C), and every target is valid.
+                    // weight C), and the kernel reads no logit or weight through a bad target.
                     unsafe { launch.launch(config) }.map_err(|e| launch_error(&name, e))?;
+                    // The mean's denominator must come back as an f64 (the seam's type), so the
+                    // op waits here anyway: settle the target check in the same wait, and a bad
+                    // target is this op's own error, as on the CPU.
+                    if let Some(ticket) = pending {
+                        deferred::settle(ordinal, Some(&ticket), "cross_entropy")?;
+                    }
                     let host = weight_sum.to_host()?.to_f64_vec();
                     total = host[0];
                 }
@@ -213,64 +226,6 @@ impl CudaStorage {
             total_weight: total,
         })
     }
-}
-
-/// Checks the contiguous `I64` targets at `targets` on the device; returns the first bad one as
-/// the CPU check would.
-fn check_targets(
-    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ordinal: usize,
-    spec: &CrossEntropySpec,
-    targets: u64,
-) -> Result<()> {
-    let p = spec.shape.positions() as u64;
-    let first_bad = CudaStorage::full_cuda(ordinal, 1, p as f64, DType::I64)?;
-    let name = "kiln_xent_check_targets";
-    let f = function(stream, &LOSS_KERNELS, name)?;
-    let (c, ignore, bad_ptr) = (
-        spec.shape.classes as u64,
-        spec.ignore_index,
-        first_bad.device_ptr(),
-    );
-    let mut launch = stream.launch_builder(&f);
-    launch
-        .arg(&targets)
-        .arg(&p)
-        .arg(&c)
-        .arg(&ignore)
-        .arg(&bad_ptr);
-    let config = LaunchConfig {
-        grid_dim: (grid(p.div_ceil(u64::from(BLOCK))), 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: signature (const i64*, u64, u64, i64, u64*) as in loss.cu; reads targets[0..p).
-    unsafe { launch.launch(config) }.map_err(|e| launch_error(name, e))?;
-    let flat = read_u64(&first_bad)?;
-    if flat >= p {
-        return Ok(());
-    }
-    let mut value = [0u8; 8];
-    let s = stream.clone();
-    s.context()
-        .bind_to_thread()
-        .map_err(|e| launch_error(name, e))?;
-    // SAFETY: `flat < p`, so the 8 bytes lie inside the target buffer; synchronised below.
-    unsafe {
-        cudarc::driver::result::memcpy_dtoh_async(&mut value, targets + flat * 8, s.cu_stream())
-    }
-    .map_err(|e| launch_error("cuMemcpyDtoHAsync", e))?;
-    s.synchronize()
-        .map_err(|e| launch_error("cuStreamSynchronize", e))?;
-    let inner = spec.shape.inner.max(1) as u64;
-    Err(KernelError::IndexOutOfRange {
-        op: "cross_entropy",
-        index: i64::from_ne_bytes(value),
-        position: vec![(flat / inner) as usize, (flat % inner) as usize],
-        dim: 1,
-        size: spec.shape.classes,
-    }
-    .into())
 }
 
 #[cfg(test)]
@@ -389,7 +344,6 @@ mod tests {
             other => other.unwrap(),
         };
         for name in [
-            "kiln_xent_check_targets",
             "kiln_xent_index_f32",
             "kiln_xent_index_f64",
             "kiln_xent_prob_f32",

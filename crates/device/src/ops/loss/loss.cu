@@ -8,16 +8,17 @@
 // warp through shared memory), thread 0 writes the loss, and every thread writes the gradient of
 // its classes. Statistics are double, like the CPU kernel, so the two agree to rounding.
 //
-//   kiln_xent_check_targets(targets, P, C, ignore_index, first_bad)
-//       atomicMin of the flat position of every target outside [0, C) that is not ignore_index;
-//       the host reads first_bad (initialised to P) and reports the value at that position:
-//       the same first bad index, in row-major order, as the CPU check.
 //   kiln_xent_index_<T>(logits, targets, weight, N, C, D, ignore_index, eps, with_grad,
 //                       losses, grad, weight_sum)
 //   kiln_xent_prob_<T>(logits, targets, weight, N, C, D, eps, with_grad, losses, grad)
 // weight always points at C values (the launcher passes ones when there are no class weights);
 // grad is written only when with_grad != 0. weight_sum accumulates the mean's denominator.
 // T: f32, f64.
+//
+// Index targets are validated by the deferred check of cuda/deferred.cu, whose verdict the
+// launcher reads only after this kernel ran, so a target that is neither ignore_index nor in
+// [0, C) must be harmless here: its row gets a NaN loss and NaN gradient, adds nothing to
+// weight_sum, and no logit or weight is read through it.
 
 typedef unsigned long long u64;
 
@@ -26,18 +27,6 @@ typedef unsigned long long u64;
 // NVRTC has no <math.h> macros: -inf and NaN from their bit patterns.
 #define KILN_NEG_INF __longlong_as_double(0xfff0000000000000LL)
 #define KILN_NAN __longlong_as_double(0x7ff8000000000000LL)
-
-extern "C" __global__ void kiln_xent_check_targets(const long long* __restrict__ targets, u64 p,
-                                                   u64 c, long long ignore_index,
-                                                   u64* __restrict__ first_bad) {
-    const u64 step = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < p; i += step) {
-        const long long t = targets[i];
-        if (t != ignore_index && (t < 0 || (u64)t >= c)) {
-            atomicMin(first_bad, i);
-        }
-    }
-}
 
 // Running (max, sum of exp(z - max)) pairs; max = -inf means "nothing seen".
 struct MaxSum {
@@ -114,6 +103,12 @@ __device__ void xent_index(const T* __restrict__ logits, const long long* __rest
             if (threadIdx.x == 0) losses[pos] = (T)0;
             if (with_grad)
                 for (u64 k = threadIdx.x; k < c; k += blockDim.x) grad[base + k * d] = (T)0;
+            continue;
+        }
+        if (y < 0 || (u64)y >= c) {  // reported by the deferred target check
+            if (threadIdx.x == 0) losses[pos] = (T)KILN_NAN;
+            if (with_grad)
+                for (u64 k = threadIdx.x; k < c; k += blockDim.x) grad[base + k * d] = (T)KILN_NAN;
             continue;
         }
         MaxSum ms{KILN_NEG_INF, 0.0};

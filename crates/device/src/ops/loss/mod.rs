@@ -29,7 +29,10 @@
 //! Positions whose index target equals `ignore_index` get loss 0 and gradient 0. Every other
 //! index must lie in `[0, C)`: targets are all checked before anything is written, and the first
 //! bad one in row-major order comes back as [`KernelError::IndexOutOfRange`] with its value and
-//! its position `[n, d]` (the CUDA kernel reports the same first position).
+//! its position `[n, d]` (the CUDA kernel reports the same first position). On CUDA the targets
+//! are checked on the device without a wait of their own and the verdict is read in the wait the
+//! op makes anyway for [`CrossEntropyOutput::total_weight`], so a bad target is still this op's
+//! error; the kernel gives its row a NaN loss and gradient and reads nothing through it.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
