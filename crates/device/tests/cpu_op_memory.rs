@@ -119,6 +119,13 @@ fn one_block_in_place(out_elems: usize, cost: &Cost) {
 
 #[test]
 fn op_outputs_take_exactly_one_allocator_block_and_no_system_buffer() {
+    // One worker thread: the `gemm` crate gives each thread that packs matrices its own
+    // lazily allocated scratch (about the L2 size, 1 MiB here). With several workers, a thread
+    // that sat out the warm-up run but joins the measured one makes that request mid-op, which
+    // is the library's scratch, not an output buffer, and made this test flaky under load.
+    // Set before kiln's pool exists (this binary holds this one test).
+    std::env::set_var("KILN_NUM_THREADS", "1");
+    assert_eq!(kiln_device::threads::num_threads(), 1);
     // Elementwise binary, broadcasting a row over a [256, 1024] matrix.
     let (m, n) = (256, 1024);
     let (a, b) = (f32_storage(m * n), f32_storage(n));
