@@ -142,8 +142,9 @@ fn bad_indices_are_reported_at_the_next_synchronisation() {
         .unwrap();
     assert_eq!(host(&summed).unwrap(), want.to_vec::<f32>().unwrap());
 
-    // Cross-entropy waits anyway (for its mean's denominator): a bad target is its own error,
-    // and an earlier op's pending bad index is reported there.
+    // Cross-entropy does not wait either: a bad target comes back at the next synchronisation
+    // with the CPU's error inside, and its row's loss is NaN; its mean's denominator stays on
+    // the device. An earlier op's pending bad index passes through cross-entropy unreported.
     let spec = CrossEntropySpec {
         shape: CrossEntropyShape {
             batch: 2,
@@ -162,20 +163,34 @@ fn bad_indices_are_reported_at_the_next_synchronisation() {
     let cpu_err = logits_cpu
         .softmax_cross_entropy(&cl, &targets, &tl2, None, &spec)
         .unwrap_err();
-    match logits.softmax_cross_entropy(&cl, &gpu(dev, &targets), &tl2, None, &spec) {
-        Err(Error::Kernel(e)) => assert_eq!(Some(&e), cpu_err.kernel_error()),
-        other => panic!("expected cross_entropy's own error, got {other:?}"),
+    let out = logits
+        .softmax_cross_entropy(&cl, &gpu(dev, &targets), &tl2, None, &spec)
+        .expect("a bad target is not reported at the op");
+    match host(&out.losses) {
+        Err(Error::DeferredCheck {
+            op: "cross_entropy",
+            error,
+            ..
+        }) => assert_eq!(Some(&*error), cpu_err.kernel_error()),
+        other => panic!("expected cross_entropy's error at to_host, got {other:?}"),
     }
+    let losses = host(&out.losses).unwrap();
+    assert!(losses[0].is_finite() && losses[1].is_nan(), "{losses:?}");
     let _pending = tg.embedding(&tl, (&bg, &il)).unwrap();
     let good_targets = gpu(dev, &CpuStorage::from_vec(vec![3i64, 0]));
-    match logits.softmax_cross_entropy(&cl, &good_targets, &tl2, None, &spec) {
+    let good = logits
+        .softmax_cross_entropy(&cl, &good_targets, &tl2, None, &spec)
+        .expect("cross_entropy does not wait, so it reports nothing");
+    match host(&good.losses) {
         Err(Error::DeferredCheck {
             op: "embedding",
-            reported_at: "cross_entropy",
+            reported_at,
             ..
-        }) => {}
-        other => panic!("expected the embedding error at cross_entropy, got {other:?}"),
+        }) => assert_ne!(reported_at, "cross_entropy"),
+        other => panic!("expected the embedding error at to_host, got {other:?}"),
     }
+    let total = good.total_weight.to_host().unwrap().to_f64_vec();
+    assert_eq!(total, vec![2.0]);
 
     // A bad index is reported to the thread that ran the op, not to another thread's copy.
     let (worker_ready, ready) = std::sync::mpsc::channel::<()>();

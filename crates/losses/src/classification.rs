@@ -216,8 +216,26 @@ pub fn cross_entropy(
     Ok(match options.reduction {
         Reduction::None => losses,
         Reduction::Sum => losses.sum_all()?,
-        Reduction::Mean => losses.sum_all()?.div_scalar(out.total_weight)?,
+        Reduction::Mean => mean_over(&losses, out.total_weight)?,
     })
+}
+
+/// `Σ losses / total_weight` on the losses' device (the denominator is a one-element `F64`
+/// storage there, so nothing waits). 16-bit losses are summed and divided in f32 and rounded
+/// once, so a large batch cannot overflow the sum.
+fn mean_over(losses: &Tensor, total_weight: kiln_device::Storage) -> Result<Tensor> {
+    let dtype = losses.dtype();
+    let compute = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let total = Tensor::from_storage_contiguous(total_weight, &[])?.to_dtype(compute)?;
+    Ok(losses
+        .to_dtype(compute)?
+        .sum_all()?
+        .div(&total)?
+        .to_dtype(dtype)?)
 }
 
 /// PyTorch's `torch.nn.functional.nll_loss`: log-probabilities `[N, C, d1, ...]` (or `[C]`)

@@ -48,8 +48,8 @@
 //! every op read its record right after its check, and return the plain [`Error::Kernel`] at
 //! the op itself, as CPU ops do (like `CUDA_LAUNCH_BLOCKING=1` for finding the culprit; it costs
 //! one wait per checked op). An index tensor of more than 8 dims, which the record cannot
-//! describe, is always checked eagerly. Cross-entropy, which waits anyway for its mean's
-//! denominator, settles its own check in that wait.
+//! describe, is always checked eagerly. Cross-entropy's target check is deferred like any other
+//! (its mean's denominator stays on the device, so it never waits).
 
 mod ledger;
 

@@ -573,7 +573,7 @@ impl BackendStorage for Storage {
             CrossEntropyOutput {
                 losses: wrap(out.losses),
                 grad: out.grad.map(wrap),
-                total_weight: out.total_weight,
+                total_weight: wrap(out.total_weight),
             }
         }
         let mismatch = |other: &Storage| Error::DeviceMismatch {

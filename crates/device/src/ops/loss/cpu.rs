@@ -373,7 +373,7 @@ pub fn softmax_cross_entropy_storage(
             Ok(CrossEntropyOutput {
                 losses: CpuStorage::F64(l),
                 grad: g.map(CpuStorage::F64),
-                total_weight: t,
+                total_weight: CpuStorage::from_vec(vec![t]),
             })
         }
         DType::F32 | DType::F16 | DType::BF16 => {
@@ -389,7 +389,7 @@ pub fn softmax_cross_entropy_storage(
             Ok(CrossEntropyOutput {
                 losses: back(l)?,
                 grad: g.map(back).transpose()?,
-                total_weight: t,
+                total_weight: CpuStorage::from_vec(vec![t]),
             })
         }
         other => Err(Error::UnsupportedDType {

@@ -10,12 +10,10 @@
 //! (`crates/device/src/cuda/deferred.rs`) queued before the loss kernel, and a bad one is
 //! reported exactly as on the CPU
 //! ([`KernelError::IndexOutOfRange`](crate::ops::KernelError::IndexOutOfRange) with its value
-//! and position), instead of a device-side assert; the kernel gives such a row a NaN loss and
-//! NaN gradient and reads nothing through the bad target. Because the seam returns the mean's
-//! denominator as an `f64`, this op reads it back and so waits on the stream once; the target
-//! check is settled in that same wait, so a bad target is still this op's own error (and an
-//! earlier op's pending bad index, from the same thread, is reported here as
-//! [`Error::DeferredCheck`]). That one wait remains until the denominator stays on the device.
+//! and position, inside [`Error::DeferredCheck`]) at the calling thread's next synchronisation,
+//! instead of a device-side assert; the kernel gives such a row a NaN loss and NaN gradient and
+//! reads nothing through the bad target. The mean's denominator is returned as a one-element
+//! device buffer, so the op never waits.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -137,7 +135,7 @@ impl CudaStorage {
             grad.device_ptr(),
             weight_sum.device_ptr(),
         );
-        let mut total = p as f64;
+        let mut total = None;
         if p > 0 {
             match spec.target {
                 TargetKind::Indices => {
@@ -158,7 +156,8 @@ impl CudaStorage {
                         size: shape.classes,
                         ignore: Some(spec.ignore_index),
                     };
-                    let pending = deferred::check_indices(ordinal, check)?;
+                    // Queued, not waited for (unless eager checks are on).
+                    let _pending = deferred::check_indices(ordinal, check)?;
                     let name = format!("kiln_xent_index_{suffix}");
                     let f = function(&stream, &LOSS_KERNELS, &name)?;
                     let mut launch = stream.launch_builder(&f);
@@ -179,14 +178,7 @@ impl CudaStorage {
                     // length checked above (logits and grad N·C·D, targets and losses N·D,
                     // weight C), and the kernel reads no logit or weight through a bad target.
                     unsafe { launch.launch(config) }.map_err(|e| launch_error(&name, e))?;
-                    // The mean's denominator must come back as an f64 (the seam's type), so the
-                    // op waits here anyway: settle the target check in the same wait, and a bad
-                    // target is this op's own error, as on the CPU.
-                    if let Some(ticket) = pending {
-                        deferred::settle(ordinal, Some(&ticket), "cross_entropy")?;
-                    }
-                    let host = weight_sum.to_host()?.to_f64_vec();
-                    total = host[0];
+                    total = Some(weight_sum);
                 }
                 TargetKind::Probabilities => {
                     let (_targets_keep, targets) = dense(target, target_layout, dtype)?;
@@ -223,7 +215,11 @@ impl CudaStorage {
             } else {
                 None
             },
-            total_weight: total,
+            total_weight: match total {
+                Some(sum) => sum,
+                // Probability targets (and no positions): the count of positions.
+                None => CudaStorage::full_cuda(ordinal, 1, p as f64, DType::F64)?,
+            },
         })
     }
 }
@@ -289,9 +285,10 @@ mod tests {
             .unwrap();
         assert_close("losses", &got.losses, &want.losses);
         assert_close("grad", &got.grad.unwrap(), &want.grad.unwrap());
+        let total = |s: &CudaStorage| s.to_host().unwrap().to_f64_vec()[0];
         assert!(close(
-            got.total_weight,
-            want.total_weight,
+            total(&got.total_weight),
+            want.total_weight.to_f64_vec()[0],
             tolerance(DType::F64)
         ));
 
@@ -305,7 +302,10 @@ mod tests {
         let got = lg.softmax_cross_entropy(&lt, &pg, &ll, None, &sp).unwrap();
         assert_close("prob losses", &got.losses, &want.losses);
         assert_close("prob grad", &got.grad.unwrap(), &want.grad.unwrap());
-        assert_eq!(got.total_weight, want.total_weight);
+        assert_eq!(
+            got.total_weight.to_host().unwrap().to_f64_vec(),
+            want.total_weight.to_f64_vec()
+        );
 
         // f32 logits in bf16: outputs come back in bf16 like the CPU's.
         let lb = lc.to_dtype(&ll, DType::BF16).unwrap();

@@ -29,10 +29,11 @@
 //! Positions whose index target equals `ignore_index` get loss 0 and gradient 0. Every other
 //! index must lie in `[0, C)`: targets are all checked before anything is written, and the first
 //! bad one in row-major order comes back as [`KernelError::IndexOutOfRange`] with its value and
-//! its position `[n, d]` (the CUDA kernel reports the same first position). On CUDA the targets
-//! are checked on the device without a wait of their own and the verdict is read in the wait the
-//! op makes anyway for [`CrossEntropyOutput::total_weight`], so a bad target is still this op's
-//! error; the kernel gives its row a NaN loss and gradient and reads nothing through it.
+//! its position `[n, d]` (the CUDA kernel reports the same first position). On CUDA nothing
+//! waits: the targets are checked on the device by a deferred check (`cuda/deferred.rs`), and a
+//! bad one is reported, with the same value and position, at the calling thread's next
+//! synchronisation (or at the op under eager checks); the kernel gives its row a NaN loss and
+//! gradient and reads nothing through it. The mean's denominator stays on the device too.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -94,8 +95,9 @@ pub struct CrossEntropyOutput<S> {
     pub losses: S,
     /// `∂ loss[n, d] / ∂ logits[n, :, d]`, `[N, C, D]`, when asked for.
     pub grad: Option<S>,
-    /// The denominator of `reduction='mean'` (see the module docs).
-    pub total_weight: f64,
+    /// The denominator of `reduction='mean'` (see the module docs): one `F64` element on the
+    /// op's device, so that dividing by it needs no wait for the device.
+    pub total_weight: S,
 }
 
 /// Checks the index targets: the first (row-major) one that is neither `ignore_index` nor in
