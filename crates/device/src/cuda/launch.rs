@@ -242,6 +242,10 @@ mod tests {
                 let name = conv::cuda::kernel_name(kind, d).unwrap();
                 wanted.push((conv::cuda::CONV_KERNELS, name));
             }
+            for kind in crate::ops::norm::cuda::KERNEL_KINDS {
+                let name = crate::ops::norm::cuda::kernel_name(kind, d).unwrap();
+                wanted.push((crate::ops::norm::cuda::NORM_KERNELS, name));
+            }
             for p in pool::cuda::every_kind_for_tests() {
                 for backward in [false, true] {
                     let name = pool::cuda::kernel_name(&p, backward, d).unwrap();
