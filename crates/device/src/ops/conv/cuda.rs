@@ -160,12 +160,21 @@ impl Deref for Dense<'_> {
 
 /// A view holding exactly `shape`'s elements as a contiguous buffer: the storage itself when
 /// the view already is one, else a contiguous copy.
+/// Every operand must have `want_dtype`, the input's (the kernels read them as one type).
 fn dense<'a>(
     op: &'static str,
     (s, l): Strided<'a, CudaStorage>,
+    want_dtype: DType,
     shape: &[usize],
 ) -> Result<Dense<'a>> {
     s.check_view(op, l)?;
+    if s.dtype() != want_dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: want_dtype,
+            rhs: s.dtype(),
+        });
+    }
     if l.shape() != shape {
         return Err(Error::LengthMismatch {
             op,
@@ -228,8 +237,8 @@ impl CudaStorage {
         const OP: &str = "conv2d";
         let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g);
-        let x = dense(OP, (self, layout), &g.input_shape())?;
-        let w = dense(OP, weight, &g.weight_shape())?;
+        let x = dense(OP, (self, layout), self.dtype(), &g.input_shape())?;
+        let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
         let cols = CudaStorage::im2col(&x, g)?;
         let (n, cout) = (g.batch, g.out_channels);
         let out_shape = [n, cout, d.l];
@@ -265,7 +274,7 @@ impl CudaStorage {
             None => single.expect("one group ran"),
         };
         if let Some(b) = bias {
-            let b = dense(OP, b, &[cout])?;
+            let b = dense(OP, b, self.dtype(), &[cout])?;
             let yl = Layout::contiguous(&out_shape);
             let bl = Layout::new(out_shape.to_vec(), vec![0, 1, 0], 0);
             y = y.binary_cuda(&yl, &b, &bl, BinaryOp::Add)?;
@@ -286,10 +295,10 @@ impl CudaStorage {
         let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g);
         let (n, cout) = (g.batch, g.out_channels);
-        let go = dense(OP, (self, layout), &g.output_shape())?;
+        let go = dense(OP, (self, layout), self.dtype(), &g.output_shape())?;
         let mut grads: Grads3<Self> = [None, None, None];
         if mask[0] {
-            let w = dense(OP, weight, &g.weight_shape())?;
+            let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
             let (_, dcols) = CudaStorage::output(self.ordinal(), n * d.rows * d.l, dt)?;
             let mut dcols = dcols;
             for gi in 0..d.groups {
@@ -314,7 +323,7 @@ impl CudaStorage {
             grads[0] = Some(dx);
         }
         if mask[1] {
-            let x = dense(OP, input, &g.input_shape())?;
+            let x = dense(OP, input, self.dtype(), &g.input_shape())?;
             let cols = CudaStorage::im2col(&x, g)?;
             // grad as [C_out, N*L] and cols as [rows, N*L]: the batch sum runs inside the GEMM.
             let go_t =
