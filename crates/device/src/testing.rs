@@ -66,6 +66,27 @@ pub fn tolerance(dtype: crate::DType) -> (f64, f64) {
     }
 }
 
+/// The tolerance for a 16-bit result that is a sum of `terms` products of O(1) values, where
+/// the device may round intermediate partial results to the dtype (the CPU rounds only the
+/// final result): `(atol * terms, rtol)` of [`tolerance`] for f16/bf16, [`tolerance`] unchanged
+/// for every other dtype.
+///
+/// Why scale `atol` by the length of the reduction: an intermediate's rounding error is one unit
+/// of the dtype relative to the intermediate's own magnitude, and after cancellation that can be
+/// far larger than the final sum, which `rtol` is relative to. With O(1) terms an intermediate
+/// is at most about `terms` in size, so `atol * terms` bounds that error. CUDA conv2d is the
+/// user: its forward output rounds the GEMM result before adding the bias (`terms` =
+/// `C_in / groups * kH * kW`), its input gradient adds up to `kH * kW` column gradients that the
+/// GEMM rounded (`terms` = `C_out / groups * kH * kW`); the weight and bias gradients round
+/// once, so they use `terms` = 1.
+pub fn sum_tolerance(dtype: crate::DType, terms: usize) -> (f64, f64) {
+    let (atol, rtol) = tolerance(dtype);
+    match dtype {
+        crate::DType::F16 | crate::DType::BF16 => (atol * terms.max(1) as f64, rtol),
+        _ => (atol, rtol),
+    }
+}
+
 /// True when `got` matches `want` within `(atol, rtol)` (see [`tolerance`]).
 pub fn close(got: f64, want: f64, (atol, rtol): (f64, f64)) -> bool {
     if got.is_nan() || want.is_nan() {
@@ -93,6 +114,15 @@ mod tests {
             fail,
             "ops::fill::gpu: KILN_REQUIRE_CUDA=1 but CUDA is unavailable: libcuda.so not found"
         );
+    }
+
+    #[test]
+    fn sum_tolerance_scales_only_16_bit_atol() {
+        use crate::DType;
+        assert_eq!(sum_tolerance(DType::BF16, 27), (8e-3 * 27.0, 8e-3));
+        assert_eq!(sum_tolerance(DType::F16, 0), tolerance(DType::F16));
+        assert_eq!(sum_tolerance(DType::F32, 27), tolerance(DType::F32));
+        assert_eq!(sum_tolerance(DType::F64, 9), tolerance(DType::F64));
     }
 
     #[test]

@@ -243,14 +243,21 @@ mod tests {
         for bytes in [1, 2, 4, 8] {
             wanted.push((ix, format!("kiln_take_b{bytes}")));
         }
-        for name in ["im2col_f32", "im2col_f64", "col2im_f32", "col2im_f64"] {
-            wanted.push((crate::ops::conv::cuda::CONV_KERNELS, format!("kiln_{name}")));
-        }
-        for kind in ["max_pool", "avg_pool", "adaptive_avg_pool"] {
-            for t in ["f32", "f64"] {
-                let p = crate::ops::pool::cuda::POOL_KERNELS;
-                wanted.push((p, format!("kiln_{kind}_{t}")));
-                wanted.push((p, format!("kiln_{kind}_backward_{t}")));
+        use crate::ops::{conv, pool};
+        for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            for kind in ["im2col", "col2im"] {
+                let name = conv::cuda::kernel_name(kind, d).unwrap();
+                wanted.push((conv::cuda::CONV_KERNELS, name));
+            }
+            for kind in crate::ops::norm::cuda::KERNEL_KINDS {
+                let name = crate::ops::norm::cuda::kernel_name(kind, d).unwrap();
+                wanted.push((crate::ops::norm::cuda::NORM_KERNELS, name));
+            }
+            for p in pool::cuda::every_kind_for_tests() {
+                for backward in [false, true] {
+                    let name = pool::cuda::kernel_name(&p, backward, d).unwrap();
+                    wanted.push((pool::cuda::POOL_KERNELS, name));
+                }
             }
         }
         for (source, name) in &wanted {

@@ -9,7 +9,12 @@
 //       the adjoint: dx[n][c][h][w] = sum of every cols element im2col read from (n, c, h, w).
 //       One thread per dx element gathers its (at most kH*kW) taps in a fixed order, so there
 //       are no atomics and the result is deterministic.
-// t: f32 f64 (16-bit convolutions run in f32 on the Rust side). Grid-stride, 64-bit indices.
+// t: f32 f64 f16 bf16. im2col only moves values (exact in every dtype); col2im adds its taps in
+// an f32 register for f32/f16/bf16 (double for f64) and rounds once to T. Grid-stride, 64-bit
+// indices.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -25,6 +30,18 @@ struct ConvArgs {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
          i < (n); i += step_)
 
+// The accumulator of each element type, and the conversions to and from it (round to nearest).
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ double widen(double v) { return v; }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(double* p, double v) { *p = v; }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
 template <typename T>
 __device__ __forceinline__ void im2col_impl(const T* __restrict__ x, const ConvArgs& a,
                                             T* __restrict__ cols, u64 total) {
@@ -38,11 +55,11 @@ __device__ __forceinline__ void im2col_impl(const T* __restrict__ x, const ConvA
         const u64 n = r / a.c;
         const i64 ih = (i64)(oh * a.sh + ki * a.dh) - (i64)a.ph;
         const i64 iw = (i64)(ow * a.sw + kj * a.dw) - (i64)a.pw;
-        T v = (T)0;
         if (ih >= 0 && ih < (i64)a.h && iw >= 0 && iw < (i64)a.w) {
-            v = x[((n * a.c + c) * a.h + (u64)ih) * a.w + (u64)iw];
+            cols[i] = x[((n * a.c + c) * a.h + (u64)ih) * a.w + (u64)iw];
+        } else {
+            store(&cols[i], (typename Acc<T>::type)0);
         }
-        cols[i] = v;
     }
 }
 
@@ -56,7 +73,7 @@ __device__ __forceinline__ void col2im_impl(const T* __restrict__ cols, const Co
         const u64 h = r % a.h; r /= a.h;
         const u64 c = r % a.c;
         const u64 n = r / a.c;
-        T acc = (T)0;
+        typename Acc<T>::type acc = 0;
         for (u64 ki = 0; ki < a.kh; ++ki) {
             // oh * sh = h + ph - ki * dh must be a non-negative multiple of sh below oh * sh
             const i64 th = (i64)(h + a.ph) - (i64)(ki * a.dh);
@@ -69,10 +86,10 @@ __device__ __forceinline__ void col2im_impl(const T* __restrict__ cols, const Co
                 const u64 ow = (u64)tw / a.sw;
                 if (ow >= a.ow) continue;
                 const u64 row = (c * a.kh + ki) * a.kw + kj;
-                acc += cols[(n * a.c * a.kh * a.kw + row) * l + oh * a.ow + ow];
+                acc += widen(cols[(n * a.c * a.kh * a.kw + row) * l + oh * a.ow + ow]);
             }
         }
-        dx[i] = acc;
+        store(&dx[i], acc);
     }
 }
 
@@ -88,3 +105,5 @@ __device__ __forceinline__ void col2im_impl(const T* __restrict__ cols, const Co
 
 KILN_CONV(f32, float)
 KILN_CONV(f64, double)
+KILN_CONV(f16, __half)
+KILN_CONV(bf16, __nv_bfloat16)

@@ -9,16 +9,31 @@
 //! - weight gradient: `grad` as `[C_out, N*L]` times `cols` as `[N*L, K]` (both permuted copies,
 //!   so the batch sum happens inside one GEMM), and the bias gradient is a sum over `N, L`.
 //!
-//! GEMMs go through [`CudaStorage::matmul_cuda`] (cuBLAS, f32/f64 compute); 16-bit convolutions
-//! widen to f32 and round their results once, as the CPU side does. Groups > 1 run one GEMM per
-//! group and place the blocks with `copy_into`.
+//! **Dtypes.** Every pass runs in the tensor's own dtype: no widening copy. GEMMs go through
+//! [`CudaStorage::matmul_cuda`] (cuBLAS; f16/bf16 operands with f32 compute, so bf16 autocast
+//! convolutions use the tensor cores), im2col only moves values, col2im adds its taps in an f32
+//! register and rounds once, and the bias gradient is `reduce.cu`'s sum (double accumulator,
+//! rounded once). Contiguous operands are read in place; other views are copied contiguous
+//! first. Groups > 1 run one GEMM per group and place the blocks with `copy_into`.
+//!
+//! **Against the CPU** (which widens 16-bit operands to f32, computes everything in f32 and
+//! rounds each result once): the weight and bias gradients round once here too (products of the
+//! same rounded inputs, f32 sums in another order). Two results round an intermediate as well:
+//! the forward output rounds the GEMM result and then `+ bias` (two roundings), and the input
+//! gradient sums up to `kH*kW` column gradients that the GEMM already rounded to 16 bits. An
+//! intermediate's rounding error is relative to its own magnitude, which can exceed the final
+//! sum's after cancellation, so the GPU tests compare 16-bit convolutions with
+//! [`crate::testing::sum_tolerance`] (the dtype's tolerance with `atol` scaled by the length of
+//! the reduction), f32/f64 with [`crate::testing::tolerance`].
+
+use std::ops::Deref;
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 use super::Conv2dGeometry;
 use crate::backend::{BinaryOp, GradMask, Grads3, ReduceOp, Strided};
 use crate::cuda::kernels::KernelSource;
-use crate::cuda::launch::{elementwise_config, function, launch_error};
+use crate::cuda::launch::{elementwise_config, function, launch_error, suffix};
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
 use crate::{BackendStorage, DType, Layout};
@@ -94,10 +109,16 @@ fn dims(g: &Conv2dGeometry) -> Dims {
     }
 }
 
-fn compute_dtype(op: &'static str, dtype: DType) -> Result<DType> {
+/// `kiln_<kind>_<t>`: the conv.cu kernel (`kind` is `im2col` or `col2im`) for `dtype`'s elements.
+pub(crate) fn kernel_name(kind: &str, dtype: DType) -> Result<String> {
+    check_dtype("conv2d", dtype)?;
+    Ok(format!("kiln_{kind}_{}", suffix(dtype)))
+}
+
+/// Convolutions run on the four float dtypes, each in its own precision.
+fn check_dtype(op: &'static str, dtype: DType) -> Result<DType> {
     match dtype {
-        DType::F64 => Ok(DType::F64),
-        DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
+        DType::F64 | DType::F32 | DType::F16 | DType::BF16 => Ok(dtype),
         other => Err(Error::UnsupportedDType {
             op,
             dtype: other,
@@ -107,14 +128,53 @@ fn compute_dtype(op: &'static str, dtype: DType) -> Result<DType> {
     }
 }
 
-/// A contiguous `dt` copy of a view holding exactly `shape`'s elements.
-fn dense(
+/// An operand as a contiguous buffer: the caller's storage, or a contiguous copy of its view
+/// (shared with the pooling and norm launchers).
+pub(crate) enum Dense<'a> {
+    /// The storage itself: the view was contiguous from element 0.
+    View(&'a CudaStorage),
+    /// A contiguous copy of the view, in the same dtype.
+    Copy(CudaStorage),
+}
+
+impl<'a> Dense<'a> {
+    /// `s` read through `l` as a contiguous buffer (copied only when it is not one already).
+    pub(crate) fn of(s: &'a CudaStorage, l: &Layout) -> Result<Self> {
+        if l.is_contiguous() && l.offset() == 0 {
+            Ok(Dense::View(s))
+        } else {
+            Ok(Dense::Copy(s.cast_cuda(l, s.dtype())?))
+        }
+    }
+}
+
+impl Deref for Dense<'_> {
+    type Target = CudaStorage;
+    fn deref(&self) -> &CudaStorage {
+        match self {
+            Dense::View(s) => s,
+            Dense::Copy(s) => s,
+        }
+    }
+}
+
+/// A view holding exactly `shape`'s elements as a contiguous buffer: the storage itself when
+/// the view already is one, else a contiguous copy.
+/// Every operand must have `want_dtype`, the input's (the kernels read them as one type).
+fn dense<'a>(
     op: &'static str,
-    (s, l): Strided<'_, CudaStorage>,
-    dt: DType,
+    (s, l): Strided<'a, CudaStorage>,
+    want_dtype: DType,
     shape: &[usize],
-) -> Result<CudaStorage> {
+) -> Result<Dense<'a>> {
     s.check_view(op, l)?;
+    if s.dtype() != want_dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: want_dtype,
+            rhs: s.dtype(),
+        });
+    }
     if l.shape() != shape {
         return Err(Error::LengthMismatch {
             op,
@@ -124,7 +184,7 @@ fn dense(
             ),
         });
     }
-    s.cast_cuda(l, dt)
+    Dense::of(s, l)
 }
 
 /// Launches `kiln_{im2col,col2im}_<t>` writing `total` elements of `dst` from `src`.
@@ -138,12 +198,7 @@ fn launch(
     if total == 0 {
         return Ok(());
     }
-    let suffix = if src.dtype() == DType::F64 {
-        "f64"
-    } else {
-        "f32"
-    };
-    let name = format!("kiln_{kind}_{suffix}");
+    let name = kernel_name(kind, src.dtype())?;
     let stream = crate::storage::cuda_stream(src.ordinal())?;
     let f = function(&stream, &CONV_KERNELS, &name)?;
     let (a, s, d, n) = (
@@ -159,14 +214,6 @@ fn launch(
     // holds `total` elements of the other.
     unsafe { b.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
     Ok(())
-}
-
-fn back(x: CudaStorage, out: DType) -> Result<CudaStorage> {
-    if x.dtype() == out {
-        Ok(x)
-    } else {
-        x.cast_cuda(&Layout::contiguous(&[x.len()]), out)
-    }
 }
 
 impl CudaStorage {
@@ -188,10 +235,10 @@ impl CudaStorage {
         g: &Conv2dGeometry,
     ) -> Result<Self> {
         const OP: &str = "conv2d";
-        let dt = compute_dtype(OP, self.dtype())?;
+        let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g);
-        let x = dense(OP, (self, layout), dt, &g.input_shape())?;
-        let w = dense(OP, weight, dt, &g.weight_shape())?;
+        let x = dense(OP, (self, layout), self.dtype(), &g.input_shape())?;
+        let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
         let cols = CudaStorage::im2col(&x, g)?;
         let (n, cout) = (g.batch, g.out_channels);
         let out_shape = [n, cout, d.l];
@@ -227,12 +274,12 @@ impl CudaStorage {
             None => single.expect("one group ran"),
         };
         if let Some(b) = bias {
-            let b = dense(OP, b, dt, &[cout])?;
+            let b = dense(OP, b, self.dtype(), &[cout])?;
             let yl = Layout::contiguous(&out_shape);
             let bl = Layout::new(out_shape.to_vec(), vec![0, 1, 0], 0);
             y = y.binary_cuda(&yl, &b, &bl, BinaryOp::Add)?;
         }
-        back(y, self.dtype())
+        Ok(y)
     }
 
     /// Gradients of `conv2d` from `self` = the output gradient.
@@ -245,13 +292,13 @@ impl CudaStorage {
         mask: GradMask,
     ) -> Result<Grads3<Self>> {
         const OP: &str = "conv2d_backward";
-        let dt = compute_dtype(OP, self.dtype())?;
+        let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g);
         let (n, cout) = (g.batch, g.out_channels);
-        let go = dense(OP, (self, layout), dt, &g.output_shape())?;
+        let go = dense(OP, (self, layout), self.dtype(), &g.output_shape())?;
         let mut grads: Grads3<Self> = [None, None, None];
         if mask[0] {
-            let w = dense(OP, weight, dt, &g.weight_shape())?;
+            let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
             let (_, dcols) = CudaStorage::output(self.ordinal(), n * d.rows * d.l, dt)?;
             let mut dcols = dcols;
             for gi in 0..d.groups {
@@ -273,10 +320,10 @@ impl CudaStorage {
             let total = g.input_shape().iter().product();
             let (_, dx) = CudaStorage::output(self.ordinal(), total, dt)?;
             launch("col2im", &dcols, g, &dx, total)?;
-            grads[0] = Some(back(dx, self.dtype())?);
+            grads[0] = Some(dx);
         }
         if mask[1] {
-            let x = dense(OP, input, dt, &g.input_shape())?;
+            let x = dense(OP, input, self.dtype(), &g.input_shape())?;
             let cols = CudaStorage::im2col(&x, g)?;
             // grad as [C_out, N*L] and cols as [rows, N*L]: the batch sum runs inside the GEMM.
             let go_t =
@@ -298,13 +345,42 @@ impl CudaStorage {
                     block.copy_into_cuda(&Layout::contiguous(&[d.cout_g, d.k]), &mut dw, &dst)?;
                 }
             }
-            grads[1] = Some(back(dw, self.dtype())?);
+            grads[1] = Some(dw);
         }
         if mask[2] {
             let gl = Layout::contiguous(&[n, cout, d.l]);
             let db = go.reduce_cuda(&gl, &[0, 2], ReduceOp::Sum)?;
-            grads[2] = Some(back(db, self.dtype())?);
+            grads[2] = Some(db);
         }
         Ok(grads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_follow_the_dtype_and_reject_non_floats() {
+        assert_eq!(
+            kernel_name("im2col", DType::BF16).unwrap(),
+            "kiln_im2col_bf16"
+        );
+        assert_eq!(
+            kernel_name("col2im", DType::F16).unwrap(),
+            "kiln_col2im_f16"
+        );
+        assert_eq!(
+            kernel_name("im2col", DType::F32).unwrap(),
+            "kiln_im2col_f32"
+        );
+        assert_eq!(
+            kernel_name("col2im", DType::F64).unwrap(),
+            "kiln_col2im_f64"
+        );
+        assert!(matches!(
+            kernel_name("im2col", DType::U8),
+            Err(Error::UnsupportedDType { .. })
+        ));
     }
 }

@@ -1,47 +1,50 @@
-//! CUDA batch norm and layer norm, composed from the CUDA backend's own kernels.
+//! CUDA batch norm and layer norm: the fused kernels of `norm.cu`, forward and backward.
 //!
-//! Each norm is a short sequence of device ops on a contiguous f32/f64 copy of the input (16-bit
-//! floats widen to f32 and the outputs round back once, as the CPU's `float_kernel!` does):
-//! per-row / per-channel sums from `reduce.cu` (double accumulators, deterministic), then
-//! broadcasting elementwise ops from `elementwise.cu` (statistics broadcast with stride 0). No
-//! data leaves the device and nothing waits on the stream. Layer norm views the input as
-//! `[rows, cols]`, batch norm as `[N, C, S]`; the formulas are the CPU kernels' (biased variance
-//! for normalising, unbiased for the running variance, `rstd = 1 / sqrt(var + eps)`).
-//! A fused single-pass kernel per norm would save memory traffic; this composition trades that
-//! for reusing kernels that are already checked against the CPU.
+//! Both norms are statistics over groups of elements (a layer-norm row, a batch-norm channel of
+//! the `[N, C, S]` view) followed by an elementwise pass, so one set of kernels serves both,
+//! parametrised by [`NormArgs`]: `stats` (one block per statistic: mean, then squared
+//! deviations), `apply` (`(x - mean) * rstd * w + b`), `backward_sums` (per statistic: sums of
+//! `g` and `g * xhat`) and `backward_dx`, plus layer norm's per-column weight/bias gradients.
+//! The formulas are the CPU kernels' (biased variance for normalising, unbiased for the running
+//! variance, `rstd = 1 / sqrt(var + eps)`).
+//!
+//! **Dtypes.** The kernels read and write the tensor's own dtype: f16/bf16 inputs are read as
+//! they are, computed in f32 registers and each output rounded once, with no widening or
+//! narrowing pass over the tensor (a non-contiguous input is first copied contiguous). Every
+//! sum accumulates in double, as the CPU kernels do. Statistics are computed in f32 (f64 for
+//! f64 tensors) and normalise in that precision; the per-channel/per-row vectors (weight, bias,
+//! saved and running statistics) are cast to it first, which is a copy of a `[C]`/`[rows]`
+//! vector, never of the tensor. The saved `mean`/`rstd` are returned in the input's dtype, the
+//! CPU backend's contract (autograd hands them back to the backward unchanged); PyTorch's CUDA
+//! batch norm keeps them f32 for half input, which kiln does internally between the kernels of
+//! one call. Against the CPU (which widens 16-bit tensors to f32, computes its statistics in
+//! f64 and rounds each result once) the outputs agree to the dtype's tolerance: both round a
+//! value computed in at least f32 from the same inputs. The backward takes the saved statistics
+//! as given (rounded to the input dtype, as the CPU backward does).
+//!
+//! Running statistics are updated with a few tiny `[C]` elementwise ops in f32/f64. The
+//! launchers live in `cuda_kernels.rs`. Known cost: the statistic kernels run one block per
+//! statistic (as `reduce.cu` does), so a batch norm with few channels over a large `N * S`
+//! uses few SMs, and layer norm's weight/bias gradients run one thread per column; splitting
+//! those reductions over several blocks is the next step if the ResNet benchmark shows it.
 
 use super::{BatchNormShape, LayerNormShape};
-use crate::backend::{
-    BatchNormStats, BinaryOp, GradMask, Grads3, ReduceOp, RunningStatsMut, UnaryOp,
-};
+use crate::backend::{BatchNormStats, BinaryOp, GradMask, Grads3, RunningStatsMut, UnaryOp};
 use crate::error::{Error, Result};
+use crate::ops::conv::cuda::Dense;
 use crate::ops::kernel_error::KernelError;
 use crate::storage::CudaStorage;
 use crate::{BackendStorage, DType, Layout};
 
 type View<'a> = (&'a CudaStorage, &'a Layout);
 
-/// A contiguous buffer of `shape` with its layout.
-struct T {
-    s: CudaStorage,
-    l: Layout,
-}
+pub use super::cuda_kernels::NORM_KERNELS;
+#[cfg(test)]
+pub(crate) use super::cuda_kernels::{kernel_name, KERNEL_KINDS};
+use super::cuda_kernels::{Kernels, NormArgs};
 
-impl T {
-    fn new(s: CudaStorage, shape: &[usize]) -> Self {
-        T {
-            s,
-            l: Layout::contiguous(shape),
-        }
-    }
-    /// The same buffer read as `shape` with `strides` (a broadcast view).
-    fn as_view(&self, shape: &[usize], strides: &[usize]) -> Layout {
-        Layout::new(shape.to_vec(), strides.to_vec(), 0)
-    }
-}
-
-/// The compute dtype of a norm over `dtype`.
-fn compute_dtype(op: &'static str, dtype: DType) -> Result<DType> {
+/// The dtype statistics, weight/bias and per-element math use for a tensor of `dtype`.
+pub(crate) fn stat_dtype(op: &'static str, dtype: DType) -> Result<DType> {
     match dtype {
         DType::F64 => Ok(DType::F64),
         DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
@@ -54,230 +57,67 @@ fn compute_dtype(op: &'static str, dtype: DType) -> Result<DType> {
     }
 }
 
-/// `(storage, layout)` as contiguous `dt` of `shape` (must hold the same number of elements).
-fn dense(op: &'static str, (s, l): View<'_>, dt: DType, shape: &[usize]) -> Result<T> {
+/// `(storage, layout)` as a contiguous buffer of `numel` elements.
+fn dense<'a>(op: &'static str, (s, l): View<'a>, numel: usize) -> Result<Dense<'a>> {
     s.check_view(op, l)?;
-    let want: usize = shape.iter().product();
+    check_numel(op, "operand", l, numel)?;
+    Dense::of(s, l)
+}
+
+fn check_numel(op: &'static str, buffer: &'static str, l: &Layout, want: usize) -> Result<()> {
     if l.numel() != want {
         return Err(Error::Kernel(KernelError::BufferLength {
             op,
-            buffer: "operand",
-            shape: shape.to_vec(),
+            buffer,
+            shape: l.shape().to_vec(),
             expected: want,
             actual: l.numel(),
         }));
     }
-    Ok(T::new(s.cast_cuda(l, dt)?, shape))
+    Ok(())
 }
 
-fn bin(
-    a: &CudaStorage,
-    la: &Layout,
-    b: &CudaStorage,
-    lb: &Layout,
-    op: BinaryOp,
-) -> Result<CudaStorage> {
-    a.binary_cuda(la, b, lb, op)
+/// A per-statistic or per-parameter vector of `n` elements as a contiguous `at` copy.
+fn small(op: &'static str, (s, l): View<'_>, at: DType, n: usize) -> Result<CudaStorage> {
+    s.check_view(op, l)?;
+    check_numel(op, "vector", l, n)?;
+    s.cast_cuda(l, at)
 }
 
-/// `x op scalar` over `x`'s (contiguous) shape.
-fn with_scalar(x: &T, v: f64, op: BinaryOp) -> Result<CudaStorage> {
-    let s = CudaStorage::full_cuda(x.s.ordinal(), 1, v, x.s.dtype())?;
-    let zeros = vec![0; x.l.rank()];
-    bin(
-        &x.s,
-        &x.l,
+fn small_opt(
+    op: &'static str,
+    v: Option<View<'_>>,
+    at: DType,
+    n: usize,
+) -> Result<Option<CudaStorage>> {
+    v.map(|v| small(op, v, at, n)).transpose()
+}
+
+/// Rounds a statistics-dtype vector to `dtype` (a no-op when they agree).
+fn round(x: CudaStorage, dtype: DType) -> Result<CudaStorage> {
+    if x.dtype() == dtype {
+        Ok(x)
+    } else {
+        x.cast_cuda(&Layout::contiguous(&[x.len()]), dtype)
+    }
+}
+
+/// `x op v` for a contiguous vector `x`.
+fn with_scalar(x: &CudaStorage, v: f64, op: BinaryOp) -> Result<CudaStorage> {
+    let s = CudaStorage::full_cuda(x.ordinal(), 1, v, x.dtype())?;
+    let n = x.len();
+    x.binary_cuda(
+        &Layout::contiguous(&[n]),
         &s,
-        &Layout::new(x.l.shape().to_vec(), zeros, 0),
+        &Layout::new(vec![n], vec![0], 0),
         op,
     )
 }
 
-/// Sum over `dims` of a contiguous buffer, as a contiguous buffer of `out_shape`.
-fn sum(x: &T, dims: &[usize], out_shape: &[usize]) -> Result<T> {
-    Ok(T::new(
-        x.s.reduce_cuda(&x.l, dims, ReduceOp::Sum)?,
-        out_shape,
-    ))
-}
-
-/// `1 / sqrt(var + eps)`.
-fn rstd_of(var: &T, eps: f64) -> Result<T> {
-    let shifted = T::new(with_scalar(var, eps, BinaryOp::Add)?, var.l.shape());
-    Ok(T::new(
-        shifted.s.unary_cuda(&shifted.l, UnaryOp::Rsqrt)?,
-        var.l.shape(),
-    ))
-}
-
-/// Rounds a compute-dtype result back to `out` dtype.
-fn back(x: CudaStorage, out: DType) -> Result<CudaStorage> {
-    if x.dtype() == out {
-        Ok(x)
-    } else {
-        x.cast_cuda(&Layout::contiguous(&[x.len()]), out)
-    }
-}
-
-/// The shape of a normalisation problem: `x` as `[outer, stat, inner]`-style dims, which dims
-/// are reduced for the statistics, how statistics and the affine parameters broadcast.
-struct Plan {
-    /// The dims the input is viewed as.
-    dims: Vec<usize>,
-    /// Reduced dims (for per-statistic sums).
-    reduced: Vec<usize>,
-    /// Shape of one statistic vector (kept dims), contiguous.
-    stat_shape: Vec<usize>,
-    /// Strides broadcasting a statistic over `dims`.
-    stat_strides: Vec<usize>,
-    /// Strides broadcasting a weight/bias over `dims`.
-    param_strides: Vec<usize>,
-    /// Shape of the weight/bias.
-    param_shape: Vec<usize>,
-    /// Reduced dims for the weight/bias gradients.
-    param_reduced: Vec<usize>,
-    /// Elements per statistic.
-    count: usize,
-}
-
-impl Plan {
-    fn layer(s: &LayerNormShape) -> Self {
-        Plan {
-            dims: vec![s.rows, s.cols],
-            reduced: vec![1],
-            stat_shape: vec![s.rows],
-            stat_strides: vec![1, 0],
-            param_strides: vec![0, 1],
-            param_shape: vec![s.cols],
-            param_reduced: vec![0],
-            count: s.cols,
-        }
-    }
-    fn batch(s: &BatchNormShape) -> Self {
-        Plan {
-            dims: s.dims().to_vec(),
-            reduced: vec![0, 2],
-            stat_shape: vec![s.channels],
-            stat_strides: vec![0, 1, 0],
-            param_strides: vec![0, 1, 0],
-            param_shape: vec![s.channels],
-            param_reduced: vec![0, 2],
-            count: s.count(),
-        }
-    }
-    fn stat(&self, t: &T) -> Layout {
-        t.as_view(&self.dims, &self.stat_strides)
-    }
-    fn param(&self, t: &T) -> Layout {
-        t.as_view(&self.dims, &self.param_strides)
-    }
-    fn full(&self, s: CudaStorage) -> T {
-        T::new(s, &self.dims)
-    }
-
-    /// `(x - mean) * rstd`, optionally `* weight + bias`.
-    fn normalise(&self, x: &T, mean: &T, rstd: &T, w: Option<&T>, b: Option<&T>) -> Result<T> {
-        let centred = self.full(bin(&x.s, &x.l, &mean.s, &self.stat(mean), BinaryOp::Sub)?);
-        let mut y = self.full(bin(
-            &centred.s,
-            &centred.l,
-            &rstd.s,
-            &self.stat(rstd),
-            BinaryOp::Mul,
-        )?);
-        if let Some(w) = w {
-            y = self.full(bin(&y.s, &y.l, &w.s, &self.param(w), BinaryOp::Mul)?);
-        }
-        if let Some(b) = b {
-            y = self.full(bin(&y.s, &y.l, &b.s, &self.param(b), BinaryOp::Add)?);
-        }
-        Ok(y)
-    }
-
-    /// Batch statistics: `(mean, biased var)`.
-    fn moments(&self, x: &T) -> Result<(T, T)> {
-        let inv = 1.0 / self.count as f64;
-        let total = sum(x, &self.reduced, &self.stat_shape)?;
-        let mean = T::new(with_scalar(&total, inv, BinaryOp::Mul)?, &self.stat_shape);
-        let centred = self.full(bin(&x.s, &x.l, &mean.s, &self.stat(&mean), BinaryOp::Sub)?);
-        let sq = self.full(centred.s.unary_cuda(&centred.l, UnaryOp::Square)?);
-        let ss = sum(&sq, &self.reduced, &self.stat_shape)?;
-        let var = T::new(with_scalar(&ss, inv, BinaryOp::Mul)?, &self.stat_shape);
-        Ok((mean, var))
-    }
-
-    /// Gradients given `xhat`, the output gradient `go` and the per-statistic `rstd`:
-    /// `dx = rstd * (g - mean(g) - xhat * mean(g * xhat))` with `g = go * w` when `train`,
-    /// else `dx = g * rstd`; `dw = sum(go * xhat)`, `db = sum(go)`.
-    fn backward(
-        &self,
-        (go, xhat, rstd): (&T, &T, &T),
-        w: Option<&T>,
-        train: bool,
-        mask: GradMask,
-    ) -> Result<[Option<CudaStorage>; 3]> {
-        let mut grads: [Option<CudaStorage>; 3] = [None, None, None];
-        if mask[0] {
-            let g = match w {
-                Some(w) => self.full(bin(&go.s, &go.l, &w.s, &self.param(w), BinaryOp::Mul)?),
-                None => self.full(go.s.cast_cuda(&go.l, go.s.dtype())?),
-            };
-            let dx = if train {
-                let inv = 1.0 / self.count as f64;
-                let mg = T::new(
-                    with_scalar(
-                        &sum(&g, &self.reduced, &self.stat_shape)?,
-                        inv,
-                        BinaryOp::Mul,
-                    )?,
-                    &self.stat_shape,
-                );
-                let gx = self.full(bin(&g.s, &g.l, &xhat.s, &xhat.l, BinaryOp::Mul)?);
-                let mgx = T::new(
-                    with_scalar(
-                        &sum(&gx, &self.reduced, &self.stat_shape)?,
-                        inv,
-                        BinaryOp::Mul,
-                    )?,
-                    &self.stat_shape,
-                );
-                let t1 = self.full(bin(&g.s, &g.l, &mg.s, &self.stat(&mg), BinaryOp::Sub)?);
-                let t2 = self.full(bin(
-                    &xhat.s,
-                    &xhat.l,
-                    &mgx.s,
-                    &self.stat(&mgx),
-                    BinaryOp::Mul,
-                )?);
-                let t3 = self.full(bin(&t1.s, &t1.l, &t2.s, &t2.l, BinaryOp::Sub)?);
-                bin(&t3.s, &t3.l, &rstd.s, &self.stat(rstd), BinaryOp::Mul)?
-            } else {
-                bin(&g.s, &g.l, &rstd.s, &self.stat(rstd), BinaryOp::Mul)?
-            };
-            grads[0] = Some(dx);
-        }
-        if mask[1] {
-            let gx = self.full(bin(&go.s, &go.l, &xhat.s, &xhat.l, BinaryOp::Mul)?);
-            grads[1] = Some(sum(&gx, &self.param_reduced, &self.param_shape)?.s);
-        }
-        if mask[2] {
-            grads[2] = Some(sum(go, &self.param_reduced, &self.param_shape)?.s);
-        }
-        Ok(grads)
-    }
-}
-
-fn opt(op: &'static str, v: Option<View<'_>>, dt: DType, shape: &[usize]) -> Result<Option<T>> {
-    v.map(|v| dense(op, v, dt, shape)).transpose()
-}
-
-fn backs(grads: [Option<CudaStorage>; 3], out: DType) -> Result<Grads3<CudaStorage>> {
-    let [a, b, c] = grads;
-    Ok([
-        a.map(|g| back(g, out)).transpose()?,
-        b.map(|g| back(g, out)).transpose()?,
-        c.map(|g| back(g, out)).transpose()?,
-    ])
+/// `1 / sqrt(var + eps)` of a contiguous vector.
+fn rstd_of(var: &CudaStorage, eps: f64) -> Result<CudaStorage> {
+    let shifted = with_scalar(var, eps, BinaryOp::Add)?;
+    shifted.unary_cuda(&Layout::contiguous(&[shifted.len()]), UnaryOp::Rsqrt)
 }
 
 impl CudaStorage {
@@ -294,18 +134,18 @@ impl CudaStorage {
         let shape = layout.shape();
         let k = normalized_dims.min(shape.len());
         let s = LayerNormShape::new(shape, &shape[shape.len() - k..])?;
-        let dt = compute_dtype(OP, self.dtype())?;
-        let plan = Plan::layer(&s);
-        let x = dense(OP, (self, layout), dt, &plan.dims)?;
+        let at = stat_dtype(OP, self.dtype())?;
+        let args = NormArgs::layer(&s, eps);
+        let x = dense(OP, (self, layout), s.rows * s.cols)?;
         let (w, b) = (
-            opt(OP, weight, dt, &plan.param_shape)?,
-            opt(OP, bias, dt, &plan.param_shape)?,
+            small_opt(OP, weight, at, s.cols)?,
+            small_opt(OP, bias, at, s.cols)?,
         );
-        let (mean, var) = plan.moments(&x)?;
-        let rstd = rstd_of(&var, eps)?;
-        let y = plan.normalise(&x, &mean, &rstd, w.as_ref(), b.as_ref())?;
-        let out = self.dtype();
-        Ok([back(y.s, out)?, back(mean.s, out)?, back(rstd.s, out)?])
+        let kernels = Kernels { x: &x, args, at };
+        let [mean, _, rstd] = kernels.stats()?;
+        let y = kernels.apply([&mean, &rstd], w.as_ref(), b.as_ref())?;
+        let dt = self.dtype();
+        Ok([y, round(mean, dt)?, round(rstd, dt)?])
     }
 
     /// Gradients of layer norm from `self` = the output gradient.
@@ -322,16 +162,29 @@ impl CudaStorage {
         let shape = input.1.shape();
         let k = normalized_dims.min(shape.len());
         let s = LayerNormShape::new(shape, &shape[shape.len() - k..])?;
-        let dt = compute_dtype(OP, self.dtype())?;
-        let plan = Plan::layer(&s);
-        let go = dense(OP, (self, layout), dt, &plan.dims)?;
-        let x = dense(OP, input, dt, &plan.dims)?;
-        let w = opt(OP, weight, dt, &plan.param_shape)?;
-        let mean = dense(OP, saved[0], dt, &plan.stat_shape)?;
-        let rstd = dense(OP, saved[1], dt, &plan.stat_shape)?;
-        let xhat = plan.normalise(&x, &mean, &rstd, None, None)?;
-        let grads = plan.backward((&go, &xhat, &rstd), w.as_ref(), true, mask)?;
-        backs(grads, self.dtype())
+        let at = stat_dtype(OP, self.dtype())?;
+        let args = NormArgs::layer(&s, 0.0);
+        let total = s.rows * s.cols;
+        let go = dense(OP, (self, layout), total)?;
+        let x = dense(OP, input, total)?;
+        same_dtype(OP, &go, &x)?;
+        let w = small_opt(OP, weight, at, s.cols)?;
+        let mean = small(OP, saved[0], at, s.rows)?;
+        let rstd = small(OP, saved[1], at, s.rows)?;
+        let kernels = Kernels { x: &x, args, at };
+        let stats = [&mean, &rstd];
+        let dt = self.dtype();
+        let mut grads: Grads3<Self> = [None, None, None];
+        if mask[0] {
+            let sums = kernels.backward_sums(&go, stats, w.as_ref())?;
+            grads[0] = Some(kernels.backward_dx(&go, stats, w.as_ref(), Some(&sums))?);
+        }
+        if mask[1] || mask[2] {
+            let [dw, db] = kernels.layer_param_grads(&go, stats)?;
+            grads[1] = mask[1].then(|| round(dw, dt)).transpose()?;
+            grads[2] = mask[2].then(|| round(db, dt)).transpose()?;
+        }
+        Ok(grads)
     }
 
     /// Batch norm in training mode: `[out, mean, rstd]`, running statistics updated in place.
@@ -352,39 +205,37 @@ impl CudaStorage {
             }
             .into());
         }
-        let dt = compute_dtype(OP, self.dtype())?;
-        let plan = Plan::batch(&s);
-        let x = dense(OP, (self, layout), dt, &plan.dims)?;
+        let at = stat_dtype(OP, self.dtype())?;
+        let args = NormArgs::batch(&s, eps);
+        let x = dense(OP, (self, layout), s.dims().iter().product())?;
         let (w, b) = (
-            opt(OP, weight, dt, &plan.param_shape)?,
-            opt(OP, bias, dt, &plan.param_shape)?,
+            small_opt(OP, weight, at, s.channels)?,
+            small_opt(OP, bias, at, s.channels)?,
         );
-        let (mean, var) = plan.moments(&x)?;
-        let rstd = rstd_of(&var, eps)?;
-        let y = plan.normalise(&x, &mean, &rstd, w.as_ref(), b.as_ref())?;
+        let kernels = Kernels { x: &x, args, at };
+        let [mean, var, rstd] = kernels.stats()?;
+        let y = kernels.apply([&mean, &rstd], w.as_ref(), b.as_ref())?;
         if let Some(r) = running {
             let m = r.momentum;
             let n = s.count() as f64;
-            let update =
-                |(old, ol): (&mut CudaStorage, &Layout), stat: &T, scale: f64| -> Result<()> {
-                    let old_t = dense(OP, (&*old, ol), dt, &plan.stat_shape)?;
-                    let kept = T::new(
-                        with_scalar(&old_t, 1.0 - m, BinaryOp::Mul)?,
-                        &plan.stat_shape,
-                    );
-                    let add = T::new(
-                        with_scalar(stat, m * scale, BinaryOp::Mul)?,
-                        &plan.stat_shape,
-                    );
-                    let new = bin(&kept.s, &kept.l, &add.s, &add.l, BinaryOp::Add)?;
-                    let new = back(new, old.dtype())?;
-                    new.copy_into_cuda(&Layout::contiguous(&plan.stat_shape), old, ol)
-                };
+            let c = s.channels;
+            let update = |(old, ol): (&mut CudaStorage, &Layout),
+                          stat: &CudaStorage,
+                          scale: f64| {
+                let kept = with_scalar(&small(OP, (&*old, ol), at, c)?, 1.0 - m, BinaryOp::Mul)?;
+                let add = with_scalar(stat, m * scale, BinaryOp::Mul)?;
+                let cl = Layout::contiguous(&[c]);
+                let new = round(
+                    kept.binary_cuda(&cl, &add, &cl, BinaryOp::Add)?,
+                    old.dtype(),
+                )?;
+                new.copy_into_cuda(&cl, old, ol)
+            };
             update((r.mean.0, r.mean.1), &mean, 1.0)?;
             update((r.var.0, r.var.1), &var, n / (n - 1.0))?;
         }
-        let out = self.dtype();
-        Ok([back(y.s, out)?, back(mean.s, out)?, back(rstd.s, out)?])
+        let dt = self.dtype();
+        Ok([y, round(mean, dt)?, round(rstd, dt)?])
     }
 
     /// Batch norm in evaluation mode (running statistics).
@@ -398,18 +249,16 @@ impl CudaStorage {
     ) -> Result<Self> {
         const OP: &str = "batch_norm";
         let s = BatchNormShape::from_input_shape(layout.shape())?;
-        let dt = compute_dtype(OP, self.dtype())?;
-        let plan = Plan::batch(&s);
-        let x = dense(OP, (self, layout), dt, &plan.dims)?;
+        let at = stat_dtype(OP, self.dtype())?;
+        let args = NormArgs::batch(&s, eps);
+        let x = dense(OP, (self, layout), s.dims().iter().product())?;
         let (w, b) = (
-            opt(OP, weight, dt, &plan.param_shape)?,
-            opt(OP, bias, dt, &plan.param_shape)?,
+            small_opt(OP, weight, at, s.channels)?,
+            small_opt(OP, bias, at, s.channels)?,
         );
-        let mean = dense(OP, running[0], dt, &plan.stat_shape)?;
-        let var = dense(OP, running[1], dt, &plan.stat_shape)?;
-        let rstd = rstd_of(&var, eps)?;
-        let y = plan.normalise(&x, &mean, &rstd, w.as_ref(), b.as_ref())?;
-        back(y.s, self.dtype())
+        let mean = small(OP, running[0], at, s.channels)?;
+        let rstd = rstd_of(&small(OP, running[1], at, s.channels)?, eps)?;
+        Kernels { x: &x, args, at }.apply([&mean, &rstd], w.as_ref(), b.as_ref())
     }
 
     /// Gradients of batch norm from `self` = the output gradient.
@@ -423,28 +272,55 @@ impl CudaStorage {
     ) -> Result<Grads3<Self>> {
         const OP: &str = "batch_norm_backward";
         let s = BatchNormShape::from_input_shape(input.1.shape())?;
-        let dt = compute_dtype(OP, self.dtype())?;
-        let plan = Plan::batch(&s);
-        let go = dense(OP, (self, layout), dt, &plan.dims)?;
-        let x = dense(OP, input, dt, &plan.dims)?;
-        let w = opt(OP, weight, dt, &plan.param_shape)?;
+        let at = stat_dtype(OP, self.dtype())?;
+        let args = NormArgs::batch(&s, 0.0);
+        let total = s.dims().iter().product();
+        let go = dense(OP, (self, layout), total)?;
+        let x = dense(OP, input, total)?;
+        same_dtype(OP, &go, &x)?;
+        let w = small_opt(OP, weight, at, s.channels)?;
+        let c = s.channels;
         let (mean, rstd, train) = match stats {
-            BatchNormStats::Batch { mean, rstd } => (
-                dense(OP, mean, dt, &plan.stat_shape)?,
-                dense(OP, rstd, dt, &plan.stat_shape)?,
-                true,
-            ),
-            BatchNormStats::Running { mean, var, eps } => {
-                let var = dense(OP, var, dt, &plan.stat_shape)?;
-                (
-                    dense(OP, mean, dt, &plan.stat_shape)?,
-                    rstd_of(&var, eps)?,
-                    false,
-                )
+            BatchNormStats::Batch { mean, rstd } => {
+                (small(OP, mean, at, c)?, small(OP, rstd, at, c)?, true)
             }
+            BatchNormStats::Running { mean, var, eps } => (
+                small(OP, mean, at, c)?,
+                rstd_of(&small(OP, var, at, c)?, eps)?,
+                false,
+            ),
         };
-        let xhat = plan.normalise(&x, &mean, &rstd, None, None)?;
-        let grads = plan.backward((&go, &xhat, &rstd), w.as_ref(), train, mask)?;
-        backs(grads, self.dtype())
+        let kernels = Kernels { x: &x, args, at };
+        let st = [&mean, &rstd];
+        // unweighted sums: sum(go) is dbias, sum(go * xhat) is dweight
+        let sums = if (train && mask[0]) || mask[1] || mask[2] {
+            Some(kernels.backward_sums(&go, st, None)?)
+        } else {
+            None
+        };
+        let dt = self.dtype();
+        let mut grads: Grads3<Self> = [None, None, None];
+        if mask[0] {
+            let used = if train { sums.as_ref() } else { None };
+            grads[0] = Some(kernels.backward_dx(&go, st, w.as_ref(), used)?);
+        }
+        if let Some([sum_g, sum_gx]) = sums {
+            grads[1] = mask[1].then(|| round(sum_gx, dt)).transpose()?;
+            grads[2] = mask[2].then(|| round(sum_g, dt)).transpose()?;
+        }
+        Ok(grads)
+    }
+}
+
+/// The output gradient and the input must share a dtype (the kernels read both as one type).
+fn same_dtype(op: &'static str, go: &CudaStorage, x: &CudaStorage) -> Result<()> {
+    if go.dtype() == x.dtype() {
+        Ok(())
+    } else {
+        Err(Error::DTypeMismatch {
+            op,
+            lhs: go.dtype(),
+            rhs: x.dtype(),
+        })
     }
 }

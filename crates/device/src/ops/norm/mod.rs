@@ -21,6 +21,8 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_kernels;
 
 use super::kernel_error::KernelError;
 

@@ -1,18 +1,24 @@
 //! CUDA 2-D pooling (max, average, adaptive average), forward and backward: the kernels of
 //! `pool.cu`, one thread per output element.
 //!
-//! Inputs are brought to contiguous f32/f64 first (16-bit floats widen to f32 and the result is
-//! rounded back once, as on the CPU). Max pooling's backward validates its indices on the device
-//! (`ops/index`'s first-bad-index check), reporting a bad one exactly as the CPU does; the
-//! backward passes add into a zeroed input gradient with `atomicAdd`, since windows overlap.
+//! Every dtype runs in its own kernel: f16/bf16 values are read as they are, summed in f32
+//! registers and each output rounded once (the CPU widens to f32 and rounds each result once,
+//! so forward results agree up to f32 summation order; max pooling is exact). Contiguous inputs
+//! are read in place, other views copied contiguous first. Max pooling's backward validates its
+//! indices on the device (`ops/index`'s first-bad-index check), reporting a bad one exactly as
+//! the CPU does. The f32/f64 backward passes run one thread per output gradient and add into a
+//! zeroed input gradient with `atomicAdd`, since windows overlap; the f16/bf16 ones run one
+//! thread per input element that gathers its windows' shares in f32 and rounds once (16-bit
+//! atomics would round at every addition), see [`backward_gathers`].
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 use super::PoolShape;
 use crate::backend::{Pool2d, Strided};
 use crate::cuda::kernels::KernelSource;
-use crate::cuda::launch::{elementwise_config, function, launch_error};
+use crate::cuda::launch::{elementwise_config, function, launch_error, suffix};
 use crate::error::{Error, Result};
+use crate::ops::conv::cuda::Dense;
 use crate::storage::CudaStorage;
 use crate::{BackendStorage, DType, Layout};
 
@@ -93,10 +99,23 @@ fn name(pool: &Pool2d) -> &'static str {
     }
 }
 
-fn compute_dtype(dtype: DType) -> Result<DType> {
+/// `kiln_<pool>[_backward]_<t>`: the pool.cu kernel for `pool` on `dtype`'s elements.
+pub(crate) fn kernel_name(pool: &Pool2d, backward: bool, dtype: DType) -> Result<String> {
+    check_dtype(dtype)?;
+    let pass = if backward { "_backward" } else { "" };
+    Ok(format!("kiln_{}{pass}_{}", name(pool), suffix(dtype)))
+}
+
+/// True when `dtype`'s backward kernels gather per input element (one thread per input
+/// gradient, no zero fill) rather than scatter per output with `atomicAdd`.
+pub(crate) fn backward_gathers(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// Pooling runs on the four float dtypes, each in its own precision.
+fn check_dtype(dtype: DType) -> Result<DType> {
     match dtype {
-        DType::F64 => Ok(DType::F64),
-        DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
+        DType::F64 | DType::F32 | DType::F16 | DType::BF16 => Ok(dtype),
         other => Err(Error::UnsupportedDType {
             op: "pool2d",
             dtype: other,
@@ -106,12 +125,11 @@ fn compute_dtype(dtype: DType) -> Result<DType> {
     }
 }
 
-fn dense(
+fn dense<'a>(
     op: &'static str,
-    (s, l): Strided<'_, CudaStorage>,
-    dt: DType,
+    (s, l): Strided<'a, CudaStorage>,
     shape: &[usize],
-) -> Result<CudaStorage> {
+) -> Result<Dense<'a>> {
     s.check_view(op, l)?;
     if l.shape() != shape {
         return Err(Error::LengthMismatch {
@@ -122,15 +140,7 @@ fn dense(
             ),
         });
     }
-    s.cast_cuda(l, dt)
-}
-
-fn back(x: CudaStorage, out: DType) -> Result<CudaStorage> {
-    if x.dtype() == out {
-        Ok(x)
-    } else {
-        x.cast_cuda(&Layout::contiguous(&[x.len()]), out)
-    }
+    Dense::of(s, l)
 }
 
 impl CudaStorage {
@@ -141,9 +151,9 @@ impl CudaStorage {
         pool: &Pool2d,
     ) -> Result<(Self, Option<Self>)> {
         const OP: &str = "pool2d";
-        let dt = compute_dtype(self.dtype())?;
+        let dt = check_dtype(self.dtype())?;
         let s = shape_of(pool);
-        let x = dense(OP, (self, layout), dt, &s.input_shape())?;
+        let x = dense(OP, (self, layout), &s.input_shape())?;
         let total = s.output_shape().iter().product::<usize>();
         let (stream, out) = CudaStorage::output(self.ordinal(), total, dt)?;
         let indices = match pool {
@@ -151,8 +161,7 @@ impl CudaStorage {
             _ => None,
         };
         if total > 0 {
-            let suffix = if dt == DType::F64 { "f64" } else { "f32" };
-            let kernel = format!("kiln_{}_{suffix}", name(pool));
+            let kernel = kernel_name(pool, false, dt)?;
             let f = function(&stream, &POOL_KERNELS, &kernel)?;
             let (a, xp, op, n) = (
                 pool_args(pool),
@@ -172,7 +181,7 @@ impl CudaStorage {
             // `total` output elements.
             unsafe { b.launch(elementwise_config(n)) }.map_err(|e| launch_error(&kernel, e))?;
         }
-        Ok((back(out, self.dtype())?, indices))
+        Ok((out, indices))
     }
 
     /// Pooling backward from `self` = the output gradient (`indices` for max pooling).
@@ -183,9 +192,9 @@ impl CudaStorage {
         pool: &Pool2d,
     ) -> Result<Self> {
         const OP: &str = "pool2d_backward";
-        let dt = compute_dtype(self.dtype())?;
+        let dt = check_dtype(self.dtype())?;
         let s = shape_of(pool);
-        let go = dense(OP, (self, layout), dt, &s.output_shape())?;
+        let go = dense(OP, (self, layout), &s.output_shape())?;
         let in_total = s.input_shape().iter().product::<usize>();
         let out_total = s.output_shape().iter().product::<usize>();
         let idx = match (pool, indices) {
@@ -218,17 +227,23 @@ impl CudaStorage {
             }
             _ => None,
         };
-        let gin = CudaStorage::full_cuda(self.ordinal(), in_total, 0.0, dt)?;
-        if out_total > 0 {
+        let gathers = backward_gathers(dt) && out_total > 0;
+        // gathering writes every input element; scattering adds into zeros
+        let gin = if gathers {
+            CudaStorage::output(self.ordinal(), in_total, dt)?.1
+        } else {
+            CudaStorage::full_cuda(self.ordinal(), in_total, 0.0, dt)?
+        };
+        let threads = if gathers { in_total } else { out_total };
+        if out_total > 0 && in_total > 0 {
             let stream = crate::storage::cuda_stream(self.ordinal())?;
-            let suffix = if dt == DType::F64 { "f64" } else { "f32" };
-            let kernel = format!("kiln_{}_backward_{suffix}", name(pool));
+            let kernel = kernel_name(pool, true, dt)?;
             let f = function(&stream, &POOL_KERNELS, &kernel)?;
             let (a, gp, dp, n) = (
                 pool_args(pool),
                 go.device_ptr(),
                 gin.device_ptr(),
-                out_total as u64,
+                threads as u64,
             );
             let ip = idx.as_ref().map_or(0, |i| i.ptr);
             let mut b = stream.launch_builder(&f);
@@ -237,10 +252,62 @@ impl CudaStorage {
                 b.arg(&ip);
             }
             b.arg(&a).arg(&dp).arg(&n);
-            // SAFETY: signatures as in pool.cu; `go` holds the output gradient, `gin` the zeroed
-            // input gradient; max-pool indices were checked to lie inside the input plane.
+            // SAFETY: signatures as in pool.cu; `go` holds the output gradient, `gin` the input
+            // gradient (zeroed when scattering), `n` counts outputs when scattering and inputs
+            // when gathering; max-pool indices were checked to lie inside the input plane.
             unsafe { b.launch(elementwise_config(n)) }.map_err(|e| launch_error(&kernel, e))?;
         }
-        back(gin, self.dtype())
+        Ok(gin)
+    }
+}
+
+/// One pooling of each kind (max, average, adaptive average), for the kernel-name tests.
+#[cfg(test)]
+pub(crate) fn every_kind_for_tests() -> [Pool2d; 3] {
+    use super::{
+        AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, AvgPool2dParams, MaxPool2dGeometry,
+        MaxPool2dParams,
+    };
+    let xs = [1, 1, 4, 4];
+    [
+        Pool2d::Max(MaxPool2dGeometry::new(xs, MaxPool2dParams::new([2, 2])).unwrap()),
+        Pool2d::Avg(AvgPool2dGeometry::new(xs, AvgPool2dParams::new([2, 2])).unwrap()),
+        Pool2d::AdaptiveAvg(AdaptiveAvgPool2dGeometry::new(xs, [2, 2]).unwrap()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_follow_kind_pass_and_dtype() {
+        let [max, avg, adaptive] = every_kind_for_tests();
+        assert_eq!(
+            kernel_name(&max, false, DType::BF16).unwrap(),
+            "kiln_max_pool_bf16"
+        );
+        assert_eq!(
+            kernel_name(&avg, true, DType::F16).unwrap(),
+            "kiln_avg_pool_backward_f16"
+        );
+        assert_eq!(
+            kernel_name(&adaptive, true, DType::F32).unwrap(),
+            "kiln_adaptive_avg_pool_backward_f32"
+        );
+        assert_eq!(
+            kernel_name(&adaptive, false, DType::F64).unwrap(),
+            "kiln_adaptive_avg_pool_f64"
+        );
+        assert!(matches!(
+            kernel_name(&max, false, DType::I64),
+            Err(Error::UnsupportedDType { .. })
+        ));
+    }
+
+    #[test]
+    fn only_16_bit_backward_passes_gather() {
+        assert!(backward_gathers(DType::F16) && backward_gathers(DType::BF16));
+        assert!(!backward_gathers(DType::F32) && !backward_gathers(DType::F64));
     }
 }

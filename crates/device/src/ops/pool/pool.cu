@@ -14,9 +14,17 @@
 //   kiln_max_pool_backward_<t>(const T* g, const i64* idx, PoolArgs a, T* gin, u64 total)
 //   kiln_avg_pool_backward_<t> / kiln_adaptive_avg_pool_backward_<t>(const T* g, PoolArgs a,
 //                                                                       T* gin, u64 total)
-//       one thread per output gradient adds its share into the zeroed input gradient with
-//       atomicAdd (windows overlap); the order of those additions is not fixed.
-// t: f32 f64 (16-bit pooling runs in f32 on the Rust side). Grid-stride, 64-bit indices.
+//       f32 f64: one thread per output gradient (`total` outputs) adds its share into the
+//       zeroed input gradient with atomicAdd (windows overlap); the addition order is not fixed.
+//       f16 bf16: one thread per input gradient element (`total` inputs) gathers the shares of
+//       every window that covers it (max pooling: whose index names it) in a fixed order, sums
+//       them in an f32 register and rounds once, so no 16-bit atomics round at every addition,
+//       the result is deterministic and the gradient needs no zero fill.
+// t: f32 f64 f16 bf16. Values are read as T and computed in Acc<T> (f32 for the 16-bit types,
+// T otherwise); each output is rounded to T once. Grid-stride, 64-bit indices.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -28,6 +36,18 @@ struct PoolArgs {
     u64 count_include_pad, divisor_override; // divisor_override 0: none
 };
 
+// The accumulator of each element type, and the conversions to and from it (round to nearest).
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ double widen(double v) { return v; }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(double* p, double v) { *p = v; }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
 #define GRID_STRIDE(i, n)                                                                    \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
          i < (n); i += step_)
@@ -35,12 +55,13 @@ struct PoolArgs {
 template <typename T>
 __device__ __forceinline__ void max_impl(const T* __restrict__ x, const PoolArgs& a,
                                          T* __restrict__ out, i64* __restrict__ idx, u64 total) {
-    const T neg_inf = (T)__longlong_as_double(0xfff0000000000000LL);
+    typedef typename Acc<T>::type A;
+    const A neg_inf = (A)__longlong_as_double(0xfff0000000000000LL);
     GRID_STRIDE(i, total) {
         const u64 ow = i % a.ow, oh = (i / a.ow) % a.oh, plane = i / (a.ow * a.oh);
         const T* src = x + plane * a.ih * a.iw;
         const i64 hs = (i64)(oh * a.sh) - (i64)a.ph, ws = (i64)(ow * a.sw) - (i64)a.pw;
-        T best = neg_inf;
+        A best = neg_inf;
         i64 best_at = -1;
         for (u64 th = 0; th < a.kh; ++th) {
             const i64 h = hs + (i64)(th * a.dh);
@@ -49,7 +70,7 @@ __device__ __forceinline__ void max_impl(const T* __restrict__ x, const PoolArgs
                 const i64 w = ws + (i64)(tw * a.dw);
                 if (w < 0 || w >= (i64)a.iw) continue;
                 const i64 at = h * (i64)a.iw + w;
-                const T v = src[at];
+                const A v = widen(src[at]);
                 if (best_at < 0) best_at = at; // the first tap in the input
                 if (v > best || v != v) {
                     best = v;
@@ -57,7 +78,7 @@ __device__ __forceinline__ void max_impl(const T* __restrict__ x, const PoolArgs
                 }
             }
         }
-        out[i] = best;
+        store(&out[i], best); // exact: best is a widened input value
         idx[i] = best_at < 0 ? 0 : best_at; // the geometry rules out empty windows
     }
 }
@@ -117,12 +138,13 @@ __device__ __forceinline__ void avg_impl(const T* __restrict__ x, const PoolArgs
         const u64 ow = i % a.ow, oh = (i / a.ow) % a.oh, plane = i / (a.ow * a.oh);
         const T* src = x + plane * a.ih * a.iw;
         const Window win = ADAPTIVE ? adaptive_window(a, oh, ow) : avg_window(a, oh, ow);
-        T sum = (T)0;
+        typedef typename Acc<T>::type A;
+        A sum = 0;
         for (i64 h = win.h0; h < win.h1; ++h) {
-            for (i64 w = win.w0; w < win.w1; ++w) sum += src[h * (i64)a.iw + w];
+            for (i64 w = win.w0; w < win.w1; ++w) sum += widen(src[h * (i64)a.iw + w]);
         }
         const bool empty = win.h0 == win.h1 || win.w0 == win.w1;
-        out[i] = empty ? (T)0 : sum / (T)win.divisor;
+        store(&out[i], empty ? (A)0 : sum / (A)win.divisor);
     }
 }
 
@@ -150,7 +172,73 @@ __device__ __forceinline__ void max_backward_impl(const T* __restrict__ g, const
     }
 }
 
-#define KILN_POOL(NAME, T)                                                                     \
+// ---- 16-bit backward: one thread per input element gathers (see the top comment) ----
+
+// Calls f(o, tap) for every output o (its index in the plane's H_out x W_out grid) whose window
+// tap (th, tw) lands on input (h, w): o_h * stride_h - pad_h + th * dil_h == h, likewise w.
+template <typename F>
+__device__ __forceinline__ void for_windows_at(const PoolArgs& a, u64 h, u64 w, F f) {
+    for (u64 th = 0; th < a.kh; ++th) {
+        const i64 t = (i64)(h + a.ph) - (i64)(th * a.dh);
+        if (t < 0 || t % (i64)a.sh != 0) continue;
+        const u64 oh = (u64)t / a.sh;
+        if (oh >= a.oh) continue;
+        for (u64 tw = 0; tw < a.kw; ++tw) {
+            const i64 s = (i64)(w + a.pw) - (i64)(tw * a.dw);
+            if (s < 0 || s % (i64)a.sw != 0) continue;
+            const u64 ow = (u64)s / a.sw;
+            if (ow >= a.ow) continue;
+            f(oh, ow);
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void max_gather_impl(const T* __restrict__ g, const i64* __restrict__ idx,
+                                                const PoolArgs& a, T* __restrict__ gin, u64 total) {
+    GRID_STRIDE(i, total) {
+        const u64 w = i % a.iw, h = (i / a.iw) % a.ih, plane = i / (a.iw * a.ih);
+        const u64 base = plane * a.oh * a.ow;
+        const i64 me = (i64)(h * a.iw + w);
+        float acc = 0.0f;
+        for_windows_at(a, h, w, [&](u64 oh, u64 ow) {
+            const u64 o = base + oh * a.ow + ow;
+            if (idx[o] == me) acc += widen(g[o]);
+        });
+        store(&gin[i], acc);
+    }
+}
+
+template <typename T, bool ADAPTIVE>
+__device__ __forceinline__ void avg_gather_impl(const T* __restrict__ g, const PoolArgs& a,
+                                                T* __restrict__ gin, u64 total) {
+    GRID_STRIDE(i, total) {
+        const u64 w = i % a.iw, h = (i / a.iw) % a.ih, plane = i / (a.iw * a.ih);
+        const u64 base = plane * a.oh * a.ow;
+        float acc = 0.0f;
+        if (ADAPTIVE) {
+            // windows [floor(o*I/O), ceil((o+1)*I/O)) holding h: o from floor(h*O/I) up
+            const u64 oh1 = ((h + 1) * a.oh + a.ih - 1) / a.ih, ow1 = ((w + 1) * a.ow + a.iw - 1) / a.iw;
+            for (u64 oh = h * a.oh / a.ih; oh < oh1 && oh < a.oh; ++oh) {
+                for (u64 ow = w * a.ow / a.iw; ow < ow1 && ow < a.ow; ++ow) {
+                    const Window win = adaptive_window(a, oh, ow);
+                    if ((i64)h < win.h0 || (i64)h >= win.h1 || (i64)w < win.w0 || (i64)w >= win.w1)
+                        continue;
+                    acc += widen(g[base + oh * a.ow + ow]) / (float)win.divisor;
+                }
+            }
+        } else {
+            // every window with a tap on (h, w) covers it after clipping (0 <= h < H)
+            for_windows_at(a, h, w, [&](u64 oh, u64 ow) {
+                const Window win = avg_window(a, oh, ow);
+                acc += widen(g[base + oh * a.ow + ow]) / (float)win.divisor;
+            });
+        }
+        store(&gin[i], acc);
+    }
+}
+
+#define KILN_POOL_FORWARD(NAME, T)                                                             \
     extern "C" __global__ void kiln_max_pool_##NAME(const T* __restrict__ x, PoolArgs a,        \
                                                     T* __restrict__ out, i64* __restrict__ idx, \
                                                     u64 total) {                                \
@@ -164,21 +252,30 @@ __device__ __forceinline__ void max_backward_impl(const T* __restrict__ g, const
                                                              PoolArgs a, T* __restrict__ out,   \
                                                              u64 total) {                       \
         avg_impl<T, true>(x, a, out, total);                                                    \
-    }                                                                                          \
+    }
+
+// Backward kernels: IMPL_MAX / IMPL_AVG are the atomic (per output) or gather (per input) bodies.
+#define KILN_POOL_BACKWARD(NAME, T, IMPL_MAX, IMPL_AVG)                                        \
     extern "C" __global__ void kiln_max_pool_backward_##NAME(                                  \
         const T* __restrict__ g, const i64* __restrict__ idx, PoolArgs a, T* __restrict__ gin,  \
         u64 total) {                                                                           \
-        max_backward_impl<T>(g, idx, a, gin, total);                                            \
+        IMPL_MAX<T>(g, idx, a, gin, total);                                                     \
     }                                                                                          \
     extern "C" __global__ void kiln_avg_pool_backward_##NAME(const T* __restrict__ g,           \
                                                              PoolArgs a, T* __restrict__ gin,   \
                                                              u64 total) {                       \
-        avg_backward_impl<T, false>(g, a, gin, total);                                          \
+        IMPL_AVG<T, false>(g, a, gin, total);                                                   \
     }                                                                                          \
     extern "C" __global__ void kiln_adaptive_avg_pool_backward_##NAME(                         \
         const T* __restrict__ g, PoolArgs a, T* __restrict__ gin, u64 total) {                  \
-        avg_backward_impl<T, true>(g, a, gin, total);                                           \
+        IMPL_AVG<T, true>(g, a, gin, total);                                                    \
     }
 
-KILN_POOL(f32, float)
-KILN_POOL(f64, double)
+KILN_POOL_FORWARD(f32, float)
+KILN_POOL_FORWARD(f64, double)
+KILN_POOL_FORWARD(f16, __half)
+KILN_POOL_FORWARD(bf16, __nv_bfloat16)
+KILN_POOL_BACKWARD(f32, float, max_backward_impl, avg_backward_impl)
+KILN_POOL_BACKWARD(f64, double, max_backward_impl, avg_backward_impl)
+KILN_POOL_BACKWARD(f16, __half, max_gather_impl, avg_gather_impl)
+KILN_POOL_BACKWARD(bf16, __nv_bfloat16, max_gather_impl, avg_gather_impl)
