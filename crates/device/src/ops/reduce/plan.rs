@@ -26,8 +26,12 @@
 
 use crate::cuda::launch::{grid_for, is_unit_stride, vector_aligned, StridedArgs};
 
-/// Blocks per SM the split aims for (256-thread blocks: eight fill an SM's 2048 threads).
-pub const BLOCKS_PER_SM: u64 = 8;
+/// Blocks per SM the split aims for. The pass-1 kernels declare `__launch_bounds__(256, 4)`, so
+/// four 256-thread blocks are resident at once on any SM (ptxas keeps them at <= 64 registers;
+/// sm_90 today: 48 for sums, 53 to 60 for extremes): a split runs as one wave, with no
+/// half-empty tail wave, and 1024 threads x 4 vector loads (64 KiB per SM) are in flight, more
+/// than the ~25 KiB per SM that HBM3 latency times bandwidth asks for.
+pub const BLOCKS_PER_SM: u64 = 4;
 
 /// Fewest elements a split chunk holds (16 per thread of a 256-thread block).
 pub const MIN_CHUNK: u64 = 4096;
@@ -156,14 +160,14 @@ mod tests {
 
     #[test]
     fn whole_tensor_sums_fill_the_device() {
-        // 2^28 elements, one output: 1056 chunks of 254 208 elements (multiple of 16)
+        // 2^28 elements, one output: 528 chunks (4 per SM) of 508 416 elements (a multiple of 16)
         let p = plan(ROWS, 1, 1 << 28, H200_SMS);
-        assert_eq!((p.splits, p.chunk), (1056, 254_208));
+        assert_eq!((p.splits, p.chunk), (528, 508_416));
         assert!(p.splits * p.chunk >= 1 << 28 && (p.splits - 1) * p.chunk < 1 << 28);
-        assert_eq!((p.block, p.grid, p.combine_threads), ((256, 1), 1056, 256));
+        assert_eq!((p.block, p.grid, p.combine_threads), ((256, 1), 528, 256));
         // 100M elements; the same through the strides
         let p = plan(ROWS, 1, 100_000_000, H200_SMS);
-        assert_eq!((p.splits, p.chunk, p.grid), (1056, 94_704, 1056));
+        assert_eq!((p.splits, p.chunk, p.grid), (528, 189_408, 528));
         assert_eq!(plan(Read::Strided, 1, 100_000_000, H200_SMS), p);
     }
 
@@ -185,9 +189,9 @@ mod tests {
 
     #[test]
     fn few_long_rows_split_many_rows_do_not() {
-        // 8 outputs of 2^20: 132 chunks each (1056 blocks in all)
+        // 8 outputs of 2^20: 66 chunks each (528 blocks in all)
         let p = plan(ROWS, 8, 1 << 20, H200_SMS);
-        assert_eq!((p.splits, p.chunk, p.grid), (132, 7952, 1056));
+        assert_eq!((p.splits, p.chunk, p.grid), (66, 15_888, 528));
         // 2^14 rows of 2^14: enough outputs, one block each
         let p = plan(Read::Vector, 1 << 14, 1 << 14, H200_SMS);
         assert_eq!(
@@ -199,17 +203,17 @@ mod tests {
         assert_eq!((p.splits, p.block, p.grid), (1, (32, 1), 1 << 16));
         // empty groups and a device the driver reported without SMs
         assert_eq!(plan(ROWS, 5, 0, H200_SMS).splits, 1);
-        assert_eq!(plan(ROWS, 1, 1 << 20, 0).splits, 8);
+        assert_eq!(plan(ROWS, 1, 1 << 20, 0).splits, 4);
     }
 
     #[test]
     fn outer_reductions_tile_the_outputs() {
         let o = Read::Outer;
-        // [2^24, 16] over dim 0: one tile of 16 columns x 16 row lanes, 1056 chunks of rows
+        // [2^24, 16] over dim 0: one tile of 16 columns x 16 row lanes, 528 chunks of rows
         let p = plan(o, 16, 1 << 24, H200_SMS);
         assert_eq!(
             (p.block, p.grid, p.splits, p.chunk),
-            ((16, 16), 1056, 1056, 15_888)
+            ((16, 16), 528, 528, 31_776)
         );
         // 3 columns: tiles of 4 (one idle lane), chunks of at least 1024 rows
         let p = plan(o, 3, 300_000, H200_SMS);

@@ -35,13 +35,16 @@
 // a work item is (tile, chunk of rows); the partials keep the same per-output layout.
 //
 // Sums accumulate in double (the CPU backend's f64 accumulator; halves and f32 included),
-// integer sums in wrapping i64. Max/min/argmax carry (value, index) pairs, the index counted in
-// the whole group, and combine them by value, NaN first (NaN-propagating as on the CPU), ties
-// and NaNs to the lower index. That choice is a total order on the pairs, so it picks the same
+// integer sums in wrapping i64. Max/min/argmax carry (value, index) pairs (the value as float
+// for f32/f16/bf16, which is exact and compares at the f32 rate; double for f64; i64 for the
+// integer dtypes), the index counted in the whole group, and combine them by value, NaN first
+// (NaN-propagating as on the CPU), ties and NaNs to the lower index. That choice is a total order on the pairs, so it picks the same
 // pair however the elements are grouped: argmax returns the first maximum (or first NaN)
 // whichever thread, block or chunk saw it.
 // Except for ACCESS_OUTER, blocks are 1-D and blockDim.x a multiple of 32 (the launcher picks
 // 32..256); ACCESS_OUTER blocks are blockDim.x * blockDim.y = 256 threads, both powers of two.
+// Pass-1 kernels declare __launch_bounds__(256, 4): four blocks fit on an SM (plan.rs's
+// BLOCKS_PER_SM relies on it, so a split is one wave).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -96,6 +99,7 @@ __device__ __forceinline__ void store(unsigned char* p, i64 v) { *p = (unsigned 
 __device__ __forceinline__ void store(i64* p, double) { *p = 0; }
 __device__ __forceinline__ void store(unsigned char* p, double) { *p = 0; }
 
+__device__ __forceinline__ bool is_nan(float v) { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
 __device__ __forceinline__ bool is_nan(i64) { return false; }
 
@@ -154,6 +158,7 @@ template <typename K> struct Extreme {
 };
 
 // The scratch layout of a partial extreme state: cuda.rs allocates this many bytes per chunk.
+static_assert(sizeof(Extreme<float>) == 24, "EXTREME_STATE_BYTES in cuda.rs");
 static_assert(sizeof(Extreme<double>) == 24, "EXTREME_STATE_BYTES in cuda.rs");
 static_assert(sizeof(Extreme<i64>) == 24, "EXTREME_STATE_BYTES in cuda.rs");
 
@@ -193,7 +198,7 @@ template <typename T> struct alignas(16) Pack {
 // Element j of the group as a state (value, and index for extremes).
 template <typename S, typename T> __device__ __forceinline__ S element(S id, T v, u64 j) {
     S e = id;
-    e.v = key(v);
+    e.v = (decltype(e.v))key(v); // exact: float keys only hold f32/f16/bf16 values
     e.at(j);
     return e;
 }
@@ -206,20 +211,23 @@ __device__ __forceinline__ S fold_chunk(const T* __restrict__ x, u64 base, const
     S s = id;
     const u64 step = blockDim.x;
     if (access == ACCESS_VECTOR) {
-        constexpr int V = 16 / sizeof(T);
+        constexpr int V = 16 / sizeof(T), U = 4; // U 16-byte loads in flight per thread
         const Pack<T>* p = reinterpret_cast<const Pack<T>*>(x + base + lo);
         const u64 packs = (hi - lo) / V;
         u64 k = threadIdx.x;
-        for (; k + step < packs; k += 2 * step) { // two 16-byte loads in flight
-            const Pack<T> a = p[k], b = p[k + step];
+        for (; k + (U - 1) * step < packs; k += U * step) {
+            Pack<T> a[U];
 #pragma unroll
-            for (int e = 0; e < V; ++e) s = S::combine(s, element(id, a.v[e], lo + k * V + e));
+            for (int u = 0; u < U; ++u) a[u] = p[k + u * step];
 #pragma unroll
-            for (int e = 0; e < V; ++e) {
-                s = S::combine(s, element(id, b.v[e], lo + (k + step) * V + e));
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    s = S::combine(s, element(id, a[u].v[e], lo + (k + u * step) * V + e));
+                }
             }
         }
-        if (k < packs) {
+        for (; k < packs; k += step) {
             const Pack<T> a = p[k];
 #pragma unroll
             for (int e = 0; e < V; ++e) s = S::combine(s, element(id, a.v[e], lo + k * V + e));
@@ -339,7 +347,7 @@ __device__ __forceinline__ void pass2(const S* __restrict__ partial, u64 n_out, 
 }
 
 #define KILN_SUM(NAME, T, S, O)                                                                \
-    extern "C" __global__ void kiln_reduce_sum_##NAME(                                         \
+    extern "C" __global__ void __launch_bounds__(256, 4) kiln_reduce_sum_##NAME(               \
         const T* __restrict__ x, StridedArgs kept, StridedArgs red, O* __restrict__ out,         \
         S* __restrict__ partial, u64 n_out, u64 r, u64 splits, u64 chunk, unsigned access) {   \
         pass1<T, S>(x, kept, red, partial, n_out, r, splits, chunk, access, S::identity(),      \
@@ -381,7 +389,7 @@ __device__ __forceinline__ void finish_extreme(T* __restrict__ out, i64* __restr
 }
 
 #define KILN_EXTREME(NAME, T, K)                                                                \
-    extern "C" __global__ void kiln_reduce_extreme_##NAME(                                      \
+    extern "C" __global__ void __launch_bounds__(256, 4) kiln_reduce_extreme_##NAME(            \
         const T* __restrict__ x, StridedArgs kept, StridedArgs red, T* __restrict__ out,         \
         i64* __restrict__ idx, Extreme<K>* __restrict__ partial, u64 n_out, u64 r, u64 splits,   \
         u64 chunk, unsigned access, int largest, int want_index) {                               \
@@ -397,10 +405,10 @@ __device__ __forceinline__ void finish_extreme(T* __restrict__ out, i64* __restr
                           [&](u64 o, Extreme<K> s) { finish_extreme(out, idx, o, s, want_index); }); \
     }
 
-KILN_EXTREME(f32, float, double)
+KILN_EXTREME(f32, float, float)
 KILN_EXTREME(f64, double, double)
-KILN_EXTREME(f16, __half, double)
-KILN_EXTREME(bf16, __nv_bfloat16, double)
+KILN_EXTREME(f16, __half, float)
+KILN_EXTREME(bf16, __nv_bfloat16, float)
 KILN_EXTREME(i64, i64, i64)
 KILN_EXTREME(u8, unsigned char, i64)
 KILN_EXTREME(bool, unsigned char, i64)
