@@ -1,6 +1,7 @@
 //! CUDA parity for the bandwidth paths of reductions and elementwise ops: split reductions (one
-//! output's group over many blocks, then a combine pass), the unit-stride and 16-byte vector
-//! reads, and the strided fallback, each against the CPU backend with the per-dtype tolerances of
+//! output's group over many blocks, then a combine pass), a warp or a block per output, tiles of
+//! outputs for outer reduced dims, the unit-stride and 16-byte vector reads, and the strided
+//! fallback, each against the CPU backend with the per-dtype tolerances of
 //! `kiln_device::testing::tolerance`. Sizes are chosen so the plan of
 //! `kiln_device::ops::reduce::plan` really splits on the device under test (asserted), and ties
 //! and NaNs sit in different chunks.
@@ -139,6 +140,30 @@ fn few_long_groups_split_over_rows_and_columns() {
                 &l.transpose(0, 1),
                 &[0],
             );
+        }
+    }
+}
+
+#[test]
+fn short_medium_and_long_rows_take_warp_block_and_split_paths() {
+    let Some(dev) = cuda_device_or_skip() else {
+        return;
+    };
+    // (rows, cols, pass-1 block): a warp per row, a block per row, blocks per row (split)
+    for (rows, cols, block) in [
+        (20_000, 100, (32, 8)),
+        (3, 1000, (32, 8)),
+        (700, 3000, (256, 1)),
+        (2, 100_000, (256, 1)),
+    ] {
+        assert_eq!(device_plan(Read::Contiguous, rows, cols).block, block);
+        for dtype in [DType::F32, DType::F16, DType::I64] {
+            let (c, g) = both(dev, &values(rows * cols, dtype));
+            let l = Layout::contiguous(&[rows, cols]);
+            check_reductions(&format!("rows {dtype}"), (&c, &g), &l, &[1]);
+            // one element in: every row start misaligned
+            let shifted = l.narrow(1, 1, cols - 1);
+            check_reductions(&format!("shifted rows {dtype}"), (&c, &g), &shifted, &[1]);
         }
     }
 }

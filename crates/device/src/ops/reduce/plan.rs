@@ -1,6 +1,10 @@
 //! How a CUDA reduction is launched: pure functions of the shapes, the view and the device's SM
 //! count, so every choice is unit-tested without a GPU.
 //!
+//! **Short groups.** Groups of at most [`WARP_GROUP_MAX`] elements (a softmax-sized row, a
+//! layer-norm mean) take one warp each, eight per block, folded with shuffles only: a block per
+//! output would leave most of its threads idle and pay a barrier per row.
+//!
 //! **Split heuristic.** A reduction has `n_out` outputs of `r` elements each. One block per
 //! output fills the device only when `n_out` is large; a whole-tensor sum (`n_out = 1`) would run
 //! on one SM. So when `n_out` is below [`BLOCKS_PER_SM`] x SMs and `r` is large, each output's
@@ -28,7 +32,7 @@ use crate::cuda::launch::{grid_for, is_unit_stride, vector_aligned, StridedArgs}
 
 /// Blocks per SM the split aims for. The pass-1 kernels declare `__launch_bounds__(256, 4)`, so
 /// four 256-thread blocks are resident at once on any SM (ptxas keeps them at <= 64 registers;
-/// sm_90 today: 48 for sums, 53 to 60 for extremes): a split runs as one wave, with no
+/// sm_90 today: 48 for sums, 56 to 64 for extremes, no spills): a split runs as one wave, with no
 /// half-empty tail wave, and 1024 threads x 4 vector loads (64 KiB per SM) are in flight, more
 /// than the ~25 KiB per SM that HBM3 latency times bandwidth asks for.
 pub const BLOCKS_PER_SM: u64 = 4;
@@ -38,6 +42,10 @@ pub const MIN_CHUNK: u64 = 4096;
 
 /// Chunks are a multiple of this many elements (a 16-byte vector of the narrowest dtype).
 pub const CHUNK_ALIGN: u64 = 16;
+
+/// Longest group folded by one warp (blocks of 32 x 8: eight outputs per block); longer groups
+/// take a block each (or several, split).
+pub const WARP_GROUP_MAX: u64 = 1024;
 
 /// How pass 1 reads the view (the `ACCESS_*` code of reduce.cu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +75,9 @@ impl Read {
 /// The launch of a reduction of `n_out` groups of `r` elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReducePlan {
-    /// Block shape of pass 1: `(threads, 1)`, or `(columns, row lanes)` for [`Read::Outer`].
+    /// Block shape of pass 1: `(threads, 1)` with one block per output and chunk; `(32, 8)`,
+    /// one warp per output, for groups of at most [`WARP_GROUP_MAX`]; `(columns, row lanes)`
+    /// for [`Read::Outer`].
     pub block: (u32, u32),
     /// Blocks of pass 1 (grid-stride over the work items: outputs or tiles, times `splits`).
     pub grid: u32,
@@ -105,9 +115,18 @@ pub fn plan(read: Read, n_out: u64, r: u64, sm_count: u32) -> ReducePlan {
     if read == Read::Outer {
         return plan_outer(n_out, r, sm_count);
     }
+    if r <= WARP_GROUP_MAX {
+        return ReducePlan {
+            block: (32, 8),
+            grid: grid_for(n_out, 8),
+            splits: 1,
+            chunk: r,
+            combine_threads: 32,
+        };
+    }
     let (splits, chunk) = split(n_out, r, sm_count, MIN_CHUNK, CHUNK_ALIGN);
     ReducePlan {
-        block: (threads_for(chunk), 1),
+        block: (256, 1), // groups here are longer than WARP_GROUP_MAX
         grid: grid_for(n_out * splits, 1),
         splits,
         chunk,
@@ -185,6 +204,8 @@ mod tests {
         // below two minimum chunks: no split
         let p = plan(ROWS, 1, 8191, H200_SMS);
         assert_eq!((p.splits, p.chunk, p.block, p.grid), (1, 8191, (256, 1), 1));
+        let p = plan(ROWS, 1, 1025, H200_SMS);
+        assert_eq!((p.splits, p.block, p.grid), (1, (256, 1), 1));
     }
 
     #[test]
@@ -198,9 +219,22 @@ mod tests {
             (p.splits, p.chunk, p.block, p.grid),
             (1, 1 << 14, (256, 1), 1 << 14)
         );
-        // many short rows: small blocks, capped grid
+        // 700 rows of 3000: a block each
+        let p = plan(ROWS, 700, 3000, H200_SMS);
+        assert_eq!(
+            (p.splits, p.chunk, p.block, p.grid),
+            (1, 3000, (256, 1), 700)
+        );
+        // short rows: a warp each, eight per block, capped grid
+        let p = plan(Read::Strided, 20_000, 100, H200_SMS);
+        assert_eq!(
+            (p.splits, p.chunk, p.block, p.grid),
+            (1, 100, (32, 8), 2500)
+        );
+        let p = plan(ROWS, 3, 1024, H200_SMS);
+        assert_eq!((p.splits, p.block, p.grid), (1, (32, 8), 1));
         let p = plan(ROWS, 1 << 30, 4, H200_SMS);
-        assert_eq!((p.splits, p.block, p.grid), (1, (32, 1), 1 << 16));
+        assert_eq!((p.splits, p.block, p.grid), (1, (32, 8), 1 << 16));
         // empty groups and a device the driver reported without SMs
         assert_eq!(plan(ROWS, 5, 0, H200_SMS).splits, 1);
         assert_eq!(plan(ROWS, 1, 1 << 20, 0).splits, 4);

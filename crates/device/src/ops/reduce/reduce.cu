@@ -16,7 +16,7 @@
 //
 // The launcher permutes the input so the kept dims come first: `kept` walks the n_out outputs
 // (its offset is the view's offset) and `red` the r reduced elements of one output (offset 0).
-// Each output's group is cut into `splits` chunks of `chunk` elements (splits = 1, chunk = r
+// Each output's group (when longer than 1024 elements) is cut into `splits` chunks of `chunk` elements (splits = 1, chunk = r
 // when there are enough outputs to fill the device: see plan.rs); work item w = o * splits + c
 // is one block (grid-stride over work items, so any count fits a capped 1-D grid). Each thread
 // folds its elements of the chunk, then the block combines the per-thread states with warp
@@ -41,8 +41,11 @@
 // (NaN-propagating as on the CPU), ties and NaNs to the lower index. That choice is a total order on the pairs, so it picks the same
 // pair however the elements are grouped: argmax returns the first maximum (or first NaN)
 // whichever thread, block or chunk saw it.
-// Except for ACCESS_OUTER, blocks are 1-D and blockDim.x a multiple of 32 (the launcher picks
-// 32..256); ACCESS_OUTER blocks are blockDim.x * blockDim.y = 256 threads, both powers of two.
+// Groups of up to 1024 elements take a warp each: blocks of 32 x 8, warp threadIdx.y folds
+// output blockIdx.x * 8 + threadIdx.y (grid-stride) and reduces with shuffles alone. Longer
+// groups take 1-D blocks, blockDim.x a multiple of 32 (the launcher picks 32..256), one per
+// (output, chunk). ACCESS_OUTER blocks are blockDim.x * blockDim.y = 256 threads, both powers
+// of two.
 // Pass-1 kernels declare __launch_bounds__(256, 4): four blocks fit on an SM (plan.rs's
 // BLOCKS_PER_SM relies on it, so a split is one wave).
 
@@ -314,6 +317,15 @@ __device__ __forceinline__ void pass1(const T* __restrict__ x, const StridedArgs
                                       Finish finish) {
     if (access == ACCESS_OUTER) {
         pass1_outer(x, kept, red, partial, n_out, r, splits, chunk, id, finish);
+        return;
+    }
+    if (blockDim.y > 1) { // short groups: one warp per output, no split, no barrier
+        const u64 warps = (u64)gridDim.x * blockDim.y;
+        for (u64 o = (u64)blockIdx.x * blockDim.y + threadIdx.y; o < n_out; o += warps) {
+            S s = fold_chunk(x, strided_at(kept, o), red, 0, r, access, id);
+            s = warp_reduce(s);
+            if (threadIdx.x == 0) finish(o, s);
+        }
         return;
     }
     const u64 work = n_out * splits;
