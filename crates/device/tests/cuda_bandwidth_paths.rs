@@ -13,7 +13,8 @@
 use kiln_device::ops::reduce::plan::{plan, Read, ReducePlan};
 use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
 use kiln_device::{
-    BackendStorage, BinaryOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp, UnaryOp,
+    BackendStorage, BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp,
+    UnaryOp,
 };
 
 const OPS: [ReduceOp; 5] = [
@@ -269,6 +270,19 @@ fn elementwise_flat_and_vector_paths_match_cpu_at_any_offset() {
                     &g.binary(&la, &g, &lb, op).unwrap(),
                 );
             }
+            // comparisons and where: flat (no vectors) for unit-stride operands
+            let what = format!("compare/where {dtype} offsets {oa}/{ob}");
+            let (mask_c, mask_g) = (
+                c.compare(&la, &c, &lb, CmpOp::Lt).unwrap(),
+                g.compare(&la, &g, &lb, CmpOp::Lt).unwrap(),
+            );
+            assert_match(&what, &mask_c, &mask_g);
+            let lm = Layout::contiguous(&[n]);
+            assert_match(
+                &what,
+                &mask_c.where_cond(&lm, &c, &la, &c, &lb).unwrap(),
+                &mask_g.where_cond(&lm, &g, &la, &g, &lb).unwrap(),
+            );
             for op in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Square] {
                 let what = format!("{op:?} {dtype} offset {oa}");
                 assert_match(

@@ -4,7 +4,8 @@
 //! (broadcast operands have stride 0), so nothing is materialised before the kernel runs.
 //! Unary and binary ops on operands that are unit-stride after collapsing (the hot case) take a
 //! flat path with no index math, with 16-byte vector loads and stores when every operand and the
-//! output are 16-byte aligned at their first element ([`flat_access`] picks it). The
+//! output are 16-byte aligned at their first element ([`flat_access`] picks it); comparisons and
+//! `where` take the flat path without vectors. The
 //! dtype rules are the CPU backend's: unary and binary arithmetic on the four float types and
 //! `I64` (the subset of ops that make sense on integers), comparisons on every dtype, `where`
 //! on every dtype with a `Bool`/`U8` condition.
@@ -12,7 +13,8 @@
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{
-    collapse, elementwise_config, flat_access, function, launch_error, suffix, Access,
+    collapse, elementwise_config, flat_access, function, is_unit_stride, launch_error, suffix,
+    Access,
 };
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
@@ -212,15 +214,15 @@ impl CudaStorage {
         )
     }
 
-    /// The launch shared by binary ops and comparisons: (a, la, b, lb, out, n, op), then the
-    /// access code when `with_access` (binary ops; comparisons read through the strides).
+    /// The launch shared by binary ops and comparisons: (a, la, b, lb, out, n, op, access);
+    /// vector access only when `vectors` (binary ops: output and inputs of one size).
     fn launch_binary(
         &self,
         (layout, rhs, rhs_layout): (&Layout, &Self, &Layout),
         op: &'static str,
         name: &str,
         out_dtype: DType,
-        (code, with_access): (u32, bool),
+        (code, vectors): (u32, bool),
     ) -> Result<Self> {
         check_same_shape(op, layout, rhs_layout)?;
         self.check_view(op, layout)?;
@@ -248,19 +250,16 @@ impl CudaStorage {
             .arg(&n)
             .arg(&code);
         let elem = self.dtype().size_in_bytes();
-        let access = if with_access {
-            flat_access(&[(va, a), (vb, b)], dst, elem)
-        } else {
-            Access::Strided
+        let access = match flat_access(&[(va, a), (vb, b)], dst, elem) {
+            Access::Vector if !vectors => Access::Contiguous,
+            access => access,
         };
         let access_code = access.code();
-        if with_access {
-            launch.arg(&access_code);
-        }
-        // SAFETY: signature (const T*, StridedArgs, const T*, StridedArgs, O*, u64, unsigned[,
-        // unsigned]) as in elementwise.cu; both views were checked; `out` holds n elements of
+        launch.arg(&access_code);
+        // SAFETY: signature (const T*, StridedArgs, const T*, StridedArgs, O*, u64, unsigned,
+        // unsigned) as in elementwise.cu; both views were checked; `out` holds n elements of
         // `out_dtype`; a vector access was only picked for 16-byte aligned unit-stride operands
-        // of one dtype (binary ops: the output's dtype too).
+        // of the output's dtype (binary ops).
         unsafe { launch.launch(config_for(access, n, elem)) }.map_err(|e| launch_error(name, e))?;
         Ok(out)
     }
@@ -301,6 +300,13 @@ impl CudaStorage {
             out.device_ptr(),
             n as u64,
         );
+        let flat = [vc, vt, vf].iter().all(is_unit_stride);
+        let access = if flat {
+            Access::Contiguous
+        } else {
+            Access::Strided
+        }
+        .code();
         let mut launch = stream.launch_builder(&f);
         launch
             .arg(&c)
@@ -310,7 +316,8 @@ impl CudaStorage {
             .arg(&e)
             .arg(&vf)
             .arg(&dst)
-            .arg(&n);
+            .arg(&n)
+            .arg(&access);
         // SAFETY: signature as in elementwise.cu; all three views were checked; `out` holds n
         // elements of the branches' dtype.
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;

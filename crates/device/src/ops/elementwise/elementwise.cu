@@ -5,10 +5,10 @@
 //                                                                       t: f32 f64 f16 bf16 i64
 //   kiln_binary_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, T* out, u64 n,
 //                   unsigned op, unsigned access)
-//   kiln_compare_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, u8* out, u64 n, unsigned op)
-//                                                                                  t: every dtype
+//   kiln_compare_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, u8* out, u64 n,
+//                    unsigned op, unsigned access)                               t: every dtype
 //   kiln_where_b<bytes>(const u8* c, StridedArgs lc, const T* t, StridedArgs lt,
-//                       const T* f, StridedArgs lf, T* out, u64 n)
+//                       const T* f, StridedArgs lf, T* out, u64 n, unsigned access)
 //
 // `op` is the index of the Rust enum variant (UNARY_*/BINARY_*/CMP_* below must follow the order
 // of `UnaryOp`, `BinaryOp`, `CmpOp` in backend.rs; cuda.rs maps them explicitly). The op is a
@@ -20,8 +20,8 @@
 // through the strides; contiguous (every operand unit-stride after collapsing: x[offset + i],
 // no index math); or vector (contiguous and every operand and the output 16-byte aligned at
 // its first element: one 16-byte load per operand and one store per 16 bytes of output, the
-// last n % (16 / sizeof(T)) elements element-wise). Comparisons and `where` read through the
-// strides only.
+// last n % (16 / sizeof(T)) elements element-wise). Comparisons and `where` (whose operands
+// differ in element size) take the strided and contiguous paths only.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -334,10 +334,16 @@ template <typename K> __device__ __forceinline__ bool compare(unsigned op, K a, 
     extern "C" __global__ void kiln_compare_##NAME(const T* __restrict__ a, StridedArgs la,     \
                                                    const T* __restrict__ b, StridedArgs lb,     \
                                                    unsigned char* __restrict__ out, u64 n,      \
-                                                   unsigned op) {                               \
-        GRID_STRIDE(i, n) {                                                                    \
-            out[i] = compare(op, cmp_key(a[strided_at(la, i)]), cmp_key(b[strided_at(lb, i)])) \
-                         ? 1 : 0;                                                              \
+                                                   unsigned op, unsigned access) {              \
+        if (access == ACCESS_STRIDED) {                                                        \
+            GRID_STRIDE(i, n) {                                                                \
+                out[i] = compare(op, cmp_key(a[strided_at(la, i)]),                            \
+                                 cmp_key(b[strided_at(lb, i)])) ? 1 : 0;                       \
+            }                                                                                  \
+        } else {                                                                               \
+            const T* as = a + la.offset;                                                       \
+            const T* bs = b + lb.offset;                                                       \
+            GRID_STRIDE(i, n) { out[i] = compare(op, cmp_key(as[i]), cmp_key(bs[i])) ? 1 : 0; } \
         }                                                                                      \
     }
 
@@ -353,9 +359,17 @@ KILN_COMPARE(bool, unsigned char)
 #define KILN_WHERE(BYTES, T)                                                                   \
     extern "C" __global__ void kiln_where_b##BYTES(                                            \
         const unsigned char* __restrict__ c, StridedArgs lc, const T* __restrict__ t,           \
-        StridedArgs lt, const T* __restrict__ f, StridedArgs lf, T* __restrict__ out, u64 n) {  \
-        GRID_STRIDE(i, n) {                                                                    \
-            out[i] = c[strided_at(lc, i)] != 0 ? t[strided_at(lt, i)] : f[strided_at(lf, i)];   \
+        StridedArgs lt, const T* __restrict__ f, StridedArgs lf, T* __restrict__ out, u64 n,    \
+        unsigned access) {                                                                     \
+        if (access == ACCESS_STRIDED) {                                                        \
+            GRID_STRIDE(i, n) {                                                                \
+                out[i] = c[strided_at(lc, i)] != 0 ? t[strided_at(lt, i)] : f[strided_at(lf, i)]; \
+            }                                                                                  \
+        } else {                                                                               \
+            const unsigned char* cs = c + lc.offset;                                           \
+            const T* ts = t + lt.offset;                                                       \
+            const T* fs = f + lf.offset;                                                       \
+            GRID_STRIDE(i, n) { out[i] = cs[i] != 0 ? ts[i] : fs[i]; }                         \
         }                                                                                      \
     }
 
