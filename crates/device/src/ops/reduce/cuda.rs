@@ -1,4 +1,4 @@
-//! CUDA reductions: the kernels of `reduce.cu`, launched with a [`plan`](super::plan).
+//! CUDA reductions: the kernels of `reduce.cu`, launched with a plan from [`super::plan`].
 //!
 //! The view is split into the kept dims (which enumerate the outputs, row-major, like the CPU's
 //! permuted layout) and the reduced dims (which enumerate one output's group); each part is

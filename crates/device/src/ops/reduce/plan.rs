@@ -2,7 +2,7 @@
 //! count, so every choice is unit-tested without a GPU.
 //!
 //! **Short groups.** Groups of at most [`WARP_GROUP_MAX`] elements (a softmax-sized row, a
-//! layer-norm mean) take one warp each, eight per block, folded with shuffles only: a block per
+//! layer-norm mean), unless read as `Outer` (below), take one warp each, eight per block, folded with shuffles only: a block per
 //! output would leave most of its threads idle and pay a barrier per row.
 //!
 //! **Split heuristic.** A reduction has `n_out` outputs of `r` elements each. One block per
@@ -14,8 +14,9 @@
 //! block target, but never so many that a chunk drops below [`MIN_CHUNK`] elements (a block must
 //! stream enough bytes to hide its launch and final tree). Chunks are multiples of
 //! [`CHUNK_ALIGN`] elements so every chunk of a vector-aligned row starts on a 16-byte boundary.
-//! The plan is a function of `(n_out, r, SM count)` only, so the reduction tree, and with it every
-//! floating-point sum, is the same run to run on a given device.
+//! The plan is a function of the read, `n_out`, `r` and the SM count only, so the reduction
+//! tree, and with it every floating-point sum, is the same run to run on a given device (a GPU
+//! with another SM count may round a float sum differently, within the CPU-parity tolerances).
 //!
 //! **Reads.** [`read_for`] looks at the collapsed kept and reduced parts of the view:
 //! - the reduced part is one unit-stride dim (rows reduced innermost): `Contiguous`, a straight
