@@ -21,7 +21,8 @@
 // no index math); or vector (contiguous and every operand and the output 16-byte aligned at
 // its first element: one 16-byte load per operand and one store per 16 bytes of output, the
 // last n % (16 / sizeof(T)) elements element-wise). Comparisons and `where` (whose operands
-// differ in element size) take the strided and contiguous paths only.
+// differ in element size) take the strided and contiguous paths only. Strided reads of views
+// under 2^32 elements do their index math in 32 bits (strided_at32).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -49,6 +50,21 @@ __device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
     }
     return at;
 }
+
+// strided_at for i < 2^32 in a view of fewer than 2^32 elements (so every size fits too):
+// 32-bit divide and modulo, several times cheaper than the emulated 64-bit ones.
+__device__ __forceinline__ u64 strided_at32(const StridedArgs& l, unsigned i) {
+    u64 at = l.offset;
+    for (int d = (int)l.ndim - 1; d >= 0; --d) {
+        const unsigned size = (unsigned)l.shape[d];
+        at += (u64)(i % size) * l.strides[d];
+        i /= size;
+    }
+    return at;
+}
+
+// True when indices below n take strided_at32.
+__device__ __forceinline__ bool fits32(u64 n) { return n <= 0xFFFFFFFFull; }
 
 #define ACCESS_STRIDED 0
 #define ACCESS_CONTIGUOUS 1
@@ -82,6 +98,8 @@ __device__ __forceinline__ void map1(const T* __restrict__ x, const StridedArgs&
     } else if (access == ACCESS_CONTIGUOUS) {
         const T* xs = x + lx.offset;
         GRID_STRIDE(i, n) { out[i] = f(xs[i]); }
+    } else if (fits32(n)) {
+        GRID_STRIDE(i, n) { out[i] = f(x[strided_at32(lx, (unsigned)i)]); }
     } else {
         GRID_STRIDE(i, n) { out[i] = f(x[strided_at(lx, i)]); }
     }
@@ -113,6 +131,10 @@ __device__ __forceinline__ void map2(const T* __restrict__ a, const StridedArgs&
         const T* as = a + la.offset;
         const T* bs = b + lb.offset;
         GRID_STRIDE(i, n) { out[i] = f(as[i], bs[i]); }
+    } else if (fits32(n)) {
+        GRID_STRIDE(i, n) {
+            out[i] = f(a[strided_at32(la, (unsigned)i)], b[strided_at32(lb, (unsigned)i)]);
+        }
     } else {
         GRID_STRIDE(i, n) { out[i] = f(a[strided_at(la, i)], b[strided_at(lb, i)]); }
     }
@@ -335,7 +357,12 @@ template <typename K> __device__ __forceinline__ bool compare(unsigned op, K a, 
                                                    const T* __restrict__ b, StridedArgs lb,     \
                                                    unsigned char* __restrict__ out, u64 n,      \
                                                    unsigned op, unsigned access) {              \
-        if (access == ACCESS_STRIDED) {                                                        \
+        if (access == ACCESS_STRIDED && fits32(n)) {                                           \
+            GRID_STRIDE(i, n) {                                                                \
+                out[i] = compare(op, cmp_key(a[strided_at32(la, (unsigned)i)]),                \
+                                 cmp_key(b[strided_at32(lb, (unsigned)i)])) ? 1 : 0;           \
+            }                                                                                  \
+        } else if (access == ACCESS_STRIDED) {                                                 \
             GRID_STRIDE(i, n) {                                                                \
                 out[i] = compare(op, cmp_key(a[strided_at(la, i)]),                            \
                                  cmp_key(b[strided_at(lb, i)])) ? 1 : 0;                       \
@@ -361,7 +388,13 @@ KILN_COMPARE(bool, unsigned char)
         const unsigned char* __restrict__ c, StridedArgs lc, const T* __restrict__ t,           \
         StridedArgs lt, const T* __restrict__ f, StridedArgs lf, T* __restrict__ out, u64 n,    \
         unsigned access) {                                                                     \
-        if (access == ACCESS_STRIDED) {                                                        \
+        if (access == ACCESS_STRIDED && fits32(n)) {                                           \
+            GRID_STRIDE(i, n) {                                                                \
+                const unsigned k = (unsigned)i;                                                \
+                out[i] = c[strided_at32(lc, k)] != 0 ? t[strided_at32(lt, k)]                  \
+                                                     : f[strided_at32(lf, k)];                 \
+            }                                                                                  \
+        } else if (access == ACCESS_STRIDED) {                                                 \
             GRID_STRIDE(i, n) {                                                                \
                 out[i] = c[strided_at(lc, i)] != 0 ? t[strided_at(lt, i)] : f[strided_at(lf, i)]; \
             }                                                                                  \

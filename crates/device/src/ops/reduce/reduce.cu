@@ -16,38 +16,39 @@
 //
 // The launcher permutes the input so the kept dims come first: `kept` walks the n_out outputs
 // (its offset is the view's offset) and `red` the r reduced elements of one output (offset 0).
-// Each output's group (when longer than 1024 elements) is cut into `splits` chunks of `chunk` elements (splits = 1, chunk = r
-// when there are enough outputs to fill the device: see plan.rs); work item w = o * splits + c
-// is one block (grid-stride over work items, so any count fits a capped 1-D grid). Each thread
-// folds its elements of the chunk, then the block combines the per-thread states with warp
-// shuffles and one shared-memory step. With one chunk, thread 0 writes the output; otherwise it
-// writes the chunk's state to `partial[w]` (a scratch buffer) and pass 2 folds each output's
-// partials, chunk order fixed, the same way. The tree depends only on the plan, which depends
-// only on the shapes and the SM count, so results are deterministic run to run (no atomics).
 //
-// `access` (ACCESS_* below, chosen on the host) is how a chunk is read: through the strides, as
-// a unit-stride row x[base + j] (several independent loads in flight per thread), or as 16-byte
-// vectors when every row start is 16-byte aligned (chunks are multiples of 16 elements, so
-// every chunk starts aligned too; the tail past the last whole vector is read element-wise).
-// ACCESS_OUTER is the reduced dim outside unit-stride outputs (dim 0 of a [rows, cols] tensor,
-// a bias gradient): there a block takes a tile of up to 32 neighbouring outputs (a 2-D block,
-// blockDim.x columns by blockDim.y row lanes) so every warp reads contiguous row segments, and
-// a work item is (tile, chunk of rows); the partials keep the same per-output layout.
+// Groups of up to 1024 elements take a warp each: blocks of 32 x 8, warp threadIdx.y folds
+// output blockIdx.x * 8 + threadIdx.y (grid-stride) and reduces with shuffles alone.
+// Longer groups take 1-D blocks (256 threads). Each output's group is cut into `splits` chunks
+// of `chunk` elements (splits = 1, chunk = r when there are enough outputs to fill the device:
+// see plan.rs); work item w = o * splits + c is one block (grid-stride over work items, so any
+// count fits a capped 1-D grid). Each thread folds its elements of the chunk, then the block
+// combines the per-thread states with warp shuffles and one shared-memory step. With one
+// chunk, thread 0 writes the output; otherwise it writes the chunk's state to `partial[w]` (a
+// scratch buffer) and pass 2 folds each output's partials, chunk order fixed, the same way.
+// The tree depends only on the plan, which depends only on the shapes, the read and the SM
+// count, so results are deterministic run to run (no atomics).
+//
+// `access` (ACCESS_* below, chosen on the host) is how a chunk is read: through the strides
+// (32-bit index math when r < 2^32), as a unit-stride row x[base + j] (several independent
+// loads in flight per thread), or as 16-byte vectors when every row start is 16-byte aligned
+// (chunks are multiples of 16 elements, so every chunk starts aligned too; the tail past the
+// last whole vector is read element-wise). ACCESS_OUTER is the reduced dim outside unit-stride
+// outputs (dim 0 of a [rows, cols] tensor, a bias gradient): there a 256-thread 2-D block takes
+// a tile of up to 32 neighbouring outputs (blockDim.x columns by blockDim.y row lanes, both
+// powers of two) so every warp reads contiguous row segments, and a work item is (tile, chunk
+// of rows); the partials keep the same per-output layout.
+//
+// Pass-1 kernels declare __launch_bounds__(256, 4): four blocks fit on an SM (plan.rs's
+// BLOCKS_PER_SM relies on it, so a split is one wave).
 //
 // Sums accumulate in double (the CPU backend's f64 accumulator; halves and f32 included),
 // integer sums in wrapping i64. Max/min/argmax carry (value, index) pairs (the value as float
 // for f32/f16/bf16, which is exact and compares at the f32 rate; double for f64; i64 for the
 // integer dtypes), the index counted in the whole group, and combine them by value, NaN first
-// (NaN-propagating as on the CPU), ties and NaNs to the lower index. That choice is a total order on the pairs, so it picks the same
-// pair however the elements are grouped: argmax returns the first maximum (or first NaN)
-// whichever thread, block or chunk saw it.
-// Groups of up to 1024 elements take a warp each: blocks of 32 x 8, warp threadIdx.y folds
-// output blockIdx.x * 8 + threadIdx.y (grid-stride) and reduces with shuffles alone. Longer
-// groups take 1-D blocks, blockDim.x a multiple of 32 (the launcher picks 32..256), one per
-// (output, chunk). ACCESS_OUTER blocks are blockDim.x * blockDim.y = 256 threads, both powers
-// of two.
-// Pass-1 kernels declare __launch_bounds__(256, 4): four blocks fit on an SM (plan.rs's
-// BLOCKS_PER_SM relies on it, so a split is one wave).
+// (NaN-propagating as on the CPU), ties and NaNs to the lower index. That choice is a total
+// order on the pairs, so it picks the same pair however the elements are grouped: argmax
+// returns the first maximum (or first NaN) whichever thread, block or chunk saw it.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -75,6 +76,21 @@ __device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
     }
     return at;
 }
+
+// strided_at for i < 2^32 in a view of fewer than 2^32 elements (so every size fits too):
+// 32-bit divide and modulo, several times cheaper than the emulated 64-bit ones.
+__device__ __forceinline__ u64 strided_at32(const StridedArgs& l, unsigned i) {
+    u64 at = l.offset;
+    for (int d = (int)l.ndim - 1; d >= 0; --d) {
+        const unsigned size = (unsigned)l.shape[d];
+        at += (u64)(i % size) * l.strides[d];
+        i /= size;
+    }
+    return at;
+}
+
+// True when indices below n take strided_at32.
+__device__ __forceinline__ bool fits32(u64 n) { return n <= 0xFFFFFFFFull; }
 
 // ---- value <-> double / integer keys ----
 __device__ __forceinline__ double key(float v) { return (double)v; }
@@ -206,11 +222,11 @@ template <typename S, typename T> __device__ __forceinline__ S element(S id, T v
     return e;
 }
 
-// The fold of elements [lo, hi) of the group starting at x[base] by this thread (its share:
-// j = lo + threadIdx.x, then blockDim.x apart, or whole vectors the same way).
+// The fold of elements [lo, hi) of the r-element group starting at x[base] by this thread (its
+// share: j = lo + threadIdx.x, then blockDim.x apart, or whole vectors the same way).
 template <typename T, typename S>
 __device__ __forceinline__ S fold_chunk(const T* __restrict__ x, u64 base, const StridedArgs& red,
-                                        u64 lo, u64 hi, unsigned access, S id) {
+                                        u64 r, u64 lo, u64 hi, unsigned access, S id) {
     S s = id;
     const u64 step = blockDim.x;
     if (access == ACCESS_VECTOR) {
@@ -249,6 +265,10 @@ __device__ __forceinline__ S fold_chunk(const T* __restrict__ x, u64 base, const
             s = S::combine(s, element(id, a3, j + 3 * step));
         }
         for (; j < hi; j += step) s = S::combine(s, element(id, x[base + j], j));
+    } else if (fits32(r)) { // every size of `red` is at most r
+        for (u64 j = lo + threadIdx.x; j < hi; j += step) {
+            s = S::combine(s, element(id, x[base + strided_at32(red, (unsigned)j)], j));
+        }
     } else {
         for (u64 j = lo + threadIdx.x; j < hi; j += step) {
             s = S::combine(s, element(id, x[base + strided_at(red, j)], j));
@@ -322,7 +342,7 @@ __device__ __forceinline__ void pass1(const T* __restrict__ x, const StridedArgs
     if (blockDim.y > 1) { // short groups: one warp per output, no split, no barrier
         const u64 warps = (u64)gridDim.x * blockDim.y;
         for (u64 o = (u64)blockIdx.x * blockDim.y + threadIdx.y; o < n_out; o += warps) {
-            S s = fold_chunk(x, strided_at(kept, o), red, 0, r, access, id);
+            S s = fold_chunk(x, strided_at(kept, o), red, r, 0, r, access, id);
             s = warp_reduce(s);
             if (threadIdx.x == 0) finish(o, s);
         }
@@ -332,7 +352,7 @@ __device__ __forceinline__ void pass1(const T* __restrict__ x, const StridedArgs
     for (u64 w = blockIdx.x; w < work; w += gridDim.x) {
         const u64 o = w / splits, c = w - o * splits;
         const u64 lo = c * chunk, hi = min(r, lo + chunk);
-        S s = fold_chunk(x, strided_at(kept, o), red, lo, hi, access, id);
+        S s = fold_chunk(x, strided_at(kept, o), red, r, lo, hi, access, id);
         s = block_reduce(s, id);
         if (threadIdx.x == 0) {
             if (splits == 1) {
@@ -414,7 +434,9 @@ __device__ __forceinline__ void finish_extreme(T* __restrict__ out, i64* __restr
         const Extreme<K>* __restrict__ partial, T* __restrict__ out, i64* __restrict__ idx,     \
         u64 n_out, u64 splits, int largest, int want_index) {                                   \
         pass2<Extreme<K>>(partial, n_out, splits, Extreme<K>::identity_for(largest),            \
-                          [&](u64 o, Extreme<K> s) { finish_extreme(out, idx, o, s, want_index); }); \
+                          [&](u64 o, Extreme<K> s) {                                            \
+                              finish_extreme(out, idx, o, s, want_index);                      \
+                          });                                                                   \
     }
 
 KILN_EXTREME(f32, float, float)
