@@ -230,7 +230,8 @@ __device__ __forceinline__ S fold_chunk(const T* __restrict__ x, u64 base, const
     S s = id;
     const u64 step = blockDim.x;
     if (access == ACCESS_VECTOR) {
-        constexpr int V = 16 / sizeof(T), U = 4; // U 16-byte loads in flight per thread
+        // U 16-byte loads in flight per thread (two for bytes: 16 lanes each, registers bound)
+        constexpr int V = 16 / sizeof(T), U = V >= 16 ? 2 : 4;
         const Pack<T>* p = reinterpret_cast<const Pack<T>*>(x + base + lo);
         const u64 packs = (hi - lo) / V;
         u64 k = threadIdx.x;
