@@ -33,9 +33,10 @@ use crate::cuda::launch::{grid_for, is_unit_stride, vector_aligned, StridedArgs}
 
 /// Blocks per SM the split aims for. The pass-1 kernels declare `__launch_bounds__(256, 4)`, so
 /// four 256-thread blocks are resident at once on any SM (ptxas keeps them at <= 64 registers;
-/// sm_90 today: 42 to 48 for sums, 60 to 64 for extremes, no spills): a split runs as one wave, with no
-/// half-empty tail wave, and 1024 threads x 4 vector loads (64 KiB per SM) are in flight, more
-/// than the ~25 KiB per SM that HBM3 latency times bandwidth asks for.
+/// sm_90 today: 42 to 48 for sums, 60 to 64 for extremes, no spills): a split runs as one wave,
+/// with no half-empty tail wave, and 1024 threads x 4 vector loads (64 KiB per SM; 2 loads for
+/// 1-byte dtypes) are in flight, more than the ~25 KiB per SM that HBM3 latency times bandwidth
+/// asks for.
 pub const BLOCKS_PER_SM: u64 = 4;
 
 /// Fewest elements a split chunk holds (16 per thread of a 256-thread block).
