@@ -3,8 +3,11 @@
 //! - matmul 4096³ in f32 and bf16 through `Tensor::matmul` (autograd, seam, `CudaStorage`,
 //!   cuBLAS) against a raw `cublasGemmEx` on buffers of the same shapes: the ratio shows the
 //!   overhead kiln adds (≈ 1 is the goal);
-//! - elementwise add and row/whole sums over 2^28 f32 as GB/s, against the device's measured
-//!   copy bandwidth (`cuMemcpyDtoD`, read + write counted): the ratio is the fraction reached;
+//! - elementwise add and exp, and reductions (whole-tensor sum and max, which split each
+//!   output over many blocks; row sums, one block per row; column sums, reduced dim outer and
+//!   strided) over 2^28 f32 as GB/s (bytes read + written once), against the device's measured
+//!   copy bandwidth (`cuMemcpyDtoD` of the same bytes, read + write counted): the ratio is the
+//!   fraction reached (issue 10 asks >= 0.8 for the contiguous cases);
 //! - ResNet18 training step at 224x224 (batch 256, quick: 32) under bf16 autocast with SGD
 //!   momentum, the model moved with `LayerExt::to_device`: ms per step and TFLOP/s against
 //!   kiln's own bf16 matmul 4096³ rate in the same run (see [`resnet18`]).
@@ -163,11 +166,16 @@ fn bandwidth(stream: &Arc<CudaStream>, reps: usize, rows: &mut Vec<Row>) -> Resu
     let mut g = Generator::new(3);
     let a = g.normal(&[n], 0.0, 1.0, DType::F32, dev).map_err(err)?;
     let b = g.normal(&[n], 0.0, 1.0, DType::F32, dev).map_err(err)?;
-    let cases: [(&str, f64, Op<'_>); 3] = [
+    let cases: [(&str, f64, Op<'_>); 6] = [
         (
             "gpu_add_f32_2^28",
             3.0 * bytes,
             Box::new(|| a.add(&b).map_err(err)),
+        ),
+        (
+            "gpu_exp_f32_2^28",
+            2.0 * bytes,
+            Box::new(|| a.exp().map_err(err)),
         ),
         (
             "gpu_sum_rows_f32_2^14x2^14",
@@ -182,6 +190,20 @@ fn bandwidth(stream: &Arc<CudaStream>, reps: usize, rows: &mut Vec<Row>) -> Resu
             "gpu_sum_all_f32_2^28",
             bytes,
             Box::new(|| a.sum_all().map_err(err)),
+        ),
+        (
+            "gpu_max_all_f32_2^28",
+            bytes,
+            Box::new(|| a.max_all().map_err(err)),
+        ),
+        (
+            "gpu_sum_cols_f32_2^24x16",
+            bytes,
+            Box::new(|| {
+                a.reshape(&[1 << 24, 16])
+                    .and_then(|t| t.sum(&[0], false))
+                    .map_err(err)
+            }),
         ),
     ];
     for (case, traffic, f) in cases {

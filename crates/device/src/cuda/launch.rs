@@ -120,6 +120,68 @@ pub fn elementwise_config(n: u64) -> LaunchConfig {
     }
 }
 
+/// How a kernel reads an operand, picked on the host ([`flat_access`]) and passed to the kernel
+/// as `unsigned access` (the `ACCESS_*` codes of the `.cu` files).
+///
+/// - `Strided`: element `i` through [`StridedArgs`] (a divide and modulo per dim);
+/// - `Contiguous`: every operand is unit-stride after [`collapse`], element `i` is
+///   `x[offset + i]`: a straight coalesced read with no index math;
+/// - `Vector`: contiguous, and every operand's first element (pointer + offset) sits on a
+///   [`VECTOR_BYTES`] boundary, so the kernel moves 16 bytes per load and store (a tail shorter
+///   than one vector is done element by element).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Through the strides.
+    Strided,
+    /// Unit stride from the offset.
+    Contiguous,
+    /// Unit stride, 16-byte aligned: vector loads.
+    Vector,
+}
+
+impl Access {
+    /// The `ACCESS_*` code the kernels switch on.
+    pub fn code(self) -> u32 {
+        match self {
+            Access::Strided => 0,
+            Access::Contiguous => 1,
+            Access::Vector => 2,
+        }
+    }
+}
+
+/// Bytes moved by one vector load (`uint4`).
+pub const VECTOR_BYTES: u64 = 16;
+
+/// True when collapsed `args` walk memory with unit stride from their offset (a single element,
+/// with no dims left, counts).
+pub fn is_unit_stride(args: &StridedArgs) -> bool {
+    args.ndim == 0 || (args.ndim == 1 && args.strides[0] == 1)
+}
+
+/// True when element `offset` of a buffer at device address `base` (elements of `elem_bytes`)
+/// starts a 16-byte vector.
+pub fn vector_aligned(base: u64, offset: u64, elem_bytes: usize) -> bool {
+    (base + offset * elem_bytes as u64) % VECTOR_BYTES == 0
+}
+
+/// The access of an elementwise kernel over `operands` (collapsed args and buffer address, all
+/// of one `elem_bytes`) writing a fresh contiguous output at `out`.
+pub fn flat_access(operands: &[(StridedArgs, u64)], out: u64, elem_bytes: usize) -> Access {
+    if !operands.iter().all(|(a, _)| is_unit_stride(a)) {
+        return Access::Strided;
+    }
+    let aligned = vector_aligned(out, 0, elem_bytes)
+        && operands
+            .iter()
+            .all(|(a, base)| vector_aligned(*base, a.offset, elem_bytes));
+    if aligned {
+        Access::Vector
+    } else {
+        Access::Contiguous
+    }
+}
+
 /// [`Error::KernelLaunch`] for `kernel`.
 pub fn launch_error(kernel: &str, err: DriverError) -> Error {
     let detail = err
@@ -221,6 +283,7 @@ mod tests {
             let r = reduce::cuda::REDUCE_KERNELS;
             wanted.push((r, format!("kiln_reduce_sum_{sfx}")));
             wanted.push((r, format!("kiln_reduce_extreme_{sfx}")));
+            wanted.push((r, format!("kiln_reduce_extreme_combine_{sfx}")));
             for kind in ["arange", "rand_uniform", "rand_normal"] {
                 wanted.push((random::cuda::RANDOM_KERNELS, format!("kiln_{kind}_{sfx}")));
             }
@@ -229,6 +292,8 @@ mod tests {
             let e = elementwise::cuda::ELEMENTWISE_KERNELS;
             wanted.push((e, format!("kiln_unary_{}", suffix(d))));
             wanted.push((e, format!("kiln_binary_{}", suffix(d))));
+            let r = reduce::cuda::REDUCE_KERNELS;
+            wanted.push((r, format!("kiln_reduce_sum_combine_{}", suffix(d))));
             if d != DType::I64 {
                 let s = softmax::cuda::SOFTMAX_KERNELS;
                 wanted.push((s, format!("kiln_softmax_{}", suffix(d))));
@@ -274,6 +339,42 @@ mod tests {
                 source.file
             );
         }
+    }
+
+    #[test]
+    fn flat_access_needs_unit_strides_and_alignment_for_vectors() {
+        let [flat] = collapse([&Layout::contiguous(&[4, 8])]).unwrap();
+        let [offset1] = collapse([&Layout::contiguous(&[33]).narrow(0, 1, 32)]).unwrap();
+        let [offset4] = collapse([&Layout::contiguous(&[36]).narrow(0, 4, 32)]).unwrap();
+        let [transposed] = collapse([&Layout::contiguous(&[4, 8]).transpose(0, 1)]).unwrap();
+        let [bcast] = collapse([&Layout::contiguous(&[8]).broadcast_to(&[4, 8])]).unwrap();
+        let [scalar] = collapse([&Layout::new(vec![], vec![], 3)]).unwrap();
+        let (base, out) = (0x7f00_0000_0000u64, 0x7f00_0010_0000u64);
+        assert_eq!(flat_access(&[(flat, base)], out, 4), Access::Vector);
+        assert_eq!(
+            flat_access(&[(flat, base), (flat, base + 512)], out, 4),
+            Access::Vector
+        );
+        // one element of f32 off: contiguous, not vector; four elements (16 bytes) off: vector
+        assert_eq!(flat_access(&[(offset1, base)], out, 4), Access::Contiguous);
+        assert_eq!(flat_access(&[(offset4, base)], out, 4), Access::Vector);
+        assert_eq!(flat_access(&[(offset4, base)], out, 2), Access::Contiguous);
+        assert_eq!(flat_access(&[(flat, base + 8)], out, 4), Access::Contiguous);
+        assert_eq!(flat_access(&[(flat, base)], out + 4, 4), Access::Contiguous);
+        assert_eq!(
+            flat_access(&[(flat, base), (offset1, base)], out, 4),
+            Access::Contiguous
+        );
+        assert_eq!(flat_access(&[(transposed, base)], out, 4), Access::Strided);
+        assert_eq!(
+            flat_access(&[(flat, base), (bcast, base)], out, 4),
+            Access::Strided
+        );
+        assert_eq!(flat_access(&[(scalar, base)], out, 8), Access::Contiguous);
+        assert_eq!(
+            [Access::Strided, Access::Contiguous, Access::Vector].map(Access::code),
+            [0, 1, 2]
+        );
     }
 
     #[test]

@@ -1,14 +1,21 @@
 //! CUDA elementwise ops: the kernels of `elementwise.cu`, launched on the buffers' stream.
 //!
 //! Each op is one grid-stride kernel per dtype reading every operand through its own strides
-//! (broadcast operands have stride 0), so nothing is materialised before the kernel runs. The
+//! (broadcast operands have stride 0), so nothing is materialised before the kernel runs.
+//! Unary and binary ops on operands that are unit-stride after collapsing (the hot case) take a
+//! flat path with no index math, with 16-byte vector loads and stores when every operand and the
+//! output are 16-byte aligned at their first element ([`flat_access`] picks it); comparisons and
+//! `where` take the flat path without vectors. The
 //! dtype rules are the CPU backend's: unary and binary arithmetic on the four float types and
 //! `I64` (the subset of ops that make sense on integers), comparisons on every dtype, `where`
 //! on every dtype with a `Bool`/`U8` condition.
 
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::cuda::kernels::KernelSource;
-use crate::cuda::launch::{collapse, elementwise_config, function, launch_error, suffix};
+use crate::cuda::launch::{
+    collapse, elementwise_config, flat_access, function, is_unit_stride, launch_error, suffix,
+    Access,
+};
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
 use crate::{BackendStorage, DType, Layout};
@@ -99,6 +106,15 @@ fn check_same_shape(op: &'static str, a: &Layout, b: &Layout) -> Result<()> {
     Ok(())
 }
 
+/// The launch of a grid-stride loop over `n` elements, or over its 16-byte vectors when `access`
+/// is [`Access::Vector`] (`elem` bytes per element).
+fn config_for(access: Access, n: u64, elem: usize) -> cudarc::driver::LaunchConfig {
+    match access {
+        Access::Vector => elementwise_config(n.div_ceil(16 / elem as u64)),
+        Access::Strided | Access::Contiguous => elementwise_config(n),
+    }
+}
+
 fn unsupported(op: &'static str, dtype: DType, hint: &'static str) -> Error {
     Error::UnsupportedDType { op, dtype, hint }
 }
@@ -130,11 +146,22 @@ impl CudaStorage {
             n as u64,
             unary_code(op),
         );
+        let elem = self.dtype().size_in_bytes();
+        let access = flat_access(&[(view, x)], dst, elem);
+        let access_code = access.code();
         let mut launch = stream.launch_builder(&f);
-        launch.arg(&x).arg(&view).arg(&dst).arg(&n).arg(&code);
-        // SAFETY: signature (const T*, StridedArgs, T*, u64, unsigned) as in elementwise.cu; the
-        // view was checked against `self`; `out` holds n elements.
-        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
+        launch
+            .arg(&x)
+            .arg(&view)
+            .arg(&dst)
+            .arg(&n)
+            .arg(&code)
+            .arg(&access_code);
+        // SAFETY: signature (const T*, StridedArgs, T*, u64, unsigned, unsigned) as in
+        // elementwise.cu; the view was checked against `self`; `out` holds n elements; a vector
+        // access was only picked for 16-byte aligned unit-stride operands.
+        unsafe { launch.launch(config_for(access, n, elem)) }
+            .map_err(|e| launch_error(&name, e))?;
         Ok(out)
     }
 
@@ -164,7 +191,7 @@ impl CudaStorage {
             op.name(),
             &name,
             self.dtype(),
-            binary_code(op),
+            (binary_code(op), true),
         )
     }
 
@@ -183,18 +210,19 @@ impl CudaStorage {
             "comparison",
             &name,
             DType::Bool,
-            cmp_code(op),
+            (cmp_code(op), false),
         )
     }
 
-    /// The launch shared by binary ops and comparisons: (a, la, b, lb, out, n, op).
+    /// The launch shared by binary ops and comparisons: (a, la, b, lb, out, n, op, access);
+    /// vector access only when `vectors` (binary ops: output and inputs of one size).
     fn launch_binary(
         &self,
         (layout, rhs, rhs_layout): (&Layout, &Self, &Layout),
         op: &'static str,
         name: &str,
         out_dtype: DType,
-        code: u32,
+        (code, vectors): (u32, bool),
     ) -> Result<Self> {
         check_same_shape(op, layout, rhs_layout)?;
         self.check_view(op, layout)?;
@@ -221,9 +249,18 @@ impl CudaStorage {
             .arg(&dst)
             .arg(&n)
             .arg(&code);
-        // SAFETY: signature (const T*, StridedArgs, const T*, StridedArgs, O*, u64, unsigned) as
-        // in elementwise.cu; both views were checked; `out` holds n elements of `out_dtype`.
-        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(name, e))?;
+        let elem = self.dtype().size_in_bytes();
+        let access = match flat_access(&[(va, a), (vb, b)], dst, elem) {
+            Access::Vector if !vectors => Access::Contiguous,
+            access => access,
+        };
+        let access_code = access.code();
+        launch.arg(&access_code);
+        // SAFETY: signature (const T*, StridedArgs, const T*, StridedArgs, O*, u64, unsigned,
+        // unsigned) as in elementwise.cu; both views were checked; `out` holds n elements of
+        // `out_dtype`; a vector access was only picked for 16-byte aligned unit-stride operands
+        // of the output's dtype (binary ops).
+        unsafe { launch.launch(config_for(access, n, elem)) }.map_err(|e| launch_error(name, e))?;
         Ok(out)
     }
 
@@ -263,6 +300,13 @@ impl CudaStorage {
             out.device_ptr(),
             n as u64,
         );
+        let flat = [vc, vt, vf].iter().all(is_unit_stride);
+        let access = if flat {
+            Access::Contiguous
+        } else {
+            Access::Strided
+        }
+        .code();
         let mut launch = stream.launch_builder(&f);
         launch
             .arg(&c)
@@ -272,7 +316,8 @@ impl CudaStorage {
             .arg(&e)
             .arg(&vf)
             .arg(&dst)
-            .arg(&n);
+            .arg(&n)
+            .arg(&access);
         // SAFETY: signature as in elementwise.cu; all three views were checked; `out` holds n
         // elements of the branches' dtype.
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;

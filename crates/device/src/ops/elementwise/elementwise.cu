@@ -1,18 +1,28 @@
 // Elementwise kernels over strided (broadcast) views (launched from cuda.rs; compiled at first use
 // by NVRTC and checked for sm_80/sm_90 by `cargo xtask kernels`).
 //
-//   kiln_unary_<t>(const T* x, StridedArgs lx, T* out, u64 n, unsigned op)          t: f32 f64 f16 bf16 i64
-//   kiln_binary_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, T* out, u64 n, unsigned op)
-//   kiln_compare_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, u8* out, u64 n, unsigned op)
-//                                                                                  t: every dtype
+//   kiln_unary_<t>(const T* x, StridedArgs lx, T* out, u64 n, unsigned op, unsigned access)
+//                                                                       t: f32 f64 f16 bf16 i64
+//   kiln_binary_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, T* out, u64 n,
+//                   unsigned op, unsigned access)
+//   kiln_compare_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, u8* out, u64 n,
+//                    unsigned op, unsigned access)                               t: every dtype
 //   kiln_where_b<bytes>(const u8* c, StridedArgs lc, const T* t, StridedArgs lt,
-//                       const T* f, StridedArgs lf, T* out, u64 n)
+//                       const T* f, StridedArgs lf, T* out, u64 n, unsigned access)
 //
 // `op` is the index of the Rust enum variant (UNARY_*/BINARY_*/CMP_* below must follow the order
 // of `UnaryOp`, `BinaryOp`, `CmpOp` in backend.rs; cuda.rs maps them explicitly). The op is a
 // kernel argument, uniform across the grid, so the switch costs one predictable branch.
 // Half types compute in f32 and round once per op, as the CPU backend does; f64 computes in
 // double. Outputs are contiguous. Grid-stride loops with 64-bit indices.
+//
+// Unary and binary ops take `access` (ACCESS_*, picked on the host by `launch::flat_access`):
+// through the strides; contiguous (every operand unit-stride after collapsing: x[offset + i],
+// no index math); or vector (contiguous and every operand and the output 16-byte aligned at
+// its first element: one 16-byte load per operand and one store per 16 bytes of output, the
+// last n % (16 / sizeof(T)) elements element-wise). Comparisons and `where` (whose operands
+// differ in element size) take the strided and contiguous paths only. Strided reads of views
+// under 2^32 elements do their index math in 32 bits (strided_at32).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -41,9 +51,94 @@ __device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
     return at;
 }
 
+// strided_at for i < 2^32 in a view of fewer than 2^32 elements (so every size fits too):
+// 32-bit divide and modulo, several times cheaper than the emulated 64-bit ones.
+__device__ __forceinline__ u64 strided_at32(const StridedArgs& l, unsigned i) {
+    u64 at = l.offset;
+    for (int d = (int)l.ndim - 1; d >= 0; --d) {
+        const unsigned size = (unsigned)l.shape[d];
+        at += (u64)(i % size) * l.strides[d];
+        i /= size;
+    }
+    return at;
+}
+
+// True when indices below n take strided_at32.
+__device__ __forceinline__ bool fits32(u64 n) { return n <= 0xFFFFFFFFull; }
+
+#define ACCESS_STRIDED 0
+#define ACCESS_CONTIGUOUS 1
+#define ACCESS_VECTOR 2
+
+// 16 bytes of T, moved with one vector instruction.
+template <typename T> struct alignas(16) Pack {
+    T v[16 / sizeof(T)];
+};
+
 #define GRID_STRIDE(i, n)                                                                    \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
          i < (n); i += step_)
+
+// out[i] = f(x[i]) over n elements read as `access` says.
+template <typename T, typename F>
+__device__ __forceinline__ void map1(const T* __restrict__ x, const StridedArgs& lx,
+                                     T* __restrict__ out, u64 n, unsigned access, F f) {
+    if (access == ACCESS_VECTOR) {
+        constexpr int V = 16 / sizeof(T);
+        const T* xs = x + lx.offset;
+        const u64 packs = n / V;
+        GRID_STRIDE(k, packs) {
+            const Pack<T> a = reinterpret_cast<const Pack<T>*>(xs)[k];
+            Pack<T> o;
+#pragma unroll
+            for (int e = 0; e < V; ++e) o.v[e] = f(a.v[e]);
+            reinterpret_cast<Pack<T>*>(out)[k] = o;
+        }
+        GRID_STRIDE(t, n - packs * V) { out[packs * V + t] = f(xs[packs * V + t]); }
+    } else if (access == ACCESS_CONTIGUOUS) {
+        const T* xs = x + lx.offset;
+        GRID_STRIDE(i, n) { out[i] = f(xs[i]); }
+    } else if (fits32(n)) {
+        GRID_STRIDE(i, n) { out[i] = f(x[strided_at32(lx, (unsigned)i)]); }
+    } else {
+        GRID_STRIDE(i, n) { out[i] = f(x[strided_at(lx, i)]); }
+    }
+}
+
+// out[i] = f(a[i], b[i]) over n elements read as `access` says.
+template <typename T, typename F>
+__device__ __forceinline__ void map2(const T* __restrict__ a, const StridedArgs& la,
+                                     const T* __restrict__ b, const StridedArgs& lb,
+                                     T* __restrict__ out, u64 n, unsigned access, F f) {
+    if (access == ACCESS_VECTOR) {
+        constexpr int V = 16 / sizeof(T);
+        const T* as = a + la.offset;
+        const T* bs = b + lb.offset;
+        const u64 packs = n / V;
+        GRID_STRIDE(k, packs) {
+            const Pack<T> pa = reinterpret_cast<const Pack<T>*>(as)[k];
+            const Pack<T> pb = reinterpret_cast<const Pack<T>*>(bs)[k];
+            Pack<T> o;
+#pragma unroll
+            for (int e = 0; e < V; ++e) o.v[e] = f(pa.v[e], pb.v[e]);
+            reinterpret_cast<Pack<T>*>(out)[k] = o;
+        }
+        GRID_STRIDE(t, n - packs * V) {
+            const u64 i = packs * V + t;
+            out[i] = f(as[i], bs[i]);
+        }
+    } else if (access == ACCESS_CONTIGUOUS) {
+        const T* as = a + la.offset;
+        const T* bs = b + lb.offset;
+        GRID_STRIDE(i, n) { out[i] = f(as[i], bs[i]); }
+    } else if (fits32(n)) {
+        GRID_STRIDE(i, n) {
+            out[i] = f(a[strided_at32(la, (unsigned)i)], b[strided_at32(lb, (unsigned)i)]);
+        }
+    } else {
+        GRID_STRIDE(i, n) { out[i] = f(a[strided_at(la, i)], b[strided_at(lb, i)]); }
+    }
+}
 
 // ---- storage type <-> compute type ----
 __device__ __forceinline__ float widen(float v) { return v; }
@@ -155,18 +250,12 @@ __device__ __forceinline__ i64 unary_int(unsigned op, i64 x) {
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void unary_impl(const T* __restrict__ x, const StridedArgs& lx,
-                                           T* __restrict__ out, u64 n, unsigned op) {
-    GRID_STRIDE(i, n) {
-        out[i] = narrow<T>(unary_float(op, widen(x[strided_at(lx, i)])));
-    }
-}
-
 #define KILN_UNARY(NAME, T)                                                                  \
     extern "C" __global__ void kiln_unary_##NAME(const T* __restrict__ x, StridedArgs lx,     \
-                                                 T* __restrict__ out, u64 n, unsigned op) {   \
-        unary_impl<T>(x, lx, out, n, op);                                                    \
+                                                 T* __restrict__ out, u64 n, unsigned op,     \
+                                                 unsigned access) {                           \
+        map1(x, lx, out, n, access,                                                          \
+             [op](T v) { return narrow<T>(unary_float(op, widen(v))); });                     \
     }
 
 KILN_UNARY(f32, float)
@@ -175,8 +264,9 @@ KILN_UNARY(f16, __half)
 KILN_UNARY(bf16, __nv_bfloat16)
 
 extern "C" __global__ void kiln_unary_i64(const i64* __restrict__ x, StridedArgs lx,
-                                          i64* __restrict__ out, u64 n, unsigned op) {
-    GRID_STRIDE(i, n) { out[i] = unary_int(op, x[strided_at(lx, i)]); }
+                                          i64* __restrict__ out, u64 n, unsigned op,
+                                          unsigned access) {
+    map1(x, lx, out, n, access, [op](i64 v) { return unary_int(op, v); });
 }
 
 #define BINARY_ADD 0
@@ -214,20 +304,13 @@ __device__ __forceinline__ i64 binary_int(unsigned op, i64 a, i64 b) {
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void binary_impl(const T* __restrict__ a, const StridedArgs& la,
-                                            const T* __restrict__ b, const StridedArgs& lb,
-                                            T* __restrict__ out, u64 n, unsigned op) {
-    GRID_STRIDE(i, n) {
-        out[i] = narrow<T>(binary_float(op, widen(a[strided_at(la, i)]), widen(b[strided_at(lb, i)])));
-    }
-}
-
 #define KILN_BINARY(NAME, T)                                                                  \
     extern "C" __global__ void kiln_binary_##NAME(const T* __restrict__ a, StridedArgs la,     \
                                                   const T* __restrict__ b, StridedArgs lb,     \
-                                                  T* __restrict__ out, u64 n, unsigned op) {   \
-        binary_impl<T>(a, la, b, lb, out, n, op);                                             \
+                                                  T* __restrict__ out, u64 n, unsigned op,     \
+                                                  unsigned access) {                           \
+        map2(a, la, b, lb, out, n, access,                                                    \
+             [op](T x, T y) { return narrow<T>(binary_float(op, widen(x), widen(y))); });      \
     }
 
 KILN_BINARY(f32, float)
@@ -237,8 +320,9 @@ KILN_BINARY(bf16, __nv_bfloat16)
 
 extern "C" __global__ void kiln_binary_i64(const i64* __restrict__ a, StridedArgs la,
                                            const i64* __restrict__ b, StridedArgs lb,
-                                           i64* __restrict__ out, u64 n, unsigned op) {
-    GRID_STRIDE(i, n) { out[i] = binary_int(op, a[strided_at(la, i)], b[strided_at(lb, i)]); }
+                                           i64* __restrict__ out, u64 n, unsigned op,
+                                           unsigned access) {
+    map2(a, la, b, lb, out, n, access, [op](i64 x, i64 y) { return binary_int(op, x, y); });
 }
 
 #define CMP_EQ 0
@@ -272,10 +356,21 @@ template <typename K> __device__ __forceinline__ bool compare(unsigned op, K a, 
     extern "C" __global__ void kiln_compare_##NAME(const T* __restrict__ a, StridedArgs la,     \
                                                    const T* __restrict__ b, StridedArgs lb,     \
                                                    unsigned char* __restrict__ out, u64 n,      \
-                                                   unsigned op) {                               \
-        GRID_STRIDE(i, n) {                                                                    \
-            out[i] = compare(op, cmp_key(a[strided_at(la, i)]), cmp_key(b[strided_at(lb, i)])) \
-                         ? 1 : 0;                                                              \
+                                                   unsigned op, unsigned access) {              \
+        if (access == ACCESS_STRIDED && fits32(n)) {                                           \
+            GRID_STRIDE(i, n) {                                                                \
+                out[i] = compare(op, cmp_key(a[strided_at32(la, (unsigned)i)]),                \
+                                 cmp_key(b[strided_at32(lb, (unsigned)i)])) ? 1 : 0;           \
+            }                                                                                  \
+        } else if (access == ACCESS_STRIDED) {                                                 \
+            GRID_STRIDE(i, n) {                                                                \
+                out[i] = compare(op, cmp_key(a[strided_at(la, i)]),                            \
+                                 cmp_key(b[strided_at(lb, i)])) ? 1 : 0;                       \
+            }                                                                                  \
+        } else {                                                                               \
+            const T* as = a + la.offset;                                                       \
+            const T* bs = b + lb.offset;                                                       \
+            GRID_STRIDE(i, n) { out[i] = compare(op, cmp_key(as[i]), cmp_key(bs[i])) ? 1 : 0; } \
         }                                                                                      \
     }
 
@@ -291,9 +386,23 @@ KILN_COMPARE(bool, unsigned char)
 #define KILN_WHERE(BYTES, T)                                                                   \
     extern "C" __global__ void kiln_where_b##BYTES(                                            \
         const unsigned char* __restrict__ c, StridedArgs lc, const T* __restrict__ t,           \
-        StridedArgs lt, const T* __restrict__ f, StridedArgs lf, T* __restrict__ out, u64 n) {  \
-        GRID_STRIDE(i, n) {                                                                    \
-            out[i] = c[strided_at(lc, i)] != 0 ? t[strided_at(lt, i)] : f[strided_at(lf, i)];   \
+        StridedArgs lt, const T* __restrict__ f, StridedArgs lf, T* __restrict__ out, u64 n,    \
+        unsigned access) {                                                                     \
+        if (access == ACCESS_STRIDED && fits32(n)) {                                           \
+            GRID_STRIDE(i, n) {                                                                \
+                const unsigned k = (unsigned)i;                                                \
+                out[i] = c[strided_at32(lc, k)] != 0 ? t[strided_at32(lt, k)]                  \
+                                                     : f[strided_at32(lf, k)];                 \
+            }                                                                                  \
+        } else if (access == ACCESS_STRIDED) {                                                 \
+            GRID_STRIDE(i, n) {                                                                \
+                out[i] = c[strided_at(lc, i)] != 0 ? t[strided_at(lt, i)] : f[strided_at(lf, i)]; \
+            }                                                                                  \
+        } else {                                                                               \
+            const unsigned char* cs = c + lc.offset;                                           \
+            const T* ts = t + lt.offset;                                                       \
+            const T* fs = f + lf.offset;                                                       \
+            GRID_STRIDE(i, n) { out[i] = cs[i] != 0 ? ts[i] : fs[i]; }                         \
         }                                                                                      \
     }
 
