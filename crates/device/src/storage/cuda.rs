@@ -22,8 +22,8 @@
 //! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each an
 //! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
 //! elementwise ops, reductions, softmax, matmul on cuBLAS, the fused cross-entropy, and the
-//! indexing ops (embedding, index_select, gather, scatter and their backward), and batch/layer
-//! norm (composed from those kernels), conv2d (im2col + cuBLAS) and 2-D pooling. Every method of
+//! indexing ops (embedding, index_select, gather, scatter and their backward), fused batch/layer
+//! norm (`norm.cu`), conv2d (im2col + cuBLAS) and 2-D pooling. Every method of
 //! the seam runs on the device; nothing falls back to the host.
 //! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
