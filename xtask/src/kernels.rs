@@ -198,6 +198,8 @@ fn nvrtc_version() -> (i32, i32) {
 fn check_file(file: &Path, rel: &str, tools: &CudaTools, out_dir: &Path) -> Result<usize, String> {
     let source = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    // kiln's shared headers spliced in exactly as the runtime loader does.
+    let source = kiln_device::cuda::headers::expand_includes(&source, rel);
     let stem = rel.trim_end_matches(".cu").replace(['/', '\\'], "__");
     let mut errors: Vec<(String, String, String)> = Vec::new();
     // Most errors read the same for every arch: report each distinct output once.

@@ -138,6 +138,8 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     }
     let arch = major * 10 + minor;
     let options = options(major, minor);
+    // The source with kiln's shared headers spliced in (see `super::headers`).
+    let text = super::headers::expand_includes(kernel.source, kernel.file);
     // Compiled by an earlier process? (see `kernel_cache`)
     let disk = super::kernel_cache::dir(|k| std::env::var(k).ok()).map(|dir| {
         let mut version = (0, 0);
@@ -145,7 +147,7 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
         let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut version.0, &mut version.1) };
         dir.join(super::kernel_cache::file_name(
             kernel.file,
-            kernel.source,
+            &text,
             &options,
             version,
             arch,
@@ -163,7 +165,7 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
         hint: hint_for(&log),
         log,
     };
-    let source = CString::new(kernel.source)
+    let source = CString::new(text.as_str())
         .map_err(|_| fail("NUL byte in source".into(), String::new()))?;
     let name = CString::new(kernel.file)
         .map_err(|_| fail("NUL byte in file name".into(), String::new()))?;

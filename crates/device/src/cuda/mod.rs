@@ -7,6 +7,7 @@
 
 mod alloc_backend;
 pub(crate) mod deferred;
+pub mod headers;
 pub mod kernel_cache;
 pub mod kernels;
 pub mod launch;

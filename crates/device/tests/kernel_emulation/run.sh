@@ -7,7 +7,7 @@ CXX="${CXX:-c++}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 for t in pool_gather norm; do
-    "$CXX" -std=c++20 -O1 -w -pthread -Istubs "$t.cpp" -o "$out/$t"
+    "$CXX" -std=c++20 -O1 -w -pthread -Istubs -I../../src/cuda "$t.cpp" -o "$out/$t"
     line="$("$out/$t" | tail -1)"
     echo "$t: $line"
     [[ "$line" == *" 0 failures" ]]

@@ -15,31 +15,9 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-typedef unsigned long long u64;
-typedef long long i64;
+#include "kiln_common.cuh"
 
-#define KILN_MAX_DIMS 8
-
-// Must match `StridedArgs` in cuda/launch.rs field for field.
-struct StridedArgs {
-    u64 offset;
-    u64 shape[KILN_MAX_DIMS];
-    u64 strides[KILN_MAX_DIMS];
-    unsigned int ndim;
-    unsigned int pad;
-};
 // The same numbers launch.rs asserts for its #[repr(C)] twin.
-static_assert(sizeof(StridedArgs) == 144 && alignof(StridedArgs) == 8, "StridedArgs layout");
-
-__device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
-    u64 at = l.offset;
-    for (int d = (int)l.ndim - 1; d >= 0; --d) {
-        const u64 size = l.shape[d];
-        at += (i % size) * l.strides[d];
-        i /= size;
-    }
-    return at;
-}
 
 // Bool is stored as one byte like u8 but converts differently.
 struct kiln_bool {

@@ -27,41 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-typedef unsigned long long u64;
-typedef long long i64;
-
-#define KILN_MAX_DIMS 8
-
-// Must match `StridedArgs` in cuda/launch.rs field for field.
-struct StridedArgs {
-    u64 offset;
-    u64 shape[KILN_MAX_DIMS];
-    u64 strides[KILN_MAX_DIMS];
-    unsigned int ndim;
-    unsigned int pad;
-};
-
-__device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
-    u64 at = l.offset;
-    for (int d = (int)l.ndim - 1; d >= 0; --d) {
-        const u64 size = l.shape[d];
-        at += (i % size) * l.strides[d];
-        i /= size;
-    }
-    return at;
-}
-
-// strided_at for i < 2^32 in a view of fewer than 2^32 elements (so every size fits too):
-// 32-bit divide and modulo, several times cheaper than the emulated 64-bit ones.
-__device__ __forceinline__ u64 strided_at32(const StridedArgs& l, unsigned i) {
-    u64 at = l.offset;
-    for (int d = (int)l.ndim - 1; d >= 0; --d) {
-        const unsigned size = (unsigned)l.shape[d];
-        at += (u64)(i % size) * l.strides[d];
-        i /= size;
-    }
-    return at;
-}
+#include "kiln_common.cuh"
 
 // True when indices below n take strided_at32.
 __device__ __forceinline__ bool fits32(u64 n) { return n <= 0xFFFFFFFFull; }
@@ -74,10 +40,6 @@ __device__ __forceinline__ bool fits32(u64 n) { return n <= 0xFFFFFFFFull; }
 template <typename T> struct alignas(16) Pack {
     T v[16 / sizeof(T)];
 };
-
-#define GRID_STRIDE(i, n)                                                                    \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
-         i < (n); i += step_)
 
 // out[i] = f(x[i]) over n elements read as `access` says.
 template <typename T, typename F>

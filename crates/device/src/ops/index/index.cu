@@ -29,29 +29,7 @@
 // repeated indices in a plain scatter leave one of the written values (which one is unspecified,
 // as in PyTorch). Grid-stride loops over a capped 1-D grid.
 
-typedef unsigned long long u64;
-typedef long long i64;
-
-#define KILN_MAX_DIMS 8
-
-// Must match `StridedArgs` in cuda/launch.rs field for field.
-struct StridedArgs {
-    u64 offset;
-    u64 shape[KILN_MAX_DIMS];
-    u64 strides[KILN_MAX_DIMS];
-    unsigned int ndim;
-    unsigned int pad;
-};
-
-__device__ __forceinline__ u64 strided_at(const StridedArgs& l, u64 i) {
-    u64 at = l.offset;
-    for (int d = (int)l.ndim - 1; d >= 0; --d) {
-        const u64 size = l.shape[d];
-        at += (i % size) * l.strides[d];
-        i /= size;
-    }
-    return at;
-}
+#include "kiln_common.cuh"
 
 // Like strided_at, but coordinate `dim` is replaced by `pick`.
 __device__ __forceinline__ u64 strided_at_picked(const StridedArgs& l, u64 i, unsigned dim, u64 pick) {
@@ -64,10 +42,6 @@ __device__ __forceinline__ u64 strided_at_picked(const StridedArgs& l, u64 i, un
     }
     return at;
 }
-
-#define GRID_STRIDE(i, n)                                                                    \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
-         i < (n); i += step_)
 
 #define KILN_TAKE(BYTES, T)                                                                    \
     extern "C" __global__ void kiln_take_b##BYTES(                                             \

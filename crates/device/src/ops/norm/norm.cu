@@ -34,7 +34,8 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-typedef unsigned long long u64;
+#include "kiln_common.cuh"
+#include "kiln_float.cuh"
 
 // Must match `NormArgs` in cuda.rs field for field.
 struct NormArgs {
@@ -43,21 +44,6 @@ struct NormArgs {
     u64 has_w, has_b, sums_weighted, train;
     double eps;
 };
-
-template <typename T> struct Acc { typedef float type; };
-template <> struct Acc<double> { typedef double type; };
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ double widen(double v) { return v; }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(double* p, double v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-
-#define GRID_STRIDE(i, n)                                                                    \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
-         i < (n); i += step_)
 
 // Walks j = threadIdx.x, + blockDim.x, ... over one stat's elements, tracking (j / inner,
 // j % inner) by increments instead of a 64-bit division per element.

@@ -26,8 +26,8 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-typedef unsigned long long u64;
-typedef long long i64;
+#include "kiln_common.cuh"
+#include "kiln_float.cuh"
 
 // Must match `PoolArgs` in cuda.rs field for field.
 struct PoolArgs {
@@ -35,22 +35,6 @@ struct PoolArgs {
     u64 kh, kw, sh, sw, ph, pw, dh, dw;
     u64 count_include_pad, divisor_override; // divisor_override 0: none
 };
-
-// The accumulator of each element type, and the conversions to and from it (round to nearest).
-template <typename T> struct Acc { typedef float type; };
-template <> struct Acc<double> { typedef double type; };
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ double widen(double v) { return v; }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(double* p, double v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-
-#define GRID_STRIDE(i, n)                                                                    \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
-         i < (n); i += step_)
 
 template <typename T>
 __device__ __forceinline__ void max_impl(const T* __restrict__ x, const PoolArgs& a,

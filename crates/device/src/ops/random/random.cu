@@ -17,8 +17,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-typedef unsigned long long u64;
-typedef long long i64;
+#include "kiln_common.cuh"
 
 struct kiln_bool {
     unsigned char v;
@@ -51,10 +50,6 @@ template <> __device__ __forceinline__ kiln_bool from_f64<kiln_bool>(double v) {
     b.v = (v != 0.0) ? 1 : 0;
     return b;
 }
-
-#define GRID_STRIDE(i, n)                                                                    \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, step_ = (u64)gridDim.x * blockDim.x; \
-         i < (n); i += step_)
 
 template <typename T> __device__ __forceinline__ void arange_impl(T* out, double start, double step, u64 n) {
     GRID_STRIDE(i, n) { out[i] = from_f64<T>(__dadd_rn(start, __dmul_rn(step, (double)i))); }
