@@ -10,9 +10,11 @@
 
 mod alloc;
 mod clip;
+mod clip_gpu;
 mod ops;
 mod ops_gpu;
 mod optim;
+mod optim_gpu;
 mod train;
 
 use serde::Serialize;
