@@ -181,7 +181,13 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         }
         for (dtype, with_loop) in cases {
             let label = format!("gpu {} {dtype} grads", set.name);
-            if let Err(e) = one_set(&set, dtype, with_loop, &label, copy_bw, options, rows) {
+            let cases = SetCases {
+                dtype,
+                with_loop,
+                copy_bw,
+                device: dev,
+            };
+            if let Err(e) = one_set(&set, &cases, &label, options, rows) {
                 eprintln!("bench clip: {label} failed: {e}");
                 rows.push(Row::new(
                     GROUP,
@@ -198,17 +204,29 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     Ok(())
 }
 
-/// The cases of one gradient set and dtype (the per-tensor loop only when `with_loop`).
-fn one_set(
-    set: &GradSet,
+/// What [`one_set`] measures: gradients of `dtype` on `device` (cuda:0 in the benchmark; the
+/// unit tests run the same code on the CPU), the per-tensor loop only when `with_loop`.
+struct SetCases {
     dtype: DType,
     with_loop: bool,
-    label: &str,
     copy_bw: f64,
+    device: Device,
+}
+
+/// The cases of one gradient set and dtype, as rows labelled `label`.
+fn one_set(
+    set: &GradSet,
+    cases: &SetCases,
+    label: &str,
     options: &Options,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    let dev = Device::Cuda(0);
+    let &SetCases {
+        dtype,
+        with_loop,
+        copy_bw,
+        device: dev,
+    } = cases;
     let params = device_params(set, dtype, dev)?;
     let e = |e: kiln_optim::Error| e.to_string();
     let numel = set.numel() as u64;
@@ -305,6 +323,66 @@ mod tests {
         assert_eq!(traffic_bytes(Pass::ClipAndScale, n, 2), 48);
         assert_eq!(traffic_bytes(Pass::AdamW, n, 4), 224);
         assert_eq!(traffic_bytes(Pass::SgdMomentum, n, 4), 160);
+    }
+
+    fn tiny_set() -> GradSet {
+        GradSet {
+            name: "tiny",
+            lens: vec![3, 1000, 70],
+        }
+    }
+
+    #[test]
+    fn the_per_tensor_loop_clips_like_clip_grad_norm_() {
+        let set = tiny_set();
+        let (a, b) = (
+            device_params(&set, DType::F32, Device::Cpu).unwrap(),
+            device_params(&set, DType::F32, Device::Cpu).unwrap(),
+        );
+        let total = kiln_optim::clip_grad_norm_(&a, 1.0, 2.0, false).unwrap();
+        // N(0, 0.1) over 1,073 elements: a total near 3.3, so max_norm 1 clips.
+        assert!(total > 2.0 && total < 5.0, "{total}");
+        per_tensor_loop(&b, 1.0).unwrap();
+        for ((_, pa), (_, pb)) in a.iter().zip(&b) {
+            let ga = pa.grad().unwrap().to_vec::<f32>().unwrap();
+            let gb = pb.grad().unwrap().to_vec::<f32>().unwrap();
+            for (x, y) in ga.iter().zip(&gb) {
+                assert!((x - y).abs() <= 1e-6, "{x} vs {y}");
+            }
+        }
+        // Not clipping: the loop multiplies by exactly 1.
+        let before = b[1].1.grad().unwrap().to_vec::<f32>().unwrap();
+        per_tensor_loop(&b, f64::INFINITY).unwrap();
+        assert_eq!(b[1].1.grad().unwrap().to_vec::<f32>().unwrap(), before);
+    }
+
+    #[test]
+    fn the_cases_of_a_set_run_on_the_cpu_and_report_every_row() {
+        let options = Options {
+            quick: true,
+            ..Options::default()
+        };
+        for (dtype, with_loop, want) in [(DType::F32, true, 6), (DType::BF16, false, 4)] {
+            let cases = SetCases {
+                dtype,
+                with_loop,
+                copy_bw: 1e9,
+                device: Device::Cpu,
+            };
+            let mut rows = Vec::new();
+            one_set(&tiny_set(), &cases, "tiny", &options, &mut rows).unwrap();
+            assert_eq!(rows.len(), want, "{dtype}");
+            for r in &rows {
+                assert!(r.value > 0.0 && r.value.is_finite(), "{r:?}");
+                assert!(r.ratio > 0.0 && r.ratio.is_finite(), "{r:?}");
+            }
+            // The clipping rows' limit counts 3 passes of the set's 1,073 elements.
+            let clip = &rows[want / 2];
+            assert!(clip.case.contains(": clip, fused (f64"), "{}", clip.case);
+            let limit = (3 * 1073 * dtype.size_in_bytes()) as f64 / 1e9;
+            let ratio = limit / (clip.value / 1e3);
+            assert!((clip.ratio - ratio).abs() <= 1e-9 * ratio);
+        }
     }
 
     #[test]

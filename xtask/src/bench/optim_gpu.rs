@@ -13,7 +13,7 @@
 //! warm-up steps (which also create the optimizer state), then rounds of steps between two
 //! synchronisations. A failing case prints why and adds a `failed` row; the others still run.
 
-use super::clip::grad_sets;
+use super::clip::{grad_sets, GradSet};
 use super::clip_gpu::{device_bandwidth, device_params, per_call, traffic_bytes, Pass};
 use super::{Options, Row};
 use kiln_autograd::{DType, Device};
@@ -28,7 +28,6 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     };
     let copy_gbs = copy_bw / 1e9;
     let dev = Device::Cuda(0);
-    let e = |e: kiln_optim::Error| e.to_string();
     for set in grad_sets() {
         let numel = set.numel() as u64;
         for pass in [Pass::AdamW, Pass::SgdMomentum] {
@@ -37,26 +36,7 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
                 _ => ("SGD momentum", "3 reads + 2 writes"),
             };
             let case = format!("gpu {}: {name} step, fused", set.name);
-            let timed = device_params(&set, DType::F32, dev).and_then(|params| {
-                let mut opt: Box<dyn Optimizer> = match pass {
-                    Pass::AdamW => Box::new(
-                        AdamW::new(
-                            vec![ParamGroup::new(params)],
-                            AdamOptions::adamw().lr(1e-4).weight_decay(0.01),
-                        )
-                        .map_err(e)?,
-                    ),
-                    _ => Box::new(
-                        Sgd::new(
-                            vec![ParamGroup::new(params)],
-                            SgdOptions::default().lr(1e-4).momentum(0.9),
-                        )
-                        .map_err(e)?,
-                    ),
-                };
-                per_call(dev, options, || opt.step().map_err(e))
-            });
-            match timed {
+            match step_time(&set, pass, dev, options) {
                 Ok(t) => {
                     let limit = traffic_bytes(pass, numel, 4) as f64 / copy_bw;
                     rows.push(Row::new(
@@ -83,4 +63,39 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Seconds per fused step of `pass` (AdamW or SGD momentum) over `set` as f32 parameters and
+/// gradients on `device` (cuda:0 in the benchmark; the unit test runs it on the CPU).
+fn step_time(set: &GradSet, pass: Pass, device: Device, options: &Options) -> Result<f64, String> {
+    let e = |e: kiln_optim::Error| e.to_string();
+    let group = vec![ParamGroup::new(device_params(set, DType::F32, device)?)];
+    let mut opt: Box<dyn Optimizer> = match pass {
+        Pass::AdamW => Box::new(
+            AdamW::new(group, AdamOptions::adamw().lr(1e-4).weight_decay(0.01)).map_err(e)?,
+        ),
+        _ => Box::new(Sgd::new(group, SgdOptions::default().lr(1e-4).momentum(0.9)).map_err(e)?),
+    };
+    per_call(device, options, || opt.step().map_err(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_steps_run_and_time_on_the_cpu() {
+        let set = GradSet {
+            name: "tiny",
+            lens: vec![3, 1000],
+        };
+        let options = Options {
+            quick: true,
+            ..Options::default()
+        };
+        for pass in [Pass::AdamW, Pass::SgdMomentum] {
+            let t = step_time(&set, pass, Device::Cpu, &options).unwrap();
+            assert!(t > 0.0 && t < 1.0, "{pass:?}: {t} s");
+        }
+    }
 }
