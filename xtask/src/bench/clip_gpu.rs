@@ -25,8 +25,9 @@
 //!
 //! Timing ([`per_call`]): two warm-up calls, then three rounds of `reps` calls between two
 //! `kiln_device::synchronize` calls, best round; `reps` is sized from the second warm-up so a
-//! round takes about 50 ms (10 ms with `--quick`); very slow calls get fewer rounds. A failing case prints why, adds a row with
-//! metric `failed` (value NaN) and the error as its reference, and the other cases still run.
+//! round takes about 50 ms (10 ms with `--quick`); very slow calls get fewer rounds. A failing
+//! case prints why and adds a [`Row::failed`] row; the other cases still run, and `bench` exits
+//! with an error after writing the report.
 
 use super::clip::{grad_sets, GradSet};
 use super::{Options, Row};
@@ -172,7 +173,6 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     let Some(copy_bw) = device_bandwidth(GROUP, options, rows)? else {
         return Ok(());
     };
-    let copy_gbs = copy_bw / 1e9;
     let dev = Device::Cuda(0);
     for set in grad_sets() {
         let mut cases = vec![(DType::F32, true)];
@@ -189,14 +189,7 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             };
             if let Err(e) = one_set(&set, &cases, &label, options, rows) {
                 eprintln!("bench clip: {label} failed: {e}");
-                rows.push(Row::new(
-                    GROUP,
-                    label,
-                    "failed",
-                    f64::NAN,
-                    format!("error: {e} (device copy {copy_gbs:.0} GB/s)"),
-                    f64::NAN,
-                ));
+                rows.push(Row::failed(GROUP, label, &e));
             }
         }
         kiln_device::synchronize(dev).map_err(err)?;

@@ -11,7 +11,8 @@
 //! at the limit). The time includes what a step costs on the host (building and uploading the
 //! step's table of buffer addresses), as a training loop pays it. Timing as in `clip_gpu`:
 //! warm-up steps (which also create the optimizer state), then rounds of steps between two
-//! synchronisations. A failing case prints why and adds a `failed` row; the others still run.
+//! synchronisations. A failing case prints why and adds a [`Row::failed`] row; the others still
+//! run.
 
 use super::clip::{grad_sets, GradSet};
 use super::clip_gpu::{device_bandwidth, device_params, per_call, traffic_bytes, Pass};
@@ -50,14 +51,7 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
                 }
                 Err(err) => {
                     eprintln!("bench optim: {case} failed: {err}");
-                    rows.push(Row::new(
-                        GROUP,
-                        case,
-                        "failed",
-                        f64::NAN,
-                        format!("error: {err}"),
-                        f64::NAN,
-                    ));
+                    rows.push(Row::failed(GROUP, case, &err));
                 }
             }
         }
