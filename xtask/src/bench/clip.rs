@@ -194,7 +194,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         cpu_cases(options)?
     };
     if options.gpu {
-        super::clip_gpu::run(options, &mut rows)?;
+        super::clip_gpu::run(options, &mut rows);
     }
     Ok(rows)
 }

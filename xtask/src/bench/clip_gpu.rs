@@ -168,8 +168,17 @@ fn per_tensor_loop(params: &[(String, Parameter)], max_norm: f64) -> Result<(), 
     })
 }
 
-/// Runs the `--gpu` cases into `rows`, or prints why they are skipped.
-pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+/// Runs the `--gpu` cases into `rows`, or prints why they are skipped. An error that stops
+/// them (no bandwidth figure, a failed synchronisation) becomes a [`Row::failed`] row, so the
+/// rows of every group are still written.
+pub fn run(options: &Options, rows: &mut Vec<Row>) {
+    if let Err(e) = run_cases(options, rows) {
+        eprintln!("bench clip: the --gpu cases stopped: {e}");
+        rows.push(Row::failed(GROUP, "gpu cases", &e));
+    }
+}
+
+fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     let Some(copy_bw) = device_bandwidth(GROUP, options, rows)? else {
         return Ok(());
     };
@@ -225,9 +234,6 @@ fn one_set(
     let numel = set.numel() as u64;
     let elem = dtype.size_in_bytes() as u64;
     let copy_gbs = copy_bw / 1e9;
-    let mut push = |case: String, metric: &str, value: f64, reference: String, ratio: f64| {
-        rows.push(Row::new(GROUP, case, metric, value, reference, ratio));
-    };
     let total0 = kiln_optim::clip_grad_norm_(&params, f64::INFINITY, 2.0, false).map_err(e)?;
     if !total0.is_finite() || total0 <= 0.0 {
         return Err(format!("the gradients' total norm is {total0}"));
@@ -251,39 +257,48 @@ fn one_set(
                 f64::INFINITY
             }
         };
+        // Each case is recorded on its own: a failure becomes its row and the others still run.
+        let mut record = |case: &str, timed: Result<f64, String>| {
+            let case = format!("{label}: {what}, {case}");
+            match timed {
+                Ok(t) => rows.push(Row::new(GROUP, case, "ms", t * 1e3, &reference, limit / t)),
+                Err(e) => {
+                    eprintln!("bench clip: {case} failed: {e}");
+                    rows.push(Row::failed(GROUP, case, &e));
+                }
+            }
+        };
         let t_wait = per_call(dev, options, || {
             kiln_optim::clip_grad_norm_(&params, next_bound(), 2.0, false)
                 .map(drop)
                 .map_err(e)
-        })?;
-        push(
-            format!("{label}: {what}, fused (f64 norm: waits each call)"),
-            "ms",
-            t_wait * 1e3,
-            reference.clone(),
-            limit / t_wait,
-        );
+        });
+        record("fused (f64 norm: waits each call)", t_wait.clone());
         let t_dev = per_call(dev, options, || {
             kiln_optim::clip_grad_norm_on_device(&params, next_bound(), 2.0, false)
                 .map(drop)
                 .map_err(e)
-        })?;
-        push(
-            format!("{label}: {what}, fused (norm stays on device)"),
-            "ms",
-            t_dev * 1e3,
-            reference,
-            limit / t_dev,
-        );
+        });
+        record("fused (norm stays on device)", t_dev.clone());
         if with_loop {
-            let t_loop = per_call(dev, options, || per_tensor_loop(&params, next_bound()))?;
-            push(
-                format!("{label}: {what}, fused (norm on device) vs per-tensor loop"),
-                "ms (loop)",
-                t_loop * 1e3,
-                "kiln-op loop as PyTorch foreach=False (always mul_), same run".into(),
-                t_loop / t_dev,
-            );
+            // The loop's row: its time; ratio loop time / fused time (norm on device, else f64).
+            let fused = t_dev.or(t_wait);
+            let t_loop = per_call(dev, options, || per_tensor_loop(&params, next_bound()));
+            let case = format!("{label}: {what}, fused (norm on device) vs per-tensor loop");
+            match (t_loop, fused) {
+                (Ok(t_loop), Ok(fused)) => rows.push(Row::new(
+                    GROUP,
+                    case,
+                    "ms (loop)",
+                    t_loop * 1e3,
+                    "kiln-op loop as PyTorch foreach=False (always mul_), same run",
+                    t_loop / fused,
+                )),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("bench clip: {case} failed: {e}");
+                    rows.push(Row::failed(GROUP, case, &e));
+                }
+            }
         }
     }
     // The gradients must still be finite and clipped as tracked (a wrong bound would make the

@@ -22,8 +22,17 @@ use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
 
 const GROUP: &str = "optim";
 
-/// Runs the `--gpu` cases into `rows`, or prints why they are skipped.
-pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+/// Runs the `--gpu` cases into `rows`, or prints why they are skipped. An error that stops
+/// them (no bandwidth figure) becomes a [`Row::failed`] row, so the rows of every group are
+/// still written.
+pub fn run(options: &Options, rows: &mut Vec<Row>) {
+    if let Err(e) = run_cases(options, rows) {
+        eprintln!("bench optim: the --gpu cases stopped: {e}");
+        rows.push(Row::failed(GROUP, "gpu cases", &e));
+    }
+}
+
+fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     let Some(copy_bw) = device_bandwidth(GROUP, options, rows)? else {
         return Ok(());
     };
