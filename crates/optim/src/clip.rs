@@ -13,7 +13,7 @@
 
 use crate::access::{with_slices, with_slices_mut};
 use crate::{arg_err, Error, Result};
-use kiln_autograd::{Parameter, Tensor};
+use kiln_autograd::{DType, Device, Parameter, Tensor};
 use kiln_device::ops::multi_tensor::{cpu, NormKind};
 
 pub use kiln_device::ops::multi_tensor::clip_coef;
@@ -160,6 +160,38 @@ pub fn clip_grad_norm_(
     Ok(total)
 }
 
+/// [`clip_grad_norm_`] returning the total norm as a 0-d f32 tensor on the gradients' device
+/// (PyTorch's return type) instead of an `f64`, so that on a CUDA device the call only queues
+/// its two launches and a 4-byte copy, and never waits for the device (unless
+/// `error_if_nonfinite`, whose check needs the value on the host). Prefer it in a CUDA training
+/// loop that does not look at the norm every step (log it every N steps with `item()`, which
+/// waits then); [`clip_grad_norm_`]'s `f64` costs one synchronisation per call. On the CPU the
+/// result is a 0-d CPU tensor holding `clip_grad_norm_`'s total rounded to f32; with no
+/// gradients it is a CPU zero. Gradients are clipped exactly as by [`clip_grad_norm_`].
+pub fn clip_grad_norm_on_device(
+    params: &[(String, Parameter)],
+    max_norm: f64,
+    norm_type: f64,
+    error_if_nonfinite: bool,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        let (names, grads) = grads_of(params);
+        if grads.iter().any(|g| !g.device().is_cpu()) {
+            norm_kind("clip_grad_norm_", norm_type)?;
+            return crate::clip_cuda::clip_grad_norm_cuda_on_device(
+                &names,
+                &grads,
+                max_norm,
+                norm_type,
+                error_if_nonfinite,
+            );
+        }
+    }
+    let total = clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)?;
+    Ok(Tensor::scalar(total, DType::F32, Device::Cpu)?)
+}
+
 /// Clamps every gradient element to `[-clip_value, clip_value]` (PyTorch's `clip_grad_value_`).
 pub fn clip_grad_value_(params: &[(String, Parameter)], clip_value: f64) -> Result<()> {
     if clip_value.is_nan() {
@@ -173,4 +205,66 @@ pub fn clip_grad_value_(params: &[(String, Parameter)], clip_value: f64) -> Resu
         return Ok(());
     }
     with_slices_mut("clip_grad_value_", &grads, |s| cpu::clamp_(s, clip_value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(grads: &[&[f32]]) -> Vec<(String, Parameter)> {
+        grads
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let p = Parameter::new(Tensor::zeros(&[g.len()], DType::F32, Device::Cpu).unwrap())
+                    .unwrap();
+                p.set_grad(Some(
+                    Tensor::from_vec(g.to_vec(), &[g.len()], Device::Cpu).unwrap(),
+                ))
+                .unwrap();
+                (format!("p{i}"), p)
+            })
+            .collect()
+    }
+
+    fn grads(ps: &[(String, Parameter)]) -> Vec<Vec<f32>> {
+        ps.iter()
+            .map(|(_, p)| p.grad().unwrap().to_vec::<f32>().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn on_device_total_equals_clip_grad_norm_and_clips_the_same() {
+        let values: [&[f32]; 3] = [&[3.0, 0.0, 1.5], &[0.0, 4.0], &[-0.25; 7]];
+        // Not clipping (10 > total), clipping (1 < total), infinity norm, p = 1.
+        for (max_norm, norm_type) in [(10.0, 2.0), (1.0, 2.0), (0.5, f64::INFINITY), (2.0, 1.0)] {
+            let (a, b) = (params(&values), params(&values));
+            let want = clip_grad_norm_(&a, max_norm, norm_type, false).unwrap();
+            let got = clip_grad_norm_on_device(&b, max_norm, norm_type, false).unwrap();
+            assert_eq!(got.shape(), &[] as &[usize]);
+            assert_eq!((got.dtype(), got.device()), (DType::F32, Device::Cpu));
+            assert_eq!(got.to_vec::<f32>().unwrap(), vec![want as f32]);
+            assert_eq!(grads(&a), grads(&b), "max_norm {max_norm}, p {norm_type}");
+        }
+        // The 2-norm here is sqrt(9 + 2.25 + 16 + 7 / 16) = 5.2678...; clipping to 1 scales.
+        let c = params(&values);
+        let total = clip_grad_norm_on_device(&c, 1.0, 2.0, false).unwrap();
+        let want = (9.0f64 + 2.25 + 16.0 + 7.0 / 16.0).sqrt();
+        assert_eq!(total.item().unwrap(), f64::from(want as f32));
+        assert_eq!(grads(&c)[1][1], 4.0 * (1.0 / (want + 1e-6)) as f32);
+    }
+
+    #[test]
+    fn on_device_reports_nonfinite_norms_and_is_zero_without_gradients() {
+        let ps = params(&[&[1.0, 2.0], &[f32::NAN]]);
+        let err = clip_grad_norm_on_device(&ps, 1.0, 2.0, true).unwrap_err();
+        assert!(
+            matches!(&err, Error::NonFiniteNorm { name, .. } if name == "p1"),
+            "{err}"
+        );
+        let none = Parameter::new(Tensor::zeros(&[2], DType::F32, Device::Cpu).unwrap()).unwrap();
+        let zero = clip_grad_norm_on_device(&[("n".into(), none)], 1.0, 2.0, true).unwrap();
+        assert_eq!(zero.to_vec::<f32>().unwrap(), vec![0.0]);
+        assert!(clip_grad_norm_on_device(&ps, 1.0, f64::NAN, false).is_err());
+    }
 }

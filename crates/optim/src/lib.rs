@@ -45,8 +45,8 @@ mod sgd_cuda;
 
 pub use adam::{Adam, AdamAlgorithm, AdamOptions, AdamState, AdamW};
 pub use clip::{
-    clip_coef, clip_coef_for, clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_,
-    get_total_norm, unnamed, ClipInfo,
+    clip_coef, clip_coef_for, clip_grad_norm_, clip_grad_norm_on_device, clip_grad_value_,
+    clip_grads_with_norm_, get_total_norm, unnamed, ClipInfo,
 };
 pub(crate) use error::arg_err;
 pub use error::{Error, Result};

@@ -1,6 +1,6 @@
-//! CUDA paths against the CPU: fused SGD steps and GradScaler's fused unscale-and-check (with
-//! and without an injected inf). Each test skips (printing why) when no CUDA device is usable,
-//! and fails instead under `KILN_REQUIRE_CUDA=1`.
+//! CUDA paths against the CPU: fused SGD steps, GradScaler's fused unscale-and-check (with and
+//! without an injected inf) and `clip_grad_norm_on_device`. Each test skips (printing why) when
+//! no CUDA device is usable, and fails instead under `KILN_REQUIRE_CUDA=1`.
 #![cfg(feature = "cuda")]
 
 use kiln_autograd::{Device, Parameter, Tensor};
@@ -153,4 +153,37 @@ fn grad_scaler_on_a_cuda_device_matches_the_cpu_and_skips_on_inf() {
     gpu[2].set_grad(Some(t.to_device(dev).unwrap())).unwrap();
     sg.unscale_(&mut og).unwrap();
     assert!(!sg.step(&mut og).unwrap());
+}
+
+#[test]
+fn clip_grad_norm_on_device_matches_the_cpu_and_stays_on_the_device() {
+    let Some(dev) = kiln_device::testing::cuda_device_or_skip() else {
+        return;
+    };
+    let named = kiln_optim::unnamed;
+    for max_norm in [1e9, 1.0] {
+        let (cpu, gpu) = (params(Device::Cpu), params(dev));
+        set_grads(&cpu, &gpu, dev, 0, 1.0);
+        let want = kiln_optim::clip_grad_norm_(&named(&cpu), max_norm, 2.0, false).unwrap();
+        let got = kiln_optim::clip_grad_norm_on_device(&named(&gpu), max_norm, 2.0, false).unwrap();
+        assert_eq!(got.device(), dev);
+        assert_eq!(got.shape(), &[] as &[usize]);
+        let got = got.item().unwrap();
+        assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+        for (c, g) in cpu.iter().zip(&gpu) {
+            for (x, y) in grad_values(c).iter().zip(grad_values(g)) {
+                assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{x} vs {y}");
+            }
+        }
+        // The f64 API on the same (already clipped) gradients agrees with the tensor.
+        let again = kiln_optim::clip_grad_norm_(&named(&gpu), 1e9, 2.0, false).unwrap();
+        let dev_again = kiln_optim::clip_grad_norm_on_device(&named(&gpu), 1e9, 2.0, false)
+            .unwrap()
+            .item()
+            .unwrap();
+        assert!(
+            (again - dev_again).abs() <= 1e-6 * again,
+            "{again} vs {dev_again}"
+        );
+    }
 }

@@ -188,10 +188,19 @@ fn per_tensor_clip(params: &[(String, Parameter)], max_norm: f64) -> Result<f64,
 
 /// Runs every case of the group.
 pub fn run(options: &Options) -> Result<Vec<Row>, String> {
-    if options.gpu_only {
-        // No CUDA cases in this group yet.
-        return Ok(Vec::new());
+    let mut rows = if options.gpu_only {
+        Vec::new()
+    } else {
+        cpu_cases(options)?
+    };
+    if options.gpu {
+        super::clip_gpu::run(options, &mut rows);
     }
+    Ok(rows)
+}
+
+/// The CPU cases.
+fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     let (read_bw, copy_bw) = bandwidth(options);
     rows.push(Row::new(

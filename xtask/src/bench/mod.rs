@@ -10,9 +10,11 @@
 
 mod alloc;
 mod clip;
+mod clip_gpu;
 mod ops;
 mod ops_gpu;
 mod optim;
+mod optim_gpu;
 mod train;
 
 use serde::Serialize;
@@ -54,6 +56,25 @@ impl Row {
             reference: reference.into(),
             ratio,
         }
+    }
+}
+
+/// The metric of a row whose case could not be measured (see [`Row::failed`]).
+pub const FAILED: &str = "failed";
+
+impl Row {
+    /// A case that could not be measured: metric [`FAILED`], value and ratio NaN (`null` in
+    /// report.json) and the error as the reference. The other cases still run; `bench` writes
+    /// the report, then exits with an error naming the failed cases.
+    pub fn failed(group: &str, case: impl Into<String>, error: &str) -> Self {
+        Row::new(
+            group,
+            case,
+            FAILED,
+            f64::NAN,
+            format!("error: {error}"),
+            f64::NAN,
+        )
     }
 }
 
@@ -135,6 +156,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     eprintln!("bench: wrote {}/report.{{json,md}}", dir.display());
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.metric == FAILED)
+        .map(|r| r.case.as_str())
+        .collect();
+    if !failed.is_empty() {
+        return Err(format!(
+            "{} case(s) failed (their rows say why): {}",
+            failed.len(),
+            failed.join("; ")
+        ));
+    }
     Ok(())
 }
 
@@ -193,4 +226,18 @@ fn markdown(rows: &[Row]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_row_reports_null_figures_and_the_error() {
+        let json = serde_json::to_value(Row::failed("clip", "gpu x", "no memory")).unwrap();
+        assert_eq!(json["metric"], FAILED);
+        assert!(json["value"].is_null() && json["ratio"].is_null(), "{json}");
+        assert_eq!(json["reference"], "error: no memory");
+        assert!(markdown(&[Row::failed("clip", "gpu x", "e")]).contains("| failed | NaN |"));
+    }
 }

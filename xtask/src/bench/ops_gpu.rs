@@ -147,11 +147,15 @@ fn matmul(
     Ok(())
 }
 
-fn bandwidth(stream: &Arc<CudaStream>, reps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
-    let n = 1usize << 28;
-    let bytes = (n * 4) as f64;
-    let dev = Device::Cuda(0);
-    // Copy bandwidth: one device-to-device copy reads and writes every byte.
+/// The device's copy bandwidth in bytes per second, read + write bytes counted: `reps`
+/// `cuMemcpyDtoD` copies of `n` f32 between two synchronisations, best of three rounds (the
+/// buffers are freed on return). Shared with the `clip` and `optim` groups' `--gpu` cases.
+pub(super) fn copy_bandwidth(
+    stream: &Arc<CudaStream>,
+    n: usize,
+    reps: usize,
+) -> Result<f64, String> {
+    // One device-to-device copy reads and writes every byte.
     let src = stream.alloc_zeros::<f32>(n).map_err(err)?;
     let mut dst = stream.alloc_zeros::<f32>(n).map_err(err)?;
     let copy = {
@@ -162,7 +166,14 @@ fn bandwidth(stream: &Arc<CudaStream>, reps: usize, rows: &mut Vec<Row>) -> Resu
             unsafe { driver::memcpy_dtod_async(d, s, n * 4, stream.cu_stream()) }.map_err(err)
         })?
     };
-    let copy_gbs = 2.0 * bytes / copy / 1e9;
+    Ok(2.0 * (n * 4) as f64 / copy)
+}
+
+fn bandwidth(stream: &Arc<CudaStream>, reps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
+    let n = 1usize << 28;
+    let bytes = (n * 4) as f64;
+    let dev = Device::Cuda(0);
+    let copy_gbs = copy_bandwidth(stream, n, reps)? / 1e9;
     let mut g = Generator::new(3);
     let a = g.normal(&[n], 0.0, 1.0, DType::F32, dev).map_err(err)?;
     let b = g.normal(&[n], 0.0, 1.0, DType::F32, dev).map_err(err)?;

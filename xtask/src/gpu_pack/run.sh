@@ -8,9 +8,9 @@
 #      usable: a silent skip can never pass for a GPU run;
 #   3. runs each test binary in tests/, logging to $OUT/test-<name>.log;
 #   4. runs `xtask bench --gpu-only` (when this build has a bench command): the CUDA cases of
-#      every group (matmul vs cuBLAS, bandwidth, ResNet18 step, allocator hit vs cuMemAlloc),
-#      none of the CPU ones; the report goes to $OUT/bench (KILN_BENCH_OUT) and is copied to
-#      $OUT/gpu-bench.json.
+#      every group (matmul vs cuBLAS, bandwidth, ResNet18 step, allocator hit vs cuMemAlloc,
+#      fused clip and optimizer steps vs copy bandwidth), none of the CPU ones; the report
+#      goes to $OUT/bench (KILN_BENCH_OUT) and is copied to $OUT/gpu-bench.json.
 # Output goes to $OUT (default ./gpu-out): env.txt, summary.txt, logs, gpu-bench.json.
 # Planned to finish in under 8 minutes: each test binary gets KILN_TEST_TIMEOUT_S (120 s), the
 # benchmarks get what is left of KILN_RUN_BUDGET_S (450 s), at least 60 s.
