@@ -124,14 +124,28 @@ fn build_test_binaries(root: &Path) -> Result<Vec<TestBinary>, String> {
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run `{cargo} test`: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
+        // With --message-format=json the compiler's errors arrive on stdout as JSON: show them.
+        for text in rendered_errors(&stdout) {
+            eprint!("{text}");
+        }
         return Err(format!(
             "`cargo test --workspace --release --no-run` failed ({}); see the errors above",
             output.status
         ));
     }
-    let stdout = String::from_utf8_lossy(&output.stdout);
     parse_test_binaries(&stdout)
+}
+
+/// The rendered text of every compiler error in cargo's JSON messages.
+pub fn rendered_errors(messages: &str) -> Vec<String> {
+    messages
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-message" && m["message"]["level"] == "error")
+        .filter_map(|m| m["message"]["rendered"].as_str().map(str::to_string))
+        .collect()
 }
 
 /// The test executables in cargo's JSON messages, named for the pack, xtask's own left out.
@@ -304,6 +318,21 @@ mod tests {
                     path: "/w/target/release/deps/visibility-3c4d".into()
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn compiler_errors_are_taken_from_the_json_messages() {
+        let messages = concat!(
+            r#"{"reason":"compiler-message","message":{"level":"warning","rendered":"w\n"}}"#,
+            "\n",
+            r#"{"reason":"compiler-message","message":{"level":"error","rendered":"error[E0308]: x\n"}}"#,
+            "\nnot json\n",
+            r#"{"reason":"build-finished","success":false}"#,
+        );
+        assert_eq!(
+            rendered_errors(messages),
+            vec!["error[E0308]: x\n".to_string()]
         );
     }
 
