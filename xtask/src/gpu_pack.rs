@@ -3,18 +3,24 @@
 //! The GPU machine has a driver, a CUDA toolkit and Python but no Rust toolchain and no network
 //! (see `docs/GPU.md`). So we build here and ship binaries:
 //!
-//! - every test binary of the workspace in release mode, found by parsing the JSON messages of
-//!   `cargo test --workspace --release --no-run --message-format=json` (xtask's own tests are
-//!   left out: they check this development machine, not the GPU), into `tests/`;
-//! - the running `xtask` binary itself, which is the benchmark runner (`xtask bench --gpu-only`);
+//! - the test binaries with GPU tests, built in release mode and found by parsing the JSON
+//!   messages of `cargo test --workspace --release --no-run --message-format=json` (xtask's own
+//!   tests are left out: they check this development machine, not the GPU), as `tests/` in the
+//!   archive;
+//! - the running `xtask` binary itself, the benchmark runner (`xtask bench --gpu-only`), in the
+//!   archive too;
 //! - `run.sh` (source: `xtask/src/gpu_pack/run.sh`), which finds the CUDA libraries, sets
 //!   `KILN_REQUIRE_CUDA=1` and runs the tests, then the benchmarks, writing logs and
 //!   `gpu-bench.json` to `$OUT`;
 //! - `MANIFEST.txt`: commit, date, toolchain and the list of binaries.
 //!
-//! Binaries are stripped of debug info (symbols stay, so panics still name functions) and the
-//! folder's size is printed; over [`SIZE_LIMIT`] is an error, since the pack must travel to the
-//! GPU machine through a 64 MiB channel.
+//! Only the test binaries that hold GPU tests go in (those calling
+//! `kiln_device::testing::cuda_device_or_skip`, found by its text in the binary, plus all of
+//! kiln-device's); the CPU-only ones are CI's. Binaries are stripped of debug info (symbols
+//! stay, so panics still name functions) and packed with the bench runner into one xz archive
+//! ([`ARCHIVE`], ~20x smaller than the binaries, which share most of their code) that run.sh
+//! unpacks. The folder's size is printed; over [`SIZE_LIMIT`] is an error, since the pack must
+//! travel to the GPU machine through a 64 MiB channel.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -41,10 +47,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let root = crate::workspace_root();
     let pack = crate::target_dir(&root).join("gpu-pack");
 
-    let binaries = build_test_binaries(&root)?;
-    if binaries.is_empty() {
+    let all = build_test_binaries(&root)?;
+    if all.is_empty() {
         return Err("cargo built no test binaries; is the workspace empty?".to_string());
     }
+    let (binaries, cpu_only) = select_gpu_binaries(all)?;
 
     if pack.exists() {
         std::fs::remove_dir_all(&pack)
@@ -73,12 +80,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "NOT stripped".to_string()
         }
     };
+    // One xz archive: the binaries share most of their code, so it is ~20x smaller than them.
+    compress(&pack, &["tests", "xtask"], ARCHIVE)?;
 
     let run_sh = pack.join("run.sh");
     std::fs::write(&run_sh, RUN_SH)
         .map_err(|e| format!("cannot write {}: {e}", run_sh.display()))?;
     set_executable(&run_sh)?;
-    let manifest = manifest(&root, &binaries);
+    let manifest = manifest(&root, &binaries, &cpu_only);
     std::fs::write(pack.join("MANIFEST.txt"), manifest)
         .map_err(|e| format!("cannot write MANIFEST.txt: {e}"))?;
 
@@ -88,7 +97,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     println!("packed  xtask (bench runner: `xtask bench --gpu-only`)");
     println!(
-        "{}: {} test binaries + xtask, {strip_note}, {:.1} MiB",
+        "left out {} CPU-only test binaries (no GPU test in them; CI runs them)",
+        cpu_only.len()
+    );
+    println!(
+        "{}: {} test binaries + xtask in {ARCHIVE}, {strip_note}, {:.1} MiB",
         pack.display(),
         binaries.len(),
         size as f64 / (1u64 << 20) as f64
@@ -99,11 +112,76 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if size > SIZE_LIMIT {
         return Err(format!(
             "the pack weighs {:.1} MiB, over the {} MiB limit: strip symbols too (`strip -s`) or \
-             find which test binary grew (ls -lS {}/tests)",
+             find which test binary grew (`tar -tvJf {}/{ARCHIVE}`)",
             size as f64 / (1u64 << 20) as f64,
             SIZE_LIMIT >> 20,
             pack.display()
         ));
+    }
+    Ok(())
+}
+
+/// The archive run.sh unpacks: `tests/` and `xtask`.
+pub const ARCHIVE: &str = "bin.tar.xz";
+
+/// What marks a test binary that holds GPU tests: the variable of
+/// `kiln_device::testing::cuda_device_or_skip`, whose text only a binary calling it contains.
+const GPU_TEST_MARK: &[u8] = b"KILN_REQUIRE_CUDA";
+
+/// Whether a test binary belongs on the GPU machine: it holds GPU tests (calls
+/// `cuda_device_or_skip`), or it is one of kiln-device's own (driver probe, visibility, memory).
+pub fn is_gpu_binary(name: &str, bytes: &[u8]) -> bool {
+    name.starts_with("kiln-device")
+        || bytes
+            .windows(GPU_TEST_MARK.len())
+            .any(|w| w == GPU_TEST_MARK)
+}
+
+/// Splits the built binaries into (for the GPU machine, CPU-only). The CPU-only ones are run by
+/// CI; leaving them out keeps the pack small and the GPU run short.
+fn select_gpu_binaries(all: Vec<TestBinary>) -> Result<(Vec<TestBinary>, Vec<TestBinary>), String> {
+    let mut gpu = Vec::new();
+    let mut cpu_only = Vec::new();
+    for binary in all {
+        let bytes = std::fs::read(&binary.path)
+            .map_err(|e| format!("cannot read {}: {e}", binary.path.display()))?;
+        if is_gpu_binary(&binary.name, &bytes) {
+            gpu.push(binary);
+        } else {
+            cpu_only.push(binary);
+        }
+    }
+    if gpu.is_empty() {
+        return Err(format!(
+            "no test binary contains `{}`: the GPU tests are gone or no longer use \
+             kiln_device::testing::cuda_device_or_skip",
+            String::from_utf8_lossy(GPU_TEST_MARK)
+        ));
+    }
+    Ok((gpu, cpu_only))
+}
+
+/// `tar -cJf pack/archive entries...`, then removes the entries.
+fn compress(pack: &Path, entries: &[&str], archive: &str) -> Result<(), String> {
+    let status = Command::new("tar")
+        .current_dir(pack)
+        .env("XZ_OPT", "-6 -T0")
+        .arg("-cJf")
+        .arg(archive)
+        .args(entries)
+        .status()
+        .map_err(|e| format!("cannot run `tar` ({e}); install tar and xz-utils"))?;
+    if !status.success() {
+        return Err(format!("`tar -cJf {archive}` failed ({status})"));
+    }
+    for entry in entries {
+        let path = pack.join(entry);
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
     }
     Ok(())
 }
@@ -233,7 +311,7 @@ fn strip_debug_info(files: &[PathBuf]) -> Result<(), String> {
     }
 }
 
-fn manifest(root: &Path, binaries: &[TestBinary]) -> String {
+fn manifest(root: &Path, binaries: &[TestBinary], cpu_only: &[TestBinary]) -> String {
     let run = |program: &str, args: &[&str]| {
         Command::new(program)
             .current_dir(root)
@@ -259,6 +337,10 @@ fn manifest(root: &Path, binaries: &[TestBinary]) -> String {
         text.push_str(&format!("  {}\n", binary.name));
     }
     text.push_str("xtask: bench runner (`xtask bench --gpu-only`)\n");
+    text.push_str("\nleft out (CPU-only, run by CI):\n");
+    for binary in cpu_only {
+        text.push_str(&format!("  {}\n", binary.name));
+    }
     text
 }
 
@@ -319,6 +401,19 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn gpu_binaries_are_kiln_devices_and_those_holding_gpu_tests() {
+        assert!(is_gpu_binary("kiln-device--test-visibility", b"nothing"));
+        assert!(is_gpu_binary(
+            "kiln-losses--test-parity",
+            b"..KILN_REQUIRE_CUDA.."
+        ));
+        assert!(!is_gpu_binary(
+            "kiln-sched--test-parity",
+            b"KILN_REQUIRE_CUD"
+        ));
     }
 
     #[test]

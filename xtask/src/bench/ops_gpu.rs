@@ -38,17 +38,36 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         eprintln!("bench ops: --gpu cases skipped: CUDA unavailable: {reason}");
         return Ok(());
     }
-    let stream = kiln_device::cuda_stream(0).map_err(err)?;
+    let stream = match kiln_device::cuda_stream(0) {
+        Ok(stream) => stream,
+        Err(e) => {
+            rows.push(Row::failed(GROUP, "gpu cases", &e.to_string()));
+            return Ok(());
+        }
+    };
     let reps = if options.quick { 3 } else { 20 };
+    // Each case that fails becomes a failed row (printed, and `bench` exits non-zero after
+    // writing the report) while the others still run: the first GPU run must report as much
+    // as it can.
+    let mut case = |name: &str, result: Result<(), String>| {
+        if let Err(e) = result {
+            eprintln!("bench ops: {name} failed: {e}");
+            rows.push(Row::failed(GROUP, name, &e));
+        }
+    };
+    let mut measured = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
-        matmul(&stream, dtype, reps, rows)?;
+        case(
+            &format!("gpu_matmul_4096_{dtype}"),
+            matmul(&stream, dtype, reps, &mut measured),
+        );
     }
-    bandwidth(&stream, reps, rows)?;
-    // A failure here is reported and the rows above are kept: the training step is the first
-    // whole-model CUDA run and may meet an op no smaller case reached.
-    if let Err(e) = resnet18(&stream, options, rows) {
-        eprintln!("bench ops: gpu_resnet18_train_step_bf16 failed: {e}");
-    }
+    case("gpu_bandwidth", bandwidth(&stream, reps, &mut measured));
+    case(
+        "gpu_resnet18_train_step_bf16",
+        resnet18(&stream, options, &mut measured),
+    );
+    rows.extend(measured);
     Ok(())
 }
 

@@ -6,7 +6,8 @@
 #      cuda_fp16.h for NVRTC, as KILN_CUDA_INCLUDE and CUDA_HOME when a toolkit is found);
 #   2. sets KILN_REQUIRE_CUDA=1, so every GPU test FAILS instead of skipping when no device is
 #      usable: a silent skip can never pass for a GPU run;
-#   3. runs each test binary in tests/, logging to $OUT/test-<name>.log;
+#   3. unpacks bin.tar.xz (the test binaries with GPU tests, and xtask) into a temporary folder
+#      and runs each test binary, logging to $OUT/test-<name>.log;
 #   4. runs `xtask bench --gpu-only` (when this build has a bench command): the CUDA cases of
 #      every group (matmul vs cuBLAS, bandwidth, ResNet18 step, allocator hit vs cuMemAlloc,
 #      fused clip and optimizer steps vs copy bandwidth), none of the CPU ones; the report
@@ -24,6 +25,17 @@ OUT="$(cd "$OUT" && pwd)"
 START=$(date +%s)
 : > "$OUT/summary.txt"
 log() { echo "[+$(($(date +%s) - START))s] $*" | tee -a "$OUT/summary.txt"; }
+
+# The binaries travel as one xz archive (bin.tar.xz: tests/ and xtask); unpack it once.
+BIN="$HERE"
+if [ -f "$HERE/bin.tar.xz" ]; then
+    BIN="$(mktemp -d "${TMPDIR:-/tmp}/kiln-gpu-bin.XXXXXX")"
+    trap 'rm -rf "$BIN"' EXIT
+    if ! tar -xJf "$HERE/bin.tar.xz" -C "$BIN"; then
+        log "FAIL  cannot unpack $HERE/bin.tar.xz (needs tar with xz)"
+        exit 1
+    fi
+fi
 
 # Candidate library folders, most specific first.
 python_nvidia_dirs() {
@@ -139,7 +151,7 @@ for lib in "${missing[@]}"; do
     FAILS=$((FAILS + 1))
 done
 TEST_TIMEOUT="${KILN_TEST_TIMEOUT_S:-120}"
-for t in "$HERE"/tests/*; do
+for t in "$BIN"/tests/*; do
     [ -x "$t" ] || continue
     name="$(basename "$t")"
     t0=$(date +%s)
@@ -161,13 +173,13 @@ for t in "$HERE"/tests/*; do
     } | sed 's/^/      /' | tee -a "$OUT/summary.txt"
 done
 
-if [ -x "$HERE/xtask" ]; then
+if [ -x "$BIN/xtask" ]; then
     budget="${KILN_RUN_BUDGET_S:-450}"
     left=$((budget - ($(date +%s) - START)))
     [ $left -lt 60 ] && left=60
     mkdir -p "$OUT/bench"
     t0=$(date +%s)
-    (cd "$OUT/bench" && KILN_BENCH_OUT="$OUT/bench" timeout "$left" "$HERE/xtask" bench --gpu-only) \
+    (cd "$OUT/bench" && KILN_BENCH_OUT="$OUT/bench" timeout "$left" "$BIN/xtask" bench --gpu-only) \
         >"$OUT/bench.log" 2>&1
     rc=$?
     secs=$(($(date +%s) - t0))
