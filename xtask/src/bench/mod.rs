@@ -132,6 +132,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
             },
         }
     }
+    if options.gpu && kiln_device::testing::cuda_required() {
+        // The GPU run (run.sh sets KILN_REQUIRE_CUDA=1): GPU cases that skip would pass for
+        // a run that measured nothing.
+        if let Some(reason) = kiln_device::cuda_status().reason() {
+            return Err(format!(
+                "{}=1 but CUDA is unavailable: {reason}",
+                kiln_device::testing::REQUIRE_CUDA_VAR
+            ));
+        }
+    }
     if selected.is_empty() {
         selected = GROUPS.to_vec();
     }
