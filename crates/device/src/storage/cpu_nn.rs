@@ -2,7 +2,9 @@
 //! pooling, normalisation and the index ops, on top of the slice kernels in
 //! `crate::ops::{conv, pool, norm, index}`.
 //!
-//! The index ops live in the `index` submodule. Each function reads its operands as dense slices (borrowed when the layout is already a
+//! The index ops live in the `index` submodule, batch norm in `batch_norm` (which reads and
+//! writes f16/bf16 tensors per element and takes PyTorch's mixed 16-bit input with f32
+//! parameters, so two of its rules below differ; see there). Each function reads its operands as dense slices (borrowed when the layout is already a
 //! contiguous run of the buffer, copied otherwise), picks the element type from the first
 //! operand, runs the kernel inside kiln's CPU thread pool (so `KILN_NUM_THREADS` caps it) and
 //! wraps the result in a fresh [`CpuStorage`]. The float kernels run on `f32` and `f64` only;

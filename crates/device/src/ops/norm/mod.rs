@@ -202,11 +202,12 @@ pub struct SavedStatsMut<'a, T> {
 }
 
 /// Where a backward pass writes its gradients; `None` skips that gradient (PyTorch's
-/// `output_mask`).
+/// `output_mask`). The input gradient has the input's element type `X` (batch norm's CPU
+/// kernels take a 16-bit `X` with `T = f32`), the parameter gradients the parameters' `T`.
 #[derive(Debug, Default)]
-pub struct NormGrads<'a, T> {
+pub struct NormGrads<'a, T, X = T> {
     /// Gradient of the input, the input's shape.
-    pub input: Option<&'a mut [T]>,
+    pub input: Option<&'a mut [X]>,
     /// Gradient of the weight.
     pub weight: Option<&'a mut [T]>,
     /// Gradient of the bias.

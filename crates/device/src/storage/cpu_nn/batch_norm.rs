@@ -1,28 +1,75 @@
 //! The CPU side of the seam's batch-norm methods, over the kernels in `crate::ops::norm::cpu`.
 //!
-//! Dtypes: f32/f64 run natively; an f16/bf16 call whose per-channel vectors share its dtype
-//! runs in f32 and rounds every result back once (`float_kernel!`); and PyTorch's mixed case,
-//! a 16-bit input with f32 weight, bias and running statistics (what autocast produces, see
-//! [`batch_norm_param_dtype`]), runs in f32 too but rounds only the tensor-shaped results (the
-//! output, the input gradient) to the input's dtype: the saved `mean`/`rstd`, the running
-//! statistics and the weight/bias gradients stay f32. As with every 16-bit CPU kernel, the
-//! 16-bit tensor is widened to an f32 scratch copy first and the f32 result rounded in one more
-//! pass; the per-channel vectors are read in place.
+//! Dtypes: f32/f64 run natively. An f16/bf16 input runs the kernels with `T = f32` on the
+//! 16-bit tensors themselves (each element widened as it is read, each result rounded once as
+//! it is written: no f32 copy of the tensor), with the per-channel vectors in f32 (16-bit ones
+//! are widened, a `[C]` copy). Which dtype those vectors come back in follows
+//! [`batch_norm_param_dtype`]: when weight, bias and running statistics share the 16-bit
+//! dtype, the saved `mean`/`rstd` and the weight/bias gradients are rounded to it; in PyTorch's
+//! mixed case (a 16-bit input with f32 vectors, what autocast produces) they stay f32. Only the
+//! output and the input gradient always have the input's dtype.
 
-use super::{dense, dense_mut, dense_opt, in_pool, norm_grads, wrap, wrap_grads, zeros};
-use super::{HostElement, Narrow};
+use super::{dense, dense_mut, dense_opt, in_pool, wrap, zeros};
+use super::{HostBuffer, HostElement, Narrow};
 use crate::backend::{BatchNormStats, GradMask, Grads3, RunningStatsMut, Strided};
 use crate::dtype::DType;
+use crate::ops::norm::cpu::NormElement;
 use crate::ops::norm::{
-    batch_norm_param_dtype, cpu as norm, Affine, BatchNormShape, RunningStats, RunningStatsUpdate,
-    SavedStats, SavedStatsMut,
+    batch_norm_param_dtype, cpu as norm, Affine, BatchNormShape, NormGrads, RunningStats,
+    RunningStatsUpdate, SavedStats, SavedStatsMut,
 };
 use crate::ops::KernelFloat;
 use crate::storage::cpu::CpuStorage;
 use crate::{BackendStorage, Error, Layout, Result};
+use half::{bf16, f16};
+
+/// Runs `$body` with `$T` the compute type and `$X` the tensor element type of `$dtype`:
+/// `(f32, f32)`, `(f64, f64)`, `(f32, f16)`, `(f32, bf16)`; other dtypes are an error.
+macro_rules! bn_kernel {
+    ($op:expr, $dtype:expr, ($T:ident, $X:ident) => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                type $X = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                type $X = f64;
+                $body
+            }
+            DType::F16 => {
+                type $T = f32;
+                type $X = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = f32;
+                type $X = bf16;
+                $body
+            }
+            other => Err(Error::UnsupportedDType {
+                op: $op,
+                dtype: other,
+                hint: "batch_norm runs on floating-point tensors; convert with \
+                       to_dtype(DType::F32) first",
+            }),
+        }
+    };
+}
 
 fn dtype_of(s: &Option<Strided<'_, CpuStorage>>) -> Option<DType> {
     s.map(|s| s.0.dtype())
+}
+
+/// The f32 per-channel results of a 16-bit call, rounded to the input dtype unless the call
+/// is mixed (f32 vectors); tensor-shaped results already have the input dtype.
+fn vectors_to<R: Narrow>(r: R, input: DType, params: DType) -> Result<R> {
+    if params == input && matches!(input, DType::F16 | DType::BF16) {
+        r.narrow(input)
+    } else {
+        Ok(r)
+    }
 }
 
 pub(in crate::storage) fn batch_norm_train(
@@ -40,14 +87,9 @@ pub(in crate::storage) fn batch_norm_train(
         running.as_ref().map(|r| r.var.0.dtype()),
     );
     let params = batch_norm_param_dtype(OP, dtype, [dtype_of(&weight), dtype_of(&bias), rm, rv])?;
-    if params != dtype {
-        // Mixed: a 16-bit input with f32 vectors. Only the output is rounded to the input dtype.
-        let [out, mean, rstd] = train_in::<f32>(x, weight, bias, running, eps, &shape)?;
-        return Ok([out.narrow(dtype)?, mean, rstd]);
-    }
     match running {
-        Some(r) if matches!(dtype, DType::F16 | DType::BF16) => {
-            // Half running statistics: update f32 copies, then round them back in place.
+        Some(r) if matches!(params, DType::F16 | DType::BF16) => {
+            // 16-bit running statistics: update f32 copies, then round them back in place.
             let mut mean = r.mean.0.to_dtype(r.mean.1, DType::F32)?;
             let mut var = r.var.0.to_dtype(r.var.1, DType::F32)?;
             let c = Layout::contiguous(r.mean.1.shape());
@@ -56,20 +98,25 @@ pub(in crate::storage) fn batch_norm_train(
                 var: (&mut var, &c),
                 momentum: r.momentum,
             };
-            let out = float_kernel!(OP, dtype, T => train_in::<T>(x, weight, bias, Some(wide), eps, &shape))?;
-            mean.to_dtype(&c, dtype)?
+            let out = bn_kernel!(OP, dtype, (T, X) => {
+                train_in::<T, X>(x, weight, bias, Some(wide), eps, &shape)
+            })?;
+            mean.to_dtype(&c, params)?
                 .copy_into(&c, r.mean.0, r.mean.1)?;
-            var.to_dtype(&c, dtype)?.copy_into(&c, r.var.0, r.var.1)?;
-            Ok(out)
+            var.to_dtype(&c, params)?.copy_into(&c, r.var.0, r.var.1)?;
+            vectors_to(out, dtype, params)
         }
         running => {
-            float_kernel!(OP, dtype, T => train_in::<T>(x, weight, bias, running, eps, &shape))
+            let out = bn_kernel!(OP, dtype, (T, X) => {
+                train_in::<T, X>(x, weight, bias, running, eps, &shape)
+            })?;
+            vectors_to(out, dtype, params)
         }
     }
 }
 
-/// Training forward with every float operand read as `T` (16-bit ones widened).
-fn train_in<T: HostElement + KernelFloat>(
+/// Training forward: tensors as `X`, per-channel vectors as `T`.
+fn train_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
     x: Strided<'_, CpuStorage>,
     weight: Option<Strided<'_, CpuStorage>>,
     bias: Option<Strided<'_, CpuStorage>>,
@@ -79,7 +126,7 @@ fn train_in<T: HostElement + KernelFloat>(
 ) -> Result<[CpuStorage; 3]> {
     const OP: &str = "batch_norm";
     let shape = *shape;
-    let input = dense::<T>(OP, x)?;
+    let input = dense::<X>(OP, x)?;
     let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
     let running = match running {
         None => None,
@@ -89,7 +136,7 @@ fn train_in<T: HostElement + KernelFloat>(
             momentum: r.momentum,
         }),
     };
-    let mut out = zeros::<T>(&shape.dims())?;
+    let mut out = zeros::<X>(&shape.dims())?;
     let c = [shape.channels];
     let (mut mean, mut rstd) = (zeros::<T>(&c)?, zeros::<T>(&c)?);
     let affine = Affine {
@@ -122,12 +169,11 @@ pub(in crate::storage) fn batch_norm_eval(
         dtype,
         [dtype_of(&weight), dtype_of(&bias), stats[0], stats[1]],
     )?;
-    // Mixed or not, the one result is rounded to the input dtype.
-    float_kernel!(OP, dtype, T => {
-        let input = dense::<T>(OP, x)?;
+    bn_kernel!(OP, dtype, (T, X) => {
+        let input = dense::<X>(OP, x)?;
         let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
         let (mean, var) = (dense::<T>(OP, running[0])?, dense::<T>(OP, running[1])?);
-        let mut out = zeros::<T>(&shape.dims())?;
+        let mut out = zeros::<X>(&shape.dims())?;
         let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
         let stats = RunningStats { mean: &mean, var: &var };
         in_pool(|| norm::batch_norm_eval_forward(&shape, &input, affine, stats, eps, &mut out))?;
@@ -157,16 +203,12 @@ pub(in crate::storage) fn batch_norm_backward(
     }
     .map(|s| Some(s.0.dtype()));
     let params = batch_norm_param_dtype(OP, dtype, [dtype_of(&weight), s0, s1])?;
-    if params != dtype {
-        // Mixed: the input gradient in the input's dtype, the parameter gradients in f32.
-        let [gi, gw, gb] = backward_in::<f32>(grad, x, weight, stats, mask)?;
-        return Ok([gi.narrow(dtype)?, gw, gb]);
-    }
-    float_kernel!(OP, dtype, T => backward_in::<T>(grad, x, weight, stats, mask))
+    let grads = bn_kernel!(OP, dtype, (T, X) => backward_in::<T, X>(grad, x, weight, stats, mask))?;
+    vectors_to(grads, dtype, params)
 }
 
-/// Backward with every float operand read as `T` (16-bit ones widened).
-fn backward_in<T: HostElement + KernelFloat>(
+/// Backward: tensors as `X`, per-channel vectors as `T`.
+fn backward_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
     grad: Strided<'_, CpuStorage>,
     x: Strided<'_, CpuStorage>,
     weight: Option<Strided<'_, CpuStorage>>,
@@ -175,19 +217,18 @@ fn backward_in<T: HostElement + KernelFloat>(
 ) -> Result<Grads3<CpuStorage>> {
     const OP: &str = "batch_norm_backward";
     let shape = BatchNormShape::from_input_shape(x.1.shape())?;
-    let (go, input) = (dense::<T>(OP, grad)?, dense::<T>(OP, x)?);
+    let (go, input) = (dense::<X>(OP, grad)?, dense::<X>(OP, x)?);
     let w = dense_opt::<T>(OP, weight)?;
     let c = shape.channels;
-    let mut slots = [
-        zeros::<T>(&[if mask[0] {
-            shape.dims().iter().product()
-        } else {
-            0
-        }])?,
-        zeros::<T>(&[if mask[1] { c } else { 0 }])?,
-        zeros::<T>(&[if mask[2] { c } else { 0 }])?,
-    ];
-    let grads = norm_grads(mask, &mut slots);
+    let n = shape.dims().iter().product();
+    let mut gi: HostBuffer<X> = zeros::<X>(&[if mask[0] { n } else { 0 }])?;
+    let mut gw: HostBuffer<T> = zeros::<T>(&[if mask[1] { c } else { 0 }])?;
+    let mut gb: HostBuffer<T> = zeros::<T>(&[if mask[2] { c } else { 0 }])?;
+    let grads = NormGrads {
+        input: mask[0].then_some(gi.as_mut_slice()),
+        weight: mask[1].then_some(gw.as_mut_slice()),
+        bias: mask[2].then_some(gb.as_mut_slice()),
+    };
     match stats {
         BatchNormStats::Batch { mean, rstd } => {
             let (mean, rstd) = (dense::<T>(OP, mean)?, dense::<T>(OP, rstd)?);
@@ -218,5 +259,9 @@ fn backward_in<T: HostElement + KernelFloat>(
             })?;
         }
     }
-    Ok(wrap_grads(mask, slots))
+    Ok([
+        mask[0].then(|| wrap(gi)),
+        mask[1].then(|| wrap(gw)),
+        mask[2].then(|| wrap(gb)),
+    ])
 }
