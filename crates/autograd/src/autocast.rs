@@ -11,8 +11,12 @@
 //!   the op and its output are f32;
 //! - **promote** (elementwise binary ops such as a bias `add` or a residual sum): when the two
 //!   float inputs differ (a 16-bit matmul output plus an f32 bias), both run in `F32`, the
-//!   widest, as PyTorch's type promotion does; `batch_norm` normalises a 16-bit input in f32
-//!   with its f32 statistics;
+//!   widest, as PyTorch's type promotion does;
+//! - **`batch_norm`** is on no list (as in PyTorch): a 16-bit input keeps its dtype and is
+//!   normalised in f32 with the f32 weight, bias and running statistics, as cuDNN's batch norm
+//!   does; the output is 16-bit, the running statistics are updated in f32 and the weight/bias
+//!   gradients are f32, so a conv → batch_norm → relu → max-pool chain stays 16-bit until a
+//!   promoting or f32-list op;
 //! - every other op runs in its inputs' dtype (PyTorch's "fallthrough" behaviour).
 //!
 //! The casts are ordinary differentiable `to_dtype` ops, so gradients flow back to the f32

@@ -1,6 +1,6 @@
 //! `autocast` on the CPU (and on CUDA when a GPU is usable): output dtypes follow PyTorch's op
 //! lists (matmul/conv2d in the 16-bit dtype, softmax/layer_norm/sum/mean/logsumexp/norm in f32,
-//! F64 never cast), values stay within bf16 rounding of the f32 computation, gradients reach
+//! batch_norm in its input's dtype with f32 statistics, F64 never cast), values stay within bf16 rounding of the f32 computation, gradients reach
 //! f32 leaves in f32, and scopes nest and end.
 
 mod common;
@@ -115,7 +115,7 @@ fn f64_is_never_cast_scopes_nest_and_bad_dtypes_are_refused() {
 }
 
 #[test]
-fn mixed_float_binary_ops_promote_to_f32_and_batch_norm_runs_in_f32() {
+fn mixed_float_binary_ops_promote_to_f32_and_batch_norm_keeps_bf16() {
     use kiln_autograd::BatchNormOptions;
     for dev in devices() {
         let (x, w) = (randn(7, &[4, 6], dev), randn(8, &[6, 3], dev));
@@ -149,7 +149,11 @@ fn mixed_float_binary_ops_promote_to_f32_and_batch_norm_runs_in_f32() {
         })
         .unwrap();
         assert_eq!(got.dtype(), DType::F32, "bf16 matmul + f32 bias promotes");
-        assert_eq!(bn.dtype(), DType::F32, "batch_norm normalises in f32");
+        assert_eq!(
+            bn.dtype(),
+            DType::BF16,
+            "batch_norm keeps the 16-bit input dtype (f32 statistics inside)"
+        );
         assert_bf16_close("linear", &got, &want);
         assert_bf16_close("batch_norm", &bn, &bn_want.0);
         // The running statistics were updated in place, in f32, like the f32 run's.
@@ -165,5 +169,106 @@ fn mixed_float_binary_ops_promote_to_f32_and_batch_norm_runs_in_f32() {
             .unwrap_err()
             .to_string();
         assert!(err.contains("to_dtype"), "{err}");
+    }
+}
+
+#[test]
+fn conv_batch_norm_relu_stays_bf16_and_gradients_reach_f32_parameters() {
+    use kiln_autograd::BatchNormOptions;
+    for dev in devices() {
+        let x = randn(12, &[2, 3, 6, 6], dev);
+        let k = randn(13, &[4, 3, 3, 3], dev);
+        let (gamma, beta) = (
+            randn(14, &[4], dev).add_scalar(1.0).unwrap(),
+            randn(15, &[4], dev),
+        );
+        // Positions where the f32 activation lies within bf16 rounding of relu's kink get no
+        // upstream gradient, so a relu mask flipped by rounding cannot move the gradients
+        // compared below.
+        let kink = {
+            let (m, v) = (
+                Tensor::zeros(&[4], DType::F32, dev).unwrap(),
+                Tensor::ones(&[4], DType::F32, dev).unwrap(),
+            );
+            let y = x.conv2d(&k, None, Default::default()).unwrap();
+            let bn = y
+                .batch_norm(
+                    Some(&m),
+                    Some(&v),
+                    Some(&gamma),
+                    Some(&beta),
+                    Default::default(),
+                )
+                .unwrap();
+            bn.abs().unwrap().gt_scalar(0.05).unwrap()
+        };
+        let upstream = randn(16, &[2, 4, 4, 4], dev)
+            .mul(&kink.to_dtype(DType::F32).unwrap())
+            .unwrap();
+        // The same chain in f32 (reference) and under bf16 autocast, on separate leaves and
+        // running statistics.
+        let chain = |autocast_on: bool| {
+            let leaves = [k.detach(), gamma.detach(), beta.detach()];
+            for t in &leaves {
+                t.set_requires_grad(true).unwrap();
+            }
+            let (m, v) = (
+                Tensor::zeros(&[4], DType::F32, dev).unwrap(),
+                Tensor::ones(&[4], DType::F32, dev).unwrap(),
+            );
+            let scope = autocast_on.then(|| AutocastGuard::new(DType::BF16).unwrap());
+            let y = x.conv2d(&leaves[0], None, Default::default()).unwrap();
+            let bn = y
+                .batch_norm(
+                    Some(&m),
+                    Some(&v),
+                    Some(&leaves[1]),
+                    Some(&leaves[2]),
+                    BatchNormOptions::default(),
+                )
+                .unwrap();
+            let act = bn.relu().unwrap();
+            let loss = act
+                .to_dtype(DType::F32)
+                .unwrap()
+                .mul(&upstream)
+                .unwrap()
+                .sum_all()
+                .unwrap();
+            drop(scope);
+            loss.backward().unwrap();
+            (y.dtype(), bn.dtype(), act, leaves, m, v)
+        };
+        let (_, _, act_want, want, m_want, v_want) = chain(false);
+        let (conv_dt, bn_dt, act, got, m, v) = chain(true);
+        assert_eq!(conv_dt, DType::BF16, "conv2d runs in bf16");
+        assert_eq!(
+            bn_dt,
+            DType::BF16,
+            "batch_norm keeps bf16 (no f32 round trip)"
+        );
+        assert_eq!(
+            act.dtype(),
+            DType::BF16,
+            "relu of a bf16 activation is bf16"
+        );
+        assert_bf16_close("activation", &act, &act_want);
+        for (name, g, w) in [
+            ("conv weight", &got[0], &want[0]),
+            ("bn weight", &got[1], &want[1]),
+            ("bn bias", &got[2], &want[2]),
+        ] {
+            let (gg, gw) = (g.grad().unwrap(), w.grad().unwrap());
+            assert_eq!(
+                gg.dtype(),
+                DType::F32,
+                "{name}: the f32 parameter's gradient is f32"
+            );
+            assert_bf16_close(&format!("grad {name}"), &gg, &gw);
+        }
+        assert_eq!((m.dtype(), v.dtype()), (DType::F32, DType::F32));
+        assert_bf16_close("running_mean", &m, &m_want);
+        assert_bf16_close("running_var", &v, &v_want);
+        assert_eq!((m.version(), v.version()), (1, 1), "updated in place once");
     }
 }

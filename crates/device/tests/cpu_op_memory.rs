@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kiln_device::ops::conv::{Conv2dGeometry, Conv2dParams};
 use kiln_device::{
-    allocator, BackendStorage, BinaryOp, CpuStorage, Device, Layout, ReduceOp, Result,
+    allocator, BackendStorage, BinaryOp, CpuStorage, DType, Device, Layout, ReduceOp, Result,
 };
 
 /// The system allocator, counting the largest single request while `COUNTING` is on.
@@ -200,4 +200,38 @@ fn op_outputs_take_exactly_one_allocator_block_and_no_system_buffer() {
         }
     }
     assert!((y.to_vec::<f32>().unwrap()[2 * 1024] as f64 - want).abs() < 1e-4);
+
+    // Batch norm (evaluation) of a bf16 [4, 16, 32, 32] input with f32 weight, bias and
+    // running statistics (autocast's mixed case): the kernel reads the bf16 input and writes
+    // the bf16 output in place, element by element, with no f32 copy of either.
+    let (n, c) = (4 * 16 * 32 * 32, 16);
+    let lx = Layout::contiguous(&[4, 16, 32, 32]);
+    let lc = Layout::contiguous(&[c]);
+    let x = f32_storage(n)
+        .to_dtype(&Layout::contiguous(&[n]), DType::BF16)
+        .unwrap();
+    let (w, b, rm) = (f32_storage(c), f32_storage(c), f32_storage(c));
+    let rv = CpuStorage::from_vec(vec![2.0f32; c]);
+    let (y, cost) = measure(|| {
+        x.batch_norm_eval(
+            &lx,
+            Some((&w, &lc)),
+            Some((&b, &lc)),
+            (&rm, &lc),
+            (&rv, &lc),
+            1e-5,
+        )
+    });
+    assert_eq!(y.dtype(), DType::BF16);
+    one_block_in_place(n / 2, &cost); // n bf16 values fill the block of n / 2 f32s
+    let (xv, wv, bv, mv) = (
+        x.to_f64_vec(),
+        w.to_vec::<f32>().unwrap(),
+        b.to_vec::<f32>().unwrap(),
+        rm.to_vec::<f32>().unwrap(),
+    );
+    // element 3 of image 1, channel 5
+    let at = (16 + 5) * 1024 + 3;
+    let want = (xv[at] - mv[5] as f64) / (2.0f64 + 1e-5).sqrt() * wv[5] as f64 + bv[5] as f64;
+    assert!((y.to_f64_vec()[at] - want).abs() <= 8e-3 * (1.0 + want.abs()));
 }

@@ -257,3 +257,127 @@ fn batch_norm_train_eval_and_backward_match_cpu() {
         }
     }
 }
+
+/// PyTorch's mixed case (what autocast produces): an F16/BF16 input with F32 weight, bias and
+/// running statistics. CUDA's output and input gradient have the input's dtype; the saved
+/// statistics, running statistics and weight/bias gradients are F32; each matches the CPU
+/// backend's mixed path on the same operands.
+#[test]
+fn batch_norm_half_input_with_f32_vectors_matches_cpu() {
+    let Some(dev) = cuda_device_or_skip() else {
+        return;
+    };
+    let shape = [3, 4, 2, 5];
+    let (n, c) = (shape.iter().product::<usize>(), shape[1]);
+    let xl = Layout::contiguous(&shape);
+    let cl = Layout::contiguous(&[c]);
+    for dtype in [DType::F16, DType::BF16] {
+        let what = format!("mixed batch_norm {dtype}");
+        let x = values(n, dtype, 11);
+        let (w, b) = (values(c, DType::F32, 12), values(c, DType::F32, 13));
+        let rm0 = values(c, DType::F32, 14);
+        let rv0 = CpuStorage::full(Device::Cpu, c, 1.5, DType::F32).unwrap();
+        let (xg, wg, bg) = (gpu(dev, &x), gpu(dev, &w), gpu(dev, &b));
+        let (mut rm, mut rv) = (rm0.clone(), rv0.clone());
+        let (mut rmg, mut rvg) = (gpu(dev, &rm0), gpu(dev, &rv0));
+        let want = x
+            .batch_norm_train(
+                &xl,
+                Some((&w, &cl)),
+                Some((&b, &cl)),
+                Some(RunningStatsMut {
+                    mean: (&mut rm, &cl),
+                    var: (&mut rv, &cl),
+                    momentum: 0.1,
+                }),
+                1e-5,
+            )
+            .unwrap();
+        let got = xg
+            .batch_norm_train(
+                &xl,
+                Some((&wg, &cl)),
+                Some((&bg, &cl)),
+                Some(RunningStatsMut {
+                    mean: (&mut rmg, &cl),
+                    var: (&mut rvg, &cl),
+                    momentum: 0.1,
+                }),
+                1e-5,
+            )
+            .unwrap();
+        assert_eq!(want[0].dtype(), dtype, "{what}: cpu output dtype");
+        assert_near(&format!("{what} out"), &want[0], &got[0], dtype);
+        assert_near(&format!("{what} save_mean"), &want[1], &got[1], DType::F32);
+        assert_near(&format!("{what} save_rstd"), &want[2], &got[2], DType::F32);
+        assert_near(&format!("{what} running mean"), &rm, &rmg, DType::F32);
+        assert_near(&format!("{what} running var"), &rv, &rvg, DType::F32);
+        let want_e = x
+            .batch_norm_eval(
+                &xl,
+                Some((&w, &cl)),
+                Some((&b, &cl)),
+                (&rm0, &cl),
+                (&rv0, &cl),
+                1e-5,
+            )
+            .unwrap();
+        let (rm0g, rv0g) = (gpu(dev, &rm0), gpu(dev, &rv0));
+        let got_e = xg
+            .batch_norm_eval(
+                &xl,
+                Some((&wg, &cl)),
+                Some((&bg, &cl)),
+                (&rm0g, &cl),
+                (&rv0g, &cl),
+                1e-5,
+            )
+            .unwrap();
+        assert_near(&format!("{what} eval"), &want_e, &got_e, dtype);
+        // backward from the statistics the CUDA forward saved (F32), in both modes
+        let go = values(n, dtype, 15);
+        let gog = gpu(dev, &go);
+        let saved = [got[1].to_cpu(&cl).unwrap(), got[2].to_cpu(&cl).unwrap()];
+        for training in [true, false] {
+            let (sc, sg) = if training {
+                (
+                    BatchNormStats::Batch {
+                        mean: (&saved[0], &cl),
+                        rstd: (&saved[1], &cl),
+                    },
+                    BatchNormStats::Batch {
+                        mean: (&got[1], &cl),
+                        rstd: (&got[2], &cl),
+                    },
+                )
+            } else {
+                (
+                    BatchNormStats::Running {
+                        mean: (&rm0, &cl),
+                        var: (&rv0, &cl),
+                        eps: 1e-5,
+                    },
+                    BatchNormStats::Running {
+                        mean: (&rm0g, &cl),
+                        var: (&rv0g, &cl),
+                        eps: 1e-5,
+                    },
+                )
+            };
+            let want_g = go
+                .batch_norm_backward(&xl, (&x, &xl), Some((&w, &cl)), sc, [true; 3])
+                .unwrap();
+            let got_g = gog
+                .batch_norm_backward(&xl, (&xg, &xl), Some((&wg, &cl)), sg, [true; 3])
+                .unwrap();
+            for (k, dt) in [dtype, DType::F32, DType::F32].into_iter().enumerate() {
+                assert_near(
+                    &format!("{what} backward (training={training}) grad {k}"),
+                    want_g[k].as_ref().unwrap(),
+                    got_g[k].as_ref().unwrap(),
+                    dt,
+                );
+            }
+        }
+    }
+}

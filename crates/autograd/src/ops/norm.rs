@@ -5,11 +5,18 @@
 //! place (their version counter goes up, so a graph that saved them refuses a stale backward)
 //! and no gradient flows to them. In training the node saves the batch `mean`/`rstd` the kernel
 //! returned; in evaluation it saves the running statistics, which are then constants.
+//!
+//! Batch norm takes PyTorch's mixed dtypes: an F16/BF16 input with F32 weight, bias and running
+//! statistics (a 16-bit conv output under autocast, normalised with the module's f32 parameters
+//! and buffers) computes in f32 and returns the input's dtype; the saved statistics, the running
+//! statistics and the weight/bias gradients are F32, the input gradient 16-bit. Layer norm's
+//! operands share one dtype (autocast runs it in f32).
 
-use crate::error::{arg_err, shape_err};
+use crate::error::{arg_err, dtype_err, shape_err};
 use crate::ops::conv_pool::grad_tensor;
 use crate::tensor::{fmt_shape, Tensor};
-use crate::{DType, Result};
+use crate::{DType, Error, Result};
+use kiln_device::ops::norm::batch_norm_param_dtype;
 use kiln_device::{BackendStorage, BatchNormStats, RunningStatsMut};
 
 /// Mode and constants of [`Tensor::batch_norm`]; `Default` is PyTorch's (training, momentum
@@ -34,16 +41,26 @@ impl Default for BatchNormOptions {
     }
 }
 
-/// Checks that an optional per-feature tensor has `shape`.
+/// Checks that an optional per-feature tensor has `shape` and lives on `x`'s device (and, with
+/// `same_dtype`, has `x`'s dtype).
 fn check_param(
     op: &'static str,
     x: &Tensor,
     name: &str,
     t: Option<&Tensor>,
     shape: &[usize],
+    same_dtype: bool,
 ) -> Result<()> {
     if let Some(t) = t {
-        x.check_same_kind(op, t)?;
+        if same_dtype {
+            x.check_same_kind(op, t)?;
+        } else if x.device() != t.device() {
+            return Err(Error::Device(kiln_device::Error::DeviceMismatch {
+                op,
+                lhs: x.device(),
+                rhs: t.device(),
+            }));
+        }
         if t.shape() != shape {
             return Err(shape_err(
                 op,
@@ -59,6 +76,28 @@ fn check_param(
     Ok(())
 }
 
+/// Batch norm's dtype rule (PyTorch's): weight, bias and running statistics share the input's
+/// dtype, or the input is F16/BF16 and every one of them is F32.
+fn check_batch_norm_dtypes(x: &Tensor, params: [(&str, Option<&Tensor>); 4]) -> Result<()> {
+    let dtypes = params.iter().map(|(_, t)| t.map(Tensor::dtype));
+    if batch_norm_param_dtype("batch_norm", x.dtype(), dtypes).is_ok() {
+        return Ok(());
+    }
+    let given: Vec<String> = params
+        .iter()
+        .filter_map(|(name, t)| t.map(|t| format!("{name} {}", t.dtype())))
+        .collect();
+    Err(dtype_err(
+        "batch_norm",
+        format!(
+            "input {} with {}: weight, bias and running statistics need the input's dtype, or \
+             F32 with an F16/BF16 input; convert them with to_dtype",
+            x.dtype(),
+            given.join(", ")
+        ),
+    ))
+}
+
 impl Tensor {
     /// Batch normalisation of `[N, C, ...]` over every dim but `C` (PyTorch's
     /// `F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)`).
@@ -66,6 +105,10 @@ impl Tensor {
     /// Training normalises with the batch mean and biased variance and, when running statistics
     /// are given, updates them in place (unbiased variance). Evaluation needs them and
     /// normalises with them.
+    ///
+    /// An F16/BF16 input may come with F32 weight, bias and running statistics (PyTorch's mixed
+    /// case, what autocast produces): the op computes in f32 and the output has the input's
+    /// dtype, the running statistics are updated in F32 and the weight/bias gradients are F32.
     pub fn batch_norm(
         &self,
         running_mean: Option<&Tensor>,
@@ -76,16 +119,9 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "batch_norm";
         self.check_float(OP)?;
-        // Under autocast a 16-bit input is normalised in f32 (PyTorch's cuDNN batch norm takes
-        // 16-bit inputs with f32 statistics); the running statistics are updated in place, so
-        // they are used as they are, never cast.
-        if let Some(wide) = crate::autocast::to_f32(self)? {
-            let (w, b) = (
-                weight.map(|w| w.to_dtype(DType::F32)).transpose()?,
-                bias.map(|b| b.to_dtype(DType::F32)).transpose()?,
-            );
-            return wide.batch_norm(running_mean, running_var, w.as_ref(), b.as_ref(), options);
-        }
+        // Under autocast a 16-bit input stays 16-bit: with f32 weight, bias and running
+        // statistics it is normalised in f32 and the output keeps its dtype, as cuDNN's batch
+        // norm does (batch_norm is on none of autocast's cast lists); nothing is cast here.
         if self.rank() < 2 {
             return Err(shape_err(
                 OP,
@@ -96,10 +132,16 @@ impl Tensor {
             ));
         }
         let c = [self.shape()[1]];
-        check_param(OP, self, "weight", weight, &c)?;
-        check_param(OP, self, "bias", bias, &c)?;
-        check_param(OP, self, "running_mean", running_mean, &c)?;
-        check_param(OP, self, "running_var", running_var, &c)?;
+        let params = [
+            ("weight", weight),
+            ("bias", bias),
+            ("running_mean", running_mean),
+            ("running_var", running_var),
+        ];
+        for (name, t) in params {
+            check_param(OP, self, name, t, &c, false)?;
+        }
+        check_batch_norm_dtypes(self, params)?;
         let running = match (running_mean, running_var) {
             (Some(m), Some(v)) => Some((m, v)),
             (None, None) => None,
@@ -274,8 +316,8 @@ impl Tensor {
                 ),
             ));
         }
-        check_param(OP, self, "weight", weight, normalized_shape)?;
-        check_param(OP, self, "bias", bias, normalized_shape)?;
+        check_param(OP, self, "weight", weight, normalized_shape, true)?;
+        check_param(OP, self, "bias", bias, normalized_shape, true)?;
         if eps.is_nan() || eps < 0.0 {
             return Err(arg_err(OP, format!("eps {eps} must be >= 0")));
         }

@@ -3,8 +3,9 @@
 //! The heavy kernels (convolution, pooling, normalisation, indexing) are written once over
 //! [`KernelFloat`], which `f32` and `f64` implement. `f64` exists for finite-difference gradient
 //! checks; `f32` is the training type. Half-precision types (`f16`, `bf16`) are not kernel types
-//! here: on CPU they are widened to `f32`, run, and narrowed again by the caller. The trait is
-//! sealed because the convolution kernels hand these types to the `gemm` crate, which only
+//! here: on CPU they are widened to `f32`, run, and narrowed again by the caller (batch norm's
+//! kernels instead read and write them per element, computing in `f32`: see
+//! `norm::cpu::NormElement`). The trait is sealed because the convolution kernels hand these types to the `gemm` crate, which only
 //! accepts a fixed set of element types.
 //!
 //! Reductions inside the kernels (means, variances, bias gradients) accumulate in `f64` through

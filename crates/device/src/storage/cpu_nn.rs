@@ -2,7 +2,9 @@
 //! pooling, normalisation and the index ops, on top of the slice kernels in
 //! `crate::ops::{conv, pool, norm, index}`.
 //!
-//! The index ops live in the `index` submodule. Each function reads its operands as dense slices (borrowed when the layout is already a
+//! The index ops live in the `index` submodule, batch norm in `batch_norm` (which reads and
+//! writes f16/bf16 tensors per element and takes PyTorch's mixed 16-bit input with f32
+//! parameters, so two of its rules below differ; see there). Each function reads its operands as dense slices (borrowed when the layout is already a
 //! contiguous run of the buffer, copied otherwise), picks the element type from the first
 //! operand, runs the kernel inside kiln's CPU thread pool (so `KILN_NUM_THREADS` caps it) and
 //! wraps the result in a fresh [`CpuStorage`]. The float kernels run on `f32` and `f64` only;
@@ -11,14 +13,11 @@
 
 use super::cpu::CpuStorage;
 use super::host::HostBuffer;
-use crate::backend::{BatchNormStats, GradMask, Grads3, Pool2d, RunningStatsMut, Strided};
+use crate::backend::{GradMask, Grads3, Pool2d, Strided};
 use crate::dtype::{BoolByte, DType, Element};
 use crate::ops::conv::{cpu as conv, Conv2dGeometry};
 use crate::ops::copy::cpu::{cast_into, copy_contiguous_into};
-use crate::ops::norm::{
-    cpu as norm, Affine, BatchNormShape, LayerNormShape, NormGrads, RunningStats,
-    RunningStatsUpdate, SavedStats, SavedStatsMut,
-};
+use crate::ops::norm::{cpu as norm, Affine, LayerNormShape, NormGrads, SavedStats, SavedStatsMut};
 use crate::ops::pool::cpu as pool;
 use crate::ops::KernelError;
 use crate::threads::cpu_pool;
@@ -388,87 +387,6 @@ pub(super) fn pool2d_backward(
     })
 }
 
-pub(super) fn batch_norm_train(
-    x: Strided<'_, CpuStorage>,
-    weight: Option<Strided<'_, CpuStorage>>,
-    bias: Option<Strided<'_, CpuStorage>>,
-    running: Option<RunningStatsMut<'_, CpuStorage>>,
-    eps: f64,
-) -> Result<[CpuStorage; 3]> {
-    let shape = BatchNormShape::from_input_shape(x.1.shape())?;
-    if let Some(r) = running {
-        let half = r.mean.0.dtype();
-        if matches!(half, DType::F16 | DType::BF16) {
-            // Half running statistics: update f32 copies, then round them back in place.
-            let mut mean = r.mean.0.to_dtype(r.mean.1, DType::F32)?;
-            let mut var = r.var.0.to_dtype(r.var.1, DType::F32)?;
-            let c = Layout::contiguous(r.mean.1.shape());
-            let wide = RunningStatsMut {
-                mean: (&mut mean, &c),
-                var: (&mut var, &c),
-                momentum: r.momentum,
-            };
-            let out = batch_norm_train(x, weight, bias, Some(wide), eps)?;
-            mean.to_dtype(&c, half)?.copy_into(&c, r.mean.0, r.mean.1)?;
-            var.to_dtype(&c, half)?.copy_into(&c, r.var.0, r.var.1)?;
-            return Ok(out);
-        }
-        return batch_norm_train_with(x, weight, bias, Some(r), eps, &shape);
-    }
-    batch_norm_train_with(x, weight, bias, None, eps, &shape)
-}
-
-fn batch_norm_train_with(
-    x: Strided<'_, CpuStorage>,
-    weight: Option<Strided<'_, CpuStorage>>,
-    bias: Option<Strided<'_, CpuStorage>>,
-    running: Option<RunningStatsMut<'_, CpuStorage>>,
-    eps: f64,
-    shape: &BatchNormShape,
-) -> Result<[CpuStorage; 3]> {
-    const OP: &str = "batch_norm";
-    let shape = *shape;
-    float_kernel!(OP, x.0.dtype(), T => {
-        let input = dense::<T>(OP, x)?;
-        let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
-        let running = match running {
-            None => None,
-            Some(r) => Some(RunningStatsUpdate {
-                mean: dense_mut::<T>(OP, (r.mean.0, r.mean.1))?,
-                var: dense_mut::<T>(OP, (r.var.0, r.var.1))?,
-                momentum: r.momentum,
-            }),
-        };
-        let mut out = zeros::<T>(&shape.dims())?;
-        let (mut mean, mut rstd) = (zeros::<T>(&[shape.channels])?, zeros::<T>(&[shape.channels])?);
-        let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
-        let saved = SavedStatsMut { mean: &mut mean, rstd: &mut rstd };
-        in_pool(|| norm::batch_norm_train_forward(&shape, &input, affine, running, eps, &mut out, saved))?;
-        Ok([wrap(out), wrap(mean), wrap(rstd)])
-    })
-}
-
-pub(super) fn batch_norm_eval(
-    x: Strided<'_, CpuStorage>,
-    weight: Option<Strided<'_, CpuStorage>>,
-    bias: Option<Strided<'_, CpuStorage>>,
-    running: [Strided<'_, CpuStorage>; 2],
-    eps: f64,
-) -> Result<CpuStorage> {
-    const OP: &str = "batch_norm";
-    let shape = BatchNormShape::from_input_shape(x.1.shape())?;
-    float_kernel!(OP, x.0.dtype(), T => {
-        let input = dense::<T>(OP, x)?;
-        let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
-        let (mean, var) = (dense::<T>(OP, running[0])?, dense::<T>(OP, running[1])?);
-        let mut out = zeros::<T>(&shape.dims())?;
-        let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
-        let stats = RunningStats { mean: &mean, var: &var };
-        in_pool(|| norm::batch_norm_eval_forward(&shape, &input, affine, stats, eps, &mut out))?;
-        Ok(wrap(out))
-    })
-}
-
 /// Output slots of a norm backward, as `NormGrads`.
 fn norm_grads<'a, T: Copy>(mask: GradMask, slots: &'a mut [HostBuffer<T>; 3]) -> NormGrads<'a, T> {
     let [gi, gw, gb] = slots;
@@ -484,40 +402,6 @@ fn wrap_grads<T: HostElement>(mask: GradMask, slots: [HostBuffer<T>; 3]) -> Grad
     slots.map(|v| {
         i += 1;
         mask[i - 1].then(|| wrap(v))
-    })
-}
-
-pub(super) fn batch_norm_backward(
-    grad: Strided<'_, CpuStorage>,
-    x: Strided<'_, CpuStorage>,
-    weight: Option<Strided<'_, CpuStorage>>,
-    stats: BatchNormStats<'_, CpuStorage>,
-    mask: GradMask,
-) -> Result<Grads3<CpuStorage>> {
-    const OP: &str = "batch_norm_backward";
-    let shape = BatchNormShape::from_input_shape(x.1.shape())?;
-    float_kernel!(OP, grad.0.dtype(), T => {
-        let (go, input, w) = (dense::<T>(OP, grad)?, dense::<T>(OP, x)?, dense_opt::<T>(OP, weight)?);
-        let c = shape.channels;
-        let mut slots = [
-            zeros::<T>(&[if mask[0] { shape.dims().iter().product() } else { 0 }])?,
-            zeros::<T>(&[if mask[1] { c } else { 0 }])?,
-            zeros::<T>(&[if mask[2] { c } else { 0 }])?,
-        ];
-        let grads = norm_grads(mask, &mut slots);
-        match stats {
-            BatchNormStats::Batch { mean, rstd } => {
-                let (mean, rstd) = (dense::<T>(OP, mean)?, dense::<T>(OP, rstd)?);
-                let saved = SavedStats { mean: &mean, rstd: &rstd };
-                in_pool(|| norm::batch_norm_train_backward(&shape, &go, &input, w.as_deref(), saved, grads))?;
-            }
-            BatchNormStats::Running { mean, var, eps } => {
-                let (mean, var) = (dense::<T>(OP, mean)?, dense::<T>(OP, var)?);
-                let running = RunningStats { mean: &mean, var: &var };
-                in_pool(|| norm::batch_norm_eval_backward(&shape, &go, &input, w.as_deref(), running, eps, grads))?;
-            }
-        }
-        Ok(wrap_grads(mask, slots))
     })
 }
 
@@ -572,7 +456,9 @@ pub(super) fn layer_norm_backward(
     })
 }
 
+mod batch_norm;
 mod index;
+pub(super) use batch_norm::{batch_norm_backward, batch_norm_eval, batch_norm_train};
 pub(super) use index::{
     embedding, embedding_backward, gather, index_select, index_select_backward, scatter,
 };

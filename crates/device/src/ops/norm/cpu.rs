@@ -6,6 +6,12 @@
 //! gradients (sums over rows) are accumulated in fixed blocks of [`ROW_BLOCK`] rows whose
 //! partial sums are added in block order, so results do not depend on the thread count.
 //! Reductions accumulate in `f64`.
+//!
+//! The batch-norm kernels read and write their tensor-shaped buffers (input, output, output and
+//! input gradients) as a [`NormElement`] of the compute type `T`: `T` itself, or f16/bf16 with
+//! `T = f32`, widened per element as it is read and rounded once as it is written, so a 16-bit
+//! tensor is never copied to f32 as a whole. The per-channel vectors (weight, bias, statistics,
+//! weight/bias gradients) are `T`.
 
 use rayon::prelude::*;
 
@@ -15,6 +21,41 @@ use super::{
 };
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
+use crate::Element;
+use half::{bf16, f16};
+
+/// An element of the tensors batch norm reads and writes, computed in `T`: `T` itself, or a
+/// 16-bit float computed in `f32`.
+pub trait NormElement<T>: Copy + Send + Sync {
+    /// The value in the compute type (exact).
+    fn widen(self) -> T;
+    /// `v` rounded to this type (round to nearest even, as `to_dtype` rounds).
+    fn narrow(v: T) -> Self;
+}
+
+impl<T: KernelFloat> NormElement<T> for T {
+    fn widen(self) -> T {
+        self
+    }
+    fn narrow(v: T) -> T {
+        v
+    }
+}
+
+macro_rules! half_norm_element {
+    ($t:ty) => {
+        impl NormElement<f32> for $t {
+            fn widen(self) -> f32 {
+                self.to_f32()
+            }
+            fn narrow(v: f32) -> Self {
+                <$t as Element>::from_f64(f64::from(v))
+            }
+        }
+    };
+}
+half_norm_element!(f16);
+half_norm_element!(bf16);
 
 /// Rows per partial sum in the layer-norm parameter gradients.
 const ROW_BLOCK: usize = 32;
@@ -35,9 +76,9 @@ fn check_affine<T>(
 }
 
 /// Checks the optional gradient buffers of a backward call.
-fn check_grads<T>(
+fn check_grads<T, X>(
     op: &'static str,
-    grads: &NormGrads<'_, T>,
+    grads: &NormGrads<'_, T, X>,
     input_shape: &[usize],
     features: usize,
 ) -> Result<(), KernelError> {
@@ -63,12 +104,12 @@ fn channel_blocks<'a, T>(
     (0..batch).map(move |n| &data[(n * channels + c) * spatial..][..spatial])
 }
 
-/// Writes `output = input * scale[c] + shift[c]` blockwise.
-fn scale_shift<T: KernelFloat>(
+/// Writes `output = input * scale[c] + shift[c]` blockwise (computed in `T`, rounded once).
+fn scale_shift<T: KernelFloat, X: NormElement<T>>(
     shape: &BatchNormShape,
-    input: &[T],
+    input: &[X],
     scale_shift: &[(T, T)],
-    output: &mut [T],
+    output: &mut [X],
 ) {
     if output.is_empty() {
         return;
@@ -80,7 +121,7 @@ fn scale_shift<T: KernelFloat>(
         .for_each(|(block, (out, inp))| {
             let (scale, shift) = scale_shift[block % shape.channels];
             for (o, &x) in out.iter_mut().zip(inp) {
-                *o = x * scale + shift;
+                *o = X::narrow(x.widen() * scale + shift);
             }
         });
 }
@@ -103,13 +144,13 @@ fn affine_coefficients<T: KernelFloat>(
 ///
 /// Shapes: `input` and `output` `[N, C, S]`, weight/bias and statistics `[C]`. Fewer than two
 /// values per channel is [`KernelError::TooFewValuesPerChannel`].
-pub fn batch_norm_train_forward<T: KernelFloat>(
+pub fn batch_norm_train_forward<T: KernelFloat, X: NormElement<T>>(
     shape: &BatchNormShape,
-    input: &[T],
+    input: &[X],
     affine: Affine<'_, T>,
     running: Option<RunningStatsUpdate<'_, T>>,
     eps: f64,
-    output: &mut [T],
+    output: &mut [X],
     saved: SavedStatsMut<'_, T>,
 ) -> Result<(), KernelError> {
     const OP: &str = "batch_norm";
@@ -133,11 +174,11 @@ pub fn batch_norm_train_forward<T: KernelFloat>(
         .into_par_iter()
         .map(|c| {
             let sum: f64 = channel_blocks(input, shape, c)
-                .flat_map(|b| b.iter().map(|v| v.to_f64()))
+                .flat_map(|b| b.iter().map(|v| v.widen().to_f64()))
                 .sum();
             let mean = sum / n;
             let squares: f64 = channel_blocks(input, shape, c)
-                .flat_map(|b| b.iter().map(|v| (v.to_f64() - mean).powi(2)))
+                .flat_map(|b| b.iter().map(|v| (v.widen().to_f64() - mean).powi(2)))
                 .sum();
             (mean, squares / n)
         })
@@ -164,13 +205,13 @@ pub fn batch_norm_train_forward<T: KernelFloat>(
 /// Batch norm in evaluation mode: normalises with the running statistics.
 ///
 /// Shapes: `input` and `output` `[N, C, S]`, weight/bias and statistics `[C]`.
-pub fn batch_norm_eval_forward<T: KernelFloat>(
+pub fn batch_norm_eval_forward<T: KernelFloat, X: NormElement<T>>(
     shape: &BatchNormShape,
-    input: &[T],
+    input: &[X],
     affine: Affine<'_, T>,
     running: RunningStats<'_, T>,
     eps: f64,
-    output: &mut [T],
+    output: &mut [X],
 ) -> Result<(), KernelError> {
     const OP: &str = "batch_norm";
     let channels = shape.channels;
@@ -192,15 +233,15 @@ pub fn batch_norm_eval_forward<T: KernelFloat>(
 /// Shared batch-norm backward. `training` selects whether the statistics depend on the input
 /// (batch statistics) or are constants (running statistics).
 #[allow(clippy::too_many_arguments)]
-fn batch_norm_backward<T: KernelFloat>(
+fn batch_norm_backward<T: KernelFloat, X: NormElement<T>>(
     shape: &BatchNormShape,
-    grad_output: &[T],
-    input: &[T],
+    grad_output: &[X],
+    input: &[X],
     weight: Option<&[T]>,
     mean: &[f64],
     rstd: &[f64],
     training: bool,
-    grads: NormGrads<'_, T>,
+    grads: NormGrads<'_, T, X>,
 ) {
     let channels = shape.channels;
     let n = shape.count() as f64;
@@ -214,8 +255,9 @@ fn batch_norm_backward<T: KernelFloat>(
                 channel_blocks(grad_output, shape, c).zip(channel_blocks(input, shape, c))
             {
                 for (&dy, &x) in dy.iter().zip(x) {
-                    sum_dy += dy.to_f64();
-                    sum_dy_xmu += dy.to_f64() * (x.to_f64() - mean[c]);
+                    let dy = dy.widen().to_f64();
+                    sum_dy += dy;
+                    sum_dy_xmu += dy * (x.widen().to_f64() - mean[c]);
                 }
             }
             (sum_dy, sum_dy_xmu)
@@ -258,7 +300,7 @@ fn batch_norm_backward<T: KernelFloat>(
             let dy = &grad_output[start..][..shape.spatial];
             let x = &input[start..][..shape.spatial];
             for ((g, &dy), &x) in gin.iter_mut().zip(dy).zip(x) {
-                *g = dy * a + x * b + k;
+                *g = X::narrow(dy.widen() * a + x.widen() * b + k);
             }
         });
 }
@@ -267,13 +309,13 @@ fn batch_norm_backward<T: KernelFloat>(
 ///
 /// Shapes: `grad_output`, `input` and `grads.input` `[N, C, S]`; `weight`, `saved` and the
 /// parameter gradients `[C]`.
-pub fn batch_norm_train_backward<T: KernelFloat>(
+pub fn batch_norm_train_backward<T: KernelFloat, X: NormElement<T>>(
     shape: &BatchNormShape,
-    grad_output: &[T],
-    input: &[T],
+    grad_output: &[X],
+    input: &[X],
     weight: Option<&[T]>,
     saved: SavedStats<'_, T>,
-    grads: NormGrads<'_, T>,
+    grads: NormGrads<'_, T, X>,
 ) -> Result<(), KernelError> {
     const OP: &str = "batch_norm_backward";
     let channels = shape.channels;
@@ -295,14 +337,14 @@ pub fn batch_norm_train_backward<T: KernelFloat>(
 ///
 /// Shapes: `grad_output`, `input` and `grads.input` `[N, C, S]`; `weight`, `running` and the
 /// parameter gradients `[C]`.
-pub fn batch_norm_eval_backward<T: KernelFloat>(
+pub fn batch_norm_eval_backward<T: KernelFloat, X: NormElement<T>>(
     shape: &BatchNormShape,
-    grad_output: &[T],
-    input: &[T],
+    grad_output: &[X],
+    input: &[X],
     weight: Option<&[T]>,
     running: RunningStats<'_, T>,
     eps: f64,
-    grads: NormGrads<'_, T>,
+    grads: NormGrads<'_, T, X>,
 ) -> Result<(), KernelError> {
     const OP: &str = "batch_norm_backward";
     let channels = shape.channels;

@@ -14,10 +14,12 @@
 //! sum accumulates in double, as the CPU kernels do. Statistics are computed in f32 (f64 for
 //! f64 tensors) and normalise in that precision; the per-channel/per-row vectors (weight, bias,
 //! saved and running statistics) are cast to it first, which is a copy of a `[C]`/`[rows]`
-//! vector, never of the tensor. The saved `mean`/`rstd` are returned in the input's dtype, the
-//! CPU backend's contract (autograd hands them back to the backward unchanged); PyTorch's CUDA
-//! batch norm keeps them f32 for half input, which kiln does internally between the kernels of
-//! one call. Against the CPU (which widens 16-bit tensors to f32, computes its statistics in
+//! vector, never of the tensor. The saved `mean`/`rstd` are returned in the dtype of batch norm's
+//! per-channel vectors ([`batch_norm_param_dtype`], the CPU backend's contract; autograd hands
+//! them back to the backward unchanged): the input's dtype when weight, bias and running
+//! statistics share it, F32 in PyTorch's mixed case of a 16-bit input with f32 vectors (what
+//! autocast produces), where the weight/bias gradients are F32 too and only the output and
+//! the input gradient have the 16-bit dtype. Against the CPU (which widens 16-bit tensors to f32, computes its statistics in
 //! f64 and rounds each result once) the outputs agree to the dtype's tolerance: both round a
 //! value computed in at least f32 from the same inputs. The backward takes the saved statistics
 //! as given (rounded to the input dtype, as the CPU backward does).
@@ -28,7 +30,7 @@
 //! uses few SMs, and layer norm's weight/bias gradients run one thread per column; splitting
 //! those reductions over several blocks is the next step if the ResNet benchmark shows it.
 
-use super::{BatchNormShape, LayerNormShape};
+use super::{batch_norm_param_dtype, BatchNormShape, LayerNormShape};
 use crate::backend::{BatchNormStats, BinaryOp, GradMask, Grads3, RunningStatsMut, UnaryOp};
 use crate::error::{Error, Result};
 use crate::ops::conv::cuda::Dense;
@@ -198,6 +200,12 @@ impl CudaStorage {
     ) -> Result<[Self; 3]> {
         const OP: &str = "batch_norm";
         let s = BatchNormShape::from_input_shape(layout.shape())?;
+        let (rm, rv) = (
+            running.as_ref().map(|r| r.mean.0.dtype()),
+            running.as_ref().map(|r| r.var.0.dtype()),
+        );
+        let params =
+            batch_norm_param_dtype(OP, self.dtype(), [dtype_of(weight), dtype_of(bias), rm, rv])?;
         if s.count() < 2 && s.channels > 0 {
             return Err(KernelError::TooFewValuesPerChannel {
                 op: OP,
@@ -234,8 +242,7 @@ impl CudaStorage {
             update((r.mean.0, r.mean.1), &mean, 1.0)?;
             update((r.var.0, r.var.1), &var, n / (n - 1.0))?;
         }
-        let dt = self.dtype();
-        Ok([y, round(mean, dt)?, round(rstd, dt)?])
+        Ok([y, round(mean, params)?, round(rstd, params)?])
     }
 
     /// Batch norm in evaluation mode (running statistics).
@@ -249,6 +256,12 @@ impl CudaStorage {
     ) -> Result<Self> {
         const OP: &str = "batch_norm";
         let s = BatchNormShape::from_input_shape(layout.shape())?;
+        let stats = running.map(|r| Some(r.0.dtype()));
+        batch_norm_param_dtype(
+            OP,
+            self.dtype(),
+            [dtype_of(weight), dtype_of(bias), stats[0], stats[1]],
+        )?;
         let at = stat_dtype(OP, self.dtype())?;
         let args = NormArgs::batch(&s, eps);
         let x = dense(OP, (self, layout), s.dims().iter().product())?;
@@ -278,6 +291,12 @@ impl CudaStorage {
         let go = dense(OP, (self, layout), total)?;
         let x = dense(OP, input, total)?;
         same_dtype(OP, &go, &x)?;
+        let [s0, s1] = match stats {
+            BatchNormStats::Batch { mean, rstd } => [mean, rstd],
+            BatchNormStats::Running { mean, var, .. } => [mean, var],
+        }
+        .map(|v| Some(v.0.dtype()));
+        let params = batch_norm_param_dtype(OP, self.dtype(), [dtype_of(weight), s0, s1])?;
         let w = small_opt(OP, weight, at, s.channels)?;
         let c = s.channels;
         let (mean, rstd, train) = match stats {
@@ -298,18 +317,22 @@ impl CudaStorage {
         } else {
             None
         };
-        let dt = self.dtype();
         let mut grads: Grads3<Self> = [None, None, None];
         if mask[0] {
             let used = if train { sums.as_ref() } else { None };
             grads[0] = Some(kernels.backward_dx(&go, st, w.as_ref(), used)?);
         }
+        // weight/bias gradients in the dtype of the weight and statistics (f32 when mixed)
         if let Some([sum_g, sum_gx]) = sums {
-            grads[1] = mask[1].then(|| round(sum_gx, dt)).transpose()?;
-            grads[2] = mask[2].then(|| round(sum_g, dt)).transpose()?;
+            grads[1] = mask[1].then(|| round(sum_gx, params)).transpose()?;
+            grads[2] = mask[2].then(|| round(sum_g, params)).transpose()?;
         }
         Ok(grads)
     }
+}
+
+fn dtype_of(v: Option<View<'_>>) -> Option<DType> {
+    v.map(|v| v.0.dtype())
 }
 
 /// The output gradient and the input must share a dtype (the kernels read both as one type).

@@ -17,6 +17,15 @@
 //! `elementwise_affine=False`. Statistics are computed in `f64` (two passes: mean, then
 //! squared deviations) whatever the element type; the backward kernels compute only the
 //! gradients that are asked for ([`NormGrads`]).
+//!
+//! **Mixed dtypes (batch norm only).** PyTorch's batch norm (cuDNN's, and its CPU kernel's
+//! "mixed type" path) takes an F16/BF16 input with F32 weight, bias and running statistics:
+//! autocast hands it a 16-bit conv output while the module's parameters and buffers stay f32.
+//! kiln follows that rule ([`batch_norm_param_dtype`]): the per-channel vectors either all have
+//! the input's dtype, or the input is 16-bit and they are all F32. In the mixed case the op
+//! computes in f32, the output and the input gradient have the input's dtype (each rounded once),
+//! and the saved `mean`/`rstd`, the updated running statistics and the weight/bias gradients are
+//! F32, as in PyTorch.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -25,6 +34,39 @@ pub mod cuda;
 mod cuda_kernels;
 
 use super::kernel_error::KernelError;
+use crate::{DType, Error};
+
+/// The dtype of batch norm's per-channel vectors (weight, bias, running and saved statistics,
+/// and the weight/bias gradients) for an input of dtype `input`, checked against the `params`
+/// that are present (PyTorch's rule for mixed dtypes, see the module docs).
+///
+/// Returns `input` when every present vector has the input's dtype (or none is present), `F32`
+/// when the input is F16/BF16 and every present vector is F32. Anything else (vectors of
+/// different dtypes, or 16-bit vectors with an f32 input) is [`Error::DTypeMismatch`], whose
+/// message says to convert with `to_dtype`.
+pub fn batch_norm_param_dtype(
+    op: &'static str,
+    input: DType,
+    params: impl IntoIterator<Item = Option<DType>>,
+) -> Result<DType, Error> {
+    let mut found: Option<DType> = None;
+    for p in params.into_iter().flatten() {
+        match found {
+            Some(f) if f != p => return Err(Error::DTypeMismatch { op, lhs: f, rhs: p }),
+            _ => found = Some(p),
+        }
+    }
+    match found {
+        None => Ok(input),
+        Some(p) if p == input => Ok(p),
+        Some(DType::F32) if matches!(input, DType::F16 | DType::BF16) => Ok(DType::F32),
+        Some(p) => Err(Error::DTypeMismatch {
+            op,
+            lhs: input,
+            rhs: p,
+        }),
+    }
+}
 
 /// Batch-norm sizes: input `[batch, channels, spatial...]` viewed as `[N, C, S]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,13 +202,45 @@ pub struct SavedStatsMut<'a, T> {
 }
 
 /// Where a backward pass writes its gradients; `None` skips that gradient (PyTorch's
-/// `output_mask`).
+/// `output_mask`). The input gradient has the input's element type `X` (batch norm's CPU
+/// kernels take a 16-bit `X` with `T = f32`), the parameter gradients the parameters' `T`.
 #[derive(Debug, Default)]
-pub struct NormGrads<'a, T> {
+pub struct NormGrads<'a, T, X = T> {
     /// Gradient of the input, the input's shape.
-    pub input: Option<&'a mut [T]>,
+    pub input: Option<&'a mut [X]>,
     /// Gradient of the weight.
     pub weight: Option<&'a mut [T]>,
     /// Gradient of the bias.
     pub bias: Option<&'a mut [T]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_norm_param_dtype_follows_pytorchs_mixed_rule() {
+        let f = |input, params: &[Option<DType>]| {
+            batch_norm_param_dtype("batch_norm", input, params.iter().copied())
+        };
+        assert_eq!(f(DType::BF16, &[]).unwrap(), DType::BF16);
+        assert_eq!(f(DType::BF16, &[None, None]).unwrap(), DType::BF16);
+        assert_eq!(f(DType::F16, &[Some(DType::F16)]).unwrap(), DType::F16);
+        assert_eq!(f(DType::F64, &[Some(DType::F64)]).unwrap(), DType::F64);
+        for half in [DType::F16, DType::BF16] {
+            let mixed = [Some(DType::F32), None, Some(DType::F32)];
+            assert_eq!(f(half, &mixed).unwrap(), DType::F32);
+        }
+        // f32 input with 16-bit vectors, f64 vectors for a 16-bit input, and vectors that
+        // disagree among themselves are refused, naming both dtypes
+        for (input, params) in [
+            (DType::F32, vec![Some(DType::BF16)]),
+            (DType::BF16, vec![Some(DType::F64)]),
+            (DType::BF16, vec![Some(DType::F32), Some(DType::BF16)]),
+        ] {
+            let err = f(input, &params).unwrap_err();
+            assert!(matches!(err, Error::DTypeMismatch { .. }), "{err}");
+            assert!(err.to_string().contains("to_dtype"), "{err}");
+        }
+    }
 }
