@@ -10,7 +10,7 @@
 //!   so the batch sum happens inside one GEMM), and the bias gradient is a sum over `N, L`.
 //!
 //! **Dtypes.** Every pass runs in the tensor's own dtype: no widening copy. GEMMs go through
-//! [`CudaStorage::matmul_cuda`] (cuBLAS; f16/bf16 operands with f32 compute, so bf16 autocast
+//! `CudaStorage::matmul_cuda` (cuBLAS; f16/bf16 operands with f32 compute, so bf16 autocast
 //! convolutions use the tensor cores), im2col only moves values, col2im adds its taps in an f32
 //! register and rounds once, and the bias gradient is `reduce.cu`'s sum (double accumulator,
 //! rounded once). Contiguous operands are read in place; other views are copied contiguous

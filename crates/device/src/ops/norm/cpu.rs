@@ -3,7 +3,7 @@
 //! Batch norm: the per-channel reductions run one rayon task per channel (each reads its
 //! channel's `N` strided blocks of `S` values), then the elementwise pass runs one task per
 //! `(n, c)` block with per-channel constants. Layer norm: one task per row; the weight and bias
-//! gradients (sums over rows) are accumulated in fixed blocks of [`ROW_BLOCK`] rows whose
+//! gradients (sums over rows) are accumulated in fixed blocks of `ROW_BLOCK` rows whose
 //! partial sums are added in block order, so results do not depend on the thread count.
 //! Reductions accumulate in `f64`.
 //!

@@ -2,7 +2,7 @@
 //!
 //! Both norms are statistics over groups of elements (a layer-norm row, a batch-norm channel of
 //! the `[N, C, S]` view) followed by an elementwise pass, so one set of kernels serves both,
-//! parametrised by [`NormArgs`]: `stats` (one block per statistic: mean, then squared
+//! parametrised by `NormArgs`: `stats` (one block per statistic: mean, then squared
 //! deviations), `apply` (`(x - mean) * rstd * w + b`), `backward_sums` (per statistic: sums of
 //! `g` and `g * xhat`) and `backward_dx`, plus layer norm's per-column weight/bias gradients.
 //! The formulas are the CPU kernels' (biased variance for normalising, unbiased for the running

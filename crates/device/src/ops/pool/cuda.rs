@@ -9,7 +9,7 @@
 //! the CPU does. The f32/f64 backward passes run one thread per output gradient and add into a
 //! zeroed input gradient with `atomicAdd`, since windows overlap; the f16/bf16 ones run one
 //! thread per input element that gathers its windows' shares in f32 and rounds once (16-bit
-//! atomics would round at every addition), see [`backward_gathers`].
+//! atomics would round at every addition), see `backward_gathers`.
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
