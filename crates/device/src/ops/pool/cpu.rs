@@ -168,20 +168,16 @@ fn avg_window(geometry: &AvgPool2dGeometry, oh: usize, ow: usize) -> AvgWindow {
     }
 }
 
-/// Average pooling (zero padding; divisor per [`super::AvgPool2dParams`]); a window that holds
-/// no input element gives 0.
-///
-/// Shapes: `input` `[N, C, H, W]`, `output` `[N, C, H_out, W_out]`.
-pub fn avg_pool2d_forward<T: KernelFloat>(
-    geometry: &AvgPool2dGeometry,
+/// Every output cell of every `[H, W]` plane is the sum of its input window divided by the
+/// window's divisor, 0 for a window holding no input element; `window(o)` is the window of
+/// plane-local output cell `o`. Average and adaptive average pooling differ only in `window`.
+fn window_mean_forward<T: KernelFloat>(
+    shape: &PoolShape,
     input: &[T],
     output: &mut [T],
-) -> Result<(), KernelError> {
-    const OP: &str = "avg_pool2d";
-    let shape = &geometry.shape;
-    check_pool_buffers(OP, shape, "input", input, "output", output)?;
+    window: impl Fn(usize) -> AvgWindow + Sync,
+) {
     let in_w = shape.input_size[1];
-    let out_w = shape.output_size[1];
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
     output
         .par_chunks_mut(out_plane)
@@ -189,7 +185,7 @@ pub fn avg_pool2d_forward<T: KernelFloat>(
         .for_each(|(plane, out)| {
             let src = &input[plane * in_plane..][..in_plane];
             for (o, out) in out.iter_mut().enumerate() {
-                let win = avg_window(geometry, o / out_w, o % out_w);
+                let win = window(o);
                 let mut sum = T::ZERO;
                 for ih in win.h.0..win.h.1 {
                     for &v in &src[ih * in_w + win.w.0..ih * in_w + win.w.1] {
@@ -204,6 +200,51 @@ pub fn avg_pool2d_forward<T: KernelFloat>(
                 };
             }
         });
+}
+
+/// The gradient of [`window_mean_forward`]: each output gradient, divided by its window's
+/// divisor, is added to every input element of the window.
+fn window_mean_backward<T: KernelFloat>(
+    shape: &PoolShape,
+    grad_output: &[T],
+    grad_input: &mut [T],
+    window: impl Fn(usize) -> AvgWindow + Sync,
+) {
+    let in_w = shape.input_size[1];
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    grad_input
+        .par_chunks_mut(in_plane)
+        .enumerate()
+        .for_each(|(plane, gin)| {
+            gin.fill(T::ZERO);
+            let gout = &grad_output[plane * out_plane..][..out_plane];
+            for (o, &g) in gout.iter().enumerate() {
+                let win = window(o);
+                let share = g / T::from_f64(win.divisor as f64);
+                for ih in win.h.0..win.h.1 {
+                    for v in &mut gin[ih * in_w + win.w.0..ih * in_w + win.w.1] {
+                        *v += share;
+                    }
+                }
+            }
+        });
+}
+
+/// Average pooling (zero padding; divisor per [`super::AvgPool2dParams`]); a window that holds
+/// no input element gives 0.
+///
+/// Shapes: `input` `[N, C, H, W]`, `output` `[N, C, H_out, W_out]`.
+pub fn avg_pool2d_forward<T: KernelFloat>(
+    geometry: &AvgPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), KernelError> {
+    let shape = &geometry.shape;
+    check_pool_buffers("avg_pool2d", shape, "input", input, "output", output)?;
+    let out_w = shape.output_size[1];
+    window_mean_forward(shape, input, output, |o| {
+        avg_window(geometry, o / out_w, o % out_w)
+    });
     Ok(())
 }
 
@@ -216,41 +257,38 @@ pub fn avg_pool2d_backward<T: KernelFloat>(
     grad_output: &[T],
     grad_input: &mut [T],
 ) -> Result<(), KernelError> {
-    const OP: &str = "avg_pool2d_backward";
     let shape = &geometry.shape;
     check_pool_buffers(
-        OP,
+        "avg_pool2d_backward",
         shape,
         "grad_input",
         grad_input,
         "grad_output",
         grad_output,
     )?;
-    let in_w = shape.input_size[1];
     let out_w = shape.output_size[1];
-    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    grad_input
-        .par_chunks_mut(in_plane)
-        .enumerate()
-        .for_each(|(plane, gin)| {
-            gin.fill(T::ZERO);
-            let gout = &grad_output[plane * out_plane..][..out_plane];
-            for (o, &g) in gout.iter().enumerate() {
-                let win = avg_window(geometry, o / out_w, o % out_w);
-                let share = g / T::from_f64(win.divisor as f64);
-                for ih in win.h.0..win.h.1 {
-                    for v in &mut gin[ih * in_w + win.w.0..ih * in_w + win.w.1] {
-                        *v += share;
-                    }
-                }
-            }
-        });
+    window_mean_backward(shape, grad_output, grad_input, |o| {
+        avg_window(geometry, o / out_w, o % out_w)
+    });
     Ok(())
 }
 
 /// PyTorch's adaptive window of output cell `o`: `[floor(o*in/out), ceil((o+1)*in/out))`.
 fn adaptive_range(o: usize, input: usize, output: usize) -> (usize, usize) {
     (o * input / output, ((o + 1) * input).div_ceil(output))
+}
+
+/// The adaptive window of plane-local output cell `o` (never empty; divisor = its size).
+fn adaptive_window(shape: &PoolShape, o: usize) -> AvgWindow {
+    let [in_h, in_w] = shape.input_size;
+    let [out_h, out_w] = shape.output_size;
+    let h = adaptive_range(o / out_w, in_h, out_h);
+    let w = adaptive_range(o % out_w, in_w, out_w);
+    AvgWindow {
+        h,
+        w,
+        divisor: (h.1 - h.0) * (w.1 - w.0),
+    }
 }
 
 /// Adaptive average pooling to the geometry's output size.
@@ -261,29 +299,16 @@ pub fn adaptive_avg_pool2d_forward<T: KernelFloat>(
     input: &[T],
     output: &mut [T],
 ) -> Result<(), KernelError> {
-    const OP: &str = "adaptive_avg_pool2d";
     let shape = &geometry.shape;
-    check_pool_buffers(OP, shape, "input", input, "output", output)?;
-    let [in_h, in_w] = shape.input_size;
-    let [out_h, out_w] = shape.output_size;
-    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    output
-        .par_chunks_mut(out_plane)
-        .enumerate()
-        .for_each(|(plane, out)| {
-            let src = &input[plane * in_plane..][..in_plane];
-            for (o, out) in out.iter_mut().enumerate() {
-                let (h0, h1) = adaptive_range(o / out_w, in_h, out_h);
-                let (w0, w1) = adaptive_range(o % out_w, in_w, out_w);
-                let mut sum = T::ZERO;
-                for ih in h0..h1 {
-                    for &v in &src[ih * in_w + w0..ih * in_w + w1] {
-                        sum += v;
-                    }
-                }
-                *out = sum / T::from_f64(((h1 - h0) * (w1 - w0)) as f64);
-            }
-        });
+    check_pool_buffers(
+        "adaptive_avg_pool2d",
+        shape,
+        "input",
+        input,
+        "output",
+        output,
+    )?;
+    window_mean_forward(shape, input, output, |o| adaptive_window(shape, o));
     Ok(())
 }
 
@@ -295,36 +320,18 @@ pub fn adaptive_avg_pool2d_backward<T: KernelFloat>(
     grad_output: &[T],
     grad_input: &mut [T],
 ) -> Result<(), KernelError> {
-    const OP: &str = "adaptive_avg_pool2d_backward";
     let shape = &geometry.shape;
     check_pool_buffers(
-        OP,
+        "adaptive_avg_pool2d_backward",
         shape,
         "grad_input",
         grad_input,
         "grad_output",
         grad_output,
     )?;
-    let [in_h, in_w] = shape.input_size;
-    let [out_h, out_w] = shape.output_size;
-    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    grad_input
-        .par_chunks_mut(in_plane)
-        .enumerate()
-        .for_each(|(plane, gin)| {
-            gin.fill(T::ZERO);
-            let gout = &grad_output[plane * out_plane..][..out_plane];
-            for (o, &g) in gout.iter().enumerate() {
-                let (h0, h1) = adaptive_range(o / out_w, in_h, out_h);
-                let (w0, w1) = adaptive_range(o % out_w, in_w, out_w);
-                let share = g / T::from_f64(((h1 - h0) * (w1 - w0)) as f64);
-                for ih in h0..h1 {
-                    for v in &mut gin[ih * in_w + w0..ih * in_w + w1] {
-                        *v += share;
-                    }
-                }
-            }
-        });
+    window_mean_backward(shape, grad_output, grad_input, |o| {
+        adaptive_window(shape, o)
+    });
     Ok(())
 }
 
