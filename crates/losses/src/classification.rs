@@ -14,7 +14,7 @@
 //! (the weights scattered back into the class dim).
 
 use crate::error::{arg_err, dtype_err, shape_err, Error};
-use crate::one_hot::{labels_to_host, unravel};
+use crate::one_hot::{check_label_dtype, labels_to_host, unravel};
 use crate::targets::{check_class_targets, check_logits, index_shape};
 use crate::{Reduction, Result};
 use kiln_autograd::{is_grad_enabled, DType, Tensor};
@@ -270,8 +270,8 @@ pub fn nll_loss(input: &Tensor, target: &Tensor, options: &NllLossOptions<'_>) -
                 ignore: ignore_text(ignore),
             });
         }
-    } else if !matches!(target.dtype(), DType::I64 | DType::U8) {
-        labels_to_host(OP, target)?; // the dtype error, without reading anything
+    } else {
+        check_label_dtype(OP, target)?;
     }
     // Everything below runs on the input's device: ignored positions gather class 0 and get
     // weight 0, so the loss is -w[y] * input[n, y, d] with w[y] = 0 where y == ignore_index.

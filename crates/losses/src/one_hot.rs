@@ -23,11 +23,10 @@ pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     coords
 }
 
-/// Integer labels as `i64` on the host, or a dtype error for `op`.
-pub(crate) fn labels_to_host(op: &'static str, labels: &Tensor) -> Result<Vec<i64>> {
+/// `Ok` for integer class labels (`I64`/`U8`), else the dtype error for `op`; reads nothing.
+pub(crate) fn check_label_dtype(op: &'static str, labels: &Tensor) -> Result<()> {
     match labels.dtype() {
-        DType::I64 => Ok(labels.to_vec::<i64>()?),
-        DType::U8 => Ok(labels.to_dtype(DType::I64)?.to_vec::<i64>()?),
+        DType::I64 | DType::U8 => Ok(()),
         other => Err(dtype_err(
             op,
             format!(
@@ -42,6 +41,12 @@ pub(crate) fn labels_to_host(op: &'static str, labels: &Tensor) -> Result<Vec<i6
             ),
         )),
     }
+}
+
+/// Integer labels as `i64` on the host, or a dtype error for `op`.
+pub(crate) fn labels_to_host(op: &'static str, labels: &Tensor) -> Result<Vec<i64>> {
+    check_label_dtype(op, labels)?;
+    Ok(labels.to_dtype(DType::I64)?.to_vec::<i64>()?)
 }
 
 /// PyTorch's `torch.nn.functional.one_hot`: an int64 tensor of shape `[..labels.shape, C]`
@@ -113,9 +118,7 @@ pub fn one_hot(labels: &Tensor, num_classes: Option<usize>) -> Result<Tensor> {
 /// device. The scatter checks every label against `[0, C)` there; a bad one is reported by
 /// kiln-device (value and position) at the next synchronisation rather than here.
 fn one_hot_on_device(labels: &Tensor, classes: usize) -> Result<Tensor> {
-    if !matches!(labels.dtype(), DType::I64 | DType::U8) {
-        labels_to_host("one_hot", labels)?; // the dtype error, without reading anything
-    }
+    check_label_dtype("one_hot", labels)?;
     let index = labels.to_dtype(DType::I64)?.unsqueeze(-1)?;
     let mut out_shape = labels.shape().to_vec();
     out_shape.push(classes);
