@@ -121,7 +121,13 @@ impl CudaStorage {
         // Without a gradient the kernel still takes a pointer: one unused element.
         let grad_len = if spec.with_grad { shape.logits() } else { 1 };
         let (_, grad) = CudaStorage::output(ordinal, grad_len, dtype)?;
-        let weight_sum = CudaStorage::full_cuda(ordinal, 1, 0.0, DType::F64)?;
+        // The mean's denominator: the index kernel adds the weights of the kept targets into it;
+        // for probability targets it is the count of positions.
+        let start = match spec.target {
+            TargetKind::Indices => 0.0,
+            TargetKind::Probabilities => p as f64,
+        };
+        let weight_sum = CudaStorage::full_cuda(ordinal, 1, start, DType::F64)?;
         let (n, c, d) = (shape.batch as u64, shape.classes as u64, shape.inner as u64);
         let with_grad = i32::from(spec.with_grad);
         let eps = spec.label_smoothing;
@@ -135,7 +141,6 @@ impl CudaStorage {
             grad.device_ptr(),
             weight_sum.device_ptr(),
         );
-        let mut total = None;
         if p > 0 {
             match spec.target {
                 TargetKind::Indices => {
@@ -178,7 +183,6 @@ impl CudaStorage {
                     // length checked above (logits and grad N·C·D, targets and losses N·D,
                     // weight C), and the kernel reads no logit or weight through a bad target.
                     unsafe { launch.launch(config) }.map_err(|e| launch_error(&name, e))?;
-                    total = Some(weight_sum);
                 }
                 TargetKind::Probabilities => {
                     let (_targets_keep, targets) = dense(target, target_layout, dtype)?;
@@ -215,11 +219,7 @@ impl CudaStorage {
             } else {
                 None
             },
-            total_weight: match total {
-                Some(sum) => sum,
-                // Probability targets (and no positions): the count of positions.
-                None => CudaStorage::full_cuda(ordinal, 1, p as f64, DType::F64)?,
-            },
+            total_weight: weight_sum,
         })
     }
 }
