@@ -6,9 +6,11 @@
 //! One test per file: the recipe seeds kiln's process-wide generator, so two runs must not
 //! overlap in one process.
 
+mod common;
+
+use common::{assert_same_bits, bits};
 use kiln::data::DataSource;
 use kiln::device::DType;
-use kiln::models::LayerExt;
 use kiln::optim::GradScalerOptions;
 use kiln::recipe::{train, Quiet, TrainConfig};
 
@@ -35,17 +37,6 @@ fn config(run_dir: std::path::PathBuf) -> TrainConfig {
         },
         ..TrainConfig::default()
     }
-}
-
-fn bits(model: &kiln::recipe::SmallResNet) -> Vec<(String, Vec<u64>)> {
-    model
-        .state_dict()
-        .into_iter()
-        .map(|(n, t)| {
-            let v = t.to_vec_f64().unwrap().into_iter().map(f64::to_bits);
-            (n, v.collect())
-        })
-        .collect()
 }
 
 #[test]
@@ -83,11 +74,6 @@ fn f16_amp_resume_restores_the_loss_scale() {
     .unwrap();
     assert_eq!(second.batch_losses[..], straight.batch_losses[4..]);
     assert_eq!(second.grad_scaler, straight.grad_scaler);
-    let (a, b) = (bits(&straight.model), bits(&second.model));
-    assert_eq!(a.len(), b.len());
-    for ((na, va), (nb, vb)) in a.iter().zip(&b) {
-        assert_eq!(na, nb);
-        assert!(va == vb, "{na} differs after resume");
-    }
+    assert_same_bits(&bits(&straight.model), &bits(&second.model));
     let _ = std::fs::remove_dir_all(&root);
 }

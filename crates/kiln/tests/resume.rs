@@ -7,8 +7,10 @@
 //! One test per file: the recipe seeds kiln's process-wide generator, so two runs must not
 //! overlap in one process.
 
+mod common;
+
+use common::{assert_same_bits, bits};
 use kiln::data::DataSource;
-use kiln::models::LayerExt;
 use kiln::recipe::{train, Quiet, TrainConfig};
 
 fn config(run_dir: std::path::PathBuf) -> TrainConfig {
@@ -29,22 +31,6 @@ fn config(run_dir: std::path::PathBuf) -> TrainConfig {
         seed: 7,
         ..TrainConfig::default()
     }
-}
-
-fn bits(model: &kiln::recipe::SmallResNet) -> Vec<(String, Vec<u64>)> {
-    model
-        .state_dict()
-        .into_iter()
-        .map(|(n, t)| {
-            let v = t
-                .to_vec_f64()
-                .unwrap()
-                .into_iter()
-                .map(f64::to_bits)
-                .collect();
-            (n, v)
-        })
-        .collect()
 }
 
 #[test]
@@ -101,12 +87,7 @@ fn resume_continues_bit_identically() {
         );
     }
     assert!(straight.history[0].frozen && !straight.history[1].frozen);
-    let (a, b) = (bits(&straight.model), bits(&second.model));
-    assert_eq!(a.len(), b.len());
-    for ((na, va), (nb, vb)) in a.iter().zip(&b) {
-        assert_eq!(na, nb);
-        assert!(va == vb, "{na} differs after resume");
-    }
+    assert_same_bits(&bits(&straight.model), &bits(&second.model));
     // The resumed run appended to the first part's CSV: one validation row per epoch.
     let csv = std::fs::read_to_string(root.join("resumed/metrics.csv")).unwrap();
     assert_eq!(
