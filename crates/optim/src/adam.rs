@@ -22,7 +22,9 @@
 
 use crate::group::ParamGroup;
 use crate::operands::{by_device, checked_grad};
-use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
+use crate::optimizer::{
+    Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
+};
 use crate::{arg_err, Result};
 use kiln_autograd::{Parameter, Tensor};
 use kiln_device::ops::multi_tensor::{self, AdamHyper, AdamOperands, AdamStepScalars};
@@ -166,7 +168,7 @@ pub struct AdamAlgorithm {
 }
 
 /// Adam (PyTorch's `torch.optim.Adam`).
-pub type Adam = Optim<AdamAlgorithm>;
+pub type Adam = GroupedOptimizer<AdamAlgorithm>;
 /// AdamW, Adam with decoupled weight decay (PyTorch's `torch.optim.AdamW`); it shares
 /// [`Adam`]'s type, built with [`AdamW::new`].
 pub struct AdamW;
@@ -174,7 +176,7 @@ pub struct AdamW;
 impl Adam {
     /// Adam over `groups`; options a group leaves unset come from `defaults`.
     pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Self> {
-        Optim::with_algorithm(AdamAlgorithm { decoupled: false }, groups, defaults)
+        GroupedOptimizer::with_algorithm(AdamAlgorithm { decoupled: false }, groups, defaults)
     }
 }
 
@@ -183,7 +185,7 @@ impl AdamW {
     /// defaults.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Adam> {
-        Optim::with_algorithm(AdamAlgorithm { decoupled: true }, groups, defaults)
+        GroupedOptimizer::with_algorithm(AdamAlgorithm { decoupled: true }, groups, defaults)
     }
 }
 

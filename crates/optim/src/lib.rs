@@ -49,8 +49,12 @@ pub(crate) use error::arg_err;
 pub use error::{Error, Result};
 pub use group::ParamGroup;
 pub use optimizer::{
-    Algorithm, GroupOptions, GroupRecord, Optim, Optimizer, ParamStateRecord, StateDict, StepItem,
-    TensorRecord,
+    Algorithm, GroupOptions, GroupRecord, GroupedOptimizer, Optimizer, ParamStateRecord, StateDict,
+    StepItem, TensorRecord,
 };
+
+/// The former name of [`GroupedOptimizer`], kept because kiln-sched implements its scheduler
+/// trait for `Optim<A>`.
+pub type Optim<A> = GroupedOptimizer<A>;
 pub use scaler::{GradScaler, GradScalerOptions, GradScalerState};
 pub use sgd::{Sgd, SgdAlgorithm, SgdOptions, SgdState};

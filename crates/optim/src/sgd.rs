@@ -19,7 +19,9 @@
 
 use crate::group::ParamGroup;
 use crate::operands::{by_device, checked_grad};
-use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
+use crate::optimizer::{
+    Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
+};
 use crate::{arg_err, Result};
 use kiln_autograd::{Parameter, Tensor};
 use kiln_device::ops::multi_tensor::{self, SgdHyper, SgdOperands};
@@ -145,12 +147,12 @@ pub struct SgdState {
 pub struct SgdAlgorithm;
 
 /// Stochastic gradient descent (PyTorch's `torch.optim.SGD`).
-pub type Sgd = Optim<SgdAlgorithm>;
+pub type Sgd = GroupedOptimizer<SgdAlgorithm>;
 
 impl Sgd {
     /// SGD over `groups`; options a group leaves unset come from `defaults`.
     pub fn new(groups: Vec<ParamGroup>, defaults: SgdOptions) -> Result<Self> {
-        Optim::with_algorithm(SgdAlgorithm, groups, defaults)
+        GroupedOptimizer::with_algorithm(SgdAlgorithm, groups, defaults)
     }
 }
 

@@ -451,3 +451,6 @@ pub fn sgd_step(op: &'static str, list: &mut [SgdOperands<'_>], hyper: &SgdHyper
         S::sgd_step(op, &mut narrowed, hyper)
     })
 }
+
+#[cfg(test)]
+mod tests;
