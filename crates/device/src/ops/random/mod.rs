@@ -10,6 +10,37 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+use crate::ops::buffer::BufferOps;
+use crate::seam::seam_trait;
+use crate::{DType, Result};
+
+seam_trait! {
+    /// Random buffers from Philox4x32-10 counters (the same numbers on every device).
+    pub trait RandomOps: BufferOps {
+        /// `n` uniform samples in `[low, high)` from Philox4x32-10 with `seed`, counters from
+        /// `offset`.
+        fn rand_uniform(
+            device: Device,
+            n: usize,
+            low: f64,
+            high: f64,
+            seed: u64,
+            offset: u64,
+            dtype: DType,
+        ) -> Result<Self>;
+        /// `n` normal samples (Box-Muller over Philox4x32-10), counters from `offset`.
+        fn rand_normal(
+            device: Device,
+            n: usize,
+            mean: f64,
+            std: f64,
+            seed: u64,
+            offset: u64,
+            dtype: DType,
+        ) -> Result<Self>;
+    }
+}
+
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;
 const W0: u32 = 0x9E37_79B9;

@@ -1,27 +1,133 @@
-//! The CPU side of the seam's batch-norm methods, over the kernels in `crate::ops::norm::cpu`.
+//! [`NormOps`] for host buffers, over the kernels of [`super`] (`crate::ops::norm::cpu`).
 //!
-//! Dtypes: f32/f64 run natively. An f16/bf16 input runs the kernels with `T = f32` on the
-//! 16-bit tensors themselves (each element widened as it is read, each result rounded once as
-//! it is written: no f32 copy of the tensor), with the per-channel vectors in f32 (16-bit ones
-//! are widened, a `[C]` copy). Which dtype those vectors come back in follows
+//! Layer norm: f32/f64 natively, f16/bf16 computed in f32 (operands widened, results rounded
+//! once; `crate::ops::cpu_dispatch`).
+//!
+//! Batch norm dtypes: f32/f64 run natively. An f16/bf16 input runs the kernels with `T = f32`
+//! on the 16-bit tensors themselves (each element widened as it is read, each result rounded
+//! once as it is written: no f32 copy of the tensor), with the per-channel vectors in f32
+//! (16-bit ones are widened, a `[C]` copy). Which dtype those vectors come back in follows
 //! [`batch_norm_param_dtype`]: when weight, bias and running statistics share the 16-bit
 //! dtype, the saved `mean`/`rstd` and the weight/bias gradients are rounded to it; in PyTorch's
 //! mixed case (a 16-bit input with f32 vectors, what autocast produces) they stay f32. Only the
 //! output and the input gradient always have the input's dtype.
 
-use super::{dense, dense_mut, dense_opt, in_pool, wrap, zeros};
-use super::{HostBuffer, HostElement, Narrow};
-use crate::backend::{BatchNormStats, GradMask, Grads3, RunningStatsMut, Strided};
+use super::super::{
+    batch_norm_param_dtype, Affine, BatchNormShape, BatchNormStats, LayerNormShape, NormGrads,
+    NormOps, RunningStats, RunningStatsMut, RunningStatsUpdate, SavedStats, SavedStatsMut,
+};
+use super::{
+    batch_norm_eval_backward, batch_norm_eval_forward, batch_norm_train_backward,
+    batch_norm_train_forward, layer_norm_backward as layer_norm_backward_kernel,
+    layer_norm_forward, NormElement,
+};
 use crate::dtype::DType;
-use crate::ops::norm::cpu::NormElement;
-use crate::ops::norm::{
-    batch_norm_param_dtype, cpu as norm, Affine, BatchNormShape, NormGrads, RunningStats,
-    RunningStatsUpdate, SavedStats, SavedStatsMut,
+use crate::ops::copy::CopyOps;
+use crate::ops::cpu_dispatch::{
+    dense, dense_mut, dense_opt, float_kernel, in_pool, wrap, zeros, Narrow,
 };
 use crate::ops::KernelFloat;
-use crate::storage::cpu::CpuStorage;
-use crate::{BackendStorage, Error, Layout, Result};
+use crate::seam::{GradMask, InputGrads, Strided};
+use crate::storage::{HostBuffer, HostElement};
+use crate::{CpuStorage, Error, Layout, Result};
 use half::{bf16, f16};
+
+impl NormOps for CpuStorage {
+    fn batch_norm_train(
+        &self,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running: Option<RunningStatsMut<'_, Self>>,
+        eps: f64,
+    ) -> Result<[Self; 3]> {
+        batch_norm_train((self, layout), weight, bias, running, eps)
+    }
+
+    fn batch_norm_eval(
+        &self,
+        layout: &Layout,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        running_mean: Strided<'_, Self>,
+        running_var: Strided<'_, Self>,
+        eps: f64,
+    ) -> Result<Self> {
+        let running = [running_mean, running_var];
+        batch_norm_eval((self, layout), weight, bias, running, eps)
+    }
+
+    fn batch_norm_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Option<Strided<'_, Self>>,
+        stats: BatchNormStats<'_, Self>,
+        mask: GradMask,
+    ) -> Result<InputGrads<Self>> {
+        batch_norm_backward((self, layout), input, weight, stats, mask)
+    }
+
+    fn layer_norm(
+        &self,
+        layout: &Layout,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        bias: Option<Strided<'_, Self>>,
+        eps: f64,
+    ) -> Result<[Self; 3]> {
+        const OP: &str = "layer_norm";
+        let shape = layer_norm_shape(layout.shape(), normalized_dims)?;
+        float_kernel!(OP, self.dtype(), T => {
+            let input = dense::<T>(OP, (self, layout))?;
+            let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
+            let mut out = zeros::<T>(&[shape.rows, shape.cols])?;
+            let (mut mean, mut rstd) = (zeros::<T>(&[shape.rows])?, zeros::<T>(&[shape.rows])?);
+            let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
+            let saved = SavedStatsMut { mean: &mut mean, rstd: &mut rstd };
+            in_pool(|| layer_norm_forward(&shape, &input, affine, eps, &mut out, saved))?;
+            Ok([wrap(out), wrap(mean), wrap(rstd)])
+        })
+    }
+
+    fn layer_norm_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        normalized_dims: usize,
+        weight: Option<Strided<'_, Self>>,
+        saved: [Strided<'_, Self>; 2],
+        mask: GradMask,
+    ) -> Result<InputGrads<Self>> {
+        const OP: &str = "layer_norm_backward";
+        let shape = layer_norm_shape(input.1.shape(), normalized_dims)?;
+        float_kernel!(OP, self.dtype(), T => {
+            let go = dense::<T>(OP, (self, layout))?;
+            let (x, w) = (dense::<T>(OP, input)?, dense_opt::<T>(OP, weight)?);
+            let (mean, rstd) = (dense::<T>(OP, saved[0])?, dense::<T>(OP, saved[1])?);
+            let mut gi = zeros::<T>(&[if mask.input { shape.rows * shape.cols } else { 0 }])?;
+            let mut gw = zeros::<T>(&[if mask.weight { shape.cols } else { 0 }])?;
+            let mut gb = zeros::<T>(&[if mask.bias { shape.cols } else { 0 }])?;
+            let grads = NormGrads {
+                input: mask.input.then_some(gi.as_mut_slice()),
+                weight: mask.weight.then_some(gw.as_mut_slice()),
+                bias: mask.bias.then_some(gb.as_mut_slice()),
+            };
+            let saved = SavedStats { mean: &mean, rstd: &rstd };
+            in_pool(|| layer_norm_backward_kernel(&shape, &go, &x, w.as_deref(), saved, grads))?;
+            Ok(InputGrads {
+                input: mask.input.then(|| wrap(gi)),
+                weight: mask.weight.then(|| wrap(gw)),
+                bias: mask.bias.then(|| wrap(gb)),
+            })
+        })
+    }
+}
+
+fn layer_norm_shape(shape: &[usize], normalized_dims: usize) -> Result<LayerNormShape> {
+    let k = normalized_dims.min(shape.len());
+    Ok(LayerNormShape::new(shape, &shape[shape.len() - k..])?)
+}
 
 /// Runs `$body` with `$T` the compute type and `$X` the tensor element type of `$dtype`:
 /// `(f32, f32)`, `(f64, f64)`, `(f32, f16)`, `(f32, bf16)`; other dtypes are an error.
@@ -72,7 +178,7 @@ fn vectors_to<R: Narrow>(r: R, input: DType, params: DType) -> Result<R> {
     }
 }
 
-pub(in crate::storage) fn batch_norm_train(
+fn batch_norm_train(
     x: Strided<'_, CpuStorage>,
     weight: Option<Strided<'_, CpuStorage>>,
     bias: Option<Strided<'_, CpuStorage>>,
@@ -147,13 +253,11 @@ fn train_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
         mean: &mut mean,
         rstd: &mut rstd,
     };
-    in_pool(|| {
-        norm::batch_norm_train_forward(&shape, &input, affine, running, eps, &mut out, saved)
-    })?;
+    in_pool(|| batch_norm_train_forward(&shape, &input, affine, running, eps, &mut out, saved))?;
     Ok([wrap(out), wrap(mean), wrap(rstd)])
 }
 
-pub(in crate::storage) fn batch_norm_eval(
+fn batch_norm_eval(
     x: Strided<'_, CpuStorage>,
     weight: Option<Strided<'_, CpuStorage>>,
     bias: Option<Strided<'_, CpuStorage>>,
@@ -176,18 +280,18 @@ pub(in crate::storage) fn batch_norm_eval(
         let mut out = zeros::<X>(&shape.dims())?;
         let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
         let stats = RunningStats { mean: &mean, var: &var };
-        in_pool(|| norm::batch_norm_eval_forward(&shape, &input, affine, stats, eps, &mut out))?;
+        in_pool(|| batch_norm_eval_forward(&shape, &input, affine, stats, eps, &mut out))?;
         Ok(wrap(out))
     })
 }
 
-pub(in crate::storage) fn batch_norm_backward(
+fn batch_norm_backward(
     grad: Strided<'_, CpuStorage>,
     x: Strided<'_, CpuStorage>,
     weight: Option<Strided<'_, CpuStorage>>,
     stats: BatchNormStats<'_, CpuStorage>,
     mask: GradMask,
-) -> Result<Grads3<CpuStorage>> {
+) -> Result<InputGrads<CpuStorage>> {
     const OP: &str = "batch_norm_backward";
     let dtype = grad.0.dtype();
     if x.0.dtype() != dtype {
@@ -214,20 +318,20 @@ fn backward_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
     weight: Option<Strided<'_, CpuStorage>>,
     stats: BatchNormStats<'_, CpuStorage>,
     mask: GradMask,
-) -> Result<Grads3<CpuStorage>> {
+) -> Result<InputGrads<CpuStorage>> {
     const OP: &str = "batch_norm_backward";
     let shape = BatchNormShape::from_input_shape(x.1.shape())?;
     let (go, input) = (dense::<X>(OP, grad)?, dense::<X>(OP, x)?);
     let w = dense_opt::<T>(OP, weight)?;
     let c = shape.channels;
     let n = shape.dims().iter().product();
-    let mut gi: HostBuffer<X> = zeros::<X>(&[if mask[0] { n } else { 0 }])?;
-    let mut gw: HostBuffer<T> = zeros::<T>(&[if mask[1] { c } else { 0 }])?;
-    let mut gb: HostBuffer<T> = zeros::<T>(&[if mask[2] { c } else { 0 }])?;
+    let mut gi: HostBuffer<X> = zeros::<X>(&[if mask.input { n } else { 0 }])?;
+    let mut gw: HostBuffer<T> = zeros::<T>(&[if mask.weight { c } else { 0 }])?;
+    let mut gb: HostBuffer<T> = zeros::<T>(&[if mask.bias { c } else { 0 }])?;
     let grads = NormGrads {
-        input: mask[0].then_some(gi.as_mut_slice()),
-        weight: mask[1].then_some(gw.as_mut_slice()),
-        bias: mask[2].then_some(gb.as_mut_slice()),
+        input: mask.input.then_some(gi.as_mut_slice()),
+        weight: mask.weight.then_some(gw.as_mut_slice()),
+        bias: mask.bias.then_some(gb.as_mut_slice()),
     };
     match stats {
         BatchNormStats::Batch { mean, rstd } => {
@@ -236,9 +340,7 @@ fn backward_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
                 mean: &mean,
                 rstd: &rstd,
             };
-            in_pool(|| {
-                norm::batch_norm_train_backward(&shape, &go, &input, w.as_deref(), saved, grads)
-            })?;
+            in_pool(|| batch_norm_train_backward(&shape, &go, &input, w.as_deref(), saved, grads))?;
         }
         BatchNormStats::Running { mean, var, eps } => {
             let (mean, var) = (dense::<T>(OP, mean)?, dense::<T>(OP, var)?);
@@ -247,21 +349,13 @@ fn backward_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
                 var: &var,
             };
             in_pool(|| {
-                norm::batch_norm_eval_backward(
-                    &shape,
-                    &go,
-                    &input,
-                    w.as_deref(),
-                    running,
-                    eps,
-                    grads,
-                )
+                batch_norm_eval_backward(&shape, &go, &input, w.as_deref(), running, eps, grads)
             })?;
         }
     }
-    Ok([
-        mask[0].then(|| wrap(gi)),
-        mask[1].then(|| wrap(gw)),
-        mask[2].then(|| wrap(gb)),
-    ])
+    Ok(InputGrads {
+        input: mask.input.then(|| wrap(gi)),
+        weight: mask.weight.then(|| wrap(gw)),
+        bias: mask.bias.then(|| wrap(gb)),
+    })
 }
