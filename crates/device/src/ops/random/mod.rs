@@ -5,6 +5,10 @@
 //! device, any thread count and any split of the work give the same numbers: the CUDA kernel
 //! computes the same function per thread. Uniforms take 24 bits (f32 and smaller) or 53 bits
 //! (f64) of the block; normals use Box-Muller in f64 over two 53-bit uniforms.
+//!
+//! The seam trait is [`RandomOps`]. The scalar functions of this module ([`philox4x32_10`],
+//! [`block`], [`uniform53`], [`uniform24`], [`normal`]) are public helpers for crates that draw
+//! the same numbers on the host without a tensor (kiln-data's shuffles and augmentations).
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
