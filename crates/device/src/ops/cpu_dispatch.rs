@@ -31,7 +31,7 @@
 //! contiguous run of the buffer, copied otherwise), runs inside kiln's CPU thread pool (so
 //! `KILN_NUM_THREADS` caps it) and wraps the result in a fresh [`CpuStorage`].
 
-use crate::dtype::DType;
+use crate::dtype::{DType, Element};
 use crate::layout::Layout;
 use crate::ops::strided::{cast_into, copy_contiguous_into};
 use crate::ops::KernelError;
@@ -47,12 +47,6 @@ pub(crate) fn output<T: HostElement>(
     write: impl FnOnce(&mut [T]),
 ) -> Result<CpuStorage> {
     Ok(T::wrap(HostBuffer::try_filled_with(len, T::zero(), write)?))
-}
-
-/// A new `f32` buffer of `len` elements written by `write` (the `f32` result of a half-precision
-/// op before it is rounded back).
-pub(crate) fn f32_buffer(len: usize, write: impl FnOnce(&mut [f32])) -> Result<HostBuffer<f32>> {
-    HostBuffer::try_filled_with(len, 0.0, write)
 }
 
 /// The unsupported-dtype error of `op`.
@@ -82,12 +76,6 @@ pub(crate) fn cast(s: &CpuStorage, layout: &Layout, dtype: DType) -> Result<CpuS
     })))
 }
 
-/// The elements of `layout` widened to `f32`, contiguous, in a block of the CPU allocator
-/// (the operand copy of a half-precision op computed in `f32`).
-pub(crate) fn widen(s: &CpuStorage, layout: &Layout) -> Result<HostBuffer<f32>> {
-    with_slice!(s, src => f32_buffer(layout.numel(), |out| cast_into(src, layout, out)))
-}
-
 /// A byte view of a Bool or U8 storage (for conditions and masks).
 pub(crate) fn as_condition<'a>(s: &'a CpuStorage, op: &'static str) -> Result<&'a [u8]> {
     match s {
@@ -105,84 +93,137 @@ pub(crate) fn as_condition<'a>(s: &'a CpuStorage, op: &'static str) -> Result<&'
     }
 }
 
-/// `f32` results rounded once to `F16` or `BF16`, in a new storage.
-pub(crate) fn round_to_half(wide: &HostBuffer<f32>, dtype: DType) -> Result<CpuStorage> {
-    let wide = wide.as_slice();
-    match dtype {
-        DType::F16 => output::<f16>(wide.len(), |out| {
-            out.iter_mut()
-                .zip(wide)
-                .for_each(|(o, &v)| *o = f16::from_f32(v))
-        }),
-        _ => output::<bf16>(wide.len(), |out| {
-            out.iter_mut()
-                .zip(wide)
-                .for_each(|(o, &v)| *o = bf16::from_f32(v))
-        }),
-    }
-}
-
-/// Runs a float op natively on f32/f64 and through f32 on f16/bf16. `$body` writes the
-/// `layout.numel()` outputs into `$out`.
-macro_rules! float_op {
-    ($self:expr, $layout:expr, $op:expr, |$s:ident, $l:ident, $out:ident| $body:expr) => {
-        match $self {
-            $crate::CpuStorage::F32(b) => {
-                let ($s, $l) = (b.as_slice(), $layout);
-                $crate::ops::cpu_dispatch::output::<f32>($l.numel(), |$out| $body)
-            }
-            $crate::CpuStorage::F64(b) => {
-                let ($s, $l) = (b.as_slice(), $layout);
-                $crate::ops::cpu_dispatch::output::<f64>($l.numel(), |$out| $body)
-            }
-            $crate::CpuStorage::F16(_) | $crate::CpuStorage::BF16(_) => {
-                let wide = $crate::ops::cpu_dispatch::widen($self, $layout)?;
-                let cl = $crate::Layout::contiguous($layout.shape());
-                let ($s, $l) = (wide.as_slice(), &cl);
-                let r = $crate::ops::cpu_dispatch::f32_buffer($l.numel(), |$out| $body)?;
-                drop(wide);
-                $crate::ops::cpu_dispatch::round_to_half(&r, $self.dtype())
-            }
-            other => Err($crate::ops::cpu_dispatch::unsupported(
-                $op,
-                other.dtype(),
-                $crate::ops::cpu_dispatch::FLOAT_HINT,
-            )),
-        }
-    };
-}
-pub(crate) use float_op;
-
-/// Runs `$body` with `$T` the float type of `$dtype`: `f32`/`f64` natively; `f16`/`bf16` as
-/// `f32` (operands widened by [`dense`], float results rounded back once by [`Narrow`]), as
-/// PyTorch's CPU kernels do for half types. Other dtypes get an unsupported-dtype error.
-macro_rules! float_kernel {
-    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
+/// **The 16-bit rule, stated once.** Runs `$body` with `$T` the compute type and `$X` the
+/// element type of `$dtype`: `(f32, f32)`, `(f64, f64)`, `(f32, f16)`, `(f32, bf16)` (what
+/// PyTorch's CPU kernels do for half types); any other dtype is `UnsupportedDType { op, hint }`.
+/// How the elements move between `$X` and `$T` is up to the caller: whole operands widened and
+/// results rounded once ([`float_op!`], [`float_kernel!`]), or each element widened as it is
+/// read and rounded as it is written (batch norm's `NormElement`).
+macro_rules! float_dispatch {
+    ($op:expr, $dtype:expr, $hint:expr, ($T:ident, $X:ident) => $body:expr) => {
         match $dtype {
             $crate::DType::F32 => {
                 type $T = f32;
+                type $X = f32;
                 $body
             }
             $crate::DType::F64 => {
                 type $T = f64;
+                type $X = f64;
                 $body
             }
-            half @ ($crate::DType::F16 | $crate::DType::BF16) => {
+            $crate::DType::F16 => {
                 type $T = f32;
-                #[allow(clippy::redundant_closure_call)]
-                let wide = (|| $body)();
-                wide.and_then(|r| $crate::ops::cpu_dispatch::Narrow::narrow(r, half))
+                type $X = ::half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = f32;
+                type $X = ::half::bf16;
+                $body
             }
             other => Err($crate::Error::UnsupportedDType {
                 op: $op,
                 dtype: other,
-                hint: "this kernel runs on floating-point tensors; convert with \
-                       to_dtype(DType::F32) first",
+                hint: $hint,
             }),
         }
     };
 }
+pub(crate) use float_dispatch;
+
+/// A whole-tensor float op through [`float_dispatch!`]: `$body` writes the `layout.numel()`
+/// outputs into `$out` from the slice `$s` read through the layout `$l` ([`read_as`]: f32/f64
+/// on the storage's own buffer and layout, f16/bf16 on a contiguous `f32` copy, whose `f32`
+/// results are rounded once to the input dtype by [`finish`]).
+macro_rules! float_op {
+    ($self:expr, $layout:expr, $op:expr, |$s:ident, $l:ident, $out:ident| $body:expr) => {
+        $crate::ops::cpu_dispatch::float_dispatch!(
+            $op,
+            $self.dtype(),
+            $crate::ops::cpu_dispatch::FLOAT_HINT,
+            (T, X) => {
+                use $crate::ops::cpu_dispatch as dispatch;
+                let (operand, operand_layout) = dispatch::read_as::<T>($self, $layout)?;
+                let ($s, $l) = (&*operand, &operand_layout);
+                let computed = dispatch::buffer_of::<T>($l.numel(), |$out| $body)?;
+                drop(operand);
+                dispatch::finish::<T, X>(computed)
+            }
+        )
+    };
+}
+pub(crate) use float_op;
+
+/// An nn kernel through [`float_dispatch!`]: `$body` runs with `$T` the compute type (operands
+/// read with [`dense`], which widens 16-bit ones), and for f16/bf16 inputs every `F32` buffer of
+/// its result is rounded once to the input dtype ([`Narrow`]; index buffers stay `I64`).
+macro_rules! float_kernel {
+    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
+        $crate::ops::cpu_dispatch::float_dispatch!(
+            $op,
+            $dtype,
+            "this kernel runs on floating-point tensors; convert with to_dtype(DType::F32) first",
+            ($T, X) => {
+                #[allow(clippy::redundant_closure_call)]
+                let computed = (|| $body)();
+                $crate::ops::cpu_dispatch::round_results::<X, _>(computed)
+            }
+        )
+    };
+}
 pub(crate) use float_kernel;
+
+/// A kernel's result computed for element type `X`: unchanged for f32/f64, its `F32` buffers
+/// rounded to `X` for f16/bf16.
+pub(crate) fn round_results<X: Element, R: Narrow>(computed: Result<R>) -> Result<R> {
+    match X::DTYPE {
+        DType::F16 | DType::BF16 => computed.and_then(|r| r.narrow(X::DTYPE)),
+        _ => computed,
+    }
+}
+
+/// A new buffer of `len` elements of `T` written by `write` (a result computed in `T` before it
+/// is rounded to its dtype).
+pub(crate) fn buffer_of<T: HostElement>(
+    len: usize,
+    write: impl FnOnce(&mut [T]),
+) -> Result<HostBuffer<T>> {
+    HostBuffer::try_filled_with(len, T::zero(), write)
+}
+
+/// The elements of `layout` converted to `T`, contiguous, in a block of the CPU allocator (the
+/// widened operand copy of a half-precision op computed in `T`).
+pub(crate) fn widen_as<T: HostElement>(s: &CpuStorage, layout: &Layout) -> Result<HostBuffer<T>> {
+    with_slice!(s, src => buffer_of::<T>(layout.numel(), |out| cast_into(src, layout, out)))
+}
+
+/// An operand of a whole-tensor op computed in `T`, and the layout to read it through: the
+/// storage's own buffer and `layout` when it holds `T` (no copy), else its elements widened to
+/// `T` in a contiguous copy.
+pub(crate) fn read_as<'a, T: HostElement>(
+    s: &'a CpuStorage,
+    layout: &Layout,
+) -> Result<(Dense<'a, T>, Layout)> {
+    match T::slice(s) {
+        Some(native) => Ok((Dense::Borrowed(native), layout.clone())),
+        None => Ok((
+            Dense::Owned(widen_as::<T>(s, layout)?),
+            Layout::contiguous(layout.shape()),
+        )),
+    }
+}
+
+/// The result of an op computed in `T` as a storage of `X`: the buffer itself when `X` is `T`,
+/// else rounded once to `X` (a new block; the `T` buffer is freed).
+pub(crate) fn finish<T: HostElement, X: Element>(computed: HostBuffer<T>) -> Result<CpuStorage> {
+    let computed = T::wrap(computed);
+    if X::DTYPE == T::DTYPE {
+        return Ok(computed);
+    }
+    let n = computed.len();
+    cast(&computed, &Layout::contiguous(&[n]), X::DTYPE)
+}
 
 /// Results of a half-precision call computed in `f32`: every `F32` buffer is rounded to the
 /// call's dtype (index buffers stay `I64`).

@@ -12,7 +12,8 @@ use crate::dtype::DType;
 use crate::dtype::{BoolByte, Element};
 use crate::layout::Layout;
 use crate::ops::cpu_dispatch::{
-    as_condition, cast, f32_buffer, float_op, output, same_dtype, unsupported, widen, FLOAT_HINT,
+    as_condition, buffer_of, finish, float_dispatch, float_op, output, read_as, same_dtype,
+    unsupported, FLOAT_HINT,
 };
 pub use crate::ops::strided::{map1, map1_into, map2, map3};
 use crate::storage::{with_slice, HostElement};
@@ -238,26 +239,18 @@ impl ElementwiseOps for CpuStorage {
                     false => Err(unsupported(op.name(), DType::I64, FLOAT_HINT)),
                 }
             }
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => output(n, |out| {
-                binary_float(a.as_slice(), layout, b.as_slice(), rhs_layout, op, out)
-            }),
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => output(n, |out| {
-                binary_float(a.as_slice(), layout, b.as_slice(), rhs_layout, op, out)
-            }),
-            (CpuStorage::F16(_), _) | (CpuStorage::BF16(_), _) => {
-                let (wa, wb) = (widen(self, layout)?, widen(rhs, rhs_layout)?);
-                let cl = Layout::contiguous(layout.shape());
-                let r = f32_buffer(n, |out| {
-                    binary_float(wa.as_slice(), &cl, wb.as_slice(), &cl, op, out)
-                })?;
-                drop((wa, wb));
-                cast(&CpuStorage::F32(r), &cl, self.dtype())
-            }
-            (other, _) => Err(unsupported(
+            _ => float_dispatch!(
                 op.name(),
-                other.dtype(),
+                self.dtype(),
                 "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
-            )),
+                (T, X) => {
+                    let (a, la) = read_as::<T>(self, layout)?;
+                    let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
+                    let computed = buffer_of::<T>(n, |out| binary_float(&a, &la, &b, &lb, op, out))?;
+                    drop((a, b));
+                    finish::<T, X>(computed)
+                }
+            ),
         }
     }
 

@@ -8,7 +8,7 @@
 use super::MatmulOps;
 use crate::layout::{Layout, StridedIndex};
 use crate::ops::cpu_dispatch::{
-    cast, f32_buffer, output, same_dtype, unsupported, widen, FLOAT_HINT,
+    buffer_of, finish, float_dispatch, read_as, same_dtype, FLOAT_HINT,
 };
 use crate::threads::{cpu_pool, num_threads};
 use crate::{CpuStorage, Result};
@@ -164,27 +164,13 @@ impl MatmulOps for CpuStorage {
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
         same_dtype("matmul", self, rhs)?;
         let n = output_len(layout, rhs_layout);
-        match (self, rhs) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => output(n, |out| {
-                matmul_into(a.as_slice(), layout, b.as_slice(), rhs_layout, out)
-            }),
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => output(n, |out| {
-                matmul_into(a.as_slice(), layout, b.as_slice(), rhs_layout, out)
-            }),
-            (CpuStorage::F16(_), _) | (CpuStorage::BF16(_), _) => {
-                let (wa, wb) = (widen(self, layout)?, widen(rhs, rhs_layout)?);
-                let (ca, cb) = (
-                    Layout::contiguous(layout.shape()),
-                    Layout::contiguous(rhs_layout.shape()),
-                );
-                let r = f32_buffer(n, |out| {
-                    matmul_into(wa.as_slice(), &ca, wb.as_slice(), &cb, out)
-                })?;
-                drop((wa, wb));
-                cast(&CpuStorage::F32(r), &Layout::contiguous(&[n]), self.dtype())
-            }
-            (other, _) => Err(unsupported("matmul", other.dtype(), FLOAT_HINT)),
-        }
+        float_dispatch!("matmul", self.dtype(), FLOAT_HINT, (T, X) => {
+            let (a, la) = read_as::<T>(self, layout)?;
+            let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
+            let computed = buffer_of::<T>(n, |out| matmul_into(&a, &la, &b, &lb, out))?;
+            drop((a, b));
+            finish::<T, X>(computed)
+        })
     }
 }
 

@@ -24,13 +24,12 @@ use super::{
 use crate::dtype::DType;
 use crate::ops::copy::CopyOps;
 use crate::ops::cpu_dispatch::{
-    dense, dense_mut, dense_opt, float_kernel, in_pool, wrap, zeros, Narrow,
+    dense, dense_mut, dense_opt, float_dispatch, float_kernel, in_pool, wrap, zeros, Narrow,
 };
 use crate::ops::KernelFloat;
 use crate::seam::{GradMask, InputGrads, Strided};
 use crate::storage::{HostBuffer, HostElement};
 use crate::{CpuStorage, Error, Layout, Result};
-use half::{bf16, f16};
 
 impl NormOps for CpuStorage {
     fn batch_norm_train(
@@ -129,40 +128,9 @@ fn layer_norm_shape(shape: &[usize], normalized_dims: usize) -> Result<LayerNorm
     Ok(LayerNormShape::new(shape, &shape[shape.len() - k..])?)
 }
 
-/// Runs `$body` with `$T` the compute type and `$X` the tensor element type of `$dtype`:
-/// `(f32, f32)`, `(f64, f64)`, `(f32, f16)`, `(f32, bf16)`; other dtypes are an error.
-macro_rules! bn_kernel {
-    ($op:expr, $dtype:expr, ($T:ident, $X:ident) => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                type $X = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                type $X = f64;
-                $body
-            }
-            DType::F16 => {
-                type $T = f32;
-                type $X = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = f32;
-                type $X = bf16;
-                $body
-            }
-            other => Err(Error::UnsupportedDType {
-                op: $op,
-                dtype: other,
-                hint: "batch_norm runs on floating-point tensors; convert with \
-                       to_dtype(DType::F32) first",
-            }),
-        }
-    };
-}
+/// The hint of batch norm's unsupported-dtype error.
+const BATCH_NORM_HINT: &str =
+    "batch_norm runs on floating-point tensors; convert with to_dtype(DType::F32) first";
 
 fn dtype_of(s: &Option<Strided<'_, CpuStorage>>) -> Option<DType> {
     s.map(|s| s.0.dtype())
@@ -204,7 +172,7 @@ fn batch_norm_train(
                 var: (&mut var, &c),
                 momentum: r.momentum,
             };
-            let out = bn_kernel!(OP, dtype, (T, X) => {
+            let out = float_dispatch!(OP, dtype, BATCH_NORM_HINT, (T, X) => {
                 train_in::<T, X>(x, weight, bias, Some(wide), eps, &shape)
             })?;
             mean.to_dtype(&c, params)?
@@ -213,7 +181,7 @@ fn batch_norm_train(
             vectors_to(out, dtype, params)
         }
         running => {
-            let out = bn_kernel!(OP, dtype, (T, X) => {
+            let out = float_dispatch!(OP, dtype, BATCH_NORM_HINT, (T, X) => {
                 train_in::<T, X>(x, weight, bias, running, eps, &shape)
             })?;
             vectors_to(out, dtype, params)
@@ -273,7 +241,7 @@ fn batch_norm_eval(
         dtype,
         [dtype_of(&weight), dtype_of(&bias), stats[0], stats[1]],
     )?;
-    bn_kernel!(OP, dtype, (T, X) => {
+    float_dispatch!(OP, dtype, BATCH_NORM_HINT, (T, X) => {
         let input = dense::<X>(OP, x)?;
         let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
         let (mean, var) = (dense::<T>(OP, running[0])?, dense::<T>(OP, running[1])?);
@@ -307,7 +275,7 @@ fn batch_norm_backward(
     }
     .map(|s| Some(s.0.dtype()));
     let params = batch_norm_param_dtype(OP, dtype, [dtype_of(&weight), s0, s1])?;
-    let grads = bn_kernel!(OP, dtype, (T, X) => backward_in::<T, X>(grad, x, weight, stats, mask))?;
+    let grads = float_dispatch!(OP, dtype, BATCH_NORM_HINT, (T, X) => backward_in::<T, X>(grad, x, weight, stats, mask))?;
     vectors_to(grads, dtype, params)
 }
 
