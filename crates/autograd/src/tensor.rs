@@ -12,7 +12,7 @@ use crate::autograd::grad_mode::is_grad_enabled;
 use crate::autograd::graph::{BackwardFn, Edge, Node};
 use crate::error::{arg_err, dtype_err, shape_err};
 use crate::{Error, Result};
-use kiln_device::{BackendStorage, CpuStorage, DType, Device, Element, Layout, Storage};
+use kiln_device::{prelude::*, CpuStorage, DType, Device, Element, Layout, Storage};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -11,10 +11,10 @@
 #![cfg(feature = "cuda")]
 
 use kiln_device::ops::reduce::plan::{plan, Read, ReducePlan};
+use kiln_device::prelude::*;
 use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
 use kiln_device::{
-    BackendStorage, BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp,
-    UnaryOp,
+    BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp, UnaryOp,
 };
 
 const OPS: [ReduceOp; 5] = [

@@ -4,8 +4,9 @@
 //! the host). Skips without a GPU (`cuda_device_or_skip`).
 #![cfg(feature = "cuda")]
 
+use kiln_device::prelude::*;
 use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
-use kiln_device::{BackendStorage, CpuStorage, CudaStorage, DType, Device, Error, Layout};
+use kiln_device::{CpuStorage, CudaStorage, DType, Device, Error, Layout};
 
 fn values(n: usize, dtype: DType) -> CpuStorage {
     let v: Vec<f64> = (0..n)

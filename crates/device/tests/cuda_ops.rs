@@ -6,10 +6,10 @@
 //! skip; with `KILN_REQUIRE_CUDA=1` it fails instead.
 #![cfg(feature = "cuda")]
 
+use kiln_device::prelude::*;
 use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
 use kiln_device::{
-    BackendStorage, BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp,
-    UnaryOp,
+    BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp, UnaryOp,
 };
 
 const ALL: [DType; 7] = [
