@@ -21,7 +21,7 @@ use super::{
     batch_ranges, clip_coef, plan_chunks, AdamHyper, AdamOperands, Chunk, HostNorm, MultiTensorOps,
     NormKind, Operand, OperandMut, SgdHyper, SgdOperands, CHUNK_ELEMS,
 };
-use crate::{BackendStorage, CpuStorage, DType, Error, Result};
+use crate::{CpuStorage, DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 

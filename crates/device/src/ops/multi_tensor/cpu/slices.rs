@@ -6,7 +6,7 @@
 
 use crate::ops::multi_tensor::{Operand, OperandMut};
 use crate::ops::{KernelError, KernelFloat};
-use crate::{BackendStorage, CpuStorage, DType, Error, Layout, Result};
+use crate::{CpuStorage, DType, Error, Layout, Result};
 use half::{bf16, f16};
 
 /// A read-only view of one float tensor's elements.

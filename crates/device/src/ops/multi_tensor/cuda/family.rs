@@ -18,7 +18,7 @@ use super::{
 use crate::ops::multi_tensor::{
     AdamHyper, AdamOperands, MultiTensorOps, NormKind, Operand, OperandMut, SgdHyper, SgdOperands,
 };
-use crate::{BackendStorage, CudaStorage, DType, Device, Error, Result};
+use crate::{CudaStorage, DType, Device, Error, Result};
 
 /// A global norm on a CUDA device: the `[total_norm, clip_coef]` pair the norm kernel wrote,
 /// in a two-float buffer of that device that nothing reads back until asked.
