@@ -2,7 +2,7 @@
 //! programs can run it: [`train`] takes a [`TrainConfig`] and a [`Observer`] (the example's
 //! progress bar) and runs every practice of the guide in one loop:
 //!
-//! - a [`SmallResNet`] (CIFAR stem) sized by [`ModelConfig`], its summary and training memory
+//! - a `ResNet` (CIFAR stem) sized by [`ModelConfig`], its summary and training memory
 //!   plan, and the batch size the plan allows on the device (capped);
 //! - the backbone frozen for the first `freeze_epochs` epochs, then trained with its own, smaller
 //!   learning rate (two AdamW parameter groups, shared weight decay);
@@ -23,13 +23,14 @@ pub mod checkpoint;
 pub mod model;
 mod predict;
 
-pub use model::{ModelConfig, SmallResNet};
+pub use model::ModelConfig;
 pub use predict::{predict, top_k};
 
 use checkpoint::{ModelInfo, Progress, Saved};
 use kiln_autograd::{no_grad, AutocastGuard, DType, Device, Module};
 use kiln_data::{DataLoader, DataLoaderConfig, DataSource};
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
+use kiln_models::models::ResNet;
 use kiln_models::{Freeze, Layer, LayerExt, OptimizerKind};
 use kiln_optim::{
     clip_grad_norm_, AdamOptions, AdamW, GradScaler, GradScalerOptions, GradScalerState, Optimizer,
@@ -238,7 +239,7 @@ pub struct Outcome {
     /// The loss of every batch this call trained (not the resumed part), for comparisons.
     pub batch_losses: Vec<f64>,
     /// The trained model.
-    pub model: SmallResNet,
+    pub model: ResNet,
     /// The checkpoint file.
     pub checkpoint: PathBuf,
     /// The loss scaler's final state (f16 `amp` runs only).
@@ -302,7 +303,7 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
         normalize: config.data.normalize(&train_set)?,
     };
     kiln_autograd::manual_seed(config.seed);
-    let mut model = SmallResNet::new(info.config)?;
+    let mut model = info.config.build()?;
     let resumed = if resuming {
         Some(checkpoint::resume(&model, &ckpt_path)?)
     } else {
@@ -561,7 +562,7 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcom
 
 /// Mean loss and accuracy over `loader`, under `no_grad` in eval mode (BatchNorm uses its
 /// running statistics); the model is back in training mode afterwards.
-pub fn evaluate(model: &mut SmallResNet, loader: &mut DataLoader) -> Result<(f64, f64)> {
+pub fn evaluate(model: &mut ResNet, loader: &mut DataLoader) -> Result<(f64, f64)> {
     model.eval();
     let ce = CrossEntropyOptions::default();
     let result = no_grad(|| -> Result<(f64, f64)> {

@@ -4,7 +4,7 @@ use kiln::models::LayerExt;
 
 /// Every state-dict tensor of `model` as the bit patterns of its values (as f64), by name: two
 /// models are bit-identical when these are equal.
-pub fn bits(model: &kiln::recipe::SmallResNet) -> Vec<(String, Vec<u64>)> {
+pub fn bits(model: &kiln::models::models::ResNet) -> Vec<(String, Vec<u64>)> {
     model
         .state_dict()
         .into_iter()
