@@ -9,6 +9,7 @@
 
 mod autocast;
 mod autograd;
+mod creation;
 mod custom_op;
 mod error;
 mod inplace;
