@@ -9,6 +9,7 @@
 
 mod autocast;
 mod autograd;
+mod creation;
 mod custom_op;
 mod error;
 mod inplace;
@@ -18,6 +19,7 @@ mod ops;
 mod random;
 mod raw_access;
 mod tensor;
+pub mod testing;
 mod view;
 
 pub use autocast::{autocast, autocast_dtype, AutocastGuard};

@@ -1,11 +1,13 @@
-//! The one way tests get a CUDA device.
+//! The one way tests get a CUDA device, and the device-level helpers every test suite shares
+//! (the devices a both-devices test runs over, storages built from and read back as `f64`).
 //!
 //! A GPU test starts with `let Some(dev) = kiln_device::testing::cuda_device_or_skip() else {
 //! return };`. Where no device is usable it prints why and the test passes as a skip; with
 //! `KILN_REQUIRE_CUDA=1` (set by the GPU run script) it panics with the reason instead, so a GPU
 //! run can never pass by skipping everything.
 
-use crate::Device;
+use crate::prelude::*;
+use crate::{CpuStorage, DType, Device, Layout, Result};
 
 /// Name of the env var that turns skips into failures.
 pub const REQUIRE_CUDA_VAR: &str = "KILN_REQUIRE_CUDA";
@@ -47,6 +49,29 @@ pub fn cuda_device_or_skip() -> Option<Device> {
     }
 }
 
+/// The devices a both-devices test runs over: the CPU always, and `cuda:0` when
+/// [`cuda_device_or_skip`] finds it usable (so without a GPU the CUDA half skips, or fails
+/// under `KILN_REQUIRE_CUDA=1`). A test checks every device against the same reference values,
+/// so a GPU run compares CUDA results with what the CPU must produce.
+pub fn devices() -> Vec<Device> {
+    let mut devices = vec![Device::Cpu];
+    devices.extend(cuda_device_or_skip());
+    devices
+}
+
+/// `values` as a contiguous CPU storage of `dtype` (cast as `to_dtype` casts).
+pub fn cpu_values(values: Vec<f64>, dtype: DType) -> Result<CpuStorage> {
+    let n = values.len();
+    CpuStorage::from_vec(values).to_dtype(&Layout::contiguous(&[n]), dtype)
+}
+
+/// Every element of a contiguous storage on any device, read back to the host as `f64`.
+pub fn host_f64<S: BackendStorage>(storage: &S) -> Result<Vec<f64>> {
+    Ok(storage
+        .to_cpu(&Layout::contiguous(&[storage.len()]))?
+        .to_f64_vec())
+}
+
 /// The tolerances a device's result must meet against the CPU reference, per dtype: the one
 /// place they are written down. A value `got` matches `want` when
 /// `|got - want| <= atol + rtol * |want|` (NaN matches NaN, infinities must be equal).
@@ -55,8 +80,7 @@ pub fn cuda_device_or_skip() -> Option<Device> {
 /// tolerances cover a different summation order (tree vs sequential) and device math functions
 /// that differ from the host libm by a few ulps; for f16/bf16 they are one unit in the last
 /// place of the type, since both sides round the same f32 value but that value may differ.
-pub fn tolerance(dtype: crate::DType) -> (f64, f64) {
-    use crate::DType;
+pub fn tolerance(dtype: DType) -> (f64, f64) {
     match dtype {
         DType::F64 => (1e-12, 1e-12),
         DType::F32 => (1e-5, 1e-5),
@@ -79,10 +103,10 @@ pub fn tolerance(dtype: crate::DType) -> (f64, f64) {
 /// `C_in / groups * kH * kW`), its input gradient adds up to `kH * kW` column gradients that the
 /// GEMM rounded (`terms` = `C_out / groups * kH * kW`); the weight and bias gradients round
 /// once, so they use `terms` = 1.
-pub fn sum_tolerance(dtype: crate::DType, terms: usize) -> (f64, f64) {
+pub fn sum_tolerance(dtype: DType, terms: usize) -> (f64, f64) {
     let (atol, rtol) = tolerance(dtype);
     match dtype {
-        crate::DType::F16 | crate::DType::BF16 => (atol * terms.max(1) as f64, rtol),
+        DType::F16 | DType::BF16 => (atol * terms.max(1) as f64, rtol),
         _ => (atol, rtol),
     }
 }
@@ -117,8 +141,15 @@ mod tests {
     }
 
     #[test]
+    fn cpu_values_round_trip_through_host_f64() {
+        let s = cpu_values(vec![1.5, -2.0, 3.25], DType::F32).unwrap();
+        assert_eq!(s.dtype(), DType::F32);
+        assert_eq!(host_f64(&s).unwrap(), vec![1.5, -2.0, 3.25]);
+        assert_eq!(devices()[0], Device::Cpu);
+    }
+
+    #[test]
     fn sum_tolerance_scales_only_16_bit_atol() {
-        use crate::DType;
         assert_eq!(sum_tolerance(DType::BF16, 27), (8e-3 * 27.0, 8e-3));
         assert_eq!(sum_tolerance(DType::F16, 0), tolerance(DType::F16));
         assert_eq!(sum_tolerance(DType::F32, 27), tolerance(DType::F32));

@@ -10,12 +10,13 @@
 //! skip; with `KILN_REQUIRE_CUDA=1` it fails instead.
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::{assert_match, both};
 use kiln_device::ops::reduce::plan::{plan, Read, ReducePlan};
 use kiln_device::prelude::*;
-use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
-use kiln_device::{
-    BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp, UnaryOp,
-};
+use kiln_device::testing::cuda_device_or_skip;
+use kiln_device::{BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Layout, ReduceOp, UnaryOp};
 
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
@@ -37,35 +38,13 @@ fn values(n: usize, dtype: DType) -> CpuStorage {
 }
 
 fn to_dtype(v: Vec<f64>, dtype: DType) -> CpuStorage {
-    let n = v.len();
-    CpuStorage::from_vec(v)
-        .to_dtype(&Layout::contiguous(&[n]), dtype)
-        .unwrap()
-}
-
-fn both(dev: Device, cpu: &CpuStorage) -> (CpuStorage, CudaStorage) {
-    (cpu.clone(), CudaStorage::from_cpu(dev, cpu).unwrap())
+    kiln_device::testing::cpu_values(v, dtype).unwrap()
 }
 
 /// The device's plan for `n_out` outputs of `r` elements read as `read`.
 fn device_plan(read: Read, n_out: usize, r: usize) -> ReducePlan {
     let sms = kiln_device::cuda_status().devices()[0].sm_count;
     plan(read, n_out as u64, r as u64, sms)
-}
-
-/// Asserts the CUDA result equals the CPU result within the dtype's tolerance.
-fn assert_match(what: &str, cpu: &CpuStorage, cuda: &CudaStorage) {
-    assert_eq!(cpu.dtype(), cuda.dtype(), "{what}: dtype");
-    let got = cuda
-        .to_cpu(&Layout::contiguous(&[cuda.len()]))
-        .unwrap()
-        .to_f64_vec();
-    let want = cpu.to_f64_vec();
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let tol = tolerance(cpu.dtype());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(close(*g, *w, tol), "{what}[{i}]: cuda {g} vs cpu {w}");
-    }
 }
 
 /// Every reduction of `dims` of `l`, CUDA against CPU (arg ops only for one dim).

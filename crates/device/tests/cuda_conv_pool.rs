@@ -8,56 +8,29 @@
 //! must match exactly (widening to f32 is exact, so the f32 argmax is the 16-bit one).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use kiln_device::ops::conv::{Conv2dGeometry, Conv2dParams};
 use kiln_device::ops::pool::{
     AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, AvgPool2dParams, MaxPool2dGeometry,
     MaxPool2dParams,
 };
 use kiln_device::prelude::*;
-use kiln_device::testing::{close, cuda_device_or_skip, sum_tolerance, tolerance};
-use kiln_device::{CpuStorage, CudaStorage, DType, Device, GradMask, Layout, Pool2d};
+use kiln_device::testing::{cuda_device_or_skip, sum_tolerance, tolerance};
+use kiln_device::GradMask;
+use kiln_device::{CpuStorage, CudaStorage, DType, Layout, Pool2d};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
+use common::{gpu, widened as reference_input};
+
 fn values(n: usize, dtype: DType, seed: usize) -> CpuStorage {
-    let v: Vec<f64> = (0..n)
-        .map(|i| ((i * 37 + seed * 11) % 29) as f64 * 0.21 - 2.5)
-        .collect();
-    CpuStorage::from_vec(v)
-        .to_dtype(&Layout::contiguous(&[n]), dtype)
-        .unwrap()
-}
-
-fn gpu(dev: Device, c: &CpuStorage) -> CudaStorage {
-    CudaStorage::from_cpu(dev, c).unwrap()
-}
-
-/// The CPU operand of the reference: 16-bit values widened (exactly) to f32, others as they are.
-fn reference_input(c: &CpuStorage) -> CpuStorage {
-    match c.dtype() {
-        DType::F16 | DType::BF16 => c
-            .to_dtype(&Layout::contiguous(&[c.len()]), DType::F32)
-            .unwrap(),
-        _ => c.clone(),
-    }
+    common::pattern(n, dtype, seed, 0.21, -2.5)
 }
 
 /// `got` (of `dtype`) against the reference within `tol`, with the margin of a few rounded steps.
 fn assert_near(what: &str, want: &CpuStorage, got: &CudaStorage, dtype: DType, tol: (f64, f64)) {
-    assert_eq!(got.dtype(), dtype, "{what}: dtype");
-    let g = got
-        .to_cpu(&Layout::contiguous(&[got.len()]))
-        .unwrap()
-        .to_f64_vec();
-    let w = want.to_f64_vec();
-    assert_eq!(g.len(), w.len(), "{what}: length");
-    let (atol, rtol) = (4.0 * tol.0, 4.0 * tol.1);
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!(
-            close(*a, *b, (atol, rtol)),
-            "{what}[{i}]: cuda {a} vs cpu {b}"
-        );
-    }
+    common::assert_storage_close(what, want, got, dtype, (4.0 * tol.0, 4.0 * tol.1));
 }
 
 #[test]

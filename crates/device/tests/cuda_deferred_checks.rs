@@ -4,16 +4,16 @@
 //! eager switch are per process. Skips without a GPU (`cuda_device_or_skip`).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use kiln_device::cuda::deferred_check_stats;
 use kiln_device::ops::loss::{CrossEntropyShape, CrossEntropySpec, TargetKind};
 use kiln_device::prelude::*;
 use kiln_device::testing::cuda_device_or_skip;
+use kiln_device::Layout;
 use kiln_device::{set_eager_checks, synchronize, CpuStorage, CudaStorage, Error};
-use kiln_device::{Device, Layout};
 
-fn gpu(dev: Device, c: &CpuStorage) -> CudaStorage {
-    CudaStorage::from_cpu(dev, c).unwrap()
-}
+use common::gpu;
 
 fn host(s: &CudaStorage) -> Result<Vec<f32>, Error> {
     Ok(s.to_cpu(&Layout::contiguous(&[s.len()]))?

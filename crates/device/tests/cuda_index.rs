@@ -5,34 +5,15 @@
 #![cfg(feature = "cuda")]
 
 use kiln_device::prelude::*;
-use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
-use kiln_device::{CpuStorage, CudaStorage, DType, Device, Error, Layout};
+mod common;
+
+use kiln_device::testing::cuda_device_or_skip;
+use kiln_device::{CpuStorage, CudaStorage, DType, Error, Layout};
+
+use common::{assert_match, gpu};
 
 fn values(n: usize, dtype: DType) -> CpuStorage {
-    let v: Vec<f64> = (0..n)
-        .map(|i| ((i * 37 + 11) % 29) as f64 * 0.5 - 6.0)
-        .collect();
-    CpuStorage::from_vec(v)
-        .to_dtype(&Layout::contiguous(&[n]), dtype)
-        .unwrap()
-}
-
-fn gpu(dev: Device, c: &CpuStorage) -> CudaStorage {
-    CudaStorage::from_cpu(dev, c).unwrap()
-}
-
-fn assert_match(what: &str, want: &CpuStorage, got: &CudaStorage) {
-    assert_eq!(want.dtype(), got.dtype(), "{what}: dtype");
-    let g = got
-        .to_cpu(&Layout::contiguous(&[got.len()]))
-        .unwrap()
-        .to_f64_vec();
-    let w = want.to_f64_vec();
-    assert_eq!(g.len(), w.len(), "{what}: length");
-    let tol = tolerance(want.dtype());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!(close(*a, *b, tol), "{what}[{i}]: cuda {a} vs cpu {b}");
-    }
+    common::pattern(n, dtype, 1, 0.5, -6.0)
 }
 
 /// The CPU's eager error and the CUDA op's: at the op in eager mode, else (deferred) at the

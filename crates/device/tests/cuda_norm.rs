@@ -9,34 +9,19 @@
 #![cfg(feature = "cuda")]
 
 use kiln_device::prelude::*;
-use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
+mod common;
+
+use kiln_device::testing::{cuda_device_or_skip, tolerance};
 use kiln_device::{
     BatchNormStats, CpuStorage, CudaStorage, DType, Device, GradMask, Layout, RunningStatsMut,
 };
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
+use common::{gpu, widened as reference};
+
 fn values(n: usize, dtype: DType, seed: usize) -> CpuStorage {
-    let v: Vec<f64> = (0..n)
-        .map(|i| ((i * 37 + seed * 11) % 29) as f64 * 0.21 - 2.5)
-        .collect();
-    CpuStorage::from_vec(v)
-        .to_dtype(&Layout::contiguous(&[n]), dtype)
-        .unwrap()
-}
-
-fn gpu(dev: Device, c: &CpuStorage) -> CudaStorage {
-    CudaStorage::from_cpu(dev, c).unwrap()
-}
-
-/// The CPU operand of the reference: 16-bit values widened (exactly) to f32, others as they are.
-fn reference(c: &CpuStorage) -> CpuStorage {
-    match c.dtype() {
-        DType::F16 | DType::BF16 => c
-            .to_dtype(&Layout::contiguous(&[c.len()]), DType::F32)
-            .unwrap(),
-        _ => c.clone(),
-    }
+    common::pattern(n, dtype, seed, 0.21, -2.5)
 }
 
 /// A CUDA result back on the CPU, widened like [`reference`].
@@ -46,20 +31,8 @@ fn reference_of(g: &CudaStorage) -> CpuStorage {
 
 /// `got` (of `dtype`) against the reference within the dtype's tolerance, with a margin of 4.
 fn assert_near(what: &str, want: &CpuStorage, got: &CudaStorage, dtype: DType) {
-    assert_eq!(got.dtype(), dtype, "{what}: dtype");
-    let g = got
-        .to_cpu(&Layout::contiguous(&[got.len()]))
-        .unwrap()
-        .to_f64_vec();
-    let w = want.to_f64_vec();
-    assert_eq!(g.len(), w.len(), "{what}: length");
     let (atol, rtol) = tolerance(dtype);
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!(
-            close(*a, *b, (4.0 * atol, 4.0 * rtol)),
-            "{what}[{i}]: cuda {a} vs cpu {b}"
-        );
-    }
+    common::assert_storage_close(what, want, got, dtype, (4.0 * atol, 4.0 * rtol));
 }
 
 #[test]

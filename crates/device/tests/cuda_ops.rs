@@ -7,7 +7,9 @@
 #![cfg(feature = "cuda")]
 
 use kiln_device::prelude::*;
-use kiln_device::testing::{close, cuda_device_or_skip, tolerance};
+mod common;
+
+use kiln_device::testing::{close, cuda_device_or_skip};
 use kiln_device::{
     BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp, UnaryOp,
 };
@@ -23,33 +25,11 @@ const ALL: [DType; 7] = [
 ];
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
+use common::{assert_match, both};
+
 /// `n` varied values (negatives, fractions, a zero) as `dtype` on the CPU.
 fn values(n: usize, dtype: DType) -> CpuStorage {
-    let v: Vec<f64> = (0..n)
-        .map(|i| ((i * 37 + 11) % 29) as f64 * 0.37 - 4.0)
-        .collect();
-    CpuStorage::from_vec(v)
-        .to_dtype(&Layout::contiguous(&[n]), dtype)
-        .unwrap()
-}
-
-fn both(dev: Device, cpu: &CpuStorage) -> (CpuStorage, CudaStorage) {
-    (cpu.clone(), CudaStorage::from_cpu(dev, cpu).unwrap())
-}
-
-/// Asserts the CUDA result equals the CPU result within the dtype's tolerance.
-fn assert_match(what: &str, cpu: &CpuStorage, cuda: &CudaStorage) {
-    assert_eq!(cpu.dtype(), cuda.dtype(), "{what}: dtype");
-    let got = cuda
-        .to_cpu(&Layout::contiguous(&[cuda.len()]))
-        .unwrap()
-        .to_f64_vec();
-    let want = cpu.to_f64_vec();
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let tol = tolerance(cpu.dtype());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(close(*g, *w, tol), "{what}[{i}]: cuda {g} vs cpu {w}");
-    }
+    common::pattern(n, dtype, 1, 0.37, -4.0)
 }
 
 /// Views of a `[4, 6]` buffer of 24 elements: contiguous, transposed, narrowed, broadcast.

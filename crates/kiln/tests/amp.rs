@@ -3,7 +3,9 @@
 //! One test in this file: the recipe seeds kiln's process-wide generator, so two runs must not
 //! overlap in one process.
 
-use kiln::data::DataSource;
+mod common;
+
+use common::tiny_config;
 use kiln::device::DType;
 use kiln::models::checkpoint::load_tensors;
 use kiln::models::LayerExt;
@@ -11,22 +13,11 @@ use kiln::recipe::{train, Quiet, TrainConfig};
 
 fn config(run_dir: std::path::PathBuf, amp_dtype: DType) -> TrainConfig {
     TrainConfig {
-        epochs: 2,
-        batch_size: Some(16),
-        lr: 1e-2,
-        run_dir,
-        data: DataSource::Synthetic {
-            train_len: 96,
-            val_len: 16,
-        },
         freeze_epochs: 0,
         augment: false,
-        width: 4,
-        prefetch_batches: 1,
-        seed: 3,
         amp: true,
         amp_dtype,
-        ..TrainConfig::default()
+        ..tiny_config(run_dir, 3, (96, 16))
     }
 }
 

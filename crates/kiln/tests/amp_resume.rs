@@ -8,34 +8,22 @@
 
 mod common;
 
-use common::{assert_same_bits, bits};
-use kiln::data::DataSource;
+use common::{assert_same_bits, bits, tiny_config};
 use kiln::device::DType;
 use kiln::optim::GradScalerOptions;
 use kiln::recipe::{train, Quiet, TrainConfig};
 
 fn config(run_dir: std::path::PathBuf) -> TrainConfig {
     TrainConfig {
-        epochs: 2,
-        batch_size: Some(16),
-        lr: 1e-2,
-        run_dir,
-        data: DataSource::Synthetic {
-            train_len: 64,
-            val_len: 16,
-        },
         freeze_epochs: 0,
         augment: false,
-        width: 4,
-        prefetch_batches: 1,
-        seed: 11,
         amp: true,
         amp_dtype: DType::F16,
         grad_scaler: GradScalerOptions {
             growth_interval: 2,
             ..GradScalerOptions::default()
         },
-        ..TrainConfig::default()
+        ..tiny_config(run_dir, 11, (64, 16))
     }
 }
 

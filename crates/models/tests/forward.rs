@@ -2,6 +2,8 @@
 //! logits; encoder layers match `nn.TransformerEncoderLayer`; training-mode BatchNorm updates its
 //! buffers; a frozen backbone gets no gradient.
 
+mod common;
+
 use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
 use kiln_models::layers::{
     Activation, AttentionMasks, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d,
@@ -252,15 +254,7 @@ fn a_frozen_resnet_backbone_gets_no_gradient_and_saves_less() {
     m.freeze(|n| !n.starts_with("fc.")).unwrap();
     let frozen = plan(&m, &[3, 16, 16], DType::F32, OptimizerKind::AdamW).unwrap();
     let x = Tensor::randn(&[2, 3, 16, 16], DType::F32, Device::Cpu).unwrap();
-    m.forward(&x)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    for (name, p) in m.named_parameters() {
-        assert_eq!(p.grad().is_some(), name.starts_with("fc."), "{name}");
-    }
+    common::assert_only_head_gets_gradients(&m, &x, "fc.");
     // Only fc's input (the pooled features, 512 floats per sample) is kept.
     assert_eq!(frozen.saved_activation_bytes_per_sample, 512 * 4);
     assert!(

@@ -1,6 +1,8 @@
 //! Freezing by name, and the training memory plan.
 
-use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
+mod common;
+
+use kiln_autograd::{manual_seed, DType, Device, Tensor};
 use kiln_models::models::{mlp, resnet18};
 use kiln_models::{max_batch_size, plan, summary, Error, Freeze, Layer, OptimizerKind};
 
@@ -16,15 +18,7 @@ fn a_frozen_backbone_gets_no_gradient() {
         .collect();
     assert_eq!(trainable, ["4.weight", "4.bias"]);
     let x = Tensor::randn(&[5, 4], DType::F32, Device::Cpu).unwrap();
-    m.forward(&x)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    for (name, p) in m.named_parameters() {
-        assert_eq!(p.grad().is_some(), name.starts_with("4."), "{name}");
-    }
+    common::assert_only_head_gets_gradients(&m, &x, "4.");
     // Summary shows the frozen part as non-trainable.
     let s = summary(&m, &[5, 4]).unwrap();
     assert_eq!(s.total_params, 4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2);

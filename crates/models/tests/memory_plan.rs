@@ -2,29 +2,15 @@
 //! predicted peak vs `max_memory_allocated`. Its own test binary (one test) because the CPU
 //! allocator is process-wide and other tests would move its peak.
 
+mod common;
+
+use common::{
+    assert_within_ten_percent, momentum_buffers, sgd_momentum_step as step, steady_state_peak,
+};
 use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
 use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
 use kiln_models::models::mlp;
-use kiln_models::{plan, Freeze, Layer, OptimizerKind};
-
-/// One SGD-with-momentum step (momentum buffers allocated by the caller), as an optimizer does.
-fn step(model: &dyn Layer, momentum: &[Tensor], x: &Tensor) {
-    let loss = model
-        .forward(x)
-        .unwrap()
-        .square()
-        .unwrap()
-        .mean_all()
-        .unwrap();
-    loss.backward().unwrap();
-    let _g = kiln_autograd::NoGradGuard::new();
-    for (p, m) in model.parameters().iter().zip(momentum) {
-        let Some(g) = p.grad() else { continue };
-        m.mul_scalar_(0.9).unwrap();
-        m.add_(&g).unwrap();
-        p.add_scaled_(m, -0.01).unwrap();
-    }
-}
+use kiln_models::{plan, Freeze, OptimizerKind};
 
 #[test]
 fn predicted_peak_is_within_ten_percent_of_max_memory_allocated() {
@@ -32,27 +18,12 @@ fn predicted_peak_is_within_ten_percent_of_max_memory_allocated() {
     let cpu = Device::Cpu;
     let base = memory_allocated(cpu).unwrap();
     let model = mlp(&[128, 512, 512, 10], 0.0).unwrap();
-    let momentum: Vec<Tensor> = model
-        .parameters()
-        .iter()
-        .map(|p| p.zeros_like().unwrap())
-        .collect();
+    let momentum = momentum_buffers(&model);
     let p = plan(&model, &[128], DType::F32, OptimizerKind::SgdMomentum).unwrap();
     for batch in [256usize, 2048] {
         let x = Tensor::randn(&[batch, 128], DType::F32, cpu).unwrap();
-        step(&model, &momentum, &x); // gradients exist from here on, as in steady state
-        model.zero_grad(true).unwrap();
-        reset_peak_memory_stats(cpu).unwrap();
-        step(&model, &momentum, &x);
-        let measured = max_memory_allocated(cpu).unwrap() - base;
-        let predicted = p.peak_allocated_bytes(batch);
-        let ratio = predicted as f64 / measured as f64;
-        println!("batch {batch}: predicted {predicted} B, max_memory_allocated {measured} B, ratio {ratio:.3}");
-        assert!(
-            (0.9..=1.1).contains(&ratio),
-            "batch {batch}: ratio {ratio:.3}"
-        );
-        model.zero_grad(true).unwrap();
+        let measured = steady_state_peak(&model, &momentum, &x, base);
+        assert_within_ten_percent(batch, p.peak_allocated_bytes(batch), measured);
     }
 
     // Freezing the backbone: the measured peak drops, and the plan still predicts it.

@@ -2,29 +2,13 @@
 //! steps of torchvision's ResNet (BasicBlock, [1, 1, 1, 1], small-input stem) at two batch sizes.
 //! Its own test binary: the CPU allocator is process-wide.
 
-use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
-use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
+mod common;
+
+use common::{assert_within_ten_percent, momentum_buffers, steady_state_peak};
+use kiln_autograd::{manual_seed, DType, Device, Tensor};
+use kiln_device::memory_allocated;
 use kiln_models::models::{BlockKind, ResNet, ResNetConfig};
 use kiln_models::{plan, Freeze, Layer, OptimizerKind};
-
-/// One SGD-with-momentum step (the momentum buffers are the caller's), as an optimizer does.
-fn step(model: &dyn Layer, state: &[Tensor], x: &Tensor) {
-    let loss = model
-        .forward(x)
-        .unwrap()
-        .square()
-        .unwrap()
-        .mean_all()
-        .unwrap();
-    loss.backward().unwrap();
-    let _g = kiln_autograd::NoGradGuard::new();
-    for (p, m) in model.parameters().iter().zip(state) {
-        let Some(g) = p.grad() else { continue };
-        m.mul_scalar_(0.9).unwrap();
-        m.add_(&g).unwrap();
-        p.add_scaled_(m, -0.01).unwrap();
-    }
-}
 
 #[test]
 fn resnet_training_peak_is_within_ten_percent_of_the_plan() {
@@ -38,29 +22,14 @@ fn resnet_training_peak_is_within_ten_percent_of_the_plan() {
         small_input: true,
     })
     .unwrap();
-    let state: Vec<Tensor> = model
-        .parameters()
-        .iter()
-        .map(|p| p.zeros_like().unwrap())
-        .collect();
+    let state = momentum_buffers(&model);
     let p = plan(&model, &[3, 32, 32], DType::F32, OptimizerKind::SgdMomentum).unwrap();
     // Batch 2: the optimizer step's temporaries (two 512x512x3x3 weights) are the peak;
     // batch 32: the activations kept for backward are.
     for batch in [2usize, 32] {
         let x = Tensor::randn(&[batch, 3, 32, 32], DType::F32, cpu).unwrap();
-        step(&model, &state, &x); // gradients exist from here on, as in steady state
-        model.zero_grad(true).unwrap();
-        reset_peak_memory_stats(cpu).unwrap();
-        step(&model, &state, &x);
-        model.zero_grad(true).unwrap();
-        let measured = max_memory_allocated(cpu).unwrap() - base;
-        let predicted = p.peak_allocated_bytes(batch);
-        let ratio = predicted as f64 / measured as f64;
-        println!("batch {batch}: predicted {predicted} B, max_memory_allocated {measured} B, ratio {ratio:.3}");
-        assert!(
-            (0.9..=1.1).contains(&ratio),
-            "batch {batch}: ratio {ratio:.3}"
-        );
+        let measured = steady_state_peak(&model, &state, &x, base);
+        assert_within_ten_percent(batch, p.peak_allocated_bytes(batch), measured);
     }
 
     // Saved activations of a training forward (allocated after forward minus before, less the

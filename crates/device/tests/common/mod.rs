@@ -1,7 +1,9 @@
-//! Shared helpers of the kernel tests: fixture access, tolerances, a seeded generator and a
-//! central-difference gradient checker.
+//! Shared helpers of the kernel tests: fixture access, tolerances, a seeded generator, a
+//! central-difference gradient checker, and for the CUDA parity tests (`cuda_*.rs`) test data,
+//! uploads and CPU-vs-CUDA comparisons. The closeness rules themselves are kiln-testkit's.
 #![allow(dead_code)]
 
+use kiln_device::{testing, CpuStorage, DType};
 use serde_json::Value;
 
 /// Parses a fixture file's text.
@@ -73,17 +75,10 @@ pub fn pair(case: &Value, key: &str) -> [usize; 2] {
     ]
 }
 
-/// Asserts `|actual - expected| <= tol * (1 + |expected|)` elementwise, naming the first
-/// mismatch.
+/// Asserts `|actual - expected| <= tol * (1 + |expected|)` elementwise (finite values only),
+/// naming the first mismatch.
 pub fn assert_close<T: Copy + Into<f64>>(what: &str, actual: &[T], expected: &[f64], tol: f64) {
-    assert_eq!(actual.len(), expected.len(), "{what}: length");
-    for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
-        let a: f64 = a.into();
-        assert!(
-            (a - e).abs() <= tol * (1.0 + e.abs()),
-            "{what}: element {i}: got {a}, expected {e} (tol {tol})"
-        );
-    }
+    kiln_testkit::assert_close_finite(what, actual, expected, (tol, tol));
 }
 
 /// Tolerance for kernels run in `f64` against fixtures rounded to 12 significant digits.
@@ -133,25 +128,62 @@ pub fn check_gradient(
     analytic: &[f64],
     tol: f64,
 ) {
-    assert_eq!(x.len(), analytic.len(), "{what}: gradient length");
-    let h = 1e-6;
-    let mut probe = x.to_vec();
-    for i in 0..x.len() {
-        probe[i] = x[i] + h;
-        let up = f(&probe);
-        probe[i] = x[i] - h;
-        let down = f(&probe);
-        probe[i] = x[i];
-        let numeric = (up - down) / (2.0 * h);
-        assert!(
-            (numeric - analytic[i]).abs() <= tol * (1.0 + numeric.abs()),
-            "{what}: element {i}: analytic {}, numeric {numeric}",
-            analytic[i]
-        );
-    }
+    let (inputs, grads) = ([x.to_vec()], [analytic.to_vec()]);
+    kiln_testkit::gradcheck(what, &inputs, &grads, 1e-6, (tol, tol), |_, v| f(v));
 }
 
 /// `Σ a_i * b_i`.
 pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `n` varied values `((i * 37 + seed * 11) % 29) * step + offset` (negatives, fractions) as
+/// `dtype` on the CPU.
+pub fn pattern(n: usize, dtype: DType, seed: usize, step: f64, offset: f64) -> CpuStorage {
+    let v = (0..n)
+        .map(|i| ((i * 37 + seed * 11) % 29) as f64 * step + offset)
+        .collect();
+    testing::cpu_values(v, dtype).unwrap()
+}
+
+/// A copy of `c` on the CUDA device `dev`.
+#[cfg(feature = "cuda")]
+pub fn gpu(dev: kiln_device::Device, c: &CpuStorage) -> kiln_device::CudaStorage {
+    <kiln_device::CudaStorage as kiln_device::prelude::BufferOps>::from_cpu(dev, c).unwrap()
+}
+
+/// Asserts `got` is of `dtype` and matches `want` elementwise within `tol` (NaN matches NaN,
+/// infinities must be equal); the message names the first bad index.
+pub fn assert_storage_close<S: kiln_device::BackendStorage>(
+    what: &str,
+    want: &CpuStorage,
+    got: &S,
+    dtype: DType,
+    tol: (f64, f64),
+) {
+    assert_eq!(got.dtype(), dtype, "{what}: dtype");
+    let got = testing::host_f64(got).unwrap();
+    kiln_testkit::assert_close(what, &got, &want.to_f64_vec(), tol);
+}
+
+/// Asserts a CUDA result equals the CPU result within the dtype's
+/// [`testing::tolerance`].
+pub fn assert_match<S: kiln_device::BackendStorage>(what: &str, cpu: &CpuStorage, got: &S) {
+    let dtype = kiln_device::prelude::BufferOps::dtype(cpu);
+    assert_storage_close(what, cpu, got, dtype, testing::tolerance(dtype));
+}
+
+/// Both copies of `cpu`: itself and its upload to `dev`.
+#[cfg(feature = "cuda")]
+pub fn both(dev: kiln_device::Device, cpu: &CpuStorage) -> (CpuStorage, kiln_device::CudaStorage) {
+    (cpu.clone(), gpu(dev, cpu))
+}
+
+/// The CPU operand of a 16-bit reference: f16/bf16 values widened (exactly) to f32, others as
+/// they are.
+pub fn widened(c: &CpuStorage) -> CpuStorage {
+    match kiln_device::prelude::BufferOps::dtype(c) {
+        DType::F16 | DType::BF16 => testing::cpu_values(c.to_f64_vec(), DType::F32).unwrap(),
+        _ => c.clone(),
+    }
 }

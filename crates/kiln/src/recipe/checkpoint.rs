@@ -15,13 +15,14 @@
 //! are counter-based streams keyed by `(seed, epoch, sample)`, so `kiln.loader` (the epoch) and
 //! the seed are the whole random state of a run.
 
-use super::model::{ModelConfig, SmallResNet};
+use super::model::ModelConfig;
 use super::{Error, Result};
 use kiln_autograd::{Device, Tensor};
 use kiln_data::{LoaderState, Normalize};
 use kiln_models::checkpoint::{
     load_tensors, load_training_checkpoint, save_training_checkpoint, TrainingState,
 };
+use kiln_models::models::ResNet;
 use kiln_optim::{GradScalerState, StateDict};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::HashMap;
@@ -91,7 +92,7 @@ fn field<T: DeserializeOwned>(meta: &HashMap<String, String>, key: &str, path: &
 }
 
 /// Writes the checkpoint atomically (temporary file, fsync, rename).
-pub fn save(model: &SmallResNet, saved: &Saved<'_>, path: &Path) -> Result<()> {
+pub fn save(model: &ResNet, saved: &Saved<'_>, path: &Path) -> Result<()> {
     let mut optimizer = saved.optimizer.clone();
     let mut tensors = Vec::new();
     for (i, rec) in optimizer.state.iter_mut().enumerate() {
@@ -151,9 +152,9 @@ pub fn read_info(path: &Path) -> Result<ModelInfo> {
 
 /// Builds the model a checkpoint describes and loads its weights (strictly), in eval mode:
 /// what `predict` runs.
-pub fn load_model(path: &Path) -> Result<(SmallResNet, ModelInfo)> {
+pub fn load_model(path: &Path) -> Result<(ResNet, ModelInfo)> {
     let info = read_info(path)?;
-    let mut model = SmallResNet::new(info.config)?;
+    let mut model = info.config.build()?;
     load_training_checkpoint(&model, path, true)?;
     kiln_autograd::Module::eval(&mut model);
     Ok((model, info))
@@ -174,7 +175,7 @@ pub struct Resumed {
 }
 
 /// Loads `path` into `model` and returns the rest of the training state.
-pub fn resume(model: &SmallResNet, path: &Path) -> Result<Resumed> {
+pub fn resume(model: &ResNet, path: &Path) -> Result<Resumed> {
     let (_, state) = load_training_checkpoint(model, path, true)?;
     let meta = &state.metadata;
     let mut optimizer: StateDict = field(meta, "kiln.optimizer", path)?;

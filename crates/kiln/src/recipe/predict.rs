@@ -1,12 +1,13 @@
 //! Single-image inference: what the `predict` example runs.
 
-use super::{checkpoint, Result, SmallResNet};
+use super::{checkpoint, Result};
 use kiln_autograd::{no_grad, Device, Tensor};
+use kiln_models::models::ResNet;
 use kiln_models::Layer;
 
 /// One image `[C, H, W]` -> top-`k` `(class index, probability)`, under
 /// `no_grad` (the model should be in eval mode): what `predict` prints.
-pub fn top_k(model: &SmallResNet, image: &Tensor, k: usize) -> Result<Vec<(usize, f64)>> {
+pub fn top_k(model: &ResNet, image: &Tensor, k: usize) -> Result<Vec<(usize, f64)>> {
     let probs = no_grad(|| -> Result<Vec<f64>> {
         let logits = model.forward(&image.unsqueeze(0)?)?.squeeze_dim(0)?;
         Ok(logits.softmax(0)?.to_vec_f64()?)

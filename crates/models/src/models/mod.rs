@@ -9,6 +9,7 @@ pub use gpt::{Gpt, GptConfig};
 pub use mlp::mlp;
 pub use resnet::{
     resnet18, resnet34, resnet50, BasicBlock, BlockKind, Bottleneck, ResNet, ResNetConfig,
+    ResNetDims,
 };
 pub use vit::{Encoder, EncoderBlock, VisionTransformer, VitConfig};
 

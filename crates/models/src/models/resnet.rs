@@ -5,6 +5,8 @@
 //! `kaiming_normal_(mode="fan_out", nonlinearity="relu")` as torchvision does; stride sits on the
 //! 3x3 convolution of a bottleneck (ResNet v1.5). The small-input stem (CIFAR) replaces the 7x7
 //! stride-2 `conv1` by a 3x3 stride-1 one and drops the max-pool; parameter names stay the same.
+//! [`ResNetDims`] also sets the base width and the input channels (the training recipe's small
+//! grayscale or RGB networks); names follow the same rules whatever the dimensions.
 
 use crate::error::config_err;
 use crate::init;
@@ -37,6 +39,79 @@ fn downsample(in_ch: usize, out_ch: usize, stride: usize) -> Result<Option<Seque
     ))
 }
 
+/// The names of a block's convolutions and norms, by position in its branch.
+const CONV_NAMES: [&str; 3] = ["conv1", "conv2", "conv3"];
+const NORM_NAMES: [&str; 3] = ["bn1", "bn2", "bn3"];
+
+/// `relu(branch(x) + shortcut(x))`, where the branch runs each `(conv, bn)` pair with `relu`
+/// between pairs (not after the last) and the shortcut is `downsample` or the identity. Both
+/// block kinds are this; they differ only in their pairs and in the order of their children.
+fn residual_forward(
+    pairs: &[(&Conv2d, &BatchNorm2d)],
+    relu: &ReLU,
+    downsample: Option<&Sequential>,
+    x: &Tensor,
+) -> Result<Tensor> {
+    let mut out = x.clone();
+    for (i, (conv, bn)) in pairs.iter().enumerate() {
+        out = bn.forward(&conv.forward(&out)?)?;
+        if i + 1 < pairs.len() {
+            out = relu.forward(&out)?;
+        }
+    }
+    let identity = match downsample {
+        Some(d) => d.forward(x)?,
+        None => x.clone(),
+    };
+    relu.forward(&out.add(&identity)?)
+}
+
+/// [`residual_forward`] for the tracer; pair `i` is traced as `conv{i+1}` and `bn{i+1}`.
+fn residual_trace(
+    t: &mut Tracer,
+    pairs: &[(&Conv2d, &BatchNorm2d)],
+    relu: &ReLU,
+    downsample: Option<&Sequential>,
+    x: &Act,
+) -> Result<Act> {
+    let mut out = x.clone();
+    for (i, (conv, bn)) in pairs.iter().enumerate() {
+        out = t.call(CONV_NAMES[i], *conv, &out)?;
+        out = t.call(NORM_NAMES[i], *bn, &out)?;
+        if i + 1 < pairs.len() {
+            out = t.call("relu", relu, &out)?;
+        }
+    }
+    let identity = match downsample {
+        Some(d) => t.call("downsample", d, x)?,
+        None => x.clone(),
+    };
+    let sum = t.output(&[&out, &identity], out.shape(), out.dtype(), false);
+    t.call("relu", relu, &sum)
+}
+
+/// A block's children in registration order followed by `downsample` when present.
+fn with_downsample<'a>(
+    mut children: Vec<(String, &'a dyn Layer)>,
+    downsample: &'a Option<Sequential>,
+) -> Vec<(String, &'a dyn Layer)> {
+    if let Some(d) = downsample {
+        children.push(("downsample".into(), d));
+    }
+    children
+}
+
+/// [`with_downsample`] for mutable children.
+fn with_downsample_mut<'a>(
+    mut children: Vec<(String, &'a mut dyn Layer)>,
+    downsample: &'a mut Option<Sequential>,
+) -> Vec<(String, &'a mut dyn Layer)> {
+    if let Some(d) = downsample {
+        children.push(("downsample".into(), d));
+    }
+    children
+}
+
 /// The two-3x3-convolution residual block of ResNet-18/34 (expansion 1).
 #[derive(Debug)]
 pub struct BasicBlock {
@@ -56,6 +131,9 @@ pub struct BasicBlock {
 }
 
 impl BasicBlock {
+    /// Output channels per `planes` (torchvision's `expansion`).
+    pub const EXPANSION: usize = 1;
+
     /// A block from `in_ch` to `planes` channels.
     pub fn new(in_ch: usize, planes: usize, stride: usize) -> Result<Self> {
         Ok(BasicBlock {
@@ -80,57 +158,36 @@ impl Layer for BasicBlock {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let out = self
-            .relu
-            .forward(&self.bn1.forward(&self.conv1.forward(x)?)?)?;
-        let out = self.bn2.forward(&self.conv2.forward(&out)?)?;
-        let identity = match &self.downsample {
-            Some(d) => d.forward(x)?,
-            None => x.clone(),
-        };
-        self.relu.forward(&out.add(&identity)?)
+        let pairs = [(&self.conv1, &self.bn1), (&self.conv2, &self.bn2)];
+        residual_forward(&pairs, &self.relu, self.downsample.as_ref(), x)
     }
 
     fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
-        let out = t.call("conv1", &self.conv1, x)?;
-        let out = t.call("bn1", &self.bn1, &out)?;
-        let out = t.call("relu", &self.relu, &out)?;
-        let out = t.call("conv2", &self.conv2, &out)?;
-        let out = t.call("bn2", &self.bn2, &out)?;
-        let identity = match &self.downsample {
-            Some(d) => t.call("downsample", d, x)?,
-            None => x.clone(),
-        };
-        let sum = t.output(&[&out, &identity], out.shape(), out.dtype(), false);
-        t.call("relu", &self.relu, &sum)
+        let pairs = [(&self.conv1, &self.bn1), (&self.conv2, &self.bn2)];
+        residual_trace(t, &pairs, &self.relu, self.downsample.as_ref(), x)
     }
 
+    // torchvision registers `relu` right after `bn1` here (after `bn3` in `Bottleneck`).
     fn layers(&self) -> Vec<(String, &dyn Layer)> {
-        let mut v: Vec<(String, &dyn Layer)> = vec![
+        let children: Vec<(String, &dyn Layer)> = vec![
             ("conv1".into(), &self.conv1),
             ("bn1".into(), &self.bn1),
             ("relu".into(), &self.relu),
             ("conv2".into(), &self.conv2),
             ("bn2".into(), &self.bn2),
         ];
-        if let Some(d) = &self.downsample {
-            v.push(("downsample".into(), d));
-        }
-        v
+        with_downsample(children, &self.downsample)
     }
 
     fn layers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
-        let mut v: Vec<(String, &mut dyn Layer)> = vec![
+        let children: Vec<(String, &mut dyn Layer)> = vec![
             ("conv1".into(), &mut self.conv1),
             ("bn1".into(), &mut self.bn1),
             ("relu".into(), &mut self.relu),
             ("conv2".into(), &mut self.conv2),
             ("bn2".into(), &mut self.bn2),
         ];
-        if let Some(d) = &mut self.downsample {
-            v.push(("downsample".into(), d));
-        }
-        v
+        with_downsample_mut(children, &mut self.downsample)
     }
 
     layer_casts!();
@@ -159,19 +216,31 @@ pub struct Bottleneck {
 }
 
 impl Bottleneck {
+    /// Output channels per `planes` (torchvision's `expansion`).
+    pub const EXPANSION: usize = 4;
+
     /// A block from `in_ch` to `planes * 4` channels.
     pub fn new(in_ch: usize, planes: usize, stride: usize) -> Result<Self> {
+        let out_ch = planes * Self::EXPANSION;
         Ok(Bottleneck {
             conv1: conv(in_ch, planes, 1, 1)?,
             bn1: BatchNorm2d::new(planes)?,
             conv2: conv(planes, planes, 3, stride)?,
             bn2: BatchNorm2d::new(planes)?,
-            conv3: conv(planes, planes * 4, 1, 1)?,
-            bn3: BatchNorm2d::new(planes * 4)?,
+            conv3: conv(planes, out_ch, 1, 1)?,
+            bn3: BatchNorm2d::new(out_ch)?,
             relu: ReLU::new(),
-            downsample: downsample(in_ch, planes * 4, stride)?,
+            downsample: downsample(in_ch, out_ch, stride)?,
             training: true,
         })
+    }
+
+    fn pairs(&self) -> [(&Conv2d, &BatchNorm2d); 3] {
+        [
+            (&self.conv1, &self.bn1),
+            (&self.conv2, &self.bn2),
+            (&self.conv3, &self.bn3),
+        ]
     }
 }
 
@@ -185,39 +254,15 @@ impl Layer for Bottleneck {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let out = self
-            .relu
-            .forward(&self.bn1.forward(&self.conv1.forward(x)?)?)?;
-        let out = self
-            .relu
-            .forward(&self.bn2.forward(&self.conv2.forward(&out)?)?)?;
-        let out = self.bn3.forward(&self.conv3.forward(&out)?)?;
-        let identity = match &self.downsample {
-            Some(d) => d.forward(x)?,
-            None => x.clone(),
-        };
-        self.relu.forward(&out.add(&identity)?)
+        residual_forward(&self.pairs(), &self.relu, self.downsample.as_ref(), x)
     }
 
     fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
-        let out = t.call("conv1", &self.conv1, x)?;
-        let out = t.call("bn1", &self.bn1, &out)?;
-        let out = t.call("relu", &self.relu, &out)?;
-        let out = t.call("conv2", &self.conv2, &out)?;
-        let out = t.call("bn2", &self.bn2, &out)?;
-        let out = t.call("relu", &self.relu, &out)?;
-        let out = t.call("conv3", &self.conv3, &out)?;
-        let out = t.call("bn3", &self.bn3, &out)?;
-        let identity = match &self.downsample {
-            Some(d) => t.call("downsample", d, x)?,
-            None => x.clone(),
-        };
-        let sum = t.output(&[&out, &identity], out.shape(), out.dtype(), false);
-        t.call("relu", &self.relu, &sum)
+        residual_trace(t, &self.pairs(), &self.relu, self.downsample.as_ref(), x)
     }
 
     fn layers(&self) -> Vec<(String, &dyn Layer)> {
-        let mut v: Vec<(String, &dyn Layer)> = vec![
+        let children: Vec<(String, &dyn Layer)> = vec![
             ("conv1".into(), &self.conv1),
             ("bn1".into(), &self.bn1),
             ("conv2".into(), &self.conv2),
@@ -226,14 +271,11 @@ impl Layer for Bottleneck {
             ("bn3".into(), &self.bn3),
             ("relu".into(), &self.relu),
         ];
-        if let Some(d) = &self.downsample {
-            v.push(("downsample".into(), d));
-        }
-        v
+        with_downsample(children, &self.downsample)
     }
 
     fn layers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
-        let mut v: Vec<(String, &mut dyn Layer)> = vec![
+        let children: Vec<(String, &mut dyn Layer)> = vec![
             ("conv1".into(), &mut self.conv1),
             ("bn1".into(), &mut self.bn1),
             ("conv2".into(), &mut self.conv2),
@@ -242,10 +284,7 @@ impl Layer for Bottleneck {
             ("bn3".into(), &mut self.bn3),
             ("relu".into(), &mut self.relu),
         ];
-        if let Some(d) = &mut self.downsample {
-            v.push(("downsample".into(), d));
-        }
-        v
+        with_downsample_mut(children, &mut self.downsample)
     }
 
     layer_casts!();
@@ -260,7 +299,8 @@ pub enum BlockKind {
     Bottleneck,
 }
 
-/// What to build: block kind, blocks per stage, classes and stem.
+/// What to build: block kind, blocks per stage, classes and stem, at torchvision's 64 base
+/// planes and RGB input ([`ResNetDims`] makes those two parameters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResNetConfig {
     /// Block kind.
@@ -273,10 +313,34 @@ pub struct ResNetConfig {
     pub small_input: bool,
 }
 
-/// torchvision's `ResNet`.
+/// The two dimensions torchvision fixes, as parameters: stage `i` (from 0) has `width << i`
+/// planes and outputs `(width << i) * expansion` channels; the stem takes `in_channels`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResNetDims {
+    /// Planes of `layer1` and output channels of the stem.
+    pub width: usize,
+    /// Channels of the input image (3 for RGB, 1 for grayscale).
+    pub in_channels: usize,
+}
+
+impl ResNetDims {
+    /// torchvision's: 64 base planes, RGB input.
+    pub const TORCHVISION: ResNetDims = ResNetDims {
+        width: 64,
+        in_channels: 3,
+    };
+}
+
+impl Default for ResNetDims {
+    fn default() -> Self {
+        Self::TORCHVISION
+    }
+}
+
+/// torchvision's `ResNet`, with its width, input channels and stem as parameters.
 #[derive(Debug)]
 pub struct ResNet {
-    /// Stem convolution (7x7 stride 2, or 3x3 stride 1 for small inputs).
+    /// Stem convolution (7x7 stride 2, or 3x3 stride 1 with the small-input stem).
     pub conv1: Conv2d,
     /// Stem norm.
     pub bn1: BatchNorm2d,
@@ -284,44 +348,61 @@ pub struct ResNet {
     pub relu: ReLU,
     /// 3x3 stride-2 max-pool (absent with the small-input stem).
     pub maxpool: Option<MaxPool2d>,
-    /// Stages 1..4 (64, 128, 256, 512 planes).
+    /// Stages 1..4 (`width`, 2, 4 and 8 times `width` planes).
     pub stages: [Sequential; 4],
     /// Global average pool.
     pub avgpool: AdaptiveAvgPool2d,
     /// Classifier.
     pub fc: Linear,
-    /// The configuration.
+    /// Block kind, depth, classes and stem.
     pub config: ResNetConfig,
+    /// Width and input channels.
+    pub dims: ResNetDims,
     training: bool,
 }
 
 const STAGE_NAMES: [&str; 4] = ["layer1", "layer2", "layer3", "layer4"];
 
 impl ResNet {
-    /// Builds a ResNet from `config`.
+    /// Builds a torchvision-sized ResNet (64 base planes, RGB input) from `config`.
     pub fn new(config: ResNetConfig) -> Result<Self> {
-        if config.num_classes == 0 || config.layers.contains(&0) {
+        Self::with_dims(config, ResNetDims::TORCHVISION)
+    }
+
+    /// Builds a ResNet of `config` with `dims`' width and input channels, weights drawn from
+    /// kiln's default generator in registration order (seed it with
+    /// `kiln_autograd::manual_seed` for a reproducible init).
+    pub fn with_dims(config: ResNetConfig, dims: ResNetDims) -> Result<Self> {
+        if dims.width == 0
+            || dims.in_channels == 0
+            || config.num_classes == 0
+            || config.layers.contains(&0)
+        {
             return Err(config_err(
                 "ResNet",
                 format!(
-                    "num_classes {} and blocks per stage {:?} must be positive",
-                    config.num_classes, config.layers
+                    "width {}, in_channels {}, num_classes {} and blocks per stage {:?} must be \
+                     positive",
+                    dims.width, dims.in_channels, config.num_classes, config.layers
                 ),
             ));
         }
         let (conv1, maxpool) = if config.small_input {
-            (conv(3, 64, 3, 1)?, None)
+            (conv(dims.in_channels, dims.width, 3, 1)?, None)
         } else {
-            (conv(3, 64, 7, 2)?, Some(MaxPool2d::new(3, 2, 1)?))
+            (
+                conv(dims.in_channels, dims.width, 7, 2)?,
+                Some(MaxPool2d::new(3, 2, 1)?),
+            )
         };
         let expansion = match config.block {
-            BlockKind::Basic => 1,
-            BlockKind::Bottleneck => 4,
+            BlockKind::Basic => BasicBlock::EXPANSION,
+            BlockKind::Bottleneck => Bottleneck::EXPANSION,
         };
-        let mut in_ch = 64;
-        let mut stages = Vec::new();
+        let mut in_ch = dims.width;
+        let mut stages = Vec::with_capacity(STAGE_NAMES.len());
         for (i, &n) in config.layers.iter().enumerate() {
-            let planes = 64 << i;
+            let planes = dims.width << i;
             let mut stage = Sequential::new();
             for b in 0..n {
                 let stride = if b == 0 && i > 0 { 2 } else { 1 };
@@ -336,13 +417,14 @@ impl ResNet {
         let stages: [Sequential; 4] = stages.try_into().expect("four stages");
         Ok(ResNet {
             conv1,
-            bn1: BatchNorm2d::new(64)?,
+            bn1: BatchNorm2d::new(dims.width)?,
             relu: ReLU::new(),
             maxpool,
             stages,
             avgpool: AdaptiveAvgPool2d::new([1, 1])?,
-            fc: Linear::new(512 * expansion, config.num_classes, true)?,
+            fc: Linear::new(in_ch, config.num_classes, true)?,
             config,
+            dims,
             training: true,
         })
     }

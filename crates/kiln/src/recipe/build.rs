@@ -1,0 +1,194 @@
+//! Everything [`super::train`] builds before the first step, in the order that keeps a run
+//! reproducible: the data, the model (its init drawn right after seeding), the checkpoint of a
+//! resumed run read into it on the CPU, the move to the device (before the optimizer exists, so
+//! the optimizer's state is created there), the summary, memory plan and batch size, the
+//! loaders, then the optimizer and its schedule with any resumed state loaded into them.
+
+use super::checkpoint::{self, ModelInfo, Progress};
+use super::epoch::{Steps, Trainer};
+use super::{is_head, resume, Error, Observer, Result, Setup, TrainConfig};
+use kiln_autograd::{DType, Module};
+use kiln_data::{DataLoader, DataLoaderConfig, ImageDataset};
+use kiln_models::models::ResNet;
+use kiln_models::{LayerExt, MemoryPlan, OptimizerKind};
+use kiln_optim::{Adam, AdamOptions, AdamW, ParamGroup};
+use kiln_sched::log::ScalarLogger;
+use kiln_sched::{CosineAnnealingLR, LinearLR, SequentialLR};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Builds the run (resumed from `ckpt_path` when `resuming`) and tells `observer` its setup.
+pub(super) fn trainer(
+    config: &TrainConfig,
+    ckpt_path: &Path,
+    resuming: bool,
+    observer: &mut dyn Observer,
+) -> Result<Trainer> {
+    let device = config.device;
+    let (train_set, val_set) = config.data.load(config.seed)?;
+    let [c, h, w] = train_set.sample_shape();
+    let info = ModelInfo {
+        config: super::ModelConfig {
+            in_channels: c,
+            image_size: [h, w],
+            num_classes: train_set.num_classes(),
+            width: config.width,
+            blocks: config.blocks,
+        },
+        classes: train_set.classes().to_vec(),
+        normalize: config.data.normalize(&train_set)?,
+    };
+    kiln_autograd::manual_seed(config.seed);
+    let model = info.config.build()?;
+    let resumed = if resuming {
+        Some(checkpoint::resume(&model, ckpt_path)?)
+    } else {
+        None
+    };
+    // Layers are built on the CPU; move them before the optimizer exists, so its state (and a
+    // resumed one) is created on the device.
+    model.to_device(device)?;
+
+    let summary = kiln_models::summary(&model, &[1, c, h, w])?.to_string();
+    let plan = kiln_models::plan(&model, &[c, h, w], DType::F32, OptimizerKind::AdamW)?;
+    let resumed_batch = resumed.as_ref().map(|r| r.progress.batch_size);
+    let (batch_size, budget, plan_max) = batch_size(config, resumed_batch, &plan)?;
+    let (mut train_loader, val_loader) = loaders(config, &info, train_set, val_set, batch_size)?;
+    let batches = train_loader.len();
+    let (mut opt, mut sched) = optimizer(config, &model, batches)?;
+    let mut progress = Progress {
+        epochs_done: 0,
+        global_step: 0,
+        batch_size,
+        seed: config.seed,
+        history: Vec::new(),
+    };
+    let mut resumed_scaler = None;
+    if let Some(r) = resumed {
+        let (p, scaler) = resume::apply(r, &mut opt, &mut sched, &mut train_loader)?;
+        progress = p;
+        resumed_scaler = scaler;
+    }
+    observer.setup(&Setup {
+        summary,
+        plan,
+        budget_bytes: budget,
+        batch_size,
+        plan_max_batch: plan_max,
+        batches_per_epoch: batches,
+        resumed_epochs: progress.epochs_done,
+        samples: (train_loader.dataset().len(), val_loader.dataset().len()),
+    });
+
+    let logger = ScalarLogger::in_memory()
+        .tensorboard(config.run_dir.join("tensorboard"))?
+        .csv(config.run_dir.join("metrics.csv"))?
+        .flush_every(50);
+    let scaler = resume::grad_scaler(config, resumed_scaler.as_ref())?;
+    Ok(Trainer {
+        model,
+        info,
+        train_loader,
+        val_loader,
+        steps: Steps { opt, sched, scaler },
+        logger,
+        progress,
+        batch_losses: Vec::new(),
+    })
+}
+
+/// The batch size and, when it was chosen automatically, the memory budget it was planned
+/// against and the largest batch the plan allows in it. A resumed run keeps its batch size.
+fn batch_size(
+    config: &TrainConfig,
+    resumed: Option<usize>,
+    plan: &MemoryPlan,
+) -> Result<(usize, Option<usize>, Option<usize>)> {
+    let chosen = match (resumed, config.batch_size) {
+        (Some(b), _) => (b, None, None),
+        (None, Some(b)) => (b, None, None),
+        (None, None) => {
+            // Plan against half of what the device has free: the rest is for the data, the
+            // validation pass and whatever else runs on the machine.
+            let budget = (config.device.memory_info()?.free / 2) as usize;
+            let max = plan.max_batch_size(budget)?;
+            (max.min(config.max_auto_batch), Some(budget), Some(max))
+        }
+    };
+    if chosen.0 == 0 {
+        return Err(Error::Config("batch size 0; pass at least 1".into()));
+    }
+    Ok(chosen)
+}
+
+/// The training loader (shuffled, augmented, last partial batch dropped) and the validation
+/// loader (in order, batches of at least 256), both normalising and delivering to the device.
+fn loaders(
+    config: &TrainConfig,
+    info: &ModelInfo,
+    train_set: ImageDataset,
+    val_set: ImageDataset,
+    batch_size: usize,
+) -> Result<(DataLoader, DataLoader)> {
+    let augment = if config.augment {
+        config.data.augment()
+    } else {
+        Default::default()
+    };
+    let train_loader = DataLoader::new(
+        Arc::new(train_set),
+        DataLoaderConfig {
+            batch_size,
+            shuffle: true,
+            drop_last: true,
+            seed: config.seed,
+            prefetch_batches: config.prefetch_batches,
+            augment,
+            normalize: Some(info.normalize.clone()),
+        },
+        config.device,
+    )?;
+    let val_loader = DataLoader::new(
+        Arc::new(val_set),
+        DataLoaderConfig {
+            batch_size: batch_size.max(256),
+            normalize: Some(info.normalize.clone()),
+            ..Default::default()
+        },
+        config.device,
+    )?;
+    Ok((train_loader, val_loader))
+}
+
+/// AdamW over two parameter groups and its warm-up + cosine schedule over every optimizer step
+/// of the run (`batches` per epoch, `accum_steps` batches a step).
+fn optimizer(config: &TrainConfig, model: &ResNet, batches: usize) -> Result<(Adam, SequentialLR)> {
+    let steps_per_epoch = batches.div_ceil(config.accum_steps);
+    let total_steps = steps_per_epoch * config.epochs;
+
+    // Two parameter groups from the start: backbone (small lr) and head (large lr), one weight
+    // decay. While the backbone is frozen its parameters get no gradient, so AdamW skips them
+    // and keeps no state for them; unfreezing is then only `unfreeze`, and the optimizer and the
+    // warm-up + cosine schedule (which is tied to the number of groups) run on unchanged. The
+    // alternative, `add_param_group` at the unfreeze, would need a new scheduler mid-run.
+    let (head, backbone): (Vec<_>, Vec<_>) = model
+        .named_parameters()
+        .into_iter()
+        .partition(|(n, _)| is_head(n));
+    let mut opt = AdamW::new(
+        vec![
+            ParamGroup::new(backbone).lr(config.lr * config.backbone_lr_factor),
+            ParamGroup::new(head).lr(config.lr),
+        ],
+        AdamOptions::adamw().weight_decay(config.weight_decay),
+    )?;
+    let warmup_steps = ((total_steps as f64 * config.warmup_fraction) as usize).max(1);
+    let warmup = LinearLR::new(&mut opt, 0.1, 1.0, warmup_steps)?;
+    let cosine = CosineAnnealingLR::new(&mut opt, total_steps.saturating_sub(warmup_steps), 0.0)?;
+    let sched = SequentialLR::new(
+        &mut opt,
+        vec![Box::new(warmup), Box::new(cosine)],
+        &[warmup_steps],
+    )?;
+    Ok((opt, sched))
+}

@@ -1,0 +1,115 @@
+//! [`TrainConfig`], every knob of the recipe, with the example's defaults, and the checks that
+//! refuse settings which cannot work before anything is built or written.
+
+use super::{Error, Result};
+use kiln_autograd::{DType, Device};
+use kiln_data::DataSource;
+use kiln_optim::GradScalerOptions;
+use std::path::PathBuf;
+
+/// Every knob of [`train`]; [`TrainConfig::default`] is the example's defaults.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// Epochs of the whole schedule.
+    pub epochs: usize,
+    /// Stop after this many epochs (a checkpoint is written), as if interrupted; `None` runs all.
+    pub stop_after: Option<usize>,
+    /// Batch size; `None` picks the largest the memory plan allows, capped at `max_auto_batch`.
+    pub batch_size: Option<usize>,
+    /// Cap of the automatic batch size.
+    pub max_auto_batch: usize,
+    /// Peak learning rate of the head; the backbone's is `lr * backbone_lr_factor`.
+    pub lr: f64,
+    /// The backbone's lr relative to the head's.
+    pub backbone_lr_factor: f64,
+    /// AdamW weight decay, shared by both groups.
+    pub weight_decay: f64,
+    /// Fraction of all optimizer steps spent warming up linearly from `lr / 10`.
+    pub warmup_fraction: f64,
+    /// Where tensors live.
+    pub device: Device,
+    /// Seed of the init, the data set, the shuffle and the augmentation.
+    pub seed: u64,
+    /// The run folder (checkpoint, logs, plot).
+    pub run_dir: PathBuf,
+    /// The data.
+    pub data: DataSource,
+    /// Epochs with the backbone frozen (only `fc` trains).
+    pub freeze_epochs: usize,
+    /// Batches whose gradients add up to one optimizer step.
+    pub accum_steps: usize,
+    /// Global gradient-norm clipping threshold.
+    pub max_grad_norm: f64,
+    /// Mixed precision: forward and loss under `autocast(amp_dtype)`.
+    pub amp: bool,
+    /// The autocast dtype of `amp`: `BF16` (no loss scaling) or `F16` (with a `GradScaler`).
+    pub amp_dtype: DType,
+    /// The `GradScaler`'s options when `amp_dtype` is `F16` (PyTorch's defaults). The scaler's
+    /// state (scale, growth tracker) is checkpointed, so an f16 run resumes bit for bit too.
+    pub grad_scaler: GradScalerOptions,
+    /// Continue from `run_dir/ckpt.safetensors` when it exists.
+    pub resume: bool,
+    /// Width and depth of the network (channels, size and classes come from the data).
+    pub width: usize,
+    /// Blocks per stage.
+    pub blocks: [usize; 4],
+    /// Random crop and flip on the training set (the data source's default augmentation).
+    pub augment: bool,
+    /// Batches the loader's worker prepares ahead.
+    pub prefetch_batches: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 4,
+            stop_after: None,
+            batch_size: None,
+            max_auto_batch: 128,
+            lr: 4e-3,
+            backbone_lr_factor: 0.5,
+            weight_decay: 5e-4,
+            warmup_fraction: 0.1,
+            device: Device::Cpu,
+            seed: 0,
+            run_dir: PathBuf::from("runs/train"),
+            data: DataSource::synthetic(),
+            freeze_epochs: 1,
+            accum_steps: 1,
+            max_grad_norm: 2.0,
+            amp: false,
+            amp_dtype: DType::BF16,
+            grad_scaler: GradScalerOptions::default(),
+            resume: false,
+            width: 16,
+            blocks: [1, 1, 1, 1],
+            augment: true,
+            prefetch_batches: 2,
+        }
+    }
+}
+
+/// Refuses settings that cannot work, naming the flag to change.
+pub(super) fn check(config: &TrainConfig) -> Result<()> {
+    let bad = |m: String| Err(Error::Config(m));
+    if config.amp && !matches!(config.amp_dtype, DType::BF16 | DType::F16) {
+        return bad(format!(
+            "--amp-dtype {}: mixed precision autocasts to a 16-bit float; use bf16 or f16",
+            config.amp_dtype
+        ));
+    }
+    if config.epochs == 0 || config.accum_steps == 0 {
+        return bad("epochs and accum-steps must be at least 1".into());
+    }
+    if !(config.lr > 0.0 && config.max_grad_norm > 0.0) {
+        return bad("lr and max-grad-norm must be positive".into());
+    }
+    if config.freeze_epochs >= config.epochs {
+        return bad(format!(
+            "freeze-epochs {} leaves no epoch to train the backbone in {} epoch(s); pass a \
+             smaller --freeze-epochs or more --epochs",
+            config.freeze_epochs, config.epochs
+        ));
+    }
+    Ok(())
+}
