@@ -37,6 +37,6 @@ pub use checkpoint::{load_safetensors, save_safetensors, LoadReport};
 pub use error::{Error, Result};
 pub use freeze::Freeze;
 pub use layer::{Layer, LayerExt};
-pub use plan::{max_batch_size, plan, MemoryPlan, OptimizerKind};
+pub use plan::{max_batch_size, parse_memory_size, plan, MemoryPlan, OptimizerKind};
 pub use summary::{summary, summary_with_dtype, Summary};
 pub use trace::{Act, LayerRecord, Tracer};
