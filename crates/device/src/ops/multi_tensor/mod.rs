@@ -43,12 +43,13 @@
 //! lane) that are then added into an `f64` total, which keeps full SIMD width and `f32`
 //! accuracy however long the tensor is. On CUDA the norm kernel reads a device-side table of
 //! `(pointer, length, dtype)` and its last block to finish writes the total norm and the clip
-//! coefficient to device memory ([`GlobalNorm`] keeps them there), so neither pass, nor an
-//! optimizer step reading the coefficient, needs the host.
+//! coefficient to device memory ([`GlobalNorm`] keeps them there), so neither pass needs the
+//! host.
 //!
 //! The optimizer steps are one pass over the chunks of every parameter of a list (zipped with
 //! its gradient and state buffers), rounding every multiply and add in the parameter dtype the
-//! same way on both devices, so a CUDA step is bitwise the CPU step for the same f32 inputs.
+//! same way on both devices (the CUDA SGD step is bitwise the CPU's for the same f32 inputs;
+//! the CUDA Adam step is tested against the CPU's to 1e-6 relative).
 
 mod cpu;
 #[cfg(feature = "cuda")]
