@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::dtype::{BoolByte, Element};
 use crate::layout::Layout;
 use crate::ops::cpu_dispatch::{
-    as_condition, buffer_of, finish, float_dispatch, float_op, output, read_as, same_dtype,
+    as_condition, buffer_of, finish_cast, float_dispatch, float_op, output, read_as, same_dtype,
     unsupported, FLOAT_HINT,
 };
 pub use crate::ops::strided::{map1, map1_into, map2, map3};
@@ -248,7 +248,7 @@ impl ElementwiseOps for CpuStorage {
                     let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
                     let computed = buffer_of::<T>(n, |out| binary_float(&a, &la, &b, &lb, op, out))?;
                     drop((a, b));
-                    finish::<T, X>(computed)
+                    finish_cast::<T, X>(computed)
                 }
             ),
         }

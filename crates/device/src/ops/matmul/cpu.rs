@@ -8,7 +8,7 @@
 use super::MatmulOps;
 use crate::layout::{Layout, StridedIndex};
 use crate::ops::cpu_dispatch::{
-    buffer_of, finish, float_dispatch, read_as, same_dtype, FLOAT_HINT,
+    buffer_of, finish_cast, float_dispatch, read_as, same_dtype, FLOAT_HINT,
 };
 use crate::threads::{cpu_pool, num_threads};
 use crate::{CpuStorage, Result};
@@ -169,7 +169,7 @@ impl MatmulOps for CpuStorage {
             let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
             let computed = buffer_of::<T>(n, |out| matmul_into(&a, &la, &b, &lb, out))?;
             drop((a, b));
-            finish::<T, X>(computed)
+            finish_cast::<T, X>(computed)
         })
     }
 }
