@@ -8,7 +8,6 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod float;
 
 use crate::ops::buffer::BufferOps;
 use crate::seam::{pass_through, seam_trait};
