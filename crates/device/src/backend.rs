@@ -36,29 +36,23 @@ use crate::ops::softmax::SoftmaxOps;
 #[cfg(doc)]
 use crate::Layout;
 
-/// The kernels of one device over its buffer type: every op family at once.
-///
-/// Implemented for every type that implements all the families (the CPU and CUDA storages and
-/// the [`crate::Storage`] enum dispatching between them); write bounds as `S: BackendStorage`.
-pub trait BackendStorage:
-    BufferOps
-    + FillOps
-    + RandomOps
-    + CopyOps
-    + ElementwiseOps
-    + ReduceOps
-    + MatmulOps
-    + SoftmaxOps
-    + ConvOps
-    + PoolOps
-    + NormOps
-    + IndexOps
-    + LossOps
-{
+/// Declares [`BackendStorage`] over the families listed once, with its blanket implementation.
+macro_rules! backend_storage {
+    ($(#[$attr:meta])* $first:ident $(+ $family:ident)*) => {
+        $(#[$attr])*
+        pub trait BackendStorage: $first $(+ $family)* {}
+
+        impl<T: $first $(+ $family)*> BackendStorage for T {}
+    };
 }
 
-impl<T> BackendStorage for T where
-    T: BufferOps
+backend_storage! {
+    /// The kernels of one device over its buffer type: every op family at once.
+    ///
+    /// Implemented for every type that implements all the families (the CPU and CUDA storages
+    /// and the [`crate::Storage`] enum dispatching between them); write bounds as
+    /// `S: BackendStorage`.
+    BufferOps
         + FillOps
         + RandomOps
         + CopyOps
@@ -71,5 +65,4 @@ impl<T> BackendStorage for T where
         + NormOps
         + IndexOps
         + LossOps
-{
 }

@@ -8,8 +8,9 @@
 //! - The generated `Storage` method matches the receiver's variant, then converts every other
 //!   operand with [`Lower`] into that device's type: a [`crate::Storage`] operand on another
 //!   device (another variant, or another CUDA ordinal) is `Error::DeviceMismatch { op, lhs, rhs }`
-//!   with `lhs` the receiver's device, `rhs` the first operand (in argument order) that is not on
-//!   it, and `op` the method's name or the name given by its `op(..)` clause. Plain values
+//!   with `lhs` the receiver's device, `rhs` the first operand (in argument order, or in the order
+//!   of the method's `order(..)` clause) that is not on it, and `op` the method's name or the
+//!   name given by its `op(..)` clause. Plain values
 //!   (layouts, shapes, scalars, geometries, op codes) pass through unchanged.
 //! - Results come back through [`Lift`]: every device storage in them (alone, in an `Option`,
 //!   array, tuple or named struct) becomes a [`crate::Storage`]; other values pass unchanged.
@@ -128,7 +129,8 @@ pub(crate) fn no_cuda(device: Device) -> Error {
 /// is `fn name(&self, arg: Type, ..) -> Ret;` (or with a default body), or a constructor
 /// `fn name(device: Device, arg: Type, ..) -> Ret;`. A method may be preceded (after its doc
 /// comment) by `op(EXPR)`, the `&'static str` its device-mismatch errors name (it may read the
-/// arguments); the default is the method's name.
+/// arguments; the default is the method's name), and then by `order(arg, ..)`, the operands to
+/// check, in that order (the default: every argument, in argument order).
 macro_rules! seam_trait {
     (
         $(#[$attr:meta])*
@@ -139,20 +141,20 @@ macro_rules! seam_trait {
 
     // One method with a receiver, declared or with a default body.
     (@munch $head:tt [$($done:tt)*]
-        $(#[$m:meta])* $(op($o:expr))?
+        $(#[$m:meta])* $(op($o:expr))? $(order($($ord:ident),+))?
         fn $f:ident(&$this:ident $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty; $($rest:tt)*
     ) => {
         $crate::seam::seam_trait!(@munch $head [$($done)*
-            { [$(#[$m])*] [$($o)?] (method $this) $f [$($arg: $ty),*] [$ret] [;] }
+            { [$(#[$m])*] [[$($o)?] [$($($ord),+)?]] (method $this) $f [$($arg: $ty),*] [$ret] [;] }
         ] $($rest)*);
     };
     (@munch $head:tt [$($done:tt)*]
-        $(#[$m:meta])* $(op($o:expr))?
+        $(#[$m:meta])* $(op($o:expr))? $(order($($ord:ident),+))?
         fn $f:ident(&$this:ident $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty $default:block
         $($rest:tt)*
     ) => {
         $crate::seam::seam_trait!(@munch $head [$($done)*
-            { [$(#[$m])*] [$($o)?] (method $this) $f [$($arg: $ty),*] [$ret] [$default] }
+            { [$(#[$m])*] [[$($o)?] [$($($ord),+)?]] (method $this) $f [$($arg: $ty),*] [$ret] [$default] }
         ] $($rest)*);
     };
     // One constructor: the device to build on comes first.
@@ -161,7 +163,7 @@ macro_rules! seam_trait {
         fn $f:ident(device: Device $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty; $($rest:tt)*
     ) => {
         $crate::seam::seam_trait!(@munch $head [$($done)*
-            { [$(#[$m])*] [] (constructor) $f [$($arg: $ty),*] [$ret] [;] }
+            { [$(#[$m])*] [[] []] (constructor) $f [$($arg: $ty),*] [$ret] [;] }
         ] $($rest)*);
     };
     // Every method read: emit the trait and the `Storage` implementation.
@@ -189,26 +191,28 @@ macro_rules! seam_trait {
         fn $f(device: $crate::Device $(, $arg: $ty)*) -> $ret $($tail)*
     };
 
-    (@forward $name:ident $op:tt (method $this:ident) $f:ident [$($arg:ident: $ty:ty),*] [$ret:ty]) => {
+    (@forward $name:ident [$op:tt $order:tt] (method $this:ident) $f:ident
+        [$($arg:ident: $ty:ty),*] [$ret:ty]
+    ) => {
         fn $f(&$this $(, $arg: $ty)*) -> $ret {
             let op: &'static str = $crate::seam::seam_trait!(@op_name $f $op);
             match $this {
                 $crate::Storage::Cpu(buffer) => {
                     let device = $crate::ops::buffer::BufferOps::device(buffer);
                     let _ = (op, device);
-                    $crate::seam::Lift::lift(<$crate::CpuStorage as $name>::$f(
-                        buffer
-                        $(, $crate::seam::Lower::<$crate::CpuStorage>::lower($arg, op, device)?)*
-                    ))
+                    $crate::seam::seam_trait!(
+                        @lower $crate::CpuStorage, op, device, $order [$($arg),*]
+                    );
+                    $crate::seam::Lift::lift(<$crate::CpuStorage as $name>::$f(buffer $(, $arg)*))
                 }
                 #[cfg(feature = "cuda")]
                 $crate::Storage::Cuda(buffer) => {
                     let device = $crate::ops::buffer::BufferOps::device(buffer);
                     let _ = (op, device);
-                    $crate::seam::Lift::lift(<$crate::CudaStorage as $name>::$f(
-                        buffer
-                        $(, $crate::seam::Lower::<$crate::CudaStorage>::lower($arg, op, device)?)*
-                    ))
+                    $crate::seam::seam_trait!(
+                        @lower $crate::CudaStorage, op, device, $order [$($arg),*]
+                    );
+                    $crate::seam::Lift::lift(<$crate::CudaStorage as $name>::$f(buffer $(, $arg)*))
                 }
             }
         }
@@ -235,6 +239,15 @@ macro_rules! seam_trait {
                 }
             }
         }
+    };
+
+    // Every operand lowered in argument order, or only those an `order(..)` clause names, in
+    // its order (the others pass unchanged; a storage among them would not type-check).
+    (@lower $storage:ty, $op:ident, $device:ident, [] [$($arg:ident),*]) => {
+        $(let $arg = $crate::seam::Lower::<$storage>::lower($arg, $op, $device)?;)*
+    };
+    (@lower $storage:ty, $op:ident, $device:ident, [$($ord:ident),+] [$($arg:ident),*]) => {
+        $(let $ord = $crate::seam::Lower::<$storage>::lower($ord, $op, $device)?;)+
     };
 
     (@op_name $f:ident []) => { stringify!($f) };

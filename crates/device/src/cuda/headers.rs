@@ -1,6 +1,7 @@
 //! The headers kiln's `.cu` files share (`kiln_common.cuh`: integer types, `StridedArgs` and its
 //! index math, the grid-stride loop; `kiln_float.cuh`: the f32 accumulator and rounding helpers
-//! of the 16-bit kernels), and the splice that hands them to NVRTC.
+//! of the 16-bit kernels; `kiln_op_codes.cuh`: the elementwise op codes, generated from the
+//! Rust op tables), and the splice that hands them to NVRTC.
 //!
 //! NVRTC compiles one source string; a `#include "name"` of a file it cannot open is an error,
 //! and kiln ships its kernels inside the binary (`include_str!`), with no source tree at run time.
@@ -11,9 +12,10 @@
 //! expanded text; the host emulation in `tests/kernel_emulation` includes the headers as files.
 
 /// The shared headers: include name and text.
-pub const HEADERS: [(&str, &str); 2] = [
+pub const HEADERS: [(&str, &str); 3] = [
     ("kiln_common.cuh", include_str!("kiln_common.cuh")),
     ("kiln_float.cuh", include_str!("kiln_float.cuh")),
+    ("kiln_op_codes.cuh", crate::ops::elementwise::OP_CODES_CUH),
 ];
 
 /// The header a line includes, when it is `#include "<one of HEADERS>"`.
@@ -72,6 +74,27 @@ mod tests {
     }
 
     #[test]
+    fn the_op_codes_header_has_one_define_per_op_with_its_code() {
+        use crate::ops::elementwise::{BinaryOp, CmpOp, UnaryOp, OP_CODES_CUH};
+        let defines = OP_CODES_CUH
+            .lines()
+            .filter(|l| l.starts_with("#define "))
+            .count();
+        assert_eq!(defines, 20 + 7 + 6);
+        for (line, code) in [
+            (
+                "#define UNARY_GELU_TANH_GRAD ",
+                UnaryOp::GeluTanhGrad.code(),
+            ),
+            ("#define UNARY_NEG ", UnaryOp::Neg.code()),
+            ("#define BINARY_MINIMUM ", BinaryOp::Minimum.code()),
+            ("#define CMP_GE ", CmpOp::Ge.code()),
+        ] {
+            assert!(OP_CODES_CUH.contains(&format!("{line}{code}\n")), "{line}");
+        }
+    }
+
+    #[test]
     fn every_kernel_file_gets_its_headers_and_defines_nothing_twice() {
         use crate::ops::*;
         let all = [
@@ -99,6 +122,14 @@ mod tests {
             if k.source.contains("#include \"kiln_common.cuh\"") {
                 assert_eq!(out.matches("struct StridedArgs {").count(), 1, "{}", k.file);
                 assert_eq!(out.matches("#define GRID_STRIDE").count(), 1, "{}", k.file);
+            }
+            if k.source.contains("#include \"kiln_op_codes.cuh\"") {
+                assert_eq!(
+                    out.matches("#define UNARY_NEG 0\n").count(),
+                    1,
+                    "{}",
+                    k.file
+                );
             }
         }
     }

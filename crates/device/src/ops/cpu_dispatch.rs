@@ -135,7 +135,7 @@ pub(crate) use float_dispatch;
 /// A whole-tensor float op through [`float_dispatch!`]: `$body` writes the `layout.numel()`
 /// outputs into `$out` from the slice `$s` read through the layout `$l` ([`read_as`]: f32/f64
 /// on the storage's own buffer and layout, f16/bf16 on a contiguous `f32` copy, whose `f32`
-/// results are rounded once to the input dtype by [`finish`]).
+/// results are rounded once to the input dtype by [`finish_round`]).
 macro_rules! float_op {
     ($self:expr, $layout:expr, $op:expr, |$s:ident, $l:ident, $out:ident| $body:expr) => {
         $crate::ops::cpu_dispatch::float_dispatch!(
@@ -148,7 +148,7 @@ macro_rules! float_op {
                 let ($s, $l) = (&*operand, &operand_layout);
                 let computed = dispatch::buffer_of::<T>($l.numel(), |$out| $body)?;
                 drop(operand);
-                dispatch::finish::<T, X>(computed)
+                dispatch::finish_round::<T, X>(computed)
             }
         )
     };
@@ -215,14 +215,44 @@ pub(crate) fn read_as<'a, T: HostElement>(
 }
 
 /// The result of an op computed in `T` as a storage of `X`: the buffer itself when `X` is `T`,
-/// else rounded once to `X` (a new block; the `T` buffer is freed).
-pub(crate) fn finish<T: HostElement, X: Element>(computed: HostBuffer<T>) -> Result<CpuStorage> {
+/// else rounded once to `X` as `to_dtype` rounds (`Element::from_f64`; binary ops, matmul).
+pub(crate) fn finish_cast<T: HostElement, X: Element>(
+    computed: HostBuffer<T>,
+) -> Result<CpuStorage> {
     let computed = T::wrap(computed);
     if X::DTYPE == T::DTYPE {
         return Ok(computed);
     }
     let n = computed.len();
     cast(&computed, &Layout::contiguous(&[n]), X::DTYPE)
+}
+
+/// Like [`finish_cast`], rounding `f32` results with `f16::from_f32` / `bf16::from_f32` (unary
+/// ops, softmax). The two roundings differ only for bf16 results that are f32 subnormals.
+pub(crate) fn finish_round<T: HostElement, X: Element>(
+    computed: HostBuffer<T>,
+) -> Result<CpuStorage> {
+    match (T::wrap(computed), X::DTYPE) {
+        (CpuStorage::F32(wide), half @ (DType::F16 | DType::BF16)) => round_to_half(&wide, half),
+        (computed, _) => Ok(computed),
+    }
+}
+
+/// `f32` results rounded once to `F16` or `BF16`, in a new storage.
+fn round_to_half(wide: &HostBuffer<f32>, dtype: DType) -> Result<CpuStorage> {
+    let wide = wide.as_slice();
+    match dtype {
+        DType::F16 => output::<f16>(wide.len(), |out| {
+            out.iter_mut()
+                .zip(wide)
+                .for_each(|(o, &v)| *o = f16::from_f32(v))
+        }),
+        _ => output::<bf16>(wide.len(), |out| {
+            out.iter_mut()
+                .zip(wide)
+                .for_each(|(o, &v)| *o = bf16::from_f32(v))
+        }),
+    }
 }
 
 /// Results of a half-precision call computed in `f32`: every `F32` buffer is rounded to the

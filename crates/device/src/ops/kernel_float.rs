@@ -1,24 +1,21 @@
-//! The element types the CPU kernels are generic over.
+//! [`KernelFloat`]: the element types the CPU float kernels are generic over, `f32` and `f64`.
 //!
-//! The heavy kernels (convolution, pooling, normalisation, indexing) are written once over
-//! [`KernelFloat`], which `f32` and `f64` implement. `f64` exists for finite-difference gradient
-//! checks; `f32` is the training type. Half-precision types (`f16`, `bf16`) are not kernel types
-//! here: on CPU they are widened to `f32`, run, and narrowed again by the caller (batch norm's
-//! kernels instead read and write them per element, computing in `f32`: see
-//! `norm::cpu::NormElement`). The trait is sealed because the convolution kernels hand these types to the `gemm` crate, which only
-//! accepts a fixed set of element types.
+//! Every float kernel (elementwise math, softmax, matmul, convolution, pooling, normalisation,
+//! indexing, losses) is written once over this trait. `f64` exists for finite-difference
+//! gradient checks; `f32` is the training type. Half-precision types (`f16`, `bf16`) are not
+//! kernel types: on CPU they compute in `f32` (`crate::ops::cpu_dispatch`, batch norm per
+//! element through `norm::cpu::NormElement`). The trait is sealed because matmul and the
+//! convolution kernels hand these types to the `gemm` crate, which only accepts a fixed set of
+//! element types. `erf` comes from `libm`, since `std` has none on stable Rust.
 //!
 //! Reductions inside the kernels (means, variances, bias gradients) accumulate in `f64` through
-//! `Element::to_f64`, as PyTorch accumulates `float` reductions on CPU in `double`.
-//!
-//! `KernelFloat` is a sub-trait of the seam's float trait ([`Float`], itself an [`Element`](crate::Element)):
-//! conversions (`to_f64`, `from_f64`) come from `Element` and `is_nan` from `Float`, so each
-//! method has exactly one source and calls on a `T: KernelFloat` are never ambiguous. It adds
-//! only what the heavy kernels need on top: compound assignment, `Sum`, and constants.
+//! `Element::to_f64`, as PyTorch accumulates `float` reductions on CPU in `double`. Conversions
+//! (`to_f64`, `from_f64`) come from [`Element`] only, so calls on a `T: KernelFloat` are never
+//! ambiguous.
 
-use crate::ops::elementwise::float::Float;
+use crate::dtype::Element;
 use std::iter::Sum;
-use std::ops::{AddAssign, MulAssign, SubAssign};
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 mod sealed {
     pub trait Sealed {}
@@ -28,7 +25,18 @@ mod sealed {
 
 /// A floating-point element type the CPU kernels run on: `f32` or `f64`.
 pub trait KernelFloat:
-    sealed::Sealed + Float + Default + AddAssign + SubAssign + MulAssign + Sum
+    sealed::Sealed
+    + Element
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + Default
+    + AddAssign
+    + SubAssign
+    + MulAssign
+    + Sum
 {
     /// Additive identity.
     const ZERO: Self;
@@ -36,16 +44,72 @@ pub trait KernelFloat:
     const ONE: Self;
     /// Negative infinity (the identity of `max`).
     const NEG_INFINITY: Self;
+    /// `v` converted.
+    fn c(v: f64) -> Self;
+    /// e^x
+    fn exp(self) -> Self;
+    /// ln x
+    fn ln(self) -> Self;
+    /// √x
+    fn sqrt(self) -> Self;
+    /// |x|
+    fn abs(self) -> Self;
+    /// tanh x
+    fn tanh(self) -> Self;
+    /// erf x
+    fn erf(self) -> Self;
+    /// x^y
+    fn powf(self, y: Self) -> Self;
+    /// NaN test
+    fn is_nan(self) -> bool;
 }
 
-impl KernelFloat for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+macro_rules! kernel_float_impl {
+    ($t:ty, $erf:path) => {
+        impl KernelFloat for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+
+            #[inline]
+            fn c(v: f64) -> Self {
+                v as $t
+            }
+            #[inline]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline]
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            #[inline]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            #[inline]
+            fn erf(self) -> Self {
+                $erf(self)
+            }
+            #[inline]
+            fn powf(self, y: Self) -> Self {
+                <$t>::powf(self, y)
+            }
+            #[inline]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+        }
+    };
 }
 
-impl KernelFloat for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INFINITY: Self = f64::NEG_INFINITY;
-}
+kernel_float_impl!(f32, libm::erff);
+kernel_float_impl!(f64, libm::erf);

@@ -5,22 +5,22 @@
 //! block of the caching allocator, so no output goes through a `Vec`); `F16`/`BF16` operands are
 //! computed in `f32` and rounded once (`crate::ops::cpu_dispatch`).
 
-use super::float::Float;
 use super::ElementwiseOps;
 use super::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::DType;
 use crate::dtype::{BoolByte, Element};
 use crate::layout::Layout;
 use crate::ops::cpu_dispatch::{
-    as_condition, buffer_of, finish, float_dispatch, float_op, output, read_as, same_dtype,
+    as_condition, buffer_of, finish_cast, float_dispatch, float_op, output, read_as, same_dtype,
     unsupported, FLOAT_HINT,
 };
 pub use crate::ops::strided::{map1, map1_into, map2, map3};
+use crate::ops::KernelFloat;
 use crate::storage::{with_slice, HostElement};
 use crate::{CpuStorage, Result};
 
 #[inline]
-fn sigmoid<F: Float>(x: F) -> F {
+fn sigmoid<F: KernelFloat>(x: F) -> F {
     F::c(1.0) / (F::c(1.0) + (-x).exp())
 }
 
@@ -28,7 +28,7 @@ const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_TANH_COEF: f64 = 0.044715;
 
 /// A float unary op on `src` through `layout`, written into `out` (`layout.numel()` elements).
-pub fn unary_float<F: Float>(src: &[F], layout: &Layout, op: UnaryOp, out: &mut [F]) {
+pub fn unary_float<F: KernelFloat>(src: &[F], layout: &Layout, op: UnaryOp, out: &mut [F]) {
     let one = F::c(1.0);
     let half = F::c(0.5);
     let zero = F::c(0.0);
@@ -102,7 +102,7 @@ pub fn unary_int(src: &[i64], layout: &Layout, op: UnaryOp, out: &mut [i64]) -> 
 }
 
 #[inline]
-fn nan_max<F: Float>(a: F, b: F) -> F {
+fn nan_max<F: KernelFloat>(a: F, b: F) -> F {
     if a.is_nan() || a > b {
         a
     } else {
@@ -111,7 +111,7 @@ fn nan_max<F: Float>(a: F, b: F) -> F {
 }
 
 #[inline]
-fn nan_min<F: Float>(a: F, b: F) -> F {
+fn nan_min<F: KernelFloat>(a: F, b: F) -> F {
     if a.is_nan() || a < b {
         a
     } else {
@@ -120,7 +120,7 @@ fn nan_min<F: Float>(a: F, b: F) -> F {
 }
 
 /// A float binary op, written into `out` (`la.numel()` elements).
-pub fn binary_float<F: Float>(
+pub fn binary_float<F: KernelFloat>(
     a: &[F],
     la: &Layout,
     b: &[F],
@@ -248,7 +248,7 @@ impl ElementwiseOps for CpuStorage {
                     let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
                     let computed = buffer_of::<T>(n, |out| binary_float(&a, &la, &b, &lb, op, out))?;
                     drop((a, b));
-                    finish::<T, X>(computed)
+                    finish_cast::<T, X>(computed)
                 }
             ),
         }

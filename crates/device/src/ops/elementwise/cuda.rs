@@ -30,57 +30,6 @@ pub const ELEMENTWISE_KERNELS: KernelSource = KernelSource {
 
 const FLOAT_HINT: &str = "convert with to_dtype(DType::F32) first";
 
-/// The `UNARY_*` code of `op` in elementwise.cu.
-fn unary_code(op: UnaryOp) -> u32 {
-    match op {
-        UnaryOp::Neg => 0,
-        UnaryOp::Exp => 1,
-        UnaryOp::Log => 2,
-        UnaryOp::Sqrt => 3,
-        UnaryOp::Rsqrt => 4,
-        UnaryOp::Abs => 5,
-        UnaryOp::Relu => 6,
-        UnaryOp::GeluErf => 7,
-        UnaryOp::GeluTanh => 8,
-        UnaryOp::Sigmoid => 9,
-        UnaryOp::Tanh => 10,
-        UnaryOp::Silu => 11,
-        UnaryOp::Sign => 12,
-        UnaryOp::Erf => 13,
-        UnaryOp::Recip => 14,
-        UnaryOp::Square => 15,
-        UnaryOp::ReluGrad => 16,
-        UnaryOp::GeluErfGrad => 17,
-        UnaryOp::GeluTanhGrad => 18,
-        UnaryOp::SiluGrad => 19,
-    }
-}
-
-/// The `BINARY_*` code of `op` in elementwise.cu.
-fn binary_code(op: BinaryOp) -> u32 {
-    match op {
-        BinaryOp::Add => 0,
-        BinaryOp::Sub => 1,
-        BinaryOp::Mul => 2,
-        BinaryOp::Div => 3,
-        BinaryOp::Pow => 4,
-        BinaryOp::Maximum => 5,
-        BinaryOp::Minimum => 6,
-    }
-}
-
-/// The `CMP_*` code of `op` in elementwise.cu.
-fn cmp_code(op: CmpOp) -> u32 {
-    match op {
-        CmpOp::Eq => 0,
-        CmpOp::Ne => 1,
-        CmpOp::Lt => 2,
-        CmpOp::Le => 3,
-        CmpOp::Gt => 4,
-        CmpOp::Ge => 5,
-    }
-}
-
 fn check_same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     a.same_device(op, b)?;
     if a.dtype() != b.dtype() {
@@ -193,12 +142,7 @@ impl ElementwiseOps for CudaStorage {
         let name = format!("kiln_unary_{}", suffix(self.dtype()));
         let f = function(&stream, &ELEMENTWISE_KERNELS, &name)?;
         let [view] = collapse([layout])?;
-        let (x, dst, n, code) = (
-            self.device_ptr(),
-            out.device_ptr(),
-            n as u64,
-            unary_code(op),
-        );
+        let (x, dst, n, code) = (self.device_ptr(), out.device_ptr(), n as u64, op.code());
         let elem = self.dtype().size_in_bytes();
         let access = flat_access(&[(view, x)], dst, elem);
         let access_code = access.code();
@@ -243,7 +187,7 @@ impl ElementwiseOps for CudaStorage {
             op.name(),
             &name,
             self.dtype(),
-            (binary_code(op), true),
+            (op.code(), true),
         )
     }
     /// Elementwise comparison; a `Bool` result.
@@ -255,7 +199,7 @@ impl ElementwiseOps for CudaStorage {
             "comparison",
             &name,
             DType::Bool,
-            (cmp_code(op), false),
+            (op.code(), false),
         )
     }
     /// `self` (a `Bool`/`U8` condition) picks `on_true` where nonzero, else `on_false`.

@@ -10,9 +10,10 @@
 //   kiln_where_b<bytes>(const u8* c, StridedArgs lc, const T* t, StridedArgs lt,
 //                       const T* f, StridedArgs lf, T* out, u64 n, unsigned access)
 //
-// `op` is the index of the Rust enum variant (UNARY_*/BINARY_*/CMP_* below must follow the order
-// of `UnaryOp`, `BinaryOp`, `CmpOp` in backend.rs; cuda.rs maps them explicitly). The op is a
-// kernel argument, uniform across the grid, so the switch costs one predictable branch.
+// `op` is the op's code: the UNARY_*/BINARY_*/CMP_* defines of kiln_op_codes.cuh, a header
+// generated from the op tables in ops/elementwise/mod.rs (the Rust enums' `code()`), so the two
+// sides cannot drift apart. The op is a kernel argument, uniform across the grid, so the switch
+// costs one predictable branch.
 // Half types compute in f32 and round once per op, as the CPU backend does; f64 computes in
 // double. Outputs are contiguous. Grid-stride loops with 64-bit indices.
 //
@@ -28,6 +29,7 @@
 #include <cuda_bf16.h>
 
 #include "kiln_common.cuh"
+#include "kiln_op_codes.cuh"
 
 // True when indices below n take strided_at32.
 __device__ __forceinline__ bool fits32(u64 n) { return n <= 0xFFFFFFFFull; }
@@ -136,27 +138,6 @@ template <typename C> __device__ __forceinline__ C k_sigmoid(C x) {
     return (C)1 / ((C)1 + k_exp(-x));
 }
 
-#define UNARY_NEG 0
-#define UNARY_EXP 1
-#define UNARY_LOG 2
-#define UNARY_SQRT 3
-#define UNARY_RSQRT 4
-#define UNARY_ABS 5
-#define UNARY_RELU 6
-#define UNARY_GELU_ERF 7
-#define UNARY_GELU_TANH 8
-#define UNARY_SIGMOID 9
-#define UNARY_TANH 10
-#define UNARY_SILU 11
-#define UNARY_SIGN 12
-#define UNARY_ERF 13
-#define UNARY_RECIP 14
-#define UNARY_SQUARE 15
-#define UNARY_RELU_GRAD 16
-#define UNARY_GELU_ERF_GRAD 17
-#define UNARY_GELU_TANH_GRAD 18
-#define UNARY_SILU_GRAD 19
-
 template <typename C> __device__ __forceinline__ C unary_float(unsigned op, C x) {
     const C one = (C)1, half = (C)0.5, zero = (C)0;
     const C frac_1_sqrt_2 = (C)0.70710678118654752440;
@@ -231,14 +212,6 @@ extern "C" __global__ void kiln_unary_i64(const i64* __restrict__ x, StridedArgs
     map1(x, lx, out, n, access, [op](i64 v) { return unary_int(op, v); });
 }
 
-#define BINARY_ADD 0
-#define BINARY_SUB 1
-#define BINARY_MUL 2
-#define BINARY_DIV 3
-#define BINARY_POW 4
-#define BINARY_MAXIMUM 5
-#define BINARY_MINIMUM 6
-
 template <typename C> __device__ __forceinline__ C binary_float(unsigned op, C a, C b) {
     switch (op) {
     case BINARY_ADD: return a + b;
@@ -286,13 +259,6 @@ extern "C" __global__ void kiln_binary_i64(const i64* __restrict__ a, StridedArg
                                            unsigned access) {
     map2(a, la, b, lb, out, n, access, [op](i64 x, i64 y) { return binary_int(op, x, y); });
 }
-
-#define CMP_EQ 0
-#define CMP_NE 1
-#define CMP_LT 2
-#define CMP_LE 3
-#define CMP_GT 4
-#define CMP_GE 5
 
 // Halves compare exactly after widening; NaN compares like IEEE (only != is true).
 __device__ __forceinline__ float cmp_key(__half v) { return __half2float(v); }

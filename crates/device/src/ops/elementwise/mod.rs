@@ -8,132 +8,135 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod float;
 
 use crate::ops::buffer::BufferOps;
 use crate::seam::{pass_through, seam_trait};
 use crate::{Layout, Result};
 
-/// Elementwise functions of one tensor. The `*Grad` variants are derivatives used by backward.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    /// `-x`
-    Neg,
-    /// `e^x`
-    Exp,
-    /// natural log
-    Log,
-    /// square root
-    Sqrt,
-    /// `1/sqrt(x)`
-    Rsqrt,
-    /// `|x|`
-    Abs,
-    /// `max(x, 0)`
-    Relu,
-    /// GELU, exact form `x * Φ(x)` with `erf`
-    GeluErf,
-    /// GELU, tanh approximation
-    GeluTanh,
-    /// logistic sigmoid
-    Sigmoid,
-    /// hyperbolic tangent
-    Tanh,
-    /// `x * sigmoid(x)`
-    Silu,
-    /// `sign(x)` (-1, 0 or 1)
-    Sign,
-    /// `erf(x)`
-    Erf,
-    /// `1/x`
-    Recip,
-    /// `x * x`
-    Square,
-    /// 1 where `x > 0`, else 0 (derivative of relu)
-    ReluGrad,
-    /// derivative of exact GELU
-    GeluErfGrad,
-    /// derivative of tanh-approximate GELU
-    GeluTanhGrad,
-    /// derivative of SiLU
-    SiluGrad,
-}
-
-impl UnaryOp {
-    /// The op's PyTorch-style name, for error messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Relu => "relu",
-            UnaryOp::GeluErf | UnaryOp::GeluTanh => "gelu",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Silu => "silu",
-            UnaryOp::Sign => "sign",
-            UnaryOp::Erf => "erf",
-            UnaryOp::Recip => "reciprocal",
-            UnaryOp::Square => "square",
-            UnaryOp::ReluGrad => "relu_backward",
-            UnaryOp::GeluErfGrad | UnaryOp::GeluTanhGrad => "gelu_backward",
-            UnaryOp::SiluGrad => "silu_backward",
+/// Declares the op-code enums and the text of `kiln_op_codes.cuh` from one list, so the Rust
+/// enums, the codes the CUDA launchers pass and the `#define`s `elementwise.cu` switches on can
+/// never drift apart. Each entry is `Variant = code, C_NAME, "name"`: the `.cu` sees
+/// `#define <PREFIX>C_NAME code`, `code()` returns `code` and `name()` returns `"name"`.
+macro_rules! op_tables {
+    ($(
+        $(#[$attr:meta])*
+        pub enum $enum:ident as $prefix:literal {
+            $($(#[$vattr:meta])* $variant:ident = $code:literal, $c_name:ident, $name:literal;)*
         }
+    )*) => {
+        $(
+            $(#[$attr])*
+            #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+            pub enum $enum {
+                $($(#[$vattr])* $variant,)*
+            }
+
+            impl $enum {
+                /// The op's PyTorch-style name, for error messages.
+                pub fn name(self) -> &'static str {
+                    match self {
+                        $($enum::$variant => $name,)*
+                    }
+                }
+
+                /// The op's code in `kiln_op_codes.cuh` (what the CUDA kernels switch on).
+                pub fn code(self) -> u32 {
+                    match self {
+                        $($enum::$variant => $code,)*
+                    }
+                }
+            }
+        )*
+
+        /// The text of `kiln_op_codes.cuh`: one `#define` per op code, generated from the enums'
+        /// list (spliced into `elementwise.cu` by the kernel loader and `cargo xtask kernels`).
+        pub const OP_CODES_CUH: &str = concat!(
+            "// Generated from the op tables in crates/device/src/ops/elementwise/mod.rs.\n",
+            "#pragma once\n",
+            $($("#define ", $prefix, stringify!($c_name), " ", stringify!($code), "\n",)*)*
+        );
+    };
+}
+
+op_tables! {
+    /// Elementwise functions of one tensor. The `*Grad` variants are derivatives used by
+    /// backward.
+    pub enum UnaryOp as "UNARY_" {
+        /// `-x`
+        Neg = 0, NEG, "neg";
+        /// `e^x`
+        Exp = 1, EXP, "exp";
+        /// natural log
+        Log = 2, LOG, "log";
+        /// square root
+        Sqrt = 3, SQRT, "sqrt";
+        /// `1/sqrt(x)`
+        Rsqrt = 4, RSQRT, "rsqrt";
+        /// `|x|`
+        Abs = 5, ABS, "abs";
+        /// `max(x, 0)`
+        Relu = 6, RELU, "relu";
+        /// GELU, exact form `x * Φ(x)` with `erf`
+        GeluErf = 7, GELU_ERF, "gelu";
+        /// GELU, tanh approximation
+        GeluTanh = 8, GELU_TANH, "gelu";
+        /// logistic sigmoid
+        Sigmoid = 9, SIGMOID, "sigmoid";
+        /// hyperbolic tangent
+        Tanh = 10, TANH, "tanh";
+        /// `x * sigmoid(x)`
+        Silu = 11, SILU, "silu";
+        /// `sign(x)` (-1, 0 or 1)
+        Sign = 12, SIGN, "sign";
+        /// `erf(x)`
+        Erf = 13, ERF, "erf";
+        /// `1/x`
+        Recip = 14, RECIP, "reciprocal";
+        /// `x * x`
+        Square = 15, SQUARE, "square";
+        /// 1 where `x > 0`, else 0 (derivative of relu)
+        ReluGrad = 16, RELU_GRAD, "relu_backward";
+        /// derivative of exact GELU
+        GeluErfGrad = 17, GELU_ERF_GRAD, "gelu_backward";
+        /// derivative of tanh-approximate GELU
+        GeluTanhGrad = 18, GELU_TANH_GRAD, "gelu_backward";
+        /// derivative of SiLU
+        SiluGrad = 19, SILU_GRAD, "silu_backward";
     }
-}
 
-/// Elementwise functions of two same-shaped (possibly broadcast) tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    /// `a + b`
-    Add,
-    /// `a - b`
-    Sub,
-    /// `a * b`
-    Mul,
-    /// `a / b` (true division for floats, truncating for integers)
-    Div,
-    /// `a ^ b` (floats only)
-    Pow,
-    /// `max(a, b)`, NaN-propagating
-    Maximum,
-    /// `min(a, b)`, NaN-propagating
-    Minimum,
-}
-
-impl BinaryOp {
-    /// The op's PyTorch-style name, for error messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Pow => "pow",
-            BinaryOp::Maximum => "maximum",
-            BinaryOp::Minimum => "minimum",
-        }
+    /// Elementwise functions of two same-shaped (possibly broadcast) tensors.
+    pub enum BinaryOp as "BINARY_" {
+        /// `a + b`
+        Add = 0, ADD, "add";
+        /// `a - b`
+        Sub = 1, SUB, "sub";
+        /// `a * b`
+        Mul = 2, MUL, "mul";
+        /// `a / b` (true division for floats, truncating for integers)
+        Div = 3, DIV, "div";
+        /// `a ^ b` (floats only)
+        Pow = 4, POW, "pow";
+        /// `max(a, b)`, NaN-propagating
+        Maximum = 5, MAXIMUM, "maximum";
+        /// `min(a, b)`, NaN-propagating
+        Minimum = 6, MINIMUM, "minimum";
     }
-}
 
-/// Elementwise comparisons; the result has dtype `Bool`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CmpOp {
-    /// `a == b`
-    Eq,
-    /// `a != b`
-    Ne,
-    /// `a < b`
-    Lt,
-    /// `a <= b`
-    Le,
-    /// `a > b`
-    Gt,
-    /// `a >= b`
-    Ge,
+    /// Elementwise comparisons; the result has dtype `Bool`.
+    pub enum CmpOp as "CMP_" {
+        /// `a == b`
+        Eq = 0, EQ, "eq";
+        /// `a != b`
+        Ne = 1, NE, "ne";
+        /// `a < b`
+        Lt = 2, LT, "lt";
+        /// `a <= b`
+        Le = 3, LE, "le";
+        /// `a > b`
+        Gt = 4, GT, "gt";
+        /// `a >= b`
+        Ge = 5, GE, "ge";
+    }
 }
 
 pass_through!(UnaryOp, BinaryOp, CmpOp);

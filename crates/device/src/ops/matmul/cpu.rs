@@ -8,32 +8,13 @@
 use super::MatmulOps;
 use crate::layout::{Layout, StridedIndex};
 use crate::ops::cpu_dispatch::{
-    buffer_of, finish, float_dispatch, read_as, same_dtype, FLOAT_HINT,
+    buffer_of, finish_cast, float_dispatch, read_as, same_dtype, FLOAT_HINT,
 };
+use crate::ops::KernelFloat;
 use crate::threads::{cpu_pool, num_threads};
 use crate::{CpuStorage, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
-
-/// Element types `gemm` multiplies natively.
-pub trait GemmElement:
-    crate::dtype::Element + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self>
-{
-    /// The multiplicative identity.
-    fn one() -> Self;
-}
-
-impl GemmElement for f32 {
-    fn one() -> Self {
-        1.0
-    }
-}
-
-impl GemmElement for f64 {
-    fn one() -> Self {
-        1.0
-    }
-}
 
 struct SendPtr<T>(*const T);
 unsafe impl<T> Send for SendPtr<T> {}
@@ -70,7 +51,7 @@ pub fn output_len(la: &Layout, lb: &Layout) -> usize {
 }
 
 /// `a @ b` with batch dims as a new `Vec` (the allocating form of [`matmul_into`]).
-pub fn matmul<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec<T> {
+pub fn matmul<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec<T> {
     let mut out = vec![T::zero(); output_len(la, lb)];
     matmul_into(a, la, b, lb, &mut out);
     out
@@ -78,7 +59,7 @@ pub fn matmul<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec
 
 /// `a @ b` with batch dims, written contiguously (`[..batch, m, n]`) into `out`, which holds
 /// [`output_len`] elements. Every element is overwritten (zero when `k == 0`).
-pub fn matmul_into<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [T]) {
+pub fn matmul_into<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [T]) {
     let r = la.rank();
     let (m, k, n, offs_a, offs_b) = plan(la, lb);
     assert_eq!(out.len(), offs_a.len() * m * n, "matmul output length");
@@ -110,7 +91,7 @@ pub fn matmul_into<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout, o
                 b_cs,
                 b_rs,
                 T::zero(),
-                T::one(),
+                T::ONE,
                 false,
                 false,
                 false,
@@ -139,7 +120,7 @@ pub fn matmul_into<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout, o
 }
 
 /// The plain triple loop, for tests and as the benchmark's reference.
-pub fn matmul_reference<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec<T> {
+pub fn matmul_reference<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec<T> {
     let r = la.rank();
     let (m, k, n, offs_a, offs_b) = plan(la, lb);
     let (a_rs, a_cs) = (la.strides()[r - 2], la.strides()[r - 1]);
@@ -150,8 +131,8 @@ pub fn matmul_reference<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layo
             for j in 0..n {
                 let mut acc = T::zero();
                 for p in 0..k {
-                    acc = acc
-                        + a[offs_a[bi] + i * a_rs + p * a_cs] * b[offs_b[bi] + p * b_rs + j * b_cs];
+                    acc +=
+                        a[offs_a[bi] + i * a_rs + p * a_cs] * b[offs_b[bi] + p * b_rs + j * b_cs];
                 }
                 dst[i * n + j] = acc;
             }
@@ -169,7 +150,7 @@ impl MatmulOps for CpuStorage {
             let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
             let computed = buffer_of::<T>(n, |out| matmul_into(&a, &la, &b, &lb, out))?;
             drop((a, b));
-            finish::<T, X>(computed)
+            finish_cast::<T, X>(computed)
         })
     }
 }

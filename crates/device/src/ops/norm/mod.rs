@@ -114,6 +114,7 @@ seam_trait! {
         /// Batch norm in training mode over `self` `[N, C, ...]`: returns the output and the
         /// saved batch `mean` and `rstd` (`[C]`), and updates `running` in place when given.
         op("batch_norm")
+        order(running, weight, bias)
         fn batch_norm_train(
             &self,
             layout: &Layout,
@@ -134,6 +135,7 @@ seam_trait! {
             eps: f64,
         ) -> Result<Self>;
         /// Gradients of batch norm from `self` = the output gradient.
+        order(stats, input, weight)
         fn batch_norm_backward(
             &self,
             layout: &Layout,
@@ -153,6 +155,7 @@ seam_trait! {
             eps: f64,
         ) -> Result<[Self; 3]>;
         /// Gradients of layer norm from `self` = the output gradient.
+        order(saved, input, weight)
         fn layer_norm_backward(
             &self,
             layout: &Layout,

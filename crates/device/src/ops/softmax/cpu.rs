@@ -3,15 +3,15 @@
 use super::SoftmaxOps;
 use crate::layout::Layout;
 use crate::ops::cpu_dispatch::float_op;
-use crate::ops::elementwise::float::Float;
 use crate::ops::strided::copy_contiguous_into;
+use crate::ops::KernelFloat;
 use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
 use crate::{CpuStorage, Result};
 use rayon::prelude::*;
 
 /// Softmax (`log = false`) or log-softmax over the last dim of `layout`, written contiguously
 /// into `out` (`layout.numel()` elements).
-pub fn softmax_last_dim<F: Float>(src: &[F], layout: &Layout, log: bool, out: &mut [F]) {
+pub fn softmax_last_dim<F: KernelFloat>(src: &[F], layout: &Layout, log: bool, out: &mut [F]) {
     let d = layout.shape().last().copied().unwrap_or(1);
     copy_contiguous_into(src, layout, out);
     if d == 0 {
