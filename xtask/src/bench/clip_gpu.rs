@@ -30,6 +30,7 @@
 //! with an error after writing the report.
 
 use super::clip::{grad_sets, GradSet};
+use super::harness::err;
 use super::{Options, Row};
 use kiln_autograd::{no_grad, DType, Device, Generator, Parameter, Tensor};
 use std::time::Instant;
@@ -37,10 +38,6 @@ use std::time::Instant;
 const GROUP: &str = "clip";
 /// The clipping cases' `max_norm` as a fraction of the norm the gradients have at the call.
 const SHRINK: f64 = 0.999;
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
 
 /// A pass over a gradient set whose memory traffic [`traffic_bytes`] counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,6 +11,7 @@
 mod alloc;
 mod clip;
 mod clip_gpu;
+mod harness;
 mod ops;
 mod ops_gpu;
 mod optim;
@@ -157,7 +158,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!("{table}");
     let dir = match std::env::var_os("KILN_BENCH_OUT") {
         Some(out) if !out.is_empty() => PathBuf::from(out),
-        _ => target_dir().join("kiln-bench"),
+        _ => crate::target_dir(&crate::workspace_root()).join("kiln-bench"),
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
@@ -187,20 +188,6 @@ fn group_names() -> String {
         .map(|(n, _)| *n)
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask sits in the workspace")
-        .to_path_buf()
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// Formats a figure with about four significant digits.
