@@ -1,6 +1,7 @@
 //! The pieces every benchmark group is built from, written once: the error conversion, the
 //! CPU timers (one warm-up call, then the best or the median of the timed calls), the rows of
-//! the memory-bandwidth reference, and the run of a group's CPU cases then its CUDA ones.
+//! the memory-bandwidth reference, and the run of a group's CPU cases then its CUDA ones (an
+//! error in the CUDA ones becoming a failed row).
 //!
 //! Invariants: every timer makes exactly one untimed warm-up call before timing, stops at the
 //! first error, and returns seconds per call; a group's CUDA cases never run with `--gpu` off,
@@ -99,6 +100,20 @@ pub fn cpu_then_gpu(
         gpu_cases(options, &mut rows);
     }
     Ok(rows)
+}
+
+/// Runs a group's `--gpu` cases into `rows`; an error that stops them becomes a
+/// [`Row::failed`] row (and a line on stderr), so the rows of every group are still written.
+pub fn gpu_cases(
+    group: &str,
+    options: &Options,
+    rows: &mut Vec<Row>,
+    cases: fn(&Options, &mut Vec<Row>) -> Result<(), String>,
+) {
+    if let Err(e) = cases(options, rows) {
+        eprintln!("bench {group}: the --gpu cases stopped: {e}");
+        rows.push(Row::failed(group, "gpu cases", &e));
+    }
 }
 
 #[cfg(test)]

@@ -166,15 +166,21 @@ fn measure(
     })
 }
 
+/// Seeds kiln's generator with 0 and empties the CPU cache; returns the bytes still allocated,
+/// the base a case's peaks are measured above.
+fn fresh_start() -> Result<usize, String> {
+    manual_seed(0);
+    empty_cache(CPU).map_err(err)?;
+    memory_allocated(CPU).map_err(err)
+}
+
 fn mlp_step(
     options: &Options,
     batch: usize,
     matmul_rate: f64,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    manual_seed(0);
-    empty_cache(CPU).map_err(err)?;
-    let base = memory_allocated(CPU).map_err(err)?;
+    let base = fresh_start()?;
     let model = mlp(&[784, 512, 256, 10], 0.0).map_err(err)?;
     let s = summary(&model, &[batch, 784]).map_err(err)?;
     let planned = plan(&model, &[784], DType::F32, OptimizerKind::AdamW)
@@ -207,9 +213,7 @@ fn resnet_step(
     matmul_rate: f64,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    manual_seed(0);
-    empty_cache(CPU).map_err(err)?;
-    let base = memory_allocated(CPU).map_err(err)?;
+    let base = fresh_start()?;
     let model = ResNet::new(ResNetConfig {
         block: BlockKind::Basic,
         layers: [2, 2, 2, 2],
