@@ -38,7 +38,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
              crates/ for sm_80 and sm_90"
         ));
     }
-    let root = crate::workspace_root();
+    let root = crate::paths::workspace_root();
     let files = find_cu_files(&root.join("crates"))?;
     if files.is_empty() {
         return Err(format!(
@@ -74,7 +74,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         tools.ptxas.display()
     );
 
-    let out_dir = crate::target_dir(&root).join("kiln-kernels");
+    let out_dir = crate::paths::target_dir(&root).join("kiln-kernels");
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
 

@@ -1,17 +1,19 @@
 //! kiln's developer tasks, run as `cargo xtask <command>`.
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod arch;
 mod bench;
 mod cuda_tools;
 mod gpu_pack;
 mod kernels;
+mod paths;
 mod replay;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
+  arch       check the layout rules: file length, no import cycles between files, one seam signature
   kernels    compile every .cu file with NVRTC (compute_80/90) and assemble with ptxas (sm_80/90)
   gpu-pack   build test and bench binaries into target/gpu-pack/ for a GPU machine
   replay     replay an allocation trace through the simulated backend
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             Ok(())
         }
+        "arch" => arch::run(rest),
         "kernels" => kernels::run(rest),
         "gpu-pack" => gpu_pack::run(rest),
         "replay" => replay::run(rest),
@@ -40,19 +43,5 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// The workspace root (the folder holding `xtask/`), as known when xtask was built.
-pub fn workspace_root() -> PathBuf {
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
-}
-
-/// Cargo's target folder: `$CARGO_TARGET_DIR` when set, else `<root>/target`.
-pub fn target_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
-        Some(dir) => root.join(dir),
-        None => root.join("target"),
     }
 }

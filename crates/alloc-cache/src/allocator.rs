@@ -44,7 +44,7 @@
 //!   the MLP trace did with growth divisor 8). Skipped when the merged block would be at least `max_split_size` and the request
 //!   smaller, since such a block could not be split for it.
 //! - *Geometric growth in whole requests*: a new segment for a request of at least 10 MiB holds
-//!   as many copies of the request as fit in 1/16 ([`GROWTH_DIVISOR`]) of the large pool's
+//!   as many copies of the request as fit in 1/16 ([`GROWTH_DIVISOR`](crate::GROWTH_DIVISOR)) of the large pool's
 //!   reserved bytes (at least one; rounded to 2 MiB). Runs of same-sized activations (repeated
 //!   layers) then share segments, so the 2 MiB rounding is paid once per segment instead of per
 //!   tensor, and tensors freed together in backward coalesce into blocks big enough for the next
@@ -122,40 +122,15 @@ use crate::config::AllocatorConfig;
 use crate::error::{Error, Result};
 use crate::handle::{Allocation, AllocatorRef, RawAllocation};
 use crate::lock::{HitGuard, HitLock};
+use crate::sizes::{
+    LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,
+};
 use crate::stats::{MemoryStats, PoolKind};
 use crate::trace::TraceRecorder;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
-
-/// Every request is rounded up to a multiple of this many bytes.
-pub const MIN_BLOCK: usize = 512;
-/// Largest request served from the small pool.
-pub const SMALL_SIZE: usize = 1 << 20;
-/// Size of a small-pool segment.
-pub const SMALL_SEGMENT: usize = 2 << 20;
-/// Size of a large-pool segment for requests between 1 and 10 MiB.
-pub const LARGE_SEGMENT: usize = 20 << 20;
-/// Requests at least this big get a segment of their own size (rounded to [`ROUND_LARGE`]).
-pub const MIN_LARGE_ALLOC: usize = 10 << 20;
-/// Rounding of large segments.
-pub const ROUND_LARGE: usize = 2 << 20;
-/// A fixed segment made for a request of at least [`MIN_LARGE_ALLOC`] holds as many copies of
-/// the request as fit in the large pool's reserved bytes divided by this (at least one, rounded
-/// to [`ROUND_LARGE`]): segments grow geometrically, by at most 1/16 of what is reserved.
-pub const GROWTH_DIVISOR: usize = 16;
-/// A request of at least [`MIN_LARGE_ALLOC`] whose own segment would lose more than this
-/// fraction (1/32) of it to rounding gets a segment for two copies instead (when the request is
-/// at most 1/8 of the large pool), so the rounding is paid once per pair.
-pub(crate) const PAIR_ROUNDING_WASTE: usize = 32;
-/// Largest request accepted (anything larger cannot be a real buffer and would overflow).
-pub const MAX_REQUEST: usize = 1 << 50;
-
-/// `size` rounded up to the block granularity (at least one [`MIN_BLOCK`]).
-pub fn round_size(size: usize) -> usize {
-    size.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK
-}
 
 /// Which pool serves a request of `rounded` bytes.
 pub fn pool_for(rounded: usize) -> PoolKind {

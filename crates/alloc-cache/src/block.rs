@@ -9,43 +9,9 @@
 
 use crate::backend::{EventId, StreamId};
 use crate::free_index::FreeIndex;
+pub(crate) use crate::slab::{Block, BlockState, NONE};
 use crate::stats::{MemoryStats, PoolKind};
 use crate::trace::TraceRecorder;
-
-/// Sentinel for "no block" in the intrusive links.
-pub(crate) const NONE: u32 = u32::MAX;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BlockState {
-    /// In a pool, available.
-    Free,
-    /// Handed to a caller.
-    Allocated,
-    /// Freed by the caller, waiting for events on other streams that used it.
-    Pending,
-    /// Slab slot not in use.
-    Dead,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Block {
-    pub addr: u64,
-    pub size: usize,
-    pub requested: usize,
-    pub segment: u32,
-    pub prev: u32,
-    pub next: u32,
-    pub state: BlockState,
-    pub pool: PoolKind,
-    pub stream: u16,
-    pub pending_events: u32,
-    pub freed_at: u64,
-    pub alloc_id: u64,
-    /// Links of the free-index class list (meaningful while free).
-    pub free_prev: u32,
-    pub free_next: u32,
-    pub stream_uses: Vec<StreamId>,
-}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Segment {
@@ -69,37 +35,6 @@ pub(crate) struct Segment {
 impl Segment {
     pub fn expandable(&self) -> bool {
         self.address_space > 0
-    }
-}
-
-impl Block {
-    /// A new free block, not yet in any pool.
-    pub fn free(
-        addr: u64,
-        size: usize,
-        segment: u32,
-        prev: u32,
-        pool: PoolKind,
-        stream: u16,
-        now: u64,
-    ) -> Block {
-        Block {
-            addr,
-            size,
-            requested: 0,
-            segment,
-            prev,
-            next: NONE,
-            state: BlockState::Free,
-            pool,
-            stream,
-            pending_events: 0,
-            freed_at: now,
-            alloc_id: 0,
-            free_prev: NONE,
-            free_next: NONE,
-            stream_uses: Vec::new(),
-        }
     }
 }
 

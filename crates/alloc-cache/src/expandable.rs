@@ -6,6 +6,10 @@
 //! (so no coalescing or statistics change) and its pages are mapped again when it is handed
 //! out. A per-segment hole count keeps the hit path to one comparison while there are none.
 //! Pages shared by a free block and an allocated neighbour are never unmapped.
+//!
+//! The page bitmap covers only the pages mapped so far (it grows with `extent`, never with the
+//! reserved address space): a device whose capacity is 2^62 bytes costs nothing until its pages
+//! are used. A page past the end of the bitmap is unmapped.
 
 use crate::allocator::CachingAllocator;
 use crate::backend::BackendError;
@@ -16,10 +20,24 @@ use crate::stats::PoolKind;
 impl Segment {
     /// Whether page `p` (counted from `base`) is mapped.
     pub(crate) fn page_mapped(&self, p: usize) -> bool {
-        self.pages[p / 64] >> (p % 64) & 1 == 1
+        self.pages
+            .get(p / 64)
+            .is_some_and(|word| word >> (p % 64) & 1 == 1)
     }
 
     fn set_pages(&mut self, p0: usize, p1: usize, mapped: bool) {
+        let words = p1.div_ceil(64);
+        if !mapped {
+            // Pages past the bitmap are unmapped already.
+            let end = p1.min(self.pages.len() * 64);
+            for p in p0..end {
+                self.pages[p / 64] &= !(1 << (p % 64));
+            }
+            return;
+        }
+        if words > self.pages.len() {
+            self.pages.resize(words, 0);
+        }
         for p in p0..p1 {
             if mapped {
                 self.pages[p / 64] |= 1 << (p % 64);
@@ -134,9 +152,14 @@ impl CachingAllocator {
     ) -> Result<u32, BackendError> {
         let mut seg = st.streams[si as usize].expandable[pool_index(pool)];
         if seg == NONE {
-            let address_space = self.backend.capacity().div_ceil(self.page) * self.page;
+            // The capacity rounded up to whole pages (down where that would overflow usize).
+            let capacity = self.backend.capacity();
+            let address_space = capacity
+                .div_ceil(self.page)
+                .checked_mul(self.page)
+                .unwrap_or(capacity / self.page * self.page);
             let base = self.backend.reserve_address_space(address_space)?;
-            let pages = vec![0u64; (address_space / self.page).div_ceil(64)];
+            let pages = Vec::new();
             let segment = Segment {
                 base,
                 mapped: 0,
@@ -163,8 +186,17 @@ impl CachingAllocator {
         } else {
             0
         };
-        let need = rounded.saturating_sub(have).div_ceil(self.page) * self.page;
-        if extent + need > address_space {
+        let short = rounded.saturating_sub(have);
+        let Some(need) = short.div_ceil(self.page).checked_mul(self.page) else {
+            return Err(BackendError::OutOfMemory {
+                requested: short,
+                free: address_space - extent,
+            });
+        };
+        if extent
+            .checked_add(need)
+            .is_none_or(|end| end > address_space)
+        {
             return Err(BackendError::OutOfMemory {
                 requested: need,
                 free: address_space - extent,

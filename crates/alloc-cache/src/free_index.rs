@@ -14,8 +14,8 @@
 //! `free_next` fields; a bit per class says whether it is non-empty and a summary bit per word
 //! of the bitmap says whether that word is non-zero.
 
-use crate::allocator::MIN_BLOCK;
-use crate::block::{Block, NONE};
+use crate::sizes::MIN_BLOCK;
+use crate::slab::{Block, NONE};
 
 /// Classes `1..=EXACT_MAX` are exact sizes `class * 512` (up to 2 MiB).
 const EXACT_MAX: usize = (2 << 20) / MIN_BLOCK;

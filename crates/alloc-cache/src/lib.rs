@@ -31,15 +31,14 @@ mod handle;
 mod lock;
 pub mod replay;
 mod segments;
+mod sizes;
+mod slab;
 mod snapshot;
 mod stats;
 pub mod synth;
 mod trace;
 
-pub use allocator::{
-    pool_for, round_size, segment_size_for, CachingAllocator, GROWTH_DIVISOR, LARGE_SEGMENT,
-    MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,
-};
+pub use allocator::{pool_for, segment_size_for, CachingAllocator};
 pub use backend::{
     BackendError, EventId, HostBackend, MemoryBackend, SimBackend, SimCalls, StreamId,
 };
@@ -47,6 +46,10 @@ pub use config::AllocatorConfig;
 pub use error::{Error, OomReport, Result};
 pub use handle::{Allocation, AllocatorRef, RawAllocation};
 pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
+pub use sizes::{
+    round_size, GROWTH_DIVISOR, LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC,
+    ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,
+};
 pub use snapshot::{BlockSnapshot, BlockSnapshotState, MemorySnapshot, SegmentSnapshot};
 pub use stats::{format_bytes, MemoryStats, PoolKind, Stat, StatArray};
 pub use trace::{Trace, TraceEvent, TraceRecorder};

@@ -2,13 +2,11 @@
 //! expandable segments), the out-of-memory fallbacks, garbage collection, and giving cached
 //! memory back (`empty_cache`, `trim_to`).
 
-use crate::allocator::{
-    segment_size_for, CachingAllocator, GROWTH_DIVISOR, MIN_LARGE_ALLOC, PAIR_ROUNDING_WASTE,
-    ROUND_LARGE,
-};
+use crate::allocator::{segment_size_for, CachingAllocator};
 use crate::backend::BackendError;
 use crate::block::{Block, BlockState, Segment, State, NONE};
 use crate::error::{Error, OomReport, Result};
+use crate::sizes::{GROWTH_DIVISOR, MIN_LARGE_ALLOC, PAIR_ROUNDING_WASTE, ROUND_LARGE};
 use crate::stats::PoolKind;
 
 /// Which cached segments to release first, and when to stop.

@@ -114,3 +114,32 @@ fn trim_to_takes_the_largest_holes_first() {
     a.free_raw(keep1).unwrap();
     a.free_raw(keep2).unwrap();
 }
+
+/// A device claiming 2^62 bytes costs no bookkeeping until pages are mapped: the page bitmap
+/// used to be sized from the capacity (256 GB for 2^62) and aborted. At `usize::MAX` the
+/// simulated address space runs out instead: an out-of-memory error, not an overflow panic.
+#[test]
+fn huge_capacities_size_the_page_bitmap_lazily() {
+    let (sim, a) = sim_alloc(1 << 62);
+    let x = a.allocate_raw(4 * MIB, S0).unwrap();
+    let y = a.allocate_raw(6 * MIB, S0).unwrap();
+    a.free_raw(x).unwrap();
+    assert_eq!(a.empty_cache().unwrap(), 4 * MIB);
+    let again = a.allocate_raw(2 * MIB, S0).unwrap();
+    a.check_invariants().unwrap();
+    a.free_raw(again).unwrap();
+    a.free_raw(y).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(sim.live_ranges(), (0, 0, 0));
+
+    let (_sim, a) = sim_alloc(usize::MAX);
+    match a.allocate_raw(4 * MIB, S0) {
+        Ok(r) => a.free_raw(r).unwrap(),
+        Err(e) => assert!(matches!(e, Error::OutOfMemory(_)), "{e}"),
+    }
+    a.check_invariants().unwrap();
+
+    let trace = Trace::parse("a 1 1048576\na 2 8388608\nf 1\nf 2\n").unwrap();
+    let report = replay(&trace, ReplayMode::Expandable, 1 << 62).unwrap();
+    assert_eq!(report.ooms, 0);
+}

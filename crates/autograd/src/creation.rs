@@ -6,7 +6,8 @@
 use crate::error::{arg_err, shape_err};
 use crate::tensor::{fmt_shape, Tensor};
 use crate::Result;
-use kiln_device::{BackendStorage, CpuStorage, DType, Device, Element, Storage};
+use kiln_device::prelude::*;
+use kiln_device::{CpuStorage, DType, Device, Element, Storage};
 
 impl Tensor {
     /// A tensor of `shape` filled with `value`.

@@ -10,7 +10,8 @@ use crate::autograd::graph::BackwardFn;
 use crate::error::shape_err;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::Result;
-use kiln_device::{BackendStorage, Storage};
+use kiln_device::prelude::*;
+use kiln_device::Storage;
 use std::sync::RwLockReadGuard;
 
 /// A backward closure: gets the output's gradient, returns one optional gradient per input (in

@@ -11,7 +11,7 @@ use crate::error::shape_err;
 use crate::ops::broadcast_shapes;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::{Error, Result};
-use kiln_device::BackendStorage;
+use kiln_device::prelude::*;
 
 impl Tensor {
     /// Writes `value` (broadcast to this tensor's shape) into this tensor's buffer.

@@ -4,7 +4,8 @@
 use crate::error::{arg_err, shape_err};
 use crate::tensor::{fmt_shape, resolve_dim, Tensor};
 use crate::Result;
-use kiln_device::{BackendStorage, Layout, Storage};
+use kiln_device::prelude::*;
+use kiln_device::{Layout, Storage};
 
 impl Tensor {
     /// Concatenation along `dim`; all other dims must match.

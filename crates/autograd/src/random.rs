@@ -6,7 +6,8 @@
 
 use crate::tensor::Tensor;
 use crate::Result;
-use kiln_device::{BackendStorage, DType, Device, Storage};
+use kiln_device::prelude::*;
+use kiln_device::{DType, Device, Storage};
 use std::sync::Mutex;
 
 /// PyTorch's default CPU seed, so an unseeded run is still deterministic.

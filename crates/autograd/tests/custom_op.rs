@@ -1,7 +1,7 @@
 //! `Tensor::record_op`: differentiable ops defined outside kiln-autograd.
 
 use kiln_autograd::{no_grad, DType, Device, Tensor};
-use kiln_device::BackendStorage;
+use kiln_device::prelude::*;
 
 /// `y = x³` with a hand-written backward `3x² g`, its forward run through the backend seam.
 fn cube(x: &Tensor) -> kiln_autograd::Result<Tensor> {

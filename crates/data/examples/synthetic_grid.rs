@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .next()
         .unwrap_or_else(|| "docs/synthetic_samples.png".into());
     let seed: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(0);
-    let ds = synthetic::generate(seed, Split::Train, 100);
+    let ds = synthetic::generate(seed, Split::Train, 100)?;
     // Sample k + 10 j has label k: put it in row k, column j, each upscaled 2x (nearest).
     let scaled: Vec<Vec<u8>> = (0..100)
         .map(|cell| {

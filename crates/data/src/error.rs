@@ -107,6 +107,24 @@ pub enum Error {
         /// What was wrong and what to pass instead.
         msg: String,
     },
+    /// A buffer sized from input that this machine cannot hold (or whose size overflows).
+    #[error(
+        "{op}: {what} needs {}{}: {fix}",
+        requested.map_or("more than usize::MAX bytes".to_string(), |b| format!("{b} bytes")),
+        available.map_or(String::new(), |a| format!(", but this machine has {a} bytes of memory"))
+    )]
+    OutOfMemory {
+        /// The function.
+        op: &'static str,
+        /// What the buffer holds, e.g. `99999999999999 synthetic samples`.
+        what: String,
+        /// The bytes needed; `None` when that overflows `usize`.
+        requested: Option<usize>,
+        /// The machine's physical memory, when known.
+        available: Option<usize>,
+        /// What to ask for instead.
+        fix: String,
+    },
     /// The prefetch worker thread died (a panic while building a batch).
     #[error("data loader worker thread failed: {0}")]
     Worker(String),

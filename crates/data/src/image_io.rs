@@ -9,6 +9,7 @@
 //! `convert("RGB")`); RGB to gray is PIL's `L` (ITU-R 601-2 luma, 299/587/114 per mille).
 
 use crate::error::{Error, Result};
+use crate::memory;
 use crate::transforms::{push_f32, Normalize};
 use image::{imageops::FilterType, ColorType, DynamicImage, ImageFormat, ImageReader};
 use kiln_autograd::{Device, Tensor};
@@ -117,6 +118,24 @@ pub fn load_image(
             format!("expected input {ec}x{eh}x{ew} is not an image shape; pass [C, H, W] with C in 1..=4"),
         ));
     }
+    // The model's input must fit `resize_exact`'s u32 sides and this machine's memory: the
+    // resize holds the image as RGBA f32 (16 bytes a pixel) twice, then the tensor (4 a value).
+    let fix = format!(
+        "a {ec}x{eh}x{ew} input is larger than this machine can hold; pass the model's real \
+         input size"
+    );
+    if u32::try_from(eh).is_err() || u32::try_from(ew).is_err() {
+        return Err(crate::error::arg_err(
+            "load_image",
+            format!(
+                "expected size {eh}x{ew} has a side beyond {} pixels; {fix}",
+                u32::MAX
+            ),
+        ));
+    }
+    let what = format!("a {ec}x{eh}x{ew} image");
+    let bytes = memory::checked_size("load_image", &what, &[eh, ew, 16 * 2 + 4 * ec], &fix)?;
+    memory::check_fits("load_image", &what, bytes, &fix)?;
     if let Some(n) = normalize {
         if n.channels() != ec {
             return Err(crate::error::arg_err(
@@ -159,7 +178,9 @@ pub fn load_image(
         img = img.resize_exact(ew as u32, eh as u32, FilterType::Triangle);
     }
     let (chw, _) = to_chw(&img, ec);
-    let mut data = Vec::with_capacity(chw.len());
+    let mut data = Vec::new();
+    data.try_reserve_exact(chw.len())
+        .map_err(|_| memory::overflow("load_image", &what, &fix))?;
     push_f32(&chw, ec, normalize, &mut data);
     Ok(Tensor::from_vec(data, &[ec, eh, ew], device)?)
 }
@@ -231,9 +252,20 @@ pub fn image_grid(
         ));
     }
     let rows = images.len().div_ceil(cols);
-    let gh = rows * (h + gap) + gap;
-    let gw = cols * (w + gap) + gap;
-    let mut out = vec![fill; c * gh * gw];
+    let what = format!(
+        "a grid of {} {c}x{h}x{w} images, {cols} per row",
+        images.len()
+    );
+    let fix = "use fewer images, fewer columns or a smaller gap";
+    let side = |n: usize, len: usize| {
+        len.checked_add(gap)
+            .and_then(|cell| cell.checked_mul(n))
+            .and_then(|s| s.checked_add(gap))
+            .ok_or_else(|| memory::overflow("image_grid", &what, fix))
+    };
+    let (gh, gw) = (side(rows, h)?, side(cols, w)?);
+    let len = memory::checked_size("image_grid", &what, &[c, gh, gw], fix)?;
+    let mut out = memory::filled("image_grid", &what, len, fill, fix)?;
     for (k, im) in images.iter().enumerate() {
         let (oy, ox) = (gap + (k / cols) * (h + gap), gap + (k % cols) * (w + gap));
         for ch in 0..c {

@@ -19,7 +19,7 @@
 //! use kiln_data::{synthetic, DataLoader, DataLoaderConfig, Normalize, Augment};
 //! use std::sync::Arc;
 //! # fn main() -> kiln_data::Result<()> {
-//! let (train, _val) = synthetic::train_val(0, 10_000, 2_000);
+//! let (train, _val) = synthetic::train_val(0, 10_000, 2_000)?;
 //! let config = DataLoaderConfig {
 //!     batch_size: 128,
 //!     shuffle: true,
@@ -42,6 +42,7 @@ mod error;
 mod files;
 mod image_io;
 mod loader;
+mod memory;
 mod rng;
 mod source;
 mod transforms;

@@ -241,6 +241,16 @@ impl DataLoader {
                 ),
             ));
         }
+        if state.epoch == u64::MAX {
+            return Err(arg_err(
+                "DataLoader::set_state",
+                format!(
+                    "epoch {} is the last u64, so the loader could not move on to the next epoch; \
+                     the state is corrupt: pass a state saved by Batch::state_after",
+                    state.epoch
+                ),
+            ));
+        }
         self.state = if state.batches_done == len {
             LoaderState {
                 epoch: state.epoch + 1,
@@ -432,8 +442,15 @@ impl Iterator for EpochIter<'_> {
             batches_done: batch_index + 1,
         };
         if after.batches_done == self.loader.len() {
+            // `set_state` refuses epoch u64::MAX, so only 2^64 epochs could get here.
+            let Some(next) = self.epoch.checked_add(1) else {
+                return Some(Err(arg_err(
+                    "DataLoader::iter",
+                    "epoch u64::MAX is the last one: there is no next epoch to move on to",
+                )));
+            };
             after = LoaderState {
-                epoch: self.epoch + 1,
+                epoch: next,
                 batches_done: 0,
             };
         }

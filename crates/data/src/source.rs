@@ -41,7 +41,7 @@ impl DataSource {
     pub fn load(&self, seed: u64) -> Result<(ImageDataset, ImageDataset)> {
         Ok(match self {
             DataSource::Synthetic { train_len, val_len } => {
-                synthetic::train_val(seed, *train_len, *val_len)
+                synthetic::train_val(seed, *train_len, *val_len)?
             }
             DataSource::Mnist(dir) => (
                 mnist::load(dir, Split::Train)?,

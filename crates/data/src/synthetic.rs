@@ -15,6 +15,8 @@
 //! flip augmentation is label-preserving.
 
 use crate::dataset::{ImageDataset, Split};
+use crate::error::Result;
+use crate::memory;
 use crate::rng::{Domain, Stream};
 use rayon::prelude::*;
 
@@ -176,10 +178,16 @@ pub fn render(seed: u64, split: Split, index: u64) -> (Vec<u8>, i64) {
 }
 
 /// `len` samples of `split` under `seed` (rendered in parallel; the result does not depend on
-/// the thread count).
-pub fn generate(seed: u64, split: Split, len: usize) -> ImageDataset {
+/// the thread count). Errors, before allocating, when `len` samples (3,072 bytes each) do not
+/// fit in this machine's memory.
+pub fn generate(seed: u64, split: Split, len: usize) -> Result<ImageDataset> {
     let per = CHANNELS * SIZE * SIZE;
-    let mut pixels = vec![0u8; len * per];
+    let what = format!("{len} synthetic samples of {per} bytes");
+    let fix = "ask for fewer samples (e.g. --data synthetic:50000)";
+    // Labels take 8 bytes per sample beside the pixels.
+    let total = memory::checked_size("synthetic::generate", &what, &[len, per + 8], fix)?;
+    memory::check_fits("synthetic::generate", &what, total, fix)?;
+    let mut pixels = memory::filled("synthetic::generate", &what, len * per, 0u8, fix)?;
     let labels: Vec<i64> = pixels
         .par_chunks_mut(per)
         .enumerate()
@@ -200,14 +208,25 @@ pub fn generate(seed: u64, split: Split, len: usize) -> ImageDataset {
         labels,
         CLASSES.iter().map(|c| c.to_string()).collect(),
     )
-    .expect("render makes one 3x32x32 block per label in 0..10")
 }
 
 /// The training and validation sets: `train_len` samples of [`Split::Train`] and `val_len` of
-/// [`Split::Test`] under `seed`.
-pub fn train_val(seed: u64, train_len: usize, val_len: usize) -> (ImageDataset, ImageDataset) {
-    (
-        generate(seed, Split::Train, train_len),
-        generate(seed, Split::Test, val_len),
-    )
+/// [`Split::Test`] under `seed`. Errors when they do not fit in memory together.
+pub fn train_val(
+    seed: u64,
+    train_len: usize,
+    val_len: usize,
+) -> Result<(ImageDataset, ImageDataset)> {
+    let per = CHANNELS * SIZE * SIZE + 8;
+    let what = format!("{train_len} training and {val_len} validation synthetic samples");
+    let fix = "ask for fewer samples (e.g. --data synthetic:50000)";
+    let op = "synthetic::train_val";
+    let bytes = memory::checked_size(op, &what, &[train_len, per], fix)?
+        .checked_add(memory::checked_size(op, &what, &[val_len, per], fix)?)
+        .ok_or_else(|| memory::overflow(op, &what, fix))?;
+    memory::check_fits(op, &what, bytes, fix)?;
+    Ok((
+        generate(seed, Split::Train, train_len)?,
+        generate(seed, Split::Test, val_len)?,
+    ))
 }

@@ -40,6 +40,27 @@ impl Normalize {
         if let Some(m) = mean.iter().find(|m| !m.is_finite()) {
             return Err(arg_err("Normalize::new", format!("mean {m} is not finite")));
         }
+        // Stored as f32: a std below f32's normal range reads as 0 (or a subnormal whose
+        // reciprocal is infinite), a mean beyond f32's range as infinity.
+        if let Some(s) = std.iter().find(|&&s| {
+            let s32 = s as f32;
+            !(s32.is_normal() && (1.0 / s32).is_finite())
+        }) {
+            return Err(arg_err(
+                "Normalize::new",
+                format!(
+                    "std {s} is too small for f32 pixels (it would store 0 or an infinite \
+                     scale); every std must be at least {:e}; for a constant channel pass std 1",
+                    f32::MIN_POSITIVE
+                ),
+            ));
+        }
+        if let Some(m) = mean.iter().find(|&&m| !(m as f32).is_finite()) {
+            return Err(arg_err(
+                "Normalize::new",
+                format!("mean {m} does not fit in f32; pixel means lie in [0, 1]"),
+            ));
+        }
         Ok(Normalize {
             mean: mean.iter().map(|&m| m as f32).collect(),
             std: std.iter().map(|&s| s as f32).collect(),
@@ -211,6 +232,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("every std must be > 0"));
+        for tiny in [1e-50, 1e-39, f64::MIN_POSITIVE] {
+            let msg = Normalize::new(&[0.5], &[tiny]).unwrap_err().to_string();
+            assert!(msg.contains("too small for f32"), "{tiny}: {msg}");
+        }
+        assert!(Normalize::new(&[1e300], &[1.0])
+            .unwrap_err()
+            .to_string()
+            .contains("does not fit in f32"));
         assert!(Normalize::new(&[0.5, 0.5], &[1.0])
             .unwrap_err()
             .to_string()

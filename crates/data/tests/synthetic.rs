@@ -4,7 +4,7 @@ use kiln_data::{synthetic, Split};
 
 #[test]
 fn sample_i_is_a_function_of_seed_split_and_index() {
-    let ds = synthetic::generate(3, Split::Train, 40);
+    let ds = synthetic::generate(3, Split::Train, 40).unwrap();
     for i in [0usize, 7, 39] {
         let (img, label) = synthetic::render(3, Split::Train, i as u64);
         assert_eq!(ds.image(i), img.as_slice());
@@ -15,10 +15,10 @@ fn sample_i_is_a_function_of_seed_split_and_index() {
         .num_threads(1)
         .build()
         .unwrap();
-    let one = pool.install(|| synthetic::generate(3, Split::Train, 40));
+    let one = pool.install(|| synthetic::generate(3, Split::Train, 40).unwrap());
     assert_eq!(one, ds);
     // A longer set starts with the shorter one.
-    let longer = synthetic::generate(3, Split::Train, 50);
+    let longer = synthetic::generate(3, Split::Train, 50).unwrap();
     assert_eq!(longer.image(39), ds.image(39));
 }
 
@@ -27,7 +27,7 @@ fn seeds_and_splits_give_different_images() {
     let a = synthetic::render(3, Split::Train, 5).0;
     assert_ne!(a, synthetic::render(4, Split::Train, 5).0);
     assert_ne!(a, synthetic::render(3, Split::Test, 5).0);
-    let (train, val) = synthetic::train_val(3, 20, 10);
+    let (train, val) = synthetic::train_val(3, 20, 10).unwrap();
     assert_eq!((train.len(), val.len()), (20, 10));
     assert_eq!(train.name(), "synthetic/train");
     assert_eq!(val.name(), "synthetic/val");
@@ -38,7 +38,7 @@ fn seeds_and_splits_give_different_images() {
 
 #[test]
 fn classes_are_balanced_and_images_are_varied() {
-    let ds = synthetic::generate(0, Split::Train, 200);
+    let ds = synthetic::generate(0, Split::Train, 200).unwrap();
     assert_eq!(ds.sample_shape(), [3, 32, 32]);
     assert_eq!(ds.classes()[9], "dot grid");
     let mut counts = [0; 10];
@@ -67,7 +67,7 @@ fn classes_are_balanced_and_images_are_varied() {
 /// the classes are not separable by where their pixels are.
 #[test]
 fn nearest_class_mean_on_pixels_is_weak() {
-    let (train, val) = synthetic::train_val(1, 500, 200);
+    let (train, val) = synthetic::train_val(1, 500, 200).unwrap();
     let per = 3 * 32 * 32;
     let mut means = vec![vec![0f64; per]; 10];
     for i in 0..train.len() {

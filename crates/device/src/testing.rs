@@ -6,7 +6,8 @@
 //! `KILN_REQUIRE_CUDA=1` (set by the GPU run script) it panics with the reason instead, so a GPU
 //! run can never pass by skipping everything.
 
-use crate::{BackendStorage, CpuStorage, DType, Device, Layout, Result};
+use crate::prelude::*;
+use crate::{CpuStorage, DType, Device, Layout, Result};
 
 /// Name of the env var that turns skips into failures.
 pub const REQUIRE_CUDA_VAR: &str = "KILN_REQUIRE_CUDA";

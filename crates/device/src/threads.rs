@@ -1,7 +1,11 @@
 //! The CPU thread pool every parallel kernel runs on.
 //!
 //! One rayon pool, built on first use. `KILN_NUM_THREADS=N` caps it at `N` threads (like
-//! `OMP_NUM_THREADS` for PyTorch); unset, it uses every core rayon sees. Kernels below
+//! `OMP_NUM_THREADS` for PyTorch); unset, it uses every core rayon sees. `N` itself is capped at
+//! [`MAX_THREADS_PER_CORE`] times the cores the machine has (more threads than that only add
+//! scheduling cost, and a typo such as 100000 would spend minutes spawning them); a value that
+//! is capped or not a positive integer is reported on stderr, naming the variable and the fix,
+//! and the pool is still built. Kernels below
 //! [`PARALLEL_THRESHOLD`] elements run on the calling thread: handing tiny loops to the pool costs
 //! more than it saves.
 
@@ -17,17 +21,49 @@ pub fn parse_num_threads(value: Option<&str>) -> Option<usize> {
         .filter(|&n| n > 0)
 }
 
+/// `KILN_NUM_THREADS` may ask for at most this many threads per core of the machine.
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The thread count to build the pool with from a raw `KILN_NUM_THREADS` value on a machine
+/// with `cores` cores: `(threads, warning)`. `threads` is `None` (use every core) when the
+/// variable is unset or not a positive integer, and at most `MAX_THREADS_PER_CORE * cores`;
+/// `warning` says what was ignored or capped and how to fix the variable.
+pub fn resolve_num_threads(raw: Option<&str>, cores: usize) -> (Option<usize>, Option<String>) {
+    let Some(text) = raw else {
+        return (None, None);
+    };
+    let Some(requested) = parse_num_threads(Some(text)) else {
+        let shown: String = text.chars().take(40).collect();
+        return (
+            None,
+            Some(format!(
+                "kiln: ignoring KILN_NUM_THREADS={shown:?}: expected a positive integer such as 4; \
+                 using every core"
+            )),
+        );
+    };
+    let cores = cores.max(1);
+    let limit = cores.saturating_mul(MAX_THREADS_PER_CORE);
+    if requested > limit {
+        let warning = format!(
+            "kiln: KILN_NUM_THREADS={requested} is more than {MAX_THREADS_PER_CORE} threads per \
+             core ({cores} cores here); using {limit} threads: set KILN_NUM_THREADS to at most \
+             {limit}, or unset it to use one thread per core"
+        );
+        return (Some(limit), Some(warning));
+    }
+    (Some(requested), None)
+}
+
 /// The pool (built on first call, honouring `KILN_NUM_THREADS`).
 pub fn cpu_pool() -> &'static rayon::ThreadPool {
     static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
     POOL.get_or_init(|| {
         let raw = std::env::var("KILN_NUM_THREADS").ok();
-        let requested = parse_num_threads(raw.as_deref());
-        if raw.is_some() && requested.is_none() {
-            eprintln!(
-                "kiln: ignoring KILN_NUM_THREADS={:?}: expected a positive integer such as 4",
-                raw.unwrap_or_default()
-            );
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (requested, warning) = resolve_num_threads(raw.as_deref(), cores);
+        if let Some(warning) = warning {
+            eprintln!("{warning}");
         }
         let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kiln-cpu-{i}"));
         if let Some(n) = requested {
@@ -59,5 +95,23 @@ mod tests {
         assert_eq!(parse_num_threads(Some("0")), None);
         assert_eq!(parse_num_threads(Some("many")), None);
         assert_eq!(parse_num_threads(None), None);
+    }
+
+    #[test]
+    fn caps_huge_thread_counts_with_a_message_naming_the_variable() {
+        assert_eq!(resolve_num_threads(Some("8"), 4), (Some(8), None));
+        assert_eq!(resolve_num_threads(None, 4), (None, None));
+        let (n, warning) = resolve_num_threads(Some("100000"), 4);
+        assert_eq!(n, Some(4 * MAX_THREADS_PER_CORE));
+        let warning = warning.expect("a capped count is reported");
+        assert!(
+            warning.contains("KILN_NUM_THREADS=100000") && warning.contains("at most 16"),
+            "{warning}"
+        );
+        let (n, warning) = resolve_num_threads(Some("99999999999999999999999"), 2);
+        assert_eq!(n, None);
+        assert!(warning.unwrap().contains("positive integer"));
+        // No cores reported still leaves a usable limit.
+        assert_eq!(resolve_num_threads(Some("3"), 0).0, Some(3));
     }
 }

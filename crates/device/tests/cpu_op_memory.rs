@@ -9,9 +9,8 @@ use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kiln_device::ops::conv::{Conv2dGeometry, Conv2dParams};
-use kiln_device::{
-    allocator, BackendStorage, BinaryOp, CpuStorage, DType, Device, Layout, ReduceOp, Result,
-};
+use kiln_device::prelude::*;
+use kiln_device::{allocator, BinaryOp, CpuStorage, DType, Device, Layout, ReduceOp, Result};
 
 /// The system allocator, counting the largest single request while `COUNTING` is on.
 struct Counting;

@@ -14,10 +14,9 @@ mod common;
 
 use common::{assert_match, both};
 use kiln_device::ops::reduce::plan::{plan, Read, ReducePlan};
+use kiln_device::prelude::*;
 use kiln_device::testing::cuda_device_or_skip;
-use kiln_device::{
-    BackendStorage, BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Layout, ReduceOp, UnaryOp,
-};
+use kiln_device::{BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Layout, ReduceOp, UnaryOp};
 
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,

@@ -15,8 +15,10 @@ use kiln_device::ops::pool::{
     AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, AvgPool2dParams, MaxPool2dGeometry,
     MaxPool2dParams,
 };
+use kiln_device::prelude::*;
 use kiln_device::testing::{cuda_device_or_skip, sum_tolerance, tolerance};
-use kiln_device::{BackendStorage, CpuStorage, CudaStorage, DType, Layout, Pool2d};
+use kiln_device::GradMask;
+use kiln_device::{CpuStorage, CudaStorage, DType, Layout, Pool2d};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
@@ -98,11 +100,13 @@ fn conv2d_forward_and_backward_match_cpu_in_every_float_dtype() {
             let ol = Layout::contiguous(&g.output_shape());
             let (gor, gog) = (reference_input(&go), gpu(dev, &go));
             let want_g = gor
-                .conv2d_backward(&ol, (&xr, &xl), (&wr, &wl), &g, [true; 3])
-                .unwrap();
+                .conv2d_backward(&ol, (&xr, &xl), (&wr, &wl), &g, GradMask::ALL)
+                .unwrap()
+                .into_array();
             let got_g = gog
-                .conv2d_backward(&ol, (&xg, &xl), (&wg, &wl), &g, [true; 3])
-                .unwrap();
+                .conv2d_backward(&ol, (&xg, &xl), (&wg, &wl), &g, GradMask::ALL)
+                .unwrap()
+                .into_array();
             for (k, terms) in [(0, k_dx), (1, 1), (2, 1)] {
                 assert_near(
                     &format!("{what} grad {k}"),

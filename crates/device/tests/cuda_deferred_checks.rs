@@ -8,9 +8,10 @@ mod common;
 
 use kiln_device::cuda::deferred_check_stats;
 use kiln_device::ops::loss::{CrossEntropyShape, CrossEntropySpec, TargetKind};
+use kiln_device::prelude::*;
 use kiln_device::testing::cuda_device_or_skip;
 use kiln_device::Layout;
-use kiln_device::{set_eager_checks, synchronize, BackendStorage, CpuStorage, CudaStorage, Error};
+use kiln_device::{set_eager_checks, synchronize, CpuStorage, CudaStorage, Error};
 
 use common::gpu;
 

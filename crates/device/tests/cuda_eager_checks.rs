@@ -4,8 +4,9 @@
 #![cfg(feature = "cuda")]
 
 use kiln_device::cuda::deferred_check_stats;
+use kiln_device::prelude::*;
 use kiln_device::testing::cuda_device_or_skip;
-use kiln_device::{set_eager_checks, BackendStorage, CpuStorage, CudaStorage, Error, Layout};
+use kiln_device::{set_eager_checks, CpuStorage, CudaStorage, Error, Layout};
 
 #[test]
 fn eager_checks_return_the_error_at_the_op() {

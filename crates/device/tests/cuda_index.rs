@@ -4,10 +4,11 @@
 //! the host). Skips without a GPU (`cuda_device_or_skip`).
 #![cfg(feature = "cuda")]
 
+use kiln_device::prelude::*;
 mod common;
 
 use kiln_device::testing::cuda_device_or_skip;
-use kiln_device::{BackendStorage, CpuStorage, CudaStorage, DType, Error, Layout};
+use kiln_device::{CpuStorage, CudaStorage, DType, Error, Layout};
 
 use common::{assert_match, gpu};
 

@@ -8,11 +8,12 @@
 //! (widened to f32 for the CPU reference), so it is checked on identical inputs.
 #![cfg(feature = "cuda")]
 
+use kiln_device::prelude::*;
 mod common;
 
 use kiln_device::testing::{cuda_device_or_skip, tolerance};
 use kiln_device::{
-    BackendStorage, BatchNormStats, CpuStorage, CudaStorage, DType, Device, Layout, RunningStatsMut,
+    BatchNormStats, CpuStorage, CudaStorage, DType, Device, GradMask, Layout, RunningStatsMut,
 };
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -72,9 +73,10 @@ fn layer_norm_forward_and_backward_match_cpu() {
                     2,
                     pr.map(|p| p.0),
                     [(&mr, &sl), (&rr, &sl)],
-                    [true; 3],
+                    GradMask::ALL,
                 )
-                .unwrap();
+                .unwrap()
+                .into_array();
             let got_g = gog
                 .layer_norm_backward(
                     &gl,
@@ -82,9 +84,10 @@ fn layer_norm_forward_and_backward_match_cpu() {
                     2,
                     pg.map(|p| p.0),
                     [(&got[1], &sl), (&got[2], &sl)],
-                    [true; 3],
+                    GradMask::ALL,
                 )
-                .unwrap();
+                .unwrap()
+                .into_array();
             for k in 0..3 {
                 assert_near(
                     &format!("{what} grad {k}"),
@@ -213,11 +216,13 @@ fn batch_norm_train_eval_and_backward_match_cpu() {
                 .zip(stats_c.into_iter().zip(stats_g))
             {
                 let want_g = gor
-                    .batch_norm_backward(&xl, (&xr, &xl), Some((&wr, &cl)), sc, [true; 3])
-                    .unwrap();
+                    .batch_norm_backward(&xl, (&xr, &xl), Some((&wr, &cl)), sc, GradMask::ALL)
+                    .unwrap()
+                    .into_array();
                 let got_g = gog
-                    .batch_norm_backward(&xl, (&xg, &xl), Some((&wg, &cl)), sg, [true; 3])
-                    .unwrap();
+                    .batch_norm_backward(&xl, (&xg, &xl), Some((&wg, &cl)), sg, GradMask::ALL)
+                    .unwrap()
+                    .into_array();
                 for k in 0..3 {
                     assert_near(
                         &format!("{what} backward ({mode} stats) grad {k}"),
@@ -338,11 +343,13 @@ fn batch_norm_half_input_with_f32_vectors_matches_cpu() {
                 )
             };
             let want_g = go
-                .batch_norm_backward(&xl, (&x, &xl), Some((&w, &cl)), sc, [true; 3])
-                .unwrap();
+                .batch_norm_backward(&xl, (&x, &xl), Some((&w, &cl)), sc, GradMask::ALL)
+                .unwrap()
+                .into_array();
             let got_g = gog
-                .batch_norm_backward(&xl, (&xg, &xl), Some((&wg, &cl)), sg, [true; 3])
-                .unwrap();
+                .batch_norm_backward(&xl, (&xg, &xl), Some((&wg, &cl)), sg, GradMask::ALL)
+                .unwrap()
+                .into_array();
             for (k, dt) in [dtype, DType::F32, DType::F32].into_iter().enumerate() {
                 assert_near(
                     &format!("{what} backward (training={training}) grad {k}"),

@@ -6,12 +6,12 @@
 //! skip; with `KILN_REQUIRE_CUDA=1` it fails instead.
 #![cfg(feature = "cuda")]
 
+use kiln_device::prelude::*;
 mod common;
 
 use kiln_device::testing::{close, cuda_device_or_skip};
 use kiln_device::{
-    BackendStorage, BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp,
-    UnaryOp,
+    BinaryOp, CmpOp, CpuStorage, CudaStorage, DType, Device, Layout, ReduceOp, UnaryOp,
 };
 
 const ALL: [DType; 7] = [

@@ -10,33 +10,11 @@
 
 use kiln::autograd::DType;
 use kiln::models::models::{by_name, MODEL_NAMES};
-use kiln::models::{plan, summary_with_dtype, OptimizerKind};
+use kiln::models::{parse_memory_size, plan, summary_with_dtype, OptimizerKind};
 use std::process::ExitCode;
 
 fn parse_shape(s: &str) -> Option<Vec<usize>> {
     s.split('x').map(|d| d.parse().ok()).collect()
-}
-
-fn parse_bytes(s: &str) -> Option<usize> {
-    let units = [
-        ("GiB", 1usize << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("GB", 1_000_000_000),
-        ("MB", 1_000_000),
-        ("KB", 1_000),
-        ("B", 1),
-    ];
-    for (suffix, mult) in units {
-        if let Some(num) = s.strip_suffix(suffix) {
-            return num
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .map(|v| (v * mult as f64) as usize);
-        }
-    }
-    s.parse().ok()
 }
 
 fn run() -> Result<(), String> {
@@ -65,7 +43,11 @@ fn run() -> Result<(), String> {
             "--optimizer" => {
                 optimizer = Some(value.parse::<OptimizerKind>().map_err(|e| e.to_string())?)
             }
-            "--memory" => memory = Some(parse_bytes(value).ok_or(format!("bad --memory {value}"))?),
+            "--memory" => {
+                memory = Some(
+                    parse_memory_size(value).map_err(|e| format!("bad --memory {value}: {e}"))?,
+                )
+            }
             other => return Err(format!("unknown flag {other}\n{usage}")),
         }
     }

@@ -26,7 +26,7 @@ type Res = Result<(), Box<dyn Error>>;
 fn readme_training_loop() -> Res {
     manual_seed(0);
     let device = Device::best();
-    let (train, _val) = synthetic::train_val(0, 512, 128);
+    let (train, _val) = synthetic::train_val(0, 512, 128)?;
     let config = DataLoaderConfig {
         batch_size: 64,
         normalize: Some(Normalize::from_dataset(&train)?),
@@ -159,7 +159,7 @@ fn single_image_inference() -> Res {
     let dir = std::env::temp_dir().join(format!("kiln-guide-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("sample.png");
-    let (val, _) = synthetic::train_val(1, 1, 1);
+    let (val, _) = synthetic::train_val(1, 1, 1)?;
     kiln::data::save_png(&path, val.image(0), [3, 32, 32])?;
 
     let mut model = mlp(&[3 * 32 * 32, 64, 10], 0.0)?;

@@ -20,7 +20,7 @@ use crate::{Reduction, Result};
 use kiln_autograd::{is_grad_enabled, DType, Tensor};
 use kiln_device::ops::loss::{CrossEntropyShape, CrossEntropySpec, TargetKind};
 use kiln_device::ops::KernelError;
-use kiln_device::BackendStorage;
+use kiln_device::prelude::*;
 
 /// Options of [`cross_entropy`] (PyTorch's keyword arguments and defaults).
 #[derive(Debug, Clone, Copy)]

@@ -1,16 +1,15 @@
-//! `one_hot`: class indices to one-hot vectors, built on kiln-device's `scatter` kernel.
+//! `one_hot`: class indices to one-hot vectors, built on the seam's `scatter` (a tensor op).
 //!
 //! CPU labels, and device labels without `num_classes`, are read to the host (like PyTorch, which
 //! synchronises to find the largest label when `num_classes` is inferred), validated (first
 //! negative or too-large label reported with its position), and a zeroed `[..labels, C]` int64
-//! buffer gets 1 scattered at each label along the last dim; the result goes back to the labels'
-//! device. Device labels with `num_classes` given never leave the device: the same scatter runs
+//! tensor on the host gets 1 scattered at each label along the last dim; the result goes back to
+//! the labels' device. Device labels with `num_classes` given never leave the device: the same scatter runs
 //! there as a tensor op (see `one_hot_on_device`).
 
 use crate::error::{dtype_err, Error};
 use crate::Result;
-use kiln_autograd::{DType, Tensor};
-use kiln_device::ops::index::{cpu::scatter_value_, DimIndex};
+use kiln_autograd::{DType, Device, Tensor};
 
 /// Coordinates of element `flat` of a row-major `shape`.
 pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
@@ -94,30 +93,21 @@ pub fn one_hot(labels: &Tensor, num_classes: Option<usize>) -> Result<Tensor> {
             ),
         });
     }
-    let mut out_shape = shape.clone();
-    out_shape.push(classes);
-    let mut index_shape = shape;
-    index_shape.push(1);
-    let mut buffer = vec![0i64; values.len() * classes];
-    scatter_value_(
-        &mut buffer,
-        &out_shape,
-        DimIndex {
-            dim: out_shape.len() - 1,
-            index: &values,
-            shape: &index_shape,
-        },
-        1,
-    )
-    .map_err(kiln_device::Error::from)?;
-    Ok(Tensor::from_vec(buffer, &out_shape, labels.device())?)
+    // The validated labels scatter on the host through the seam, then move to their device.
+    let host_labels = Tensor::from_vec(values, &shape, Device::Cpu)?;
+    Ok(scatter_ones(&host_labels, classes)?.to_device(labels.device())?)
 }
 
-/// `one_hot` of device labels with a known class count, without reading them back: a zero
-/// `[..labels, C]` int64 tensor gets 1 scattered at each label along the last dim on the
-/// device. The scatter checks every label against `[0, C)` there; a bad one is reported by
-/// kiln-device (value and position) at the next synchronisation rather than here.
+/// `one_hot` of device labels with a known class count, without reading them back: the scatter
+/// runs on the labels' device, which checks every label against `[0, C)` there; a bad one is
+/// reported by kiln-device (value and position) at the next synchronisation rather than here.
 fn one_hot_on_device(labels: &Tensor, classes: usize) -> Result<Tensor> {
+    scatter_ones(labels, classes)
+}
+
+/// A zero `[..labels, C]` int64 tensor with 1 scattered at each label along the last dim (the
+/// seam's `scatter`, on the labels' device).
+fn scatter_ones(labels: &Tensor, classes: usize) -> Result<Tensor> {
     check_label_dtype("one_hot", labels)?;
     let index = labels.to_dtype(DType::I64)?.unsqueeze(-1)?;
     let mut out_shape = labels.shape().to_vec();
@@ -130,7 +120,6 @@ fn one_hot_on_device(labels: &Tensor, classes: usize) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_autograd::Device;
 
     /// The device path is plain tensor ops, so it runs on the CPU too: it must give exactly
     /// what the host path gives, for I64 and U8 labels of any rank.
@@ -155,5 +144,14 @@ mod tests {
         let floats = Tensor::from_vec(vec![1f32], &[1], Device::Cpu).unwrap();
         let err = one_hot_on_device(&floats, 5).unwrap_err().to_string();
         assert!(err.contains("to_dtype(DType::I64)"), "{err}");
+    }
+
+    #[test]
+    fn empty_labels_with_a_class_count_give_an_empty_one_hot() {
+        let labels = Tensor::from_vec(Vec::<i64>::new(), &[0], Device::Cpu).unwrap();
+        let out = one_hot(&labels, Some(3)).unwrap();
+        assert_eq!(out.shape(), &[0, 3]);
+        let labels = Tensor::from_vec(Vec::<i64>::new(), &[2, 0], Device::Cpu).unwrap();
+        assert_eq!(one_hot(&labels, Some(4)).unwrap().shape(), &[2, 0, 4]);
     }
 }

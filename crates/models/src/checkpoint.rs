@@ -99,8 +99,6 @@ fn chunks<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
 
 /// A CPU tensor from a safetensors view.
 fn view_to_tensor(name: &str, v: &TensorView<'_>) -> Result<Tensor> {
-    let shape = v.shape();
-    let b = v.data();
     let dtype = kiln_dtype(v.dtype()).ok_or_else(|| {
         Error::StateDict(format!(
             "tensor {name:?} has dtype {:?}, which kiln does not store; convert it to float32 \
@@ -108,6 +106,12 @@ fn view_to_tensor(name: &str, v: &TensorView<'_>) -> Result<Tensor> {
             v.dtype()
         ))
     })?;
+    tensor_from_le_bytes(dtype, v.shape(), v.data())
+}
+
+/// A CPU tensor of `dtype` and `shape` from its elements' little-endian bytes in row-major
+/// order (shared with the `.pth` reader).
+pub(crate) fn tensor_from_le_bytes(dtype: DType, shape: &[usize], b: &[u8]) -> Result<Tensor> {
     let dev = Device::Cpu;
     Ok(match dtype {
         DType::F32 => Tensor::from_vec(chunks(b).map(f32::from_le_bytes).collect(), shape, dev)?,

@@ -36,6 +36,14 @@ pub enum Error {
         /// The OS error or the format problem.
         msg: String,
     },
+    /// A PyTorch checkpoint file (`.pth`) that cannot be read: the format problem is typed.
+    #[error("{path}: {source}")]
+    Pth {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        source: crate::pth::error::PthError,
+    },
     /// A memory budget that cannot hold even the fixed part of training.
     #[error("memory plan: {0}")]
     Memory(String),

@@ -8,6 +8,8 @@
 //! - [`models`]: ResNet-18/34/50, ViT, a GPT-style decoder and an MLP, with PyTorch's names, so
 //!   [`checkpoint`] files load in torchvision with `strict=True` and back.
 //! - [`freeze`]: select trainable parameters by name.
+//! - [`pth`]: PyTorch's own `torch.save` files (`.pth`), read without running their code;
+//!   [`load_pth`] loads one into a model as [`load_safetensors`] does.
 //!
 //! ```
 //! use kiln_models::{models::mlp, summary, Freeze, OptimizerKind};
@@ -30,6 +32,7 @@ mod layer;
 pub mod layers;
 pub mod models;
 pub mod plan;
+pub mod pth;
 pub mod summary;
 pub mod trace;
 
@@ -37,6 +40,7 @@ pub use checkpoint::{load_safetensors, save_safetensors, LoadReport};
 pub use error::{Error, Result};
 pub use freeze::Freeze;
 pub use layer::{Layer, LayerExt};
-pub use plan::{max_batch_size, plan, MemoryPlan, OptimizerKind};
+pub use plan::{max_batch_size, parse_memory_size, plan, MemoryPlan, OptimizerKind};
+pub use pth::{load_pth, PthError};
 pub use summary::{summary, summary_with_dtype, Summary};
 pub use trace::{Act, LayerRecord, Tracer};

@@ -30,6 +30,10 @@
 //!   above (`allocator_overhead`, 10% by default). `peak_allocated_bytes` (without it) is
 //!   what the caching allocator's `max_memory_allocated` reports; `tests/memory_plan.rs`
 //!   checks the two agree within 10% on real CPU training steps.
+//!
+//! Sizes are checked: a peak that does not fit in `usize` does not fit any device, so
+//! [`MemoryPlan::max_batch_size`] terminates for every budget (up to `usize::MAX`), and
+//! [`parse_memory_size`] refuses negative, NaN, infinite or overflowing budgets by name.
 
 use crate::error::Error;
 use crate::trace::Tracer;
@@ -123,34 +127,56 @@ impl MemoryPlan {
             + self.gradient_in_flight_bytes_per_sample
     }
 
-    /// Predicted peak of bytes handed to tensors during one training step at `batch_size`
-    /// (what `max_memory_allocated` measures).
-    pub fn peak_allocated_bytes(&self, batch_size: usize) -> usize {
-        let b = batch_size as i64;
-        let backward = self
-            .timeline
-            .iter()
-            .map(|&(per, fixed)| (fixed + per * b).max(0) as usize)
-            .max()
-            .unwrap_or(0);
-        let step = self.grad_bytes + self.optimizer_step_workspace_bytes;
+    /// [`Self::peak_allocated_bytes`], or `None` when it does not fit in `usize`.
+    fn checked_peak_allocated_bytes(&self, batch_size: usize) -> Option<usize> {
+        let b = i128::try_from(batch_size).ok()?;
+        let mut backward: i128 = 0;
+        for &(per, fixed) in &self.timeline {
+            backward =
+                backward.max(i128::from(fixed).checked_add(i128::from(per).checked_mul(b)?)?);
+        }
+        let backward = usize::try_from(backward).ok()?;
+        let step = self
+            .grad_bytes
+            .checked_add(self.optimizer_step_workspace_bytes)?;
         self.param_bytes
-            + self.buffer_bytes
-            + self.optimizer_state_bytes
-            + batch_size * self.input_bytes_per_sample
-            + backward.max(step)
+            .checked_add(self.buffer_bytes)?
+            .checked_add(self.optimizer_state_bytes)?
+            .checked_add(batch_size.checked_mul(self.input_bytes_per_sample)?)?
+            .checked_add(backward.max(step))
+    }
+
+    /// [`Self::peak_bytes`], or `None` when it does not fit in `usize`.
+    fn checked_peak_bytes(&self, batch_size: usize) -> Option<usize> {
+        let raw = self.checked_peak_allocated_bytes(batch_size)?;
+        let with_overhead = (raw as f64 * (1.0 + self.allocator_overhead)).ceil();
+        // `usize::MAX as f64` rounds up to 2^64, which does not fit.
+        (with_overhead < usize::MAX as f64).then_some(with_overhead as usize)
+    }
+
+    /// Predicted peak of bytes handed to tensors during one training step at `batch_size`
+    /// (what `max_memory_allocated` measures); `usize::MAX` when it does not fit in `usize`.
+    pub fn peak_allocated_bytes(&self, batch_size: usize) -> usize {
+        self.checked_peak_allocated_bytes(batch_size)
+            .unwrap_or(usize::MAX)
     }
 
     /// Predicted peak the device must provide: [`Self::peak_allocated_bytes`] plus the
-    /// allocator overhead (rounding, cached blocks, fragmentation).
+    /// allocator overhead (rounding, cached blocks, fragmentation); `usize::MAX` when it does
+    /// not fit in `usize`.
     pub fn peak_bytes(&self, batch_size: usize) -> usize {
-        let raw = self.peak_allocated_bytes(batch_size);
-        (raw as f64 * (1.0 + self.allocator_overhead)).ceil() as usize
+        self.checked_peak_bytes(batch_size).unwrap_or(usize::MAX)
     }
 
-    /// The largest batch whose predicted peak fits in `device_memory_bytes`.
+    /// The largest batch whose predicted peak fits in `device_memory_bytes` (any budget up to
+    /// `usize::MAX`). Errors when not even one sample fits, or when every batch size fits
+    /// (samples that take no memory, so there is no largest batch).
     pub fn max_batch_size(&self, device_memory_bytes: usize) -> Result<usize> {
-        if (self.peak_bytes(1) as f64) > device_memory_bytes as f64 {
+        let fits = |b: usize| {
+            self.checked_peak_bytes(b)
+                .is_some_and(|peak| peak <= device_memory_bytes)
+        };
+        if !fits(1) {
             return Err(Error::Memory(format!(
                 "{device_memory_bytes} bytes cannot hold even one sample: parameters, gradients \
                  and {:?} state need {} bytes and one sample {} more (plus {:.0}% allocator \
@@ -164,13 +190,23 @@ impl MemoryPlan {
         }
         // The peak grows with the batch: find a batch that does not fit, then bisect.
         let (mut lo, mut hi) = (1usize, 2usize);
-        while self.peak_bytes(hi) <= device_memory_bytes {
+        while fits(hi) {
             lo = hi;
-            hi *= 2;
+            hi = match hi.checked_mul(2) {
+                Some(next) => next,
+                None if fits(usize::MAX) => {
+                    return Err(Error::Memory(format!(
+                        "every batch size fits in {device_memory_bytes} bytes: one sample adds \
+                         {} bytes; check the sample shape (a zero-sized dimension?)",
+                        self.per_sample_bytes()
+                    )))
+                }
+                None => usize::MAX,
+            };
         }
         while lo + 1 < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.peak_bytes(mid) <= device_memory_bytes {
+            if fits(mid) {
                 lo = mid;
             } else {
                 hi = mid;
@@ -188,12 +224,25 @@ pub fn plan(
     dtype: DType,
     optimizer: OptimizerKind,
 ) -> Result<MemoryPlan> {
-    let trainable: usize = model
-        .parameters()
-        .iter()
-        .filter(|p| p.requires_grad())
-        .map(|p| p.numel() * p.dtype().size_in_bytes())
-        .sum();
+    let too_big = |what: String| {
+        Error::Memory(format!(
+            "a sample of shape {sample_shape:?}: {what}; no device holds that, use a smaller \
+             input"
+        ))
+    };
+    let bytes_of = |p: &kiln_autograd::Parameter| {
+        p.numel()
+            .checked_mul(p.dtype().size_in_bytes())
+            .ok_or_else(|| too_big("a parameter holds more than usize::MAX bytes".into()))
+    };
+    let sum = |a: usize, b: usize| {
+        a.checked_add(b)
+            .ok_or_else(|| too_big("the step needs more than usize::MAX bytes".into()))
+    };
+    let mut trainable = 0usize;
+    for p in model.parameters().iter().filter(|p| p.requires_grad()) {
+        trainable = sum(trainable, bytes_of(p)?)?;
+    }
     // Live bytes at each leaf call of the forward pass (saved so far, input, output), then at
     // each one backward runs through, last first (saved still alive, gradients so far,
     // gradients in flight); and the largest in-flight figure.
@@ -203,24 +252,40 @@ pub fn plan(
         let mut t = Tracer::new();
         let x = t.input(&shape, dtype);
         t.call("", model, &x)?;
+        if let Some(what) = t.overflow() {
+            return Err(too_big(what.to_string()));
+        }
         let events = t.events();
-        let leaf_grads: usize = events.iter().map(|e| e.grad_bytes).sum();
+        let mut leaf_grads = 0usize;
+        for e in events {
+            leaf_grads = sum(leaf_grads, e.grad_bytes)?;
+        }
         let mut grads = trainable.saturating_sub(leaf_grads);
         let mut live = Vec::with_capacity(events.len());
         let mut largest_in_flight = 0;
+        let as_i64 = |b: usize| {
+            i64::try_from(b).map_err(|_| too_big("the step needs more than i64::MAX bytes".into()))
+        };
         for (i, e) in events.iter().enumerate() {
             // Forward: what is saved so far, the call's input, its output and one temporary
             // (Linear's matmul result before the bias is added).
-            live.push((t.saved_bytes_alive_at(i) + e.input_bytes + 2 * e.output_bytes) as i64);
+            let out2 = sum(e.output_bytes, e.output_bytes)?;
+            live.push(as_i64(sum(
+                sum(t.saved_bytes_alive_at(i), e.input_bytes)?,
+                out2,
+            )?)?);
         }
         for (i, e) in events.iter().enumerate().rev() {
             if !e.recorded {
                 continue;
             }
-            grads += e.grad_bytes;
-            let in_flight = 2 * e.output_bytes + e.input_bytes;
+            grads = sum(grads, e.grad_bytes)?;
+            let in_flight = sum(sum(e.output_bytes, e.output_bytes)?, e.input_bytes)?;
             largest_in_flight = largest_in_flight.max(in_flight);
-            live.push((t.saved_bytes_alive_at(i) + grads + in_flight) as i64);
+            live.push(as_i64(sum(
+                sum(t.saved_bytes_alive_at(i), grads)?,
+                in_flight,
+            )?)?);
         }
         Ok((t.saved_bytes(), live, largest_in_flight))
     };
@@ -229,8 +294,9 @@ pub fn plan(
     let timeline = live1
         .iter()
         .zip(&live2)
-        .map(|(&a, &b)| (b - a, 2 * a - b))
-        .collect();
+        .map(|(&a, &b)| Some((b.checked_sub(a)?, a.checked_mul(2)?.checked_sub(b)?)))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| too_big("the step needs more than i64::MAX bytes".into()))?;
     let per_sample = saved2.saturating_sub(saved1);
     let fixed = saved1.saturating_sub(per_sample);
     let (mut param_bytes, mut grad_bytes, mut largest) = (0, 0, 0);
@@ -254,12 +320,69 @@ pub fn plan(
         optimizer_state_bytes: grad_bytes * optimizer.state_buffers(),
         saved_activation_bytes_per_sample: per_sample,
         saved_activation_bytes_fixed: fixed,
-        input_bytes_per_sample: sample_shape.iter().product::<usize>() * dtype.size_in_bytes(),
+        input_bytes_per_sample: crate::trace::checked_bytes(sample_shape, dtype)
+            .ok_or_else(|| too_big("it holds more than usize::MAX bytes".into()))?,
         gradient_in_flight_bytes_per_sample: in_flight1,
         optimizer_step_workspace_bytes: 2 * largest,
         allocator_overhead: 0.10,
         timeline,
     })
+}
+
+/// Parses a memory budget: bytes (`25769803776`), or a number with a unit, `KB`/`MB`/`GB`/`TB`
+/// (powers of 1000) or `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024), e.g. `24GiB` or `1.5 GB`.
+/// Errors name the problem and the fix: no number, an unknown unit, a negative, NaN or
+/// infinite number, or a size beyond `usize::MAX` bytes.
+pub fn parse_memory_size(text: &str) -> Result<usize> {
+    let t = text.trim();
+    let bad = |why: String| {
+        crate::error::config_err(
+            "memory size",
+            format!("{text:?}: {why}; pass bytes or a number with KB/MB/GB/TB/KiB/MiB/GiB/TiB, e.g. 24GiB"),
+        )
+    };
+    let split = t
+        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E' || c.is_whitespace())
+        .unwrap_or(t.len());
+    let (number, unit) = (t[..split].trim(), t[split..].trim());
+    if number.is_empty() {
+        return Err(bad("there is no number".into()));
+    }
+    let scale: f64 = match unit {
+        "" | "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => return Err(bad(format!("unknown unit {other:?}"))),
+    };
+    if unit.is_empty() || unit == "B" {
+        if let Ok(bytes) = number.parse::<usize>() {
+            return Ok(bytes);
+        }
+    }
+    let value: f64 = number
+        .parse()
+        .map_err(|_| bad(format!("{number:?} is not a number")))?;
+    if value.is_nan() {
+        return Err(bad("NaN is not a size".into()));
+    }
+    if value < 0.0 {
+        return Err(bad("a memory size cannot be negative".into()));
+    }
+    let bytes = (value * scale).floor();
+    // `usize::MAX as f64` is 2^64 (rounded up), the first size that does not fit.
+    if bytes >= usize::MAX as f64 {
+        return Err(bad(format!(
+            "{value} {unit} is more than the {} bytes a usize can count",
+            usize::MAX
+        )));
+    }
+    Ok(bytes as usize)
 }
 
 /// The largest batch of `sample_shape` inputs a training step of `model` with `optimizer` fits

@@ -15,6 +15,9 @@
 //!   a few dozen bytes more, invisible at two decimals);
 //! - Estimated Total Size: input + forward/backward + params.
 //!
+//! Every count is checked arithmetic: an input whose sizes or mult-adds do not fit in `usize`
+//! (a 2^62 batch) is an error, never a wrapped number.
+//!
 //! Where torchinfo's model is not the training memory (it ignores gradients of parameters,
 //! optimizer state and what backward really keeps), `crate::plan` goes further.
 
@@ -53,7 +56,9 @@ pub struct Summary {
 impl Summary {
     /// torchinfo's "Estimated Total Size" in bytes.
     pub fn total_bytes(&self) -> usize {
-        self.input_bytes + self.forward_backward_bytes + self.params_bytes
+        self.input_bytes
+            .saturating_add(self.forward_backward_bytes)
+            .saturating_add(self.params_bytes)
     }
 }
 
@@ -71,6 +76,18 @@ pub fn summary_with_dtype(
     let mut tracer = Tracer::new();
     let x = tracer.input(input_shape, dtype);
     tracer.call("", model, &x)?;
+    let too_big = |what: String| {
+        crate::error::config_err(
+            "summary",
+            format!(
+                "input {input_shape:?}: {what}, so the counts cannot be shown; use a smaller \
+                 batch or input size"
+            ),
+        )
+    };
+    if let Some(what) = tracer.overflow() {
+        return Err(too_big(what.to_string()));
+    }
     let layers = tracer.records();
     let mut total_params = 0;
     let mut trainable_params = 0;
@@ -83,10 +100,15 @@ pub fn summary_with_dtype(
     let mut total_mult_adds = 0;
     let mut forward_backward_bytes = 0;
     let mut params_bytes = 0;
+    let overflow = || too_big("the totals exceed usize::MAX".to_string());
     for r in layers.iter().filter(|r| r.is_leaf) {
-        total_mult_adds += r.macs;
+        total_mult_adds = usize::checked_add(total_mult_adds, r.macs).ok_or_else(overflow)?;
         if r.num_params > 0 {
-            forward_backward_bytes += 2 * r.output_bytes;
+            forward_backward_bytes = r
+                .output_bytes
+                .checked_mul(2)
+                .and_then(|b| b.checked_add(forward_backward_bytes))
+                .ok_or_else(overflow)?;
         }
         if !r.is_recursive {
             params_bytes += r.param_bytes;

@@ -16,6 +16,10 @@
 //! a convolution and `numel * out[0]` elsewhere (so a `Linear` applied to `[N, L, D]` counts `N`,
 //! not `N * L`, rows: torchinfo's figure, not the true FLOP count); other parameters whose name
 //! contains `weight`/`bias` (`in_proj_weight`) add `numel * out[0] * out[1]`.
+//!
+//! Sizes never wrap: element and byte counts saturate at `usize::MAX`, and the first shape or
+//! mult-add count that does not fit in `usize` is kept ([`Tracer::overflow`]), so a summary or
+//! plan of a 2^62 batch is an error instead of a table of wrapped numbers.
 
 use crate::layer::Layer;
 use crate::Result;
@@ -42,9 +46,9 @@ impl Act {
         self.dtype
     }
 
-    /// Number of elements.
+    /// Number of elements (`usize::MAX` when that does not fit in `usize`).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        checked_numel(&self.shape).unwrap_or(usize::MAX)
     }
 
     /// True when gradients flow through this value (it depends on a trainable parameter or on
@@ -53,10 +57,20 @@ impl Act {
         self.requires_grad
     }
 
-    /// Size of the data this value would hold.
+    /// Size of the data this value would hold (`usize::MAX` when that does not fit).
     pub fn bytes(&self) -> usize {
-        self.numel() * self.dtype.size_in_bytes()
+        checked_bytes(&self.shape, self.dtype).unwrap_or(usize::MAX)
     }
+}
+
+/// Elements of `shape`, or `None` when the product overflows `usize`.
+pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// Bytes of a `shape` tensor of `dtype`, or `None` when that overflows `usize`.
+pub(crate) fn checked_bytes(shape: &[usize], dtype: DType) -> Option<usize> {
+    checked_numel(shape)?.checked_mul(dtype.size_in_bytes())
 }
 
 /// One layer call seen by a trace (one row of a torchinfo table).
@@ -113,6 +127,8 @@ pub struct Tracer {
     first_saver: BTreeMap<usize, usize>,
     events: Vec<BackwardEvent>,
     seen: HashSet<(usize, &'static str)>,
+    /// The first size that overflowed `usize` (see the module docs).
+    overflow: Option<String>,
 }
 
 impl Tracer {
@@ -124,6 +140,30 @@ impl Tracer {
     /// A model input of `shape` and `dtype` (no gradient flows into it).
     pub fn input(&mut self, shape: &[usize], dtype: DType) -> Act {
         self.fresh(shape, dtype, false)
+    }
+
+    /// The first size of this trace that did not fit in `usize` (a shape's bytes or a layer's
+    /// mult-adds), described with the layer it belongs to; `None` when every size fits.
+    pub fn overflow(&self) -> Option<&str> {
+        self.overflow.as_deref()
+    }
+
+    fn note_overflow(&mut self, what: impl FnOnce() -> String) {
+        if self.overflow.is_none() {
+            self.overflow = Some(what());
+        }
+    }
+
+    fn check_shape(&mut self, shape: &[usize], dtype: DType) {
+        if checked_bytes(shape, dtype).is_none() {
+            let at = self.path.join(".");
+            self.note_overflow(|| {
+                format!(
+                    "a {dtype:?} value of shape {shape:?} (at layer {at:?}) holds more than \
+                     usize::MAX bytes"
+                )
+            });
+        }
     }
 
     /// The output of an op on `inputs`: it requires grad when an input does or when the op has
@@ -141,6 +181,7 @@ impl Tracer {
 
     /// A view of `x` with another shape (same storage, so saving it counts `x` once).
     pub fn view(&mut self, x: &Act, shape: &[usize]) -> Act {
+        self.check_shape(shape, x.dtype);
         Act {
             shape: shape.to_vec(),
             ..x.clone()
@@ -148,6 +189,7 @@ impl Tracer {
     }
 
     fn fresh(&mut self, shape: &[usize], dtype: DType, requires_grad: bool) -> Act {
+        self.check_shape(shape, dtype);
         self.next_id += 1;
         Act {
             shape: shape.to_vec(),
@@ -236,7 +278,19 @@ impl Tracer {
         rec.output_shape = out.shape.clone();
         rec.output_bytes = out.bytes();
         if rec.is_leaf {
-            rec.macs = torchinfo_macs(rec.type_name, &out.shape, &params);
+            match torchinfo_macs(rec.type_name, &out.shape, &params) {
+                Some(macs) => rec.macs = macs,
+                None => {
+                    rec.macs = usize::MAX;
+                    let (layer, shape) = (rec.path.clone(), out.shape.clone());
+                    self.note_overflow(|| {
+                        format!(
+                            "the mult-adds of layer {layer:?} (output {shape:?}) exceed \
+                             usize::MAX"
+                        )
+                    });
+                }
+            }
         }
         Ok(out)
     }
@@ -259,7 +313,9 @@ impl Tracer {
 
     /// Bytes of all distinct values saved for backward so far.
     pub fn saved_bytes(&self) -> usize {
-        self.saved.values().sum()
+        self.saved
+            .values()
+            .fold(0usize, |sum, &b| sum.saturating_add(b))
     }
 
     /// Leaf-layer calls in forward order (backward meets them in reverse).
@@ -278,8 +334,7 @@ impl Tracer {
                     .get(id)
                     .is_some_and(|&e| e <= event || e >= self.events.len())
             })
-            .map(|(_, b)| b)
-            .sum()
+            .fold(0usize, |sum, (_, &b)| sum.saturating_add(b))
     }
 
     /// Number of distinct values saved for backward so far.
@@ -288,24 +343,31 @@ impl Tracer {
     }
 }
 
+/// torchinfo's mult-adds of one leaf call; `None` when the count overflows `usize`.
 fn torchinfo_macs(
     type_name: &str,
     out: &[usize],
     params: &[(String, kiln_autograd::Parameter)],
-) -> usize {
-    let mut macs = 0;
+) -> Option<usize> {
+    let mut macs = 0usize;
     let first = out.first().copied().unwrap_or(1);
     for (name, p) in params {
         let local = name.rsplit('.').next().unwrap_or(name);
-        if local == "weight" || local == "bias" {
+        let term = if local == "weight" || local == "bias" {
             if type_name.contains("Conv") {
-                macs += p.numel() * first * out.iter().skip(2).product::<usize>();
+                p.numel()
+                    .checked_mul(first)?
+                    .checked_mul(checked_numel(out.get(2..).unwrap_or(&[]))?)?
             } else {
-                macs += p.numel() * first;
+                p.numel().checked_mul(first)?
             }
         } else if local.contains("weight") || local.contains("bias") {
-            macs += p.numel() * out.iter().take(2).product::<usize>();
-        }
+            p.numel()
+                .checked_mul(checked_numel(&out[..out.len().min(2)])?)?
+        } else {
+            0
+        };
+        macs = macs.checked_add(term)?;
     }
-    macs
+    Some(macs)
 }

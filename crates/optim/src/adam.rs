@@ -12,17 +12,22 @@
 //! ```
 //!
 //! Step counts are per parameter (a parameter frozen for a while keeps its own count), and the
-//! bias corrections are computed in `f64` per parameter before the fused pass, which then runs
-//! over fixed chunks of every parameter of the group in parallel.
+//! bias corrections are computed in `f64` per parameter before the fused pass: one
+//! `kiln_device::ops::multi_tensor::adam_step` per device over every parameter of the group
+//! (fixed chunks in parallel on the CPU, one launch on CUDA).
+//!
+//! Invariants: options are validated when a group is built or changed; every gradient is
+//! checked ([`checked_grad`]) before any buffer is written; the update itself is kiln-device's,
+//! bit for bit the formula above rounded in the parameter dtype.
 
-use crate::access::OptFloat;
-use crate::fused::{checked_grad, typed, typed_mut, CHUNK};
 use crate::group::ParamGroup;
-use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
+use crate::operands::{by_device, checked_grad};
+use crate::optimizer::{
+    Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
+};
 use crate::{arg_err, Result};
-use kiln_autograd::{DType, Parameter, Tensor};
-use kiln_device::ops::multi_tensor::cpu::batch_ranges;
-use rayon::prelude::*;
+use kiln_autograd::{Parameter, Tensor};
+use kiln_device::ops::multi_tensor::{self, AdamHyper, AdamOperands, AdamStepScalars};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -163,7 +168,7 @@ pub struct AdamAlgorithm {
 }
 
 /// Adam (PyTorch's `torch.optim.Adam`).
-pub type Adam = Optim<AdamAlgorithm>;
+pub type Adam = GroupedOptimizer<AdamAlgorithm>;
 /// AdamW, Adam with decoupled weight decay (PyTorch's `torch.optim.AdamW`); it shares
 /// [`Adam`]'s type, built with [`AdamW::new`].
 pub struct AdamW;
@@ -171,7 +176,7 @@ pub struct AdamW;
 impl Adam {
     /// Adam over `groups`; options a group leaves unset come from `defaults`.
     pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Self> {
-        Optim::with_algorithm(AdamAlgorithm { decoupled: false }, groups, defaults)
+        GroupedOptimizer::with_algorithm(AdamAlgorithm { decoupled: false }, groups, defaults)
     }
 }
 
@@ -180,41 +185,23 @@ impl AdamW {
     /// defaults.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Adam> {
-        Optim::with_algorithm(AdamAlgorithm { decoupled: true }, groups, defaults)
+        GroupedOptimizer::with_algorithm(AdamAlgorithm { decoupled: true }, groups, defaults)
     }
 }
 
-/// Per-parameter scalars of one step, computed in f64 as PyTorch does in Python.
-#[derive(Clone, Copy)]
-pub(crate) struct StepScalars {
-    pub(crate) step_size: f64,
-    pub(crate) bc2_sqrt: f64,
+/// One parameter of this step: its tensors and its bias corrections (computed in f64 per
+/// parameter, as PyTorch does in Python).
+struct Work {
+    p: Tensor,
+    g: Tensor,
+    m: Tensor,
+    v: Tensor,
+    vmax: Option<Tensor>,
+    k: AdamStepScalars,
 }
 
-pub(crate) struct Work {
-    pub(crate) p: Tensor,
-    pub(crate) g: Tensor,
-    pub(crate) m: Tensor,
-    pub(crate) v: Tensor,
-    pub(crate) vmax: Option<Tensor>,
-    pub(crate) k: StepScalars,
-}
-
-struct AdamChunk<'a, T> {
-    p: &'a mut [T],
-    g: &'a [T],
-    m: &'a mut [T],
-    v: &'a mut [T],
-    vmax: Option<&'a mut [T]>,
-    k: StepScalars,
-}
-
-fn adam_pass<T: OptFloat>(
-    o: &AdamOptions,
-    decoupled: bool,
-    work: &[Work],
-    scale: f64,
-) -> Result<()> {
+/// One fused step over `work` (all on one device) through kiln-device's multi-tensor Adam.
+fn adam_pass(op: &'static str, hyper: &AdamHyper, work: &[Work]) -> Result<()> {
     let mut pw = work
         .iter()
         .map(|w| w.p.storage_write())
@@ -232,129 +219,28 @@ fn adam_pass<T: OptFloat>(
         .iter()
         .map(|w| w.vmax.as_ref().map(|x| x.storage_write()).transpose())
         .collect::<Result<Vec<_>, _>>()?;
-    let mut chunks: Vec<AdamChunk<'_, T>> = Vec::new();
-    let lanes = pw
+    let guards = pw
         .iter_mut()
         .zip(&gr)
         .zip(mw.iter_mut())
         .zip(vw.iter_mut())
         .zip(xw.iter_mut());
-    for (w, ((((pg, gg), mg), vg), xg)) in work.iter().zip(lanes) {
-        let p = typed_mut::<T>(pg, &w.p)?;
-        let g = typed::<T>(gg, &w.g)?;
-        let m = typed_mut::<T>(mg, &w.m)?;
-        let v = typed_mut::<T>(vg, &w.v)?;
-        let mut xs: Vec<Option<&mut [T]>> = match (xg.as_mut(), &w.vmax) {
-            (Some(x), Some(t)) => typed_mut::<T>(x, t)?.chunks_mut(CHUNK).map(Some).collect(),
-            _ => Vec::new(),
-        };
-        xs.resize_with(p.len().div_ceil(CHUNK), || None);
-        let pieces = p
-            .chunks_mut(CHUNK)
-            .zip(g.chunks(CHUNK))
-            .zip(m.chunks_mut(CHUNK))
-            .zip(v.chunks_mut(CHUNK));
-        for ((((p, g), m), v), vmax) in pieces.zip(xs) {
-            chunks.push(AdamChunk {
-                p,
-                g,
-                m,
-                v,
-                vmax,
-                k: w.k,
-            });
-        }
-    }
-    let c = AdamConsts {
-        b1w: T::of(1.0 - o.betas.0),
-        b2: T::of(o.betas.1),
-        b2w: T::of(1.0 - o.betas.1),
-        eps: T::of(o.eps),
-        wd: T::of(o.weight_decay),
-        decay: T::of(1.0 - o.lr * o.weight_decay),
-        // Negating and multiplying by 1 are exact, so one multiply covers maximize and scale.
-        gsm: T::of(if o.maximize { -scale } else { scale }),
-    };
-    let has_wd = o.weight_decay != 0.0;
-    let (l2, decay) = (has_wd && !decoupled, has_wd && decoupled);
-    let tasks = batch_ranges(chunks.iter().map(|c| c.p.len()), CHUNK);
-    let mut it = chunks.into_iter();
-    let batches: Vec<Vec<AdamChunk<'_, T>>> = tasks
-        .into_iter()
-        .map(|r| it.by_ref().take(r.len()).collect())
+    let mut list: Vec<AdamOperands<'_>> = work
+        .iter()
+        .zip(guards)
+        .map(|(w, ((((pg, gg), mg), vg), xg))| AdamOperands {
+            param: (&mut **pg, w.p.layout()),
+            grad: (&**gg, w.g.layout()),
+            exp_avg: (&mut **mg, w.m.layout()),
+            exp_avg_sq: (&mut **vg, w.v.layout()),
+            max_exp_avg_sq: match (xg.as_mut(), &w.vmax) {
+                (Some(x), Some(t)) => Some((&mut **x, t.layout())),
+                _ => None,
+            },
+            scalars: w.k,
+        })
         .collect();
-    kiln_device::threads::cpu_pool().install(|| {
-        batches
-            .into_par_iter()
-            .flatten_iter()
-            .for_each(|ch| match (l2, decay) {
-                (true, _) => adam_chunk::<T, true, false>(&c, ch),
-                (false, true) => adam_chunk::<T, false, true>(&c, ch),
-                (false, false) => adam_chunk::<T, false, false>(&c, ch),
-            });
-    });
-    Ok(())
-}
-
-/// The per-step constants of the update, rounded to the parameter dtype.
-struct AdamConsts<T> {
-    b1w: T,
-    b2: T,
-    b2w: T,
-    eps: T,
-    wd: T,
-    decay: T,
-    gsm: T,
-}
-
-/// The update of one chunk; `L2` adds weight decay to the gradient (Adam), `DECAY` shrinks the
-/// parameter first (AdamW). Branch-free per element so the loop vectorises.
-#[inline(always)]
-fn adam_chunk<T: OptFloat, const L2: bool, const DECAY: bool>(
-    c: &AdamConsts<T>,
-    ch: AdamChunk<'_, T>,
-) {
-    let AdamChunk {
-        p,
-        g,
-        m,
-        v,
-        vmax,
-        k,
-    } = ch;
-    let (step, bc2) = (T::of(-k.step_size), T::of(k.bc2_sqrt));
-    let moments = |p: &mut T, g: T, m: &mut T, v: &mut T| {
-        let mut d = g * c.gsm;
-        if DECAY {
-            *p = *p * c.decay;
-        }
-        if L2 {
-            d = d + *p * c.wd;
-        }
-        *m = *m + c.b1w * (d - *m);
-        *v = *v * c.b2 + c.b2w * d * d;
-    };
-    match vmax {
-        None => {
-            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                moments(p, g, m, v);
-                let denom = v.sqrt() / bc2 + c.eps;
-                *p = *p + step * (*m / denom);
-            }
-        }
-        Some(x) => {
-            let lanes = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
-            for ((((p, &g), m), v), x) in lanes.zip(x.iter_mut()) {
-                moments(p, g, m, v);
-                // torch.maximum: NaN wins.
-                if *v > *x || v.is_nan() {
-                    *x = *v;
-                }
-                let denom = x.sqrt() / bc2 + c.eps;
-                *p = *p + step * (*m / denom);
-            }
-        }
-    }
+    Ok(multi_tensor::adam_step(op, &mut list, hyper)?)
 }
 
 impl Algorithm for AdamAlgorithm {
@@ -388,15 +274,9 @@ impl Algorithm for AdamAlgorithm {
         items: Vec<StepItem<'_, AdamState>>,
         scale: f64,
     ) -> Result<()> {
-        // Slots: f32 on the host, f64 on the host, CUDA (f32).
-        let mut by_dtype: [Vec<Work>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut work = Vec::with_capacity(items.len());
         for it in items {
-            let on_cuda = !it.param.device().is_cpu();
-            let g = if on_cuda {
-                crate::adam_cuda::checked_cuda_grad(self.name(), &it)?
-            } else {
-                checked_grad(self.name(), &it)?
-            };
+            let g = checked_grad(self.name(), &it)?;
             let s = &mut *it.state;
             if o.amsgrad && s.max_exp_avg_sq.is_none() {
                 s.max_exp_avg_sq = Some(it.param.zeros_like()?);
@@ -405,26 +285,35 @@ impl Algorithm for AdamAlgorithm {
             let t = s.step as f64;
             let bc1 = 1.0 - o.betas.0.powf(t);
             let bc2 = 1.0 - o.betas.1.powf(t);
-            let slot = if on_cuda {
-                2
-            } else {
-                usize::from(it.param.dtype() == DType::F64)
-            };
-            by_dtype[slot].push(Work {
-                p: it.param.tensor().clone(),
-                g,
-                m: s.exp_avg.clone(),
-                v: s.exp_avg_sq.clone(),
-                vmax: s.max_exp_avg_sq.clone().filter(|_| o.amsgrad),
-                k: StepScalars {
-                    step_size: o.lr / bc1,
-                    bc2_sqrt: bc2.sqrt(),
+            work.push((
+                it.param.device(),
+                Work {
+                    p: it.param.tensor().clone(),
+                    g,
+                    m: s.exp_avg.clone(),
+                    v: s.exp_avg_sq.clone(),
+                    vmax: s.max_exp_avg_sq.clone().filter(|_| o.amsgrad),
+                    k: AdamStepScalars {
+                        step_size: o.lr / bc1,
+                        bias_correction2_sqrt: bc2.sqrt(),
+                    },
                 },
-            });
+            ));
         }
-        adam_pass::<f32>(o, self.decoupled, &by_dtype[0], scale)?;
-        adam_pass::<f64>(o, self.decoupled, &by_dtype[1], scale)?;
-        crate::adam_cuda::adam_step_cuda(o, self.decoupled, &by_dtype[2], scale)
+        let hyper = AdamHyper {
+            lr: o.lr,
+            beta1: o.betas.0,
+            beta2: o.betas.1,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            decoupled: self.decoupled,
+            maximize: o.maximize,
+            grad_scale: scale,
+        };
+        for list in by_device(work) {
+            adam_pass(self.name(), &hyper, &list)?;
+        }
+        Ok(())
     }
 
     fn save_state(&self, s: &AdamState) -> Result<ParamStateRecord> {

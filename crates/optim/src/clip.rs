@@ -1,5 +1,6 @@
 //! Gradient clipping: PyTorch's `clip_grad_norm_`, `get_total_norm`, `clip_grads_with_norm_` and
-//! `clip_grad_value_`, on the fused multi-tensor kernels of `kiln-device`.
+//! `clip_grad_value_`, on the fused multi-tensor ops of `kiln-device` (the same calls for CPU
+//! and CUDA gradients; a list mixing devices is an error).
 //!
 //! `clip_grad_norm_` is two passes over the gradient list whatever its length: one parallel read
 //! computing every tensor's norm (fixed chunking, so the result is bitwise identical for any
@@ -11,10 +12,10 @@
 //! [`clip_coef_for`] computes the total and the coefficient without scaling, so the optimizer
 //! can apply it while it reads the gradients ([`crate::Optimizer::step_with_grad_scale`]).
 
-use crate::access::{with_slices, with_slices_mut};
+use crate::operands::{with_operands, with_operands_mut};
 use crate::{arg_err, Error, Result};
 use kiln_autograd::{DType, Device, Parameter, Tensor};
-use kiln_device::ops::multi_tensor::{cpu, NormKind};
+use kiln_device::ops::multi_tensor::{self, GlobalNorm, NormKind};
 
 pub use kiln_device::ops::multi_tensor::clip_coef;
 
@@ -44,11 +45,11 @@ fn grads_of(params: &[(String, Parameter)]) -> (Vec<String>, Vec<Tensor>) {
         .unzip()
 }
 
-/// The norm of each tensor, in one fused pass.
+/// The norm of each tensor, in one fused pass (host tensors).
 pub fn per_tensor_norms(tensors: &[Tensor], norm_type: f64) -> Result<Vec<f64>> {
     let kind = norm_kind("get_total_norm", norm_type)?;
-    with_slices("get_total_norm", tensors, |s| {
-        cpu::per_tensor_norms(s, kind)
+    with_operands(tensors, |ops| {
+        Ok(multi_tensor::per_tensor_norms("get_total_norm", ops, kind)?)
     })
 }
 
@@ -70,20 +71,62 @@ fn total_norm_named(
     if tensors.is_empty() {
         return Ok(0.0);
     }
-    let norms = per_tensor_norms(tensors, norm_type)?;
-    let total = kind.norm_of(&norms);
-    if error_if_nonfinite && !total.is_finite() {
-        let first = norms.iter().position(|n| !n.is_finite());
-        return Err(Error::NonFiniteNorm {
-            norm_type,
-            total,
-            name: first.map_or_else(
-                || "(none: the total overflowed)".into(),
-                |i| names[i].clone(),
-            ),
-        });
+    let norm = checked_global_norm(
+        names,
+        tensors,
+        kind,
+        norm_type,
+        f64::INFINITY,
+        error_if_nonfinite,
+    )?;
+    Ok(norm.total()?)
+}
+
+/// The [`GlobalNorm`] of `tensors` (one read pass, kept on their device); with
+/// `error_if_nonfinite`, a NaN/infinite total is an error naming the first tensor whose norm is
+/// non-finite (for device tensors that error path computes the norms again on host copies).
+fn checked_global_norm(
+    names: &[String],
+    tensors: &[Tensor],
+    kind: NormKind,
+    norm_type: f64,
+    max_norm: f64,
+    error_if_nonfinite: bool,
+) -> Result<GlobalNorm> {
+    let norm = with_operands(tensors, |ops| {
+        Ok(multi_tensor::global_norm(
+            "clip_grad_norm_",
+            ops,
+            kind,
+            max_norm,
+        )?)
+    })?;
+    if !error_if_nonfinite {
+        return Ok(norm);
     }
-    Ok(total)
+    let total = norm.total()?;
+    if total.is_finite() {
+        return Ok(norm);
+    }
+    let norms = match norm.per_tensor() {
+        Some(norms) => norms.to_vec(),
+        None => {
+            let host: Vec<Tensor> = tensors
+                .iter()
+                .map(|t| t.to_device(Device::Cpu))
+                .collect::<Result<_, _>>()?;
+            per_tensor_norms(&host, norm_type)?
+        }
+    };
+    let first = norms.iter().position(|n| !n.is_finite());
+    Err(Error::NonFiniteNorm {
+        norm_type,
+        total,
+        name: first.map_or_else(
+            || "(none: the total overflowed)".into(),
+            |i| names[i].clone(),
+        ),
+    })
 }
 
 /// Multiplies every gradient by `min(max_norm / (total_norm + 1e-6), 1)`; skips the pass when
@@ -103,7 +146,9 @@ pub fn scale_grads(grads: &[Tensor], coef: f64) -> Result<()> {
     if coef >= 1.0 || grads.is_empty() {
         return Ok(());
     }
-    with_slices_mut("clip_grads_with_norm_", grads, |s| cpu::scale_(s, coef))
+    with_operands_mut(grads, |ops| {
+        Ok(multi_tensor::scale_("clip_grads_with_norm_", ops, coef)?)
+    })
 }
 
 /// The total norm and the clip coefficient of the gradients of `params`, without touching the
@@ -131,6 +176,29 @@ pub fn clip_coef_for(
     })
 }
 
+/// The norm pass and, unless the coefficient is known to be `>= 1` on the host, the scale pass
+/// (on a device the scale kernel reads the coefficient there and skips itself).
+fn clip_by_global_norm(
+    names: &[String],
+    grads: &[Tensor],
+    kind: NormKind,
+    norm_type: f64,
+    max_norm: f64,
+    error_if_nonfinite: bool,
+) -> Result<GlobalNorm> {
+    let norm = checked_global_norm(names, grads, kind, norm_type, max_norm, error_if_nonfinite)?;
+    if !norm.host_coef().is_some_and(|coef| coef >= 1.0) {
+        with_operands_mut(grads, |ops| {
+            Ok(multi_tensor::scale_by_clip_coef_(
+                "clip_grad_norm_",
+                ops,
+                &norm,
+            )?)
+        })?;
+    }
+    Ok(norm)
+}
+
 /// Clips the gradients of `params` by their global `norm_type`-norm to at most `max_norm`,
 /// in place, and returns the total norm before clipping (PyTorch's `clip_grad_norm_`).
 pub fn clip_grad_norm_(
@@ -140,24 +208,19 @@ pub fn clip_grad_norm_(
     error_if_nonfinite: bool,
 ) -> Result<f64> {
     let (names, grads) = grads_of(params);
+    let kind = norm_kind("clip_grad_norm_", norm_type)?;
     if grads.is_empty() {
-        norm_kind("clip_grad_norm_", norm_type)?;
         return Ok(0.0);
     }
-    #[cfg(feature = "cuda")]
-    if grads.iter().any(|g| !g.device().is_cpu()) {
-        norm_kind("clip_grad_norm_", norm_type)?;
-        return crate::clip_cuda::clip_grad_norm_cuda(
-            &names,
-            &grads,
-            max_norm,
-            norm_type,
-            error_if_nonfinite,
-        );
-    }
-    let total = total_norm_named(&names, &grads, norm_type, error_if_nonfinite)?;
-    scale_grads(&grads, clip_coef(max_norm, total))?;
-    Ok(total)
+    let norm = clip_by_global_norm(
+        &names,
+        &grads,
+        kind,
+        norm_type,
+        max_norm,
+        error_if_nonfinite,
+    )?;
+    Ok(norm.total()?)
 }
 
 /// [`clip_grad_norm_`] returning the total norm as a 0-d f32 tensor on the gradients' device
@@ -174,22 +237,25 @@ pub fn clip_grad_norm_on_device(
     norm_type: f64,
     error_if_nonfinite: bool,
 ) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    {
-        let (names, grads) = grads_of(params);
-        if grads.iter().any(|g| !g.device().is_cpu()) {
-            norm_kind("clip_grad_norm_", norm_type)?;
-            return crate::clip_cuda::clip_grad_norm_cuda_on_device(
-                &names,
-                &grads,
-                max_norm,
-                norm_type,
-                error_if_nonfinite,
-            );
-        }
+    let (names, grads) = grads_of(params);
+    let kind = norm_kind("clip_grad_norm_", norm_type)?;
+    if grads.is_empty() {
+        return Ok(Tensor::scalar(0.0, DType::F32, Device::Cpu)?);
     }
-    let total = clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)?;
-    Ok(Tensor::scalar(total, DType::F32, Device::Cpu)?)
+    let norm = clip_by_global_norm(
+        &names,
+        &grads,
+        kind,
+        norm_type,
+        max_norm,
+        error_if_nonfinite,
+    )?;
+    let out = Tensor::zeros(&[], DType::F32, norm.device())?;
+    kiln_autograd::no_grad(|| -> Result<()> {
+        let mut guard = out.storage_write()?;
+        Ok(norm.copy_total_into("clip_grad_norm_on_device", (&mut *guard, out.layout()))?)
+    })?;
+    Ok(out)
 }
 
 /// Clamps every gradient element to `[-clip_value, clip_value]` (PyTorch's `clip_grad_value_`).
@@ -204,7 +270,9 @@ pub fn clip_grad_value_(params: &[(String, Parameter)], clip_value: f64) -> Resu
     if grads.is_empty() {
         return Ok(());
     }
-    with_slices_mut("clip_grad_value_", &grads, |s| cpu::clamp_(s, clip_value))
+    with_operands_mut(&grads, |ops| {
+        Ok(multi_tensor::clamp_("clip_grad_value_", ops, clip_value)?)
+    })
 }
 
 #[cfg(test)]

@@ -13,8 +13,11 @@
 //! ```
 //!
 //! Everything that touches all gradients or all parameters runs on `kiln-device`'s
-//! multi-tensor design: fixed chunks over the whole list, one parallel pass, results identical
-//! for any thread count. See `clip`, `optimizer` and `scaler` for each piece.
+//! multi-tensor ops (`kiln_device::ops::multi_tensor`): fixed chunks over the whole list, one
+//! parallel pass (one launch on CUDA), results identical for any thread count. This crate never
+//! names a device: it checks what is optimizer semantics (dtypes, shared buffers, frozen
+//! parameters), takes the buffer guards, and calls the device-agnostic functions, which
+//! dispatch. See `clip`, `optimizer` and `scaler` for each piece.
 
 /// A builder setter for a plain option field: `option_setter!(lr: f64, "Sets the learning rate.")`
 /// expands to `pub fn lr(mut self, v: f64) -> Self`. Shared by the options of every optimizer.
@@ -28,20 +31,14 @@ macro_rules! option_setter {
     };
 }
 
-mod access;
 mod adam;
-mod adam_cuda;
 pub mod clip;
-#[cfg(feature = "cuda")]
-mod clip_cuda;
 mod error;
-mod fused;
 mod group;
+mod operands;
 mod optimizer;
 mod scaler;
-mod scaler_cuda;
 mod sgd;
-mod sgd_cuda;
 
 pub use adam::{Adam, AdamAlgorithm, AdamOptions, AdamState, AdamW};
 pub use clip::{
@@ -52,8 +49,12 @@ pub(crate) use error::arg_err;
 pub use error::{Error, Result};
 pub use group::ParamGroup;
 pub use optimizer::{
-    Algorithm, GroupOptions, GroupRecord, Optim, Optimizer, ParamStateRecord, StateDict, StepItem,
-    TensorRecord,
+    Algorithm, GroupOptions, GroupRecord, GroupedOptimizer, Optimizer, ParamStateRecord, StateDict,
+    StepItem, TensorRecord,
 };
+
+/// The former name of [`GroupedOptimizer`], kept because kiln-sched implements its scheduler
+/// trait for `Optim<A>`.
+pub type Optim<A> = GroupedOptimizer<A>;
 pub use scaler::{GradScaler, GradScalerOptions, GradScalerState};
 pub use sgd::{Sgd, SgdAlgorithm, SgdOptions, SgdState};

@@ -1,10 +1,13 @@
-//! The [`Optimizer`] trait and [`Optim`], the machinery every optimizer shares: parameter groups
-//! with inherited options, duplicate and empty-group checks, lazily created per-parameter state
-//! (frozen parameters never get any), `zero_grad`, and state dicts.
+//! The [`Optimizer`] trait and [`GroupedOptimizer`], the machinery every optimizer shares:
+//! parameter groups with inherited options, duplicate and empty-group checks, lazily created
+//! per-parameter state (frozen parameters never get any), `zero_grad`, and state dicts.
 //!
 //! An optimizer algorithm ([`Algorithm`]) only supplies its options type, its per-parameter
 //! state and one fused update over the parameters of a group that have a gradient this step:
-//! one parallel pass over fixed chunks of all of them (PyTorch's `foreach`/`fused` paths).
+//! one multi-tensor pass over all of them (PyTorch's `foreach`/`fused` paths).
+//!
+//! Invariants: a parameter belongs to exactly one group; state exists only for parameters
+//! stepped at least once (here or in a loaded state dict); updates run under `no_grad`.
 
 use crate::group::ParamGroup;
 use crate::{Error, Result};
@@ -191,8 +194,9 @@ struct Group<O> {
     initial_lr: Option<f64>,
 }
 
-/// An optimizer: groups of parameters with options, per-parameter state, and an algorithm.
-pub struct Optim<A: Algorithm> {
+/// An optimizer over parameter groups: groups of parameters with options, per-parameter state,
+/// and the [`Algorithm`] that updates them (SGD, Adam and AdamW are `GroupedOptimizer`s).
+pub struct GroupedOptimizer<A: Algorithm> {
     algorithm: A,
     defaults: A::Options,
     groups: Vec<Group<A::Options>>,
@@ -200,7 +204,7 @@ pub struct Optim<A: Algorithm> {
     seen: HashMap<u64, String>,
 }
 
-impl<A: Algorithm> Optim<A> {
+impl<A: Algorithm> GroupedOptimizer<A> {
     pub(crate) fn with_algorithm(
         algorithm: A,
         groups: Vec<ParamGroup>,
@@ -213,7 +217,7 @@ impl<A: Algorithm> Optim<A> {
                 algorithm.name()
             )));
         }
-        let mut opt = Optim {
+        let mut opt = GroupedOptimizer {
             algorithm,
             defaults,
             groups: Vec::new(),
@@ -316,7 +320,7 @@ impl<A: Algorithm> Optim<A> {
     }
 }
 
-impl<A: Algorithm> Optimizer for Optim<A> {
+impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
     fn step_with_grad_scale(&mut self, grad_scale: f64) -> Result<()> {
         kiln_autograd::no_grad(|| {
             for g in &self.groups {

@@ -3,12 +3,13 @@
 //!
 //! The loss is multiplied by the scale before backward so small fp16 gradients do not flush to
 //! zero; [`GradScaler::unscale_`] divides every gradient of an optimizer by the scale and checks
-//! them for inf/NaN in the same fused pass (one read and one write of each gradient, a single
-//! found-inf flag; for CUDA gradients one launch per device writing the flag in device memory,
-//! read back once by `step`). [`GradScaler::step`] skips the optimizer step when anything was non-finite,
-//! and [`GradScaler::update`] halves the scale after such a step or doubles it after
-//! `growth_interval` clean steps in a row. Call `unscale_` before clipping, as PyTorch documents,
-//! so the clip threshold applies to the true gradients:
+//! them for inf/NaN in the same fused pass (one read and one write of each gradient and one
+//! found-inf answer per device: kiln-device's `unscale_and_check_`, which on a CUDA device is one
+//! launch writing a flag in device memory, read back once by `step`). [`GradScaler::step`]
+//! skips the optimizer step when anything was non-finite, and [`GradScaler::update`] halves the
+//! scale after such a step or doubles it after `growth_interval` clean steps in a row. Call
+//! `unscale_` before clipping, as PyTorch documents, so the clip threshold applies to the true
+//! gradients:
 //!
 //! ```text
 //! scaler.scale(&loss)?.backward()?;
@@ -18,12 +19,11 @@
 //! scaler.update()?;
 //! ```
 
-use crate::access::with_slices_mut;
+use crate::operands::{by_device, with_operands_mut};
 use crate::optimizer::Optimizer;
-use crate::scaler_cuda::{unscale_cuda, DeviceFoundInf};
 use crate::{arg_err, Error, Result};
 use kiln_autograd::Tensor;
-use kiln_device::ops::multi_tensor::cpu;
+use kiln_device::ops::multi_tensor::{self, FoundInf};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -69,14 +69,14 @@ pub struct GradScalerState {
     pub growth_tracker: u64,
 }
 
-/// Where an optimizer stands between two `update`s. After `unscale_`, the answer for CPU
-/// gradients is known; for CUDA gradients it waits in device-side flags until `step` (or
-/// `update`) reads them.
+/// Where an optimizer stands between two `update`s. After `unscale_`, each device's answer
+/// stays where it was found (on a CUDA device, in a device-side flag) until `step` (or
+/// `update`) reads it.
 #[derive(Debug)]
 enum Stage {
     Unscaled {
-        host_found_inf: bool,
-        device: DeviceFoundInf,
+        /// One answer per device the gradients were on.
+        found_inf: Vec<FoundInf>,
     },
     Stepped {
         found_inf: bool,
@@ -86,10 +86,14 @@ enum Stage {
 impl Stage {
     fn found_inf(&self) -> Result<bool> {
         match self {
-            Stage::Unscaled {
-                host_found_inf,
-                device,
-            } => Ok(*host_found_inf || device.read()?),
+            Stage::Unscaled { found_inf } => {
+                for found in found_inf {
+                    if found.read()? {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            }
             Stage::Stepped { found_inf } => Ok(*found_inf),
         }
     }
@@ -188,26 +192,24 @@ impl GradScaler {
             None => {}
         }
         let inv_scale = (1.0 / f64::from(self.scale)) as f32;
-        let grads: Vec<Tensor> = optimizer
+        let grads = optimizer
             .named_params()
             .iter()
             .filter_map(|(_, p)| p.grad())
-            .collect();
-        let (host, cuda): (Vec<Tensor>, Vec<Tensor>) =
-            grads.into_iter().partition(|g| g.device().is_cpu());
-        let host_found_inf = if host.is_empty() {
-            false
-        } else {
-            with_slices_mut("unscale_", &host, |s| cpu::unscale_and_check_(s, inv_scale))?
-        };
-        let device = unscale_cuda(&cuda, inv_scale)?;
-        self.per_optimizer.insert(
-            key(optimizer),
-            Stage::Unscaled {
-                host_found_inf,
-                device,
-            },
-        );
+            .map(|g| (g.device(), g))
+            .collect::<Vec<(_, Tensor)>>();
+        let found_inf = by_device(grads)
+            .iter()
+            .map(|list| {
+                with_operands_mut(list, |ops| {
+                    Ok(multi_tensor::unscale_and_check_(
+                        "unscale_", ops, inv_scale,
+                    )?)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.per_optimizer
+            .insert(key(optimizer), Stage::Unscaled { found_inf });
         Ok(())
     }
 

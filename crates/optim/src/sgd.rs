@@ -9,18 +9,22 @@
 //! p -= lr * g
 //! ```
 //!
-//! One fused pass per step and dtype: every parameter of the group is split into fixed chunks
-//! (zipped with its gradient and momentum buffer) and the chunks run in parallel. CUDA
-//! parameters (f32) take one launch per group instead (`sgd_cuda`).
+//! One fused pass per step and device: `kiln_device::ops::multi_tensor::sgd_step` over every
+//! parameter of the group (fixed chunks zipped with gradient and momentum buffer, in parallel
+//! on the CPU; one launch on CUDA).
+//!
+//! Invariants: options are validated when a group is built or changed; every gradient is
+//! checked before any buffer is written; a momentum buffer is created at the first step with
+//! nonzero momentum and takes the gradient as it is on that step.
 
-use crate::access::OptFloat;
-use crate::fused::{checked_grad, typed, typed_mut, CHUNK};
 use crate::group::ParamGroup;
-use crate::optimizer::{Algorithm, GroupOptions, Optim, ParamStateRecord, StepItem, TensorRecord};
+use crate::operands::{by_device, checked_grad};
+use crate::optimizer::{
+    Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
+};
 use crate::{arg_err, Result};
-use kiln_autograd::{DType, Parameter, Tensor};
-use kiln_device::ops::multi_tensor::cpu::batch_ranges;
-use rayon::prelude::*;
+use kiln_autograd::{Parameter, Tensor};
+use kiln_device::ops::multi_tensor::{self, SgdHyper, SgdOperands};
 use serde::{Deserialize, Serialize};
 
 /// The options of an SGD group (PyTorch's names and defaults).
@@ -143,26 +147,20 @@ pub struct SgdState {
 pub struct SgdAlgorithm;
 
 /// Stochastic gradient descent (PyTorch's `torch.optim.SGD`).
-pub type Sgd = Optim<SgdAlgorithm>;
+pub type Sgd = GroupedOptimizer<SgdAlgorithm>;
 
 impl Sgd {
     /// SGD over `groups`; options a group leaves unset come from `defaults`.
     pub fn new(groups: Vec<ParamGroup>, defaults: SgdOptions) -> Result<Self> {
-        Optim::with_algorithm(SgdAlgorithm, groups, defaults)
+        GroupedOptimizer::with_algorithm(SgdAlgorithm, groups, defaults)
     }
 }
 
 /// A parameter, its gradient, its momentum buffer, and whether this is the buffer's first step.
-pub(crate) type SgdWork = (Tensor, Tensor, Option<Tensor>, bool);
+type SgdWork = (Tensor, Tensor, Option<Tensor>, bool);
 
-struct SgdChunk<'a, T> {
-    p: &'a mut [T],
-    g: &'a [T],
-    buf: Option<&'a mut [T]>,
-    first: bool,
-}
-
-fn sgd_pass<T: OptFloat>(o: &SgdOptions, work: &[SgdWork], scale: f64) -> Result<()> {
+/// One fused step over `work` (all on one device) through kiln-device's multi-tensor SGD.
+fn sgd_pass(hyper: &SgdHyper, work: &[SgdWork]) -> Result<()> {
     let mut pw = work
         .iter()
         .map(|w| w.0.storage_write())
@@ -172,63 +170,21 @@ fn sgd_pass<T: OptFloat>(o: &SgdOptions, work: &[SgdWork], scale: f64) -> Result
         .iter()
         .map(|w| w.2.as_ref().map(|b| b.storage_write()).transpose())
         .collect::<Result<Vec<_>, _>>()?;
-    let mut chunks: Vec<SgdChunk<'_, T>> = Vec::new();
-    for (((w, pg), gg), bg) in work.iter().zip(pw.iter_mut()).zip(&gr).zip(bw.iter_mut()) {
-        let p = typed_mut::<T>(pg, &w.0)?;
-        let g = typed::<T>(gg, &w.1)?;
-        let mut bufs: Vec<Option<&mut [T]>> = match (bg.as_mut(), &w.2) {
-            (Some(b), Some(t)) => typed_mut::<T>(b, t)?.chunks_mut(CHUNK).map(Some).collect(),
-            _ => Vec::new(),
-        };
-        bufs.resize_with(p.len().div_ceil(CHUNK), || None);
-        for ((pc, gc), bc) in p.chunks_mut(CHUNK).zip(g.chunks(CHUNK)).zip(bufs) {
-            chunks.push(SgdChunk {
-                p: pc,
-                g: gc,
-                buf: bc,
-                first: w.3,
-            });
-        }
-    }
-    let (lr, wd, mom) = (T::of(-o.lr), T::of(o.weight_decay), T::of(o.momentum));
-    let damp = T::of(1.0 - o.dampening);
-    let gs = T::of(scale);
-    let (scaled, has_wd, nesterov, maximize) =
-        (scale != 1.0, o.weight_decay != 0.0, o.nesterov, o.maximize);
-    let tasks = batch_ranges(chunks.iter().map(|c| c.p.len()), CHUNK);
-    let mut it = chunks.into_iter();
-    let batches: Vec<Vec<SgdChunk<'_, T>>> = tasks
-        .into_iter()
-        .map(|r| it.by_ref().take(r.len()).collect())
+    let guards = pw.iter_mut().zip(&gr).zip(bw.iter_mut());
+    let mut list: Vec<SgdOperands<'_>> = work
+        .iter()
+        .zip(guards)
+        .map(|((p, g, buf, first), ((pg, gg), bg))| SgdOperands {
+            param: (&mut **pg, p.layout()),
+            grad: (&**gg, g.layout()),
+            momentum_buffer: match (bg.as_mut(), buf) {
+                (Some(b), Some(t)) => Some((&mut **b, t.layout())),
+                _ => None,
+            },
+            first_momentum_step: *first,
+        })
         .collect();
-    kiln_device::threads::cpu_pool().install(|| {
-        batches.into_par_iter().flatten_iter().for_each(|c| {
-            let SgdChunk {
-                p,
-                g,
-                mut buf,
-                first,
-            } = c;
-            for i in 0..p.len() {
-                let mut d = g[i];
-                if scaled {
-                    d = d * gs;
-                }
-                if maximize {
-                    d = -d;
-                }
-                if has_wd {
-                    d = d + p[i] * wd;
-                }
-                if let Some(b) = buf.as_deref_mut() {
-                    b[i] = if first { d } else { b[i] * mom + d * damp };
-                    d = if nesterov { d + b[i] * mom } else { b[i] };
-                }
-                p[i] = p[i] + d * lr;
-            }
-        });
-    });
-    Ok(())
+    Ok(multi_tensor::sgd_step("SGD.step", &mut list, hyper)?)
 }
 
 impl Algorithm for SgdAlgorithm {
@@ -252,39 +208,41 @@ impl Algorithm for SgdAlgorithm {
         items: Vec<StepItem<'_, SgdState>>,
         scale: f64,
     ) -> Result<()> {
-        // Slots: f32 on the host, f64 on the host, CUDA (f32).
-        let mut by_dtype: [Vec<SgdWork>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut work = Vec::with_capacity(items.len());
         for it in items {
-            let on_cuda = !it.param.device().is_cpu();
-            let grad = if on_cuda {
-                crate::adam_cuda::checked_cuda_grad("SGD.step", &it)?
-            } else {
-                checked_grad("SGD.step", &it)?
-            };
+            let grad = checked_grad("SGD.step", &it)?;
             let mut first = false;
             if o.momentum != 0.0 && it.state.momentum_buffer.is_none() {
                 it.state.momentum_buffer = Some(it.param.zeros_like()?);
                 first = true;
             }
             it.state.step += 1;
-            let slot = if on_cuda {
-                2
-            } else {
-                usize::from(it.param.dtype() == DType::F64)
-            };
-            by_dtype[slot].push((
-                it.param.tensor().clone(),
-                grad,
-                it.state
-                    .momentum_buffer
-                    .clone()
-                    .filter(|_| o.momentum != 0.0),
-                first,
+            work.push((
+                it.param.device(),
+                (
+                    it.param.tensor().clone(),
+                    grad,
+                    it.state
+                        .momentum_buffer
+                        .clone()
+                        .filter(|_| o.momentum != 0.0),
+                    first,
+                ),
             ));
         }
-        sgd_pass::<f32>(o, &by_dtype[0], scale)?;
-        sgd_pass::<f64>(o, &by_dtype[1], scale)?;
-        crate::sgd_cuda::sgd_step_cuda(o, &by_dtype[2], scale)
+        let hyper = SgdHyper {
+            lr: o.lr,
+            momentum: o.momentum,
+            dampening: o.dampening,
+            weight_decay: o.weight_decay,
+            nesterov: o.nesterov,
+            maximize: o.maximize,
+            grad_scale: scale,
+        };
+        for list in by_device(work) {
+            sgd_pass(&hyper, &list)?;
+        }
+        Ok(())
     }
 
     fn save_state(&self, s: &SgdState) -> Result<ParamStateRecord> {

@@ -1,7 +1,6 @@
 //! CUDA paths against the CPU: fused SGD steps, GradScaler's fused unscale-and-check (with and
 //! without an injected inf) and `clip_grad_norm_on_device`. Each test skips (printing why) when
 //! no CUDA device is usable, and fails instead under `KILN_REQUIRE_CUDA=1`.
-#![cfg(feature = "cuda")]
 
 use kiln_autograd::{Device, Parameter, Tensor};
 use kiln_optim::{GradScaler, GradScalerOptions, Optimizer, ParamGroup, Sgd, SgdOptions};

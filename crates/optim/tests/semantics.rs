@@ -456,7 +456,6 @@ fn get_total_norm_names_the_first_nonfinite_tensor_and_value_clipping_keeps_nan(
     assert_eq!(&g[1..], &[-1.0, 0.25]);
 }
 
-#[cfg(feature = "cuda")]
 #[test]
 fn clip_on_a_cuda_device_matches_the_cpu() {
     let Some(dev) = kiln_device::testing::cuda_device_or_skip() else {
@@ -516,7 +515,6 @@ fn clip_on_a_cuda_device_matches_the_cpu() {
     );
 }
 
-#[cfg(feature = "cuda")]
 #[test]
 fn adamw_on_a_cuda_device_follows_the_cpu_step_for_step() {
     let Some(dev) = kiln_device::testing::cuda_device_or_skip() else {

@@ -80,6 +80,35 @@ pub enum SchedError {
         /// Why it failed.
         reason: String,
     },
+    /// A loaded state dict holds a value out of range, non-finite, of the wrong length, or
+    /// inconsistent with the scheduler it is loaded into; nothing was changed.
+    #[error(
+        "{scheduler}: cannot load state dict: `{field}` = {value}: {expected}; pass a dict saved \
+         by the same scheduler type and configuration"
+    )]
+    InvalidState {
+        /// The scheduler loading it.
+        scheduler: &'static str,
+        /// The state field, e.g. `step_size` or `core.base_lrs[1]`.
+        field: String,
+        /// The rejected value, as text.
+        value: String,
+        /// What a valid value looks like.
+        expected: String,
+    },
+    /// The optimizer refused a value a scheduler wrote into a parameter group (kiln's
+    /// optimizers take only lr >= 0, for instance); the step was undone.
+    #[error("parameter group {group}: the optimizer refused {what} = {value}: {reason}")]
+    Refused {
+        /// The group index.
+        group: usize,
+        /// `lr`, `initial_lr` or `momentum`.
+        what: &'static str,
+        /// The refused value.
+        value: f64,
+        /// The optimizer's reason and the fix.
+        reason: String,
+    },
     /// An operation that PyTorch also does not support.
     #[error("{scheduler}: {what}")]
     Unsupported {

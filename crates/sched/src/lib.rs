@@ -55,6 +55,7 @@ mod optim_impl;
 mod param_group;
 mod scheduler;
 mod schedulers;
+mod state_check;
 
 pub use error::{Result, SchedError};
 pub use param_group::{LrGroup, LrGroups, ParamGroupLr, PerGroup};

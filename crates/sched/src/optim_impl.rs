@@ -18,21 +18,34 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! `ParamGroupLr`'s methods are infallible while `Optimizer`'s return `Result`, because the
-//! optimizer's accessors also serve users, who may pass any index. Schedulers only pass group
-//! indices in `0..num_groups()` (each step first checks the optimizer still has as many groups
-//! as when the scheduler was built) and only write finite, non-negative learning rates computed
-//! from the groups' own, so the `Result`s here are always `Ok`; an `Err` would be a bug in a
-//! scheduler and panics with the optimizer's message rather than being dropped.
+//! The getters are infallible: schedulers pass only group indices in `0..num_groups()` (each
+//! step first checks the optimizer still has as many groups as when the scheduler was built),
+//! so an optimizer error there cannot happen; were it to, the getter reads NaN / `None`, which
+//! the next write refuses, instead of panicking. The setters return the optimizer's refusal as
+//! [`SchedError::Refused`](crate::SchedError::Refused): kiln's optimizers take only lr >= 0,
+//! while PyTorch writes whatever the schedule computes (OneCycleLR with linear annealing
+//! extrapolates its `total_steps`-th lr slightly below 0; `LrGroups` stores it, as PyTorch
+//! does, and a kiln optimizer refuses it and the step is undone).
 
 use kiln_optim::{Algorithm, Optim, Optimizer};
 
+use crate::error::{Result, SchedError};
 use crate::param_group::ParamGroupLr;
 
-/// Unwraps an optimizer accessor's result, which is `Ok` for every call a scheduler makes (see
-/// the module docs).
-fn in_range<T>(r: kiln_optim::Result<T>, what: &str, group: usize) -> T {
-    r.unwrap_or_else(|e| panic!("scheduler {what} on parameter group {group}: {e}"))
+/// The scheduler error for an optimizer's refusal of `value` for `what` in `group`.
+fn refused(group: usize, what: &'static str, value: f64, e: kiln_optim::Error) -> SchedError {
+    let hint = if value < 0.0 {
+        " (a schedule that extrapolates below 0, such as OneCycleLR with linear annealing at \
+         its total_steps-th step, should stop one step earlier or anneal with cos)"
+    } else {
+        ""
+    };
+    SchedError::Refused {
+        group,
+        what,
+        value,
+        reason: format!("{e}{hint}"),
+    }
 }
 
 impl<A: Algorithm> ParamGroupLr for Optim<A> {
@@ -41,37 +54,31 @@ impl<A: Algorithm> ParamGroupLr for Optim<A> {
     }
 
     fn group_lr(&self, group: usize) -> f64 {
-        in_range(Optimizer::lr(self, group), "read lr", group)
+        Optimizer::lr(self, group).unwrap_or(f64::NAN)
     }
 
-    fn set_group_lr(&mut self, group: usize, lr: f64) {
-        in_range(Optimizer::set_lr(self, group, lr), "set lr", group)
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        Optimizer::set_lr(self, group, lr).map_err(|e| refused(group, "lr", lr, e))
     }
 
     fn group_initial_lr(&self, group: usize) -> Option<f64> {
-        in_range(Optimizer::initial_lr(self, group), "read initial_lr", group)
+        Optimizer::initial_lr(self, group).ok().flatten()
     }
 
-    fn set_group_initial_lr(&mut self, group: usize, lr: f64) {
-        in_range(
-            Optimizer::set_initial_lr(self, group, lr),
-            "set initial_lr",
-            group,
-        )
+    fn set_group_initial_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        Optimizer::set_initial_lr(self, group, lr).map_err(|e| refused(group, "initial_lr", lr, e))
     }
 
     fn group_momentum(&self, group: usize) -> Option<f64> {
-        in_range(Optimizer::momentum(self, group), "read momentum", group)
+        Optimizer::momentum(self, group).ok().flatten()
     }
 
-    fn set_group_momentum(&mut self, group: usize, momentum: f64) {
+    fn set_group_momentum(&mut self, group: usize, momentum: f64) -> Result<()> {
         // Ignored when the optimizer has neither momentum nor betas (the trait's contract).
-        if ParamGroupLr::group_momentum(self, group).is_some() {
-            in_range(
-                Optimizer::set_momentum(self, group, momentum),
-                "set momentum",
-                group,
-            )
+        if ParamGroupLr::group_momentum(self, group).is_none() {
+            return Ok(());
         }
+        Optimizer::set_momentum(self, group, momentum)
+            .map_err(|e| refused(group, "momentum", momentum, e))
     }
 }

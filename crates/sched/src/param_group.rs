@@ -24,7 +24,7 @@ use crate::error::{Result, SchedError};
 /// `Option<f64>` per group:
 ///
 /// ```
-/// use kiln_sched::{LrScheduler, ParamGroupLr, StepLR};
+/// use kiln_sched::{LrScheduler, ParamGroupLr, Result, StepLR};
 ///
 /// struct Group { lr: f64, initial_lr: Option<f64>, momentum: f64 }
 /// struct Sgd { groups: Vec<Group> }
@@ -32,11 +32,20 @@ use crate::error::{Result, SchedError};
 /// impl ParamGroupLr for Sgd {
 ///     fn num_lr_groups(&self) -> usize { self.groups.len() }
 ///     fn group_lr(&self, g: usize) -> f64 { self.groups[g].lr }
-///     fn set_group_lr(&mut self, g: usize, lr: f64) { self.groups[g].lr = lr }
+///     fn set_group_lr(&mut self, g: usize, lr: f64) -> Result<()> {
+///         self.groups[g].lr = lr;
+///         Ok(())
+///     }
 ///     fn group_initial_lr(&self, g: usize) -> Option<f64> { self.groups[g].initial_lr }
-///     fn set_group_initial_lr(&mut self, g: usize, lr: f64) { self.groups[g].initial_lr = Some(lr) }
+///     fn set_group_initial_lr(&mut self, g: usize, lr: f64) -> Result<()> {
+///         self.groups[g].initial_lr = Some(lr);
+///         Ok(())
+///     }
 ///     fn group_momentum(&self, g: usize) -> Option<f64> { Some(self.groups[g].momentum) }
-///     fn set_group_momentum(&mut self, g: usize, m: f64) { self.groups[g].momentum = m }
+///     fn set_group_momentum(&mut self, g: usize, m: f64) -> Result<()> {
+///         self.groups[g].momentum = m;
+///         Ok(())
+///     }
 /// }
 ///
 /// let mut sgd = Sgd { groups: vec![Group { lr: 0.1, initial_lr: None, momentum: 0.9 }] };
@@ -51,14 +60,16 @@ pub trait ParamGroupLr {
     fn num_lr_groups(&self) -> usize;
     /// Current learning rate of `group` (PyTorch `param_groups[group]["lr"]`).
     fn group_lr(&self, group: usize) -> f64;
-    /// Set the learning rate of `group`.
-    fn set_group_lr(&mut self, group: usize, lr: f64);
+    /// Set the learning rate of `group`; an optimizer that refuses the value (kiln's take only
+    /// lr >= 0) returns [`SchedError::Refused`], and the scheduler undoes its step.
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()>;
     /// The lr recorded by the first scheduler attached to this optimizer (PyTorch
     /// `param_groups[group]["initial_lr"]`); `None` until a scheduler sets it.
     fn group_initial_lr(&self, group: usize) -> Option<f64>;
     /// Record `initial_lr` for `group`. Schedulers call this once when attached (and
     /// `OneCycleLR` overwrites it with `max_lr / div_factor`, as PyTorch does).
-    fn set_group_initial_lr(&mut self, group: usize, lr: f64);
+    /// Errors as [`set_group_lr`](Self::set_group_lr) does.
+    fn set_group_initial_lr(&mut self, group: usize, lr: f64) -> Result<()>;
     /// The value momentum-cycling schedulers (`OneCycleLR`, `CyclicLR`) drive: `momentum` for
     /// SGD-like optimizers, `betas.0` (beta1) for Adam-like ones; `None` when the optimizer has
     /// neither (then `cycle_momentum` is an error). SGD returns `Some` even when momentum is 0,
@@ -67,9 +78,11 @@ pub trait ParamGroupLr {
         let _ = group;
         None
     }
-    /// Set the momentum (or beta1) of `group`; ignored when the optimizer has neither.
-    fn set_group_momentum(&mut self, group: usize, momentum: f64) {
+    /// Set the momentum (or beta1) of `group`; ignored when the optimizer has neither. Errors
+    /// as [`set_group_lr`](Self::set_group_lr) does.
+    fn set_group_momentum(&mut self, group: usize, momentum: f64) -> Result<()> {
         let _ = (group, momentum);
+        Ok(())
     }
 }
 
@@ -129,22 +142,25 @@ impl ParamGroupLr for LrGroups {
     fn group_lr(&self, group: usize) -> f64 {
         self.groups[group].lr
     }
-    fn set_group_lr(&mut self, group: usize, lr: f64) {
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
         self.groups[group].lr = lr;
+        Ok(())
     }
     fn group_initial_lr(&self, group: usize) -> Option<f64> {
         self.groups[group].initial_lr
     }
-    fn set_group_initial_lr(&mut self, group: usize, lr: f64) {
+    fn set_group_initial_lr(&mut self, group: usize, lr: f64) -> Result<()> {
         self.groups[group].initial_lr = Some(lr);
+        Ok(())
     }
     fn group_momentum(&self, group: usize) -> Option<f64> {
         self.groups[group].momentum
     }
-    fn set_group_momentum(&mut self, group: usize, momentum: f64) {
+    fn set_group_momentum(&mut self, group: usize, momentum: f64) -> Result<()> {
         if let Some(m) = &mut self.groups[group].momentum {
             *m = momentum;
         }
+        Ok(())
     }
 }
 

@@ -16,8 +16,11 @@
 //!   two traits, so passing a metric to a scheduler that takes none, or none to one that needs
 //!   it, does not compile.
 //!
-//! A failed step (e.g. OneCycleLR past `total_steps`) leaves both the scheduler and the
-//! optimizer unchanged.
+//! A failed step (e.g. OneCycleLR past `total_steps`, or an optimizer refusing a value)
+//! leaves both the scheduler and the optimizer unchanged: [`GroupSnapshot`] records the groups'
+//! lrs and momenta before a step and puts them back on failure. A loaded state dict is
+//! validated (ranges, finiteness, lengths against the live scheduler's groups) before any of it
+//! replaces the live state; see `state_check.rs`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -99,7 +102,7 @@ impl Core {
                 Some(lr) => lr,
                 None => {
                     let lr = opt.group_lr(g);
-                    opt.set_group_initial_lr(g, lr);
+                    opt.set_group_initial_lr(g, lr)?;
                     lr
                 }
             };
@@ -146,6 +149,51 @@ pub(crate) fn group_lrs(opt: &dyn ParamGroupLr) -> Vec<f64> {
     (0..opt.num_lr_groups()).map(|g| opt.group_lr(g)).collect()
 }
 
+/// Every group's lr and momentum, to undo a step that failed half-way.
+pub(crate) struct GroupSnapshot {
+    lrs: Vec<f64>,
+    momenta: Vec<Option<f64>>,
+}
+
+impl GroupSnapshot {
+    pub(crate) fn take(opt: &dyn ParamGroupLr) -> Self {
+        let n = opt.num_lr_groups();
+        Self {
+            lrs: group_lrs(opt),
+            momenta: (0..n).map(|g| opt.group_momentum(g)).collect(),
+        }
+    }
+
+    /// Writes the recorded values back. They were in the optimizer a moment ago, so it takes
+    /// them again; a refusal here could only repeat the error being reported, so it is dropped.
+    pub(crate) fn restore(&self, opt: &mut dyn ParamGroupLr) {
+        for (g, &lr) in self.lrs.iter().enumerate() {
+            let _ = opt.set_group_lr(g, lr);
+        }
+        for (g, m) in self.momenta.iter().enumerate() {
+            if let Some(m) = *m {
+                let _ = opt.set_group_momentum(g, m);
+            }
+        }
+    }
+}
+
+/// Writes `values` as the groups' lrs, undoing every write of this step (lrs and momenta, from
+/// `before`) when the optimizer refuses one.
+pub(crate) fn write_lrs(
+    opt: &mut dyn ParamGroupLr,
+    values: Vec<f64>,
+    before: &GroupSnapshot,
+) -> Result<()> {
+    for (g, lr) in values.into_iter().enumerate() {
+        if let Err(e) = opt.set_group_lr(g, lr) {
+            before.restore(opt);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// What a concrete chainable scheduler provides; the rest of [`LrScheduler`] is generic.
 pub(crate) trait Chainable {
     const NAME: &'static str;
@@ -170,6 +218,7 @@ pub(crate) fn update_lr<S: Chainable>(
     epoch: Option<i64>,
 ) -> Result<()> {
     s.core().check_groups(S::NAME, opt)?;
+    let before = GroupSnapshot::take(opt);
     let saved_epoch = s.core().last_epoch;
     let values = match epoch {
         None => {
@@ -188,11 +237,13 @@ pub(crate) fn update_lr<S: Chainable>(
         Ok(v) => v,
         Err(e) => {
             s.core_mut().last_epoch = saved_epoch;
+            before.restore(opt);
             return Err(e);
         }
     };
-    for (g, lr) in values.into_iter().enumerate() {
-        opt.set_group_lr(g, lr);
+    if let Err(e) = write_lrs(opt, values, &before) {
+        s.core_mut().last_epoch = saved_epoch;
+        return Err(e);
     }
     s.core_mut().last_lr = group_lrs(opt);
     Ok(())
@@ -255,7 +306,9 @@ macro_rules! whole_struct_state {
             serde_json::to_value(self).expect("scheduler state serializes")
         }
         fn restore(&mut self, state: serde_json::Value) -> $crate::error::Result<()> {
-            *self = $crate::scheduler::from_state(Self::NAME, state)?;
+            let loaded: Self = $crate::scheduler::from_state(Self::NAME, state)?;
+            $crate::state_check::ValidState::validate(&loaded, self)?;
+            *self = loaded;
             Ok(())
         }
     };

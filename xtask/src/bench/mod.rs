@@ -158,7 +158,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!("{table}");
     let dir = match std::env::var_os("KILN_BENCH_OUT") {
         Some(out) if !out.is_empty() => PathBuf::from(out),
-        _ => crate::target_dir(&crate::workspace_root()).join("kiln-bench"),
+        _ => crate::paths::target_dir(&crate::paths::workspace_root()).join("kiln-bench"),
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;

@@ -44,8 +44,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(arg) = args.first() {
         return Err(format!("`gpu-pack` takes no arguments (got `{arg}`)"));
     }
-    let root = crate::workspace_root();
-    let pack = crate::target_dir(&root).join("gpu-pack");
+    let root = crate::paths::workspace_root();
+    let pack = crate::paths::target_dir(&root).join("gpu-pack");
 
     let all = build_test_binaries(&root)?;
     if all.is_empty() {

@@ -71,7 +71,7 @@ pub struct SimBackend {
 }
 
 fn round_up(x: usize, to: usize) -> usize {
-    x.div_ceil(to) * to
+    x.div_ceil(to).saturating_mul(to)
 }
 
 impl SimBackend {
@@ -152,10 +152,22 @@ impl SimBackend {
         Ok(())
     }
 
-    fn take_addresses(&self, s: &mut SimState, bytes: usize) -> u64 {
+    /// The next `bytes` of the simulated 64-bit address space (plus a guard page); an
+    /// out-of-memory error once that space is used up (a capacity near `usize::MAX`).
+    fn take_addresses(&self, s: &mut SimState, bytes: usize) -> Result<u64, BackendError> {
+        let end = bytes
+            .checked_next_multiple_of(self.page)
+            .and_then(|b| b.checked_add(self.page))
+            .and_then(|span| s.next_addr.checked_add(span as u64));
+        let Some(end) = end else {
+            return Err(BackendError::OutOfMemory {
+                requested: bytes,
+                free: usize::try_from(u64::MAX - s.next_addr).unwrap_or(usize::MAX),
+            });
+        };
         let addr = s.next_addr;
-        s.next_addr += (round_up(bytes, self.page) + self.page) as u64;
-        addr
+        s.next_addr = end;
+        Ok(addr)
     }
 
     fn check_pages(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
@@ -199,7 +211,13 @@ impl MemoryBackend for SimBackend {
             ));
         }
         self.charge(&mut s, charged)?;
-        let addr = self.take_addresses(&mut s, bytes);
+        let addr = match self.take_addresses(&mut s, bytes) {
+            Ok(addr) => addr,
+            Err(e) => {
+                s.used -= charged;
+                return Err(e);
+            }
+        };
         s.segments.insert(addr, bytes);
         Ok(addr)
     }
@@ -228,7 +246,7 @@ impl MemoryBackend for SimBackend {
         let mut s = self.lock();
         s.calls.reserve_address_space += 1;
         self.check_pages(0, bytes)?;
-        let addr = self.take_addresses(&mut s, bytes);
+        let addr = self.take_addresses(&mut s, bytes)?;
         s.reservations.insert(addr, bytes);
         Ok(addr)
     }

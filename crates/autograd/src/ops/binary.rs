@@ -8,7 +8,8 @@
 use crate::error::{dtype_err, shape_err};
 use crate::tensor::{fmt_shape, Tensor};
 use crate::Result;
-use kiln_device::{BackendStorage, BinaryOp, CmpOp, DType};
+use kiln_device::prelude::*;
+use kiln_device::{BinaryOp, CmpOp, DType};
 
 /// The broadcast shape of `a` and `b`, or an error naming `op`, both shapes and the dim that clashes.
 pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {

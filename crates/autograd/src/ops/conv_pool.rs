@@ -15,7 +15,8 @@ use kiln_device::ops::pool::{
     AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, AvgPool2dParams, MaxPool2dGeometry,
     MaxPool2dParams,
 };
-use kiln_device::{BackendStorage, Pool2d, Storage};
+use kiln_device::prelude::*;
+use kiln_device::{GradMask, Pool2d, Storage};
 
 /// A gradient tensor over a fresh storage.
 pub(crate) fn grad_tensor(storage: Storage, shape: &[usize]) -> Tensor {
@@ -83,7 +84,11 @@ impl Tensor {
         inputs.extend(bias);
         let node = Tensor::grad_node("ConvolutionBackward", &inputs, |needs| {
             let (x, w) = (self.saved(), weight.saved());
-            let mask = [needs[0], needs[1], needs.get(2).copied().unwrap_or(false)];
+            let mask = GradMask {
+                input: needs[0],
+                weight: needs[1],
+                bias: needs.get(2).copied().unwrap_or(false),
+            };
             let with_bias = needs.len() == 3;
             Box::new(move |g| {
                 let grads = {
@@ -102,6 +107,7 @@ impl Tensor {
                     vec![geometry.out_channels],
                 ];
                 let mut out: Vec<Option<Tensor>> = grads
+                    .into_array()
                     .into_iter()
                     .zip(shapes)
                     .map(|(s, shape)| s.map(|s| grad_tensor(s, &shape)))

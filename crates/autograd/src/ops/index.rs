@@ -15,7 +15,7 @@ use crate::error::{arg_err, dtype_err, shape_err};
 use crate::ops::conv_pool::grad_tensor;
 use crate::tensor::{fmt_shape, resolve_dim, Tensor};
 use crate::{DType, Result};
-use kiln_device::BackendStorage;
+use kiln_device::prelude::*;
 
 impl Tensor {
     /// Requires `index` to be an `I64` tensor on this tensor's device.

@@ -7,7 +7,7 @@ use crate::error::shape_err;
 use crate::ops::broadcast_shapes;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::Result;
-use kiln_device::BackendStorage;
+use kiln_device::prelude::*;
 
 impl Tensor {
     /// Matrix product with batch broadcasting (`[.., m, k] @ [.., k, n]`; 1-D operands allowed).

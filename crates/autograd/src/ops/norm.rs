@@ -17,7 +17,8 @@ use crate::ops::conv_pool::grad_tensor;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::{DType, Error, Result};
 use kiln_device::ops::norm::batch_norm_param_dtype;
-use kiln_device::{BackendStorage, BatchNormStats, RunningStatsMut};
+use kiln_device::prelude::*;
+use kiln_device::{BatchNormStats, GradMask, InputGrads, RunningStatsMut};
 
 /// Mode and constants of [`Tensor::batch_norm`]; `Default` is PyTorch's (training, momentum
 /// 0.1, eps 1e-5).
@@ -268,10 +269,18 @@ impl Tensor {
                         (&xs, x.layout()),
                         w_arg,
                         st,
-                        [need_x, need_w, need_b],
+                        GradMask {
+                            input: need_x,
+                            weight: need_w,
+                            bias: need_b,
+                        },
                     )?
                 };
-                let [gi, gw, gb] = grads;
+                let InputGrads {
+                    input: gi,
+                    weight: gw,
+                    bias: gb,
+                } = grads;
                 let mut out = vec![gi.map(|s| grad_tensor(s, x.shape()))];
                 if has_weight {
                     out.push(gw.map(|s| grad_tensor(s, &c)));
@@ -348,7 +357,11 @@ impl Tensor {
             let need_w = has_weight && it.next().unwrap_or(false);
             let need_b = has_bias && it.next().unwrap_or(false);
             Box::new(move |g| {
-                let [gi, gw, gb] = {
+                let InputGrads {
+                    input: gi,
+                    weight: gw,
+                    bias: gb,
+                } = {
                     let (gs, xs, ms, rs) =
                         (g.storage(), x.storage(), mean.storage(), rstd.storage());
                     let ws = w.as_ref().map(|w| w.storage());
@@ -358,7 +371,11 @@ impl Tensor {
                         k,
                         ws.as_deref().zip(w.as_ref().map(|t| t.layout())),
                         [(&ms, mean.layout()), (&rs, rstd.layout())],
-                        [need_x, need_w, need_b],
+                        GradMask {
+                            input: need_x,
+                            weight: need_w,
+                            bias: need_b,
+                        },
                     )?
                 };
                 let mut out = vec![gi.map(|s| grad_tensor(s, x.shape()))];

@@ -8,7 +8,8 @@ use crate::autograd::grad_mode::no_grad;
 use crate::error::arg_err;
 use crate::tensor::{resolve_dim, resolve_dims, Tensor};
 use crate::Result;
-use kiln_device::{BackendStorage, DType, ReduceOp};
+use kiln_device::prelude::*;
+use kiln_device::{DType, ReduceOp};
 
 fn keep_shape(shape: &[usize], dims: &[usize]) -> Vec<usize> {
     shape

@@ -3,7 +3,7 @@
 
 use crate::tensor::{resolve_dim, Tensor};
 use crate::Result;
-use kiln_device::BackendStorage;
+use kiln_device::prelude::*;
 
 impl Tensor {
     /// Softmax along `dim`.

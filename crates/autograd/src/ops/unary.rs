@@ -2,7 +2,8 @@
 
 use crate::tensor::Tensor;
 use crate::Result;
-use kiln_device::{BackendStorage, UnaryOp};
+use kiln_device::prelude::*;
+use kiln_device::UnaryOp;
 use std::sync::Arc;
 
 /// What a unary op's backward needs kept alive.

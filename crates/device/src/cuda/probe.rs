@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use cudarc::driver::{result, sys};
 
 use crate::properties::{format_uuid, CudaDeviceProperties};
-use crate::status::{CudaStatus, CudaUnavailable};
+use crate::status::reason::{CudaStatus, CudaUnavailable};
 use crate::visibility::{parse_selectors, DeviceSelector, VisibleDevices};
 
 /// True when `libcuda` can be loaded (checked once; cudarc panics on a missing library).

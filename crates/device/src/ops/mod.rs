@@ -1,8 +1,18 @@
-//! Kernels, one folder per op family, CPU and CUDA side by side (`<family>/cpu.rs`,
-//! `<family>/cuda.rs`, `<family>/<family>.cu`).
+//! Kernels, one folder per op family, CPU and CUDA side by side.
+//!
+//! Each family's `mod.rs` declares its trait of the backend seam (`ConvOps`, `NormOps`, ...,
+//! with `seam_trait!`, which also implements it for [`crate::Storage`]); `<family>/cpu.rs`
+//! implements it for [`crate::CpuStorage`] over the typed slice kernels beside it,
+//! `<family>/cuda.rs` for `CudaStorage`, launching `<family>/<family>.cu`. `buffer` is the base
+//! family (dtype, device, length, host copies). The CPU implementations read operands and write
+//! outputs through one dtype dispatch (`cpu_dispatch`) over the strided loops of `strided`.
+//! Invariant: a family's `mod.rs` imports nothing from its own `cpu.rs`/`cuda.rs` (they import
+//! the trait from it).
 
+pub mod buffer;
 pub mod conv;
 pub mod copy;
+pub(crate) mod cpu_dispatch;
 pub mod elementwise;
 pub mod fill;
 pub mod index;
@@ -16,6 +26,7 @@ pub mod pool;
 pub mod random;
 pub mod reduce;
 pub mod softmax;
+mod strided;
 
 pub use kernel_error::KernelError;
 pub use kernel_float::KernelFloat;

@@ -19,8 +19,8 @@
 //! argument (`launch.arg(&ptr)`), which is what the pointer of a `CudaSlice` becomes anyway.
 //! Empty buffers take no block (pointer 0).
 //!
-//! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each an
-//! `impl CudaStorage` block launching its `.cu` file): fill/arange/random, copies and casts,
+//! The kernels live beside their CPU twins (`crate::ops::<family>::cuda`, each implementing its
+//! family's trait for `CudaStorage` and launching its `.cu` file): fill/arange/random, copies and casts,
 //! elementwise ops, reductions, softmax, matmul on cuBLAS, the fused cross-entropy, and the
 //! indexing ops (embedding, index_select, gather, scatter and their backward), fused batch/layer
 //! norm (`norm.cu`), conv2d (im2col + cuBLAS) and 2-D pooling. Every method of
@@ -28,12 +28,6 @@
 //! Nothing here panics when libcuda is absent (the driver library's presence is checked first).
 
 use super::cpu::CpuStorage;
-use crate::backend::{
-    BackendStorage, BatchNormStats, BinaryOp, CmpOp, GradMask, Grads3, Pool2d, ReduceOp,
-    RunningStatsMut, Strided, UnaryOp,
-};
-use crate::ops::conv::Conv2dGeometry;
-use crate::ops::random::cuda::Generator;
 use crate::{DType, Device, Error, Layout, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use kiln_alloc_cache::{Allocation, StreamId};
@@ -82,7 +76,8 @@ pub fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
     Ok(s)
 }
 
-fn ordinal_of(device: Device) -> Result<usize> {
+/// The CUDA ordinal of `device`, or an error for the CPU.
+pub(crate) fn ordinal_of(device: Device) -> Result<usize> {
     match device {
         Device::Cuda(i) => Ok(i),
         Device::Cpu => Err(Error::CudaUnavailable(
@@ -107,6 +102,26 @@ impl CudaStorage {
             dtype,
             ordinal,
         })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device holding the buffer.
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.ordinal)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.num_bytes / self.dtype.size_in_bytes()
+    }
+
+    /// True when the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.num_bytes == 0
     }
 
     /// The device address of the first byte (0 for an empty buffer); pass it to kernels as a
@@ -243,7 +258,7 @@ impl CudaStorage {
     }
 
     /// True when `layout` covers the whole buffer in order (a copy can move it as is).
-    fn layout_is_whole(&self, layout: &Layout) -> bool {
+    pub(crate) fn layout_is_whole(&self, layout: &Layout) -> bool {
         layout.is_contiguous()
             && layout.offset() == 0
             && layout.numel() * self.dtype.size_in_bytes() == self.num_bytes
@@ -256,239 +271,6 @@ impl Clone for CudaStorage {
     fn clone(&self) -> Self {
         self.try_clone()
             .unwrap_or_else(|e| panic!("cloning a cuda:{} buffer failed: {e}", self.ordinal))
-    }
-}
-
-impl BackendStorage for CudaStorage {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-    fn device(&self) -> Device {
-        Device::Cuda(self.ordinal)
-    }
-    fn len(&self) -> usize {
-        self.num_bytes / self.dtype.size_in_bytes()
-    }
-    fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
-        CudaStorage::full_cuda(ordinal_of(device)?, n, value, dtype)
-    }
-    fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
-        let generator = Generator::Arange { start, step };
-        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
-    }
-    fn rand_uniform(
-        device: Device,
-        n: usize,
-        low: f64,
-        high: f64,
-        seed: u64,
-        offset: u64,
-        dtype: DType,
-    ) -> Result<Self> {
-        let generator = Generator::Uniform {
-            low,
-            high,
-            seed,
-            offset,
-        };
-        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
-    }
-    fn rand_normal(
-        device: Device,
-        n: usize,
-        mean: f64,
-        std: f64,
-        seed: u64,
-        offset: u64,
-        dtype: DType,
-    ) -> Result<Self> {
-        let generator = Generator::Normal {
-            mean,
-            std,
-            seed,
-            offset,
-        };
-        CudaStorage::generate_cuda(ordinal_of(device)?, n, dtype, generator)
-    }
-    fn from_cpu(device: Device, cpu: &CpuStorage) -> Result<Self> {
-        CudaStorage::from_host(ordinal_of(device)?, cpu)
-    }
-    fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
-        // Gather the view on the device first, so only its elements cross the bus.
-        if self.layout_is_whole(layout) {
-            self.to_host()
-        } else {
-            self.cast_cuda(layout, self.dtype)?.to_host()
-        }
-    }
-    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
-        self.unary_cuda(layout, op)
-    }
-    fn binary(&self, layout: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
-        self.binary_cuda(layout, rhs, rl, op)
-    }
-    fn compare(&self, layout: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
-        self.compare_cuda(layout, rhs, rl, op)
-    }
-    fn where_cond(
-        &self,
-        layout: &Layout,
-        on_true: &Self,
-        tl: &Layout,
-        on_false: &Self,
-        fl: &Layout,
-    ) -> Result<Self> {
-        self.where_cuda(layout, (on_true, tl), (on_false, fl))
-    }
-    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
-        self.reduce_cuda(layout, dims, op)
-    }
-    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
-        self.matmul_cuda(layout, rhs, rhs_layout)
-    }
-    fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self> {
-        self.softmax_cuda(layout, log)
-    }
-    fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
-        if self.layout_is_whole(layout) {
-            return self.try_clone();
-        }
-        self.cast_cuda(layout, self.dtype)
-    }
-    fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
-        self.copy_into_cuda(layout, dst, dst_layout)
-    }
-    fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
-        self.cast_cuda(layout, dtype)
-    }
-    fn conv2d(
-        &self,
-        layout: &Layout,
-        weight: Strided<'_, Self>,
-        bias: Option<Strided<'_, Self>>,
-        geometry: &Conv2dGeometry,
-    ) -> Result<Self> {
-        self.conv2d_cuda(layout, weight, bias, geometry)
-    }
-    fn conv2d_backward(
-        &self,
-        layout: &Layout,
-        input: Strided<'_, Self>,
-        weight: Strided<'_, Self>,
-        geometry: &Conv2dGeometry,
-        mask: GradMask,
-    ) -> Result<Grads3<Self>> {
-        self.conv2d_backward_cuda(layout, input, weight, geometry, mask)
-    }
-    fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
-        self.pool2d_cuda(layout, pool)
-    }
-    fn pool2d_backward(
-        &self,
-        layout: &Layout,
-        indices: Option<Strided<'_, Self>>,
-        pool: &Pool2d,
-    ) -> Result<Self> {
-        self.pool2d_backward_cuda(layout, indices, pool)
-    }
-    fn batch_norm_train(
-        &self,
-        layout: &Layout,
-        weight: Option<Strided<'_, Self>>,
-        bias: Option<Strided<'_, Self>>,
-        running: Option<RunningStatsMut<'_, Self>>,
-        eps: f64,
-    ) -> Result<[Self; 3]> {
-        self.batch_norm_train_cuda(layout, weight, bias, running, eps)
-    }
-    fn batch_norm_eval(
-        &self,
-        layout: &Layout,
-        weight: Option<Strided<'_, Self>>,
-        bias: Option<Strided<'_, Self>>,
-        running_mean: Strided<'_, Self>,
-        running_var: Strided<'_, Self>,
-        eps: f64,
-    ) -> Result<Self> {
-        self.batch_norm_eval_cuda(layout, weight, bias, [running_mean, running_var], eps)
-    }
-    fn batch_norm_backward(
-        &self,
-        layout: &Layout,
-        input: Strided<'_, Self>,
-        weight: Option<Strided<'_, Self>>,
-        stats: BatchNormStats<'_, Self>,
-        mask: GradMask,
-    ) -> Result<Grads3<Self>> {
-        self.batch_norm_backward_cuda(layout, input, weight, stats, mask)
-    }
-    fn layer_norm(
-        &self,
-        layout: &Layout,
-        normalized_dims: usize,
-        weight: Option<Strided<'_, Self>>,
-        bias: Option<Strided<'_, Self>>,
-        eps: f64,
-    ) -> Result<[Self; 3]> {
-        self.layer_norm_cuda(layout, normalized_dims, weight, bias, eps)
-    }
-    fn layer_norm_backward(
-        &self,
-        layout: &Layout,
-        input: Strided<'_, Self>,
-        normalized_dims: usize,
-        weight: Option<Strided<'_, Self>>,
-        saved: [Strided<'_, Self>; 2],
-        mask: GradMask,
-    ) -> Result<Grads3<Self>> {
-        self.layer_norm_backward_cuda(layout, input, normalized_dims, weight, saved, mask)
-    }
-    fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> Result<Self> {
-        self.embedding_cuda(layout, indices)
-    }
-    fn embedding_backward(
-        &self,
-        layout: &Layout,
-        indices: Strided<'_, Self>,
-        num_embeddings: usize,
-        padding_idx: Option<i64>,
-    ) -> Result<Self> {
-        self.embedding_backward_cuda(layout, indices, num_embeddings, padding_idx)
-    }
-    fn index_select(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
-        self.index_select_cuda(layout, dim, index)
-    }
-    fn index_select_backward(
-        &self,
-        layout: &Layout,
-        input_shape: &[usize],
-        dim: usize,
-        index: Strided<'_, Self>,
-    ) -> Result<Self> {
-        self.index_select_backward_cuda(layout, input_shape, dim, index)
-    }
-    fn gather(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
-        self.gather_cuda(layout, dim, index)
-    }
-    fn scatter(
-        &self,
-        layout: &Layout,
-        dim: usize,
-        index: Strided<'_, Self>,
-        src: Strided<'_, Self>,
-        accumulate: bool,
-    ) -> Result<Self> {
-        self.scatter_cuda(layout, dim, index, src, accumulate)
-    }
-    fn softmax_cross_entropy(
-        &self,
-        layout: &Layout,
-        target: &Self,
-        target_layout: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        spec: &crate::ops::loss::CrossEntropySpec,
-    ) -> Result<crate::ops::loss::CrossEntropyOutput<Self>> {
-        self.softmax_cross_entropy_cuda(layout, (target, target_layout), weight, spec)
     }
 }
 

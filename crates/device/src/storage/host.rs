@@ -25,7 +25,7 @@
 //!   slice sound without `MaybeUninit`, and gives accumulating kernels their zero start) and
 //!   hands the kernel `&mut [T]` to overwrite. There is no intermediate `Vec` and no copy.
 //!   [`HostBuffer::scratch`] does the same for kernel scratch. What the allocator's statistics
-//!   do and do not count during an op is listed in `storage/cpu.rs`.
+//!   do and do not count during an op is listed in `ops/cpu_dispatch.rs`.
 
 use std::alloc::Layout;
 use std::fmt;

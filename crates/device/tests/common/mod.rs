@@ -149,7 +149,7 @@ pub fn pattern(n: usize, dtype: DType, seed: usize, step: f64, offset: f64) -> C
 /// A copy of `c` on the CUDA device `dev`.
 #[cfg(feature = "cuda")]
 pub fn gpu(dev: kiln_device::Device, c: &CpuStorage) -> kiln_device::CudaStorage {
-    <kiln_device::CudaStorage as kiln_device::BackendStorage>::from_cpu(dev, c).unwrap()
+    <kiln_device::CudaStorage as kiln_device::prelude::BufferOps>::from_cpu(dev, c).unwrap()
 }
 
 /// Asserts `got` is of `dtype` and matches `want` elementwise within `tol` (NaN matches NaN,
@@ -169,7 +169,7 @@ pub fn assert_storage_close<S: kiln_device::BackendStorage>(
 /// Asserts a CUDA result equals the CPU result within the dtype's
 /// [`testing::tolerance`].
 pub fn assert_match<S: kiln_device::BackendStorage>(what: &str, cpu: &CpuStorage, got: &S) {
-    let dtype = kiln_device::BackendStorage::dtype(cpu);
+    let dtype = kiln_device::prelude::BufferOps::dtype(cpu);
     assert_storage_close(what, cpu, got, dtype, testing::tolerance(dtype));
 }
 
@@ -182,7 +182,7 @@ pub fn both(dev: kiln_device::Device, cpu: &CpuStorage) -> (CpuStorage, kiln_dev
 /// The CPU operand of a 16-bit reference: f16/bf16 values widened (exactly) to f32, others as
 /// they are.
 pub fn widened(c: &CpuStorage) -> CpuStorage {
-    match kiln_device::BackendStorage::dtype(c) {
+    match kiln_device::prelude::BufferOps::dtype(c) {
         DType::F16 | DType::BF16 => testing::cpu_values(c.to_f64_vec(), DType::F32).unwrap(),
         _ => c.clone(),
     }

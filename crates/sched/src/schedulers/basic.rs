@@ -13,6 +13,7 @@ use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
     core_accessors, group_lrs, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
 };
+use crate::state_check::{Check, ValidState};
 
 pub(crate) fn check_gamma(scheduler: &'static str, gamma: f64) -> Result<()> {
     if gamma > 0.0 && gamma.is_finite() {
@@ -98,6 +99,15 @@ impl Chainable for StepLR {
 }
 impl_lr_scheduler!(StepLR);
 
+impl ValidState for StepLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        c.count("step_size", self.step_size, 1)?;
+        c.positive("gamma", self.gamma)
+    }
+}
+
 /// Multiply every group's lr by `gamma` at each milestone epoch (PyTorch `MultiStepLR`).
 /// A milestone listed twice multiplies by `gamma` twice, as PyTorch's `Counter` does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,6 +168,23 @@ impl Chainable for MultiStepLR {
 }
 impl_lr_scheduler!(MultiStepLR);
 
+impl ValidState for MultiStepLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        for (i, &m) in self.milestones.iter().enumerate() {
+            c.count(&format!("milestones[{i}]"), m, 0)?;
+        }
+        c.that(
+            self.milestones.windows(2).all(|w| w[0] <= w[1]),
+            "milestones",
+            format!("{:?}", self.milestones),
+            "must be in ascending order",
+        )?;
+        c.positive("gamma", self.gamma)
+    }
+}
+
 /// Multiply every group's lr by `gamma` every epoch (PyTorch `ExponentialLR`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExponentialLR {
@@ -203,6 +230,14 @@ impl Chainable for ExponentialLR {
     whole_struct_state!();
 }
 impl_lr_scheduler!(ExponentialLR);
+
+impl ValidState for ExponentialLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        c.positive("gamma", self.gamma)
+    }
+}
 
 /// Scale every group's lr by `factor` for the first `total_iters` epochs, then restore it
 /// (PyTorch `ConstantLR`).
@@ -267,6 +302,20 @@ impl Chainable for ConstantLR {
     whole_struct_state!();
 }
 impl_lr_scheduler!(ConstantLR);
+
+impl ValidState for ConstantLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        c.that(
+            self.factor > 0.0 && self.factor <= 1.0,
+            "factor",
+            self.factor,
+            "must be in (0, 1]",
+        )?;
+        c.count("total_iters", self.total_iters, 1)
+    }
+}
 
 /// Move every group's lr linearly from `start_factor` to `end_factor` times its base lr over
 /// `total_iters` epochs (PyTorch `LinearLR`; the usual warm-up).
@@ -348,6 +397,26 @@ impl Chainable for LinearLR {
 }
 impl_lr_scheduler!(LinearLR);
 
+impl ValidState for LinearLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        c.that(
+            self.start_factor > 0.0 && self.start_factor <= 1.0,
+            "start_factor",
+            self.start_factor,
+            "must be in (0, 1]",
+        )?;
+        c.that(
+            (0.0..=1.0).contains(&self.end_factor),
+            "end_factor",
+            self.end_factor,
+            "must be in [0, 1]",
+        )?;
+        c.count("total_iters", self.total_iters, 1)
+    }
+}
+
 /// Decay every group's lr polynomially to 0 over `total_iters` epochs (PyTorch
 /// `PolynomialLR`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -407,3 +476,12 @@ impl Chainable for PolynomialLR {
     whole_struct_state!();
 }
 impl_lr_scheduler!(PolynomialLR);
+
+impl ValidState for PolynomialLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        c.count("total_iters", self.total_iters, 1)?;
+        c.non_negative("power", self.power)
+    }
+}

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::error::{invalid, Result, SchedError};
 use crate::param_group::ParamGroupLr;
 use crate::scheduler::{from_state, group_lrs, tagged, untag, LrScheduler};
+use crate::state_check::Check;
 
 fn check_not_empty(scheduler: &'static str, n: usize) -> Result<()> {
     if n == 0 {
@@ -47,10 +48,24 @@ fn load_children(
             ),
         });
     }
-    for (child, state) in children.iter_mut().zip(states) {
-        child.load_state_dict(state)?;
+    // All or nothing: a child that refuses its state puts back the children loaded before it.
+    let before: Vec<Value> = children.iter().map(|c| c.state_dict()).collect();
+    for (i, (child, state)) in children.iter_mut().zip(states).enumerate() {
+        if let Err(e) = child.load_state_dict(state) {
+            for (c, old) in children.iter_mut().zip(&before).take(i) {
+                // The state was this child's own a moment ago, so it loads again.
+                let _ = c.load_state_dict(old);
+            }
+            return Err(e);
+        }
     }
     Ok(())
+}
+
+/// The last lrs of a composed scheduler: one finite value per group of its first child.
+fn check_last_lr(c: Check, last_lr: &[f64], children: &[Box<dyn LrScheduler>]) -> Result<()> {
+    let groups = children.first().map_or(0, |s| s.get_last_lr().len());
+    c.per_group("last_lr", last_lr, groups, Check::finite)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -119,7 +134,7 @@ impl SequentialLR {
                     scheduler: Self::NAME,
                     group: g,
                 })?;
-            opt.set_group_lr(g, initial);
+            opt.set_group_lr(g, initial)?;
         }
         let mut s = Self {
             schedulers,
@@ -173,6 +188,28 @@ impl LrScheduler for SequentialLR {
     }
     fn load_state_dict(&mut self, state: &Value) -> Result<()> {
         let state: SequentialState = from_state(Self::NAME, untag(Self::NAME, state)?)?;
+        let c = Check(Self::NAME);
+        c.that(
+            state.milestones.len() + 1 == self.schedulers.len(),
+            "milestones.len()",
+            state.milestones.len(),
+            &format!(
+                "must be {}, one fewer than the {} schedulers",
+                self.schedulers.len() - 1,
+                self.schedulers.len()
+            ),
+        )?;
+        for (i, &m) in state.milestones.iter().enumerate() {
+            c.count(&format!("milestones[{i}]"), m, 0)?;
+        }
+        c.that(
+            state.milestones.windows(2).all(|w| w[0] < w[1]),
+            "milestones",
+            format!("{:?}", state.milestones),
+            "must be strictly increasing switch epochs",
+        )?;
+        c.count("last_epoch", state.last_epoch, 0)?;
+        check_last_lr(c, &state.last_lr, &self.schedulers)?;
         load_children(Self::NAME, &mut self.schedulers, &state.schedulers)?;
         self.last_epoch = state.last_epoch;
         self.milestones = state.milestones;
@@ -254,6 +291,7 @@ impl LrScheduler for ChainedScheduler {
     fn load_state_dict(&mut self, state: &Value) -> Result<()> {
         let state = untag(Self::NAME, state)?;
         let last_lr: Vec<f64> = from_state(Self::NAME, state["last_lr"].clone())?;
+        check_last_lr(Check(Self::NAME), &last_lr, &self.schedulers)?;
         load_children(Self::NAME, &mut self.schedulers, &state["schedulers"])?;
         self.last_lr = last_lr;
         Ok(())

@@ -15,8 +15,10 @@ use crate::error::{invalid, Result};
 use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
     core_accessors, from_state, group_lrs, impl_lr_scheduler, tagged, untag, whole_struct_state,
-    Chainable, Core, LrScheduler,
+    write_lrs, Chainable, Core, GroupSnapshot, LrScheduler,
 };
+
+use crate::state_check::{Check, ValidState, MAX_EPOCH};
 
 use std::f64::consts::PI;
 
@@ -110,6 +112,49 @@ impl Chainable for CosineAnnealingLR {
 }
 impl_lr_scheduler!(CosineAnnealingLR);
 
+impl ValidState for CosineAnnealingLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        c.count("t_max", self.t_max, 1)?;
+        c.finite("eta_min", self.eta_min)
+    }
+}
+
+impl ValidState for CosineAnnealingWarmRestarts {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        let max = MAX_EPOCH as f64;
+        let whole = |v: f64| v.fract() == 0.0;
+        c.that(
+            self.t_0 >= 1.0 && self.t_0 <= max && whole(self.t_0),
+            "t_0",
+            self.t_0,
+            "must be a whole number of epochs >= 1",
+        )?;
+        c.that(
+            self.t_mult >= 1.0 && self.t_mult <= max && whole(self.t_mult),
+            "t_mult",
+            self.t_mult,
+            "must be a whole number >= 1",
+        )?;
+        c.that(
+            self.t_i >= self.t_0 && self.t_i <= max,
+            "t_i",
+            self.t_i,
+            "must be a period between t_0 and 2^53",
+        )?;
+        c.that(
+            self.t_cur >= -1.0 && self.t_cur <= self.t_i,
+            "t_cur",
+            self.t_cur,
+            "must lie in -1..=t_i",
+        )?;
+        c.finite("eta_min", self.eta_min)
+    }
+}
+
 /// Cosine annealing with warm restarts (SGDR): the lr follows a half cosine from the base lr
 /// to `eta_min` over `T_0` epochs, restarts, and each period is `T_mult` times the previous
 /// (PyTorch `CosineAnnealingWarmRestarts`).
@@ -173,8 +218,13 @@ impl CosineAnnealingWarmRestarts {
             ));
         }
         self.core.check_groups(Self::NAME, opt)?;
+        let saved = self.clone();
         self.set_epoch(epoch);
-        self.apply(opt)
+        let r = self.apply(opt);
+        if r.is_err() {
+            *self = saved;
+        }
+        r
     }
 
     fn set_epoch(&mut self, epoch: f64) {
@@ -195,11 +245,12 @@ impl CosineAnnealingWarmRestarts {
         self.core.last_epoch = epoch.floor() as i64;
     }
 
+    /// Writes the lrs for the current `t_cur`; on a refusal the optimizer is restored and the
+    /// caller restores `self` (see `step`, `step_to`).
     fn apply(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
+        let before = GroupSnapshot::take(opt);
         let lrs = self.get_lr(opt)?;
-        for (g, lr) in lrs.into_iter().enumerate() {
-            opt.set_group_lr(g, lr);
-        }
+        write_lrs(opt, lrs, &before)?;
         self.core.last_lr = group_lrs(opt);
         Ok(())
     }
@@ -227,17 +278,12 @@ impl LrScheduler for CosineAnnealingWarmRestarts {
     }
     fn step(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
         self.core.check_groups(Self::NAME, opt)?;
-        if self.core.last_epoch < 0 {
-            self.set_epoch(0.0);
-        } else {
-            self.core.last_epoch += 1;
-            self.t_cur += 1.0;
-            if self.t_cur >= self.t_i {
-                self.t_cur %= self.t_i;
-                self.t_i *= self.t_mult;
-            }
+        let saved = self.clone();
+        let r = self.advance(opt);
+        if r.is_err() {
+            *self = saved;
         }
-        self.apply(opt)
+        r
     }
     fn get_last_lr(&self) -> &[f64] {
         &self.core.last_lr
@@ -249,7 +295,9 @@ impl LrScheduler for CosineAnnealingWarmRestarts {
         tagged(Self::NAME, self.save())
     }
     fn load_state_dict(&mut self, state: &serde_json::Value) -> Result<()> {
-        *self = from_state(Self::NAME, untag(Self::NAME, state)?)?;
+        let loaded: Self = from_state(Self::NAME, untag(Self::NAME, state)?)?;
+        loaded.validate(self)?;
+        *self = loaded;
         Ok(())
     }
     fn initial_step(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
@@ -264,5 +312,22 @@ impl LrScheduler for CosineAnnealingWarmRestarts {
     }
     fn undo_last_epoch(&mut self) {
         self.core.last_epoch -= 1;
+    }
+}
+
+impl CosineAnnealingWarmRestarts {
+    /// One epoch forward (PyTorch `step()` without an epoch).
+    fn advance(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
+        if self.core.last_epoch < 0 {
+            self.set_epoch(0.0);
+        } else {
+            self.core.last_epoch += 1;
+            self.t_cur += 1.0;
+            if self.t_cur >= self.t_i {
+                self.t_cur %= self.t_i;
+                self.t_i *= self.t_mult;
+            }
+        }
+        self.apply(opt)
     }
 }

@@ -13,6 +13,7 @@ use crate::param_group::{ParamGroupLr, PerGroup};
 use crate::scheduler::{
     core_accessors, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
 };
+use crate::state_check::{Check, ValidState};
 
 use std::f64::consts::PI;
 
@@ -124,10 +125,10 @@ impl CyclicLR {
             (Vec::new(), Vec::new())
         };
         for (g, &lr) in base_lrs.iter().enumerate() {
-            opt.set_group_lr(g, lr);
+            opt.set_group_lr(g, lr)?;
         }
         for (g, &m) in max_momentums.iter().enumerate() {
-            opt.set_group_momentum(g, m);
+            opt.set_group_momentum(g, m)?;
         }
         let mut core = Core::attach(Self::NAME, opt)?;
         core.base_lrs = base_lrs;
@@ -182,7 +183,7 @@ impl Chainable for CyclicLR {
                 .zip(&self.max_momentums)
                 .enumerate()
             {
-                opt.set_group_momentum(g, m - (m - b) * scale_factor * scale);
+                opt.set_group_momentum(g, m - (m - b) * scale_factor * scale)?;
             }
         }
         Ok(lrs)
@@ -190,6 +191,43 @@ impl Chainable for CyclicLR {
     whole_struct_state!();
 }
 impl_lr_scheduler!(CyclicLR);
+
+/// The momentum lists of a cycling scheduler: one finite value per group when cycling, none
+/// otherwise.
+fn check_momenta(c: Check, cycle: bool, base: &[f64], max: &[f64], groups: usize) -> Result<()> {
+    let groups = if cycle { groups } else { 0 };
+    c.per_group("base_momentums", base, groups, Check::finite)?;
+    c.per_group("max_momentums", max, groups, Check::finite)
+}
+
+impl ValidState for CyclicLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        let groups = live.core.base_lrs.len();
+        c.per_group("max_lrs", &self.max_lrs, groups, Check::non_negative)?;
+        c.that(
+            self.total_size.is_finite() && self.total_size >= 1.0,
+            "total_size",
+            self.total_size,
+            "must be a finite cycle length >= 1 step",
+        )?;
+        c.that(
+            self.step_ratio > 0.0 && self.step_ratio <= 1.0,
+            "step_ratio",
+            self.step_ratio,
+            "must be in (0, 1]",
+        )?;
+        c.positive("gamma", self.gamma)?;
+        check_momenta(
+            c,
+            self.cycle_momentum,
+            &self.base_momentums,
+            &self.max_momentums,
+            groups,
+        )
+    }
+}
 
 /// OneCycleLR's annealing curve between phase endpoints (PyTorch `anneal_strategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,11 +426,11 @@ impl OneCycleLR {
         let mut min_lrs = Vec::with_capacity(n);
         for (g, &m) in max_lrs.iter().enumerate() {
             let initial = m / options.div_factor;
-            opt.set_group_initial_lr(g, initial);
+            opt.set_group_initial_lr(g, initial)?;
             min_lrs.push(initial / options.final_div_factor);
         }
         for (g, &m) in max_momentums.iter().enumerate() {
-            opt.set_group_momentum(g, m);
+            opt.set_group_momentum(g, m)?;
         }
         let mut s = Self {
             core: Core::attach(Self::NAME, opt)?,
@@ -483,10 +521,44 @@ impl Chainable for OneCycleLR {
             }
         }
         for (g, m) in momentums.into_iter().enumerate() {
-            opt.set_group_momentum(g, m);
+            opt.set_group_momentum(g, m)?;
         }
         Ok(lrs)
     }
     whole_struct_state!();
 }
 impl_lr_scheduler!(OneCycleLR);
+
+impl ValidState for OneCycleLR {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        c.core(&self.core, &live.core)?;
+        let groups = live.core.base_lrs.len();
+        c.count("total_steps", self.total_steps, 1)?;
+        c.per_group("max_lrs", &self.max_lrs, groups, Check::non_negative)?;
+        c.per_group("min_lrs", &self.min_lrs, groups, Check::non_negative)?;
+        c.that(
+            matches!(self.phases.len(), 2 | 3),
+            "phases.len()",
+            self.phases.len(),
+            "must be 2 (or 3 with three_phase)",
+        )?;
+        let mut start = 0.0;
+        for (i, ph) in self.phases.iter().enumerate() {
+            c.that(
+                ph.end_step.is_finite() && ph.end_step != start && ph.end_step >= -1.0,
+                &format!("phases[{i}].end_step"),
+                ph.end_step,
+                "must be finite and leave the phase at least one step long",
+            )?;
+            start = ph.end_step;
+        }
+        check_momenta(
+            c,
+            self.cycle_momentum,
+            &self.base_momentums,
+            &self.max_momentums,
+            groups,
+        )
+    }
+}

@@ -11,6 +11,7 @@ use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
     core_accessors, from_state, group_lrs, impl_lr_scheduler, Chainable, Core, LrScheduler,
 };
+use crate::state_check::Check;
 
 /// A learning-rate function of the epoch (`last_epoch`, 0 at construction).
 pub type LrLambda = Arc<dyn Fn(i64) -> f64 + Send + Sync>;
@@ -86,7 +87,9 @@ impl Chainable for LambdaLR {
         serde_json::to_value(&self.core).expect("core serializes")
     }
     fn restore(&mut self, state: serde_json::Value) -> Result<()> {
-        self.core = from_state(Self::NAME, state)?;
+        let core: Core = from_state(Self::NAME, state)?;
+        Check(Self::NAME).core(&core, &self.core)?;
+        self.core = core;
         Ok(())
     }
 }
@@ -147,7 +150,9 @@ impl Chainable for MultiplicativeLR {
         serde_json::to_value(&self.core).expect("core serializes")
     }
     fn restore(&mut self, state: serde_json::Value) -> Result<()> {
-        self.core = from_state(Self::NAME, state)?;
+        let core: Core = from_state(Self::NAME, state)?;
+        Check(Self::NAME).core(&core, &self.core)?;
+        self.core = core;
         Ok(())
     }
 }

@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, Result, SchedError};
 use crate::param_group::{ParamGroupLr, PerGroup};
-use crate::scheduler::{from_state, group_lrs, nonfinite_f64, tagged, untag, MetricScheduler};
+use crate::scheduler::{
+    from_state, group_lrs, nonfinite_f64, tagged, untag, write_lrs, GroupSnapshot, MetricScheduler,
+};
+use crate::state_check::{Check, ValidState};
 
 /// Whether lower or higher metric values are better (PyTorch `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,14 +187,15 @@ impl ReduceLROnPlateau {
                 }
             }
         }
-        for g in 0..n {
-            let old = opt.group_lr(g);
-            let new = (old * self.factor).max(self.min_lrs[g]);
-            if old - new > self.eps {
-                opt.set_group_lr(g, new);
+        let before = GroupSnapshot::take(opt);
+        let mut lrs = group_lrs(opt);
+        for (lr, &min_lr) in lrs.iter_mut().zip(&self.min_lrs) {
+            let new = (*lr * self.factor).max(min_lr);
+            if *lr - new > self.eps {
+                *lr = new;
             }
         }
-        Ok(())
+        write_lrs(opt, lrs, &before)
     }
 }
 
@@ -209,6 +213,71 @@ impl MetricScheduler for ReduceLROnPlateau {
                 got: self.min_lrs.len(),
             });
         }
+        let saved = self.clone();
+        let r = self.advance(opt, metric);
+        if r.is_err() {
+            *self = saved;
+        }
+        r
+    }
+
+    fn get_last_lr(&self) -> &[f64] {
+        &self.last_lr
+    }
+
+    fn state_dict(&self) -> serde_json::Value {
+        tagged(
+            Self::NAME,
+            serde_json::to_value(self).expect("state serializes"),
+        )
+    }
+
+    fn load_state_dict(&mut self, state: &serde_json::Value) -> Result<()> {
+        let loaded: Self = from_state(Self::NAME, untag(Self::NAME, state)?)?;
+        loaded.validate(self)?;
+        *self = loaded;
+        Ok(())
+    }
+}
+
+impl ValidState for ReduceLROnPlateau {
+    fn validate(&self, live: &Self) -> Result<()> {
+        let c = Check(Self::NAME);
+        let groups = live.last_lr.len();
+        c.that(
+            self.factor > 0.0 && self.factor < 1.0,
+            "factor",
+            self.factor,
+            "must be in (0, 1)",
+        )?;
+        c.non_negative("threshold", self.threshold)?;
+        c.non_negative("eps", self.eps)?;
+        c.that(
+            !self.best.is_nan(),
+            "best",
+            self.best,
+            "must be a number (or +/-inf)",
+        )?;
+        if let Some(v) = self.default_min_lr {
+            c.non_negative("default_min_lr", v)?;
+        }
+        c.per_group(
+            "min_lrs",
+            &self.min_lrs,
+            live.min_lrs.len(),
+            Check::non_negative,
+        )?;
+        c.per_group("last_lr", &self.last_lr, groups, Check::finite)?;
+        let counter = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        c.count("num_bad_epochs", counter(self.num_bad_epochs), 0)?;
+        c.count("cooldown_counter", counter(self.cooldown_counter), 0)?;
+        c.count("last_epoch", self.last_epoch, 0)
+    }
+}
+
+impl ReduceLROnPlateau {
+    /// One metric step; on an error `step` puts the previous state back.
+    fn advance(&mut self, opt: &mut dyn ParamGroupLr, metric: f64) -> Result<()> {
         self.last_epoch += 1;
         if self.is_better(metric, self.best) {
             self.best = metric;
@@ -226,22 +295,6 @@ impl MetricScheduler for ReduceLROnPlateau {
             self.num_bad_epochs = 0;
         }
         self.last_lr = group_lrs(opt);
-        Ok(())
-    }
-
-    fn get_last_lr(&self) -> &[f64] {
-        &self.last_lr
-    }
-
-    fn state_dict(&self) -> serde_json::Value {
-        tagged(
-            Self::NAME,
-            serde_json::to_value(self).expect("state serializes"),
-        )
-    }
-
-    fn load_state_dict(&mut self, state: &serde_json::Value) -> Result<()> {
-        *self = from_state(Self::NAME, untag(Self::NAME, state)?)?;
         Ok(())
     }
 }

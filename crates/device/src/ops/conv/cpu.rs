@@ -13,6 +13,10 @@
 //! gradients are scratch blocks of the CPU caching allocator ([`HostBuffer::scratch`]), so
 //! `max_memory_allocated` includes them while the kernel runs.
 
+use super::ConvOps;
+use crate::ops::cpu_dispatch::{dense, dense_opt, float_kernel, in_pool, wrap, zeros};
+use crate::seam::{GradMask, InputGrads, Strided};
+use crate::{CpuStorage, Layout, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -413,4 +417,57 @@ pub fn conv2d_backward_bias<T: KernelFloat>(
         *gb = T::from_f64(sum);
     });
     Ok(())
+}
+
+impl ConvOps for CpuStorage {
+    fn conv2d(
+        &self,
+        layout: &Layout,
+        weight: Strided<'_, Self>,
+        bias: Option<Strided<'_, Self>>,
+        geometry: &Conv2dGeometry,
+    ) -> Result<Self> {
+        const OP: &str = "conv2d";
+        float_kernel!(OP, self.dtype(), T => {
+            let input = dense::<T>(OP, (self, layout))?;
+            let (w, b) = (dense::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
+            let mut out = zeros::<T>(&geometry.output_shape())?;
+            in_pool(|| conv2d_forward(geometry, &input, &w, b.as_deref(), &mut out))?;
+            Ok(wrap(out))
+        })
+    }
+
+    fn conv2d_backward(
+        &self,
+        layout: &Layout,
+        input: Strided<'_, Self>,
+        weight: Strided<'_, Self>,
+        geometry: &Conv2dGeometry,
+        mask: GradMask,
+    ) -> Result<InputGrads<Self>> {
+        const OP: &str = "conv2d_backward";
+        let g = geometry;
+        float_kernel!(OP, self.dtype(), T => {
+            let go = dense::<T>(OP, (self, layout))?;
+            let mut out = InputGrads::default();
+            if mask.input {
+                let w = dense::<T>(OP, weight)?;
+                let mut gi = zeros::<T>(&g.input_shape())?;
+                in_pool(|| conv2d_backward_input(g, &go, &w, &mut gi))?;
+                out.input = Some(wrap(gi));
+            }
+            if mask.weight {
+                let x = dense::<T>(OP, input)?;
+                let mut gw = zeros::<T>(&g.weight_shape())?;
+                in_pool(|| conv2d_backward_weight(g, &x, &go, &mut gw))?;
+                out.weight = Some(wrap(gw));
+            }
+            if mask.bias {
+                let mut gb = zeros::<T>(&[g.out_channels])?;
+                in_pool(|| conv2d_backward_bias(g, &go, &mut gb))?;
+                out.bias = Some(wrap(gb));
+            }
+            Ok(out)
+        })
+    }
 }

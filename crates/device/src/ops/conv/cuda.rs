@@ -26,17 +26,22 @@
 //! [`crate::testing::sum_tolerance`] (the dtype's tolerance with `atol` scaled by the length of
 //! the reduction), f32/f64 with [`crate::testing::tolerance`].
 
+use super::ConvOps;
 use std::ops::Deref;
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 use super::Conv2dGeometry;
-use crate::backend::{BinaryOp, GradMask, Grads3, ReduceOp, Strided};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, launch_error, suffix};
 use crate::error::{Error, Result};
+use crate::ops::copy::CopyOps;
+use crate::ops::elementwise::{BinaryOp, ElementwiseOps};
+use crate::ops::matmul::MatmulOps;
+use crate::ops::reduce::{ReduceOp, ReduceOps};
+use crate::seam::{GradMask, InputGrads, Strided};
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Layout};
+use crate::{DType, Layout};
 
 /// The kernels of this op family.
 pub const CONV_KERNELS: KernelSource = KernelSource {
@@ -143,7 +148,7 @@ impl<'a> Dense<'a> {
         if l.is_contiguous() && l.offset() == 0 {
             Ok(Dense::View(s))
         } else {
-            Ok(Dense::Copy(s.cast_cuda(l, s.dtype())?))
+            Ok(Dense::Copy(s.to_dtype(l, s.dtype())?))
         }
     }
 }
@@ -225,9 +230,11 @@ impl CudaStorage {
         launch("im2col", x, g, &cols, total)?;
         Ok(cols)
     }
+}
 
+impl ConvOps for CudaStorage {
     /// `conv2d` of the view `layout` of `self`.
-    pub(crate) fn conv2d_cuda(
+    fn conv2d(
         &self,
         layout: &Layout,
         weight: Strided<'_, Self>,
@@ -255,7 +262,7 @@ impl CudaStorage {
                 vec![d.rows * d.l, d.l, 1],
                 gi * d.k * d.l,
             );
-            let block = w.matmul_cuda(&wl, &cols, &cl)?;
+            let block = w.matmul(&wl, &cols, &cl)?;
             match &mut out {
                 None => single = Some(block),
                 Some(o) => {
@@ -265,7 +272,7 @@ impl CudaStorage {
                         gi * d.cout_g * d.l,
                     )
                     .narrow(1, 0, d.cout_g);
-                    block.copy_into_cuda(&Layout::contiguous(&[n, d.cout_g, d.l]), o, &dst)?;
+                    block.copy_into(&Layout::contiguous(&[n, d.cout_g, d.l]), o, &dst)?;
                 }
             }
         }
@@ -277,27 +284,26 @@ impl CudaStorage {
             let b = dense(OP, b, self.dtype(), &[cout])?;
             let yl = Layout::contiguous(&out_shape);
             let bl = Layout::new(out_shape.to_vec(), vec![0, 1, 0], 0);
-            y = y.binary_cuda(&yl, &b, &bl, BinaryOp::Add)?;
+            y = y.binary(&yl, &b, &bl, BinaryOp::Add)?;
         }
         Ok(y)
     }
-
     /// Gradients of `conv2d` from `self` = the output gradient.
-    pub(crate) fn conv2d_backward_cuda(
+    fn conv2d_backward(
         &self,
         layout: &Layout,
         input: Strided<'_, Self>,
         weight: Strided<'_, Self>,
         g: &Conv2dGeometry,
         mask: GradMask,
-    ) -> Result<Grads3<Self>> {
+    ) -> Result<InputGrads<Self>> {
         const OP: &str = "conv2d_backward";
         let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g);
         let (n, cout) = (g.batch, g.out_channels);
         let go = dense(OP, (self, layout), self.dtype(), &g.output_shape())?;
-        let mut grads: Grads3<Self> = [None, None, None];
-        if mask[0] {
+        let mut grads = InputGrads::default();
+        if mask.input {
             let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
             let (_, dcols) = CudaStorage::output(self.ordinal(), n * d.rows * d.l, dt)?;
             let mut dcols = dcols;
@@ -309,26 +315,25 @@ impl CudaStorage {
                     vec![cout * d.l, d.l, 1],
                     gi * d.cout_g * d.l,
                 );
-                let block = w.matmul_cuda(&wt, &go, &gl)?;
+                let block = w.matmul(&wt, &go, &gl)?;
                 let dst = Layout::new(
                     vec![n, d.k, d.l],
                     vec![d.rows * d.l, d.l, 1],
                     gi * d.k * d.l,
                 );
-                block.copy_into_cuda(&Layout::contiguous(&[n, d.k, d.l]), &mut dcols, &dst)?;
+                block.copy_into(&Layout::contiguous(&[n, d.k, d.l]), &mut dcols, &dst)?;
             }
             let total = g.input_shape().iter().product();
             let (_, dx) = CudaStorage::output(self.ordinal(), total, dt)?;
             launch("col2im", &dcols, g, &dx, total)?;
-            grads[0] = Some(dx);
+            grads.input = Some(dx);
         }
-        if mask[1] {
+        if mask.weight {
             let x = dense(OP, input, self.dtype(), &g.input_shape())?;
             let cols = CudaStorage::im2col(&x, g)?;
             // grad as [C_out, N*L] and cols as [rows, N*L]: the batch sum runs inside the GEMM.
-            let go_t =
-                go.cast_cuda(&Layout::contiguous(&[n, cout, d.l]).permute(&[1, 0, 2]), dt)?;
-            let cols_t = cols.cast_cuda(
+            let go_t = go.to_dtype(&Layout::contiguous(&[n, cout, d.l]).permute(&[1, 0, 2]), dt)?;
+            let cols_t = cols.to_dtype(
                 &Layout::contiguous(&[n, d.rows, d.l]).permute(&[1, 0, 2]),
                 dt,
             )?;
@@ -337,20 +342,20 @@ impl CudaStorage {
             for gi in 0..d.groups {
                 let a = Layout::new(vec![d.cout_g, nl], vec![nl, 1], gi * d.cout_g * nl);
                 let b = Layout::new(vec![nl, d.k], vec![1, nl], gi * d.k * nl);
-                let block = go_t.matmul_cuda(&a, &cols_t, &b)?;
+                let block = go_t.matmul(&a, &cols_t, &b)?;
                 if d.groups == 1 {
                     dw = block;
                 } else {
                     let dst = Layout::new(vec![d.cout_g, d.k], vec![d.k, 1], gi * d.cout_g * d.k);
-                    block.copy_into_cuda(&Layout::contiguous(&[d.cout_g, d.k]), &mut dw, &dst)?;
+                    block.copy_into(&Layout::contiguous(&[d.cout_g, d.k]), &mut dw, &dst)?;
                 }
             }
-            grads[1] = Some(dw);
+            grads.weight = Some(dw);
         }
-        if mask[2] {
+        if mask.bias {
             let gl = Layout::contiguous(&[n, cout, d.l]);
-            let db = go.reduce_cuda(&gl, &[0, 2], ReduceOp::Sum)?;
-            grads[2] = Some(db);
+            let db = go.reduce(&gl, &[0, 2], ReduceOp::Sum)?;
+            grads.bias = Some(db);
         }
         Ok(grads)
     }

@@ -18,6 +18,36 @@ mod im2col;
 pub mod reference;
 
 use super::kernel_error::{check_nonzero, KernelError};
+use crate::ops::buffer::BufferOps;
+use crate::seam::{pass_through, seam_trait, GradMask, InputGrads, Strided};
+use crate::{Layout, Result};
+
+pass_through!(ref Conv2dGeometry);
+
+seam_trait! {
+    /// 2-D convolution (input shapes validated by the caller; the geometry checks the
+    /// parameters).
+    pub trait ConvOps: BufferOps {
+        /// `conv2d`: `self` is the input `[N, C_in, H, W]`, `weight`
+        /// `[C_out, C_in/groups, kH, kW]`, `bias` `[C_out]`; output `[N, C_out, H_out, W_out]`.
+        fn conv2d(
+            &self,
+            layout: &Layout,
+            weight: Strided<'_, Self>,
+            bias: Option<Strided<'_, Self>>,
+            geometry: &Conv2dGeometry,
+        ) -> Result<Self>;
+        /// Gradients of `conv2d` from `self` = the output gradient; only those `mask` asks for.
+        fn conv2d_backward(
+            &self,
+            layout: &Layout,
+            input: Strided<'_, Self>,
+            weight: Strided<'_, Self>,
+            geometry: &Conv2dGeometry,
+            mask: GradMask,
+        ) -> Result<InputGrads<Self>>;
+    }
+}
 
 /// Stride, padding, dilation and groups of a 2-D convolution, as `[height, width]` pairs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,11 +5,12 @@
 //! destination with a bit-copy kernel per element size. Views are bounds-checked against the
 //! buffers before launch; nothing waits on the stream.
 
+use super::CopyOps;
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{collapse, elementwise_config, function, launch_error, suffix};
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Layout};
+use crate::{DType, Layout};
 use cudarc::driver::PushKernelArg;
 
 /// The kernels of this op family.
@@ -18,9 +19,9 @@ pub const COPY_KERNELS: KernelSource = KernelSource {
     source: include_str!("copy.cu"),
 };
 
-impl CudaStorage {
+impl CopyOps for CudaStorage {
     /// The elements of `layout` converted to `dtype` (the same dtype: a copy), contiguous.
-    pub(crate) fn cast_cuda(&self, layout: &Layout, dtype: DType) -> Result<Self> {
+    fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
         self.check_view("to_dtype", layout)?;
         let n = layout.numel();
         let (stream, out) = CudaStorage::output(self.ordinal(), n, dtype)?;
@@ -38,14 +39,8 @@ impl CudaStorage {
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
         Ok(out)
     }
-
     /// Writes the elements of `layout` into `dst` through `dst_layout` (same shape, same dtype).
-    pub(crate) fn copy_into_cuda(
-        &self,
-        layout: &Layout,
-        dst: &mut Self,
-        dst_layout: &Layout,
-    ) -> Result<()> {
+    fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
         self.same_device("copy", dst)?;
         if self.dtype() != dst.dtype() {
             return Err(Error::DTypeMismatch {
@@ -86,5 +81,12 @@ impl CudaStorage {
         // views were checked against their buffers, which are distinct (`&self`, `&mut dst`).
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
         Ok(())
+    }
+
+    fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
+        if self.layout_is_whole(layout) {
+            return self.try_clone();
+        }
+        self.to_dtype(layout, self.dtype())
     }
 }

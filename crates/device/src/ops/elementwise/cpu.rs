@@ -1,125 +1,23 @@
-//! CPU elementwise kernels: strided map loops, parallel over output chunks above
-//! [`crate::threads::PARALLEL_THRESHOLD`] elements.
+//! CPU elementwise kernels over the strided map loops of `crate::ops::strided` (re-exported
+//! here), and [`ElementwiseOps`] for host buffers.
 //!
-//! Inputs are read through their [`Layout`]s (a contiguous input takes a plain slice fast path),
-//! outputs are written contiguously into a caller-provided slice (the CPU storage hands in a block
-//! of the caching allocator, so no output goes through a `Vec`). Each parallel chunk starts its own [`StridedIndex`] at the
-//! chunk's first logical index, so no chunk depends on another.
+//! Outputs are written contiguously into a caller-provided slice (the CPU storage hands in a
+//! block of the caching allocator, so no output goes through a `Vec`); `F16`/`BF16` operands are
+//! computed in `f32` and rounded once (`crate::ops::cpu_dispatch`).
 
 use super::float::Float;
-use crate::backend::{BinaryOp, CmpOp, UnaryOp};
+use super::ElementwiseOps;
+use super::{BinaryOp, CmpOp, UnaryOp};
+use crate::dtype::DType;
 use crate::dtype::{BoolByte, Element};
-use crate::layout::{Layout, StridedIndex};
-use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
-use rayon::prelude::*;
-
-const CHUNK: usize = 1 << 13;
-
-fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + Sync) {
-    if out.len() > PARALLEL_THRESHOLD {
-        cpu_pool().install(|| {
-            out.par_chunks_mut(CHUNK)
-                .enumerate()
-                .for_each(|(i, chunk)| body(i * CHUNK, chunk))
-        });
-    } else {
-        body(0, out);
-    }
-}
-
-/// `f` of every element of `src` viewed through `layout`, as a new `Vec` (the allocating form of
-/// [`map1_into`], for tests and callers outside the storage).
-pub fn map1<T: Copy + Sync, U: Element>(
-    src: &[T],
-    layout: &Layout,
-    f: impl Fn(T) -> U + Sync,
-) -> Vec<U> {
-    let mut out = vec![U::zero(); layout.numel()];
-    map1_into(src, layout, &mut out, f);
-    out
-}
-
-/// Writes `f` of every element of `src` viewed through `layout` into `out` (contiguous,
-/// `layout.numel()` elements).
-pub fn map1_into<T: Copy + Sync, U: Copy + Send>(
-    src: &[T],
-    layout: &Layout,
-    out: &mut [U],
-    f: impl Fn(T) -> U + Sync,
-) {
-    debug_assert_eq!(out.len(), layout.numel());
-    let contiguous = layout.contiguous_offset();
-    fill_chunks(out, |start, chunk| match contiguous {
-        Some(base) => {
-            let s = &src[base + start..base + start + chunk.len()];
-            for (o, &v) in chunk.iter_mut().zip(s) {
-                *o = f(v);
-            }
-        }
-        None => {
-            for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start)) {
-                *o = f(src[i]);
-            }
-        }
-    });
-}
-
-/// Writes `f(a, b)` elementwise over two same-shaped layouts into `out` (contiguous).
-pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
-    (a, la): (&[A], &Layout),
-    (b, lb): (&[B], &Layout),
-    out: &mut [U],
-    f: impl Fn(A, B) -> U + Sync,
-) {
-    debug_assert_eq!(out.len(), la.numel());
-    let (ca, cb) = (la.contiguous_offset(), lb.contiguous_offset());
-    fill_chunks(out, |start, chunk| {
-        let n = chunk.len();
-        match (ca, cb) {
-            (Some(oa), Some(ob)) => {
-                let (sa, sb) = (
-                    &a[oa + start..oa + start + n],
-                    &b[ob + start..ob + start + n],
-                );
-                for ((o, &x), &y) in chunk.iter_mut().zip(sa).zip(sb) {
-                    *o = f(x, y);
-                }
-            }
-            (Some(oa), None) => {
-                let sa = &a[oa + start..oa + start + n];
-                for ((o, &x), j) in chunk.iter_mut().zip(sa).zip(StridedIndex::new(lb, start)) {
-                    *o = f(x, b[j]);
-                }
-            }
-            _ => {
-                let ia = StridedIndex::new(la, start);
-                let ib = StridedIndex::new(lb, start);
-                for ((o, i), j) in chunk.iter_mut().zip(ia).zip(ib) {
-                    *o = f(a[i], b[j]);
-                }
-            }
-        }
-    });
-}
-
-/// Writes `f(a, b, c)` elementwise over three same-shaped layouts into `out` (contiguous).
-pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Copy + Send>(
-    (a, la): (&[A], &Layout),
-    (b, lb): (&[B], &Layout),
-    (c, lc): (&[C], &Layout),
-    out: &mut [U],
-    f: impl Fn(A, B, C) -> U + Sync,
-) {
-    debug_assert_eq!(out.len(), la.numel());
-    fill_chunks(out, |start, chunk| {
-        let ia = StridedIndex::new(la, start);
-        let ib = StridedIndex::new(lb, start);
-        let ic = StridedIndex::new(lc, start);
-        for (((o, i), j), k) in chunk.iter_mut().zip(ia).zip(ib).zip(ic) {
-            *o = f(a[i], b[j], c[k]);
-        }
-    });
-}
+use crate::layout::Layout;
+use crate::ops::cpu_dispatch::{
+    as_condition, buffer_of, finish, float_dispatch, float_op, output, read_as, same_dtype,
+    unsupported, FLOAT_HINT,
+};
+pub use crate::ops::strided::{map1, map1_into, map2, map3};
+use crate::storage::{with_slice, HostElement};
+use crate::{CpuStorage, Result};
 
 #[inline]
 fn sigmoid<F: Float>(x: F) -> F {
@@ -301,4 +199,84 @@ pub fn where_cond<T: Element>(
         out,
         |c: u8, t: T, f: T| if c != 0 { t } else { f },
     )
+}
+
+impl ElementwiseOps for CpuStorage {
+    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
+        if let CpuStorage::I64(b) = self {
+            let mut supported = false;
+            let out = output::<i64>(layout.numel(), |out| {
+                supported = unary_int(b.as_slice(), layout, op, out).is_some();
+            })?;
+            return match supported {
+                true => Ok(out),
+                false => Err(unsupported(op.name(), DType::I64, FLOAT_HINT)),
+            };
+        }
+        float_op!(self, layout, op.name(), |s, l, out| unary_float(
+            s, l, op, out
+        ))
+    }
+
+    fn binary(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<Self> {
+        same_dtype(op.name(), self, rhs)?;
+        let n = layout.numel();
+        match (self, rhs) {
+            (CpuStorage::I64(a), CpuStorage::I64(b)) => {
+                let mut supported = false;
+                let out = output::<i64>(n, |out| {
+                    let (a, b) = (a.as_slice(), b.as_slice());
+                    supported = binary_int(a, layout, b, rhs_layout, op, out).is_some();
+                })?;
+                match supported {
+                    true => Ok(out),
+                    false => Err(unsupported(op.name(), DType::I64, FLOAT_HINT)),
+                }
+            }
+            _ => float_dispatch!(
+                op.name(),
+                self.dtype(),
+                "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
+                (T, X) => {
+                    let (a, la) = read_as::<T>(self, layout)?;
+                    let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
+                    let computed = buffer_of::<T>(n, |out| binary_float(&a, &la, &b, &lb, op, out))?;
+                    drop((a, b));
+                    finish::<T, X>(computed)
+                }
+            ),
+        }
+    }
+
+    fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
+        same_dtype("comparison", self, rhs)?;
+        let rhs_layout = (rhs, rhs_layout);
+        with_slice!(self, a => output::<BoolByte>(layout.numel(), |out| {
+            let (b, lb) = rhs_layout;
+            let b = HostElement::slice(b).expect("dtypes checked equal above");
+            compare(a, layout, b, lb, op, out)
+        }))
+    }
+
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        on_true: &Self,
+        true_layout: &Layout,
+        on_false: &Self,
+        false_layout: &Layout,
+    ) -> Result<Self> {
+        same_dtype("where", on_true, on_false)?;
+        let cond = (as_condition(self, "where")?, layout);
+        with_slice!(on_true, t => output(layout.numel(), |out| {
+            let f = HostElement::slice(on_false).expect("dtypes checked equal above");
+            where_cond(cond, (t, true_layout), (f, false_layout), out)
+        }))
+    }
 }

@@ -10,7 +10,8 @@
 //! `I64` (the subset of ops that make sense on integers), comparisons on every dtype, `where`
 //! on every dtype with a `Bool`/`U8` condition.
 
-use crate::backend::{BinaryOp, CmpOp, UnaryOp};
+use super::ElementwiseOps;
+use super::{BinaryOp, CmpOp, UnaryOp};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{
     collapse, elementwise_config, flat_access, function, is_unit_stride, launch_error, suffix,
@@ -18,7 +19,7 @@ use crate::cuda::launch::{
 };
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Layout};
+use crate::{DType, Layout};
 use cudarc::driver::PushKernelArg;
 
 /// The kernels of this op family.
@@ -120,100 +121,6 @@ fn unsupported(op: &'static str, dtype: DType, hint: &'static str) -> Error {
 }
 
 impl CudaStorage {
-    /// Elementwise `op` (floats; `I64` for neg/abs/relu/sign/square).
-    pub(crate) fn unary_cuda(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
-        let int_ok = matches!(
-            op,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign | UnaryOp::Square
-        );
-        match self.dtype() {
-            d if d.is_float() => {}
-            DType::I64 if int_ok => {}
-            d => return Err(unsupported(op.name(), d, FLOAT_HINT)),
-        }
-        self.check_view(op.name(), layout)?;
-        let n = layout.numel();
-        let (stream, out) = CudaStorage::output(self.ordinal(), n, self.dtype())?;
-        if n == 0 {
-            return Ok(out);
-        }
-        let name = format!("kiln_unary_{}", suffix(self.dtype()));
-        let f = function(&stream, &ELEMENTWISE_KERNELS, &name)?;
-        let [view] = collapse([layout])?;
-        let (x, dst, n, code) = (
-            self.device_ptr(),
-            out.device_ptr(),
-            n as u64,
-            unary_code(op),
-        );
-        let elem = self.dtype().size_in_bytes();
-        let access = flat_access(&[(view, x)], dst, elem);
-        let access_code = access.code();
-        let mut launch = stream.launch_builder(&f);
-        launch
-            .arg(&x)
-            .arg(&view)
-            .arg(&dst)
-            .arg(&n)
-            .arg(&code)
-            .arg(&access_code);
-        // SAFETY: signature (const T*, StridedArgs, T*, u64, unsigned, unsigned) as in
-        // elementwise.cu; the view was checked against `self`; `out` holds n elements; a vector
-        // access was only picked for 16-byte aligned unit-stride operands.
-        unsafe { launch.launch(config_for(access, n, elem)) }
-            .map_err(|e| launch_error(&name, e))?;
-        Ok(out)
-    }
-
-    /// Elementwise `op` of two same-shaped views (floats and `I64`; no `Pow` on integers).
-    pub(crate) fn binary_cuda(
-        &self,
-        layout: &Layout,
-        rhs: &Self,
-        rhs_layout: &Layout,
-        op: BinaryOp,
-    ) -> Result<Self> {
-        check_same_dtype(op.name(), self, rhs)?;
-        match self.dtype() {
-            d if d.is_float() => {}
-            DType::I64 if op != BinaryOp::Pow => {}
-            d => {
-                return Err(unsupported(
-                    op.name(),
-                    d,
-                    "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
-                ))
-            }
-        }
-        let name = format!("kiln_binary_{}", suffix(self.dtype()));
-        self.launch_binary(
-            (layout, rhs, rhs_layout),
-            op.name(),
-            &name,
-            self.dtype(),
-            (binary_code(op), true),
-        )
-    }
-
-    /// Elementwise comparison; a `Bool` result.
-    pub(crate) fn compare_cuda(
-        &self,
-        layout: &Layout,
-        rhs: &Self,
-        rhs_layout: &Layout,
-        op: CmpOp,
-    ) -> Result<Self> {
-        check_same_dtype("comparison", self, rhs)?;
-        let name = format!("kiln_compare_{}", suffix(self.dtype()));
-        self.launch_binary(
-            (layout, rhs, rhs_layout),
-            "comparison",
-            &name,
-            DType::Bool,
-            (cmp_code(op), false),
-        )
-    }
-
     /// The launch shared by binary ops and comparisons: (a, la, b, lb, out, n, op, access);
     /// vector access only when `vectors` (binary ops: output and inputs of one size).
     fn launch_binary(
@@ -263,13 +170,102 @@ impl CudaStorage {
         unsafe { launch.launch(config_for(access, n, elem)) }.map_err(|e| launch_error(name, e))?;
         Ok(out)
     }
+}
 
-    /// `self` (a `Bool`/`U8` condition) picks `on_true` where nonzero, else `on_false`.
-    pub(crate) fn where_cuda(
+impl ElementwiseOps for CudaStorage {
+    /// Elementwise `op` (floats; `I64` for neg/abs/relu/sign/square).
+    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
+        let int_ok = matches!(
+            op,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign | UnaryOp::Square
+        );
+        match self.dtype() {
+            d if d.is_float() => {}
+            DType::I64 if int_ok => {}
+            d => return Err(unsupported(op.name(), d, FLOAT_HINT)),
+        }
+        self.check_view(op.name(), layout)?;
+        let n = layout.numel();
+        let (stream, out) = CudaStorage::output(self.ordinal(), n, self.dtype())?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let name = format!("kiln_unary_{}", suffix(self.dtype()));
+        let f = function(&stream, &ELEMENTWISE_KERNELS, &name)?;
+        let [view] = collapse([layout])?;
+        let (x, dst, n, code) = (
+            self.device_ptr(),
+            out.device_ptr(),
+            n as u64,
+            unary_code(op),
+        );
+        let elem = self.dtype().size_in_bytes();
+        let access = flat_access(&[(view, x)], dst, elem);
+        let access_code = access.code();
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&x)
+            .arg(&view)
+            .arg(&dst)
+            .arg(&n)
+            .arg(&code)
+            .arg(&access_code);
+        // SAFETY: signature (const T*, StridedArgs, T*, u64, unsigned, unsigned) as in
+        // elementwise.cu; the view was checked against `self`; `out` holds n elements; a vector
+        // access was only picked for 16-byte aligned unit-stride operands.
+        unsafe { launch.launch(config_for(access, n, elem)) }
+            .map_err(|e| launch_error(&name, e))?;
+        Ok(out)
+    }
+    /// Elementwise `op` of two same-shaped views (floats and `I64`; no `Pow` on integers).
+    fn binary(
         &self,
         layout: &Layout,
-        (on_true, tl): (&Self, &Layout),
-        (on_false, fl): (&Self, &Layout),
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<Self> {
+        check_same_dtype(op.name(), self, rhs)?;
+        match self.dtype() {
+            d if d.is_float() => {}
+            DType::I64 if op != BinaryOp::Pow => {}
+            d => {
+                return Err(unsupported(
+                    op.name(),
+                    d,
+                    "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
+                ))
+            }
+        }
+        let name = format!("kiln_binary_{}", suffix(self.dtype()));
+        self.launch_binary(
+            (layout, rhs, rhs_layout),
+            op.name(),
+            &name,
+            self.dtype(),
+            (binary_code(op), true),
+        )
+    }
+    /// Elementwise comparison; a `Bool` result.
+    fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
+        check_same_dtype("comparison", self, rhs)?;
+        let name = format!("kiln_compare_{}", suffix(self.dtype()));
+        self.launch_binary(
+            (layout, rhs, rhs_layout),
+            "comparison",
+            &name,
+            DType::Bool,
+            (cmp_code(op), false),
+        )
+    }
+    /// `self` (a `Bool`/`U8` condition) picks `on_true` where nonzero, else `on_false`.
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        on_true: &Self,
+        tl: &Layout,
+        on_false: &Self,
+        fl: &Layout,
     ) -> Result<Self> {
         check_same_dtype("where", on_true, on_false)?;
         self.same_device("where", on_true)?;

@@ -1,7 +1,13 @@
 //! Fill and strided copy on host slices (the reference the CUDA kernels are tested against).
 
+use super::FillOps;
 use super::StridedLayout;
+use crate::dtype::{BoolByte, DType, Element};
 use crate::error::Result;
+use crate::ops::cpu_dispatch::output;
+use crate::storage::{by_dtype, HostBuffer};
+use crate::{CpuStorage, Device};
+use half::{bf16, f16};
 
 /// Writes `value` into every element of `dst`.
 pub fn fill<T: Copy>(dst: &mut [T], value: T) {
@@ -38,6 +44,29 @@ pub fn copy_strided<T: Copy>(src: &[T], layout: &StridedLayout, dst: &mut [T]) -
         }
     }
     Ok(())
+}
+
+impl FillOps for CpuStorage {
+    fn full(_device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
+        // Filled in place in an allocator block (no intermediate `Vec`).
+        Ok(match dtype {
+            DType::F32 => CpuStorage::F32(HostBuffer::filled(n, f32::from_f64(value))?),
+            DType::F64 => CpuStorage::F64(HostBuffer::filled(n, value)?),
+            DType::F16 => CpuStorage::F16(HostBuffer::filled(n, f16::from_f64(value))?),
+            DType::BF16 => CpuStorage::BF16(HostBuffer::filled(n, bf16::from_f64(value))?),
+            DType::I64 => CpuStorage::I64(HostBuffer::filled(n, i64::from_f64(value))?),
+            DType::U8 => CpuStorage::U8(HostBuffer::filled(n, u8::from_f64(value))?),
+            DType::Bool => CpuStorage::Bool(HostBuffer::filled(n, BoolByte::from_f64(value))?),
+        })
+    }
+
+    fn arange(_device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
+        by_dtype!(dtype, E => output::<E>(n, |out| {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = E::from_f64(start + step * i as f64);
+            }
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,11 @@
 //! the stream given, which must be the stream the buffers are used on, so stream order keeps them
 //! alive; nothing here waits.
 
+use super::FillOps;
+use crate::dtype::{BoolByte, Element};
+use crate::ops::random::cuda::Generator;
+use crate::storage::{cuda_ordinal, CudaStorage};
+use crate::{DType, Device};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -146,6 +151,38 @@ pub unsafe fn copy_strided<T: DeviceRepr>(
     // the kernel writes only dst[0..n) with n == dst_len; the caller vouches for the pointers.
     unsafe { launch.launch(launch_config(n)) }.map_err(|e| launch_error(name, e))?;
     Ok(())
+}
+
+impl CudaStorage {
+    /// `n` elements equal to `value` converted to `dtype` (with the CPU's `from_f64`).
+    pub(crate) fn full_cuda(ordinal: usize, n: usize, value: f64, dtype: DType) -> Result<Self> {
+        let (stream, out) = CudaStorage::output(ordinal, n, dtype)?;
+        let dst = out.device_ptr();
+        // SAFETY: `out` holds n elements of `dtype` and is used on `stream`.
+        unsafe {
+            match dtype {
+                DType::F32 => fill(&stream, dst, n, f32::from_f64(value))?,
+                DType::F64 => fill(&stream, dst, n, value)?,
+                DType::F16 => fill(&stream, dst, n, f16::from_f64(value))?,
+                DType::BF16 => fill(&stream, dst, n, bf16::from_f64(value))?,
+                DType::I64 => fill(&stream, dst, n, i64::from_f64(value))?,
+                DType::U8 => fill(&stream, dst, n, u8::from_f64(value))?,
+                DType::Bool => fill(&stream, dst, n, BoolByte::from_f64(value).0)?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl FillOps for CudaStorage {
+    fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self> {
+        CudaStorage::full_cuda(cuda_ordinal(device)?, n, value, dtype)
+    }
+
+    fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self> {
+        let generator = Generator::Arange { start, step };
+        CudaStorage::generate_cuda(cuda_ordinal(device)?, n, dtype, generator)
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,19 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::error::{Error, Result};
+use crate::ops::buffer::BufferOps;
+use crate::seam::seam_trait;
+use crate::DType;
+
+seam_trait! {
+    /// Buffers made from a value: constants and ranges.
+    pub trait FillOps: BufferOps {
+        /// `n` elements equal to `value` (converted to `dtype`).
+        fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Self>;
+        /// `start, start + step, ...` (`n` elements).
+        fn arange(device: Device, start: f64, step: f64, n: usize, dtype: DType) -> Result<Self>;
+    }
+}
 
 /// Most dimensions a strided copy handles (the CUDA kernel takes the layout by value).
 pub const MAX_DIMS: usize = 8;

@@ -11,6 +11,11 @@
 //! Copy-only kernels are generic over any `Copy` element (so integer and boolean tensors can
 //! use them); kernels that add are generic over [`KernelFloat`].
 
+use super::IndexOps;
+use crate::ops::cpu_dispatch::{dense, float_kernel, in_pool, wrap, zeros};
+use crate::seam::Strided;
+use crate::storage::by_dtype;
+use crate::{CpuStorage, Error, Layout, Result};
 use rayon::prelude::*;
 
 use super::{
@@ -327,4 +332,171 @@ pub fn gather_backward<T: KernelFloat>(
     check_scatter("gather_backward", grad_input, input_shape, &index, None)?;
     grad_input.fill(T::ZERO);
     scatter_add_(grad_input, input_shape, index, grad_output, index.shape)
+}
+
+impl IndexOps for CpuStorage {
+    fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> Result<Self> {
+        let table = (self, layout);
+        const OP: &str = "embedding";
+        let [num_embeddings, embedding_dim] = table.1.shape().try_into().map_err(|_| {
+            Error::from(KernelError::InvalidShape {
+                op: OP,
+                shape: table.1.shape().to_vec(),
+                rule: "the weight must be 2-D [num_embeddings, embedding_dim]".into(),
+            })
+        })?;
+        let idx = dense::<i64>(OP, indices)?;
+        let shape = EmbeddingShape {
+            num_embeddings,
+            embedding_dim,
+        };
+        by_dtype!(table.0.dtype(), T => {
+            let w = dense::<T>(OP, table)?;
+            let mut out = zeros::<T>(&[idx.len(), embedding_dim])?;
+            in_pool(|| embedding_forward(&shape, &w, &idx, &mut out))
+                .map_err(|e| with_index_shape(e, indices.1.shape()))?;
+            Ok(wrap(out))
+        })
+    }
+
+    fn embedding_backward(
+        &self,
+        layout: &Layout,
+        indices: Strided<'_, Self>,
+        num_embeddings: usize,
+        padding_idx: Option<i64>,
+    ) -> Result<Self> {
+        let grad = (self, layout);
+        const OP: &str = "embedding_backward";
+        let embedding_dim = grad.1.shape().last().copied().unwrap_or(1);
+        let idx = dense::<i64>(OP, indices)?;
+        let shape = EmbeddingShape {
+            num_embeddings,
+            embedding_dim,
+        };
+        let options = EmbeddingBackwardOptions {
+            padding_idx,
+            scale_grad_by_freq: false,
+        };
+        float_kernel!(OP, grad.0.dtype(), T => {
+            let go = dense::<T>(OP, grad)?;
+            let mut gw = zeros::<T>(&[num_embeddings, embedding_dim])?;
+            embedding_backward(&shape, &go, &idx, options, &mut gw)
+                .map_err(|e| with_index_shape(e, indices.1.shape()))?;
+            Ok(wrap(gw))
+        })
+    }
+
+    fn index_select(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        let x = (self, layout);
+        const OP: &str = "index_select";
+        let idx = dense::<i64>(OP, index)?;
+        let mut out_shape = x.1.shape().to_vec();
+        if dim < out_shape.len() {
+            out_shape[dim] = idx.len();
+        }
+        by_dtype!(x.0.dtype(), T => {
+            let input = dense::<T>(OP, x)?;
+            let mut out = zeros::<T>(&out_shape)?;
+            in_pool(|| index_select_forward(&input, x.1.shape(), dim, &idx, &mut out))?;
+            Ok(wrap(out))
+        })
+    }
+
+    fn index_select_backward(
+        &self,
+        layout: &Layout,
+        input_shape: &[usize],
+        dim: usize,
+        index: Strided<'_, Self>,
+    ) -> Result<Self> {
+        let grad = (self, layout);
+        const OP: &str = "index_select_backward";
+        let idx = dense::<i64>(OP, index)?;
+        float_kernel!(OP, grad.0.dtype(), T => {
+            let go = dense::<T>(OP, grad)?;
+            let mut gi = zeros::<T>(input_shape)?;
+            in_pool(|| index_select_backward(&go, input_shape, dim, &idx, &mut gi))?;
+            Ok(wrap(gi))
+        })
+    }
+
+    fn gather(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>) -> Result<Self> {
+        let x = (self, layout);
+        const OP: &str = "gather";
+        let idx = dense::<i64>(OP, index)?;
+        let index = DimIndex {
+            dim,
+            index: &idx,
+            shape: index.1.shape(),
+        };
+        by_dtype!(x.0.dtype(), T => {
+            let input = dense::<T>(OP, x)?;
+            let mut out = zeros::<T>(index.shape)?;
+            gather_forward(&input, x.1.shape(), index, &mut out)?;
+            Ok(wrap(out))
+        })
+    }
+
+    fn scatter(
+        &self,
+        layout: &Layout,
+        dim: usize,
+        index: Strided<'_, Self>,
+        src: Strided<'_, Self>,
+        accumulate: bool,
+    ) -> Result<Self> {
+        let x = (self, layout);
+        let op = if accumulate { "scatter_add" } else { "scatter" };
+        let idx = dense::<i64>(op, index)?;
+        let dim_index = DimIndex {
+            dim,
+            index: &idx,
+            shape: index.1.shape(),
+        };
+        if accumulate {
+            float_kernel!(op, x.0.dtype(), T => {
+                let mut dest = dense::<T>(op, x)?.into_owned()?;
+                let s = dense::<T>(op, src)?;
+                scatter_add_(&mut dest, x.1.shape(), dim_index, &s, src.1.shape())?;
+                Ok(wrap(dest))
+            })
+        } else {
+            by_dtype!(x.0.dtype(), T => {
+                let mut dest = dense::<T>(op, x)?.into_owned()?;
+                let s = dense::<T>(op, src)?;
+                scatter_(&mut dest, x.1.shape(), dim_index, &s, src.1.shape())?;
+                Ok(wrap(dest))
+            })
+        }
+    }
+}
+
+/// Re-expresses a flat index position reported by a kernel in the index tensor's coordinates.
+fn with_index_shape(e: KernelError, index_shape: &[usize]) -> KernelError {
+    match e {
+        KernelError::IndexOutOfRange {
+            op,
+            index,
+            position,
+            dim,
+            size,
+        } if position.len() == 1 && index_shape.len() != 1 => {
+            let mut flat = position[0];
+            let mut coords = vec![0; index_shape.len()];
+            for d in (0..index_shape.len()).rev() {
+                let n = index_shape[d].max(1);
+                coords[d] = flat % n;
+                flat /= n;
+            }
+            KernelError::IndexOutOfRange {
+                op,
+                index,
+                position: coords,
+                dim,
+                size,
+            }
+        }
+        other => other,
+    }
 }

@@ -12,6 +12,7 @@
 //! (all-zero bytes) for it, a put skips it. Ops that add run in f32/f64 (16-bit floats widen to
 //! f32 and round back once, as on the CPU); copies take every dtype.
 
+use super::IndexOps;
 use cudarc::driver::PushKernelArg;
 
 use super::{check_dim, check_index_fits, DimIndex};
@@ -19,9 +20,10 @@ use crate::cuda::deferred::{self, IndexCheck};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, launch_error, StridedArgs, MAX_DIMS};
 use crate::error::{Error, Result};
+use crate::ops::copy::CopyOps;
 use crate::ops::kernel_error::KernelError;
 use crate::storage::CudaStorage;
-use crate::{contiguous_strides, BackendStorage, DType, Layout};
+use crate::{contiguous_strides, DType, Layout};
 
 /// The kernels of this op family.
 pub const INDEX_KERNELS: KernelSource = KernelSource {
@@ -75,7 +77,7 @@ pub(crate) fn indices(
     let (keep, ptr) = if layout.is_contiguous() {
         (None, index.device_ptr() + 8 * layout.offset() as u64)
     } else {
-        let copy = index.cast_cuda(layout, DType::I64)?;
+        let copy = index.to_dtype(layout, DType::I64)?;
         let ptr = copy.device_ptr();
         (Some(copy), ptr)
     };
@@ -203,9 +205,9 @@ impl CudaStorage {
         match self.dtype() {
             DType::F32 | DType::F64 => body(self, layout),
             half @ (DType::F16 | DType::BF16) => {
-                let wide = self.cast_cuda(layout, DType::F32)?;
+                let wide = self.to_dtype(layout, DType::F32)?;
                 let r = body(&wide, &Layout::contiguous(layout.shape()))?;
-                r.cast_cuda(&Layout::contiguous(&[r.len()]), half)
+                r.to_dtype(&Layout::contiguous(&[r.len()]), half)
             }
             other => Err(Error::UnsupportedDType {
                 op,
@@ -215,13 +217,11 @@ impl CudaStorage {
             }),
         }
     }
+}
 
+impl IndexOps for CudaStorage {
     /// `embedding`: rows of the `[num, dim]` table picked by `indices`.
-    pub(crate) fn embedding_cuda(
-        &self,
-        layout: &Layout,
-        (index, index_layout): (&Self, &Layout),
-    ) -> Result<Self> {
+    fn embedding(&self, layout: &Layout, (index, index_layout): (&Self, &Layout)) -> Result<Self> {
         const OP: &str = "embedding";
         let [num, width]: [usize; 2] = layout.shape().try_into().map_err(|_| {
             Error::from(KernelError::InvalidShape {
@@ -236,9 +236,8 @@ impl CudaStorage {
         let rows = index_layout.numel();
         self.take(layout, &[rows, width], 0, &idx, &along(2, 0))
     }
-
     /// Gradient of the embedding table: rows of `self` summed per index (none for `padding_idx`).
-    pub(crate) fn embedding_backward_cuda(
+    fn embedding_backward(
         &self,
         layout: &Layout,
         (index, index_layout): (&Self, &Layout),
@@ -261,7 +260,7 @@ impl CudaStorage {
         }
         let idx = indices(OP, (index, index_layout), 0, num_embeddings)?;
         self.in_float(OP, layout, |grad, gl| {
-            let grad = grad.cast_cuda(gl, grad.dtype())?; // contiguous, viewed as [rows, width]
+            let grad = grad.to_dtype(gl, grad.dtype())?; // contiguous, viewed as [rows, width]
             let mut out =
                 CudaStorage::full_cuda(grad.ordinal(), num_embeddings * width, 0.0, grad.dtype())?;
             let view = Layout::contiguous(&[rows, width]);
@@ -279,9 +278,8 @@ impl CudaStorage {
             Ok(out)
         })
     }
-
     /// `index_select(self, dim, index)` with a 1-D index.
-    pub(crate) fn index_select_cuda(
+    fn index_select(
         &self,
         layout: &Layout,
         dim: usize,
@@ -296,10 +294,9 @@ impl CudaStorage {
         out_shape[dim] = index_layout.numel();
         self.take(layout, &out_shape, dim, &idx, &along(out_shape.len(), dim))
     }
-
     /// Gradient of `index_select`: `self` (the output gradient) index-added into zeros of
     /// `input_shape`.
-    pub(crate) fn index_select_backward_cuda(
+    fn index_select_backward(
         &self,
         layout: &Layout,
         input_shape: &[usize],
@@ -339,9 +336,8 @@ impl CudaStorage {
             Ok(out)
         })
     }
-
     /// `gather(self, dim, index)`: the output has the index's shape.
-    pub(crate) fn gather_cuda(
+    fn gather(
         &self,
         layout: &Layout,
         dim: usize,
@@ -361,9 +357,8 @@ impl CudaStorage {
         let idx = indices(OP, (index, index_layout), dim, layout.shape()[dim])?;
         self.take(layout, shape, dim, &idx, &contiguous_strides(shape))
     }
-
     /// Out-of-place `scatter` / `scatter_add` of `src` into a copy of `self` along `dim`.
-    pub(crate) fn scatter_cuda(
+    fn scatter(
         &self,
         layout: &Layout,
         dim: usize,
@@ -405,13 +400,13 @@ impl CudaStorage {
             // Both operands go through f32 for 16-bit floats.
             let (wide_src, wide_src_at) = match src.dtype() {
                 DType::F16 | DType::BF16 => {
-                    let w = src.cast_cuda(&src_at, DType::F32)?;
+                    let w = src.to_dtype(&src_at, DType::F32)?;
                     (Some(w), Layout::contiguous(shape))
                 }
                 _ => (None, src_at.clone()),
             };
             self.in_float(op, layout, |dest, dl| {
-                let mut out = dest.cast_cuda(dl, dest.dtype())?;
+                let mut out = dest.to_dtype(dl, dest.dtype())?;
                 let s = wide_src.as_ref().unwrap_or(src);
                 CudaStorage::put(
                     &mut out,
@@ -426,7 +421,7 @@ impl CudaStorage {
                 Ok(out)
             })
         } else {
-            let mut out = self.cast_cuda(layout, self.dtype())?;
+            let mut out = self.to_dtype(layout, self.dtype())?;
             CudaStorage::put(
                 &mut out,
                 dst_shape,

@@ -31,6 +31,53 @@ pub mod cpu;
 pub mod cuda;
 
 use super::kernel_error::KernelError;
+use crate::ops::buffer::BufferOps;
+use crate::seam::{seam_trait, Strided};
+use crate::Layout;
+
+seam_trait! {
+    /// Indexing (indices are `I64`; each kernel checks every index value).
+    pub trait IndexOps: BufferOps {
+        /// `embedding`: rows of the table `self` `[num, dim]` picked by `indices` (any shape);
+        /// output `[..indices.shape, dim]`.
+        fn embedding(&self, layout: &Layout, indices: Strided<'_, Self>) -> crate::Result<Self>;
+        /// Gradient of the table from `self` = the output gradient, summed per index, none for
+        /// `padding_idx` (already in `[0, num_embeddings)`).
+        fn embedding_backward(
+            &self,
+            layout: &Layout,
+            indices: Strided<'_, Self>,
+            num_embeddings: usize,
+            padding_idx: Option<i64>,
+        ) -> crate::Result<Self>;
+        /// `index_select(self, dim, index)` with a 1-D `index`.
+        fn index_select(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>)
+            -> crate::Result<Self>;
+        /// Gradient of `index_select` from `self` = the output gradient: an index-add into
+        /// zeros of `input_shape`.
+        fn index_select_backward(
+            &self,
+            layout: &Layout,
+            input_shape: &[usize],
+            dim: usize,
+            index: Strided<'_, Self>,
+        ) -> crate::Result<Self>;
+        /// `gather(self, dim, index)`: the output has the index's shape.
+        fn gather(&self, layout: &Layout, dim: usize, index: Strided<'_, Self>)
+            -> crate::Result<Self>;
+        /// Out-of-place `scatter` (`accumulate = false`, last write wins) or `scatter_add`: a
+        /// copy of `self` with `src` written (added) at `index` along `dim`.
+        op(if accumulate { "scatter_add" } else { "scatter" })
+        fn scatter(
+            &self,
+            layout: &Layout,
+            dim: usize,
+            index: Strided<'_, Self>,
+            src: Strided<'_, Self>,
+            accumulate: bool,
+        ) -> crate::Result<Self>;
+    }
+}
 
 /// Sizes of an embedding table `[num_embeddings, embedding_dim]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

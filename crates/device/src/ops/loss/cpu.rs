@@ -11,14 +11,16 @@ use rayon::prelude::*;
 use std::any::Any;
 
 use super::{
-    check_spec, check_targets, CrossEntropyOutput, CrossEntropyShape, CrossEntropySpec, TargetKind,
+    check_spec, check_targets, CrossEntropyOutput, CrossEntropyShape, CrossEntropySpec, LossOps,
+    TargetKind,
 };
 use crate::layout::Layout;
+use crate::ops::copy::CopyOps;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 use crate::storage::{CpuStorage, HostBuffer};
 use crate::threads::cpu_pool;
-use crate::{BackendStorage, DType, Error, Result};
+use crate::{DType, Error, Result};
 
 /// The targets of one call, as slices.
 #[derive(Debug, Clone, Copy)]
@@ -356,47 +358,52 @@ fn run_typed<T: KernelFloat + crate::Element>(
     Ok((losses, grad, total))
 }
 
-/// The seam entry point for host buffers: dispatches on the logits' dtype (16-bit floats run in
-/// `f32` and round their outputs once).
-pub fn softmax_cross_entropy_storage(
-    logits: &CpuStorage,
-    layout: &Layout,
-    target: &CpuStorage,
-    target_layout: &Layout,
-    weight: Option<(&CpuStorage, &Layout)>,
-    spec: &CrossEntropySpec,
-) -> Result<CrossEntropyOutput<CpuStorage>> {
-    let dtype = logits.dtype();
-    match dtype {
-        DType::F64 => {
-            let (l, g, t) = run_typed::<f64>(spec, logits, layout, target, target_layout, weight)?;
-            Ok(CrossEntropyOutput {
-                losses: CpuStorage::F64(l),
-                grad: g.map(CpuStorage::F64),
-                total_weight: CpuStorage::from_vec(vec![t]),
-            })
+/// The seam for host buffers: dispatches on the logits' dtype (16-bit floats run in `f32` and
+/// round their outputs once).
+impl LossOps for CpuStorage {
+    fn softmax_cross_entropy(
+        &self,
+        layout: &Layout,
+        target: &Self,
+        target_layout: &Layout,
+        weight: Option<(&Self, &Layout)>,
+        spec: &CrossEntropySpec,
+    ) -> Result<CrossEntropyOutput<Self>> {
+        let logits = self;
+        let dtype = logits.dtype();
+        match dtype {
+            DType::F64 => {
+                let (l, g, t) =
+                    run_typed::<f64>(spec, logits, layout, target, target_layout, weight)?;
+                Ok(CrossEntropyOutput {
+                    losses: CpuStorage::F64(l),
+                    grad: g.map(CpuStorage::F64),
+                    total_weight: CpuStorage::from_vec(vec![t]),
+                })
+            }
+            DType::F32 | DType::F16 | DType::BF16 => {
+                let (l, g, t) =
+                    run_typed::<f32>(spec, logits, layout, target, target_layout, weight)?;
+                // 16-bit logits: the outputs go back to the logits' dtype, rounded once.
+                let back = |v: HostBuffer<f32>| {
+                    let n = v.len();
+                    match dtype {
+                        DType::F32 => Ok(CpuStorage::F32(v)),
+                        _ => CpuStorage::F32(v).to_dtype(&Layout::contiguous(&[n]), dtype),
+                    }
+                };
+                Ok(CrossEntropyOutput {
+                    losses: back(l)?,
+                    grad: g.map(back).transpose()?,
+                    total_weight: CpuStorage::from_vec(vec![t]),
+                })
+            }
+            other => Err(Error::UnsupportedDType {
+                op: "cross_entropy",
+                dtype: other,
+                hint: "logits must be floating point; convert with to_dtype(DType::F32)",
+            }),
         }
-        DType::F32 | DType::F16 | DType::BF16 => {
-            let (l, g, t) = run_typed::<f32>(spec, logits, layout, target, target_layout, weight)?;
-            // 16-bit logits: the outputs go back to the logits' dtype, rounded once.
-            let back = |v: HostBuffer<f32>| {
-                let n = v.len();
-                match dtype {
-                    DType::F32 => Ok(CpuStorage::F32(v)),
-                    _ => CpuStorage::F32(v).to_dtype(&Layout::contiguous(&[n]), dtype),
-                }
-            };
-            Ok(CrossEntropyOutput {
-                losses: back(l)?,
-                grad: g.map(back).transpose()?,
-                total_weight: CpuStorage::from_vec(vec![t]),
-            })
-        }
-        other => Err(Error::UnsupportedDType {
-            op: "cross_entropy",
-            dtype: other,
-            hint: "logits must be floating point; convert with to_dtype(DType::F32)",
-        }),
     }
 }
 

@@ -1,5 +1,5 @@
 //! CUDA fused softmax-cross-entropy: launches the kernels of `loss.cu` for
-//! [`CudaStorage::softmax_cross_entropy`](crate::BackendStorage::softmax_cross_entropy).
+//! [`CudaStorage::softmax_cross_entropy`](crate::LossOps::softmax_cross_entropy).
 //!
 //! The kernels run on contiguous f32/f64 buffers, so the launcher first brings each operand to
 //! that form on the device (a strided or 16-bit view is gathered/converted by the copy kernels;
@@ -15,6 +15,7 @@
 //! reads nothing through the bad target. The mean's denominator is returned as a one-element
 //! device buffer, so the op never waits.
 
+use super::LossOps;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{check_spec, CrossEntropyOutput, CrossEntropySpec, TargetKind};
@@ -22,8 +23,9 @@ use crate::cuda::deferred::{self, IndexCheck};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{function, launch_error};
 use crate::error::{Error, Result};
+use crate::ops::copy::CopyOps;
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Layout};
+use crate::{DType, Layout};
 
 /// The kernels of this op family.
 pub const LOSS_KERNELS: KernelSource = KernelSource {
@@ -45,17 +47,18 @@ fn dense(src: &CudaStorage, layout: &Layout, dtype: DType) -> Result<(Option<Cud
         let at = src.device_ptr() + (layout.offset() * dtype.size_in_bytes()) as u64;
         return Ok((None, at));
     }
-    let copy = src.cast_cuda(layout, dtype)?;
+    let copy = src.to_dtype(layout, dtype)?;
     let at = copy.device_ptr();
     Ok((Some(copy), at))
 }
 
-impl CudaStorage {
+impl LossOps for CudaStorage {
     /// Fused softmax + cross-entropy over the `[N, C, D]` view `layout` of `self`.
-    pub(crate) fn softmax_cross_entropy_cuda(
+    fn softmax_cross_entropy(
         &self,
         layout: &Layout,
-        (target, target_layout): (&Self, &Layout),
+        target: &Self,
+        target_layout: &Layout,
         weight: Option<(&Self, &Layout)>,
         spec: &CrossEntropySpec,
     ) -> Result<CrossEntropyOutput<Self>> {
@@ -209,7 +212,7 @@ impl CudaStorage {
             if out_dtype == dtype {
                 Ok(s)
             } else {
-                s.cast_cuda(&Layout::contiguous(&[s.len()]), out_dtype)
+                s.to_dtype(&Layout::contiguous(&[s.len()]), out_dtype)
             }
         };
         Ok(CrossEntropyOutput {
@@ -228,6 +231,7 @@ impl CudaStorage {
 mod tests {
     use super::*;
     use crate::ops::loss::CrossEntropyShape;
+    use crate::prelude::*;
     use crate::testing::{close, cuda_device_or_skip, tolerance};
     use crate::CpuStorage;
 

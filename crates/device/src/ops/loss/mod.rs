@@ -40,6 +40,39 @@ pub mod cpu;
 pub mod cuda;
 
 use super::kernel_error::KernelError;
+use crate::ops::buffer::BufferOps;
+use crate::seam::{pass_through, seam_trait, Lift};
+use crate::Layout;
+
+pass_through!(ref CrossEntropySpec);
+
+impl<A: Lift<B>, B> Lift<CrossEntropyOutput<B>> for CrossEntropyOutput<A> {
+    fn lift(self) -> CrossEntropyOutput<B> {
+        CrossEntropyOutput {
+            losses: self.losses.lift(),
+            grad: self.grad.lift(),
+            total_weight: self.total_weight.lift(),
+        }
+    }
+}
+
+seam_trait! {
+    /// Fused losses.
+    pub trait LossOps: BufferOps {
+        /// Fused softmax + cross-entropy over `[N, C, D]` logits (`layout`, contiguous or not):
+        /// per-position losses, optionally their gradient, and the mean's denominator. `target`
+        /// is `[N, D]` integers or `[N, C, D]` floats as `spec.target` says; `weight` is `[C]`.
+        op("cross_entropy")
+        fn softmax_cross_entropy(
+            &self,
+            layout: &Layout,
+            target: &Self,
+            target_layout: &Layout,
+            weight: Option<(&Self, &Layout)>,
+            spec: &CrossEntropySpec,
+        ) -> crate::Result<CrossEntropyOutput<Self>>;
+    }
+}
 
 /// Sizes of the `[N, C, D]` view of the logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,8 +5,13 @@
 //! and column strides go to `gemm` unchanged. Large products run one after another with `gemm`'s
 //! own rayon parallelism; many small ones run in parallel across batch entries instead.
 
+use super::MatmulOps;
 use crate::layout::{Layout, StridedIndex};
+use crate::ops::cpu_dispatch::{
+    buffer_of, finish, float_dispatch, read_as, same_dtype, FLOAT_HINT,
+};
 use crate::threads::{cpu_pool, num_threads};
+use crate::{CpuStorage, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -153,6 +158,20 @@ pub fn matmul_reference<T: GemmElement>(a: &[T], la: &Layout, b: &[T], lb: &Layo
         }
     }
     out
+}
+
+impl MatmulOps for CpuStorage {
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
+        same_dtype("matmul", self, rhs)?;
+        let n = output_len(layout, rhs_layout);
+        float_dispatch!("matmul", self.dtype(), FLOAT_HINT, (T, X) => {
+            let (a, la) = read_as::<T>(self, layout)?;
+            let (b, lb) = read_as::<T>(rhs, rhs_layout)?;
+            let computed = buffer_of::<T>(n, |out| matmul_into(&a, &la, &b, &lb, out))?;
+            drop((a, b));
+            finish::<T, X>(computed)
+        })
+    }
 }
 
 #[cfg(test)]

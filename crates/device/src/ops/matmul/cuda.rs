@@ -15,6 +15,7 @@
 //! **Handles.** One cuBLAS handle per device, created on first use and bound to kiln's stream,
 //! so GEMMs order with every other kernel without synchronisation.
 
+use super::MatmulOps;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -22,8 +23,9 @@ use std::sync::Mutex;
 use cudarc::cublas::{result as blas, sys, CudaBlas};
 
 use crate::error::{Error, Result};
+use crate::ops::copy::CopyOps;
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Layout};
+use crate::{DType, Layout};
 
 /// How cuBLAS reads one operand in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,14 +103,9 @@ fn as_int(what: &'static str, v: usize) -> Result<i32> {
     })
 }
 
-impl CudaStorage {
+impl MatmulOps for CudaStorage {
     /// `[..batch, m, k] @ [..batch, k, n]` (identical batch dims, stride 0 allowed).
-    pub(crate) fn matmul_cuda(
-        &self,
-        layout: &Layout,
-        rhs: &Self,
-        rhs_layout: &Layout,
-    ) -> Result<Self> {
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
         self.same_device("matmul", rhs)?;
         let dtype = self.dtype();
         if rhs.dtype() != dtype {
@@ -167,7 +164,7 @@ impl CudaStorage {
         let (a, la, a_offset) = match gemm_operand(layout) {
             Some(op) => (self, op, layout.offset()),
             None => {
-                a_copy = self.cast_cuda(layout, dtype)?;
+                a_copy = self.to_dtype(layout, dtype)?;
                 let op = gemm_operand(&Layout::contiguous(sa)).expect("contiguous is row-major");
                 (&a_copy, op, 0)
             }
@@ -175,7 +172,7 @@ impl CudaStorage {
         let (b, lb, b_offset) = match gemm_operand(rhs_layout) {
             Some(op) => (rhs, op, rhs_layout.offset()),
             None => {
-                b_copy = rhs.cast_cuda(rhs_layout, dtype)?;
+                b_copy = rhs.to_dtype(rhs_layout, dtype)?;
                 let op = gemm_operand(&Layout::contiguous(sb)).expect("contiguous is row-major");
                 (&b_copy, op, 0)
             }

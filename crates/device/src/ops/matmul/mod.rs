@@ -6,3 +6,17 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+
+use crate::ops::buffer::BufferOps;
+use crate::seam::seam_trait;
+use crate::{Layout, Result};
+
+seam_trait! {
+    /// Matrix products.
+    pub trait MatmulOps: BufferOps {
+        /// Batched matrix product: `layout` is `[..batch, m, k]`, `rhs_layout` `[..batch, k, n]`
+        /// with identical batch dims (broadcast already, stride 0 allowed); output
+        /// `[..batch, m, n]`.
+        fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self>;
+    }
+}

@@ -1,14 +1,27 @@
-//! CPU multi-tensor kernels: a rayon pass over fixed chunks of a tensor list (see the module
-//! docs in `mod.rs` for the chunking and determinism rules).
+//! The CPU implementation of the multi-tensor family ([`MultiTensorOps`] for [`CpuStorage`]):
+//! a rayon pass over fixed chunks of a tensor list (see the module docs in `mod.rs` for the
+//! chunking and determinism rules). The optimizer steps live in `cpu/adam.rs` and `cpu/sgd.rs`,
+//! the typed views of host buffers in `cpu/slices.rs`.
 //!
-//! Each function runs on the rayon pool it is called from (install kiln's pool,
-//! [`crate::threads::cpu_pool`], or any other); results never depend on that pool's size.
-//! Reductions read a chunk with eight independent `f64` accumulators (so the loop vectorises and
-//! rounding error stays small; `f32` 1- and 2-norms use [`sum_f32_blocked`] instead), combine
-//! them in a fixed tree, then combine chunks of a tensor in plan order on one thread. Small
-//! chunks are batched into tasks of at least `CHUNK_ELEMS` elements ([`batch_ranges`]).
+//! Invariants: the kernel functions here run on the rayon pool they are called from; the trait
+//! methods install kiln's pool ([`crate::threads::cpu_pool`]); results never depend on that
+//! pool's size. Reductions read a chunk with eight independent `f64` accumulators (so the loop
+//! vectorises and rounding error stays small; `f32` 1- and 2-norms use [`sum_f32_blocked`]
+//! instead), combine them in a fixed tree, then combine chunks of a tensor in plan order on one
+//! thread. Small chunks are batched into tasks of at least `CHUNK_ELEMS` elements
+//! ([`batch_ranges`]).
 
-use super::{plan_chunks, Chunk, FloatSlice, FloatSliceMut, NormKind, CHUNK_ELEMS};
+mod adam;
+mod sgd;
+mod slices;
+
+pub use slices::{FloatSlice, FloatSliceMut};
+
+use super::{
+    batch_ranges, clip_coef, plan_chunks, AdamHyper, AdamOperands, Chunk, HostNorm, MultiTensorOps,
+    NormKind, Operand, OperandMut, SgdHyper, SgdOperands, CHUNK_ELEMS,
+};
+use crate::{CpuStorage, DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -180,29 +193,6 @@ pub fn per_tensor_norms(tensors: &[FloatSlice<'_>], kind: NormKind) -> Vec<f64> 
         .collect()
 }
 
-/// Consecutive index ranges over items of the given lengths, each (but the last) holding at
-/// least `target` elements.
-pub fn batch_ranges(
-    lens: impl Iterator<Item = usize>,
-    target: usize,
-) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let (mut start, mut acc, mut n) = (0, 0usize, 0);
-    for len in lens {
-        n += 1;
-        acc += len;
-        if acc >= target {
-            out.push(start..n);
-            start = n;
-            acc = 0;
-        }
-    }
-    if start < n {
-        out.push(start..n);
-    }
-    out
-}
-
 /// Splits every tensor into chunks and batches small chunks into tasks of at least
 /// `CHUNK_ELEMS` elements, for one parallel pass.
 fn chunks_of<'a>(tensors: Vec<FloatSliceMut<'a>>) -> Vec<Vec<FloatSliceMut<'a>>> {
@@ -295,152 +285,172 @@ pub fn unscale_and_check_(tensors: Vec<FloatSliceMut<'_>>, inv_scale: f32) -> bo
         .reduce(|| false, |a, b| a | b)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::super::{clip_coef, NormKind};
-    use super::*;
+fn views<'a>(op: &'static str, tensors: &[Operand<'a, CpuStorage>]) -> Result<Vec<FloatSlice<'a>>> {
+    tensors
+        .iter()
+        .map(|&t| slices::float_slice(op, t))
+        .collect()
+}
 
-    fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-            })
-            .collect()
+fn views_mut<'a>(
+    op: &'static str,
+    tensors: &'a mut [OperandMut<'_, CpuStorage>],
+) -> Result<Vec<FloatSliceMut<'a>>> {
+    tensors
+        .iter_mut()
+        .map(|(st, layout)| slices::float_slice_mut(op, (&mut **st, *layout)))
+        .collect()
+}
+
+fn pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    crate::threads::cpu_pool().install(f)
+}
+
+/// Checks that every parameter of a step is f32 or f64.
+fn check_step_dtypes<'a>(
+    op: &'static str,
+    params: impl Iterator<Item = &'a CpuStorage>,
+) -> Result<()> {
+    for st in params {
+        let dtype = st.dtype();
+        if !matches!(dtype, DType::F32 | DType::F64) {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype,
+                hint: "optimizer steps update f32/f64 parameters; keep master weights in f32",
+            });
+        }
+    }
+    Ok(())
+}
+
+impl MultiTensorOps for CpuStorage {
+    type Norm = HostNorm;
+    type FoundInf = bool;
+
+    fn per_tensor_norms(
+        op: &'static str,
+        tensors: &[Operand<'_, Self>],
+        kind: NormKind,
+    ) -> Result<Vec<f64>> {
+        let views = views(op, tensors)?;
+        Ok(pool(|| per_tensor_norms(&views, kind)))
     }
 
-    fn naive_norm(xs: &[f64], p: f64) -> f64 {
-        xs.iter()
-            .map(|x| x.abs().powf(p))
-            .sum::<f64>()
-            .powf(1.0 / p)
+    fn global_norm(
+        op: &'static str,
+        tensors: &[Operand<'_, Self>],
+        kind: NormKind,
+        max_norm: f64,
+    ) -> Result<HostNorm> {
+        let per_tensor = Self::per_tensor_norms(op, tensors, kind)?;
+        let total = kind.norm_of(&per_tensor);
+        Ok(HostNorm {
+            per_tensor,
+            total,
+            coef: clip_coef(max_norm, total),
+        })
     }
 
-    #[test]
-    fn norms_match_a_naive_sum_for_every_kind_and_odd_lengths() {
-        let lens = [0usize, 1, 7, 9, 65_537, 200_003];
-        let data: Vec<Vec<f32>> = lens.iter().map(|&n| pseudo_random(n, n as u64)).collect();
-        let views: Vec<FloatSlice> = data.iter().map(|d| FloatSlice::F32(d)).collect();
-        for p in [1.0, 2.0, 3.0, 0.5] {
-            let kind = NormKind::from_norm_type(p).unwrap();
-            let got = per_tensor_norms(&views, kind);
-            for (d, g) in data.iter().zip(&got) {
-                let wide: Vec<f64> = d.iter().map(|&x| f64::from(x)).collect();
-                let want = naive_norm(&wide, p);
-                // p = 1, 2 on f32 square and sum 16 terms per f32 lane before widening: f32 accuracy.
-                let tol = if p == 1.0 || p == 2.0 { 2e-7 } else { 1e-12 };
-                assert!(
-                    (g - want).abs() <= tol * want.max(1.0),
-                    "p={p}: {g} vs {want}"
-                );
+    fn norm_total(norm: &HostNorm) -> Result<f64> {
+        Ok(norm.total)
+    }
+
+    fn copy_norm_total(op: &'static str, norm: &HostNorm, out: OperandMut<'_, Self>) -> Result<()> {
+        let (st, layout) = out;
+        let dtype = st.dtype();
+        match slices::float_slice_mut(op, (st, layout))? {
+            FloatSliceMut::F32(s) if s.len() == 1 => s[0] = norm.total as f32,
+            other => {
+                return Err(Error::LengthMismatch {
+                    op,
+                    what: format!(
+                        "the total norm is written to a 0-d f32 tensor, got {} elements of {dtype}",
+                        other.len()
+                    ),
+                })
             }
         }
-        let inf = per_tensor_norms(&views, NormKind::Inf);
-        for (d, g) in data.iter().zip(&inf) {
-            let want = d.iter().fold(0f32, |m, x| m.max(x.abs()));
-            assert_eq!(*g, f64::from(want));
+        Ok(())
+    }
+
+    fn scale_by_clip_coef_(
+        op: &'static str,
+        tensors: &mut [OperandMut<'_, Self>],
+        norm: &HostNorm,
+    ) -> Result<()> {
+        if norm.coef >= 1.0 {
+            return Ok(());
         }
-        let zero = per_tensor_norms(&[FloatSlice::F32(&[0.0, 1.0, -0.0, 2.0])], NormKind::Zero);
-        assert_eq!(zero, vec![2.0]);
-        let ninf = per_tensor_norms(&[FloatSlice::F32(&[3.0, -1.0, 2.0])], NormKind::NegInf);
-        assert_eq!(ninf, vec![1.0]);
+        Self::scale_(op, tensors, norm.coef)
     }
 
-    #[test]
-    fn result_is_bitwise_identical_for_any_thread_count() {
-        let data: Vec<Vec<f32>> = (0..40)
-            .map(|i| pseudo_random(1000 + i * 37_001, i as u64))
-            .collect();
-        let views: Vec<FloatSlice> = data.iter().map(|d| FloatSlice::F32(d)).collect();
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| per_tensor_norms(&views, NormKind::Two))
-        };
-        let one = run(1);
-        for threads in [2, 3, 7] {
-            let many = run(threads);
-            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&one), bits(&many), "{threads} threads");
-        }
+    fn scale_(op: &'static str, tensors: &mut [OperandMut<'_, Self>], coef: f64) -> Result<()> {
+        let views = views_mut(op, tensors)?;
+        pool(|| scale_(views, coef));
+        Ok(())
     }
 
-    #[test]
-    fn batches_cover_every_item_once() {
-        let r = batch_ranges([5usize, 1, 1, 9, 2, 2].into_iter(), 6);
-        assert_eq!(r, vec![0..2, 2..4, 4..6]);
-        assert!(batch_ranges(std::iter::empty(), 6).is_empty());
-        assert_eq!(batch_ranges([100usize].into_iter(), 6), vec![0..1]);
+    fn clamp_(op: &'static str, tensors: &mut [OperandMut<'_, Self>], limit: f64) -> Result<()> {
+        let views = views_mut(op, tensors)?;
+        pool(|| clamp_(views, limit));
+        Ok(())
     }
 
-    #[test]
-    fn half_types_accumulate_wide() {
-        // 70,000 ones: an f16 accumulator would stop at 2048; the norm must be sqrt(70000).
-        let h = vec![f16::ONE; 70_000];
-        let b = vec![bf16::ONE; 70_000];
-        let norms = per_tensor_norms(&[FloatSlice::F16(&h), FloatSlice::BF16(&b)], NormKind::Two);
-        assert_eq!(norms, vec![70_000f64.sqrt(); 2]);
-        // f16 values whose squares overflow f16 (300^2 > 65504) still give a finite norm.
-        let big = vec![f16::from_f32(300.0); 4];
-        assert_eq!(
-            per_tensor_norms(&[FloatSlice::F16(&big)], NormKind::Two),
-            vec![600.0]
-        );
+    fn unscale_and_check_(
+        op: &'static str,
+        tensors: &mut [OperandMut<'_, Self>],
+        inv_scale: f32,
+    ) -> Result<bool> {
+        let views = views_mut(op, tensors)?;
+        Ok(pool(|| unscale_and_check_(views, inv_scale)))
     }
 
-    #[test]
-    fn nan_and_inf_propagate_like_pytorch() {
-        let with_nan = [1.0f32, f32::NAN, 5.0];
-        let with_inf = [1.0f32, f32::INFINITY];
-        for kind in [
-            NormKind::One,
-            NormKind::Two,
-            NormKind::Inf,
-            NormKind::P(3.0),
-        ] {
-            assert!(per_tensor_norms(&[FloatSlice::F32(&with_nan)], kind)[0].is_nan());
-            assert_eq!(
-                per_tensor_norms(&[FloatSlice::F32(&with_inf)], kind)[0],
-                f64::INFINITY
-            );
-        }
+    fn read_found_inf(found: &bool) -> Result<bool> {
+        Ok(*found)
     }
 
-    #[test]
-    fn scale_clamp_and_unscale_touch_every_element_once() {
-        let mut a = pseudo_random(100_001, 3);
-        let mut h: Vec<f16> = (0..5).map(|i| f16::from_f32(i as f32)).collect();
-        let mut e: Vec<f64> = vec![];
-        let a0 = a.clone();
-        scale_(
-            vec![
-                FloatSliceMut::F32(&mut a),
-                FloatSliceMut::F16(&mut h),
-                FloatSliceMut::F64(&mut e),
-            ],
-            0.5,
-        );
-        assert!(a.iter().zip(&a0).all(|(x, y)| *x == y * 0.5));
-        assert_eq!(h[3], f16::from_f32(1.5));
-        clamp_(vec![FloatSliceMut::F32(&mut a)], 0.25);
-        assert!(a
-            .iter()
-            .zip(&a0)
-            .all(|(x, y)| *x == (y * 0.5).clamp(-0.25, 0.25)));
-        let mut g = vec![2.0f32, 4.0];
-        let mut bad = vec![bf16::from_f32(8.0), bf16::INFINITY];
-        assert!(!unscale_and_check_(vec![FloatSliceMut::F32(&mut g)], 0.5));
-        assert_eq!(g, vec![1.0, 2.0]);
-        assert!(unscale_and_check_(
-            vec![FloatSliceMut::F32(&mut g), FloatSliceMut::BF16(&mut bad)],
-            0.5
-        ));
-        assert_eq!(bad[0], bf16::from_f32(4.0));
-        assert_eq!(clip_coef(2.0, 1.0), 1.0);
+    fn adam_step(
+        op: &'static str,
+        list: &mut [AdamOperands<'_, Self>],
+        hyper: &AdamHyper,
+    ) -> Result<()> {
+        // f32 parameters first, then f64, each in one pass (as the list's order within a dtype).
+        let (mut f32s, mut f64s): (Vec<_>, Vec<_>) = list
+            .iter_mut()
+            .map(|o| AdamOperands {
+                param: (&mut *o.param.0, o.param.1),
+                grad: o.grad,
+                exp_avg: (&mut *o.exp_avg.0, o.exp_avg.1),
+                exp_avg_sq: (&mut *o.exp_avg_sq.0, o.exp_avg_sq.1),
+                max_exp_avg_sq: o.max_exp_avg_sq.as_mut().map(|(s, l)| (&mut **s, *l)),
+                scalars: o.scalars,
+            })
+            .partition(|o| o.param.0.dtype() != DType::F64);
+        check_step_dtypes(op, f32s.iter().map(|o| &*o.param.0))?;
+        adam::adam_pass::<f32>(op, &mut f32s, hyper)?;
+        adam::adam_pass::<f64>(op, &mut f64s, hyper)
+    }
+
+    fn sgd_step(
+        op: &'static str,
+        list: &mut [SgdOperands<'_, Self>],
+        hyper: &SgdHyper,
+    ) -> Result<()> {
+        let (mut f32s, mut f64s): (Vec<_>, Vec<_>) = list
+            .iter_mut()
+            .map(|o| SgdOperands {
+                param: (&mut *o.param.0, o.param.1),
+                grad: o.grad,
+                momentum_buffer: o.momentum_buffer.as_mut().map(|(s, l)| (&mut **s, *l)),
+                first_momentum_step: o.first_momentum_step,
+            })
+            .partition(|o| o.param.0.dtype() != DType::F64);
+        check_step_dtypes(op, f32s.iter().map(|o| &*o.param.0))?;
+        sgd::sgd_pass::<f32>(op, &mut f32s, hyper)?;
+        sgd::sgd_pass::<f64>(op, &mut f64s, hyper)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,11 +1,19 @@
-//! CUDA launcher for `multi_tensor.cu`: global-norm clipping in two launches.
+//! The CUDA implementation of the multi-tensor family: launchers for `multi_tensor.cu` (the
+//! tables every kernel reads, global-norm clipping here, the optimizer steps and unscale in
+//! `cuda/`), and `MultiTensorOps for CudaStorage` in `cuda/family.rs`.
 //!
 //! A [`ClipPlan`] is built once per parameter set: it uploads the tensor table and the chunk
-//! table and allocates the per-chunk partials, the ticket counter and the two-float result
-//! (`[total_norm, clip_coef]`). [`ClipPlan::norm`] and [`ClipPlan::scale`] then each enqueue
-//! one kernel on the stream, for any number of tensors; neither waits for the device.
-//! [`ClipPlan::matches`] tells a caller whether the cached plan still describes its tensors
-//! (same pointers, lengths and dtypes), so the tables are rebuilt only when the set changes.
+//! table and allocates the per-chunk partials and the ticket counter. [`ClipPlan::norm`] and
+//! [`ClipPlan::scale`] then each enqueue one kernel on the stream, for any number of tensors,
+//! writing and reading a two-float `[total_norm, clip_coef]` buffer the caller owns; neither
+//! waits for the device. [`ClipPlan::matches`] tells a caller whether the cached plan still
+//! describes its tensors (same pointers, lengths and dtypes), so the tables are rebuilt only
+//! when the set changes.
+//!
+//! Invariants: the `#[repr(C)]` table entries match the `.cu` structs (sizes and offsets are
+//! asserted on both sides); every launch is queued on the stream kiln's storages of that device
+//! use, so stream order alone orders it after the writes of its inputs; table indexes are u32,
+//! and a list needing more is refused with [`Error::Unsupported`] before anything is uploaded.
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -17,8 +25,11 @@ use crate::cuda::kernels::{load_function, KernelSource};
 use crate::error::{Error, Result};
 use crate::DType;
 
+mod adam;
+mod family;
 mod sgd;
 mod unscale;
+pub use adam::{adam_step_f32, AdamConstants, AdamTensor};
 pub use sgd::{sgd_step_f32, SgdConstants, SgdTensor};
 pub use unscale::{unscale_and_check, FoundInfFlag};
 
@@ -71,8 +82,6 @@ const _: () = assert!(std::mem::size_of::<TensorEntry>() == 32);
 const _: () = assert!(std::mem::offset_of!(TensorEntry, dtype) == 16);
 const _: () = assert!(std::mem::size_of::<ChunkEntry>() == 24);
 const _: () = assert!(std::mem::offset_of!(ChunkEntry, tensor) == 16);
-const _: () = assert!(std::mem::size_of::<AdamEntry>() == 56);
-const _: () = assert!(std::mem::offset_of!(AdamEntry, step_size) == 48);
 
 const THREADS: u32 = 256;
 /// Most blocks launched; blocks stride over the chunk table beyond this.
@@ -104,7 +113,13 @@ pub struct ClipPlan {
     num_chunks: u32,
     partials: CudaSlice<f32>,
     ticket: CudaSlice<u32>,
-    result: CudaSlice<f32>,
+}
+
+/// The error for a list whose chunks or tensors do not fit the kernels' u32 table indexes.
+fn too_many() -> Error {
+    Error::Unsupported {
+        what: "a multi-tensor list of more than 2^32 chunks or tensors on one CUDA device",
+    }
 }
 
 impl ClipPlan {
@@ -112,12 +127,8 @@ impl ClipPlan {
     pub fn new(stream: &Arc<CudaStream>, list: &[DeviceTensor]) -> Result<Self> {
         let lens: Vec<usize> = list.iter().map(|t| t.len as usize).collect();
         let plan = plan_chunks(&lens, CHUNK_ELEMS);
-        let too_many = |what: &str| Error::LengthMismatch {
-            op: "clip_grad_norm_",
-            what: format!("{what} exceed the CUDA table's u32 index"),
-        };
-        let num_chunks = u32::try_from(plan.len()).map_err(|_| too_many("chunks"))?;
-        u32::try_from(list.len()).map_err(|_| too_many("tensors"))?;
+        let num_chunks = u32::try_from(plan.len()).map_err(|_| too_many())?;
+        u32::try_from(list.len()).map_err(|_| too_many())?;
         let mut entries = Vec::with_capacity(list.len());
         let mut first = 0u32;
         for (i, t) in list.iter().enumerate() {
@@ -180,7 +191,6 @@ impl ClipPlan {
                 .alloc_zeros::<f32>(plan.len().max(1))
                 .map_err(alloc)?,
             ticket: stream.alloc_zeros::<u32>(1).map_err(alloc)?,
-            result: stream.alloc_zeros::<f32>(2).map_err(alloc)?,
         })
     }
 
@@ -198,12 +208,9 @@ impl ClipPlan {
         }
     }
 
-    /// Enqueues the norm kernel: writes `[total_norm, clip_coef]` to [`ClipPlan::result`].
-    pub fn norm(&mut self, norm_type: f64, max_norm: f64) -> Result<()> {
-        let kind = NormKind::from_norm_type(norm_type).ok_or(Error::LengthMismatch {
-            op: "clip_grad_norm_",
-            what: "norm_type is NaN".into(),
-        })?;
+    /// Enqueues the norm kernel: writes `[total_norm, clip_coef]` to the two f32 at device
+    /// address `result`.
+    pub fn norm(&mut self, kind: NormKind, max_norm: f64, result: u64) -> Result<()> {
         let (code, p): (i32, f32) = match kind {
             NormKind::Zero => (0, 0.0),
             NormKind::One => (1, 1.0),
@@ -227,15 +234,17 @@ impl ClipPlan {
             .arg(&max_norm)
             .arg(&mut self.partials)
             .arg(&mut self.ticket)
-            .arg(&mut self.result);
+            .arg(&result);
         // SAFETY: the argument list matches kiln_mt_norm; the tables were built from `key`, whose
-        // pointers the caller guarantees stay valid until the kernel finishes.
+        // pointers the caller guarantees stay valid until the kernel finishes, and `result` is
+        // a live buffer of two f32 on this stream's device.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
         Ok(())
     }
 
-    /// Enqueues the scale kernel (a no-op on the device when `clip_coef >= 1`).
-    pub fn scale(&mut self) -> Result<()> {
+    /// Enqueues the scale kernel, which multiplies every tensor by the coefficient at
+    /// `result[1]` (a no-op on the device when it is `>= 1`).
+    pub fn scale(&mut self, result: u64) -> Result<()> {
         let function = load_function(
             self.stream.context(),
             &MULTI_TENSOR_KERNELS,
@@ -247,177 +256,18 @@ impl ClipPlan {
             .arg(&self.tensors)
             .arg(&self.chunks)
             .arg(&self.num_chunks)
-            .arg(&self.result);
+            .arg(&result);
         // SAFETY: as for `norm`; the kernel writes only elements listed in the tables.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
         Ok(())
     }
-
-    /// The device buffer `[total_norm, clip_coef]` the norm kernel writes.
-    pub fn result(&self) -> &CudaSlice<f32> {
-        &self.result
-    }
-
-    /// Copies `[total_norm, clip_coef]` to the host (a synchronisation; only for checks and
-    /// `error_if_nonfinite`).
-    pub fn read_result(&self) -> Result<[f32; 2]> {
-        let v = self
-            .stream
-            .clone_dtoh(&self.result)
-            .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
-        // cudarc queues the copy into pageable memory without waiting for it (CUDA only says
-        // such a copy *might* be synchronous): wait before reading.
-        self.stream
-            .synchronize()
-            .map_err(|e| driver_error("cuStreamSynchronize", e))?;
-        Ok([v[0], v[1]])
-    }
 }
 
-/// One f32 parameter of a fused Adam/AdamW step on the device (addresses of its buffers, its
-/// length, and the step's per-parameter scalars).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamTensor {
-    /// Parameter address.
-    pub param: u64,
-    /// Gradient address.
-    pub grad: u64,
-    /// First-moment address.
-    pub exp_avg: u64,
-    /// Second-moment address.
-    pub exp_avg_sq: u64,
-    /// Running-maximum address (amsgrad), 0 otherwise.
-    pub max_exp_avg_sq: u64,
-    /// Number of elements.
-    pub len: u64,
-    /// `lr / (1 - beta1^t)` for this parameter's step count `t`.
-    pub step_size: f32,
-    /// `sqrt(1 - beta2^t)`.
-    pub bias_correction2_sqrt: f32,
-}
-
-// SAFETY: `#[repr(C)]`-compatible plain data laid out like `struct KilnMtAdamTensor`.
-unsafe impl DeviceRepr for AdamEntry {}
-
-/// Matches `struct KilnMtAdamTensor` in multi_tensor.cu.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct AdamEntry {
-    param: u64,
-    grad: u64,
-    exp_avg: u64,
-    exp_avg_sq: u64,
-    max_exp_avg_sq: u64,
-    len: u64,
-    step_size: f32,
-    bias_correction2_sqrt: f32,
-}
-
-/// The step's constants, shared by every parameter of the group.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamConstants {
-    /// `1 - beta1`.
-    pub beta1_weight: f32,
-    /// `beta2`.
-    pub beta2: f32,
-    /// `1 - beta2`.
-    pub beta2_weight: f32,
-    /// `eps`.
-    pub eps: f32,
-    /// Weight decay (used when `l2`).
-    pub weight_decay: f32,
-    /// `1 - lr * weight_decay` (used when `decoupled`).
-    pub decay: f32,
-    /// Gradient multiplier (`-scale` for maximize).
-    pub grad_scale: f32,
-    /// Adam's L2 penalty added to the gradient.
-    pub l2: bool,
-    /// AdamW's decoupled decay of the parameter.
-    pub decoupled: bool,
-}
-
-/// Enqueues one fused Adam/AdamW step over every parameter in `list` (one launch). `clip`, when
-/// given, is a [`ClipPlan::result`] whose coefficient scales every gradient as it is read.
-pub fn adam_step_f32(
-    stream: &Arc<CudaStream>,
-    list: &[AdamTensor],
-    k: &AdamConstants,
-    clip: Option<&CudaSlice<f32>>,
-) -> Result<()> {
-    let lens: Vec<usize> = list.iter().map(|t| t.len as usize).collect();
-    let plan = plan_chunks(&lens, CHUNK_ELEMS);
-    if plan.is_empty() {
-        return Ok(());
-    }
-    let num_chunks = u32::try_from(plan.len()).map_err(|_| Error::LengthMismatch {
-        op: "adam_step",
-        what: "more chunks than the CUDA table's u32 index".into(),
-    })?;
-    let entries: Vec<AdamEntry> = list
-        .iter()
-        .map(|t| AdamEntry {
-            param: t.param,
-            grad: t.grad,
-            exp_avg: t.exp_avg,
-            exp_avg_sq: t.exp_avg_sq,
-            max_exp_avg_sq: t.max_exp_avg_sq,
-            len: t.len,
-            step_size: t.step_size,
-            bias_correction2_sqrt: t.bias_correction2_sqrt,
-        })
-        .collect();
-    let chunk_entries: Vec<ChunkEntry> = plan
-        .iter()
-        .map(|c| ChunkEntry {
-            start: c.start as u64,
-            len: c.len as u64,
-            tensor: c.tensor as u32,
-            pad: 0,
-        })
-        .collect();
-    let upload = |e| driver_error("cuMemcpyHtoD", e);
-    let tensors = stream.clone_htod(&entries).map_err(upload)?;
-    let chunks = stream.clone_htod(&chunk_entries).map_err(upload)?;
-    let function = load_function(stream.context(), &MULTI_TENSOR_KERNELS, "kiln_mt_adam_f32")?;
-    let (l2, decoupled) = (i32::from(k.l2), i32::from(k.decoupled));
-    let cfg = LaunchConfig {
-        grid_dim: ((num_chunks as usize).clamp(1, MAX_BLOCKS) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let null = 0u64;
-    let mut launch = stream.launch_builder(&function);
-    launch
-        .arg(&tensors)
-        .arg(&chunks)
-        .arg(&num_chunks)
-        .arg(&k.beta1_weight)
-        .arg(&k.beta2)
-        .arg(&k.beta2_weight)
-        .arg(&k.eps)
-        .arg(&k.weight_decay)
-        .arg(&k.decay)
-        .arg(&k.grad_scale)
-        .arg(&l2)
-        .arg(&decoupled);
-    match clip {
-        Some(c) => launch.arg(c),
-        None => launch.arg(&null),
-    };
-    // SAFETY: the argument list matches kiln_mt_adam_f32; every address in the table is a live
-    // f32 buffer of at least `len` elements (the caller's contract), written only within it.
-    unsafe { launch.launch(cfg) }.map_err(|e| driver_error("cuLaunchKernel", e))?;
-    Ok(())
-}
-
-/// The chunk table of tensors of lengths `lens` for `op`'s kernels, and its length as the
+/// The chunk table of tensors of lengths `lens`, and its length as the
 /// kernels' u32 index.
-fn chunk_table(op: &'static str, lens: &[usize]) -> Result<(Vec<ChunkEntry>, u32)> {
+fn chunk_table(lens: &[usize]) -> Result<(Vec<ChunkEntry>, u32)> {
     let plan = plan_chunks(lens, CHUNK_ELEMS);
-    let num_chunks = u32::try_from(plan.len()).map_err(|_| Error::LengthMismatch {
-        op,
-        what: "more chunks than the CUDA table's u32 index".into(),
-    })?;
+    let num_chunks = u32::try_from(plan.len()).map_err(|_| too_many())?;
     let entries = plan
         .iter()
         .map(|c| ChunkEntry {
@@ -565,18 +415,22 @@ mod tests {
                 dtype: DType::F32,
             })
             .collect();
-        let views: Vec<super::super::FloatSlice> = host
+        let views: Vec<super::super::cpu::FloatSlice> = host
             .iter()
-            .map(|h| super::super::FloatSlice::F32(h))
+            .map(|h| super::super::cpu::FloatSlice::F32(h))
             .collect();
         let norms = super::super::cpu::per_tensor_norms(&views, NormKind::Two);
         let want_total = NormKind::Two.norm_of(&norms);
         let mut plan = ClipPlan::new(&stream, &list).unwrap();
         assert!(plan.matches(&list));
+        let result = stream.alloc_zeros::<f32>(2).unwrap();
+        let result_address = result.device_ptr(&stream).0;
         for max_norm in [1e9, 1.0] {
-            plan.norm(2.0, max_norm).unwrap();
-            plan.scale().unwrap();
-            let [total, coef] = plan.read_result().unwrap();
+            plan.norm(NormKind::Two, max_norm, result_address).unwrap();
+            plan.scale(result_address).unwrap();
+            let got = stream.clone_dtoh(&result).unwrap();
+            stream.synchronize().unwrap();
+            let [total, coef] = [got[0], got[1]];
             assert!((f64::from(total) - want_total).abs() < 1e-4 * want_total);
             let want_coef = super::super::clip_coef(max_norm, f64::from(total));
             assert!((f64::from(coef) - want_coef).abs() < 1e-6);

@@ -12,6 +12,10 @@
 //! `T = f32`, widened per element as it is read and rounded once as it is written, so a 16-bit
 //! tensor is never copied to f32 as a whole. The per-channel vectors (weight, bias, statistics,
 //! weight/bias gradients) are `T`.
+//!
+//! [`super::NormOps`] for host buffers (the dtype dispatch over these kernels) is in `cpu/seam.rs`.
+
+mod seam;
 
 use rayon::prelude::*;
 

@@ -30,13 +30,17 @@
 //! uses few SMs, and layer norm's weight/bias gradients run one thread per column; splitting
 //! those reductions over several blocks is the next step if the ResNet benchmark shows it.
 
+use super::NormOps;
 use super::{batch_norm_param_dtype, BatchNormShape, LayerNormShape};
-use crate::backend::{BatchNormStats, BinaryOp, GradMask, Grads3, RunningStatsMut, UnaryOp};
+use super::{BatchNormStats, RunningStatsMut};
 use crate::error::{Error, Result};
 use crate::ops::conv::cuda::Dense;
+use crate::ops::copy::CopyOps;
+use crate::ops::elementwise::{BinaryOp, ElementwiseOps, UnaryOp};
 use crate::ops::kernel_error::KernelError;
+use crate::seam::{GradMask, InputGrads};
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Layout};
+use crate::{DType, Layout};
 
 type View<'a> = (&'a CudaStorage, &'a Layout);
 
@@ -83,7 +87,7 @@ fn check_numel(op: &'static str, buffer: &'static str, l: &Layout, want: usize) 
 fn small(op: &'static str, (s, l): View<'_>, at: DType, n: usize) -> Result<CudaStorage> {
     s.check_view(op, l)?;
     check_numel(op, "vector", l, n)?;
-    s.cast_cuda(l, at)
+    s.to_dtype(l, at)
 }
 
 fn small_opt(
@@ -100,7 +104,7 @@ fn round(x: CudaStorage, dtype: DType) -> Result<CudaStorage> {
     if x.dtype() == dtype {
         Ok(x)
     } else {
-        x.cast_cuda(&Layout::contiguous(&[x.len()]), dtype)
+        x.to_dtype(&Layout::contiguous(&[x.len()]), dtype)
     }
 }
 
@@ -108,7 +112,7 @@ fn round(x: CudaStorage, dtype: DType) -> Result<CudaStorage> {
 fn with_scalar(x: &CudaStorage, v: f64, op: BinaryOp) -> Result<CudaStorage> {
     let s = CudaStorage::full_cuda(x.ordinal(), 1, v, x.dtype())?;
     let n = x.len();
-    x.binary_cuda(
+    x.binary(
         &Layout::contiguous(&[n]),
         &s,
         &Layout::new(vec![n], vec![0], 0),
@@ -119,12 +123,29 @@ fn with_scalar(x: &CudaStorage, v: f64, op: BinaryOp) -> Result<CudaStorage> {
 /// `1 / sqrt(var + eps)` of a contiguous vector.
 fn rstd_of(var: &CudaStorage, eps: f64) -> Result<CudaStorage> {
     let shifted = with_scalar(var, eps, BinaryOp::Add)?;
-    shifted.unary_cuda(&Layout::contiguous(&[shifted.len()]), UnaryOp::Rsqrt)
+    shifted.unary(&Layout::contiguous(&[shifted.len()]), UnaryOp::Rsqrt)
 }
 
-impl CudaStorage {
+fn dtype_of(v: Option<View<'_>>) -> Option<DType> {
+    v.map(|v| v.0.dtype())
+}
+
+/// The output gradient and the input must share a dtype (the kernels read both as one type).
+fn same_dtype(op: &'static str, go: &CudaStorage, x: &CudaStorage) -> Result<()> {
+    if go.dtype() == x.dtype() {
+        Ok(())
+    } else {
+        Err(Error::DTypeMismatch {
+            op,
+            lhs: go.dtype(),
+            rhs: x.dtype(),
+        })
+    }
+}
+
+impl NormOps for CudaStorage {
     /// Layer norm over the last `normalized_dims` dims: `[out, mean, rstd]`.
-    pub(crate) fn layer_norm_cuda(
+    fn layer_norm(
         &self,
         layout: &Layout,
         normalized_dims: usize,
@@ -149,9 +170,8 @@ impl CudaStorage {
         let dt = self.dtype();
         Ok([y, round(mean, dt)?, round(rstd, dt)?])
     }
-
     /// Gradients of layer norm from `self` = the output gradient.
-    pub(crate) fn layer_norm_backward_cuda(
+    fn layer_norm_backward(
         &self,
         layout: &Layout,
         input: View<'_>,
@@ -159,7 +179,7 @@ impl CudaStorage {
         weight: Option<View<'_>>,
         saved: [View<'_>; 2],
         mask: GradMask,
-    ) -> Result<Grads3<Self>> {
+    ) -> Result<InputGrads<Self>> {
         const OP: &str = "layer_norm_backward";
         let shape = input.1.shape();
         let k = normalized_dims.min(shape.len());
@@ -176,21 +196,20 @@ impl CudaStorage {
         let kernels = Kernels { x: &x, args, at };
         let stats = [&mean, &rstd];
         let dt = self.dtype();
-        let mut grads: Grads3<Self> = [None, None, None];
-        if mask[0] {
+        let mut grads = InputGrads::default();
+        if mask.input {
             let sums = kernels.backward_sums(&go, stats, w.as_ref())?;
-            grads[0] = Some(kernels.backward_dx(&go, stats, w.as_ref(), Some(&sums))?);
+            grads.input = Some(kernels.backward_dx(&go, stats, w.as_ref(), Some(&sums))?);
         }
-        if mask[1] || mask[2] {
+        if mask.weight || mask.bias {
             let [dw, db] = kernels.layer_param_grads(&go, stats)?;
-            grads[1] = mask[1].then(|| round(dw, dt)).transpose()?;
-            grads[2] = mask[2].then(|| round(db, dt)).transpose()?;
+            grads.weight = mask.weight.then(|| round(dw, dt)).transpose()?;
+            grads.bias = mask.bias.then(|| round(db, dt)).transpose()?;
         }
         Ok(grads)
     }
-
     /// Batch norm in training mode: `[out, mean, rstd]`, running statistics updated in place.
-    pub(crate) fn batch_norm_train_cuda(
+    fn batch_norm_train(
         &self,
         layout: &Layout,
         weight: Option<View<'_>>,
@@ -233,27 +252,25 @@ impl CudaStorage {
                 let kept = with_scalar(&small(OP, (&*old, ol), at, c)?, 1.0 - m, BinaryOp::Mul)?;
                 let add = with_scalar(stat, m * scale, BinaryOp::Mul)?;
                 let cl = Layout::contiguous(&[c]);
-                let new = round(
-                    kept.binary_cuda(&cl, &add, &cl, BinaryOp::Add)?,
-                    old.dtype(),
-                )?;
-                new.copy_into_cuda(&cl, old, ol)
+                let new = round(kept.binary(&cl, &add, &cl, BinaryOp::Add)?, old.dtype())?;
+                new.copy_into(&cl, old, ol)
             };
             update((r.mean.0, r.mean.1), &mean, 1.0)?;
             update((r.var.0, r.var.1), &var, n / (n - 1.0))?;
         }
         Ok([y, round(mean, params)?, round(rstd, params)?])
     }
-
     /// Batch norm in evaluation mode (running statistics).
-    pub(crate) fn batch_norm_eval_cuda(
+    fn batch_norm_eval(
         &self,
         layout: &Layout,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
-        running: [View<'_>; 2],
+        running_mean: View<'_>,
+        running_var: View<'_>,
         eps: f64,
     ) -> Result<Self> {
+        let running = [running_mean, running_var];
         const OP: &str = "batch_norm";
         let s = BatchNormShape::from_input_shape(layout.shape())?;
         let stats = running.map(|r| Some(r.0.dtype()));
@@ -273,16 +290,15 @@ impl CudaStorage {
         let rstd = rstd_of(&small(OP, running[1], at, s.channels)?, eps)?;
         Kernels { x: &x, args, at }.apply([&mean, &rstd], w.as_ref(), b.as_ref())
     }
-
     /// Gradients of batch norm from `self` = the output gradient.
-    pub(crate) fn batch_norm_backward_cuda(
+    fn batch_norm_backward(
         &self,
         layout: &Layout,
         input: View<'_>,
         weight: Option<View<'_>>,
         stats: BatchNormStats<'_, Self>,
         mask: GradMask,
-    ) -> Result<Grads3<Self>> {
+    ) -> Result<InputGrads<Self>> {
         const OP: &str = "batch_norm_backward";
         let s = BatchNormShape::from_input_shape(input.1.shape())?;
         let at = stat_dtype(OP, self.dtype())?;
@@ -312,38 +328,21 @@ impl CudaStorage {
         let kernels = Kernels { x: &x, args, at };
         let st = [&mean, &rstd];
         // unweighted sums: sum(go) is dbias, sum(go * xhat) is dweight
-        let sums = if (train && mask[0]) || mask[1] || mask[2] {
+        let sums = if (train && mask.input) || mask.weight || mask.bias {
             Some(kernels.backward_sums(&go, st, None)?)
         } else {
             None
         };
-        let mut grads: Grads3<Self> = [None, None, None];
-        if mask[0] {
+        let mut grads = InputGrads::default();
+        if mask.input {
             let used = if train { sums.as_ref() } else { None };
-            grads[0] = Some(kernels.backward_dx(&go, st, w.as_ref(), used)?);
+            grads.input = Some(kernels.backward_dx(&go, st, w.as_ref(), used)?);
         }
         // weight/bias gradients in the dtype of the weight and statistics (f32 when mixed)
         if let Some([sum_g, sum_gx]) = sums {
-            grads[1] = mask[1].then(|| round(sum_gx, params)).transpose()?;
-            grads[2] = mask[2].then(|| round(sum_g, params)).transpose()?;
+            grads.weight = mask.weight.then(|| round(sum_gx, params)).transpose()?;
+            grads.bias = mask.bias.then(|| round(sum_g, params)).transpose()?;
         }
         Ok(grads)
-    }
-}
-
-fn dtype_of(v: Option<View<'_>>) -> Option<DType> {
-    v.map(|v| v.0.dtype())
-}
-
-/// The output gradient and the input must share a dtype (the kernels read both as one type).
-fn same_dtype(op: &'static str, go: &CudaStorage, x: &CudaStorage) -> Result<()> {
-    if go.dtype() == x.dtype() {
-        Ok(())
-    } else {
-        Err(Error::DTypeMismatch {
-            op,
-            lhs: go.dtype(),
-            rhs: x.dtype(),
-        })
     }
 }

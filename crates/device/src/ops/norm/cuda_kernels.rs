@@ -9,7 +9,7 @@ use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, grid_for, launch_error, suffix};
 use crate::error::Result;
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType};
+use crate::DType;
 
 /// The kernels of this op family.
 pub const NORM_KERNELS: KernelSource = KernelSource {

@@ -34,7 +34,136 @@ pub mod cuda;
 mod cuda_kernels;
 
 use super::kernel_error::KernelError;
+use crate::ops::buffer::BufferOps;
+use crate::seam::{seam_trait, GradMask, InputGrads, Lower, Strided};
 use crate::{DType, Error};
+use crate::{Device, Layout, Result};
+
+/// Batch norm's running statistics, updated in place by a training forward:
+/// `running = (1 - momentum) * running + momentum * batch_stat` (unbiased variance).
+#[derive(Debug)]
+pub struct RunningStatsMut<'a, S> {
+    /// Running mean `[C]` (a contiguous view).
+    pub mean: (&'a mut S, &'a Layout),
+    /// Running variance `[C]` (a contiguous view).
+    pub var: (&'a mut S, &'a Layout),
+    /// Weight of the new batch statistic.
+    pub momentum: f64,
+}
+
+/// The per-channel statistics a batch-norm backward differentiates through.
+#[derive(Debug, Clone, Copy)]
+pub enum BatchNormStats<'a, S> {
+    /// Training: the batch `mean` and `rstd = 1 / sqrt(var + eps)` the forward returned.
+    Batch {
+        /// Saved mean `[C]`.
+        mean: Strided<'a, S>,
+        /// Saved `rstd` `[C]`.
+        rstd: Strided<'a, S>,
+    },
+    /// Evaluation: the running statistics (constants) and `eps`.
+    Running {
+        /// Running mean `[C]`.
+        mean: Strided<'a, S>,
+        /// Running variance `[C]`.
+        var: Strided<'a, S>,
+        /// The forward's `eps`.
+        eps: f64,
+    },
+}
+
+impl<'a, S: 'a> Lower<S> for RunningStatsMut<'a, crate::Storage>
+where
+    &'a mut crate::Storage: Lower<S, Out = &'a mut S>,
+{
+    type Out = RunningStatsMut<'a, S>;
+    fn lower(self, op: &'static str, device: Device) -> Result<Self::Out> {
+        Ok(RunningStatsMut {
+            mean: self.mean.lower(op, device)?,
+            var: self.var.lower(op, device)?,
+            momentum: self.momentum,
+        })
+    }
+}
+
+impl<'a, S: 'a> Lower<S> for BatchNormStats<'a, crate::Storage>
+where
+    &'a crate::Storage: Lower<S, Out = &'a S>,
+{
+    type Out = BatchNormStats<'a, S>;
+    fn lower(self, op: &'static str, device: Device) -> Result<Self::Out> {
+        Ok(match self {
+            BatchNormStats::Batch { mean, rstd } => BatchNormStats::Batch {
+                mean: mean.lower(op, device)?,
+                rstd: rstd.lower(op, device)?,
+            },
+            BatchNormStats::Running { mean, var, eps } => BatchNormStats::Running {
+                mean: mean.lower(op, device)?,
+                var: var.lower(op, device)?,
+                eps,
+            },
+        })
+    }
+}
+
+seam_trait! {
+    /// Batch and layer normalisation (input shapes validated by the caller). Each forward
+    /// returns what its backward needs; each backward computes only the gradients `mask` asks
+    /// for.
+    pub trait NormOps: BufferOps {
+        /// Batch norm in training mode over `self` `[N, C, ...]`: returns the output and the
+        /// saved batch `mean` and `rstd` (`[C]`), and updates `running` in place when given.
+        op("batch_norm")
+        fn batch_norm_train(
+            &self,
+            layout: &Layout,
+            weight: Option<Strided<'_, Self>>,
+            bias: Option<Strided<'_, Self>>,
+            running: Option<RunningStatsMut<'_, Self>>,
+            eps: f64,
+        ) -> Result<[Self; 3]>;
+        /// Batch norm in evaluation mode (normalises with the running statistics).
+        op("batch_norm")
+        fn batch_norm_eval(
+            &self,
+            layout: &Layout,
+            weight: Option<Strided<'_, Self>>,
+            bias: Option<Strided<'_, Self>>,
+            running_mean: Strided<'_, Self>,
+            running_var: Strided<'_, Self>,
+            eps: f64,
+        ) -> Result<Self>;
+        /// Gradients of batch norm from `self` = the output gradient.
+        fn batch_norm_backward(
+            &self,
+            layout: &Layout,
+            input: Strided<'_, Self>,
+            weight: Option<Strided<'_, Self>>,
+            stats: BatchNormStats<'_, Self>,
+            mask: GradMask,
+        ) -> Result<InputGrads<Self>>;
+        /// Layer norm of `self` over its last `normalized_dims` dims (each leading index is one
+        /// row): returns the output and the saved per-row `mean` and `rstd`.
+        fn layer_norm(
+            &self,
+            layout: &Layout,
+            normalized_dims: usize,
+            weight: Option<Strided<'_, Self>>,
+            bias: Option<Strided<'_, Self>>,
+            eps: f64,
+        ) -> Result<[Self; 3]>;
+        /// Gradients of layer norm from `self` = the output gradient.
+        fn layer_norm_backward(
+            &self,
+            layout: &Layout,
+            input: Strided<'_, Self>,
+            normalized_dims: usize,
+            weight: Option<Strided<'_, Self>>,
+            saved: [Strided<'_, Self>; 2],
+            mask: GradMask,
+        ) -> Result<InputGrads<Self>>;
+    }
+}
 
 /// The dtype of batch norm's per-channel vectors (weight, bias, running and saved statistics,
 /// and the weight/bias gradients) for an input of dtype `input`, checked against the `params`

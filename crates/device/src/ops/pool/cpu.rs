@@ -5,6 +5,10 @@
 //! kernels need no atomics. Backward kernels overwrite the input gradient (zero it, then add
 //! each output gradient onto its window), never accumulate into what was there.
 
+use super::{Pool2d, PoolOps};
+use crate::ops::cpu_dispatch::{dense, float_kernel, in_pool, wrap, zeros};
+use crate::seam::Strided;
+use crate::{CpuStorage, Error, Layout, Result};
 use rayon::prelude::*;
 
 use super::{AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, MaxPool2dGeometry, PoolShape};
@@ -333,6 +337,71 @@ pub fn adaptive_avg_pool2d_backward<T: KernelFloat>(
         adaptive_window(shape, o)
     });
     Ok(())
+}
+
+impl PoolOps for CpuStorage {
+    fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
+        const OP: &str = "pool2d";
+        float_kernel!(OP, self.dtype(), T => {
+            let input = dense::<T>(OP, (self, layout))?;
+            match pool {
+                Pool2d::Max(g) => {
+                    let mut out = zeros::<T>(&g.shape.output_shape())?;
+                    let mut idx = zeros::<i64>(&g.shape.output_shape())?;
+                    in_pool(|| max_pool2d_forward(g, &input, &mut out, &mut idx))?;
+                    Ok((wrap(out), Some(wrap(idx))))
+                }
+                Pool2d::Avg(g) => {
+                    let mut out = zeros::<T>(&g.shape.output_shape())?;
+                    in_pool(|| avg_pool2d_forward(g, &input, &mut out))?;
+                    Ok((wrap(out), None))
+                }
+                Pool2d::AdaptiveAvg(g) => {
+                    let mut out = zeros::<T>(&g.shape.output_shape())?;
+                    in_pool(|| adaptive_avg_pool2d_forward(g, &input, &mut out))?;
+                    Ok((wrap(out), None))
+                }
+            }
+        })
+    }
+
+    fn pool2d_backward(
+        &self,
+        layout: &Layout,
+        indices: Option<Strided<'_, Self>>,
+        pool: &Pool2d,
+    ) -> Result<Self> {
+        const OP: &str = "pool2d_backward";
+        float_kernel!(OP, self.dtype(), T => {
+            let go = dense::<T>(OP, (self, layout))?;
+            match pool {
+                Pool2d::Max(g) => {
+                    let Some(indices) = indices else {
+                        return Err(Error::LengthMismatch {
+                            op: "max_pool2d_backward",
+                            what: "got no indices buffer, but max pooling's backward needs the \
+                                   indices its forward returned"
+                                .into(),
+                        });
+                    };
+                    let idx = dense::<i64>(OP, indices)?;
+                    let mut gi = zeros::<T>(&g.shape.input_shape())?;
+                    in_pool(|| max_pool2d_backward(g, &go, &idx, &mut gi))?;
+                    Ok(wrap(gi))
+                }
+                Pool2d::Avg(g) => {
+                    let mut gi = zeros::<T>(&g.shape.input_shape())?;
+                    in_pool(|| avg_pool2d_backward(g, &go, &mut gi))?;
+                    Ok(wrap(gi))
+                }
+                Pool2d::AdaptiveAvg(g) => {
+                    let mut gi = zeros::<T>(&g.shape.input_shape())?;
+                    in_pool(|| adaptive_avg_pool2d_backward(g, &go, &mut gi))?;
+                    Ok(wrap(gi))
+                }
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -11,16 +11,18 @@
 //! thread per input element that gathers its windows' shares in f32 and rounds once (16-bit
 //! atomics would round at every addition), see `backward_gathers`.
 
+use super::PoolOps;
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
+use super::Pool2d;
 use super::PoolShape;
-use crate::backend::{Pool2d, Strided};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, launch_error, suffix};
 use crate::error::{Error, Result};
 use crate::ops::conv::cuda::Dense;
+use crate::seam::Strided;
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Layout};
+use crate::{DType, Layout};
 
 /// The kernels of this op family.
 pub const POOL_KERNELS: KernelSource = KernelSource {
@@ -143,13 +145,24 @@ fn dense<'a>(
     Dense::of(s, l)
 }
 
-impl CudaStorage {
+/// One pooling of each kind (max, average, adaptive average), for the kernel-name tests.
+#[cfg(test)]
+pub(crate) fn every_kind_for_tests() -> [Pool2d; 3] {
+    use super::{
+        AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, AvgPool2dParams, MaxPool2dGeometry,
+        MaxPool2dParams,
+    };
+    let xs = [1, 1, 4, 4];
+    [
+        Pool2d::Max(MaxPool2dGeometry::new(xs, MaxPool2dParams::new([2, 2])).unwrap()),
+        Pool2d::Avg(AvgPool2dGeometry::new(xs, AvgPool2dParams::new([2, 2])).unwrap()),
+        Pool2d::AdaptiveAvg(AdaptiveAvgPool2dGeometry::new(xs, [2, 2]).unwrap()),
+    ]
+}
+
+impl PoolOps for CudaStorage {
     /// Pooling forward; max pooling also returns its `I64` indices.
-    pub(crate) fn pool2d_cuda(
-        &self,
-        layout: &Layout,
-        pool: &Pool2d,
-    ) -> Result<(Self, Option<Self>)> {
+    fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
         const OP: &str = "pool2d";
         let dt = check_dtype(self.dtype())?;
         let s = shape_of(pool);
@@ -183,9 +196,8 @@ impl CudaStorage {
         }
         Ok((out, indices))
     }
-
     /// Pooling backward from `self` = the output gradient (`indices` for max pooling).
-    pub(crate) fn pool2d_backward_cuda(
+    fn pool2d_backward(
         &self,
         layout: &Layout,
         indices: Option<Strided<'_, Self>>,
@@ -259,21 +271,6 @@ impl CudaStorage {
         }
         Ok(gin)
     }
-}
-
-/// One pooling of each kind (max, average, adaptive average), for the kernel-name tests.
-#[cfg(test)]
-pub(crate) fn every_kind_for_tests() -> [Pool2d; 3] {
-    use super::{
-        AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, AvgPool2dParams, MaxPool2dGeometry,
-        MaxPool2dParams,
-    };
-    let xs = [1, 1, 4, 4];
-    [
-        Pool2d::Max(MaxPool2dGeometry::new(xs, MaxPool2dParams::new([2, 2])).unwrap()),
-        Pool2d::Avg(AvgPool2dGeometry::new(xs, AvgPool2dParams::new([2, 2])).unwrap()),
-        Pool2d::AdaptiveAvg(AdaptiveAvgPool2dGeometry::new(xs, [2, 2]).unwrap()),
-    ]
 }
 
 #[cfg(test)]

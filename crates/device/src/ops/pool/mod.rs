@@ -23,6 +23,39 @@ pub mod cpu;
 pub mod cuda;
 
 use super::kernel_error::{check_nonzero, KernelError};
+use crate::ops::buffer::BufferOps;
+use crate::seam::{pass_through, seam_trait, Strided};
+use crate::{Layout, Result};
+
+/// A 2-D pooling op and its validated geometry (input `[N, C, H, W]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool2d {
+    /// `max_pool2d`; its forward also returns the `I64` argmax indices backward needs.
+    Max(MaxPool2dGeometry),
+    /// `avg_pool2d`.
+    Avg(AvgPool2dGeometry),
+    /// `adaptive_avg_pool2d`.
+    AdaptiveAvg(AdaptiveAvgPool2dGeometry),
+}
+
+pass_through!(ref Pool2d);
+
+seam_trait! {
+    /// 2-D pooling over `[N, C, H, W]`.
+    pub trait PoolOps: BufferOps {
+        /// A 2-D pooling of `self`; `Pool2d::Max` also returns its `I64` indices.
+        fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)>;
+        /// Gradient of a 2-D pooling from `self` = the output gradient (`indices` for max
+        /// pooling).
+        op("max_pool2d_backward")
+        fn pool2d_backward(
+            &self,
+            layout: &Layout,
+            indices: Option<Strided<'_, Self>>,
+            pool: &Pool2d,
+        ) -> Result<Self>;
+    }
+}
 
 const AXES: [&str; 2] = ["height", "width"];
 

@@ -1,8 +1,12 @@
 //! CPU fill of uniform and normal draws (parallel: each element depends only on its index).
 
+use super::RandomOps;
 use super::{block, normal, uniform24, uniform53};
 use crate::dtype::{DType, Element};
+use crate::ops::cpu_dispatch::output;
+use crate::storage::by_dtype;
 use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::{CpuStorage, Device, Result};
 use rayon::prelude::*;
 
 fn fill<T: Element>(out: &mut [T], f: impl Fn(u64) -> f64 + Sync) {
@@ -32,4 +36,30 @@ pub fn uniform<T: Element>(out: &mut [T], low: f64, high: f64, seed: u64, offset
 /// Normals with `mean` and `std` into `out` (element `i` from draw `offset + i`).
 pub fn normals<T: Element>(out: &mut [T], mean: f64, std: f64, seed: u64, offset: u64) {
     fill(out, |i| mean + std * normal(block(seed, offset, i)))
+}
+
+impl RandomOps for CpuStorage {
+    fn rand_uniform(
+        _device: Device,
+        n: usize,
+        low: f64,
+        high: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self> {
+        by_dtype!(dtype, E => output::<E>(n, |out| uniform(out, low, high, seed, offset)))
+    }
+
+    fn rand_normal(
+        _device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self> {
+        by_dtype!(dtype, E => output::<E>(n, |out| normals(out, mean, std, seed, offset)))
+    }
 }

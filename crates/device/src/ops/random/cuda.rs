@@ -1,15 +1,14 @@
-//! CUDA generators: `full` (the fill kernel of `fill.cu`), `arange` and the Philox draws of
-//! `random.cu`, each writing a fresh buffer on the device with no host round trip.
+//! CUDA generators: `arange` and the Philox draws of `random.cu`, each writing a fresh buffer on
+//! the device with no host round trip, and [`RandomOps`] for CUDA buffers.
 
+use super::RandomOps;
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, launch_error, suffix};
-use crate::dtype::{BoolByte, Element};
 use crate::error::Result;
-use crate::ops::fill::cuda::fill;
-use crate::storage::CudaStorage;
+use crate::storage::{cuda_ordinal, CudaStorage};
 use crate::DType;
+use crate::Device;
 use cudarc::driver::PushKernelArg;
-use half::{bf16, f16};
 
 /// The kernels of this op family.
 pub const RANDOM_KERNELS: KernelSource = KernelSource {
@@ -52,25 +51,6 @@ pub(crate) enum Generator {
 }
 
 impl CudaStorage {
-    /// `n` elements equal to `value` converted to `dtype` (with the CPU's `from_f64`).
-    pub(crate) fn full_cuda(ordinal: usize, n: usize, value: f64, dtype: DType) -> Result<Self> {
-        let (stream, out) = CudaStorage::output(ordinal, n, dtype)?;
-        let dst = out.device_ptr();
-        // SAFETY: `out` holds n elements of `dtype` and is used on `stream`.
-        unsafe {
-            match dtype {
-                DType::F32 => fill(&stream, dst, n, f32::from_f64(value))?,
-                DType::F64 => fill(&stream, dst, n, value)?,
-                DType::F16 => fill(&stream, dst, n, f16::from_f64(value))?,
-                DType::BF16 => fill(&stream, dst, n, bf16::from_f64(value))?,
-                DType::I64 => fill(&stream, dst, n, i64::from_f64(value))?,
-                DType::U8 => fill(&stream, dst, n, u8::from_f64(value))?,
-                DType::Bool => fill(&stream, dst, n, BoolByte::from_f64(value).0)?,
-            }
-        }
-        Ok(out)
-    }
-
     /// `n` elements of `dtype` from `generator`.
     pub(crate) fn generate_cuda(
         ordinal: usize,
@@ -115,5 +95,43 @@ impl CudaStorage {
         // SAFETY: signatures as in random.cu; the kernels write exactly out[0..n).
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
         Ok(out)
+    }
+}
+
+impl RandomOps for CudaStorage {
+    fn rand_uniform(
+        device: Device,
+        n: usize,
+        low: f64,
+        high: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self> {
+        let generator = Generator::Uniform {
+            low,
+            high,
+            seed,
+            offset,
+        };
+        CudaStorage::generate_cuda(cuda_ordinal(device)?, n, dtype, generator)
+    }
+
+    fn rand_normal(
+        device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        seed: u64,
+        offset: u64,
+        dtype: DType,
+    ) -> Result<Self> {
+        let generator = Generator::Normal {
+            mean,
+            std,
+            seed,
+            offset,
+        };
+        CudaStorage::generate_cuda(cuda_ordinal(device)?, n, dtype, generator)
     }
 }

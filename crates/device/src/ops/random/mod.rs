@@ -5,10 +5,45 @@
 //! device, any thread count and any split of the work give the same numbers: the CUDA kernel
 //! computes the same function per thread. Uniforms take 24 bits (f32 and smaller) or 53 bits
 //! (f64) of the block; normals use Box-Muller in f64 over two 53-bit uniforms.
+//!
+//! The seam trait is [`RandomOps`]. The scalar functions of this module ([`philox4x32_10`],
+//! [`block`], [`uniform53`], [`uniform24`], [`normal`]) are public helpers for crates that draw
+//! the same numbers on the host without a tensor (kiln-data's shuffles and augmentations).
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+
+use crate::ops::buffer::BufferOps;
+use crate::seam::seam_trait;
+use crate::{DType, Result};
+
+seam_trait! {
+    /// Random buffers from Philox4x32-10 counters (the same numbers on every device).
+    pub trait RandomOps: BufferOps {
+        /// `n` uniform samples in `[low, high)` from Philox4x32-10 with `seed`, counters from
+        /// `offset`.
+        fn rand_uniform(
+            device: Device,
+            n: usize,
+            low: f64,
+            high: f64,
+            seed: u64,
+            offset: u64,
+            dtype: DType,
+        ) -> Result<Self>;
+        /// `n` normal samples (Box-Muller over Philox4x32-10), counters from `offset`.
+        fn rand_normal(
+            device: Device,
+            n: usize,
+            mean: f64,
+            std: f64,
+            seed: u64,
+            offset: u64,
+            dtype: DType,
+        ) -> Result<Self>;
+    }
+}
 
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;

@@ -7,9 +7,13 @@
 //! The `*_into` kernels write into a caller-provided slice of [`reduced_len`] elements (the CPU
 //! storage passes a block of the caching allocator); the plain forms return a new `Vec`.
 
+use super::{ReduceOp, ReduceOps};
 use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
+use crate::ops::cpu_dispatch::output;
+use crate::storage::with_slice;
 use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::{CpuStorage, Result};
 use rayon::prelude::*;
 
 /// The permuted layout (kept dims, then reduced dims) and the reduced element count `R`.
@@ -194,6 +198,35 @@ pub fn arg_extreme_into<T: Element>(
         |acc| acc.map(|(i, _)| i as i64).unwrap_or(0),
         out,
     )
+}
+
+impl ReduceOps for CpuStorage {
+    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
+        let n = reduced_len(layout, dims);
+        match op {
+            ReduceOp::Sum => match self {
+                CpuStorage::F32(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                CpuStorage::F64(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                CpuStorage::F16(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                CpuStorage::BF16(b) => output(n, |o| sum_float_into(b.as_slice(), layout, dims, o)),
+                other => {
+                    with_slice!(other, s => output::<i64>(n, |o| sum_int_into(s, layout, dims, o)))
+                }
+            },
+            ReduceOp::Max => {
+                with_slice!(self, s => output(n, |o| extreme_into(s, layout, dims, true, o)))
+            }
+            ReduceOp::Min => {
+                with_slice!(self, s => output(n, |o| extreme_into(s, layout, dims, false, o)))
+            }
+            ReduceOp::ArgMax => {
+                with_slice!(self, s => output::<i64>(n, |o| arg_extreme_into(s, layout, dims, true, o)))
+            }
+            ReduceOp::ArgMin => {
+                with_slice!(self, s => output::<i64>(n, |o| arg_extreme_into(s, layout, dims, false, o)))
+            }
+        }
+    }
 }
 
 #[cfg(test)]

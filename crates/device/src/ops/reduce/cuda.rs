@@ -10,12 +10,13 @@
 //! and unit-stride, and tiles of outputs when the reduced dim lies outside unit-stride outputs.
 
 use super::plan::{self, ReducePlan};
-use crate::backend::ReduceOp;
+use super::ReduceOp;
+use super::ReduceOps;
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{collapse, function, launch_error, suffix};
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, DType, Device, Layout};
+use crate::{DType, Device, Layout};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// The kernels of this op family.
@@ -54,14 +55,9 @@ fn split(layout: &Layout, dims: &[usize]) -> (Layout, Layout) {
     )
 }
 
-impl CudaStorage {
+impl ReduceOps for CudaStorage {
     /// Reduces `dims` of the view; the output is contiguous over the kept dims.
-    pub(crate) fn reduce_cuda(
-        &self,
-        layout: &Layout,
-        dims: &[usize],
-        op: ReduceOp,
-    ) -> Result<Self> {
+    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
         if let Some(&d) = dims.iter().find(|&&d| d >= layout.rank()) {
             return Err(Error::Kernel(crate::ops::KernelError::DimOutOfRange {
                 op: "reduction",

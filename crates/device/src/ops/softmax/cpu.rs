@@ -1,9 +1,12 @@
 //! CPU softmax over rows of the last dim, rows split across the pool.
 
+use super::SoftmaxOps;
 use crate::layout::Layout;
-use crate::ops::copy::cpu::copy_contiguous_into;
+use crate::ops::cpu_dispatch::float_op;
 use crate::ops::elementwise::float::Float;
+use crate::ops::strided::copy_contiguous_into;
 use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::{CpuStorage, Result};
 use rayon::prelude::*;
 
 /// Softmax (`log = false`) or log-softmax over the last dim of `layout`, written contiguously
@@ -37,5 +40,13 @@ pub fn softmax_last_dim<F: Float>(src: &[F], layout: &Layout, log: bool, out: &m
         cpu_pool().install(|| out.par_chunks_mut(d).for_each(row));
     } else {
         out.chunks_mut(d).for_each(row);
+    }
+}
+
+impl SoftmaxOps for CpuStorage {
+    fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self> {
+        float_op!(self, layout, "softmax", |s, l, out| {
+            softmax_last_dim(s, l, log, out)
+        })
     }
 }

@@ -3,11 +3,12 @@
 //! The leading dims enumerate rows (collapsed like any strided operand); the last dim is read
 //! with its own stride, so a transposed view needs no copy. Output is contiguous.
 
+use super::SoftmaxOps;
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{collapse, function, grid_for, launch_error, suffix};
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
-use crate::{BackendStorage, Layout};
+use crate::Layout;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// The kernels of this op family.
@@ -16,9 +17,9 @@ pub const SOFTMAX_KERNELS: KernelSource = KernelSource {
     source: include_str!("softmax.cu"),
 };
 
-impl CudaStorage {
+impl SoftmaxOps for CudaStorage {
     /// Softmax (`log = false`) or log-softmax over the last dim of the view.
-    pub(crate) fn softmax_cuda(&self, layout: &Layout, log: bool) -> Result<Self> {
+    fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self> {
         if !self.dtype().is_float() {
             return Err(Error::UnsupportedDType {
                 op: "softmax",

@@ -4,3 +4,15 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+
+use crate::ops::buffer::BufferOps;
+use crate::seam::seam_trait;
+use crate::{Layout, Result};
+
+seam_trait! {
+    /// Softmax over the last dim.
+    pub trait SoftmaxOps: BufferOps {
+        /// Softmax (or log-softmax) over the last dim.
+        fn softmax_last_dim(&self, layout: &Layout, log: bool) -> Result<Self>;
+    }
+}

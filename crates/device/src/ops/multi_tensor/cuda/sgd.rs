@@ -3,7 +3,7 @@
 //! the clip and Adam kernels. The kernel rounds every multiply and add separately, so a step
 //! is bitwise the CPU pass's for the same inputs.
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaStream, DeviceRepr, PushKernelArg};
 use std::sync::Arc;
 
 use super::{chunk_launch_config, chunk_table, MULTI_TENSOR_KERNELS};
@@ -68,15 +68,16 @@ pub struct SgdConstants {
 }
 
 /// Enqueues one fused SGD step over every parameter in `list` (one launch). `clip`, when given,
-/// is a [`super::ClipPlan::result`] whose coefficient scales every gradient as it is read.
+/// is the device address of a `[total_norm, clip_coef]` pair (a [`super::DeviceNorm`]) whose
+/// coefficient scales every gradient as it is read.
 pub fn sgd_step_f32(
     stream: &Arc<CudaStream>,
     list: &[SgdTensor],
     k: &SgdConstants,
-    clip: Option<&CudaSlice<f32>>,
+    clip: Option<u64>,
 ) -> Result<()> {
     let lens: Vec<usize> = list.iter().map(|t| t.len as usize).collect();
-    let (chunk_entries, num_chunks) = chunk_table("sgd_step", &lens)?;
+    let (chunk_entries, num_chunks) = chunk_table(&lens)?;
     if chunk_entries.is_empty() {
         return Ok(());
     }
@@ -100,7 +101,7 @@ pub fn sgd_step_f32(
         i32::from(k.has_wd),
         i32::from(k.nesterov),
     );
-    let null = 0u64;
+    let clip = clip.unwrap_or(0);
     let mut launch = stream.launch_builder(&function);
     launch
         .arg(&tensors)
@@ -114,10 +115,7 @@ pub fn sgd_step_f32(
         .arg(&scaled)
         .arg(&has_wd)
         .arg(&nesterov);
-    match clip {
-        Some(c) => launch.arg(c),
-        None => launch.arg(&null),
-    };
+    launch.arg(&clip);
     // SAFETY: the argument list matches kiln_mt_sgd_f32; every address in the table is a live
     // f32 buffer of at least `len` elements (the caller's contract), written only within it.
     unsafe { launch.launch(chunk_launch_config(num_chunks)) }

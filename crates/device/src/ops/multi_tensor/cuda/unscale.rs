@@ -56,7 +56,7 @@ pub fn unscale_and_check(
     found_inf: &mut FoundInfFlag,
 ) -> Result<()> {
     let lens: Vec<usize> = list.iter().map(|t| t.len as usize).collect();
-    let (chunk_entries, num_chunks) = chunk_table("unscale_", &lens)?;
+    let (chunk_entries, num_chunks) = chunk_table(&lens)?;
     if chunk_entries.is_empty() {
         return Ok(());
     }

@@ -1,13 +1,10 @@
-//! Whether CUDA is usable in this process, and if not, exactly why.
+//! The answer of the CUDA probe: [`CudaStatus`] (usable or not, the visible devices) and
+//! [`CudaUnavailable`] (each reason CUDA cannot be used, with the fix in its message).
 //!
-//! [`cuda_status`] probes once per process and caches the answer (the same way the driver's own
-//! state is per process). Probing is the moment kiln's CUDA state is initialised: it freezes the
-//! programmatic visibility mask ([`crate::set_visible_devices`]). The probe never panics: it checks
-//! that `libcuda` and `libnvrtc` can be loaded before calling into them (cudarc's
-//! `is_culib_present`), and turns every driver failure into a [`CudaUnavailable`] reason.
+//! Invariants: a status that is not usable always carries a reason; every reason's message
+//! names the problem and what to do about it.
 
 use std::fmt;
-use std::sync::OnceLock;
 
 use crate::properties::CudaDeviceProperties;
 
@@ -181,27 +178,6 @@ impl fmt::Display for CudaStatus {
     }
 }
 
-static STATUS: OnceLock<CudaStatus> = OnceLock::new();
-
-/// Probes CUDA once per process (freezing [`crate::set_visible_devices`]) and says whether it is
-/// usable, which devices are visible, and why not when it is not. Never panics.
-pub fn cuda_status() -> &'static CudaStatus {
-    STATUS.get_or_init(|| {
-        let programmatic_mask = crate::visibility::freeze();
-        probe(programmatic_mask)
-    })
-}
-
-#[cfg(feature = "cuda")]
-fn probe(programmatic_mask: Option<String>) -> CudaStatus {
-    crate::cuda::probe::probe(programmatic_mask)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn probe(_programmatic_mask: Option<String>) -> CudaStatus {
-    CudaStatus::unavailable(CudaUnavailable::BuiltWithoutCuda, Vec::new(), Vec::new())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,7 +244,7 @@ mod tests {
 
     #[test]
     fn probe_on_this_machine_never_panics_and_gives_a_reason_or_devices() {
-        let status = cuda_status();
+        let status = crate::cuda_status();
         if status.is_available() {
             assert!(status.device_count() >= 1);
         } else {

@@ -1,0 +1,96 @@
+//! Hostile sizes and states: each used to abort (allocation failed), wrap or store a wrong
+//! value silently; each is now an error that names the problem and the fix.
+
+use kiln_autograd::Device;
+use kiln_data::{
+    image_grid, load_image, synthetic, DataLoader, DataLoaderConfig, DataSource, Error,
+    ImageDataset, ImageOptions, LoaderState, Normalize, Split,
+};
+use std::sync::Arc;
+
+/// `--data synthetic:99999999999999` aborted allocating 307 TB; now an error before allocating.
+#[test]
+fn synthetic_sets_larger_than_memory_are_errors() {
+    let e = synthetic::generate(0, Split::Train, 99_999_999_999_999).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("99999999999999 synthetic samples") && msg.contains("fewer samples"),
+        "{msg}"
+    );
+    let src: DataSource = "synthetic:99999999999999".parse().unwrap();
+    assert!(matches!(src.load(0), Err(Error::OutOfMemory { .. })));
+    // Sizes that overflow usize say so.
+    let msg = synthetic::train_val(0, usize::MAX, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("usize::MAX"), "{msg}");
+    // Small sets still render.
+    assert_eq!(synthetic::generate(0, Split::Train, 3).unwrap().len(), 3);
+}
+
+/// `load_image` / `predict --resize` to a huge model input aborted in the resize.
+#[test]
+fn huge_image_inputs_are_errors_before_decoding() {
+    let huge = [3, 1 << 20, 1 << 20];
+    let opts = ImageOptions {
+        resize: true,
+        convert_channels: true,
+    };
+    let e = load_image("/nonexistent.png", huge, opts, None, Device::Cpu).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    assert!(e.to_string().contains("real input size"), "{e}");
+    let e = load_image("/nonexistent.png", [3, 8, 1 << 33], opts, None, Device::Cpu).unwrap_err();
+    assert!(e.to_string().contains("beyond 4294967295 pixels"), "{e}");
+    let e = load_image("/x.png", [3, usize::MAX, 2], opts, None, Device::Cpu).unwrap_err();
+    assert!(!e.to_string().is_empty());
+    let img = [0u8; 12];
+    let e = image_grid(&[&img], [3, 2, 2], 1, usize::MAX / 2, 0).unwrap_err();
+    assert!(e.to_string().contains("smaller gap"), "{e}");
+}
+
+/// `Normalize` with std 1e-50 stored 0 (f32) and divided by it.
+#[test]
+fn normalize_refuses_stds_that_vanish_in_f32() {
+    let msg = Normalize::new(&[0.5], &[1e-50]).unwrap_err().to_string();
+    assert!(
+        msg.contains("too small for f32") && msg.contains("std 1"),
+        "{msg}"
+    );
+    assert!(Normalize::new(&[0.5], &[1e-30]).is_ok());
+}
+
+/// `set_state` with epoch u64::MAX wrapped to epoch 0 (release) or panicked (debug).
+#[test]
+fn loader_states_at_the_last_epoch_are_errors() {
+    let ds = ImageDataset::new(
+        "t",
+        [1, 2, 2],
+        vec![0; 16],
+        vec![0, 1, 0, 1],
+        vec!["a".into(), "b".into()],
+    )
+    .unwrap();
+    let config = DataLoaderConfig {
+        batch_size: 2,
+        ..Default::default()
+    };
+    let mut loader = DataLoader::new(Arc::new(ds), config, Device::Cpu).unwrap();
+    for batches_done in [0, 1, 2] {
+        let state = LoaderState {
+            epoch: u64::MAX,
+            batches_done,
+        };
+        let msg = loader.set_state(state).unwrap_err().to_string();
+        assert!(msg.contains("epoch 18446744073709551615"), "{msg}");
+    }
+    let last_ok = LoaderState {
+        epoch: u64::MAX - 1,
+        batches_done: 2,
+    };
+    loader.set_state(last_ok).unwrap();
+    assert_eq!(loader.state().epoch, u64::MAX);
+    let mut it = loader.iter();
+    assert!(it.next().unwrap().is_ok());
+    assert!(it.next().unwrap().is_err(), "no epoch after u64::MAX");
+}

@@ -1,0 +1,167 @@
+//! The CPU Adam/AdamW step: PyTorch's update, step for step, over fixed chunks of every
+//! parameter of a list (zipped with its gradient and moments), the chunks run in parallel.
+//!
+//! ```text
+//! g = grad * grad_scale (negated when maximize)
+//! Adam:  g += weight_decay * p            AdamW:  p *= 1 - lr * weight_decay
+//! m = m + (1 - beta1) * (g - m)           (lerp)
+//! v = beta2 * v + (1 - beta2) * g * g
+//! vmax = max(vmax, v)                     (amsgrad; the denominator then uses vmax)
+//! denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+//! p = p - lr / (1 - beta1^t) * m / denom
+//! ```
+//!
+//! Invariants: every constant is rounded to the parameter dtype once, per step, the same way
+//! as the CUDA kernel rounds it; each multiply and add rounds in that dtype, so results are
+//! bitwise independent of the thread count and of how chunks are batched into tasks.
+
+use super::slices::{same_len, typed, typed_mut, StepFloat};
+use crate::ops::multi_tensor::{
+    batch_ranges, AdamHyper, AdamOperands, AdamStepScalars, CHUNK_ELEMS,
+};
+use crate::CpuStorage;
+use rayon::prelude::*;
+
+struct AdamChunk<'a, T> {
+    p: &'a mut [T],
+    g: &'a [T],
+    m: &'a mut [T],
+    v: &'a mut [T],
+    vmax: Option<&'a mut [T]>,
+    k: AdamStepScalars,
+}
+
+/// The per-step constants of the update, rounded to the parameter dtype.
+struct AdamConsts<T> {
+    b1w: T,
+    b2: T,
+    b2w: T,
+    eps: T,
+    wd: T,
+    decay: T,
+    gsm: T,
+}
+
+/// One fused pass over every parameter of `list` (all of dtype `T`, checked here).
+pub(super) fn adam_pass<T: StepFloat>(
+    op: &'static str,
+    list: &mut [AdamOperands<'_, CpuStorage>],
+    o: &AdamHyper,
+) -> crate::Result<()> {
+    let mut chunks: Vec<AdamChunk<'_, T>> = Vec::new();
+    for w in list.iter_mut() {
+        let len = w.param.1.numel();
+        let p = typed_mut::<T>(op, (&mut *w.param.0, w.param.1))?;
+        let g = typed::<T>(op, w.grad)?;
+        let m = typed_mut::<T>(op, (&mut *w.exp_avg.0, w.exp_avg.1))?;
+        let v = typed_mut::<T>(op, (&mut *w.exp_avg_sq.0, w.exp_avg_sq.1))?;
+        same_len(op, len, &[g.len(), m.len(), v.len()])?;
+        let mut xs: Vec<Option<&mut [T]>> = match w.max_exp_avg_sq.as_mut() {
+            Some((st, layout)) => {
+                let x = typed_mut::<T>(op, (&mut **st, layout))?;
+                same_len(op, len, &[x.len()])?;
+                x.chunks_mut(CHUNK_ELEMS).map(Some).collect()
+            }
+            None => Vec::new(),
+        };
+        xs.resize_with(p.len().div_ceil(CHUNK_ELEMS), || None);
+        let pieces = p
+            .chunks_mut(CHUNK_ELEMS)
+            .zip(g.chunks(CHUNK_ELEMS))
+            .zip(m.chunks_mut(CHUNK_ELEMS))
+            .zip(v.chunks_mut(CHUNK_ELEMS));
+        for ((((p, g), m), v), vmax) in pieces.zip(xs) {
+            chunks.push(AdamChunk {
+                p,
+                g,
+                m,
+                v,
+                vmax,
+                k: w.scalars,
+            });
+        }
+    }
+    let c = AdamConsts {
+        b1w: T::c(1.0 - o.beta1),
+        b2: T::c(o.beta2),
+        b2w: T::c(1.0 - o.beta2),
+        eps: T::c(o.eps),
+        wd: T::c(o.weight_decay),
+        decay: T::c(1.0 - o.lr * o.weight_decay),
+        // Negating and multiplying by 1 are exact, so one multiply covers maximize and scale.
+        gsm: T::c(if o.maximize {
+            -o.grad_scale
+        } else {
+            o.grad_scale
+        }),
+    };
+    let has_wd = o.weight_decay != 0.0;
+    let (l2, decay) = (has_wd && !o.decoupled, has_wd && o.decoupled);
+    let tasks = batch_ranges(chunks.iter().map(|c| c.p.len()), CHUNK_ELEMS);
+    let mut it = chunks.into_iter();
+    let batches: Vec<Vec<AdamChunk<'_, T>>> = tasks
+        .into_iter()
+        .map(|r| it.by_ref().take(r.len()).collect())
+        .collect();
+    crate::threads::cpu_pool().install(|| {
+        batches
+            .into_par_iter()
+            .flatten_iter()
+            .for_each(|ch| match (l2, decay) {
+                (true, _) => adam_chunk::<T, true, false>(&c, ch),
+                (false, true) => adam_chunk::<T, false, true>(&c, ch),
+                (false, false) => adam_chunk::<T, false, false>(&c, ch),
+            });
+    });
+    Ok(())
+}
+
+/// The update of one chunk; `L2` adds weight decay to the gradient (Adam), `DECAY` shrinks the
+/// parameter first (AdamW). Branch-free per element so the loop vectorises.
+#[inline(always)]
+fn adam_chunk<T: StepFloat, const L2: bool, const DECAY: bool>(
+    c: &AdamConsts<T>,
+    ch: AdamChunk<'_, T>,
+) {
+    let AdamChunk {
+        p,
+        g,
+        m,
+        v,
+        vmax,
+        k,
+    } = ch;
+    let (step, bc2) = (T::c(-k.step_size), T::c(k.bias_correction2_sqrt));
+    let moments = |p: &mut T, g: T, m: &mut T, v: &mut T| {
+        let mut d = g * c.gsm;
+        if DECAY {
+            *p *= c.decay;
+        }
+        if L2 {
+            d += *p * c.wd;
+        }
+        *m = *m + c.b1w * (d - *m);
+        *v = *v * c.b2 + c.b2w * d * d;
+    };
+    match vmax {
+        None => {
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                moments(p, g, m, v);
+                let denom = v.sqrt() / bc2 + c.eps;
+                *p += step * (*m / denom);
+            }
+        }
+        Some(x) => {
+            let lanes = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
+            for ((((p, &g), m), v), x) in lanes.zip(x.iter_mut()) {
+                moments(p, g, m, v);
+                // torch.maximum: NaN wins.
+                if *v > *x || v.is_nan() {
+                    *x = *v;
+                }
+                let denom = x.sqrt() / bc2 + c.eps;
+                *p += step * (*m / denom);
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Tests of the CPU multi-tensor kernels: norms against naive sums, bitwise determinism for
+//! any thread count, batching, half-precision accumulation, NaN/inf propagation, in-place ops.
+
+use super::*;
+
+fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        })
+        .collect()
+}
+
+fn naive_norm(xs: &[f64], p: f64) -> f64 {
+    xs.iter()
+        .map(|x| x.abs().powf(p))
+        .sum::<f64>()
+        .powf(1.0 / p)
+}
+
+#[test]
+fn norms_match_a_naive_sum_for_every_kind_and_odd_lengths() {
+    let lens = [0usize, 1, 7, 9, 65_537, 200_003];
+    let data: Vec<Vec<f32>> = lens.iter().map(|&n| pseudo_random(n, n as u64)).collect();
+    let views: Vec<FloatSlice> = data.iter().map(|d| FloatSlice::F32(d)).collect();
+    for p in [1.0, 2.0, 3.0, 0.5] {
+        let kind = NormKind::from_norm_type(p).unwrap();
+        let got = per_tensor_norms(&views, kind);
+        for (d, g) in data.iter().zip(&got) {
+            let wide: Vec<f64> = d.iter().map(|&x| f64::from(x)).collect();
+            let want = naive_norm(&wide, p);
+            // p = 1, 2 on f32 square and sum 16 terms per f32 lane before widening: f32 accuracy.
+            let tol = if p == 1.0 || p == 2.0 { 2e-7 } else { 1e-12 };
+            assert!(
+                (g - want).abs() <= tol * want.max(1.0),
+                "p={p}: {g} vs {want}"
+            );
+        }
+    }
+    let inf = per_tensor_norms(&views, NormKind::Inf);
+    for (d, g) in data.iter().zip(&inf) {
+        let want = d.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert_eq!(*g, f64::from(want));
+    }
+    let zero = per_tensor_norms(&[FloatSlice::F32(&[0.0, 1.0, -0.0, 2.0])], NormKind::Zero);
+    assert_eq!(zero, vec![2.0]);
+    let ninf = per_tensor_norms(&[FloatSlice::F32(&[3.0, -1.0, 2.0])], NormKind::NegInf);
+    assert_eq!(ninf, vec![1.0]);
+}
+
+#[test]
+fn result_is_bitwise_identical_for_any_thread_count() {
+    let data: Vec<Vec<f32>> = (0..40)
+        .map(|i| pseudo_random(1000 + i * 37_001, i as u64))
+        .collect();
+    let views: Vec<FloatSlice> = data.iter().map(|d| FloatSlice::F32(d)).collect();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| per_tensor_norms(&views, NormKind::Two))
+    };
+    let one = run(1);
+    for threads in [2, 3, 7] {
+        let many = run(threads);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&one), bits(&many), "{threads} threads");
+    }
+}
+
+#[test]
+fn batches_cover_every_item_once() {
+    let r = batch_ranges([5usize, 1, 1, 9, 2, 2].into_iter(), 6);
+    assert_eq!(r, vec![0..2, 2..4, 4..6]);
+    assert!(batch_ranges(std::iter::empty(), 6).is_empty());
+    assert_eq!(batch_ranges([100usize].into_iter(), 6), vec![0..1]);
+}
+
+#[test]
+fn half_types_accumulate_wide() {
+    // 70,000 ones: an f16 accumulator would stop at 2048; the norm must be sqrt(70000).
+    let h = vec![f16::ONE; 70_000];
+    let b = vec![bf16::ONE; 70_000];
+    let norms = per_tensor_norms(&[FloatSlice::F16(&h), FloatSlice::BF16(&b)], NormKind::Two);
+    assert_eq!(norms, vec![70_000f64.sqrt(); 2]);
+    // f16 values whose squares overflow f16 (300^2 > 65504) still give a finite norm.
+    let big = vec![f16::from_f32(300.0); 4];
+    assert_eq!(
+        per_tensor_norms(&[FloatSlice::F16(&big)], NormKind::Two),
+        vec![600.0]
+    );
+}
+
+#[test]
+fn nan_and_inf_propagate_like_pytorch() {
+    let with_nan = [1.0f32, f32::NAN, 5.0];
+    let with_inf = [1.0f32, f32::INFINITY];
+    for kind in [
+        NormKind::One,
+        NormKind::Two,
+        NormKind::Inf,
+        NormKind::P(3.0),
+    ] {
+        assert!(per_tensor_norms(&[FloatSlice::F32(&with_nan)], kind)[0].is_nan());
+        assert_eq!(
+            per_tensor_norms(&[FloatSlice::F32(&with_inf)], kind)[0],
+            f64::INFINITY
+        );
+    }
+}
+
+#[test]
+fn scale_clamp_and_unscale_touch_every_element_once() {
+    let mut a = pseudo_random(100_001, 3);
+    let mut h: Vec<f16> = (0..5).map(|i| f16::from_f32(i as f32)).collect();
+    let mut e: Vec<f64> = vec![];
+    let a0 = a.clone();
+    scale_(
+        vec![
+            FloatSliceMut::F32(&mut a),
+            FloatSliceMut::F16(&mut h),
+            FloatSliceMut::F64(&mut e),
+        ],
+        0.5,
+    );
+    assert!(a.iter().zip(&a0).all(|(x, y)| *x == y * 0.5));
+    assert_eq!(h[3], f16::from_f32(1.5));
+    clamp_(vec![FloatSliceMut::F32(&mut a)], 0.25);
+    assert!(a
+        .iter()
+        .zip(&a0)
+        .all(|(x, y)| *x == (y * 0.5).clamp(-0.25, 0.25)));
+    let mut g = vec![2.0f32, 4.0];
+    let mut bad = vec![bf16::from_f32(8.0), bf16::INFINITY];
+    assert!(!unscale_and_check_(vec![FloatSliceMut::F32(&mut g)], 0.5));
+    assert_eq!(g, vec![1.0, 2.0]);
+    assert!(unscale_and_check_(
+        vec![FloatSliceMut::F32(&mut g), FloatSliceMut::BF16(&mut bad)],
+        0.5
+    ));
+    assert_eq!(bad[0], bf16::from_f32(4.0));
+    assert_eq!(clip_coef(2.0, 1.0), 1.0);
+}

@@ -1,0 +1,159 @@
+//! Strided loops on the CPU: the map loops every elementwise kernel is built from, and the
+//! copies and casts of a strided view (the leaf kernels the CPU dtype dispatch and every op
+//! family read operands through).
+//!
+//! Inputs are read through their [`Layout`]s (a contiguous input takes a plain slice fast path),
+//! outputs are written contiguously into a caller-provided slice, parallel over output chunks
+//! above [`crate::threads::PARALLEL_THRESHOLD`] elements. Each parallel chunk starts its own
+//! [`StridedIndex`] at the chunk's first logical index, so no chunk depends on another.
+
+use crate::dtype::Element;
+use crate::layout::{Layout, StridedIndex};
+use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use rayon::prelude::*;
+
+const CHUNK: usize = 1 << 13;
+
+fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + Sync) {
+    if out.len() > PARALLEL_THRESHOLD {
+        cpu_pool().install(|| {
+            out.par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(i, chunk)| body(i * CHUNK, chunk))
+        });
+    } else {
+        body(0, out);
+    }
+}
+
+/// `f` of every element of `src` viewed through `layout`, as a new `Vec` (the allocating form of
+/// [`map1_into`], for tests and callers outside the storage).
+pub fn map1<T: Copy + Sync, U: Element>(
+    src: &[T],
+    layout: &Layout,
+    f: impl Fn(T) -> U + Sync,
+) -> Vec<U> {
+    let mut out = vec![U::zero(); layout.numel()];
+    map1_into(src, layout, &mut out, f);
+    out
+}
+
+/// Writes `f` of every element of `src` viewed through `layout` into `out` (contiguous,
+/// `layout.numel()` elements).
+pub fn map1_into<T: Copy + Sync, U: Copy + Send>(
+    src: &[T],
+    layout: &Layout,
+    out: &mut [U],
+    f: impl Fn(T) -> U + Sync,
+) {
+    debug_assert_eq!(out.len(), layout.numel());
+    let contiguous = layout.contiguous_offset();
+    fill_chunks(out, |start, chunk| match contiguous {
+        Some(base) => {
+            let s = &src[base + start..base + start + chunk.len()];
+            for (o, &v) in chunk.iter_mut().zip(s) {
+                *o = f(v);
+            }
+        }
+        None => {
+            for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start)) {
+                *o = f(src[i]);
+            }
+        }
+    });
+}
+
+/// Writes `f(a, b)` elementwise over two same-shaped layouts into `out` (contiguous).
+pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
+    (a, la): (&[A], &Layout),
+    (b, lb): (&[B], &Layout),
+    out: &mut [U],
+    f: impl Fn(A, B) -> U + Sync,
+) {
+    debug_assert_eq!(out.len(), la.numel());
+    let (ca, cb) = (la.contiguous_offset(), lb.contiguous_offset());
+    fill_chunks(out, |start, chunk| {
+        let n = chunk.len();
+        match (ca, cb) {
+            (Some(oa), Some(ob)) => {
+                let (sa, sb) = (
+                    &a[oa + start..oa + start + n],
+                    &b[ob + start..ob + start + n],
+                );
+                for ((o, &x), &y) in chunk.iter_mut().zip(sa).zip(sb) {
+                    *o = f(x, y);
+                }
+            }
+            (Some(oa), None) => {
+                let sa = &a[oa + start..oa + start + n];
+                for ((o, &x), j) in chunk.iter_mut().zip(sa).zip(StridedIndex::new(lb, start)) {
+                    *o = f(x, b[j]);
+                }
+            }
+            _ => {
+                let ia = StridedIndex::new(la, start);
+                let ib = StridedIndex::new(lb, start);
+                for ((o, i), j) in chunk.iter_mut().zip(ia).zip(ib) {
+                    *o = f(a[i], b[j]);
+                }
+            }
+        }
+    });
+}
+
+/// Writes `f(a, b, c)` elementwise over three same-shaped layouts into `out` (contiguous).
+pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Copy + Send>(
+    (a, la): (&[A], &Layout),
+    (b, lb): (&[B], &Layout),
+    (c, lc): (&[C], &Layout),
+    out: &mut [U],
+    f: impl Fn(A, B, C) -> U + Sync,
+) {
+    debug_assert_eq!(out.len(), la.numel());
+    fill_chunks(out, |start, chunk| {
+        let ia = StridedIndex::new(la, start);
+        let ib = StridedIndex::new(lb, start);
+        let ic = StridedIndex::new(lc, start);
+        for (((o, i), j), k) in chunk.iter_mut().zip(ia).zip(ib).zip(ic) {
+            *o = f(a[i], b[j], c[k]);
+        }
+    });
+}
+
+/// The elements of `layout`, contiguous.
+pub fn copy_contiguous<T: Element>(src: &[T], layout: &Layout) -> Vec<T> {
+    map1(src, layout, |v: T| v)
+}
+
+/// Writes the elements of `layout` contiguously into `out` (`layout.numel()` elements).
+pub fn copy_contiguous_into<T: Element>(src: &[T], layout: &Layout, out: &mut [T]) {
+    match layout.contiguous_offset() {
+        Some(o) => out.copy_from_slice(&src[o..o + out.len()]),
+        None => map1_into(src, layout, out, |v: T| v),
+    }
+}
+
+/// Writes `src` (through `layout`) into `dst` (through `dst_layout`, same shape).
+pub fn copy_into<T: Element>(src: &[T], layout: &Layout, dst: &mut [T], dst_layout: &Layout) {
+    match (layout.contiguous_offset(), dst_layout.contiguous_offset()) {
+        (Some(s), Some(d)) => {
+            let n = layout.numel();
+            dst[d..d + n].copy_from_slice(&src[s..s + n]);
+        }
+        _ => {
+            for (i, j) in layout.offsets().zip(dst_layout.offsets()) {
+                dst[j] = src[i];
+            }
+        }
+    }
+}
+
+/// The elements of `layout` converted to `U` (floats to integers truncate toward zero).
+pub fn cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U> {
+    map1(src, layout, |v: T| U::from_f64(v.to_f64()))
+}
+
+/// Writes the elements of `layout` converted to `U` into `out` (`layout.numel()` elements).
+pub fn cast_into<T: Element, U: Element>(src: &[T], layout: &Layout, out: &mut [U]) {
+    map1_into(src, layout, out, |v: T| U::from_f64(v.to_f64()))
+}

@@ -1,0 +1,195 @@
+//! Operands of kiln-device's multi-tensor ops, taken from tensors: the optimizer-side checks and
+//! buffer guards every fused pass (clipping, unscaling, optimizer steps) shares.
+//!
+//! Invariants: a write operand is a contiguous tensor whose buffer no other tensor of the list
+//! uses (each buffer is locked once, so two write guards never meet on one lock); tensors that
+//! are strided views or share a buffer go through a dense copy that is written back afterwards,
+//! so every tensor is updated exactly as if it were dense; gradients handed to an optimizer step
+//! have the parameter's dtype and device and their own buffer. Nothing here names a device: the
+//! multi-tensor ops check that a list is on one device and dispatch.
+
+use crate::optimizer::StepItem;
+use crate::{Error, Result};
+use kiln_autograd::{DType, Device, Tensor};
+use kiln_device::ops::multi_tensor::{Operand, OperandMut};
+use std::collections::HashSet;
+
+/// Marks the tensors of `list` whose buffers no other tensor in the list uses.
+fn unshared(list: &[Tensor]) -> Vec<bool> {
+    let mut seen = HashSet::new();
+    let mut dup = HashSet::new();
+    for t in list {
+        if !seen.insert(t.storage_key()) {
+            dup.insert(t.storage_key());
+        }
+    }
+    list.iter()
+        .map(|t| !dup.contains(&t.storage_key()))
+        .collect()
+}
+
+/// Runs `f` once over read operands of every tensor (one fused pass). Strided views are first
+/// copied into dense tensors.
+pub(crate) fn with_operands<R>(
+    tensors: &[Tensor],
+    f: impl FnOnce(&[Operand<'_>]) -> Result<R>,
+) -> Result<R> {
+    let work: Vec<Tensor> = tensors
+        .iter()
+        .map(|t| {
+            if t.is_contiguous() {
+                Ok(t.clone())
+            } else {
+                kiln_autograd::no_grad(|| t.contiguous())
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let guards: Vec<_> = work.iter().map(|t| t.storage_read()).collect();
+    let operands: Vec<Operand<'_>> = guards
+        .iter()
+        .zip(&work)
+        .map(|(g, t)| (&**g, t.layout()))
+        .collect();
+    f(&operands)
+}
+
+/// Runs `f` once over write operands of every tensor (one fused pass). Strided views and
+/// tensors sharing a buffer with another in the list go through a dense copy that is written
+/// back afterwards.
+pub(crate) fn with_operands_mut<R>(
+    tensors: &[Tensor],
+    f: impl FnOnce(&mut [OperandMut<'_>]) -> Result<R>,
+) -> Result<R> {
+    let alone = unshared(tensors);
+    let mut copies: Vec<(usize, Tensor)> = Vec::new();
+    let mut work: Vec<Tensor> = Vec::with_capacity(tensors.len());
+    for (i, t) in tensors.iter().enumerate() {
+        if t.is_contiguous() && alone[i] {
+            work.push(t.clone());
+        } else {
+            let c = kiln_autograd::no_grad(|| t.copy_data())?;
+            copies.push((i, c.clone()));
+            work.push(c);
+        }
+    }
+    let result = kiln_autograd::no_grad(|| -> Result<R> {
+        let mut guards = work
+            .iter()
+            .map(|t| t.storage_write())
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut operands: Vec<OperandMut<'_>> = guards
+            .iter_mut()
+            .zip(&work)
+            .map(|(g, t)| (&mut **g, t.layout()))
+            .collect();
+        f(&mut operands)
+    })?;
+    kiln_autograd::no_grad(|| -> Result<()> {
+        for (i, c) in copies {
+            tensors[i].copy_(&c)?;
+        }
+        Ok(())
+    })?;
+    Ok(result)
+}
+
+/// Splits `items` by device, in order of first appearance (each device's list is one fused
+/// pass of the multi-tensor ops, which take one device per list).
+pub(crate) fn by_device<T>(items: impl IntoIterator<Item = (Device, T)>) -> Vec<Vec<T>> {
+    let mut devices: Vec<Device> = Vec::new();
+    let mut lists: Vec<Vec<T>> = Vec::new();
+    for (device, item) in items {
+        match devices.iter().position(|&d| d == device) {
+            Some(i) => lists[i].push(item),
+            None => {
+                devices.push(device);
+                lists.push(vec![item]);
+            }
+        }
+    }
+    lists
+}
+
+fn unsupported(op: &'static str, msg: String) -> Error {
+    Error::Unsupported { op, msg }
+}
+
+/// The gradient of `item`, checked for a fused step: on the host, the parameter is a dense
+/// f32/f64 tensor and the gradient has its dtype and its own buffer (a strided gradient is made
+/// contiguous); on a device, both are contiguous f32 tensors on the parameter's device.
+pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Result<Tensor> {
+    let (p, g) = (item.param, &item.grad);
+    if !p.device().is_cpu() {
+        if p.dtype() != DType::F32 || g.dtype() != DType::F32 {
+            return Err(unsupported(
+                "step",
+                format!(
+                    "{op}: CUDA parameter `{}` and its gradient must be f32 (got {} and {}); \
+                     keep master weights in f32",
+                    item.name,
+                    p.dtype(),
+                    g.dtype()
+                ),
+            ));
+        }
+        if g.device() != p.device() || !p.is_contiguous() || !g.is_contiguous() {
+            return Err(unsupported(
+                "step",
+                format!(
+                    "{op}: CUDA parameter `{}` and its gradient must be contiguous and on the \
+                     same device",
+                    item.name
+                ),
+            ));
+        }
+        return Ok(g.clone());
+    }
+    if !p.is_contiguous() {
+        return Err(unsupported(
+            op,
+            format!(
+                "parameter `{}` is not a dense host tensor (strided on {}); the fused step \
+                 updates contiguous CPU parameters: make it contiguous, or step it on the CPU",
+                item.name,
+                p.device()
+            ),
+        ));
+    }
+    if !matches!(p.dtype(), DType::F32 | DType::F64) {
+        return Err(unsupported(
+            op,
+            format!(
+                "parameter `{}` is {}; optimizers update f32/f64 parameters: keep master weights \
+                 in f32 (mixed precision keeps f16/bf16 only for activations)",
+                item.name,
+                p.dtype()
+            ),
+        ));
+    }
+    if g.dtype() != p.dtype() {
+        return Err(unsupported(
+            op,
+            format!(
+                "gradient of `{}` is {} but the parameter is {}; set a gradient of the \
+                 parameter's dtype",
+                item.name,
+                g.dtype(),
+                p.dtype()
+            ),
+        ));
+    }
+    if g.shares_storage_with(p) {
+        return Err(unsupported(
+            op,
+            format!(
+                "gradient of `{}` shares the parameter's buffer; give it its own",
+                item.name
+            ),
+        ));
+    }
+    if g.is_contiguous() && g.device().is_cpu() {
+        Ok(g.clone())
+    } else {
+        Ok(kiln_autograd::no_grad(|| g.contiguous())?)
+    }
+}
