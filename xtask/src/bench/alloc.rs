@@ -2,8 +2,7 @@
 //! fragmentation of the shipped traces, and host allocate-touch-free through the cache versus
 //! the system allocator.
 
-use super::harness::err;
-use super::{Options, Row};
+use super::harness::{err, Options, Row};
 use kiln_alloc_cache::{
     Allocation, AllocatorConfig, CachingAllocator, HostBackend, ReplayMode, Replayer, StreamId,
     Trace,

@@ -7,8 +7,7 @@
 //! scale pass) and writes once. The limit time is `reads / read_bw + (read + write) / copy_bw`
 //! for the scale part, and `ratio = limit / measured` (1.0 = at the bandwidth limit).
 
-use super::harness::{bandwidth_rows, cpu_then_gpu, median_secs};
-use super::{Options, Row};
+use super::harness::{bandwidth_rows, median_secs, Options, Row};
 use kiln_autograd::{no_grad, DType, Device, Parameter, Tensor};
 use kiln_device::threads::cpu_pool;
 use rayon::prelude::*;
@@ -167,13 +166,8 @@ fn per_tensor_clip(params: &[(String, Parameter)], max_norm: f64) -> Result<f64,
     })
 }
 
-/// Runs every case of the group.
-pub fn run(options: &Options) -> Result<Vec<Row>, String> {
-    cpu_then_gpu(options, cpu_cases, super::clip_gpu::run)
-}
-
-/// The CPU cases.
-fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
+/// The CPU cases of the group (`mod.rs` adds the CUDA ones of `clip_gpu.rs`).
+pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let (read_bw, copy_bw) = bandwidth(options);
     let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };

@@ -30,8 +30,7 @@
 //! with an error after writing the report.
 
 use super::clip::{grad_sets, GradSet};
-use super::harness::{err, gpu_cases};
-use super::{Options, Row};
+use super::harness::{err, gpu_cases, Options, Row};
 use kiln_autograd::{no_grad, DType, Device, Generator, Parameter, Tensor};
 use std::time::Instant;
 

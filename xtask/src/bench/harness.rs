@@ -1,4 +1,5 @@
-//! The pieces every benchmark group is built from, written once: the error conversion, the
+//! The pieces every benchmark group is built from, written once: the row and option types, the
+//! error conversion, the
 //! CPU timers (one warm-up call, then the best or the median of the timed calls), the rows of
 //! the memory-bandwidth reference, and the run of a group's CPU cases then its CUDA ones (an
 //! error in the CUDA ones becoming a failed row).
@@ -7,8 +8,76 @@
 //! first error, and returns seconds per call; a group's CUDA cases never run with `--gpu` off,
 //! and its CPU cases never run with `--gpu-only`.
 
-use super::{Options, Row};
+use serde::Serialize;
 use std::time::Instant;
+
+/// One measured figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Benchmark group (`alloc`, `clip`, ...).
+    pub group: String,
+    /// What was measured within the group.
+    pub case: String,
+    /// Unit or name of the figure.
+    pub metric: String,
+    /// kiln's figure.
+    pub value: f64,
+    /// What it is compared with.
+    pub reference: String,
+    /// kiln against the reference; >= 1 means kiln is better.
+    pub ratio: f64,
+}
+
+impl Row {
+    /// A row of `group`.
+    pub fn new(
+        group: &str,
+        case: impl Into<String>,
+        metric: &str,
+        value: f64,
+        reference: impl Into<String>,
+        ratio: f64,
+    ) -> Self {
+        Self {
+            group: group.to_string(),
+            case: case.into(),
+            metric: metric.to_string(),
+            value,
+            reference: reference.into(),
+            ratio,
+        }
+    }
+}
+
+/// The metric of a row whose case could not be measured (see [`Row::failed`]).
+pub const FAILED: &str = "failed";
+
+impl Row {
+    /// A case that could not be measured: metric [`FAILED`], value and ratio NaN (`null` in
+    /// report.json) and the error as the reference. The other cases still run; `bench` writes
+    /// the report, then exits with an error naming the failed cases.
+    pub fn failed(group: &str, case: impl Into<String>, error: &str) -> Self {
+        Row::new(
+            group,
+            case,
+            FAILED,
+            f64::NAN,
+            format!("error: {error}"),
+            f64::NAN,
+        )
+    }
+}
+
+/// Flags every group sees.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Keep the run short (CI smoke test): fewer iterations, same cases.
+    pub quick: bool,
+    /// Also run the cases that need a CUDA device.
+    pub gpu: bool,
+    /// Run only the cases that need a CUDA device (implies `gpu`).
+    pub gpu_only: bool,
+}
 
 /// An error of any crate as the bench's `String` error.
 pub fn err(e: impl std::fmt::Display) -> String {

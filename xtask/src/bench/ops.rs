@@ -10,8 +10,7 @@
 //! slow, so each is timed once, and the conv reference runs on a smaller batch (its rate per
 //! FLOP does not depend on the batch: it is the same loop per image).
 
-use super::harness::{best_of, err, seconds};
-use super::{Options, Row};
+use super::harness::{best_of, err, seconds, Options, Row};
 use kiln_autograd::{Conv2dParams, DType, Device, Generator};
 use kiln_device::ops::conv::{reference, Conv2dGeometry};
 use kiln_device::ops::matmul::cpu::matmul_reference;

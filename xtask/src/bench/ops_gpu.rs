@@ -15,8 +15,7 @@
 //! Timing: one warm-up, then `reps` launches between two stream synchronisations (kiln's ops
 //! queue asynchronously; only the synchronisation waits), best of three such rounds.
 
-use super::harness::err;
-use super::{Options, Row};
+use super::harness::{err, Options, Row};
 use kiln_autograd::{DType, Device, Generator, Tensor};
 use kiln_device::cuda::cudarc::cublas::{result as blas, sys, CudaBlas};
 use kiln_device::cuda::cudarc::driver::{result as driver, CudaStream, DevicePtr, DevicePtrMut};

@@ -4,19 +4,13 @@
 //! coefficient handed to it (`step_with_grad_scale`) against clip-then-step.
 
 use super::clip::{bandwidth, grad_sets, params_with_grads, SHRINK};
-use super::harness::{bandwidth_rows, cpu_then_gpu, median_secs};
-use super::{Options, Row};
+use super::harness::{bandwidth_rows, median_secs, Options, Row};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup};
 
 const GROUP: &str = "optim";
 
-/// Runs every case of the group.
-pub fn run(options: &Options) -> Result<Vec<Row>, String> {
-    cpu_then_gpu(options, cpu_cases, super::optim_gpu::run)
-}
-
-/// The CPU cases.
-fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
+/// The CPU cases of the group (`mod.rs` adds the CUDA ones of `optim_gpu.rs`).
+pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let (read_bw, copy_bw) = bandwidth(options);
     let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };

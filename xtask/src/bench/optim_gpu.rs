@@ -16,8 +16,7 @@
 
 use super::clip::{grad_sets, GradSet};
 use super::clip_gpu::{device_bandwidth, device_params, per_call, traffic_bytes, Pass};
-use super::harness::gpu_cases;
-use super::{Options, Row};
+use super::harness::{gpu_cases, Options, Row};
 use kiln_autograd::{DType, Device};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
 

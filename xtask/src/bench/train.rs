@@ -24,8 +24,7 @@
 //! and subtracts what is still allocated at that point from the allocated peak (the reserved
 //! figure is the allocator's total).
 
-use super::harness::{best_of, err, median_of};
-use super::{Options, Row};
+use super::harness::{best_of, err, median_of, Options, Row};
 use kiln_autograd::{manual_seed, DType, Device, Generator, Module, Tensor};
 use kiln_device::{
     empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
