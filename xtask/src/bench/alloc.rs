@@ -2,9 +2,10 @@
 //! fragmentation of the shipped traces, and host allocate-touch-free through the cache versus
 //! the system allocator.
 
-use super::{Options, Row};
+use super::harness::{err, Options, Row};
 use kiln_alloc_cache::{
-    AllocatorConfig, CachingAllocator, HostBackend, ReplayMode, Replayer, StreamId, Trace,
+    Allocation, AllocatorConfig, CachingAllocator, HostBackend, ReplayMode, Replayer, StreamId,
+    Trace,
 };
 use std::alloc::Layout;
 use std::hint::black_box;
@@ -44,27 +45,17 @@ fn gpu_hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String>
         return Ok(());
     }
     let device = Device::Cuda(0);
-    let backend = CudaBackend::new(device).map_err(|e| e.to_string())?;
-    let alloc = Arc::new(
-        CachingAllocator::new(backend, AllocatorConfig::default()).map_err(|e| e.to_string())?,
-    );
-    let ctx = kiln_device::cuda::context(device).map_err(|e| e.to_string())?;
-    ctx.bind_to_thread().map_err(|e| e.to_string())?;
+    let backend = CudaBackend::new(device).map_err(err)?;
+    let alloc = Arc::new(CachingAllocator::new(backend, AllocatorConfig::default()).map_err(err)?);
+    let ctx = kiln_device::cuda::context(device).map_err(err)?;
+    ctx.bind_to_thread().map_err(err)?;
     let (samples, driver_samples) = if options.quick {
         (2_000, 20)
     } else {
         (50_000, 200)
     };
     for (label, size) in [("1KiB", 1024usize), ("4MiB", 4 * MIB)] {
-        let neighbour = alloc
-            .allocate(size, StreamId::DEFAULT)
-            .map_err(|e| e.to_string())?;
-        let (p50, p99) = time_pairs(samples, || {
-            let r = alloc
-                .allocate_raw(black_box(size), StreamId::DEFAULT)
-                .expect("cache hit");
-            alloc.free_raw(black_box(r)).expect("free");
-        });
+        let (neighbour, p50, p99) = hit_pairs(&alloc, size, samples)?;
         drop(neighbour);
         // Driver pairs are slow (tens of microseconds): time each one on its own.
         let mut t = Vec::with_capacity(driver_samples);
@@ -72,8 +63,8 @@ fn gpu_hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String>
             let start = Instant::now();
             // SAFETY: a plain allocation freed at once, never accessed.
             unsafe {
-                let p = result::malloc_sync(black_box(size)).map_err(|e| e.to_string())?;
-                result::free_sync(black_box(p)).map_err(|e| e.to_string())?;
+                let p = result::malloc_sync(black_box(size)).map_err(err)?;
+                result::free_sync(black_box(p)).map_err(err)?;
             }
             t.push(start.elapsed().as_nanos() as f64);
         }
@@ -121,24 +112,32 @@ fn time_pairs(samples: usize, mut pair: impl FnMut()) -> (f64, f64) {
     (percentile(&t, 0.5), percentile(&t, 0.99))
 }
 
+/// p50 and p99 (ns per pair) of cache-hit `allocate_raw` + `free_raw` pairs of `size` bytes,
+/// with one neighbour block kept live so every hit splits a block and every free coalesces it
+/// (the common case inside a busy segment, not the cheapest one). The neighbour is returned:
+/// the caller keeps it live for as long as its other measurements need the same layout.
+fn hit_pairs(
+    alloc: &Arc<CachingAllocator>,
+    size: usize,
+    samples: usize,
+) -> Result<(Allocation, f64, f64), String> {
+    let neighbour = alloc.allocate(size, StreamId::DEFAULT).map_err(err)?;
+    let (p50, p99) = time_pairs(samples, || {
+        let r = alloc
+            .allocate_raw(black_box(size), StreamId::DEFAULT)
+            .expect("cache hit");
+        alloc.free_raw(black_box(r)).expect("free");
+    });
+    Ok((neighbour, p50, p99))
+}
+
 fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     let samples = if options.quick { 2_000 } else { 50_000 };
     let alloc = Arc::new(
-        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
-            .map_err(|e| e.to_string())?,
+        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default()).map_err(err)?,
     );
     for (label, size) in [("1KiB", 1024usize), ("4MiB", 4 * MIB)] {
-        // Keep one neighbour live so every hit splits a block and every free coalesces it: the
-        // common case inside a busy segment, not the cheapest one.
-        let neighbour = alloc
-            .allocate(size, StreamId::DEFAULT)
-            .map_err(|e| e.to_string())?;
-        let (p50, p99) = time_pairs(samples, || {
-            let r = alloc
-                .allocate_raw(black_box(size), StreamId::DEFAULT)
-                .expect("cache hit");
-            alloc.free_raw(black_box(r)).expect("free");
-        });
+        let (neighbour, p50, p99) = hit_pairs(&alloc, size, samples)?;
         // The same through the RAII handle tensor storage uses (adds an `Arc` clone and drop).
         let (raii50, _) = time_pairs(samples, || {
             let a = alloc
@@ -148,12 +147,11 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         });
         // And with a process-wide allocator, as kiln-device keeps one per device.
         let static_alloc: &'static CachingAllocator = Box::leak(Box::new(
-            CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
-                .map_err(|e| e.to_string())?,
+            CachingAllocator::new(HostBackend::new(), AllocatorConfig::default()).map_err(err)?,
         ));
         let static_neighbour = static_alloc
             .allocate_static(size, StreamId::DEFAULT)
-            .map_err(|e| e.to_string())?;
+            .map_err(err)?;
         let (static50, _) = time_pairs(samples, || {
             let a = static_alloc
                 .allocate_static(black_box(size), StreamId::DEFAULT)
@@ -261,11 +259,11 @@ fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
         }
         for mode in [ReplayMode::Default, ReplayMode::Expandable] {
             let mut r = Replayer::new(mode, kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY)
-                .map_err(|e| e.to_string())?;
-            r.run(&trace).map_err(|e| e.to_string())?;
+                .map_err(err)?;
+            r.run(&trace).map_err(err)?;
             let first = r.sim().calls().memory_calls();
             for _ in 1..10 {
-                r.run(&trace).map_err(|e| e.to_string())?;
+                r.run(&trace).map_err(err)?;
             }
             let later = r.sim().calls().memory_calls() - first;
             rows.push(Row::new(
@@ -290,7 +288,7 @@ fn fragmentation(rows: &mut Vec<Row>) -> Result<(), String> {
                 mode,
                 kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(err)?;
             rows.push(Row::new(
                 GROUP,
                 format!("{name}_{}", mode_name(mode)),
@@ -311,8 +309,7 @@ fn tight_capacity(rows: &mut Vec<Row>) -> Result<(), String> {
         let capacity = (trace.peak_live_bytes() as f64 * 1.05) as usize;
         let capacity = capacity.div_ceil(2 * MIB) * 2 * MIB;
         for mode in [ReplayMode::Default, ReplayMode::Expandable] {
-            let report =
-                kiln_alloc_cache::replay(&trace, mode, capacity).map_err(|e| e.to_string())?;
+            let report = kiln_alloc_cache::replay(&trace, mode, capacity).map_err(err)?;
             rows.push(Row::new(
                 GROUP,
                 format!("{name}_{}_capacity_1.05x_live", mode_name(mode)),
@@ -336,8 +333,7 @@ fn touch(ptr: *mut u8, len: usize) {
 
 fn host_touch(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     let alloc = Arc::new(
-        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
-            .map_err(|e| e.to_string())?,
+        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default()).map_err(err)?,
     );
     for mib in [1usize, 4, 16, 64] {
         let size = mib * MIB;
@@ -348,9 +344,7 @@ fn host_touch(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             if i == 1 {
                 start = Instant::now();
             }
-            let a = alloc
-                .allocate(size, StreamId::DEFAULT)
-                .map_err(|e| e.to_string())?;
+            let a = alloc.allocate(size, StreamId::DEFAULT).map_err(err)?;
             touch(a.as_ptr(), size);
             drop(black_box(a));
         }
@@ -378,6 +372,6 @@ fn host_touch(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             system / cached,
         ));
     }
-    alloc.empty_cache().map_err(|e| e.to_string())?;
+    alloc.empty_cache().map_err(err)?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! scale pass) and writes once. The limit time is `reads / read_bw + (read + write) / copy_bw`
 //! for the scale part, and `ratio = limit / measured` (1.0 = at the bandwidth limit).
 
-use super::{Options, Row};
+use super::harness::{bandwidth_rows, median_secs, Options, Row};
 use kiln_autograd::{no_grad, DType, Device, Parameter, Tensor};
 use kiln_device::threads::cpu_pool;
 use rayon::prelude::*;
@@ -145,26 +145,6 @@ pub(super) fn bandwidth(options: &Options) -> (f64, f64) {
     (read_bw, copy_bw)
 }
 
-/// Median seconds of at least `reps` runs of `f` after one warm-up run; fast cases run more
-/// often (up to about 0.3 s of samples, at most 200 runs) so the median is stable.
-pub(super) fn median_secs(
-    reps: usize,
-    mut f: impl FnMut() -> Result<(), String>,
-) -> Result<f64, String> {
-    let start = Instant::now();
-    f()?;
-    let warm = start.elapsed().as_secs_f64().max(1e-6);
-    let runs = ((0.3 / warm) as usize).clamp(reps, 200);
-    let mut t = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let start = Instant::now();
-        f()?;
-        t.push(start.elapsed().as_secs_f64());
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
-}
-
 /// The per-tensor loop baseline: one norm op per tensor, then one in-place multiply per tensor.
 fn per_tensor_clip(params: &[(String, Parameter)], max_norm: f64) -> Result<f64, String> {
     let err = |e: kiln_autograd::Error| e.to_string();
@@ -186,39 +166,10 @@ fn per_tensor_clip(params: &[(String, Parameter)], max_norm: f64) -> Result<f64,
     })
 }
 
-/// Runs every case of the group.
-pub fn run(options: &Options) -> Result<Vec<Row>, String> {
-    let mut rows = if options.gpu_only {
-        Vec::new()
-    } else {
-        cpu_cases(options)?
-    };
-    if options.gpu {
-        super::clip_gpu::run(options, &mut rows);
-    }
-    Ok(rows)
-}
-
-/// The CPU cases.
-fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
-    let mut rows = Vec::new();
+/// The CPU cases of the group (`mod.rs` adds the CUDA ones of `clip_gpu.rs`).
+pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let (read_bw, copy_bw) = bandwidth(options);
-    rows.push(Row::new(
-        GROUP,
-        "memory bandwidth: read pass",
-        "GB/s",
-        read_bw / 1e9,
-        "measured this run",
-        1.0,
-    ));
-    rows.push(Row::new(
-        GROUP,
-        "memory bandwidth: copy pass (R+W)",
-        "GB/s",
-        copy_bw / 1e9,
-        "measured this run",
-        1.0,
-    ));
+    let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
     for set in grad_sets() {

@@ -30,17 +30,13 @@
 //! with an error after writing the report.
 
 use super::clip::{grad_sets, GradSet};
-use super::{Options, Row};
+use super::harness::{err, gpu_cases, Options, Row};
 use kiln_autograd::{no_grad, DType, Device, Generator, Parameter, Tensor};
 use std::time::Instant;
 
 const GROUP: &str = "clip";
 /// The clipping cases' `max_norm` as a fraction of the norm the gradients have at the call.
 const SHRINK: f64 = 0.999;
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
 
 /// A pass over a gradient set whose memory traffic [`traffic_bytes`] counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,10 +168,7 @@ fn per_tensor_loop(params: &[(String, Parameter)], max_norm: f64) -> Result<(), 
 /// them (no bandwidth figure, a failed synchronisation) becomes a [`Row::failed`] row, so the
 /// rows of every group are still written.
 pub fn run(options: &Options, rows: &mut Vec<Row>) {
-    if let Err(e) = run_cases(options, rows) {
-        eprintln!("bench clip: the --gpu cases stopped: {e}");
-        rows.push(Row::failed(GROUP, "gpu cases", &e));
-    }
+    gpu_cases(GROUP, options, rows, run_cases);
 }
 
 fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {

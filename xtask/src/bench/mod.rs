@@ -6,88 +6,22 @@
 //! A row is `{"group", "case", "metric", "value", "reference", "ratio"}`; `ratio` compares
 //! kiln's figure with the reference measured in the same run (or a stated target), oriented so
 //! that `ratio >= 1` means kiln is better. A group is a function from [`Options`] to rows;
-//! adding one is one line in [`GROUPS`].
+//! adding one is one line in [`GROUPS`]. The shared pieces (rows, options, timers) are in
+//! `harness.rs`, which imports no group, so groups depend on it and never on this file.
 
 mod alloc;
 mod clip;
 mod clip_gpu;
+mod harness;
 mod ops;
 mod ops_gpu;
 mod optim;
 mod optim_gpu;
 mod train;
 
-use serde::Serialize;
+use harness::{cpu_then_gpu, Options, Row, FAILED};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-
-/// One measured figure.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    /// Benchmark group (`alloc`, `clip`, ...).
-    pub group: String,
-    /// What was measured within the group.
-    pub case: String,
-    /// Unit or name of the figure.
-    pub metric: String,
-    /// kiln's figure.
-    pub value: f64,
-    /// What it is compared with.
-    pub reference: String,
-    /// kiln against the reference; >= 1 means kiln is better.
-    pub ratio: f64,
-}
-
-impl Row {
-    /// A row of `group`.
-    pub fn new(
-        group: &str,
-        case: impl Into<String>,
-        metric: &str,
-        value: f64,
-        reference: impl Into<String>,
-        ratio: f64,
-    ) -> Self {
-        Self {
-            group: group.to_string(),
-            case: case.into(),
-            metric: metric.to_string(),
-            value,
-            reference: reference.into(),
-            ratio,
-        }
-    }
-}
-
-/// The metric of a row whose case could not be measured (see [`Row::failed`]).
-pub const FAILED: &str = "failed";
-
-impl Row {
-    /// A case that could not be measured: metric [`FAILED`], value and ratio NaN (`null` in
-    /// report.json) and the error as the reference. The other cases still run; `bench` writes
-    /// the report, then exits with an error naming the failed cases.
-    pub fn failed(group: &str, case: impl Into<String>, error: &str) -> Self {
-        Row::new(
-            group,
-            case,
-            FAILED,
-            f64::NAN,
-            format!("error: {error}"),
-            f64::NAN,
-        )
-    }
-}
-
-/// Flags every group sees.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Options {
-    /// Keep the run short (CI smoke test): fewer iterations, same cases.
-    pub quick: bool,
-    /// Also run the cases that need a CUDA device.
-    pub gpu: bool,
-    /// Run only the cases that need a CUDA device (implies `gpu`).
-    pub gpu_only: bool,
-}
 
 type Group = fn(&Options) -> Result<Vec<Row>, String>;
 
@@ -97,8 +31,8 @@ type Group = fn(&Options) -> Result<Vec<Row>, String>;
 #[rustfmt::skip]
 const GROUPS: &[(&str, Group)] = &[
     ("alloc", alloc::run),
-    ("clip", clip::run),
-    ("optim", optim::run),
+    ("clip", |options| cpu_then_gpu(options, clip::cpu_cases, clip_gpu::run)),
+    ("optim", |options| cpu_then_gpu(options, optim::cpu_cases, optim_gpu::run)),
     ("ops", ops::run),
     ("train", train::run),
 ];
@@ -157,7 +91,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!("{table}");
     let dir = match std::env::var_os("KILN_BENCH_OUT") {
         Some(out) if !out.is_empty() => PathBuf::from(out),
-        _ => target_dir().join("kiln-bench"),
+        _ => crate::paths::target_dir(&crate::paths::workspace_root()).join("kiln-bench"),
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
@@ -187,20 +121,6 @@ fn group_names() -> String {
         .map(|(n, _)| *n)
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask sits in the workspace")
-        .to_path_buf()
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// Formats a figure with about four significant digits.

@@ -10,13 +10,12 @@
 //! slow, so each is timed once, and the conv reference runs on a smaller batch (its rate per
 //! FLOP does not depend on the batch: it is the same loop per image).
 
-use super::{Options, Row};
+use super::harness::{best_of, err, seconds, Options, Row};
 use kiln_autograd::{Conv2dParams, DType, Device, Generator};
 use kiln_device::ops::conv::{reference, Conv2dGeometry};
 use kiln_device::ops::matmul::cpu::matmul_reference;
 use kiln_device::Layout;
 use std::hint::black_box;
-use std::time::Instant;
 
 const GROUP: &str = "ops";
 /// PyTorch's CPU matmul at 512 on the reference machine (issue 4's target: within 15%).
@@ -37,28 +36,6 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         super::ops_gpu::run(options, &mut rows)?;
     }
     Ok(rows)
-}
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
-
-/// Seconds of the fastest of `reps` runs of `f`, after one warm-up run.
-fn best_of(reps: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
-    f()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..reps {
-        let start = Instant::now();
-        f()?;
-        best = best.min(start.elapsed().as_secs_f64());
-    }
-    Ok(best)
-}
-
-fn seconds(f: impl FnOnce()) -> f64 {
-    let start = Instant::now();
-    f();
-    start.elapsed().as_secs_f64()
 }
 
 fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {

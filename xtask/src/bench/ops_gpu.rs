@@ -15,7 +15,7 @@
 //! Timing: one warm-up, then `reps` launches between two stream synchronisations (kiln's ops
 //! queue asynchronously; only the synchronisation waits), best of three such rounds.
 
-use super::{Options, Row};
+use super::harness::{err, Options, Row};
 use kiln_autograd::{DType, Device, Generator, Tensor};
 use kiln_device::cuda::cudarc::cublas::{result as blas, sys, CudaBlas};
 use kiln_device::cuda::cudarc::driver::{result as driver, CudaStream, DevicePtr, DevicePtrMut};
@@ -27,10 +27,6 @@ const GROUP: &str = "ops";
 
 /// A timed op producing a tensor.
 type Op<'a> = Box<dyn Fn() -> Result<Tensor, String> + 'a>;
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
 
 /// Runs the `--gpu` cases, or prints why they are skipped.
 pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {

@@ -3,45 +3,16 @@
 //! gradient, two moments; 3 writes: parameter, two moments), and the same step with the clip
 //! coefficient handed to it (`step_with_grad_scale`) against clip-then-step.
 
-use super::clip::{bandwidth, grad_sets, median_secs, params_with_grads, SHRINK};
-use super::{Options, Row};
+use super::clip::{bandwidth, grad_sets, params_with_grads, SHRINK};
+use super::harness::{bandwidth_rows, median_secs, Options, Row};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup};
 
 const GROUP: &str = "optim";
 
-/// Runs every case of the group.
-pub fn run(options: &Options) -> Result<Vec<Row>, String> {
-    let mut rows = if options.gpu_only {
-        Vec::new()
-    } else {
-        cpu_cases(options)?
-    };
-    if options.gpu {
-        super::optim_gpu::run(options, &mut rows);
-    }
-    Ok(rows)
-}
-
-/// The CPU cases.
-fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
-    let mut rows = Vec::new();
+/// The CPU cases of the group (`mod.rs` adds the CUDA ones of `optim_gpu.rs`).
+pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let (read_bw, copy_bw) = bandwidth(options);
-    rows.push(Row::new(
-        GROUP,
-        "memory bandwidth: read pass",
-        "GB/s",
-        read_bw / 1e9,
-        "measured this run",
-        1.0,
-    ));
-    rows.push(Row::new(
-        GROUP,
-        "memory bandwidth: copy pass (R+W)",
-        "GB/s",
-        copy_bw / 1e9,
-        "measured this run",
-        1.0,
-    ));
+    let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
     for set in grad_sets() {

@@ -16,7 +16,7 @@
 
 use super::clip::{grad_sets, GradSet};
 use super::clip_gpu::{device_bandwidth, device_params, per_call, traffic_bytes, Pass};
-use super::{Options, Row};
+use super::harness::{gpu_cases, Options, Row};
 use kiln_autograd::{DType, Device};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
 
@@ -26,10 +26,7 @@ const GROUP: &str = "optim";
 /// them (no bandwidth figure) becomes a [`Row::failed`] row, so the rows of every group are
 /// still written.
 pub fn run(options: &Options, rows: &mut Vec<Row>) {
-    if let Err(e) = run_cases(options, rows) {
-        eprintln!("bench optim: the --gpu cases stopped: {e}");
-        rows.push(Row::failed(GROUP, "gpu cases", &e));
-    }
+    gpu_cases(GROUP, options, rows, run_cases);
 }
 
 fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {

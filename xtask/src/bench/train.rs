@@ -24,7 +24,7 @@
 //! and subtracts what is still allocated at that point from the allocated peak (the reserved
 //! figure is the allocator's total).
 
-use super::{Options, Row};
+use super::harness::{best_of, err, median_of, Options, Row};
 use kiln_autograd::{manual_seed, DType, Device, Generator, Module, Tensor};
 use kiln_device::{
     empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
@@ -35,14 +35,9 @@ use kiln_models::models::{mlp, BlockKind, ResNet, ResNetConfig};
 use kiln_models::{plan, summary, Layer, OptimizerKind};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
 use std::hint::black_box;
-use std::time::Instant;
 
 const GROUP: &str = "train";
 const CPU: Device = Device::Cpu;
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
 
 /// Runs every case of the group.
 pub fn run(options: &Options) -> Result<Vec<Row>, String> {
@@ -75,13 +70,11 @@ fn matmul_gflops(options: &Options) -> Result<f64, String> {
     let b = generator
         .normal(&[n, n], 0.0, 1.0, DType::F32, CPU)
         .map_err(err)?;
-    black_box(a.matmul(&b).map_err(err)?);
-    let mut best = f64::INFINITY;
-    for _ in 0..if options.quick { 2 } else { 10 } {
-        let start = Instant::now();
+    let reps = if options.quick { 2 } else { 10 };
+    let best = best_of(reps, || {
         black_box(a.matmul(&b).map_err(err)?);
-        best = best.min(start.elapsed().as_secs_f64());
-    }
+        Ok(())
+    })?;
     Ok(2.0 * (n * n * n) as f64 / best / 1e9)
 }
 
@@ -89,19 +82,6 @@ fn matmul_gflops(options: &Options) -> Result<f64, String> {
 fn labels(batch: usize, classes: usize) -> Result<Tensor, String> {
     let v: Vec<i64> = (0..batch).map(|i| ((i * 7 + 3) % classes) as i64).collect();
     Tensor::from_vec(v, &[batch], CPU).map_err(err)
-}
-
-/// Median seconds of `steps` calls of `f` after one warm-up call.
-fn median_step(steps: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
-    f()?;
-    let mut t = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        let start = Instant::now();
-        f()?;
-        t.push(start.elapsed().as_secs_f64());
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
 }
 
 /// What one case measured.
@@ -159,19 +139,38 @@ fn push_rows(m: &Measured, matmul_rate: f64, rows: &mut Vec<Row>) {
 }
 
 /// Runs `step` once to reach the steady state (gradients and optimizer state exist), then
-/// measures one step's peaks, then times `steps` more.
+/// measures one step's peaks above `base`, then times `steps` more: the figures of `case`, a
+/// step of `step_flops` whose memory plan predicts `planned_peak`.
 fn measure(
+    case: String,
+    step_flops: f64,
+    planned_peak: usize,
     steps: usize,
     base: usize,
     mut step: impl FnMut() -> Result<(), String>,
-) -> Result<(f64, usize, usize), String> {
+) -> Result<Measured, String> {
     step()?;
     reset_peak_memory_stats(CPU).map_err(err)?;
     step()?;
     let peak_allocated = max_memory_allocated(CPU).map_err(err)? - base;
     let peak_reserved = max_memory_reserved(CPU).map_err(err)?;
-    let secs = median_step(steps, step)?;
-    Ok((secs, peak_allocated, peak_reserved))
+    let step_secs = median_of(steps, step)?;
+    Ok(Measured {
+        case,
+        step_secs,
+        step_flops,
+        peak_allocated,
+        peak_reserved,
+        planned_peak,
+    })
+}
+
+/// Seeds kiln's generator with 0 and empties the CPU cache; returns the bytes still allocated,
+/// the base a case's peaks are measured above.
+fn fresh_start() -> Result<usize, String> {
+    manual_seed(0);
+    empty_cache(CPU).map_err(err)?;
+    memory_allocated(CPU).map_err(err)
 }
 
 fn mlp_step(
@@ -180,9 +179,7 @@ fn mlp_step(
     matmul_rate: f64,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    manual_seed(0);
-    empty_cache(CPU).map_err(err)?;
-    let base = memory_allocated(CPU).map_err(err)?;
+    let base = fresh_start()?;
     let model = mlp(&[784, 512, 256, 10], 0.0).map_err(err)?;
     let s = summary(&model, &[batch, 784]).map_err(err)?;
     let planned = plan(&model, &[784], DType::F32, OptimizerKind::AdamW)
@@ -197,24 +194,15 @@ fn mlp_step(
     let y = labels(batch, 10)?;
     let ce = CrossEntropyOptions::default();
     let steps = if options.quick { 3 } else { 30 };
-    let (step_secs, peak_allocated, peak_reserved) = measure(steps, base, || {
+    let case = format!("mlp 784-512-256-10, batch {batch}, AdamW");
+    let flops = 6.0 * s.total_mult_adds as f64;
+    let measured = measure(case, flops, planned, steps, base, || {
         let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
         loss.backward().map_err(err)?;
         opt.step().map_err(err)?;
         opt.zero_grad(true).map_err(err)
     })?;
-    push_rows(
-        &Measured {
-            case: format!("mlp 784-512-256-10, batch {batch}, AdamW"),
-            step_secs,
-            step_flops: 6.0 * s.total_mult_adds as f64,
-            peak_allocated,
-            peak_reserved,
-            planned_peak: planned,
-        },
-        matmul_rate,
-        rows,
-    );
+    push_rows(&measured, matmul_rate, rows);
     Ok(())
 }
 
@@ -224,9 +212,7 @@ fn resnet_step(
     matmul_rate: f64,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    manual_seed(0);
-    empty_cache(CPU).map_err(err)?;
-    let base = memory_allocated(CPU).map_err(err)?;
+    let base = fresh_start()?;
     let model = ResNet::new(ResNetConfig {
         block: BlockKind::Basic,
         layers: [2, 2, 2, 2],
@@ -248,24 +234,15 @@ fn resnet_step(
     let y = labels(batch, 10)?;
     let ce = CrossEntropyOptions::default();
     let steps = if options.quick { 1 } else { 5 };
-    let (step_secs, peak_allocated, peak_reserved) = measure(steps, base, || {
+    let case = format!("resnet18 (CIFAR stem) 32x32, batch {batch}, SGD momentum + clip");
+    let flops = 6.0 * s.total_mult_adds as f64;
+    let measured = measure(case, flops, planned, steps, base, || {
         let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
         loss.backward().map_err(err)?;
         kiln_optim::clip_grad_norm_(&params, 1.0, 2.0, false).map_err(err)?;
         opt.step().map_err(err)?;
         opt.zero_grad(true).map_err(err)
     })?;
-    push_rows(
-        &Measured {
-            case: format!("resnet18 (CIFAR stem) 32x32, batch {batch}, SGD momentum + clip"),
-            step_secs,
-            step_flops: 6.0 * s.total_mult_adds as f64,
-            peak_allocated,
-            peak_reserved,
-            planned_peak: planned,
-        },
-        matmul_rate,
-        rows,
-    );
+    push_rows(&measured, matmul_rate, rows);
     Ok(())
 }

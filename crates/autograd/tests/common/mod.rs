@@ -5,6 +5,9 @@
 use kiln_autograd::testing::grad_probe;
 use kiln_autograd::{DType, Device, Generator, Result, Tensor};
 
+/// The devices op tests run over (the CPU, and `cuda:0` when usable).
+// Not every test binary loops over devices, and `dead_code` does not cover re-exports.
+#[allow(unused_imports)]
 pub use kiln_device::testing::devices;
 
 /// Deterministic f64 test data of `shape` (normal, seeded).

@@ -1,12 +1,16 @@
-//! Everything [`super::train`] builds before the first step, in the order that keeps a run
+//! Everything the recipe's `train` builds before the first step, in the order that keeps a run
 //! reproducible: the data, the model (its init drawn right after seeding), the checkpoint of a
 //! resumed run read into it on the CPU, the move to the device (before the optimizer exists, so
 //! the optimizer's state is created there), the summary, memory plan and batch size, the
 //! loaders, then the optimizer and its schedule with any resumed state loaded into them.
 
 use super::checkpoint::{self, ModelInfo, Progress};
+use super::config::TrainConfig;
 use super::epoch::{Steps, Trainer};
-use super::{is_head, resume, Error, Observer, Result, Setup, TrainConfig};
+use super::error::{Error, Result};
+use super::model::{is_head, ModelConfig};
+use super::report::{Observer, Setup};
+use super::resume;
 use kiln_autograd::{DType, Module};
 use kiln_data::{DataLoader, DataLoaderConfig, ImageDataset};
 use kiln_models::models::ResNet;
@@ -28,7 +32,7 @@ pub(super) fn trainer(
     let (train_set, val_set) = config.data.load(config.seed)?;
     let [c, h, w] = train_set.sample_shape();
     let info = ModelInfo {
-        config: super::ModelConfig {
+        config: ModelConfig {
             in_channels: c,
             image_size: [h, w],
             num_classes: train_set.num_classes(),

@@ -15,8 +15,9 @@
 //! are counter-based streams keyed by `(seed, epoch, sample)`, so `kiln.loader` (the epoch) and
 //! the seed are the whole random state of a run.
 
+use super::error::{Error, Result};
 use super::model::ModelConfig;
-use super::{Error, Result};
+use super::report::EpochReport;
 use kiln_autograd::{Device, Tensor};
 use kiln_data::{LoaderState, Normalize};
 use kiln_models::checkpoint::{
@@ -26,7 +27,12 @@ use kiln_models::models::ResNet;
 use kiln_optim::{GradScalerState, StateDict};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The checkpoint file of a run folder.
+pub fn checkpoint_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("ckpt.safetensors")
+}
 
 /// Where a run stands after an epoch (stored as `kiln.progress`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,7 +46,7 @@ pub struct Progress {
     /// The seed.
     pub seed: u64,
     /// One record per completed epoch.
-    pub history: Vec<super::EpochReport>,
+    pub history: Vec<EpochReport>,
 }
 
 /// What `predict` needs from a checkpoint.

@@ -1,7 +1,7 @@
 //! [`TrainConfig`], every knob of the recipe, with the example's defaults, and the checks that
 //! refuse settings which cannot work before anything is built or written.
 
-use super::{Error, Result};
+use super::error::{Error, Result};
 use kiln_autograd::{DType, Device};
 use kiln_data::DataSource;
 use kiln_optim::GradScalerOptions;

@@ -8,7 +8,10 @@
 //! from exactly where it stopped.
 
 use super::checkpoint::{self, ModelInfo, Progress, Saved};
-use super::{is_head, EpochReport, Observer, Result, TrainConfig};
+use super::config::TrainConfig;
+use super::error::Result;
+use super::model::is_head;
+use super::report::{EpochReport, Observer};
 use kiln_autograd::{no_grad, AutocastGuard, Module, Tensor};
 use kiln_data::DataLoader;
 use kiln_losses::{cross_entropy, CrossEntropyOptions};

@@ -23,78 +23,27 @@ mod build;
 pub mod checkpoint;
 mod config;
 mod epoch;
+mod error;
 pub mod model;
 mod predict;
 mod report;
 mod resume;
 
+pub use checkpoint::checkpoint_path;
 pub use config::TrainConfig;
 pub use epoch::evaluate;
+pub use error::{Error, Result};
 pub use model::ModelConfig;
 pub use predict::{predict, top_k};
 pub use report::{EpochReport, Observer, Outcome, Quiet, Setup};
 
-use config::check;
 use kiln_optim::GradScaler;
 use std::path::PathBuf;
 
-/// What can go wrong in the recipe: each crate's error, or a bad setting / checkpoint.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// From kiln-device.
-    #[error(transparent)]
-    Device(#[from] kiln_device::Error),
-    /// From kiln-autograd.
-    #[error(transparent)]
-    Autograd(#[from] kiln_autograd::Error),
-    /// From kiln-losses.
-    #[error(transparent)]
-    Losses(#[from] kiln_losses::Error),
-    /// From kiln-optim.
-    #[error(transparent)]
-    Optim(#[from] kiln_optim::Error),
-    /// From kiln-sched (schedulers and logging).
-    #[error(transparent)]
-    Sched(#[from] kiln_sched::SchedError),
-    /// From kiln-models.
-    #[error(transparent)]
-    Models(#[from] kiln_models::Error),
-    /// From kiln-data.
-    #[error(transparent)]
-    Data(#[from] kiln_data::Error),
-    /// A setting that cannot work, with the fix.
-    #[error("invalid setting: {0}")]
-    Config(String),
-    /// A checkpoint that cannot be used, with the reason.
-    #[error("checkpoint: {0}")]
-    Checkpoint(String),
-    /// A file in the run folder could not be written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-}
-
-/// The recipe's result type.
-pub type Result<T> = std::result::Result<T, Error>;
-
-/// The checkpoint file of a run folder.
-pub fn checkpoint_path(run_dir: &std::path::Path) -> PathBuf {
-    run_dir.join("ckpt.safetensors")
-}
-
-fn is_head(name: &str) -> bool {
-    name.starts_with("fc.")
-}
-
 /// Runs the recipe (see the module docs).
-pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> Result<Outcome> {
-    check(config)?;
-    let io = |path: PathBuf| move |source| Error::Io { path, source };
+pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> error::Result<Outcome> {
+    config::check(config)?;
+    let io = |path: PathBuf| move |source| error::Error::Io { path, source };
     std::fs::create_dir_all(&config.run_dir).map_err(io(config.run_dir.clone()))?;
     let ckpt_path = checkpoint_path(&config.run_dir);
     let resuming = config.resume && ckpt_path.exists();

@@ -47,3 +47,9 @@ impl ModelConfig {
         ResNet::with_dims(config, dims)
     }
 }
+
+/// True for the parameters of the classifier head (`fc.*`): what trains while the backbone is
+/// frozen, and the optimizer's second parameter group.
+pub(super) fn is_head(name: &str) -> bool {
+    name.starts_with("fc.")
+}

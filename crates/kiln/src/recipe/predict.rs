@@ -1,6 +1,7 @@
 //! Single-image inference: what the `predict` example runs.
 
-use super::{checkpoint, Result};
+use super::checkpoint;
+use super::error::Result;
 use kiln_autograd::{no_grad, Device, Tensor};
 use kiln_models::models::ResNet;
 use kiln_models::Layer;

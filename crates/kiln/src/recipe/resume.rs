@@ -4,7 +4,8 @@
 //! continues bit for bit.
 
 use super::checkpoint::{Progress, Resumed};
-use super::{Result, TrainConfig};
+use super::config::TrainConfig;
+use super::error::Result;
 use kiln_autograd::DType;
 use kiln_data::DataLoader;
 use kiln_optim::{Adam, GradScaler, GradScalerState, Optimizer};

@@ -28,7 +28,7 @@ use std::process::{Command, Stdio};
 /// The most the pack folder may weigh.
 pub const SIZE_LIMIT: u64 = 64 << 20;
 
-const RUN_SH: &str = include_str!("gpu_pack/run.sh");
+const RUN_SH: &str = include_str!("run.sh");
 
 /// One test binary cargo built.
 #[derive(Debug, PartialEq)]
