@@ -230,3 +230,45 @@ fn nan_settings_refused_by_the_optimizer_are_errors() {
         "{e}"
     );
 }
+
+/// Counts beyond 2^53 wrapped in `as i64` (`usize::MAX` became -1) or overflowed `2 * T_max`.
+#[test]
+fn constructor_counts_beyond_2_pow_53_are_errors() {
+    let mut opt = LrGroups::new(&[0.1]);
+    let huge = usize::MAX;
+    let msgs = [
+        StepLR::new(&mut opt, huge, 0.5).unwrap_err(),
+        CosineAnnealingLR::new(&mut opt, 1 << 62, 0.0).unwrap_err(),
+        LinearLR::new(&mut opt, 0.5, 1.0, huge).unwrap_err(),
+        OneCycleLR::new(&mut opt, 0.1, huge, OneCycleOptions::default()).unwrap_err(),
+    ];
+    for e in msgs {
+        assert!(e.to_string().contains("2^53"), "{e}");
+    }
+    let mut warm = CosineAnnealingWarmRestarts::new(&mut opt, 3, 2, 0.0).unwrap();
+    let e = warm.step_to(&mut opt, 1e300).unwrap_err();
+    assert!(e.to_string().contains("2^53"), "{e}");
+    warm.step(&mut opt).unwrap();
+}
+
+/// Valid states round-trip, including OneCycleLR with pct_start 0 (phase ends before step 0)
+/// and CosineAnnealingWarmRestarts after fractional epochs.
+#[test]
+fn valid_edge_states_still_load() {
+    let mut opt = LrGroups::with_momentum(&[0.1], 0.9);
+    let o = OneCycleOptions {
+        pct_start: 0.0,
+        three_phase: true,
+        ..Default::default()
+    };
+    let mut one = OneCycleLR::new(&mut opt, 0.2, 10, o).unwrap();
+    one.step(&mut opt).unwrap();
+    let sd = one.state_dict();
+    one.load_state_dict(&sd).unwrap();
+    let mut warm = CosineAnnealingWarmRestarts::new(&mut opt, 3, 2, 0.0).unwrap();
+    for i in 0..40 {
+        warm.step_to(&mut opt, i as f64 * 0.37).unwrap();
+        let sd = warm.state_dict();
+        warm.load_state_dict(&sd).unwrap();
+    }
+}

@@ -350,6 +350,8 @@ impl OneCycleLR {
                 "use the number of optimizer steps in the run (epochs * steps_per_epoch), >= 1",
             ));
         }
+        let checked_total_steps =
+            crate::state_check::epochs(Self::NAME, "total_steps", total_steps)?;
         let p = options.pct_start;
         if !(0.0..=1.0).contains(&p) {
             return Err(invalid(
@@ -434,7 +436,7 @@ impl OneCycleLR {
         }
         let mut s = Self {
             core: Core::attach(Self::NAME, opt)?,
-            total_steps: total_steps as i64,
+            total_steps: checked_total_steps,
             phases,
             anneal: options.anneal_strategy,
             max_lrs,
@@ -546,7 +548,7 @@ impl ValidState for OneCycleLR {
         let mut start = 0.0;
         for (i, ph) in self.phases.iter().enumerate() {
             c.that(
-                ph.end_step.is_finite() && ph.end_step != start && ph.end_step >= -1.0,
+                ph.end_step.is_finite() && ph.end_step != start,
                 &format!("phases[{i}].end_step"),
                 ph.end_step,
                 "must be finite and leave the phase at least one step long",
