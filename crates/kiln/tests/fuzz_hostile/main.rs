@@ -56,3 +56,8 @@ fn fuzz_allocation_traces() {
 fn fuzz_memory_plan_budgets() {
     parsers::budgets(0x5eed_0008, 600);
 }
+
+#[test]
+fn fuzz_scheduler_constructors() {
+    sched::constructors(0x5eed_0009, 1500);
+}

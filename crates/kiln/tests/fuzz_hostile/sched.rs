@@ -276,3 +276,146 @@ pub fn state_dicts(seed: u64, cases: usize) {
     };
     run("scheduler state dicts", seed, cases, generate, check);
 }
+
+/// Constructor arguments: hostile counts, factors and per-group lists for every scheduler,
+/// then 30 steps (and a fractional `step_to` for warm restarts). Building may refuse.
+#[derive(Debug)]
+pub struct Build {
+    kind: &'static str,
+    count: usize,
+    second: usize,
+    factor: f64,
+    other: f64,
+    list: Vec<f64>,
+    on_adamw: bool,
+}
+
+fn hostile_f64(rng: &mut Rng) -> f64 {
+    let any = rng.next_u64() as f64 / u64::MAX as f64;
+    rng.pick(&[
+        0.0,
+        -0.0,
+        1.0,
+        0.5,
+        1e-300,
+        -1.0,
+        2.0,
+        1e300,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        any,
+    ])
+}
+
+pub fn constructors(seed: u64, cases: usize) {
+    let generate = |rng: &mut Rng| {
+        let len = rng.pick(&[0, 1, 2, 3]);
+        Build {
+            kind: rng.pick(&KINDS),
+            count: rng.size(),
+            second: rng.size(),
+            factor: hostile_f64(rng),
+            other: hostile_f64(rng),
+            list: (0..len).map(|_| hostile_f64(rng)).collect(),
+            on_adamw: rng.chance(0.3),
+        }
+    };
+    let check = |b: &Build| {
+        let mut groups = LrGroups::with_momentum(&[0.1, 0.02], 0.9);
+        let mut optimizer = adamw();
+        let opt: &mut dyn ParamGroupLr = if b.on_adamw {
+            &mut optimizer
+        } else {
+            &mut groups
+        };
+        let (n, m, f, g) = (b.count, b.second, b.factor, b.other);
+        let list = kiln::sched::PerGroup::Each(b.list.clone());
+        let built: Result<Sched, kiln::sched::SchedError> = (|| {
+            let s: Box<dyn LrScheduler> = match b.kind {
+                "StepLR" => Box::new(StepLR::new(opt, n, f)?),
+                "MultiStepLR" => Box::new(MultiStepLR::new(opt, &[n.min(m), n.max(m)], f)?),
+                "ExponentialLR" => Box::new(ExponentialLR::new(opt, f)?),
+                "CosineAnnealingLR" => Box::new(CosineAnnealingLR::new(opt, n, f)?),
+                "CosineAnnealingWarmRestarts" => {
+                    let mut w = CosineAnnealingWarmRestarts::new(opt, n, m, f)?;
+                    let _ = w.step_to(opt, g);
+                    Box::new(w)
+                }
+                "LinearLR" => Box::new(LinearLR::new(opt, f, g, n)?),
+                "ConstantLR" => Box::new(ConstantLR::new(opt, f, n)?),
+                "LambdaLR" => Box::new(LambdaLR::new(opt, move |e| f.powf(e as f64))?),
+                "MultiplicativeLR" => Box::new(MultiplicativeLR::new(opt, move |_| f)?),
+                "PolynomialLR" => Box::new(PolynomialLR::new(opt, n, f)?),
+                "OneCycleLR" | "OneCycleLR-linear-3" => {
+                    let o = OneCycleOptions {
+                        pct_start: g,
+                        anneal_strategy: if m % 2 == 0 {
+                            Anneal::Cos
+                        } else {
+                            Anneal::Linear
+                        },
+                        three_phase: b.kind != "OneCycleLR",
+                        div_factor: if m % 3 == 0 { f } else { 25.0 },
+                        base_momentum: list.clone(),
+                        ..Default::default()
+                    };
+                    Box::new(OneCycleLR::new(opt, f, n, o)?)
+                }
+                "CyclicLR" => {
+                    let o = CyclicOptions {
+                        step_size_up: n,
+                        step_size_down: Some(m),
+                        mode: [
+                            CyclicMode::Triangular,
+                            CyclicMode::Triangular2,
+                            CyclicMode::ExpRange,
+                        ][m % 3],
+                        gamma: g,
+                        max_momentum: list.clone(),
+                        ..Default::default()
+                    };
+                    Box::new(CyclicLR::new(opt, f, g, o)?)
+                }
+                "SequentialLR" => {
+                    let a = Box::new(LinearLR::new(opt, 0.5, 1.0, 3)?);
+                    let c = Box::new(StepLR::new(opt, 2, 0.5)?);
+                    Box::new(SequentialLR::new(opt, vec![a, c], &[n])?)
+                }
+                "ChainedScheduler" => {
+                    let a = Box::new(ExponentialLR::new(opt, f)?);
+                    Box::new(ChainedScheduler::new(opt, vec![a])?)
+                }
+                _ => {
+                    let o = PlateauOptions {
+                        factor: f,
+                        patience: n,
+                        threshold: g,
+                        cooldown: m,
+                        min_lr: list.clone(),
+                        eps: g,
+                        ..Default::default()
+                    };
+                    return Ok(Sched::Metric(ReduceLROnPlateau::new(opt, o)?));
+                }
+            };
+            Ok(Sched::Step(s))
+        })();
+        let Ok(mut s) = built else {
+            return Outcome::Refused;
+        };
+        for i in 0..30 {
+            s.step(opt, [1.0, f, f64::NAN][i % 3]);
+        }
+        let state = s.state_dict();
+        assert!(s.load(&state), "a scheduler's own state must load back");
+        Outcome::Accepted
+    };
+    run(
+        "scheduler constructor arguments",
+        seed,
+        cases,
+        generate,
+        check,
+    );
+}

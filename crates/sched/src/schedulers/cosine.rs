@@ -194,11 +194,13 @@ impl CosineAnnealingWarmRestarts {
             ));
         }
         check_eta_min(Self::NAME, eta_min)?;
+        let t_0 = crate::state_check::epochs(Self::NAME, "T_0", t_0)? as f64;
+        let t_mult = crate::state_check::epochs(Self::NAME, "T_mult", t_mult)? as f64;
         let mut s = Self {
             core: Core::attach(Self::NAME, opt)?,
-            t_0: t_0 as f64,
-            t_i: t_0 as f64,
-            t_mult: t_mult as f64,
+            t_0,
+            t_i: t_0,
+            t_mult,
             eta_min,
             t_cur: -1.0,
         };
@@ -251,7 +253,7 @@ impl CosineAnnealingWarmRestarts {
     fn apply(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
         let before = GroupSnapshot::take(opt);
         let lrs = self.get_lr(opt)?;
-        write_lrs(opt, lrs, &before)?;
+        write_lrs(Self::NAME, opt, lrs, &before)?;
         self.core.last_lr = group_lrs(opt);
         Ok(())
     }

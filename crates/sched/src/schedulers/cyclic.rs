@@ -61,6 +61,20 @@ impl Default for CyclicOptions {
     }
 }
 
+/// Errors unless every lr of `parameter` is >= 0 (a negative lr climbs the loss; kiln's
+/// optimizers refuse it).
+fn check_lrs(scheduler: &'static str, parameter: &'static str, lrs: &[f64]) -> Result<()> {
+    match lrs.iter().find(|&&lr| lr < 0.0) {
+        Some(lr) => Err(invalid(
+            scheduler,
+            parameter,
+            lr,
+            "use a learning rate >= 0",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Cycle every group's lr between `base_lr` and `max_lr` (PyTorch `CyclicLR`); step it after
 /// every batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +109,8 @@ impl CyclicLR {
         }
         let base_lrs = base_lr.into().resolve(Self::NAME, "base_lr", n)?;
         let max_lrs = max_lr.into().resolve(Self::NAME, "max_lr", n)?;
+        check_lrs(Self::NAME, "base_lr", &base_lrs)?;
+        check_lrs(Self::NAME, "max_lr", &max_lrs)?;
         if options.step_size_up == 0 {
             return Err(invalid(
                 Self::NAME,
@@ -408,6 +424,7 @@ impl OneCycleLR {
             start = ph.end_step;
         }
         let max_lrs = max_lr.into().resolve(Self::NAME, "max_lr", n)?;
+        check_lrs(Self::NAME, "max_lr", &max_lrs)?;
         let (base_momentums, max_momentums) = if options.cycle_momentum {
             if (0..n).any(|g| opt.group_momentum(g).is_none()) {
                 return Err(SchedError::NoMomentum {

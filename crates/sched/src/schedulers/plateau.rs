@@ -195,7 +195,7 @@ impl ReduceLROnPlateau {
                 *lr = new;
             }
         }
-        write_lrs(opt, lrs, &before)
+        write_lrs(Self::NAME, opt, lrs, &before)
     }
 }
 
