@@ -299,4 +299,15 @@ fn non_finite_lrs_and_negative_cyclic_lrs_are_errors() {
         ..Default::default()
     };
     assert!(ReduceLROnPlateau::new(&mut opt, o).is_err());
+    let o = PlateauOptions {
+        min_lr: (-1.0).into(),
+        ..Default::default()
+    };
+    let e = ReduceLROnPlateau::new(&mut opt, o).unwrap_err();
+    assert!(e.to_string().contains("min_lr"), "{e}");
+    let o = PlateauOptions {
+        cooldown: usize::MAX,
+        ..Default::default()
+    };
+    assert!(ReduceLROnPlateau::new(&mut opt, o).is_err());
 }

@@ -23,6 +23,15 @@ pub fn scale() -> usize {
         .unwrap_or(1)
 }
 
+/// Mixed into every target's seed for a hunt on other cases (`KILN_FUZZ_SEED=7`); CI leaves
+/// it unset (0), so its cases are fixed.
+pub fn seed_offset() -> u64 {
+    std::env::var("KILN_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Longest a single case may run (debug build, shared machine) before it counts as a hang.
 pub const CASE_LIMIT: Duration = Duration::from_secs(10);
 
@@ -109,6 +118,7 @@ pub fn run<I: Debug>(
     mut generate: impl FnMut(&mut Rng) -> I,
     mut check: impl FnMut(&I) -> Outcome,
 ) -> Report {
+    let seed = seed ^ seed_offset().wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut rng = Rng::new(seed);
     let current: Arc<Mutex<Option<(usize, Instant, String)>>> = Arc::new(Mutex::new(None));
     let done = Arc::new(AtomicBool::new(false));

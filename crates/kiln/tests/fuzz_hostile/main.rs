@@ -10,7 +10,9 @@
 //! (ulimit -v 8000000; cargo test -p kiln --test fuzz_hostile -- --nocapture)
 //! ```
 //!
-//! `--nocapture` shows each target's counts (cases, accepted, refused, panics).
+//! `--nocapture` shows each target's counts (cases, accepted, refused, panics). For a longer
+//! local hunt, `KILN_FUZZ_SCALE=N` multiplies every case count and `KILN_FUZZ_SEED=K` moves
+//! every seed; CI sets neither.
 
 mod data;
 mod harness;
