@@ -22,8 +22,8 @@ pub(crate) struct Segment {
     pub extent: usize,
     /// Reserved address space of an expandable segment; 0 for a fixed segment.
     pub address_space: usize,
-    /// Expandable segments: one bit per page, set when mapped (empty for fixed segments).
-    pub pages: Vec<u64>,
+    /// Expandable segments: the mapped pages, as runs (empty for fixed segments).
+    pub pages: crate::page_runs::PageRuns,
     /// Expandable segments: unmapped pages below `extent`.
     pub holes: usize,
     pub pool: PoolKind,

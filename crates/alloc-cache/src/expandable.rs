@@ -7,62 +7,29 @@
 //! out. A per-segment hole count keeps the hit path to one comparison while there are none.
 //! Pages shared by a free block and an allocated neighbour are never unmapped.
 //!
-//! The page bitmap covers only the pages mapped so far (it grows with `extent`, never with the
-//! reserved address space): a device whose capacity is 2^62 bytes costs nothing until its pages
-//! are used. A page past the end of the bitmap is unmapped.
+//! Mapped pages are kept as runs ([`PageRuns`](crate::page_runs::PageRuns)), never one bit per
+//! page of the reserved address space: a device whose capacity is 2^62 bytes costs nothing until
+//! its pages are used, and mapping a huge request is one run, not millions of bits.
 
 use crate::allocator::CachingAllocator;
 use crate::backend::BackendError;
 use crate::block::{pool_index, Block, BlockState, Segment, State, NONE};
 use crate::error::Result;
+use crate::page_runs::PageRuns;
 use crate::stats::PoolKind;
 
 impl Segment {
-    /// Whether page `p` (counted from `base`) is mapped.
-    pub(crate) fn page_mapped(&self, p: usize) -> bool {
-        self.pages
-            .get(p / 64)
-            .is_some_and(|word| word >> (p % 64) & 1 == 1)
-    }
-
     fn set_pages(&mut self, p0: usize, p1: usize, mapped: bool) {
-        let words = p1.div_ceil(64);
-        if !mapped {
-            // Pages past the bitmap are unmapped already.
-            let end = p1.min(self.pages.len() * 64);
-            for p in p0..end {
-                self.pages[p / 64] &= !(1 << (p % 64));
-            }
-            return;
-        }
-        if words > self.pages.len() {
-            self.pages.resize(words, 0);
-        }
-        for p in p0..p1 {
-            if mapped {
-                self.pages[p / 64] |= 1 << (p % 64);
-            } else {
-                self.pages[p / 64] &= !(1 << (p % 64));
-            }
+        if mapped {
+            self.pages.insert(p0, p1);
+        } else {
+            self.pages.remove(p0, p1);
         }
     }
 
     /// Maximal runs of pages in `[p0, p1)` whose mapped state is `mapped`.
     fn runs(&self, p0: usize, p1: usize, mapped: bool) -> Vec<(usize, usize)> {
-        let mut runs = Vec::new();
-        let mut p = p0;
-        while p < p1 {
-            if self.page_mapped(p) != mapped {
-                p += 1;
-                continue;
-            }
-            let start = p;
-            while p < p1 && self.page_mapped(p) == mapped {
-                p += 1;
-            }
-            runs.push((start, p));
-        }
-        runs
+        self.pages.runs(p0, p1, mapped)
     }
 }
 
@@ -159,7 +126,7 @@ impl CachingAllocator {
                 .checked_mul(self.page)
                 .unwrap_or(capacity / self.page * self.page);
             let base = self.backend.reserve_address_space(address_space)?;
-            let pages = Vec::new();
+            let pages = PageRuns::default();
             let segment = Segment {
                 base,
                 mapped: 0,
@@ -241,7 +208,7 @@ impl CachingAllocator {
         let page = self.page as u64;
         let p0 = ((b.addr - s.base) / page) as usize;
         let p1 = (b.addr + b.size as u64 - s.base).div_ceil(page) as usize;
-        (p0..p1).all(|p| s.page_mapped(p))
+        s.pages.covers(p0, p1)
     }
 
     /// Page range `[p0, p1)` lying wholly inside block `b` of segment `s`.
@@ -261,7 +228,7 @@ impl CachingAllocator {
             let b = &st.blocks[id as usize];
             if b.state == BlockState::Free {
                 let (p0, p1) = self.interior_pages(s, b);
-                bytes += (p0..p1).filter(|&p| s.page_mapped(p)).count() * self.page;
+                bytes += s.pages.count_in(p0, p1) * self.page;
             }
             id = b.next;
         }

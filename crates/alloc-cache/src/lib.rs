@@ -29,6 +29,7 @@ mod expandable;
 mod free_index;
 mod handle;
 mod lock;
+mod page_runs;
 pub mod replay;
 mod segments;
 mod sizes;

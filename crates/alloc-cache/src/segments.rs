@@ -167,7 +167,7 @@ impl CachingAllocator {
             let s = st.segment(b.segment);
             let p0 = ((b.addr - s.base) / page) as usize;
             let p1 = (b.addr + rounded as u64 - s.base).div_ceil(page) as usize;
-            (p0..p1).all(|p| s.page_mapped(p))
+            s.pages.covers(p0, p1)
         };
         let id = (0..st.blocks.len() as u32)
             .filter(|&i| {
@@ -243,7 +243,7 @@ impl CachingAllocator {
             mapped: size,
             extent: size,
             address_space: 0,
-            pages: Vec::new(),
+            pages: crate::page_runs::PageRuns::default(),
             holes: 0,
             pool,
             stream: si,

@@ -151,8 +151,8 @@ fn check(a: &CachingAllocator, st: &State, page: usize) -> Result<(), String> {
         reserved[pool_index(s.pool)] += s.mapped as i64;
         if s.expandable() {
             let pages = s.extent / page;
-            let mapped = (0..pages).filter(|&p| s.page_mapped(p)).count();
-            let total: usize = s.pages.iter().map(|w| w.count_ones() as usize).sum();
+            let mapped = s.pages.count_in(0, pages);
+            let total = s.pages.total();
             let beyond = total != mapped;
             if s.extent % page != 0 || s.extent > s.address_space || beyond {
                 return Err(format!(

@@ -9,8 +9,8 @@
 //!
 //! Prefetch. With `prefetch_batches = N > 0` each epoch spawns one worker thread that builds the
 //! host buffers of the remaining batches in order and sends them through a bounded channel of
-//! `N` slots (so it runs at most `N` batches, plus the one it is building, ahead of the
-//! consumer). The consuming thread wraps each buffer in tensors on the loader's device, so the
+//! `N` slots, fewer when the epoch has fewer batches left (so it runs at most `N` batches, plus
+//! the one it is building, ahead of the consumer). The consuming thread wraps each buffer in tensors on the loader's device, so the
 //! worker never touches a device. Dropping the [`EpochIter`] (or ending the epoch) sets a stop
 //! flag, drops the receiver (a blocked `send` then fails) and joins the worker: no thread
 //! outlives its iterator. Batches are the same with and without prefetch, since each is a pure
@@ -321,7 +321,9 @@ enum Source {
 
 impl Source {
     fn spawn(plan: Arc<Plan>, epoch: u64, chunks: Vec<Vec<usize>>, ahead: usize) -> Source {
-        let (tx, rx) = sync_channel(ahead);
+        // The channel never holds more than the epoch's batches; its buffer is allocated up
+        // front, so a huge `prefetch_batches` must not size it.
+        let (tx, rx) = sync_channel(ahead.min(chunks.len()));
         let stop = Arc::new(AtomicBool::new(false));
         let stop_worker = stop.clone();
         let remaining = chunks.len();

@@ -50,8 +50,14 @@ fn header(file: &FileBytes, ndim: u8, what: &str) -> Result<(Vec<usize>, usize)>
 
 /// Checks that the data after the header is exactly `len` bytes.
 fn check_len(file: &FileBytes, start: usize, len: usize, what: &str) -> Result<()> {
-    let end = start + len;
     let have = file.bytes.len();
+    let Some(end) = start.checked_add(len) else {
+        return Err(file.error(
+            have,
+            format!("{what}: {len} bytes from offset {start}"),
+            format!("end of data ({have} bytes in all)"),
+        ));
+    };
     if have < end {
         return Err(file.error(
             have,

@@ -153,7 +153,22 @@ impl Augment {
         self.crop_padding == 0 && self.flip_prob <= 0.0
     }
 
+    /// The largest `crop_padding` accepted: far beyond any image side, and small enough that
+    /// the crop offsets (`0..=2 * padding` plus a side) never overflow.
+    pub const MAX_CROP_PADDING: usize = 1 << 20;
+
     pub(crate) fn validate(&self) -> Result<()> {
+        if self.crop_padding > Self::MAX_CROP_PADDING {
+            return Err(arg_err(
+                "Augment",
+                format!(
+                    "crop_padding {} is beyond the {} pixels kiln accepts; pad by a few pixels \
+                     (the CIFAR recipe uses 4)",
+                    self.crop_padding,
+                    Self::MAX_CROP_PADDING
+                ),
+            ));
+        }
         if !(0.0..=1.0).contains(&self.flip_prob) {
             return Err(arg_err(
                 "Augment",
@@ -176,6 +191,7 @@ impl Augment {
         index: usize,
         dst: &mut [u8],
     ) -> Result<()> {
+        self.validate()?;
         let [c, h, w] = shape;
         if src.len() != c * h * w || dst.len() != src.len() {
             return Err(arg_err(

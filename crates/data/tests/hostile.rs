@@ -3,7 +3,7 @@
 
 use kiln_autograd::Device;
 use kiln_data::{
-    image_grid, load_image, synthetic, DataLoader, DataLoaderConfig, DataSource, Error,
+    image_grid, load_image, synthetic, Augment, DataLoader, DataLoaderConfig, DataSource, Error,
     ImageDataset, ImageOptions, LoaderState, Normalize, Split,
 };
 use std::sync::Arc;
@@ -93,4 +93,43 @@ fn loader_states_at_the_last_epoch_are_errors() {
     let mut it = loader.iter();
     assert!(it.next().unwrap().is_ok());
     assert!(it.next().unwrap().is_err(), "no epoch after u64::MAX");
+}
+
+/// `prefetch_batches: usize::MAX` sized the prefetch channel's buffer from it and aborted; a
+/// huge `crop_padding` overflowed the crop offsets.
+#[test]
+fn huge_prefetch_and_crop_padding_do_not_abort() {
+    let ds = Arc::new(
+        ImageDataset::new(
+            "t",
+            [1, 2, 2],
+            vec![0; 16],
+            vec![0, 1, 0, 1],
+            vec!["a".into(), "b".into()],
+        )
+        .unwrap(),
+    );
+    let config = DataLoaderConfig {
+        batch_size: 2,
+        prefetch_batches: usize::MAX,
+        ..Default::default()
+    };
+    let mut loader = DataLoader::new(ds.clone(), config, Device::Cpu).unwrap();
+    assert_eq!(loader.iter().filter(|b| b.is_ok()).count(), 2);
+    let config = DataLoaderConfig {
+        batch_size: 2,
+        augment: Augment {
+            crop_padding: usize::MAX,
+            flip_prob: 0.0,
+        },
+        ..Default::default()
+    };
+    let msg = DataLoader::new(ds, config, Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("crop_padding") && msg.contains("uses 4"),
+        "{msg}"
+    );
 }

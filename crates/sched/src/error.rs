@@ -109,6 +109,20 @@ pub enum SchedError {
         /// The optimizer's reason and the fix.
         reason: String,
     },
+    /// A step computed a non-finite learning rate (a decay factor or lambda that overflows or
+    /// is NaN); the step was undone. PyTorch would write it and train on garbage.
+    #[error(
+        "{scheduler}: the schedule computed lr = {value} for parameter group {group}: a factor \
+         overflowed or is not a number; use a finite gamma / lambda / max_lr (the step was undone)"
+    )]
+    NonFiniteLr {
+        /// The scheduler stepping.
+        scheduler: &'static str,
+        /// The group index.
+        group: usize,
+        /// The computed lr.
+        value: f64,
+    },
     /// An operation that PyTorch also does not support.
     #[error("{scheduler}: {what}")]
     Unsupported {

@@ -177,13 +177,25 @@ pub enum PerGroup {
 
 impl PerGroup {
     /// The value for each of `groups` groups, or an error naming `parameter` when a list has
-    /// the wrong length.
+    /// the wrong length or a value is NaN or infinite.
     pub fn resolve(
         &self,
         scheduler: &'static str,
         parameter: &'static str,
         groups: usize,
     ) -> Result<Vec<f64>> {
+        let values = match self {
+            PerGroup::All(v) => std::slice::from_ref(v),
+            PerGroup::Each(values) => values.as_slice(),
+        };
+        if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+            return Err(crate::error::invalid(
+                scheduler,
+                parameter,
+                v,
+                "every value must be a finite number",
+            ));
+        }
         match self {
             PerGroup::All(v) => Ok(vec![*v; groups]),
             PerGroup::Each(values) if values.len() == groups => Ok(values.clone()),

@@ -179,12 +179,21 @@ impl GroupSnapshot {
 }
 
 /// Writes `values` as the groups' lrs, undoing every write of this step (lrs and momenta, from
-/// `before`) when the optimizer refuses one.
+/// `before`) when one is not finite or the optimizer refuses one.
 pub(crate) fn write_lrs(
+    scheduler: &'static str,
     opt: &mut dyn ParamGroupLr,
     values: Vec<f64>,
     before: &GroupSnapshot,
 ) -> Result<()> {
+    if let Some((group, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        before.restore(opt);
+        return Err(SchedError::NonFiniteLr {
+            scheduler,
+            group,
+            value,
+        });
+    }
     for (g, lr) in values.into_iter().enumerate() {
         if let Err(e) = opt.set_group_lr(g, lr) {
             before.restore(opt);
@@ -241,7 +250,7 @@ pub(crate) fn update_lr<S: Chainable>(
             return Err(e);
         }
     };
-    if let Err(e) = write_lrs(opt, values, &before) {
+    if let Err(e) = write_lrs(S::NAME, opt, values, &before) {
         s.core_mut().last_epoch = saved_epoch;
         return Err(e);
     }

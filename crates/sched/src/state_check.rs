@@ -14,6 +14,23 @@ use crate::scheduler::Core;
 /// and far beyond any run).
 pub(crate) const MAX_EPOCH: i64 = 1 << 53;
 
+/// A constructor's count argument (`step_size`, `T_max`, `total_iters`, a milestone, ...) as
+/// the i64 the schedule computes with; an error naming `parameter` beyond [`MAX_EPOCH`], where
+/// `as i64` would wrap and `2 * T_max` overflow.
+pub(crate) fn epochs(scheduler: &'static str, parameter: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v)
+        .ok()
+        .filter(|&n| n <= MAX_EPOCH)
+        .ok_or_else(|| {
+            crate::error::invalid(
+                scheduler,
+                parameter,
+                v,
+                format!("use at most {MAX_EPOCH} (2^53) epochs or steps"),
+            )
+        })
+}
+
 /// A loaded state that can check itself against the live scheduler (`live`).
 pub(crate) trait ValidState {
     fn validate(&self, live: &Self) -> Result<()>;

@@ -197,7 +197,8 @@ fn a_negative_final_onecycle_lr_is_written_to_lr_groups_and_refused_by_adamw() {
     assert_eq!(s.last_epoch(), epoch);
 }
 
-/// A NaN max_lr reaches the optimizer's initial_lr: an error, not a panic.
+/// A NaN max_lr reached the optimizer's initial_lr and panicked; it is now refused by name
+/// before anything is written, and values the optimizer refuses are `Refused`, not a panic.
 #[test]
 fn nan_settings_refused_by_the_optimizer_are_errors() {
     let mut opt = adamw(0.01);
@@ -205,13 +206,14 @@ fn nan_settings_refused_by_the_optimizer_are_errors() {
     assert!(
         matches!(
             e,
-            SchedError::Refused {
-                what: "initial_lr",
+            SchedError::InvalidParameter {
+                parameter: "max_lr",
                 ..
             }
         ),
         "{e}"
     );
+    assert_eq!(opt.initial_lr(0).unwrap(), None, "nothing was written");
     let mut opt = adamw(0.01);
     let o = CyclicOptions {
         base_momentum: (-0.5).into(),
@@ -229,4 +231,83 @@ fn nan_settings_refused_by_the_optimizer_are_errors() {
         ),
         "{e}"
     );
+}
+
+/// Counts beyond 2^53 wrapped in `as i64` (`usize::MAX` became -1) or overflowed `2 * T_max`.
+#[test]
+fn constructor_counts_beyond_2_pow_53_are_errors() {
+    let mut opt = LrGroups::new(&[0.1]);
+    let huge = usize::MAX;
+    let msgs = [
+        StepLR::new(&mut opt, huge, 0.5).unwrap_err(),
+        CosineAnnealingLR::new(&mut opt, 1 << 62, 0.0).unwrap_err(),
+        LinearLR::new(&mut opt, 0.5, 1.0, huge).unwrap_err(),
+        OneCycleLR::new(&mut opt, 0.1, huge, OneCycleOptions::default()).unwrap_err(),
+    ];
+    for e in msgs {
+        assert!(e.to_string().contains("2^53"), "{e}");
+    }
+    let mut warm = CosineAnnealingWarmRestarts::new(&mut opt, 3, 2, 0.0).unwrap();
+    let e = warm.step_to(&mut opt, 1e300).unwrap_err();
+    assert!(e.to_string().contains("2^53"), "{e}");
+    warm.step(&mut opt).unwrap();
+}
+
+/// Valid states round-trip, including OneCycleLR with pct_start 0 (phase ends before step 0)
+/// and CosineAnnealingWarmRestarts after fractional epochs.
+#[test]
+fn valid_edge_states_still_load() {
+    let mut opt = LrGroups::with_momentum(&[0.1], 0.9);
+    let o = OneCycleOptions {
+        pct_start: 0.0,
+        three_phase: true,
+        ..Default::default()
+    };
+    let mut one = OneCycleLR::new(&mut opt, 0.2, 10, o).unwrap();
+    one.step(&mut opt).unwrap();
+    let sd = one.state_dict();
+    one.load_state_dict(&sd).unwrap();
+    let mut warm = CosineAnnealingWarmRestarts::new(&mut opt, 3, 2, 0.0).unwrap();
+    for i in 0..40 {
+        warm.step_to(&mut opt, i as f64 * 0.37).unwrap();
+        let sd = warm.state_dict();
+        warm.load_state_dict(&sd).unwrap();
+    }
+}
+
+/// A decay that overflows wrote lr = inf (which serializes as null, so the run's own state no
+/// longer loaded); a NaN or infinite per-group value or a negative cyclic lr was accepted.
+/// All are errors now, found by the constructor fuzz target.
+#[test]
+fn non_finite_lrs_and_negative_cyclic_lrs_are_errors() {
+    let mut opt = LrGroups::new(&[0.1]);
+    let mut s = kiln_sched::ExponentialLR::new(&mut opt, 1e300).unwrap();
+    s.step(&mut opt).unwrap(); // 1e299
+    let e = s.step(&mut opt).unwrap_err();
+    assert!(matches!(e, SchedError::NonFiniteLr { group: 0, .. }), "{e}");
+    assert_eq!(opt.lrs()[0], 0.1 * 1e300, "the failed step is undone");
+    let sd = s.state_dict();
+    s.load_state_dict(&sd).unwrap();
+
+    let mut opt = LrGroups::with_momentum(&[0.1, 0.2], 0.9);
+    let e = CyclicLR::new(&mut opt, -1.0, 1.0, CyclicOptions::default()).unwrap_err();
+    assert!(e.to_string().contains(">= 0"), "{e}");
+    let e = OneCycleLR::new(&mut opt, [0.1, f64::NAN], 10, OneCycleOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("finite"), "{e}");
+    let o = PlateauOptions {
+        min_lr: f64::INFINITY.into(),
+        ..Default::default()
+    };
+    assert!(ReduceLROnPlateau::new(&mut opt, o).is_err());
+    let o = PlateauOptions {
+        min_lr: (-1.0).into(),
+        ..Default::default()
+    };
+    let e = ReduceLROnPlateau::new(&mut opt, o).unwrap_err();
+    assert!(e.to_string().contains("min_lr"), "{e}");
+    let o = PlateauOptions {
+        cooldown: usize::MAX,
+        ..Default::default()
+    };
+    assert!(ReduceLROnPlateau::new(&mut opt, o).is_err());
 }

@@ -9,7 +9,8 @@
 //! allocator synchronises on them.
 
 use super::{BackendError, EventId, MemoryBackend, StreamId};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::page_runs::PageRuns;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// Default page size for expandable segments: 2 MiB, the CUDA VMM granularity on current GPUs.
@@ -56,7 +57,8 @@ struct SimState {
     used: usize,
     segments: BTreeMap<u64, usize>,
     reservations: BTreeMap<u64, usize>,
-    mapped_pages: BTreeSet<u64>,
+    /// Mapped pages, by page index (`address / page`), as runs.
+    mapped_pages: PageRuns,
     events: Vec<Option<bool>>,
     calls: SimCalls,
 }
@@ -111,7 +113,11 @@ impl SimBackend {
     /// Number of live segments, address-space reservations and mapped pages.
     pub fn live_ranges(&self) -> (usize, usize, usize) {
         let s = self.lock();
-        (s.segments.len(), s.reservations.len(), s.mapped_pages.len())
+        (
+            s.segments.len(),
+            s.reservations.len(),
+            s.mapped_pages.total(),
+        )
     }
 
     /// Marks `event` complete (what the device would do when the stream reaches it).
@@ -168,6 +174,18 @@ impl SimBackend {
         let addr = s.next_addr;
         s.next_addr = end;
         Ok(addr)
+    }
+
+    /// Page indices `[p0, p1)` of the range `addr..addr + bytes` (page-aligned by the caller).
+    fn page_range(&self, addr: u64, bytes: usize) -> Result<(usize, usize), BackendError> {
+        let page = self.page as u64;
+        let end = addr.checked_add(bytes as u64).ok_or_else(|| {
+            BackendError::Driver(format!(
+                "sim: range {addr:#x}+{bytes} wraps the address space"
+            ))
+        })?;
+        let index = |a: u64| usize::try_from(a / page).unwrap_or(usize::MAX);
+        Ok((index(addr), index(end)))
     }
 
     fn check_pages(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
@@ -259,11 +277,8 @@ impl MemoryBackend for SimBackend {
                 "sim: {addr:#x}+{bytes} is not a live address-space reservation"
             )));
         }
-        if s.mapped_pages
-            .range(addr..addr + bytes as u64)
-            .next()
-            .is_some()
-        {
+        let (p0, p1) = self.page_range(addr, bytes)?;
+        if s.mapped_pages.count_in(p0, p1) > 0 {
             return Err(BackendError::Driver(format!(
                 "sim: reservation {addr:#x}+{bytes} released with pages still mapped"
             )));
@@ -281,19 +296,14 @@ impl MemoryBackend for SimBackend {
                 "sim: map of {addr:#x}+{bytes} outside any reservation"
             )));
         }
-        if s.mapped_pages
-            .range(addr..addr + bytes as u64)
-            .next()
-            .is_some()
-        {
+        let (p0, p1) = self.page_range(addr, bytes)?;
+        if s.mapped_pages.count_in(p0, p1) > 0 {
             return Err(BackendError::Driver(format!(
                 "sim: map of {addr:#x}+{bytes} overlaps"
             )));
         }
         self.charge(&mut s, bytes)?;
-        for page in (addr..addr + bytes as u64).step_by(self.page) {
-            s.mapped_pages.insert(page);
-        }
+        s.mapped_pages.insert(p0, p1);
         Ok(())
     }
 
@@ -301,15 +311,13 @@ impl MemoryBackend for SimBackend {
         let mut s = self.lock();
         s.calls.unmap += 1;
         self.check_pages(addr, bytes)?;
-        let pages = bytes / self.page;
-        if s.mapped_pages.range(addr..addr + bytes as u64).count() != pages {
+        let (p0, p1) = self.page_range(addr, bytes)?;
+        if !s.mapped_pages.covers(p0, p1) {
             return Err(BackendError::Driver(format!(
                 "sim: unmap of {addr:#x}+{bytes} covers unmapped pages"
             )));
         }
-        for page in (addr..addr + bytes as u64).step_by(self.page) {
-            s.mapped_pages.remove(&page);
-        }
+        s.mapped_pages.remove(p0, p1);
         s.used -= bytes;
         Ok(())
     }

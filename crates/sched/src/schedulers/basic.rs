@@ -13,7 +13,7 @@ use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
     core_accessors, group_lrs, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
 };
-use crate::state_check::{Check, ValidState};
+use crate::state_check::{epochs, Check, ValidState};
 
 pub(crate) fn check_gamma(scheduler: &'static str, gamma: f64) -> Result<()> {
     if gamma > 0.0 && gamma.is_finite() {
@@ -63,8 +63,8 @@ impl StepLR {
         }
         check_gamma(Self::NAME, gamma)?;
         let mut s = Self {
+            step_size: epochs(Self::NAME, "step_size", step_size)?,
             core: Core::attach(Self::NAME, opt)?,
-            step_size: step_size as i64,
             gamma,
         };
         s.initial_step(opt)?;
@@ -131,8 +131,11 @@ impl MultiStepLR {
         }
         check_gamma(Self::NAME, gamma)?;
         let mut s = Self {
+            milestones: milestones
+                .iter()
+                .map(|&m| epochs(Self::NAME, "milestones", m))
+                .collect::<Result<_>>()?,
             core: Core::attach(Self::NAME, opt)?,
-            milestones: milestones.iter().map(|&m| m as i64).collect(),
             gamma,
         };
         s.initial_step(opt)?;
@@ -264,7 +267,7 @@ impl ConstantLR {
         let mut s = Self {
             core: Core::attach(Self::NAME, opt)?,
             factor,
-            total_iters: total_iters as i64,
+            total_iters: epochs(Self::NAME, "total_iters", total_iters)?,
         };
         s.initial_step(opt)?;
         Ok(s)
@@ -358,7 +361,7 @@ impl LinearLR {
             core: Core::attach(Self::NAME, opt)?,
             start_factor,
             end_factor,
-            total_iters: total_iters as i64,
+            total_iters: epochs(Self::NAME, "total_iters", total_iters)?,
         };
         s.initial_step(opt)?;
         Ok(s)
@@ -440,8 +443,8 @@ impl PolynomialLR {
             ));
         }
         let mut s = Self {
+            total_iters: epochs(Self::NAME, "total_iters", total_iters)?,
             core: Core::attach(Self::NAME, opt)?,
-            total_iters: total_iters as i64,
             power,
         };
         s.initial_step(opt)?;

@@ -127,6 +127,10 @@ impl SequentialLR {
                 "list the switch epochs in strictly increasing order",
             ));
         }
+        let milestones = milestones
+            .iter()
+            .map(|&m| crate::state_check::epochs(Self::NAME, "milestones", m))
+            .collect::<Result<Vec<_>>>()?;
         for g in 0..opt.num_lr_groups() {
             let initial = opt
                 .group_initial_lr(g)
@@ -138,7 +142,7 @@ impl SequentialLR {
         }
         let mut s = Self {
             schedulers,
-            milestones: milestones.iter().map(|&m| m as i64).collect(),
+            milestones,
             last_epoch: 0,
             last_lr: Vec::new(),
         };

@@ -57,8 +57,8 @@ impl CosineAnnealingLR {
         }
         check_eta_min(Self::NAME, eta_min)?;
         let mut s = Self {
+            t_max: crate::state_check::epochs(Self::NAME, "T_max", t_max)?,
             core: Core::attach(Self::NAME, opt)?,
-            t_max: t_max as i64,
             eta_min,
         };
         s.initial_step(opt)?;
@@ -140,16 +140,16 @@ impl ValidState for CosineAnnealingWarmRestarts {
             "must be a whole number >= 1",
         )?;
         c.that(
-            self.t_i >= self.t_0 && self.t_i <= max,
+            self.t_i.is_finite() && self.t_i >= self.t_0,
             "t_i",
             self.t_i,
-            "must be a period between t_0 and 2^53",
+            "must be a finite period of at least t_0",
         )?;
         c.that(
-            self.t_cur >= -1.0 && self.t_cur <= self.t_i,
+            self.t_cur.is_finite() && self.t_cur >= -1.0,
             "t_cur",
             self.t_cur,
-            "must lie in -1..=t_i",
+            "must be a finite epoch count >= -1",
         )?;
         c.finite("eta_min", self.eta_min)
     }
@@ -194,11 +194,13 @@ impl CosineAnnealingWarmRestarts {
             ));
         }
         check_eta_min(Self::NAME, eta_min)?;
+        let t_0 = crate::state_check::epochs(Self::NAME, "T_0", t_0)? as f64;
+        let t_mult = crate::state_check::epochs(Self::NAME, "T_mult", t_mult)? as f64;
         let mut s = Self {
             core: Core::attach(Self::NAME, opt)?,
-            t_0: t_0 as f64,
-            t_i: t_0 as f64,
-            t_mult: t_mult as f64,
+            t_0,
+            t_i: t_0,
+            t_mult,
             eta_min,
             t_cur: -1.0,
         };
@@ -207,14 +209,15 @@ impl CosineAnnealingWarmRestarts {
     }
 
     /// Jump to a (possibly fractional) epoch, e.g. `epoch + batch / batches_per_epoch` after
-    /// every batch (PyTorch `step(epoch)`). Errors when `epoch` is negative or not finite.
+    /// every batch (PyTorch `step(epoch)`). Errors when `epoch` is negative, not finite, or
+    /// beyond 2^53 (where epoch counters stop being exact).
     pub fn step_to(&mut self, opt: &mut dyn ParamGroupLr, epoch: f64) -> Result<()> {
-        if !(epoch >= 0.0 && epoch.is_finite()) {
+        if !(epoch >= 0.0 && epoch <= MAX_EPOCH as f64) {
             return Err(invalid(
                 Self::NAME,
                 "epoch",
                 epoch,
-                "pass a finite, non-negative (possibly fractional) epoch",
+                "pass a non-negative (possibly fractional) epoch of at most 2^53",
             ));
         }
         self.core.check_groups(Self::NAME, opt)?;
@@ -250,7 +253,7 @@ impl CosineAnnealingWarmRestarts {
     fn apply(&mut self, opt: &mut dyn ParamGroupLr) -> Result<()> {
         let before = GroupSnapshot::take(opt);
         let lrs = self.get_lr(opt)?;
-        write_lrs(opt, lrs, &before)?;
+        write_lrs(Self::NAME, opt, lrs, &before)?;
         self.core.last_lr = group_lrs(opt);
         Ok(())
     }

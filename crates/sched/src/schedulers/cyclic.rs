@@ -61,6 +61,20 @@ impl Default for CyclicOptions {
     }
 }
 
+/// Errors unless every lr of `parameter` is >= 0 (a negative lr climbs the loss; kiln's
+/// optimizers refuse it).
+fn check_lrs(scheduler: &'static str, parameter: &'static str, lrs: &[f64]) -> Result<()> {
+    match lrs.iter().find(|&&lr| lr < 0.0) {
+        Some(lr) => Err(invalid(
+            scheduler,
+            parameter,
+            lr,
+            "use a learning rate >= 0",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Cycle every group's lr between `base_lr` and `max_lr` (PyTorch `CyclicLR`); step it after
 /// every batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +109,8 @@ impl CyclicLR {
         }
         let base_lrs = base_lr.into().resolve(Self::NAME, "base_lr", n)?;
         let max_lrs = max_lr.into().resolve(Self::NAME, "max_lr", n)?;
+        check_lrs(Self::NAME, "base_lr", &base_lrs)?;
+        check_lrs(Self::NAME, "max_lr", &max_lrs)?;
         if options.step_size_up == 0 {
             return Err(invalid(
                 Self::NAME,
@@ -350,6 +366,8 @@ impl OneCycleLR {
                 "use the number of optimizer steps in the run (epochs * steps_per_epoch), >= 1",
             ));
         }
+        let checked_total_steps =
+            crate::state_check::epochs(Self::NAME, "total_steps", total_steps)?;
         let p = options.pct_start;
         if !(0.0..=1.0).contains(&p) {
             return Err(invalid(
@@ -406,6 +424,7 @@ impl OneCycleLR {
             start = ph.end_step;
         }
         let max_lrs = max_lr.into().resolve(Self::NAME, "max_lr", n)?;
+        check_lrs(Self::NAME, "max_lr", &max_lrs)?;
         let (base_momentums, max_momentums) = if options.cycle_momentum {
             if (0..n).any(|g| opt.group_momentum(g).is_none()) {
                 return Err(SchedError::NoMomentum {
@@ -434,7 +453,7 @@ impl OneCycleLR {
         }
         let mut s = Self {
             core: Core::attach(Self::NAME, opt)?,
-            total_steps: total_steps as i64,
+            total_steps: checked_total_steps,
             phases,
             anneal: options.anneal_strategy,
             max_lrs,
@@ -546,7 +565,7 @@ impl ValidState for OneCycleLR {
         let mut start = 0.0;
         for (i, ph) in self.phases.iter().enumerate() {
             c.that(
-                ph.end_step.is_finite() && ph.end_step != start && ph.end_step >= -1.0,
+                ph.end_step.is_finite() && ph.end_step != start,
                 &format!("phases[{i}].end_step"),
                 ph.end_step,
                 "must be finite and leave the phase at least one step long",

@@ -91,7 +91,8 @@ pub struct ReduceLROnPlateau {
 
 impl ReduceLROnPlateau {
     /// Attach to `opt`. Errors when `factor` is outside (0, 1), `threshold` or `eps` is
-    /// negative or not finite, or `min_lr` has the wrong number of groups.
+    /// negative or not finite, `min_lr` is negative or has the wrong number of groups, or
+    /// `cooldown` is beyond 2^53.
     pub fn new(opt: &mut dyn ParamGroupLr, options: PlateauOptions) -> Result<Self> {
         let n = opt.num_lr_groups();
         if n == 0 {
@@ -117,6 +118,10 @@ impl ReduceLROnPlateau {
             PerGroup::Each(_) => None,
         };
         let min_lrs = options.min_lr.resolve(Self::NAME, "min_lr", n)?;
+        if let Some(v) = min_lrs.iter().find(|&&v| v < 0.0) {
+            return Err(invalid(Self::NAME, "min_lr", v, "use a lower bound >= 0"));
+        }
+        crate::state_check::epochs(Self::NAME, "cooldown", options.cooldown)?;
         let mut s = Self {
             mode: options.mode,
             threshold_mode: options.threshold_mode,
@@ -195,7 +200,7 @@ impl ReduceLROnPlateau {
                 *lr = new;
             }
         }
-        write_lrs(opt, lrs, &before)
+        write_lrs(Self::NAME, opt, lrs, &before)
     }
 }
 

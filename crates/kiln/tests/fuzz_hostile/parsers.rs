@@ -1,0 +1,177 @@
+//! String parsers and size arguments: `CUDA_VISIBLE_DEVICES`, `KILN_NUM_THREADS`, memory sizes,
+//! `--data`, `--optimizer`, allocation traces (replayed on hostile capacities), memory-plan
+//! budgets and summary shapes, each checked against a reference where there is one.
+
+use crate::harness::{run, Outcome, Rng};
+use kiln::alloc::{replay, ReplayMode, Trace};
+use kiln::autograd::DType;
+use kiln::data::DataSource;
+use kiln::device::threads::{resolve_num_threads, MAX_THREADS_PER_CORE};
+use kiln::device::visibility::parse_selectors;
+use kiln::device::VisibleDevices;
+use kiln::models::models::mlp;
+use kiln::models::{parse_memory_size, plan, summary, OptimizerKind};
+
+/// A string from hostile pieces: digits, signs, separators, units, non-ASCII, long numbers.
+fn hostile_text(rng: &mut Rng, pieces: &[&str]) -> String {
+    let mut s = String::new();
+    for _ in 0..rng.below(6) {
+        match rng.below(4) {
+            0 => s.push_str(rng.pick(pieces)),
+            1 => s.push_str(&rng.size().to_string()),
+            2 => s.push(char::from_u32(rng.below(0x3000) as u32).unwrap_or('x')),
+            _ => s.push_str(rng.pick(&[
+                ",",
+                " ",
+                "-",
+                ".",
+                "e",
+                "+",
+                "\0",
+                "١",
+                "99999999999999999999999",
+            ])),
+        }
+    }
+    s
+}
+
+pub fn strings(seed: u64, cases: usize) {
+    let generate = |rng: &mut Rng| {
+        let pieces = [
+            "GPU-",
+            "MIG-",
+            "0",
+            "1",
+            "-1",
+            "GB",
+            "GiB",
+            "KB",
+            "MiB",
+            "TB",
+            "B",
+            "NaN",
+            "inf",
+            "1e30",
+            "synthetic",
+            "synthetic:",
+            "mnist:",
+            "cifar10:",
+            "sgd",
+            "adamw",
+            "0x10",
+        ];
+        (hostile_text(rng, &pieces), rng.below(70))
+    };
+    let uuids: Vec<String> = (0..3).map(|i| format!("GPU-{i}0000000-0000")).collect();
+    let check = |(text, cores): &(String, usize)| {
+        let _ = parse_selectors(text);
+        let visible = VisibleDevices::parse(Some(text), &uuids);
+        assert!(
+            visible.len() <= uuids.len(),
+            "{text:?} made {} devices visible",
+            visible.len()
+        );
+        let (threads, _) = resolve_num_threads(Some(text), *cores);
+        let limit = (*cores).max(1) * MAX_THREADS_PER_CORE;
+        assert!(
+            threads.is_none_or(|n| (1..=limit).contains(&n)),
+            "{text:?}: {threads:?}"
+        );
+        let _ = text.parse::<DataSource>();
+        let _ = text.parse::<OptimizerKind>();
+        let size = parse_memory_size(text);
+        if let Ok(bytes) = size {
+            // Reference: a plain integer parses to itself.
+            if let Ok(n) = text.trim().parse::<usize>() {
+                assert_eq!(bytes, n, "{text:?}");
+            }
+        }
+        Outcome::from(size)
+    };
+    run(
+        "strings (devices, threads, sizes, --data, --optimizer)",
+        seed,
+        cases,
+        generate,
+        check,
+    );
+}
+
+#[derive(Debug)]
+pub struct Replay {
+    text: String,
+    expandable: bool,
+    capacity: usize,
+}
+
+pub fn traces(seed: u64, cases: usize) {
+    let generate = |rng: &mut Rng| {
+        let mut text = String::new();
+        for _ in 0..rng.below(12) {
+            let id = rng.below(5);
+            let any = rng.size();
+            let bytes = rng.pick(&[1, 512, 1 << 20, 3 << 21, 1 << 40, any]);
+            text.push_str(&match rng.below(5) {
+                0..=2 => format!("a {id} {bytes}\n"),
+                3 => format!("f {id}\n"),
+                _ => hostile_text(rng, &["a", "f", "#", " ", "\n"]) + "\n",
+            });
+        }
+        let capacity = rng.pick(&[0, 1, 4096, 1 << 21, 80 << 30, 1 << 62, usize::MAX]);
+        Replay {
+            text,
+            expandable: rng.chance(0.5),
+            capacity,
+        }
+    };
+    let check = |r: &Replay| {
+        let Ok(trace) = Trace::parse(&r.text) else {
+            return Outcome::Refused;
+        };
+        let mode = if r.expandable {
+            ReplayMode::Expandable
+        } else {
+            ReplayMode::Default
+        };
+        Outcome::from(replay(&trace, mode, r.capacity))
+    };
+    run(
+        "allocation traces on hostile capacities",
+        seed,
+        cases,
+        generate,
+        check,
+    );
+}
+
+pub fn budgets(seed: u64, cases: usize) {
+    let model = mlp(&[8, 16, 4], 0.0).unwrap();
+    let p = plan(&model, &[8], DType::F32, OptimizerKind::Adam).unwrap();
+    let generate = |rng: &mut Rng| (rng.size(), rng.size());
+    let check = |(budget, batch): &(usize, usize)| {
+        let _ = p.peak_bytes(*batch);
+        let fits = p.max_batch_size(*budget);
+        if let Ok(b) = fits {
+            // Reference: the answer fits and the next batch does not.
+            assert!(p.peak_bytes(b) <= *budget, "budget {budget}: batch {b}");
+            let next = p.peak_bytes(b.saturating_add(1));
+            assert!(next > *budget || next == usize::MAX, "budget {budget}: {b}");
+        }
+        // Summaries of hostile batches: mult-adds are (weights + biases) x batch, or an error.
+        let small = mlp(&[8, 4], 0.0).unwrap();
+        let reference = batch.checked_mul(36);
+        match summary(&small, &[*batch, 8]) {
+            Ok(s) => assert_eq!(Some(s.total_mult_adds), reference, "batch {batch}"),
+            Err(e) => assert!(reference.is_none(), "batch {batch}: {e}"),
+        }
+        Outcome::from(fits)
+    };
+    run(
+        "memory-plan budgets and summary batches",
+        seed,
+        cases,
+        generate,
+        check,
+    );
+}

@@ -1,0 +1,421 @@
+//! Scheduler state dicts: a valid state from a few steps of each scheduler, mutated (numbers
+//! replaced by hostile values, lists cut or grown, types swapped), loaded into a fresh scheduler
+//! of the same kind on `LrGroups` or a real AdamW, then stepped. Loading may refuse; nothing may
+//! panic, and a refused load must leave the scheduler as it was.
+
+use crate::harness::{run, Outcome, Rng};
+use kiln::autograd::{Device, Parameter, Tensor};
+use kiln::optim::{AdamOptions, AdamW, ParamGroup};
+use kiln::sched::{
+    Anneal, ChainedScheduler, ConstantLR, CosineAnnealingLR, CosineAnnealingWarmRestarts, CyclicLR,
+    CyclicMode, CyclicOptions, ExponentialLR, LambdaLR, LinearLR, LrGroups, LrScheduler,
+    MetricScheduler, MultiStepLR, MultiplicativeLR, OneCycleLR, OneCycleOptions, ParamGroupLr,
+    PlateauOptions, PolynomialLR, ReduceLROnPlateau, SequentialLR, StepLR,
+};
+use serde_json::{json, Value};
+
+const KINDS: [&str; 16] = [
+    "StepLR",
+    "MultiStepLR",
+    "ExponentialLR",
+    "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
+    "LinearLR",
+    "ConstantLR",
+    "LambdaLR",
+    "MultiplicativeLR",
+    "PolynomialLR",
+    "OneCycleLR",
+    "OneCycleLR-linear-3",
+    "CyclicLR",
+    "SequentialLR",
+    "ChainedScheduler",
+    "ReduceLROnPlateau",
+];
+
+/// A step-driven or metric-driven scheduler behind one interface for the fuzzer.
+enum Sched {
+    Step(Box<dyn LrScheduler>),
+    Metric(ReduceLROnPlateau),
+}
+
+impl Sched {
+    fn state_dict(&self) -> Value {
+        match self {
+            Sched::Step(s) => s.state_dict(),
+            Sched::Metric(s) => s.state_dict(),
+        }
+    }
+    fn load(&mut self, v: &Value) -> bool {
+        match self {
+            Sched::Step(s) => s.load_state_dict(v).is_ok(),
+            Sched::Metric(s) => s.load_state_dict(v).is_ok(),
+        }
+    }
+    fn step(&mut self, opt: &mut dyn ParamGroupLr, metric: f64) -> bool {
+        match self {
+            Sched::Step(s) => s.step(opt).is_ok(),
+            Sched::Metric(s) => s.step(opt, metric).is_ok(),
+        }
+    }
+    fn last_lr(&self) -> Vec<f64> {
+        match self {
+            Sched::Step(s) => s.get_last_lr().to_vec(),
+            Sched::Metric(s) => s.get_last_lr().to_vec(),
+        }
+    }
+}
+
+fn make(kind: &str, opt: &mut dyn ParamGroupLr) -> Sched {
+    let boxed: Box<dyn LrScheduler> = match kind {
+        "StepLR" => Box::new(StepLR::new(opt, 3, 0.5).unwrap()),
+        "MultiStepLR" => Box::new(MultiStepLR::new(opt, &[2, 5, 5, 9], 0.3).unwrap()),
+        "ExponentialLR" => Box::new(ExponentialLR::new(opt, 0.9).unwrap()),
+        "CosineAnnealingLR" => Box::new(CosineAnnealingLR::new(opt, 7, 1e-4).unwrap()),
+        "CosineAnnealingWarmRestarts" => {
+            Box::new(CosineAnnealingWarmRestarts::new(opt, 3, 2, 1e-4).unwrap())
+        }
+        "LinearLR" => Box::new(LinearLR::new(opt, 0.2, 1.0, 6).unwrap()),
+        "ConstantLR" => Box::new(ConstantLR::new(opt, 0.5, 4).unwrap()),
+        "LambdaLR" => Box::new(LambdaLR::new(opt, |e| 1.0 / (1.0 + e as f64)).unwrap()),
+        "MultiplicativeLR" => Box::new(MultiplicativeLR::new(opt, |_| 0.95).unwrap()),
+        "PolynomialLR" => Box::new(PolynomialLR::new(opt, 8, 2.0).unwrap()),
+        "OneCycleLR" => {
+            Box::new(OneCycleLR::new(opt, 0.2, 12, OneCycleOptions::default()).unwrap())
+        }
+        "OneCycleLR-linear-3" => {
+            let o = OneCycleOptions {
+                anneal_strategy: Anneal::Linear,
+                three_phase: true,
+                ..Default::default()
+            };
+            Box::new(OneCycleLR::new(opt, 0.2, 12, o).unwrap())
+        }
+        "CyclicLR" => {
+            let o = CyclicOptions {
+                step_size_up: 3,
+                mode: CyclicMode::Triangular2,
+                ..Default::default()
+            };
+            Box::new(CyclicLR::new(opt, 0.001, 0.1, o).unwrap())
+        }
+        "SequentialLR" => {
+            let a = Box::new(LinearLR::new(opt, 0.1, 1.0, 3).unwrap());
+            let b = Box::new(CosineAnnealingLR::new(opt, 5, 0.0).unwrap());
+            let c = Box::new(StepLR::new(opt, 2, 0.5).unwrap());
+            Box::new(SequentialLR::new(opt, vec![a, b, c], &[3, 8]).unwrap())
+        }
+        "ChainedScheduler" => {
+            let a = Box::new(ConstantLR::new(opt, 0.5, 4).unwrap());
+            let b = Box::new(ExponentialLR::new(opt, 0.95).unwrap());
+            Box::new(ChainedScheduler::new(opt, vec![a, b]).unwrap())
+        }
+        _ => return Sched::Metric(ReduceLROnPlateau::new(opt, plateau()).unwrap()),
+    };
+    Sched::Step(boxed)
+}
+
+fn plateau() -> PlateauOptions {
+    PlateauOptions {
+        patience: 1,
+        cooldown: 1,
+        ..Default::default()
+    }
+}
+
+fn adamw() -> kiln::optim::Adam {
+    let param = |fill: f32| {
+        Parameter::new(Tensor::from_vec(vec![fill; 2], &[2], Device::Cpu).unwrap()).unwrap()
+    };
+    AdamW::new(
+        vec![
+            ParamGroup::new(vec![("a".into(), param(0.5))]).lr(0.1),
+            ParamGroup::new(vec![("b".into(), param(-0.5))]).lr(0.02),
+        ],
+        AdamOptions::adamw(),
+    )
+    .unwrap()
+}
+
+/// Values that break naive code: zeros, signs, extremes, non-numbers, wrong types.
+fn hostile_value(rng: &mut Rng) -> Value {
+    match rng.below(20) {
+        0 => json!(0),
+        1 => json!(-1),
+        2 => json!(1e308),
+        3 => json!(-1e308),
+        4 => json!(5e-324),
+        5 => json!(i64::MAX),
+        6 => json!(i64::MIN),
+        7 => json!(u64::MAX),
+        8 => json!((1u64 << 53) + 1),
+        9 => json!("nan"),
+        10 => json!("inf"),
+        11 => json!("-inf"),
+        12 => Value::Null,
+        13 => json!([]),
+        14 => json!([0.1]),
+        15 => json!([0.1, 0.2, 0.3]),
+        16 => json!(true),
+        17 => json!({}),
+        18 => json!(-0.0),
+        _ => json!(rng.next_u64() as f64 / u64::MAX as f64 * 4.0 - 2.0),
+    }
+}
+
+/// Paths to every value in `v` (object keys and array indices).
+fn paths(v: &Value, prefix: &mut Vec<Value>, out: &mut Vec<Vec<Value>>) {
+    out.push(prefix.clone());
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map {
+                prefix.push(json!(k));
+                paths(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                prefix.push(json!(i));
+                paths(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn at<'a>(v: &'a mut Value, path: &[Value]) -> &'a mut Value {
+    path.iter().fold(v, |v, key| match key {
+        Value::String(k) => &mut v[k.as_str()],
+        key => &mut v[key.as_u64().unwrap() as usize],
+    })
+}
+
+/// One to three mutations: replace a value, scale a number, cut or grow a list.
+pub fn mutate(state: &mut Value, rng: &mut Rng) {
+    for _ in 0..1 + rng.below(3) {
+        let mut all = Vec::new();
+        paths(state, &mut Vec::new(), &mut all);
+        // Skip the root and the scheduler tag most of the time, so most cases reach the checks.
+        let path = rng.pick(&all[1..]);
+        let target = at(state, &path);
+        match (rng.below(4), &mut *target) {
+            (0, Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(1.0) * rng.pick(&[-1.0, 0.0, 1e300, 1e-300, 2.0]);
+                *target = json!(x);
+            }
+            (1, Value::Array(items)) if !items.is_empty() => {
+                if rng.chance(0.5) {
+                    items.truncate(rng.below(items.len()));
+                } else {
+                    let first = items[0].clone();
+                    items.push(first);
+                }
+            }
+            _ => *target = hostile_value(rng),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Case {
+    kind: &'static str,
+    on_adamw: bool,
+    state: Value,
+}
+
+pub fn state_dicts(seed: u64, cases: usize) {
+    let generate = |rng: &mut Rng| {
+        let kind = rng.pick(&KINDS);
+        let on_adamw = rng.chance(0.25);
+        let steps_before = rng.below(6);
+        let mut opt = LrGroups::with_momentum(&[0.1, 0.02], 0.9);
+        let mut s = make(kind, &mut opt);
+        for i in 0..steps_before {
+            s.step(&mut opt, 1.0 / (1 + i) as f64);
+        }
+        let mut state = s.state_dict();
+        mutate(&mut state, rng);
+        Case {
+            kind,
+            on_adamw,
+            state,
+        }
+    };
+    let check = |case: &Case| {
+        let mut groups = LrGroups::with_momentum(&[0.1, 0.02], 0.9);
+        let mut optimizer = adamw();
+        let opt: &mut dyn ParamGroupLr = if case.on_adamw {
+            &mut optimizer
+        } else {
+            &mut groups
+        };
+        let mut s = make(case.kind, opt);
+        let before = s.state_dict();
+        let loaded = s.load(&case.state);
+        if !loaded {
+            assert_eq!(
+                s.state_dict(),
+                before,
+                "a refused load changed the scheduler"
+            );
+        }
+        for i in 0..20 {
+            let metric = [1.0, 0.5, f64::NAN, 2.0][i % 4];
+            if s.step(opt, metric) {
+                assert_eq!(s.last_lr().len(), 2);
+            }
+        }
+        let _ = s.state_dict();
+        if loaded {
+            Outcome::Accepted
+        } else {
+            Outcome::Refused
+        }
+    };
+    run("scheduler state dicts", seed, cases, generate, check);
+}
+
+/// Constructor arguments: hostile counts, factors and per-group lists for every scheduler,
+/// then 30 steps (and a fractional `step_to` for warm restarts). Building may refuse.
+#[derive(Debug)]
+pub struct Build {
+    kind: &'static str,
+    count: usize,
+    second: usize,
+    factor: f64,
+    other: f64,
+    list: Vec<f64>,
+    on_adamw: bool,
+}
+
+fn hostile_f64(rng: &mut Rng) -> f64 {
+    let any = rng.next_u64() as f64 / u64::MAX as f64;
+    rng.pick(&[
+        0.0,
+        -0.0,
+        1.0,
+        0.5,
+        1e-300,
+        -1.0,
+        2.0,
+        1e300,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        any,
+    ])
+}
+
+pub fn constructors(seed: u64, cases: usize) {
+    let generate = |rng: &mut Rng| {
+        let len = rng.pick(&[0, 1, 2, 3]);
+        Build {
+            kind: rng.pick(&KINDS),
+            count: rng.size(),
+            second: rng.size(),
+            factor: hostile_f64(rng),
+            other: hostile_f64(rng),
+            list: (0..len).map(|_| hostile_f64(rng)).collect(),
+            on_adamw: rng.chance(0.3),
+        }
+    };
+    let check = |b: &Build| {
+        let mut groups = LrGroups::with_momentum(&[0.1, 0.02], 0.9);
+        let mut optimizer = adamw();
+        let opt: &mut dyn ParamGroupLr = if b.on_adamw {
+            &mut optimizer
+        } else {
+            &mut groups
+        };
+        let (n, m, f, g) = (b.count, b.second, b.factor, b.other);
+        let list = kiln::sched::PerGroup::Each(b.list.clone());
+        let built: Result<Sched, kiln::sched::SchedError> = (|| {
+            let s: Box<dyn LrScheduler> = match b.kind {
+                "StepLR" => Box::new(StepLR::new(opt, n, f)?),
+                "MultiStepLR" => Box::new(MultiStepLR::new(opt, &[n.min(m), n.max(m)], f)?),
+                "ExponentialLR" => Box::new(ExponentialLR::new(opt, f)?),
+                "CosineAnnealingLR" => Box::new(CosineAnnealingLR::new(opt, n, f)?),
+                "CosineAnnealingWarmRestarts" => {
+                    let mut w = CosineAnnealingWarmRestarts::new(opt, n, m, f)?;
+                    let _ = w.step_to(opt, g);
+                    Box::new(w)
+                }
+                "LinearLR" => Box::new(LinearLR::new(opt, f, g, n)?),
+                "ConstantLR" => Box::new(ConstantLR::new(opt, f, n)?),
+                "LambdaLR" => Box::new(LambdaLR::new(opt, move |e| f.powf(e as f64))?),
+                "MultiplicativeLR" => Box::new(MultiplicativeLR::new(opt, move |_| f)?),
+                "PolynomialLR" => Box::new(PolynomialLR::new(opt, n, f)?),
+                "OneCycleLR" | "OneCycleLR-linear-3" => {
+                    let o = OneCycleOptions {
+                        pct_start: g,
+                        anneal_strategy: if m % 2 == 0 {
+                            Anneal::Cos
+                        } else {
+                            Anneal::Linear
+                        },
+                        three_phase: b.kind != "OneCycleLR",
+                        div_factor: if m % 3 == 0 { f } else { 25.0 },
+                        base_momentum: list.clone(),
+                        ..Default::default()
+                    };
+                    Box::new(OneCycleLR::new(opt, f, n, o)?)
+                }
+                "CyclicLR" => {
+                    let o = CyclicOptions {
+                        step_size_up: n,
+                        step_size_down: Some(m),
+                        mode: [
+                            CyclicMode::Triangular,
+                            CyclicMode::Triangular2,
+                            CyclicMode::ExpRange,
+                        ][m % 3],
+                        gamma: g,
+                        max_momentum: list.clone(),
+                        ..Default::default()
+                    };
+                    Box::new(CyclicLR::new(opt, f, g, o)?)
+                }
+                "SequentialLR" => {
+                    let a = Box::new(LinearLR::new(opt, 0.5, 1.0, 3)?);
+                    let c = Box::new(StepLR::new(opt, 2, 0.5)?);
+                    Box::new(SequentialLR::new(opt, vec![a, c], &[n])?)
+                }
+                "ChainedScheduler" => {
+                    let a = Box::new(ExponentialLR::new(opt, f)?);
+                    Box::new(ChainedScheduler::new(opt, vec![a])?)
+                }
+                _ => {
+                    let o = PlateauOptions {
+                        factor: f,
+                        patience: n,
+                        threshold: g,
+                        cooldown: m,
+                        min_lr: list.clone(),
+                        eps: g,
+                        ..Default::default()
+                    };
+                    return Ok(Sched::Metric(ReduceLROnPlateau::new(opt, o)?));
+                }
+            };
+            Ok(Sched::Step(s))
+        })();
+        let Ok(mut s) = built else {
+            return Outcome::Refused;
+        };
+        for i in 0..30 {
+            s.step(opt, [1.0, f, f64::NAN][i % 3]);
+        }
+        let state = s.state_dict();
+        assert!(s.load(&state), "a scheduler's own state must load back");
+        Outcome::Accepted
+    };
+    run(
+        "scheduler constructor arguments",
+        seed,
+        cases,
+        generate,
+        check,
+    );
+}
