@@ -279,3 +279,23 @@ fn resnet18_pth_matches_its_safetensors_when_generated() {
     );
     assert_eq!(m.state_dict().len(), a.len());
 }
+
+#[test]
+fn convert_writes_the_same_tensors_as_safetensors() {
+    for (name, bytes) in [
+        ("views.pth", VIEWS_PTH),
+        ("views_legacy.pth", VIEWS_LEGACY_PTH),
+    ] {
+        let input = embedded(name, bytes);
+        let output = input.with_extension("converted.safetensors");
+        let written = kiln_models::pth::convert_to_safetensors(&input, &output).unwrap();
+        let (back, meta) = load_tensors(&output).unwrap();
+        assert_eq!(meta.get("format").map(String::as_str), Some("pt"));
+        assert_same_tensors(&written, &back);
+        assert_same_tensors(
+            &read_pth(bytes).unwrap(),
+            &safetensors("views.safetensors", VIEWS_ST),
+        );
+        assert!(kiln_models::pth::convert_to_safetensors(&input, &input).is_err());
+    }
+}

@@ -54,6 +54,27 @@ pub fn load_pth(model: &dyn Layer, path: impl AsRef<Path>, strict: bool) -> Resu
     load_state_dict(model, &tensors, strict)
 }
 
+/// Converts a `torch.save` file of a `state_dict` to safetensors: the same names, dtypes, shapes
+/// and element bits, each tensor contiguous, written atomically; returns the tensors written
+/// (in the `.pth` file's order). The file's metadata says `format: pt`, as Hugging Face's
+/// converter writes.
+pub fn convert_to_safetensors(
+    input: impl AsRef<Path>,
+    output: impl AsRef<Path>,
+) -> Result<NamedTensors> {
+    let (input, output) = (input.as_ref(), output.as_ref());
+    if input == output {
+        return Err(Error::Io {
+            path: output.display().to_string(),
+            msg: "the output would overwrite the input; name another output file".into(),
+        });
+    }
+    let tensors = load_pth_tensors(input)?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    crate::checkpoint::save_tensors(&tensors, Some(metadata), output)?;
+    Ok(tensors)
+}
+
 fn pth_err(path: &Path, e: PthError) -> Error {
     Error::Pth {
         path: path.display().to_string(),
