@@ -253,6 +253,15 @@ fn foreign_and_hostile_files_give_typed_errors() {
     assert!(path_err.to_string().contains("bad.pth"), "{path_err}");
 }
 
+#[test]
+fn one_storage_named_over_and_over_is_refused_not_copied_out() {
+    let aliased = include_bytes!("fixtures/aliased.pth");
+    match read_pth(aliased).unwrap_err() {
+        PthError::Bounds { msg, .. } => assert!(msg.contains("add up to"), "{msg}"),
+        e => panic!("{e}"),
+    }
+}
+
 /// torchvision's resnet18 saved by torch.save (gen_pth.py --full; not committed): the logits
 /// of the safetensors copy.
 #[test]
