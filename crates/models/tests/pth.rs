@@ -253,6 +253,15 @@ fn foreign_and_hostile_files_give_typed_errors() {
     assert!(path_err.to_string().contains("bad.pth"), "{path_err}");
 }
 
+#[test]
+fn one_storage_named_over_and_over_is_refused_not_copied_out() {
+    let aliased = include_bytes!("fixtures/aliased.pth");
+    match read_pth(aliased).unwrap_err() {
+        PthError::Bounds { msg, .. } => assert!(msg.contains("add up to"), "{msg}"),
+        e => panic!("{e}"),
+    }
+}
+
 /// torchvision's resnet18 saved by torch.save (gen_pth.py --full; not committed): the logits
 /// of the safetensors copy.
 #[test]
@@ -278,4 +287,24 @@ fn resnet18_pth_matches_its_safetensors_when_generated() {
         logits_of(&mut m2, &shape).to_vec::<f32>().unwrap()
     );
     assert_eq!(m.state_dict().len(), a.len());
+}
+
+#[test]
+fn convert_writes_the_same_tensors_as_safetensors() {
+    for (name, bytes) in [
+        ("views.pth", VIEWS_PTH),
+        ("views_legacy.pth", VIEWS_LEGACY_PTH),
+    ] {
+        let input = embedded(name, bytes);
+        let output = input.with_extension("converted.safetensors");
+        let written = kiln_models::pth::convert_to_safetensors(&input, &output).unwrap();
+        let (back, meta) = load_tensors(&output).unwrap();
+        assert_eq!(meta.get("format").map(String::as_str), Some("pt"));
+        assert_same_tensors(&written, &back);
+        assert_same_tensors(
+            &read_pth(bytes).unwrap(),
+            &safetensors("views.safetensors", VIEWS_ST),
+        );
+        assert!(kiln_models::pth::convert_to_safetensors(&input, &input).is_err());
+    }
 }

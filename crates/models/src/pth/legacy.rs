@@ -9,7 +9,7 @@
 
 use super::error::PthError;
 use super::pickle::unpickle;
-use super::tensor::{materialise, state_dict_records, Located};
+use super::tensor::{materialise, state_dict_records, Located, OutputBudget};
 use super::value::{storage_ref, Object, StorageDtype, Value};
 use crate::checkpoint::NamedTensors;
 use std::collections::HashMap;
@@ -119,6 +119,7 @@ pub(crate) fn read(bytes: &[u8]) -> Result<NamedTensors, PthError> {
         let data = take(bytes, &mut at, len, &format!("storage {key:?}"))?;
         storages.insert(key, data);
     }
+    let mut budget = OutputBudget::for_input(bytes.len());
     let records = state_dict_records(&main.top, &main.objects)?;
     let mut out = Vec::with_capacity(records.len());
     for (name, record) in records {
@@ -133,7 +134,7 @@ pub(crate) fn read(bytes: &[u8]) -> Result<NamedTensors, PthError> {
             storage,
             big_endian,
         };
-        let t = materialise(&name, &located)?;
+        let t = materialise(&name, &located, &mut budget)?;
         out.push((name, t));
     }
     Ok(out)

@@ -13,8 +13,9 @@
 //!
 //! Invariants: every tensor's offset, sizes and strides are checked with checked arithmetic
 //! against the byte length of its storage before any element is read, and a view may not hold
-//! more elements than its storage, so the memory a load takes is bounded by the file's size (a
-//! PyTorch tensor expanded with stride 0 is therefore refused: save `t.contiguous()`). Strided
+//! more elements than its storage, nor all the tensors of a file together more than a few times
+//! its size, so the memory a load takes is bounded by the file's size (a PyTorch tensor
+//! expanded with stride 0 is therefore refused: save `t.contiguous()`). Strided
 //! and offset views are copied out contiguously; views sharing a storage become separate
 //! tensors. Loading into a model goes through [`crate::checkpoint::load_state_dict`], so names,
 //! shapes and `strict` behave exactly as for safetensors.
@@ -33,7 +34,7 @@ use crate::error::Error;
 use crate::{Layer, Result};
 use std::collections::HashMap;
 use std::path::Path;
-use tensor::{materialise, state_dict_records, Located};
+use tensor::{materialise, state_dict_records, Located, OutputBudget};
 use value::{storage_ref, Object, Value};
 
 /// Reads every tensor of a `torch.save` file of a `state_dict` (on the CPU), in the file's
@@ -52,6 +53,27 @@ pub fn load_pth_tensors(path: impl AsRef<Path>) -> Result<NamedTensors> {
 pub fn load_pth(model: &dyn Layer, path: impl AsRef<Path>, strict: bool) -> Result<LoadReport> {
     let tensors = load_pth_tensors(path)?;
     load_state_dict(model, &tensors, strict)
+}
+
+/// Converts a `torch.save` file of a `state_dict` to safetensors: the same names, dtypes, shapes
+/// and element bits, each tensor contiguous, written atomically; returns the tensors written
+/// (in the `.pth` file's order). The file's metadata says `format: pt`, as Hugging Face's
+/// converter writes.
+pub fn convert_to_safetensors(
+    input: impl AsRef<Path>,
+    output: impl AsRef<Path>,
+) -> Result<NamedTensors> {
+    let (input, output) = (input.as_ref(), output.as_ref());
+    if input == output {
+        return Err(Error::Io {
+            path: output.display().to_string(),
+            msg: "the output would overwrite the input; name another output file".into(),
+        });
+    }
+    let tensors = load_pth_tensors(input)?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    crate::checkpoint::save_tensors(&tensors, Some(metadata), output)?;
+    Ok(tensors)
 }
 
 fn pth_err(path: &Path, e: PthError) -> Error {
@@ -106,6 +128,7 @@ fn read_zip(bytes: &[u8]) -> std::result::Result<NamedTensors, PthError> {
     };
     let pickled = archive.read(pkl)?;
     let unpickled = pickle::unpickle(&pickled, storage_from_pid)?;
+    let mut budget = OutputBudget::for_input(bytes.len());
     let records = state_dict_records(&unpickled.top, &unpickled.objects)?;
     let mut storages: HashMap<String, std::borrow::Cow<'_, [u8]>> = HashMap::new();
     let mut out = Vec::with_capacity(records.len());
@@ -126,7 +149,7 @@ fn read_zip(bytes: &[u8]) -> std::result::Result<NamedTensors, PthError> {
             storage,
             big_endian,
         };
-        out.push((name.clone(), materialise(&name, &located)?));
+        out.push((name.clone(), materialise(&name, &located, &mut budget)?));
     }
     Ok(out)
 }

@@ -11,6 +11,7 @@
 //! `DUP`) without reference cycles; readers of the result limit their recursion depth.
 
 use super::error::PthError;
+use super::tensor::MAX_DIMS;
 use super::value::{opcode_name, resolve_global, Global, Object, TensorRecord, Value};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -388,12 +389,12 @@ where
                 let pid = self.pop()?;
                 let fields = match &pid {
                     Value::Obj(i) => match &self.objects[*i] {
-                        Object::Tuple(t) => t.clone(),
+                        Object::Tuple(t) => t,
                         _ => return Err(bad("a persistent id that is not a tuple")),
                     },
                     _ => return Err(bad("a persistent id that is not a tuple")),
                 };
-                let o = (self.persistent_load)(&fields, &self.objects)?;
+                let o = (self.persistent_load)(fields, &self.objects)?;
                 self.push_obj(o);
             }
             b'R' => {
@@ -424,10 +425,12 @@ where
         Ok(())
     }
 
-    fn tuple_of(&self, v: &Value, what: &str) -> Result<Vec<Value>, PthError> {
+    /// The items of the tuple `v` refers to, borrowed (a tuple reused through the memo is never
+    /// copied, so reuse costs no more than the opcode that names it).
+    fn tuple_of(&self, v: &Value, what: &str) -> Result<&[Value], PthError> {
         match v {
             Value::Obj(i) => match &self.objects[*i] {
-                Object::Tuple(t) => Ok(t.clone()),
+                Object::Tuple(t) => Ok(t),
                 _ => Err(bad(format!("{what} is not a tuple"))),
             },
             _ => Err(bad(format!("{what} is not a tuple"))),
@@ -454,7 +457,7 @@ where
                 items: Vec::new(),
                 state: None,
             }),
-            Global::RebuildTensorV2 => self.rebuild_tensor(&args),
+            Global::RebuildTensorV2 => self.rebuild_tensor(args),
             Global::RebuildParameter | Global::RebuildParameterWithState => {
                 let data = args
                     .first()
@@ -463,7 +466,7 @@ where
             }
             Global::RebuildFromTypeV2 => {
                 // (func, new_type, args, state): a plain tensor or parameter only.
-                let [func, new_type, inner, _state] = &args[..] else {
+                let [func, new_type, inner, _state] = args else {
                     return Err(bad("_rebuild_from_type_v2 needs 4 arguments"));
                 };
                 match self.global_of(new_type) {
@@ -473,7 +476,7 @@ where
                 if self.global_of(func) != Some(Global::RebuildTensorV2) {
                     return Err(bad("_rebuild_from_type_v2 of something not a tensor"));
                 }
-                self.rebuild_tensor(&self.tuple_of(inner, "the rebuild arguments")?)
+                self.rebuild_tensor(self.tuple_of(inner, "the rebuild arguments")?)
             }
             other => Err(bad(format!(
                 "REDUCE calls {other:?} with {} arguments",
@@ -493,7 +496,14 @@ where
     }
 
     fn ints(&self, v: &Value, what: &str) -> Result<Vec<u64>, PthError> {
-        self.tuple_of(v, what)?
+        let items = self.tuple_of(v, what)?;
+        if items.len() > MAX_DIMS {
+            return Err(bad(format!(
+                "{what} has {} dimensions, more than {MAX_DIMS}",
+                items.len()
+            )));
+        }
+        items
             .iter()
             .map(|x| match x {
                 Value::Int(n) => u64::try_from(*n)

@@ -3,8 +3,9 @@
 //!
 //! Invariants: a record's offset, sizes and strides are checked with checked arithmetic against
 //! its storage's element count (itself checked against the storage's bytes) before any element
-//! is read; a view holds at most as many elements as its storage, so the output of a load is
-//! no larger than its input; dimensions of size 1 ignore their stride.
+//! is read; a view holds at most as many elements as its storage, and all the tensors of one
+//! file at most [`OUTPUT_FACTOR`] times the file's bytes, so a load's memory is bounded by its
+//! input; dimensions of size 1 ignore their stride.
 
 use super::error::PthError;
 use super::value::{Object, TensorRecord, Value};
@@ -13,7 +14,42 @@ use kiln_autograd::{DType, Tensor};
 use std::collections::HashMap;
 
 /// The most dimensions a tensor in a `.pth` file may have.
-const MAX_DIMS: usize = 64;
+pub(crate) const MAX_DIMS: usize = 64;
+
+/// How many times its own size the tensors of one file may add up to: views sharing a storage
+/// (tied weights, slices) are copied once per name, and a hostile file could name one large
+/// storage many times over.
+const OUTPUT_FACTOR: u64 = 8;
+
+/// The bytes of tensors a load may still produce.
+pub(crate) struct OutputBudget {
+    left: u64,
+}
+
+impl OutputBudget {
+    /// The budget of a file of `len` bytes.
+    pub(crate) fn for_input(len: usize) -> Self {
+        OutputBudget {
+            left: (len as u64)
+                .saturating_mul(OUTPUT_FACTOR)
+                .saturating_add(1 << 20),
+        }
+    }
+
+    fn spend(&mut self, name: &str, bytes: u64) -> Result<(), PthError> {
+        self.left = self.left.checked_sub(bytes).ok_or_else(|| {
+            bounds(
+                name,
+                format!(
+                    "the file's tensors add up to more than {OUTPUT_FACTOR} times its size: the \
+                     same storage is named over and over; save tensors that own their data \
+                     (t.clone()) instead"
+                ),
+            )
+        })?;
+        Ok(())
+    }
+}
 
 /// A tensor's record with the storage bytes it views and their byte order.
 pub(crate) struct Located<'b> {
@@ -97,7 +133,11 @@ fn bounds(name: &str, msg: impl Into<String>) -> PthError {
 }
 
 /// Copies a (possibly strided, offset) view out of its storage into a contiguous kiln tensor.
-pub(crate) fn materialise(name: &str, at: &Located<'_>) -> std::result::Result<Tensor, PthError> {
+pub(crate) fn materialise(
+    name: &str,
+    at: &Located<'_>,
+    budget: &mut OutputBudget,
+) -> std::result::Result<Tensor, PthError> {
     let rec = &at.record;
     let dtype = rec
         .storage
@@ -145,6 +185,7 @@ pub(crate) fn materialise(name: &str, at: &Located<'_>) -> std::result::Result<T
             ),
         ));
     }
+    budget.spend(name, numel * es as u64)?;
     // Dimensions of size 1 never move, whatever their stride says.
     let stride: Vec<u64> = rec
         .size

@@ -1,0 +1,71 @@
+//! Criterion micro-benchmarks of the caching allocator on host memory (`cargo bench -p
+//! kiln-alloc-cache`): a cache hit (allocate + free of a block the cache holds), a miss
+//! (allocate from an empty cache, which asks the backend for a segment, then free and
+//! `empty_cache`), and a split (two blocks carved out of one cached segment, then freed, which
+//! merges them back). `cargo xtask bench alloc` stays the side-by-side report.
+
+// criterion_group! defines a public `fn benches` that cannot carry a doc comment.
+#![allow(missing_docs)]
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use kiln_alloc_cache::{AllocatorConfig, CachingAllocator, HostBackend, StreamId};
+use std::hint::black_box;
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+fn allocator() -> Arc<CachingAllocator> {
+    Arc::new(
+        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default())
+            .expect("a host allocator"),
+    )
+}
+
+fn hit(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloc_hit");
+    for size in [1024usize, 4 * MIB] {
+        let alloc = allocator();
+        // Warm the cache: the timed pairs find this block.
+        drop(alloc.allocate(size, StreamId::DEFAULT).expect("warm-up"));
+        group.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, &size| {
+            b.iter(|| black_box(alloc.allocate(size, StreamId::DEFAULT).expect("hit")))
+        });
+    }
+    group.finish();
+}
+
+fn miss(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloc_miss");
+    for size in [1024usize, 4 * MIB] {
+        let alloc = allocator();
+        group.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, &size| {
+            b.iter(|| {
+                drop(black_box(
+                    alloc.allocate(size, StreamId::DEFAULT).expect("miss"),
+                ));
+                alloc.empty_cache().expect("empty_cache")
+            })
+        });
+    }
+    group.finish();
+}
+
+fn split(c: &mut Criterion) {
+    let alloc = allocator();
+    // One cached 20 MiB segment that the timed allocations split.
+    drop(
+        alloc
+            .allocate(20 * MIB, StreamId::DEFAULT)
+            .expect("warm-up"),
+    );
+    c.bench_function("alloc_split_1m_3m_of_20m", |b| {
+        b.iter(|| {
+            let a = alloc.allocate(MIB, StreamId::DEFAULT).expect("split");
+            let b = alloc.allocate(3 * MIB, StreamId::DEFAULT).expect("split");
+            black_box((&a, &b));
+        })
+    });
+}
+
+criterion_group!(benches, hit, miss, split);
+criterion_main!(benches);
