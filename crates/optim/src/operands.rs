@@ -124,9 +124,10 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
             return Err(unsupported(
                 "step",
                 format!(
-                    "{op}: CUDA parameter `{}` and its gradient must be f32 (got {} and {}); \
+                    "{op}: parameter `{}` on {} and its gradient must be f32 (got {} and {}); \
                      keep master weights in f32",
                     item.name,
+                    p.device(),
                     p.dtype(),
                     g.dtype()
                 ),
@@ -136,9 +137,10 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
             return Err(unsupported(
                 "step",
                 format!(
-                    "{op}: CUDA parameter `{}` and its gradient must be contiguous and on the \
+                    "{op}: parameter `{}` on {} and its gradient must be contiguous and on the \
                      same device",
-                    item.name
+                    item.name,
+                    p.device()
                 ),
             ));
         }
