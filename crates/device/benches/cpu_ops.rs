@@ -7,7 +7,8 @@
 #![allow(missing_docs)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kiln_device::{BackendStorage, BinaryOp, CpuStorage, Layout, ReduceOp, UnaryOp};
+use kiln_device::prelude::*;
+use kiln_device::{BinaryOp, CpuStorage, Layout, ReduceOp, UnaryOp};
 use std::hint::black_box;
 
 /// `n` deterministic values in [-1, 1].
