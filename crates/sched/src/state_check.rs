@@ -124,3 +124,19 @@ impl Check {
         self.count("step_count", core.step_count, 0)
     }
 }
+
+/// `save`/`restore` for schedulers whose whole struct is serializable.
+macro_rules! whole_struct_state {
+    () => {
+        fn save(&self) -> serde_json::Value {
+            serde_json::to_value(self).expect("scheduler state serializes")
+        }
+        fn restore(&mut self, state: serde_json::Value) -> $crate::error::Result<()> {
+            let loaded: Self = $crate::scheduler::from_state(Self::NAME, state)?;
+            $crate::state_check::ValidState::validate(&loaded, self)?;
+            *self = loaded;
+            Ok(())
+        }
+    };
+}
+pub(crate) use whole_struct_state;

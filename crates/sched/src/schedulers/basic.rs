@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{invalid, Result};
 use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
-    core_accessors, group_lrs, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
+    core_accessors, group_lrs, impl_lr_scheduler, Chainable, Core, LrScheduler,
 };
+use crate::state_check::whole_struct_state;
 use crate::state_check::{epochs, Check, ValidState};
 
 pub(crate) fn check_gamma(scheduler: &'static str, gamma: f64) -> Result<()> {

@@ -14,9 +14,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{invalid, Result};
 use crate::param_group::ParamGroupLr;
 use crate::scheduler::{
-    core_accessors, from_state, group_lrs, impl_lr_scheduler, tagged, untag, whole_struct_state,
-    write_lrs, Chainable, Core, GroupSnapshot, LrScheduler,
+    core_accessors, from_state, group_lrs, impl_lr_scheduler, tagged, untag, write_lrs, Chainable,
+    Core, GroupSnapshot, LrScheduler,
 };
+use crate::state_check::whole_struct_state;
 
 use crate::state_check::{Check, ValidState, MAX_EPOCH};
 

@@ -10,9 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, Result, SchedError};
 use crate::param_group::{ParamGroupLr, PerGroup};
-use crate::scheduler::{
-    core_accessors, impl_lr_scheduler, whole_struct_state, Chainable, Core, LrScheduler,
-};
+use crate::scheduler::{core_accessors, impl_lr_scheduler, Chainable, Core, LrScheduler};
+use crate::state_check::whole_struct_state;
 use crate::state_check::{Check, ValidState};
 
 use std::f64::consts::PI;
