@@ -28,6 +28,7 @@ const SMALL_LEGACY_PTH: &[u8] = include_bytes!("fixtures/small_convnet_legacy.pt
 const SMALL_ST: &[u8] = include_bytes!("fixtures/small_convnet.safetensors");
 const VIEWS_PTH: &[u8] = include_bytes!("fixtures/views.pth");
 const VIEWS_LEGACY_PTH: &[u8] = include_bytes!("fixtures/views_legacy.pth");
+const VIEWS_DEFLATED_PTH: &[u8] = include_bytes!("fixtures/views_deflated.pth");
 const VIEWS_ST: &[u8] = include_bytes!("fixtures/views.safetensors");
 
 /// gen_fixtures.py's `small_convnet`.
