@@ -174,6 +174,7 @@ fn views_dtypes_and_shared_storages_match_safetensors_bit_for_bit() {
     for (name, bytes) in [
         ("views.pth", VIEWS_PTH),
         ("views_legacy.pth", VIEWS_LEGACY_PTH),
+        ("views_deflated.pth", VIEWS_DEFLATED_PTH),
     ] {
         let pth = read_pth(bytes).unwrap();
         assert_same_tensors(&pth, &st);
