@@ -1,7 +1,8 @@
 //! Criterion micro-benchmarks of CPU kernels through the backend seam (`cargo bench -p
 //! kiln-device`): elementwise (binary add, unary exp), reductions (sum of everything, sum of
 //! the last dim) and f32 matmul at a few sizes. `cargo xtask bench ops` stays the side-by-side
-//! report against reference loops.
+//! report against reference loops. Throughput is in elements, except for matmul, whose
+//! "elements" are its 2·n³ floating-point operations (so Gelem/s reads as GFLOP/s).
 
 // criterion_group! defines a public `fn benches` that cannot carry a doc comment.
 #![allow(missing_docs)]

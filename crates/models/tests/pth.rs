@@ -28,6 +28,7 @@ const SMALL_LEGACY_PTH: &[u8] = include_bytes!("fixtures/small_convnet_legacy.pt
 const SMALL_ST: &[u8] = include_bytes!("fixtures/small_convnet.safetensors");
 const VIEWS_PTH: &[u8] = include_bytes!("fixtures/views.pth");
 const VIEWS_LEGACY_PTH: &[u8] = include_bytes!("fixtures/views_legacy.pth");
+const VIEWS_DEFLATED_PTH: &[u8] = include_bytes!("fixtures/views_deflated.pth");
 const VIEWS_ST: &[u8] = include_bytes!("fixtures/views.safetensors");
 
 /// gen_fixtures.py's `small_convnet`.
@@ -173,6 +174,7 @@ fn views_dtypes_and_shared_storages_match_safetensors_bit_for_bit() {
     for (name, bytes) in [
         ("views.pth", VIEWS_PTH),
         ("views_legacy.pth", VIEWS_LEGACY_PTH),
+        ("views_deflated.pth", VIEWS_DEFLATED_PTH),
     ] {
         let pth = read_pth(bytes).unwrap();
         assert_same_tensors(&pth, &st);
