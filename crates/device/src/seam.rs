@@ -197,23 +197,13 @@ macro_rules! seam_trait {
         fn $f(&$this $(, $arg: $ty)*) -> $ret {
             let op: &'static str = $crate::seam::seam_trait!(@op_name $f $op);
             match $this {
-                $crate::Storage::Cpu(buffer) => {
-                    let device = $crate::ops::buffer::BufferOps::device(buffer);
-                    let _ = (op, device);
-                    $crate::seam::seam_trait!(
-                        @lower $crate::CpuStorage, op, device, $order [$($arg),*]
-                    );
-                    $crate::seam::Lift::lift(<$crate::CpuStorage as $name>::$f(buffer $(, $arg)*))
-                }
+                $crate::Storage::Cpu(buffer) => $crate::seam::seam_trait!(
+                    @call $crate::CpuStorage, $name, $f, buffer, op, $order [$($arg),*]
+                ),
                 #[cfg(feature = "cuda")]
-                $crate::Storage::Cuda(buffer) => {
-                    let device = $crate::ops::buffer::BufferOps::device(buffer);
-                    let _ = (op, device);
-                    $crate::seam::seam_trait!(
-                        @lower $crate::CudaStorage, op, device, $order [$($arg),*]
-                    );
-                    $crate::seam::Lift::lift(<$crate::CudaStorage as $name>::$f(buffer $(, $arg)*))
-                }
+                $crate::Storage::Cuda(buffer) => $crate::seam::seam_trait!(
+                    @call $crate::CudaStorage, $name, $f, buffer, op, $order [$($arg),*]
+                ),
             }
         }
     };
@@ -240,6 +230,17 @@ macro_rules! seam_trait {
             }
         }
     };
+
+    // One variant's arm: lower the operands for its device, call its implementation, lift the
+    // result.
+    (@call $storage:ty, $name:ident, $f:ident, $buffer:ident, $op:ident, $order:tt
+        [$($arg:ident),*]
+    ) => {{
+        let device = $crate::ops::buffer::BufferOps::device($buffer);
+        let _ = ($op, device);
+        $crate::seam::seam_trait!(@lower $storage, $op, device, $order [$($arg),*]);
+        $crate::seam::Lift::lift(<$storage as $name>::$f($buffer $(, $arg)*))
+    }};
 
     // Every operand lowered in argument order, or only those an `order(..)` clause names, in
     // its order (the others pass unchanged; a storage among them would not type-check).
