@@ -34,6 +34,13 @@ pub trait Lift<T> {
     fn lift(self) -> T;
 }
 
+/// What the generated dispatch needs of a device storage: the device it is on (implemented for
+/// every `BufferOps` type in `crate::ops::buffer`, so this file names no op family).
+pub trait OnDevice {
+    /// The device holding the buffer.
+    fn on_device(&self) -> Device;
+}
+
 /// Implements [`Lower`] (for every device storage type) and [`Lift`] as the identity for plain
 /// value types that carry no storage; `ref T, ..` implements [`Lower`] for `&T`.
 macro_rules! pass_through {
@@ -236,7 +243,7 @@ macro_rules! seam_trait {
     (@call $storage:ty, $name:ident, $f:ident, $buffer:ident, $op:ident, $order:tt
         [$($arg:ident),*]
     ) => {{
-        let device = $crate::ops::buffer::BufferOps::device($buffer);
+        let device = $crate::seam::OnDevice::on_device($buffer);
         let _ = ($op, device);
         $crate::seam::seam_trait!(@lower $storage, $op, device, $order [$($arg),*]);
         $crate::seam::Lift::lift(<$storage as $name>::$f($buffer $(, $arg)*))

@@ -11,7 +11,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 
-use crate::seam::{mismatch, pass_through, seam_trait, Lift, Lower};
+use crate::seam::{mismatch, pass_through, seam_trait, Lift, Lower, OnDevice};
 #[cfg(feature = "cuda")]
 use crate::CudaStorage;
 use crate::{CpuStorage, DType, Device, Layout, Result, Storage};
@@ -107,5 +107,11 @@ impl<'a> Lower<CudaStorage> for &'a mut Storage {
             Storage::Cuda(s) if rhs == device => Ok(s),
             _ => Err(mismatch(op, device, rhs)),
         }
+    }
+}
+
+impl<T: BufferOps> OnDevice for T {
+    fn on_device(&self) -> Device {
+        self.device()
     }
 }

@@ -47,21 +47,7 @@ type View<'a> = (&'a CudaStorage, &'a Layout);
 pub use super::cuda_kernels::NORM_KERNELS;
 #[cfg(test)]
 pub(crate) use super::cuda_kernels::{kernel_name, KERNEL_KINDS};
-use super::cuda_kernels::{Kernels, NormArgs};
-
-/// The dtype statistics, weight/bias and per-element math use for a tensor of `dtype`.
-pub(crate) fn stat_dtype(op: &'static str, dtype: DType) -> Result<DType> {
-    match dtype {
-        DType::F64 => Ok(DType::F64),
-        DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
-        other => Err(Error::UnsupportedDType {
-            op,
-            dtype: other,
-            hint: "this kernel runs on floating-point tensors; convert with to_dtype(DType::F32) \
-                   first",
-        }),
-    }
-}
+use super::cuda_kernels::{stat_dtype, Kernels, NormArgs};
 
 /// `(storage, layout)` as a contiguous buffer of `numel` elements.
 fn dense<'a>(op: &'static str, (s, l): View<'a>, numel: usize) -> Result<Dense<'a>> {

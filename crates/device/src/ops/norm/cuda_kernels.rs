@@ -3,13 +3,26 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::cuda::stat_dtype;
 use super::{BatchNormShape, LayerNormShape};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, grid_for, launch_error, suffix};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
 use crate::DType;
+
+/// The dtype statistics, weight/bias and per-element math use for a tensor of `dtype`.
+pub(crate) fn stat_dtype(op: &'static str, dtype: DType) -> Result<DType> {
+    match dtype {
+        DType::F64 => Ok(DType::F64),
+        DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
+        other => Err(Error::UnsupportedDType {
+            op,
+            dtype: other,
+            hint: "this kernel runs on floating-point tensors; convert with to_dtype(DType::F32) \
+                   first",
+        }),
+    }
+}
 
 /// The kernels of this op family.
 pub const NORM_KERNELS: KernelSource = KernelSource {
