@@ -21,40 +21,9 @@ use super::{
     batch_ranges, clip_coef, plan_chunks, AdamHyper, AdamOperands, Chunk, HostNorm, MultiTensorOps,
     NormKind, Operand, OperandMut, SgdHyper, SgdOperands, CHUNK_ELEMS,
 };
-use crate::{CpuStorage, DType, Error, Result};
+use crate::{CpuStorage, DType, Element, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
-
-/// An element type the kernels read, widened to `f64` as it is read.
-pub trait Widen: Copy + Send + Sync {
-    /// The value as `f64` (exact for every float type).
-    fn widen(self) -> f64;
-}
-
-impl Widen for f32 {
-    #[inline(always)]
-    fn widen(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl Widen for f64 {
-    #[inline(always)]
-    fn widen(self) -> f64 {
-        self
-    }
-}
-impl Widen for f16 {
-    #[inline(always)]
-    fn widen(self) -> f64 {
-        self.to_f64()
-    }
-}
-impl Widen for bf16 {
-    #[inline(always)]
-    fn widen(self) -> f64 {
-        self.to_f64()
-    }
-}
 
 const LANES: usize = 8;
 
@@ -74,13 +43,13 @@ macro_rules! lane_loop {
         for block in &mut blocks {
             for i in 0..LANES {
                 let $acc = lanes[i];
-                let $x = block[i].widen();
+                let $x = block[i].to_f64();
                 lanes[i] = $step;
             }
         }
         for (i, v) in blocks.remainder().iter().enumerate() {
             let $acc = lanes[i];
-            let $x = v.widen();
+            let $x = v.to_f64();
             lanes[i] = $step;
         }
         lanes
@@ -88,7 +57,7 @@ macro_rules! lane_loop {
 }
 
 /// The reduced value (sum of `|x|^p`, max/min of `|x|`, or nonzero count) of one slice.
-pub fn reduce_slice<T: Widen>(s: &[T], kind: NormKind) -> f64 {
+pub fn reduce_slice<T: Element>(s: &[T], kind: NormKind) -> f64 {
     let lanes = match kind {
         NormKind::Zero => lane_loop!(s, 0.0, |a, x| a + f64::from(u8::from(x != 0.0))),
         NormKind::One => lane_loop!(s, 0.0, |a, x| a + x.abs()),

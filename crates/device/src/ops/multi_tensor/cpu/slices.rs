@@ -6,6 +6,7 @@
 
 use crate::ops::multi_tensor::{Operand, OperandMut};
 use crate::ops::{KernelError, KernelFloat};
+use crate::storage::HostElement;
 use crate::{CpuStorage, DType, Error, Layout, Result};
 use half::{bf16, f16};
 
@@ -143,7 +144,7 @@ pub fn typed<'a, T: StepFloat>(
     op: &'static str,
     (st, layout): Operand<'a, CpuStorage>,
 ) -> Result<&'a [T]> {
-    match T::host(st) {
+    match T::slice(st) {
         Some(b) => Ok(&b[dense(op, b, layout)?]),
         None => Err(wrong_dtype::<T>(op, st.dtype())),
     }
@@ -155,7 +156,7 @@ pub fn typed_mut<'a, T: StepFloat>(
     (st, layout): OperandMut<'a, CpuStorage>,
 ) -> Result<&'a mut [T]> {
     let dtype = st.dtype();
-    match T::host_mut(st) {
+    match T::slice_mut(st) {
         Some(b) => {
             let r = dense(op, b, layout)?;
             Ok(&mut b[r])
@@ -165,43 +166,10 @@ pub fn typed_mut<'a, T: StepFloat>(
 }
 
 /// A float type the optimizer steps compute in (`f32`, `f64`): the kernel arithmetic of
-/// [`KernelFloat`] plus the typed view of a host buffer holding it.
-pub trait StepFloat: KernelFloat {
-    /// The whole buffer, if it holds this type.
-    fn host(st: &CpuStorage) -> Option<&[Self]>;
-    /// The whole buffer, writable, if it holds this type.
-    fn host_mut(st: &mut CpuStorage) -> Option<&mut [Self]>;
-}
+/// [`KernelFloat`] plus the typed view of the host buffer holding it ([`HostElement`]).
+pub(crate) trait StepFloat: KernelFloat + HostElement {}
 
-impl StepFloat for f32 {
-    fn host(st: &CpuStorage) -> Option<&[Self]> {
-        match st {
-            CpuStorage::F32(b) => Some(b.as_slice()),
-            _ => None,
-        }
-    }
-    fn host_mut(st: &mut CpuStorage) -> Option<&mut [Self]> {
-        match st {
-            CpuStorage::F32(b) => Some(b.as_mut_slice()),
-            _ => None,
-        }
-    }
-}
-
-impl StepFloat for f64 {
-    fn host(st: &CpuStorage) -> Option<&[Self]> {
-        match st {
-            CpuStorage::F64(b) => Some(b.as_slice()),
-            _ => None,
-        }
-    }
-    fn host_mut(st: &mut CpuStorage) -> Option<&mut [Self]> {
-        match st {
-            CpuStorage::F64(b) => Some(b.as_mut_slice()),
-            _ => None,
-        }
-    }
-}
+impl<T: KernelFloat + HostElement> StepFloat for T {}
 
 /// The error for an operand that does not hold the list's dtype `T`.
 fn wrong_dtype<T: StepFloat>(op: &'static str, dtype: DType) -> Error {
