@@ -6,7 +6,7 @@
 //! [`synchronize`]. The index checks of the CUDA indexing ops and of cross-entropy's targets run
 //! on the device too, so a bad index is reported at the next such wait, as
 //! [`Error::DeferredCheck`](crate::Error::DeferredCheck), with the same value, position and valid
-//! range as the CPU error (design: `crates/device/src/cuda/deferred.rs`).
+//! range as the CPU error (design: `crates/device/src/cuda/deferred/mod.rs`).
 //! [`set_eager_checks`]`(true)` or `KILN_CUDA_EAGER_CHECKS=1` makes each op wait for its own
 //! check and return the error at the op instead, as the CPU backend always does (a debugging
 //! aid like `CUDA_LAUNCH_BLOCKING=1`: one wait per checked op).

@@ -1,4 +1,4 @@
-//! Deferred CUDA index checks (`crates/device/src/cuda/deferred.rs`): a bad index does not fail
+//! Deferred CUDA index checks (`crates/device/src/cuda/deferred/mod.rs`): a bad index does not fail
 //! the op, it fails the thread's next synchronisation with the CPU's error; a good index costs no
 //! wait; the device keeps working after the error; another thread's copy does not see it. One test function, because the counters and the
 //! eager switch are per process. Skips without a GPU (`cuda_device_or_skip`).

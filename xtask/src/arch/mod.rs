@@ -13,6 +13,9 @@
 //!    defined (`fn name(&self, ...`) at most [`MAX_SEAM_DEFINITIONS`] times in
 //!    `crates/device/src`: its trait, the CPU implementation and the CUDA implementation.
 //!
+//! 4. **One module-file convention**: a module with children is `name/mod.rs`; a `name.rs` beside
+//!    a folder `name/` is reported.
+//!
 //! Code under `#[cfg(test)]` (inline test modules and test-only module files) is not part of
 //! the layering and is left out of the graph.
 //!
@@ -90,6 +93,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
         println!("  {l}");
     }
     failures.extend(long.into_iter().map(|l| format!("too long: {l}")));
+
+    let pairs: Vec<_> = files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+        .filter(|f| f.file_name().is_some_and(|n| n != "mod.rs"))
+        .filter(|f| f.with_extension("").is_dir())
+        .map(|f| rel(&root, f))
+        .collect();
+    println!(
+        "module files: {} `name.rs` beside a folder `name/`",
+        pairs.len()
+    );
+    for p in &pairs {
+        println!("  {p} (move it to {}/mod.rs)", p.trim_end_matches(".rs"));
+        failures.push(format!("module file beside its folder: {p}"));
+    }
 
     let mut crates_read = 0;
     let mut cycles_found = 0;

@@ -13,7 +13,7 @@
 use super::harness::{best_of, err, seconds, Options, Row};
 use kiln_autograd::{Conv2dParams, DType, Device, Generator};
 use kiln_device::ops::conv::{reference, Conv2dGeometry};
-use kiln_device::ops::matmul::cpu::matmul_reference;
+use kiln_device::ops::matmul::matmul_reference;
 use kiln_device::Layout;
 use std::hint::black_box;
 

@@ -2,7 +2,7 @@
 //! `embedding_backward`, `index_select_backward`, `scatter`, `scatter_add` (the "put" kernel).
 //!
 //! Validation matches the CPU side: the shape rules of [`super`] are checked at the op, and every
-//! index value on the device by a deferred check (`crates/device/src/cuda/deferred.rs`) queued
+//! index value on the device by a deferred check (`crates/device/src/cuda/deferred/mod.rs`) queued
 //! before the take/put kernel, without waiting for the stream. A bad index is reported at the
 //! calling thread's next synchronisation (a copy to the host such as `to_vec`/`item`, or
 //! [`crate::synchronize`]) as [`Error::DeferredCheck`] holding the CPU's

@@ -7,7 +7,7 @@
 //! logits run in f32 and their outputs are rounded back once, as on the CPU.
 //!
 //! Index targets are checked on the device by a deferred check
-//! (`crates/device/src/cuda/deferred.rs`) queued before the loss kernel, and a bad one is
+//! (`crates/device/src/cuda/deferred/mod.rs`) queued before the loss kernel, and a bad one is
 //! reported exactly as on the CPU
 //! ([`KernelError::IndexOutOfRange`](crate::ops::KernelError::IndexOutOfRange) with its value
 //! and position, inside [`Error::DeferredCheck`]) at the calling thread's next synchronisation,

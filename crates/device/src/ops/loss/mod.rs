@@ -30,7 +30,7 @@
 //! index must lie in `[0, C)`: targets are all checked before anything is written, and the first
 //! bad one in row-major order comes back as [`KernelError::IndexOutOfRange`] with its value and
 //! its position `[n, d]` (the CUDA kernel reports the same first position). On CUDA nothing
-//! waits: the targets are checked on the device by a deferred check (`cuda/deferred.rs`), and a
+//! waits: the targets are checked on the device by a deferred check (`cuda/deferred/mod.rs`), and a
 //! bad one is reported, with the same value and position, at the calling thread's next
 //! synchronisation (or at the op under eager checks); the kernel gives its row a NaN loss and
 //! gradient and reads nothing through it. The mean's denominator stays on the device too.

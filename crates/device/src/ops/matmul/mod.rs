@@ -7,6 +7,10 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+/// The plain triple-loop product (`f64` accumulation) the tests and `cargo xtask bench ops`
+/// measure the `gemm` path against: a documented reference, not a fast path.
+pub use cpu::matmul_reference;
+
 use crate::ops::buffer::BufferOps;
 use crate::seam::seam_trait;
 use crate::{Layout, Result};

@@ -8,7 +8,7 @@
 //! [`MultiTensorOps`] is this family's trait: every op over lists of operands, implemented once
 //! per device (`CpuStorage` in `cpu.rs` with its kernels in `cpu/`, `CudaStorage` in `cuda.rs`
 //! launching `multi_tensor.cu`). Callers (kiln-optim) use the device-agnostic functions of
-//! `dispatch.rs` ([`global_norm`], [`scale_by_clip_coef_`], [`scale_`], [`clamp_`],
+//! `dispatch/mod.rs` ([`global_norm`], [`scale_by_clip_coef_`], [`scale_`], [`clamp_`],
 //! [`unscale_and_check_`], [`adam_step`], [`sgd_step`], [`per_tensor_norms`]) over
 //! `(&Storage, &Layout)` operands; they never name a device. That file is the family's only
 //! dispatch on `Storage` variants: it checks that every operand of a list is on one device (a

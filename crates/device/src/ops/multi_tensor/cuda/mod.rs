@@ -36,7 +36,7 @@ pub use unscale::{unscale_and_check, FoundInfFlag};
 /// The kernels of this op family.
 pub const MULTI_TENSOR_KERNELS: KernelSource = KernelSource {
     file: "ops/multi_tensor/multi_tensor.cu",
-    source: include_str!("multi_tensor.cu"),
+    source: include_str!("../multi_tensor.cu"),
 };
 
 /// One tensor as the kernels see it: a device address, a length in elements and a dtype.

@@ -70,7 +70,7 @@ use crate::Device;
 /// The kernels of the deferred checks.
 pub const DEFERRED_KERNELS: KernelSource = KernelSource {
     file: "cuda/deferred.cu",
-    source: include_str!("deferred.cu"),
+    source: include_str!("../deferred.cu"),
 };
 
 // SAFETY: plain `#[repr(C)]` integers with the layout of `struct CheckInfo` in deferred.cu.
