@@ -4,7 +4,7 @@
 //! allocating anything.
 
 use crate::error::{arg_err, shape_err};
-use crate::tensor::{fmt_shape, Tensor};
+use crate::tensor::{checked_numel, fmt_shape, Tensor};
 use crate::Result;
 use kiln_device::prelude::*;
 use kiln_device::{CpuStorage, DType, Device, Element, Storage};
@@ -12,7 +12,7 @@ use kiln_device::{CpuStorage, DType, Device, Element, Storage};
 impl Tensor {
     /// A tensor of `shape` filled with `value`.
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        let n = shape.iter().product();
+        let n = checked_numel("full", shape)?;
         Ok(Tensor::from_storage(
             Storage::full(device, n, value, dtype)?,
             shape,
@@ -69,7 +69,7 @@ impl Tensor {
 
     /// A tensor of `shape` owning `data` (its dtype is `T`'s).
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = checked_numel("from_vec", shape)?;
         if data.len() != n {
             return Err(shape_err(
                 "from_vec",

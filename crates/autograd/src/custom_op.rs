@@ -8,7 +8,7 @@
 
 use crate::autograd::graph::BackwardFn;
 use crate::error::shape_err;
-use crate::tensor::{fmt_shape, Tensor};
+use crate::tensor::{checked_numel, fmt_shape, Tensor};
 use crate::Result;
 use kiln_device::prelude::*;
 use kiln_device::Storage;
@@ -26,7 +26,7 @@ impl Tensor {
 
     /// A tensor without history over a fresh contiguous `storage` of `shape`.
     pub fn from_storage_contiguous(storage: Storage, shape: &[usize]) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = checked_numel("from_storage_contiguous", shape)?;
         if storage.len() != n {
             return Err(shape_err(
                 "from_storage_contiguous",

@@ -2,7 +2,7 @@
 //! the backward hands each input the matching `narrow` of the gradient.
 
 use crate::error::{arg_err, shape_err};
-use crate::tensor::{fmt_shape, resolve_dim, Tensor};
+use crate::tensor::{checked_numel, fmt_shape, resolve_dim, Tensor};
 use crate::Result;
 use kiln_device::prelude::*;
 use kiln_device::{Layout, Storage};
@@ -40,9 +40,10 @@ impl Tensor {
                     ),
                 ));
             }
-            shape[d] += t.shape()[d];
+            // Saturating: a sum past usize::MAX is refused by checked_numel below.
+            shape[d] = shape[d].saturating_add(t.shape()[d]);
         }
-        let n = shape.iter().product();
+        let n = checked_numel("cat", &shape)?;
         let mut out = Storage::full(first.device(), n, 0.0, first.dtype())?;
         let full = Layout::contiguous(&shape);
         let mut sizes = Vec::with_capacity(tensors.len());

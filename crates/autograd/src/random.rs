@@ -4,7 +4,7 @@
 //! sequence of draws after `manual_seed(s)` is reproducible and identical on every device (the
 //! numbers depend only on seed and counter, see `kiln_device::ops::random`).
 
-use crate::tensor::Tensor;
+use crate::tensor::{checked_numel, Tensor};
 use crate::Result;
 use kiln_device::prelude::*;
 use kiln_device::{DType, Device, Storage};
@@ -57,7 +57,7 @@ impl Generator {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        let n = shape.iter().product();
+        let n = checked_numel("uniform", shape)?;
         let (seed, offset) = self.reserve(n);
         Ok(Tensor::from_storage(
             Storage::rand_uniform(device, n, low, high, seed, offset, dtype)?,
@@ -75,7 +75,7 @@ impl Generator {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        let n = shape.iter().product();
+        let n = checked_numel("uniform", shape)?;
         let (seed, offset) = self.reserve(n);
         Ok(Tensor::from_storage(
             Storage::rand_normal(device, n, mean, std, seed, offset, dtype)?,
@@ -99,7 +99,7 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        let (seed, offset) = reserve(shape.iter().product());
+        let (seed, offset) = reserve(checked_numel("uniform", shape)?);
         Generator { seed, offset }.uniform(shape, low, high, dtype, device)
     }
 
@@ -116,7 +116,7 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        let (seed, offset) = reserve(shape.iter().product());
+        let (seed, offset) = reserve(checked_numel("normal", shape)?);
         Generator { seed, offset }.normal(shape, mean, std, dtype, device)
     }
 }

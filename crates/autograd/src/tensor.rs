@@ -90,6 +90,21 @@ pub(crate) fn fmt_shape(shape: &[usize]) -> String {
     format!("{shape:?}")
 }
 
+/// The element count of a shape from user input, or a shape error naming it when the count (or a
+/// contiguous stride) would not fit in `isize`.
+pub(crate) fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    kiln_device::checked_numel(shape).ok_or_else(|| {
+        shape_err(
+            op,
+            format!(
+                "shape {} has too many elements: the product of its sizes exceeds {} (isize::MAX)",
+                fmt_shape(shape),
+                isize::MAX
+            ),
+        )
+    })
+}
+
 /// Resolves a possibly negative dim against `rank` (PyTorch's wrap rule).
 pub(crate) fn resolve_dim(op: &'static str, dim: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;

@@ -4,7 +4,7 @@
 //! zero-filled gradient with the view's region written in (`narrow`, `select`).
 
 use crate::error::{arg_err, shape_err};
-use crate::tensor::{fmt_shape, resolve_dim, Tensor};
+use crate::tensor::{checked_numel, fmt_shape, resolve_dim, Tensor};
 use crate::Result;
 use kiln_device::prelude::*;
 use kiln_device::{Layout, Storage};
@@ -17,7 +17,6 @@ pub(crate) fn infer_shape(
     from: &[usize],
 ) -> Result<Vec<usize>> {
     let mut infer = None;
-    let mut known = 1usize;
     for (i, &s) in spec.iter().enumerate() {
         if s == -1 {
             if infer.replace(i).is_some() {
@@ -28,11 +27,14 @@ pub(crate) fn infer_shape(
                 op,
                 format!("invalid size {s} in {spec:?}; sizes are >= 0, or -1 for one inferred dim"),
             ));
-        } else {
-            known *= s as usize;
         }
     }
-    let mut shape: Vec<usize> = spec.iter().map(|&s| s.max(0) as usize).collect();
+    // The inferred dim counts as 1 in the product of the known sizes.
+    let mut shape: Vec<usize> = spec
+        .iter()
+        .map(|&s| if s == -1 { 1 } else { s as usize })
+        .collect();
+    let known = checked_numel(op, &shape)?;
     if let Some(i) = infer {
         if known == 0 || numel % known != 0 {
             return Err(shape_err(
@@ -106,13 +108,14 @@ impl Tensor {
 
     /// [`Tensor::reshape`] with a fully known shape.
     pub fn reshape_to(&self, shape: &[usize]) -> Result<Tensor> {
-        if shape.iter().product::<usize>() != self.numel() {
+        let requested = checked_numel("reshape", shape)?;
+        if requested != self.numel() {
             return Err(shape_err(
                 "reshape",
                 format!(
                     "shape {} has {} elements but the tensor of shape {} has {}",
                     fmt_shape(shape),
-                    shape.iter().product::<usize>(),
+                    requested,
                     fmt_shape(self.shape()),
                     self.numel()
                 ),
@@ -272,6 +275,7 @@ impl Tensor {
 
     /// Broadcast to `shape` without copying (size-1 dims stretch; new dims are added in front).
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
+        checked_numel("expand", shape)?;
         let ok = shape.len() >= self.rank()
             && self
                 .shape()

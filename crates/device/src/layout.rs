@@ -4,7 +4,9 @@
 //! any layout through [`StridedIndex`] and always write contiguous (row-major) outputs. Strides are
 //! in elements, never negative; a stride of 0 is a broadcast dimension. Validation of user input
 //! (dims in range, sizes that fit) happens in `kiln-autograd`, which knows the op name for the
-//! error message; the methods here assume valid arguments.
+//! error message; the methods here assume valid arguments. A shape from user input goes through
+//! [`checked_numel`] first: once it passes, its element count and every contiguous stride fit in
+//! `isize`, so the unchecked arithmetic below cannot wrap.
 
 /// Shape, strides (in elements) and starting offset of a strided view.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -12,6 +14,25 @@ pub struct Layout {
     shape: Vec<usize>,
     strides: Vec<usize>,
     offset: usize,
+}
+
+/// The element count of `shape`, or `None` when the product of its nonzero dims exceeds
+/// `isize::MAX` (then a contiguous stride or the element count would wrap). Zero dims are left out
+/// of the bound so that `[0, 2^62, 2^62]`, whose strides still overflow, is refused too.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    let mut nonzero_product = 1usize;
+    let mut has_zero = false;
+    for &d in shape {
+        if d == 0 {
+            has_zero = true;
+        } else {
+            nonzero_product = nonzero_product.checked_mul(d)?;
+        }
+    }
+    if nonzero_product > isize::MAX as usize {
+        return None;
+    }
+    Some(if has_zero { 0 } else { nonzero_product })
 }
 
 /// Row-major strides of a contiguous tensor of `shape`.
@@ -341,6 +362,17 @@ mod tests {
         let t = Layout::contiguous(&[4, 6]).narrow(1, 0, 3); // [4,3] strides [6,1]
         assert_eq!(t.view_strides(&[4, 3, 1]), Some(vec![6, 1, 1]));
         assert_eq!(t.view_strides(&[12]), None);
+    }
+
+    #[test]
+    fn checked_numel_refuses_wrapping_shapes() {
+        assert_eq!(checked_numel(&[2, 3]), Some(6));
+        assert_eq!(checked_numel(&[]), Some(1));
+        assert_eq!(checked_numel(&[0, 5]), Some(0));
+        assert_eq!(checked_numel(&[1 << 32, 1 << 32]), None);
+        assert_eq!(checked_numel(&[(1 << 63) + 1, 2]), None);
+        assert_eq!(checked_numel(&[0, 1 << 62, 1 << 62]), None);
+        assert_eq!(checked_numel(&[1 << 62, 2]), None);
     }
 
     #[test]

@@ -1,0 +1,43 @@
+//! Issue 18 regressions: hostile sizes and dims through the public API give typed errors (never a
+//! wrapped size, panic or abort), and 0-d tensors take dims as PyTorch does.
+
+use kiln_autograd::{DType, Device, Error, Generator, Tensor};
+
+#[test]
+fn shape_products_that_wrap_are_refused() {
+    let huge = [1usize << 32, 1 << 32];
+    let e = Tensor::zeros(&huge, DType::F32, Device::Cpu).expect_err("2^64 elements");
+    assert!(matches!(e, Error::Shape { op: "full", .. }), "{e}");
+    assert!(e.to_string().contains("[4294967296, 4294967296]"), "{e}");
+
+    let e = Tensor::from_vec(vec![1.0f32, 2.0], &[(1 << 63) + 1, 2], Device::Cpu)
+        .expect_err("2 values cannot fill [2^63+1, 2]");
+    assert!(matches!(e, Error::Shape { op: "from_vec", .. }), "{e}");
+
+    // A zero dim does not hide strides that overflow.
+    let e = Tensor::zeros(&[0, 1 << 62, 1 << 62], DType::F32, Device::Cpu).unwrap_err();
+    assert!(matches!(e, Error::Shape { op: "full", .. }), "{e}");
+
+    assert!(Tensor::rand(&huge, DType::F32, Device::Cpu).is_err());
+    assert!(Generator::new(0)
+        .normal(&huge, 0.0, 1.0, DType::F32, Device::Cpu)
+        .is_err());
+
+    let t = Tensor::zeros(&[0], DType::F32, Device::Cpu).unwrap();
+    assert!(matches!(
+        t.reshape(&[1 << 32, 1 << 32, 0]),
+        Err(Error::Shape { op: "reshape", .. })
+    ));
+    assert!(matches!(
+        t.reshape_to(&[1 << 32, 1 << 32, 0]),
+        Err(Error::Shape { op: "reshape", .. })
+    ));
+    let one = Tensor::zeros(&[1], DType::F32, Device::Cpu).unwrap();
+    assert!(matches!(
+        one.expand(&[1 << 32, 1 << 32]),
+        Err(Error::Shape { op: "expand", .. })
+    ));
+    // Ordinary shapes still work, zero dims included.
+    assert_eq!(t.reshape(&[0, 3]).unwrap().shape(), &[0, 3]);
+    assert_eq!(t.reshape(&[-1, 3]).unwrap().shape(), &[0, 3]);
+}
