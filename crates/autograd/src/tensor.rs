@@ -107,15 +107,16 @@ pub(crate) fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> 
 
 /// Resolves a possibly negative dim against `rank` (PyTorch's wrap rule).
 pub(crate) fn resolve_dim(op: &'static str, dim: isize, rank: usize) -> Result<usize> {
-    let r = rank as isize;
+    // A 0-d tensor takes dims as if it had one dim, as in PyTorch: -1 and 0 both name it.
+    let r = (rank as isize).max(1);
     let d = if dim < 0 { dim + r } else { dim };
-    if d < 0 || d >= r.max(1) || (rank == 0 && d != 0) {
+    if d < 0 || d >= r {
         return Err(arg_err(
             op,
             format!(
                 "dim {dim} is out of range for a tensor of rank {rank} (valid: {}..={})",
-                -r.max(1),
-                r.max(1) - 1
+                -r,
+                r - 1
             ),
         ));
     }

@@ -41,3 +41,39 @@ fn shape_products_that_wrap_are_refused() {
     assert_eq!(t.reshape(&[0, 3]).unwrap().shape(), &[0, 3]);
     assert_eq!(t.reshape(&[-1, 3]).unwrap().shape(), &[0, 3]);
 }
+
+#[test]
+fn zero_d_tensors_take_dim_0_and_minus_1() {
+    let x = Tensor::scalar(2.5, DType::F32, Device::Cpu).unwrap();
+    for dim in [0isize, -1] {
+        let s = x.softmax(dim).unwrap();
+        assert_eq!(s.shape(), &[] as &[usize]);
+        assert_eq!(s.item().unwrap(), 1.0);
+        let l = x.log_softmax(dim).unwrap();
+        assert_eq!(l.shape(), &[] as &[usize]);
+        assert_eq!(l.item().unwrap(), 0.0);
+        for keepdim in [false, true] {
+            let s = x.sum(&[dim], keepdim).unwrap();
+            assert_eq!(s.shape(), &[] as &[usize]);
+            assert_eq!(s.item().unwrap(), 2.5);
+            let m = x.mean(&[dim], keepdim).unwrap();
+            assert_eq!(m.shape(), &[] as &[usize]);
+            assert_eq!(m.item().unwrap(), 2.5);
+        }
+        let q = x.squeeze_dim(dim).unwrap();
+        assert_eq!(q.shape(), &[] as &[usize]);
+        assert_eq!(q.item().unwrap(), 2.5);
+        for other in [0isize, -1] {
+            let t = x.transpose(dim, other).unwrap();
+            assert_eq!(t.shape(), &[] as &[usize]);
+            assert_eq!(t.item().unwrap(), 2.5);
+        }
+    }
+    for dim in [1isize, -2] {
+        let e = x.softmax(dim).unwrap_err().to_string();
+        assert!(e.contains("valid: -1..=0"), "{e}");
+        assert!(x.sum(&[dim], false).is_err());
+        assert!(x.squeeze_dim(dim).is_err());
+        assert!(x.transpose(dim, 0).is_err());
+    }
+}
