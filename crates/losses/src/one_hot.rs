@@ -5,7 +5,8 @@
 //! negative or too-large label reported with its position), and a zeroed `[..labels, C]` int64
 //! tensor on the host gets 1 scattered at each label along the last dim; the result goes back to
 //! the labels' device. Device labels with `num_classes` given never leave the device: the same scatter runs
-//! there as a tensor op (see `one_hot_on_device`).
+//! there as a tensor op (see `one_hot_on_device`). Both paths refuse an output whose size cannot
+//! be addressed before allocating it; one larger than memory gets the allocator's OOM error.
 
 use crate::error::{dtype_err, Error};
 use crate::Result;
@@ -112,6 +113,19 @@ fn scatter_ones(labels: &Tensor, classes: usize) -> Result<Tensor> {
     let index = labels.to_dtype(DType::I64)?.unsqueeze(-1)?;
     let mut out_shape = labels.shape().to_vec();
     out_shape.push(classes);
+    // The output's size comes from user input: refuse one that cannot be addressed before asking
+    // the allocator (which then refuses, with its out-of-memory report, one larger than memory).
+    let addressable = kiln_device::checked_numel(&out_shape)
+        .and_then(|n| n.checked_mul(DType::I64.size_in_bytes()))
+        .is_some_and(|bytes| bytes <= isize::MAX as usize);
+    if !addressable {
+        return Err(crate::error::arg_err(
+            "one_hot",
+            format!(
+                "num_classes = {classes} makes an output of shape {out_shape:?}, too many int64                  elements to address; pass the real number of classes"
+            ),
+        ));
+    }
     let zeros = Tensor::zeros(&out_shape, DType::I64, labels.device())?;
     let ones = Tensor::ones(index.shape(), DType::I64, labels.device())?;
     Ok(zeros.scatter(-1, &index, &ones)?)

@@ -55,3 +55,22 @@ fn one_hot_then_mse_is_the_conversion_the_errors_suggest() {
     let loss = kiln_losses::mse_loss(&input, &target, kiln_losses::Reduction::Sum).unwrap();
     assert_eq!(loss.item().unwrap(), 0.25);
 }
+
+/// Issue 18: class counts whose output cannot exist are typed errors, never a capacity-overflow
+/// panic, a wrapped size or an allocation abort.
+#[test]
+fn huge_class_counts_are_errors() {
+    let labels = Tensor::from_vec(vec![0i64], &[1], Device::Cpu).unwrap();
+    // 8 TiB of int64: the allocator refuses it against the machine's memory.
+    let e = one_hot(&labels, Some(1 << 40)).expect_err("larger than memory");
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    // Outputs that cannot even be addressed are refused before allocating.
+    for classes in [1usize << 63, 1 << 61, usize::MAX] {
+        let e = one_hot(&labels, Some(classes)).expect_err("no such output fits");
+        assert!(e.to_string().starts_with("one_hot: num_classes"), "{e}");
+    }
+    let top = Tensor::from_vec(vec![i64::MAX], &[1], Device::Cpu).unwrap();
+    let e = one_hot(&top, None).expect_err("i64::MAX + 1 classes");
+    assert!(e.to_string().starts_with("one_hot: num_classes"), "{e}");
+    assert!(one_hot(&top, Some(usize::MAX)).is_err());
+}
