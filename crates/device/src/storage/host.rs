@@ -19,7 +19,8 @@
 //!   out-of-memory report); op outputs use them, so an op that cannot get its output block
 //!   returns that error. [`HostBuffer::from_vec`] (user data already in a `Vec` of the same
 //!   size) and [`HostBuffer::scratch`] (kernel scratch that used to be a `Vec`) keep `Vec`'s
-//!   contract instead: on failure they end the process through `handle_alloc_error`.
+//!   contract instead: on failure they end the process through `handle_alloc_error`. Scratch
+//!   sized from user input (conv2d's im2col columns) uses [`HostBuffer::try_scratch`] instead.
 //! - **Kernel outputs** are written in place: [`HostBuffer::try_filled_with`] takes a block,
 //!   fills it with a cheap initial value (zero for outputs; a `memset`-speed pass that keeps the
 //!   slice sound without `MaybeUninit`, and gives accumulating kernels their zero start) and
@@ -108,6 +109,12 @@ impl<T: Copy> HostBuffer<T> {
         let mut buf = Self::filled(len, init)?;
         write(buf.as_mut_slice());
         Ok(buf)
+    }
+
+    /// [`HostBuffer::scratch`] that returns the allocator's error (its out-of-memory report)
+    /// instead of ending the process: for scratch whose size follows from user input.
+    pub fn try_scratch(len: usize, init: T) -> Result<Self> {
+        Self::filled(len, init)
     }
 
     /// Kernel scratch (im2col columns, partial sums, widened half-precision operands): a buffer

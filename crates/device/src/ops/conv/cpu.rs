@@ -10,15 +10,18 @@
 //! already is the column matrix).
 //!
 //! All outputs are overwritten, never accumulated into. Column buffers and partial weight
-//! gradients are scratch blocks of the CPU caching allocator ([`HostBuffer::scratch`]), so
-//! `max_memory_allocated` includes them while the kernel runs.
+//! gradients are scratch blocks of the CPU caching allocator ([`HostBuffer::try_scratch`]), so
+//! `max_memory_allocated` includes them while the kernel runs. Their sizes follow from the
+//! input, so they are taken fallibly: a column buffer larger than memory (or whose size
+//! overflows) makes the kernel return the allocator's out-of-memory error, never abort.
 
 use super::ConvOps;
 use crate::ops::cpu_dispatch::{dense, dense_opt, float_kernel, in_pool, wrap, zeros};
 use crate::seam::{GradMask, InputGrads, Strided};
-use crate::{CpuStorage, Layout, Result};
+use crate::{CpuStorage, Error, Layout, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::sync::Mutex;
 
 use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
@@ -141,11 +144,47 @@ impl<'a> Blocks<'a> {
         }
     }
 
-    fn col_len(&self) -> usize {
+    /// Elements of one column buffer, or the allocator's size error when the count overflows.
+    fn col_len(&self) -> Result<usize> {
         if self.pointwise {
-            0
-        } else {
-            self.col_rows * self.col_cols
+            return Ok(0);
+        }
+        self.col_rows.checked_mul(self.col_cols).ok_or(Error::Alloc(
+            kiln_alloc_cache::Error::InvalidSize {
+                requested: usize::MAX,
+                reason: "conv2d's im2col buffer (in_channels/groups * kernel area * output area \
+                         elements) overflows usize; use a smaller input or kernel",
+            },
+        ))
+    }
+}
+
+/// Per-thread scratch for a rayon loop whose init cannot fail: the first allocation error is
+/// kept here and returned once the loop is over (the output it was filling is discarded).
+struct ScratchFailure(Mutex<Option<Error>>);
+
+impl ScratchFailure {
+    fn new() -> Self {
+        Self(Mutex::new(None))
+    }
+
+    /// A scratch buffer of `len` zeros, or `None` after recording why there is none.
+    fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
+        match HostBuffer::try_scratch(len, T::ZERO) {
+            Ok(buf) => Some(buf),
+            Err(e) => {
+                let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert(e);
+                None
+            }
+        }
+    }
+
+    /// `Err` with the first recorded failure, if any.
+    fn into_result(self) -> Result<()> {
+        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 }
@@ -161,7 +200,7 @@ pub fn conv2d_forward<T: KernelFloat>(
     weight: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
-) -> Result<(), KernelError> {
+) -> Result<()> {
     const OP: &str = "conv2d";
     check_len(OP, "input", input, &geometry.input_shape())?;
     check_len(OP, "weight", weight, &geometry.weight_shape())?;
@@ -173,6 +212,8 @@ pub fn conv2d_forward<T: KernelFloat>(
         return Ok(());
     }
     let b = Blocks::new(geometry);
+    let col_len = b.col_len()?;
+    let failure = ScratchFailure::new();
     let pointwise = b.pointwise;
     let parallelism = gemm_parallelism(geometry.batch);
     let dims = [b.out_channels, b.col_cols, b.col_rows];
@@ -180,8 +221,9 @@ pub fn conv2d_forward<T: KernelFloat>(
         .par_chunks_mut(b.groups * b.out_group)
         .enumerate()
         .for_each_init(
-            || HostBuffer::scratch(b.col_len(), T::ZERO),
+            || failure.take::<T>(col_len),
             |col, (n, out_image)| {
+                let Some(col) = col.as_mut() else { return };
                 let col = col.as_mut_slice();
                 let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
                 for g in 0..b.groups {
@@ -212,7 +254,7 @@ pub fn conv2d_forward<T: KernelFloat>(
                 }
             },
         );
-    Ok(())
+    failure.into_result()
 }
 
 /// Gradient of the convolution with respect to its input.
@@ -224,7 +266,7 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     grad_output: &[T],
     weight: &[T],
     grad_input: &mut [T],
-) -> Result<(), KernelError> {
+) -> Result<()> {
     const OP: &str = "conv2d_backward_input";
     check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
     check_len(OP, "weight", weight, &geometry.weight_shape())?;
@@ -233,6 +275,8 @@ pub fn conv2d_backward_input<T: KernelFloat>(
         return Ok(());
     }
     let b = Blocks::new(geometry);
+    let col_len = b.col_len()?;
+    let failure = ScratchFailure::new();
     let pointwise = b.pointwise;
     let parallelism = gemm_parallelism(geometry.batch);
     let dims = [b.col_rows, b.col_cols, b.out_channels];
@@ -240,8 +284,9 @@ pub fn conv2d_backward_input<T: KernelFloat>(
         .par_chunks_mut(b.groups * b.in_group)
         .enumerate()
         .for_each_init(
-            || HostBuffer::scratch(b.col_len(), T::ZERO),
+            || failure.take::<T>(col_len),
             |col, (n, gin_image)| {
+                let Some(col) = col.as_mut() else { return };
                 let col = col.as_mut_slice();
                 let gout_image =
                     &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
@@ -277,7 +322,7 @@ pub fn conv2d_backward_input<T: KernelFloat>(
                 }
             },
         );
-    Ok(())
+    failure.into_result()
 }
 
 /// Adds image `n`'s contribution to the weight gradient into `grad_weight`.
@@ -325,14 +370,14 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     input: &[T],
     grad_output: &[T],
     grad_weight: &mut [T],
-) -> Result<(), KernelError> {
+) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
     check_len(OP, "input", input, &geometry.input_shape())?;
     check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
     check_len(OP, "grad_weight", grad_weight, &geometry.weight_shape())?;
     grad_weight.fill(T::ZERO);
     let b = Blocks::new(geometry);
-    let col_len = b.col_len();
+    let col_len = b.col_len()?;
     let batch = geometry.batch;
     let threads = rayon::current_num_threads();
     if threads > 1 && batch >= threads {
@@ -341,8 +386,8 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         let per_slice = batch.div_ceil(threads);
         let slices = batch.div_ceil(per_slice);
         let slice_images = |slice: usize| slice * per_slice..((slice + 1) * per_slice).min(batch);
-        let accumulate_slice = |slice: usize, into: &mut [T]| {
-            let mut col = HostBuffer::scratch(col_len, T::ZERO);
+        let accumulate_slice = |slice: usize, into: &mut [T]| -> Result<()> {
+            let mut col = HostBuffer::try_scratch(col_len, T::ZERO)?;
             for n in slice_images(slice) {
                 accumulate_weight_grad(
                     &b,
@@ -354,29 +399,31 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
                     Parallelism::None,
                 );
             }
+            Ok(())
         };
         let len = grad_weight.len();
-        let (_, partials) = rayon::join(
+        let (first, partials) = rayon::join(
             || accumulate_slice(0, grad_weight),
             || {
                 (1..slices)
                     .into_par_iter()
                     .map(|slice| {
-                        let mut partial = HostBuffer::scratch(len, T::ZERO);
-                        accumulate_slice(slice, partial.as_mut_slice());
-                        partial
+                        let mut partial = HostBuffer::try_scratch(len, T::ZERO)?;
+                        accumulate_slice(slice, partial.as_mut_slice())?;
+                        Ok(partial)
                     })
-                    .collect::<Vec<_>>()
+                    .collect::<Result<Vec<_>>>()
             },
         );
-        for partial in partials {
+        first?;
+        for partial in partials? {
             grad_weight
                 .iter_mut()
                 .zip(partial.as_slice())
                 .for_each(|(g, &p)| *g += p);
         }
     } else {
-        let mut col = HostBuffer::scratch(col_len, T::ZERO);
+        let mut col = HostBuffer::try_scratch(col_len, T::ZERO)?;
         for n in 0..batch {
             accumulate_weight_grad(
                 &b,
@@ -469,5 +516,44 @@ impl ConvOps for CpuStorage {
             }
             Ok(out)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::conv::Conv2dParams;
+
+    /// Issue 18: a small input whose im2col columns would take terabytes (a 1024x1024 kernel
+    /// over a 2048x2048 image) gets the allocator's out-of-memory error from every pass that
+    /// unfolds, instead of aborting the process.
+    #[test]
+    fn columns_larger_than_memory_are_an_oom_error() {
+        let g = Conv2dGeometry::new(
+            [1, 1, 2048, 2048],
+            [1, 1, 1024, 1024],
+            Conv2dParams::default(),
+        )
+        .unwrap();
+        let input = vec![0.0f32; 2048 * 2048];
+        let weight = vec![0.0f32; 1024 * 1024];
+        let mut output = vec![0.0f32; 1025 * 1025];
+        let is_oom = |r: Result<()>| {
+            let e = r.expect_err("terabytes of columns");
+            assert!(
+                matches!(e, Error::Alloc(kiln_alloc_cache::Error::OutOfMemory(_))),
+                "{e}"
+            );
+        };
+        is_oom(conv2d_forward(&g, &input, &weight, None, &mut output));
+        let mut grad_input = vec![0.0f32; input.len()];
+        is_oom(conv2d_backward_input(&g, &output, &weight, &mut grad_input));
+        let mut grad_weight = vec![0.0f32; weight.len()];
+        is_oom(conv2d_backward_weight(
+            &g,
+            &input,
+            &output,
+            &mut grad_weight,
+        ));
     }
 }
