@@ -143,11 +143,22 @@ fn info_from(meta: &HashMap<String, String>, path: &Path) -> Result<ModelInfo> {
     let norm: NormalizeRecord = field(meta, "kiln.normalize", path)?;
     let mean: Vec<f64> = norm.mean.iter().map(|&v| v as f64).collect();
     let std: Vec<f64> = norm.std.iter().map(|&v| v as f64).collect();
-    Ok(ModelInfo {
+    let info = ModelInfo {
         config: field(meta, "kiln.model_config", path)?,
         classes: field(meta, "kiln.classes", path)?,
         normalize: Normalize::new(&mean, &std)?,
-    })
+    };
+    if info.classes.len() != info.config.num_classes {
+        return Err(Error::Checkpoint(format!(
+            "{}: `kiln.classes` names {} classes but the model has {} outputs \
+             (`kiln.model_config.num_classes`); the metadata was edited or mixed from two runs, \
+             use the checkpoint the training run wrote",
+            path.display(),
+            info.classes.len(),
+            info.config.num_classes
+        )));
+    }
+    Ok(info)
 }
 
 /// Reads the model's configuration, classes and normalisation without loading any weights.
