@@ -289,3 +289,26 @@ fn training_checkpoints_carry_optimizer_tensors_and_scheduler_state() {
         "{err}"
     );
 }
+
+#[test]
+fn stale_temp_files_of_killed_writes_are_removed_and_live_ones_kept() {
+    let path = tmp("stale.safetensors");
+    let dir = path.parent().unwrap().to_path_buf();
+    // A pid above Linux's largest (2^22) never runs; this process's own file is live.
+    let dead = dir.join(".stale.safetensors.tmp-999999999");
+    let live = dir.join(format!(".stale.safetensors.tmp-{}", std::process::id()));
+    let other = dir.join(".other.safetensors.tmp-999999999");
+    for f in [&dead, &live, &other] {
+        std::fs::write(f, b"half a checkpoint").unwrap();
+    }
+    let removed = kiln_models::checkpoint::remove_stale_temp_files(&path).unwrap();
+    assert_eq!(removed, vec![dead.clone()]);
+    assert!(!dead.exists() && live.exists() && other.exists());
+    let missing = dir.join("no-such-folder").join("x.safetensors");
+    assert!(kiln_models::checkpoint::remove_stale_temp_files(missing)
+        .unwrap()
+        .is_empty());
+    for f in [&live, &other] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
