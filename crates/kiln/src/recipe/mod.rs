@@ -46,6 +46,8 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> error::Result
     let io = |path: PathBuf| move |source| error::Error::Io { path, source };
     std::fs::create_dir_all(&config.run_dir).map_err(io(config.run_dir.clone()))?;
     let ckpt_path = checkpoint_path(&config.run_dir);
+    // Temporary files of checkpoint writes that were killed would otherwise stay forever.
+    kiln_models::checkpoint::remove_stale_temp_files(&ckpt_path)?;
     let resuming = config.resume && ckpt_path.exists();
     let mut trainer = build::trainer(config, &ckpt_path, resuming, observer)?;
     let last = config
