@@ -22,6 +22,15 @@ fn predict_prints_five_classes_that_sum_to_at_most_one() {
         prefetch_batches: 0,
         ..TrainConfig::default()
     };
+    // A run folder that is a file is refused naming the flag (not "File exists").
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("file"), b"").unwrap();
+    let on_file = TrainConfig {
+        run_dir: root.join("file"),
+        ..config.clone()
+    };
+    let msg = train(&on_file, &mut Quiet).err().unwrap().to_string();
+    assert!(msg.contains("is a file, not a folder"), "{msg}");
     let outcome = train(&config, &mut Quiet).unwrap();
     let ckpt = outcome.checkpoint;
 
