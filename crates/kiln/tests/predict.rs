@@ -88,6 +88,24 @@ fn predict_prints_five_classes_that_sum_to_at_most_one() {
         msg.contains("names 3 classes but the model has 10"),
         "{msg}"
     );
+    // A config describing a huge network the weights do not fit: refused before it is built.
+    let huge = root.join("huge.safetensors");
+    rewrite_safetensors(&ckpt, &huge, |header, _| {
+        let meta = &mut header["__metadata__"];
+        let mut config: serde_json::Value =
+            serde_json::from_str(meta["kiln.model_config"].as_str().unwrap()).unwrap();
+        config["width"] = 4096.into();
+        config["blocks"] = serde_json::json!([64, 64, 64, 64]);
+        meta["kiln.model_config"] = config.to_string().into();
+    });
+    let msg = kiln::recipe::predict(&huge, &png, ImageOptions::default(), 5)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("does not describe the weights")
+            && msg.contains("layer1 has 1 blocks, the config 64"),
+        "{msg}"
+    );
     // NaN weights in the head: an error, never `NaN%` probabilities.
     let nan = root.join("nan.safetensors");
     rewrite_safetensors(&ckpt, &nan, |header, data| {
