@@ -245,10 +245,52 @@ pub fn remove_stale_temp_files(path: impl AsRef<Path>) -> Result<Vec<std::path::
     Ok(removed)
 }
 
+/// Says in words what the safetensors parser reports as "header too large" or "file not fully
+/// covered": a file too short for its 8-byte header length, a header length past the end of
+/// the file, or tensor data that ends past it (a truncated copy or not a safetensors file).
+fn check_file_length(bytes: &[u8], path: &Path) -> Result<()> {
+    let not_safetensors = |why: String| {
+        io_err(
+            path,
+            format!("{why}; the file is truncated or not a safetensors file, copy it again"),
+        )
+    };
+    let Some(len_bytes) = bytes.get(..8) else {
+        return Err(not_safetensors(format!(
+            "{} bytes, fewer than the 8 that hold a safetensors header length",
+            bytes.len()
+        )));
+    };
+    let header_len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+    let after_len = (bytes.len() - 8) as u64;
+    if header_len > after_len {
+        return Err(not_safetensors(format!(
+            "the header declares {header_len} bytes but only {after_len} follow"
+        )));
+    }
+    let header = &bytes[8..8 + header_len as usize];
+    let Ok(serde_json::Value::Object(entries)) = serde_json::from_slice(header) else {
+        return Ok(()); // a malformed header is the parser's error to report
+    };
+    let data_end = entries
+        .values()
+        .filter_map(|e| e.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let data_len = after_len - header_len;
+    if data_end > data_len {
+        return Err(not_safetensors(format!(
+            "the tensors declare {data_end} bytes of data but only {data_len} follow the header"
+        )));
+    }
+    Ok(())
+}
+
 /// Reads every tensor of a safetensors file (on the CPU) and its metadata.
 pub fn load_tensors(path: impl AsRef<Path>) -> Result<(NamedTensors, HashMap<String, String>)> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    check_file_length(&bytes, path)?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| io_err(path, e))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| io_err(path, e))?;
     let metadata = meta.metadata().clone().unwrap_or_default();

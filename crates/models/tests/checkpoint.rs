@@ -312,3 +312,31 @@ fn stale_temp_files_of_killed_writes_are_removed_and_live_ones_kept() {
         std::fs::remove_file(f).unwrap();
     }
 }
+
+#[test]
+fn truncated_files_say_truncated_with_the_byte_counts() {
+    let path = tmp("whole.safetensors");
+    let t = Tensor::from_vec(vec![1.0f32; 64], &[64], kiln_autograd::Device::Cpu).unwrap();
+    kiln_models::checkpoint::save_tensors(&[("t".into(), t)], None, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let cases = [
+        (4, "4 bytes, fewer than the 8".to_string()),
+        (
+            20,
+            format!("declares {header_len} bytes but only 12 follow"),
+        ),
+        (
+            8 + header_len + 100,
+            "declare 256 bytes of data but only 100".to_string(),
+        ),
+    ];
+    for (cut, want) in cases {
+        let cut_path = tmp(&format!("cut-{cut}.safetensors"));
+        std::fs::write(&cut_path, &bytes[..cut]).unwrap();
+        let msg = kiln_models::checkpoint::load_tensors(&cut_path)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(&want) && msg.contains("truncated"), "{msg}");
+    }
+}
