@@ -156,6 +156,12 @@ impl Observer for Display {
             "== data: {} training / {} validation samples, {} batches per epoch",
             s.samples.0, s.samples.1, s.batches_per_epoch
         );
+        if let Some(path) = &s.resume_missing {
+            println!(
+                "== --resume: no checkpoint at {}, so this is a new run from epoch 0",
+                path.display()
+            );
+        }
         if s.resumed_epochs > 0 {
             println!("== resumed after epoch {}", s.resumed_epochs);
         }

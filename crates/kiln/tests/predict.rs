@@ -1,6 +1,7 @@
 //! `predict` end to end: a tiny checkpoint written by the recipe, a synthetic sample saved as a
 //! PNG, and the top-5 classes read back through `kiln::recipe::predict`; wrong sizes and
-//! channel counts are kiln-data's errors.
+//! channel counts are kiln-data's errors; a class list that does not fit the model, and NaN
+//! weights, are errors naming the problem.
 
 use kiln::data::{save_png, synthetic, DataSource, ImageOptions, Split};
 use kiln::recipe::{checkpoint, train, Quiet, TrainConfig};
@@ -21,6 +22,15 @@ fn predict_prints_five_classes_that_sum_to_at_most_one() {
         prefetch_batches: 0,
         ..TrainConfig::default()
     };
+    // A run folder that is a file is refused naming the flag (not "File exists").
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("file"), b"").unwrap();
+    let on_file = TrainConfig {
+        run_dir: root.join("file"),
+        ..config.clone()
+    };
+    let msg = train(&on_file, &mut Quiet).err().unwrap().to_string();
+    assert!(msg.contains("is a file, not a folder"), "{msg}");
     let outcome = train(&config, &mut Quiet).unwrap();
     let ckpt = outcome.checkpoint;
 
@@ -65,5 +75,71 @@ fn predict_prints_five_classes_that_sum_to_at_most_one() {
         kiln::recipe::predict(&ckpt, &gray, fixed, 5).unwrap().len(),
         5
     );
+
+    // Three class names for a ten-output model: refused when read, never an index panic.
+    let short = root.join("short.safetensors");
+    rewrite_safetensors(&ckpt, &short, |header, _| {
+        header["__metadata__"]["kiln.classes"] = r#"["a","b","c"]"#.into();
+    });
+    let msg = kiln::recipe::predict(&short, &png, ImageOptions::default(), 5)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("names 3 classes but the model has 10"),
+        "{msg}"
+    );
+    // A config describing a huge network the weights do not fit: refused before it is built.
+    let huge = root.join("huge.safetensors");
+    rewrite_safetensors(&ckpt, &huge, |header, _| {
+        let meta = &mut header["__metadata__"];
+        let mut config: serde_json::Value =
+            serde_json::from_str(meta["kiln.model_config"].as_str().unwrap()).unwrap();
+        config["width"] = 4096.into();
+        config["blocks"] = serde_json::json!([64, 64, 64, 64]);
+        meta["kiln.model_config"] = config.to_string().into();
+    });
+    let msg = kiln::recipe::predict(&huge, &png, ImageOptions::default(), 5)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("does not describe the weights")
+            && msg.contains("layer1 has 1 blocks, the config 64"),
+        "{msg}"
+    );
+    // NaN weights in the head: an error, never `NaN%` probabilities.
+    let nan = root.join("nan.safetensors");
+    rewrite_safetensors(&ckpt, &nan, |header, data| {
+        let range = &header["model.fc.bias"]["data_offsets"];
+        let (begin, end) = (range[0].as_u64().unwrap(), range[1].as_u64().unwrap());
+        for chunk in data[begin as usize..end as usize].chunks_mut(4) {
+            chunk.copy_from_slice(&f32::NAN.to_le_bytes());
+        }
+    });
+    let msg = kiln::recipe::predict(&nan, &png, ImageOptions::default(), 5)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("probabilities are NaN"), "{msg}");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Copies a safetensors file from `src` to `dst`, letting `edit` change its JSON header and
+/// its data bytes (the header is re-padded with spaces to a multiple of 8 bytes).
+fn rewrite_safetensors(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    edit: impl FnOnce(&mut serde_json::Value, &mut [u8]),
+) {
+    let bytes = std::fs::read(src).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let mut data = bytes[8 + len..].to_vec();
+    edit(&mut header, &mut data);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&data);
+    std::fs::write(dst, out).unwrap();
 }

@@ -1,6 +1,7 @@
 //! `--resume` continues bit for bit: two epochs in one go, and one epoch, a stop, a resume
 //! from the checkpoint and the second epoch, end with the same parameters and buffers (bit for
-//! bit) and the same logged losses. The config is tiny (100 synthetic images, width 4) but runs
+//! bit) and the same logged losses; a resume with other settings than the checkpoint's is
+//! refused naming them, and killed writes' temporary files and CSV rows are cleaned up. The config is tiny (100 synthetic images, width 4) but runs
 //! every part of the recipe: frozen first epoch, two lr groups, accumulation over 4 batches
 //! with a short last group, clipping, warm-up + cosine, prefetching loader with augmentation.
 //!
@@ -54,6 +55,73 @@ fn resume_continues_bit_identically() {
     assert_eq!(first.history.len(), 1);
     assert_eq!(first.batch_losses[..], straight.batch_losses[..6]);
     drop(first);
+    // A killed write's temporary file and a killed epoch's flushed CSV rows (a step after the
+    // checkpoint's) are cleaned up by the resume below.
+    let stale = root.join("resumed/.ckpt.safetensors.tmp-999999999");
+    std::fs::write(&stale, b"half a checkpoint").unwrap();
+    let csv_path = root.join("resumed/metrics.csv");
+    let mut csv = std::fs::read_to_string(&csv_path).unwrap();
+    csv.push_str("0,999,val/accuracy,0.5\n");
+    std::fs::write(&csv_path, csv).unwrap();
+    // Settings that differ from the checkpoint's are refused, naming the flag to pass.
+    let refused = [
+        (
+            TrainConfig {
+                width: 8,
+                ..config(root.join("resumed"))
+            },
+            "--width 8 (checkpoint: 4)",
+        ),
+        (
+            TrainConfig {
+                seed: 8,
+                ..config(root.join("resumed"))
+            },
+            "--seed 8 (checkpoint: 7)",
+        ),
+        (
+            TrainConfig {
+                lr: 2e-2,
+                ..config(root.join("resumed"))
+            },
+            "--lr 0.02 (checkpoint: 0.01)",
+        ),
+        (
+            TrainConfig {
+                batch_size: Some(8),
+                ..config(root.join("resumed"))
+            },
+            "--batch-size 8 (checkpoint: 16)",
+        ),
+    ];
+    for (bad, want) in refused {
+        let msg = train(
+            &TrainConfig {
+                resume: true,
+                ..bad
+            },
+            &mut Quiet,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(msg.contains(want) && msg.len() < 400, "{msg}");
+    }
+    // Asking to resume where there is no checkpoint says so.
+    struct Missing(Option<std::path::PathBuf>);
+    impl kiln::recipe::Observer for Missing {
+        fn setup(&mut self, setup: &kiln::recipe::Setup) {
+            self.0 = setup.resume_missing.clone();
+        }
+    }
+    let mut missing = Missing(None);
+    let fresh = TrainConfig {
+        resume: true,
+        stop_after: Some(0),
+        ..config(root.join("fresh"))
+    };
+    train(&fresh, &mut missing).unwrap();
+    assert_eq!(missing.0, Some(root.join("fresh/ckpt.safetensors")));
     let second = train(
         &TrainConfig {
             resume: true,
@@ -95,5 +163,6 @@ fn resume_continues_bit_identically() {
         2
     );
     assert!(root.join("resumed/metrics.svg").exists());
+    assert!(!csv.contains(",999,") && !stale.exists());
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -13,6 +13,7 @@
 //!
 //! [`save_tensors`] / [`load_tensors`] handle any named tensors plus string metadata, for
 //! training checkpoints that add optimizer and scheduler state under their own prefixes.
+//! [`remove_stale_temp_files`] deletes the temporary files of writes whose process was killed.
 
 use crate::error::Error;
 use crate::{Layer, LayerExt, Result};
@@ -176,8 +177,8 @@ pub fn save_tensors(
         .file_name()
         .ok_or_else(|| io_err(path, "the path names no file"))?;
     let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        file_name.to_string_lossy(),
+        "{}{}",
+        temp_prefix(&file_name.to_string_lossy()),
         std::process::id()
     ));
     let write = || -> std::io::Result<()> {
@@ -192,10 +193,104 @@ pub fn save_tensors(
     })
 }
 
+/// The start of the temporary-file names [`save_tensors`] writes `file_name` through; the
+/// writing process's id completes it.
+fn temp_prefix(file_name: &str) -> String {
+    format!(".{file_name}.tmp-")
+}
+
+/// Whether process `pid` is gone, so a temporary file it left can only be stale. Where there
+/// is no `/proc` to ask, every other process's file is taken for stale.
+fn process_gone(pid: u32) -> bool {
+    let proc_root = Path::new("/proc");
+    !proc_root.is_dir() || !proc_root.join(pid.to_string()).exists()
+}
+
+/// Removes the temporary files that killed [`save_tensors`] calls left beside `path`
+/// (`.NAME.tmp-PID` of processes no longer running) and returns them; the current process's
+/// and live processes' files are left alone. A missing folder has none.
+pub fn remove_stale_temp_files(path: impl AsRef<Path>) -> Result<Vec<std::path::PathBuf>> {
+    let path = path.as_ref();
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| io_err(path, "the path names no file"))?
+        .to_string_lossy()
+        .into_owned();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(dir, e)),
+    };
+    let prefix = temp_prefix(&file_name);
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && process_gone(pid) {
+            std::fs::remove_file(entry.path()).map_err(|e| io_err(&entry.path(), e))?;
+            removed.push(entry.path());
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Says in words what the safetensors parser reports as "header too large" or "file not fully
+/// covered": a file too short for its 8-byte header length, a header length past the end of
+/// the file, or tensor data that ends past it (a truncated copy or not a safetensors file).
+fn check_file_length(bytes: &[u8], path: &Path) -> Result<()> {
+    let not_safetensors = |why: String| {
+        io_err(
+            path,
+            format!("{why}; the file is truncated or not a safetensors file, copy it again"),
+        )
+    };
+    let Some(len_bytes) = bytes.get(..8) else {
+        return Err(not_safetensors(format!(
+            "{} bytes, fewer than the 8 that hold a safetensors header length",
+            bytes.len()
+        )));
+    };
+    let header_len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+    let after_len = (bytes.len() - 8) as u64;
+    if header_len > after_len {
+        return Err(not_safetensors(format!(
+            "the header declares {header_len} bytes but only {after_len} follow"
+        )));
+    }
+    let header = &bytes[8..8 + header_len as usize];
+    let Ok(serde_json::Value::Object(entries)) = serde_json::from_slice(header) else {
+        return Ok(()); // a malformed header is the parser's error to report
+    };
+    let data_end = entries
+        .values()
+        .filter_map(|e| e.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let data_len = after_len - header_len;
+    if data_end > data_len {
+        return Err(not_safetensors(format!(
+            "the tensors declare {data_end} bytes of data but only {data_len} follow the header"
+        )));
+    }
+    Ok(())
+}
+
 /// Reads every tensor of a safetensors file (on the CPU) and its metadata.
 pub fn load_tensors(path: impl AsRef<Path>) -> Result<(NamedTensors, HashMap<String, String>)> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    check_file_length(&bytes, path)?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| io_err(path, e))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| io_err(path, e))?;
     let metadata = meta.metadata().clone().unwrap_or_default();

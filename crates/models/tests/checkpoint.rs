@@ -289,3 +289,54 @@ fn training_checkpoints_carry_optimizer_tensors_and_scheduler_state() {
         "{err}"
     );
 }
+
+#[test]
+fn stale_temp_files_of_killed_writes_are_removed_and_live_ones_kept() {
+    let path = tmp("stale.safetensors");
+    let dir = path.parent().unwrap().to_path_buf();
+    // A pid above Linux's largest (2^22) never runs; this process's own file is live.
+    let dead = dir.join(".stale.safetensors.tmp-999999999");
+    let live = dir.join(format!(".stale.safetensors.tmp-{}", std::process::id()));
+    let other = dir.join(".other.safetensors.tmp-999999999");
+    for f in [&dead, &live, &other] {
+        std::fs::write(f, b"half a checkpoint").unwrap();
+    }
+    let removed = kiln_models::checkpoint::remove_stale_temp_files(&path).unwrap();
+    assert_eq!(removed, vec![dead.clone()]);
+    assert!(!dead.exists() && live.exists() && other.exists());
+    let missing = dir.join("no-such-folder").join("x.safetensors");
+    assert!(kiln_models::checkpoint::remove_stale_temp_files(missing)
+        .unwrap()
+        .is_empty());
+    for f in [&live, &other] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
+
+#[test]
+fn truncated_files_say_truncated_with_the_byte_counts() {
+    let path = tmp("whole.safetensors");
+    let t = Tensor::from_vec(vec![1.0f32; 64], &[64], kiln_autograd::Device::Cpu).unwrap();
+    kiln_models::checkpoint::save_tensors(&[("t".into(), t)], None, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let cases = [
+        (4, "4 bytes, fewer than the 8".to_string()),
+        (
+            20,
+            format!("declares {header_len} bytes but only 12 follow"),
+        ),
+        (
+            8 + header_len + 100,
+            "declare 256 bytes of data but only 100".to_string(),
+        ),
+    ];
+    for (cut, want) in cases {
+        let cut_path = tmp(&format!("cut-{cut}.safetensors"));
+        std::fs::write(&cut_path, &bytes[..cut]).unwrap();
+        let msg = kiln_models::checkpoint::load_tensors(&cut_path)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(&want) && msg.contains("truncated"), "{msg}");
+    }
+}

@@ -334,23 +334,20 @@ impl Algorithm for AdamAlgorithm {
 
     fn load_state(&self, r: &ParamStateRecord, p: &Parameter) -> Result<AdamState> {
         let get = |k: &str| {
-            r.buffers
-                .get(k)
-                .ok_or_else(|| {
-                    crate::Error::StateDict(format!(
-                        "parameter state lacks `{k}`; load a state dict saved by Adam/AdamW"
-                    ))
-                })
-                .and_then(|b| b.to_tensor_like(p, k))
+            r.buffers.get(k).ok_or_else(|| {
+                crate::Error::StateDict(format!(
+                    "parameter state lacks `{k}`; load a state dict saved by Adam/AdamW"
+                ))
+            })
         };
         Ok(AdamState {
             step: r.step,
-            exp_avg: get("exp_avg")?,
-            exp_avg_sq: get("exp_avg_sq")?,
+            exp_avg: get("exp_avg")?.to_tensor_like(p, "exp_avg")?,
+            exp_avg_sq: get("exp_avg_sq")?.to_nonnegative_tensor_like(p, "exp_avg_sq")?,
             max_exp_avg_sq: r
                 .buffers
                 .get("max_exp_avg_sq")
-                .map(|b| b.to_tensor_like(p, "max_exp_avg_sq"))
+                .map(|b| b.to_nonnegative_tensor_like(p, "max_exp_avg_sq"))
                 .transpose()?,
         })
     }

@@ -11,6 +11,8 @@
 //! `error_if_nonfinite`, which returns an error naming the first offending parameter instead.
 //! [`clip_coef_for`] computes the total and the coefficient without scaling, so the optimizer
 //! can apply it while it reads the gradients ([`crate::Optimizer::step_with_grad_scale`]).
+//! A NaN or negative `max_norm` / `clip_value` is an error before any gradient is touched
+//! (PyTorch would silently flip or NaN the gradients).
 
 use crate::operands::{with_operands, with_operands_mut};
 use crate::{arg_err, Error, Result};
@@ -35,6 +37,21 @@ fn norm_kind(op: &'static str, norm_type: f64) -> Result<NormKind> {
             "norm_type is NaN; pass 2.0 (Euclidean), 1.0, f64::INFINITY or another p",
         )
     })
+}
+
+/// Rejects a `max_norm` that is NaN or negative: either would rewrite every gradient (NaN, or
+/// flipped in sign) instead of clipping it. Zero and infinity are valid (zero gradients, no-op).
+fn check_max_norm(op: &'static str, max_norm: f64) -> Result<()> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(arg_err(
+            op,
+            format!(
+                "max_norm is {max_norm}; pass a non-negative number (1.0 is common; \
+                 f64::INFINITY only measures the norm)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The gradients present, with their parameter names (parameters without one are skipped).
@@ -136,6 +153,7 @@ pub fn clip_grads_with_norm_(
     max_norm: f64,
     total_norm: f64,
 ) -> Result<()> {
+    check_max_norm("clip_grads_with_norm_", max_norm)?;
     let (_, grads) = grads_of(params);
     scale_grads(&grads, clip_coef(max_norm, total_norm))
 }
@@ -168,6 +186,7 @@ pub fn clip_coef_for(
     norm_type: f64,
     error_if_nonfinite: bool,
 ) -> Result<ClipInfo> {
+    check_max_norm("clip_coef_for", max_norm)?;
     let (names, grads) = grads_of(params);
     let total_norm = total_norm_named(&names, &grads, norm_type, error_if_nonfinite)?;
     Ok(ClipInfo {
@@ -207,6 +226,7 @@ pub fn clip_grad_norm_(
     norm_type: f64,
     error_if_nonfinite: bool,
 ) -> Result<f64> {
+    check_max_norm("clip_grad_norm_", max_norm)?;
     let (names, grads) = grads_of(params);
     let kind = norm_kind("clip_grad_norm_", norm_type)?;
     if grads.is_empty() {
@@ -237,6 +257,7 @@ pub fn clip_grad_norm_on_device(
     norm_type: f64,
     error_if_nonfinite: bool,
 ) -> Result<Tensor> {
+    check_max_norm("clip_grad_norm_", max_norm)?;
     let (names, grads) = grads_of(params);
     let kind = norm_kind("clip_grad_norm_", norm_type)?;
     if grads.is_empty() {
@@ -260,10 +281,13 @@ pub fn clip_grad_norm_on_device(
 
 /// Clamps every gradient element to `[-clip_value, clip_value]` (PyTorch's `clip_grad_value_`).
 pub fn clip_grad_value_(params: &[(String, Parameter)], clip_value: f64) -> Result<()> {
-    if clip_value.is_nan() {
+    if clip_value.is_nan() || clip_value < 0.0 {
         return Err(arg_err(
             "clip_grad_value_",
-            "clip_value is NaN; pass a positive number",
+            format!(
+                "clip_value is {clip_value}; pass a non-negative number (gradients are clamped \
+                 to [-clip_value, clip_value])"
+            ),
         ));
     }
     let (_, grads) = grads_of(params);
@@ -334,5 +358,31 @@ mod tests {
         let zero = clip_grad_norm_on_device(&[("n".into(), none)], 1.0, 2.0, true).unwrap();
         assert_eq!(zero.to_vec::<f32>().unwrap(), vec![0.0]);
         assert!(clip_grad_norm_on_device(&ps, 1.0, f64::NAN, false).is_err());
+    }
+
+    #[test]
+    fn negative_or_nan_limits_are_errors_that_leave_the_gradients_alone() {
+        let values: [&[f32]; 2] = [&[3.0, -4.0], &[0.5]];
+        for bad in [-1.0, f64::NAN, f64::NEG_INFINITY] {
+            let ps = params(&values);
+            let errs = [
+                clip_grad_norm_(&ps, bad, 2.0, false).map(|_| ()),
+                clip_grad_norm_on_device(&ps, bad, 2.0, false).map(|_| ()),
+                clip_coef_for(&ps, bad, 2.0, false).map(|_| ()),
+                clip_grads_with_norm_(&ps, bad, 5.0),
+            ];
+            for err in errs {
+                let err = err.unwrap_err();
+                assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+                assert!(err.to_string().contains("max_norm is"), "{err}");
+            }
+            let err = clip_grad_value_(&ps, bad).unwrap_err();
+            assert!(err.to_string().contains("clip_value is"), "{err}");
+            assert_eq!(grads(&ps), vec![vec![3.0, -4.0], vec![0.5]]);
+        }
+        // Zero is a valid limit for both: every gradient becomes zero.
+        let ps = params(&values);
+        clip_grad_value_(&ps, 0.0).unwrap();
+        assert_eq!(grads(&ps), vec![vec![0.0, 0.0], vec![0.0]]);
     }
 }

@@ -137,8 +137,26 @@ impl TensorRecord {
         })
     }
 
-    /// The tensor again, in `like`'s dtype and on its device, checked against `like`'s shape.
+    /// The tensor again, in `like`'s dtype and on its device, checked against `like`'s shape;
+    /// a value count that does not fit the shape, or a NaN/infinite value, is an error naming
+    /// `what` (a moment like that would turn every parameter into NaN at the next step).
     pub fn to_tensor_like(&self, like: &Tensor, what: &str) -> Result<Tensor> {
+        let want: usize = self.shape.iter().product();
+        if self.data.len() != want {
+            return Err(Error::StateDict(format!(
+                "{what}: saved shape {:?} needs {want} values but {} are stored; the state dict \
+                 is truncated or edited, load an intact one",
+                self.shape,
+                self.data.len()
+            )));
+        }
+        if let Some(i) = self.data.iter().position(|v| !v.is_finite()) {
+            return Err(Error::StateDict(format!(
+                "{what}: value {i} is {}; a non-finite optimizer state would make the parameters \
+                 NaN, load a state dict saved before training diverged",
+                self.data[i]
+            )));
+        }
         if self.shape != like.shape() || self.dtype != like.dtype().as_str() {
             return Err(Error::StateDict(format!(
                 "{what}: saved {} {:?} does not match the parameter's {} {:?}; load a state dict \
@@ -151,6 +169,20 @@ impl TensorRecord {
         }
         let t = Tensor::from_vec(self.data.clone(), &self.shape, kiln_autograd::Device::Cpu)?;
         Ok(t.to_dtype(like.dtype())?.to_device(like.device())?)
+    }
+
+    /// Like [`TensorRecord::to_tensor_like`], and also rejects a negative value (a second
+    /// moment such as Adam's `exp_avg_sq` is a mean of squares; its square root must exist).
+    pub fn to_nonnegative_tensor_like(&self, like: &Tensor, what: &str) -> Result<Tensor> {
+        let t = self.to_tensor_like(like, what)?;
+        if let Some(i) = self.data.iter().position(|v| *v < 0.0) {
+            return Err(Error::StateDict(format!(
+                "{what}: value {i} is {}, but a second moment is never negative; load a state \
+                 dict saved by this optimizer, unedited",
+                self.data[i]
+            )));
+        }
+        Ok(t)
     }
 }
 
@@ -524,9 +556,13 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
         }
         let mut state = HashMap::new();
         let params = self.named_params();
-        for ((_, p), rec) in params.iter().zip(&sd.state) {
+        for ((n, p), rec) in params.iter().zip(&sd.state) {
             if let Some(rec) = rec {
-                state.insert(p.id(), self.algorithm.load_state(rec, p)?);
+                let loaded = self.algorithm.load_state(rec, p).map_err(|e| match e {
+                    Error::StateDict(msg) => Error::StateDict(format!("parameter `{n}`: {msg}")),
+                    other => other,
+                })?;
+                state.insert(p.id(), loaded);
             }
         }
         for ((g, o), rec) in self.groups.iter_mut().zip(options).zip(&sd.groups) {

@@ -42,10 +42,16 @@ pub(super) fn trainer(
         classes: train_set.classes().to_vec(),
         normalize: config.data.normalize(&train_set)?,
     };
+    if resuming {
+        let saved = checkpoint::read_info(ckpt_path)?;
+        resume::check_model(&info.config, &saved.config, ckpt_path)?;
+    }
     kiln_autograd::manual_seed(config.seed);
     let model = info.config.build()?;
     let resumed = if resuming {
-        Some(checkpoint::resume(&model, ckpt_path)?)
+        let resumed = checkpoint::resume(&model, ckpt_path)?;
+        resume::check_settings(config, &resumed, ckpt_path)?;
+        Some(resumed)
     } else {
         None
     };
@@ -81,9 +87,13 @@ pub(super) fn trainer(
         plan_max_batch: plan_max,
         batches_per_epoch: batches,
         resumed_epochs: progress.epochs_done,
+        resume_missing: (config.resume && !resuming).then(|| ckpt_path.to_path_buf()),
         samples: (train_loader.dataset().len(), val_loader.dataset().len()),
     });
 
+    if config.resume {
+        resume::trim_metrics_csv(&config.run_dir.join("metrics.csv"), progress.global_step)?;
+    }
     let logger = ScalarLogger::in_memory()
         .tensorboard(config.run_dir.join("tensorboard"))?
         .csv(config.run_dir.join("metrics.csv"))?

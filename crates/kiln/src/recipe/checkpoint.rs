@@ -143,17 +143,87 @@ fn info_from(meta: &HashMap<String, String>, path: &Path) -> Result<ModelInfo> {
     let norm: NormalizeRecord = field(meta, "kiln.normalize", path)?;
     let mean: Vec<f64> = norm.mean.iter().map(|&v| v as f64).collect();
     let std: Vec<f64> = norm.std.iter().map(|&v| v as f64).collect();
-    Ok(ModelInfo {
+    let info = ModelInfo {
         config: field(meta, "kiln.model_config", path)?,
         classes: field(meta, "kiln.classes", path)?,
         normalize: Normalize::new(&mean, &std)?,
-    })
+    };
+    if info.classes.len() != info.config.num_classes {
+        return Err(Error::Checkpoint(format!(
+            "{}: `kiln.classes` names {} classes but the model has {} outputs \
+             (`kiln.model_config.num_classes`); the metadata was edited or mixed from two runs, \
+             use the checkpoint the training run wrote",
+            path.display(),
+            info.classes.len(),
+            info.config.num_classes
+        )));
+    }
+    Ok(info)
 }
 
-/// Reads the model's configuration, classes and normalisation without loading any weights.
+/// Reads the model's configuration, classes and normalisation without loading any weights;
+/// a `kiln.model_config` that the file's own tensors contradict (stem or head shape, blocks
+/// per stage) is an error here, before anything builds the network it describes.
 pub fn read_info(path: &Path) -> Result<ModelInfo> {
-    let (_, meta) = load_tensors(path)?;
-    info_from(&meta, path)
+    let (tensors, meta) = load_tensors(path)?;
+    let info = info_from(&meta, path)?;
+    check_config_fits(&info.config, &tensors, path)?;
+    Ok(info)
+}
+
+/// Compares `config` with the shapes of the model tensors the file holds (a tensor that is
+/// absent is left to the strict load, which names every missing key).
+fn check_config_fits(
+    config: &ModelConfig,
+    tensors: &[(String, Tensor)],
+    path: &Path,
+) -> Result<()> {
+    let shape = |name: &str| {
+        tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.shape().to_vec())
+    };
+    let mut wrong = Vec::new();
+    let stem = vec![config.width, config.in_channels, 3, 3];
+    if let Some(found) = shape("model.conv1.weight").filter(|s| *s != stem) {
+        wrong.push(format!(
+            "conv1.weight is {found:?}, the config needs {stem:?}"
+        ));
+    }
+    let head = vec![config.num_classes, config.width * 8];
+    if let Some(found) = shape("model.fc.weight").filter(|s| *s != head) {
+        wrong.push(format!("fc.weight is {found:?}, the config needs {head:?}"));
+    }
+    for (stage, &want) in config.blocks.iter().enumerate() {
+        let prefix = format!("model.layer{}.", stage + 1);
+        let found = tensors
+            .iter()
+            .filter_map(|(n, _)| {
+                n.strip_prefix(&prefix)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |last| last + 1);
+        if found != want {
+            wrong.push(format!(
+                "layer{} has {found} blocks, the config {want}",
+                stage + 1
+            ));
+        }
+    }
+    if wrong.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Checkpoint(format!(
+        "{}: `kiln.model_config` does not describe the weights in the file ({}); the metadata \
+         was edited or mixed from two runs, use the checkpoint the training run wrote",
+        path.display(),
+        wrong.join("; ")
+    )))
 }
 
 /// Builds the model a checkpoint describes and loads its weights (strictly), in eval mode:

@@ -44,8 +44,16 @@ use std::path::PathBuf;
 pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> error::Result<Outcome> {
     config::check(config)?;
     let io = |path: PathBuf| move |source| error::Error::Io { path, source };
+    if config.run_dir.exists() && !config.run_dir.is_dir() {
+        return Err(error::Error::Config(format!(
+            "--run-dir {} is a file, not a folder; pass a folder (it is created if missing)",
+            config.run_dir.display()
+        )));
+    }
     std::fs::create_dir_all(&config.run_dir).map_err(io(config.run_dir.clone()))?;
     let ckpt_path = checkpoint_path(&config.run_dir);
+    // Temporary files of checkpoint writes that were killed would otherwise stay forever.
+    kiln_models::checkpoint::remove_stale_temp_files(&ckpt_path)?;
     let resuming = config.resume && ckpt_path.exists();
     let mut trainer = build::trainer(config, &ckpt_path, resuming, observer)?;
     let last = config

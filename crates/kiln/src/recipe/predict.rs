@@ -1,7 +1,9 @@
-//! Single-image inference: what the `predict` example runs.
+//! Single-image inference: what the `predict` example runs. A checkpoint whose class list does
+//! not fit its model is refused when read, and non-finite probabilities are an error, never a
+//! printed `NaN%`.
 
 use super::checkpoint;
-use super::error::Result;
+use super::error::{Error, Result};
 use kiln_autograd::{no_grad, Device, Tensor};
 use kiln_models::models::ResNet;
 use kiln_models::Layer;
@@ -37,7 +39,16 @@ pub fn predict(
         Some(&info.normalize),
         Device::Cpu,
     )?;
-    Ok(top_k(&model, &x, k)?
+    let ranked = top_k(&model, &x, k)?;
+    if ranked.iter().any(|(_, p)| !p.is_finite()) {
+        return Err(Error::Checkpoint(format!(
+            "{}: the model's class probabilities are NaN, so its weights hold NaN or infinite \
+             values (training diverged, or the file was damaged); predict with an earlier \
+             checkpoint, or retrain with a lower learning rate",
+            checkpoint.display()
+        )));
+    }
+    Ok(ranked
         .into_iter()
         .map(|(i, p)| (info.classes[i].clone(), p))
         .collect())

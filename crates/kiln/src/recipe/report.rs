@@ -48,6 +48,9 @@ pub struct Setup {
     pub batches_per_epoch: usize,
     /// Epochs already done (resumed run).
     pub resumed_epochs: usize,
+    /// The checkpoint `resume` asked for but did not find, so the run started from scratch
+    /// (`None` when not resuming, or when the checkpoint was there).
+    pub resume_missing: Option<std::path::PathBuf>,
     /// Training / validation samples.
     pub samples: (usize, usize),
 }

@@ -2,14 +2,22 @@
 //! into the freshly built optimizer, schedule and loader, and the loss scaler restored. With
 //! the model's weights, these and the seed are the whole state of a run, so a resumed run
 //! continues bit for bit.
+//!
+//! A checkpoint is only resumed with the settings that produced it: the network's shape, the
+//! seed (it also draws the synthetic data), the head's lr and a given batch size are compared
+//! with the checkpoint's first, and every difference is one error naming the flag to pass.
+//! `metrics.csv` is cut back to the checkpoint's last step before a resumed run appends, so
+//! the rows of an epoch that was killed before its checkpoint are written once, not twice.
 
 use super::checkpoint::{Progress, Resumed};
 use super::config::TrainConfig;
-use super::error::Result;
+use super::error::{Error, Result};
+use super::model::ModelConfig;
 use kiln_autograd::DType;
 use kiln_data::DataLoader;
 use kiln_optim::{Adam, GradScaler, GradScalerState, Optimizer};
 use kiln_sched::{LrScheduler, SequentialLR};
+use std::path::Path;
 
 /// Loads `resumed` into the optimizer, the schedule and the training loader; returns the run's
 /// progress and the saved loss-scaler state, if any.
@@ -40,4 +48,78 @@ pub(super) fn grad_scaler(
         scaler.load_state_dict(state)?;
     }
     Ok(Some(scaler))
+}
+
+/// One difference between a flag and the checkpoint: `"--width 16 (checkpoint: 4)"`.
+fn differs<T: PartialEq + std::fmt::Debug>(flag: &str, given: T, saved: T) -> Option<String> {
+    (given != saved).then(|| format!("{flag} {given:?} (checkpoint: {saved:?})"))
+}
+
+/// The error for `diffs`, or `Ok` when there are none.
+fn refuse(path: &Path, diffs: Vec<String>) -> Result<()> {
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "--resume: {} was written with other settings: {}; pass the checkpoint's values, or \
+         drop --resume / choose another --run-dir to start a new run",
+        path.display(),
+        diffs.join(", ")
+    )))
+}
+
+/// Refuses to resume into a network of another shape than the checkpoint's (`--width`, or
+/// data with other images or classes), before any weight is read.
+pub(super) fn check_model(wanted: &ModelConfig, saved: &ModelConfig, path: &Path) -> Result<()> {
+    let diffs = [
+        differs("--width", wanted.width, saved.width),
+        differs("blocks", wanted.blocks, saved.blocks),
+        differs("--data channels", wanted.in_channels, saved.in_channels),
+        differs("--data image size", wanted.image_size, saved.image_size),
+        differs("--data classes", wanted.num_classes, saved.num_classes),
+    ];
+    refuse(path, diffs.into_iter().flatten().collect())
+}
+
+/// Refuses to resume with another seed, head lr or given batch size than the checkpoint's
+/// (each would silently change the data, the schedule or the steps of the continued run).
+pub(super) fn check_settings(config: &TrainConfig, resumed: &Resumed, path: &Path) -> Result<()> {
+    let saved = &resumed.progress;
+    let mut diffs = vec![differs("--seed", config.seed, saved.seed)];
+    if let Some(b) = config.batch_size {
+        diffs.push(differs("--batch-size", b, saved.batch_size));
+    }
+    let head_lr = resumed.optimizer.groups.last().and_then(|g| g.initial_lr);
+    if let Some(lr) = head_lr.filter(|lr| lr.to_bits() != config.lr.to_bits()) {
+        diffs.push(Some(format!("--lr {} (checkpoint: {lr})", config.lr)));
+    }
+    refuse(path, diffs.into_iter().flatten().collect())
+}
+
+/// Drops the rows of `metrics.csv` (`wall_time,step,tag,value`) logged after step `last_step`:
+/// they belong to an epoch the checkpoint does not hold, which the resumed run logs again. The
+/// header, and any line whose step does not parse, are kept. A missing file is left missing.
+pub(super) fn trim_metrics_csv(path: &Path, last_step: usize) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    let after_last = |line: &str| {
+        let step = line.split(',').nth(1).and_then(|s| s.parse::<usize>().ok());
+        step.is_some_and(|s| s > last_step)
+    };
+    if !text.lines().any(after_last) {
+        return Ok(());
+    }
+    let kept: String = text
+        .lines()
+        .filter(|l| !after_last(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(path, kept).map_err(io)
 }

@@ -1,0 +1,71 @@
+//! Hostile state dicts: a negative second moment, a NaN moment or a value count that does not
+//! fit the shape is refused by `load_state_dict`, naming the parameter and the field, and the
+//! optimizer keeps the state it had.
+
+use kiln_autograd::{Device, Parameter, Tensor};
+use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, StateDict};
+
+fn stepped() -> (impl Optimizer, StateDict) {
+    let p =
+        Parameter::new(Tensor::from_vec(vec![0.5f32, -1.0], &[2], Device::Cpu).unwrap()).unwrap();
+    p.set_grad(Some(
+        Tensor::from_vec(vec![0.1f32, 0.2], &[2], Device::Cpu).unwrap(),
+    ))
+    .unwrap();
+    let opts = AdamOptions::adamw().amsgrad(true).lr(0.01);
+    let mut opt = AdamW::new(vec![ParamGroup::new(vec![("w".into(), p)])], opts).unwrap();
+    opt.step().unwrap();
+    let sd = opt.state_dict().unwrap();
+    (opt, sd)
+}
+
+fn edited(field: &str, edit: impl Fn(&mut Vec<f64>)) -> StateDict {
+    let (_, mut sd) = stepped();
+    let rec = sd.state[0].as_mut().unwrap();
+    edit(&mut rec.buffers.get_mut(field).unwrap().data);
+    sd
+}
+
+#[test]
+fn bad_moments_are_refused_naming_the_parameter_and_field() {
+    let cases = [
+        (
+            "exp_avg_sq",
+            edited("exp_avg_sq", |d| d[1] = -1.0),
+            "never negative",
+        ),
+        (
+            "max_exp_avg_sq",
+            edited("max_exp_avg_sq", |d| d[0] = -0.5),
+            "never negative",
+        ),
+        (
+            "exp_avg",
+            edited("exp_avg", |d| d[0] = f64::NAN),
+            "non-finite",
+        ),
+        (
+            "exp_avg_sq",
+            edited("exp_avg_sq", |d| d[0] = f64::INFINITY),
+            "non-finite",
+        ),
+        (
+            "exp_avg",
+            edited("exp_avg", |d| d.truncate(1)),
+            "needs 2 values but 1",
+        ),
+    ];
+    for (field, sd, why) in cases {
+        let (mut opt, good) = stepped();
+        let err = opt.load_state_dict(&sd).unwrap_err().to_string();
+        assert!(err.contains(&format!("parameter `w`: {field}:")), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert_eq!(
+            opt.state_dict().unwrap(),
+            good,
+            "a refused load changed the state"
+        );
+    }
+    let (mut opt, good) = stepped();
+    opt.load_state_dict(&good).unwrap();
+}
