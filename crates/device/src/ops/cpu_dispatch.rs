@@ -39,6 +39,7 @@ use crate::storage::{by_dtype, with_slice, HostBuffer, HostElement};
 use crate::threads::cpu_pool;
 use crate::{CpuStorage, Error, Result};
 use half::{bf16, f16};
+use std::borrow::Cow;
 
 /// A new storage of `len` elements of `T`, written in place by `write` (a kernel taking its
 /// output slice): one block of the CPU allocator, zero-filled first, no intermediate `Vec`.
@@ -145,7 +146,7 @@ macro_rules! float_op {
             (T, X) => {
                 use $crate::ops::cpu_dispatch as dispatch;
                 let (operand, operand_layout) = dispatch::read_as::<T>($self, $layout)?;
-                let ($s, $l) = (&*operand, &operand_layout);
+                let ($s, $l) = (&*operand, &*operand_layout);
                 let computed = dispatch::buffer_of::<T>($l.numel(), |$out| $body)?;
                 drop(operand);
                 dispatch::finish_round::<T, X>(computed)
@@ -199,17 +200,17 @@ pub(crate) fn widen_as<T: HostElement>(s: &CpuStorage, layout: &Layout) -> Resul
 }
 
 /// An operand of a whole-tensor op computed in `T`, and the layout to read it through: the
-/// storage's own buffer and `layout` when it holds `T` (no copy), else its elements widened to
-/// `T` in a contiguous copy.
-pub(crate) fn read_as<'a, T: HostElement>(
+/// storage's own buffer and `layout` when it holds `T` (no copy of either), else its elements
+/// widened to `T` in a contiguous copy.
+pub(crate) fn read_as<'a, 'l, T: HostElement>(
     s: &'a CpuStorage,
-    layout: &Layout,
-) -> Result<(Dense<'a, T>, Layout)> {
+    layout: &'l Layout,
+) -> Result<(Dense<'a, T>, Cow<'l, Layout>)> {
     match T::slice(s) {
-        Some(native) => Ok((Dense::Borrowed(native), layout.clone())),
+        Some(native) => Ok((Dense::Borrowed(native), Cow::Borrowed(layout))),
         None => Ok((
             Dense::Owned(widen_as::<T>(s, layout)?),
-            Layout::contiguous(layout.shape()),
+            Cow::Owned(Layout::contiguous(layout.shape())),
         )),
     }
 }
