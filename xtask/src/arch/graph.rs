@@ -6,7 +6,7 @@
 //! declarations and a module's `pub use` of its own descendants are not edges; paths into other
 //! crates are ignored.
 
-use super::scan::{blank_comments_and_strings, tokenize, walk, Token};
+use super::scan::{blank_comments_and_strings, rust_files, tokenize, Token};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -21,13 +21,7 @@ pub struct FileGraph {
 impl FileGraph {
     /// Reads every `.rs` file under `src`.
     pub fn read(src: &Path) -> Result<FileGraph, String> {
-        let mut files = Vec::new();
-        walk(src, &mut |p| {
-            if p.extension().is_some_and(|e| e == "rs") {
-                files.push(p.to_path_buf());
-            }
-        })?;
-        files.sort();
+        let files = rust_files(src)?;
         let modules: BTreeMap<Vec<String>, usize> = files
             .iter()
             .enumerate()

@@ -24,7 +24,7 @@
 //! inside them resolves the way the compiler resolves it. A path resolves to the deepest module
 //! that has a file of its own.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The longest a source file may be.
@@ -139,9 +139,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     println!("import cycles: {crates_read} crates read, {cycles_found} cycles");
 
-    let device_src = root.join("crates/device/src");
+    let mut seam = seam_definitions(&root.join("crates/device/src"), SEAM_METHODS)?;
     for name in SEAM_METHODS {
-        let defs = seam_definitions(&device_src, name)?;
+        let defs = seam.remove(name).unwrap_or_default();
         println!("seam method `{name}`: {} definitions", defs.len());
         for d in &defs {
             println!("  {}", rel(&root, Path::new(d)));
@@ -202,41 +202,42 @@ fn crate_src_dirs(root: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-/// Where `fn name(` or `fn name<` is defined in the `.rs` files under `dir` (`file:line`).
-fn seam_definitions(dir: &Path, name: &str) -> Result<Vec<String>, String> {
-    let mut files = Vec::new();
-    walk(dir, &mut |p| {
-        if p.extension().is_some_and(|e| e == "rs") {
-            files.push(p.to_path_buf());
-        }
-    })?;
-    files.sort();
-    let mut out = Vec::new();
-    for file in files {
+/// Where each of `names` is defined as a method (`fn name(&self`, `fn name<..>(self`, ...) in
+/// the `.rs` files under `dir`, as `file:line`; every file is read once for all names.
+fn seam_definitions(
+    dir: &Path,
+    names: &[&'static str],
+) -> Result<BTreeMap<&'static str, Vec<String>>, String> {
+    let mut out = BTreeMap::new();
+    for file in rust_files(dir)? {
         let text =
             std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let code = blank_comments_and_strings(&text);
-        let tokens = tokenize(&code);
+        let tokens = tokenize(&blank_comments_and_strings(&text));
         for (k, w) in tokens.windows(3).enumerate() {
-            if w[0].text == "fn" && w[1].text == name && (w[2].text == "(" || w[2].text == "<") {
-                // Only methods (`&self` / `&mut self` / `self` first): free kernel functions
-                // of the same name are typed helpers, not the seam's signature.
-                let open = (k + 2..tokens.len()).find(|&j| tokens[j].text == "(");
-                let first: Vec<&str> = open
-                    .map(|o| {
-                        tokens[o + 1..(o + 4).min(tokens.len())]
-                            .iter()
-                            .map(|t| t.text.as_str())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let is_method = matches!(
-                    first.as_slice(),
-                    ["&", "self", ..] | ["&", "mut", "self"] | ["self", ..]
-                );
-                if is_method {
-                    out.push(format!("{}:{}", file.display(), w[1].line));
-                }
+            let Some(&name) = names.iter().find(|n| w[1].text == **n) else {
+                continue;
+            };
+            if w[0].text != "fn" || (w[2].text != "(" && w[2].text != "<") {
+                continue;
+            }
+            // Only methods (`&self` / `&mut self` / `self` first): free kernel functions of the
+            // same name are typed helpers, not the seam's signature.
+            let open = (k + 2..tokens.len()).find(|&j| tokens[j].text == "(");
+            let first: Vec<&str> = open
+                .map(|o| {
+                    tokens[o + 1..(o + 4).min(tokens.len())]
+                        .iter()
+                        .map(|t| t.text.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let is_method = matches!(
+                first.as_slice(),
+                ["&", "self", ..] | ["&", "mut", "self"] | ["self", ..]
+            );
+            if is_method {
+                let at = format!("{}:{}", file.display(), w[1].line);
+                out.entry(name).or_insert_with(Vec::new).push(at);
             }
         }
     }
@@ -246,7 +247,7 @@ fn seam_definitions(dir: &Path, name: &str) -> Result<Vec<String>, String> {
 mod graph;
 mod scan;
 use graph::FileGraph;
-use scan::{blank_comments_and_strings, tokenize, walk};
+use scan::{blank_comments_and_strings, rust_files, tokenize, walk};
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@
 //! are kept, char literals (`'x'`, `'\\n'`) are blanked; a token is an identifier, `::`, or one
 //! punctuation character (numbers and white space are dropped).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Calls `f` for every file under `dir`, skipping `target` and hidden folders.
 pub(super) fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) -> Result<(), String> {
@@ -24,6 +24,18 @@ pub(super) fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Every `.rs` file under `dir`, sorted.
+pub(super) fn rust_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    walk(dir, &mut |p| {
+        if p.extension().is_some_and(|e| e == "rs") {
+            files.push(p.to_path_buf());
+        }
+    })?;
+    files.sort();
+    Ok(files)
 }
 
 /// A token of Rust source: an identifier, `::`, or one punctuation character.
