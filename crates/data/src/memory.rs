@@ -5,12 +5,11 @@
 
 use crate::error::{Error, Result};
 
-/// Total physical memory of this machine (Linux `MemTotal`); `None` where it cannot be read.
+/// Total physical memory of this machine (kiln-device's host memory report: Linux
+/// `MemTotal`); `None` where it cannot be read.
 pub(crate) fn physical_memory() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    let info = kiln_device::Device::Cpu.memory_info().ok()?;
+    usize::try_from(info.total).ok()
 }
 
 /// The error for a size of `what` that overflows `usize`.
