@@ -1,0 +1,1 @@
+//! PLACEHOLDER for the emulator's cublas entry points (see the crate docs).

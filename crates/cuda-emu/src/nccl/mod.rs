@@ -1,0 +1,1 @@
+//! PLACEHOLDER for the emulator's nccl entry points (see the crate docs).
