@@ -154,6 +154,13 @@ fn allocations_end_at_a_guard_page_and_die_when_freed() {
     unsafe { assert_eq!(cuMemFree_v2(p), CUresult::CUDA_SUCCESS) };
     assert!(check_device_range(p, 1).is_err());
     assert!(read_faults(p), "freed memory is inaccessible");
+    let q = alloc(4000).unwrap();
+    assert_ne!(q, p, "a freed address is not handed out again at once");
+    assert!(
+        check_device_range(p, 1).is_err(),
+        "so a stale pointer still fails"
+    );
+    unsafe { assert_eq!(cuMemFree_v2(q), CUresult::CUDA_SUCCESS) };
     let host = [0u8; 16];
     assert!(check_device_range(host.as_ptr() as u64, 1)
         .unwrap_err()

@@ -212,6 +212,7 @@ pub unsafe extern "C" fn cuInit(Flags: c_uint) -> CUresult {
 /// `cuDriverGetVersion`: CUDA 13.0.
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresult {
+    super::trace("cuDriverGetVersion");
     // SAFETY: the caller's out-pointer (checked for null).
     unsafe { out(driverVersion, 13000) }
 }
@@ -219,6 +220,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresu
 /// `cuDevicePrimaryCtxRetain`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    super::trace("cuDevicePrimaryCtxRetain");
     let ctx = match context_of_device(dev) {
         Ok(c) => c,
         Err(code) => return code,
@@ -232,6 +234,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 /// reaches zero (the emulator never tears a context down).
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    super::trace("cuDevicePrimaryCtxRelease_v2");
     let ctx = match context_of_device(dev) {
         Ok(c) => c,
         Err(code) => return code,
@@ -248,6 +251,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 /// `cuDevicePrimaryCtxSetFlags_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    super::trace("cuDevicePrimaryCtxSetFlags_v2");
     match context_of_device(dev) {
         Ok(ctx) => {
             ctx.flags.store(flags, Ordering::SeqCst);
@@ -264,6 +268,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     flags: *mut c_uint,
     active: *mut c_int,
 ) -> CUresult {
+    super::trace("cuDevicePrimaryCtxGetState");
     let ctx = match context_of_device(dev) {
         Ok(c) => c,
         Err(code) => return code,
@@ -279,6 +284,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 /// `cuDevicePrimaryCtxReset_v2`: waits for the device; memory is kept.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    super::trace("cuDevicePrimaryCtxReset_v2");
     match context_of_device(dev) {
         Ok(ctx) => {
             let _ = ctx.synchronize();
@@ -313,6 +319,7 @@ fn bind(ctx: CUcontext, replace_top: bool) -> CUresult {
 /// `cuCtxSetCurrent`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    super::trace("cuCtxSetCurrent");
     if let Err(code) = driver() {
         return code;
     }
@@ -322,6 +329,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
 /// `cuCtxGetCurrent`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    super::trace("cuCtxGetCurrent");
     if let Err(code) = driver() {
         return code;
     }
@@ -333,6 +341,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 /// `cuCtxPushCurrent_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    super::trace("cuCtxPushCurrent_v2");
     if let Err(code) = driver() {
         return code;
     }
@@ -345,6 +354,7 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
 /// `cuCtxPopCurrent_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    super::trace("cuCtxPopCurrent_v2");
     if let Err(code) = driver() {
         return code;
     }
@@ -361,6 +371,7 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
 /// `cuCtxGetDevice`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    super::trace("cuCtxGetDevice");
     match current() {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(ctx) => unsafe { out(device, ctx.device) },
@@ -371,6 +382,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 /// `cuCtxSynchronize`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    super::trace("cuCtxSynchronize");
     match current() {
         Ok(ctx) => to_result(ctx.synchronize()),
         Err(code) => code,
@@ -380,6 +392,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
 /// `cuCtxSetFlags`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
+    super::trace("cuCtxSetFlags");
     match current() {
         Ok(ctx) => {
             ctx.flags.store(flags, Ordering::SeqCst);
@@ -392,6 +405,7 @@ pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
 /// `cuCtxGetFlags`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    super::trace("cuCtxGetFlags");
     match current() {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(ctx) => unsafe { out(flags, ctx.flags.load(Ordering::SeqCst)) },
@@ -402,6 +416,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
 /// `cuCtxGetApiVersion`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) -> CUresult {
+    super::trace("cuCtxGetApiVersion");
     let found = if ctx.is_null() {
         current().map(|_| ())
     } else {
@@ -420,6 +435,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     leastPriority: *mut c_int,
     greatestPriority: *mut c_int,
 ) -> CUresult {
+    super::trace("cuCtxGetStreamPriorityRange");
     if let Err(code) = current() {
         return code;
     }
