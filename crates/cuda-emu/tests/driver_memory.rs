@@ -96,6 +96,16 @@ fn contexts_bind_per_thread() {
             CUresult::CUDA_SUCCESS
         );
         assert_eq!(active, 1);
+        let mut stack = 0;
+        assert_eq!(cuCtxGetLimit(&mut stack, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(stack, 1024);
+        assert_eq!(cuCtxSetLimit(0, 4096), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuCtxGetLimit(&mut stack, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(stack, 4096);
+        assert_eq!(
+            cuCtxGetLimit(&mut stack, 99),
+            CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT
+        );
     }
 }
 

@@ -7,6 +7,7 @@
 //! cleared and is returned by every later call that needs the context.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -449,4 +450,69 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
         }
     }
     CUresult::CUDA_SUCCESS
+}
+
+/// Default values of the `CUlimit`s, by number (stack size, printf FIFO, malloc heap, runtime
+/// sync depth, pending launches, L2 fetch granularity, persisting L2).
+const LIMIT_DEFAULTS: [usize; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0];
+
+static LIMITS: Mutex<Option<HashMap<(i32, u32), usize>>> = Mutex::new(None);
+
+/// `cuCtxGetLimit`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_uint) -> CUresult {
+    super::trace("cuCtxGetLimit");
+    let ctx = match current() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Some(&default) = LIMIT_DEFAULTS.get(limit as usize) else {
+        return CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
+    };
+    let limits = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
+    let value = limits
+        .as_ref()
+        .and_then(|m| m.get(&(ctx.device, limit)).copied());
+    // SAFETY: the caller's out-pointer (checked for null).
+    unsafe { out(pvalue, value.unwrap_or(default)) }
+}
+
+/// `cuCtxSetLimit`: remembered and reported back (the emulator's kernels do not use them).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_uint, value: usize) -> CUresult {
+    super::trace("cuCtxSetLimit");
+    let ctx = match current() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if limit as usize >= LIMIT_DEFAULTS.len() {
+        return CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
+    }
+    let mut limits = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
+    limits
+        .get_or_insert_with(HashMap::new)
+        .insert((ctx.device, limit), value);
+    CUresult::CUDA_SUCCESS
+}
+
+/// `cuCtxGetCacheConfig`: `CU_FUNC_CACHE_PREFER_NONE`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCacheConfig(pconfig: *mut c_uint) -> CUresult {
+    super::trace("cuCtxGetCacheConfig");
+    match current() {
+        // SAFETY: the caller's out-pointer (checked for null).
+        Ok(_) => unsafe { out(pconfig, 0) },
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxSetCacheConfig`: accepted (the emulator has no L1/shared split).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCacheConfig(config: c_uint) -> CUresult {
+    super::trace("cuCtxSetCacheConfig");
+    match current() {
+        Ok(_) if config <= 3 => CUresult::CUDA_SUCCESS,
+        Ok(_) => CUresult::CUDA_ERROR_INVALID_VALUE,
+        Err(code) => code,
+    }
 }
