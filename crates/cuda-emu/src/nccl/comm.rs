@@ -150,14 +150,11 @@ impl Comm {
         unsafe { self.execute(seq, c, send, recv) }
     }
 
-    /// Counts work queued on a stream and not yet finished.
-    pub fn work_queued(&self) {
+    /// Counts one piece of work queued on a stream until the returned token is dropped (when
+    /// the work has run, or was dropped unrun).
+    pub fn queue_token(self: &Arc<Comm>) -> QueuedWork {
         self.pending.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Marks one piece of queued work finished.
-    pub fn work_done(&self) {
-        self.pending.fetch_sub(1, Ordering::AcqRel);
+        QueuedWork(self.clone())
     }
 
     /// Waits (up to the timeout) for queued work, then leaves the clique.
@@ -182,6 +179,22 @@ impl Comm {
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::Release);
         self.clique.leave(self.rank, false);
+    }
+}
+
+/// A communicator with one piece of queued work outstanding (see [`Comm::queue_token`]).
+pub struct QueuedWork(Arc<Comm>);
+
+impl std::ops::Deref for QueuedWork {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        &self.0
+    }
+}
+
+impl Drop for QueuedWork {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

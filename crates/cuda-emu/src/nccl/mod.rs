@@ -81,6 +81,7 @@ pub fn unique_id() -> Result<ncclUniqueId, CommError> {
 }
 
 pub(crate) fn comm_of(call: &str, comm: ncclComm_t) -> Result<Arc<Comm>, ncclResult_t> {
+    driver::trace(call);
     if comm.is_null() {
         return Err(arg(call, "comm is null".into()));
     }
@@ -115,6 +116,7 @@ pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
 /// A new unique id (names a fresh shared-memory rendezvous).
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetUniqueId(out: *mut ncclUniqueId) -> ncclResult_t {
+    driver::trace("ncclGetUniqueId");
     match unique_id() {
         // SAFETY: the caller's contract.
         Ok(id) => unsafe { put("ncclGetUniqueId", out, id) },
@@ -122,7 +124,8 @@ pub unsafe extern "C" fn ncclGetUniqueId(out: *mut ncclUniqueId) -> ncclResult_t
     }
 }
 
-/// Joins `id` as `rank` of `nranks` on the current device; waits for every rank (at the
+/// Joins `id` as `rank` of `nranks` on the current device (0 without a current context, as
+/// the runtime's `cudaGetDevice`); waits for every rank (at the
 /// outermost `ncclGroupEnd` inside a group).
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommInitRank(
@@ -132,6 +135,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
     rank: c_int,
 ) -> ncclResult_t {
     const CALL: &str = "ncclCommInitRank";
+    driver::trace(CALL);
     if out.is_null() {
         return arg(CALL, "comm is a null pointer".into());
     }
@@ -141,15 +145,8 @@ pub unsafe extern "C" fn ncclCommInitRank(
             format!("rank {rank} of nranks {nranks} is out of range"),
         );
     }
-    let device = match driver::current_device() {
-        Ok(d) => d,
-        Err(e) => {
-            driver::log(&format!(
-                "{CALL}: no current CUDA device ({e:?}) (ncclUnhandledCudaError)"
-            ));
-            return ncclResult_t::ncclUnhandledCudaError;
-        }
-    };
+    // NCCL takes cudaGetDevice(), which is device 0 while no context is current.
+    let device = driver::current_device().unwrap_or(0);
     let name = id_name(&id);
     let timeout = clique::env_timeout();
     let comm = match Comm::join(
@@ -189,6 +186,7 @@ pub unsafe extern "C" fn ncclCommInitAll(
     devlist: *const c_int,
 ) -> ncclResult_t {
     const CALL: &str = "ncclCommInitAll";
+    driver::trace(CALL);
     if out.is_null() {
         return arg(CALL, "comms is a null pointer".into());
     }
@@ -356,6 +354,7 @@ pub unsafe extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
 /// Opens a group: collectives and initialisations wait for the outermost `ncclGroupEnd`.
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
+    driver::trace("ncclGroupStart");
     with_group(|g| g.depth += 1);
     ncclResult_t::ncclSuccess
 }
@@ -365,6 +364,7 @@ pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
     const CALL: &str = "ncclGroupEnd";
+    driver::trace(CALL);
     let taken = with_group(|g| {
         if g.depth == 0 {
             return None;
@@ -382,9 +382,14 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
             CommError::InvalidUsage("ncclGroupEnd without ncclGroupStart".into()),
         );
     };
+    // Every deferred operation is queued even after a failed initialisation: it then fails on
+    // its stream (the communicator keeps the error), so no stream silently skips work.
+    let mut result = ncclResult_t::ncclSuccess;
     for c in inits {
         if let Err(e) = c.ready() {
-            return fail(CALL, e);
+            if result == ncclResult_t::ncclSuccess {
+                result = fail(CALL, e);
+            }
         }
     }
     for (stream, work) in ops {
@@ -392,8 +397,10 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
             driver::log(&format!(
                 "{CALL}: queueing on the stream failed ({e:?}) (ncclUnhandledCudaError)"
             ));
-            return ncclResult_t::ncclUnhandledCudaError;
+            if result == ncclResult_t::ncclSuccess {
+                result = ncclResult_t::ncclUnhandledCudaError;
+            }
         }
     }
-    ncclResult_t::ncclSuccess
+    result
 }

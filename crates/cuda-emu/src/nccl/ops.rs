@@ -123,17 +123,15 @@ unsafe fn enqueue_collective(
         }
     }
     let seq = comm.next_seq();
-    comm.work_queued();
-    let worker_comm = comm.clone();
+    let queued = comm.queue_token();
     let work = move || {
-        let comm = worker_comm;
+        let comm = queued;
         let checked = buffers
             .iter()
             .filter(|(_, _, len)| *len > 0)
             .try_for_each(|&(name, addr, len)| check_buffer(name, addr, len as u64, device));
         // SAFETY: both buffers were just checked to be live device memory of their sizes.
         let result = checked.and_then(|()| unsafe { comm.execute(seq, &c, send, recv) });
-        comm.work_done();
         result.map_err(|e| {
             fail(call, e);
             CUresult::CUDA_ERROR_LAUNCH_FAILED
@@ -150,7 +148,6 @@ unsafe fn enqueue_collective(
     });
     if let Some(work) = queued {
         if let Err(e) = driver::enqueue(stream, work) {
-            comm.work_done();
             driver::log(&format!(
                 "{call}: queueing on the stream failed ({e:?}) (ncclUnhandledCudaError)"
             ));
