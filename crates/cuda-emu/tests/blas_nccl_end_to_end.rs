@@ -18,7 +18,11 @@ use kiln_cuda_emu::driver::*;
 use kiln_cuda_emu::nccl::ops::*;
 use kiln_cuda_emu::nccl::*;
 
-const ENV: &[(&str, &str)] = &[("KILN_EMU_DEVICES", "2"), ("KILN_EMU_MEMORY", "64M")];
+const ENV: &[(&str, &str)] = &[
+    ("KILN_EMU_DEVICES", "2"),
+    ("KILN_EMU_MEMORY", "64M"),
+    ("KILN_EMU_NCCL_TIMEOUT", "1"),
+];
 
 fn upload<T: Copy>(data: &[T]) -> CUdeviceptr {
     let bytes = std::mem::size_of_val(data);
@@ -309,5 +313,44 @@ fn init_rank_from_two_threads_broadcasts_and_all_gathers() {
         .collect();
     for r in ranks {
         r.join().expect("rank thread panicked");
+    }
+}
+
+#[test]
+fn a_collective_a_peer_never_joins_fails_its_stream_after_the_timeout() {
+    let _g = setup(ENV);
+    unsafe {
+        let mut comms: [ncclComm_t; 2] = [std::ptr::null_mut(); 2];
+        assert_eq!(
+            ncclCommInitAll(comms.as_mut_ptr(), 2, std::ptr::null()),
+            R::ncclSuccess
+        );
+        let bufs = rank_buffers(4);
+        let (s0, p0) = bufs[0];
+        bind(0);
+        let start = std::time::Instant::now();
+        assert_eq!(
+            ncclAllReduce(p0 as _, p0 as _, 4, 7, 0, comms[0], s0.cast()),
+            R::ncclSuccess
+        );
+        assert_eq!(cuStreamSynchronize(s0), CUresult::CUDA_ERROR_UNKNOWN);
+        let took = start.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(900) && took.as_secs() < 10,
+            "{took:?}"
+        );
+        let mut e = R::ncclSuccess;
+        assert_eq!(ncclCommGetAsyncError(comms[0], &mut e), R::ncclSuccess);
+        assert_eq!(e, R::ncclSystemError);
+        let last = CStr::from_ptr(ncclGetLastError(comms[0])).to_str().unwrap();
+        assert!(last.contains("timed out") && last.contains("[1]"), "{last}");
+        // The failed communicator refuses further work.
+        assert_eq!(
+            ncclAllReduce(p0 as _, p0 as _, 4, 7, 0, comms[0], s0.cast()),
+            R::ncclInvalidUsage
+        );
+        for c in comms {
+            assert_eq!(ncclCommAbort(c), R::ncclSuccess);
+        }
     }
 }

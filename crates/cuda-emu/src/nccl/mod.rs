@@ -10,8 +10,9 @@
 //!   stream; it completes when every rank's stream has reached it. Inside a group, collectives
 //!   are queued at the outermost `ncclGroupEnd`.
 //! - Every wait has a deadline (`KILN_EMU_NCCL_TIMEOUT` seconds, default 60); a failed
-//!   collective fails its stream (`CUDA_ERROR_LAUNCH_FAILED`), is logged, and becomes the
-//!   communicator's async error.
+//!   collective fails its stream with `CUDA_ERROR_UNKNOWN` (not sticky: as with NCCL, the
+//!   context survives, so the communicator can be aborted and made again), is logged, and
+//!   becomes the communicator's async error.
 
 pub mod clique;
 pub mod collective;

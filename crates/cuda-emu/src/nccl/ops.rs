@@ -134,7 +134,7 @@ unsafe fn enqueue_collective(
         let result = checked.and_then(|()| unsafe { comm.execute(seq, &c, send, recv) });
         result.map_err(|e| {
             fail(call, e);
-            CUresult::CUDA_ERROR_LAUNCH_FAILED
+            CUresult::CUDA_ERROR_UNKNOWN
         })
     };
     let work: driver::StreamWork = Box::new(work);
