@@ -24,7 +24,9 @@ pub use self::copy::*;
 pub use self::device::*;
 pub use self::errors::*;
 pub use self::events::*;
+pub use self::launch::*;
 pub use self::memory::*;
+pub use self::vmm::*;
 
 use cudarc::driver::sys::{CUresult, CUstream};
 

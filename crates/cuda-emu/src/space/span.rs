@@ -333,7 +333,6 @@ pub(crate) fn free(ptr: u64) -> Result<usize, SpaceError> {
 
 /// Reserves `size` bytes of `device`'s span aligned to `align` (a power of two) for VMM
 /// mappings; the reservation is followed by a guard page and stays inaccessible until mapped.
-#[allow(dead_code)] // until the VMM calls land
 pub(crate) fn reserve(device: usize, size: u64, align: u64) -> Result<u64, SpaceError> {
     let space = space()?;
     let dev = space
@@ -354,7 +353,6 @@ pub(crate) fn reserve(device: usize, size: u64, align: u64) -> Result<u64, Space
 }
 
 /// Returns a reservation made by [`reserve`] (nothing may be mapped in it).
-#[allow(dead_code)] // until the VMM calls land
 pub(crate) fn unreserve(device: usize, start: u64, size: u64) {
     if let Ok(space) = space() {
         if let Some(dev) = space.devices.get(device) {
