@@ -5,6 +5,7 @@ use std::process::ExitCode;
 mod arch;
 mod bench;
 mod cuda_tools;
+mod emu;
 mod gpu_pack;
 mod kernels;
 mod paths;
@@ -17,7 +18,9 @@ commands:
   kernels    compile every .cu file with NVRTC (compute_80/90) and assemble with ptxas (sm_80/90)
   gpu-pack   build test and bench binaries into target/gpu-pack/ for a GPU machine
   replay     replay an allocation trace through the simulated backend
-  bench      run benchmark groups and write target/kiln-bench/report.{json,md}";
+  bench      run benchmark groups and write target/kiln-bench/report.{json,md}
+  emu        run a command with the CUDA emulator (kiln-cuda-emu) in place of NVIDIA's libraries:
+             cargo xtask emu [--devices N] [--memory BYTES] [--cc X.Y] [--delay] -- CMD...";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -35,6 +38,15 @@ fn main() -> ExitCode {
         "gpu-pack" => gpu_pack::run(rest),
         "replay" => replay::run(rest),
         "bench" => bench::run(rest),
+        "emu" => {
+            return match emu::run(rest) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("xtask: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         other => Err(format!("unknown command `{other}`: {rest:?}\n\n{USAGE}")),
     };
     match result {
