@@ -2,9 +2,9 @@
 //! and errors. Kernels take output addresses as `unsigned long long` here, so these tests need no
 //! device memory (pointer arguments are checked against it, see `host_pointer_is_refused`).
 
-mod common;
+mod runtime_support;
 
-use common::*;
+use runtime_support::*;
 use cudarc::driver::sys::CUresult;
 use cudarc::nvrtc::sys::nvrtcResult;
 

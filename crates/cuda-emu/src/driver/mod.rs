@@ -1,7 +1,34 @@
-//! The CUDA driver API (owner: driver work). PLACEHOLDER: the items below are the contract the
-//! cuBLAS and NCCL modules rely on; the implementation replaces the bodies.
+//! The CUDA driver API: initialisation and devices ([`device`]), primary contexts
+//! ([`context`]), streams and events ([`events`], [`stream`]), memory and copies ([`memory`]),
+//! modules and launches ([`launch`]), virtual memory management ([`vmm`]).
+//!
+//! Invariants: every entry point that needs a context checks, in this order, that `cuInit`
+//! succeeded, that the thread has a current context, and that the context has no sticky error;
+//! every error the emulator detects itself (not the plain status of a query) is logged with the
+//! call's name before it is returned; device work never runs on the calling thread, only on a
+//! stream's worker.
+
+mod config;
+pub mod context;
+pub mod copy;
+pub mod device;
+pub mod errors;
+pub mod events;
+pub mod launch;
+pub mod memory;
+pub(crate) mod stream;
+pub mod vmm;
+
+pub use self::context::*;
+pub use self::copy::*;
+pub use self::device::*;
+pub use self::errors::*;
+pub use self::events::*;
+pub use self::memory::*;
 
 use cudarc::driver::sys::{CUresult, CUstream};
+
+use stream::Item;
 
 /// One piece of stream work: runs on the stream's worker, in order; an `Err` becomes the
 /// stream's (and, for faults, the context's sticky) error, returned by the next synchronising call.
@@ -10,29 +37,60 @@ pub type StreamWork = Box<dyn FnOnce() -> Result<(), CUresult> + Send + 'static>
 /// Queues `work` on `stream` (null: the current context's default stream) and returns at once.
 /// Errors: an invalid or destroyed stream, no current context, a context with a sticky error.
 pub fn enqueue(stream: CUstream, work: StreamWork) -> Result<(), CUresult> {
-    let _ = (stream, work);
-    Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    let s = events::resolve_stream(stream)?;
+    s.ctx.check()?;
+    s.submit(Item::Work(work));
+    Ok(())
 }
 
 /// Blocks until everything queued on `stream` so far has run; returns the stream's error if any.
 pub fn synchronize_stream(stream: CUstream) -> Result<(), CUresult> {
-    let _ = stream;
-    Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    events::resolve_stream(stream)?.synchronize()
 }
 
 /// The ordinal of the current context's device (after `CUDA_VISIBLE_DEVICES` remapping).
 pub fn current_device() -> Result<i32, CUresult> {
-    Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+    context::current().map(|c| c.device)
 }
 
 /// The ordinal of the device `stream` belongs to (null: the current context's).
 pub fn stream_device(stream: CUstream) -> Result<i32, CUresult> {
-    let _ = stream;
-    Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    events::resolve_stream(stream).map(|s| s.ctx.device)
 }
 
 /// Writes one log line to stderr, prefixed `kiln-cuda-emu: ` (always for errors; for calls only
 /// under `KILN_EMU_LOG=1`).
 pub fn log(message: &str) {
     eprintln!("kiln-cuda-emu: {message}");
+}
+
+/// Logs a call under `KILN_EMU_LOG=1`.
+pub(crate) fn trace(call: &str) {
+    if context::driver().is_ok_and(|d| d.config.log_calls) {
+        log(call);
+    }
+}
+
+/// Logs `message` for `call` and returns `code` (for errors the emulator detects).
+pub(crate) fn fail(call: &str, code: CUresult, message: impl std::fmt::Display) -> CUresult {
+    log(&format!("{call}: {message} ({code:?})"));
+    code
+}
+
+/// Writes `value` through the caller's out-pointer; `CUDA_ERROR_INVALID_VALUE` when it is null.
+///
+/// # Safety
+/// `ptr` is null or valid for a write of `T`.
+pub(crate) unsafe fn out<T>(ptr: *mut T, value: T) -> CUresult {
+    if ptr.is_null() {
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: not null; the caller guarantees it is writable.
+    unsafe { ptr.write(value) };
+    CUresult::CUDA_SUCCESS
+}
+
+/// The status of a result (`CUDA_SUCCESS` for `Ok`).
+pub(crate) fn status(r: Result<(), CUresult>) -> CUresult {
+    r.err().unwrap_or(CUresult::CUDA_SUCCESS)
 }

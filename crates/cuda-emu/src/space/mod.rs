@@ -1,7 +1,32 @@
-//! Device address space (owner: driver work). PLACEHOLDER: the signatures below are the contract
-//! the kernel, cuBLAS and NCCL modules rely on; the implementation replaces the bodies.
+//! Device address space: where emulated device memory lives and which of it is live.
+//!
+//! Invariants:
+//! - Each emulated device (driver ordinal `d`) owns the span `[SPAN_BASE + d * SPAN_BYTES,
+//!   SPAN_BASE + (d + 1) * SPAN_BYTES)`, reserved at [`init`] with `PROT_NONE` and
+//!   `MAP_NORESERVE`, so nothing else in the process is ever placed there and every address in it
+//!   faults unless made accessible below.
+//! - A `cuMemAlloc` allocation ([`alloc`]) is readable and writable only while it is live; its
+//!   end (its size rounded up to 256 bytes) abuts an inaccessible guard page and its start is
+//!   256-byte aligned. [`free`] makes its pages inaccessible again and discards their contents.
+//! - VMM memory is accessible exactly while a physical allocation is mapped into a reservation
+//!   ([`reserve`]) and access was granted; the driver publishes and withdraws such ranges with
+//!   [`publish_mapping`] / [`withdraw_mapping`].
+//! - The registry of live ranges is the single source of truth for [`check_device_range`]; the
+//!   emulator's own code dereferences a device address only after that check passed.
+//! - Bytes charged against a device's capacity ([`charge`]) never exceed [`capacity`].
+
+mod registry;
+mod span;
 
 use std::fmt;
+
+#[allow(unused_imports)] // used by the driver's VMM calls
+pub(crate) use registry::{publish_mapping, withdraw_mapping};
+#[allow(unused_imports)] // used by the driver's VMM calls
+pub(crate) use span::{
+    alloc, allocation_device, capacity, charge, discard, free, init, page_size, reserve, uncharge,
+    unreserve, used, SpaceError, SPAN_BASE, SPAN_BYTES,
+};
 
 /// Why a device range cannot be touched: names the address and what it hit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,14 +44,13 @@ impl fmt::Display for AccessError {
 
 /// Ok when `[ptr, ptr + len)` lies inside one live device allocation (of any device) and is
 /// mapped readable and writable; `len == 0` needs only `ptr` inside or at the end of one.
+/// Adjacent VMM mappings that are all accessible count as one allocation.
 pub fn check_device_range(ptr: u64, len: u64) -> Result<(), AccessError> {
-    Err(AccessError {
-        message: format!("no device memory yet: 0x{ptr:x} + {len} bytes"),
-    })
+    registry::check(ptr, len).map_err(|message| AccessError { message })
 }
 
-/// The device ordinal whose address span holds `ptr`, whether or not it is allocated.
+/// The device ordinal whose address span holds `ptr`, whether or not it is allocated (for a
+/// mapped VMM range: the device of the physical memory mapped there).
 pub fn device_of(ptr: u64) -> Option<i32> {
-    let _ = ptr;
-    None
+    registry::device_at(ptr).or_else(|| span::span_device(ptr))
 }

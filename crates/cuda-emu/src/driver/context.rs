@@ -1,0 +1,436 @@
+//! Driver state (`cuInit`), one primary context per visible device, and each thread's stack of
+//! current contexts, with their C entry points.
+//!
+//! Invariants: the driver is initialised at most once, by the first `cuInit`, from the
+//! environment of that moment; contexts live for the whole process (a `CUcontext` is the address
+//! of one, checked against the list before use); a context's sticky error, once set, is never
+//! cleared and is returned by every later call that needs the context.
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use cudarc::driver::sys::{CUcontext, CUdevice, CUresult};
+
+use super::config::{parse_config, Config};
+use super::errors::from_raw;
+use super::stream::Stream;
+use super::{log, out};
+
+/// A primary context.
+pub(crate) struct Context {
+    /// Its device's driver ordinal.
+    pub(crate) device: i32,
+    retains: AtomicU32,
+    flags: AtomicU32,
+    sticky: AtomicU32,
+    null: OnceLock<Arc<Stream>>,
+    streams: Mutex<Vec<Weak<Stream>>>,
+}
+
+/// The initialised driver.
+pub(crate) struct Driver {
+    /// The configuration read at `cuInit`.
+    pub(crate) config: Config,
+    /// One primary context per driver ordinal.
+    pub(crate) contexts: Vec<Context>,
+}
+
+static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
+
+thread_local! {
+    static STACK: RefCell<Vec<&'static Context>> = const { RefCell::new(Vec::new()) };
+}
+
+fn build() -> Result<Driver, CUresult> {
+    let config = parse_config(|k| std::env::var(k).ok()).map_err(|e| {
+        log(&format!("cuInit: {e}"));
+        CUresult::CUDA_ERROR_INVALID_VALUE
+    })?;
+    if config.visible.is_empty() {
+        return Err(CUresult::CUDA_ERROR_NO_DEVICE);
+    }
+    crate::space::init(config.visible.len(), config.memory).map_err(|e| {
+        log(&format!("cuInit: {e}"));
+        CUresult::CUDA_ERROR_OPERATING_SYSTEM
+    })?;
+    let contexts = (0..config.visible.len())
+        .map(|d| Context {
+            device: d as i32,
+            retains: AtomicU32::new(0),
+            flags: AtomicU32::new(0),
+            sticky: AtomicU32::new(0),
+            null: OnceLock::new(),
+            streams: Mutex::new(Vec::new()),
+        })
+        .collect();
+    Ok(Driver { config, contexts })
+}
+
+/// The driver, or why it is not usable (`CUDA_ERROR_NOT_INITIALIZED` before `cuInit`).
+pub(crate) fn driver() -> Result<&'static Driver, CUresult> {
+    match DRIVER.get() {
+        Some(Ok(d)) => Ok(d),
+        Some(Err(code)) => Err(*code),
+        None => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// The primary context of driver ordinal `device`.
+pub(crate) fn context_of_device(device: CUdevice) -> Result<&'static Context, CUresult> {
+    let d = driver()?;
+    usize::try_from(device)
+        .ok()
+        .and_then(|i| d.contexts.get(i))
+        .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// The context behind a `CUcontext` handle.
+pub(crate) fn context_from_handle(handle: CUcontext) -> Result<&'static Context, CUresult> {
+    let d = driver()?;
+    d.contexts
+        .iter()
+        .find(|c| std::ptr::eq(*c as *const Context as *const u8, handle as *const u8))
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// The calling thread's current context, if any (no sticky check).
+pub(crate) fn current_raw() -> Option<&'static Context> {
+    STACK.with(|s| s.borrow().last().copied())
+}
+
+/// The current context, checked: initialised driver, a context bound, no sticky error.
+pub(crate) fn current() -> Result<&'static Context, CUresult> {
+    driver()?;
+    let ctx = current_raw().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    ctx.check()?;
+    Ok(ctx)
+}
+
+impl Context {
+    /// The `CUcontext` handle of this context.
+    pub(crate) fn handle(&'static self) -> CUcontext {
+        self as *const Context as CUcontext
+    }
+
+    /// The sticky error, if the context has faulted.
+    pub(crate) fn sticky(&self) -> Option<CUresult> {
+        match self.sticky.load(Ordering::SeqCst) {
+            0 => None,
+            raw => from_raw(raw),
+        }
+    }
+
+    /// Ok, or the sticky error.
+    pub(crate) fn check(&self) -> Result<(), CUresult> {
+        self.sticky().map_or(Ok(()), Err)
+    }
+
+    /// Records a fault: the context is unusable from now on.
+    pub(crate) fn set_sticky(&self, code: CUresult) {
+        let first = self
+            .sticky
+            .compare_exchange(0, code as u32, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if first {
+            log(&format!(
+                "device {}: {code:?} is sticky: every later call on this context fails with it",
+                self.device
+            ));
+        }
+    }
+
+    /// The context's legacy null stream (its worker starts on first use).
+    pub(crate) fn null_stream(&'static self) -> Arc<Stream> {
+        self.null
+            .get_or_init(|| {
+                let delay = driver().is_ok_and(|d| d.config.delay);
+                Stream::spawn(self, 0, true, 0, 0, delay)
+            })
+            .clone()
+    }
+
+    /// Adds a created stream to the context's list.
+    pub(crate) fn add_stream(&self, stream: &Arc<Stream>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(stream));
+    }
+
+    /// Removes a destroyed stream from the context's list.
+    pub(crate) fn remove_stream(&self, stream: &Arc<Stream>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(stream)));
+    }
+
+    /// The context's live created streams.
+    pub(crate) fn streams(&self) -> Vec<Arc<Stream>> {
+        let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// The created streams that synchronise with the null stream.
+    pub(crate) fn blocking_streams(&self) -> Vec<Arc<Stream>> {
+        self.streams().into_iter().filter(|s| s.blocking).collect()
+    }
+
+    /// Waits for every stream of the context; the sticky error, else the first stream error.
+    pub(crate) fn synchronize(&'static self) -> Result<(), CUresult> {
+        let mut first = None;
+        let mut all = self.streams();
+        all.push(self.null_stream());
+        for s in all {
+            if let Err(code) = s.synchronize() {
+                first.get_or_insert(code);
+            }
+        }
+        self.check()?;
+        first.map_or(Ok(()), Err)
+    }
+}
+
+fn to_result(r: Result<(), CUresult>) -> CUresult {
+    r.err().unwrap_or(CUresult::CUDA_SUCCESS)
+}
+
+/// `cuInit`.
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(Flags: c_uint) -> CUresult {
+    if Flags != 0 {
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
+    let result = DRIVER
+        .get_or_init(build)
+        .as_ref()
+        .map(|_| ())
+        .map_err(|c| *c);
+    super::trace("cuInit");
+    to_result(result)
+}
+
+/// `cuDriverGetVersion`: CUDA 13.0.
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresult {
+    // SAFETY: the caller's out-pointer (checked for null).
+    unsafe { out(driverVersion, 13000) }
+}
+
+/// `cuDevicePrimaryCtxRetain`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    let ctx = match context_of_device(dev) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    ctx.retains.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: the caller's out-pointer (checked for null).
+    unsafe { out(pctx, ctx.handle()) }
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`. The context's memory and streams are kept when the count
+/// reaches zero (the emulator never tears a context down).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    let ctx = match context_of_device(dev) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let released = ctx
+        .retains
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    match released {
+        Ok(_) => CUresult::CUDA_SUCCESS,
+        Err(_) => CUresult::CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+/// `cuDevicePrimaryCtxSetFlags_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    match context_of_device(dev) {
+        Ok(ctx) => {
+            ctx.flags.store(flags, Ordering::SeqCst);
+            CUresult::CUDA_SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// `cuDevicePrimaryCtxGetState`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    let ctx = match context_of_device(dev) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let is_active = (ctx.retains.load(Ordering::SeqCst) > 0) as c_int;
+    // SAFETY: the caller's out-pointers (checked for null).
+    match unsafe { out(flags, ctx.flags.load(Ordering::SeqCst)) } {
+        CUresult::CUDA_SUCCESS => unsafe { out(active, is_active) },
+        code => code,
+    }
+}
+
+/// `cuDevicePrimaryCtxReset_v2`: waits for the device; memory is kept.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    match context_of_device(dev) {
+        Ok(ctx) => {
+            let _ = ctx.synchronize();
+            CUresult::CUDA_SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn bind(ctx: CUcontext, replace_top: bool) -> CUresult {
+    if ctx.is_null() {
+        if replace_top {
+            STACK.with(|s| s.borrow_mut().pop());
+        }
+        return CUresult::CUDA_SUCCESS;
+    }
+    match context_from_handle(ctx) {
+        Ok(c) => {
+            STACK.with(|s| {
+                let mut s = s.borrow_mut();
+                if replace_top {
+                    s.pop();
+                }
+                s.push(c);
+            });
+            CUresult::CUDA_SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxSetCurrent`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    if let Err(code) = driver() {
+        return code;
+    }
+    bind(ctx, true)
+}
+
+/// `cuCtxGetCurrent`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    if let Err(code) = driver() {
+        return code;
+    }
+    let handle = current_raw().map_or(std::ptr::null_mut(), |c| c.handle());
+    // SAFETY: the caller's out-pointer (checked for null).
+    unsafe { out(pctx, handle) }
+}
+
+/// `cuCtxPushCurrent_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    if let Err(code) = driver() {
+        return code;
+    }
+    if ctx.is_null() {
+        return CUresult::CUDA_ERROR_INVALID_CONTEXT;
+    }
+    bind(ctx, false)
+}
+
+/// `cuCtxPopCurrent_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    if let Err(code) = driver() {
+        return code;
+    }
+    let Some(top) = STACK.with(|s| s.borrow_mut().pop()) else {
+        return CUresult::CUDA_ERROR_INVALID_CONTEXT;
+    };
+    if pctx.is_null() {
+        return CUresult::CUDA_SUCCESS;
+    }
+    // SAFETY: the caller's out-pointer (not null).
+    unsafe { out(pctx, top.handle()) }
+}
+
+/// `cuCtxGetDevice`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    match current() {
+        // SAFETY: the caller's out-pointer (checked for null).
+        Ok(ctx) => unsafe { out(device, ctx.device) },
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxSynchronize`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    match current() {
+        Ok(ctx) => to_result(ctx.synchronize()),
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxSetFlags`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
+    match current() {
+        Ok(ctx) => {
+            ctx.flags.store(flags, Ordering::SeqCst);
+            CUresult::CUDA_SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxGetFlags`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    match current() {
+        // SAFETY: the caller's out-pointer (checked for null).
+        Ok(ctx) => unsafe { out(flags, ctx.flags.load(Ordering::SeqCst)) },
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxGetApiVersion`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) -> CUresult {
+    let found = if ctx.is_null() {
+        current().map(|_| ())
+    } else {
+        context_from_handle(ctx).map(|_| ())
+    };
+    match found {
+        // SAFETY: the caller's out-pointer (checked for null).
+        Ok(()) => unsafe { out(version, 13000) },
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxGetStreamPriorityRange`: priorities 0 (lowest) to -5 (highest), as on an H100/H200.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    leastPriority: *mut c_int,
+    greatestPriority: *mut c_int,
+) -> CUresult {
+    if let Err(code) = current() {
+        return code;
+    }
+    // SAFETY: the caller's out-pointers; either may be null (then it is not written).
+    unsafe {
+        if !leastPriority.is_null() {
+            *leastPriority = 0;
+        }
+        if !greatestPriority.is_null() {
+            *greatestPriority = -5;
+        }
+    }
+    CUresult::CUDA_SUCCESS
+}

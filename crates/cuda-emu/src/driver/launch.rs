@@ -1,0 +1,1 @@
+//! Modules and launches: filled in next.

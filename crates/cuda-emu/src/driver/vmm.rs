@@ -1,0 +1,1 @@
+//! Virtual memory management: filled in next.

@@ -1,0 +1,128 @@
+//! The registry of live device ranges: every `cuMemAlloc` allocation and every accessible VMM
+//! mapping, keyed by start address.
+//!
+//! Invariants: entries never overlap; an entry exists exactly while its pages are readable and
+//! writable (it is inserted after `mprotect` made them so and removed before they are made
+//! inaccessible again); lookups take a read lock only, so checks from many threads run in
+//! parallel.
+
+use std::collections::BTreeMap;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// What kind of memory a live range is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A `cuMemAlloc` allocation: a range of its own.
+    Alloc,
+    /// One accessible VMM mapping: adjacent mappings form one contiguous range.
+    Mapped,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    len: u64,
+    device: i32,
+    kind: Kind,
+}
+
+static LIVE: RwLock<BTreeMap<u64, Live>> = RwLock::new(BTreeMap::new());
+
+fn read() -> RwLockReadGuard<'static, BTreeMap<u64, Live>> {
+    LIVE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write() -> RwLockWriteGuard<'static, BTreeMap<u64, Live>> {
+    LIVE.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records the allocation `[start, start + len)` of `device` as live.
+pub(super) fn insert_alloc(start: u64, len: u64, device: i32) {
+    let kind = Kind::Alloc;
+    write().insert(start, Live { len, device, kind });
+}
+
+/// Forgets the allocation starting exactly at `start`; false when there is none.
+pub(super) fn remove_alloc(start: u64) -> bool {
+    let mut live = write();
+    match live.get(&start) {
+        Some(l) if l.kind == Kind::Alloc => {
+            live.remove(&start);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Records the accessible VMM mapping `[start, start + len)` of `device`'s physical memory.
+#[allow(dead_code)] // until the VMM calls land
+pub(crate) fn publish_mapping(start: u64, len: u64, device: i32) {
+    let kind = Kind::Mapped;
+    write().insert(start, Live { len, device, kind });
+}
+
+/// Forgets every VMM mapping that starts inside `[start, start + len)`.
+#[allow(dead_code)] // until the VMM calls land
+pub(crate) fn withdraw_mapping(start: u64, len: u64) {
+    let mut live = write();
+    let keys: Vec<u64> = live
+        .range(start..start.saturating_add(len))
+        .filter(|(_, l)| l.kind == Kind::Mapped)
+        .map(|(&k, _)| k)
+        .collect();
+    for k in keys {
+        live.remove(&k);
+    }
+}
+
+/// The device of the live range holding `ptr`, if any.
+pub(super) fn device_at(ptr: u64) -> Option<i32> {
+    let live = read();
+    let (&start, l) = live.range(..=ptr).next_back()?;
+    (ptr < start + l.len).then_some(l.device)
+}
+
+/// Ok when `[ptr, ptr + len)` is inside one live range (see [`super::check_device_range`]).
+pub(super) fn check(ptr: u64, len: u64) -> Result<(), String> {
+    let Some(wanted_end) = ptr.checked_add(len) else {
+        return Err(format!(
+            "0x{ptr:x} + {len} bytes wraps around the address space"
+        ));
+    };
+    let live = read();
+    if let Some((&start, first)) = live.range(..=ptr).next_back() {
+        let mut end = start + first.len;
+        let inside = if len == 0 { ptr <= end } else { ptr < end };
+        if inside {
+            if first.kind == Kind::Mapped {
+                while end < wanted_end {
+                    match live.get(&end) {
+                        Some(next) if next.kind == Kind::Mapped => end += next.len,
+                        _ => break,
+                    }
+                }
+            }
+            if wanted_end <= end {
+                return Ok(());
+            }
+            let what = match first.kind {
+                Kind::Alloc => "allocation",
+                Kind::Mapped => "mapped range",
+            };
+            return Err(format!(
+                "0x{ptr:x} + {len} bytes runs {} bytes past the end of the {}-byte {what} at \
+                 0x{start:x} on device {}",
+                wanted_end - end,
+                end - start,
+                first.device
+            ));
+        }
+    }
+    drop(live);
+    Err(match super::span::span_device(ptr) {
+        Some(d) => format!(
+            "0x{ptr:x} + {len} bytes is not inside any live allocation on device {d} (never \
+             allocated, already freed, or not mapped with access)"
+        ),
+        None => format!("0x{ptr:x} is not device memory (a host address?)"),
+    })
+}
