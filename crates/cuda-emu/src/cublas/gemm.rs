@@ -244,90 +244,181 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     unsafe { gemm(handle, &args) }
 }
 
-/// The legacy typed GEMMs: f32 (`CUBLAS_COMPUTE_32F`, TF32 under the TF32 math mode) and f64.
-macro_rules! typed_gemm {
-    ($name:ident, $batched:ident, $t:ty, $data:expr, $compute:expr) => {
-        /// Typed GEMM (see [`cublasGemmEx`]).
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            handle: cublasHandle_t,
-            transa: u32,
-            transb: u32,
-            m: c_int,
-            n: c_int,
-            k: c_int,
-            alpha: *const $t,
-            a: *const $t,
-            lda: c_int,
-            b: *const $t,
-            ldb: c_int,
-            beta: *const $t,
-            c: *mut $t,
-            ldc: c_int,
-        ) -> cublasStatus_t {
-            let args = GemmArgs {
-                call: stringify!($name),
-                transa,
-                transb,
-                m,
-                n,
-                k,
-                alpha: alpha.cast(),
-                a: (a as u64, $data, lda, 0),
-                b: (b as u64, $data, ldb, 0),
-                beta: beta.cast(),
-                c: (c as u64, $data, ldc, 0),
-                batch: 1,
-                compute: $compute,
-                algo: -1,
-            };
-            // SAFETY: the caller's contract is cuBLAS's.
-            unsafe { gemm(handle, &args) }
-        }
-
-        /// Typed strided-batched GEMM (see [`cublasGemmStridedBatchedEx`]).
-        #[no_mangle]
-        pub unsafe extern "C" fn $batched(
-            handle: cublasHandle_t,
-            transa: u32,
-            transb: u32,
-            m: c_int,
-            n: c_int,
-            k: c_int,
-            alpha: *const $t,
-            a: *const $t,
-            lda: c_int,
-            stride_a: c_longlong,
-            b: *const $t,
-            ldb: c_int,
-            stride_b: c_longlong,
-            beta: *const $t,
-            c: *mut $t,
-            ldc: c_int,
-            stride_c: c_longlong,
-            batch: c_int,
-        ) -> cublasStatus_t {
-            let args = GemmArgs {
-                call: stringify!($batched),
-                transa,
-                transb,
-                m,
-                n,
-                k,
-                alpha: alpha.cast(),
-                a: (a as u64, $data, lda, stride_a),
-                b: (b as u64, $data, ldb, stride_b),
-                beta: beta.cast(),
-                c: (c as u64, $data, ldc, stride_c),
-                batch,
-                compute: $compute,
-                algo: -1,
-            };
-            // SAFETY: the caller's contract is cuBLAS's.
-            unsafe { gemm(handle, &args) }
-        }
-    };
+/// The arguments of a legacy typed GEMM (one data type for A, B, C and the scalars).
+#[allow(clippy::too_many_arguments)]
+fn typed<T>(
+    call: &'static str,
+    data: u32,
+    compute: u32,
+    (transa, transb, m, n, k): (u32, u32, c_int, c_int, c_int),
+    (alpha, beta): (*const T, *const T),
+    a: (*const T, c_int, c_longlong),
+    b: (*const T, c_int, c_longlong),
+    c: (*mut T, c_int, c_longlong),
+    batch: c_int,
+) -> GemmArgs {
+    GemmArgs {
+        call,
+        transa,
+        transb,
+        m,
+        n,
+        k,
+        alpha: alpha.cast(),
+        a: (a.0 as u64, data, a.1, a.2),
+        b: (b.0 as u64, data, b.1, b.2),
+        beta: beta.cast(),
+        c: (c.0 as u64, data, c.1, c.2),
+        batch,
+        compute,
+        algo: -1,
+    }
 }
 
-typed_gemm!(cublasSgemm_v2, cublasSgemmStridedBatched, f32, 0, 68);
-typed_gemm!(cublasDgemm_v2, cublasDgemmStridedBatched, f64, 1, 70);
+/// f32 (`CUBLAS_COMPUTE_32F`; TF32 under the TF32 math mode) GEMM (see [`cublasGemmEx`]).
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemm_v2(
+    handle: cublasHandle_t,
+    transa: u32,
+    transb: u32,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const f32,
+    a: *const f32,
+    lda: c_int,
+    b: *const f32,
+    ldb: c_int,
+    beta: *const f32,
+    c: *mut f32,
+    ldc: c_int,
+) -> cublasStatus_t {
+    let shape = (transa, transb, m, n, k);
+    let args = typed(
+        "cublasSgemm_v2",
+        0,
+        68,
+        shape,
+        (alpha, beta),
+        (a, lda, 0),
+        (b, ldb, 0),
+        (c, ldc, 0),
+        1,
+    );
+    // SAFETY: the caller's contract is cuBLAS's.
+    unsafe { gemm(handle, &args) }
+}
+
+/// f32 (`CUBLAS_COMPUTE_32F`; TF32 under the TF32 math mode) strided-batched GEMM (see [`cublasGemmStridedBatchedEx`]).
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemmStridedBatched(
+    handle: cublasHandle_t,
+    transa: u32,
+    transb: u32,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const f32,
+    a: *const f32,
+    lda: c_int,
+    stride_a: c_longlong,
+    b: *const f32,
+    ldb: c_int,
+    stride_b: c_longlong,
+    beta: *const f32,
+    c: *mut f32,
+    ldc: c_int,
+    stride_c: c_longlong,
+    batch: c_int,
+) -> cublasStatus_t {
+    let shape = (transa, transb, m, n, k);
+    let scalars = (alpha, beta);
+    let (a, b, c) = ((a, lda, stride_a), (b, ldb, stride_b), (c, ldc, stride_c));
+    let args = typed(
+        "cublasSgemmStridedBatched",
+        0,
+        68,
+        shape,
+        scalars,
+        a,
+        b,
+        c,
+        batch,
+    );
+    // SAFETY: the caller's contract is cuBLAS's.
+    unsafe { gemm(handle, &args) }
+}
+
+/// f64 GEMM (see [`cublasGemmEx`]).
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemm_v2(
+    handle: cublasHandle_t,
+    transa: u32,
+    transb: u32,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const f64,
+    a: *const f64,
+    lda: c_int,
+    b: *const f64,
+    ldb: c_int,
+    beta: *const f64,
+    c: *mut f64,
+    ldc: c_int,
+) -> cublasStatus_t {
+    let shape = (transa, transb, m, n, k);
+    let args = typed(
+        "cublasDgemm_v2",
+        1,
+        70,
+        shape,
+        (alpha, beta),
+        (a, lda, 0),
+        (b, ldb, 0),
+        (c, ldc, 0),
+        1,
+    );
+    // SAFETY: the caller's contract is cuBLAS's.
+    unsafe { gemm(handle, &args) }
+}
+
+/// f64 strided-batched GEMM (see [`cublasGemmStridedBatchedEx`]).
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemmStridedBatched(
+    handle: cublasHandle_t,
+    transa: u32,
+    transb: u32,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const f64,
+    a: *const f64,
+    lda: c_int,
+    stride_a: c_longlong,
+    b: *const f64,
+    ldb: c_int,
+    stride_b: c_longlong,
+    beta: *const f64,
+    c: *mut f64,
+    ldc: c_int,
+    stride_c: c_longlong,
+    batch: c_int,
+) -> cublasStatus_t {
+    let shape = (transa, transb, m, n, k);
+    let scalars = (alpha, beta);
+    let (a, b, c) = ((a, lda, stride_a), (b, ldb, stride_b), (c, ldc, stride_c));
+    let args = typed(
+        "cublasDgemmStridedBatched",
+        1,
+        70,
+        shape,
+        scalars,
+        a,
+        b,
+        c,
+        batch,
+    );
+    // SAFETY: the caller's contract is cuBLAS's.
+    unsafe { gemm(handle, &args) }
+}
