@@ -286,9 +286,6 @@ inline unsigned short fma_bits(float a, float b, float c, Format f) {
     __device__ __forceinline__ T __float2##N##_##SUF(float v) {                                 \
         return RAW{(unsigned short)kiln_emu::double_bits_to(v, FMT, kiln_emu::Round::MODE)};    \
     }                                                                                           \
-    __device__ __forceinline__ T __double2##N##_##SUF(double v) {                               \
-        return RAW{(unsigned short)kiln_emu::double_bits_to(v, FMT, kiln_emu::Round::MODE)};    \
-    }                                                                                           \
     KILN_EMU_FLOAT16_FROM_INT(T, RAW, FMT, short, short, SUF, MODE, N)                          \
     KILN_EMU_FLOAT16_FROM_INT(T, RAW, FMT, ushort, unsigned short, SUF, MODE, N)                \
     KILN_EMU_FLOAT16_FROM_INT(T, RAW, FMT, int, int, SUF, MODE, N)                              \
