@@ -19,6 +19,8 @@
 //   the GPU's: the named rounding mode, overflow to inf (or the largest finite value when the
 //   mode rounds toward zero), subnormals kept, NaN to the GPU's canonical NaN; float-to-integer
 //   conversions saturate and send NaN to 0, as PTX's cvt does.
+// - NaN payloads of arithmetic are the host's (x86 propagates an operand's payload; a GPU returns
+//   the canonical 0x7fffffff from fp32 operations). Only conversions are made canonical.
 // - Math functions (expf, tanhf, erff, ...) are the host C library's. CUDA's have their own,
 //   documented ULP bounds, so results may differ from a GPU's in the last bits; the fast
 //   intrinsics (__expf, __fdividef, ...) are the accurate functions here.
