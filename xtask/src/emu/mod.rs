@@ -15,6 +15,9 @@
 //! every run, so they never point at a stale build.
 
 pub mod args;
+pub mod build;
+pub mod runner;
+pub mod suite;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
