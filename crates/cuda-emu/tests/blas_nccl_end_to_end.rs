@@ -235,6 +235,36 @@ fn init_all_communicators_all_reduce_on_their_streams_in_a_group() {
             let want: Vec<f32> = (0..count).map(|i| (3 + 2 * i) as f32).collect();
             assert_eq!(download::<f32>(p, count), want);
         }
+        // A swap in one group: each rank sends its buffer to the other and receives into a
+        // second one.
+        let others: Vec<CUdeviceptr> = (0..2)
+            .map(|d| {
+                bind(d);
+                alloc(count * 4).unwrap()
+            })
+            .collect();
+        assert_eq!(ncclGroupStart(), R::ncclSuccess);
+        for (r, &(s, p)) in bufs.iter().enumerate() {
+            let peer = 1 - r as i32;
+            assert_eq!(
+                ncclSend(p as _, count, 7, peer, comms[r], s.cast()),
+                R::ncclSuccess
+            );
+            assert_eq!(
+                ncclRecv(others[r] as _, count, 7, peer, comms[r], s.cast()),
+                R::ncclSuccess
+            );
+        }
+        assert_eq!(ncclGroupEnd(), R::ncclSuccess);
+        for (d, &(s, p)) in bufs.iter().enumerate() {
+            bind(d as i32);
+            sync(s);
+            assert_eq!(download::<f32>(others[d], count), download::<f32>(p, count));
+        }
+        assert_eq!(
+            ncclSend(bufs[0].1 as _, count, 7, 2, comms[0], bufs[0].0.cast()),
+            R::ncclInvalidArgument
+        );
         // Bad arguments: a buffer of the other device, a bad root, a bad type, a null comm.
         let (s0, p0) = bufs[0];
         let (_, p1) = bufs[1];

@@ -18,6 +18,7 @@ use cudarc::driver::sys::CUstream;
 
 use super::clique::{Clique, CommError};
 use super::collective::{self, Collective};
+use super::p2p::{self, P2pOp};
 use crate::driver::StreamWork;
 
 /// One rank of a communicator.
@@ -140,6 +141,17 @@ impl Comm {
         result.inspect_err(|e| self.record(e.clone()))
     }
 
+    /// Runs point-to-point operations now, progressing together (a stream worker, or a test).
+    ///
+    /// # Safety
+    /// As [`p2p::run`].
+    pub unsafe fn execute_p2p(&self, ops: &[P2pOp]) -> Result<(), CommError> {
+        self.usable()?;
+        // SAFETY: forwarded from the caller.
+        let result = unsafe { p2p::run(&self.clique, self.rank, ops) };
+        result.inspect_err(|e| self.record(e.clone()))
+    }
+
     /// Runs the next operation now (tests, and the pure API).
     ///
     /// # Safety
@@ -231,6 +243,8 @@ pub struct Group {
     pub ops: Vec<(CUstream, StreamWork)>,
     /// Communicators whose arrival wait is deferred.
     pub inits: Vec<Arc<Comm>>,
+    /// Sends and receives, run together per communicator and stream at the group's end.
+    pub p2p: Vec<(Arc<Comm>, CUstream, P2pOp)>,
 }
 
 thread_local! {

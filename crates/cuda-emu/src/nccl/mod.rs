@@ -18,6 +18,7 @@ pub mod clique;
 pub mod collective;
 pub mod comm;
 pub mod ops;
+pub mod p2p;
 pub mod reduce;
 
 #[cfg(test)]
@@ -372,17 +373,35 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
         }
         g.depth -= 1;
         Some(if g.depth == 0 {
-            (std::mem::take(&mut g.inits), std::mem::take(&mut g.ops))
+            (
+                std::mem::take(&mut g.inits),
+                std::mem::take(&mut g.ops),
+                std::mem::take(&mut g.p2p),
+            )
         } else {
-            (Vec::new(), Vec::new())
+            Default::default()
         })
     });
-    let Some((inits, ops)) = taken else {
+    let Some((inits, mut ops, p2p)) = taken else {
         return fail(
             CALL,
             CommError::InvalidUsage("ncclGroupEnd without ncclGroupStart".into()),
         );
     };
+    // The group's sends and receives: one piece of work per communicator and stream.
+    let mut batches: Vec<(Arc<Comm>, cudarc::driver::sys::CUstream, Vec<p2p::P2pOp>)> = Vec::new();
+    for (comm, stream, op) in p2p {
+        match batches
+            .iter_mut()
+            .find(|(c, s, _)| Arc::ptr_eq(c, &comm) && *s == stream)
+        {
+            Some((_, _, list)) => list.push(op),
+            None => batches.push((comm, stream, vec![op])),
+        }
+    }
+    for (comm, stream, list) in batches {
+        ops.push((stream, ops::p2p_work(&comm, list)));
+    }
     // Every deferred operation is queued even after a failed initialisation: it then fails on
     // its stream (the communicator keeps the error), so no stream silently skips work.
     let mut result = ncclResult_t::ncclSuccess;
