@@ -169,6 +169,49 @@ fn kilns_row_major_gemm_runs_on_the_stream_with_cublas_status_codes() {
         assert_eq!(download::<f32>(dc, m * n), want);
         assert_eq!(cublasSetPointerMode_v2(h, 0), S::CUBLAS_STATUS_SUCCESS);
 
+        // Pointer arrays: two products of the same A with B and with 2·B, into two Cs.
+        let b2: Vec<f32> = b.iter().map(|x| 2.0 * x).collect();
+        let db2 = upload(&b2);
+        let (dc1, dc2) = (alloc(m * n * 4).unwrap(), alloc(m * n * 4).unwrap());
+        let a_arr = upload(&[db, db2]);
+        let b_arr = upload(&[da, da]);
+        let c_arr = upload(&[dc1, dc2]);
+        let batched = |a_arr: u64| {
+            cublasGemmBatchedEx(
+                h,
+                0,
+                0,
+                n as i32,
+                m as i32,
+                k as i32,
+                (&one as *const f32).cast(),
+                a_arr as _,
+                0,
+                n as i32,
+                b_arr as _,
+                0,
+                k as i32,
+                (&zero as *const f32).cast(),
+                c_arr as _,
+                0,
+                n as i32,
+                2,
+                68,
+                -1,
+            )
+        };
+        assert_eq!(batched(a_arr), S::CUBLAS_STATUS_SUCCESS);
+        sync(s);
+        assert_eq!(download::<f32>(dc1, m * n), want);
+        let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
+        assert_eq!(download::<f32>(dc2, m * n), twice);
+        // A host array of pointers is refused at the call.
+        let host_arr = [db, db2];
+        assert_eq!(
+            batched(host_arr.as_ptr() as u64),
+            S::CUBLAS_STATUS_INVALID_VALUE
+        );
+
         let mut got_stream = std::ptr::null_mut();
         assert_eq!(
             cublasGetStream_v2(h, &mut got_stream),
