@@ -13,6 +13,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 use cudarc::nccl::sys::{ncclComm_t, ncclResult_t as R, ncclUniqueId};
 use half::bf16;
 use kiln_cuda_emu::cublas::gemm::*;
+use kiln_cuda_emu::cublas::typed::*;
 use kiln_cuda_emu::cublas::*;
 use kiln_cuda_emu::driver::*;
 use kiln_cuda_emu::nccl::ops::*;
