@@ -428,3 +428,35 @@ fn a_collective_a_peer_never_joins_fails_its_stream_after_the_timeout() {
         }
     }
 }
+
+#[test]
+fn init_rank_config_wants_the_initializers_magic() {
+    let _g = setup(ENV);
+    bind(0);
+    unsafe {
+        let mut id = ncclUniqueId { internal: [0; 128] };
+        assert_eq!(ncclGetUniqueId(&mut id), R::ncclSuccess);
+        let mut config: cudarc::nccl::sys::ncclConfig_t = std::mem::zeroed();
+        config.size = std::mem::size_of_val(&config);
+        let mut comm = std::ptr::null_mut();
+        let id2 = ncclUniqueId {
+            internal: id.internal,
+        };
+        assert_eq!(
+            ncclCommInitRankConfig(&mut comm, 1, id2, 0, &mut config),
+            R::ncclInvalidArgument
+        );
+        config.magic = 0xcafe_beef;
+        config.blocking = 0;
+        assert_eq!(
+            ncclCommInitRankConfig(&mut comm, 1, id, 0, &mut config),
+            R::ncclSuccess
+        );
+        let mut v = -1;
+        assert_eq!(ncclCommCount(comm, &mut v), R::ncclSuccess);
+        assert_eq!(v, 1);
+        assert_eq!(ncclGetVersion(&mut v), R::ncclSuccess);
+        assert_eq!(v, 23000);
+        assert_eq!(ncclCommDestroy(comm), R::ncclSuccess);
+    }
+}

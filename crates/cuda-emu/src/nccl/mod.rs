@@ -136,14 +136,59 @@ pub unsafe extern "C" fn ncclCommInitRank(
     id: ncclUniqueId,
     rank: c_int,
 ) -> ncclResult_t {
-    const CALL: &str = "ncclCommInitRank";
-    driver::trace(CALL);
+    // SAFETY: the caller's contract.
+    unsafe { init_rank("ncclCommInitRank", out, nranks, id, rank) }
+}
+
+/// `NCCL_CONFIG_INITIALIZER`'s magic number.
+const CONFIG_MAGIC: u32 = 0xcafe_beef;
+
+/// [`ncclCommInitRank`] with a configuration (null: defaults). The configuration must come from
+/// `NCCL_CONFIG_INITIALIZER`; its tuning fields do not change the emulation, and a
+/// non-blocking communicator is ready when the call returns (`ncclSuccess`).
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    config: *mut cudarc::nccl::sys::ncclConfig_t,
+) -> ncclResult_t {
+    const CALL: &str = "ncclCommInitRankConfig";
+    if !config.is_null() {
+        // SAFETY: a non-null config points to an ncclConfig_t (the caller's contract).
+        let magic = unsafe { (*config).magic };
+        if magic != CONFIG_MAGIC {
+            return arg(
+                CALL,
+                format!(
+                    "config magic 0x{magic:x} is not NCCL_CONFIG_INITIALIZER's 0x{CONFIG_MAGIC:x}"
+                ),
+            );
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { init_rank(CALL, out, nranks, id, rank) }
+}
+
+/// The body of both InitRank calls.
+///
+/// # Safety
+/// A non-null `out` is writable.
+unsafe fn init_rank(
+    call: &'static str,
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
+    driver::trace(call);
     if out.is_null() {
-        return arg(CALL, "comm is a null pointer".into());
+        return arg(call, "comm is a null pointer".into());
     }
     if nranks < 1 || rank < 0 || rank >= nranks {
         return arg(
-            CALL,
+            call,
             format!("rank {rank} of nranks {nranks} is out of range"),
         );
     }
@@ -160,7 +205,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
         timeout,
     ) {
         Ok(c) => c,
-        Err(e) => return fail(CALL, e),
+        Err(e) => return fail(call, e),
     };
     let deferred = with_group(|g| {
         if g.depth > 0 {
@@ -172,7 +217,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
     });
     if !deferred {
         if let Err(e) = comm.ready() {
-            return fail(CALL, e);
+            return fail(call, e);
         }
     }
     // SAFETY: non-null; the caller passes a writable ncclComm_t.
