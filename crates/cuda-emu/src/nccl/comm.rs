@@ -5,8 +5,9 @@
 //! - A communicator's operations are numbered in call order; every rank must issue the same
 //!   sequence (checked by [`collective::run`]). Queued work holds the communicator alive, so
 //!   destroying it with work in flight is safe; `ncclCommDestroy` waits for that work first.
-//! - Once an operation fails (timeout, dead or departed peer, mismatch), the communicator keeps
-//!   the error (`ncclCommGetAsyncError`) and refuses further operations.
+//! - Once an operation fails (timeout, dead or departed peer, mismatch, a buffer freed before
+//!   the work ran), the communicator keeps the error (`ncclCommGetAsyncError`), refuses further
+//!   operations, and its rank is marked failed in the clique so its peers stop waiting for it.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -99,6 +100,13 @@ impl Comm {
         self.lock_error().get_or_insert(e);
     }
 
+    /// Keeps `e` as the communicator's error and marks this rank failed in the clique, so peers
+    /// waiting for it stop at once instead of timing out.
+    pub fn record_failure(&self, e: &CommError) {
+        self.record(e.clone());
+        self.clique.leave(self.rank, true);
+    }
+
     /// The first error an operation of this communicator hit, if any.
     pub fn async_error(&self) -> Option<CommError> {
         self.lock_error().clone()
@@ -138,7 +146,7 @@ impl Comm {
         self.usable()?;
         // SAFETY: forwarded from the caller.
         let result = unsafe { collective::run(&self.clique, self.rank, seq, c, send, recv) };
-        result.inspect_err(|e| self.record(e.clone()))
+        result.inspect_err(|e| self.record_failure(e))
     }
 
     /// Runs point-to-point operations now, progressing together (a stream worker, or a test).
@@ -149,7 +157,7 @@ impl Comm {
         self.usable()?;
         // SAFETY: forwarded from the caller.
         let result = unsafe { p2p::run(&self.clique, self.rank, ops) };
-        result.inspect_err(|e| self.record(e.clone()))
+        result.inspect_err(|e| self.record_failure(e))
     }
 
     /// Runs the next operation now (tests, and the pure API).

@@ -134,7 +134,8 @@ unsafe fn enqueue_collective(
         let checked = buffers
             .iter()
             .filter(|(_, _, len)| *len > 0)
-            .try_for_each(|&(name, addr, len)| check_buffer(name, addr, len as u64, device));
+            .try_for_each(|&(name, addr, len)| check_buffer(name, addr, len as u64, device))
+            .inspect_err(|e| comm.record_failure(e));
         // SAFETY: both buffers were just checked to be live device memory of their sizes.
         let result = checked.and_then(|()| unsafe { comm.execute(seq, &c, send, recv) });
         result.map_err(|e| {
@@ -338,6 +339,7 @@ pub(crate) fn p2p_work(comm: &Arc<Comm>, ops: Vec<P2pOp>) -> driver::StreamWork 
             let bytes = (o.count * o.dtype.size()) as u64;
             check_buffer(name, o.addr, bytes, comm.device)
         });
+        let checked = checked.inspect_err(|e| comm.record_failure(e));
         // SAFETY: every buffer was just checked to be live device memory of its size.
         let result = checked.and_then(|()| unsafe { comm.execute_p2p(&ops) });
         result.map_err(|e| {
