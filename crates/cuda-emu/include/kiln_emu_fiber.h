@@ -106,7 +106,8 @@ struct fiber {
 #endif
 };
 struct block_state {
-    uint3 block_idx, block_dim, grid_dim;
+    uint3 block_idx;
+    dim3 block_dim, grid_dim;
     void (*entry)(void *const *);
     void *const *args;
     fiber *fibers;
@@ -524,12 +525,12 @@ extern "C" __attribute__((visibility("default"))) int kiln_emu_run_blocks(kiln_e
         if (idx >= l->total_blocks || __atomic_load_n(l->abort_flag, __ATOMIC_RELAXED)) break;
         if (tls) memset(tls, 0xff, l->tls_size); // poisons shared memory (and `current`)
         current = nullptr;
-        memset(&b, 0, offsetof(block_state, message));
+        memset((void *)&b, 0, offsetof(block_state, message));
         b.message[0] = 0;
         b.block_idx = uint3{(unsigned)(idx % l->grid[0]), (unsigned)(idx / l->grid[0] % l->grid[1]),
                             (unsigned)(idx / ((unsigned long long)l->grid[0] * l->grid[1]))};
-        b.block_dim = uint3{l->block[0], l->block[1], l->block[2]};
-        b.grid_dim = uint3{l->grid[0], l->grid[1], l->grid[2]};
+        b.block_dim = dim3(l->block[0], l->block[1], l->block[2]);
+        b.grid_dim = dim3(l->grid[0], l->grid[1], l->grid[2]);
         b.entry = l->entry;
         b.args = l->args;
         b.fibers = fibers;

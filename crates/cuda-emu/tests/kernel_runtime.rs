@@ -4,9 +4,9 @@
 
 mod runtime_support;
 
-use runtime_support::*;
 use cudarc::driver::sys::CUresult;
 use cudarc::nvrtc::sys::nvrtcResult;
+use runtime_support::*;
 
 #[test]
 fn a_1d_grid_runs_every_thread_once() {
