@@ -2,7 +2,9 @@
 //! (`crates/device/src/ops/*/*.cu`, `crates/device/src/cuda/*.cu`) compiles with g++ against
 //! those headers, with a declaration-only stand-in for the execution model
 //! (`tests/builtins/exec_stub.h`), so a built-in a kernel uses and the headers lack is found
-//! here, not at a kernel's first launch.
+//! here, not at a kernel's first launch. The probe's `api` check (overload resolution of min /
+//! max and __ldg, the small helpers, vector types, the 16-bit pair types and operators) runs
+//! here too.
 //!
 //! Invariants: the kernel files are found by listing their folders (a new one is checked
 //! without editing this test); kiln's shared headers come from `crates/device/src/cuda`, and
@@ -113,4 +115,11 @@ fn every_header_compiles_alone_without_warnings() {
         args.push(header.as_os_str());
         support::compile(&args, &header.display().to_string());
     }
+}
+
+#[test]
+fn overloads_helpers_and_vector_types_behave_as_cuda_documents() {
+    let (ok, out) = support::run_program(support::probe(), "api", &[]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok && out.trim() == "ok", "{out}");
 }
