@@ -248,6 +248,13 @@ int api() {
                                  __fdividef(1.0f, 4.0f) == 0.25f);
     check("sinpi/cospi exact", sinpi(1.0) == 0.0 && std::signbit(sinpi(-2.0)) &&
                                    cospi(0.5) == 0.0 && cospi(1.0) == -1.0 && sinpif(0.5f) == 1.0f);
+    check("inverse error functions",
+          std::fabs(std::erf(erfinv(0.3)) - 0.3) < 1e-16 && erfinv(1.0) == INFINITY &&
+              std::isnan(erfinv(1.5)) && erfcinv(1.0) == 0.0 && normcdfinv(0.5) == 0.0 &&
+              !std::signbit(normcdfinv(0.5)) &&
+              std::fabs(normcdfinv(0.975) - 1.959963984540054) < 1e-15 &&
+              std::fabs(std::erfc(erfcinv(1e-300)) / 1e-300 - 1.0) < 1e-12 &&
+              std::fabs(erfinvf(-0.5f) + 0.47693628f) < 1e-7f);
     check("rsqrtf", rsqrtf(4.0f) == 0.5f && rsqrt(16.0) == 0.25 && normcdf(0.0) == 0.5);
     check("__ffs/__clz edges", __ffs(0) == 0 && __clz(0) == 32 && __clzll(0) == 64 &&
                                    __ffsll(1ll << 40) == 41 && __popc(~0u) == 32);
