@@ -10,6 +10,7 @@
 
 pub mod gemm;
 pub mod math;
+pub mod typed;
 pub mod validate;
 
 #[cfg(test)]
@@ -56,6 +57,7 @@ pub(crate) fn handle_state(
     call: &str,
     handle: cublasHandle_t,
 ) -> Result<HandleState, cublasStatus_t> {
+    driver::trace(call);
     let found = handles()
         .as_ref()
         .and_then(|map| map.get(&(handle as usize)).copied());
@@ -104,6 +106,7 @@ pub(crate) fn invalid(call: &str, what: &str) -> cublasStatus_t {
 /// Creates a handle on the current device (`CUBLAS_STATUS_NOT_INITIALIZED` without one).
 #[no_mangle]
 pub unsafe extern "C" fn cublasCreate_v2(handle: *mut cublasHandle_t) -> cublasStatus_t {
+    driver::trace("cublasCreate_v2");
     if handle.is_null() {
         return invalid("cublasCreate_v2", "handle is a null pointer");
     }
