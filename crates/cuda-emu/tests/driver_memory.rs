@@ -171,6 +171,30 @@ fn allocations_end_at_a_guard_page_and_die_when_freed() {
         "so a stale pointer still fails"
     );
     unsafe { assert_eq!(cuMemFree_v2(q), CUresult::CUDA_SUCCESS) };
+    let q = alloc(100).unwrap();
+    unsafe {
+        let (mut base, mut size) = (0, 0);
+        assert_eq!(
+            cuMemGetAddressRange_v2(&mut base, &mut size, q + 50),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!((base, size), (q, 100));
+        let (mut kind, mut ordinal) = (0u32, -1i32);
+        assert_eq!(
+            cuPointerGetAttribute((&mut kind as *mut u32).cast(), 2, q),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuPointerGetAttribute((&mut ordinal as *mut i32).cast(), 9, q),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!((kind, ordinal), (2, 0));
+        assert_eq!(
+            cuMemGetAddressRange_v2(&mut base, &mut size, p),
+            CUresult::CUDA_ERROR_NOT_FOUND
+        );
+        assert_eq!(cuMemFree_v2(q), CUresult::CUDA_SUCCESS);
+    }
     let host = [0u8; 16];
     assert!(check_device_range(host.as_ptr() as u64, 1)
         .unwrap_err()
