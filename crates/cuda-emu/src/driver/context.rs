@@ -26,7 +26,7 @@ pub(crate) struct Context {
     retains: AtomicU32,
     flags: AtomicU32,
     sticky: AtomicU32,
-    null: OnceLock<Arc<Stream>>,
+    null: OnceLock<Result<Arc<Stream>, String>>,
     streams: Mutex<Vec<Weak<Stream>>>,
 }
 
@@ -142,14 +142,14 @@ impl Context {
         }
     }
 
-    /// The context's legacy null stream (its worker starts on first use).
-    pub(crate) fn null_stream(&'static self) -> Arc<Stream> {
-        self.null
-            .get_or_init(|| {
-                let delay = driver().is_ok_and(|d| d.config.delay);
-                Stream::spawn(self, 0, true, 0, 0, delay)
-            })
-            .clone()
+    /// The context's legacy null stream (its worker starts on first use; if it cannot start,
+    /// every use of the null stream fails with `CUDA_ERROR_OUT_OF_MEMORY`, logged once).
+    pub(crate) fn null_stream(&'static self) -> Result<Arc<Stream>, CUresult> {
+        let made = self.null.get_or_init(|| {
+            let delay = driver().is_ok_and(|d| d.config.delay);
+            Stream::spawn(self, 0, true, 0, 0, delay).inspect_err(|e| log(e))
+        });
+        made.clone().map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
     }
 
     /// Adds a created stream to the context's list.
@@ -180,7 +180,7 @@ impl Context {
     pub(crate) fn synchronize(&'static self) -> Result<(), CUresult> {
         let mut first = None;
         let mut all = self.streams();
-        all.push(self.null_stream());
+        all.extend(self.null_stream());
         for s in all {
             if let Err(code) = s.synchronize() {
                 first.get_or_insert(code);

@@ -31,7 +31,7 @@ fn new_handle() -> usize {
 pub(crate) fn resolve_stream(handle: CUstream) -> Result<Arc<Stream>, CUresult> {
     let h = handle as usize;
     if h <= 2 {
-        return Ok(current()?.null_stream());
+        return current()?.null_stream();
     }
     driver()?;
     let streams = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
@@ -86,7 +86,10 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult 
     }
     let handle = new_handle();
     let delay = driver().is_ok_and(|d| d.config.delay);
-    let stream = Stream::spawn(ctx, handle, false, flags, priority.clamp(-5, 0), delay);
+    let stream = match Stream::spawn(ctx, handle, false, flags, priority.clamp(-5, 0), delay) {
+        Ok(s) => s,
+        Err(e) => return fail("cuStreamCreate", CUresult::CUDA_ERROR_OUT_OF_MEMORY, e),
+    };
     ctx.add_stream(&stream);
     STREAMS
         .lock()

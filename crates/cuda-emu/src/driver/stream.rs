@@ -79,7 +79,7 @@ fn random_delay() -> Duration {
 }
 
 impl Stream {
-    /// Creates a stream of `ctx` and starts its worker.
+    /// Creates a stream of `ctx` and starts its worker (the error says why it could not).
     pub(crate) fn spawn(
         ctx: &'static Context,
         handle: usize,
@@ -87,7 +87,7 @@ impl Stream {
         flags: u32,
         priority: i32,
         delay: bool,
-    ) -> Arc<Stream> {
+    ) -> Result<Arc<Stream>, String> {
         let stream = Arc::new(Stream {
             ctx,
             legacy,
@@ -99,13 +99,11 @@ impl Stream {
         });
         let worker = stream.clone();
         let name = format!("kiln-emu-stream-{handle:x}");
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name(name)
-            .spawn(move || worker.run(delay));
-        if let Err(e) = spawned {
-            super::log(&format!("cannot start a stream worker: {e}"));
-        }
-        stream
+            .spawn(move || worker.run(delay))
+            .map_err(|e| format!("cannot start a stream worker: {e}"))?;
+        Ok(stream)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -165,7 +163,7 @@ impl Stream {
         let others = if self.legacy {
             self.ctx.blocking_streams()
         } else if self.blocking {
-            vec![self.ctx.null_stream()]
+            self.ctx.null_stream().into_iter().collect()
         } else {
             Vec::new()
         };
