@@ -60,7 +60,7 @@ thread_local! {
     static RNG: Cell<u64> = const { Cell::new(0) };
 }
 
-/// A random delay of up to 2 ms (xorshift, seeded per worker thread).
+/// A random delay of 50 µs to 2 ms (xorshift, seeded per worker thread).
 fn random_delay() -> Duration {
     RNG.with(|rng| {
         let mut x = rng.get();
@@ -74,7 +74,7 @@ fn random_delay() -> Duration {
         x ^= x >> 7;
         x ^= x << 17;
         rng.set(x);
-        Duration::from_micros(x % 2000)
+        Duration::from_micros(50 + x % 1950)
     })
 }
 
