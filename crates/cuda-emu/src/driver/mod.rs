@@ -1,13 +1,13 @@
 //! The CUDA driver API: initialisation and devices ([`device`]), primary contexts
-//! ([`context`]), streams and events ([`events`], [`stream`]), memory ([`memory`]), copies and
-//! fills ([`copy`]),
-//! modules and launches ([`launch`]), virtual memory management ([`vmm`]).
+//! ([`context`]), streams and events ([`events`], `stream`), memory ([`memory`]), copies and
+//! fills ([`copy`]), modules and launches ([`launch`]), virtual memory management ([`vmm`]).
 //!
 //! Invariants: every entry point that needs a context checks, in this order, that `cuInit`
 //! succeeded, that the thread has a current context, and that the context has no sticky error;
-//! every error the emulator detects itself (not the plain status of a query) is logged with the
-//! call's name before it is returned; device work never runs on the calling thread, only on a
-//! stream's worker.
+//! every misuse the emulator detects beyond a plain bad handle or null out-pointer (wrong memory,
+//! wrong direction, launch limits, VMM rules, capacity, a bad configuration) is logged with the
+//! call's name before its status is returned; device work never runs on the calling thread, only
+//! on a stream's worker.
 
 mod config;
 pub mod context;
