@@ -66,6 +66,14 @@ pub enum Error {
         /// kiln's advice (`\nhint: …`) for a failure it recognises (missing CUDA headers), else empty.
         hint: String,
     },
+    /// The kernel-source test hook (`KILN_KERNEL_SOURCE_DIR`) names something unusable.
+    #[error("cannot compile {file} from the kernel-source override: {why}")]
+    KernelSourceOverride {
+        /// The `.cu` file being loaded.
+        file: &'static str,
+        /// What is wrong with the folder or the file.
+        why: String,
+    },
     /// A kernel function is missing from its compiled module.
     #[error("kernel {function} not found in {file}; check its `extern \"C\"` instantiation")]
     KernelNotFound {

@@ -55,16 +55,13 @@ pub(super) fn check_host(call: &str, what: &str, ptr: usize, len: usize) -> Resu
     Ok(())
 }
 
-/// At run time: the device range is still live, else a fault.
-fn still_live(
-    call: &'static str,
-    what: &'static str,
-    ptr: u64,
-    len: usize,
-) -> Result<(), CUresult> {
-    space::check_device_range(ptr, len as u64).map_err(|e| {
+/// At run time: runs `f` while the device ranges are live and stay live; memory freed since
+/// the call is a fault.
+fn guarded(call: &'static str, ranges: &[(u64, usize)], f: impl FnOnce()) -> Result<(), CUresult> {
+    let ranges: Vec<(u64, u64)> = ranges.iter().map(|&(p, l)| (p, l as u64)).collect();
+    space::with_live(&ranges, f).map_err(|e| {
         log(&format!(
-            "{call}: {what} was freed before the copy ran: {e}"
+            "{call}: device memory was freed before the copy ran: {e}"
         ));
         CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
     })
@@ -96,12 +93,12 @@ fn htod(
     let staged =
         (!pinned).then(|| unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec());
     let seq = s.submit(Item::Work(Box::new(move || {
-        still_live(call, "destination", dst, n)?;
         let from = staged.as_ref().map_or(src as *const u8, |v| v.as_ptr());
-        // SAFETY: the destination is a live allocation (checked just now); a pinned source stays
-        // valid until the stream is synchronised (the caller's contract).
-        unsafe { std::ptr::copy(from, dst as *mut u8, n) };
-        Ok(())
+        // SAFETY: the destination is live while guarded; a pinned source stays valid until the
+        // stream is synchronised (the caller's contract).
+        guarded(call, &[(dst, n)], || unsafe {
+            std::ptr::copy(from, dst as *mut u8, n)
+        })
     })));
     if sync && pinned {
         s.wait_for(seq);
@@ -125,11 +122,12 @@ fn dtoh(
     check_device(call, "source", src, n)?;
     check_host(call, "destination", dst, n)?;
     let seq = s.submit(Item::Work(Box::new(move || {
-        still_live(call, "source", src, n)?;
-        // SAFETY: the source is live; the destination is the caller's writable host buffer,
-        // valid until the copy completes (pageable: the call waits; pinned: until synchronised).
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-        Ok(())
+        // SAFETY: the source is live while guarded; the destination is the caller's writable host
+        // buffer, valid until the copy completes (pageable: the call waits; pinned: until
+        // synchronised).
+        guarded(call, &[(src, n)], || unsafe {
+            std::ptr::copy(src as *const u8, dst as *mut u8, n)
+        })
     })));
     if sync || !is_pinned(dst, n) {
         s.wait_for(seq);
@@ -152,11 +150,10 @@ fn dtod(
     check_device(call, "destination", dst, n)?;
     check_device(call, "source", src, n)?;
     s.submit(Item::Work(Box::new(move || {
-        still_live(call, "source", src, n)?;
-        still_live(call, "destination", dst, n)?;
-        // SAFETY: both ranges are live allocations (checked just now).
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-        Ok(())
+        // SAFETY: both ranges are live while guarded.
+        guarded(call, &[(src, n), (dst, n)], || unsafe {
+            std::ptr::copy(src as *const u8, dst as *mut u8, n)
+        })
     })));
     Ok(())
 }
@@ -185,16 +182,14 @@ fn fill(
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     check_device(call, "destination", dst, n)?;
     s.submit(Item::Work(Box::new(move || {
-        still_live(call, "destination", dst, n)?;
-        // SAFETY: a live allocation, aligned for `elem` (checked above).
-        unsafe {
+        // SAFETY: live while guarded, aligned for `elem` (checked above).
+        guarded(call, &[(dst, n)], || unsafe {
             match elem {
                 1 => std::ptr::write_bytes(dst as *mut u8, value as u8, n),
                 2 => std::slice::from_raw_parts_mut(dst as *mut u16, count).fill(value as u16),
                 _ => std::slice::from_raw_parts_mut(dst as *mut u32, count).fill(value),
             }
-        }
-        Ok(())
+        })
     })));
     Ok(())
 }
@@ -208,6 +203,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     srcHost: *const c_void,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyHtoD_v2");
     status(htod(
         "cuMemcpyHtoD_v2",
         dstDevice,
@@ -226,6 +222,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyHtoDAsync_v2");
     status(htod(
         "cuMemcpyHtoDAsync_v2",
         dstDevice,
@@ -243,6 +240,7 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(
     srcDevice: CUdeviceptr,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoH_v2");
     status(dtoh(
         "cuMemcpyDtoH_v2",
         dstHost as usize,
@@ -261,6 +259,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoHAsync_v2");
     status(dtoh(
         "cuMemcpyDtoHAsync_v2",
         dstHost as usize,
@@ -278,6 +277,7 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(
     srcDevice: CUdeviceptr,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoD_v2");
     status(dtod(
         "cuMemcpyDtoD_v2",
         dstDevice,
@@ -295,6 +295,7 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoDAsync_v2");
     status(dtod(
         "cuMemcpyDtoDAsync_v2",
         dstDevice,
@@ -329,6 +330,7 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyPeerAsync");
     peer(
         "cuMemcpyPeerAsync",
         dstDevice,
@@ -349,6 +351,7 @@ pub unsafe extern "C" fn cuMemcpyPeer(
     srcContext: CUcontext,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyPeer");
     peer(
         "cuMemcpyPeer",
         dstDevice,
@@ -388,6 +391,7 @@ pub unsafe extern "C" fn cuMemcpy(
     src: CUdeviceptr,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpy");
     status(unified("cuMemcpy", dst, src, ByteCount, NULL, true))
 }
 
@@ -399,6 +403,7 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyAsync");
     status(unified(
         "cuMemcpyAsync",
         dst,
@@ -412,6 +417,7 @@ pub unsafe extern "C" fn cuMemcpyAsync(
 /// `cuMemsetD8_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: u8, N: usize) -> CUresult {
+    super::trace("cuMemsetD8_v2");
     status(fill("cuMemsetD8_v2", dstDevice, uc as u32, 1, N, NULL))
 }
 
@@ -423,12 +429,14 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     N: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemsetD8Async");
     status(fill("cuMemsetD8Async", dstDevice, uc as u32, 1, N, hStream))
 }
 
 /// `cuMemsetD16_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD16_v2(dstDevice: CUdeviceptr, us: u16, N: usize) -> CUresult {
+    super::trace("cuMemsetD16_v2");
     status(fill("cuMemsetD16_v2", dstDevice, us as u32, 2, N, NULL))
 }
 
@@ -440,6 +448,7 @@ pub unsafe extern "C" fn cuMemsetD16Async(
     N: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemsetD16Async");
     status(fill(
         "cuMemsetD16Async",
         dstDevice,
@@ -453,6 +462,7 @@ pub unsafe extern "C" fn cuMemsetD16Async(
 /// `cuMemsetD32_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: c_uint, N: usize) -> CUresult {
+    super::trace("cuMemsetD32_v2");
     status(fill("cuMemsetD32_v2", dstDevice, ui, 4, N, NULL))
 }
 
@@ -464,5 +474,6 @@ pub unsafe extern "C" fn cuMemsetD32Async(
     N: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemsetD32Async");
     status(fill("cuMemsetD32Async", dstDevice, ui, 4, N, hStream))
 }

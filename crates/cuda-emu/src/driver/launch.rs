@@ -80,6 +80,7 @@ unsafe fn load(call: &str, module: *mut CUmodule, image: *const c_void) -> CUres
 /// `cuModuleLoadData`: an image made by the emulator's NVRTC.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
+    super::trace("cuModuleLoadData");
     // SAFETY: forwarded.
     unsafe { load("cuModuleLoadData", module, image) }
 }
@@ -87,6 +88,7 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
 /// `cuModuleLoad`: reads the file, then loads it like `cuModuleLoadData`.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult {
+    super::trace("cuModuleLoad");
     if fname.is_null() {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }
@@ -111,6 +113,7 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, fname: *const c_cha
 /// `cuModuleUnload`: its functions become invalid (kernels already queued still run).
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
+    super::trace("cuModuleUnload");
     let h = hmod as usize;
     let removed = MODULES
         .lock()
@@ -133,6 +136,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
+    super::trace("cuModuleGetFunction");
     if let Err(code) = current() {
         return code;
     }
@@ -183,6 +187,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
     attrib: c_uint,
     hfunc: CUfunction,
 ) -> CUresult {
+    super::trace("cuFuncGetAttribute");
     let entry = match function_entry(hfunc) {
         Ok(e) => e,
         Err(code) => return code,
@@ -219,6 +224,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
     attrib: c_uint,
     value: c_int,
 ) -> CUresult {
+    super::trace("cuFuncSetAttribute");
     let entry = match function_entry(hfunc) {
         Ok(e) => e,
         Err(code) => return code,
@@ -254,6 +260,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
 /// `cuFuncSetCacheConfig`: accepted (the emulator has no L1/shared split).
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncSetCacheConfig(hfunc: CUfunction, config: c_uint) -> CUresult {
+    super::trace("cuFuncSetCacheConfig");
     match function_entry(hfunc) {
         Ok(_) if config <= 3 => CUresult::CUDA_SUCCESS,
         Ok(_) => CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -343,6 +350,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
     kernelParams: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
+    super::trace("cuLaunchKernel");
     let ctx = match current() {
         Ok(c) => c,
         Err(code) => return code,

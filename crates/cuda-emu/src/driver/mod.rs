@@ -1,5 +1,6 @@
 //! The CUDA driver API: initialisation and devices ([`device`]), primary contexts
-//! ([`context`]), streams and events ([`events`], [`stream`]), memory and copies ([`memory`]),
+//! ([`context`]), streams and events ([`events`], [`stream`]), memory ([`memory`]), copies and
+//! fills ([`copy`]),
 //! modules and launches ([`launch`]), virtual memory management ([`vmm`]).
 //!
 //! Invariants: every entry point that needs a context checks, in this order, that `cuInit`

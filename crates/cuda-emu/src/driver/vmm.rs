@@ -112,6 +112,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     prop: *const CUmemAllocationProp,
     option: u32,
 ) -> CUresult {
+    super::trace("cuMemGetAllocationGranularity");
     // SAFETY: the caller's property struct.
     if let Err(code) = unsafe { prop_device("cuMemGetAllocationGranularity", prop) } {
         return code;
@@ -133,6 +134,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
     addr: CUdeviceptr,
     flags: c_ulonglong,
 ) -> CUresult {
+    super::trace("cuMemAddressReserve");
     let call = "cuMemAddressReserve";
     if let Err(code) = driver() {
         return code;
@@ -174,6 +176,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 /// `cuMemAddressFree`: exactly one whole reservation with nothing mapped in it.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    super::trace("cuMemAddressFree");
     let call = "cuMemAddressFree";
     let mut st = state();
     let vmm = st.get_or_insert_with(Vmm::default);
@@ -201,6 +204,7 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const CUmemAllocationProp,
     flags: c_ulonglong,
 ) -> CUresult {
+    super::trace("cuMemCreate");
     let call = "cuMemCreate";
     // SAFETY: the caller's property struct.
     let device = match unsafe { prop_device(call, prop) } {
@@ -273,6 +277,7 @@ fn drop_if_unused(vmm: &mut Vmm, handle: u64) {
 /// `cuMemRelease`: the memory goes once no mapping uses it.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    super::trace("cuMemRelease");
     let mut st = state();
     let vmm = st.get_or_insert_with(Vmm::default);
     match vmm.physical.get_mut(&handle) {
@@ -303,6 +308,7 @@ pub unsafe extern "C" fn cuMemMap(
     handle: CUmemGenericAllocationHandle,
     flags: c_ulonglong,
 ) -> CUresult {
+    super::trace("cuMemMap");
     let call = "cuMemMap";
     let size = size as u64;
     if flags != 0 || offset != 0 || size == 0 || !aligned(&[ptr, size]) {
@@ -382,6 +388,7 @@ fn tiling(res: &Reservation, ptr: u64, size: u64) -> Option<Vec<u64>> {
 /// `cuMemUnmap`: whole mappings only; the range becomes inaccessible.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    super::trace("cuMemUnmap");
     let call = "cuMemUnmap";
     let size = size as u64;
     let mut st = state();
@@ -424,6 +431,7 @@ pub unsafe extern "C" fn cuMemSetAccess(
     desc: *const CUmemAccessDesc,
     count: usize,
 ) -> CUresult {
+    super::trace("cuMemSetAccess");
     let call = "cuMemSetAccess";
     let size = size as u64;
     if desc.is_null() || count == 0 {

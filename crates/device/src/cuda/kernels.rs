@@ -16,6 +16,10 @@
 //! PTX is also kept on disk between processes ([`super::kernel_cache`]), so a run of many test
 //! binaries compiles each file once, not once per binary.
 //!
+//! A test hook, `KILN_KERNEL_SOURCE_DIR` ([`super::source_override`]), swaps a file's built-in
+//! source for a copy on disk (a planted bug); the disk cache key hashes the text compiled, so an
+//! override never reuses PTX of other text.
+//!
 //! CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`) are not built into NVRTC, so the loader looks for
 //! a folder holding them once per process ([`cuda_include_dir`]) and passes it as
 //! `--include-path` after the common options (as `cargo xtask kernels` does with its own copy).
@@ -138,8 +142,10 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     }
     let arch = major * 10 + minor;
     let options = options(major, minor);
-    // The source with kiln's shared headers spliced in (see `super::headers`).
-    let text = super::headers::expand_includes(kernel.source, kernel.file);
+    // The source (the test hook's override, if any: see `super::source_override`) with kiln's
+    // shared headers spliced in (see `super::headers`).
+    let source = super::source_override::kernel_text(kernel)?;
+    let text = super::headers::expand_includes(&source, kernel.file);
     // Compiled by an earlier process? (see `kernel_cache`)
     let disk = super::kernel_cache::dir(|k| std::env::var(k).ok()).map(|dir| {
         let mut version = (0, 0);

@@ -12,6 +12,7 @@ pub mod kernel_cache;
 pub mod kernels;
 pub mod launch;
 pub(crate) mod probe;
+pub mod source_override;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
