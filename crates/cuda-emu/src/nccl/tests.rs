@@ -313,25 +313,41 @@ fn spawn_peer(name: &str, mode: &str) -> std::process::Child {
             "--test-threads=1",
         ])
         .env(PEER_ENV, format!("{name},{mode}"))
+        // Piped, so the peer's test-harness lines do not mix into this binary's output.
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// Waits for the peer; its output when it failed.
+fn peer_result(child: std::process::Child) -> Result<(), String> {
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr))
+    }
 }
 
 #[test]
 fn ranks_in_two_processes_run_every_collective() {
     let name = new_id_name().unwrap();
-    let mut child = spawn_peer(&name, "run");
+    let child = spawn_peer(&name, "run");
     let comm = Comm::init_rank(&name, 2, 0, 0, SLOT_BYTES, TIMEOUT).unwrap();
     run_all_cases(&comm);
-    assert!(child.wait().unwrap().success(), "the peer process failed");
+    if let Err(output) = peer_result(child) {
+        panic!("the peer process failed:\n{output}");
+    }
 }
 
 #[test]
 fn a_peer_process_that_dies_is_reported() {
     let name = new_id_name().unwrap();
-    let mut child = spawn_peer(&name, "die");
+    let child = spawn_peer(&name, "die");
     let comm = Comm::init_rank(&name, 2, 0, 0, SLOT_BYTES, TIMEOUT).unwrap();
-    child.wait().unwrap();
+    let _ = peer_result(child);
     let c = Collective {
         kind: Kind::AllReduce,
         count: 3,
