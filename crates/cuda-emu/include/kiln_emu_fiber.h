@@ -386,7 +386,8 @@ inline bool release_or_fail(block_state *b) {
             if (b->fibers[base + __builtin_ctz(m)].state != AT_WARP) other = &b->fibers[base + __builtin_ctz(m)];
         describe_wait(a, sizeof a, at_warp);
         describe_wait(c, sizeof c, other);
-        snprintf(b->message, sizeof b->message, "deadlock: %s, but %s", a, c);
+        snprintf(b->message, sizeof b->message, "deadlock: %s, but lane %u of its mask: %s", a,
+                 other->linear & 31, c);
         b->failed = 1;
         return false;
     }
