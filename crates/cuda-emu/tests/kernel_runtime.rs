@@ -286,7 +286,8 @@ fn foreign_images_are_invalid_and_a_cleared_cache_recompiles() {
         "// {nonce}\nextern \"C\" __global__ void put(unsigned long long p) {{ *(int*)p = 5; }}"
     );
     let image = compile("again.cu", &src, &kiln_options()).unwrap();
-    let hash = image.lines().nth(2).unwrap().to_string();
+    let hash = kiln_cuda_emu::nvrtc::image::decode(&image).unwrap().hash;
+    assert!(image.contains("\n// .entry put(\n"), "{image}");
     let so = kiln_cuda_emu::nvrtc::compiler::cache_dir()
         .join("modules")
         .join(format!("{hash}.so"));

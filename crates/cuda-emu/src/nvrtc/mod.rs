@@ -251,6 +251,7 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
                     state.log = c_string(built.log);
                     let img = image::Image {
                         hash: built.hash,
+                        kernels: built.kernels,
                         name: state.name.clone(),
                         options: opts.clone(),
                         headers: state.headers.clone(),
