@@ -15,7 +15,10 @@ fn upload<T: Copy>(data: &[T]) -> CUdeviceptr {
     let r = unsafe { driver::cuMemcpyHtoD_v2(p, data.as_ptr() as *const _, bytes) };
     assert_eq!(r, CUresult::CUDA_SUCCESS);
     // A pageable copy returns once staged (as CUDA's); these tests launch outside any stream.
-    assert_eq!(unsafe { driver::cuCtxSynchronize() }, CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        unsafe { driver::cuCtxSynchronize() },
+        CUresult::CUDA_SUCCESS
+    );
     p
 }
 
