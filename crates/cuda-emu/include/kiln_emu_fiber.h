@@ -566,7 +566,7 @@ extern "C" __attribute__((visibility("default"))) int kiln_emu_run_blocks(kiln_e
             snprintf(l->message + n, sizeof l->message - n, ": %s at address 0x%llx%s",
                      signal_name(l->slot->signo), addr,
                      overflow ? " (the thread overflowed its stack)" : "");
-            l->code = KILN_EMU_FAULT;
+            l->code = l->slot->signo == SIGSEGV || l->slot->signo == SIGBUS ? KILN_EMU_FAULT : KILN_EMU_FAILED;
             __atomic_store_n(l->abort_flag, 1, __ATOMIC_RELAXED);
             break;
         }

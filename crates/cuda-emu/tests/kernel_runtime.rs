@@ -307,3 +307,44 @@ fn foreign_images_are_invalid_and_a_cleared_cache_recompiles() {
     assert_eq!(out[0], 5);
     std::fs::remove_file(&so).unwrap();
 }
+
+#[test]
+fn traps_divisions_by_zero_and_stack_overflows_are_reported() {
+    let m = load(
+        "faults.cu",
+        r#"__device__ int depth(volatile int* p, int n) { int pad[256]; pad[n & 255] = n; return n ? depth(p, n + 1) + pad[0] : 0; }
+        extern "C" __global__ void trapper(int x) { if (threadIdx.x == 1) __trap(); }
+        extern "C" __global__ void divider(unsigned long long p, int x) { volatile int zero = x; *(volatile int*)p = 7 / zero; }
+        extern "C" __global__ void recurse(unsigned long long p) { depth((volatile int*)p, 1); }"#,
+    );
+    let failed = CUresult::CUDA_ERROR_LAUNCH_FAILED;
+    let mut sink = [0i32; 1];
+    assert_fails(
+        launch(&m, "trapper", [1, 1, 1], [4, 1, 1], &[Arg::U32(0)]),
+        failed,
+        &["kernel trapper", "thread (1,0,0)", "__trap"],
+    );
+    assert_fails(
+        launch(
+            &m,
+            "divider",
+            [1, 1, 1],
+            [1, 1, 1],
+            &[Arg::U64(sink.as_mut_ptr() as u64), Arg::U32(0)],
+        ),
+        failed,
+        &["kernel divider", "SIGFPE"],
+    );
+    let mut sink = [0i32; 1];
+    assert_fails(
+        launch(
+            &m,
+            "recurse",
+            [1, 1, 1],
+            [1, 1, 1],
+            &[Arg::U64(sink.as_mut_ptr() as u64)],
+        ),
+        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+        &["kernel recurse", "overflowed its stack"],
+    );
+}
