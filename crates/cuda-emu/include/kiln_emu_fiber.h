@@ -11,7 +11,10 @@
 //   signal handler, into a siglongjmp to the sigsetjmp taken before the block started, here in
 //   C++; the abandoned fibers' stacks are plain memory, reused by the next block.
 // - The C structs below match src/kernel/abi.rs field for field (KILN_EMU_ABI guards both).
-#ifndef KILN_EMU_FIBER_H
+#ifndef KILN_EMU_RUNTIME_H
+// Alone: the runtime header, which includes this one after what it needs.
+#include "kiln_emu_runtime.h"
+#elif !defined(KILN_EMU_FIBER_H)
 #define KILN_EMU_FIBER_H
 
 #include <dlfcn.h>
