@@ -20,7 +20,11 @@ commands:
   replay     replay an allocation trace through the simulated backend
   bench      run benchmark groups and write target/kiln-bench/report.{json,md}
   emu        run a command with the CUDA emulator (kiln-cuda-emu) in place of NVIDIA's libraries:
-             cargo xtask emu [--devices N] [--memory BYTES] [--cc X.Y] [--delay] -- CMD...";
+             cargo xtask emu [--devices N] [--memory BYTES] [--cc X.Y] [--delay] -- CMD...
+  emu-suite  every GPU test binary and the CUDA example runs under the emulator, KILN_REQUIRE_CUDA=1
+             (--only TEXT to run the matching ones, --list to print their commands)
+  emu-mutants  plant known bugs in copies of kiln's kernels and launchers; show the emulator
+             catches each (emu-probe CASE [--bug]: the launcher cases it runs)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,6 +42,17 @@ fn main() -> ExitCode {
         "gpu-pack" => gpu_pack::run(rest),
         "replay" => replay::run(rest),
         "bench" => bench::run(rest),
+        "emu-suite" => emu::suite::run(rest),
+        "emu-mutants" => emu::mutants::run(rest),
+        "emu-probe" => {
+            return match emu::probe::run(rest) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("xtask: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         "emu" => {
             return match emu::run(rest) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

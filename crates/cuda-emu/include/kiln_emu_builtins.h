@@ -19,6 +19,8 @@
 //   the GPU's: the named rounding mode, overflow to inf (or the largest finite value when the
 //   mode rounds toward zero), subnormals kept, NaN to the GPU's canonical NaN; float-to-integer
 //   conversions saturate and send NaN to 0, as PTX's cvt does.
+// - NaN payloads of arithmetic are the host's (x86 propagates an operand's payload; a GPU returns
+//   the canonical 0x7fffffff from fp32 operations). Only conversions are made canonical.
 // - Math functions (expf, tanhf, erff, ...) are the host C library's. CUDA's have their own,
 //   documented ULP bounds, so results may differ from a GPU's in the last bits; the fast
 //   intrinsics (__expf, __fdividef, ...) are the accurate functions here.
@@ -314,6 +316,47 @@ __device__ __forceinline__ void sincospif(float x, float* s, float* c) {
 }
 __device__ __forceinline__ double normcdf(double x) { return 0.5 * std::erfc(-x * 0.7071067811865476); }
 __device__ __forceinline__ float normcdff(float x) { return (float)normcdf(x); }
+
+// Inverse error functions: Winitzki's closed form as the start, then Newton steps on erf (for
+// |x| < 1/2) or erfc (the tails, where 1 - |x| is exact), to about double precision (CUDA's
+// own have a few ulp of error, so last bits may differ from a GPU's).
+namespace kiln_emu {
+// The closed-form start for erfinv, from x's sign and log(1 - x^2).
+inline double erfinv_start(bool neg, double log_1mx2) {
+    const double a = 0.147, b = 2.0 / (3.141592653589793 * a) + log_1mx2 / 2.0;
+    const double y = std::sqrt(std::sqrt(b * b - log_1mx2 / a) - b);
+    return neg ? -y : y;
+}
+inline double erfcinv_newton(double t) {  // t in (0, 2)
+    double y = erfinv_start(t > 1.0, std::log(t * (2.0 - t)));
+    // In the upper tail Newton runs on log(erfc), which is close to linear there.
+    const bool tail = t < 0.5;
+    for (int i = 0; i < 8; ++i) {
+        const double e = std::erfc(y), slope = 1.1283791670955126 * std::exp(-y * y);
+        y += tail ? (std::log(e) - std::log(t)) * e / slope : (e - t) / slope;
+    }
+    return y;
+}
+}  // namespace kiln_emu
+__device__ __forceinline__ double erfcinv(double t) {
+    if (!(t > 0.0 && t < 2.0)) return t == 0.0 ? INFINITY : (t == 2.0 ? -INFINITY : NAN);
+    return kiln_emu::erfcinv_newton(t);
+}
+__device__ __forceinline__ double erfinv(double x) {
+    if (!(std::fabs(x) < 0.5))
+        return std::fabs(x) <= 1.0 ? std::copysign(erfcinv(1.0 - std::fabs(x)), x) : NAN;
+    if (x == 0.0) return x;
+    double y = kiln_emu::erfinv_start(x < 0.0, std::log1p(-x * x));
+    for (int i = 0; i < 6; ++i) y -= (std::erf(y) - x) / (1.1283791670955126 * std::exp(-y * y));
+    return y;
+}
+__device__ __forceinline__ double normcdfinv(double p) {
+    const double y = erfcinv(2.0 * p);
+    return y == 0.0 ? 0.0 : -1.4142135623730951 * y;
+}
+__device__ __forceinline__ float erfinvf(float x) { return (float)erfinv(x); }
+__device__ __forceinline__ float erfcinvf(float x) { return (float)erfcinv(x); }
+__device__ __forceinline__ float normcdfinvf(float x) { return (float)normcdfinv(x); }
 
 // ---- Conversions (PTX cvt semantics, see the opening comment) ----
 #define KILN_EMU_MODES(X) X(rn, Nearest) X(rz, Zero) X(rd, Down) X(ru, Up)

@@ -5,8 +5,8 @@
 // (once each) and add the conversion functions that carry the type's name.
 //
 // Invariants: a 16-bit value is stored as its IEEE bit pattern (sizeof 2, align 2; the pair:
-// sizeof 4, align 4), never as a wider float. Narrowing rounds exactly once
-// (kiln_emu::double_bits_to, so float and double sources round directly, NaN becomes 0x7fff).
+// sizeof 4, align 4), never as a wider float. Narrowing rounds exactly once (kiln_emu::narrow_bits
+// and double_bits_to: float and double sources round directly, NaN becomes 0x7fff).
 // Arithmetic is computed in float and rounded once to 16 bits, which equals the correctly
 // rounded 16-bit operation for + - * / and sqrt (float has more than 2p+2 bits for p = 11 and
 // 8); the fused multiply-add rounds once through round-to-odd in double. Widening is exact.
@@ -23,18 +23,42 @@ namespace kiln_emu {
 inline float widen_bits(unsigned short h, Format f) {
     if (f.exp == 8) return bits_as<float>((uint32_t)h << 16);
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    const int exp = (h >> 10) & 0x1f;
-    const uint32_t mant = h & 0x3ff;
+    int exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
     if (exp == 0x1f)
         return bits_as<float>(sign | 0x7f800000u | (mant ? 0x400000u | (mant << 13) : 0));
-    const float mag = exp == 0 ? std::ldexp((float)mant, -24)
-                               : std::ldexp((float)(mant | 0x400), exp - 25);
-    return sign ? -mag : mag;
+    if (exp == 0) {
+        if (mant == 0) return bits_as<float>(sign);
+        const int shift = __builtin_clz(mant) - 21;  // moves the leading 1 to bit 10
+        mant = (mant << shift) & 0x3ff;
+        exp = 1 - shift;
+    }
+    return bits_as<float>(sign | (uint32_t)(exp + 112) << 23 | mant << 13);
 }
 
-// Rounds x once to format `f`, to nearest even.
+// Rounds x once to format `f`, to nearest even (the general path, any source).
 inline unsigned short narrow_bits(double x, Format f) {
     return (unsigned short)double_bits_to(x, f, Round::Nearest);
+}
+
+// The same from a float, on 32-bit integer code only (the kernels' hot path); the tests check it
+// against the general path's results over every class of input.
+inline unsigned short narrow_bits(float x, Format f) {
+    const uint32_t b = bits_as<uint32_t>(x), a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fff;
+    if (f.exp == 8) return (unsigned short)((b + 0x7fffu + ((b >> 16) & 1)) >> 16);
+    const uint32_t sign = (b >> 16) & 0x8000u;
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // >= 65520: inf
+    if (a >= 0x38800000u) {                                          // a normal half
+        const uint32_t r = a - 0x38000000u;                          // exponent rebiased
+        return (unsigned short)(sign | (r + 0xfffu + ((r >> 13) & 1)) >> 13);
+    }
+    if (a <= 0x33000000u) return (unsigned short)sign;  // at most 2^-25: ties to even zero
+    const uint32_t shift = 126 - (a >> 23), m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    q += rem > halfway || (rem == halfway && (q & 1));
+    return (unsigned short)(sign | q);
 }
 
 // a * b + c rounded once to format `f`: the product is exact in double, the sum is rounded to
@@ -64,6 +88,7 @@ inline unsigned short fma_bits(float a, float b, float c, Format f) {
     struct __attribute__((aligned(2))) T {                                                     \
       protected:                                                                               \
         unsigned short __x;                                                                    \
+        void kiln_set(float v) { __x = kiln_emu::narrow_bits(v, FMT); }                        \
         void kiln_set(double v) { __x = kiln_emu::narrow_bits(v, FMT); }                       \
         void kiln_set_int(bool neg, unsigned long long m) {                                    \
             __x = (unsigned short)kiln_emu::round_bits(neg, m, 0, FMT, kiln_emu::Round::Nearest); \
@@ -284,9 +309,6 @@ inline unsigned short fma_bits(float a, float b, float c, Format f) {
 // which define KILN_EMU_FLOAT16_MODE_<N>(SUF, MODE) as KILN_EMU_FLOAT16_MODE(T, RAW, FMT, N, ...)).
 #define KILN_EMU_FLOAT16_MODE(T, RAW, FMT, N, SUF, MODE)                                         \
     __device__ __forceinline__ T __float2##N##_##SUF(float v) {                                 \
-        return RAW{(unsigned short)kiln_emu::double_bits_to(v, FMT, kiln_emu::Round::MODE)};    \
-    }                                                                                           \
-    __device__ __forceinline__ T __double2##N##_##SUF(double v) {                               \
         return RAW{(unsigned short)kiln_emu::double_bits_to(v, FMT, kiln_emu::Round::MODE)};    \
     }                                                                                           \
     KILN_EMU_FLOAT16_FROM_INT(T, RAW, FMT, short, short, SUF, MODE, N)                          \

@@ -96,6 +96,16 @@ fn contexts_bind_per_thread() {
             CUresult::CUDA_SUCCESS
         );
         assert_eq!(active, 1);
+        let mut stack = 0;
+        assert_eq!(cuCtxGetLimit(&mut stack, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(stack, 1024);
+        assert_eq!(cuCtxSetLimit(0, 4096), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuCtxGetLimit(&mut stack, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(stack, 4096);
+        assert_eq!(
+            cuCtxGetLimit(&mut stack, 99),
+            CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT
+        );
     }
 }
 
@@ -154,6 +164,13 @@ fn allocations_end_at_a_guard_page_and_die_when_freed() {
     unsafe { assert_eq!(cuMemFree_v2(p), CUresult::CUDA_SUCCESS) };
     assert!(check_device_range(p, 1).is_err());
     assert!(read_faults(p), "freed memory is inaccessible");
+    let q = alloc(4000).unwrap();
+    assert_ne!(q, p, "a freed address is not handed out again at once");
+    assert!(
+        check_device_range(p, 1).is_err(),
+        "so a stale pointer still fails"
+    );
+    unsafe { assert_eq!(cuMemFree_v2(q), CUresult::CUDA_SUCCESS) };
     let host = [0u8; 16];
     assert!(check_device_range(host.as_ptr() as u64, 1)
         .unwrap_err()

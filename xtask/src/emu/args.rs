@@ -57,7 +57,6 @@ pub fn parse(args: &[String]) -> Result<EmuOptions, String> {
 
 /// As [`parse`], but the command (and its `--`) may be absent: for tasks that choose their own
 /// commands (`emu-suite`, `emu-mutants`) and take only the machine's shape.
-#[allow(dead_code)] // the suite and mutant tasks (next commits) are its users
 pub fn parse_machine(args: &[String]) -> Result<EmuOptions, String> {
     let options = parse_flags(args, false)?;
     if let Some(first) = options.command.first() {

@@ -6,8 +6,9 @@
 //! cudarc dlopens ([`LIBRARY_NAMES`]) as symlinks to the one built `libkiln_cuda_emu.so`, and
 //! `target/cuda-emu/include` a link to the emulator's CUDA headers; runs CMD with that folder
 //! first on `LD_LIBRARY_PATH`, the `KILN_EMU_*` variables of the flags, `KILN_EMULATED=1` (tests
-//! may scale big shapes down under emulation, never skip) and `KILN_CUDA_INCLUDE`; exits with
-//! CMD's status.
+//! may scale big shapes down under emulation, never skip), `KILN_CUDA_INCLUDE` and (unless set)
+//! `KILN_KERNEL_CACHE=target/cuda-emu/kiln-kernel-cache`, since the emulator's compiled images
+//! must never meet real PTX in kiln's disk cache; exits with CMD's status.
 //!
 //! Invariants: the emulator's folder is always the first `LD_LIBRARY_PATH` entry, so a bare-name
 //! dlopen of any of [`LIBRARY_NAMES`] resolves to the emulator even where a real driver is
@@ -15,6 +16,11 @@
 //! every run, so they never point at a stale build.
 
 pub mod args;
+pub mod build;
+pub mod mutants;
+pub mod probe;
+pub mod runner;
+pub mod suite;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -126,6 +132,12 @@ impl Emulator {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         vars.push(("KILN_EMULATED".into(), "1".into()));
+        // kiln's on-disk kernel cache keys on the NVRTC version, which the emulator shares with
+        // NVIDIA's: keep its images apart from real PTX (unless the caller chose a folder).
+        if std::env::var_os("KILN_KERNEL_CACHE").is_none() {
+            let cache = emu_dir.join("kiln-kernel-cache");
+            vars.push(("KILN_KERNEL_CACHE".into(), cache.display().to_string()));
+        }
         if let Some(dir) = &include_dir {
             vars.push(("KILN_CUDA_INCLUDE".into(), dir.display().to_string()));
         }

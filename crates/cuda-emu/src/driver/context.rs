@@ -7,6 +7,7 @@
 //! cleared and is returned by every later call that needs the context.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -212,6 +213,7 @@ pub unsafe extern "C" fn cuInit(Flags: c_uint) -> CUresult {
 /// `cuDriverGetVersion`: CUDA 13.0.
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresult {
+    super::trace("cuDriverGetVersion");
     // SAFETY: the caller's out-pointer (checked for null).
     unsafe { out(driverVersion, 13000) }
 }
@@ -219,6 +221,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresu
 /// `cuDevicePrimaryCtxRetain`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    super::trace("cuDevicePrimaryCtxRetain");
     let ctx = match context_of_device(dev) {
         Ok(c) => c,
         Err(code) => return code,
@@ -232,6 +235,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 /// reaches zero (the emulator never tears a context down).
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    super::trace("cuDevicePrimaryCtxRelease_v2");
     let ctx = match context_of_device(dev) {
         Ok(c) => c,
         Err(code) => return code,
@@ -248,6 +252,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 /// `cuDevicePrimaryCtxSetFlags_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    super::trace("cuDevicePrimaryCtxSetFlags_v2");
     match context_of_device(dev) {
         Ok(ctx) => {
             ctx.flags.store(flags, Ordering::SeqCst);
@@ -264,6 +269,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     flags: *mut c_uint,
     active: *mut c_int,
 ) -> CUresult {
+    super::trace("cuDevicePrimaryCtxGetState");
     let ctx = match context_of_device(dev) {
         Ok(c) => c,
         Err(code) => return code,
@@ -279,6 +285,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 /// `cuDevicePrimaryCtxReset_v2`: waits for the device; memory is kept.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    super::trace("cuDevicePrimaryCtxReset_v2");
     match context_of_device(dev) {
         Ok(ctx) => {
             let _ = ctx.synchronize();
@@ -313,6 +320,7 @@ fn bind(ctx: CUcontext, replace_top: bool) -> CUresult {
 /// `cuCtxSetCurrent`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    super::trace("cuCtxSetCurrent");
     if let Err(code) = driver() {
         return code;
     }
@@ -322,6 +330,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
 /// `cuCtxGetCurrent`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    super::trace("cuCtxGetCurrent");
     if let Err(code) = driver() {
         return code;
     }
@@ -333,6 +342,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 /// `cuCtxPushCurrent_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    super::trace("cuCtxPushCurrent_v2");
     if let Err(code) = driver() {
         return code;
     }
@@ -345,6 +355,7 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
 /// `cuCtxPopCurrent_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    super::trace("cuCtxPopCurrent_v2");
     if let Err(code) = driver() {
         return code;
     }
@@ -361,6 +372,7 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
 /// `cuCtxGetDevice`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    super::trace("cuCtxGetDevice");
     match current() {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(ctx) => unsafe { out(device, ctx.device) },
@@ -371,6 +383,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 /// `cuCtxSynchronize`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    super::trace("cuCtxSynchronize");
     match current() {
         Ok(ctx) => to_result(ctx.synchronize()),
         Err(code) => code,
@@ -380,6 +393,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
 /// `cuCtxSetFlags`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
+    super::trace("cuCtxSetFlags");
     match current() {
         Ok(ctx) => {
             ctx.flags.store(flags, Ordering::SeqCst);
@@ -392,6 +406,7 @@ pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
 /// `cuCtxGetFlags`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    super::trace("cuCtxGetFlags");
     match current() {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(ctx) => unsafe { out(flags, ctx.flags.load(Ordering::SeqCst)) },
@@ -402,6 +417,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
 /// `cuCtxGetApiVersion`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) -> CUresult {
+    super::trace("cuCtxGetApiVersion");
     let found = if ctx.is_null() {
         current().map(|_| ())
     } else {
@@ -420,6 +436,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     leastPriority: *mut c_int,
     greatestPriority: *mut c_int,
 ) -> CUresult {
+    super::trace("cuCtxGetStreamPriorityRange");
     if let Err(code) = current() {
         return code;
     }
@@ -433,4 +450,69 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
         }
     }
     CUresult::CUDA_SUCCESS
+}
+
+/// Default values of the `CUlimit`s, by number (stack size, printf FIFO, malloc heap, runtime
+/// sync depth, pending launches, L2 fetch granularity, persisting L2).
+const LIMIT_DEFAULTS: [usize; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0];
+
+static LIMITS: Mutex<Option<HashMap<(i32, u32), usize>>> = Mutex::new(None);
+
+/// `cuCtxGetLimit`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_uint) -> CUresult {
+    super::trace("cuCtxGetLimit");
+    let ctx = match current() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Some(&default) = LIMIT_DEFAULTS.get(limit as usize) else {
+        return CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
+    };
+    let limits = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
+    let value = limits
+        .as_ref()
+        .and_then(|m| m.get(&(ctx.device, limit)).copied());
+    // SAFETY: the caller's out-pointer (checked for null).
+    unsafe { out(pvalue, value.unwrap_or(default)) }
+}
+
+/// `cuCtxSetLimit`: remembered and reported back (the emulator's kernels do not use them).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_uint, value: usize) -> CUresult {
+    super::trace("cuCtxSetLimit");
+    let ctx = match current() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if limit as usize >= LIMIT_DEFAULTS.len() {
+        return CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
+    }
+    let mut limits = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
+    limits
+        .get_or_insert_with(HashMap::new)
+        .insert((ctx.device, limit), value);
+    CUresult::CUDA_SUCCESS
+}
+
+/// `cuCtxGetCacheConfig`: `CU_FUNC_CACHE_PREFER_NONE`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCacheConfig(pconfig: *mut c_uint) -> CUresult {
+    super::trace("cuCtxGetCacheConfig");
+    match current() {
+        // SAFETY: the caller's out-pointer (checked for null).
+        Ok(_) => unsafe { out(pconfig, 0) },
+        Err(code) => code,
+    }
+}
+
+/// `cuCtxSetCacheConfig`: accepted (the emulator has no L1/shared split).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCacheConfig(config: c_uint) -> CUresult {
+    super::trace("cuCtxSetCacheConfig");
+    match current() {
+        Ok(_) if config <= 3 => CUresult::CUDA_SUCCESS,
+        Ok(_) => CUresult::CUDA_ERROR_INVALID_VALUE,
+        Err(code) => code,
+    }
 }

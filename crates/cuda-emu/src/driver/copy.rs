@@ -208,6 +208,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     srcHost: *const c_void,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyHtoD_v2");
     status(htod(
         "cuMemcpyHtoD_v2",
         dstDevice,
@@ -226,6 +227,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyHtoDAsync_v2");
     status(htod(
         "cuMemcpyHtoDAsync_v2",
         dstDevice,
@@ -243,6 +245,7 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(
     srcDevice: CUdeviceptr,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoH_v2");
     status(dtoh(
         "cuMemcpyDtoH_v2",
         dstHost as usize,
@@ -261,6 +264,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoHAsync_v2");
     status(dtoh(
         "cuMemcpyDtoHAsync_v2",
         dstHost as usize,
@@ -278,6 +282,7 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(
     srcDevice: CUdeviceptr,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoD_v2");
     status(dtod(
         "cuMemcpyDtoD_v2",
         dstDevice,
@@ -295,6 +300,7 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyDtoDAsync_v2");
     status(dtod(
         "cuMemcpyDtoDAsync_v2",
         dstDevice,
@@ -329,6 +335,7 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyPeerAsync");
     peer(
         "cuMemcpyPeerAsync",
         dstDevice,
@@ -349,6 +356,7 @@ pub unsafe extern "C" fn cuMemcpyPeer(
     srcContext: CUcontext,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpyPeer");
     peer(
         "cuMemcpyPeer",
         dstDevice,
@@ -388,6 +396,7 @@ pub unsafe extern "C" fn cuMemcpy(
     src: CUdeviceptr,
     ByteCount: usize,
 ) -> CUresult {
+    super::trace("cuMemcpy");
     status(unified("cuMemcpy", dst, src, ByteCount, NULL, true))
 }
 
@@ -399,6 +408,7 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     ByteCount: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemcpyAsync");
     status(unified(
         "cuMemcpyAsync",
         dst,
@@ -412,6 +422,7 @@ pub unsafe extern "C" fn cuMemcpyAsync(
 /// `cuMemsetD8_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: u8, N: usize) -> CUresult {
+    super::trace("cuMemsetD8_v2");
     status(fill("cuMemsetD8_v2", dstDevice, uc as u32, 1, N, NULL))
 }
 
@@ -423,12 +434,14 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     N: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemsetD8Async");
     status(fill("cuMemsetD8Async", dstDevice, uc as u32, 1, N, hStream))
 }
 
 /// `cuMemsetD16_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD16_v2(dstDevice: CUdeviceptr, us: u16, N: usize) -> CUresult {
+    super::trace("cuMemsetD16_v2");
     status(fill("cuMemsetD16_v2", dstDevice, us as u32, 2, N, NULL))
 }
 
@@ -440,6 +453,7 @@ pub unsafe extern "C" fn cuMemsetD16Async(
     N: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemsetD16Async");
     status(fill(
         "cuMemsetD16Async",
         dstDevice,
@@ -453,6 +467,7 @@ pub unsafe extern "C" fn cuMemsetD16Async(
 /// `cuMemsetD32_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: c_uint, N: usize) -> CUresult {
+    super::trace("cuMemsetD32_v2");
     status(fill("cuMemsetD32_v2", dstDevice, ui, 4, N, NULL))
 }
 
@@ -464,5 +479,6 @@ pub unsafe extern "C" fn cuMemsetD32Async(
     N: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemsetD32Async");
     status(fill("cuMemsetD32Async", dstDevice, ui, 4, N, hStream))
 }

@@ -107,6 +107,7 @@ pub(crate) fn attribute(attrib: u32) -> Option<i32> {
 /// `cuDeviceGetCount`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    super::trace("cuDeviceGetCount");
     match driver() {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(d) => unsafe { out(count, d.config.visible.len() as c_int) },
@@ -117,6 +118,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 /// `cuDeviceGet`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    super::trace("cuDeviceGet");
     match physical(ordinal) {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(_) => unsafe { out(device, ordinal) },
@@ -127,6 +129,7 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> C
 /// `cuDeviceGetName`: the name, truncated to `len - 1` bytes and NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    super::trace("cuDeviceGetName");
     if let Err(code) = physical(dev) {
         return code;
     }
@@ -157,6 +160,7 @@ unsafe fn write_uuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
 /// `cuDeviceGetUuid`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    super::trace("cuDeviceGetUuid");
     // SAFETY: forwarded out-pointer.
     unsafe { write_uuid(uuid, dev) }
 }
@@ -164,6 +168,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CU
 /// `cuDeviceGetUuid_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    super::trace("cuDeviceGetUuid_v2");
     // SAFETY: forwarded out-pointer.
     unsafe { write_uuid(uuid, dev) }
 }
@@ -171,6 +176,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) ->
 /// `cuDeviceTotalMem_v2`: the configured capacity.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    super::trace("cuDeviceTotalMem_v2");
     match physical(dev) {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(_) => unsafe { out(bytes, crate::space::capacity() as usize) },
@@ -185,6 +191,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: c_uint,
     dev: CUdevice,
 ) -> CUresult {
+    super::trace("cuDeviceGetAttribute");
     if let Err(code) = physical(dev) {
         return code;
     }
@@ -211,6 +218,7 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     minor: *mut c_int,
     dev: CUdevice,
 ) -> CUresult {
+    super::trace("cuDeviceComputeCapability");
     let cc = match (physical(dev), driver()) {
         (Ok(_), Ok(d)) => d.config.cc,
         (Err(code), _) | (_, Err(code)) => return code,
@@ -229,6 +237,7 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     dev: CUdevice,
     peerDev: CUdevice,
 ) -> CUresult {
+    super::trace("cuDeviceCanAccessPeer");
     if let Err(code) = physical(dev).and(physical(peerDev)) {
         return code;
     }
@@ -242,6 +251,7 @@ pub unsafe extern "C" fn cuCtxEnablePeerAccess(
     peerContext: cudarc::driver::sys::CUcontext,
     Flags: c_uint,
 ) -> CUresult {
+    super::trace("cuCtxEnablePeerAccess");
     if Flags != 0 {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }

@@ -92,6 +92,7 @@ fn text(raw: u32, want_name: bool) -> Option<*const c_char> {
 /// `cuGetErrorName`.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorName(error: u32, pStr: *mut *const c_char) -> CUresult {
+    super::trace("cuGetErrorName");
     // SAFETY: forwarded out-pointer.
     unsafe { write_text(error, pStr, true) }
 }
@@ -99,6 +100,7 @@ pub unsafe extern "C" fn cuGetErrorName(error: u32, pStr: *mut *const c_char) ->
 /// `cuGetErrorString`.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(error: u32, pStr: *mut *const c_char) -> CUresult {
+    super::trace("cuGetErrorString");
     // SAFETY: forwarded out-pointer.
     unsafe { write_text(error, pStr, false) }
 }

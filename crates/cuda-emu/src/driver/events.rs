@@ -100,6 +100,7 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult 
 /// `cuStreamCreate` (flags: 0, or `CU_STREAM_NON_BLOCKING`).
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(phStream: *mut CUstream, Flags: c_uint) -> CUresult {
+    super::trace("cuStreamCreate");
     create_stream(phStream, Flags, 0)
 }
 
@@ -110,12 +111,14 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     flags: c_uint,
     priority: c_int,
 ) -> CUresult {
+    super::trace("cuStreamCreateWithPriority");
     create_stream(phStream, flags, priority)
 }
 
 /// `cuStreamDestroy_v2`: returns at once; queued work still runs.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
+    super::trace("cuStreamDestroy_v2");
     if (hStream as usize) <= 2 {
         return CUresult::CUDA_ERROR_INVALID_HANDLE;
     }
@@ -137,12 +140,14 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
 /// `cuStreamSynchronize`.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
+    super::trace("cuStreamSynchronize");
     status(resolve_stream(hStream).and_then(|s| s.synchronize()))
 }
 
 /// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is queued or running.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(hStream: CUstream) -> CUresult {
+    super::trace("cuStreamQuery");
     match resolve_stream(hStream) {
         Ok(s) => match s.ctx.sticky() {
             Some(code) => code,
@@ -160,6 +165,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(
     hEvent: CUevent,
     Flags: c_uint,
 ) -> CUresult {
+    super::trace("cuStreamWaitEvent");
     let (stream, event) = match (resolve_stream(hStream), resolve_event(hEvent)) {
         (Ok(s), Ok(e)) => (s, e),
         (Err(code), _) | (_, Err(code)) => return code,
@@ -179,6 +185,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(
 /// `cuStreamGetPriority`.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetPriority(hStream: CUstream, priority: *mut c_int) -> CUresult {
+    super::trace("cuStreamGetPriority");
     match resolve_stream(hStream) {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(s) => unsafe { out(priority, s.priority) },
@@ -189,6 +196,7 @@ pub unsafe extern "C" fn cuStreamGetPriority(hStream: CUstream, priority: *mut c
 /// `cuStreamGetFlags`.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetFlags(hStream: CUstream, flags: *mut c_uint) -> CUresult {
+    super::trace("cuStreamGetFlags");
     match resolve_stream(hStream) {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(s) => unsafe { out(flags, s.flags) },
@@ -199,6 +207,7 @@ pub unsafe extern "C" fn cuStreamGetFlags(hStream: CUstream, flags: *mut c_uint)
 /// `cuStreamGetCtx`.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext) -> CUresult {
+    super::trace("cuStreamGetCtx");
     match resolve_stream(hStream) {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(s) => unsafe { out(pctx, s.ctx.handle()) },
@@ -212,6 +221,7 @@ pub unsafe extern "C" fn cuStreamIsCapturing(
     hStream: CUstream,
     captureStatus: *mut c_uint,
 ) -> CUresult {
+    super::trace("cuStreamIsCapturing");
     match resolve_stream(hStream) {
         // SAFETY: the caller's out-pointer (checked for null); 0 is CU_STREAM_CAPTURE_STATUS_NONE.
         Ok(_) => unsafe { out(captureStatus, 0) },
@@ -226,6 +236,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
     fn_: CUhostFn,
     userData: *mut c_void,
 ) -> CUresult {
+    super::trace("cuLaunchHostFunc");
     let Some(func) = fn_ else {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     };
@@ -242,6 +253,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 /// `CU_EVENT_INTERPROCESS`).
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> CUresult {
+    super::trace("cuEventCreate");
     let ctx = match current() {
         Ok(c) => c,
         Err(code) => return code,
@@ -271,6 +283,7 @@ pub unsafe extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> 
 /// `cuEventRecord`: the event completes when the stream reaches this point.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventRecord(hEvent: CUevent, hStream: CUstream) -> CUresult {
+    super::trace("cuEventRecord");
     let (event, stream) = match (resolve_event(hEvent), resolve_stream(hStream)) {
         (Ok(e), Ok(s)) => (e, s),
         (Err(code), _) | (_, Err(code)) => return code,
@@ -303,6 +316,7 @@ pub unsafe extern "C" fn cuEventRecord(hEvent: CUevent, hStream: CUstream) -> CU
 /// `cuEventQuery`.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
+    super::trace("cuEventQuery");
     match resolve_event(hEvent) {
         Ok(e) => match e.ctx.sticky() {
             Some(code) => code,
@@ -316,6 +330,7 @@ pub unsafe extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
 /// `cuEventSynchronize`.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
+    super::trace("cuEventSynchronize");
     let event = match resolve_event(hEvent) {
         Ok(e) => e,
         Err(code) => return code,
@@ -365,6 +380,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     hStart: CUevent,
     hEnd: CUevent,
 ) -> CUresult {
+    super::trace("cuEventElapsedTime");
     // SAFETY: forwarded out-pointer.
     unsafe { elapsed(pMilliseconds, hStart, hEnd) }
 }
@@ -376,6 +392,7 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     hStart: CUevent,
     hEnd: CUevent,
 ) -> CUresult {
+    super::trace("cuEventElapsedTime_v2");
     // SAFETY: forwarded out-pointer.
     unsafe { elapsed(pMilliseconds, hStart, hEnd) }
 }
@@ -383,6 +400,7 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 /// `cuEventDestroy_v2`: pending records still complete.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventDestroy_v2(hEvent: CUevent) -> CUresult {
+    super::trace("cuEventDestroy_v2");
     let removed = EVENTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())

@@ -52,6 +52,7 @@ fn allocate(call: &str, device: i32, size: usize) -> Result<u64, CUresult> {
 /// `cuMemAlloc_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    super::trace("cuMemAlloc_v2");
     let ctx = match current() {
         Ok(c) => c,
         Err(code) => return code,
@@ -78,6 +79,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytesize: usize,
     hStream: CUstream,
 ) -> CUresult {
+    super::trace("cuMemAllocAsync");
     let s = match copy_stream(hStream) {
         Ok(s) => s,
         Err(code) => return code,
@@ -109,6 +111,7 @@ fn free_now(call: &str, ptr: u64) -> Result<(), CUresult> {
 /// `cuMemFree_v2`: frees at once (queued work still using the memory will fault).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    super::trace("cuMemFree_v2");
     if let Err(code) = current() {
         return code;
     }
@@ -130,6 +133,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 /// `cuMemFreeAsync`: the memory is freed when the stream reaches this point.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    super::trace("cuMemFreeAsync");
     let s = match copy_stream(hStream) {
         Ok(s) => s,
         Err(code) => return code,
@@ -159,6 +163,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
 /// `cuMemGetInfo_v2`: the current device's free and total bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    super::trace("cuMemGetInfo_v2");
     let ctx = match current() {
         Ok(c) => c,
         Err(code) => return code,
@@ -179,6 +184,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     bytesize: usize,
     Flags: c_uint,
 ) -> CUresult {
+    super::trace("cuMemHostAlloc");
     if let Err(code) = current() {
         return code;
     }
@@ -215,6 +221,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 /// `cuMemAllocHost_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
+    super::trace("cuMemAllocHost_v2");
     // SAFETY: forwarded out-pointer.
     unsafe { cuMemHostAlloc(pp, bytesize, 0) }
 }
@@ -222,6 +229,7 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize
 /// `cuMemFreeHost`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    super::trace("cuMemFreeHost");
     let removed = PINNED
         .write()
         .unwrap_or_else(|e| e.into_inner())
@@ -258,6 +266,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
     bytesize: usize,
     Flags: c_uint,
 ) -> CUresult {
+    super::trace("cuMemHostRegister_v2");
     if let Err(code) = current() {
         return code;
     }
@@ -282,6 +291,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
 /// `cuMemHostUnregister`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    super::trace("cuMemHostUnregister");
     let mut pinned = PINNED.write().unwrap_or_else(|e| e.into_inner());
     match pinned.get(&(p as usize)) {
         Some(&(_, false)) => {

@@ -1,5 +1,6 @@
 //! The CUDA driver API: initialisation and devices ([`device`]), primary contexts
-//! ([`context`]), streams and events ([`events`], [`stream`]), memory and copies ([`memory`]),
+//! ([`context`]), streams and events ([`events`], [`stream`]), memory ([`memory`]), copies and
+//! fills ([`copy`]),
 //! modules and launches ([`launch`]), virtual memory management ([`vmm`]).
 //!
 //! Invariants: every entry point that needs a context checks, in this order, that `cuInit`
@@ -24,7 +25,9 @@ pub use self::copy::*;
 pub use self::device::*;
 pub use self::errors::*;
 pub use self::events::*;
+pub use self::launch::*;
 pub use self::memory::*;
+pub use self::vmm::*;
 
 use cudarc::driver::sys::{CUresult, CUstream};
 

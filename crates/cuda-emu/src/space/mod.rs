@@ -20,12 +20,10 @@ mod span;
 
 use std::fmt;
 
-#[allow(unused_imports)] // used by the driver's VMM calls
 pub(crate) use registry::{publish_mapping, withdraw_mapping};
-#[allow(unused_imports)] // used by the driver's VMM calls
 pub(crate) use span::{
-    alloc, allocation_device, capacity, charge, discard, free, init, page_size, reserve, uncharge,
-    unreserve, used, SpaceError, SPAN_BASE, SPAN_BYTES,
+    alloc, allocation_device, capacity, charge, discard, free, init, reserve, uncharge, unreserve,
+    used, SpaceError, SPAN_BYTES,
 };
 
 /// Why a device range cannot be touched: names the address and what it hit.

@@ -54,14 +54,12 @@ pub(super) fn remove_alloc(start: u64) -> bool {
 }
 
 /// Records the accessible VMM mapping `[start, start + len)` of `device`'s physical memory.
-#[allow(dead_code)] // until the VMM calls land
 pub(crate) fn publish_mapping(start: u64, len: u64, device: i32) {
     let kind = Kind::Mapped;
     write().insert(start, Live { len, device, kind });
 }
 
 /// Forgets every VMM mapping that starts inside `[start, start + len)`.
-#[allow(dead_code)] // until the VMM calls land
 pub(crate) fn withdraw_mapping(start: u64, len: u64) {
     let mut live = write();
     let keys: Vec<u64> = live

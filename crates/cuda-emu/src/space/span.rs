@@ -1,5 +1,7 @@
-//! Per-device reserved spans, the first-fit placement of allocations inside them, and each
-//! device's capacity accounting.
+//! Per-device reserved spans, the placement of allocations inside them (next fit: the first
+//! free range at or after where the last placement ended, wrapping around, so a freed address is
+//! reused only after the whole span has been cycled through and a stale pointer keeps
+//! faulting), and each device's capacity accounting.
 //!
 //! Invariants: a span's free list holds page-aligned, non-overlapping, coalesced extents of
 //! addresses no allocation or reservation uses; every placed region ends with one guard page that
@@ -46,7 +48,7 @@ struct Region {
 }
 
 struct DeviceSpan {
-    free: Mutex<BTreeMap<u64, u64>>,
+    free: Mutex<FreeList>,
     used: AtomicU64,
 }
 
@@ -119,10 +121,8 @@ pub(crate) fn init(devices: usize, capacity: u64) -> Result<(), String> {
                 "cannot reserve device {d}'s address span at 0x{base:x}: {err}"
             ));
         }
-        let mut free = BTreeMap::new();
-        free.insert(base, SPAN_BYTES);
         spans.push(DeviceSpan {
-            free: Mutex::new(free),
+            free: Mutex::new(FreeList::new(base, SPAN_BYTES)),
             used: AtomicU64::new(0),
         });
     }
@@ -186,35 +186,67 @@ pub(crate) fn uncharge(device: usize, bytes: u64) {
     }
 }
 
-/// First fit: removes `len` bytes aligned to `align` from the free list.
-fn take(free: &mut BTreeMap<u64, u64>, len: u64, align: u64) -> Option<u64> {
-    let (s, l, a) = free.iter().find_map(|(&s, &l)| {
-        let a = round_up(s, align);
-        (a.checked_add(len)? <= s + l).then_some((s, l, a))
-    })?;
-    free.remove(&s);
-    if a > s {
-        free.insert(s, a - s);
-    }
-    if a + len < s + l {
-        free.insert(a + len, s + l - a - len);
-    }
-    Some(a)
+/// A span's unused addresses: page-aligned, coalesced extents, and where the last placement
+/// ended.
+struct FreeList {
+    extents: BTreeMap<u64, u64>,
+    cursor: u64,
 }
 
-/// Returns `[start, start + len)` to the free list, merging with its neighbours.
-fn give(free: &mut BTreeMap<u64, u64>, mut start: u64, mut len: u64) {
-    if let Some((&ps, &pl)) = free.range(..start).next_back() {
-        if ps + pl == start {
-            free.remove(&ps);
-            start = ps;
-            len += pl;
+impl FreeList {
+    fn new(start: u64, len: u64) -> Self {
+        let mut extents = BTreeMap::new();
+        extents.insert(start, len);
+        FreeList {
+            extents,
+            cursor: start,
         }
     }
-    if let Some(nl) = free.remove(&(start + len)) {
-        len += nl;
+
+    /// Next fit: the first extent at or after the cursor with room for `len` bytes aligned to
+    /// `align`, wrapping around to the span's start; removes and returns that range.
+    fn take(&mut self, len: u64, align: u64) -> Option<u64> {
+        let fits = |s: u64, l: u64, from: u64| {
+            let a = round_up(s.max(from), align);
+            (a.checked_add(len)? <= s + l).then_some((s, l, a))
+        };
+        let c = self.cursor;
+        let (s, l, a) = self
+            .extents
+            .range(..=c)
+            .next_back()
+            .and_then(|(&s, &l)| fits(s, l, c))
+            .or_else(|| {
+                self.extents
+                    .range(c + 1..)
+                    .find_map(|(&s, &l)| fits(s, l, 0))
+            })
+            .or_else(|| self.extents.range(..=c).find_map(|(&s, &l)| fits(s, l, 0)))?;
+        self.extents.remove(&s);
+        if a > s {
+            self.extents.insert(s, a - s);
+        }
+        if a + len < s + l {
+            self.extents.insert(a + len, s + l - a - len);
+        }
+        self.cursor = a + len;
+        Some(a)
     }
-    free.insert(start, len);
+
+    /// Returns `[start, start + len)`, merging it with its neighbours.
+    fn give(&mut self, mut start: u64, mut len: u64) {
+        if let Some((&ps, &pl)) = self.extents.range(..start).next_back() {
+            if ps + pl == start {
+                self.extents.remove(&ps);
+                start = ps;
+                len += pl;
+            }
+        }
+        if let Some(nl) = self.extents.remove(&(start + len)) {
+            len += nl;
+        }
+        self.extents.insert(start, len);
+    }
 }
 
 fn protect(start: u64, len: u64, prot: libc::c_int) -> std::io::Result<()> {
@@ -260,11 +292,11 @@ pub(crate) fn alloc(device: usize, size: u64) -> Result<u64, SpaceError> {
     charge(device, rounded)?;
     let body = round_up(rounded, space.page);
     let region_len = body + space.page;
-    let placed = take(
-        &mut dev.free.lock().unwrap_or_else(|e| e.into_inner()),
-        region_len,
-        space.page,
-    );
+    let placed = dev
+        .free
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take(region_len, space.page);
     let Some(region) = placed else {
         uncharge(device, rounded);
         return Err(SpaceError::AddressSpace(format!(
@@ -272,11 +304,10 @@ pub(crate) fn alloc(device: usize, size: u64) -> Result<u64, SpaceError> {
         )));
     };
     if let Err(e) = protect(region, body, libc::PROT_READ | libc::PROT_WRITE) {
-        give(
-            &mut dev.free.lock().unwrap_or_else(|e| e.into_inner()),
-            region,
-            region_len,
-        );
+        dev.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .give(region, region_len);
         uncharge(device, rounded);
         return Err(SpaceError::AddressSpace(format!(
             "mprotect of {body} bytes at 0x{region:x} failed: {e}"
@@ -322,18 +353,16 @@ pub(crate) fn free(ptr: u64) -> Result<usize, SpaceError> {
         crate::driver::log(&format!("cannot discard freed memory at 0x{ptr:x}: {e}"));
     }
     let dev = &space.devices[region.device];
-    give(
-        &mut dev.free.lock().unwrap_or_else(|e| e.into_inner()),
-        region.start,
-        region.len,
-    );
+    dev.free
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .give(region.start, region.len);
     uncharge(region.device, region.charged);
     Ok(region.device)
 }
 
 /// Reserves `size` bytes of `device`'s span aligned to `align` (a power of two) for VMM
 /// mappings; the reservation is followed by a guard page and stays inaccessible until mapped.
-#[allow(dead_code)] // until the VMM calls land
 pub(crate) fn reserve(device: usize, size: u64, align: u64) -> Result<u64, SpaceError> {
     let space = space()?;
     let dev = space
@@ -341,25 +370,23 @@ pub(crate) fn reserve(device: usize, size: u64, align: u64) -> Result<u64, Space
         .get(device)
         .ok_or(SpaceError::NotInitialised)?;
     let align = align.max(space.page);
-    take(
-        &mut dev.free.lock().unwrap_or_else(|e| e.into_inner()),
-        size + space.page,
-        align,
-    )
-    .ok_or_else(|| {
-        SpaceError::AddressSpace(format!(
+    dev.free
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take(size + space.page, align)
+        .ok_or_else(|| {
+            SpaceError::AddressSpace(format!(
             "device {device}'s address span has no free extent of {size} bytes aligned to {align}"
         ))
-    })
+        })
 }
 
 /// Returns a reservation made by [`reserve`] (nothing may be mapped in it).
-#[allow(dead_code)] // until the VMM calls land
 pub(crate) fn unreserve(device: usize, start: u64, size: u64) {
     if let Ok(space) = space() {
         if let Some(dev) = space.devices.get(device) {
             let mut free = dev.free.lock().unwrap_or_else(|e| e.into_inner());
-            give(&mut free, start, size + space.page);
+            free.give(start, size + space.page);
         }
     }
 }
@@ -369,17 +396,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn first_fit_splits_and_coalesces() {
-        let mut free = BTreeMap::new();
-        free.insert(0x1000, 0x10000);
-        assert_eq!(take(&mut free, 0x2000, 0x1000), Some(0x1000));
-        assert_eq!(take(&mut free, 0x1000, 0x4000), Some(0x4000));
-        assert_eq!(free.get(&0x3000), Some(&0x1000));
-        give(&mut free, 0x1000, 0x2000);
-        give(&mut free, 0x4000, 0x1000);
+    fn next_fit_splits_coalesces_and_moves_on() {
+        let mut free = FreeList::new(0x1000, 0x10000);
+        assert_eq!(free.take(0x2000, 0x1000), Some(0x1000));
+        assert_eq!(free.take(0x1000, 0x4000), Some(0x4000));
+        assert_eq!(free.extents.get(&0x3000), Some(&0x1000));
+        free.give(0x1000, 0x2000);
         assert_eq!(
-            free.into_iter().collect::<Vec<_>>(),
+            free.take(0x1000, 0x1000),
+            Some(0x5000),
+            "freed addresses wait their turn"
+        );
+        free.give(0x4000, 0x1000);
+        free.give(0x5000, 0x1000);
+        assert_eq!(
+            free.extents.clone().into_iter().collect::<Vec<_>>(),
             vec![(0x1000, 0x10000)]
         );
+        assert_eq!(free.take(0xc000, 0x1000), Some(0x1000), "wraps around");
     }
 }
