@@ -49,9 +49,7 @@ fn function_entry(handle: CUfunction) -> Result<Arc<Entry>, CUresult> {
 
 /// The most threads per block the kernel's launch bounds allow.
 fn kernel_thread_limit(function: &Function) -> u32 {
-    // The kernel runtime also enforces `__launch_bounds__` when the grid runs.
-    let _ = function;
-    MAX_THREADS_PER_BLOCK
+    function.max_threads_per_block()
 }
 
 unsafe fn load(call: &str, module: *mut CUmodule, image: *const c_void) -> CUresult {
