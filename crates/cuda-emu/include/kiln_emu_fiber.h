@@ -11,7 +11,10 @@
 //   signal handler, into a siglongjmp to the sigsetjmp taken before the block started, here in
 //   C++; the abandoned fibers' stacks are plain memory, reused by the next block.
 // - The C structs below match src/kernel/abi.rs field for field (KILN_EMU_ABI guards both).
-#ifndef KILN_EMU_FIBER_H
+#ifndef KILN_EMU_RUNTIME_H
+// Alone: the runtime header, which includes this one after what it needs.
+#include "kiln_emu_runtime.h"
+#elif !defined(KILN_EMU_FIBER_H)
 #define KILN_EMU_FIBER_H
 
 #include <dlfcn.h>
@@ -386,7 +389,8 @@ inline bool release_or_fail(block_state *b) {
             if (b->fibers[base + __builtin_ctz(m)].state != AT_WARP) other = &b->fibers[base + __builtin_ctz(m)];
         describe_wait(a, sizeof a, at_warp);
         describe_wait(c, sizeof c, other);
-        snprintf(b->message, sizeof b->message, "deadlock: %s, but %s", a, c);
+        snprintf(b->message, sizeof b->message, "deadlock: %s, but lane %u of its mask: %s", a,
+                 other->linear & 31, c);
         b->failed = 1;
         return false;
     }
@@ -565,7 +569,7 @@ extern "C" __attribute__((visibility("default"))) int kiln_emu_run_blocks(kiln_e
             snprintf(l->message + n, sizeof l->message - n, ": %s at address 0x%llx%s",
                      signal_name(l->slot->signo), addr,
                      overflow ? " (the thread overflowed its stack)" : "");
-            l->code = KILN_EMU_FAULT;
+            l->code = l->slot->signo == SIGSEGV || l->slot->signo == SIGBUS ? KILN_EMU_FAULT : KILN_EMU_FAILED;
             __atomic_store_n(l->abort_flag, 1, __ATOMIC_RELAXED);
             break;
         }
