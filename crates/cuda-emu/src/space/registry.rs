@@ -80,6 +80,13 @@ pub(super) fn device_at(ptr: u64) -> Option<i32> {
     (ptr < start + l.len).then_some(l.device)
 }
 
+/// The live range holding `ptr`: its start, length and device (one mapping for VMM memory).
+pub(crate) fn range_of(ptr: u64) -> Option<(u64, u64, i32)> {
+    let live = read();
+    let (&start, l) = live.range(..=ptr).next_back()?;
+    (ptr < start + l.len).then_some((start, l.len, l.device))
+}
+
 /// Ok when `[ptr, ptr + len)` is inside one live range (see [`super::check_device_range`]).
 pub(super) fn check(ptr: u64, len: u64) -> Result<(), String> {
     check_in(&read(), ptr, len)
