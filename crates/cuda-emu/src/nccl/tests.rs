@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::clique::{new_id_name, CommError};
-use super::collective::{Collective, Kind};
+use super::collective::{unguarded, Collective, Kind};
 use super::comm::Comm;
 use super::p2p::P2pOp;
 use super::reduce::{DType, RedOp};
@@ -427,7 +427,8 @@ fn run_p2p_cases(comm: &Comm) {
             op(false, rank, own2.as_mut_ptr() as u64),
         ];
         // SAFETY: every buffer holds `count` elements.
-        unsafe { comm.execute_p2p(&ops) }.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        unsafe { comm.execute_p2p(&ops, &unguarded) }
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         assert_eq!(
             recv,
             fill(dtype, (rank + n - 1) % n, count),
@@ -464,7 +465,7 @@ fn a_receive_that_expects_another_size_is_invalid_usage() {
             }
         };
         // SAFETY: `buf` holds 6 elements.
-        let r = unsafe { comm.execute_p2p(&[op]) };
+        let r = unsafe { comm.execute_p2p(&[op], &unguarded) };
         if comm.rank == 1 {
             assert!(
                 matches!(r, Err(CommError::InvalidUsage(ref m)) if m.contains("sent 20 bytes")),
