@@ -30,6 +30,10 @@ pub const EMULATOR_HEADERS: &[(&str, &str)] = &[
         include_str!("../../include/kiln_emu_fiber.h"),
     ),
     (
+        "kiln_emu_warp.h",
+        include_str!("../../include/kiln_emu_warp.h"),
+    ),
+    (
         "kiln_emu_builtins.h",
         include_str!("../../include/kiln_emu_builtins.h"),
     ),
