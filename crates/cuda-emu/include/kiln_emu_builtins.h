@@ -13,7 +13,8 @@
 //   code follows g++'s flags. The emulator compiles with -ffp-contract=off: results are exact
 //   IEEE operation by operation and the same on every host, where a GPU (NVRTC's --fmad=true
 //   default) may fuse a*b+c into one FMA and so differ in the last bit. Kernels that must match
-//   bit for bit use the `_rn` intrinsics (kiln's do), which agree with the GPU exactly.
+//   bit for bit use the `_rn` intrinsics (kiln's do), which agree with the GPU exactly. The
+//   `_rz` / `_rd` / `_ru` ones are the same single operation under that rounding mode.
 // - Conversions between formats (float, double, integers, and __half / __nv_bfloat16 in
 //   cuda_fp16.h / cuda_bf16.h) are exact integer code (`kiln_emu::round_bits`), bit-identical to
 //   the GPU's: the named rounding mode, overflow to inf (or the largest finite value when the
@@ -31,6 +32,7 @@
 #ifndef KILN_EMU_BUILTINS_H
 #define KILN_EMU_BUILTINS_H
 
+#include <cfenv>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -253,6 +255,46 @@ __device__ __forceinline__ double __fma_rn(double a, double b, double c) {
 __device__ __forceinline__ float __frsqrt_rn(float x) {
     return (float)(1.0 / std::sqrt((double)x));
 }
+
+// ---- Directed rounding (_rz, _rd, _ru): one IEEE operation under the host's rounding mode ----
+// set for it alone; operands and result cross volatile asm with a memory clobber, so g++ can
+// neither fold the operation nor move it out of the fesetround window.
+#define KILN_EMU_PIN(v) __asm__ volatile("" : "+m"(v) : : "memory")
+#define KILN_EMU_PIN_AB KILN_EMU_PIN(a); KILN_EMU_PIN(b)
+#define KILN_EMU_PIN_ABC KILN_EMU_PIN_AB; KILN_EMU_PIN(c)
+#define KILN_EMU_DIRECTED_OP(NAME, T, FE, PARAMS, PINS, EXPR)                                 \
+    __device__ __forceinline__ T NAME PARAMS {                                                \
+        const int saved = std::fegetround();                                                  \
+        std::fesetround(FE);                                                                  \
+        PINS;                                                                                 \
+        T r = EXPR;                                                                           \
+        KILN_EMU_PIN(r);                                                                      \
+        std::fesetround(saved);                                                               \
+        return r;                                                                             \
+    }
+#define KILN_EMU_DIRECTED_TYPE(P, T, SQRT, SUF, FE)                                           \
+    KILN_EMU_DIRECTED_OP(P##add_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a + b) \
+    KILN_EMU_DIRECTED_OP(P##sub_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a - b) \
+    KILN_EMU_DIRECTED_OP(P##mul_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a * b) \
+    KILN_EMU_DIRECTED_OP(P##div_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a / b) \
+    KILN_EMU_DIRECTED_OP(P##rcp_##SUF, T, FE, (T a), KILN_EMU_PIN(a), T(1) / a)              \
+    KILN_EMU_DIRECTED_OP(SQRT##_##SUF, T, FE, (T a), KILN_EMU_PIN(a), std::sqrt(a))
+#define KILN_EMU_DIRECTED(SUF, FE)                                                            \
+    KILN_EMU_DIRECTED_TYPE(__f, float, __fsqrt, SUF, FE)                                      \
+    KILN_EMU_DIRECTED_TYPE(__d, double, __dsqrt, SUF, FE)                                     \
+    KILN_EMU_DIRECTED_OP(__fmaf_##SUF, float, FE, (float a, float b, float c),                \
+                         KILN_EMU_PIN_ABC, std::fma(a, b, c)) \
+    KILN_EMU_DIRECTED_OP(__fma_##SUF, double, FE, (double a, double b, double c),             \
+                         KILN_EMU_PIN_ABC, std::fma(a, b, c))
+KILN_EMU_DIRECTED(rz, FE_TOWARDZERO)
+KILN_EMU_DIRECTED(rd, FE_DOWNWARD)
+KILN_EMU_DIRECTED(ru, FE_UPWARD)
+#undef KILN_EMU_DIRECTED
+#undef KILN_EMU_DIRECTED_TYPE
+#undef KILN_EMU_DIRECTED_OP
+#undef KILN_EMU_PIN_ABC
+#undef KILN_EMU_PIN_AB
+#undef KILN_EMU_PIN
 
 // ---- Fast single-precision intrinsics: the accurate functions here ----
 // glibc declares its own __expf etc. (C linkage), so CUDA's names are macros for these.

@@ -6,9 +6,9 @@
 //!   compute-type combination cuBLAS rejects (or the emulator does not model) is `NOT_SUPPORTED`.
 //! - Every matrix's byte range (all batch matrices) must lie in one live allocation on the
 //!   stream's device (stricter than cuBLAS, which would fault later): otherwise
-//!   `INVALID_VALUE`, with a log line naming the call and the argument. The ranges are checked
-//!   again when the work runs; a range freed meanwhile fails the stream with
-//!   `CUDA_ERROR_ILLEGAL_ADDRESS`.
+//!   `INVALID_VALUE`, with a log line naming the call and the argument. When the work runs, the
+//!   ranges are held live for its duration (`space::with_live`: a concurrent `cuMemFree`
+//!   waits); a range freed before it ran fails the stream with `CUDA_ERROR_ILLEGAL_ADDRESS`.
 //! - Host-mode alpha/beta are read at the call; device-mode ones when the work runs, as on a GPU.
 //!   Pointer arrays (the `Batched` forms) must be device memory at the call and are read when
 //!   the work runs; each matrix they name is checked then (a bad one fails the stream with
@@ -79,6 +79,30 @@ fn one_batch_spans(plan: &GemmPlan, call: &str) -> Result<[Span; 3], cublasStatu
         span(&plan.b, br, bc)?,
         span(&plan.c, m, n)?,
     ])
+}
+
+/// The (A, B, C) matrix addresses of every batch entry of `plan`'s pointer arrays (A and B 0
+/// when k is 0: their arrays are not read).
+///
+/// # Safety
+/// The arrays at `plan.a/b/c.addr` hold `plan.batch` readable pointers (A's and B's only when
+/// k > 0).
+unsafe fn read_pointer_arrays(plan: &GemmPlan) -> Vec<[u64; 3]> {
+    let arrays = [plan.a.addr, plan.b.addr, plan.c.addr];
+    (0..plan.batch)
+        .map(|index| {
+            std::array::from_fn(|which| {
+                let used = which == 2 || plan.k > 0;
+                let at = (arrays[which] + index as u64 * 8) as *const u64;
+                // SAFETY: forwarded from the caller.
+                if used {
+                    unsafe { at.read_unaligned() }
+                } else {
+                    0
+                }
+            })
+        })
+        .collect()
 }
 
 /// Validates, checks memory and queues one GEMM call on the handle's stream.
@@ -167,72 +191,66 @@ pub unsafe fn gemm(handle: cublasHandle_t, args: &GemmArgs, batching: Batching) 
         }
     }
     let work = move || {
-        if let Err(status) = check_memory(call, &spans, device) {
-            let _ = status;
-            driver::log(&format!(
-                "{call}: a matrix was freed before the GEMM ran (CUDA_ERROR_ILLEGAL_ADDRESS)"
-            ));
-            return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
-        }
-        if device_scalars {
-            for ptr in [alpha, beta] {
-                if space::check_device_range(ptr, scale.size()).is_err() {
-                    driver::log(&format!("{call}: alpha/beta were freed before the GEMM ran (CUDA_ERROR_ILLEGAL_ADDRESS)"));
-                    return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        let freed = |what: String| {
+            driver::log(&format!("{call}: {what} (CUDA_ERROR_ILLEGAL_ADDRESS)"));
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+        };
+        let scalars = if device_scalars {
+            vec![(alpha, scale.size()), (beta, scale.size())]
+        } else {
+            Vec::new()
+        };
+        // Matrices (or pointer arrays) and device scalars stay live while the work reads them
+        // (a concurrent cuMemFree waits); one freed before the work ran is a fault.
+        let mut ranges: Vec<(u64, u64)> = spans
+            .iter()
+            .filter(|s| s.len > 0)
+            .map(|s| (s.start, s.len))
+            .collect();
+        ranges.extend(&scalars);
+        let pointers = space::with_live(&ranges, || {
+            if device_scalars {
+                // SAFETY: both scalars are live device memory for this closure.
+                unsafe {
+                    plan.alpha = scale.read(alpha);
+                    plan.beta = scale.read(beta);
                 }
             }
-            // SAFETY: both scalars were just checked to be live device memory.
-            unsafe {
-                plan.alpha = scale.read(alpha);
-                plan.beta = scale.read(beta);
+            if arrays {
+                // SAFETY: the arrays are live and hold `batch` pointers each (A's and B's only
+                // when k > 0; otherwise their pointers are never used).
+                unsafe { read_pointer_arrays(&plan) }
+            } else {
+                // SAFETY: every matrix range is live device memory for this closure, which
+                // the emulator maps readable and writable in this process.
+                unsafe { math::run(&plan) };
+                Vec::new()
             }
-        }
-        if !arrays {
-            // SAFETY: every matrix range was just checked to be live device memory, which the
-            // emulator maps readable and writable in this process.
-            unsafe { math::run(&plan) };
-            return Ok(());
-        }
-        let arrays = [plan.a.addr, plan.b.addr, plan.c.addr];
-        for index in 0..plan.batch {
+        })
+        .map_err(|e| freed(format!("memory was freed before the GEMM ran: {e}")))?;
+        for (index, [a, b, c]) in pointers.into_iter().enumerate() {
             let mut one = plan;
-            one.batch = 1;
-            for (which, (matrix, array)) in [&mut one.a, &mut one.b, &mut one.c]
-                .into_iter()
-                .zip(arrays)
-                .enumerate()
-            {
-                // A and B are not read when k is 0 (their arrays were not checked either).
-                let used = which == 2 || plan.k > 0;
-                // SAFETY: a used array was just checked to hold `batch` pointers.
-                let at = (array + index as u64 * 8) as *const u64;
-                matrix.addr = if used {
-                    unsafe { at.read_unaligned() }
-                } else {
-                    0
-                };
-            }
-            let fault = |what: String| {
-                driver::log(&format!(
-                    "{call}: batch matrix {index}: {what} (CUDA_ERROR_ILLEGAL_ADDRESS)"
-                ));
-                Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)
-            };
-            let Ok(mut one_spans) = one_batch_spans(&one, call) else {
-                return fault("runs past the address space".into());
-            };
+            (one.batch, one.a.addr, one.b.addr, one.c.addr) = (1, a, b, c);
+            let fault = |what: &str| freed(format!("batch matrix {index}: {what}"));
+            let mut one_spans =
+                one_batch_spans(&one, call).map_err(|_| fault("runs past the address space"))?;
             if one.k == 0 {
                 one_spans[0].len = 0;
                 one_spans[1].len = 0;
             }
             if check_memory(call, &one_spans, device).is_err() {
-                return fault(
-                    "a pointer in the array is not live device memory of the stream's device"
-                        .into(),
-                );
+                return Err(fault(
+                    "a pointer in the array is not live device memory of the stream's device",
+                ));
             }
-            // SAFETY: this batch matrix's ranges were just checked to be live device memory.
-            unsafe { math::run(&one) };
+            let ranges: Vec<(u64, u64)> = one_spans
+                .iter()
+                .filter(|s| s.len > 0)
+                .map(|s| (s.start, s.len))
+                .collect();
+            // SAFETY: this batch matrix's ranges are live device memory for the closure.
+            space::with_live(&ranges, || unsafe { math::run(&one) })
+                .map_err(|e| fault(&format!("freed while the GEMM ran: {e}")))?;
         }
         Ok(())
     };

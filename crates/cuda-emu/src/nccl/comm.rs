@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::CUstream;
 
 use super::clique::{Clique, CommError};
-use super::collective::{self, Collective};
+use super::collective::{self, Access, Collective};
 use super::p2p::{self, P2pOp};
 use crate::driver::StreamWork;
 
@@ -140,12 +140,12 @@ impl Comm {
         &self,
         seq: u64,
         c: &Collective,
-        send: u64,
-        recv: u64,
+        buffers: (u64, u64),
+        access: Access<'_>,
     ) -> Result<(), CommError> {
         self.usable()?;
         // SAFETY: forwarded from the caller.
-        let result = unsafe { collective::run(&self.clique, self.rank, seq, c, send, recv) };
+        let result = unsafe { collective::run(&self.clique, self.rank, seq, c, buffers, access) };
         result.inspect_err(|e| self.record_failure(e))
     }
 
@@ -153,10 +153,10 @@ impl Comm {
     ///
     /// # Safety
     /// As [`p2p::run`].
-    pub unsafe fn execute_p2p(&self, ops: &[P2pOp]) -> Result<(), CommError> {
+    pub unsafe fn execute_p2p(&self, ops: &[P2pOp], access: Access<'_>) -> Result<(), CommError> {
         self.usable()?;
         // SAFETY: forwarded from the caller.
-        let result = unsafe { p2p::run(&self.clique, self.rank, ops) };
+        let result = unsafe { p2p::run(&self.clique, self.rank, ops, access) };
         result.inspect_err(|e| self.record_failure(e))
     }
 
@@ -167,7 +167,7 @@ impl Comm {
     pub unsafe fn run_now(&self, c: &Collective, send: u64, recv: u64) -> Result<(), CommError> {
         let seq = self.next_seq();
         // SAFETY: forwarded from the caller.
-        unsafe { self.execute(seq, c, send, recv) }
+        unsafe { self.execute(seq, c, (send, recv), &collective::unguarded) }
     }
 
     /// Counts one piece of work queued on a stream until the returned token is dropped (when

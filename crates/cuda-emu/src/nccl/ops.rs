@@ -31,6 +31,14 @@ fn check_buffer(name: &str, addr: u64, bytes: u64, device: i32) -> Result<(), Co
     }
 }
 
+/// Runs `f` while every range stays live (a concurrent `cuMemFree` waits; never held across a
+/// wait for a peer); a range freed before is an error.
+fn held_live(ranges: &[(u64, u64)], f: &mut dyn FnMut()) -> Result<(), CommError> {
+    space::with_live(ranges, f).map_err(|e| {
+        CommError::InvalidArgument(format!("a buffer was freed while the operation ran: {e}"))
+    })
+}
+
 /// Checks that `stream` is usable and on `device`.
 fn check_stream(stream: CUstream, device: i32) -> Result<(), CommError> {
     match driver::stream_device(stream) {
@@ -136,8 +144,15 @@ unsafe fn enqueue_collective(
             .filter(|(_, _, len)| *len > 0)
             .try_for_each(|&(name, addr, len)| check_buffer(name, addr, len as u64, device))
             .inspect_err(|e| comm.record_failure(e));
-        // SAFETY: both buffers were just checked to be live device memory of their sizes.
-        let result = checked.and_then(|()| unsafe { comm.execute(seq, &c, send, recv) });
+        let ranges: Vec<(u64, u64)> = buffers
+            .iter()
+            .filter(|(_, _, len)| *len > 0)
+            .map(|&(_, addr, len)| (addr, len as u64))
+            .collect();
+        let access = |f: &mut dyn FnMut()| held_live(&ranges, f);
+        // SAFETY: both buffers were just checked to be live device memory of their sizes, and
+        // every access to them holds them live.
+        let result = checked.and_then(|()| unsafe { comm.execute(seq, &c, (send, recv), &access) });
         result.map_err(|e| {
             fail(call, e);
             CUresult::CUDA_ERROR_UNKNOWN
@@ -340,8 +355,15 @@ pub(crate) fn p2p_work(comm: &Arc<Comm>, ops: Vec<P2pOp>) -> driver::StreamWork 
             check_buffer(name, o.addr, bytes, comm.device)
         });
         let checked = checked.inspect_err(|e| comm.record_failure(e));
-        // SAFETY: every buffer was just checked to be live device memory of its size.
-        let result = checked.and_then(|()| unsafe { comm.execute_p2p(&ops) });
+        let ranges: Vec<(u64, u64)> = ops
+            .iter()
+            .map(|o| (o.addr, (o.count * o.dtype.size()) as u64))
+            .filter(|&(_, len)| len > 0)
+            .collect();
+        let access = |f: &mut dyn FnMut()| held_live(&ranges, f);
+        // SAFETY: every buffer was just checked to be live device memory of its size, and
+        // every access to them holds them live.
+        let result = checked.and_then(|()| unsafe { comm.execute_p2p(&ops, &access) });
         result.map_err(|e| {
             fail(call, e);
             CUresult::CUDA_ERROR_UNKNOWN

@@ -15,6 +15,7 @@
 use std::sync::atomic::Ordering;
 
 use super::clique::{Clique, CommError, Waiter};
+use super::collective::Access;
 use super::reduce::DType;
 
 /// One send or receive.
@@ -132,12 +133,18 @@ impl Transfer {
     }
 }
 
-/// Runs `ops` as `rank`, all progressing together, until every one is done.
+/// Runs `ops` as `rank`, all progressing together, until every one is done; every access to
+/// the buffers runs inside `access` (see [`Access`]).
 ///
 /// # Safety
 /// Every operation's buffer holds its `count` elements (readable to send, writable to
 /// receive) for the whole call.
-pub unsafe fn run(clique: &Clique, rank: usize, ops: &[P2pOp]) -> Result<(), CommError> {
+pub unsafe fn run(
+    clique: &Clique,
+    rank: usize,
+    ops: &[P2pOp],
+    access: Access<'_>,
+) -> Result<(), CommError> {
     let mut transfers: Vec<Transfer> = ops.iter().map(|&op| Transfer::new(op)).collect();
     let mut waiter = Waiter::new();
     loop {
@@ -149,8 +156,10 @@ pub unsafe fn run(clique: &Clique, rank: usize, ops: &[P2pOp]) -> Result<(), Com
             if busy.contains(&channel) {
                 continue;
             }
+            let mut stepped = Ok(false);
             // SAFETY: forwarded from the caller.
-            moved |= unsafe { t.step(clique, rank) }?;
+            access(&mut || stepped = unsafe { t.step(clique, rank) })?;
+            moved |= stepped?;
             if t.moved < t.total {
                 busy.push(channel);
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::clique::{new_id_name, CommError};
-use super::collective::{Collective, Kind};
+use super::collective::{unguarded, Collective, Kind};
 use super::comm::Comm;
 use super::p2p::P2pOp;
 use super::reduce::{DType, RedOp};
@@ -313,25 +313,41 @@ fn spawn_peer(name: &str, mode: &str) -> std::process::Child {
             "--test-threads=1",
         ])
         .env(PEER_ENV, format!("{name},{mode}"))
+        // Piped, so the peer's test-harness lines do not mix into this binary's output.
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// Waits for the peer; its output when it failed.
+fn peer_result(child: std::process::Child) -> Result<(), String> {
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr))
+    }
 }
 
 #[test]
 fn ranks_in_two_processes_run_every_collective() {
     let name = new_id_name().unwrap();
-    let mut child = spawn_peer(&name, "run");
+    let child = spawn_peer(&name, "run");
     let comm = Comm::init_rank(&name, 2, 0, 0, SLOT_BYTES, TIMEOUT).unwrap();
     run_all_cases(&comm);
-    assert!(child.wait().unwrap().success(), "the peer process failed");
+    if let Err(output) = peer_result(child) {
+        panic!("the peer process failed:\n{output}");
+    }
 }
 
 #[test]
 fn a_peer_process_that_dies_is_reported() {
     let name = new_id_name().unwrap();
-    let mut child = spawn_peer(&name, "die");
+    let child = spawn_peer(&name, "die");
     let comm = Comm::init_rank(&name, 2, 0, 0, SLOT_BYTES, TIMEOUT).unwrap();
-    child.wait().unwrap();
+    let _ = peer_result(child);
     let c = Collective {
         kind: Kind::AllReduce,
         count: 3,
@@ -411,7 +427,8 @@ fn run_p2p_cases(comm: &Comm) {
             op(false, rank, own2.as_mut_ptr() as u64),
         ];
         // SAFETY: every buffer holds `count` elements.
-        unsafe { comm.execute_p2p(&ops) }.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        unsafe { comm.execute_p2p(&ops, &unguarded) }
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         assert_eq!(
             recv,
             fill(dtype, (rank + n - 1) % n, count),
@@ -448,7 +465,7 @@ fn a_receive_that_expects_another_size_is_invalid_usage() {
             }
         };
         // SAFETY: `buf` holds 6 elements.
-        let r = unsafe { comm.execute_p2p(&[op]) };
+        let r = unsafe { comm.execute_p2p(&[op], &unguarded) };
         if comm.rank == 1 {
             assert!(
                 matches!(r, Err(CommError::InvalidUsage(ref m)) if m.contains("sent 20 bytes")),

@@ -30,6 +30,10 @@ pub const EMULATOR_HEADERS: &[(&str, &str)] = &[
         include_str!("../../include/kiln_emu_fiber.h"),
     ),
     (
+        "kiln_emu_warp.h",
+        include_str!("../../include/kiln_emu_warp.h"),
+    ),
+    (
         "kiln_emu_builtins.h",
         include_str!("../../include/kiln_emu_builtins.h"),
     ),
@@ -81,6 +85,8 @@ pub struct Built {
     pub library: PathBuf,
     /// The compiler's diagnostics (empty from the cache).
     pub log: String,
+    /// The `extern "C"` kernels the module defines, in source order.
+    pub kernels: Vec<String>,
 }
 
 /// Why a program did not compile: NVRTC's status and the log.
@@ -250,12 +256,18 @@ pub fn build(p: &Program) -> Result<Built, BuildFailure> {
     let cache = cache_dir();
     let modules = cache.join("modules");
     let library = modules.join(format!("{hash}.so"));
+    // The kernel list is written before the object is renamed into place, so an object in the
+    // cache always has one.
+    let entries = library.with_extension("kernels");
     if library.is_file() {
-        return Ok(Built {
-            hash,
-            library,
-            log: String::new(),
-        });
+        if let Ok(list) = std::fs::read_to_string(&entries) {
+            return Ok(Built {
+                hash,
+                library,
+                log: String::new(),
+                kernels: list.lines().map(str::to_string).collect(),
+            });
+        }
     }
     let emu_include = emulator_include_dir(&cache)?;
     let work = cache
@@ -266,7 +278,12 @@ pub fn build(p: &Program) -> Result<Built, BuildFailure> {
         .map_err(|e| internal(format!("cannot create {}: {e}", work.display())))?;
     let result = build_in(p, &host, &emu_include, &work, &library);
     let _ = std::fs::remove_dir_all(&work);
-    result.map(|log| Built { hash, library, log })
+    result.map(|(log, kernels)| Built {
+        hash,
+        library,
+        log,
+        kernels,
+    })
 }
 
 fn build_in(
@@ -275,7 +292,7 @@ fn build_in(
     emu_include: &Path,
     work: &Path,
     library: &Path,
-) -> Result<String, BuildFailure> {
+) -> Result<(String, Vec<String>), BuildFailure> {
     let io = |e: std::io::Error| internal(format!("cannot write in {}: {e}", work.display()));
     for (name, text) in p.headers {
         let path = work.join(name);
@@ -333,9 +350,12 @@ fn build_in(
         let _ = std::fs::remove_file(&tmp);
         return Err(compile_error(log));
     }
+    let kernels: Vec<String> = found.kernels.iter().map(|k| k.name.clone()).collect();
+    let list: String = kernels.iter().map(|k| format!("{k}\n")).collect();
+    write_atomically(&library.with_extension("kernels"), list.as_bytes()).map_err(io)?;
     std::fs::rename(&tmp, library)
         .map_err(|e| internal(format!("cannot move {} into place: {e}", tmp.display())))?;
-    Ok(log)
+    Ok((log, kernels))
 }
 
 #[cfg(test)]

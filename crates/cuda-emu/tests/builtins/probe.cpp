@@ -106,6 +106,23 @@ std::map<std::string, std::function<void()>> ops() {
     m["dfma"] = ternary<double, double>([](double a, double b, double c) { return __fma_rn(a, b, c); });
     m["dmul_add"] = ternary<double, double>(
         [](double a, double b, double c) { return __dadd_rn(__dmul_rn(a, b), c); });
+    // Directed rounding.
+#define KILN_PROBE_DIRECTED(SUF)                                                               \
+    m["fadd_" #SUF] = binary<float, float>([](float a, float b) { return __fadd_##SUF(a, b); }); \
+    m["fsub_" #SUF] = binary<float, float>([](float a, float b) { return __fsub_##SUF(a, b); }); \
+    m["fmul_" #SUF] = binary<float, float>([](float a, float b) { return __fmul_##SUF(a, b); }); \
+    m["fdiv_" #SUF] = binary<float, float>([](float a, float b) { return __fdiv_##SUF(a, b); }); \
+    m["fsqrt_" #SUF] = unary<float, float>([](float a) { return __fsqrt_##SUF(a); });           \
+    m["fmaf_" #SUF] = ternary<float, float>(                                                   \
+        [](float a, float b, float c) { return __fmaf_##SUF(a, b, c); });                      \
+    m["dadd_" #SUF] = binary<double, double>([](double a, double b) { return __dadd_##SUF(a, b); }); \
+    m["dmul_" #SUF] = binary<double, double>([](double a, double b) { return __dmul_##SUF(a, b); }); \
+    m["ddiv_" #SUF] = binary<double, double>([](double a, double b) { return __ddiv_##SUF(a, b); }); \
+    m["dsqrt_" #SUF] = unary<double, double>([](double a) { return __dsqrt_##SUF(a); });
+    KILN_PROBE_DIRECTED(rz)
+    KILN_PROBE_DIRECTED(rd)
+    KILN_PROBE_DIRECTED(ru)
+#undef KILN_PROBE_DIRECTED
     // 16-bit arithmetic.
     m["hadd"] = binary<u16, u16>([](u16 a, u16 b) { return hb(__hadd(h(a), h(b))); });
     m["hsub"] = binary<u16, u16>([](u16 a, u16 b) { return hb(h(a) - h(b)); });
@@ -255,6 +272,20 @@ int api() {
               std::fabs(normcdfinv(0.975) - 1.959963984540054) < 1e-15 &&
               std::fabs(std::erfc(erfcinv(1e-300)) / 1e-300 - 1.0) < 1e-12 &&
               std::fabs(erfinvf(-0.5f) + 0.47693628f) < 1e-7f);
+    const float third_d = __fdiv_rd(1.0f, 3.0f), third_u = __fdiv_ru(1.0f, 3.0f);
+    check("directed rounding",
+          __fadd_rd(1.0f, 1e-30f) == 1.0f && __fadd_ru(1.0f, 1e-30f) == std::nextafter(1.0f, 2.0f) &&
+              __fsub_rz(1.0f, 1e-30f) == std::nextafter(1.0f, 0.0f) &&
+              third_u == std::nextafter(third_d, 1.0f) && __frcp_rz(3.0f) == third_d &&
+              __fmul_ru(3.0f, third_d) < 1.0f && __fmul_ru(3.0f, third_u) > 1.0f &&
+              __fsqrt_rd(2.0f) < __fsqrt_ru(2.0f) && __fmul_rz(3e38f, 10.0f) == FLT_MAX &&
+              __fmul_ru(-3e38f, 10.0f) == -FLT_MAX && __fmul_rd(-3e38f, 10.0f) == -INFINITY &&
+              __dadd_rd(1.0, 1e-300) == 1.0 && __dadd_ru(1.0, 1e-300) > 1.0 &&
+              __ddiv_rd(1.0, 3.0) < __ddiv_ru(1.0, 3.0) && __dsqrt_rz(4.0) == 2.0 &&
+              __drcp_ru(3.0) > __drcp_rd(3.0) && __fmaf_rd(1.0f, 1.0f, 1e-30f) == 1.0f &&
+              __fma_ru(1.0, 1.0, 1e-300) > 1.0 && __fadd_rd(1.0f, -1.0f) == 0.0f &&
+              std::signbit(__fadd_rd(1.0f, -1.0f)) && !std::signbit(__fadd_rz(1.0f, -1.0f)) &&
+              std::fegetround() == FE_TONEAREST);
     check("rsqrtf", rsqrtf(4.0f) == 0.5f && rsqrt(16.0) == 0.25 && normcdf(0.0) == 0.5);
     check("__ffs/__clz edges", __ffs(0) == 0 && __clz(0) == 32 && __clzll(0) == 64 &&
                                    __ffsll(1ll << 40) == 41 && __popc(~0u) == 32);

@@ -327,11 +327,13 @@ mod tests {
             .softmax_cross_entropy(&ll, &bad, &tl, None, &s)
             .unwrap_err();
         let bad_g = CudaStorage::from_cpu(dev, &bad).unwrap();
-        match (
-            cpu_err,
-            lg.softmax_cross_entropy(&ll, &bad_g, &tl, None, &s),
-        ) {
-            (Error::Kernel(want), Err(Error::Kernel(got))) => assert_eq!(got, want),
+        // The CUDA index check is deferred (it must not wait): the op returns, and the next
+        // synchronisation reports the CPU's error (at the op itself under eager checks).
+        let got = lg
+            .softmax_cross_entropy(&ll, &bad_g, &tl, None, &s)
+            .and_then(|_| crate::synchronize(dev));
+        match (cpu_err, got) {
+            (Error::Kernel(want), Err(got)) => assert_eq!(got.kernel_error(), Some(&want), "{got}"),
             (want, got) => panic!("expected the CPU's error {want:?}, got {got:?}"),
         }
     }
