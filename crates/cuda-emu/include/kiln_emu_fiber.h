@@ -102,6 +102,8 @@ struct fiber {
     unsigned mask;
     int width;
     int arg;
+    unsigned started;
+    int stack; // the stack region it runs on, -1 before it starts and after it exits
     unsigned long long value;
     unsigned long long result;
 #ifdef KILN_EMU_USE_UCONTEXT
@@ -117,6 +119,10 @@ struct block_state {
     unsigned count;
     unsigned schedule;
     unsigned *order;
+    unsigned *free_stacks; // stack regions no live thread holds
+    unsigned free_count;
+    char *stacks;
+    size_t stack_stride, guard_bytes;
     unsigned long long rng;
     void *sched_sp;
 #ifdef KILN_EMU_USE_UCONTEXT
@@ -313,6 +319,10 @@ inline bool release_or_fail(block_state *b) {
     return true;
 }
 
+inline void start_fiber(block_state *b, fiber *f);
+
+// A thread takes a stack when it first runs and gives it back when it exits, so the threads of
+// a barrier-free kernel all run on one (cache-hot) stack, one after another.
 inline void run_fibers(block_state *b) {
     for (;;) {
         bool ran = false;
@@ -321,6 +331,7 @@ inline void run_fibers(block_state *b) {
             fiber *f = &b->fibers[b->order[k]];
             if (f->state != READY) continue;
             ran = true;
+            if (!f->started) start_fiber(b, f);
             current = f;
 #ifdef KILN_EMU_USE_UCONTEXT
             swapcontext(&b->sched_context, &f->context);
@@ -328,6 +339,10 @@ inline void run_fibers(block_state *b) {
             kiln_emu_switch(&b->sched_sp, f->sp);
 #endif
             current = nullptr;
+            if (f->state == EXITED && f->stack >= 0) {
+                b->free_stacks[b->free_count++] = (unsigned)f->stack;
+                f->stack = -1;
+            }
             if (b->failed) return;
         }
         if (!ran && !release_or_fail(b)) return;
@@ -354,26 +369,33 @@ extern "C" __attribute__((visibility("default"))) void kiln_emu_fault_jump(kiln_
 }
 
 namespace kiln_emu {
-inline void init_fiber(kiln_emu_launch *l, block_state *b, unsigned i) {
+inline void init_fiber(block_state *b, unsigned i) {
     fiber *f = &b->fibers[i];
-    memset(f, 0, offsetof(fiber, value));
+    memset((void *)f, 0, offsetof(fiber, value));
     f->block = b;
     f->linear = i;
+    f->stack = -1;
     f->thread_idx = uint3{i % b->block_dim.x, i / b->block_dim.x % b->block_dim.y,
                           i / (b->block_dim.x * b->block_dim.y)};
     f->state = READY;
-    char *top = l->stacks + (size_t)(i + 1) * l->stack_stride;
+}
+
+inline void start_fiber(block_state *b, fiber *f) {
+    unsigned stack = b->free_stacks[--b->free_count];
+    f->stack = (int)stack;
+    f->started = 1;
+    char *low = b->stacks + (size_t)stack * b->stack_stride;
 #ifdef KILN_EMU_USE_UCONTEXT
     getcontext(&f->context);
-    f->context.uc_stack.ss_sp = l->stacks + (size_t)i * l->stack_stride + l->guard_bytes;
-    f->context.uc_stack.ss_size = l->stack_stride - l->guard_bytes;
+    f->context.uc_stack.ss_sp = low + b->guard_bytes;
+    f->context.uc_stack.ss_size = b->stack_stride - b->guard_bytes;
     f->context.uc_link = nullptr;
     unsigned long long p = (unsigned long long)f;
     makecontext(&f->context, (void (*)())kiln_emu_fiber_start, 2, (unsigned)(p >> 32), (unsigned)p);
 #else
-    void **sp = reinterpret_cast<void **>(top) - 8;
+    void **sp = reinterpret_cast<void **>(low + b->stack_stride) - 8;
     memset(sp, 0, 8 * sizeof(void *));
-    sp[3] = f;                                                // r12: the fiber
+    sp[3] = f;                                                    // r12: the fiber
     sp[6] = reinterpret_cast<void *>(&kiln_emu_fiber_trampoline); // return address
     f->sp = sp;
 #endif
@@ -410,6 +432,7 @@ extern "C" __attribute__((visibility("default"))) int kiln_emu_run_blocks(kiln_e
     unsigned count = l->block[0] * l->block[1] * l->block[2];
     fiber *fibers = static_cast<fiber *>(calloc(count, sizeof(fiber)));
     unsigned *order = static_cast<unsigned *>(calloc(count, sizeof(unsigned)));
+    unsigned *free_stacks = static_cast<unsigned *>(calloc(count, sizeof(unsigned)));
     sigjmp_buf jump;
     for (;;) {
         unsigned long long idx = __atomic_fetch_add(l->next_block, 1, __ATOMIC_RELAXED);
@@ -427,11 +450,17 @@ extern "C" __attribute__((visibility("default"))) int kiln_emu_run_blocks(kiln_e
         b.fibers = fibers;
         b.count = count;
         b.order = order;
+        b.free_stacks = free_stacks;
+        b.free_count = count;
+        b.stacks = l->stacks;
+        b.stack_stride = l->stack_stride;
+        b.guard_bytes = l->guard_bytes;
         b.schedule = l->schedule;
         b.rng = (l->seed ^ (idx * 0x9e3779b97f4a7c15ull)) | 1;
         for (unsigned i = 0; i < count; ++i) {
             order[i] = l->schedule == 1 ? count - 1 - i : i;
-            init_fiber(l, &b, i);
+            free_stacks[i] = count - 1 - i; // stack 0 is taken first
+            init_fiber(&b, i);
         }
         l->slot->jump = &kiln_emu_fault_jump;
         l->slot->jmp = &jump;
@@ -449,8 +478,8 @@ extern "C" __attribute__((visibility("default"))) int kiln_emu_run_blocks(kiln_e
             else n += snprintf(l->message + n, sizeof l->message - n, "(in the emulator's scheduler)");
             unsigned long long addr = l->slot->addr;
             bool overflow = false;
-            if (f) {
-                unsigned long long low = (unsigned long long)(l->stacks + (size_t)f->linear * l->stack_stride);
+            if (f && f->stack >= 0) {
+                unsigned long long low = (unsigned long long)(l->stacks + (size_t)f->stack * l->stack_stride);
                 overflow = addr >= low && addr < low + l->guard_bytes;
             }
             snprintf(l->message + n, sizeof l->message - n, ": %s at address 0x%llx%s",
@@ -470,6 +499,7 @@ extern "C" __attribute__((visibility("default"))) int kiln_emu_run_blocks(kiln_e
     }
     free(fibers);
     free(order);
+    free(free_stacks);
     return l->code;
 }
 

@@ -288,6 +288,7 @@ fn foreign_images_are_invalid_and_a_cleared_cache_recompiles() {
     let image = compile("again.cu", &src, &kiln_options()).unwrap();
     let hash = kiln_cuda_emu::nvrtc::image::decode(&image).unwrap().hash;
     assert!(image.contains("\n// .entry put(\n"), "{image}");
+    assert!(image.contains("\n// .target sm_90\n"), "{image}");
     let so = kiln_cuda_emu::nvrtc::compiler::cache_dir()
         .join("modules")
         .join(format!("{hash}.so"));

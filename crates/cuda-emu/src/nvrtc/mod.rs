@@ -252,6 +252,7 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
                     let img = image::Image {
                         hash: built.hash,
                         kernels: built.kernels,
+                        target: options::parse(&opts).map_or(0, |o| o.cuda_arch / 10),
                         name: state.name.clone(),
                         options: opts.clone(),
                         headers: state.headers.clone(),
