@@ -1,8 +1,9 @@
 //! Generates, into OUT_DIR:
 //! - `stubs.rs`: one exported "not supported" stub for every symbol cudarc can load from the
 //!   driver, NVRTC, cuBLAS or NCCL (the lists in `names/`) that no file under `src/` implements
-//!   (an implementation is any `extern "C" fn NAME` there), so the library never lacks a symbol
-//!   and never defines one twice;
+//!   (a listed name used as an identifier in the code there: `extern "C" fn NAME`, or a macro
+//!   invocation that defines it), so the library never lacks a symbol and never defines one
+//!   twice;
 //! - `cuda_errors.rs`: the value and name of every `CUresult` of the CUDA version kiln builds for.
 
 use std::collections::BTreeSet;
@@ -23,6 +24,61 @@ const RETURNS_NOTHING: &[&str] = &["cublasXerbla", "ncclParamDumpAll", "ncclRese
 /// Functions that return a number rather than a status.
 const RETURNS_NUMBER: &[&str] = &["cublasGetCudartVersion"];
 
+/// The identifiers of Rust source, without comments, string and character literals.
+fn code_identifiers(text: &str, out: &mut BTreeSet<String>) {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    let mut ident = String::new();
+    while i < bytes.len() {
+        let c = bytes[i];
+        let Some(rest) = text.get(i..) else {
+            i += 1;
+            continue;
+        };
+        if rest.starts_with("//") {
+            i += rest.find('\n').unwrap_or(rest.len());
+        } else if rest.starts_with("/*") {
+            i += rest.find("*/").map_or(rest.len(), |e| e + 2);
+        } else if c == b'r'
+            && ident.is_empty()
+            && (rest.starts_with("r\"") || rest.starts_with("r#"))
+        {
+            let hashes = rest[1..].bytes().take_while(|&b| b == b'#').count();
+            let close = format!("\"{}", "#".repeat(hashes));
+            let body = 1 + hashes + 1;
+            i += rest
+                .get(body..)
+                .and_then(|r| r.find(&close))
+                .map_or(rest.len(), |e| body + e + close.len());
+        } else if c == b'"' {
+            let mut j = i + 1;
+            while j < bytes.len() && bytes[j] != b'"' {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+            i = j + 1;
+        } else if c == b'\'' && (rest.get(2..3) == Some("'") || rest.get(1..2) == Some("\\")) {
+            i += rest[1..].find('\'').map_or(rest.len(), |e| e + 2);
+        } else {
+            if c.is_ascii_alphanumeric() || c == b'_' {
+                ident.push(c as char);
+            } else if !ident.is_empty() {
+                out.insert(std::mem::take(&mut ident));
+            }
+            i += 1;
+            continue;
+        }
+        if !ident.is_empty() {
+            out.insert(std::mem::take(&mut ident));
+        }
+    }
+    if !ident.is_empty() {
+        out.insert(ident);
+    }
+}
+
+/// Every identifier used in the code under `dir`, except in this crate's stubs module: a listed
+/// symbol named in code (an `extern "C" fn NAME`, or a macro invocation that defines it) counts
+/// as implemented. The `exports` test checks the library still exports every listed symbol.
 fn implemented(dir: &Path, names: &mut BTreeSet<String>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -31,20 +87,8 @@ fn implemented(dir: &Path, names: &mut BTreeSet<String>) {
         let path = entry.path();
         if path.is_dir() {
             implemented(&path, names);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            let text = fs::read_to_string(&path).unwrap_or_default();
-            let marker = "extern \"C\" fn ";
-            let mut rest = text.as_str();
-            while let Some(at) = rest.find(marker) {
-                rest = &rest[at + marker.len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() {
-                    names.insert(name);
-                }
-            }
+        } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("stubs.rs") {
+            code_identifiers(&fs::read_to_string(&path).unwrap_or_default(), names);
         }
     }
 }

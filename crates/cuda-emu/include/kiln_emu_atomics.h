@@ -13,12 +13,9 @@
 #ifndef KILN_EMU_ATOMICS_H
 #define KILN_EMU_ATOMICS_H
 
-#ifndef __device__
-#define __device__
-#endif
-#ifndef __forceinline__
-#define __forceinline__ inline __attribute__((always_inline))
-#endif
+// A part of kiln_emu_builtins.h; included alone, it brings the whole header (which skips
+// this part, its guard being set, and this part then continues).
+#include "kiln_emu_builtins.h"
 
 namespace kiln_emu {
 

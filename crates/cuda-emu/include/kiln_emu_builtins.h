@@ -13,7 +13,8 @@
 //   code follows g++'s flags. The emulator compiles with -ffp-contract=off: results are exact
 //   IEEE operation by operation and the same on every host, where a GPU (NVRTC's --fmad=true
 //   default) may fuse a*b+c into one FMA and so differ in the last bit. Kernels that must match
-//   bit for bit use the `_rn` intrinsics (kiln's do), which agree with the GPU exactly.
+//   bit for bit use the `_rn` intrinsics (kiln's do), which agree with the GPU exactly. The
+//   `_rz` / `_rd` / `_ru` ones are the same single operation under that rounding mode.
 // - Conversions between formats (float, double, integers, and __half / __nv_bfloat16 in
 //   cuda_fp16.h / cuda_bf16.h) are exact integer code (`kiln_emu::round_bits`), bit-identical to
 //   the GPU's: the named rounding mode, overflow to inf (or the largest finite value when the
@@ -31,6 +32,7 @@
 #ifndef KILN_EMU_BUILTINS_H
 #define KILN_EMU_BUILTINS_H
 
+#include <cfenv>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -254,6 +256,46 @@ __device__ __forceinline__ float __frsqrt_rn(float x) {
     return (float)(1.0 / std::sqrt((double)x));
 }
 
+// ---- Directed rounding (_rz, _rd, _ru): one IEEE operation under the host's rounding mode ----
+// set for it alone; operands and result cross volatile asm with a memory clobber, so g++ can
+// neither fold the operation nor move it out of the fesetround window.
+#define KILN_EMU_PIN(v) __asm__ volatile("" : "+m"(v) : : "memory")
+#define KILN_EMU_PIN_AB KILN_EMU_PIN(a); KILN_EMU_PIN(b)
+#define KILN_EMU_PIN_ABC KILN_EMU_PIN_AB; KILN_EMU_PIN(c)
+#define KILN_EMU_DIRECTED_OP(NAME, T, FE, PARAMS, PINS, EXPR)                                 \
+    __device__ __forceinline__ T NAME PARAMS {                                                \
+        const int saved = std::fegetround();                                                  \
+        std::fesetround(FE);                                                                  \
+        PINS;                                                                                 \
+        T r = EXPR;                                                                           \
+        KILN_EMU_PIN(r);                                                                      \
+        std::fesetround(saved);                                                               \
+        return r;                                                                             \
+    }
+#define KILN_EMU_DIRECTED_TYPE(P, T, SQRT, SUF, FE)                                           \
+    KILN_EMU_DIRECTED_OP(P##add_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a + b) \
+    KILN_EMU_DIRECTED_OP(P##sub_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a - b) \
+    KILN_EMU_DIRECTED_OP(P##mul_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a * b) \
+    KILN_EMU_DIRECTED_OP(P##div_##SUF, T, FE, (T a, T b), KILN_EMU_PIN_AB, a / b) \
+    KILN_EMU_DIRECTED_OP(P##rcp_##SUF, T, FE, (T a), KILN_EMU_PIN(a), T(1) / a)              \
+    KILN_EMU_DIRECTED_OP(SQRT##_##SUF, T, FE, (T a), KILN_EMU_PIN(a), std::sqrt(a))
+#define KILN_EMU_DIRECTED(SUF, FE)                                                            \
+    KILN_EMU_DIRECTED_TYPE(__f, float, __fsqrt, SUF, FE)                                      \
+    KILN_EMU_DIRECTED_TYPE(__d, double, __dsqrt, SUF, FE)                                     \
+    KILN_EMU_DIRECTED_OP(__fmaf_##SUF, float, FE, (float a, float b, float c),                \
+                         KILN_EMU_PIN_ABC, std::fma(a, b, c)) \
+    KILN_EMU_DIRECTED_OP(__fma_##SUF, double, FE, (double a, double b, double c),             \
+                         KILN_EMU_PIN_ABC, std::fma(a, b, c))
+KILN_EMU_DIRECTED(rz, FE_TOWARDZERO)
+KILN_EMU_DIRECTED(rd, FE_DOWNWARD)
+KILN_EMU_DIRECTED(ru, FE_UPWARD)
+#undef KILN_EMU_DIRECTED
+#undef KILN_EMU_DIRECTED_TYPE
+#undef KILN_EMU_DIRECTED_OP
+#undef KILN_EMU_PIN_ABC
+#undef KILN_EMU_PIN_AB
+#undef KILN_EMU_PIN
+
 // ---- Fast single-precision intrinsics: the accurate functions here ----
 // glibc declares its own __expf etc. (C linkage), so CUDA's names are macros for these.
 namespace kiln_emu {
@@ -316,6 +358,47 @@ __device__ __forceinline__ void sincospif(float x, float* s, float* c) {
 }
 __device__ __forceinline__ double normcdf(double x) { return 0.5 * std::erfc(-x * 0.7071067811865476); }
 __device__ __forceinline__ float normcdff(float x) { return (float)normcdf(x); }
+
+// Inverse error functions: Winitzki's closed form as the start, then Newton steps on erf (for
+// |x| < 1/2) or erfc (the tails, where 1 - |x| is exact), to about double precision (CUDA's
+// own have a few ulp of error, so last bits may differ from a GPU's).
+namespace kiln_emu {
+// The closed-form start for erfinv, from x's sign and log(1 - x^2).
+inline double erfinv_start(bool neg, double log_1mx2) {
+    const double a = 0.147, b = 2.0 / (3.141592653589793 * a) + log_1mx2 / 2.0;
+    const double y = std::sqrt(std::sqrt(b * b - log_1mx2 / a) - b);
+    return neg ? -y : y;
+}
+inline double erfcinv_newton(double t) {  // t in (0, 2)
+    double y = erfinv_start(t > 1.0, std::log(t * (2.0 - t)));
+    // In the upper tail Newton runs on log(erfc), which is close to linear there.
+    const bool tail = t < 0.5;
+    for (int i = 0; i < 8; ++i) {
+        const double e = std::erfc(y), slope = 1.1283791670955126 * std::exp(-y * y);
+        y += tail ? (std::log(e) - std::log(t)) * e / slope : (e - t) / slope;
+    }
+    return y;
+}
+}  // namespace kiln_emu
+__device__ __forceinline__ double erfcinv(double t) {
+    if (!(t > 0.0 && t < 2.0)) return t == 0.0 ? INFINITY : (t == 2.0 ? -INFINITY : NAN);
+    return kiln_emu::erfcinv_newton(t);
+}
+__device__ __forceinline__ double erfinv(double x) {
+    if (!(std::fabs(x) < 0.5))
+        return std::fabs(x) <= 1.0 ? std::copysign(erfcinv(1.0 - std::fabs(x)), x) : NAN;
+    if (x == 0.0) return x;
+    double y = kiln_emu::erfinv_start(x < 0.0, std::log1p(-x * x));
+    for (int i = 0; i < 6; ++i) y -= (std::erf(y) - x) / (1.1283791670955126 * std::exp(-y * y));
+    return y;
+}
+__device__ __forceinline__ double normcdfinv(double p) {
+    const double y = erfcinv(2.0 * p);
+    return y == 0.0 ? 0.0 : -1.4142135623730951 * y;
+}
+__device__ __forceinline__ float erfinvf(float x) { return (float)erfinv(x); }
+__device__ __forceinline__ float erfcinvf(float x) { return (float)erfcinv(x); }
+__device__ __forceinline__ float normcdfinvf(float x) { return (float)normcdfinv(x); }
 
 // ---- Conversions (PTX cvt semantics, see the opening comment) ----
 #define KILN_EMU_MODES(X) X(rn, Nearest) X(rz, Zero) X(rd, Down) X(ru, Up)

@@ -5,8 +5,8 @@
 // (once each) and add the conversion functions that carry the type's name.
 //
 // Invariants: a 16-bit value is stored as its IEEE bit pattern (sizeof 2, align 2; the pair:
-// sizeof 4, align 4), never as a wider float. Narrowing rounds exactly once
-// (kiln_emu::double_bits_to, so float and double sources round directly, NaN becomes 0x7fff).
+// sizeof 4, align 4), never as a wider float. Narrowing rounds exactly once (kiln_emu::narrow_bits
+// and double_bits_to: float and double sources round directly, NaN becomes 0x7fff).
 // Arithmetic is computed in float and rounded once to 16 bits, which equals the correctly
 // rounded 16-bit operation for + - * / and sqrt (float has more than 2p+2 bits for p = 11 and
 // 8); the fused multiply-add rounds once through round-to-odd in double. Widening is exact.

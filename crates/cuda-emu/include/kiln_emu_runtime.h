@@ -34,7 +34,6 @@
 #define __managed__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
-#define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 #define __inline_hint__ inline
 #define __grid_constant__
@@ -49,9 +48,19 @@
 #define __shared__ thread_local
 #endif
 
+// System headers first: kiln_emu_builtins.h renames glibc's __expf & co. after its own includes.
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#if !defined(__x86_64__) || defined(KILN_EMU_UCONTEXT)
+#include <ucontext.h>
+#endif
 
 #include <type_traits>
 #include <utility>
@@ -78,8 +87,8 @@ struct dim3 {
 #define warpSize 32
 #define threadIdx (static_cast<const uint3&>(kiln_emu::current->thread_idx))
 #define blockIdx (static_cast<const uint3&>(kiln_emu::current->block->block_idx))
-#define blockDim (static_cast<const uint3&>(kiln_emu::current->block->block_dim))
-#define gridDim (static_cast<const uint3&>(kiln_emu::current->block->grid_dim))
+#define blockDim (static_cast<const dim3&>(kiln_emu::current->block->block_dim))
+#define gridDim (static_cast<const dim3&>(kiln_emu::current->block->grid_dim))
 
 // Default arguments give every synchronising call its call site (file and line, as #line
 // directives name them), so a barrier's identity does not depend on how g++ laid out the code.

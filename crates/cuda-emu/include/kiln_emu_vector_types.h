@@ -10,12 +10,9 @@
 #ifndef KILN_EMU_VECTOR_TYPES_H
 #define KILN_EMU_VECTOR_TYPES_H
 
-#ifndef __device__
-#define __device__
-#endif
-#ifndef __forceinline__
-#define __forceinline__ inline __attribute__((always_inline))
-#endif
+// A part of kiln_emu_builtins.h; included alone, it brings the whole header (which skips
+// this part, its guard being set, and this part then continues).
+#include "kiln_emu_builtins.h"
 
 #define KILN_EMU_VEC1(N, T, A)                                                             \
     struct __attribute__((aligned(A))) N##1 { T x; };                                      \

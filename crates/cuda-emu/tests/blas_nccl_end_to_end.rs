@@ -13,6 +13,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 use cudarc::nccl::sys::{ncclComm_t, ncclResult_t as R, ncclUniqueId};
 use half::bf16;
 use kiln_cuda_emu::cublas::gemm::*;
+use kiln_cuda_emu::cublas::typed::*;
 use kiln_cuda_emu::cublas::*;
 use kiln_cuda_emu::driver::*;
 use kiln_cuda_emu::nccl::ops::*;
@@ -169,6 +170,49 @@ fn kilns_row_major_gemm_runs_on_the_stream_with_cublas_status_codes() {
         assert_eq!(download::<f32>(dc, m * n), want);
         assert_eq!(cublasSetPointerMode_v2(h, 0), S::CUBLAS_STATUS_SUCCESS);
 
+        // Pointer arrays: two products of the same A with B and with 2·B, into two Cs.
+        let b2: Vec<f32> = b.iter().map(|x| 2.0 * x).collect();
+        let db2 = upload(&b2);
+        let (dc1, dc2) = (alloc(m * n * 4).unwrap(), alloc(m * n * 4).unwrap());
+        let a_arr = upload(&[db, db2]);
+        let b_arr = upload(&[da, da]);
+        let c_arr = upload(&[dc1, dc2]);
+        let batched = |a_arr: u64| {
+            cublasGemmBatchedEx(
+                h,
+                0,
+                0,
+                n as i32,
+                m as i32,
+                k as i32,
+                (&one as *const f32).cast(),
+                a_arr as _,
+                0,
+                n as i32,
+                b_arr as _,
+                0,
+                k as i32,
+                (&zero as *const f32).cast(),
+                c_arr as _,
+                0,
+                n as i32,
+                2,
+                68,
+                -1,
+            )
+        };
+        assert_eq!(batched(a_arr), S::CUBLAS_STATUS_SUCCESS);
+        sync(s);
+        assert_eq!(download::<f32>(dc1, m * n), want);
+        let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
+        assert_eq!(download::<f32>(dc2, m * n), twice);
+        // A host array of pointers is refused at the call.
+        let host_arr = [db, db2];
+        assert_eq!(
+            batched(host_arr.as_ptr() as u64),
+            S::CUBLAS_STATUS_INVALID_VALUE
+        );
+
         let mut got_stream = std::ptr::null_mut();
         assert_eq!(
             cublasGetStream_v2(h, &mut got_stream),
@@ -235,6 +279,36 @@ fn init_all_communicators_all_reduce_on_their_streams_in_a_group() {
             let want: Vec<f32> = (0..count).map(|i| (3 + 2 * i) as f32).collect();
             assert_eq!(download::<f32>(p, count), want);
         }
+        // A swap in one group: each rank sends its buffer to the other and receives into a
+        // second one.
+        let others: Vec<CUdeviceptr> = (0..2)
+            .map(|d| {
+                bind(d);
+                alloc(count * 4).unwrap()
+            })
+            .collect();
+        assert_eq!(ncclGroupStart(), R::ncclSuccess);
+        for (r, &(s, p)) in bufs.iter().enumerate() {
+            let peer = 1 - r as i32;
+            assert_eq!(
+                ncclSend(p as _, count, 7, peer, comms[r], s.cast()),
+                R::ncclSuccess
+            );
+            assert_eq!(
+                ncclRecv(others[r] as _, count, 7, peer, comms[r], s.cast()),
+                R::ncclSuccess
+            );
+        }
+        assert_eq!(ncclGroupEnd(), R::ncclSuccess);
+        for (d, &(s, p)) in bufs.iter().enumerate() {
+            bind(d as i32);
+            sync(s);
+            assert_eq!(download::<f32>(others[d], count), download::<f32>(p, count));
+        }
+        assert_eq!(
+            ncclSend(bufs[0].1 as _, count, 7, 2, comms[0], bufs[0].0.cast()),
+            R::ncclInvalidArgument
+        );
         // Bad arguments: a buffer of the other device, a bad root, a bad type, a null comm.
         let (s0, p0) = bufs[0];
         let (_, p1) = bufs[1];
@@ -352,5 +426,37 @@ fn a_collective_a_peer_never_joins_fails_its_stream_after_the_timeout() {
         for c in comms {
             assert_eq!(ncclCommAbort(c), R::ncclSuccess);
         }
+    }
+}
+
+#[test]
+fn init_rank_config_wants_the_initializers_magic() {
+    let _g = setup(ENV);
+    bind(0);
+    unsafe {
+        let mut id = ncclUniqueId { internal: [0; 128] };
+        assert_eq!(ncclGetUniqueId(&mut id), R::ncclSuccess);
+        let mut config: cudarc::nccl::sys::ncclConfig_t = std::mem::zeroed();
+        config.size = std::mem::size_of_val(&config);
+        let mut comm = std::ptr::null_mut();
+        let id2 = ncclUniqueId {
+            internal: id.internal,
+        };
+        assert_eq!(
+            ncclCommInitRankConfig(&mut comm, 1, id2, 0, &mut config),
+            R::ncclInvalidArgument
+        );
+        config.magic = 0xcafe_beef;
+        config.blocking = 0;
+        assert_eq!(
+            ncclCommInitRankConfig(&mut comm, 1, id, 0, &mut config),
+            R::ncclSuccess
+        );
+        let mut v = -1;
+        assert_eq!(ncclCommCount(comm, &mut v), R::ncclSuccess);
+        assert_eq!(v, 1);
+        assert_eq!(ncclGetVersion(&mut v), R::ncclSuccess);
+        assert_eq!(v, 23000);
+        assert_eq!(ncclCommDestroy(comm), R::ncclSuccess);
     }
 }

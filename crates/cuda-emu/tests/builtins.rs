@@ -298,9 +298,11 @@ fn round_mode(x: f64, mode: &str) -> f64 {
 
 #[test]
 fn floats_convert_to_integers_saturating() {
-    let f32s = f32_inputs();
+    // Every other pattern of each set (rounding to an integer has fewer edges than to 16 bits;
+    // a stride of 3 would skip whole members of the halfway triples).
+    let f32s: Vec<u32> = f32_inputs().into_iter().step_by(2).collect();
     let fb = to_bytes(&f32s, u32::to_le_bytes);
-    let f64s = f64_inputs();
+    let f64s: Vec<u64> = f64_inputs().into_iter().step_by(2).collect();
     let db = to_bytes(&f64s, u64::to_le_bytes);
     let all16: Vec<u16> = (0..=u16::MAX).collect();
     let hb = to_bytes(&all16, u16::to_le_bytes);
@@ -406,10 +408,10 @@ fn doubles_narrow_to_float_in_every_mode() {
     }
 }
 
-/// Integer inputs: small values, both ends, powers of two with their neighbours and halfway
-/// points at several precisions, random values.
+/// Integer inputs: small values and those around f16's largest, both ends, powers of two with
+/// their neighbours and halfway points at several precisions, random values.
 fn i64_inputs() -> Vec<i64> {
-    let mut v: Vec<i64> = (-70_000..70_000).collect();
+    let mut v: Vec<i64> = (-5_000..5_000).chain(60_000..70_000).collect();
     v.extend([
         i64::MIN,
         i64::MIN + 1,
@@ -433,7 +435,7 @@ fn i64_inputs() -> Vec<i64> {
         }
     }
     let mut rng = Rng(0xdead_beef_cafe_f00d);
-    v.extend((0..100_000).map(|i| (rng.next() >> (i % 64)) as i64));
+    v.extend((0..40_000).map(|i| (rng.next() >> (i % 64)) as i64));
     let negated: Vec<i64> = v.iter().map(|x| x.wrapping_neg()).collect();
     v.extend(negated);
     v
@@ -582,6 +584,7 @@ fn integers_convert_to_16_bits_and_floats_in_every_mode() {
 
 #[test]
 fn atomics_from_several_threads_are_exact() {
-    let out = String::from_utf8(run("atomics", &[])).expect("text");
-    assert_eq!(out.trim(), "ok", "{out}");
+    let (ok, out) = support::run_program(support::probe(), "atomics", &[]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok && out.trim() == "ok", "{out}");
 }

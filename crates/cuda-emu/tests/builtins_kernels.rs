@@ -1,7 +1,10 @@
-//! Every kiln kernel file (`crates/device/src/ops/*/*.cu`, `crates/device/src/cuda/*.cu`)
-//! compiles with g++ against the emulator's CUDA headers (`include/`), with a declaration-only
-//! stand-in for the execution model (`tests/builtins/exec_stub.h`), so a built-in a kernel uses
-//! and the headers lack is found here, not at a kernel's first launch.
+//! Each header of `include/` compiles alone without warnings, and every kiln kernel file
+//! (`crates/device/src/ops/*/*.cu`, `crates/device/src/cuda/*.cu`) compiles with g++ against
+//! those headers, with a declaration-only stand-in for the execution model
+//! (`tests/builtins/exec_stub.h`), so a built-in a kernel uses and the headers lack is found
+//! here, not at a kernel's first launch. The probe's `api` check (overload resolution of min /
+//! max and __ldg, the small helpers, vector types, the 16-bit pair types and operators) runs
+//! here too.
 //!
 //! Invariants: the kernel files are found by listing their folders (a new one is checked
 //! without editing this test); kiln's shared headers come from `crates/device/src/cuda`, and
@@ -93,4 +96,30 @@ fn every_kiln_kernel_file_compiles_against_the_headers() {
         support::compile(&args, &file.display().to_string());
     }
     let _ = std::fs::remove_dir_all(&gen);
+}
+
+#[test]
+fn every_header_compiles_alone_without_warnings() {
+    let mut headers: Vec<PathBuf> = std::fs::read_dir(support::include_dir())
+        .expect("include dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "h"))
+        .collect();
+    headers.sort();
+    assert!(headers.len() >= 3, "headers not found");
+    for header in &headers {
+        let mut args: Vec<&std::ffi::OsStr> = support::FLAGS.iter().map(|f| f.as_ref()).collect();
+        args.extend(
+            ["-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-x", "c++"].map(std::ffi::OsStr::new),
+        );
+        args.push(header.as_os_str());
+        support::compile(&args, &header.display().to_string());
+    }
+}
+
+#[test]
+fn overloads_helpers_and_vector_types_behave_as_cuda_documents() {
+    let (ok, out) = support::run_program(support::probe(), "api", &[]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok && out.trim() == "ok", "{out}");
 }

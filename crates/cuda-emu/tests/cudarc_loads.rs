@@ -72,6 +72,9 @@ fn cudarc_drives_the_emulator() {
     }
     let out = Command::new(&exe)
         .args(["--exact", "cudarc_drives_the_emulator", "--nocapture"])
+        .env_remove("KILN_EMU_CC")
+        .env_remove("KILN_EMU_DELAY")
+        .env_remove("KILN_EMU_LOG")
         .env(CHILD, "1")
         .env("LD_LIBRARY_PATH", &dir)
         .env("KILN_EMU_DEVICES", "3")

@@ -5,6 +5,15 @@ use kiln_cuda_emu::driver::*;
 
 #[test]
 fn bad_memory_size_fails_init() {
+    for k in [
+        "KILN_EMU_DEVICES",
+        "KILN_EMU_CC",
+        "KILN_EMU_DELAY",
+        "KILN_EMU_LOG",
+        "CUDA_VISIBLE_DEVICES",
+    ] {
+        std::env::remove_var(k);
+    }
     std::env::set_var("KILN_EMU_MEMORY", "sixteen gigs");
     unsafe {
         let mut n = 0;

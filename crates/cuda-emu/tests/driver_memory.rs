@@ -171,6 +171,30 @@ fn allocations_end_at_a_guard_page_and_die_when_freed() {
         "so a stale pointer still fails"
     );
     unsafe { assert_eq!(cuMemFree_v2(q), CUresult::CUDA_SUCCESS) };
+    let q = alloc(100).unwrap();
+    unsafe {
+        let (mut base, mut size) = (0, 0);
+        assert_eq!(
+            cuMemGetAddressRange_v2(&mut base, &mut size, q + 50),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!((base, size), (q, 100));
+        let (mut kind, mut ordinal) = (0u32, -1i32);
+        assert_eq!(
+            cuPointerGetAttribute((&mut kind as *mut u32).cast(), 2, q),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuPointerGetAttribute((&mut ordinal as *mut i32).cast(), 9, q),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!((kind, ordinal), (2, 0));
+        assert_eq!(
+            cuMemGetAddressRange_v2(&mut base, &mut size, p),
+            CUresult::CUDA_ERROR_NOT_FOUND
+        );
+        assert_eq!(cuMemFree_v2(q), CUresult::CUDA_SUCCESS);
+    }
     let host = [0u8; 16];
     assert!(check_device_range(host.as_ptr() as u64, 1)
         .unwrap_err()
@@ -366,3 +390,61 @@ fn async_free_happens_in_stream_order() {
         cuStreamDestroy_v2(s);
     }
 }
+
+/// A work item that holds its stream until the returned barrier is passed.
+fn hold(s: cudarc::driver::sys::CUstream) -> std::sync::Arc<std::sync::Barrier> {
+    let gate = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let inside = gate.clone();
+    kiln_cuda_emu::driver::enqueue(
+        s,
+        Box::new(move || {
+            inside.wait();
+            Ok(())
+        }),
+    )
+    .unwrap();
+    gate
+}
+
+#[test]
+fn the_legacy_stream_synchronises_with_blocking_streams_only() {
+    let _g = setup(ENV);
+    bind(0);
+    let (blocking, non_blocking) = (stream(0), stream(1));
+    let null = std::ptr::null_mut();
+    unsafe {
+        // Work on a blocking stream waits for earlier null-stream work...
+        let gate = hold(null);
+        assert_eq!(
+            cuLaunchHostFunc(blocking, Some(noop), std::ptr::null_mut()),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuLaunchHostFunc(non_blocking, Some(noop), std::ptr::null_mut()),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuStreamSynchronize(non_blocking),
+            CUresult::CUDA_SUCCESS,
+            "a non-blocking stream does not wait"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        assert_eq!(cuStreamQuery(blocking), CUresult::CUDA_ERROR_NOT_READY);
+        gate.wait();
+        assert_eq!(cuStreamSynchronize(blocking), CUresult::CUDA_SUCCESS);
+        // ...and null-stream work waits for earlier work on blocking streams.
+        let gate = hold(blocking);
+        assert_eq!(
+            cuLaunchHostFunc(null, Some(noop), std::ptr::null_mut()),
+            CUresult::CUDA_SUCCESS
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        assert_eq!(cuStreamQuery(null), CUresult::CUDA_ERROR_NOT_READY);
+        gate.wait();
+        assert_eq!(cuCtxSynchronize(), CUresult::CUDA_SUCCESS);
+        cuStreamDestroy_v2(blocking);
+        cuStreamDestroy_v2(non_blocking);
+    }
+}
+
+unsafe extern "C" fn noop(_: *mut std::ffi::c_void) {}

@@ -10,6 +10,7 @@
 
 pub mod gemm;
 pub mod math;
+pub mod typed;
 pub mod validate;
 
 #[cfg(test)]

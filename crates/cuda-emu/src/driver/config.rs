@@ -14,7 +14,8 @@
 //!   (leading blanks and a sign allowed, trailing text ignored);
 //! - the list stops at the first invalid entry (malformed, negative, out of range, unknown or
 //!   ambiguous prefix, an entry of the other kind); the devices before it stay visible;
-//! - a device named twice hides every device;
+//! - a device named twice hides every device, and so does an entry written twice, even after an
+//!   out-of-range or unknown entry (the driver reads the entries before matching them);
 //! - the emulated devices are not MIG-partitioned, so a `MIG-` entry matches nothing.
 
 use crate::space::SPAN_BYTES;
@@ -65,8 +66,9 @@ pub(crate) fn uuid_string(bytes: &[u8; 16]) -> String {
     )
 }
 
-/// `strtoul`'s reading of an ordinal: `None` when there are no digits, negative as `Err`.
-fn read_ordinal(entry: &str) -> Option<Result<u64, ()>> {
+/// `strtoul`'s reading of an ordinal: optional blanks and sign, then digits (trailing text
+/// ignored); `None` when there are no digits.
+fn read_ordinal(entry: &str) -> Option<i128> {
     let s = entry.trim_start();
     let (negative, rest) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
@@ -74,46 +76,64 @@ fn read_ordinal(entry: &str) -> Option<Result<u64, ()>> {
         _ => (false, s),
     };
     let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-    if digits.is_empty() {
-        return None;
-    }
-    if negative {
-        return Some(Err(()));
-    }
-    Some(Ok(digits.parse::<u64>().unwrap_or(u64::MAX)))
+    let value = digits.parse::<u64>().ok().map(i128::from)?;
+    Some(if negative { -value } else { value })
 }
 
 /// Applies a `CUDA_VISIBLE_DEVICES` value to devices with these UUIDs (see the module docs);
-/// returns the visible devices' indices in enumeration order.
+/// returns the visible devices' indices in enumeration order. Like the driver, the list is read
+/// in two passes: its entries (a repeated entry hides every device), then the devices they name
+/// (the first that names none stops the list; two naming one device hide every device).
 pub(crate) fn apply_visibility(value: &str, uuids: &[String]) -> Vec<usize> {
-    let entries: Vec<&str> = value.split(',').collect();
-    let first = entries.first().map_or("", |e| e.trim());
-    let by_uuid = first.starts_with("GPU-") || first.starts_with("MIG-");
+    let entries: Vec<&str> = value.split(',').map(str::trim).collect();
+    let kind = ["GPU-", "MIG-"]
+        .into_iter()
+        .find(|p| value.trim_start().starts_with(p));
     let mut visible = Vec::new();
-    for entry in entries {
-        let index = if by_uuid {
-            let prefix = entry.trim();
-            if !prefix.starts_with("GPU-") {
+    if let Some(prefix) = kind {
+        let mut listed: Vec<&str> = Vec::new();
+        for entry in entries {
+            if listed.contains(&entry) {
+                return Vec::new();
+            }
+            if !entry.starts_with(prefix) {
                 break;
             }
+            listed.push(entry);
+        }
+        for entry in listed {
+            // Emulated devices are not MIG-partitioned: only `GPU-` UUIDs exist.
             let mut matches = uuids
                 .iter()
                 .enumerate()
-                .filter(|(_, u)| u.starts_with(prefix));
-            match (matches.next(), matches.next()) {
+                .filter(|(_, u)| u.starts_with(entry));
+            let index = match (matches.next(), matches.next()) {
                 (Some((i, _)), None) => i,
                 _ => break,
+            };
+            if visible.contains(&index) {
+                return Vec::new();
             }
-        } else {
-            match read_ordinal(entry) {
-                Some(Ok(n)) if n < uuids.len() as u64 => n as usize,
+            visible.push(index);
+        }
+    } else {
+        let mut listed: Vec<i128> = Vec::new();
+        for entry in entries {
+            let ordinal = read_ordinal(entry).unwrap_or(-1);
+            if listed.contains(&ordinal) {
+                return Vec::new();
+            }
+            if ordinal < 0 {
+                break;
+            }
+            listed.push(ordinal);
+        }
+        for ordinal in listed {
+            match usize::try_from(ordinal) {
+                Ok(i) if i < uuids.len() => visible.push(i),
                 _ => break,
             }
-        };
-        if visible.contains(&index) {
-            return Vec::new();
         }
-        visible.push(index);
     }
     visible
 }

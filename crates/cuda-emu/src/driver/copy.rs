@@ -55,16 +55,13 @@ pub(super) fn check_host(call: &str, what: &str, ptr: usize, len: usize) -> Resu
     Ok(())
 }
 
-/// At run time: the device range is still live, else a fault.
-fn still_live(
-    call: &'static str,
-    what: &'static str,
-    ptr: u64,
-    len: usize,
-) -> Result<(), CUresult> {
-    space::check_device_range(ptr, len as u64).map_err(|e| {
+/// At run time: runs `f` while the device ranges are live and stay live; memory freed since
+/// the call is a fault.
+fn guarded(call: &'static str, ranges: &[(u64, usize)], f: impl FnOnce()) -> Result<(), CUresult> {
+    let ranges: Vec<(u64, u64)> = ranges.iter().map(|&(p, l)| (p, l as u64)).collect();
+    space::with_live(&ranges, f).map_err(|e| {
         log(&format!(
-            "{call}: {what} was freed before the copy ran: {e}"
+            "{call}: device memory was freed before the copy ran: {e}"
         ));
         CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
     })
@@ -96,12 +93,12 @@ fn htod(
     let staged =
         (!pinned).then(|| unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec());
     let seq = s.submit(Item::Work(Box::new(move || {
-        still_live(call, "destination", dst, n)?;
         let from = staged.as_ref().map_or(src as *const u8, |v| v.as_ptr());
-        // SAFETY: the destination is a live allocation (checked just now); a pinned source stays
-        // valid until the stream is synchronised (the caller's contract).
-        unsafe { std::ptr::copy(from, dst as *mut u8, n) };
-        Ok(())
+        // SAFETY: the destination is live while guarded; a pinned source stays valid until the
+        // stream is synchronised (the caller's contract).
+        guarded(call, &[(dst, n)], || unsafe {
+            std::ptr::copy(from, dst as *mut u8, n)
+        })
     })));
     if sync && pinned {
         s.wait_for(seq);
@@ -125,11 +122,12 @@ fn dtoh(
     check_device(call, "source", src, n)?;
     check_host(call, "destination", dst, n)?;
     let seq = s.submit(Item::Work(Box::new(move || {
-        still_live(call, "source", src, n)?;
-        // SAFETY: the source is live; the destination is the caller's writable host buffer,
-        // valid until the copy completes (pageable: the call waits; pinned: until synchronised).
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-        Ok(())
+        // SAFETY: the source is live while guarded; the destination is the caller's writable host
+        // buffer, valid until the copy completes (pageable: the call waits; pinned: until
+        // synchronised).
+        guarded(call, &[(src, n)], || unsafe {
+            std::ptr::copy(src as *const u8, dst as *mut u8, n)
+        })
     })));
     if sync || !is_pinned(dst, n) {
         s.wait_for(seq);
@@ -152,11 +150,10 @@ fn dtod(
     check_device(call, "destination", dst, n)?;
     check_device(call, "source", src, n)?;
     s.submit(Item::Work(Box::new(move || {
-        still_live(call, "source", src, n)?;
-        still_live(call, "destination", dst, n)?;
-        // SAFETY: both ranges are live allocations (checked just now).
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-        Ok(())
+        // SAFETY: both ranges are live while guarded.
+        guarded(call, &[(src, n), (dst, n)], || unsafe {
+            std::ptr::copy(src as *const u8, dst as *mut u8, n)
+        })
     })));
     Ok(())
 }
@@ -185,16 +182,14 @@ fn fill(
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     check_device(call, "destination", dst, n)?;
     s.submit(Item::Work(Box::new(move || {
-        still_live(call, "destination", dst, n)?;
-        // SAFETY: a live allocation, aligned for `elem` (checked above).
-        unsafe {
+        // SAFETY: live while guarded, aligned for `elem` (checked above).
+        guarded(call, &[(dst, n)], || unsafe {
             match elem {
                 1 => std::ptr::write_bytes(dst as *mut u8, value as u8, n),
                 2 => std::slice::from_raw_parts_mut(dst as *mut u16, count).fill(value as u16),
                 _ => std::slice::from_raw_parts_mut(dst as *mut u32, count).fill(value),
             }
-        }
-        Ok(())
+        })
     })));
     Ok(())
 }

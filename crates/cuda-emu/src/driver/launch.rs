@@ -6,8 +6,8 @@
 //!   codes: a zero or oversized grid or block dimension, more than 1024 threads per block, or
 //!   more shared memory than the function may use is `CUDA_ERROR_INVALID_VALUE`; more threads
 //!   than the kernel's launch bounds allow is `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`; a stream of
-//!   another context is `CUDA_ERROR_INVALID_HANDLE`. Every refusal is logged with the kernel's
-//!   name.
+//!   another context, or a function loaded in another context, is `CUDA_ERROR_INVALID_HANDLE`.
+//!   Every refusal is logged with the kernel's name.
 //! - Arguments are copied out of the caller's `void**` during the call (`Function::capture`), so
 //!   the caller may reuse them at once; the grid runs later on the stream's worker, and a fault
 //!   there becomes the context's sticky error, logged with the kernel's name.
@@ -32,11 +32,16 @@ use crate::kernel::{Function, LaunchDims, Module};
 struct Entry {
     function: Function,
     module: usize,
+    /// The device whose context loaded the module.
+    device: i32,
     max_dynamic_shared: AtomicU32,
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0x10_0000);
-static MODULES: Mutex<Option<HashMap<usize, Arc<Module>>>> = Mutex::new(None);
+/// A loaded module and the device of the context that loaded it.
+type Loaded = (Arc<Module>, i32);
+
+static MODULES: Mutex<Option<HashMap<usize, Loaded>>> = Mutex::new(None);
 static FUNCTIONS: Mutex<Option<HashMap<usize, Arc<Entry>>>> = Mutex::new(None);
 
 fn function_entry(handle: CUfunction) -> Result<Arc<Entry>, CUresult> {
@@ -49,15 +54,14 @@ fn function_entry(handle: CUfunction) -> Result<Arc<Entry>, CUresult> {
 
 /// The most threads per block the kernel's launch bounds allow.
 fn kernel_thread_limit(function: &Function) -> u32 {
-    // The kernel runtime also enforces `__launch_bounds__` when the grid runs.
-    let _ = function;
-    MAX_THREADS_PER_BLOCK
+    function.max_threads_per_block()
 }
 
 unsafe fn load(call: &str, module: *mut CUmodule, image: *const c_void) -> CUresult {
-    if let Err(code) = current() {
-        return code;
-    }
+    let device = match current() {
+        Ok(ctx) => ctx.device,
+        Err(code) => return code,
+    };
     if module.is_null() || image.is_null() {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }
@@ -69,7 +73,7 @@ unsafe fn load(call: &str, module: *mut CUmodule, image: *const c_void) -> CUres
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get_or_insert_with(HashMap::new)
-                .insert(handle, m);
+                .insert(handle, (m, device));
             // SAFETY: checked not null above.
             unsafe { out(module, handle as CUmodule) }
         }
@@ -148,7 +152,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .and_then(|m| m.get(&(hmod as usize)).cloned());
-    let Some(module) = module else {
+    let Some((module, device)) = module else {
         return CUresult::CUDA_ERROR_INVALID_HANDLE;
     };
     // SAFETY: the caller passes a NUL-terminated name.
@@ -161,6 +165,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
             let entry = Arc::new(Entry {
                 function,
                 module: hmod as usize,
+                device,
                 max_dynamic_shared: AtomicU32::new(
                     SHARED_DEFAULT_BYTES.saturating_sub(static_bytes),
                 ),
@@ -386,6 +391,16 @@ pub unsafe extern "C" fn cuLaunchKernel(
             ),
         );
     }
+    if entry.device != ctx.device {
+        return fail(
+            "cuLaunchKernel",
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            format!(
+                "kernel {name} was loaded in device {}'s context, launched in device {}'s",
+                entry.device, ctx.device
+            ),
+        );
+    }
     if !extra.is_null() {
         return fail(
             "cuLaunchKernel",
@@ -416,12 +431,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
     let function = entry.function.clone();
     stream.submit(Item::Work(Box::new(move || {
         function.run(dims, &args).map_err(|e| {
-            log(&format!(
-                "kernel {} failed: {} ({:?})",
-                function.name(),
-                e.message,
-                e.code
-            ));
+            log(&format!("{} ({:?})", e.message, e.code));
             e.code
         })
     })));

@@ -301,3 +301,76 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
         _ => CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
     }
 }
+
+/// `cuMemGetAddressRange_v2`: the live allocation (or VMM mapping) holding `dptr`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    pbase: *mut CUdeviceptr,
+    psize: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    super::trace("cuMemGetAddressRange_v2");
+    if let Err(code) = current() {
+        return code;
+    }
+    let Some((start, len, _)) = space::range_of(dptr) else {
+        return CUresult::CUDA_ERROR_NOT_FOUND;
+    };
+    // SAFETY: the caller's out-pointers; either may be null (then it is not written).
+    unsafe {
+        if !pbase.is_null() {
+            *pbase = start;
+        }
+        if !psize.is_null() {
+            *psize = len as usize;
+        }
+    }
+    CUresult::CUDA_SUCCESS
+}
+
+/// `cuPointerGetAttribute` for device memory (context, memory type, device pointer, device
+/// ordinal, range start and size) and page-locked host memory (memory type, host pointer);
+/// other attributes and other host memory are `CUDA_ERROR_INVALID_VALUE`.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_uint,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    super::trace("cuPointerGetAttribute");
+    if let Err(code) = super::context::driver() {
+        return code;
+    }
+    if data.is_null() {
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
+    if let Some((start, len, device)) = space::range_of(ptr) {
+        let ctx = match super::context::context_of_device(device) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        // SAFETY: the caller's buffer holds the attribute's type (CUDA's documented sizes).
+        return unsafe {
+            match attribute {
+                1 => out(data.cast(), ctx.handle()),
+                2 => out(data.cast::<c_uint>(), 2), // CU_MEMORYTYPE_DEVICE
+                3 => out(data.cast::<CUdeviceptr>(), ptr),
+                9 => out(data.cast::<i32>(), device),
+                11 => out(data.cast::<CUdeviceptr>(), start),
+                12 => out(data.cast::<usize>(), len as usize),
+                _ => CUresult::CUDA_ERROR_INVALID_VALUE,
+            }
+        };
+    }
+    if is_pinned(ptr as usize, 1) {
+        // SAFETY: as above.
+        return unsafe {
+            match attribute {
+                2 => out(data.cast::<c_uint>(), 1), // CU_MEMORYTYPE_HOST
+                4 => out(data.cast::<*mut c_void>(), ptr as *mut c_void),
+                _ => CUresult::CUDA_ERROR_INVALID_VALUE,
+            }
+        };
+    }
+    CUresult::CUDA_ERROR_INVALID_VALUE
+}

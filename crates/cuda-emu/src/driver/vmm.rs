@@ -196,6 +196,27 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUre
     }
 }
 
+/// Raises the soft open-file limit to the hard one, once: every physical allocation is a memfd,
+/// and kiln's expandable segments make one per 2 MiB page.
+fn raise_file_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain syscalls on a local struct.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+                && limit.rlim_cur < limit.rlim_max
+            {
+                limit.rlim_cur = limit.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+    });
+}
+
 /// `cuMemCreate`: `size` bytes of physical memory on the property's device.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemCreate(
@@ -220,6 +241,7 @@ pub unsafe extern "C" fn cuMemCreate(
             ),
         );
     }
+    raise_file_limit();
     if let Err(e) = space::charge(device, size) {
         return fail(
             call,

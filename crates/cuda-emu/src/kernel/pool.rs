@@ -1,5 +1,5 @@
 //! Runs a grid's blocks on several OS threads at once: the launching thread and helper threads
-//! of a process-wide pool (`KILN_EMU_THREADS`, default: the available parallelism), so atomics
+//! of a process-wide pool (`KILN_EMU_THREADS`, default: the available parallelism, at most 8), so atomics
 //! and inter-block protocols (last-block reductions) are exercised for real.
 //!
 //! Invariants:
@@ -22,6 +22,9 @@ use super::fault;
 /// Bytes of one fiber's stack region, its guard page included.
 const STACK_STRIDE: usize = 256 * 1024;
 const GUARD_BYTES: usize = 4096;
+/// Default cap on the OS threads of one launch: each keeps a stack (and a guard mapping) per
+/// block thread, and more threads than this add mappings faster than they add coverage.
+const DEFAULT_MAX_THREADS: usize = 8;
 
 /// One thread's fiber stacks.
 struct Stacks {
@@ -195,7 +198,9 @@ fn thread_count() -> usize {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(DEFAULT_MAX_THREADS))
+        })
 }
 
 fn pool() -> &'static Pool {

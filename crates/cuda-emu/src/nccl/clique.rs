@@ -2,8 +2,9 @@
 //! unique id, mapped by every rank, whether the ranks are threads of one process or separate
 //! processes on one machine. Invariants:
 //! - The file holds a header (rank count, per-rank state, pid and progress, a barrier counter and
-//!   generation, per-rank operation descriptors) and one fixed-size data slot per rank; all
-//!   shared fields are atomics, so ranks in different processes synchronise through them alone.
+//!   generation, per-rank operation descriptors), one fixed-size data slot per rank, and one
+//!   single-producer single-consumer ring per ordered pair of ranks (point-to-point); all shared
+//!   fields are atomics, so ranks in different processes synchronise through them alone.
 //! - The file is unlinked as soon as every rank has arrived (mappings stay valid), so a finished
 //!   or failed rendezvous leaves nothing behind.
 //! - Every wait has a deadline (the clique's timeout) and returns an error when it passes, when
@@ -22,6 +23,8 @@ pub const MAX_RANKS: usize = 64;
 /// Bytes of each rank's data slot by default (collectives move data through the slots in
 /// chunks of this size).
 pub const SLOT_BYTES: usize = 1 << 20;
+/// Most bytes of each point-to-point ring (one per ordered pair of ranks).
+pub const CHANNEL_BYTES: usize = 64 << 10;
 /// Prefix of every unique id (and of its shared-memory file name).
 pub const ID_PREFIX: &str = "kiln-emu-nccl-";
 
@@ -79,6 +82,8 @@ pub struct Clique {
     len: usize,
     nranks: usize,
     slot_bytes: usize,
+    channels_offset: usize,
+    channel_bytes: usize,
     timeout: Duration,
     path: PathBuf,
 }
@@ -174,7 +179,9 @@ impl Clique {
             ))
         };
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in path");
-        let len = HEADER_BYTES + nranks * slot_bytes;
+        let channels_offset = HEADER_BYTES + nranks * slot_bytes;
+        let channel_bytes = slot_bytes.min(CHANNEL_BYTES);
+        let len = channels_offset + nranks * nranks * (64 + channel_bytes);
         // SAFETY: plain POSIX calls on a path we own; the fd is closed before returning.
         unsafe {
             let fd = libc::open(
@@ -210,6 +217,8 @@ impl Clique {
                 len,
                 nranks,
                 slot_bytes,
+                channels_offset,
+                channel_bytes,
                 timeout,
                 path,
             };
@@ -339,10 +348,7 @@ impl Clique {
         done: impl Fn() -> bool,
     ) -> Result<(), CommError> {
         let h = self.header();
-        let start = Instant::now();
-        let mut last_check = start;
-        let mut spins = 0u32;
-        let me = std::process::id();
+        let mut waiter = Waiter::new();
         loop {
             if done() {
                 return Ok(());
@@ -353,50 +359,116 @@ impl Clique {
                     Some(p) => h.progress[r].load(Ordering::Acquire) < p,
                 })
                 .collect();
-            for &r in &missing {
-                let state = h.state[r].load(Ordering::Acquire);
-                if state == LEFT || state == FAILED {
-                    let how = if state == LEFT {
-                        "left the communicator"
-                    } else {
-                        "failed"
-                    };
-                    self.leave(rank, true);
+            waiter.pause(self, rank, what, &missing)?;
+        }
+    }
+
+    /// The point-to-point channel from `src` to `dst`: (bytes ever written, bytes ever read,
+    /// ring of [`Clique::channel_bytes`] bytes).
+    pub fn channel(&self, src: usize, dst: usize) -> (&AtomicU64, &AtomicU64, *mut u8) {
+        assert!(
+            src < self.nranks && dst < self.nranks,
+            "channel {src} -> {dst}"
+        );
+        let index = src * self.nranks + dst;
+        // SAFETY: the channel lies inside the mapping: a 64-byte header of two atomics, then
+        // the ring.
+        unsafe {
+            let at = self
+                .base
+                .add(self.channels_offset + index * (64 + self.channel_bytes));
+            let counters = &*(at as *const [AtomicU64; 2]);
+            (&counters[0], &counters[1], at.add(64))
+        }
+    }
+
+    /// Bytes of each point-to-point ring.
+    pub fn channel_bytes(&self) -> usize {
+        self.channel_bytes
+    }
+}
+
+/// Backoff and failure checks of one wait: spins, then yields, then sleeps up to a millisecond
+/// between polls; every 50 ms checks that the ranks waited for are alive.
+pub struct Waiter {
+    start: Instant,
+    last_check: Instant,
+    spins: u32,
+}
+
+impl Default for Waiter {
+    fn default() -> Self {
+        Waiter::new()
+    }
+}
+
+impl Waiter {
+    /// A wait starting now.
+    pub fn new() -> Waiter {
+        let now = Instant::now();
+        Waiter {
+            start: now,
+            last_check: now,
+            spins: 0,
+        }
+    }
+
+    /// One pause of a wait for `missing` (by `rank`, in operation `what`): an error when one of
+    /// them left, failed or died, or when the clique's timeout has passed (this rank is then
+    /// marked failed, so its own peers stop waiting for it).
+    pub fn pause(
+        &mut self,
+        clique: &Clique,
+        rank: usize,
+        what: &str,
+        missing: &[usize],
+    ) -> Result<(), CommError> {
+        let h = clique.header();
+        for &r in missing {
+            let state = h.state[r].load(Ordering::Acquire);
+            if state == LEFT || state == FAILED {
+                let how = if state == LEFT {
+                    "left the communicator"
+                } else {
+                    "failed"
+                };
+                clique.leave(rank, true);
+                return Err(CommError::Remote(format!(
+                    "{what}: rank {r} {how} before reaching this operation"
+                )));
+            }
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last_check) >= Duration::from_millis(50) {
+            self.last_check = now;
+            let me = std::process::id();
+            for &r in missing {
+                let pid = h.pid[r].load(Ordering::Relaxed);
+                if pid != 0 && pid != me && !pid_alive(pid) {
+                    clique.leave(rank, true);
                     return Err(CommError::Remote(format!(
-                        "{what}: rank {r} {how} before reaching this operation"
+                        "{what}: rank {r} (process {pid}) died"
                     )));
                 }
             }
-            let now = Instant::now();
-            if now.duration_since(last_check) >= Duration::from_millis(50) {
-                last_check = now;
-                for &r in &missing {
-                    let pid = h.pid[r].load(Ordering::Relaxed);
-                    if pid != 0 && pid != me && !pid_alive(pid) {
-                        self.leave(rank, true);
-                        return Err(CommError::Remote(format!(
-                            "{what}: rank {r} (process {pid}) died"
-                        )));
-                    }
-                }
-            }
-            if now.duration_since(start) >= self.timeout {
-                self.leave(rank, true);
-                return Err(CommError::System(format!(
-                    "{what}: timed out after {:.1} s waiting for rank(s) {missing:?} \
-                     (KILN_EMU_NCCL_TIMEOUT)",
-                    self.timeout.as_secs_f64()
-                )));
-            }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else if spins < 256 {
-                std::thread::yield_now();
-            } else {
-                let micros = (spins as u64 - 255).min(1000);
-                std::thread::sleep(Duration::from_micros(micros));
-            }
         }
+        if now.duration_since(self.start) >= clique.timeout {
+            clique.leave(rank, true);
+            return Err(CommError::System(format!(
+                "{what}: timed out after {:.1} s waiting for rank(s) {missing:?} \
+                 (KILN_EMU_NCCL_TIMEOUT)",
+                clique.timeout.as_secs_f64()
+            )));
+        }
+        self.spins += 1;
+        if self.spins < 64 {
+            std::hint::spin_loop();
+        } else if self.spins < 256 {
+            std::thread::yield_now();
+        } else {
+            let micros = (self.spins as u64 - 255).min(1000);
+            std::thread::sleep(Duration::from_micros(micros));
+        }
+        Ok(())
     }
 }

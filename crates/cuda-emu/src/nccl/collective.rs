@@ -94,9 +94,19 @@ impl Collective {
     }
 }
 
+/// Wraps every stretch of code that touches the rank's own buffers (never a wait): the C API
+/// holds the buffers live for it (`space::with_live`), tests run it as it is ([`unguarded`]).
+pub type Access<'a> = &'a dyn Fn(&mut dyn FnMut()) -> Result<(), CommError>;
+
+/// An [`Access`] that just runs the code (host buffers that cannot go away).
+pub fn unguarded(f: &mut dyn FnMut()) -> Result<(), CommError> {
+    f();
+    Ok(())
+}
+
 /// Runs `c` as `rank`; `seq` numbers this rank's operations on the communicator (peers must
 /// agree). `send`/`recv` address the rank's buffers (sizes per [`Collective::send_elems`] /
-/// [`Collective::recv_elems`]).
+/// [`Collective::recv_elems`]); every access to them runs inside `access`.
 ///
 /// # Safety
 /// The buffers are readable / writable for those sizes for the whole call.
@@ -105,8 +115,8 @@ pub unsafe fn run(
     rank: usize,
     seq: u64,
     c: &Collective,
-    send: u64,
-    recv: u64,
+    (send, recv): (u64, u64),
+    access: Access<'_>,
 ) -> Result<(), CommError> {
     let name = c.kind.name();
     if c.count == 0 {
@@ -141,14 +151,14 @@ pub unsafe fn run(
         let bytes = n * size;
         let at = off * size;
         let contributes = c.kind != Kind::Broadcast || rank == c.root;
-        // SAFETY: `send` holds `total` elements (send_elems) when this rank contributes; the
-        // slot holds slot_bytes >= bytes.
         if contributes {
-            unsafe { std::ptr::copy(send.add(at), clique.slot(rank), bytes) };
+            // SAFETY: `send` holds `total` elements (send_elems) when this rank contributes;
+            // the slot holds slot_bytes >= bytes.
+            access(&mut || unsafe { std::ptr::copy(send.add(at), clique.slot(rank), bytes) })?;
         }
         clique.barrier(rank, name)?;
         // SAFETY: every slot holds this chunk; `recv` holds recv_elems elements.
-        unsafe {
+        access(&mut || unsafe {
             match c.kind {
                 Kind::AllReduce => reduce(&slots, recv.add(at), n, c.dtype, c.op),
                 Kind::Reduce if rank == c.root => reduce(&slots, recv.add(at), n, c.dtype, c.op),
@@ -171,7 +181,7 @@ pub unsafe fn run(
                     }
                 }
             }
-        }
+        })?;
         clique.barrier(rank, name)?;
         off += n;
     }

@@ -5,8 +5,9 @@
 //! - A communicator's operations are numbered in call order; every rank must issue the same
 //!   sequence (checked by [`collective::run`]). Queued work holds the communicator alive, so
 //!   destroying it with work in flight is safe; `ncclCommDestroy` waits for that work first.
-//! - Once an operation fails (timeout, dead or departed peer, mismatch), the communicator keeps
-//!   the error (`ncclCommGetAsyncError`) and refuses further operations.
+//! - Once an operation fails (timeout, dead or departed peer, mismatch, a buffer freed before
+//!   the work ran), the communicator keeps the error (`ncclCommGetAsyncError`), refuses further
+//!   operations, and its rank is marked failed in the clique so its peers stop waiting for it.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::CUstream;
 
 use super::clique::{Clique, CommError};
-use super::collective::{self, Collective};
+use super::collective::{self, Access, Collective};
+use super::p2p::{self, P2pOp};
 use crate::driver::StreamWork;
 
 /// One rank of a communicator.
@@ -98,6 +100,13 @@ impl Comm {
         self.lock_error().get_or_insert(e);
     }
 
+    /// Keeps `e` as the communicator's error and marks this rank failed in the clique, so peers
+    /// waiting for it stop at once instead of timing out.
+    pub fn record_failure(&self, e: &CommError) {
+        self.record(e.clone());
+        self.clique.leave(self.rank, true);
+    }
+
     /// The first error an operation of this communicator hit, if any.
     pub fn async_error(&self) -> Option<CommError> {
         self.lock_error().clone()
@@ -131,13 +140,24 @@ impl Comm {
         &self,
         seq: u64,
         c: &Collective,
-        send: u64,
-        recv: u64,
+        buffers: (u64, u64),
+        access: Access<'_>,
     ) -> Result<(), CommError> {
         self.usable()?;
         // SAFETY: forwarded from the caller.
-        let result = unsafe { collective::run(&self.clique, self.rank, seq, c, send, recv) };
-        result.inspect_err(|e| self.record(e.clone()))
+        let result = unsafe { collective::run(&self.clique, self.rank, seq, c, buffers, access) };
+        result.inspect_err(|e| self.record_failure(e))
+    }
+
+    /// Runs point-to-point operations now, progressing together (a stream worker, or a test).
+    ///
+    /// # Safety
+    /// As [`p2p::run`].
+    pub unsafe fn execute_p2p(&self, ops: &[P2pOp], access: Access<'_>) -> Result<(), CommError> {
+        self.usable()?;
+        // SAFETY: forwarded from the caller.
+        let result = unsafe { p2p::run(&self.clique, self.rank, ops, access) };
+        result.inspect_err(|e| self.record_failure(e))
     }
 
     /// Runs the next operation now (tests, and the pure API).
@@ -147,7 +167,7 @@ impl Comm {
     pub unsafe fn run_now(&self, c: &Collective, send: u64, recv: u64) -> Result<(), CommError> {
         let seq = self.next_seq();
         // SAFETY: forwarded from the caller.
-        unsafe { self.execute(seq, c, send, recv) }
+        unsafe { self.execute(seq, c, (send, recv), &collective::unguarded) }
     }
 
     /// Counts one piece of work queued on a stream until the returned token is dropped (when
@@ -231,6 +251,8 @@ pub struct Group {
     pub ops: Vec<(CUstream, StreamWork)>,
     /// Communicators whose arrival wait is deferred.
     pub inits: Vec<Arc<Comm>>,
+    /// Sends and receives, run together per communicator and stream at the group's end.
+    pub p2p: Vec<(Arc<Comm>, CUstream, P2pOp)>,
 }
 
 thread_local! {

@@ -18,6 +18,7 @@ pub mod clique;
 pub mod collective;
 pub mod comm;
 pub mod ops;
+pub mod p2p;
 pub mod reduce;
 
 #[cfg(test)]
@@ -135,14 +136,59 @@ pub unsafe extern "C" fn ncclCommInitRank(
     id: ncclUniqueId,
     rank: c_int,
 ) -> ncclResult_t {
-    const CALL: &str = "ncclCommInitRank";
-    driver::trace(CALL);
+    // SAFETY: the caller's contract.
+    unsafe { init_rank("ncclCommInitRank", out, nranks, id, rank) }
+}
+
+/// `NCCL_CONFIG_INITIALIZER`'s magic number.
+const CONFIG_MAGIC: u32 = 0xcafe_beef;
+
+/// [`ncclCommInitRank`] with a configuration (null: defaults). The configuration must come from
+/// `NCCL_CONFIG_INITIALIZER`; its tuning fields do not change the emulation, and a
+/// non-blocking communicator is ready when the call returns (`ncclSuccess`).
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    config: *mut cudarc::nccl::sys::ncclConfig_t,
+) -> ncclResult_t {
+    const CALL: &str = "ncclCommInitRankConfig";
+    if !config.is_null() {
+        // SAFETY: a non-null config points to an ncclConfig_t (the caller's contract).
+        let magic = unsafe { (*config).magic };
+        if magic != CONFIG_MAGIC {
+            return arg(
+                CALL,
+                format!(
+                    "config magic 0x{magic:x} is not NCCL_CONFIG_INITIALIZER's 0x{CONFIG_MAGIC:x}"
+                ),
+            );
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { init_rank(CALL, out, nranks, id, rank) }
+}
+
+/// The body of both InitRank calls.
+///
+/// # Safety
+/// A non-null `out` is writable.
+unsafe fn init_rank(
+    call: &'static str,
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
+    driver::trace(call);
     if out.is_null() {
-        return arg(CALL, "comm is a null pointer".into());
+        return arg(call, "comm is a null pointer".into());
     }
     if nranks < 1 || rank < 0 || rank >= nranks {
         return arg(
-            CALL,
+            call,
             format!("rank {rank} of nranks {nranks} is out of range"),
         );
     }
@@ -159,7 +205,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
         timeout,
     ) {
         Ok(c) => c,
-        Err(e) => return fail(CALL, e),
+        Err(e) => return fail(call, e),
     };
     let deferred = with_group(|g| {
         if g.depth > 0 {
@@ -171,7 +217,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
     });
     if !deferred {
         if let Err(e) = comm.ready() {
-            return fail(CALL, e);
+            return fail(call, e);
         }
     }
     // SAFETY: non-null; the caller passes a writable ncclComm_t.
@@ -372,17 +418,35 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
         }
         g.depth -= 1;
         Some(if g.depth == 0 {
-            (std::mem::take(&mut g.inits), std::mem::take(&mut g.ops))
+            (
+                std::mem::take(&mut g.inits),
+                std::mem::take(&mut g.ops),
+                std::mem::take(&mut g.p2p),
+            )
         } else {
-            (Vec::new(), Vec::new())
+            Default::default()
         })
     });
-    let Some((inits, ops)) = taken else {
+    let Some((inits, mut ops, p2p)) = taken else {
         return fail(
             CALL,
             CommError::InvalidUsage("ncclGroupEnd without ncclGroupStart".into()),
         );
     };
+    // The group's sends and receives: one piece of work per communicator and stream.
+    let mut batches: Vec<(Arc<Comm>, cudarc::driver::sys::CUstream, Vec<p2p::P2pOp>)> = Vec::new();
+    for (comm, stream, op) in p2p {
+        match batches
+            .iter_mut()
+            .find(|(c, s, _)| Arc::ptr_eq(c, &comm) && *s == stream)
+        {
+            Some((_, _, list)) => list.push(op),
+            None => batches.push((comm, stream, vec![op])),
+        }
+    }
+    for (comm, stream, list) in batches {
+        ops.push((stream, ops::p2p_work(&comm, list)));
+    }
     // Every deferred operation is queued even after a failed initialisation: it then fails on
     // its stream (the communicator keeps the error), so no stream silently skips work.
     let mut result = ncclResult_t::ncclSuccess;

@@ -1,5 +1,5 @@
 //! The collective entry points (`ncclAllReduce`, `ncclBroadcast`, `ncclBcast`, `ncclReduce`,
-//! `ncclAllGather`, `ncclReduceScatter`). Invariants: every argument is checked at the call
+//! `ncclAllGather`, `ncclReduceScatter`) and the point-to-point ones (`ncclSend`, `ncclRecv`). Invariants: every argument is checked at the call
 //! (communicator, type, operator, root, count overflow, buffers live on the communicator's
 //! device, stream on that device) and again, for the buffers, when the work runs; the work is
 //! queued on the stream (or, inside a group, at the outermost `ncclGroupEnd`).
@@ -11,10 +11,12 @@ use cudarc::nccl::sys::{cudaStream_t, ncclComm_t, ncclResult_t};
 
 use super::clique::CommError;
 use super::collective::{Collective, Kind};
-use super::comm::with_group;
+use super::comm::{with_group, Comm};
+use super::p2p::P2pOp;
 use super::reduce::{DType, RedOp};
 use super::{arg, comm_of, fail};
 use crate::{driver, space};
+use std::sync::Arc;
 
 /// Checks that `[addr, addr + bytes)` is live memory on `device`.
 fn check_buffer(name: &str, addr: u64, bytes: u64, device: i32) -> Result<(), CommError> {
@@ -25,6 +27,27 @@ fn check_buffer(name: &str, addr: u64, bytes: u64, device: i32) -> Result<(), Co
         other => Err(CommError::InvalidArgument(format!(
             "{name} 0x{addr:x} is on {}, the communicator is on device {device}",
             other.map_or("no device".to_string(), |d| format!("device {d}"))
+        ))),
+    }
+}
+
+/// Runs `f` while every range stays live (a concurrent `cuMemFree` waits; never held across a
+/// wait for a peer); a range freed before is an error.
+fn held_live(ranges: &[(u64, u64)], f: &mut dyn FnMut()) -> Result<(), CommError> {
+    space::with_live(ranges, f).map_err(|e| {
+        CommError::InvalidArgument(format!("a buffer was freed while the operation ran: {e}"))
+    })
+}
+
+/// Checks that `stream` is usable and on `device`.
+fn check_stream(stream: CUstream, device: i32) -> Result<(), CommError> {
+    match driver::stream_device(stream) {
+        Ok(d) if d == device => Ok(()),
+        Ok(d) => Err(CommError::InvalidUsage(format!(
+            "the stream is on device {d}, the communicator on device {device}"
+        ))),
+        Err(e) => Err(CommError::InvalidUsage(format!(
+            "the stream is not usable ({e:?})"
         ))),
     }
 }
@@ -109,18 +132,8 @@ unsafe fn enqueue_collective(
         }
     }
     let stream = stream as CUstream;
-    match driver::stream_device(stream) {
-        Ok(d) if d == device => {}
-        Ok(d) => {
-            let e = format!("the stream is on device {d}, the communicator on device {device}");
-            return fail(call, CommError::InvalidUsage(e));
-        }
-        Err(e) => {
-            return fail(
-                call,
-                CommError::InvalidUsage(format!("the stream is not usable ({e:?})")),
-            )
-        }
+    if let Err(e) = check_stream(stream, device) {
+        return fail(call, e);
     }
     let seq = comm.next_seq();
     let queued = comm.queue_token();
@@ -129,9 +142,17 @@ unsafe fn enqueue_collective(
         let checked = buffers
             .iter()
             .filter(|(_, _, len)| *len > 0)
-            .try_for_each(|&(name, addr, len)| check_buffer(name, addr, len as u64, device));
-        // SAFETY: both buffers were just checked to be live device memory of their sizes.
-        let result = checked.and_then(|()| unsafe { comm.execute(seq, &c, send, recv) });
+            .try_for_each(|&(name, addr, len)| check_buffer(name, addr, len as u64, device))
+            .inspect_err(|e| comm.record_failure(e));
+        let ranges: Vec<(u64, u64)> = buffers
+            .iter()
+            .filter(|(_, _, len)| *len > 0)
+            .map(|&(_, addr, len)| (addr, len as u64))
+            .collect();
+        let access = |f: &mut dyn FnMut()| held_live(&ranges, f);
+        // SAFETY: both buffers were just checked to be live device memory of their sizes, and
+        // every access to them holds them live.
+        let result = checked.and_then(|()| unsafe { comm.execute(seq, &c, (send, recv), &access) });
         result.map_err(|e| {
             fail(call, e);
             CUresult::CUDA_ERROR_UNKNOWN
@@ -316,4 +337,139 @@ pub unsafe extern "C" fn ncclReduceScatter(
             stream,
         )
     }
+}
+
+/// The stream work running `ops` of `comm` together (buffers checked again when it runs).
+pub(crate) fn p2p_work(comm: &Arc<Comm>, ops: Vec<P2pOp>) -> driver::StreamWork {
+    let queued = comm.queue_token();
+    Box::new(move || {
+        let comm = queued;
+        let call = if ops.iter().all(|o| o.send) {
+            "ncclSend"
+        } else {
+            "ncclRecv"
+        };
+        let checked = ops.iter().try_for_each(|o| {
+            let name = if o.send { "sendbuff" } else { "recvbuff" };
+            let bytes = (o.count * o.dtype.size()) as u64;
+            check_buffer(name, o.addr, bytes, comm.device)
+        });
+        let checked = checked.inspect_err(|e| comm.record_failure(e));
+        let ranges: Vec<(u64, u64)> = ops
+            .iter()
+            .map(|o| (o.addr, (o.count * o.dtype.size()) as u64))
+            .filter(|&(_, len)| len > 0)
+            .collect();
+        let access = |f: &mut dyn FnMut()| held_live(&ranges, f);
+        // SAFETY: every buffer was just checked to be live device memory of its size, and
+        // every access to them holds them live.
+        let result = checked.and_then(|()| unsafe { comm.execute_p2p(&ops, &access) });
+        result.map_err(|e| {
+            fail(call, e);
+            CUresult::CUDA_ERROR_UNKNOWN
+        })
+    })
+}
+
+/// Validates and queues one send or receive (inside a group: at the group's end, together
+/// with the group's other sends and receives on the same communicator and stream).
+#[allow(clippy::too_many_arguments)]
+unsafe fn enqueue_p2p(
+    send: bool,
+    buff: u64,
+    count: usize,
+    dtype: u32,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let call = if send { "ncclSend" } else { "ncclRecv" };
+    let comm = match comm_of(call, comm) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let Some(dtype) = DType::from_raw(dtype) else {
+        return arg(
+            call,
+            format!("datatype {dtype} is not an emulated ncclDataType_t"),
+        );
+    };
+    if peer < 0 || peer as usize >= comm.nranks {
+        return arg(
+            call,
+            format!("peer {peer} is not a rank of {}", comm.nranks),
+        );
+    }
+    let Some(bytes) = count
+        .checked_mul(dtype.size())
+        .filter(|&b| b <= isize::MAX as usize)
+    else {
+        return arg(call, format!("count {count} overflows the buffer size"));
+    };
+    if let Err(e) = comm.usable() {
+        return fail(call, e);
+    }
+    let name = if send { "sendbuff" } else { "recvbuff" };
+    if bytes > 0 {
+        if let Err(e) = check_buffer(name, buff, bytes as u64, comm.device) {
+            return fail(call, e);
+        }
+    }
+    let stream = stream as CUstream;
+    if let Err(e) = check_stream(stream, comm.device) {
+        return fail(call, e);
+    }
+    let op = P2pOp {
+        send,
+        peer: peer as usize,
+        addr: buff,
+        count,
+        dtype,
+    };
+    let grouped = with_group(|g| {
+        if g.depth > 0 {
+            g.p2p.push((comm.clone(), stream, op));
+            true
+        } else {
+            false
+        }
+    });
+    if !grouped {
+        if let Err(e) = driver::enqueue(stream, p2p_work(&comm, vec![op])) {
+            driver::log(&format!(
+                "{call}: queueing on the stream failed ({e:?}) (ncclUnhandledCudaError)"
+            ));
+            return ncclResult_t::ncclUnhandledCudaError;
+        }
+    }
+    ncclResult_t::ncclSuccess
+}
+
+/// Sends `count` elements to `peer` (completes once they are in the pair's ring: at once for
+/// small messages, like NCCL's eager protocol; else as the peer's receive drains it).
+#[no_mangle]
+pub unsafe extern "C" fn ncclSend(
+    send: *const c_void,
+    count: usize,
+    dtype: u32,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: the caller's contract is NCCL's.
+    unsafe { enqueue_p2p(true, send as u64, count, dtype, peer, comm, stream) }
+}
+
+/// Receives `count` elements from `peer`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclRecv(
+    recv: *mut c_void,
+    count: usize,
+    dtype: u32,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: the caller's contract is NCCL's.
+    unsafe { enqueue_p2p(false, recv as u64, count, dtype, peer, comm, stream) }
 }

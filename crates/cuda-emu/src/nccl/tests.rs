@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::clique::{new_id_name, CommError};
-use super::collective::{Collective, Kind};
+use super::collective::{unguarded, Collective, Kind};
 use super::comm::Comm;
+use super::p2p::P2pOp;
 use super::reduce::{DType, RedOp};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -167,6 +168,7 @@ fn run_all_cases(comm: &Comm) {
             true,
         );
     }
+    run_p2p_cases(comm);
     // count 0 is a no-op.
     let c = Collective {
         kind: Kind::AllReduce,
@@ -311,25 +313,41 @@ fn spawn_peer(name: &str, mode: &str) -> std::process::Child {
             "--test-threads=1",
         ])
         .env(PEER_ENV, format!("{name},{mode}"))
+        // Piped, so the peer's test-harness lines do not mix into this binary's output.
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// Waits for the peer; its output when it failed.
+fn peer_result(child: std::process::Child) -> Result<(), String> {
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr))
+    }
 }
 
 #[test]
 fn ranks_in_two_processes_run_every_collective() {
     let name = new_id_name().unwrap();
-    let mut child = spawn_peer(&name, "run");
+    let child = spawn_peer(&name, "run");
     let comm = Comm::init_rank(&name, 2, 0, 0, SLOT_BYTES, TIMEOUT).unwrap();
     run_all_cases(&comm);
-    assert!(child.wait().unwrap().success(), "the peer process failed");
+    if let Err(output) = peer_result(child) {
+        panic!("the peer process failed:\n{output}");
+    }
 }
 
 #[test]
 fn a_peer_process_that_dies_is_reported() {
     let name = new_id_name().unwrap();
-    let mut child = spawn_peer(&name, "die");
+    let child = spawn_peer(&name, "die");
     let comm = Comm::init_rank(&name, 2, 0, 0, SLOT_BYTES, TIMEOUT).unwrap();
-    child.wait().unwrap();
+    let _ = peer_result(child);
     let c = Collective {
         kind: Kind::AllReduce,
         count: 3,
@@ -380,4 +398,79 @@ fn the_default_slot_size_moves_more_than_one_slot() {
     };
     run(0, name);
     peer.join().unwrap();
+}
+
+/// A ring exchange (each rank sends to the next and receives from the previous, both in one
+/// batch, messages many times the ring's size) and a send to itself.
+fn run_p2p_cases(comm: &Comm) {
+    let (rank, n) = (comm.rank, comm.nranks);
+    for (dtype, count) in [(DType::F32, 1000), (DType::BF16, 3), (DType::U8, 0)] {
+        let send = fill(dtype, rank, count);
+        let mut recv = vec![0u8; send.len()];
+        let mut own = vec![0u8; send.len()];
+        let op = |send: bool, peer: usize, addr: u64| P2pOp {
+            send,
+            peer,
+            addr,
+            count,
+            dtype,
+        };
+        // Two messages to itself on one channel: they must arrive whole and in order.
+        let second = fill(dtype, rank + 7, count);
+        let mut own2 = vec![0u8; send.len()];
+        let ops = [
+            op(true, (rank + 1) % n, send.as_ptr() as u64),
+            op(false, (rank + n - 1) % n, recv.as_mut_ptr() as u64),
+            op(true, rank, send.as_ptr() as u64),
+            op(true, rank, second.as_ptr() as u64),
+            op(false, rank, own.as_mut_ptr() as u64),
+            op(false, rank, own2.as_mut_ptr() as u64),
+        ];
+        // SAFETY: every buffer holds `count` elements.
+        unsafe { comm.execute_p2p(&ops, &unguarded) }
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(
+            recv,
+            fill(dtype, (rank + n - 1) % n, count),
+            "rank {rank} {dtype:?}"
+        );
+        assert_eq!(own, send, "rank {rank} {dtype:?} to itself");
+        assert_eq!(
+            own2, second,
+            "rank {rank} {dtype:?} second message to itself"
+        );
+    }
+}
+
+#[test]
+fn a_receive_that_expects_another_size_is_invalid_usage() {
+    threads(2, |comm| {
+        let mut buf = vec![0f32; 6];
+        let p = buf.as_mut_ptr() as u64;
+        let op = if comm.rank == 0 {
+            P2pOp {
+                send: true,
+                peer: 1,
+                addr: p,
+                count: 5,
+                dtype: DType::F32,
+            }
+        } else {
+            P2pOp {
+                send: false,
+                peer: 0,
+                addr: p,
+                count: 6,
+                dtype: DType::F32,
+            }
+        };
+        // SAFETY: `buf` holds 6 elements.
+        let r = unsafe { comm.execute_p2p(&[op], &unguarded) };
+        if comm.rank == 1 {
+            assert!(
+                matches!(r, Err(CommError::InvalidUsage(ref m)) if m.contains("sent 20 bytes")),
+                "{r:?}"
+            );
+        }
+    });
 }

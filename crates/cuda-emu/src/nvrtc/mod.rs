@@ -12,9 +12,9 @@ pub mod image;
 pub mod options;
 pub mod scan;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use cudarc::nvrtc::sys::{nvrtcProgram, nvrtcResult};
 
@@ -29,31 +29,27 @@ struct ProgramState {
     image: Option<CString>,
 }
 
-/// Addresses of the live programs.
-static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+/// The live programs by handle (the address of their state).
+type Registry = HashMap<usize, Arc<Mutex<ProgramState>>>;
+static LIVE: Mutex<Option<Registry>> = Mutex::new(None);
 
-fn live() -> std::sync::MutexGuard<'static, Option<HashSet<usize>>> {
+fn live() -> std::sync::MutexGuard<'static, Option<Registry>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `f` on the program `prog` while holding the registry lock (programs are not shared
-/// between threads at once; the lock keeps destroy from racing a use).
+/// Runs `f` on the program `prog`. The registry lock is held only to find the program, so
+/// compiles of different programs run at once; a program destroyed meanwhile stays alive until
+/// `f` returns.
 fn with_program<R>(
     prog: nvrtcProgram,
     f: impl FnOnce(&mut ProgramState) -> R,
 ) -> Result<R, nvrtcResult> {
-    let guard = live();
-    if !guard
+    let state = live()
         .as_ref()
-        .is_some_and(|set| set.contains(&(prog as usize)))
-    {
-        return Err(nvrtcResult::NVRTC_ERROR_INVALID_PROGRAM);
-    }
-    // SAFETY: the address is live, so it is a `ProgramState` made by nvrtcCreateProgram.
-    let state = unsafe { &mut *(prog as *mut ProgramState) };
-    let r = f(state);
-    drop(guard);
-    Ok(r)
+        .and_then(|set| set.get(&(prog as usize)).cloned())
+        .ok_or(nvrtcResult::NVRTC_ERROR_INVALID_PROGRAM)?;
+    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(f(&mut guard))
 }
 
 fn status(r: Result<(), nvrtcResult>) -> nvrtcResult {
@@ -181,7 +177,7 @@ pub unsafe extern "C" fn nvrtcCreateProgram(
             }
             named.push((text(n), text(h)));
         }
-        let state = Box::new(ProgramState {
+        let state = Arc::new(Mutex::new(ProgramState {
             name: if name.is_null() {
                 "default_program".into()
             } else {
@@ -191,10 +187,12 @@ pub unsafe extern "C" fn nvrtcCreateProgram(
             headers: named,
             log: CString::default(),
             image: None,
-        });
-        let raw = Box::into_raw(state);
-        live().get_or_insert_with(HashSet::new).insert(raw as usize);
-        *prog = raw as nvrtcProgram;
+        }));
+        let handle = Arc::as_ptr(&state) as usize;
+        live()
+            .get_or_insert_with(HashMap::new)
+            .insert(handle, state);
+        *prog = handle as nvrtcProgram;
         nvrtcResult::NVRTC_SUCCESS
     }
 }
@@ -208,13 +206,13 @@ pub unsafe extern "C" fn nvrtcDestroyProgram(prog: *mut nvrtcProgram) -> nvrtcRe
             return nvrtcResult::NVRTC_ERROR_INVALID_INPUT;
         }
         let handle = *prog;
-        if !live()
+        if live()
             .as_mut()
-            .is_some_and(|set| set.remove(&(handle as usize)))
+            .and_then(|set| set.remove(&(handle as usize)))
+            .is_none()
         {
             return nvrtcResult::NVRTC_ERROR_INVALID_PROGRAM;
         }
-        drop(Box::from_raw(handle as *mut ProgramState));
         *prog = std::ptr::null_mut();
         nvrtcResult::NVRTC_SUCCESS
     }
@@ -253,6 +251,7 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
                     state.log = c_string(built.log);
                     let img = image::Image {
                         hash: built.hash,
+                        kernels: built.kernels,
                         name: state.name.clone(),
                         options: opts.clone(),
                         headers: state.headers.clone(),

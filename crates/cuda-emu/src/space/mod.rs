@@ -20,7 +20,7 @@ mod span;
 
 use std::fmt;
 
-pub(crate) use registry::{publish_mapping, withdraw_mapping};
+pub(crate) use registry::{publish_mapping, range_of, with_live, withdraw_mapping};
 pub(crate) use span::{
     alloc, allocation_device, capacity, charge, discard, free, init, reserve, uncharge, unreserve,
     used, SpaceError, SPAN_BYTES,

@@ -4,7 +4,8 @@
 //! Invariants: entries never overlap; an entry exists exactly while its pages are readable and
 //! writable (it is inserted after `mprotect` made them so and removed before they are made
 //! inaccessible again); lookups take a read lock only, so checks from many threads run in
-//! parallel.
+//! parallel; the emulator's own accesses run under that read lock ([`with_live`]), so memory
+//! cannot be freed or unmapped under them.
 
 use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -79,14 +80,36 @@ pub(super) fn device_at(ptr: u64) -> Option<i32> {
     (ptr < start + l.len).then_some(l.device)
 }
 
+/// The live range holding `ptr`: its start, length and device (one mapping for VMM memory).
+pub(crate) fn range_of(ptr: u64) -> Option<(u64, u64, i32)> {
+    let live = read();
+    let (&start, l) = live.range(..=ptr).next_back()?;
+    (ptr < start + l.len).then_some((start, l.len, l.device))
+}
+
 /// Ok when `[ptr, ptr + len)` is inside one live range (see [`super::check_device_range`]).
 pub(super) fn check(ptr: u64, len: u64) -> Result<(), String> {
+    check_in(&read(), ptr, len)
+}
+
+/// Runs `f` while every range of `ranges` is live and stays live (frees and unmaps wait for `f`
+/// to return); the error names the first range that is not live.
+pub(crate) fn with_live<R>(ranges: &[(u64, u64)], f: impl FnOnce() -> R) -> Result<R, String> {
+    let live = read();
+    for &(ptr, len) in ranges {
+        check_in(&live, ptr, len)?;
+    }
+    let result = f();
+    drop(live);
+    Ok(result)
+}
+
+fn check_in(live: &BTreeMap<u64, Live>, ptr: u64, len: u64) -> Result<(), String> {
     let Some(wanted_end) = ptr.checked_add(len) else {
         return Err(format!(
             "0x{ptr:x} + {len} bytes wraps around the address space"
         ));
     };
-    let live = read();
     if let Some((&start, first)) = live.range(..=ptr).next_back() {
         let mut end = start + first.len;
         let inside = if len == 0 { ptr <= end } else { ptr < end };
@@ -115,7 +138,6 @@ pub(super) fn check(ptr: u64, len: u64) -> Result<(), String> {
             ));
         }
     }
-    drop(live);
     Err(match super::span::span_device(ptr) {
         Some(d) => format!(
             "0x{ptr:x} + {len} bytes is not inside any live allocation on device {d} (never \

@@ -5,7 +5,8 @@
 // Invariants: `probe OP` reads little-endian fixed-size records (the operands of OP) from stdin
 // until it ends and writes one little-endian result per record to stdout, nothing else; an
 // unknown OP exits 2. `probe atomics` instead runs its own threads and prints "ok" or what
-// differed. Compiled with the flags the emulator uses (-std=c++17 -O2 -ffp-contract=off).
+// differed, and `probe api` checks overloads, helpers and vector types the same way. Compiled
+// with the flags the emulator uses (-std=c++17 -O2 -ffp-contract=off).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -14,6 +15,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -104,6 +106,23 @@ std::map<std::string, std::function<void()>> ops() {
     m["dfma"] = ternary<double, double>([](double a, double b, double c) { return __fma_rn(a, b, c); });
     m["dmul_add"] = ternary<double, double>(
         [](double a, double b, double c) { return __dadd_rn(__dmul_rn(a, b), c); });
+    // Directed rounding.
+#define KILN_PROBE_DIRECTED(SUF)                                                               \
+    m["fadd_" #SUF] = binary<float, float>([](float a, float b) { return __fadd_##SUF(a, b); }); \
+    m["fsub_" #SUF] = binary<float, float>([](float a, float b) { return __fsub_##SUF(a, b); }); \
+    m["fmul_" #SUF] = binary<float, float>([](float a, float b) { return __fmul_##SUF(a, b); }); \
+    m["fdiv_" #SUF] = binary<float, float>([](float a, float b) { return __fdiv_##SUF(a, b); }); \
+    m["fsqrt_" #SUF] = unary<float, float>([](float a) { return __fsqrt_##SUF(a); });           \
+    m["fmaf_" #SUF] = ternary<float, float>(                                                   \
+        [](float a, float b, float c) { return __fmaf_##SUF(a, b, c); });                      \
+    m["dadd_" #SUF] = binary<double, double>([](double a, double b) { return __dadd_##SUF(a, b); }); \
+    m["dmul_" #SUF] = binary<double, double>([](double a, double b) { return __dmul_##SUF(a, b); }); \
+    m["ddiv_" #SUF] = binary<double, double>([](double a, double b) { return __ddiv_##SUF(a, b); }); \
+    m["dsqrt_" #SUF] = unary<double, double>([](double a) { return __dsqrt_##SUF(a); });
+    KILN_PROBE_DIRECTED(rz)
+    KILN_PROBE_DIRECTED(rd)
+    KILN_PROBE_DIRECTED(ru)
+#undef KILN_PROBE_DIRECTED
     // 16-bit arithmetic.
     m["hadd"] = binary<u16, u16>([](u16 a, u16 b) { return hb(__hadd(h(a), h(b))); });
     m["hsub"] = binary<u16, u16>([](u16 a, u16 b) { return hb(h(a) - h(b)); });
@@ -216,12 +235,105 @@ int atomics() {
     return ok ? 0 : 1;
 }
 
+// Overload resolution, the small helpers and the vector types, checked by value.
+int api() {
+    bool ok = true;
+    auto check = [&](const char* what, bool good) {
+        if (!good) std::printf("%s differs\n", what);
+        ok = ok && good;
+    };
+    unsigned long long big = 1ull << 40;
+    static_assert(std::is_same<decltype(min(big, big + 1)), unsigned long long>::value, "min u64");
+    static_assert(std::is_same<decltype(max(-1, 2u)), unsigned int>::value, "max mixed");
+    static_assert(std::is_same<decltype(min(1.0f, 2.0f)), float>::value, "min float");
+    static_assert(std::is_same<decltype(__ldg((const float4*)nullptr)), float4>::value, "__ldg");
+    check("min u64", min(big, big + 1) == big);
+    check("max mixed is unsigned", max(-1, 2u) == 0xffffffffu);
+    check("max float ignores NaN", max(NAN, 2.0f) == 2.0f && min(1.0, NAN) == 1.0);
+    check("llmin", llmin(-5, 3) == -5 && ullmax(1, 7) == 7 && umin(4, 9) == 4);
+    check("__saturatef", __saturatef(NAN) == 0.0f && __saturatef(2.0f) == 1.0f &&
+                             __saturatef(-1.0f) == 0.0f && __saturatef(0.25f) == 0.25f);
+    check("bit casts", __float_as_uint(1.0f) == 0x3f800000u && __int_as_float(0x40000000) == 2.0f &&
+                           __double_as_longlong(1.0) == 0x3ff0000000000000ll &&
+                           __longlong_as_double(0x4000000000000000ll) == 2.0);
+    check("hi/lo words", __double2hiint(1.0) == 0x3ff00000 && __double2loint(1.0) == 0 &&
+                             __hiloint2double(0x40000000, 0) == 2.0);
+    float s = 0, c = 0;
+    __sincosf(0.0f, &s, &c);
+    check("fast intrinsics", __expf(0.0f) == 1.0f && __logf(1.0f) == 0.0f && s == 0.0f &&
+                                 c == 1.0f && __powf(2.0f, 3.0f) == 8.0f &&
+                                 __fdividef(1.0f, 4.0f) == 0.25f);
+    check("sinpi/cospi exact", sinpi(1.0) == 0.0 && std::signbit(sinpi(-2.0)) &&
+                                   cospi(0.5) == 0.0 && cospi(1.0) == -1.0 && sinpif(0.5f) == 1.0f);
+    check("inverse error functions",
+          std::fabs(std::erf(erfinv(0.3)) - 0.3) < 1e-16 && erfinv(1.0) == INFINITY &&
+              std::isnan(erfinv(1.5)) && erfcinv(1.0) == 0.0 && normcdfinv(0.5) == 0.0 &&
+              !std::signbit(normcdfinv(0.5)) &&
+              std::fabs(normcdfinv(0.975) - 1.959963984540054) < 1e-15 &&
+              std::fabs(std::erfc(erfcinv(1e-300)) / 1e-300 - 1.0) < 1e-12 &&
+              std::fabs(erfinvf(-0.5f) + 0.47693628f) < 1e-7f);
+    const float third_d = __fdiv_rd(1.0f, 3.0f), third_u = __fdiv_ru(1.0f, 3.0f);
+    check("directed rounding",
+          __fadd_rd(1.0f, 1e-30f) == 1.0f && __fadd_ru(1.0f, 1e-30f) == std::nextafter(1.0f, 2.0f) &&
+              __fsub_rz(1.0f, 1e-30f) == std::nextafter(1.0f, 0.0f) &&
+              third_u == std::nextafter(third_d, 1.0f) && __frcp_rz(3.0f) == third_d &&
+              __fmul_ru(3.0f, third_d) < 1.0f && __fmul_ru(3.0f, third_u) > 1.0f &&
+              __fsqrt_rd(2.0f) < __fsqrt_ru(2.0f) && __fmul_rz(3e38f, 10.0f) == FLT_MAX &&
+              __fmul_ru(-3e38f, 10.0f) == -FLT_MAX && __fmul_rd(-3e38f, 10.0f) == -INFINITY &&
+              __dadd_rd(1.0, 1e-300) == 1.0 && __dadd_ru(1.0, 1e-300) > 1.0 &&
+              __ddiv_rd(1.0, 3.0) < __ddiv_ru(1.0, 3.0) && __dsqrt_rz(4.0) == 2.0 &&
+              __drcp_ru(3.0) > __drcp_rd(3.0) && __fmaf_rd(1.0f, 1.0f, 1e-30f) == 1.0f &&
+              __fma_ru(1.0, 1.0, 1e-300) > 1.0 && __fadd_rd(1.0f, -1.0f) == 0.0f &&
+              std::signbit(__fadd_rd(1.0f, -1.0f)) && !std::signbit(__fadd_rz(1.0f, -1.0f)) &&
+              std::fegetround() == FE_TONEAREST);
+    check("rsqrtf", rsqrtf(4.0f) == 0.5f && rsqrt(16.0) == 0.25 && normcdf(0.0) == 0.5);
+    check("__ffs/__clz edges", __ffs(0) == 0 && __clz(0) == 32 && __clzll(0) == 64 &&
+                                   __ffsll(1ll << 40) == 41 && __popc(~0u) == 32);
+    check("funnel shifts", __funnelshift_l(0x80000000u, 1u, 1) == 3u &&
+                               __funnelshift_r(1u, 1u, 1) == 0x80000000u &&
+                               __funnelshift_lc(0u, 5u, 40) == 5u);
+    check("averages", __hadd(-3, 0) == -2 && __rhadd(1, 2) == 2 && __uhadd(~0u, ~0u) == ~0u &&
+                          __sad(-2, 3, 1u) == 6u);
+    const float4 f4 = make_float4(1, 2, 3, 4);
+    const double2 d2 = make_double2(5, 6);
+    const dim3 d(7);
+    const uint3 u = d;
+    check("vectors", f4.w == 4 && d2.y == 6 && d.y == 1 && d.z == 1 && u.x == 7 &&
+                         make_char3(1, 2, 3).z == 3 && make_ulonglong2(8, 9).y == 9u);
+    alignas(16) float4 arr[2];
+    check("float4 arrays stay 16-byte aligned", ((uintptr_t)&arr[1] & 15) == 0);
+    const __half2 h2 = make_half2(__float2half(1.5f), __float2half(-2.0f));
+    const float2 back = __half22float2(h2);
+    check("__half2", back.x == 1.5f && back.y == -2.0f && __low2float(h2) == 1.5f &&
+                         __high2float(__lowhigh2highlow(h2)) == 1.5f);
+    const __nv_bfloat162 b2 = __floats2bfloat162_rn(3.0f, 0.5f);
+    check("__nv_bfloat162", __bfloat162float(__high2bfloat16(b2)) == 0.5f &&
+                                __bfloat16_as_ushort(__low2bfloat16(b2)) == 0x4040);
+    check("16-bit bool and ints", !bool(__float2half(-0.0f)) && bool(__float2half(1e-7f)) &&
+                                      int(__float2half(-2.75f)) == -2 &&
+                                      __half2int_rn(__float2half(2.5f)) == 2);
+    check("16-bit NaN tests", __hisnan(__float2half(NAN)) && !__hisnan(__float2half(INFINITY)) &&
+                                  __hisinf(__float2bfloat16(-INFINITY)) == -1 &&
+                                  !(__float2half(NAN) == __float2half(NAN)) &&
+                                  __float2half(NAN) != __float2half(NAN));
+    check("16-bit max/min of +-0", __half_as_ushort(__hmax(__float2half(-0.0f), __float2half(0.0f))) == 0 &&
+                                       __half_as_ushort(__hmin(__float2half(0.0f), __float2half(-0.0f))) == 0x8000);
+    __half inc = __float2half(1.0f);
+    ++inc;
+    inc += __float2half(0.5f);
+    check("16-bit operators", __half2float(inc) == 2.5f && __half2float(-inc) == -2.5f &&
+                                  __half2float(__ldg(&inc)) == 2.5f);
+    std::printf(ok ? "ok\n" : "failed\n");
+    return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc != 2) return 2;
     const std::string op = argv[1];
     if (op == "atomics") return atomics();
+    if (op == "api") return api();
     static char in_buf[1 << 16], out_buf[1 << 16];
     std::setvbuf(stdin, in_buf, _IOFBF, sizeof in_buf);
     std::setvbuf(stdout, out_buf, _IOFBF, sizeof out_buf);

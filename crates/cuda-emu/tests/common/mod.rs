@@ -7,12 +7,26 @@ use std::sync::{Mutex, MutexGuard, Once};
 
 use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUresult, CUstream};
 
+/// Every variable the emulator reads: a test sets those it needs, the others are removed (the
+/// suite may run under `cargo xtask emu`, which sets some).
+pub const VARIABLES: &[&str] = &[
+    "KILN_EMU_DEVICES",
+    "KILN_EMU_MEMORY",
+    "KILN_EMU_CC",
+    "KILN_EMU_DELAY",
+    "KILN_EMU_LOG",
+    "CUDA_VISIBLE_DEVICES",
+];
+
 /// Sets the environment once, initialises the driver and returns the test lock.
 pub fn setup(env: &[(&str, &str)]) -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     static INIT: Once = Once::new();
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     INIT.call_once(|| {
+        for k in VARIABLES {
+            std::env::remove_var(k);
+        }
         for (k, v) in env {
             std::env::set_var(k, v);
         }

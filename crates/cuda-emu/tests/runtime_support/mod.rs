@@ -2,7 +2,7 @@
 //! points, load it, launch a kernel with host-side argument values.
 #![allow(dead_code)]
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUresult;
@@ -12,15 +12,7 @@ use kiln_cuda_emu::nvrtc;
 
 /// The options kiln compiles every kernel with.
 pub fn kiln_options() -> Vec<String> {
-    [
-        "--gpu-architecture=compute_90",
-        "--std=c++17",
-        "--device-as-default-execution-space",
-        "-lineinfo",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    kiln_device::nvrtc_options(9, 0)
 }
 
 /// Compiles `source` as program `name`; the image text, or the status and the log.
@@ -29,25 +21,42 @@ pub fn compile(
     source: &str,
     options: &[String],
 ) -> Result<String, (nvrtcResult, String)> {
+    compile_with_headers(name, source, options, &[])
+}
+
+fn c_strings(list: impl Iterator<Item = String>) -> Vec<CString> {
+    list.map(|s| CString::new(s).unwrap()).collect()
+}
+
+fn pointers(list: &[CString]) -> Vec<*const c_char> {
+    list.iter().map(|s| s.as_ptr()).collect()
+}
+
+/// As [`compile`], with named headers (include name, text) given to nvrtcCreateProgram.
+pub fn compile_with_headers(
+    name: &str,
+    source: &str,
+    options: &[String],
+    headers: &[(&str, &str)],
+) -> Result<String, (nvrtcResult, String)> {
+    let texts = c_strings(headers.iter().map(|(_, t)| t.to_string()));
+    let names = c_strings(headers.iter().map(|(n, _)| n.to_string()));
+    let opts = c_strings(options.iter().cloned());
+    let (texts_p, names_p, opts_p) = (pointers(&texts), pointers(&names), pointers(&opts));
     let src = CString::new(source).unwrap();
     let cname = CString::new(name).unwrap();
-    let opts: Vec<CString> = options
-        .iter()
-        .map(|o| CString::new(o.as_str()).unwrap())
-        .collect();
-    let ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     unsafe {
         let mut prog = std::ptr::null_mut();
         let r = nvrtc::nvrtcCreateProgram(
             &mut prog,
             src.as_ptr(),
             cname.as_ptr(),
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
+            headers.len() as i32,
+            texts_p.as_ptr(),
+            names_p.as_ptr(),
         );
         assert_eq!(r, nvrtcResult::NVRTC_SUCCESS);
-        let r = nvrtc::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr());
+        let r = nvrtc::nvrtcCompileProgram(prog, opts_p.len() as i32, opts_p.as_ptr());
         let mut size = 0;
         assert_eq!(
             nvrtc::nvrtcGetProgramLogSize(prog, &mut size),
@@ -77,6 +86,10 @@ pub fn compile(
                 .to_string_lossy()
                 .into_owned())
         } else {
+            assert_eq!(
+                nvrtc::nvrtcGetPTXSize(prog, &mut size),
+                nvrtcResult::NVRTC_ERROR_INVALID_PROGRAM
+            );
             Err((r, log))
         };
         assert_eq!(
@@ -88,13 +101,17 @@ pub fn compile(
     }
 }
 
+/// Loads a compiled image.
+pub fn load_image(image: String) -> Result<Arc<Module>, LaunchError> {
+    let image = CString::new(image).unwrap();
+    unsafe { Module::load(image.as_ptr() as *const c_void) }
+}
+
 /// Compiles and loads `source`, panicking with the log on failure.
 pub fn load(name: &str, source: &str) -> Arc<Module> {
     let image =
         compile(name, source, &kiln_options()).unwrap_or_else(|(c, log)| panic!("{c:?}\n{log}"));
-    let image = CString::new(image).unwrap();
-    unsafe { Module::load(image.as_ptr() as *const c_void) }
-        .unwrap_or_else(|e| panic!("{}", e.message))
+    load_image(image).unwrap_or_else(|e| panic!("{}", e.message))
 }
 
 /// One argument value, passed to the launch by address as cuLaunchKernel takes it.
@@ -110,6 +127,18 @@ pub fn launch(
     kernel: &str,
     grid: [u32; 3],
     block: [u32; 3],
+    args: &[Arg],
+) -> Result<(), LaunchError> {
+    launch_shared(module, kernel, grid, block, 0, args)
+}
+
+/// As [`launch`], with `shared_bytes` of dynamic shared memory per block.
+pub fn launch_shared(
+    module: &Arc<Module>,
+    kernel: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
     args: &[Arg],
 ) -> Result<(), LaunchError> {
     let f = module.function(kernel)?;
@@ -130,7 +159,7 @@ pub fn launch(
         LaunchDims {
             grid,
             block,
-            shared_bytes: 0,
+            shared_bytes,
         },
         &captured,
     )
