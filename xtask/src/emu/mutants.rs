@@ -66,8 +66,8 @@ pub const MUTANTS: [Mutant; 10] = [
             file: "ops/reduce/reduce.cu",
             find: "for (u64 j = lo + packs * V + threadIdx.x; j < hi; j += step) {",
             replace: "for (u64 j = lo + packs * V + threadIdx.x; j + 1 < hi; j += step) {",
-            binary: "kiln-device--test-cuda_bandwidth_paths",
-            filter: "",
+            binary: "kiln-device--test-cuda_ops",
+            filter: "reductions_match_cpu_on_every_dim_set",
         },
         env: &[],
         expect: &["panicked"],
@@ -79,8 +79,8 @@ pub const MUTANTS: [Mutant; 10] = [
             file: "ops/reduce/reduce.cu",
             find: "    if (lane == 0) warp_states[warp] = s;\n    __syncthreads();\n",
             replace: "    if (lane == 0) warp_states[warp] = s;\n",
-            binary: "kiln-device--test-cuda_bandwidth_paths",
-            filter: "",
+            binary: "kiln-device--test-cuda_ops",
+            filter: "reductions_match_cpu_on_every_dim_set",
         },
         env: &[],
         expect: &["panicked"],
@@ -92,8 +92,8 @@ pub const MUTANTS: [Mutant; 10] = [
             file: "ops/reduce/reduce.cu",
             find: "for (int o = 16; o > 0; o >>= 1) {",
             replace: "for (int o = 8; o > 0; o >>= 1) {",
-            binary: "kiln-device--test-cuda_bandwidth_paths",
-            filter: "",
+            binary: "kiln-device--test-cuda_ops",
+            filter: "reductions_match_cpu_on_every_dim_set",
         },
         env: &[],
         expect: &["panicked"],
@@ -105,8 +105,8 @@ pub const MUTANTS: [Mutant; 10] = [
             file: "ops/fill/fill.cu",
             find: "copy_strided_impl<T>(src, offset, layout, dst, n);",
             replace: "copy_strided_impl<T>(src, n, layout, dst, offset);",
-            binary: "kiln-device--test-cuda_ops",
-            filter: "copy_into_writes_through_strided_destinations",
+            binary: "kiln-device",
+            filter: "ops::fill::cuda::tests::strided_copy_matches_cpu",
         },
         env: &[],
         expect: &["panicked"],
@@ -117,12 +117,12 @@ pub const MUTANTS: [Mutant; 10] = [
         plant: Plant::Kernel {
             file: "ops/copy/copy.cu",
             find: "return __double2bfloat16(__longlong_as_double((i64)(bits & 0xFFFFFFFF00000000ULL)));",
-            replace: "return __double2bfloat16_rz(__longlong_as_double((i64)(bits & 0xFFFFFFFF00000000ULL)));",
+            replace: "return __float2bfloat16_rz((float)__longlong_as_double((i64)(bits & 0xFFFFFFFF00000000ULL)));",
             binary: "kiln-device--test-cuda_ops",
             filter: "casts_and_copies_match_cpu_bit_for_bit",
         },
         env: &[],
-        expect: &["panicked", "bf16"],
+        expect: &["panicked"],
     },
     Mutant {
         bug: "out-of-bounds store",
@@ -377,12 +377,18 @@ fn check(
     })
 }
 
-/// The first log line holding the first expected text (the kernel or call), else the last line.
+/// The first log line holding the first expected text (the kernel or call), else the last line;
+/// for a test's panic, the panic message (the line after `panicked at ...:`).
 fn excerpt(outcome: &Outcome, expect: &[&str]) -> String {
-    let line = expect
+    let lines: Vec<&str> = outcome.log.lines().collect();
+    let at = expect
         .first()
-        .and_then(|t| outcome.log.lines().find(|l| l.contains(t)))
-        .unwrap_or_else(|| outcome.log.lines().last().unwrap_or(""));
+        .and_then(|t| lines.iter().position(|l| l.contains(t)))
+        .unwrap_or(lines.len().saturating_sub(1));
+    let mut line = lines.get(at).copied().unwrap_or("");
+    if line.contains("panicked at") {
+        line = lines.get(at + 1).copied().unwrap_or(line);
+    }
     shorten(line.trim(), 160)
 }
 
