@@ -10,6 +10,10 @@
 //! - Every pointer argument of a launch is null or inside a live device allocation when it is
 //!   captured; anything else is refused before the kernel runs.
 //! - Every error names the kernel; a fault names the block, the thread and the address.
+//!
+//! Configuration: `KILN_EMU_SCHEDULE` (`inorder`, the default; `reverse`; `random`, seeded by
+//! `KILN_EMU_SEED`) orders a block's threads between barriers, so a race from a missing
+//! `__syncthreads` reproduces; `KILN_EMU_THREADS` sets the OS threads per launch.
 
 mod abi;
 mod fault;

@@ -123,6 +123,15 @@ fn opt_level() -> String {
     }
 }
 
+/// The compiler as a command: `$CXX` may carry words (`ccache g++`, `g++ -m64`).
+fn compiler_command() -> Command {
+    let cxx = compiler();
+    let mut words = cxx.split_whitespace();
+    let mut cmd = Command::new(words.next().unwrap_or("g++"));
+    cmd.args(words);
+    cmd
+}
+
 fn compiler() -> String {
     std::env::var("CXX")
         .ok()
@@ -313,7 +322,7 @@ fn build_in(
     };
     let common = common_args(host, emu_include, work);
     let (ok, log) = run(
-        Command::new(compiler())
+        compiler_command()
             .args(&common)
             .args(["-E", "-DKILN_EMU_SCAN", "-o"])
             .arg(work.join("program.ii"))
@@ -336,7 +345,7 @@ fn build_in(
     .map_err(io)?;
     let tmp = library.with_extension(unique_suffix());
     let (ok, log) = run(
-        Command::new(compiler())
+        compiler_command()
             .args(&common)
             .args(CXX_FLAGS)
             .arg(opt_level())

@@ -100,7 +100,16 @@ pub fn decode(text: &str) -> Result<Image, String> {
         source: String::new(),
     };
     let mut header_name: Option<String> = None;
+    let mut seen_source = false;
     while !rest.is_empty() {
+        // After the last field only comment lines may follow (kiln's disk cache appends one).
+        if seen_source
+            && rest
+                .lines()
+                .all(|l| l.trim().is_empty() || l.trim_start().starts_with("//"))
+        {
+            break;
+        }
         let bad = || "a CUDA emulator module whose text is damaged".to_string();
         let (line, after) = rest.split_once('\n').ok_or_else(bad)?;
         let (key, len) = line.split_once(' ').ok_or_else(bad)?;
@@ -118,7 +127,10 @@ pub fn decode(text: &str) -> Result<Image, String> {
             "header-text" => image
                 .headers
                 .push((header_name.take().ok_or_else(bad)?, value)),
-            "source" => image.source = value,
+            "source" => {
+                image.source = value;
+                seen_source = true;
+            }
             _ => return Err(bad()),
         }
     }
@@ -151,5 +163,8 @@ mod tests {
         assert!(decode("garbage").unwrap_err().contains("not a module"));
         let cut = encode(&image);
         assert!(decode(&cut[..cut.len() - 5]).is_err());
+        let cached = format!("{cut}\n// kiln kernel cache: complete\n");
+        assert_eq!(decode(&cached).unwrap(), image);
+        assert!(decode(&format!("{cut}junk")).is_err());
     }
 }

@@ -6,6 +6,9 @@
 //! (a handle that is not live is `NVRTC_ERROR_INVALID_PROGRAM`, never dereferenced); the log is
 //! always a NUL-terminated string (empty before a compile); the PTX exists only after a
 //! successful compile.
+//!
+//! Configuration: `CXX` (the host compiler, default `g++`), `KILN_EMU_OPT` (`-O0`..`-O3`, default
+//! `-O1`), `KILN_EMU_CACHE` (the module cache, default `~/.cache/kiln/cuda-emu`).
 
 pub mod compiler;
 pub mod image;
