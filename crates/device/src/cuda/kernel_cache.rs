@@ -51,10 +51,13 @@ pub fn file_name(
     format!("{stem}-sm{arch}-{:016x}.ptx", hasher.finish())
 }
 
-/// The PTX cached at `path`, when the file is complete.
+/// The PTX cached at `path`, when the file is complete: exactly the text [`write`] was given
+/// (less trailing NULs), without the completion marker, so a loader stricter than the driver's
+/// PTX parser (the CUDA emulator checks its module text) gets the compiler's own output.
 pub fn read(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
-    (text.ends_with(COMPLETE) && text.contains(".entry")).then_some(text)
+    let ptx = text.strip_suffix(COMPLETE)?;
+    ptx.contains(".entry").then(|| ptx.to_string())
 }
 
 /// Writes `ptx` to `path` (temporary file, then rename); errors are ignored.
@@ -136,10 +139,12 @@ mod tests {
         let ptx = ".version 9.0\n.visible .entry kiln_k(\n)\n{\n}\n";
         write(&path, ptx);
         let back = read(&path).unwrap();
-        assert!(back.starts_with(ptx) && back.ends_with(COMPLETE));
+        assert_eq!(back, ptx, "the text written, without the marker");
+        let file = std::fs::read_to_string(&path).unwrap();
+        assert!(file.starts_with(ptx) && file.ends_with(COMPLETE));
         // A truncated file (a writer killed before the rename would never leave one, but a
         // full disk might) is not taken.
-        std::fs::write(&path, &back[..back.len() - 3]).unwrap();
+        std::fs::write(&path, &file[..file.len() - 3]).unwrap();
         assert_eq!(read(&path), None);
         std::fs::remove_dir_all(&root).unwrap();
     }
