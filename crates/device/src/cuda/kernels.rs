@@ -144,7 +144,7 @@ pub fn compile_ptx(kernel: &KernelSource, (major, minor): (u32, u32)) -> Result<
     let options = options(major, minor);
     // The source (the test hook's override, if any: see `super::source_override`) with kiln's
     // shared headers spliced in (see `super::headers`).
-    let source = super::source_override::kernel_text(kernel)?;
+    let source = super::source_override::kernel_text(kernel.file, kernel.source)?;
     let text = super::headers::expand_includes(&source, kernel.file);
     // Compiled by an earlier process? (see `kernel_cache`)
     let disk = super::kernel_cache::dir(|k| std::env::var(k).ok()).map(|dir| {
