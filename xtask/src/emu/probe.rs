@@ -90,6 +90,10 @@ impl DeviceBuffer {
         // SAFETY: `ptr` holds N * 4 bytes.
         unsafe { result::memset_d8_sync(ptr, 0, N * 4) }
             .map_err(|e| format!("cuMemsetD8: {e:?}"))?;
+        // cuMemsetD8 is asynchronous for device memory (legacy stream), and a non-blocking
+        // stream does not wait for it: without this wait the zeros could land after the fill
+        // (the emulator's --delay showed exactly that race in this probe's first version).
+        result::ctx::synchronize().map_err(|e| format!("cuCtxSynchronize: {e:?}"))?;
         Ok(DeviceBuffer(ptr))
     }
 
@@ -210,19 +214,24 @@ fn unsynced_read(bug: bool) -> Result<String, String> {
     let stream = ctx
         .new_stream()
         .map_err(|e| format!("cuStreamCreate: {e:?}"))?;
-    let buffer = DeviceBuffer::zeros()?;
-    launch_fill(&stream, &function, buffer.0, N as u64, (64, 1, 1))?;
-    if !bug {
+    // A race shows only when the read wins it, so a few rounds (the emulator's random delays
+    // make the order vary); any stale read fails the case.
+    const ROUNDS: usize = 20;
+    for _ in 0..ROUNDS {
+        let buffer = DeviceBuffer::zeros()?;
+        launch_fill(&stream, &function, buffer.0, N as u64, (64, 1, 1))?;
+        if !bug {
+            stream
+                .synchronize()
+                .map_err(|e| format!("cuStreamSynchronize: {e:?}"))?;
+        }
+        let values = buffer.read()?;
         stream
             .synchronize()
             .map_err(|e| format!("cuStreamSynchronize: {e:?}"))?;
+        all_ones(&values)?;
     }
-    let values = buffer.read()?;
-    stream
-        .synchronize()
-        .map_err(|e| format!("cuStreamSynchronize: {e:?}"))?;
-    all_ones(&values)?;
-    Ok("read after the stream finished".to_string())
+    Ok(format!("{ROUNDS} reads after the stream finished"))
 }
 
 fn over_capacity(bug: bool) -> Result<String, String> {
