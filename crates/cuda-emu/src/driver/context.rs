@@ -516,3 +516,15 @@ pub unsafe extern "C" fn cuCtxSetCacheConfig(config: c_uint) -> CUresult {
         Err(code) => code,
     }
 }
+
+/// The ordinal of the current context's device (after `CUDA_VISIBLE_DEVICES` remapping).
+pub fn current_device() -> Result<i32, CUresult> {
+    current().map(|c| c.device)
+}
+
+/// Logs a call under `KILN_EMU_LOG=1`.
+pub(crate) fn trace(call: &str) {
+    if driver().is_ok_and(|d| d.config.log_calls) {
+        log(call);
+    }
+}
