@@ -17,6 +17,7 @@ pub mod errors;
 pub mod events;
 pub mod launch;
 pub mod memory;
+mod pinned;
 pub(crate) mod stream;
 pub mod vmm;
 
