@@ -1,5 +1,5 @@
 //! The emulator's CUDA built-in headers (`include/`), checked bit for bit: a C++ probe
-//! (`tests/builtins/probe.cpp`, compiled with g++ as kernels are) applies each built-in to large
+//! (`tests/builtins_cpp/probe.cpp`, compiled with g++ as kernels are) applies each built-in to large
 //! input sets, and the results are compared with the `half` crate (round to nearest even),
 //! Rust's own IEEE arithmetic and saturating casts, and exact integer references.
 //!
@@ -10,7 +10,7 @@
 //! 16 bits directly (the crate's `from_f64` drops the low 32 mantissa bits first, so the reference
 //! restores them as a sticky bit).
 
-#[path = "builtins/support.rs"]
+#[path = "builtins_cpp/support.rs"]
 mod support;
 
 use half::{bf16, f16};

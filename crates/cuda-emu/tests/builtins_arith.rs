@@ -1,5 +1,5 @@
 //! The emulator's arithmetic built-ins (`include/`), checked bit for bit by the C++ probe
-//! (`tests/builtins/probe.cpp`): the `_rn` float and double intrinsics against Rust's IEEE
+//! (`tests/builtins_cpp/probe.cpp`): the `_rn` float and double intrinsics against Rust's IEEE
 //! arithmetic (which never fuses), 16-bit arithmetic against the `half` crate and, for the
 //! fused multiply-add, an exact fixed-point reference; the integer intrinsics against Rust's; and
 //! the `_rn` intrinsics staying unfused when g++ is told to contract.
@@ -7,7 +7,7 @@
 //! Invariants: references are independent of the headers; NaN results compare as "both NaN"
 //! (payloads are the host's, see kiln_emu_builtins.h), everything else by bits.
 
-#[path = "builtins/support.rs"]
+#[path = "builtins_cpp/support.rs"]
 mod support;
 
 use half::{bf16, f16};
@@ -528,7 +528,7 @@ fn rn_intrinsics_stay_unfused_when_gxx_contracts() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-emu-builtins");
     std::fs::create_dir_all(&dir).expect("temp dir");
     let exe = dir.join(format!("contract-{}", std::process::id()));
-    let src = support::crate_dir().join("tests/builtins/contract.cpp");
+    let src = support::crate_dir().join("tests/builtins_cpp/contract.cpp");
     let inc = format!("-I{}", support::include_dir().display());
     let args: [&std::ffi::OsStr; 8] = [
         "-std=c++17".as_ref(),
@@ -540,7 +540,7 @@ fn rn_intrinsics_stay_unfused_when_gxx_contracts() {
         "-o".as_ref(),
         exe.as_os_str(),
     ];
-    support::compile(&args, "tests/builtins/contract.cpp");
+    support::compile(&args, "tests/builtins_cpp/contract.cpp");
     let mut rng = Rng(17);
     let moderate: Vec<u32> = (0..30_000)
         .map(|_| ((rng.next() as f64 / u64::MAX as f64 - 0.5) as f32 * 3.0).to_bits())

@@ -1,5 +1,5 @@
 //! The emulator's directed-rounding intrinsics (`__fadd_rz`, `__fmul_rd`, `__fsqrt_ru`, ...,
-//! `__dadd_rz`, ...), checked through the C++ probe (`tests/builtins/probe.cpp`). The float ones
+//! `__dadd_rz`, ...), checked through the C++ probe (`tests/builtins_cpp/probe.cpp`). The float ones
 //! bit for bit: the nearest result comes from Rust's own arithmetic, the exact value's side of it
 //! from exact double arithmetic (TwoSum, exact products and residuals), and the directed result is
 //! that nearest one or its neighbour. The double ones by their defining order: round-down <=
@@ -9,7 +9,7 @@
 //! in every mode); IEEE's signed-zero rule for exact zero sums (-0 when rounding down) is part
 //! of the expectation.
 
-#[path = "builtins/support.rs"]
+#[path = "builtins_cpp/support.rs"]
 mod support;
 
 use std::cmp::Ordering;

@@ -1,7 +1,7 @@
 //! Each header of `include/` compiles alone without warnings, and every kiln kernel file
 //! (`crates/device/src/ops/*/*.cu`, `crates/device/src/cuda/*.cu`) compiles with g++ against
 //! those headers, with a declaration-only stand-in for the execution model
-//! (`tests/builtins/exec_stub.h`), so a built-in a kernel uses and the headers lack is found
+//! (`tests/builtins_cpp/exec_stub.h`), so a built-in a kernel uses and the headers lack is found
 //! here, not at a kernel's first launch. The probe's `api` check (overload resolution of min /
 //! max and __ldg, the small helpers, vector types, the 16-bit pair types and operators) runs
 //! here too.
@@ -11,7 +11,7 @@
 //! the generated `kiln_op_codes.cuh` is rebuilt from the op tables in
 //! `crates/device/src/ops/elementwise/mod.rs` (one `#define <PREFIX><NAME> <code>` per row).
 
-#[path = "builtins/support.rs"]
+#[path = "builtins_cpp/support.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -77,7 +77,7 @@ fn every_kiln_kernel_file_compiles_against_the_headers() {
         "kernel files not found under {}",
         device.display()
     );
-    let stub = support::crate_dir().join("tests/builtins/exec_stub.h");
+    let stub = support::crate_dir().join("tests/builtins_cpp/exec_stub.h");
     let incs = [
         format!("-I{}", support::include_dir().display()),
         format!("-I{}", device.join("src/cuda").display()),

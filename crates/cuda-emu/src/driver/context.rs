@@ -1,5 +1,6 @@
 //! Driver state (`cuInit`), one primary context per visible device, and each thread's stack of
-//! current contexts, with their C entry points.
+//! current contexts, with their C entry points (the `Context` type lives in stream.rs, beside the
+//! streams it holds).
 //!
 //! Invariants: the driver is initialised at most once, by the first `cuInit`, from the
 //! environment of that moment; contexts live for the whole process (a `CUcontext` is the address
@@ -9,26 +10,14 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUcontext, CUdevice, CUresult};
 
 use super::config::{parse_config, Config};
-use super::errors::from_raw;
-use super::stream::Stream;
+pub(crate) use super::stream::Context;
 use super::{log, out};
-
-/// A primary context.
-pub(crate) struct Context {
-    /// Its device's driver ordinal.
-    pub(crate) device: i32,
-    retains: AtomicU32,
-    flags: AtomicU32,
-    sticky: AtomicU32,
-    null: OnceLock<Result<Arc<Stream>, String>>,
-    streams: Mutex<Vec<Weak<Stream>>>,
-}
 
 /// The initialised driver.
 pub(crate) struct Driver {
@@ -57,14 +46,7 @@ fn build() -> Result<Driver, CUresult> {
         CUresult::CUDA_ERROR_OPERATING_SYSTEM
     })?;
     let contexts = (0..config.visible.len())
-        .map(|d| Context {
-            device: d as i32,
-            retains: AtomicU32::new(0),
-            flags: AtomicU32::new(0),
-            sticky: AtomicU32::new(0),
-            null: OnceLock::new(),
-            streams: Mutex::new(Vec::new()),
-        })
+        .map(|d| Context::new(d as i32, config.delay))
         .collect();
     Ok(Driver { config, contexts })
 }
@@ -107,88 +89,6 @@ pub(crate) fn current() -> Result<&'static Context, CUresult> {
     let ctx = current_raw().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
     ctx.check()?;
     Ok(ctx)
-}
-
-impl Context {
-    /// The `CUcontext` handle of this context.
-    pub(crate) fn handle(&'static self) -> CUcontext {
-        self as *const Context as CUcontext
-    }
-
-    /// The sticky error, if the context has faulted.
-    pub(crate) fn sticky(&self) -> Option<CUresult> {
-        match self.sticky.load(Ordering::SeqCst) {
-            0 => None,
-            raw => from_raw(raw),
-        }
-    }
-
-    /// Ok, or the sticky error.
-    pub(crate) fn check(&self) -> Result<(), CUresult> {
-        self.sticky().map_or(Ok(()), Err)
-    }
-
-    /// Records a fault: the context is unusable from now on.
-    pub(crate) fn set_sticky(&self, code: CUresult) {
-        let first = self
-            .sticky
-            .compare_exchange(0, code as u32, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok();
-        if first {
-            log(&format!(
-                "device {}: {code:?} is sticky: every later call on this context fails with it",
-                self.device
-            ));
-        }
-    }
-
-    /// The context's legacy null stream (its worker starts on first use; if it cannot start,
-    /// every use of the null stream fails with `CUDA_ERROR_OUT_OF_MEMORY`, logged once).
-    pub(crate) fn null_stream(&'static self) -> Result<Arc<Stream>, CUresult> {
-        let made = self.null.get_or_init(|| {
-            let delay = driver().is_ok_and(|d| d.config.delay);
-            Stream::spawn(self, 0, true, 0, 0, delay).inspect_err(|e| log(e))
-        });
-        made.clone().map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
-    }
-
-    /// Adds a created stream to the context's list.
-    pub(crate) fn add_stream(&self, stream: &Arc<Stream>) {
-        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        streams.retain(|w| w.strong_count() > 0);
-        streams.push(Arc::downgrade(stream));
-    }
-
-    /// Removes a destroyed stream from the context's list.
-    pub(crate) fn remove_stream(&self, stream: &Arc<Stream>) {
-        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        streams.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(stream)));
-    }
-
-    /// The context's live created streams.
-    pub(crate) fn streams(&self) -> Vec<Arc<Stream>> {
-        let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        streams.iter().filter_map(Weak::upgrade).collect()
-    }
-
-    /// The created streams that synchronise with the null stream.
-    pub(crate) fn blocking_streams(&self) -> Vec<Arc<Stream>> {
-        self.streams().into_iter().filter(|s| s.blocking).collect()
-    }
-
-    /// Waits for every stream of the context; the sticky error, else the first stream error.
-    pub(crate) fn synchronize(&'static self) -> Result<(), CUresult> {
-        let mut first = None;
-        let mut all = self.streams();
-        all.extend(self.null_stream());
-        for s in all {
-            if let Err(code) = s.synchronize() {
-                first.get_or_insert(code);
-            }
-        }
-        self.check()?;
-        first.map_or(Ok(()), Err)
-    }
 }
 
 fn to_result(r: Result<(), CUresult>) -> CUresult {
@@ -514,5 +414,17 @@ pub unsafe extern "C" fn cuCtxSetCacheConfig(config: c_uint) -> CUresult {
         Ok(_) if config <= 3 => CUresult::CUDA_SUCCESS,
         Ok(_) => CUresult::CUDA_ERROR_INVALID_VALUE,
         Err(code) => code,
+    }
+}
+
+/// The ordinal of the current context's device (after `CUDA_VISIBLE_DEVICES` remapping).
+pub fn current_device() -> Result<i32, CUresult> {
+    current().map(|c| c.device)
+}
+
+/// Logs a call under `KILN_EMU_LOG=1`.
+pub(crate) fn trace(call: &str) {
+    if driver().is_ok_and(|d| d.config.log_calls) {
+        log(call);
     }
 }

@@ -19,7 +19,7 @@ use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUresult, CUstream};
 
 use super::context::context_from_handle;
 use super::events::resolve_stream;
-use super::memory::is_pinned;
+use super::pinned::is_pinned;
 use super::stream::{Item, Stream};
 use super::{fail, log, status};
 use crate::space;

@@ -17,7 +17,7 @@ use cudarc::driver::sys::{CUcontext, CUevent, CUhostFn, CUresult, CUstream};
 
 use super::context::{current, driver, Context};
 use super::stream::{Item, Stream};
-use super::{fail, out, status};
+use super::{fail, out, status, StreamWork};
 
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(0x1000);
 static STREAMS: Mutex<Option<HashMap<usize, Arc<Stream>>>> = Mutex::new(None);
@@ -249,7 +249,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
         unsafe { func(data as *mut c_void) };
         Ok(())
     });
-    status(super::enqueue(hStream, work))
+    status(enqueue(hStream, work))
 }
 
 /// `cuEventCreate` (flags: `CU_EVENT_BLOCKING_SYNC`, `CU_EVENT_DISABLE_TIMING`,
@@ -413,4 +413,23 @@ pub unsafe extern "C" fn cuEventDestroy_v2(hEvent: CUevent) -> CUresult {
         Some(_) => CUresult::CUDA_SUCCESS,
         None => CUresult::CUDA_ERROR_INVALID_HANDLE,
     }
+}
+
+/// Queues `work` on `stream` (null: the current context's default stream) and returns at once.
+/// Errors: an invalid or destroyed stream, no current context, a context with a sticky error.
+pub fn enqueue(stream: CUstream, work: StreamWork) -> Result<(), CUresult> {
+    let s = resolve_stream(stream)?;
+    s.ctx.check()?;
+    s.submit(Item::Work(work));
+    Ok(())
+}
+
+/// Blocks until everything queued on `stream` so far has run; returns the stream's error if any.
+pub fn synchronize_stream(stream: CUstream) -> Result<(), CUresult> {
+    resolve_stream(stream)?.synchronize()
+}
+
+/// The ordinal of the device `stream` belongs to (null: the current context's).
+pub fn stream_device(stream: CUstream) -> Result<i32, CUresult> {
+    resolve_stream(stream).map(|s| s.ctx.device)
 }

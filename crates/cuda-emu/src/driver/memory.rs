@@ -5,30 +5,21 @@
 //! free waits for its stream instead); an allocation with a queued async free cannot be freed
 //! again; page-locked ranges never overlap.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::{c_uint, c_void};
-use std::sync::{Mutex, RwLock};
+use std::sync::Mutex;
 
 use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 
 use super::context::current;
 use super::copy::{check_host, copy_stream};
+use super::pinned::{is_pinned, PINNED};
 use super::stream::Item;
 use super::{fail, out, status};
 use crate::space::{self, SpaceError};
 
-/// Page-locked host ranges: start → (length, allocated by `cuMemHostAlloc`).
-static PINNED: RwLock<BTreeMap<usize, (usize, bool)>> = RwLock::new(BTreeMap::new());
 /// Allocations with a queued `cuMemFreeAsync`.
 static FREEING: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
-
-pub(super) fn is_pinned(ptr: usize, len: usize) -> bool {
-    let pinned = PINNED.read().unwrap_or_else(|e| e.into_inner());
-    pinned
-        .range(..=ptr)
-        .next_back()
-        .is_some_and(|(&s, &(l, _))| ptr + len <= s + l)
-}
 
 fn allocate(call: &str, device: i32, size: usize) -> Result<u64, CUresult> {
     space::alloc(device as usize, size as u64).map_err(|e| match e {

@@ -17,6 +17,7 @@ pub mod errors;
 pub mod events;
 pub mod launch;
 pub mod memory;
+mod pinned;
 pub(crate) mod stream;
 pub mod vmm;
 
@@ -29,49 +30,18 @@ pub use self::launch::*;
 pub use self::memory::*;
 pub use self::vmm::*;
 
-use cudarc::driver::sys::{CUresult, CUstream};
+pub(crate) use self::context::trace;
 
-use stream::Item;
+use cudarc::driver::sys::CUresult;
 
 /// One piece of stream work: runs on the stream's worker, in order; an `Err` becomes the
 /// stream's (and, for faults, the context's sticky) error, returned by the next synchronising call.
 pub type StreamWork = Box<dyn FnOnce() -> Result<(), CUresult> + Send + 'static>;
 
-/// Queues `work` on `stream` (null: the current context's default stream) and returns at once.
-/// Errors: an invalid or destroyed stream, no current context, a context with a sticky error.
-pub fn enqueue(stream: CUstream, work: StreamWork) -> Result<(), CUresult> {
-    let s = events::resolve_stream(stream)?;
-    s.ctx.check()?;
-    s.submit(Item::Work(work));
-    Ok(())
-}
-
-/// Blocks until everything queued on `stream` so far has run; returns the stream's error if any.
-pub fn synchronize_stream(stream: CUstream) -> Result<(), CUresult> {
-    events::resolve_stream(stream)?.synchronize()
-}
-
-/// The ordinal of the current context's device (after `CUDA_VISIBLE_DEVICES` remapping).
-pub fn current_device() -> Result<i32, CUresult> {
-    context::current().map(|c| c.device)
-}
-
-/// The ordinal of the device `stream` belongs to (null: the current context's).
-pub fn stream_device(stream: CUstream) -> Result<i32, CUresult> {
-    events::resolve_stream(stream).map(|s| s.ctx.device)
-}
-
 /// Writes one log line to stderr, prefixed `kiln-cuda-emu: ` (always for errors; for calls only
 /// under `KILN_EMU_LOG=1`).
 pub fn log(message: &str) {
     eprintln!("kiln-cuda-emu: {message}");
-}
-
-/// Logs a call under `KILN_EMU_LOG=1`.
-pub(crate) fn trace(call: &str) {
-    if context::driver().is_ok_and(|d| d.config.log_calls) {
-        log(call);
-    }
 }
 
 /// Logs `message` for `call` and returns `code` (for errors the emulator detects).

@@ -1,4 +1,6 @@
-//! The stream engine: each stream owns a worker thread that runs its queue in order.
+//! The stream engine: each stream owns a worker thread that runs its queue in order; and the
+//! primary context a stream belongs to, which holds its streams and its sticky error (the two
+//! refer to each other, so they live in one file).
 //!
 //! Invariants:
 //! - Items run one at a time, in the order they were queued, on the stream's own worker; the
@@ -11,17 +13,18 @@
 //! - After a context's sticky error, queued work is dropped without running (a faulted GPU runs
 //!   nothing), while waits and event records still complete, so no synchroniser hangs.
 //! - A destroyed stream drains its queue, then its worker exits.
+//! - A context's sticky error, once set, is never cleared.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use cudarc::driver::sys::CUresult;
+use cudarc::driver::sys::{CUcontext, CUresult};
 
-use super::context::Context;
-use super::errors::is_sticky;
-use super::StreamWork;
+use super::errors::{from_raw, is_sticky};
+use super::{log, StreamWork};
 
 /// One queued item.
 pub(crate) enum Item {
@@ -224,5 +227,115 @@ impl Stream {
     pub(crate) fn close(&self) {
         self.lock().closing = true;
         self.cond.notify_all();
+    }
+}
+
+/// A primary context.
+pub(crate) struct Context {
+    /// Its device's driver ordinal.
+    pub(crate) device: i32,
+    /// How many `cuDevicePrimaryCtxRetain`s are outstanding.
+    pub(super) retains: AtomicU32,
+    /// The flags set with `cuDevicePrimaryCtxSetFlags` / `cuCtxSetFlags`.
+    pub(super) flags: AtomicU32,
+    sticky: AtomicU32,
+    /// `KILN_EMU_DELAY` as read at `cuInit` (for the null stream's worker).
+    delay: bool,
+    null: OnceLock<Result<Arc<Stream>, String>>,
+    streams: Mutex<Vec<Weak<Stream>>>,
+}
+
+impl Context {
+    /// A fresh context of driver ordinal `device` (no retains, flags or sticky error; its null
+    /// stream starts on first use, delayed when `delay`).
+    pub(super) fn new(device: i32, delay: bool) -> Context {
+        Context {
+            device,
+            retains: AtomicU32::new(0),
+            flags: AtomicU32::new(0),
+            sticky: AtomicU32::new(0),
+            delay,
+            null: OnceLock::new(),
+            streams: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The `CUcontext` handle of this context.
+    pub(crate) fn handle(&'static self) -> CUcontext {
+        self as *const Context as CUcontext
+    }
+
+    /// The sticky error, if the context has faulted.
+    pub(crate) fn sticky(&self) -> Option<CUresult> {
+        match self.sticky.load(Ordering::SeqCst) {
+            0 => None,
+            raw => from_raw(raw),
+        }
+    }
+
+    /// Ok, or the sticky error.
+    pub(crate) fn check(&self) -> Result<(), CUresult> {
+        self.sticky().map_or(Ok(()), Err)
+    }
+
+    /// Records a fault: the context is unusable from now on.
+    pub(crate) fn set_sticky(&self, code: CUresult) {
+        let first = self
+            .sticky
+            .compare_exchange(0, code as u32, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if first {
+            log(&format!(
+                "device {}: {code:?} is sticky: every later call on this context fails with it",
+                self.device
+            ));
+        }
+    }
+
+    /// The context's legacy null stream (its worker starts on first use; if it cannot start,
+    /// every use of the null stream fails with `CUDA_ERROR_OUT_OF_MEMORY`, logged once).
+    pub(crate) fn null_stream(&'static self) -> Result<Arc<Stream>, CUresult> {
+        let made = self
+            .null
+            .get_or_init(|| Stream::spawn(self, 0, true, 0, 0, self.delay).inspect_err(|e| log(e)));
+        made.clone().map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Adds a created stream to the context's list.
+    pub(crate) fn add_stream(&self, stream: &Arc<Stream>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(stream));
+    }
+
+    /// Removes a destroyed stream from the context's list.
+    pub(crate) fn remove_stream(&self, stream: &Arc<Stream>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(stream)));
+    }
+
+    /// The context's live created streams.
+    pub(crate) fn streams(&self) -> Vec<Arc<Stream>> {
+        let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// The created streams that synchronise with the null stream.
+    pub(crate) fn blocking_streams(&self) -> Vec<Arc<Stream>> {
+        self.streams().into_iter().filter(|s| s.blocking).collect()
+    }
+
+    /// Waits for every stream of the context; the sticky error, else the first stream error.
+    pub(crate) fn synchronize(&'static self) -> Result<(), CUresult> {
+        let mut first = None;
+        let mut all = self.streams();
+        all.extend(self.null_stream());
+        for s in all {
+            if let Err(code) = s.synchronize() {
+                first.get_or_insert(code);
+            }
+        }
+        self.check()?;
+        first.map_or(Ok(()), Err)
     }
 }

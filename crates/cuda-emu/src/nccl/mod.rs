@@ -20,46 +20,24 @@ pub mod comm;
 pub mod ops;
 pub mod p2p;
 pub mod reduce;
+mod status;
 
 #[cfg(test)]
 mod tests;
 
-use std::ffi::{c_char, c_int, CString};
-use std::sync::{Arc, Mutex};
+use std::ffi::{c_char, c_int};
+use std::sync::Arc;
 
 use cudarc::nccl::sys::{ncclComm_t, ncclResult_t, ncclUniqueId};
 
 use self::clique::{Clique, CommError};
-use self::comm::{lookup, register, unregister, with_group, Comm};
+use self::comm::{register, unregister, with_group, Comm};
+use self::status::code;
+pub(crate) use self::status::{arg, comm_of, fail};
 use crate::driver;
 
 /// NCCL version this library reports (2.30.0, as `NCCL_VERSION_CODE`).
 pub const NCCL_VERSION: c_int = 2_30_00;
-
-static LAST_ERROR: Mutex<Option<CString>> = Mutex::new(None);
-
-fn code(e: &CommError) -> ncclResult_t {
-    match e {
-        CommError::InvalidArgument(_) => ncclResult_t::ncclInvalidArgument,
-        CommError::InvalidUsage(_) => ncclResult_t::ncclInvalidUsage,
-        CommError::Remote(_) => ncclResult_t::ncclRemoteError,
-        CommError::System(_) => ncclResult_t::ncclSystemError,
-    }
-}
-
-/// Logs `e` under `call`, keeps it for `ncclGetLastError`, and returns its result code.
-pub(crate) fn fail(call: &str, e: CommError) -> ncclResult_t {
-    let result = code(&e);
-    let line = format!("{call}: {e} ({result:?})");
-    driver::log(&line);
-    let text = CString::new(line.replace('\0', " ")).expect("NULs replaced");
-    *LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
-    result
-}
-
-pub(crate) fn arg(call: &str, what: String) -> ncclResult_t {
-    fail(call, CommError::InvalidArgument(what))
-}
 
 /// The unique id's text (its NUL-terminated name).
 pub fn id_name(id: &ncclUniqueId) -> String {
@@ -80,19 +58,6 @@ pub fn unique_id() -> Result<ncclUniqueId, CommError> {
         *slot = b as c_char;
     }
     Ok(id)
-}
-
-pub(crate) fn comm_of(call: &str, comm: ncclComm_t) -> Result<Arc<Comm>, ncclResult_t> {
-    driver::trace(call);
-    if comm.is_null() {
-        return Err(arg(call, "comm is null".into()));
-    }
-    lookup(comm as usize).ok_or_else(|| {
-        arg(
-            call,
-            format!("comm {comm:p} is destroyed or was never created"),
-        )
-    })
 }
 
 /// Writes `value` through a C out-pointer, or `ncclInvalidArgument` when it is null.
@@ -393,9 +358,7 @@ pub unsafe extern "C" fn ncclGetErrorString(result: u32) -> *const c_char {
 /// The last error's message (valid until the next error).
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
-    let guard = LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner());
-    // The CString's buffer stays where it is until the next error replaces it.
-    guard.as_ref().map_or(c"".as_ptr(), |s| s.as_ptr())
+    status::last_error()
 }
 
 /// Opens a group: collectives and initialisations wait for the outermost `ncclGroupEnd`.

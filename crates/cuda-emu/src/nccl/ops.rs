@@ -14,7 +14,7 @@ use super::collective::{Collective, Kind};
 use super::comm::{with_group, Comm};
 use super::p2p::P2pOp;
 use super::reduce::{DType, RedOp};
-use super::{arg, comm_of, fail};
+use super::status::{arg, comm_of, fail};
 use crate::{driver, space};
 use std::sync::Arc;
 

@@ -20,7 +20,7 @@ mod span;
 
 use std::fmt;
 
-pub(crate) use registry::{publish_mapping, range_of, with_live, withdraw_mapping};
+pub(crate) use registry::{publish_mapping, range_of, withdraw_mapping};
 pub(crate) use span::{
     alloc, allocation_device, capacity, charge, discard, free, init, reserve, uncharge, unreserve,
     used, SpaceError, SPAN_BYTES,
@@ -44,11 +44,17 @@ impl fmt::Display for AccessError {
 /// mapped readable and writable; `len == 0` needs only `ptr` inside or at the end of one.
 /// Adjacent VMM mappings that are all accessible count as one allocation.
 pub fn check_device_range(ptr: u64, len: u64) -> Result<(), AccessError> {
-    registry::check(ptr, len).map_err(|message| AccessError { message })
+    registry::check(ptr, len, span::span_device).map_err(|message| AccessError { message })
 }
 
 /// The device ordinal whose address span holds `ptr`, whether or not it is allocated (for a
 /// mapped VMM range: the device of the physical memory mapped there).
 pub fn device_of(ptr: u64) -> Option<i32> {
     registry::device_at(ptr).or_else(|| span::span_device(ptr))
+}
+
+/// Runs `f` while every range of `ranges` is live and stays live (frees and unmaps wait for `f`
+/// to return); the error names the first range that is not live.
+pub(crate) fn with_live<R>(ranges: &[(u64, u64)], f: impl FnOnce() -> R) -> Result<R, String> {
+    registry::with_live(ranges, span::span_device, f)
 }

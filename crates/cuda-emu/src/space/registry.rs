@@ -10,6 +10,10 @@
 use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+/// The device whose address span holds an address, allocated or not (the span layout lives in
+/// `span.rs`, which uses this registry, so the registry is handed the lookup instead).
+pub(super) type SpanDevice = fn(u64) -> Option<i32>;
+
 /// What kind of memory a live range is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -88,23 +92,33 @@ pub(crate) fn range_of(ptr: u64) -> Option<(u64, u64, i32)> {
 }
 
 /// Ok when `[ptr, ptr + len)` is inside one live range (see [`super::check_device_range`]).
-pub(super) fn check(ptr: u64, len: u64) -> Result<(), String> {
-    check_in(&read(), ptr, len)
+/// `span_device` names the device whose span holds an address (for the error message).
+pub(super) fn check(ptr: u64, len: u64, span_device: SpanDevice) -> Result<(), String> {
+    check_in(&read(), ptr, len, span_device)
 }
 
 /// Runs `f` while every range of `ranges` is live and stays live (frees and unmaps wait for `f`
-/// to return); the error names the first range that is not live.
-pub(crate) fn with_live<R>(ranges: &[(u64, u64)], f: impl FnOnce() -> R) -> Result<R, String> {
+/// to return); the error names the first range that is not live (`span_device` as for [`check`]).
+pub(super) fn with_live<R>(
+    ranges: &[(u64, u64)],
+    span_device: SpanDevice,
+    f: impl FnOnce() -> R,
+) -> Result<R, String> {
     let live = read();
     for &(ptr, len) in ranges {
-        check_in(&live, ptr, len)?;
+        check_in(&live, ptr, len, span_device)?;
     }
     let result = f();
     drop(live);
     Ok(result)
 }
 
-fn check_in(live: &BTreeMap<u64, Live>, ptr: u64, len: u64) -> Result<(), String> {
+fn check_in(
+    live: &BTreeMap<u64, Live>,
+    ptr: u64,
+    len: u64,
+    span_device: SpanDevice,
+) -> Result<(), String> {
     let Some(wanted_end) = ptr.checked_add(len) else {
         return Err(format!(
             "0x{ptr:x} + {len} bytes wraps around the address space"
@@ -138,7 +152,7 @@ fn check_in(live: &BTreeMap<u64, Live>, ptr: u64, len: u64) -> Result<(), String
             ));
         }
     }
-    Err(match super::span::span_device(ptr) {
+    Err(match span_device(ptr) {
         Some(d) => format!(
             "0x{ptr:x} + {len} bytes is not inside any live allocation on device {d} (never \
              allocated, already freed, or not mapped with access)"

@@ -56,7 +56,7 @@ pub fn compile(args: &[&std::ffi::OsStr], what: &str) {
 pub fn probe() -> &'static Path {
     static PROBE: OnceLock<PathBuf> = OnceLock::new();
     PROBE.get_or_init(|| {
-        let src = crate_dir().join("tests/builtins/probe.cpp");
+        let src = crate_dir().join("tests/builtins_cpp/probe.cpp");
         let mut hasher = DefaultHasher::new();
         FLAGS.hash(&mut hasher);
         std::fs::read(&src).expect("probe source").hash(&mut hasher);
@@ -87,7 +87,7 @@ pub fn probe() -> &'static Path {
             "-o".as_ref(),
             partial.as_os_str(),
         ]);
-        compile(&args, "tests/builtins/probe.cpp");
+        compile(&args, "tests/builtins_cpp/probe.cpp");
         std::fs::rename(&partial, &exe).expect("probe moved into place");
         exe
     })
