@@ -20,9 +20,13 @@
 //! - An entry point the emulator does not implement is still exported ([`stubs`]): it logs its
 //!   name and returns the library's "not supported" status, never crashes.
 //!
-//! Configuration (set by `cargo xtask emu`): `KILN_EMU_DEVICES` (device count), `KILN_EMU_MEMORY`
-//! (bytes per device), `KILN_EMU_CC` (compute capability, `9.0`), `KILN_EMU_DELAY` (random delays
-//! on stream work, so host/stream races reproduce), `KILN_EMU_LOG` (log every call).
+//! Configuration. Set by `cargo xtask emu` from its flags: `KILN_EMU_DEVICES` (device count),
+//! `KILN_EMU_MEMORY` (bytes per device), `KILN_EMU_CC` (compute capability, `9.0`),
+//! `KILN_EMU_DELAY` (random delays on stream work, so host/stream races reproduce). Read when set:
+//! `KILN_EMU_LOG` (log every call), `KILN_EMU_SCHEDULE` / `KILN_EMU_SEED` (the order a block's
+//! threads run in between barriers), `KILN_EMU_THREADS` (OS threads per launch), `KILN_EMU_CACHE`
+//! / `KILN_EMU_OPT` (where compiled modules are cached, g++'s optimisation level: [`nvrtc`]),
+//! `KILN_EMU_NCCL_TIMEOUT` (seconds any NCCL wait may take before it fails: [`nccl`]).
 
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)]
