@@ -7,7 +7,8 @@
 //! It is a test instrument, so it is strict, like a real GPU and stricter. Invariants:
 //! - Device memory lives in its own address range ([`space`]): each emulated device owns a
 //!   reserved, otherwise inaccessible span; an allocation is readable and writable only while it
-//!   is live, its end abuts an inaccessible guard page, and freed memory is inaccessible again. A
+//!   is live, it starts filled with 0xff (NaN in every float dtype), its end abuts an
+//!   inaccessible guard page, and freed memory is inaccessible again. A
 //!   pointer outside every live allocation is never dereferenced by the emulator's own code (copies,
 //!   cuBLAS, NCCL check ranges first), and a kernel's stray access faults and is reported with the
 //!   kernel's name.

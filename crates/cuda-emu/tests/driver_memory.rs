@@ -139,6 +139,30 @@ fn allocations_count_against_capacity() {
 }
 
 #[test]
+fn new_allocations_read_as_poison_not_zeros() {
+    let _g = setup(ENV);
+    bind(0);
+    for size in [1usize, 300, 3 * MIB] {
+        let p = alloc(size).unwrap();
+        let mut back = vec![0u8; size];
+        unsafe {
+            assert_eq!(
+                cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), p, size),
+                CUresult::CUDA_SUCCESS
+            );
+        }
+        assert!(
+            back.iter().all(|&b| b == 0xff),
+            "{size}-byte allocation: {} bytes are not 0xff",
+            back.iter().filter(|&&b| b != 0xff).count()
+        );
+        let f = f32::from_ne_bytes([back[0]; 4]);
+        assert!(size < 4 || f.is_nan(), "an unwritten f32 reads as NaN");
+        unsafe { assert_eq!(cuMemFree_v2(p), CUresult::CUDA_SUCCESS) };
+    }
+}
+
+#[test]
 fn allocations_end_at_a_guard_page_and_die_when_freed() {
     let _g = setup(ENV);
     bind(0);

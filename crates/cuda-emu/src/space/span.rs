@@ -20,6 +20,8 @@ pub(crate) const SPAN_BASE: u64 = 0x2000_0000_0000;
 pub(crate) const SPAN_BYTES: u64 = 1 << 40;
 /// Alignment (and size rounding) of `cuMemAlloc` allocations.
 const ALLOC_ALIGN: u64 = 256;
+/// The byte every new allocation is filled with (see [`alloc`]).
+pub(crate) const POISON: u8 = 0xff;
 
 /// Why the address space refused a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,7 +283,7 @@ pub(crate) fn discard(start: u64, len: u64) -> std::io::Result<()> {
 }
 
 /// Allocates `size` bytes (> 0) on `device`: readable and writable, 256-aligned, its 256-rounded
-/// end abutting a guard page.
+/// end abutting a guard page, every byte [`POISON`].
 pub(crate) fn alloc(device: usize, size: u64) -> Result<u64, SpaceError> {
     let space = space()?;
     let dev = space
@@ -314,6 +316,12 @@ pub(crate) fn alloc(device: usize, size: u64) -> Result<u64, SpaceError> {
         )));
     }
     let ptr = region + body - rounded;
+    // Fresh device memory holds whatever the last user left, never zeros: fill it with 0xff
+    // (NaN in every float dtype, -1 in every integer one) so a kernel or copy that reads memory
+    // nothing wrote shows, instead of seeing the zeros fresh host pages hold.
+    // SAFETY: [ptr, ptr + rounded) was just made readable and writable above and no one else
+    // knows the address yet.
+    unsafe { std::ptr::write_bytes(ptr as *mut u8, POISON, rounded as usize) };
     space
         .allocs
         .lock()
