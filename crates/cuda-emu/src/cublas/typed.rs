@@ -5,10 +5,19 @@
 
 use std::ffi::{c_int, c_longlong};
 
-use cudarc::cublas::sys::{cublasHandle_t, cublasStatus_t};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasHandle_t, cublasStatus_t, cudaDataType};
 
 use super::gemm::{gemm, Batching};
 use super::validate::GemmArgs;
+
+/// `CUDA_R_32F`: A, B, C and the scalars of the `S` entry points.
+const R_32F: u32 = cudaDataType::CUDA_R_32F as u32;
+/// `CUDA_R_64F`: A, B, C and the scalars of the `D` entry points.
+const R_64F: u32 = cudaDataType::CUDA_R_64F as u32;
+/// `CUBLAS_COMPUTE_32F` (TF32 under the TF32 math mode), the `S` entry points' compute type.
+const COMPUTE_32F: u32 = cublasComputeType_t::CUBLAS_COMPUTE_32F as u32;
+/// `CUBLAS_COMPUTE_64F`, the `D` entry points' compute type.
+const COMPUTE_64F: u32 = cublasComputeType_t::CUBLAS_COMPUTE_64F as u32;
 
 /// The arguments of a legacy typed GEMM (one data type for A, B, C and the scalars).
 #[allow(clippy::too_many_arguments)]
@@ -62,8 +71,8 @@ pub unsafe extern "C" fn cublasSgemm_v2(
     let shape = (transa, transb, m, n, k);
     let args = typed(
         "cublasSgemm_v2",
-        0,
-        68,
+        R_32F,
+        COMPUTE_32F,
         shape,
         (alpha, beta),
         (a, lda, 0),
@@ -102,8 +111,8 @@ pub unsafe extern "C" fn cublasSgemmStridedBatched(
     let (a, b, c) = ((a, lda, stride_a), (b, ldb, stride_b), (c, ldc, stride_c));
     let args = typed(
         "cublasSgemmStridedBatched",
-        0,
-        68,
+        R_32F,
+        COMPUTE_32F,
         shape,
         scalars,
         a,
@@ -136,8 +145,8 @@ pub unsafe extern "C" fn cublasDgemm_v2(
     let shape = (transa, transb, m, n, k);
     let args = typed(
         "cublasDgemm_v2",
-        1,
-        70,
+        R_64F,
+        COMPUTE_64F,
         shape,
         (alpha, beta),
         (a, lda, 0),
@@ -176,8 +185,8 @@ pub unsafe extern "C" fn cublasDgemmStridedBatched(
     let (a, b, c) = ((a, lda, stride_a), (b, ldb, stride_b), (c, ldc, stride_c));
     let args = typed(
         "cublasDgemmStridedBatched",
-        1,
-        70,
+        R_64F,
+        COMPUTE_64F,
         shape,
         scalars,
         a,
@@ -216,8 +225,8 @@ pub unsafe extern "C" fn cublasSgemmBatched(
     );
     let args = typed(
         "cublasSgemmBatched",
-        0,
-        68,
+        R_32F,
+        COMPUTE_32F,
         shape,
         (alpha, beta),
         a,
@@ -256,8 +265,8 @@ pub unsafe extern "C" fn cublasDgemmBatched(
     );
     let args = typed(
         "cublasDgemmBatched",
-        1,
-        70,
+        R_64F,
+        COMPUTE_64F,
         shape,
         (alpha, beta),
         a,
