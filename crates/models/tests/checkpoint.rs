@@ -8,8 +8,12 @@ use kiln_models::models::{mlp, BlockKind, ResNet, ResNetConfig};
 use kiln_models::{load_safetensors, save_safetensors, Error, Layer, LayerExt};
 use std::path::PathBuf;
 
+/// A path in a folder of its own per file name: the tests run in parallel threads of one
+/// process, and some of them list or plant files beside their checkpoint.
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-models-ckpt-{}", std::process::id()));
+    let dir = std::env::temp_dir()
+        .join(format!("kiln-models-ckpt-{}", std::process::id()))
+        .join(name.replace('.', "_"));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
