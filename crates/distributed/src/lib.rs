@@ -1,0 +1,18 @@
+//! Data-parallel training for kiln: one process per device, gradients averaged across them.
+//!
+//! Invariants every part of this crate keeps:
+//! - A [`ProcessGroup`] is one process's handle on a fixed set of `world_size` processes, each
+//!   with a distinct `rank` in `0..world_size`. Every rank issues the same collectives in the
+//!   same order with tensors of the same shape, dtype and device kind; a mismatch is an error
+//!   naming the rank, never a hang or wrong numbers.
+//! - Collectives work in place on contiguous tensors and finish (or fail) within the group's
+//!   timeout; a rank that died makes the others fail with an error naming it.
+//! - The transports are the ones the field trusts: NCCL for CUDA devices, MPI for CPU hosts.
+//!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself.
+//! - Reductions have a fixed order for a fixed world size, so a run is reproducible.
+
+mod error;
+mod group;
+
+pub use error::{Error, Result};
+pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
