@@ -28,6 +28,7 @@ mod error;
 mod expandable;
 mod free_index;
 mod handle;
+mod history;
 mod lock;
 mod page_runs;
 pub mod replay;
@@ -46,6 +47,7 @@ pub use backend::{
 pub use config::AllocatorConfig;
 pub use error::{Error, OomReport, Result};
 pub use handle::{Allocation, AllocatorRef, RawAllocation};
+pub use history::{AllocContext, Attribution, MemoryCategory, MemoryEvent, MemoryEventKind};
 pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
 pub use sizes::{
     round_size, GROWTH_DIVISOR, LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC,
