@@ -14,13 +14,20 @@
 pub mod env;
 mod error;
 mod group;
+mod init;
 #[cfg(feature = "mpi")]
 mod mpi;
-#[cfg(feature = "mpi")]
+#[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(any(feature = "mpi", feature = "cuda"))]
 mod signature;
+pub mod store;
 
 pub use env::{LaunchEnv, Launcher};
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
+pub use init::{init_process_group, init_process_group_with, MPI_REBUILD_HINT};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiGroup;
+#[cfg(feature = "cuda")]
+pub use nccl::{NcclGroup, NCCL_INSTALL_HINT};
