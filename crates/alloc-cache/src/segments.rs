@@ -388,6 +388,10 @@ impl CachingAllocator {
             largest_free_block,
             fragmentation,
             expandable_segments: self.config.expandable_segments,
+            expandable_supported: self.backend.page_size().is_some(),
+            min_reservation: rounded
+                .checked_next_multiple_of(crate::sizes::ROUND_LARGE)
+                .unwrap_or(usize::MAX),
         }
     }
 }

@@ -77,3 +77,28 @@ fn zero_d_tensors_take_dim_0_and_minus_1() {
         assert!(x.transpose(dim, 0).is_err());
     }
 }
+
+#[test]
+fn a_cpu_tensor_larger_than_the_machine_says_so() {
+    // About 3.6 TiB of f32 in one request: more than any test machine has. The report says one
+    // request is larger than the memory there is and the system refused it, and gives no advice
+    // the CPU cannot take (expandable segments) or that cannot help (a smaller batch).
+    let elems = 990_000_000_000usize;
+    let e = Tensor::zeros(&[elems], DType::F32, Device::Cpu).expect_err("3.6 TiB");
+    let text = e.to_string();
+    assert!(
+        text.contains("out of memory: tried to allocate 3.60 TiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("this one request is larger than all the memory the host backend has"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the system refused 3960000000000 bytes"),
+        "{text}"
+    );
+    for wrong in ["expandable", "reduce the batch size"] {
+        assert!(!text.contains(wrong), "`{wrong}` in:\n{text}");
+    }
+}

@@ -16,7 +16,6 @@ use kiln_data::{DataLoader, DataLoaderConfig, ImageDataset};
 use kiln_models::models::ResNet;
 use kiln_models::{LayerExt, MemoryPlan, OptimizerKind};
 use kiln_optim::{Adam, AdamOptions, AdamW, ParamGroup};
-use kiln_sched::log::ScalarLogger;
 use kiln_sched::{CosineAnnealingLR, LinearLR, SequentialLR};
 use std::path::Path;
 use std::sync::Arc;
@@ -91,13 +90,7 @@ pub(super) fn trainer(
         samples: (train_loader.dataset().len(), val_loader.dataset().len()),
     });
 
-    if config.resume {
-        resume::trim_metrics_csv(&config.run_dir.join("metrics.csv"), progress.global_step)?;
-    }
-    let logger = ScalarLogger::in_memory()
-        .tensorboard(config.run_dir.join("tensorboard"))?
-        .csv(config.run_dir.join("metrics.csv"))?
-        .flush_every(50);
+    let logger = resume::logger(config, progress.global_step)?;
     let scaler = resume::grad_scaler(config, resumed_scaler.as_ref())?;
     Ok(Trainer {
         model,

@@ -7,7 +7,10 @@
 //! seed (it also draws the synthetic data), the head's lr and a given batch size are compared
 //! with the checkpoint's first, and every difference is one error naming the flag to pass.
 //! `metrics.csv` is cut back to the checkpoint's last step before a resumed run appends, so
-//! the rows of an epoch that was killed before its checkpoint are written once, not twice.
+//! the rows of an epoch that was killed before its checkpoint are written once, not twice; the
+//! TensorBoard events of such an epoch stay in the earlier event file, and the resumed run's new
+//! file starts with a `SessionLog` START at the first step it logs (PyTorch's
+//! `SummaryWriter(purge_step)`), so TensorBoard drops them and shows each step once.
 
 use super::checkpoint::{Progress, Resumed};
 use super::config::TrainConfig;
@@ -16,6 +19,7 @@ use super::model::ModelConfig;
 use kiln_autograd::DType;
 use kiln_data::DataLoader;
 use kiln_optim::{Adam, GradScaler, GradScalerState, Optimizer};
+use kiln_sched::log::ScalarLogger;
 use kiln_sched::{LrScheduler, SequentialLR};
 use std::path::Path;
 
@@ -94,6 +98,30 @@ pub(super) fn check_settings(config: &TrainConfig, resumed: &Resumed, path: &Pat
         diffs.push(Some(format!("--lr {} (checkpoint: {lr})", config.lr)));
     }
     refuse(path, diffs.into_iter().flatten().collect())
+}
+
+/// The run's logger: TensorBoard events in `run_dir/tensorboard`, rows in `run_dir/metrics.csv`.
+/// With `--resume` (`last_step` is the checkpoint's, 0 when there was none) the CSV is cut back
+/// to `last_step` and the new event file purges every earlier event after it.
+pub(super) fn logger(config: &TrainConfig, last_step: usize) -> Result<ScalarLogger> {
+    let tensorboard = config.run_dir.join("tensorboard");
+    let csv = config.run_dir.join("metrics.csv");
+    let logger = if config.resume {
+        trim_metrics_csv(&csv, last_step)?;
+        let purge_step = last_step
+            .checked_add(1)
+            .and_then(|s| i64::try_from(s).ok())
+            .ok_or_else(|| {
+                Error::Checkpoint(format!(
+                    "the checkpoint's step {last_step} is beyond TensorBoard's step range (i64); \
+                     the checkpoint is damaged, start a new run"
+                ))
+            })?;
+        ScalarLogger::in_memory().tensorboard_purging(tensorboard, purge_step)?
+    } else {
+        ScalarLogger::in_memory().tensorboard(tensorboard)?
+    };
+    Ok(logger.csv(csv)?.flush_every(50))
 }
 
 /// Drops the rows of `metrics.csv` (`wall_time,step,tag,value`) logged after step `last_step`:
