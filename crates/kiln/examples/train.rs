@@ -9,6 +9,7 @@
 //! cargo run --release --example train -- --help
 //! cargo run --release --example train -- --resume           # continue runs/train
 //! cargo run --release --example train -- --device cuda --amp # cuda:0, bf16 autocast
+//! cargo run --release --example train -- --model resnet18 --pretrained resnet18.pth
 //! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
 //! ```
 
@@ -31,7 +32,7 @@ struct Args {
     /// Batch size [default: the largest the memory plan allows, capped at 128].
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Peak learning rate of the head (the backbone gets half).
+    /// Peak learning rate of the head (the backbone gets --backbone-lr-factor times it).
     #[arg(long, default_value_t = TrainConfig::default().lr)]
     lr: f64,
     /// Device: cpu, cuda, cuda:N or best.
@@ -64,9 +65,18 @@ struct Args {
     /// Continue from RUN_DIR/ckpt.safetensors.
     #[arg(long)]
     resume: bool,
-    /// Planes of the first stage (doubled per stage).
+    /// Planes of the first stage (doubled per stage); a --pretrained file sets its own.
     #[arg(long, default_value_t = TrainConfig::default().width)]
     width: usize,
+    /// The network: cifar-resnet (small-input stem), resnet18, resnet34 or resnet50.
+    #[arg(long, default_value_t = TrainConfig::default().model)]
+    model: recipe::Arch,
+    /// Fine-tune from these torchvision weights (.pth or .safetensors); the head is replaced.
+    #[arg(long)]
+    pretrained: Option<PathBuf>,
+    /// The backbone's learning rate relative to the head's.
+    #[arg(long, default_value_t = TrainConfig::default().backbone_lr_factor)]
+    backbone_lr_factor: f64,
 }
 
 fn parse_data(s: &str) -> Result<DataSource, String> {
@@ -127,6 +137,19 @@ struct Display {
 
 impl Observer for Display {
     fn setup(&mut self, s: &Setup) {
+        if let Some(p) = &s.pretrained {
+            let head: Vec<String> = p
+                .dropped_head
+                .iter()
+                .map(|(n, shape)| format!("{n} {shape:?}"))
+                .collect();
+            println!(
+                "== pretrained: {} backbone tensors from {}; new head (the file's {} dropped)",
+                p.loaded,
+                p.path.display(),
+                head.join(", ")
+            );
+        }
         println!("== model\n{}", s.summary);
         let p = &s.plan;
         println!("== memory plan (AdamW, f32)");
@@ -257,6 +280,9 @@ fn main() {
         amp_dtype: args.amp_dtype,
         resume: args.resume,
         width: args.width,
+        model: args.model,
+        pretrained: args.pretrained,
+        backbone_lr_factor: args.backbone_lr_factor,
         ..TrainConfig::default()
     };
     let mut display = Display {

@@ -185,13 +185,14 @@ fn check_config_fits(
             .map(|(_, t)| t.shape().to_vec())
     };
     let mut wrong = Vec::new();
-    let stem = vec![config.width, config.in_channels, 3, 3];
+    let k = config.arch.stem_kernel();
+    let stem = vec![config.width, config.in_channels, k, k];
     if let Some(found) = shape("model.conv1.weight").filter(|s| *s != stem) {
         wrong.push(format!(
             "conv1.weight is {found:?}, the config needs {stem:?}"
         ));
     }
-    let head = vec![config.num_classes, config.width * 8];
+    let head = vec![config.num_classes, config.features()];
     if let Some(found) = shape("model.fc.weight").filter(|s| *s != head) {
         wrong.push(format!("fc.weight is {found:?}, the config needs {head:?}"));
     }

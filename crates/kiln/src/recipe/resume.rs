@@ -76,6 +76,7 @@ fn refuse(path: &Path, diffs: Vec<String>) -> Result<()> {
 /// data with other images or classes), before any weight is read.
 pub(super) fn check_model(wanted: &ModelConfig, saved: &ModelConfig, path: &Path) -> Result<()> {
     let diffs = [
+        differs("--model", wanted.arch, saved.arch),
         differs("--width", wanted.width, saved.width),
         differs("blocks", wanted.blocks, saved.blocks),
         differs("--data channels", wanted.in_channels, saved.in_channels),
