@@ -13,6 +13,8 @@
 
 mod error;
 mod group;
+mod threads;
 
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
+pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
