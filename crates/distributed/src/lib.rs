@@ -11,8 +11,12 @@
 //!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself.
 //! - Reductions have a fixed order for a fixed world size, so a run is reproducible.
 
+pub mod ddp;
 mod error;
 mod group;
+mod threads;
 
+pub use ddp::{DdpOptions, DistributedDataParallel, NoSyncGuard, SyncStats};
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
+pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
