@@ -7,6 +7,8 @@
 //!   `kiln-device`.
 //! - [`Allocation`]: RAII handle (frees on drop); [`RawAllocation`] for explicit allocate/free.
 //! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere.
+//! - [`snapshot_pickle`] / [`snapshot_read`]: the allocation history and segments as the
+//!   pickle PyTorch's memory_viz opens, and back ([`pickle`] is the codec).
 //!
 //! ```
 //! use kiln_alloc_cache::{AllocatorConfig, CachingAllocator, HostBackend, StreamId};
@@ -32,12 +34,15 @@ mod handle;
 mod history;
 mod lock;
 mod page_runs;
+pub mod pickle;
 mod recorder;
 pub mod replay;
 mod segments;
 mod sizes;
 mod slab;
 mod snapshot;
+pub mod snapshot_pickle;
+pub mod snapshot_read;
 mod stats;
 pub mod synth;
 mod trace;
