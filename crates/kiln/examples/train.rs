@@ -13,7 +13,8 @@
 //! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
 //! ```
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln::data::DataSource;
 use kiln::device::{cuda_status, format_bytes, DType, Device};
@@ -256,7 +257,15 @@ fn write_samples(config: &TrainConfig) -> Result<PathBuf, kiln::data::Error> {
 }
 
 fn main() {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // A resume compares only the flags given with the checkpoint's; the rest are its values.
+    let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+    let given = recipe::GivenSettings {
+        lr: given("lr"),
+        seed: given("seed"),
+        width: given("width"),
+    };
     let device = match parse_device(&args.device) {
         Ok(d) => d,
         Err(e) => {
@@ -265,7 +274,7 @@ fn main() {
         }
     };
     report_devices(&args.device, device);
-    let config = TrainConfig {
+    let mut config = TrainConfig {
         epochs: args.epochs,
         batch_size: args.batch_size,
         lr: args.lr,
@@ -285,6 +294,10 @@ fn main() {
         backbone_lr_factor: args.backbone_lr_factor,
         ..TrainConfig::default()
     };
+    if let Err(e) = recipe::take_checkpoint_settings(&mut config, given) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     let mut display = Display {
         bar: None,
         started: Instant::now(),

@@ -13,7 +13,7 @@ mod common;
 
 use common::{assert_same_bits, bits};
 use kiln::data::DataSource;
-use kiln::recipe::{train, Quiet, TrainConfig};
+use kiln::recipe::{take_checkpoint_settings, train, GivenSettings, Quiet, TrainConfig};
 use kiln::sched::log::tfevents::{read_log_dir, EventBody};
 use kiln::sched::log::ScalarLogger;
 
@@ -94,7 +94,7 @@ fn resume_continues_bit_identically() {
                 lr: 2e-2,
                 ..config(root.join("resumed"))
             },
-            "--lr 0.02 (checkpoint: 0.01)",
+            "--lr 0.02 (checkpoint: 0.01); to continue it pass --lr 0.01 or leave the flag out",
         ),
         (
             TrainConfig {
@@ -130,16 +130,34 @@ fn resume_continues_bit_identically() {
         stop_after: Some(0),
         ..config(root.join("fresh"))
     };
+    let mut untouched = fresh.clone();
+    assert!(!take_checkpoint_settings(&mut untouched, GivenSettings::default()).unwrap());
+    assert_eq!((untouched.lr, untouched.seed), (fresh.lr, fresh.seed));
     train(&fresh, &mut missing).unwrap();
     assert_eq!(missing.0, Some(root.join("fresh/ckpt.safetensors")));
-    let second = train(
-        &TrainConfig {
-            resume: true,
-            ..config(root.join("resumed"))
-        },
-        &mut Quiet,
-    )
-    .unwrap();
+    // A resume given none of the compared flags (the CLI's defaults: another lr, seed and width
+    // than the run's) takes the checkpoint's: lr 0.01, seed 7, width 4. An explicit flag is kept
+    // (and then refused above when it differs).
+    let mut resumed = TrainConfig {
+        resume: true,
+        lr: TrainConfig::default().lr,
+        seed: TrainConfig::default().seed + 1,
+        width: TrainConfig::default().width,
+        ..config(root.join("resumed"))
+    };
+    let given_lr = GivenSettings {
+        lr: true,
+        ..GivenSettings::default()
+    };
+    let mut explicit = TrainConfig {
+        lr: 2e-2,
+        ..resumed.clone()
+    };
+    assert!(take_checkpoint_settings(&mut explicit, given_lr).unwrap());
+    assert_eq!((explicit.lr, explicit.seed, explicit.width), (2e-2, 7, 4));
+    assert!(take_checkpoint_settings(&mut resumed, GivenSettings::default()).unwrap());
+    assert_eq!((resumed.lr, resumed.seed, resumed.width), (1e-2, 7, 4));
+    let second = train(&resumed, &mut Quiet).unwrap();
     assert_eq!(second.batch_losses[..], straight.batch_losses[6..]);
 
     // Same history (losses, accuracy, lrs, gradient norms) apart from wall time and memory.

@@ -237,6 +237,34 @@ pub fn load_model(path: &Path) -> Result<(ResNet, ModelInfo)> {
     Ok((model, info))
 }
 
+/// The settings a run was started with, as its checkpoint records them: what a resume compares
+/// with its flags, and takes for the flags not given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSettings {
+    /// The head's peak lr (`initial_lr` of the optimizer's last group; `None` if not recorded).
+    pub lr: Option<f64>,
+    /// The seed.
+    pub seed: u64,
+    /// The network's width.
+    pub width: usize,
+    /// The batch size.
+    pub batch_size: usize,
+}
+
+/// Reads [`RunSettings`] from a training checkpoint's metadata, building nothing.
+pub fn read_settings(path: &Path) -> Result<RunSettings> {
+    let (_, meta) = load_tensors(path)?;
+    let optimizer: StateDict = field(&meta, "kiln.optimizer", path)?;
+    let progress: Progress = field(&meta, "kiln.progress", path)?;
+    let config: ModelConfig = field(&meta, "kiln.model_config", path)?;
+    Ok(RunSettings {
+        lr: optimizer.groups.last().and_then(|g| g.initial_lr),
+        seed: progress.seed,
+        width: config.width,
+        batch_size: progress.batch_size,
+    })
+}
+
 /// The training state of a checkpoint, loaded into `model` (strictly).
 pub struct Resumed {
     /// The optimizer state dict, buffers restored.

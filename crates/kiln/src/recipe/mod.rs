@@ -38,6 +38,7 @@ pub use error::{Error, Result};
 pub use model::{Arch, ModelConfig, PretrainedReport};
 pub use predict::{predict, top_k};
 pub use report::{EpochReport, Observer, Outcome, Quiet, Setup};
+pub use resume::{take_checkpoint_settings, GivenSettings};
 
 use kiln_optim::GradScaler;
 use std::path::PathBuf;
