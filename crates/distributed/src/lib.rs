@@ -15,8 +15,10 @@ pub mod ddp;
 mod error;
 mod group;
 mod threads;
+pub mod zero;
 
 pub use ddp::{DdpOptions, DistributedDataParallel, NoSyncGuard, SyncStats};
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
 pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
+pub use zero::ZeroRedundancyOptimizer;
