@@ -41,7 +41,10 @@ fn adamw(p: Vec<(String, kiln_autograd::Parameter)>) -> kiln_optim::Result<Box<d
 }
 
 /// DDP training on `world` ranks, sharded (ZeRO-1) or not: final state and state bytes per rank.
-fn run(world: usize, sharded: bool) -> Vec<(Vec<(String, Vec<f64>)>, usize, Vec<String>)> {
+/// Per rank: the final state, the optimizer state bytes, the owned parameter names.
+type RankResult = (Vec<(String, Vec<f64>)>, usize, Vec<String>);
+
+fn run(world: usize, sharded: bool) -> Vec<RankResult> {
     ThreadGroup::run(world, Duration::from_secs(60), |g| {
         let rank = g.rank();
         let model = mlp();
