@@ -20,6 +20,7 @@ mod mpi;
 #[cfg(feature = "mpi")]
 mod signature;
 mod threads;
+pub mod zero;
 
 pub use ddp::{DdpOptions, DistributedDataParallel, NoSyncGuard, SyncStats};
 pub use env::{LaunchEnv, Launcher};
@@ -28,3 +29,4 @@ pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiGroup;
 pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
+pub use zero::ZeroRedundancyOptimizer;
