@@ -9,6 +9,8 @@
 //! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere.
 //! - [`snapshot_pickle`] / [`snapshot_read`]: the allocation history and segments as the
 //!   pickle PyTorch's memory_viz opens, and back ([`pickle`] is the codec).
+//! - [`timeline`]: live bytes per category over time, the peak and its largest blocks (the
+//!   data of kiln's memory picture).
 //!
 //! ```
 //! use kiln_alloc_cache::{AllocatorConfig, CachingAllocator, HostBackend, StreamId};
@@ -45,6 +47,7 @@ pub mod snapshot_pickle;
 pub mod snapshot_read;
 mod stats;
 pub mod synth;
+pub mod timeline;
 mod trace;
 
 pub use allocator::{pool_for, segment_size_for, CachingAllocator};

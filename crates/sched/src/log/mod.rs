@@ -19,6 +19,7 @@
 pub mod crc32c;
 pub mod csv;
 pub mod svg;
+pub mod svg_stack;
 pub mod tfevents;
 
 use std::collections::BTreeMap;
