@@ -7,6 +7,10 @@
 //!   `kiln-device`.
 //! - [`Allocation`]: RAII handle (frees on drop); [`RawAllocation`] for explicit allocate/free.
 //! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere.
+//! - [`snapshot_pickle`] / [`snapshot_read`]: the allocation history and segments as the
+//!   pickle PyTorch's memory_viz opens, and back ([`pickle`] is the codec).
+//! - [`timeline`]: live bytes per category over time, the peak and its largest blocks (the
+//!   data of kiln's memory picture).
 //!
 //! ```
 //! use kiln_alloc_cache::{AllocatorConfig, CachingAllocator, HostBackend, StreamId};
@@ -24,6 +28,7 @@ mod allocator;
 pub mod backend;
 mod block;
 mod config;
+mod context;
 mod error;
 mod expandable;
 mod free_index;
@@ -31,13 +36,18 @@ mod handle;
 mod history;
 mod lock;
 mod page_runs;
+pub mod pickle;
+mod recorder;
 pub mod replay;
 mod segments;
 mod sizes;
 mod slab;
 mod snapshot;
+pub mod snapshot_pickle;
+pub mod snapshot_read;
 mod stats;
 pub mod synth;
+pub mod timeline;
 mod trace;
 
 pub use allocator::{pool_for, segment_size_for, CachingAllocator};
@@ -45,9 +55,13 @@ pub use backend::{
     BackendError, EventId, HostBackend, MemoryBackend, SimBackend, SimCalls, StreamId,
 };
 pub use config::AllocatorConfig;
+pub use context::ContextGuard;
 pub use error::{Error, OomReport, Result};
 pub use handle::{Allocation, AllocatorRef, RawAllocation};
-pub use history::{AllocContext, Attribution, MemoryCategory, MemoryEvent, MemoryEventKind};
+pub use history::{
+    AllocContext, Attribution, CategoryBytes, LiveBlock, MemoryCategory, MemoryEvent,
+    MemoryEventKind, MemoryHistory,
+};
 pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
 pub use sizes::{
     round_size, GROWTH_DIVISOR, LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC,

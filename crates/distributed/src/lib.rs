@@ -11,6 +11,7 @@
 //!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself.
 //! - Reductions have a fixed order for a fixed world size, so a run is reproducible.
 
+pub mod ddp;
 pub mod env;
 mod error;
 mod group;
@@ -22,7 +23,10 @@ mod nccl;
 #[cfg(any(feature = "mpi", feature = "cuda"))]
 mod signature;
 pub mod store;
+mod threads;
+pub mod zero;
 
+pub use ddp::{DdpOptions, DistributedDataParallel, NoSyncGuard, SyncStats};
 pub use env::{LaunchEnv, Launcher};
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
@@ -31,3 +35,5 @@ pub use init::{init_process_group, init_process_group_with, MPI_REBUILD_HINT};
 pub use mpi::MpiGroup;
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclGroup, NCCL_INSTALL_HINT};
+pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
+pub use zero::ZeroRedundancyOptimizer;

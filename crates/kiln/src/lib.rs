@@ -19,6 +19,7 @@
 //! [`recipe`] holds the training recipe of `cargo run --release --example train` (model by
 //! configuration, the training loop, checkpoints that resume bit for bit, single-image
 //! prediction) as library code shared by the `train` and `predict` examples and the tests.
+//! [`memory_picture`] draws `memory.svg` (one step's memory by category, per-epoch curves).
 
 pub use kiln_alloc_cache as alloc;
 pub use kiln_autograd as autograd;
@@ -30,4 +31,5 @@ pub use kiln_models as models;
 pub use kiln_optim as optim;
 pub use kiln_sched as sched;
 
+pub mod memory_picture;
 pub mod recipe;

@@ -19,6 +19,7 @@
 pub mod crc32c;
 pub mod csv;
 pub mod svg;
+pub mod svg_stack;
 pub mod tfevents;
 
 use std::collections::BTreeMap;
@@ -61,6 +62,17 @@ impl ScalarLogger {
     pub fn tensorboard(mut self, dir: impl AsRef<Path>) -> Result<Self> {
         let mut writer = EventWriter::create(dir)?;
         // The logger decides when to flush (see `flush_every`).
+        writer.set_flush_every(usize::MAX);
+        self.tensorboard = Some(writer);
+        Ok(self)
+    }
+
+    /// [`tensorboard`](Self::tensorboard) for a resumed run whose first logged step is
+    /// `purge_step`, like PyTorch's `SummaryWriter(purge_step = ...)`: TensorBoard then drops the
+    /// events of `dir`'s earlier files from that step on, so the steps an interrupted run logged
+    /// after its last checkpoint do not show twice ([`EventWriter::create_purging`]).
+    pub fn tensorboard_purging(mut self, dir: impl AsRef<Path>, purge_step: i64) -> Result<Self> {
+        let mut writer = EventWriter::create_purging(dir, purge_step)?;
         writer.set_flush_every(usize::MAX);
         self.tensorboard = Some(writer);
         Ok(self)

@@ -85,7 +85,8 @@ pub fn format_tick(v: f64, step: f64) -> String {
     format!("{v:.decimals$}")
 }
 
-fn escape(text: &str) -> String {
+/// `text` with the XML special characters escaped.
+pub fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -347,6 +348,19 @@ fn header(width: f64, height: f64) -> String {
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\">\n<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
     )
+}
+
+/// A standalone SVG document of `width` x `height` pixels (white background) around `body`.
+pub fn svg_document(width: f64, height: f64, body: &str) -> String {
+    let mut out = header(width, height);
+    out.push_str(body);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// Writes the SVG text `svg` to `path`, creating its folder.
+pub fn write_svg(path: &Path, svg: &str) -> Result<()> {
+    write_file(path, svg)
 }
 
 fn write_file(path: &Path, svg: &str) -> Result<()> {
