@@ -2,13 +2,18 @@
 //! kiln-alloc-cache`): a cache hit (allocate + free of a block the cache holds), a miss
 //! (allocate from an empty cache, which asks the backend for a segment, then free and
 //! `empty_cache`), and a split (two blocks carved out of one cached segment, then freed, which
-//! merges them back). `cargo xtask bench alloc` stays the side-by-side report.
+//! merges them back), and the hit with the allocation history off and on
+//! (`record_memory_history`: off must cost nothing measurable; on, each pair records an alloc,
+//! a free-requested and a free-completed event with the thread's attribution, in a full ring
+//! that drops its oldest). `cargo xtask bench alloc` stays the side-by-side report.
 
 // criterion_group! defines a public `fn benches` that cannot carry a doc comment.
 #![allow(missing_docs)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use kiln_alloc_cache::{AllocatorConfig, CachingAllocator, HostBackend, StreamId};
+use kiln_alloc_cache::{
+    AllocContext, AllocatorConfig, CachingAllocator, HostBackend, MemoryCategory, StreamId,
+};
 use std::hint::black_box;
 use std::sync::Arc;
 
@@ -67,5 +72,24 @@ fn split(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, hit, miss, split);
+fn history(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloc_hit_history");
+    for (name, on) in [("off", false), ("on", true)] {
+        let alloc = allocator();
+        drop(alloc.allocate(1024, StreamId::DEFAULT).expect("warm-up"));
+        if on {
+            alloc.record_memory_history(true, 10_000).expect("history");
+        }
+        // Attribution as a training step declares it: a module path and an op.
+        let _module = AllocContext::module("layer3");
+        let _op = AllocContext::op("conv2d", MemoryCategory::Activation);
+        group.bench_function(name, |b| {
+            b.iter(|| black_box(alloc.allocate(1024, StreamId::DEFAULT).expect("hit")))
+        });
+        alloc.record_memory_history(false, 1).expect("history");
+    }
+    group.finish();
+}
+
+criterion_group!(benches, hit, miss, split, history);
 criterion_main!(benches);

@@ -262,6 +262,11 @@ impl CachingAllocator {
         };
         let split = self.should_split(&st, id, rounded);
         st.take(id, rounded, size, split);
+        if st.history.is_some() {
+            let b = &st.blocks[id as usize];
+            let (addr, block_size) = (b.addr, b.size);
+            st.history_alloc(addr, block_size, stream);
+        }
         let b = &st.blocks[id as usize];
         Ok(RawAllocation {
             addr: b.addr,
@@ -316,8 +321,12 @@ impl CachingAllocator {
             r.record_free(raw.alloc_id);
         }
         st.clock += 1;
+        let (addr, block_size) = (st.blocks[id as usize].addr, st.blocks[id as usize].size);
         if st.blocks[id as usize].stream_uses.is_empty() {
             st.free_block(id);
+            if st.history.is_some() {
+                st.history_free(addr, block_size, true);
+            }
             return Ok(());
         }
         // Used on other streams: wait for their work before reuse.
@@ -343,6 +352,9 @@ impl CachingAllocator {
         let after = st.contribution(id);
         before.apply_change(after, &mut st.stats, pool);
         st.pending.extend(events.into_iter().map(|e| (e, id)));
+        if st.history.is_some() {
+            st.history_free(addr, block_size, false);
+        }
         Ok(())
     }
 
@@ -390,7 +402,11 @@ impl CachingAllocator {
             let b = &mut st.blocks[id as usize];
             b.pending_events -= 1;
             if b.pending_events == 0 {
+                let (addr, size) = (b.addr, b.size);
                 st.free_block(id);
+                if st.history.is_some() {
+                    st.history_free_completed(addr, size);
+                }
             }
         }
         Ok(())

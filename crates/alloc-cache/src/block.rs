@@ -143,6 +143,10 @@ pub(crate) struct State {
     pub clock: u64,
     pub next_alloc_id: u64,
     pub recorder: Option<TraceRecorder>,
+    /// The allocation history while it is recorded (`None`, the hooks' only test, when off).
+    pub history: Option<Box<crate::recorder::Recorder>>,
+    /// The last history after recording stopped, kept for reading.
+    pub history_kept: Option<Box<crate::recorder::Recorder>>,
 }
 
 impl State {

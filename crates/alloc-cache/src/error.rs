@@ -79,6 +79,13 @@ pub struct OomReport {
     pub fragmentation: f64,
     /// Whether expandable segments were on.
     pub expandable_segments: bool,
+    /// Whether the backend can offer expandable segments at all (the host cannot: advice to
+    /// turn them on is then never given).
+    pub expandable_supported: bool,
+    /// The smallest reservation the request needs (`rounded`, up to whole 2 MiB pages): when
+    /// the backend counted at least this much free and still refused it, a limit outside the
+    /// allocator (a process memory limit, the system's overcommit policy) said no.
+    pub min_reservation: usize,
 }
 
 impl fmt::Display for OomReport {
@@ -112,26 +119,59 @@ impl fmt::Display for OomReport {
             b(self.largest_free_block),
             self.fragmentation * 100.0
         )?;
-        let fragmented = self.reserved_unallocated + self.backend_free >= self.rounded;
-        if fragmented && !self.expandable_segments {
+        write!(f, "  advice: ")?;
+        let backend = &self.backend;
+        if self.rounded > self.capacity {
+            return write!(
+                f,
+                "this one request is larger than all the memory the {backend} backend has \
+                 (capacity {}): the system refused {} bytes. No batch-size or allocator setting \
+                 makes it fit: check the size that asked for it (a shape computed from input, a \
+                 wrong unit), or split the work into pieces that fit.",
+                b(self.capacity),
+                self.requested
+            );
+        }
+        if self.backend_free >= self.min_reservation {
+            return write!(
+                f,
+                "the system refused to reserve {} bytes although the {backend} backend counts {} \
+                 free: a limit outside kiln stopped it (a process memory limit such as \
+                 `ulimit -v` or a cgroup, or the system's overcommit policy); raise that limit \
+                 or ask for less memory at once.",
+                self.min_reservation,
+                b(self.backend_free)
+            );
+        }
+        let fragmented =
+            self.reserved_unallocated.saturating_add(self.backend_free) >= self.rounded;
+        if fragmented && !self.expandable_segments && self.expandable_supported {
             write!(
                 f,
-                "  advice: enough memory is free in total but not in one piece: turn on expandable \
+                "enough memory is free in total but not in one piece: turn on expandable \
                  segments (AllocatorConfig::expandable_segments, or \
                  KILN_ALLOC_CONF=expandable_segments:True) to stop fragmentation, or set \
                  max_split_size_mb so large blocks are not carved up; otherwise reduce the batch size."
             )
+        } else if fragmented && !self.expandable_segments {
+            write!(
+                f,
+                "enough memory is free in total but not in one piece: set max_split_size_mb \
+                 (KILN_ALLOC_CONF=max_split_size_mb:N) so large blocks are not carved up, or call \
+                 empty_cache between phases; otherwise reduce the batch size (the {backend} \
+                 backend has no expandable segments)."
+            )
         } else if fragmented {
             write!(
                 f,
-                "  advice: enough memory is free in total but not in one piece (free blocks of \
+                "enough memory is free in total but not in one piece (free blocks of \
                  another stream or pool cannot be moved): reduce the batch size, or free \
                  long-lived tensors before this step."
             )
         } else {
             write!(
                 f,
-                "  advice: live tensors use the device: reduce the batch size (or sequence length), \
+                "live tensors use the device: reduce the batch size (or sequence length), \
                  free tensors you no longer need, use activation checkpointing or mixed precision."
             )
         }

@@ -15,6 +15,7 @@ use crate::allocator::CachingAllocator;
 use crate::backend::BackendError;
 use crate::block::{pool_index, Block, BlockState, Segment, State, NONE};
 use crate::error::Result;
+use crate::history::MemoryEventKind;
 use crate::page_runs::PageRuns;
 use crate::stats::PoolKind;
 
@@ -53,8 +54,12 @@ impl CachingAllocator {
             s.set_pages(a, b, true);
             s.mapped += bytes;
             s.holes -= below_extent;
+            let si = s.stream;
             st.stats.num_device_alloc += 1;
             st.stats.reserved_bytes.update(pool, bytes as i64);
+            if st.history.is_some() {
+                st.history_segment(MemoryEventKind::SegmentAlloc, addr, bytes, si);
+            }
         }
         Ok(())
     }
@@ -72,8 +77,12 @@ impl CachingAllocator {
             s.set_pages(a, b, false);
             s.mapped -= bytes;
             s.holes += b - a;
+            let si = s.stream;
             st.stats.num_device_free += 1;
             st.stats.reserved_bytes.update(pool, -(bytes as i64));
+            if st.history.is_some() {
+                st.history_segment(MemoryEventKind::SegmentFree, addr, bytes, si);
+            }
             released += bytes;
         }
         Ok(released)

@@ -28,6 +28,7 @@ mod allocator;
 pub mod backend;
 mod block;
 mod config;
+mod context;
 mod error;
 mod expandable;
 mod free_index;
@@ -36,6 +37,7 @@ mod history;
 mod lock;
 mod page_runs;
 pub mod pickle;
+mod recorder;
 pub mod replay;
 mod segments;
 mod sizes;
@@ -53,9 +55,13 @@ pub use backend::{
     BackendError, EventId, HostBackend, MemoryBackend, SimBackend, SimCalls, StreamId,
 };
 pub use config::AllocatorConfig;
+pub use context::ContextGuard;
 pub use error::{Error, OomReport, Result};
 pub use handle::{Allocation, AllocatorRef, RawAllocation};
-pub use history::{AllocContext, Attribution, MemoryCategory, MemoryEvent, MemoryEventKind};
+pub use history::{
+    AllocContext, Attribution, CategoryBytes, LiveBlock, MemoryCategory, MemoryEvent,
+    MemoryEventKind, MemoryHistory,
+};
 pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
 pub use sizes::{
     round_size, GROWTH_DIVISOR, LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC,

@@ -6,6 +6,7 @@ use crate::allocator::{segment_size_for, CachingAllocator};
 use crate::backend::BackendError;
 use crate::block::{Block, BlockState, Segment, State, NONE};
 use crate::error::{Error, OomReport, Result};
+use crate::history::MemoryEventKind;
 use crate::sizes::{GROWTH_DIVISOR, MIN_LARGE_ALLOC, PAIR_ROUNDING_WASTE, ROUND_LARGE};
 use crate::stats::PoolKind;
 
@@ -73,6 +74,9 @@ impl CachingAllocator {
             }
         }
         st.stats.num_ooms += 1;
+        if st.history.is_some() {
+            st.history_oom(requested, si);
+        }
         Err(Error::OutOfMemory(Box::new(
             self.oom_report(st, si, pool, rounded, requested),
         )))
@@ -251,6 +255,9 @@ impl CachingAllocator {
             tail: NONE,
         };
         let seg = st.new_segment(segment);
+        if st.history.is_some() {
+            st.history_segment(MemoryEventKind::SegmentAlloc, base, size, si);
+        }
         let id = st.new_block(Block::free(base, size, seg, NONE, pool, si, st.clock));
         let s = st.segment_mut(seg);
         s.head = id;
@@ -316,6 +323,9 @@ impl CachingAllocator {
         st.stats.reserved_bytes.update(s.pool, -(s.mapped as i64));
         st.segments[seg as usize] = None;
         st.free_segment_slots.push(seg);
+        if st.history.is_some() {
+            st.history_segment(MemoryEventKind::SegmentFree, s.base, s.mapped, s.stream);
+        }
         Ok(s.mapped)
     }
 
@@ -388,6 +398,10 @@ impl CachingAllocator {
             largest_free_block,
             fragmentation,
             expandable_segments: self.config.expandable_segments,
+            expandable_supported: self.backend.page_size().is_some(),
+            min_reservation: rounded
+                .checked_next_multiple_of(crate::sizes::ROUND_LARGE)
+                .unwrap_or(usize::MAX),
         }
     }
 }
@@ -397,6 +411,9 @@ impl Drop for CachingAllocator {
     /// only blocks leaked as `RawAllocation`s can still be in use here; their memory goes too.
     fn drop(&mut self) {
         let st = self.state.get_mut();
+        if st.history.take().is_some() {
+            crate::context::recording_stopped();
+        }
         let pending: Vec<_> = st.pending.drain(..).collect();
         let segments: Vec<_> = st.segments.drain(..).flatten().collect();
         for (event, _) in pending {

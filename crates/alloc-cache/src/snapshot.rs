@@ -34,6 +34,10 @@ pub struct BlockSnapshot {
     /// Whether memory backs all of it (false only for free blocks of expandable segments whose
     /// pages `empty_cache` unmapped).
     pub fully_mapped: bool,
+    /// Who asked for an allocated block, when the allocation history recorded it (allocated
+    /// while recording was on; see `record_memory_history`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<crate::history::Attribution>,
 }
 
 /// One segment and its blocks in address order.
@@ -80,7 +84,14 @@ impl MemorySnapshot {
 impl CachingAllocator {
     /// Every segment with its blocks, and the statistics, taken under one lock.
     pub fn snapshot(&self) -> MemorySnapshot {
-        self.with_state(|st| {
+        self.with_state(|st| self.snapshot_of(st))
+    }
+
+    /// [`snapshot`](Self::snapshot) of state already locked.
+    pub(crate) fn snapshot_of(&self, st: &State) -> MemorySnapshot {
+        {
+            // Only a running history knows the blocks live now.
+            let history = st.history.as_ref();
             let mut segments: Vec<SegmentSnapshot> = st
                 .segments
                 .iter()
@@ -119,6 +130,12 @@ impl CachingAllocator {
                             requested_size: b.requested,
                             state,
                             fully_mapped: self.fully_mapped(s, b),
+                            attribution: match (state, history) {
+                                (BlockSnapshotState::ActiveAllocated, Some(h)) => {
+                                    h.attribution_of(b.addr).cloned()
+                                }
+                                _ => None,
+                            },
                         });
                         id = b.next;
                     }
@@ -130,7 +147,7 @@ impl CachingAllocator {
                 segments,
                 stats: st.stats.clone(),
             }
-        })
+        }
     }
 
     /// Checks every internal invariant and that the statistics equal a recomputation from the

@@ -123,6 +123,7 @@ fn scenario() -> (MemorySnapshot, Vec<MemoryEvent>) {
         requested_size,
         state,
         fully_mapped: true,
+        attribution: None,
     };
     let snapshot = MemorySnapshot {
         segments: vec![SegmentSnapshot {

@@ -12,6 +12,7 @@ mod autograd;
 mod creation;
 mod custom_op;
 mod error;
+mod hooks;
 mod inplace;
 mod join;
 mod module;
@@ -28,6 +29,7 @@ pub use autograd::grad_mode::{
 };
 pub use custom_op::CustomBackward;
 pub use error::{Error, Result};
+pub use hooks::{HookHandle, PostAccumulateGradHook};
 pub use kiln_device::ops::conv::Conv2dParams;
 pub use kiln_device::ops::pool::{AvgPool2dParams, MaxPool2dParams};
 pub use kiln_device::{DType, Device};

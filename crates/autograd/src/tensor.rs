@@ -334,8 +334,10 @@ impl Tensor {
     }
 
     /// Marks a leaf as needing gradients (or not, to freeze it). Only leaves can change this, and
-    /// only float tensors can require gradients.
-    pub fn set_requires_grad(&self, requires_grad: bool) -> Result<&Self> {
+    /// only float tensors can require gradients. Returns the tensor (a handle sharing this one's
+    /// data and flag), so it ends a chain that creates a leaf, as PyTorch's `requires_grad_()`:
+    /// `let w = Tensor::randn(&[3], DType::F32, Device::Cpu)?.set_requires_grad(true)?;`.
+    pub fn set_requires_grad(&self, requires_grad: bool) -> Result<Tensor> {
         if !self.is_leaf() {
             return Err(Error::Autograd(format!(
                 "set_requires_grad: only leaf tensors can change requires_grad, but this one was made \
@@ -350,7 +352,7 @@ impl Tensor {
             ));
         }
         self.0.requires_grad.store(requires_grad, Ordering::Relaxed);
-        Ok(self)
+        Ok(self.clone())
     }
 
     /// The accumulated gradient of a leaf, if any.

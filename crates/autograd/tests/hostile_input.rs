@@ -77,3 +77,48 @@ fn zero_d_tensors_take_dim_0_and_minus_1() {
         assert!(x.transpose(dim, 0).is_err());
     }
 }
+
+#[test]
+fn a_cpu_tensor_larger_than_the_machine_says_so() {
+    // About 3.6 TiB of f32 in one request: more than any test machine has. The report says one
+    // request is larger than the memory there is and the system refused it, and gives no advice
+    // the CPU cannot take (expandable segments) or that cannot help (a smaller batch).
+    let elems = 990_000_000_000usize;
+    let e = Tensor::zeros(&[elems], DType::F32, Device::Cpu).expect_err("3.6 TiB");
+    let text = e.to_string();
+    assert!(
+        text.contains("out of memory: tried to allocate 3.60 TiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("this one request is larger than all the memory the host backend has"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the system refused 3960000000000 bytes"),
+        "{text}"
+    );
+    for wrong in ["expandable", "reduce the batch size"] {
+        assert!(!text.contains(wrong), "`{wrong}` in:\n{text}");
+    }
+}
+
+#[test]
+fn max_and_min_of_an_empty_tensor_follow_pytorch() {
+    // Reducing non-empty dims of an empty tensor gives an empty result (PyTorch: amax of
+    // [0, 4, 2] over dim 2 is [0, 4]); reducing a dim of size 0 is refused, naming it.
+    let t = Tensor::zeros(&[0, 4, 2], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(t.amax(&[2], false).unwrap().shape(), &[0, 4]);
+    assert_eq!(t.amin(&[-1], true).unwrap().shape(), &[0, 4, 1]);
+    let (values, indices) = t.max_dim(1, false).unwrap();
+    assert_eq!(
+        (values.shape(), indices.shape()),
+        (&[0, 2][..], &[0, 2][..])
+    );
+    let e = t.amax(&[0], false).unwrap_err().to_string();
+    assert!(
+        e.contains("cannot reduce dim 0 of shape [0, 4, 2]: it has size 0"),
+        "{e}"
+    );
+    assert!(t.max_all().is_err() && t.argmax(0, false).is_err());
+}

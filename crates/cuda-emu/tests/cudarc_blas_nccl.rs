@@ -4,10 +4,7 @@
 //! `gemm_strided_batched_ex` call in bf16, and `Comm::from_devices` / `Comm::from_rank` with
 //! all-reduce and all-gather on each device's stream.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-const CHILD: &str = "KILN_EMU_TEST_BLAS_NCCL_CHILD";
+mod relaunch;
 
 fn gemm_scenario() {
     use cudarc::cublas::{result, sys, CudaBlas, Gemm, GemmConfig};
@@ -155,47 +152,21 @@ fn nccl_scenario() {
 
 #[test]
 fn cudarc_drives_the_emulated_cublas_and_nccl() {
-    if std::env::var_os(CHILD).is_some() {
+    if relaunch::in_child() {
         gemm_scenario();
         nccl_scenario();
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let library: PathBuf = exe.parent().unwrap().join("libkiln_cuda_emu.so");
-    if !library.exists() {
-        eprintln!("skipped: {} was not built", library.display());
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("kiln-emu-blas-nccl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for name in [
-        "libcuda.so",
-        "libcuda.so.1",
-        "libcublas.so",
-        "libcublas.so.13",
-        "libnccl.so",
-        "libnccl.so.2",
-    ] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link).unwrap();
-    }
-    let out = Command::new(&exe)
-        .args([
-            "--exact",
-            "cudarc_drives_the_emulated_cublas_and_nccl",
-            "--nocapture",
-        ])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("KILN_EMU_DEVICES", "2")
-        .env("KILN_EMU_MEMORY", "64M")
-        .env("KILN_EMU_NCCL_TIMEOUT", "20")
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let out = relaunch::run_child(
+        "cudarc_drives_the_emulated_cublas_and_nccl",
+        &["cuda", "cublas", "nccl"],
+        &[
+            ("KILN_EMU_DEVICES", "2"),
+            ("KILN_EMU_MEMORY", "64M"),
+            ("KILN_EMU_NCCL_TIMEOUT", "20"),
+        ],
+    );
+    let text = relaunch::text(&out);
     assert!(out.status.success(), "child failed:\n{text}");
     assert!(
         text.contains("1 passed"),

@@ -2,10 +2,7 @@
 //! emulator loaded as `libcuda.so` and `libnvrtc.so` (symlinks on `LD_LIBRARY_PATH`, in a child
 //! process): a grid's results, a compile error's log, and a fault that poisons the context.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-const CHILD: &str = "KILN_EMU_TEST_CHILD";
+mod relaunch;
 
 const SOURCE: &str = r#"
 extern "C" __global__ void __launch_bounds__(256) saxpy(float* y, const float* x, float a, unsigned n) {
@@ -79,47 +76,23 @@ fn scenario() {
 
 #[test]
 fn cudarc_compiles_loads_and_launches_kernels() {
-    if std::env::var_os(CHILD).is_some() {
+    if relaunch::in_child() {
         scenario();
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let library: PathBuf = exe.parent().unwrap().join("libkiln_cuda_emu.so");
-    if !library.exists() {
-        eprintln!("skipped: {} was not built", library.display());
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("kiln-emu-kernels-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for name in [
-        "libcuda.so",
-        "libcuda.so.1",
-        "libnvrtc.so",
-        "libnvrtc.so.13",
-    ] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link).unwrap();
-    }
-    let out = Command::new(&exe)
-        .args([
-            "--exact",
-            "cudarc_compiles_loads_and_launches_kernels",
-            "--nocapture",
-        ])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &dir)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = relaunch::run_child(
+        "cudarc_compiles_loads_and_launches_kernels",
+        &["cuda", "nvrtc"],
+        &[],
+    );
+    let text = relaunch::text(&out);
+    assert!(out.status.success(), "child failed:\n{text}");
     assert!(
-        out.status.success(),
-        "child failed:\n{}\n{stderr}",
-        String::from_utf8_lossy(&out.stdout)
+        text.contains("1 passed"),
+        "the child did not run the scenario:\n{text}"
     );
     assert!(
-        stderr.contains("store_past"),
-        "the fault is logged naming the kernel:\n{stderr}"
+        text.contains("store_past"),
+        "the fault is logged naming the kernel:\n{text}"
     );
 }

@@ -3,10 +3,7 @@
 //! it through the calls kiln makes: contexts, streams, events, allocation, copies, memory info,
 //! VMM and errors.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-const CHILD: &str = "KILN_EMU_TEST_CHILD";
+mod relaunch;
 
 fn scenario() {
     use cudarc::driver::{result, sys, CudaContext};
@@ -53,40 +50,23 @@ fn scenario() {
 
 #[test]
 fn cudarc_drives_the_emulator() {
-    if std::env::var_os(CHILD).is_some() {
+    if relaunch::in_child() {
         scenario();
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let library: PathBuf = exe.parent().unwrap().join("libkiln_cuda_emu.so");
-    if !library.exists() {
-        eprintln!("skipped: {} was not built", library.display());
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("kiln-emu-cudarc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for name in ["libcuda.so", "libcuda.so.1"] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link).unwrap();
-    }
-    let out = Command::new(&exe)
-        .args(["--exact", "cudarc_drives_the_emulator", "--nocapture"])
-        .env_remove("KILN_EMU_CC")
-        .env_remove("KILN_EMU_DELAY")
-        .env_remove("KILN_EMU_LOG")
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("KILN_EMU_DEVICES", "3")
-        .env("KILN_EMU_MEMORY", "256M")
-        .env("CUDA_VISIBLE_DEVICES", "2,1")
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = relaunch::run_child(
+        "cudarc_drives_the_emulator",
+        &["cuda"],
+        &[
+            ("KILN_EMU_DEVICES", "3"),
+            ("KILN_EMU_MEMORY", "256M"),
+            ("CUDA_VISIBLE_DEVICES", "2,1"),
+        ],
+    );
+    let text = relaunch::text(&out);
+    assert!(out.status.success(), "child failed:\n{text}");
     assert!(
-        out.status.success(),
-        "child failed:\n{}\n{stderr}",
-        String::from_utf8_lossy(&out.stdout)
+        text.contains("1 passed"),
+        "the child did not run the scenario:\n{text}"
     );
 }

@@ -10,6 +10,8 @@
 //! - [`DataLoader`]: per-epoch shuffling from a seed, batches as `[B, C, H, W]` `F32` images and
 //!   `[B]` `I64` labels, `drop_last`, background prefetch, and a [`LoaderState`] to checkpoint
 //!   and resume bit-identically.
+//! - [`DistributedSampler`]: each rank's equal-length shard for data-parallel training
+//!   (PyTorch's padding and `drop_last`), fed to a loader with [`DataLoader::with_sampler`].
 //! - [`DataSource`]: the training example's `--data` flag (`synthetic`, `mnist:DIR`,
 //!   `cifar10:DIR`) with each source's validation split, normalisation and augmentation.
 //! - [`load_image`] / [`save_png`]: one PNG/JPEG in as a normalised `[C, H, W]` tensor (for
@@ -44,6 +46,7 @@ mod image_io;
 mod loader;
 mod memory;
 mod rng;
+mod sampler;
 mod source;
 mod transforms;
 
@@ -55,5 +58,6 @@ pub use dataset::{ImageDataset, Split};
 pub use error::{Error, Result};
 pub use image_io::{hwc_to_chw, image_grid, load_image, read_image, save_png, ImageOptions};
 pub use loader::{Batch, DataLoader, DataLoaderConfig, EpochIter, LoaderState};
+pub use sampler::DistributedSampler;
 pub use source::DataSource;
 pub use transforms::{Augment, Normalize};

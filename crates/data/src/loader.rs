@@ -19,6 +19,7 @@
 use crate::dataset::ImageDataset;
 use crate::error::{arg_err, Error, Result};
 use crate::rng::{Domain, Stream};
+use crate::sampler::DistributedSampler;
 use crate::transforms::{push_f32, Augment, Normalize};
 use kiln_autograd::{Device, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,6 +100,8 @@ struct HostBatch {
 struct Plan {
     dataset: Arc<ImageDataset>,
     config: DataLoaderConfig,
+    /// This rank's shard ([`DataLoader::with_sampler`]); `None`: the whole dataset.
+    sampler: Option<DistributedSampler>,
 }
 
 impl Plan {
@@ -191,7 +194,11 @@ impl DataLoader {
             ));
         }
         Ok(DataLoader {
-            plan: Arc::new(Plan { dataset, config }),
+            plan: Arc::new(Plan {
+                dataset,
+                config,
+                sampler: None,
+            }),
             device,
             state: LoaderState::default(),
         })
@@ -207,9 +214,69 @@ impl DataLoader {
         &self.plan.config
     }
 
+    /// Reads only `sampler`'s shard of the dataset (PyTorch's `DataLoader(sampler=...)`), for
+    /// data-parallel training: epoch `e` takes `sampler.indices_for_epoch(e)` in that order, so
+    /// the loader's own epoch plays the role of `set_epoch` (every rank's loader at the same
+    /// state reads the same epoch's shards) and resuming stays bit-identical. Refused with
+    /// `shuffle` (the sampler shuffles), for a sampler of another dataset size, or when the
+    /// shard gives no batch.
+    pub fn with_sampler(self, sampler: DistributedSampler) -> Result<Self> {
+        let plan = &self.plan;
+        let op = "DataLoader::with_sampler";
+        if plan.config.shuffle {
+            return Err(arg_err(
+                op,
+                "the config shuffles, but with a sampler the sampler decides the order; set \
+                  shuffle: false in the config and shuffle in the sampler",
+            ));
+        }
+        if sampler.dataset_len() != plan.dataset.len() {
+            return Err(arg_err(
+                op,
+                format!(
+                    "the sampler was made for {} samples but {} has {}; build it with \
+                      DistributedSampler::new(dataset.len(), world_size, rank)",
+                    sampler.dataset_len(),
+                    plan.dataset.name(),
+                    plan.dataset.len()
+                ),
+            ));
+        }
+        let shard = sampler.num_samples();
+        if shard == 0 || (plan.config.drop_last && shard < plan.config.batch_size) {
+            return Err(arg_err(
+                op,
+                format!(
+                    "rank {}'s shard has {shard} samples, so batch_size {} gives no batches; use \
+                      a smaller batch size or fewer ranks",
+                    sampler.rank(),
+                    plan.config.batch_size
+                ),
+            ));
+        }
+        Ok(DataLoader {
+            plan: Arc::new(Plan {
+                dataset: plan.dataset.clone(),
+                config: plan.config.clone(),
+                sampler: Some(sampler),
+            }),
+            device: self.device,
+            state: self.state,
+        })
+    }
+
+    /// The sampler given to [`with_sampler`](Self::with_sampler).
+    pub fn sampler(&self) -> Option<&DistributedSampler> {
+        self.plan.sampler.as_ref()
+    }
+
     /// Batches per epoch (PyTorch's `len(loader)`).
     pub fn len(&self) -> usize {
-        let (n, b) = (self.plan.dataset.len(), self.plan.config.batch_size);
+        let n = match &self.plan.sampler {
+            Some(s) => s.num_samples(),
+            None => self.plan.dataset.len(),
+        };
+        let b = self.plan.config.batch_size;
         if self.plan.config.drop_last {
             n / b
         } else {
@@ -264,6 +331,9 @@ impl DataLoader {
 
     /// The sample order of `epoch`.
     pub fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        if let Some(sampler) = &self.plan.sampler {
+            return sampler.indices_for_epoch(epoch);
+        }
         let n = self.plan.dataset.len();
         let mut order: Vec<usize> = (0..n).collect();
         if self.plan.config.shuffle {

@@ -49,6 +49,20 @@ pub enum Error {
     /// An error from a tensor operation.
     #[error(transparent)]
     Autograd(#[from] kiln_autograd::Error),
+    /// An error from the wrapped model's forward.
+    #[error(transparent)]
+    Model(#[from] kiln_models::Error),
+    /// An error from an optimizer step (ZeRO-1).
+    #[error(transparent)]
+    Optim(#[from] kiln_optim::Error),
+    /// DistributedDataParallel used out of order, or a parameter that got no gradient.
+    #[error("rank {rank}: DistributedDataParallel: {msg}")]
+    Ddp {
+        /// This process's rank.
+        rank: usize,
+        /// What happened and the fix.
+        msg: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

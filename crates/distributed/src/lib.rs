@@ -11,8 +11,22 @@
 //!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself.
 //! - Reductions have a fixed order for a fixed world size, so a run is reproducible.
 
+pub mod ddp;
+pub mod env;
 mod error;
 mod group;
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "mpi")]
+mod signature;
+mod threads;
+pub mod zero;
 
+pub use ddp::{DdpOptions, DistributedDataParallel, NoSyncGuard, SyncStats};
+pub use env::{LaunchEnv, Launcher};
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiGroup;
+pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
+pub use zero::ZeroRedundancyOptimizer;

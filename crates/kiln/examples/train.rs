@@ -9,10 +9,12 @@
 //! cargo run --release --example train -- --help
 //! cargo run --release --example train -- --resume           # continue runs/train
 //! cargo run --release --example train -- --device cuda --amp # cuda:0, bf16 autocast
+//! cargo run --release --example train -- --model resnet18 --pretrained resnet18.pth
 //! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
 //! ```
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln::data::DataSource;
 use kiln::device::{cuda_status, format_bytes, DType, Device};
@@ -31,7 +33,7 @@ struct Args {
     /// Batch size [default: the largest the memory plan allows, capped at 128].
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Peak learning rate of the head (the backbone gets half).
+    /// Peak learning rate of the head (the backbone gets --backbone-lr-factor times it).
     #[arg(long, default_value_t = TrainConfig::default().lr)]
     lr: f64,
     /// Device: cpu, cuda, cuda:N or best.
@@ -64,9 +66,18 @@ struct Args {
     /// Continue from RUN_DIR/ckpt.safetensors.
     #[arg(long)]
     resume: bool,
-    /// Planes of the first stage (doubled per stage).
+    /// Planes of the first stage (doubled per stage); a --pretrained file sets its own.
     #[arg(long, default_value_t = TrainConfig::default().width)]
     width: usize,
+    /// The network: cifar-resnet (small-input stem), resnet18, resnet34 or resnet50.
+    #[arg(long, default_value_t = TrainConfig::default().model)]
+    model: recipe::Arch,
+    /// Fine-tune from these torchvision weights (.pth or .safetensors); the head is replaced.
+    #[arg(long)]
+    pretrained: Option<PathBuf>,
+    /// The backbone's learning rate relative to the head's.
+    #[arg(long, default_value_t = TrainConfig::default().backbone_lr_factor)]
+    backbone_lr_factor: f64,
 }
 
 fn parse_data(s: &str) -> Result<DataSource, String> {
@@ -127,6 +138,19 @@ struct Display {
 
 impl Observer for Display {
     fn setup(&mut self, s: &Setup) {
+        if let Some(p) = &s.pretrained {
+            let head: Vec<String> = p
+                .dropped_head
+                .iter()
+                .map(|(n, shape)| format!("{n} {shape:?}"))
+                .collect();
+            println!(
+                "== pretrained: {} backbone tensors from {}; new head (the file's {} dropped)",
+                p.loaded,
+                p.path.display(),
+                head.join(", ")
+            );
+        }
         println!("== model\n{}", s.summary);
         let p = &s.plan;
         println!("== memory plan (AdamW, f32)");
@@ -233,7 +257,15 @@ fn write_samples(config: &TrainConfig) -> Result<PathBuf, kiln::data::Error> {
 }
 
 fn main() {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // A resume compares only the flags given with the checkpoint's; the rest are its values.
+    let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+    let given = recipe::GivenSettings {
+        lr: given("lr"),
+        seed: given("seed"),
+        width: given("width"),
+    };
     let device = match parse_device(&args.device) {
         Ok(d) => d,
         Err(e) => {
@@ -242,7 +274,7 @@ fn main() {
         }
     };
     report_devices(&args.device, device);
-    let config = TrainConfig {
+    let mut config = TrainConfig {
         epochs: args.epochs,
         batch_size: args.batch_size,
         lr: args.lr,
@@ -257,8 +289,15 @@ fn main() {
         amp_dtype: args.amp_dtype,
         resume: args.resume,
         width: args.width,
+        model: args.model,
+        pretrained: args.pretrained,
+        backbone_lr_factor: args.backbone_lr_factor,
         ..TrainConfig::default()
     };
+    if let Err(e) = recipe::take_checkpoint_settings(&mut config, given) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     let mut display = Display {
         bar: None,
         started: Instant::now(),

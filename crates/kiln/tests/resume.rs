@@ -1,7 +1,8 @@
 //! `--resume` continues bit for bit: two epochs in one go, and one epoch, a stop, a resume
 //! from the checkpoint and the second epoch, end with the same parameters and buffers (bit for
 //! bit) and the same logged losses; a resume with other settings than the checkpoint's is
-//! refused naming them, and killed writes' temporary files and CSV rows are cleaned up. The config is tiny (100 synthetic images, width 4) but runs
+//! refused naming them, and killed writes' temporary files, CSV rows and TensorBoard events are cleaned up (the events
+//! purged as TensorBoard does). The config is tiny (100 synthetic images, width 4) but runs
 //! every part of the recipe: frozen first epoch, two lr groups, accumulation over 4 batches
 //! with a short last group, clipping, warm-up + cosine, prefetching loader with augmentation.
 //!
@@ -12,7 +13,9 @@ mod common;
 
 use common::{assert_same_bits, bits};
 use kiln::data::DataSource;
-use kiln::recipe::{train, Quiet, TrainConfig};
+use kiln::recipe::{take_checkpoint_settings, train, GivenSettings, Quiet, TrainConfig};
+use kiln::sched::log::tfevents::{read_log_dir, EventBody};
+use kiln::sched::log::ScalarLogger;
 
 fn config(run_dir: std::path::PathBuf) -> TrainConfig {
     TrainConfig {
@@ -63,6 +66,13 @@ fn resume_continues_bit_identically() {
     let mut csv = std::fs::read_to_string(&csv_path).unwrap();
     csv.push_str("0,999,val/accuracy,0.5\n");
     std::fs::write(&csv_path, csv).unwrap();
+    // ... and so are its TensorBoard events: a later file with a step after the checkpoint's,
+    // which TensorBoard must not show beside the resumed run's own.
+    let tb_dir = root.join("resumed/tensorboard");
+    let mut orphan = ScalarLogger::in_memory().tensorboard(&tb_dir).unwrap();
+    orphan.log("val/accuracy", 999, 0.5).unwrap();
+    orphan.log("train/loss", 3, 99.0).unwrap();
+    drop(orphan);
     // Settings that differ from the checkpoint's are refused, naming the flag to pass.
     let refused = [
         (
@@ -84,7 +94,7 @@ fn resume_continues_bit_identically() {
                 lr: 2e-2,
                 ..config(root.join("resumed"))
             },
-            "--lr 0.02 (checkpoint: 0.01)",
+            "--lr 0.02 (checkpoint: 0.01); to continue it pass --lr 0.01 or leave the flag out",
         ),
         (
             TrainConfig {
@@ -120,16 +130,34 @@ fn resume_continues_bit_identically() {
         stop_after: Some(0),
         ..config(root.join("fresh"))
     };
+    let mut untouched = fresh.clone();
+    assert!(!take_checkpoint_settings(&mut untouched, GivenSettings::default()).unwrap());
+    assert_eq!((untouched.lr, untouched.seed), (fresh.lr, fresh.seed));
     train(&fresh, &mut missing).unwrap();
     assert_eq!(missing.0, Some(root.join("fresh/ckpt.safetensors")));
-    let second = train(
-        &TrainConfig {
-            resume: true,
-            ..config(root.join("resumed"))
-        },
-        &mut Quiet,
-    )
-    .unwrap();
+    // A resume given none of the compared flags (the CLI's defaults: another lr, seed and width
+    // than the run's) takes the checkpoint's: lr 0.01, seed 7, width 4. An explicit flag is kept
+    // (and then refused above when it differs).
+    let mut resumed = TrainConfig {
+        resume: true,
+        lr: TrainConfig::default().lr,
+        seed: TrainConfig::default().seed + 1,
+        width: TrainConfig::default().width,
+        ..config(root.join("resumed"))
+    };
+    let given_lr = GivenSettings {
+        lr: true,
+        ..GivenSettings::default()
+    };
+    let mut explicit = TrainConfig {
+        lr: 2e-2,
+        ..resumed.clone()
+    };
+    assert!(take_checkpoint_settings(&mut explicit, given_lr).unwrap());
+    assert_eq!((explicit.lr, explicit.seed, explicit.width), (2e-2, 7, 4));
+    assert!(take_checkpoint_settings(&mut resumed, GivenSettings::default()).unwrap());
+    assert_eq!((resumed.lr, resumed.seed, resumed.width), (1e-2, 7, 4));
+    let second = train(&resumed, &mut Quiet).unwrap();
     assert_eq!(second.batch_losses[..], straight.batch_losses[6..]);
 
     // Same history (losses, accuracy, lrs, gradient norms) apart from wall time and memory.
@@ -164,5 +192,26 @@ fn resume_continues_bit_identically() {
     );
     assert!(root.join("resumed/metrics.svg").exists());
     assert!(!csv.contains(",999,") && !stale.exists());
+    // TensorBoard (and kiln's reader of a log folder, which applies its purge rule) shows each
+    // optimizer step once: 2 per epoch (6 batches in groups of 4), the resumed run's from step 3.
+    let mut loss_steps = Vec::new();
+    let mut val_steps = Vec::new();
+    for event in read_log_dir(&tb_dir).unwrap() {
+        let EventBody::Scalars(values) = &event.body else {
+            continue;
+        };
+        for (tag, value) in values {
+            match tag.as_str() {
+                "train/loss" => {
+                    assert_ne!(*value, 99.0, "the orphaned step 3 is shown");
+                    loss_steps.push(event.step);
+                }
+                "val/accuracy" => val_steps.push(event.step),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(loss_steps, [1, 2, 3, 4]);
+    assert_eq!(val_steps, [2, 4]);
     let _ = std::fs::remove_dir_all(&root);
 }

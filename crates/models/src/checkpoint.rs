@@ -5,9 +5,12 @@
 //! (`layer1.0.bn1.running_mean`), each in its own dtype. Writes are atomic: the bytes go to a
 //! temporary file beside the target, which is synced and then renamed over it, so a crash leaves
 //! either the old checkpoint or the new one, never half of one. Loading checks every key before
-//! copying anything: with `strict`, any missing, unexpected or mis-shaped key is an error that
-//! names them all; without it, the keys that fit are loaded and the rest reported (the
-//! fine-tuning path: a backbone into a model with a new head). Values are copied into the
+//! copying anything. A key in both whose shapes differ is always an error naming each such key
+//! with both shapes, as PyTorch's `load_state_dict` raises on it even with `strict=False`. With
+//! `strict`, a missing or unexpected key is an error too, naming them all; without it, the keys
+//! that fit are loaded and the missing and unexpected ones reported (the fine-tuning path: a
+//! backbone into a model with a new head, the file's head entries left out of the tensors
+//! loaded, as in PyTorch). Values are copied into the
 //! model's existing tensors (converted to their dtype), so optimizers holding the parameters see
 //! the new values.
 //!
@@ -25,7 +28,9 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
-/// Named tensors, in file order.
+/// Named tensors. The order is the producer's: [`load_tensors`] returns them sorted by name
+/// (safetensors keeps no order of its own), [`crate::pth::load_pth_tensors`] in the `.pth`
+/// file's order, [`LayerExt::state_dict`] in registration order.
 pub type NamedTensors = Vec<(String, Tensor)>;
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -286,7 +291,7 @@ fn check_file_length(bytes: &[u8], path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Reads every tensor of a safetensors file (on the CPU) and its metadata.
+/// Reads every tensor of a safetensors file (on the CPU), sorted by name, and its metadata.
 pub fn load_tensors(path: impl AsRef<Path>) -> Result<(NamedTensors, HashMap<String, String>)> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
@@ -316,7 +321,8 @@ pub struct LoadReport {
     pub missing: Vec<String>,
     /// Keys the file has and the model lacks.
     pub unexpected: Vec<String>,
-    /// Keys in both with different shapes: `(name, model shape, file shape)`.
+    /// Keys in both with different shapes: `(name, model shape, file shape)`. A load refuses
+    /// them (strict or not), so a report a load returns has none; the error lists them.
     pub mismatched: Vec<(String, Vec<usize>, Vec<usize>)>,
 }
 
@@ -326,7 +332,8 @@ impl LoadReport {
         self.missing.is_empty() && self.unexpected.is_empty() && self.mismatched.is_empty()
     }
 
-    fn describe(&self) -> String {
+    /// The missing and unexpected keys, in words.
+    fn describe_names(&self) -> String {
         let mut parts = Vec::new();
         if !self.missing.is_empty() {
             parts.push(format!("missing keys: {}", self.missing.join(", ")));
@@ -334,10 +341,45 @@ impl LoadReport {
         if !self.unexpected.is_empty() {
             parts.push(format!("unexpected keys: {}", self.unexpected.join(", ")));
         }
-        for (n, m, f) in &self.mismatched {
-            parts.push(format!("{n}: model has shape {m:?}, file has {f:?}"));
-        }
         parts.join("; ")
+    }
+
+    /// The mis-shaped keys with both shapes, in words.
+    fn describe_shapes(&self) -> String {
+        let parts: Vec<String> = self
+            .mismatched
+            .iter()
+            .map(|(n, m, f)| format!("{n}: model has shape {m:?}, file has {f:?}"))
+            .collect();
+        parts.join("; ")
+    }
+
+    /// The error a load with `strict` gives for this report, or `None` when it loads.
+    fn refusal(&self, strict: bool) -> Option<Error> {
+        let names_differ = !self.missing.is_empty() || !self.unexpected.is_empty();
+        let fix_names = "load with strict = false to take only the keys that fit";
+        if !self.mismatched.is_empty() {
+            let mut msg = format!(
+                "the checkpoint's shapes do not fit the model ({}); a key whose shape differs is \
+                 never loaded, strict or not (PyTorch raises on it with strict=False too): build \
+                 the model with the file's sizes, or leave those keys out of the tensors you load \
+                 (for a new head, drop the file's head entries and load with strict = false)",
+                self.describe_shapes()
+            );
+            if strict && names_differ {
+                msg.push_str(&format!(
+                    "; the names differ too ({}): fix them, or {fix_names}",
+                    self.describe_names()
+                ));
+            }
+            return Some(Error::StateDict(msg));
+        }
+        (strict && names_differ).then(|| {
+            Error::StateDict(format!(
+                "the checkpoint's names do not fit the model ({}); fix the names, or {fix_names}",
+                self.describe_names()
+            ))
+        })
     }
 }
 
@@ -351,7 +393,8 @@ pub fn load_safetensors(
     load_state_dict(model, &file, strict)
 }
 
-/// Loads named tensors into `model`'s parameters and buffers.
+/// Loads named tensors into `model`'s parameters and buffers (see the module notes for
+/// `strict`; a shape mismatch is refused either way, copying nothing).
 pub fn load_state_dict(
     model: &dyn Layer,
     tensors: &[(String, Tensor)],
@@ -378,12 +421,8 @@ pub fn load_state_dict(
         .filter(|(n, _)| !own_names.contains(n.as_str()))
         .map(|(n, _)| n.clone())
         .collect();
-    if strict && !report.is_exact() {
-        return Err(Error::StateDict(format!(
-            "the checkpoint does not fit the model ({}); fix the names, or load with \
-             strict = false to take only the keys that fit",
-            report.describe()
-        )));
+    if let Some(e) = report.refusal(strict) {
+        return Err(e);
     }
     let _g = kiln_autograd::NoGradGuard::new();
     for (name, dst, src) in to_copy {

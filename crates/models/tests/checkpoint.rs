@@ -2,6 +2,7 @@
 //! and kiln files loaded by torchvision.
 
 use kiln_autograd::{manual_seed, Module, Tensor};
+use kiln_models::checkpoint::{load_state_dict, load_tensors};
 use kiln_models::layers::Sequential;
 use kiln_models::layers::{BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU};
 use kiln_models::models::{mlp, BlockKind, ResNet, ResNetConfig};
@@ -113,19 +114,83 @@ fn non_strict_loads_a_backbone_into_a_model_with_a_new_head() {
         ..pretrained.config
     })
     .unwrap();
-    let report = load_safetensors(&finetune, &path, false).unwrap();
-    assert_eq!(
-        report.mismatched,
-        vec![
-            ("fc.weight".to_string(), vec![7, 512], vec![1000, 512]),
-            ("fc.bias".to_string(), vec![7], vec![1000]),
-        ]
-    );
-    assert!(report.missing.is_empty() && report.unexpected.is_empty());
+    let untouched = values(&finetune);
+
+    // The whole file, head included: the head's shapes differ, which PyTorch refuses even
+    // with strict=False, and so does kiln, naming each key with both shapes and copying nothing.
+    let msg = load_safetensors(&finetune, &path, false)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "fc.weight: model has shape [7, 512], file has [1000, 512]",
+        "fc.bias: model has shape [7], file has [1000]",
+        "strict=False too",
+        "drop the file's head entries",
+    ] {
+        assert!(msg.contains(want), "{want:?} not in {msg}");
+    }
+    assert!(!msg.contains("fix the names"), "{msg}");
+    assert_eq!(values(&finetune), untouched);
+
+    // The fine-tuning path, as in PyTorch: the file's head entries left out, the rest loaded
+    // without strict, the head reported missing and left as initialised.
+    let (tensors, _) = load_tensors(&path).unwrap();
+    let backbone: Vec<_> = tensors
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("fc."))
+        .collect();
+    let report = load_state_dict(&finetune, &backbone, false).unwrap();
+    assert_eq!(report.missing, vec!["fc.weight", "fc.bias"]);
+    assert!(report.unexpected.is_empty() && report.mismatched.is_empty());
+    assert_eq!(report.loaded.len(), pretrained.state_dict().len() - 2);
     let (p, f) = (values(&pretrained), values(&finetune));
     for ((n, a), (_, b)) in p.iter().zip(&f) {
         assert_eq!(a == b, !n.starts_with("fc."), "{n}");
     }
+}
+
+#[test]
+fn a_strict_load_failing_only_on_shapes_says_shapes_not_names() {
+    manual_seed(5);
+    let narrow = mlp(&[4, 8, 2], 0.0).unwrap();
+    let path = tmp("narrow.safetensors");
+    save_safetensors(&narrow, &path).unwrap();
+    let wide = mlp(&[4, 6, 2], 0.0).unwrap();
+    let untouched = values(&wide);
+    let err = load_safetensors(&wide, &path, true).unwrap_err();
+    assert!(matches!(err, Error::StateDict(_)));
+    let msg = err.to_string();
+    for want in [
+        "the checkpoint's shapes do not fit the model",
+        "0.weight: model has shape [6, 4], file has [8, 4]",
+        "0.bias: model has shape [6], file has [8]",
+        "2.weight: model has shape [2, 6], file has [2, 8]",
+        "build the model with the file's sizes",
+    ] {
+        assert!(msg.contains(want), "{want:?} not in {msg}");
+    }
+    for not_wanted in ["fix the names", "missing keys", "unexpected keys", "2.bias"] {
+        assert!(!msg.contains(not_wanted), "{not_wanted:?} in {msg}");
+    }
+    assert_eq!(values(&wide), untouched);
+}
+
+#[test]
+fn load_tensors_returns_names_sorted_as_named_tensors_documents() {
+    manual_seed(6);
+    // Registration order 0.weight, 0.bias, 2.weight, 2.bias, ..., 10.*: not sorted by name.
+    let model = mlp(&[2, 3, 3, 3, 3, 3, 2], 0.0).unwrap();
+    let own: Vec<String> = model.state_dict().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(own[..2], ["0.weight", "0.bias"]);
+    let path = tmp("order.safetensors");
+    save_safetensors(&model, &path).unwrap();
+    let (tensors, _) = load_tensors(&path).unwrap();
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let mut sorted = own.clone();
+    sorted.sort();
+    assert_ne!(own, sorted);
+    assert_eq!(names, sorted);
+    assert_eq!(names[..4], ["0.bias", "0.weight", "10.bias", "10.weight"]);
 }
 
 /// The layers of `small_convnet` in gen_fixtures.py, as an nn.Sequential.

@@ -20,7 +20,7 @@
 //! checked ([`checked_grad`]) before any buffer is written; the update itself is kiln-device's,
 //! bit for bit the formula above rounded in the parameter dtype.
 
-use crate::group::ParamGroup;
+use crate::group::{IntoParamGroups, ParamGroup};
 use crate::operands::{by_device, checked_grad};
 use crate::optimizer::{
     Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
@@ -175,7 +175,8 @@ pub struct AdamW;
 
 impl Adam {
     /// Adam over `groups`; options a group leaves unset come from `defaults`.
-    pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Self> {
+    pub fn new(groups: impl IntoParamGroups, defaults: AdamOptions) -> Result<Self> {
+        let groups = groups.into_param_groups();
         GroupedOptimizer::with_algorithm(AdamAlgorithm { decoupled: false }, groups, defaults)
     }
 }
@@ -184,7 +185,8 @@ impl AdamW {
     /// AdamW over `groups`; pass [`AdamOptions::adamw`] (weight_decay 1e-2) for PyTorch's
     /// defaults.
     #[allow(clippy::new_ret_no_self)]
-    pub fn new(groups: Vec<ParamGroup>, defaults: AdamOptions) -> Result<Adam> {
+    pub fn new(groups: impl IntoParamGroups, defaults: AdamOptions) -> Result<Adam> {
+        let groups = groups.into_param_groups();
         GroupedOptimizer::with_algorithm(AdamAlgorithm { decoupled: true }, groups, defaults)
     }
 }

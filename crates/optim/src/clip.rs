@@ -12,8 +12,15 @@
 //! [`clip_coef_for`] computes the total and the coefficient without scaling, so the optimizer
 //! can apply it while it reads the gradients ([`crate::Optimizer::step_with_grad_scale`]).
 //! A NaN or negative `max_norm` / `clip_value` is an error before any gradient is touched
-//! (PyTorch would silently flip or NaN the gradients).
+//! (PyTorch would silently flip or NaN the gradients). The infinity norms (`norm_type` ±inf)
+//! of a gradient with no elements are an error, as in PyTorch (max and min have no identity);
+//! an empty list, or parameters without gradients, give a total of 0 for every `norm_type`, as
+//! in PyTorch.
+//!
+//! Every function takes a slice of named parameters (`named_parameters()`) or of bare
+//! [`Parameter`]s (`parameters()`, named `param[i]` in errors): see [`ParamEntry`].
 
+use crate::group::ParamEntry;
 use crate::operands::{with_operands, with_operands_mut};
 use crate::{arg_err, Error, Result};
 use kiln_autograd::{DType, Device, Parameter, Tensor};
@@ -21,7 +28,8 @@ use kiln_device::ops::multi_tensor::{self, GlobalNorm, NormKind};
 
 pub use kiln_device::ops::multi_tensor::clip_coef;
 
-/// Names parameters that have none: `"param[0]"`, `"param[1]"`, ...
+/// Names parameters that have none: `"param[0]"`, `"param[1]"`, ... (no longer needed: every
+/// function here and [`crate::ParamGroup`] take bare parameters too).
 pub fn unnamed(params: &[Parameter]) -> Vec<(String, Parameter)> {
     params
         .iter()
@@ -55,16 +63,44 @@ fn check_max_norm(op: &'static str, max_norm: f64) -> Result<()> {
 }
 
 /// The gradients present, with their parameter names (parameters without one are skipped).
-fn grads_of(params: &[(String, Parameter)]) -> (Vec<String>, Vec<Tensor>) {
+fn grads_of<P: ParamEntry>(params: &[P]) -> (Vec<String>, Vec<Tensor>) {
     params
         .iter()
-        .filter_map(|(n, p)| p.grad().map(|g| (n.clone(), g)))
+        .enumerate()
+        .filter_map(|(i, p)| p.parameter().grad().map(|g| (p.name(i), g)))
         .unzip()
+}
+
+/// Refuses the infinity norms of a tensor with no elements, as PyTorch does: the largest (or
+/// smallest) absolute value of nothing is undefined.
+fn check_empty_for_inf(
+    op: &'static str,
+    names: &[String],
+    tensors: &[Tensor],
+    kind: NormKind,
+) -> Result<()> {
+    if !matches!(kind, NormKind::Inf | NormKind::NegInf) {
+        return Ok(());
+    }
+    match tensors.iter().position(|t| t.numel() == 0) {
+        None => Ok(()),
+        Some(i) => Err(arg_err(
+            op,
+            format!(
+                "{} has no elements, and the infinity norm of an empty tensor is undefined (max \
+                 and min have no identity; PyTorch raises too); leave that parameter out, or \
+                 pass a finite norm_type such as 2.0",
+                names[i]
+            ),
+        )),
+    }
 }
 
 /// The norm of each tensor, in one fused pass (host tensors).
 pub fn per_tensor_norms(tensors: &[Tensor], norm_type: f64) -> Result<Vec<f64>> {
     let kind = norm_kind("get_total_norm", norm_type)?;
+    let names: Vec<String> = (0..tensors.len()).map(|i| format!("tensor[{i}]")).collect();
+    check_empty_for_inf("get_total_norm", &names, tensors, kind)?;
     with_operands(tensors, |ops| {
         Ok(multi_tensor::per_tensor_norms("get_total_norm", ops, kind)?)
     })
@@ -88,6 +124,7 @@ fn total_norm_named(
     if tensors.is_empty() {
         return Ok(0.0);
     }
+    check_empty_for_inf("clip_grad_norm_", names, tensors, kind)?;
     let norm = checked_global_norm(
         names,
         tensors,
@@ -148,8 +185,8 @@ fn checked_global_norm(
 
 /// Multiplies every gradient by `min(max_norm / (total_norm + 1e-6), 1)`; skips the pass when
 /// that is exactly 1 (PyTorch's `clip_grads_with_norm_`).
-pub fn clip_grads_with_norm_(
-    params: &[(String, Parameter)],
+pub fn clip_grads_with_norm_<P: ParamEntry>(
+    params: &[P],
     max_norm: f64,
     total_norm: f64,
 ) -> Result<()> {
@@ -180,8 +217,8 @@ pub struct ClipInfo {
 }
 
 /// Computes [`ClipInfo`] (one read pass; no scale pass).
-pub fn clip_coef_for(
-    params: &[(String, Parameter)],
+pub fn clip_coef_for<P: ParamEntry>(
+    params: &[P],
     max_norm: f64,
     norm_type: f64,
     error_if_nonfinite: bool,
@@ -205,6 +242,7 @@ fn clip_by_global_norm(
     max_norm: f64,
     error_if_nonfinite: bool,
 ) -> Result<GlobalNorm> {
+    check_empty_for_inf("clip_grad_norm_", names, grads, kind)?;
     let norm = checked_global_norm(names, grads, kind, norm_type, max_norm, error_if_nonfinite)?;
     if !norm.host_coef().is_some_and(|coef| coef >= 1.0) {
         with_operands_mut(grads, |ops| {
@@ -220,8 +258,8 @@ fn clip_by_global_norm(
 
 /// Clips the gradients of `params` by their global `norm_type`-norm to at most `max_norm`,
 /// in place, and returns the total norm before clipping (PyTorch's `clip_grad_norm_`).
-pub fn clip_grad_norm_(
-    params: &[(String, Parameter)],
+pub fn clip_grad_norm_<P: ParamEntry>(
+    params: &[P],
     max_norm: f64,
     norm_type: f64,
     error_if_nonfinite: bool,
@@ -251,8 +289,8 @@ pub fn clip_grad_norm_(
 /// waits then); [`clip_grad_norm_`]'s `f64` costs one synchronisation per call. On the CPU the
 /// result is a 0-d CPU tensor holding `clip_grad_norm_`'s total rounded to f32; with no
 /// gradients it is a CPU zero. Gradients are clipped exactly as by [`clip_grad_norm_`].
-pub fn clip_grad_norm_on_device(
-    params: &[(String, Parameter)],
+pub fn clip_grad_norm_on_device<P: ParamEntry>(
+    params: &[P],
     max_norm: f64,
     norm_type: f64,
     error_if_nonfinite: bool,
@@ -280,7 +318,7 @@ pub fn clip_grad_norm_on_device(
 }
 
 /// Clamps every gradient element to `[-clip_value, clip_value]` (PyTorch's `clip_grad_value_`).
-pub fn clip_grad_value_(params: &[(String, Parameter)], clip_value: f64) -> Result<()> {
+pub fn clip_grad_value_<P: ParamEntry>(params: &[P], clip_value: f64) -> Result<()> {
     if clip_value.is_nan() || clip_value < 0.0 {
         return Err(arg_err(
             "clip_grad_value_",

@@ -21,8 +21,102 @@
 //! assert_eq!(opt.options(1)?.weight_decay, 1e-4);
 //! # Ok::<(), kiln_optim::Error>(())
 //! ```
+//!
+//! Unnamed lists need no helper: a `Vec<Parameter>` (`module.parameters()`) converts into a
+//! group (`.into()`), and the optimizers' constructors take one directly, as PyTorch's
+//! `SGD(model.parameters(), lr=...)`; such parameters are named `param[i]` in errors and state.
+//!
+//! ```
+//! # use kiln_autograd::{Device, DType, Parameter, Tensor};
+//! # use kiln_optim::{Optimizer, ParamGroup, Sgd, SgdOptions};
+//! # let p = |n: usize| Parameter::new(Tensor::zeros(&[n], DType::F32, Device::Cpu).unwrap()).unwrap();
+//! let opt = Sgd::new(vec![p(3), p(2)], SgdOptions::default().lr(0.1))?;
+//! let group: ParamGroup = vec![p(4)].into();
+//! assert_eq!(group.params()[0].0, "param[0]");
+//! # Ok::<(), kiln_optim::Error>(())
+//! ```
 
 use kiln_autograd::{Module, Parameter};
+
+/// One entry of a parameter list, named or not: `(String, Parameter)` (what
+/// `named_parameters` returns) or a bare [`Parameter`] (what `parameters` returns), named
+/// `param[i]` by its place in the list. What the clip functions and [`ParamGroup`] take.
+pub trait ParamEntry {
+    /// The parameter.
+    fn parameter(&self) -> &Parameter;
+    /// Its name; `index` is its place in the list.
+    fn name(&self, index: usize) -> String;
+}
+
+impl ParamEntry for (String, Parameter) {
+    fn parameter(&self) -> &Parameter {
+        &self.1
+    }
+    fn name(&self, _index: usize) -> String {
+        self.0.clone()
+    }
+}
+
+impl ParamEntry for Parameter {
+    fn parameter(&self) -> &Parameter {
+        self
+    }
+    fn name(&self, index: usize) -> String {
+        format!("param[{index}]")
+    }
+}
+
+/// Names every entry of `params` ([`ParamEntry::name`]).
+pub(crate) fn named<P: ParamEntry>(params: &[P]) -> Vec<(String, Parameter)> {
+    params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name(i), p.parameter().clone()))
+        .collect()
+}
+
+/// What the optimizers' constructors take: a list of [`ParamGroup`]s, one group, or one plain
+/// list of parameters (named or not), which becomes a single group with no overrides.
+pub trait IntoParamGroups {
+    /// The groups.
+    fn into_param_groups(self) -> Vec<ParamGroup>;
+}
+
+impl IntoParamGroups for Vec<ParamGroup> {
+    fn into_param_groups(self) -> Vec<ParamGroup> {
+        self
+    }
+}
+
+impl IntoParamGroups for ParamGroup {
+    fn into_param_groups(self) -> Vec<ParamGroup> {
+        vec![self]
+    }
+}
+
+impl IntoParamGroups for Vec<Parameter> {
+    fn into_param_groups(self) -> Vec<ParamGroup> {
+        vec![self.into()]
+    }
+}
+
+impl IntoParamGroups for Vec<(String, Parameter)> {
+    fn into_param_groups(self) -> Vec<ParamGroup> {
+        vec![ParamGroup::new(self)]
+    }
+}
+
+impl From<Vec<Parameter>> for ParamGroup {
+    fn from(params: Vec<Parameter>) -> Self {
+        ParamGroup::new(named(&params))
+    }
+}
+
+impl From<Vec<(String, Parameter)>> for ParamGroup {
+    fn from(params: Vec<(String, Parameter)>) -> Self {
+        ParamGroup::new(params)
+    }
+}
 
 /// A list of named parameters and the options they override.
 #[derive(Clone, Debug, Default)]

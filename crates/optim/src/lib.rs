@@ -47,7 +47,7 @@ pub use clip::{
 };
 pub(crate) use error::arg_err;
 pub use error::{Error, Result};
-pub use group::ParamGroup;
+pub use group::{IntoParamGroups, ParamEntry, ParamGroup};
 pub use optimizer::{
     Algorithm, GroupOptions, GroupRecord, GroupedOptimizer, Optimizer, ParamStateRecord, StateDict,
     StepItem, TensorRecord,

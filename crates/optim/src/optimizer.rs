@@ -446,10 +446,13 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
     }
 
     fn set_lr(&mut self, group: usize, lr: f64) -> Result<()> {
-        if lr.is_nan() || lr < 0.0 {
+        // Any finite lr, as PyTorch's `param_groups[g]["lr"]` takes: a schedule may end just
+        // below 0 (OneCycleLR's linear anneal at its total_steps-th step); only the
+        // constructor asks for lr >= 0, as PyTorch's does.
+        if !lr.is_finite() {
             return Err(crate::arg_err(
                 "set_lr",
-                format!("invalid learning rate {lr}; pass lr >= 0"),
+                format!("invalid learning rate {lr}; pass a finite lr"),
             ));
         }
         self.group_mut(group)?.options.set_lr(lr);
@@ -551,7 +554,16 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
             let o: A::Options = serde_json::from_value(g.options.clone()).map_err(|e| {
                 Error::StateDict(format!("group {i}: options do not match {name}'s: {e}"))
             })?;
-            o.validate()?;
+            // The lr was written by set_lr, which takes any finite value (see there).
+            let mut ranges = o.clone();
+            ranges.set_lr(o.lr().abs());
+            ranges.validate()?;
+            if !o.lr().is_finite() {
+                return Err(Error::StateDict(format!(
+                    "group {i}: lr {} is not finite; the state is damaged",
+                    o.lr()
+                )));
+            }
             options.push(o);
         }
         let mut state = HashMap::new();

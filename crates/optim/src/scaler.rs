@@ -132,11 +132,15 @@ impl GradScaler {
                 ),
             ));
         }
-        let scale_ok = o.init_scale > 0.0 && o.init_scale.is_finite();
+        // The scale is kept as f32: a finite f64 beyond f32's range (or below its smallest
+        // value) would become inf (or 0).
+        let as_f32 = o.init_scale as f32;
+        let scale_ok = o.init_scale > 0.0 && as_f32.is_finite() && as_f32 > 0.0;
         if !scale_ok || o.growth_interval == 0 {
             return Err(arg_err(
                 "GradScaler",
-                "init_scale must be a positive finite number and growth_interval at least 1",
+                "init_scale must be a positive number within f32's range and growth_interval at \
+                 least 1",
             ));
         }
         Ok(GradScaler {
@@ -303,6 +307,17 @@ impl GradScaler {
 
     /// Restores a state from [`GradScaler::state_dict`].
     pub fn load_state_dict(&mut self, s: &GradScalerState) -> Result<()> {
+        if s.growth_tracker >= s.growth_interval.max(1) {
+            return Err(arg_err(
+                "GradScaler::load_state_dict",
+                format!(
+                    "growth_tracker {} must be below growth_interval {} (it counts the clean \
+                     steps since the last growth); the state is damaged, load the one \
+                     state_dict() wrote",
+                    s.growth_tracker, s.growth_interval
+                ),
+            ));
+        }
         let options = GradScalerOptions {
             init_scale: f64::from(s.scale),
             growth_factor: s.growth_factor,

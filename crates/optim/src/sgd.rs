@@ -17,7 +17,7 @@
 //! checked before any buffer is written; a momentum buffer is created at the first step with
 //! nonzero momentum and takes the gradient as it is on that step.
 
-use crate::group::ParamGroup;
+use crate::group::{IntoParamGroups, ParamGroup};
 use crate::operands::{by_device, checked_grad};
 use crate::optimizer::{
     Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
@@ -151,8 +151,8 @@ pub type Sgd = GroupedOptimizer<SgdAlgorithm>;
 
 impl Sgd {
     /// SGD over `groups`; options a group leaves unset come from `defaults`.
-    pub fn new(groups: Vec<ParamGroup>, defaults: SgdOptions) -> Result<Self> {
-        GroupedOptimizer::with_algorithm(SgdAlgorithm, groups, defaults)
+    pub fn new(groups: impl IntoParamGroups, defaults: SgdOptions) -> Result<Self> {
+        GroupedOptimizer::with_algorithm(SgdAlgorithm, groups.into_param_groups(), defaults)
     }
 }
 

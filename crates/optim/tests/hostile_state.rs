@@ -69,3 +69,35 @@ fn bad_moments_are_refused_naming_the_parameter_and_field() {
     let (mut opt, good) = stepped();
     opt.load_state_dict(&good).unwrap();
 }
+
+/// Issue 18 fuzz finds: a growth tracker at or past its interval (u64::MAX overflowed in
+/// `update`, a debug-build panic) is refused on load, naming both fields; an init_scale beyond
+/// f32's range (which the f32 scale would hold as inf) is refused at construction.
+#[test]
+fn grad_scaler_refuses_a_tracker_past_its_interval_and_an_unrepresentable_scale() {
+    use kiln_optim::{GradScaler, GradScalerOptions};
+    let mut scaler = GradScaler::new(GradScalerOptions::default()).unwrap();
+    let good = scaler.state_dict();
+    for tracker in [good.growth_interval, u64::MAX] {
+        let bad = kiln_optim::GradScalerState {
+            growth_tracker: tracker,
+            ..good.clone()
+        };
+        let e = scaler.load_state_dict(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "growth_tracker {tracker} must be below growth_interval 2000"
+            )),
+            "{e}"
+        );
+        assert_eq!(scaler.state_dict(), good, "a refused load changes nothing");
+    }
+    for init_scale in [1e39, 1e-50] {
+        let e = GradScaler::new(GradScalerOptions {
+            init_scale,
+            ..GradScalerOptions::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("within f32's range"), "{e}");
+    }
+}

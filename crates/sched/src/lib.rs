@@ -23,7 +23,8 @@
 //! ```
 //!
 //! Every step-driven scheduler implements [`LrScheduler`]; ReduceLROnPlateau implements
-//! [`MetricScheduler`], whose `step` takes the metric. Mixing them up does not compile:
+//! [`MetricScheduler`], whose `step` takes the metric; [`LastLr`] reads the last lrs of either
+//! kind. Mixing the two steps up does not compile:
 //!
 //! ```compile_fail,E0061
 //! use kiln_sched::{LrGroups, LrScheduler, StepLR};
@@ -50,6 +51,7 @@
 //! and renders any logged series as an SVG plot ([`log::svg`]).
 
 mod error;
+mod last_lr;
 pub mod log;
 mod optim_impl;
 mod param_group;
@@ -58,6 +60,7 @@ mod schedulers;
 mod state_check;
 
 pub use error::{Result, SchedError};
+pub use last_lr::LastLr;
 pub use param_group::{LrGroup, LrGroups, ParamGroupLr, PerGroup};
 pub use scheduler::{LrScheduler, MetricScheduler};
 pub use schedulers::basic::{

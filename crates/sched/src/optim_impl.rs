@@ -22,10 +22,10 @@
 //! step first checks the optimizer still has as many groups as when the scheduler was built),
 //! so an optimizer error there cannot happen; were it to, the getter reads NaN / `None`, which
 //! the next write refuses, instead of panicking. The setters return the optimizer's refusal as
-//! [`SchedError::Refused`](crate::SchedError::Refused): kiln's optimizers take only lr >= 0,
-//! while PyTorch writes whatever the schedule computes (OneCycleLR with linear annealing
-//! extrapolates its `total_steps`-th lr slightly below 0; `LrGroups` stores it, as PyTorch
-//! does, and a kiln optimizer refuses it and the step is undone).
+//! [`SchedError::Refused`](crate::SchedError::Refused). kiln's optimizers take any finite lr
+//! from a schedule, as PyTorch's param groups do: OneCycleLR with linear annealing extrapolates
+//! its `total_steps`-th lr slightly below 0 and the optimizer holds that value, exactly as
+//! PyTorch's does (no step trains with it when the schedule steps once per batch).
 
 use kiln_optim::{Algorithm, Optim, Optimizer};
 
@@ -34,17 +34,11 @@ use crate::param_group::ParamGroupLr;
 
 /// The scheduler error for an optimizer's refusal of `value` for `what` in `group`.
 fn refused(group: usize, what: &'static str, value: f64, e: kiln_optim::Error) -> SchedError {
-    let hint = if value < 0.0 {
-        " (a schedule that extrapolates below 0, such as OneCycleLR with linear annealing at \
-         its total_steps-th step, should stop one step earlier or anneal with cos)"
-    } else {
-        ""
-    };
     SchedError::Refused {
         group,
         what,
         value,
-        reason: format!("{e}{hint}"),
+        reason: e.to_string(),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use kiln_sched::log::tfevents::{read_events, EventBody, FILE_VERSION};
+use kiln_sched::log::tfevents::{read_events, read_log_dir, EventBody, FILE_VERSION};
 use kiln_sched::log::ScalarLogger;
 use kiln_sched::SchedError;
 
@@ -174,33 +174,91 @@ fn logger_keeps_series_and_plots_them() {
     ));
 }
 
-/// TensorBoard's own reader must load kiln's files. Runs when `python3 -c "import tensorboard"`
-/// works (CI installs it); otherwise prints why it is skipped (the pure-Rust reader test above
-/// still checks the format).
+/// A run killed after logging steps 0..50 whose checkpoint holds step 29, then resumed: its new
+/// file purges from step 30 on (PyTorch's `SummaryWriter(purge_step = 30)`) and logs 30..60
+/// with other values. Returns the value the resumed run logs at `step`.
+fn write_killed_and_resumed_run(dir: &std::path::Path) -> impl Fn(i64) -> f64 {
+    write_run(dir);
+    let resumed_loss = |step: i64| loss(step) + 1.0;
+    // A new event file never takes the old one's name (same second: a `.1` suffix).
+    let mut log = ScalarLogger::in_memory()
+        .tensorboard_purging(dir, 30)
+        .unwrap();
+    for step in 30..60 {
+        log.log("train/loss", step, resumed_loss(step)).unwrap();
+    }
+    let resumed_file = log.event_file().unwrap().to_path_buf();
+    drop(log);
+    let events = read_events(&resumed_file).unwrap();
+    assert_eq!(events[0].body, EventBody::FileVersion(FILE_VERSION.into()));
+    assert_eq!(
+        (events[1].step, &events[1].body),
+        (30, &EventBody::SessionStart)
+    );
+    resumed_loss
+}
+
 #[test]
-fn tensorboard_event_accumulator_reads_kiln_files() {
+fn a_resumed_run_purges_the_earlier_files_later_steps() {
+    let dir = scratch("tbresume");
+    let resumed_loss = write_killed_and_resumed_run(&dir);
+    let mut loss_steps = Vec::new();
+    let mut lr_steps = Vec::new();
+    for e in read_log_dir(&dir).unwrap() {
+        if let EventBody::Scalars(values) = &e.body {
+            for (tag, value) in values {
+                match tag.as_str() {
+                    "train/loss" => {
+                        let want = if e.step < 30 {
+                            loss(e.step)
+                        } else {
+                            resumed_loss(e.step)
+                        };
+                        assert_eq!(*value, want as f32, "train/loss at {}", e.step);
+                        loss_steps.push(e.step);
+                    }
+                    "lr" => lr_steps.push(e.step),
+                    "eval/acc" => panic!("eval/acc at step 49 belongs to the killed epoch"),
+                    other => panic!("unexpected tag {other}"),
+                }
+            }
+        }
+    }
+    assert_eq!(loss_steps, (0..60).collect::<Vec<_>>(), "each step once");
+    assert_eq!(lr_steps, (0..30).collect::<Vec<_>>());
+    assert!(matches!(
+        ScalarLogger::in_memory().tensorboard_purging(&dir, -1),
+        Err(SchedError::InvalidLog { .. })
+    ));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn python_with_tensorboard(test: &str) -> Option<String> {
     let python = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
     match Command::new(&python)
         .args(["-c", "import tensorboard"])
         .output()
     {
-        Ok(o) if o.status.success() => {}
+        Ok(o) if o.status.success() => Some(python),
         Ok(o) => {
             eprintln!(
-                "SKIP tensorboard_event_accumulator_reads_kiln_files: `{python} -c \"import tensorboard\"` failed ({}); install it with `python3 -m pip install tensorboard`",
+                "SKIP {test}: `{python} -c \"import tensorboard\"` failed ({}); install it with `python3 -m pip install tensorboard`",
                 String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
             );
-            return;
+            None
         }
         Err(e) => {
-            eprintln!(
-                "SKIP tensorboard_event_accumulator_reads_kiln_files: cannot run {python}: {e}"
-            );
-            return;
+            eprintln!("SKIP {test}: cannot run {python}: {e}");
+            None
         }
     }
-    let dir = scratch("tbpy");
-    write_run(&dir);
+}
+
+/// `{tag: [[step, value], ...]}` as TensorBoard's EventAccumulator reads the folder `dir`.
+fn tensorboard_scalars(
+    python: &str,
+    dir: &std::path::Path,
+) -> std::collections::BTreeMap<String, Vec<(i64, f64)>> {
     let script = r#"
 import json, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -209,9 +267,9 @@ acc.Reload()
 out = {tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 print(json.dumps(out))
 "#;
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .args(["-c", script])
-        .arg(&dir)
+        .arg(dir)
         .output()
         .unwrap();
     assert!(
@@ -220,9 +278,53 @@ print(json.dumps(out))
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8(out.stdout).unwrap();
-    let json_line = stdout.lines().last().unwrap();
-    let got: std::collections::BTreeMap<String, Vec<(i64, f64)>> =
-        serde_json::from_str(json_line).unwrap();
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+/// TensorBoard's own reader shows a resumed run's steps once, the resumed values from the purge
+/// step on. Runs when `python3 -c "import tensorboard"` works (CI installs it).
+#[test]
+fn tensorboard_event_accumulator_shows_resumed_steps_once() {
+    let Some(python) =
+        python_with_tensorboard("tensorboard_event_accumulator_shows_resumed_steps_once")
+    else {
+        return;
+    };
+    let dir = scratch("tbpyresume");
+    let resumed_loss = write_killed_and_resumed_run(&dir);
+    let got = tensorboard_scalars(&python, &dir);
+    let loss_seen = &got["train/loss"];
+    let steps: Vec<i64> = loss_seen.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, (0..60).collect::<Vec<_>>(), "each step once");
+    for (step, value) in loss_seen {
+        let want = if *step < 30 {
+            loss(*step)
+        } else {
+            resumed_loss(*step)
+        };
+        assert_eq!(*value, want as f32 as f64, "train/loss at {step}");
+    }
+    assert_eq!(got["lr"].len(), 30);
+    assert!(
+        got.get("eval/acc").is_none_or(Vec::is_empty),
+        "{:?}",
+        got.get("eval/acc")
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// TensorBoard's own reader must load kiln's files. Runs when `python3 -c "import tensorboard"`
+/// works (CI installs it); otherwise prints why it is skipped (the pure-Rust reader test above
+/// still checks the format).
+#[test]
+fn tensorboard_event_accumulator_reads_kiln_files() {
+    let Some(python) = python_with_tensorboard("tensorboard_event_accumulator_reads_kiln_files")
+    else {
+        return;
+    };
+    let dir = scratch("tbpy");
+    write_run(&dir);
+    let got = tensorboard_scalars(&python, &dir);
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
         vec!["eval/acc", "lr", "train/loss"],

@@ -5,8 +5,13 @@
 //! running the node only when all of its consumers have run (a node whose count reaches zero is
 //! ready). Each node drops its saved tensors right after it runs (unless `retain_graph`), and each
 //! gradient buffer is dropped once consumed, so memory held by the graph falls as backward
-//! proceeds. Gradients are computed with grad mode off (no higher-order graphs). Leaf gradients
-//! accumulate into `.grad()`.
+//! proceeds. Gradients are computed with grad mode off (no higher-order graphs).
+//!
+//! Leaves are counted like nodes: the gradients a leaf gets along each of its edges are summed
+//! first, and once its last edge was processed the sum is added into `.grad()` and the leaf's
+//! post-accumulate-grad hooks run (`crate::hooks`), so each reached leaf is accumulated, and its
+//! hooks called, exactly once per backward, as soon as its gradient is final (PyTorch's
+//! `AccumulateGrad` node). A leaf no gradient reached (every path gave `None`) is not touched.
 
 use super::grad_mode::NoGradGuard;
 use super::graph::{Edge, Node};
@@ -19,23 +24,33 @@ fn key(node: &Arc<Node>) -> *const Node {
     Arc::as_ptr(node)
 }
 
-/// Consumer counts of every node reachable from `root`.
-fn dependencies(root: &Arc<Node>) -> HashMap<*const Node, usize> {
+/// Consumer counts of every node reachable from `root`, and of every leaf (by its id).
+fn dependencies(root: &Arc<Node>) -> (HashMap<*const Node, usize>, HashMap<u64, usize>) {
     let mut deps: HashMap<*const Node, usize> = HashMap::new();
+    let mut leaf_deps: HashMap<u64, usize> = HashMap::new();
     let mut stack = vec![root.clone()];
     deps.insert(key(root), 0);
     while let Some(node) = stack.pop() {
         for edge in node.edges.iter().flatten() {
-            if let Edge::Node(next) = edge {
-                let seen = deps.contains_key(&key(next));
-                *deps.entry(key(next)).or_insert(0) += 1;
-                if !seen {
-                    stack.push(next.clone());
+            match edge {
+                Edge::Node(next) => {
+                    let seen = deps.contains_key(&key(next));
+                    *deps.entry(key(next)).or_insert(0) += 1;
+                    if !seen {
+                        stack.push(next.clone());
+                    }
                 }
+                Edge::Leaf(leaf) => *leaf_deps.entry(leaf.id()).or_insert(0) += 1,
             }
         }
     }
-    deps
+    (deps, leaf_deps)
+}
+
+/// Adds a leaf's final gradient of this backward into `.grad()` and runs its hooks.
+fn finish_leaf(leaf: &Tensor, grad: Tensor) -> Result<()> {
+    leaf.accumulate_grad(grad)?;
+    crate::hooks::run_post_accumulate_grad_hooks(leaf)
 }
 
 pub(crate) fn run_backward(
@@ -80,10 +95,11 @@ pub(crate) fn run_backward(
     };
     let _no_grad = NoGradGuard::new();
     let Some(root_node) = root.grad_fn_node() else {
-        return root.accumulate_grad(grad);
+        return finish_leaf(root, grad);
     };
-    let mut deps = dependencies(&root_node);
+    let (mut deps, mut leaf_deps) = dependencies(&root_node);
     let mut buffers: HashMap<*const Node, Tensor> = HashMap::new();
+    let mut leaf_buffers: HashMap<u64, Tensor> = HashMap::new();
     buffers.insert(key(&root_node), grad);
     let mut ready = vec![root_node];
     while let Some(node) = ready.pop() {
@@ -95,9 +111,23 @@ pub(crate) fn run_backward(
             let Some(edge) = edge else { continue };
             match edge {
                 Edge::Leaf(leaf) => {
+                    let k = leaf.id();
                     if let Some(g) = g {
                         if leaf.requires_grad() {
-                            leaf.accumulate_grad(g)?;
+                            let summed = match leaf_buffers.remove(&k) {
+                                None => g,
+                                Some(prev) => prev.add(&g)?,
+                            };
+                            leaf_buffers.insert(k, summed);
+                        }
+                    }
+                    let count = leaf_deps
+                        .get_mut(&k)
+                        .expect("every reachable leaf was counted");
+                    *count -= 1;
+                    if *count == 0 {
+                        if let Some(g) = leaf_buffers.remove(&k) {
+                            finish_leaf(leaf, g)?;
                         }
                     }
                 }

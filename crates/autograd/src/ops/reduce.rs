@@ -97,13 +97,20 @@ impl Tensor {
         keepdim: bool,
         largest: bool,
     ) -> Result<Tensor> {
-        if self.numel() == 0 {
+        let d = resolve_dims(op_name, dims, self.rank())?;
+        // PyTorch's rule: only a reduced dim of size 0 has no max/min (an empty tensor reduced
+        // over non-empty dims gives an empty result).
+        let empty_dim = d.iter().find(|&&i| self.shape()[i] == 0);
+        if let Some(i) = empty_dim.or((self.numel() == 0 && d.is_empty()).then_some(&0)) {
             return Err(arg_err(
                 op_name,
-                "cannot reduce an empty tensor (no identity for max/min)",
+                format!(
+                    "cannot reduce dim {i} of shape {:?}: it has size 0, and max/min of no \
+                     elements is undefined; reduce other dims or check the input",
+                    self.shape()
+                ),
             ));
         }
-        let d = resolve_dims(op_name, dims, self.rank())?;
         let op = if largest {
             ReduceOp::Max
         } else {
@@ -160,13 +167,17 @@ impl Tensor {
         keepdim: bool,
         largest: bool,
     ) -> Result<(Tensor, Tensor)> {
-        if self.numel() == 0 {
+        let d = resolve_dim(op_name, dim, self.rank())?;
+        if self.rank() > 0 && self.shape()[d] == 0 {
             return Err(arg_err(
                 op_name,
-                "cannot reduce an empty tensor (no identity for max/min)",
+                format!(
+                    "cannot reduce dim {d} of shape {:?}: it has size 0, and max/min of no \
+                     elements is undefined; reduce another dim or check the input",
+                    self.shape()
+                ),
             ));
         }
-        let d = resolve_dim(op_name, dim, self.rank())?;
         let dims = if self.rank() == 0 { vec![] } else { vec![d] };
         let (vop, iop) = if largest {
             (ReduceOp::Max, ReduceOp::ArgMax)

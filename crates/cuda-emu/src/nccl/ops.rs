@@ -167,15 +167,23 @@ unsafe fn enqueue_collective(
             Some(work)
         }
     });
-    if let Some(work) = queued {
-        if let Err(e) = driver::enqueue(stream, work) {
+    match queued {
+        Some(work) => enqueue_or_fail(call, stream, work),
+        None => ncclResult_t::ncclSuccess,
+    }
+}
+
+/// Queues `work` on `stream`; a stream that refuses it is NCCL's `ncclUnhandledCudaError`.
+fn enqueue_or_fail(call: &str, stream: CUstream, work: driver::StreamWork) -> ncclResult_t {
+    match driver::enqueue(stream, work) {
+        Ok(()) => ncclResult_t::ncclSuccess,
+        Err(e) => {
             driver::log(&format!(
                 "{call}: queueing on the stream failed ({e:?}) (ncclUnhandledCudaError)"
             ));
-            return ncclResult_t::ncclUnhandledCudaError;
+            ncclResult_t::ncclUnhandledCudaError
         }
     }
-    ncclResult_t::ncclSuccess
 }
 
 /// Every rank gets `op` over all ranks' `count` elements.
@@ -434,15 +442,10 @@ unsafe fn enqueue_p2p(
             false
         }
     });
-    if !grouped {
-        if let Err(e) = driver::enqueue(stream, p2p_work(&comm, vec![op])) {
-            driver::log(&format!(
-                "{call}: queueing on the stream failed ({e:?}) (ncclUnhandledCudaError)"
-            ));
-            return ncclResult_t::ncclUnhandledCudaError;
-        }
+    if grouped {
+        return ncclResult_t::ncclSuccess;
     }
-    ncclResult_t::ncclSuccess
+    enqueue_or_fail(call, stream, p2p_work(&comm, vec![op]))
 }
 
 /// Sends `count` elements to `peer` (completes once they are in the pair's ring: at once for

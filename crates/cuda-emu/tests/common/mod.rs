@@ -15,6 +15,11 @@ pub const VARIABLES: &[&str] = &[
     "KILN_EMU_CC",
     "KILN_EMU_DELAY",
     "KILN_EMU_LOG",
+    "KILN_EMU_SCHEDULE",
+    "KILN_EMU_SEED",
+    "KILN_EMU_THREADS",
+    "KILN_EMU_OPT",
+    "KILN_EMU_NCCL_TIMEOUT",
     "CUDA_VISIBLE_DEVICES",
 ];
 

@@ -1,6 +1,6 @@
 //! Everything the recipe's `train` builds before the first step, in the order that keeps a run
-//! reproducible: the data, the model (its init drawn right after seeding), the checkpoint of a
-//! resumed run read into it on the CPU, the move to the device (before the optimizer exists, so
+//! reproducible: the data, the model (its init drawn right after seeding), the pretrained
+//! backbone of a fine-tuning run or the checkpoint of a resumed run read into it on the CPU, the move to the device (before the optimizer exists, so
 //! the optimizer's state is created there), the summary, memory plan and batch size, the
 //! loaders, then the optimizer and its schedule with any resumed state loaded into them.
 
@@ -8,7 +8,7 @@ use super::checkpoint::{self, ModelInfo, Progress};
 use super::config::TrainConfig;
 use super::epoch::{Steps, Trainer};
 use super::error::{Error, Result};
-use super::model::{is_head, ModelConfig};
+use super::model::{self, is_head, ModelConfig, PretrainedReport};
 use super::report::{Observer, Setup};
 use super::resume;
 use kiln_autograd::{DType, Module};
@@ -16,7 +16,6 @@ use kiln_data::{DataLoader, DataLoaderConfig, ImageDataset};
 use kiln_models::models::ResNet;
 use kiln_models::{LayerExt, MemoryPlan, OptimizerKind};
 use kiln_optim::{Adam, AdamOptions, AdamW, ParamGroup};
-use kiln_sched::log::ScalarLogger;
 use kiln_sched::{CosineAnnealingLR, LinearLR, SequentialLR};
 use std::path::Path;
 use std::sync::Arc;
@@ -31,13 +30,35 @@ pub(super) fn trainer(
     let device = config.device;
     let (train_set, val_set) = config.data.load(config.seed)?;
     let [c, h, w] = train_set.sample_shape();
+    // A pretrained file fixes the width (read it on resume too: the checkpoint has that width).
+    let pretrained = match &config.pretrained {
+        Some(path) => Some((path, model::read_pretrained(path)?)),
+        None => None,
+    };
+    let width = match &pretrained {
+        Some((path, tensors)) => {
+            let dims = model::pretrained_dims(tensors, config.model, path)?;
+            if dims.in_channels != c {
+                return Err(Error::Pretrained(format!(
+                    "{}: conv1 takes {} input channels but the data's images have {c}; \
+                     fine-tune on data with {} channels",
+                    path.display(),
+                    dims.in_channels,
+                    dims.in_channels
+                )));
+            }
+            dims.width
+        }
+        None => config.width,
+    };
     let info = ModelInfo {
         config: ModelConfig {
             in_channels: c,
             image_size: [h, w],
             num_classes: train_set.num_classes(),
-            width: config.width,
-            blocks: config.blocks,
+            width,
+            blocks: config.model.torchvision_blocks().unwrap_or(config.blocks),
+            arch: config.model,
         },
         classes: train_set.classes().to_vec(),
         normalize: config.data.normalize(&train_set)?,
@@ -48,6 +69,11 @@ pub(super) fn trainer(
     }
     kiln_autograd::manual_seed(config.seed);
     let model = info.config.build()?;
+    let mut pretrained_report: Option<PretrainedReport> = None;
+    if let (Some((path, tensors)), false) = (&pretrained, resuming) {
+        pretrained_report = Some(model::load_pretrained(&model, tensors, config.model, path)?);
+    }
+    drop(pretrained);
     let resumed = if resuming {
         let resumed = checkpoint::resume(&model, ckpt_path)?;
         resume::check_settings(config, &resumed, ckpt_path)?;
@@ -89,15 +115,10 @@ pub(super) fn trainer(
         resumed_epochs: progress.epochs_done,
         resume_missing: (config.resume && !resuming).then(|| ckpt_path.to_path_buf()),
         samples: (train_loader.dataset().len(), val_loader.dataset().len()),
+        pretrained: pretrained_report,
     });
 
-    if config.resume {
-        resume::trim_metrics_csv(&config.run_dir.join("metrics.csv"), progress.global_step)?;
-    }
-    let logger = ScalarLogger::in_memory()
-        .tensorboard(config.run_dir.join("tensorboard"))?
-        .csv(config.run_dir.join("metrics.csv"))?
-        .flush_every(50);
+    let logger = resume::logger(config, progress.global_step)?;
     let scaler = resume::grad_scaler(config, resumed_scaler.as_ref())?;
     Ok(Trainer {
         model,

@@ -185,13 +185,14 @@ fn check_config_fits(
             .map(|(_, t)| t.shape().to_vec())
     };
     let mut wrong = Vec::new();
-    let stem = vec![config.width, config.in_channels, 3, 3];
+    let k = config.arch.stem_kernel();
+    let stem = vec![config.width, config.in_channels, k, k];
     if let Some(found) = shape("model.conv1.weight").filter(|s| *s != stem) {
         wrong.push(format!(
             "conv1.weight is {found:?}, the config needs {stem:?}"
         ));
     }
-    let head = vec![config.num_classes, config.width * 8];
+    let head = vec![config.num_classes, config.features()];
     if let Some(found) = shape("model.fc.weight").filter(|s| *s != head) {
         wrong.push(format!("fc.weight is {found:?}, the config needs {head:?}"));
     }
@@ -234,6 +235,34 @@ pub fn load_model(path: &Path) -> Result<(ResNet, ModelInfo)> {
     load_training_checkpoint(&model, path, true)?;
     kiln_autograd::Module::eval(&mut model);
     Ok((model, info))
+}
+
+/// The settings a run was started with, as its checkpoint records them: what a resume compares
+/// with its flags, and takes for the flags not given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSettings {
+    /// The head's peak lr (`initial_lr` of the optimizer's last group; `None` if not recorded).
+    pub lr: Option<f64>,
+    /// The seed.
+    pub seed: u64,
+    /// The network's width.
+    pub width: usize,
+    /// The batch size.
+    pub batch_size: usize,
+}
+
+/// Reads [`RunSettings`] from a training checkpoint's metadata, building nothing.
+pub fn read_settings(path: &Path) -> Result<RunSettings> {
+    let (_, meta) = load_tensors(path)?;
+    let optimizer: StateDict = field(&meta, "kiln.optimizer", path)?;
+    let progress: Progress = field(&meta, "kiln.progress", path)?;
+    let config: ModelConfig = field(&meta, "kiln.model_config", path)?;
+    Ok(RunSettings {
+        lr: optimizer.groups.last().and_then(|g| g.initial_lr),
+        seed: progress.seed,
+        width: config.width,
+        batch_size: progress.batch_size,
+    })
 }
 
 /// The training state of a checkpoint, loaded into `model` (strictly).

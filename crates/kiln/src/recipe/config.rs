@@ -2,6 +2,7 @@
 //! refuse settings which cannot work before anything is built or written.
 
 use super::error::{Error, Result};
+use super::model::Arch;
 use kiln_autograd::{DType, Device};
 use kiln_data::DataSource;
 use kiln_optim::GradScalerOptions;
@@ -49,9 +50,15 @@ pub struct TrainConfig {
     pub grad_scaler: GradScalerOptions,
     /// Continue from `run_dir/ckpt.safetensors` when it exists.
     pub resume: bool,
+    /// The kind of ResNet (`--model`).
+    pub model: Arch,
+    /// Start from these weights (`--pretrained`: a `torch.save` state dict or safetensors with
+    /// torchvision's names; its head is replaced for the data's classes). Needs a torchvision
+    /// `model`; its width is the file's, `width` and `blocks` are not used.
+    pub pretrained: Option<PathBuf>,
     /// Width and depth of the network (channels, size and classes come from the data).
     pub width: usize,
-    /// Blocks per stage.
+    /// Blocks per stage of the CIFAR ResNet (a torchvision `model` has its own).
     pub blocks: [usize; 4],
     /// Random crop and flip on the training set (the data source's default augmentation).
     pub augment: bool,
@@ -81,6 +88,8 @@ impl Default for TrainConfig {
             amp_dtype: DType::BF16,
             grad_scaler: GradScalerOptions::default(),
             resume: false,
+            model: Arch::CifarResNet,
+            pretrained: None,
             width: 16,
             blocks: [1, 1, 1, 1],
             augment: true,
@@ -103,6 +112,20 @@ pub(super) fn check(config: &TrainConfig) -> Result<()> {
     }
     if !(config.lr > 0.0 && config.max_grad_norm > 0.0) {
         return bad("lr and max-grad-norm must be positive".into());
+    }
+    if config.pretrained.is_some() && config.model.torchvision_blocks().is_none() {
+        return bad(format!(
+            "--pretrained needs one of torchvision's ResNets, not --model {}; pass --model \
+             resnet18, resnet34 or resnet50 (the one the weights were trained as)",
+            config.model
+        ));
+    }
+    if !(config.backbone_lr_factor >= 0.0 && config.backbone_lr_factor.is_finite()) {
+        return bad(format!(
+            "--backbone-lr-factor {}: the backbone's lr is the head's times this factor; pass \
+             a finite factor of at least 0",
+            config.backbone_lr_factor
+        ));
     }
     if config.freeze_epochs >= config.epochs {
         return bad(format!(

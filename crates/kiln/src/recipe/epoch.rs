@@ -127,6 +127,9 @@ impl Trainer {
             self.model.unfreeze(|_| true)?;
         }
         self.model.train(true);
+        if frozen && config.pretrained.is_some() {
+            super::model::hold_backbone_statistics(&mut self.model);
+        }
         let batches = self.train_loader.len();
         observer.epoch_start(epoch + 1, batches);
         let (mut loss_sum, mut norm_sum, mut norms, mut seen) = (0.0, 0.0, 0usize, 0usize);

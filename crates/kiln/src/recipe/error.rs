@@ -31,6 +31,9 @@ pub enum Error {
     /// A setting that cannot work, with the fix.
     #[error("invalid setting: {0}")]
     Config(String),
+    /// Pretrained weights that do not fit the chosen model, with the keys that did not match.
+    #[error("pretrained weights: {0}")]
+    Pretrained(String),
     /// A checkpoint that cannot be used, with the reason.
     #[error("checkpoint: {0}")]
     Checkpoint(String),

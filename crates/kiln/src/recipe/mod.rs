@@ -2,8 +2,10 @@
 //! programs can run it: [`train`] takes a [`TrainConfig`] and a [`Observer`] (the example's
 //! progress bar) and runs every practice of the guide in one loop:
 //!
-//! - a `ResNet` (CIFAR stem) sized by [`ModelConfig`], its summary and training memory
-//!   plan, and the batch size the plan allows on the device (capped);
+//! - a `ResNet` (CIFAR stem, or one of torchvision's with `model`) sized by [`ModelConfig`], its
+//!   summary and training memory plan, and the batch size the plan allows on the device (capped);
+//! - fine-tuning: with `pretrained`, a torchvision state dict (`.pth` or `.safetensors`) loaded
+//!   into the backbone, every key checked, its head replaced by a new one for the data's classes;
 //! - the backbone frozen for the first `freeze_epochs` epochs, then trained with its own, smaller
 //!   learning rate (two AdamW parameter groups, shared weight decay);
 //! - gradient accumulation over `accum_steps` batches, clipping by global norm (the norm is
@@ -33,9 +35,10 @@ pub use checkpoint::checkpoint_path;
 pub use config::TrainConfig;
 pub use epoch::evaluate;
 pub use error::{Error, Result};
-pub use model::ModelConfig;
+pub use model::{Arch, ModelConfig, PretrainedReport};
 pub use predict::{predict, top_k};
 pub use report::{EpochReport, Observer, Outcome, Quiet, Setup};
+pub use resume::{take_checkpoint_settings, GivenSettings};
 
 use kiln_optim::GradScaler;
 use std::path::PathBuf;

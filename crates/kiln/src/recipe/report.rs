@@ -53,6 +53,9 @@ pub struct Setup {
     pub resume_missing: Option<std::path::PathBuf>,
     /// Training / validation samples.
     pub samples: (usize, usize),
+    /// The pretrained backbone loaded before training (`None` without `pretrained`, and on
+    /// resume, where the weights come from the checkpoint).
+    pub pretrained: Option<super::model::PretrainedReport>,
 }
 
 /// Hooks for progress display; every method has an empty default.

@@ -1,6 +1,7 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
-//! generated hostile inputs through the public API of kiln-sched, kiln-data, kiln-models,
-//! kiln-device and kiln-alloc-cache. Each target runs a fixed number of cases from a fixed
+//! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
+//! kiln-models, kiln-autograd, kiln-device and kiln-alloc-cache, and random op calls checked
+//! against an f64 reference. Each target runs a fixed number of cases from a fixed
 //! seed (the same cases on every run), fails on any panic (caught per case) or wrong result
 //! (checked against a reference where one exists), and exits the process on a case running
 //! past the harness's time limit. Run it alone, under a memory limit, so an allocation sized
@@ -16,7 +17,10 @@
 
 mod data;
 mod harness;
+mod ops;
+mod optim;
 mod parsers;
+mod reference;
 mod sched;
 
 #[test]
@@ -62,4 +66,19 @@ fn fuzz_memory_plan_budgets() {
 #[test]
 fn fuzz_scheduler_constructors() {
     sched::constructors(0x5eed_0009, 1500);
+}
+
+#[test]
+fn fuzz_random_ops_against_a_reference() {
+    ops::random_ops(0x5eed_000a, 3000);
+}
+
+#[test]
+fn fuzz_optimizer_state_dicts() {
+    optim::optimizer_state_dicts(0x5eed_000b, 800);
+}
+
+#[test]
+fn fuzz_grad_scaler_states() {
+    optim::grad_scaler_states(0x5eed_000c, 600);
 }

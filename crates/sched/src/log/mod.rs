@@ -67,6 +67,17 @@ impl ScalarLogger {
         Ok(self)
     }
 
+    /// [`tensorboard`](Self::tensorboard) for a resumed run whose first logged step is
+    /// `purge_step`, like PyTorch's `SummaryWriter(purge_step = ...)`: TensorBoard then drops the
+    /// events of `dir`'s earlier files from that step on, so the steps an interrupted run logged
+    /// after its last checkpoint do not show twice ([`EventWriter::create_purging`]).
+    pub fn tensorboard_purging(mut self, dir: impl AsRef<Path>, purge_step: i64) -> Result<Self> {
+        let mut writer = EventWriter::create_purging(dir, purge_step)?;
+        writer.set_flush_every(usize::MAX);
+        self.tensorboard = Some(writer);
+        Ok(self)
+    }
+
     /// Also append rows to the CSV file at `path`.
     pub fn csv(mut self, path: impl AsRef<Path>) -> Result<Self> {
         self.csv = Some(csv::CsvWriter::open(path)?);

@@ -8,8 +8,17 @@
 //! so logged f64s are rounded to f32 here; the CSV output keeps full precision).
 //!
 //! Only these protobuf fields are needed, so they are encoded by hand:
-//! `Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }`,
-//! `Summary { repeated Value value = 1; }`, `Value { string tag = 1; float simple_value = 2; }`.
+//! `Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
+//! SessionLog session_log = 7; }`, `Summary { repeated Value value = 1; }`,
+//! `Value { string tag = 1; float simple_value = 2; }`, `SessionLog { SessionStatus status = 1; }`
+//! (`START = 1`).
+//!
+//! A resumed run does what PyTorch's `SummaryWriter(purge_step = S)` does: its new file starts
+//! with a `SessionLog` START event at step `S` ([`EventWriter::create_purging`]), and TensorBoard,
+//! reading a folder's files in name order (time of creation), then drops every event of the
+//! earlier files with a step of `S` or more: the steps the killed run logged after its last
+//! checkpoint, which the resumed run logs again, show once. [`read_log_dir`] applies the same
+//! rule, so tests see what TensorBoard shows.
 //! The reader decodes the same fields, skips any others, and verifies both CRCs of every
 //! record, so tests can check a file byte for byte without Python.
 //!
@@ -57,6 +66,10 @@ pub fn encode_event(wall_time: f64, step: i64, body: &EventBody) -> Vec<u8> {
     }
     match body {
         EventBody::FileVersion(v) => put_bytes(&mut out, 3, v.as_bytes()),
+        EventBody::SessionStart => {
+            // SessionLog { status: START }
+            put_bytes(&mut out, 7, &[0x08, 0x01]);
+        }
         EventBody::Scalars(values) => {
             let mut summary = Vec::new();
             for (tag, value) in values {
@@ -90,6 +103,10 @@ pub enum EventBody {
     FileVersion(String),
     /// Scalar summaries: `(tag, simple_value)`.
     Scalars(Vec<(String, f32)>),
+    /// `SessionLog { status: START }`: a (re)started run; TensorBoard drops the events of
+    /// earlier files with this event's step or a later one. (Other session statuses are read as
+    /// an empty `Scalars`: kiln never writes them.)
+    SessionStart,
 }
 
 /// One decoded event.
@@ -154,7 +171,29 @@ impl EventWriter {
     /// Create `dir` if needed and a new event file in it (never overwriting one: a name taken
     /// in the same second gets a `.1`, `.2`, ... suffix), and write the file-version event.
     pub fn create(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref();
+        Self::create_file(dir.as_ref())
+    }
+
+    /// [`create`](Self::create) for a resumed run, like PyTorch's
+    /// `SummaryWriter(purge_step = purge_step)`: after the file-version event the new file holds a
+    /// `SessionLog` START event at `purge_step`, so TensorBoard drops every event of the folder's
+    /// earlier files whose step is `purge_step` or later (those the resumed run logs again).
+    /// Errors when `purge_step` is negative.
+    pub fn create_purging(dir: impl AsRef<Path>, purge_step: i64) -> Result<Self> {
+        if purge_step < 0 {
+            return Err(SchedError::InvalidLog {
+                reason: format!(
+                    "purge step {purge_step} is negative: pass the first step the resumed run logs"
+                ),
+            });
+        }
+        let mut w = Self::create_file(dir.as_ref())?;
+        w.write_event(now(), purge_step, &EventBody::SessionStart)?;
+        w.flush()?;
+        Ok(w)
+    }
+
+    fn create_file(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let wall = now();
         let base = format!("events.out.tfevents.{}.{}", wall as u64, host_name());
@@ -294,6 +333,25 @@ pub fn decode_event(data: &[u8]) -> Option<Event> {
                 let n = c.varint()? as usize;
                 event.body = EventBody::FileVersion(String::from_utf8(c.take(n)?.to_vec()).ok()?);
             }
+            (7, 2) => {
+                let n = c.varint()? as usize;
+                let mut s = Cursor {
+                    data: c.take(n)?,
+                    pos: 0,
+                };
+                let mut status = 0;
+                while !s.done() {
+                    let key = s.varint()?;
+                    if key == 1 << 3 {
+                        status = s.varint()?;
+                    } else {
+                        s.skip(key & 7)?;
+                    }
+                }
+                if status == 1 {
+                    event.body = EventBody::SessionStart;
+                }
+            }
             (5, 2) => {
                 let n = c.varint()? as usize;
                 let mut s = Cursor {
@@ -357,6 +415,34 @@ pub fn read_events(path: impl AsRef<Path>) -> Result<Vec<Event>> {
         }
         events.push(decode_event(data).ok_or_else(|| corrupt(pos, "not an Event protobuf"))?);
         pos = start + len + 4;
+    }
+    Ok(events)
+}
+
+/// Every event of a log folder as TensorBoard shows it: the `events.out.tfevents.*` files (not
+/// those of subfolders) read in name order, which is their order of creation, and each
+/// [`EventBody::SessionStart`] at step `S` dropping the scalar events read before it whose step
+/// is `S` or more (TensorBoard's purge of orphaned data, `purge_orphaned_data = True`, its
+/// default). File-version and session events are kept. Errors name the file that is corrupt.
+pub fn read_log_dir(dir: impl AsRef<Path>) -> Result<Vec<Event>> {
+    let dir = dir.as_ref();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("events.out.tfevents.") && entry.path().is_file() {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    let mut events: Vec<Event> = Vec::new();
+    for file in files {
+        for event in read_events(&file)? {
+            if event.body == EventBody::SessionStart {
+                events.retain(|e| !matches!(e.body, EventBody::Scalars(_)) || e.step < event.step);
+            }
+            events.push(event);
+        }
     }
     Ok(events)
 }

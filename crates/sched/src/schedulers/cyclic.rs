@@ -324,8 +324,13 @@ struct Phase {
 /// The 1cycle policy (PyTorch `OneCycleLR`): step it after every batch, `total_steps` times.
 ///
 /// As in PyTorch the `total_steps`-th step extrapolates the last phase one step past its end
-/// (slightly below `min_lr`; with linear annealing that can be a tiny negative lr). That lr is
-/// never trained with when the scheduler steps once per batch; stepping further is an error.
+/// (slightly below `min_lr`; with linear annealing a tiny negative lr, e.g. -9.7e-5 for
+/// `max_lr` 0.1 over 100 three-phase steps). kiln matches PyTorch's values exactly, that one
+/// included: `get_last_lr` reports it and the optimizer holds it (kiln's optimizers take any
+/// finite lr from a schedule, as PyTorch's param groups do), so a loop that steps once per
+/// batch for `total_steps` batches ends without an error and never trains with it. Stepping
+/// further is an error (`StepsExhausted`), as in PyTorch. Tested against PyTorch's sequence
+/// (`tests/fixtures/onecycle_end.json`, from `gen_onecycle_end.py`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OneCycleLR {
     core: Core,

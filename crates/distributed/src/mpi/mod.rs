@@ -1,0 +1,342 @@
+//! [`MpiGroup`]: the process group over MPI (rsmpi over the system's Open MPI) for CPU
+//! tensors of `f32`, `f64` and `i64`.
+//!
+//! Invariants:
+//! - One communication thread owns MPI (it initialises it, makes every call and finalises it),
+//!   so MPI sees a single thread; collectives run there one at a time in the order they were
+//!   started, which is the order works complete in.
+//! - Every collective first exchanges its [`Signature`] with an all-gather, so ranks that issued
+//!   different collectives (or a rank that refused its own arguments) fail together with a
+//!   message naming the ranks; only then do tensor bytes move.
+//! - Each MPI call is nonblocking and polled against a deadline (`KILN_DIST_TIMEOUT`): a peer
+//!   that hangs or died makes this rank fail with [`Error::Timeout`] naming the collective and
+//!   the rank, printed at once on stderr. The group is then unusable (the timed-out request is
+//!   still in MPI's hands, so its buffers are leaked on purpose, and MPI is not finalised: a
+//!   finalise would wait for the dead peer); `mpirun` then stops the job and names this rank.
+//! - A tensor is copied out of its buffer before the call and written back after it, under the
+//!   buffer's lock, so a failed collective leaves the tensor as it was.
+
+use crate::env::{LaunchEnv, Launcher};
+use crate::signature::{check_pair, check_root, check_tensor, Kind, Signature};
+use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
+use ::mpi::traits::*;
+use kiln_autograd::{DType, Device, Tensor};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+mod transfer;
+use transfer::Ctx;
+
+/// The dtypes MPI carries here.
+const MPI_DTYPES: [DType; 3] = [DType::F32, DType::F64, DType::I64];
+
+/// A collective with its tensors, as the communication thread runs it.
+enum Op {
+    AllReduce(Tensor, ReduceOp),
+    Broadcast(Tensor, usize),
+    AllGather(Tensor, Tensor),
+    ReduceScatter(Tensor, Tensor, ReduceOp),
+    Barrier,
+    /// This rank's arguments were refused: take part in the signature exchange, then fail.
+    Refused(Error),
+}
+
+struct Job {
+    name: &'static str,
+    signature: Signature,
+    op: Op,
+    done: mpsc::Sender<Result<()>>,
+}
+
+/// One process's handle on the MPI job's world communicator.
+pub struct MpiGroup {
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for MpiGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MpiGroup(rank {} of {})", self.rank, self.world_size)
+    }
+}
+
+impl MpiGroup {
+    /// Initialises MPI on a communication thread and joins its world communicator. `env` gives
+    /// the local rank (and, under an MPI launcher, must agree with MPI's rank and size);
+    /// `timeout` bounds every collective.
+    pub fn new(env: &LaunchEnv, timeout: Duration) -> Result<Self> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, usize)>>();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("kiln-mpi".into())
+            .spawn(move || serve(ready_tx, jobs_rx, timeout))
+            .map_err(|e| Error::Unavailable(format!("cannot start the MPI thread: {e}")))?;
+        let (rank, world_size) = ready_rx.recv().map_err(|_| {
+            Error::Unavailable("the MPI thread stopped while initialising MPI".into())
+        })??;
+        if env.launcher != Launcher::Single && (env.rank != rank || env.world_size != world_size) {
+            return Err(Error::Environment(format!(
+                "MPI says rank {rank} of {world_size} but the launch environment ({:?}) says \
+                 rank {} of {}; unset the other launcher's variables",
+                env.launcher, env.rank, env.world_size
+            )));
+        }
+        Ok(MpiGroup {
+            rank,
+            world_size,
+            local_rank: env.local_rank,
+            jobs: Mutex::new(Some(jobs_tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Queues a collective and returns the channel its result arrives on.
+    fn submit(
+        &self,
+        name: &'static str,
+        checked: Result<(Signature, Op)>,
+    ) -> Result<mpsc::Receiver<Result<()>>> {
+        let (signature, op) = match checked {
+            Ok(pair) => pair,
+            Err(e) => (Signature::invalid(), Op::Refused(e)),
+        };
+        let (done, result) = mpsc::channel();
+        let job = Job {
+            name,
+            signature,
+            op,
+            done,
+        };
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let sent = jobs.as_ref().map(|tx| tx.send(job).is_ok());
+        if sent != Some(true) {
+            return Err(self.collective_err(name, "the MPI communication thread has stopped"));
+        }
+        Ok(result)
+    }
+
+    fn collective_err(&self, op: &'static str, msg: &str) -> Error {
+        Error::Collective {
+            rank: self.rank,
+            world_size: self.world_size,
+            op,
+            msg: msg.to_string(),
+        }
+    }
+
+    fn run(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<()> {
+        MpiWork {
+            result: self.submit(name, checked)?,
+            name,
+            rank: self.rank,
+            world_size: self.world_size,
+        }
+        .finish()
+    }
+
+    fn check_one(&self, op: &'static str, t: &Tensor) -> Result<()> {
+        check_tensor(op, "", t, Device::Cpu, &MPI_DTYPES)
+    }
+}
+
+/// The result of a queued collective.
+struct MpiWork {
+    result: mpsc::Receiver<Result<()>>,
+    name: &'static str,
+    rank: usize,
+    world_size: usize,
+}
+
+impl MpiWork {
+    fn finish(self) -> Result<()> {
+        // The thread answers every job (each call is bounded by the timeout), so this ends.
+        self.result.recv().unwrap_or_else(|_| {
+            Err(Error::Collective {
+                rank: self.rank,
+                world_size: self.world_size,
+                op: self.name,
+                msg: "the MPI communication thread stopped (see the panic message above)".into(),
+            })
+        })
+    }
+}
+
+impl PendingWork for MpiWork {
+    fn wait(self: Box<Self>) -> Result<()> {
+        self.finish()
+    }
+}
+
+fn refuse_int_avg(op: &'static str, t: &Tensor, reduce: ReduceOp) -> Result<()> {
+    if reduce == ReduceOp::Avg && t.dtype() == DType::I64 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: "ReduceOp::Avg of an i64 tensor would truncate; reduce with Sum and divide".into(),
+        });
+    }
+    Ok(())
+}
+
+impl ProcessGroup for MpiGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+    fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+    fn backend(&self) -> BackendKind {
+        BackendKind::Mpi
+    }
+
+    fn start_all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Box<dyn PendingWork>> {
+        let name = "all_reduce";
+        let checked = self
+            .check_one(name, tensor)
+            .and_then(|_| refuse_int_avg(name, tensor, op))
+            .map(|_| {
+                let n = tensor.numel();
+                let sig = Signature::new(Kind::AllReduce, tensor.dtype(), n, n).with_op(op);
+                (sig, Op::AllReduce(tensor.clone(), op))
+            });
+        Ok(Box::new(MpiWork {
+            result: self.submit(name, checked)?,
+            name,
+            rank: self.rank,
+            world_size: self.world_size,
+        }))
+    }
+
+    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<()> {
+        let name = "broadcast";
+        let checked = self
+            .check_one(name, tensor)
+            .and_then(|_| check_root(name, root, self.world_size))
+            .map(|_| {
+                let n = tensor.numel();
+                let sig = Signature::new(Kind::Broadcast, tensor.dtype(), n, n).with_root(root);
+                (sig, Op::Broadcast(tensor.clone(), root))
+            });
+        self.run(name, checked)
+    }
+
+    fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<()> {
+        let name = "all_gather";
+        let checked = self
+            .check_one(name, input)
+            .and_then(|_| self.check_one(name, output))
+            .and_then(|_| check_pair(name, input, output, self.world_size))
+            .map(|_| {
+                let sig = Signature::new(
+                    Kind::AllGather,
+                    input.dtype(),
+                    input.numel(),
+                    output.numel(),
+                );
+                (sig, Op::AllGather(input.clone(), output.clone()))
+            });
+        self.run(name, checked)
+    }
+
+    fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
+        let name = "reduce_scatter";
+        let checked = self
+            .check_one(name, input)
+            .and_then(|_| self.check_one(name, output))
+            .and_then(|_| check_pair(name, output, input, self.world_size))
+            .and_then(|_| refuse_int_avg(name, input, op))
+            .map(|_| {
+                let sig = Signature::new(
+                    Kind::ReduceScatter,
+                    input.dtype(),
+                    input.numel(),
+                    output.numel(),
+                )
+                .with_op(op);
+                (sig, Op::ReduceScatter(input.clone(), output.clone(), op))
+            });
+        self.run(name, checked)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.run("barrier", Ok((Signature::barrier(), Op::Barrier)))
+    }
+}
+
+impl Drop for MpiGroup {
+    fn drop(&mut self) {
+        // Closing the queue stops the thread once it finished what is queued; it then
+        // finalises MPI (or, after a timeout, leaves it for mpirun to clean up).
+        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The communication thread: initialises MPI, reports rank and size, runs the jobs in order.
+fn serve(
+    ready: mpsc::Sender<Result<(usize, usize)>>,
+    jobs: mpsc::Receiver<Job>,
+    timeout: Duration,
+) {
+    let Some((universe, _threading)) =
+        ::mpi::initialize_with_threading(::mpi::Threading::Serialized)
+    else {
+        let _ = ready.send(Err(Error::Unavailable(
+            "MPI is already initialised in this process: make one MpiGroup per process (keep \
+             the Arc that init_process_group returned)"
+                .into(),
+        )));
+        return;
+    };
+    let world = universe.world();
+    let rank = world.rank() as usize;
+    let world_size = world.size() as usize;
+    if ready.send(Ok((rank, world_size))).is_err() {
+        return;
+    }
+    let ctx = Ctx {
+        world,
+        rank,
+        world_size,
+        timeout,
+    };
+    let mut broken: Option<String> = None;
+    for job in jobs {
+        let Job {
+            name,
+            signature,
+            op,
+            done,
+        } = job;
+        let result = match &broken {
+            Some(why) => Err(Error::Collective {
+                rank,
+                world_size,
+                op: name,
+                msg: format!(
+                    "not run: an earlier collective failed and left MPI unusable ({why}); \
+                     stop this process"
+                ),
+            }),
+            None => ctx.run(name, signature, op),
+        };
+        if let Err(e @ Error::Timeout { .. }) = &result {
+            eprintln!("kiln-distributed: {e}");
+            broken = Some(e.to_string());
+        }
+        let _ = done.send(result);
+    }
+    if broken.is_some() {
+        // MPI_Finalize would wait for the peer that never answered.
+        std::mem::forget(universe);
+    }
+}

@@ -1,0 +1,343 @@
+//! Random op calls against the f64 reference ([`crate::reference`]): random shapes (rank 0-4,
+//! sizes 0-4, sometimes a permuted, non-contiguous input), f32 or f64, and random ops through
+//! the public `Tensor` API: elementwise unary and binary (broadcast, sometimes incompatible),
+//! sum / mean / amax over random dims (negative, out of range, repeated), matmul (matching or
+//! not), permute, transpose, narrow, select, reshape (with -1), softmax, log_softmax and
+//! index_select (indices in and out of range). Where PyTorch raises, kiln must return an
+//! error; where it does not, kiln must return the reference's shape and values (f64: 1e-12,
+//! f32: 1e-5 relative). A panic, a missing error or a wrong value fails the case.
+
+use crate::harness::{run, Outcome, Rng};
+use crate::reference::{self as r, Nd};
+use kiln::autograd::{DType, Device, Tensor};
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Unary(&'static str),
+    Binary(&'static str, Vec<usize>),
+    Sum(Vec<isize>, bool),
+    Mean(Vec<isize>, bool),
+    Amax(Vec<isize>, bool),
+    Matmul(Vec<usize>),
+    Permute(Vec<isize>),
+    Transpose(isize, isize),
+    Narrow(isize, usize, usize),
+    Select(isize, isize),
+    Reshape(Vec<isize>),
+    Softmax(isize),
+    LogSoftmax(isize),
+    IndexSelect(isize, Vec<i64>),
+}
+
+#[derive(Debug)]
+pub struct OpCase {
+    dtype: DType,
+    input: Nd,
+    /// Make the kiln input a permuted (reversed-dims) view of a contiguous tensor.
+    strided: bool,
+    op: Op,
+    /// The second operand's values (binary ops, matmul).
+    other: Vec<f64>,
+}
+
+const UNARY: [&str; 8] = [
+    "neg", "abs", "exp", "relu", "sigmoid", "tanh", "square", "sqrt",
+];
+const BINARY: [&str; 5] = ["add", "sub", "mul", "maximum", "minimum"];
+
+fn value(rng: &mut Rng) -> f64 {
+    (rng.below(49) as f64 - 24.0) / 8.0
+}
+
+fn shape(rng: &mut Rng, min_rank: usize) -> Vec<usize> {
+    let rank = min_rank + rng.below(5 - min_rank);
+    (0..rank)
+        .map(|_| {
+            if rng.chance(0.08) {
+                0
+            } else {
+                1 + rng.below(4)
+            }
+        })
+        .collect()
+}
+
+fn dim(rng: &mut Rng, rank: usize) -> isize {
+    let r = rank.max(1) as isize;
+    if rng.chance(0.1) {
+        rng.pick(&[r, -r - 1, isize::MAX, isize::MIN])
+    } else {
+        rng.below(2 * r as usize) as isize - r
+    }
+}
+
+/// A second operand's shape: the same, broadcastable (dims set to 1 or dropped), or not.
+fn other_shape(rng: &mut Rng, s: &[usize]) -> Vec<usize> {
+    match rng.below(4) {
+        0 => s.to_vec(),
+        1 => s
+            .iter()
+            .map(|&d| if rng.chance(0.5) { 1 } else { d })
+            .collect(),
+        2 => s[rng.below(s.len() + 1)..].to_vec(),
+        _ => shape(rng, 0),
+    }
+}
+
+fn generate(rng: &mut Rng) -> OpCase {
+    let dtype = rng.pick(&[DType::F32, DType::F64]);
+    let kind = rng.below(14);
+    let in_shape = match kind {
+        0 | 1 | 11 => shape(rng, 0),
+        5 => {
+            if rng.chance(0.5) {
+                shape(rng, 2)[..2].to_vec()
+            } else {
+                shape(rng, 3)[..3].to_vec()
+            }
+        }
+        _ => shape(rng, 1),
+    };
+    let rank = in_shape.len();
+    let dims = |rng: &mut Rng| {
+        (0..1 + rng.below(rank.max(1)))
+            .map(|_| dim(rng, rank))
+            .collect()
+    };
+    let op = match kind {
+        0 => Op::Unary(rng.pick(&UNARY)),
+        1 => Op::Binary(rng.pick(&BINARY), other_shape(rng, &in_shape)),
+        2 => Op::Sum(dims(rng), rng.chance(0.5)),
+        3 => Op::Mean(dims(rng), rng.chance(0.5)),
+        4 => Op::Amax(dims(rng), rng.chance(0.5)),
+        5 => {
+            let mut b = in_shape.clone();
+            let n = b.len();
+            // [.., k] @ [.., k, n]: the second operand swaps its last dim for a fresh one.
+            b[n - 2] = in_shape[n - 1];
+            b[n - 1] = 1 + rng.below(4);
+            if rng.chance(0.2) {
+                b[n - 2] += 1;
+            }
+            Op::Matmul(b)
+        }
+        6 => {
+            let mut p: Vec<isize> = (0..rank as isize).collect();
+            for i in (1..p.len()).rev() {
+                p.swap(i, rng.below(i + 1));
+            }
+            if rng.chance(0.15) && !p.is_empty() {
+                p[0] = p[p.len() - 1];
+            }
+            Op::Permute(
+                p.iter()
+                    .map(|&d| {
+                        if rng.chance(0.3) {
+                            d - rank as isize
+                        } else {
+                            d
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        7 => Op::Transpose(dim(rng, rank), dim(rng, rank)),
+        8 => {
+            let d = dim(rng, rank);
+            Op::Narrow(d, rng.below(4), rng.below(4))
+        }
+        9 => Op::Select(dim(rng, rank), rng.below(9) as isize - 4),
+        10 => {
+            let n: usize = in_shape.iter().product();
+            let mut target: Vec<isize> = match rng.below(3) {
+                0 => vec![n as isize],
+                1 => vec![-1],
+                _ => shape(rng, 1).iter().map(|&d| d as isize).collect(),
+            };
+            if rng.chance(0.3) {
+                target.insert(0, -1);
+            }
+            Op::Reshape(target)
+        }
+        11 => Op::Softmax(dim(rng, rank)),
+        12 => Op::LogSoftmax(dim(rng, rank)),
+        _ => {
+            let d = dim(rng, rank);
+            Op::IndexSelect(
+                d,
+                (0..rng.below(4)).map(|_| rng.below(6) as i64 - 1).collect(),
+            )
+        }
+    };
+    let n: usize = in_shape.iter().product();
+    let other_n: usize = match &op {
+        Op::Binary(_, s) | Op::Matmul(s) => s.iter().product(),
+        _ => 0,
+    };
+    OpCase {
+        dtype,
+        input: Nd::new(&in_shape, (0..n).map(|_| value(rng)).collect()),
+        strided: rng.chance(0.3),
+        op,
+        other: (0..other_n).map(|_| value(rng)).collect(),
+    }
+}
+
+fn tensor(nd: &Nd, dtype: DType) -> Tensor {
+    let t = Tensor::from_vec(nd.data.clone(), &nd.shape, Device::Cpu).unwrap();
+    t.to_dtype(dtype).unwrap()
+}
+
+/// `input` as kiln sees it: contiguous, or a reversed-dims view of a contiguous tensor holding
+/// the transposed data (same logical values, other strides).
+fn input_tensor(case: &OpCase) -> Tensor {
+    let x = &case.input;
+    if !case.strided || x.rank() < 2 {
+        return tensor(x, case.dtype);
+    }
+    let rev: Vec<isize> = (0..x.rank() as isize).rev().collect();
+    let stored = r::permute(x, &rev).unwrap();
+    tensor(&stored, case.dtype).permute(&rev).unwrap()
+}
+
+fn unary(name: &str, x: f64) -> f64 {
+    match name {
+        "neg" => -x,
+        "abs" => x.abs(),
+        "exp" => x.exp(),
+        "relu" => x.max(0.0),
+        "sigmoid" => 1.0 / (1.0 + (-x).exp()),
+        "tanh" => x.tanh(),
+        "square" => x * x,
+        _ => x.abs().sqrt(),
+    }
+}
+
+/// The reference result, or `None` where PyTorch raises.
+fn expected(case: &OpCase) -> Option<Nd> {
+    let x = &case.input;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    match &case.op {
+        Op::Unary(name) => Some(x.map(|v| unary(name, v))),
+        Op::Binary(name, s) => {
+            let b = Nd::new(s, case.other.clone());
+            r::binary(x, &b, |p, q| match *name {
+                "add" => p + q,
+                "sub" => p - q,
+                "mul" => p * q,
+                "maximum" => p.max(q),
+                _ => p.min(q),
+            })
+        }
+        Op::Sum(d, k) => Some(r::reduce(x, &r::wrap_dims(d, x.rank())?, *k, |v| {
+            v.iter().sum()
+        })),
+        Op::Mean(d, k) => Some(r::reduce(x, &r::wrap_dims(d, x.rank())?, *k, mean)),
+        Op::Amax(d, k) => {
+            let dims = r::wrap_dims(d, x.rank())?;
+            if dims.iter().any(|&i| x.shape[i] == 0) {
+                return None;
+            }
+            Some(r::reduce(x, &dims, *k, |v| {
+                v.iter().cloned().fold(f64::MIN, f64::max)
+            }))
+        }
+        Op::Matmul(s) => r::matmul(x, &Nd::new(s, case.other.clone())),
+        Op::Permute(p) => r::permute(x, p),
+        Op::Transpose(a, b) => {
+            let (a, b) = (r::wrap(*a, x.rank())?, r::wrap(*b, x.rank())?);
+            let mut p: Vec<isize> = (0..x.rank() as isize).collect();
+            p.swap(a, b);
+            r::permute(x, &p)
+        }
+        Op::Narrow(d, s, l) => r::narrow(x, *d, *s, *l),
+        Op::Select(d, i) => r::select(x, *d, *i),
+        Op::Reshape(t) => {
+            let shape = r::reshape_shape(x.data.len(), t)?;
+            Some(Nd::new(&shape, x.data.clone()))
+        }
+        Op::Softmax(d) => r::softmax(x, *d, false),
+        Op::LogSoftmax(d) => r::softmax(x, *d, true),
+        Op::IndexSelect(d, idx) => r::index_select(x, *d, idx),
+    }
+}
+
+fn actual(case: &OpCase) -> kiln::autograd::Result<Tensor> {
+    let x = input_tensor(case);
+    let other = |s: &[usize]| tensor(&Nd::new(s, case.other.clone()), case.dtype);
+    match &case.op {
+        Op::Unary(name) => match *name {
+            "neg" => x.neg(),
+            "abs" => x.abs(),
+            "exp" => x.exp(),
+            "relu" => x.relu(),
+            "sigmoid" => x.sigmoid(),
+            "tanh" => x.tanh(),
+            "square" => x.square(),
+            _ => x.abs()?.sqrt(),
+        },
+        Op::Binary(name, s) => {
+            let b = other(s);
+            match *name {
+                "add" => x.add(&b),
+                "sub" => x.sub(&b),
+                "mul" => x.mul(&b),
+                "maximum" => x.maximum(&b),
+                _ => x.minimum(&b),
+            }
+        }
+        Op::Sum(d, k) => x.sum(d, *k),
+        Op::Mean(d, k) => x.mean(d, *k),
+        Op::Amax(d, k) => x.amax(d, *k),
+        Op::Matmul(s) => x.matmul(&other(s)),
+        Op::Permute(p) => x.permute(p),
+        Op::Transpose(a, b) => x.transpose(*a, *b),
+        Op::Narrow(d, s, l) => x.narrow(*d, *s, *l),
+        Op::Select(d, i) => x.select(*d, *i),
+        Op::Reshape(t) => x.reshape(t),
+        Op::Softmax(d) => x.softmax(*d),
+        Op::LogSoftmax(d) => x.log_softmax(*d),
+        Op::IndexSelect(d, idx) => {
+            let index = Tensor::from_vec(idx.clone(), &[idx.len()], Device::Cpu)?;
+            x.index_select(*d, &index)
+        }
+    }
+}
+
+fn check(case: &OpCase) -> Outcome {
+    let want = expected(case);
+    let got = actual(case);
+    match (want, got) {
+        (None, Err(_)) => Outcome::Refused,
+        (None, Ok(t)) => panic!("PyTorch raises here, kiln returned shape {:?}", t.shape()),
+        (Some(w), Err(e)) => panic!(
+            "kiln refused a valid call (reference shape {:?}): {e}",
+            w.shape
+        ),
+        (Some(w), Ok(t)) => {
+            assert_eq!(t.shape(), &w.shape[..], "shape");
+            assert_eq!(t.dtype(), case.dtype, "dtype");
+            let got = t.to_vec_f64().unwrap();
+            let tol = if case.dtype == DType::F64 {
+                1e-12
+            } else {
+                1e-5
+            };
+            for (i, (&g, &e)) in got.iter().zip(&w.data).enumerate() {
+                let same = (g.is_nan() && e.is_nan()) || (g - e).abs() <= tol * e.abs().max(1.0);
+                assert!(same, "element {i}: kiln {g}, reference {e}");
+            }
+            Outcome::Accepted
+        }
+    }
+}
+
+pub fn random_ops(seed: u64, cases: usize) {
+    run(
+        "random op calls vs an f64 reference",
+        seed,
+        cases,
+        generate,
+        check,
+    );
+}
