@@ -8,6 +8,7 @@ mod cuda_tools;
 mod emu;
 mod gpu_pack;
 mod kernels;
+mod memviz;
 mod paths;
 mod replay;
 
@@ -19,6 +20,7 @@ commands:
   gpu-pack   build test and bench binaries into target/gpu-pack/ for a GPU machine
   replay     replay an allocation trace through the simulated backend
   bench      run benchmark groups and write target/kiln-bench/report.{json,md}
+  memviz     draw kiln's memory picture of a snapshot pickle: cargo xtask memviz SNAPSHOT [-o OUT.svg]
   emu        run a command with the CUDA emulator (kiln-cuda-emu) in place of NVIDIA's libraries:
              cargo xtask emu [--devices N] [--memory BYTES] [--cc X.Y] [--delay] -- CMD...
   emu-suite  every GPU test binary and the CUDA example runs under the emulator, KILN_REQUIRE_CUDA=1
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         "gpu-pack" => gpu_pack::run(rest),
         "replay" => replay::run(rest),
         "bench" => bench::run(rest),
+        "memviz" => memviz::run(rest),
         "emu-suite" => emu::suite::run(rest),
         "emu-mutants" => emu::mutants::run(rest),
         "emu-probe" => {
