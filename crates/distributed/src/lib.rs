@@ -14,11 +14,13 @@
 pub mod ddp;
 mod error;
 mod group;
+pub mod sync_bn;
 mod threads;
 pub mod zero;
 
 pub use ddp::{DdpOptions, DistributedDataParallel, NoSyncGuard, SyncStats};
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
+pub use sync_bn::SyncBatchNorm;
 pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
 pub use zero::ZeroRedundancyOptimizer;
