@@ -8,8 +8,14 @@
 //! - Collectives work in place on contiguous tensors and finish (or fail) within the group's
 //!   timeout; a rank that died makes the others fail with an error naming it.
 //! - The transports are the ones the field trusts: NCCL for CUDA devices, MPI for CPU hosts.
-//!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself.
+//!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself;
+//!   the one exception is [`ThreadGroup`], ranks as threads of one process, for tests and
+//!   single-host experiments.
 //! - Reductions have a fixed order for a fixed world size, so a run is reproducible.
+//!
+//! On top of the groups: [`DistributedDataParallel`] (gradients bucketed and all-reduced while
+//! backward runs, from `kiln-autograd`'s post-accumulate-grad hooks), [`SyncBatchNorm`] and
+//! [`ZeroRedundancyOptimizer`] (ZeRO stage 1). docs/DISTRIBUTED.md describes the design.
 
 pub mod ddp;
 mod error;
