@@ -8,8 +8,14 @@
 //! - Collectives work in place on contiguous tensors and finish (or fail) within the group's
 //!   timeout; a rank that died makes the others fail with an error naming it.
 //! - The transports are the ones the field trusts: NCCL for CUDA devices, MPI for CPU hosts.
-//!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself.
+//!   kiln only bootstraps them (sharing NCCL's unique id) and never moves tensor bytes itself;
+//!   the one exception is [`ThreadGroup`], ranks as threads of one process, for tests and
+//!   single-host experiments.
 //! - Reductions have a fixed order for a fixed world size, so a run is reproducible.
+//!
+//! On top of the groups: [`DistributedDataParallel`] (gradients bucketed and all-reduced while
+//! backward runs, from `kiln-autograd`'s post-accumulate-grad hooks), [`SyncBatchNorm`] and
+//! [`ZeroRedundancyOptimizer`] (ZeRO stage 1). docs/DISTRIBUTED.md describes the design.
 
 pub mod ddp;
 pub mod env;
@@ -23,6 +29,7 @@ mod nccl;
 #[cfg(any(feature = "mpi", feature = "cuda"))]
 mod signature;
 pub mod store;
+pub mod sync_bn;
 mod threads;
 pub mod zero;
 
@@ -35,5 +42,6 @@ pub use init::{init_process_group, init_process_group_with, MPI_REBUILD_HINT};
 pub use mpi::MpiGroup;
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclGroup, NCCL_INSTALL_HINT};
+pub use sync_bn::SyncBatchNorm;
 pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
 pub use zero::ZeroRedundancyOptimizer;
