@@ -24,7 +24,9 @@ pub use backend::BackendStorage;
 pub use device::{Device, DeviceChoice};
 pub use dtype::{BoolByte, DType, Element};
 pub use error::{Error, Result};
-pub use layout::{checked_numel, contiguous_strides, Layout, StridedIndex};
+pub use layout::{
+    checked_numel, checked_shape_numel, checked_size, contiguous_strides, Layout, StridedIndex,
+};
 pub use memory::{
     allocator, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
     memory_reserved, memory_snapshot, memory_stats, memory_summary, reset_peak_memory_stats,
