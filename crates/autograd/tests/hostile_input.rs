@@ -122,3 +122,17 @@ fn max_and_min_of_an_empty_tensor_follow_pytorch() {
     );
     assert!(t.max_all().is_err() && t.argmax(0, false).is_err());
 }
+
+#[test]
+fn a_matmul_of_empty_operands_with_a_huge_output_is_refused() {
+    // Both operands hold no elements, but the output would hold 2^64.
+    let a = Tensor::zeros(&[1 << 32, 0], DType::F32, Device::Cpu).unwrap();
+    let b = Tensor::zeros(&[0, 1 << 32], DType::F32, Device::Cpu).unwrap();
+    let e = a.matmul(&b).unwrap_err().to_string();
+    assert!(e.contains("matmul: the output's element count"), "{e}");
+    assert!(e.contains("overflows"), "{e}");
+    // A small empty product is zeros, as in PyTorch.
+    let a = Tensor::zeros(&[2, 0], DType::F32, Device::Cpu).unwrap();
+    let b = Tensor::zeros(&[0, 3], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(a.matmul(&b).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
+}

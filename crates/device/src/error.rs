@@ -90,6 +90,17 @@ pub enum Error {
         /// What disagrees, with the numbers.
         what: String,
     },
+    /// A size computed from shapes (an element count, a byte count, a grid) does not fit in
+    /// `isize`: no buffer can be that large.
+    #[error(
+        "{op}: {what} overflows (more than isize::MAX); no buffer can hold it: check the shapes"
+    )]
+    SizeOverflow {
+        /// The operation.
+        op: &'static str,
+        /// What was computed, with the factors.
+        what: String,
+    },
     /// The operation is not supported on this platform.
     #[error("not supported here: {what}")]
     Unsupported {

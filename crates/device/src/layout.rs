@@ -6,7 +6,17 @@
 //! (dims in range, sizes that fit) happens in `kiln-autograd`, which knows the op name for the
 //! error message; the methods here assume valid arguments. A shape from user input goes through
 //! [`checked_numel`] first: once it passes, its element count and every contiguous stride fit in
-//! `isize`, so the unchecked arithmetic below cannot wrap.
+//! `isize`.
+//!
+//! **Invariant** of every `Layout` a tensor holds: its element count and its extent
+//! ([`Layout::required_len`]) are at most `isize::MAX` ([`Layout::check`] tests it;
+//! [`Layout::checked_new`] builds only such layouts). The views here keep it for in-range
+//! arguments: they reorder or drop dims, or move the offset inside the extent. The methods do
+//! not trust it: every size they compute saturates at `usize::MAX` instead of wrapping, so a
+//! layout that breaks it yields sizes no buffer has (every allocation and view bounds check
+//! then refuses it) and never a small wrapped number that would pass those checks.
+
+use crate::error::{Error, Result};
 
 /// Shape, strides (in elements) and starting offset of a strided view.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -35,13 +45,39 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
     Some(if has_zero { 0 } else { nonzero_product })
 }
 
-/// Row-major strides of a contiguous tensor of `shape`.
+/// The product of `factors` (an element count, a byte count), or [`Error::SizeOverflow`] naming
+/// `op` and `what` when it exceeds `isize::MAX` (no buffer can be larger). Kernels call it for
+/// every size they compute from shapes, output sizes and scratch byte counts alike.
+pub fn checked_size(op: &'static str, what: &str, factors: &[usize]) -> Result<usize> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| Error::SizeOverflow {
+            op,
+            what: format!("{what} = product of {factors:?}"),
+        })
+}
+
+/// The element count of `shape` as [`checked_size`] computes it (the product of every dim).
+pub fn checked_shape_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    checked_size(op, "the element count of the shape", shape)
+}
+
+fn saturating_product(dims: &[usize]) -> usize {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .unwrap_or(if dims.contains(&0) { 0 } else { usize::MAX })
+}
+
+/// Row-major strides of a contiguous tensor of `shape` (saturating at `usize::MAX` for a shape
+/// that breaks the module's invariant).
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];
-    let mut acc = 1;
+    let mut acc = 1usize;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
-        acc *= d;
+        acc = acc.saturating_mul(d);
     }
     strides
 }
@@ -56,7 +92,42 @@ impl Layout {
         }
     }
 
-    /// A layout from its parts (no checks).
+    /// A layout from its parts, or [`Error::SizeOverflow`] naming `op` when its element count
+    /// or extent passes `isize::MAX` (see the module's invariant), or
+    /// [`Error::LengthMismatch`] when shape and strides differ in length.
+    pub fn checked_new(
+        op: &'static str,
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        offset: usize,
+    ) -> Result<Self> {
+        if shape.len() != strides.len() {
+            return Err(Error::LengthMismatch {
+                op,
+                what: format!("shape {shape:?} and strides {strides:?} differ in length"),
+            });
+        }
+        let layout = Layout::new(shape, strides, offset);
+        layout.check(op)?;
+        Ok(layout)
+    }
+
+    /// Checks the module's invariant: element count and extent at most `isize::MAX`.
+    pub fn check(&self, op: &'static str) -> Result<()> {
+        crate::checked_shape_numel(op, &self.shape)?;
+        if self.required_len() > isize::MAX as usize {
+            return Err(Error::SizeOverflow {
+                op,
+                what: format!(
+                    "the extent of the view (shape {:?}, strides {:?}, offset {})",
+                    self.shape, self.strides, self.offset
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A layout from its parts (no checks; see [`checked_new`](Self::checked_new)).
     pub fn new(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Self {
         Layout {
             shape,
@@ -85,37 +156,39 @@ impl Layout {
         self.shape.len()
     }
 
-    /// Number of elements.
+    /// Number of elements (`usize::MAX` for a shape whose product overflows: no buffer has
+    /// that many, so every check against a buffer refuses it).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        saturating_product(&self.shape)
     }
 
     /// True when the elements are densely packed in row-major order (size-1 dims may have any
     /// stride, as in PyTorch).
     pub fn is_contiguous(&self) -> bool {
-        let mut expected = 1;
+        let mut expected = 1usize;
         for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
             if d != 1 && s != expected {
                 return false;
             }
-            expected *= d;
+            expected = expected.saturating_mul(d);
         }
         true
     }
 
-    /// One past the largest buffer index this layout touches (0 for an empty tensor).
+    /// One past the largest buffer index this layout touches (0 for an empty tensor;
+    /// `usize::MAX` when that index overflows, which no buffer reaches).
     pub fn required_len(&self) -> usize {
         if self.shape.contains(&0) {
             return 0;
         }
-        self.offset
-            + self
-                .shape
-                .iter()
-                .zip(&self.strides)
-                .map(|(&d, &s)| (d - 1) * s)
-                .sum::<usize>()
-            + 1
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .try_fold(self.offset, |acc, (&d, &s)| {
+                acc.checked_add((d - 1).checked_mul(s)?)
+            })
+            .and_then(|last| last.checked_add(1))
+            .unwrap_or(usize::MAX)
     }
 
     /// Dimensions reordered: result dim `i` is input dim `perm[i]`.
@@ -138,7 +211,9 @@ impl Layout {
     /// Elements `start..start + len` of dim `dim`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Self {
         let mut l = self.clone();
-        l.offset += start * self.strides[dim];
+        l.offset = l
+            .offset
+            .saturating_add(start.saturating_mul(self.strides[dim]));
         l.shape[dim] = len;
         l
     }
@@ -146,7 +221,9 @@ impl Layout {
     /// Index `index` of dim `dim`, removing the dim.
     pub fn select(&self, dim: usize, index: usize) -> Self {
         let mut l = self.clone();
-        l.offset += index * self.strides[dim];
+        l.offset = l
+            .offset
+            .saturating_add(index.saturating_mul(self.strides[dim]));
         l.shape.remove(dim);
         l.strides.remove(dim);
         l
@@ -156,7 +233,7 @@ impl Layout {
     pub fn unsqueeze(&self, dim: usize) -> Self {
         let mut l = self.clone();
         let stride = if dim < self.rank() {
-            self.shape[dim] * self.strides[dim]
+            self.shape[dim].saturating_mul(self.strides[dim])
         } else {
             1
         };
@@ -204,7 +281,8 @@ impl Layout {
     /// no such strides exist (then a copy is needed: PyTorch's `computeStride` rule). Dims are
     /// split or merged only across runs of input dims that are contiguous with each other.
     pub fn view_strides(&self, new_shape: &[usize]) -> Option<Vec<usize>> {
-        let numel: usize = new_shape.iter().product();
+        // A product that overflows can never equal a real element count (it could wrap to one).
+        let numel = checked_numel(new_shape)?;
         if numel != self.numel() {
             return None;
         }
@@ -373,6 +451,66 @@ mod tests {
         assert_eq!(checked_numel(&[(1 << 63) + 1, 2]), None);
         assert_eq!(checked_numel(&[0, 1 << 62, 1 << 62]), None);
         assert_eq!(checked_numel(&[1 << 62, 2]), None);
+    }
+
+    #[test]
+    fn checked_size_refuses_products_past_isize() {
+        assert_eq!(checked_size("op", "n", &[3, 4, 5]).unwrap(), 60);
+        assert_eq!(checked_size("op", "n", &[]).unwrap(), 1);
+        assert_eq!(checked_size("op", "n", &[0, usize::MAX]).unwrap(), 0);
+        assert_eq!(
+            checked_shape_numel("op", &[1 << 31, 1 << 31]).unwrap(),
+            1 << 62
+        );
+        for factors in [
+            &[1usize << 32, 1 << 32][..],
+            &[1 << 62, 2],
+            &[usize::MAX, 1],
+        ] {
+            let e = checked_size("matmul", "the output's element count", factors).unwrap_err();
+            assert!(matches!(e, Error::SizeOverflow { op: "matmul", .. }), "{e}");
+            assert!(e.to_string().contains("the output's element count"), "{e}");
+        }
+    }
+
+    #[test]
+    fn layout_sizes_saturate_instead_of_wrapping() {
+        // Built unchecked past the invariant: every size is one no buffer has, never a wrap.
+        let huge = Layout::contiguous(&[1 << 32, 1 << 32]);
+        assert_eq!(huge.numel(), usize::MAX);
+        assert_eq!(huge.required_len(), usize::MAX);
+        assert_eq!(huge.strides(), &[1 << 32, 1]);
+        assert_eq!(Layout::contiguous(&[0, 1 << 40, 1 << 40]).numel(), 0);
+        let wide = Layout::new(vec![3, 2], vec![usize::MAX / 2, 1], 0);
+        assert_eq!(wide.required_len(), usize::MAX);
+        assert_eq!(wide.narrow(0, 2, 1).offset(), usize::MAX - 1);
+        assert_eq!(wide.select(0, 3).offset(), usize::MAX);
+        assert!(huge.is_contiguous());
+        // A reshape whose product wraps to the real count (0) is no view.
+        assert_eq!(
+            Layout::contiguous(&[0]).view_strides(&[1 << 32, 1 << 32]),
+            None
+        );
+        assert_eq!(
+            Layout::contiguous(&[0]).view_strides(&[1 << 32, 0]),
+            Some(vec![0, 1])
+        );
+    }
+
+    #[test]
+    fn checked_layouts_keep_the_invariant() {
+        let ok = Layout::checked_new("view", vec![2, 3], vec![3, 1], 4).unwrap();
+        assert_eq!(ok.required_len(), 10);
+        for (shape, strides, offset) in [
+            (vec![1 << 32, 1 << 32], vec![1 << 32, 1], 0),
+            (vec![2], vec![1 << 63], 0),
+            (vec![2], vec![1], usize::MAX - 1),
+        ] {
+            let e = Layout::checked_new("view", shape, strides, offset).unwrap_err();
+            assert!(matches!(e, Error::SizeOverflow { op: "view", .. }), "{e}");
+        }
+        let e = Layout::checked_new("view", vec![2], vec![], 0).unwrap_err();
+        assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
     }
 
     #[test]

@@ -384,3 +384,27 @@ fn views_past_the_buffer_are_typed_errors_not_reads() {
         Err(kiln_device::Error::LengthMismatch { .. })
     ));
 }
+
+/// Issue 18: sizes computed from shapes are checked before anything is allocated or launched.
+/// Two empty operands `[2^32, 0] @ [0, 2^32]` make a 2^64-element output (it wrapped to 0), and
+/// an output whose byte count passes `isize::MAX` is refused, not wrapped into a small buffer.
+#[test]
+fn cuda_sizes_that_overflow_are_typed_errors() {
+    let Some(dev) = cuda_device_or_skip() else {
+        return;
+    };
+    let g = CudaStorage::from_cpu(dev, &values(4, DType::F32)).unwrap();
+    let (la, lb) = (
+        Layout::new(vec![1 << 32, 0], vec![0, 1], 0),
+        Layout::new(vec![0, 1 << 32], vec![1, 0], 0),
+    );
+    let e = g.matmul(&la, &g, &lb).unwrap_err();
+    assert!(
+        matches!(e, kiln_device::Error::SizeOverflow { op: "matmul", .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("the output's element count"), "{e}");
+    // 2^61 f32 elements are 2^63 bytes: past isize::MAX.
+    let e = CudaStorage::full(dev, 1 << 61, 0.0, DType::F32).unwrap_err();
+    assert!(matches!(e, kiln_device::Error::SizeOverflow { .. }), "{e}");
+}

@@ -224,8 +224,13 @@ impl CudaStorage {
         numel: usize,
         dtype: DType,
     ) -> Result<(Arc<CudaStream>, Self)> {
+        let bytes = crate::checked_size(
+            "cuda output",
+            "the byte count",
+            &[numel, dtype.size_in_bytes()],
+        )?;
         let s = stream(ordinal)?;
-        let out = Self::allocate(ordinal, &s, numel * dtype.size_in_bytes(), dtype)?;
+        let out = Self::allocate(ordinal, &s, bytes, dtype)?;
         Ok((s, out))
     }
 

@@ -102,16 +102,27 @@ struct Dims {
     rows: usize,
 }
 
-fn dims(g: &Conv2dGeometry) -> Dims {
+/// The GEMM sizes of `g`, and (checked) the largest buffer any of its launches allocates: the
+/// `[N, C_in*kH*kW, L]` columns, sized from the input, so they must not wrap.
+fn dims(g: &Conv2dGeometry) -> Result<Dims> {
+    const OP: &str = "conv2d";
     let groups = g.params.groups;
-    let k = g.in_channels / groups * g.kernel_size[0] * g.kernel_size[1];
-    Dims {
+    let size = |what: &str, factors: &[usize]| crate::checked_size(OP, what, factors);
+    let k = size(
+        "the columns per group",
+        &[g.in_channels / groups, g.kernel_size[0], g.kernel_size[1]],
+    )?;
+    let l = size("the output positions", &g.output_size)?;
+    let rows = size("the columns' rows", &[k, groups])?;
+    size("the unfolded input (im2col columns)", &[g.batch, rows, l])?;
+    size("the output", &[g.batch, g.out_channels, l])?;
+    Ok(Dims {
         groups,
         k,
         cout_g: g.out_channels / groups,
-        l: g.output_size[0] * g.output_size[1],
-        rows: k * groups,
-    }
+        l,
+        rows,
+    })
 }
 
 /// `kiln_<kind>_<t>`: the conv.cu kernel (`kind` is `im2col` or `col2im`) for `dtype`'s elements.
@@ -224,7 +235,7 @@ fn launch(
 impl CudaStorage {
     /// `[N, C_in*kH*kW, L]` columns of the contiguous input `x`.
     fn im2col(x: &CudaStorage, g: &Conv2dGeometry) -> Result<CudaStorage> {
-        let d = dims(g);
+        let d = dims(g)?;
         let total = g.batch * d.rows * d.l;
         let (_, cols) = CudaStorage::output(x.ordinal(), total, x.dtype())?;
         launch("im2col", x, g, &cols, total)?;
@@ -243,7 +254,7 @@ impl ConvOps for CudaStorage {
     ) -> Result<Self> {
         const OP: &str = "conv2d";
         let dt = check_dtype(OP, self.dtype())?;
-        let d = dims(g);
+        let d = dims(g)?;
         let x = dense(OP, (self, layout), self.dtype(), &g.input_shape())?;
         let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
         let cols = CudaStorage::im2col(&x, g)?;
@@ -299,7 +310,7 @@ impl ConvOps for CudaStorage {
     ) -> Result<InputGrads<Self>> {
         const OP: &str = "conv2d_backward";
         let dt = check_dtype(OP, self.dtype())?;
-        let d = dims(g);
+        let d = dims(g)?;
         let (n, cout) = (g.batch, g.out_channels);
         let go = dense(OP, (self, layout), self.dtype(), &g.output_shape())?;
         let mut grads = InputGrads::default();

@@ -261,8 +261,8 @@ impl IndexOps for CudaStorage {
         let idx = indices(OP, (index, index_layout), 0, num_embeddings)?;
         self.in_float(OP, layout, |grad, gl| {
             let grad = grad.to_dtype(gl, grad.dtype())?; // contiguous, viewed as [rows, width]
-            let mut out =
-                CudaStorage::full_cuda(grad.ordinal(), num_embeddings * width, 0.0, grad.dtype())?;
+            let total = crate::checked_size(OP, "the weight gradient", &[num_embeddings, width])?;
+            let mut out = CudaStorage::full_cuda(grad.ordinal(), total, 0.0, grad.dtype())?;
             let view = Layout::contiguous(&[rows, width]);
             let dst_shape = [num_embeddings, width];
             CudaStorage::put(
@@ -320,7 +320,7 @@ impl IndexOps for CudaStorage {
         }
         let idx = indices(OP, (index, index_layout), dim, input_shape[dim])?;
         self.in_float(OP, layout, |grad, gl| {
-            let numel = input_shape.iter().product();
+            let numel = crate::checked_shape_numel(OP, input_shape)?;
             let mut out = CudaStorage::full_cuda(grad.ordinal(), numel, 0.0, grad.dtype())?;
             let strides = along(input_shape.len(), dim);
             CudaStorage::put(

@@ -12,7 +12,7 @@ use crate::ops::cpu_dispatch::{
 };
 use crate::ops::KernelFloat;
 use crate::threads::{cpu_pool, num_threads};
-use crate::{CpuStorage, Result};
+use crate::{CpuStorage, Error, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -144,7 +144,18 @@ pub fn matmul_reference<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layo
 impl MatmulOps for CpuStorage {
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
         same_dtype("matmul", self, rhs)?;
-        let n = output_len(layout, rhs_layout);
+        let r = layout.rank();
+        let (sa, sb) = (layout.shape(), rhs_layout.shape());
+        if r < 2 || rhs_layout.rank() != r {
+            return Err(Error::LengthMismatch {
+                op: "matmul",
+                what: format!("shapes {sa:?} and {sb:?} are not [..b, m, k] and [..b, k, n]"),
+            });
+        }
+        // `[2^32, 0] @ [0, 2^32]` is two empty operands but a 2^64-element output.
+        let mut factors = sa[..r - 2].to_vec();
+        factors.extend([sa[r - 2], sb[r - 1]]);
+        let n = crate::checked_size("matmul", "the output's element count", &factors)?;
         float_dispatch!("matmul", self.dtype(), FLOAT_HINT, (T, X) => {
             let (a, la) = read_as::<T>(self, layout)?;
             let (b, lb) = read_as::<T>(rhs, rhs_layout)?;

@@ -151,10 +151,9 @@ impl MatmulOps for CudaStorage {
         self.check_view("matmul", layout)?;
         rhs.check_view("matmul", rhs_layout)?;
         let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
-        let batch: usize = sa[..r - 2].iter().product();
-        let mut out_shape = sa[..r - 2].to_vec();
-        out_shape.extend([m, n]);
-        let numel = batch * m * n;
+        let batch = crate::checked_size("matmul", "the batch count", &sa[..r - 2])?;
+        // `[2^32, 0] @ [0, 2^32]` is two empty operands but a 2^64-element output.
+        let numel = crate::checked_size("matmul", "the output's element count", &[batch, m, n])?;
         if numel == 0 || k == 0 {
             // An empty sum is 0 (cuBLAS is not asked to handle k = 0).
             return CudaStorage::full_cuda(self.ordinal(), numel, 0.0, dtype);

@@ -167,7 +167,7 @@ impl PoolOps for CudaStorage {
         let dt = check_dtype(self.dtype())?;
         let s = shape_of(pool);
         let x = dense(OP, (self, layout), &s.input_shape())?;
-        let total = s.output_shape().iter().product::<usize>();
+        let total = crate::checked_shape_numel(OP, &s.output_shape())?;
         let (stream, out) = CudaStorage::output(self.ordinal(), total, dt)?;
         let indices = match pool {
             Pool2d::Max(_) => Some(CudaStorage::output(self.ordinal(), total, DType::I64)?.1),
