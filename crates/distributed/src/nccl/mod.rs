@@ -56,6 +56,43 @@ impl Comm {
         }
     }
 
+    /// The communicator's asynchronous error (a peer that died, a failed network), if any.
+    pub(crate) fn async_error(&self) -> Option<sys::ncclResult_t> {
+        if self.is_aborted() {
+            return None;
+        }
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: `raw` is live (not aborted); `state` is writable.
+        let r = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
+        match (r, state) {
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess)
+            | (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclInProgress) => None,
+            (sys::ncclResult_t::ncclSuccess, bad) | (bad, _) => Some(bad),
+        }
+    }
+
+    /// The error for a communicator that reported `code`; aborts it.
+    pub(crate) fn failure(
+        &self,
+        rank: usize,
+        world_size: usize,
+        op: &'static str,
+        code: sys::ncclResult_t,
+    ) -> Error {
+        self.abort();
+        let e = Error::Collective {
+            rank,
+            world_size,
+            op,
+            msg: format!(
+                "NCCL reports {code:?}: a peer rank exited or its connection failed (check the \
+                 other ranks' logs for the first error); the communicator was aborted"
+            ),
+        };
+        eprintln!("kiln-distributed: {e}");
+        e
+    }
+
     pub(crate) fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Acquire)
     }
@@ -331,6 +368,11 @@ impl NcclWork {
         })?;
         let deadline = Instant::now() + self.timeout;
         loop {
+            if let Some(code) = self.comm.async_error() {
+                return Err(self
+                    .comm
+                    .failure(self.rank, self.world_size, self.name, code));
+            }
             match event.try_is_complete() {
                 Ok(true) => break,
                 Ok(false) if Instant::now() < deadline => {

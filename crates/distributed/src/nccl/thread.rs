@@ -164,6 +164,9 @@ impl Worker {
     /// Polls `event` until it completes, or aborts and fails at the deadline.
     fn complete(&self, op: &'static str, event: &CudaEvent, deadline: Instant) -> Result<()> {
         loop {
+            if let Some(code) = self.comm.async_error() {
+                return Err(self.comm.failure(self.rank, self.world_size, op, code));
+            }
             match event.try_is_complete() {
                 Ok(true) => return Ok(()),
                 Ok(false) if Instant::now() < deadline => {
