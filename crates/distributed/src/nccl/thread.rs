@@ -5,7 +5,7 @@
 //! Invariants: every NCCL call of the group is made here, in job order; the thread has the
 //! device's context bound; a job answers exactly once; after an abort every job fails at once.
 
-use super::Comm;
+use super::comm::Comm;
 use crate::signature::{check_table, Signature};
 use crate::{Error, ReduceOp, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
