@@ -6,10 +6,16 @@
 //! installed (`.ci/run` installs it). As root, `OMPI_ALLOW_RUN_AS_ROOT` is set for the ranks.
 #![cfg(feature = "mpi")]
 
+mod common;
+
 use kiln_autograd::{DType, Device, Tensor};
 use kiln_distributed::env::{timeout_from_vars, LaunchEnv};
-use kiln_distributed::{Error, MpiGroup, ProcessGroup, ReduceOp};
+use kiln_distributed::{
+    DdpOptions, DistributedDataParallel, Error, MpiGroup, ProcessGroup, ReduceOp,
+};
+use kiln_models::Layer;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SCENARIO: &str = "KILN_TEST_MPI_SCENARIO";
@@ -43,6 +49,67 @@ fn every_collective_gives_exact_values_on_two_ranks() {
     for r in 0..2 {
         assert!(log.contains(&format!("rank {r}: collectives ok")), "{log}");
     }
+}
+
+/// DDP over MPI: N steps on two processes, each on its half of every batch, end where one
+/// process over the whole batches ends (tolerance as in tests/ddp.rs: 1e-6 relative, the
+/// difference being the order of the f32 gradient sums), and bit-identical on both ranks.
+#[test]
+fn ddp_over_mpi_equals_one_process_over_the_concatenated_batches() {
+    let (ok, log, _) = launch("ddp", "60");
+    assert!(ok, "{log}");
+    assert!(log.contains("rank 0: ddp matches one process"), "{log}");
+    assert!(log.contains("rank 1: ddp ranks agree"), "{log}");
+}
+
+const DDP_STEPS: usize = 4;
+const DDP_ROWS: usize = 3;
+
+fn ddp_scenario(g: MpiGroup) {
+    use common::*;
+    let rank = g.rank();
+    let world = g.world_size();
+    let model = mlp();
+    init(&model, rank as f64); // only rank 0's values survive DDP's broadcast
+    let group: Arc<dyn ProcessGroup> = Arc::new(g);
+    let ddp = DistributedDataParallel::new(model, group.clone(), DdpOptions::default()).unwrap();
+    let mut o = optimizer(ddp.module(), Opt::SgdMomentum);
+    for step in 0..DDP_STEPS {
+        let (x, y) = batch(step, world * DDP_ROWS, &[4]);
+        let out = ddp.forward(&rows(&x, rank, DDP_ROWS)).unwrap();
+        ddp.backward(&loss(&out, &rows(&y, rank, DDP_ROWS)))
+            .unwrap();
+        o.step().unwrap();
+        o.zero_grad(true).unwrap();
+    }
+    let mine = state(ddp.module());
+    // Every rank holds the same parameters, bit for bit.
+    let flat: Vec<f64> = mine.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    let n = flat.len();
+    let local = Tensor::from_vec(flat.clone(), &[n], Device::Cpu).unwrap();
+    let all = Tensor::zeros(&[n * world], DType::F64, Device::Cpu).unwrap();
+    group.all_gather(&local, &all).unwrap();
+    let all = all.to_vec::<f64>().unwrap();
+    for r in 0..world {
+        assert_eq!(&all[r * n..(r + 1) * n], &flat[..], "rank {r} differs");
+    }
+    println!("rank {rank}: ddp ranks agree");
+    if rank == 0 {
+        let single = mlp();
+        init(&single, 0.0);
+        let mut o = optimizer(&single, Opt::SgdMomentum);
+        for step in 0..DDP_STEPS {
+            let (x, y) = batch(step, world * DDP_ROWS, &[4]);
+            loss(&single.forward(&x).unwrap(), &y).backward().unwrap();
+            o.step().unwrap();
+            o.zero_grad(true).unwrap();
+        }
+        let (worst, name) = max_rel_diff(&mine, &state(&single));
+        assert!(worst < 1e-6, "{name}: {worst}");
+        println!("rank 0: ddp matches one process (max relative difference {worst:.1e} at {name})");
+    }
+    drop(ddp);
+    group.barrier().unwrap();
 }
 
 #[test]
@@ -179,6 +246,7 @@ fn mpi_rank_entry() {
             collectives(&g);
             println!("rank {r}: collectives ok");
         }
+        "ddp" => ddp_scenario(g),
         "hang" => {
             g.barrier().unwrap();
             if r == 1 {

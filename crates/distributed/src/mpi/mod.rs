@@ -27,21 +27,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 mod transfer;
-use transfer::Ctx;
+use transfer::{Ctx, Op};
 
 /// The dtypes MPI carries here.
 const MPI_DTYPES: [DType; 3] = [DType::F32, DType::F64, DType::I64];
-
-/// A collective with its tensors, as the communication thread runs it.
-enum Op {
-    AllReduce(Tensor, ReduceOp),
-    Broadcast(Tensor, usize),
-    AllGather(Tensor, Tensor),
-    ReduceScatter(Tensor, Tensor, ReduceOp),
-    Barrier,
-    /// This rank's arguments were refused: take part in the signature exchange, then fail.
-    Refused(Error),
-}
 
 struct Job {
     name: &'static str,

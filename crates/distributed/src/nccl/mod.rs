@@ -16,15 +16,17 @@
 //! - Nothing panics without libnccl or libcuda: [`NcclGroup::new`] answers
 //!   [`Error::Unavailable`] naming what to install.
 
+mod comm;
 mod thread;
 
 use crate::env::LaunchEnv;
 use crate::signature::{check_avg, check_pair, check_root, check_tensor, Kind, Signature};
 use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
+use comm::Comm;
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 use kiln_autograd::{DType, Device, Tensor};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,43 +34,6 @@ use thread::{Job, Op};
 
 /// The dtypes NCCL carries here.
 const NCCL_DTYPES: [DType; 5] = [DType::F32, DType::F64, DType::I64, DType::F16, DType::BF16];
-
-/// The communicator, shared by the communication thread and the works (which abort it on a
-/// timeout).
-pub(crate) struct Comm {
-    raw: sys::ncclComm_t,
-    aborted: AtomicBool,
-}
-
-// SAFETY: an NCCL communicator may be used from any thread; calls on it are made by the one
-// communication thread, except `ncclCommAbort`, which NCCL allows from another thread.
-unsafe impl Send for Comm {}
-// SAFETY: as above.
-unsafe impl Sync for Comm {}
-
-impl Comm {
-    /// Aborts the communicator once (unblocks every NCCL call on it).
-    pub(crate) fn abort(&self) {
-        if !self.aborted.swap(true, Ordering::AcqRel) {
-            // SAFETY: `raw` is a live communicator; abort frees it, and `aborted` keeps it
-            // from being used or freed again.
-            let _ = unsafe { cudarc::nccl::result::comm_abort(self.raw) };
-        }
-    }
-
-    pub(crate) fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Comm {
-    fn drop(&mut self) {
-        if !self.is_aborted() {
-            // SAFETY: live and used by nothing else any more (the thread has stopped).
-            let _ = unsafe { cudarc::nccl::result::comm_destroy(self.raw) };
-        }
-    }
-}
 
 /// One process's handle on an NCCL communicator.
 pub struct NcclGroup {
@@ -331,6 +296,11 @@ impl NcclWork {
         })?;
         let deadline = Instant::now() + self.timeout;
         loop {
+            if let Some(code) = self.comm.async_error() {
+                return Err(self
+                    .comm
+                    .failure(self.rank, self.world_size, self.name, code));
+            }
             match event.try_is_complete() {
                 Ok(true) => break,
                 Ok(false) if Instant::now() < deadline => {

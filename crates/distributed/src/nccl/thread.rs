@@ -5,7 +5,7 @@
 //! Invariants: every NCCL call of the group is made here, in job order; the thread has the
 //! device's context bound; a job answers exactly once; after an abort every job fails at once.
 
-use super::Comm;
+use super::comm::Comm;
 use crate::signature::{check_table, Signature};
 use crate::{Error, ReduceOp, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
@@ -164,6 +164,9 @@ impl Worker {
     /// Polls `event` until it completes, or aborts and fails at the deadline.
     fn complete(&self, op: &'static str, event: &CudaEvent, deadline: Instant) -> Result<()> {
         loop {
+            if let Some(code) = self.comm.async_error() {
+                return Err(self.comm.failure(self.rank, self.world_size, op, code));
+            }
             match event.try_is_complete() {
                 Ok(true) => return Ok(()),
                 Ok(false) if Instant::now() < deadline => {
