@@ -147,6 +147,8 @@ pub(crate) struct State {
     pub history: Option<Box<crate::recorder::Recorder>>,
     /// The last history after recording stopped, kept for reading.
     pub history_kept: Option<Box<crate::recorder::Recorder>>,
+    /// What a memory plan predicted (for the out-of-memory report).
+    pub plan_prediction: Option<Box<crate::history::PlanPrediction>>,
 }
 
 impl State {

@@ -79,6 +79,13 @@ pub struct OomReport {
     pub fragmentation: f64,
     /// Whether expandable segments were on.
     pub expandable_segments: bool,
+    /// The largest live blocks at the failure with what allocated them (empty when the
+    /// allocation history was not being recorded).
+    pub top_live: Vec<crate::history::LiveBlock>,
+    /// Whether the allocation history was being recorded (else the report says how to).
+    pub history_recorded: bool,
+    /// What the registered memory plan predicted for this step, if one was registered.
+    pub plan: Option<crate::history::PlanPrediction>,
 }
 
 impl fmt::Display for OomReport {
@@ -112,6 +119,7 @@ impl fmt::Display for OomReport {
             b(self.largest_free_block),
             self.fragmentation * 100.0
         )?;
+        self.write_what_filled_it(f)?;
         let fragmented = self.reserved_unallocated + self.backend_free >= self.rounded;
         if fragmented && !self.expandable_segments {
             write!(

@@ -395,3 +395,26 @@ impl MemoryHistory {
         out
     }
 }
+
+/// What a memory plan predicted for one step (registered with
+/// [`CachingAllocator::set_plan_prediction`](crate::CachingAllocator::set_plan_prediction);
+/// the out-of-memory report prints it next to what was live).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PlanPrediction {
+    /// What was planned (`AdamW step, batch 256`).
+    pub label: String,
+    /// Predicted peak of allocated bytes.
+    pub peak_allocated: usize,
+    /// Predicted bytes by category (those the plan names).
+    pub by_category: Vec<(MemoryCategory, usize)>,
+}
+
+impl PlanPrediction {
+    /// Predicted bytes of `category`, if the plan names it.
+    pub fn category_bytes(&self, category: MemoryCategory) -> Option<usize> {
+        self.by_category
+            .iter()
+            .find(|(c, _)| *c == category)
+            .map(|&(_, b)| b)
+    }
+}

@@ -31,6 +31,7 @@ mod free_index;
 mod handle;
 mod history;
 mod lock;
+mod oom_context;
 mod page_runs;
 mod recorder;
 pub mod replay;
@@ -52,7 +53,7 @@ pub use error::{Error, OomReport, Result};
 pub use handle::{Allocation, AllocatorRef, RawAllocation};
 pub use history::{
     AllocContext, Attribution, CategoryBytes, LiveBlock, MemoryCategory, MemoryEvent,
-    MemoryEventKind, MemoryHistory,
+    MemoryEventKind, MemoryHistory, PlanPrediction,
 };
 pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
 pub use sizes::{

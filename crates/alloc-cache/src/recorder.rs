@@ -134,7 +134,6 @@ impl Recorder {
     }
 
     /// The largest live blocks now, largest first.
-    #[allow(dead_code)] // the out-of-memory report's (next change)
     pub(crate) fn top_live(&self, n: usize) -> Vec<LiveBlock> {
         let mut all: Vec<&LiveBlock> = self.live.values().collect();
         all.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));

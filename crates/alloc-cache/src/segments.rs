@@ -398,6 +398,13 @@ impl CachingAllocator {
             largest_free_block,
             fragmentation,
             expandable_segments: self.config.expandable_segments,
+            top_live: st
+                .history
+                .as_ref()
+                .map(|h| h.top_live(crate::oom_context::TOP_LIVE))
+                .unwrap_or_default(),
+            history_recorded: st.history.is_some(),
+            plan: st.plan_prediction.as_deref().cloned(),
         }
     }
 }

@@ -125,6 +125,13 @@ fn a_training_step_is_attributed_and_matches_the_plan() {
     println!("{p}");
     let ratio = predicted_peak as f64 / measured_peak as f64;
     assert!((0.95..=1.05).contains(&ratio), "ratio {ratio:.3}");
+    let prediction = p.prediction(batch);
+    assert_eq!(prediction.peak_allocated, predicted_peak);
+    assert_eq!(prediction.label, "AdamW step, batch 256");
+    assert_eq!(
+        prediction.category_bytes(MemoryCategory::OptimizerState),
+        Some(p.optimizer_state_bytes)
+    );
 
     // Category by category over the step: parameters, gradients and optimizer state within
     // the allocator's 512-byte rounding (1%), the activations forward keeps (their largest
