@@ -144,9 +144,11 @@ pub(crate) struct State {
     pub next_alloc_id: u64,
     pub recorder: Option<TraceRecorder>,
     /// The allocation history while it is recorded (`None`, the hooks' only test, when off).
-    pub history: Option<Box<crate::recorder::Recorder>>,
+    pub history: Option<Box<crate::ring::Recorder>>,
     /// The last history after recording stopped, kept for reading.
-    pub history_kept: Option<Box<crate::recorder::Recorder>>,
+    pub history_kept: Option<Box<crate::ring::Recorder>>,
+    /// What a memory plan predicted (for the out-of-memory report).
+    pub plan_prediction: Option<Box<crate::history::PlanPrediction>>,
 }
 
 impl State {

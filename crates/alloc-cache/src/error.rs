@@ -86,6 +86,13 @@ pub struct OomReport {
     /// the backend counted at least this much free and still refused it, a limit outside the
     /// allocator (a process memory limit, the system's overcommit policy) said no.
     pub min_reservation: usize,
+    /// The largest live blocks at the failure with what allocated them (empty when the
+    /// allocation history was not being recorded).
+    pub top_live: Vec<crate::history::LiveBlock>,
+    /// Whether the allocation history was being recorded (else the report says how to).
+    pub history_recorded: bool,
+    /// What the registered memory plan predicted for this step, if one was registered.
+    pub plan: Option<crate::history::PlanPrediction>,
 }
 
 impl fmt::Display for OomReport {
@@ -119,6 +126,7 @@ impl fmt::Display for OomReport {
             b(self.largest_free_block),
             self.fragmentation * 100.0
         )?;
+        self.write_what_filled_it(f)?;
         write!(f, "  advice: ")?;
         let backend = &self.backend;
         if self.rounded > self.capacity {

@@ -46,12 +46,21 @@
 //!     reads (the input of a ReLU whose backward keeps only its output, say) counts as an
 //!     activation until it is freed, which is usually at once (nothing holds it) — but the loss,
 //!     the logits and the model's output also count here.
-//!   - `Temporary` is implied by forward ops under `no_grad` and by everything backward
-//!     computes (each node runs under an op scope with the node's name): input gradients in
-//!     flight, scratch, and the optimizer step's out-of-place results.
-//! - **Op**: the outermost op scope names it: the op the caller asked for (`matmul`, not the
-//!   `bmm` it calls), or the backward node being run (`MmBackward`). Creation functions
-//!   (`zeros`, `randn`, ...) open no op scope: they take the category around them.
+//!   - `Temporary` is implied by forward ops under `no_grad`, by anything else allocated under
+//!     `no_grad` (kiln-autograd's guard implies it), and by everything backward computes (each
+//!     node runs under an op scope with the node's name): input gradients in flight, scratch,
+//!     and the optimizer step's out-of-place results.
+//!   - `Unknown` is what is left: tensors created at top level under grad mode outside any
+//!     scope (a batch made by hand rather than by the `DataLoader`), and the forward values of
+//!     ops defined outside kiln-autograd's op files (kiln-losses computes its outputs before it
+//!     records them, so they carry no op scope).
+//! - **Op**: the outermost op scope names it: the op the caller asked for (`Mm` for `matmul`,
+//!   not the ops it calls; forward ops are named by their node without `Backward`), or the
+//!   backward node being run (`MmBackward`). Creation functions (`zeros`, `randn`, ...) and
+//!   views open no op scope: they take the category around them.
+//! - **Sizes** are block sizes (what `memory_allocated` counts): a tensor's bytes rounded up to
+//!   512, and for blocks over 1 MiB possibly up to 1 MiB more (a cached block's tail that the
+//!   large pool does not split off), so a category can exceed the tensor bytes a plan counts.
 //! - **Module path**: innermost wins; kiln-models' `Sequential`, ResNet, ViT and GPT blocks push
 //!   their torchvision names as forward descends (`layer3.1.conv2`). Backward runs outside any
 //!   module scope, so gradients and backward temporaries have no module path.
@@ -62,7 +71,6 @@
 //!   is formatted), so their cost never reaches an unrecorded run.
 
 use crate::backend::StreamId;
-use crate::snapshot::MemorySnapshot;
 use std::sync::Arc;
 
 /// What an allocation is for (the stack order of kiln's memory picture).
@@ -237,11 +245,11 @@ impl CategoryBytes {
         MemoryCategory::ALL.iter().map(|&c| (c, self.get(c)))
     }
 
-    fn add(&mut self, category: MemoryCategory, bytes: usize) {
+    pub(crate) fn add(&mut self, category: MemoryCategory, bytes: usize) {
         self.bytes[category.index()] += bytes;
     }
 
-    fn sub(&mut self, category: MemoryCategory, bytes: usize) {
+    pub(crate) fn sub(&mut self, category: MemoryCategory, bytes: usize) {
         let slot = &mut self.bytes[category.index()];
         *slot = slot.saturating_sub(bytes);
     }
@@ -256,142 +264,25 @@ impl CategoryBytes {
     }
 }
 
-/// What [`CachingAllocator::memory_history`](crate::CachingAllocator::memory_history) returns:
-/// the events in the ring, what was dropped, and the state to rebuild segments and live blocks
-/// at any event.
-#[derive(Debug, Clone)]
-pub struct MemoryHistory {
-    /// Events in the order they happened (oldest first).
-    pub events: Vec<MemoryEvent>,
-    /// Events dropped from the front of the ring because it was full.
-    pub dropped: u64,
-    /// The ring's capacity.
-    pub max_entries: usize,
-    /// Whether recording is still on.
-    pub recording: bool,
-    /// Whether segment events are page maps / unmaps of expandable segments (PyTorch's
-    /// `segment_map` / `segment_unmap`) rather than whole segments (`segment_alloc` / `free`).
-    pub expandable_segments: bool,
-    /// Blocks live just before the first event in `events` (those allocated before recording
-    /// started, or by dropped events), sorted by address.
-    pub live_before: Vec<LiveBlock>,
-    /// Segments and blocks now (taken under the same lock as `events`; allocated blocks carry
-    /// their attribution), from which earlier segment layouts follow by undoing events.
-    pub snapshot: MemorySnapshot,
+/// What a memory plan predicted for one step (registered with
+/// [`CachingAllocator::set_plan_prediction`](crate::CachingAllocator::set_plan_prediction);
+/// the out-of-memory report prints it next to what was live).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PlanPrediction {
+    /// What was planned (`AdamW step, batch 256`).
+    pub label: String,
+    /// Predicted peak of allocated bytes.
+    pub peak_allocated: usize,
+    /// Predicted bytes by category (those the plan names).
+    pub by_category: Vec<(MemoryCategory, usize)>,
 }
 
-impl MemoryHistory {
-    /// Replays the events from `live_before`, calling `visit(index, live)` after each event
-    /// with the blocks live at that moment, by address.
-    pub fn replay(
-        &self,
-        mut visit: impl FnMut(usize, &std::collections::BTreeMap<u64, LiveBlock>),
-    ) {
-        let mut live: std::collections::BTreeMap<u64, LiveBlock> = self
-            .live_before
+impl PlanPrediction {
+    /// Predicted bytes of `category`, if the plan names it.
+    pub fn category_bytes(&self, category: MemoryCategory) -> Option<usize> {
+        self.by_category
             .iter()
-            .map(|b| (b.address, b.clone()))
-            .collect();
-        for (i, e) in self.events.iter().enumerate() {
-            match e.kind {
-                MemoryEventKind::Alloc => {
-                    live.insert(
-                        e.address,
-                        LiveBlock {
-                            address: e.address,
-                            size: e.size,
-                            stream: e.stream,
-                            attribution: e.attribution.clone(),
-                        },
-                    );
-                }
-                MemoryEventKind::FreeRequested => {
-                    live.remove(&e.address);
-                }
-                _ => {}
-            }
-            visit(i, &live);
-        }
-    }
-
-    /// Live bytes per category right after each event (one entry per event).
-    pub fn category_bytes(&self) -> Vec<CategoryBytes> {
-        let mut now = CategoryBytes::default();
-        for b in &self.live_before {
-            now.add(b.attribution.category_or_unknown(), b.size);
-        }
-        let mut sizes: std::collections::HashMap<u64, (MemoryCategory, usize)> = self
-            .live_before
-            .iter()
-            .map(|b| (b.address, (b.attribution.category_or_unknown(), b.size)))
-            .collect();
-        let mut out = Vec::with_capacity(self.events.len());
-        for e in &self.events {
-            match e.kind {
-                MemoryEventKind::Alloc => {
-                    let c = e.attribution.category_or_unknown();
-                    now.add(c, e.size);
-                    sizes.insert(e.address, (c, e.size));
-                }
-                MemoryEventKind::FreeRequested => {
-                    if let Some((c, size)) = sizes.remove(&e.address) {
-                        now.sub(c, size);
-                    }
-                }
-                _ => {}
-            }
-            out.push(now);
-        }
-        out
-    }
-
-    /// The event at which `allocated_after` is largest (the first such) and the live bytes per
-    /// category there; `None` without events.
-    pub fn peak(&self) -> Option<(usize, CategoryBytes)> {
-        let by_event = self.category_bytes();
-        let (index, _) = self
-            .events
-            .iter()
-            .enumerate()
-            .rev()
-            .max_by_key(|(_, e)| e.allocated_after)?;
-        Some((index, by_event[index]))
-    }
-
-    /// Each category's largest live bytes over the events (each at its own moment).
-    pub fn max_by_category(&self) -> CategoryBytes {
-        self.category_bytes()
-            .iter()
-            .fold(CategoryBytes::default(), |acc, c| acc.max(c))
-    }
-
-    /// The history from event `index` on (a window such as one training step): its
-    /// `live_before` is what was live just before that event. `index` past the end gives no
-    /// events.
-    pub fn since(&self, index: usize) -> MemoryHistory {
-        let index = index.min(self.events.len());
-        let mut live_before = match index {
-            0 => self.live_before.clone(),
-            i => self.live_at(i - 1),
-        };
-        live_before.sort_by_key(|b| b.address);
-        MemoryHistory {
-            events: self.events[index..].to_vec(),
-            dropped: self.dropped + index as u64,
-            live_before,
-            ..self.clone()
-        }
-    }
-
-    /// The blocks live right after event `index`, largest first.
-    pub fn live_at(&self, index: usize) -> Vec<LiveBlock> {
-        let mut out = Vec::new();
-        self.replay(|i, live| {
-            if i == index {
-                out = live.values().cloned().collect();
-            }
-        });
-        out.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
-        out
+            .find(|(c, _)| *c == category)
+            .map(|&(_, b)| b)
     }
 }

@@ -35,10 +35,13 @@ mod free_index;
 mod handle;
 mod history;
 mod lock;
+mod oom_context;
 mod page_runs;
 pub mod pickle;
+mod recorded;
 mod recorder;
 pub mod replay;
+mod ring;
 mod segments;
 mod sizes;
 mod slab;
@@ -60,8 +63,9 @@ pub use error::{Error, OomReport, Result};
 pub use handle::{Allocation, AllocatorRef, RawAllocation};
 pub use history::{
     AllocContext, Attribution, CategoryBytes, LiveBlock, MemoryCategory, MemoryEvent,
-    MemoryEventKind, MemoryHistory,
+    MemoryEventKind, PlanPrediction,
 };
+pub use recorded::MemoryHistory;
 pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
 pub use sizes::{
     round_size, GROWTH_DIVISOR, LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC,

@@ -1,158 +1,44 @@
-//! The recorder behind [`CachingAllocator::record_memory_history`]: the ring of events, the
-//! attribution of every live block, and the allocator's entry points to turn it on and read it.
+//! The recorder's hooks in the allocator's locked state and the allocator's entry points:
+//! [`CachingAllocator::record_memory_history`], `memory_history`, `reattribute`.
 //!
-//! Invariants:
-//! - The recorder lives in the allocator's locked state; while recording is off the slot is
-//!   `None` and every hook is one test of it.
-//! - `live` holds exactly the allocated blocks (by address), `pending` the blocks freed by
-//!   their owner that wait for other streams; `live_before` the blocks live just before the
-//!   oldest event of the ring (kept up to date as events fall off its front).
+//! Invariant: while recording is off the state's recorder slot is `None` and every hook is one
+//! test of it (the allocator tests it before calling in).
 
 use crate::allocator::CachingAllocator;
 use crate::backend::StreamId;
 use crate::block::{BlockState, State};
 use crate::context;
 use crate::error::{Error, Result};
-use crate::history::{
-    Attribution, LiveBlock, MemoryCategory, MemoryEvent, MemoryEventKind, MemoryHistory,
-};
-use crate::stats::MemoryStats;
-use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use crate::history::{Attribution, LiveBlock, MemoryCategory, MemoryEventKind};
+use crate::recorded::MemoryHistory;
+use crate::ring::{totals, Recorder};
+use std::collections::HashMap;
 
-/// The ring and the attribution of live blocks.
-#[derive(Debug)]
-pub(crate) struct Recorder {
-    start: Instant,
-    max_entries: usize,
-    events: VecDeque<MemoryEvent>,
-    dropped: u64,
-    live: HashMap<u64, LiveBlock>,
-    pending: HashMap<u64, LiveBlock>,
-    live_before: HashMap<u64, LiveBlock>,
-}
-
-impl Recorder {
-    fn new(max_entries: usize, st: &State) -> Recorder {
-        let mut live = HashMap::new();
-        let mut pending = HashMap::new();
-        for b in &st.blocks {
-            let block = LiveBlock {
-                address: b.addr,
-                size: b.size,
-                stream: st
-                    .streams
-                    .get(b.stream as usize)
-                    .map_or(StreamId::DEFAULT, |s| s.stream),
-                attribution: Attribution::default(),
-            };
-            match b.state {
-                BlockState::Allocated => {
-                    live.insert(b.addr, block);
-                }
-                BlockState::Pending => {
-                    pending.insert(b.addr, block);
-                }
-                BlockState::Free | BlockState::Dead => {}
-            }
-        }
-        Recorder {
-            start: Instant::now(),
-            max_entries,
-            events: VecDeque::with_capacity(max_entries.min(1 << 16)),
-            dropped: 0,
-            live_before: live.clone(),
-            live,
-            pending,
-        }
-    }
-
-    /// Drops the oldest event, folding what it left live into `live_before`.
-    fn drop_oldest(&mut self) {
-        let Some(old) = self.events.pop_front() else {
-            return;
+/// The blocks allocated and pending in `st` now, unattributed.
+fn blocks_now(st: &State) -> (HashMap<u64, LiveBlock>, HashMap<u64, LiveBlock>) {
+    let mut live = HashMap::new();
+    let mut pending = HashMap::new();
+    for b in &st.blocks {
+        let block = LiveBlock {
+            address: b.addr,
+            size: b.size,
+            stream: st
+                .streams
+                .get(b.stream as usize)
+                .map_or(StreamId::DEFAULT, |s| s.stream),
+            attribution: Attribution::default(),
         };
-        self.dropped += 1;
-        match old.kind {
-            MemoryEventKind::Alloc => {
-                self.live_before.insert(
-                    old.address,
-                    LiveBlock {
-                        address: old.address,
-                        size: old.size,
-                        stream: old.stream,
-                        attribution: old.attribution,
-                    },
-                );
+        match b.state {
+            BlockState::Allocated => {
+                live.insert(b.addr, block);
             }
-            MemoryEventKind::FreeRequested => {
-                self.live_before.remove(&old.address);
+            BlockState::Pending => {
+                pending.insert(b.addr, block);
             }
-            _ => {}
+            BlockState::Free | BlockState::Dead => {}
         }
     }
-
-    fn push(&mut self, event: MemoryEvent) {
-        while self.events.len() >= self.max_entries && !self.events.is_empty() {
-            self.drop_oldest();
-        }
-        self.events.push_back(event);
-    }
-
-    fn event(
-        &mut self,
-        kind: MemoryEventKind,
-        address: u64,
-        size: usize,
-        stream: StreamId,
-        attribution: Attribution,
-        stats: &MemoryStats,
-    ) {
-        self.event_with(kind, (address, size, stream), attribution, totals(stats));
-    }
-
-    /// Pushes one event of block or segment `(address, size, stream)` with the allocated and
-    /// reserved bytes `after` it.
-    fn event_with(
-        &mut self,
-        kind: MemoryEventKind,
-        (address, size, stream): (u64, usize, StreamId),
-        attribution: Attribution,
-        (allocated_after, reserved_after): (usize, usize),
-    ) {
-        let time_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.push(MemoryEvent {
-            kind,
-            address,
-            size,
-            stream,
-            time_us,
-            attribution,
-            allocated_after,
-            reserved_after,
-        });
-    }
-
-    /// The largest live blocks now, largest first.
-    #[allow(dead_code)] // the out-of-memory report's (next change)
-    pub(crate) fn top_live(&self, n: usize) -> Vec<LiveBlock> {
-        let mut all: Vec<&LiveBlock> = self.live.values().collect();
-        all.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
-        all.into_iter().take(n).cloned().collect()
-    }
-
-    /// The attribution of the live block at `address`, if recorded.
-    pub(crate) fn attribution_of(&self, address: u64) -> Option<&Attribution> {
-        self.live.get(&address).map(|b| &b.attribution)
-    }
-}
-
-/// Bytes allocated and reserved now.
-fn totals(stats: &MemoryStats) -> (usize, usize) {
-    (
-        stats.allocated_bytes.all.current.max(0) as usize,
-        stats.reserved_bytes.all.current.max(0) as usize,
-    )
+    (live, pending)
 }
 
 impl State {
@@ -295,7 +181,8 @@ impl CachingAllocator {
             }
             (true, false) => {
                 st.history_kept = None;
-                st.history = Some(Box::new(Recorder::new(max_entries, &st)));
+                let (live, pending) = blocks_now(&st);
+                st.history = Some(Box::new(Recorder::new(max_entries, live, pending)));
                 context::recording_started();
             }
             (false, true) => {

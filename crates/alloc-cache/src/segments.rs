@@ -402,6 +402,13 @@ impl CachingAllocator {
             min_reservation: rounded
                 .checked_next_multiple_of(crate::sizes::ROUND_LARGE)
                 .unwrap_or(usize::MAX),
+            top_live: st
+                .history
+                .as_ref()
+                .map(|h| h.top_live(crate::oom_context::TOP_LIVE))
+                .unwrap_or_default(),
+            history_recorded: st.history.is_some(),
+            plan: st.plan_prediction.as_deref().cloned(),
         }
     }
 }

@@ -336,3 +336,66 @@ fn peak_and_largest_blocks_at_the_peak() {
     assert_eq!(h.max_by_category().get(MemoryCategory::Parameter), 4 * MIB);
     a.free_raw(p).unwrap();
 }
+
+#[test]
+fn the_oom_report_names_what_filled_the_device_and_the_plan() {
+    let (_, a) = sim_alloc(64 * MIB, false);
+    let keep = a.allocate_raw(40 * MIB, S0).unwrap();
+    let err = a.allocate_raw(30 * MIB, S0).unwrap_err().to_string();
+    assert!(err.contains("record the allocation history"), "{err}");
+    a.free_raw(keep).unwrap();
+
+    a.record_memory_history(true, 1000).unwrap();
+    let weights = {
+        let _p = AllocContext::category(MemoryCategory::Parameter);
+        let _m = AllocContext::module("layer4.0.conv2");
+        a.allocate_raw(36 * MIB, S0).unwrap()
+    };
+    let acts = {
+        let _m = AllocContext::module("fc");
+        let _op = AllocContext::op("Mm", MemoryCategory::Activation);
+        a.allocate_raw(12 * MIB, S0).unwrap()
+    };
+    a.set_plan_prediction(Some(PlanPrediction {
+        label: "AdamW step, batch 64".into(),
+        peak_allocated: 50 * MIB,
+        by_category: vec![(MemoryCategory::Parameter, 36 * MIB)],
+    }));
+    let Err(Error::OutOfMemory(report)) = a.allocate_raw(30 * MIB, S0) else {
+        panic!("expected an out-of-memory error");
+    };
+    assert!(report.history_recorded);
+    let top: Vec<_> = report
+        .top_live
+        .iter()
+        .map(|b| (b.size, b.attribution.category_or_unknown()))
+        .collect();
+    assert_eq!(
+        top,
+        [
+            (36 * MIB, MemoryCategory::Parameter),
+            (12 * MIB, MemoryCategory::Activation)
+        ]
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("36.00 MiB parameter op - module layer4.0.conv2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("12.00 MiB activation op Mm module fc"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the memory plan (AdamW step, batch 64) predicted a peak of 50.00 MiB"),
+        "{text}"
+    );
+    assert_eq!(
+        a.plan_prediction()
+            .unwrap()
+            .category_bytes(MemoryCategory::Parameter),
+        Some(36 * MIB)
+    );
+    a.free_raw(weights).unwrap();
+    a.free_raw(acts).unwrap();
+}

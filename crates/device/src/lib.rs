@@ -26,7 +26,7 @@ pub use dtype::{BoolByte, DType, Element};
 pub use error::{Error, Result};
 pub use kiln_alloc_cache::{
     AllocContext, Attribution, CategoryBytes, ContextGuard, LiveBlock, MemoryCategory, MemoryEvent,
-    MemoryEventKind, MemoryHistory,
+    MemoryEventKind, MemoryHistory, PlanPrediction,
 };
 pub use layout::{
     checked_numel, checked_shape_numel, checked_size, contiguous_strides, Layout, StridedIndex,
@@ -34,7 +34,7 @@ pub use layout::{
 pub use memory::{
     allocator, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
     memory_history, memory_reserved, memory_snapshot, memory_stats, memory_summary,
-    reattribute_storage, record_memory_history, reset_peak_memory_stats,
+    reattribute_storage, record_memory_history, reset_peak_memory_stats, set_memory_plan,
 };
 pub use nvrtc_options::nvrtc_options;
 pub use ops::buffer::BufferOps;

@@ -16,7 +16,8 @@
 //! call tries again and reports the same reason.
 //!
 //! The allocation history (`record_memory_history`, `memory_history`) is the allocator's (see
-//! `kiln_alloc_cache`'s `history.rs` for the events and the attribution rules).
+//! `kiln_alloc_cache`'s `history.rs` for the events and the attribution rules);
+//! [`set_memory_plan`] registers a plan's prediction for the out-of-memory report.
 //!
 //! Byte counts are the allocator's: `memory_allocated` counts whole blocks (each request
 //! rounded up to 512 bytes; empty tensors take no block), `memory_reserved` the segments held.
@@ -26,7 +27,7 @@ use std::sync::{Mutex, OnceLock};
 
 use kiln_alloc_cache::{
     AllocContext, AllocatorConfig, CachingAllocator, HostBackend, MemoryCategory, MemoryHistory,
-    MemorySnapshot, MemoryStats,
+    MemorySnapshot, MemoryStats, PlanPrediction,
 };
 
 use crate::error::{Error, Result};
@@ -176,6 +177,14 @@ pub fn record_memory_history(device: Device, enabled: bool, max_entries: usize) 
 /// The allocation history recorded on `device` (empty when recording never started).
 pub fn memory_history(device: Device) -> Result<MemoryHistory> {
     Ok(allocator(device)?.memory_history())
+}
+
+/// Registers (or clears, with `None`) what a memory plan predicted for `device`'s coming
+/// steps; its out-of-memory report then prints the prediction next to what was live
+/// (`kiln_models::MemoryPlan::prediction` makes one).
+pub fn set_memory_plan(device: Device, prediction: Option<PlanPrediction>) -> Result<()> {
+    allocator(device)?.set_plan_prediction(prediction);
+    Ok(())
 }
 
 /// Gives the block behind `storage` the category `category` in the history (a tensor whose

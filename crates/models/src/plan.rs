@@ -184,6 +184,31 @@ impl MemoryPlan {
         self.checked_peak_bytes(batch_size).unwrap_or(usize::MAX)
     }
 
+    /// What this plan predicts for one step at `batch_size`, in the form the out-of-memory
+    /// report prints (`kiln_device::set_memory_plan(device, Some(plan.prediction(b)))`):
+    /// the peak of allocated bytes, and parameters (with buffers), gradients, optimizer state
+    /// and the activations saved for backward (the input batch among them when the first
+    /// layer keeps it, as the history counts it under `Data`).
+    pub fn prediction(&self, batch_size: usize) -> kiln_device::PlanPrediction {
+        use kiln_device::MemoryCategory as C;
+        let saved = batch_size
+            .saturating_mul(self.saved_activation_bytes_per_sample)
+            .saturating_add(self.saved_activation_bytes_fixed);
+        kiln_device::PlanPrediction {
+            label: format!("{:?} step, batch {batch_size}", self.optimizer),
+            peak_allocated: self.peak_allocated_bytes(batch_size),
+            by_category: vec![
+                (
+                    C::Parameter,
+                    self.param_bytes.saturating_add(self.buffer_bytes),
+                ),
+                (C::Gradient, self.grad_bytes),
+                (C::OptimizerState, self.optimizer_state_bytes),
+                (C::Activation, saved),
+            ],
+        }
+    }
+
     /// The largest batch whose predicted peak fits in `device_memory_bytes` (any budget up to
     /// `usize::MAX`). Errors when not even one sample fits, or when every batch size fits
     /// (samples that take no memory, so there is no largest batch).
