@@ -1,6 +1,7 @@
 //! Criterion micro-benchmarks of CPU kernels through the backend seam (`cargo bench -p
 //! kiln-device`): elementwise (binary add, unary exp), reductions (sum of everything, sum of
-//! the last dim) and f32 matmul at a few sizes. `cargo xtask bench ops` stays the side-by-side
+//! the last dim), f32 matmul at a few sizes and top-5 of 1,000 rows of 1,000 (inference's
+//! ranking), with short measurement times. `cargo xtask bench ops` stays the side-by-side
 //! report against reference loops. Throughput is in elements, except for matmul, whose
 //! "elements" are its 2·n³ floating-point operations (so Gelem/s reads as GFLOP/s).
 
@@ -11,6 +12,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use kiln_device::prelude::*;
 use kiln_device::{BinaryOp, CpuStorage, Layout, ReduceOp, UnaryOp};
 use std::hint::black_box;
+use std::time::Duration;
 
 /// `n` deterministic values in [-1, 1].
 fn values(n: usize) -> CpuStorage {
@@ -66,5 +68,27 @@ fn matmul(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, elementwise, reduce, matmul);
+fn topk(c: &mut Criterion) {
+    let mut group = c.benchmark_group("topk_f32");
+    let (rows, cols) = (1000usize, 1000usize);
+    let a = values(rows * cols);
+    let layout = Layout::contiguous(&[rows, cols]);
+    group.throughput(Throughput::Elements((rows * cols) as u64));
+    group.bench_function("top5_of_1000x1000", |bench| {
+        bench.iter(|| black_box(a.topk_last_dim(&layout, 5, true).expect("topk")))
+    });
+    group.finish();
+}
+
+fn short() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = short();
+    targets = elementwise, reduce, matmul, topk
+}
 criterion_main!(benches);

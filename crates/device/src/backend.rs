@@ -33,6 +33,7 @@ use crate::ops::pool::PoolOps;
 use crate::ops::random::RandomOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::softmax::SoftmaxOps;
+use crate::ops::topk::TopkOps;
 #[cfg(doc)]
 use crate::Layout;
 
@@ -65,4 +66,5 @@ backend_storage! {
         + NormOps
         + IndexOps
         + LossOps
+        + TopkOps
 }

@@ -50,6 +50,7 @@ pub use ops::pool::{Pool2d, PoolOps};
 pub use ops::random::RandomOps;
 pub use ops::reduce::{ReduceOp, ReduceOps};
 pub use ops::softmax::SoftmaxOps;
+pub use ops::topk::TopkOps;
 pub use properties::{
     format_bytes, format_uuid, CpuProperties, CudaDeviceProperties, DeviceProperties, MemoryInfo,
 };
@@ -77,4 +78,5 @@ pub mod prelude {
     pub use crate::ops::random::RandomOps;
     pub use crate::ops::reduce::ReduceOps;
     pub use crate::ops::softmax::SoftmaxOps;
+    pub use crate::ops::topk::TopkOps;
 }

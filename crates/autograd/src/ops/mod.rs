@@ -12,6 +12,7 @@ mod matmul;
 mod norm;
 mod reduce;
 mod softmax;
+mod topk;
 mod unary;
 
 pub use binary::broadcast_shapes;

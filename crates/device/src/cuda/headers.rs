@@ -103,6 +103,7 @@ mod tests {
             reduce::cuda::REDUCE_KERNELS,
             random::cuda::RANDOM_KERNELS,
             softmax::cuda::SOFTMAX_KERNELS,
+            topk::cuda::TOPK_KERNELS,
             index::cuda::INDEX_KERNELS,
             conv::cuda::CONV_KERNELS,
             norm::cuda::NORM_KERNELS,

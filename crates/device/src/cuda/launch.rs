@@ -294,6 +294,10 @@ mod tests {
             wanted.push((e, format!("kiln_binary_{}", suffix(d))));
             let r = reduce::cuda::REDUCE_KERNELS;
             wanted.push((r, format!("kiln_reduce_sum_combine_{}", suffix(d))));
+            wanted.push((
+                crate::ops::topk::cuda::TOPK_KERNELS,
+                format!("kiln_topk_{}", suffix(d)),
+            ));
             if d != DType::I64 {
                 let s = softmax::cuda::SOFTMAX_KERNELS;
                 wanted.push((s, format!("kiln_softmax_{}", suffix(d))));

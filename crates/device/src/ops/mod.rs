@@ -27,6 +27,7 @@ pub mod random;
 pub mod reduce;
 pub mod softmax;
 mod strided;
+pub mod topk;
 
 pub use kernel_error::KernelError;
 pub use kernel_float::KernelFloat;

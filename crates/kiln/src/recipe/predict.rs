@@ -8,17 +8,24 @@ use kiln_autograd::{no_grad, Device, Tensor};
 use kiln_models::models::ResNet;
 use kiln_models::Layer;
 
-/// One image `[C, H, W]` -> top-`k` `(class index, probability)`, under
-/// `no_grad` (the model should be in eval mode): what `predict` prints.
+/// One image `[C, H, W]` -> top-`k` `(class index, probability)`, under `no_grad` (the model
+/// should be in eval mode): what `predict` prints. The ranking is the `topk` op on the model's
+/// device (no host sort; equal probabilities in class order), and only the `k` winners are
+/// copied to the host. `k` past the number of classes is cut to it.
 pub fn top_k(model: &ResNet, image: &Tensor, k: usize) -> Result<Vec<(usize, f64)>> {
-    let probs = no_grad(|| -> Result<Vec<f64>> {
+    no_grad(|| -> Result<Vec<(usize, f64)>> {
         let logits = model.forward(&image.unsqueeze(0)?)?.squeeze_dim(0)?;
-        Ok(logits.softmax(0)?.to_vec_f64()?)
-    })?;
-    let mut ranked: Vec<(usize, f64)> = probs.into_iter().enumerate().collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    ranked.truncate(k);
-    Ok(ranked)
+        let probs = logits.softmax(0)?;
+        let k = k.min(probs.shape()[0]);
+        let (values, indices) = probs.topk(k, 0, true, true)?;
+        let values = values.to_vec_f64()?;
+        let indices = indices.to_vec::<i64>()?;
+        Ok(indices
+            .into_iter()
+            .zip(values)
+            .map(|(i, p)| (i as usize, p))
+            .collect())
+    })
 }
 
 /// Single-image inference, as the `predict` example runs it: rebuilds the model a checkpoint
