@@ -25,6 +25,7 @@ pub use device::{Device, DeviceChoice};
 pub use dtype::{BoolByte, DType, Element};
 pub use error::{Error, Result};
 pub use layout::{checked_numel, contiguous_strides, Layout, StridedIndex};
+pub use memory::dump_snapshot;
 pub use memory::{
     allocator, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
     memory_reserved, memory_snapshot, memory_stats, memory_summary, reset_peak_memory_stats,
