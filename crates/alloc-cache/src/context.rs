@@ -131,6 +131,20 @@ impl AllocContext {
         Self::push_op(OpName::Static(op), implied)
     }
 
+    /// Sets the category implied for allocations that declare none until the guard drops,
+    /// without naming an op (kiln-autograd's `no_grad` implies `Temporary`).
+    #[inline]
+    pub fn default_category(implied: MemoryCategory) -> ContextGuard {
+        if !Self::is_recording_anywhere() {
+            return ContextGuard::new(Pushed::default());
+        }
+        FRAMES.with(|f| f.borrow_mut().implied.push(implied));
+        ContextGuard::new(Pushed {
+            implied: true,
+            ..Pushed::default()
+        })
+    }
+
     /// Like [`op`](Self::op) for a name built at run time.
     pub fn op_named(op: Arc<str>, implied: MemoryCategory) -> ContextGuard {
         if !Self::is_recording_anywhere() {

@@ -365,6 +365,24 @@ impl MemoryHistory {
             .fold(CategoryBytes::default(), |acc, c| acc.max(c))
     }
 
+    /// The history from event `index` on (a window such as one training step): its
+    /// `live_before` is what was live just before that event. `index` past the end gives no
+    /// events.
+    pub fn since(&self, index: usize) -> MemoryHistory {
+        let index = index.min(self.events.len());
+        let mut live_before = match index {
+            0 => self.live_before.clone(),
+            i => self.live_at(i - 1),
+        };
+        live_before.sort_by_key(|b| b.address);
+        MemoryHistory {
+            events: self.events[index..].to_vec(),
+            dropped: self.dropped + index as u64,
+            live_before,
+            ..self.clone()
+        }
+    }
+
     /// The blocks live right after event `index`, largest first.
     pub fn live_at(&self, index: usize) -> Vec<LiveBlock> {
         let mut out = Vec::new();

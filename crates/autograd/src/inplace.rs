@@ -97,6 +97,7 @@ impl Tensor {
     /// A copy in a new buffer, differentiable (PyTorch's `clone()`; `Tensor::clone` only copies
     /// the handle).
     pub fn copy_data(&self) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("CloneBackward");
         let storage = self.storage().copy_contiguous(self.layout())?;
         let node = Tensor::grad_node("CloneBackward", &[self], |_| {
             Box::new(|g| Ok(vec![Some(g.clone())]))

@@ -10,6 +10,7 @@ use kiln_device::{Layout, Storage};
 impl Tensor {
     /// Concatenation along `dim`; all other dims must match.
     pub fn cat(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("CatBackward");
         let Some(first) = tensors.first() else {
             return Err(arg_err("cat", "expects at least one tensor"));
         };

@@ -384,12 +384,17 @@ impl Tensor {
 
     /// Adds `g` into `.grad()` (the leaf end of backward).
     pub(crate) fn accumulate_grad(&self, g: Tensor) -> Result<()> {
+        // The allocation history counts what `.grad` holds as gradients; a result of backward
+        // kept as it is (no copy, no sum) changes category here.
+        let _gradient = kiln_device::AllocContext::category(kiln_device::MemoryCategory::Gradient);
         let mut slot = self.0.grad.lock().unwrap_or_else(|p| p.into_inner());
         let g = g.contiguous()?;
-        *slot = Some(match slot.take() {
+        let sum = match slot.take() {
             None => g,
             Some(old) => old.add(&g)?,
-        });
+        };
+        kiln_device::reattribute_storage(&sum.storage(), kiln_device::MemoryCategory::Gradient);
+        *slot = Some(sum);
         Ok(())
     }
 
@@ -439,6 +444,7 @@ impl Tensor {
 
     /// A copy on `device` (gradients flow back to the source device).
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("ToDeviceBackward");
         if device == self.device() {
             return Ok(self.clone());
         }
@@ -491,6 +497,7 @@ impl Tensor {
 
     /// A copy converted to `dtype` (gradients flow back between float types).
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("ToDtypeBackward");
         if dtype == self.dtype() {
             return Ok(self.clone());
         }

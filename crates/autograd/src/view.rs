@@ -129,6 +129,7 @@ impl Tensor {
 
     /// A contiguous tensor with the same elements (`self` when already contiguous).
     pub fn contiguous(&self) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("ContiguousBackward");
         if self.is_contiguous() {
             return Ok(self.clone());
         }

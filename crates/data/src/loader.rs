@@ -500,6 +500,8 @@ impl Iterator for EpochIter<'_> {
         let [c, h, w] = self.loader.plan.dataset.sample_shape();
         let b = host.labels.len();
         let device = self.loader.device;
+        // The allocation history counts the batch's tensors as data.
+        let _data = kiln_device::AllocContext::category(kiln_device::MemoryCategory::Data);
         let images = match Tensor::from_vec(host.images, &[b, c, h, w], device) {
             Ok(t) => t,
             Err(e) => return Some(Err(e.into())),

@@ -24,11 +24,16 @@ pub use backend::BackendStorage;
 pub use device::{Device, DeviceChoice};
 pub use dtype::{BoolByte, DType, Element};
 pub use error::{Error, Result};
+pub use kiln_alloc_cache::{
+    AllocContext, Attribution, CategoryBytes, ContextGuard, LiveBlock, MemoryCategory, MemoryEvent,
+    MemoryEventKind, MemoryHistory,
+};
 pub use layout::{checked_numel, contiguous_strides, Layout, StridedIndex};
 pub use memory::dump_snapshot;
 pub use memory::{
     allocator, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
-    memory_reserved, memory_snapshot, memory_stats, memory_summary, reset_peak_memory_stats,
+    memory_history, memory_reserved, memory_snapshot, memory_stats, memory_summary,
+    reattribute_storage, record_memory_history, reset_peak_memory_stats,
 };
 pub use nvrtc_options::nvrtc_options;
 pub use ops::buffer::BufferOps;

@@ -15,6 +15,9 @@
 //! A failed creation (CUDA unavailable, a bad `KILN_ALLOC_CONF`) is not remembered: the next
 //! call tries again and reports the same reason.
 //!
+//! The allocation history (`record_memory_history`, `memory_history`) is the allocator's (see
+//! `kiln_alloc_cache`'s `history.rs` for the events and the attribution rules).
+//!
 //! Byte counts are the allocator's: `memory_allocated` counts whole blocks (each request
 //! rounded up to 512 bytes; empty tensors take no block), `memory_reserved` the segments held.
 
@@ -22,7 +25,8 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
 use kiln_alloc_cache::{
-    AllocatorConfig, CachingAllocator, HostBackend, MemorySnapshot, MemoryStats,
+    AllocContext, AllocatorConfig, CachingAllocator, HostBackend, MemoryCategory, MemoryHistory,
+    MemorySnapshot, MemoryStats,
 };
 
 use crate::error::{Error, Result};
@@ -176,6 +180,38 @@ pub fn empty_cache(device: Device) -> Result<usize> {
     Ok(allocator(device)?.empty_cache()?)
 }
 
+/// Starts or stops recording `device`'s allocation history (PyTorch's
+/// `torch.cuda.memory._record_memory_history`): every alloc, free, segment and out-of-memory
+/// event with its size, address, stream, time and attribution, the newest `max_entries` kept.
+/// Disabling keeps the history readable until recording starts again. Errors: the device's
+/// allocator cannot be created, or `max_entries` is 0.
+pub fn record_memory_history(device: Device, enabled: bool, max_entries: usize) -> Result<()> {
+    Ok(allocator(device)?.record_memory_history(enabled, max_entries)?)
+}
+
+/// The allocation history recorded on `device` (empty when recording never started).
+pub fn memory_history(device: Device) -> Result<MemoryHistory> {
+    Ok(allocator(device)?.memory_history())
+}
+
+/// Gives the block behind `storage` the category `category` in the history (a tensor whose
+/// role changed, such as a backward result kept as a parameter's `.grad`); does nothing unless
+/// the history of its device is being recorded. Returns whether the change was recorded.
+pub fn reattribute_storage(storage: &crate::Storage, category: MemoryCategory) -> bool {
+    if !AllocContext::is_recording_anywhere() {
+        return false;
+    }
+    let (device, addr) = match storage {
+        crate::Storage::Cpu(c) => (Device::Cpu, c.block_addr()),
+        #[cfg(feature = "cuda")]
+        crate::Storage::Cuda(c) => (c.device(), c.block_addr()),
+    };
+    match (addr, allocator(device)) {
+        (Some(addr), Ok(a)) => a.reattribute(addr, category),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +223,42 @@ mod tests {
         assert!(std::ptr::eq(a, b));
         assert_eq!(a.backend().name(), "host");
         assert!(!a.config().expandable_segments);
+    }
+
+    #[test]
+    fn cpu_history_records_attributed_allocations() {
+        let cpu = Device::Cpu;
+        record_memory_history(cpu, true, 100_000).unwrap();
+        let storage = {
+            let _c = AllocContext::category(MemoryCategory::Data);
+            crate::Storage::from_vec(vec![1.0f32; 1000])
+        };
+        let addr = match &storage {
+            crate::Storage::Cpu(c) => c.block_addr().unwrap(),
+            #[cfg(feature = "cuda")]
+            _ => unreachable!("a host storage"),
+        };
+        assert!(reattribute_storage(&storage, MemoryCategory::Parameter));
+        let h = memory_history(cpu).unwrap();
+        use kiln_alloc_cache::MemoryEventKind::*;
+        let block_event = |k| !matches!(k, SegmentAlloc | SegmentFree);
+        let mine: Vec<_> = h
+            .events
+            .iter()
+            .filter(|e| e.address == addr && block_event(e.kind))
+            .collect();
+        // Other tests of this binary allocate on the CPU too: look at this block's events.
+        let kinds: Vec<_> = mine.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds[..4], [Alloc, FreeRequested, FreeCompleted, Alloc]);
+        assert_eq!(mine[0].attribution.category, Some(MemoryCategory::Data));
+        assert_eq!(mine[0].size, 4096, "1000 f32 in a 512-byte multiple");
+        assert_eq!(
+            mine[3].attribution.category,
+            Some(MemoryCategory::Parameter)
+        );
+        drop(storage);
+        record_memory_history(cpu, false, 1).unwrap();
+        assert!(!memory_history(cpu).unwrap().recording);
     }
 
     #[test]

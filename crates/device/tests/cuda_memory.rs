@@ -141,6 +141,37 @@ fn registry_and_storage(dev: Device) {
     }
 }
 
+/// The device's allocation history: attributed events whose per-category sums equal the
+/// allocated bytes at every event.
+fn history(dev: Device) {
+    use kiln_device::{AllocContext, MemoryCategory, MemoryEventKind};
+    kiln_device::record_memory_history(dev, true, 10_000).unwrap();
+    let host = CpuStorage::from_vec(vec![0.5f32; 1000]);
+    let a = {
+        let _data = AllocContext::category(MemoryCategory::Data);
+        CudaStorage::from_host(0, &host).unwrap()
+    };
+    let addr = a.device_ptr();
+    drop(a);
+    let h = kiln_device::memory_history(dev).unwrap();
+    kiln_device::record_memory_history(dev, false, 1).unwrap();
+    let alloc = h
+        .events
+        .iter()
+        .find(|e| e.kind == MemoryEventKind::Alloc && e.address == addr)
+        .expect("the storage's alloc event");
+    assert_eq!(alloc.size, 4096);
+    assert_eq!(alloc.attribution.category, Some(MemoryCategory::Data));
+    let freed = h
+        .events
+        .iter()
+        .any(|e| e.kind == MemoryEventKind::FreeRequested && e.address == addr);
+    assert!(freed);
+    for (e, c) in h.events.iter().zip(h.category_bytes()) {
+        assert_eq!(c.total(), e.allocated_after, "{e:?}");
+    }
+}
+
 #[test]
 fn cuda_caching_allocator_on_a_device() {
     let Some(dev) = kiln_device::testing::cuda_device_or_skip() else {
@@ -150,4 +181,5 @@ fn cuda_caching_allocator_on_a_device() {
     expandable_segments(dev);
     oom_report(dev);
     registry_and_storage(dev);
+    history(dev);
 }

@@ -15,10 +15,14 @@ pub mod ddp;
 pub mod env;
 mod error;
 mod group;
+mod init;
 #[cfg(feature = "mpi")]
 mod mpi;
-#[cfg(feature = "mpi")]
+#[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(any(feature = "mpi", feature = "cuda"))]
 mod signature;
+pub mod store;
 mod threads;
 pub mod zero;
 
@@ -26,7 +30,10 @@ pub use ddp::{DdpOptions, DistributedDataParallel, NoSyncGuard, SyncStats};
 pub use env::{LaunchEnv, Launcher};
 pub use error::{Error, Result};
 pub use group::{BackendKind, PendingWork, ProcessGroup, ReduceOp};
+pub use init::{init_process_group, init_process_group_with, MPI_REBUILD_HINT};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiGroup;
+#[cfg(feature = "cuda")]
+pub use nccl::{NcclGroup, NCCL_INSTALL_HINT};
 pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
 pub use zero::ZeroRedundancyOptimizer;

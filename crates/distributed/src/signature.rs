@@ -267,6 +267,17 @@ pub(crate) fn check_pair(
     Ok(())
 }
 
+/// Refuses an average of integers (it would truncate).
+pub(crate) fn check_avg(op: &'static str, t: &Tensor, reduce: ReduceOp) -> Result<()> {
+    if reduce == ReduceOp::Avg && t.dtype() == DType::I64 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: "ReduceOp::Avg of an i64 tensor would truncate; reduce with Sum and divide".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Refuses a root outside the group.
 pub(crate) fn check_root(op: &'static str, root: usize, world_size: usize) -> Result<()> {
     if root >= world_size {

@@ -13,6 +13,7 @@
 //! | [`losses`] | `kiln-losses` | loss functions |
 //! | [`models`] | `kiln-models` | layers, models, summaries, checkpoints |
 //! | [`data`] | `kiln-data` | datasets (synthetic, MNIST, CIFAR-10), transforms, data loader, image input |
+//! | [`distributed`] | `kiln-distributed` | process groups on NCCL and MPI, data-parallel training |
 
 //!
 //! [`recipe`] holds the training recipe of `cargo run --release --example train` (model by
@@ -24,6 +25,7 @@ pub use kiln_alloc_cache as alloc;
 pub use kiln_autograd as autograd;
 pub use kiln_data as data;
 pub use kiln_device as device;
+pub use kiln_distributed as distributed;
 pub use kiln_losses as losses;
 pub use kiln_models as models;
 pub use kiln_optim as optim;

@@ -400,6 +400,7 @@ pub fn load_state_dict(
     tensors: &[(String, Tensor)],
     strict: bool,
 ) -> Result<LoadReport> {
+    let _parameters = crate::scope::parameters();
     let file: HashMap<&str, &Tensor> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let own = model.state_dict();
     let own_names: std::collections::HashSet<&str> = own.iter().map(|(n, _)| n.as_str()).collect();

@@ -18,6 +18,7 @@ pub fn fans(shape: &[usize]) -> (usize, usize) {
 
 /// A parameter drawn from `U(-bound, bound)`.
 pub fn uniform(shape: &[usize], bound: f64) -> Result<Parameter> {
+    let _parameters = crate::scope::parameters();
     Ok(Parameter::new(Tensor::uniform(
         shape,
         -bound,
@@ -29,6 +30,7 @@ pub fn uniform(shape: &[usize], bound: f64) -> Result<Parameter> {
 
 /// A parameter drawn from `N(mean, std^2)`.
 pub fn normal(shape: &[usize], mean: f64, std: f64) -> Result<Parameter> {
+    let _parameters = crate::scope::parameters();
     Ok(Parameter::new(Tensor::normal(
         shape,
         mean,
@@ -40,6 +42,7 @@ pub fn normal(shape: &[usize], mean: f64, std: f64) -> Result<Parameter> {
 
 /// A parameter filled with `value`.
 pub fn constant(shape: &[usize], value: f64) -> Result<Parameter> {
+    let _parameters = crate::scope::parameters();
     Ok(Parameter::new(Tensor::full(
         shape,
         value,
@@ -68,6 +71,7 @@ pub fn xavier_uniform(shape: &[usize]) -> Result<Parameter> {
 
 /// Re-draws `p` in place from `N(mean, std^2)` (for models that override layer defaults).
 pub fn renormal_(p: &Parameter, mean: f64, std: f64) -> Result<()> {
+    let _parameters = crate::scope::parameters();
     let fresh = Tensor::normal(p.shape(), mean, std, p.dtype(), p.device())?;
     let _g = kiln_autograd::NoGradGuard::new();
     p.copy_(&fresh)?;
@@ -76,6 +80,7 @@ pub fn renormal_(p: &Parameter, mean: f64, std: f64) -> Result<()> {
 
 /// Sets `p` to `value` in place.
 pub fn fill_(p: &Parameter, value: f64) -> Result<()> {
+    let _parameters = crate::scope::parameters();
     let _g = kiln_autograd::NoGradGuard::new();
     p.fill_(value)?;
     Ok(())

@@ -101,6 +101,7 @@ impl<L: Layer + ?Sized> LayerExt for L {
     }
 
     fn to_device(&self, device: kiln_device::Device) -> Result<()> {
+        let _parameters = crate::scope::parameters();
         for (_, t) in self.state_dict() {
             t.to_device_(device)?;
         }

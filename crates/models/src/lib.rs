@@ -33,6 +33,7 @@ pub mod layers;
 pub mod models;
 pub mod plan;
 pub mod pth;
+mod scope;
 pub mod summary;
 pub mod trace;
 

@@ -22,9 +22,11 @@
 //! leaf-layer calls, takes the largest moment, and compares it with the optimizer step (all
 //! gradients alive, activations freed);
 //! - or, once backward is done and the activations are freed, the optimizer step's workspace:
-//!   kiln's in-place updates compute their result out of place before writing it back, so the
-//!   step briefly holds two temporaries the size of the largest trainable parameter; for
-//!   weight-heavy models at small batches (ResNet's 512x512x3x3 convolutions) this is the peak;
+//!   kiln's in-place updates compute their result out of place before writing it back, so an
+//!   SGD step written with them briefly holds two temporaries the size of the largest trainable
+//!   parameter; for weight-heavy models at small batches (ResNet's 512x512x3x3 convolutions)
+//!   this is the peak. Adam/AdamW's fused step updates in place and needs none (measured
+//!   against the allocation history, `tests/memory_history.rs`);
 //! - allocator overhead: the caching allocator rounds blocks up and keeps freed blocks cached,
 //!   so the device must hold more than the tensors do; modelled as a fraction of everything
 //!   above (`allocator_overhead`, 10% by default). `peak_allocated_bytes` (without it) is
@@ -62,6 +64,19 @@ impl OptimizerKind {
             OptimizerKind::Sgd => 0,
             OptimizerKind::SgdMomentum => 1,
             OptimizerKind::Adam | OptimizerKind::AdamW => 2,
+        }
+    }
+
+    /// Temporaries the size of the largest trainable parameter that the step holds at once:
+    /// two for SGD, whose update the plan models as kiln's in-place tensor ops (each computes
+    /// its result out of place, then writes it back); none for Adam/AdamW, which kiln-optim
+    /// runs as one fused multi-tensor kernel updating parameters and moments in place. The
+    /// recorded history of an AdamW step shows no such temporaries: planning two made the plan
+    /// over-predict a small-batch AdamW MLP by 14-18%, all of it this workspace.
+    pub fn step_workspace_buffers(self) -> usize {
+        match self {
+            OptimizerKind::Sgd | OptimizerKind::SgdMomentum => 2,
+            OptimizerKind::Adam | OptimizerKind::AdamW => 0,
         }
     }
 }
@@ -105,7 +120,8 @@ pub struct MemoryPlan {
     pub input_bytes_per_sample: usize,
     /// Gradients in flight during backward at the largest layer, per sample.
     pub gradient_in_flight_bytes_per_sample: usize,
-    /// Temporaries of the optimizer step (twice the largest trainable parameter).
+    /// Temporaries of the optimizer step (twice the largest trainable parameter for SGD, none
+    /// for the fused Adam/AdamW step; see [`OptimizerKind::step_workspace_buffers`]).
     pub optimizer_step_workspace_bytes: usize,
     /// Fraction added for allocator rounding and caching.
     pub allocator_overhead: f64,
@@ -286,6 +302,12 @@ pub fn plan(
                 sum(t.saved_bytes_alive_at(i), grads)?,
                 in_flight,
             )?)?);
+            // Then a gradient that arrived transposed exists twice while it is copied into
+            // `.grad`; the output gradient is consumed by then, the input gradient waits.
+            live.push(as_i64(sum(
+                sum(t.saved_bytes_alive_at(i), grads)?,
+                sum(e.input_bytes, e.grad_copy_bytes)?,
+            )?)?);
         }
         Ok((t.saved_bytes(), live, largest_in_flight))
     };
@@ -323,7 +345,7 @@ pub fn plan(
         input_bytes_per_sample: crate::trace::checked_bytes(sample_shape, dtype)
             .ok_or_else(|| too_big("it holds more than usize::MAX bytes".into()))?,
         gradient_in_flight_bytes_per_sample: in_flight1,
-        optimizer_step_workspace_bytes: 2 * largest,
+        optimizer_step_workspace_bytes: largest * optimizer.step_workspace_buffers(),
         allocator_overhead: 0.10,
         timeline,
     })

@@ -281,6 +281,7 @@ impl Algorithm for AdamAlgorithm {
             let g = checked_grad(self.name(), &it)?;
             let s = &mut *it.state;
             if o.amsgrad && s.max_exp_avg_sq.is_none() {
+                let _state = crate::optimizer::optimizer_state();
                 s.max_exp_avg_sq = Some(it.param.zeros_like()?);
             }
             s.step += 1;

@@ -361,7 +361,10 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
                 for (_, p) in &g.params {
                     if p.requires_grad() && p.grad().is_some() && !self.state.contains_key(&p.id())
                     {
-                        let s = self.algorithm.init_state(&g.options, p)?;
+                        let s = {
+                            let _state = optimizer_state();
+                            self.algorithm.init_state(&g.options, p)?
+                        };
                         self.state.insert(p.id(), s);
                     }
                 }
@@ -570,6 +573,7 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
         let params = self.named_params();
         for ((n, p), rec) in params.iter().zip(&sd.state) {
             if let Some(rec) = rec {
+                let _state = optimizer_state();
                 let loaded = self.algorithm.load_state(rec, p).map_err(|e| match e {
                     Error::StateDict(msg) => Error::StateDict(format!("parameter `{n}`: {msg}")),
                     other => other,
@@ -584,4 +588,10 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
         self.state = state;
         Ok(())
     }
+}
+
+/// Declares that what is allocated until the guard drops is optimizer state (the allocation
+/// history's category; the step's temporaries stay `Temporary`).
+pub(crate) fn optimizer_state() -> kiln_device::ContextGuard {
+    kiln_device::AllocContext::category(kiln_device::MemoryCategory::OptimizerState)
 }

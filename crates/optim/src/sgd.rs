@@ -213,6 +213,7 @@ impl Algorithm for SgdAlgorithm {
             let grad = checked_grad("SGD.step", &it)?;
             let mut first = false;
             if o.momentum != 0.0 && it.state.momentum_buffer.is_none() {
+                let _state = crate::optimizer::optimizer_state();
                 it.state.momentum_buffer = Some(it.param.zeros_like()?);
                 first = true;
             }

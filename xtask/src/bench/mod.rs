@@ -12,6 +12,7 @@
 mod alloc;
 mod clip;
 mod clip_gpu;
+mod distributed;
 mod harness;
 mod ops;
 mod ops_gpu;
@@ -35,6 +36,7 @@ const GROUPS: &[(&str, Group)] = &[
     ("optim", |options| cpu_then_gpu(options, optim::cpu_cases, optim_gpu::run)),
     ("ops", ops::run),
     ("train", train::run),
+    ("distributed", distributed::run),
 ];
 
 const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only]";

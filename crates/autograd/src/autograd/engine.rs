@@ -104,7 +104,10 @@ pub(crate) fn run_backward(
     let mut ready = vec![root_node];
     while let Some(node) = ready.pop() {
         let grads = match buffers.remove(&key(&node)) {
-            Some(g) => node.run(&g, retain_graph)?,
+            Some(g) => {
+                let _scope = super::attribution::backward_node(node.name);
+                node.run(&g, retain_graph)?
+            }
             None => vec![None; node.edges.len()],
         };
         for (edge, g) in node.edges.iter().zip(grads) {

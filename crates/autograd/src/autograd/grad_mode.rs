@@ -24,6 +24,9 @@ fn set_grad_enabled(enabled: bool) -> bool {
 #[must_use = "grad mode is restored as soon as the guard is dropped"]
 pub struct NoGradGuard {
     previous: bool,
+    /// What is allocated under `no_grad` without a declared category is a temporary (the
+    /// allocation history's rule).
+    _temporary: kiln_device::ContextGuard,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -32,6 +35,9 @@ impl NoGradGuard {
     pub fn new() -> Self {
         NoGradGuard {
             previous: set_grad_enabled(false),
+            _temporary: kiln_device::AllocContext::default_category(
+                kiln_device::MemoryCategory::Temporary,
+            ),
             _not_send: PhantomData,
         }
     }

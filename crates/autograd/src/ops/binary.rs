@@ -83,6 +83,7 @@ impl Tensor {
         save: [bool; 3],
         grad: PairGrad,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op(name);
         if let Some((a, b)) = crate::autocast::promote_pair(self, rhs)? {
             return a.binary_op(&b, op, (name, lower), save, grad);
         }
@@ -364,6 +365,7 @@ impl Tensor {
 
     /// `on_true` where `cond` is true, else `on_false` (all three broadcast together).
     pub fn where_(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("WhereBackward");
         cond.check_bool("where")?;
         on_true.check_same_kind("where", on_false)?;
         let shape = broadcast_shapes("where", on_true.shape(), on_false.shape())?;

@@ -42,6 +42,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         params: Conv2dParams,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("ConvolutionBackward");
         const OP: &str = "conv2d";
         self.check_float(OP)?;
         let mut operands = vec![self, weight];
@@ -152,6 +153,7 @@ impl Tensor {
         op: &'static str,
         geometry: impl FnOnce([usize; 4]) -> Result<Pool2d>,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op(op);
         self.check_float(op)?;
         if self.rank() == 3 {
             return self.unsqueeze(0)?.pool2d(op, geometry)?.squeeze_dim(0);

@@ -47,6 +47,7 @@ impl Tensor {
         weight: &Tensor,
         padding_idx: Option<i64>,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("EmbeddingBackward");
         const OP: &str = "embedding";
         weight.check_index(OP, indices)?;
         if weight.rank() != 2 {
@@ -96,6 +97,7 @@ impl Tensor {
 
     /// `index_select(dim, index)`: the slices of `dim` named by the 1-D `index`, in its order.
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("IndexSelectBackward");
         const OP: &str = "index_select";
         self.check_index(OP, index)?;
         let d = resolve_dim(OP, dim, self.rank())?;
@@ -136,6 +138,7 @@ impl Tensor {
     /// `gather(dim, index)`: `out[i][j][k] = self[i][index[i][j][k]][k]` (for `dim = 1`); the
     /// output has the index's shape.
     pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("GatherBackward");
         const OP: &str = "gather";
         self.check_index(OP, index)?;
         let d = resolve_dim(OP, dim, self.rank())?;
@@ -197,6 +200,7 @@ impl Tensor {
         src: &Tensor,
         accumulate: bool,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op(op);
         self.check_index(op, index)?;
         self.check_same_kind(op, src)?;
         let d = resolve_dim(op, dim, self.rank())?;

@@ -12,6 +12,7 @@ use kiln_device::prelude::*;
 impl Tensor {
     /// Matrix product with batch broadcasting (`[.., m, k] @ [.., k, n]`; 1-D operands allowed).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("MmBackward");
         self.check_float("matmul")?;
         if let Some(cast) = crate::autocast::lower_all(&[self, rhs])? {
             return cast[0].matmul(&cast[1]);

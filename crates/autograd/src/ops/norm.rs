@@ -118,6 +118,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         options: BatchNormOptions,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("NativeBatchNormBackward");
         const OP: &str = "batch_norm";
         self.check_float(OP)?;
         // Under autocast a 16-bit input stays 16-bit: with f32 weight, bias and running
@@ -303,6 +304,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("NativeLayerNormBackward");
         const OP: &str = "layer_norm";
         self.check_float(OP)?;
         if let Some(wide) = crate::autocast::to_f32(self)? {

@@ -42,6 +42,7 @@ impl Tensor {
 
     /// Sum over `dims` (empty: all). Integer and bool tensors sum to `I64`.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("SumBackward");
         if let Some(wide) = crate::autocast::to_f32(self)? {
             return wide.sum(dims, keepdim);
         }
@@ -97,6 +98,7 @@ impl Tensor {
         keepdim: bool,
         largest: bool,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op(op_name);
         let d = resolve_dims(op_name, dims, self.rank())?;
         // PyTorch's rule: only a reduced dim of size 0 has no max/min (an empty tensor reduced
         // over non-empty dims gives an empty result).
@@ -167,6 +169,7 @@ impl Tensor {
         keepdim: bool,
         largest: bool,
     ) -> Result<(Tensor, Tensor)> {
+        let _op = crate::autograd::attribution::forward_op(op_name);
         let d = resolve_dim(op_name, dim, self.rank())?;
         if self.rank() > 0 && self.shape()[d] == 0 {
             return Err(arg_err(
@@ -272,6 +275,7 @@ impl Tensor {
     /// The `p`-norm over `dims` (`p` = 1, 2, `f64::INFINITY` or any positive value). The gradient
     /// at a zero norm is 0 (PyTorch's convention), not NaN.
     pub fn norm(&self, p: f64, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op("NormBackward");
         self.check_float("norm")?;
         if let Some(wide) = crate::autocast::to_f32(self)? {
             return wide.norm(p, dims, keepdim);

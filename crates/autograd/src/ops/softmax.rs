@@ -40,6 +40,11 @@ impl Tensor {
     }
 
     fn softmax_last(&self, log: bool) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op(if log {
+            "LogSoftmaxBackward"
+        } else {
+            "SoftmaxBackward"
+        });
         let storage = self.storage().softmax_last_dim(self.layout(), log)?;
         let out = Tensor::from_storage(storage, self.shape(), None);
         let name = if log {

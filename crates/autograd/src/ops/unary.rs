@@ -25,6 +25,7 @@ impl Tensor {
         save: Save,
         grad: UnaryGrad,
     ) -> Result<Tensor> {
+        let _op = crate::autograd::attribution::forward_op(name);
         let storage = self.storage().unary(self.layout(), op)?;
         let out = Tensor::from_storage(storage, self.shape(), None);
         let node = Tensor::grad_node(name, &[self], |_| {

@@ -180,6 +180,19 @@ impl CpuStorage {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Address of the allocator block behind the buffer (`None` when empty).
+    pub fn block_addr(&self) -> Option<u64> {
+        match self {
+            CpuStorage::F32(b) => b.block_addr(),
+            CpuStorage::F64(b) => b.block_addr(),
+            CpuStorage::F16(b) => b.block_addr(),
+            CpuStorage::BF16(b) => b.block_addr(),
+            CpuStorage::I64(b) => b.block_addr(),
+            CpuStorage::U8(b) => b.block_addr(),
+            CpuStorage::Bool(b) => b.block_addr(),
+        }
+    }
 }
 
 /// A Rust element type with typed access to its [`CpuStorage`] variant.

@@ -141,6 +141,11 @@ impl CudaStorage {
         self.block.as_ref().map_or(0, Allocation::block_size)
     }
 
+    /// Address of the allocator block behind the buffer (`None` for an empty buffer).
+    pub fn block_addr(&self) -> Option<u64> {
+        self.block.as_ref().map(Allocation::addr)
+    }
+
     /// Copies a host buffer to `cuda:ordinal`.
     pub fn from_host(ordinal: usize, cpu: &CpuStorage) -> Result<Self> {
         let s = stream(ordinal)?;

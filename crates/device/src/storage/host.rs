@@ -186,6 +186,12 @@ impl<T: Copy> HostBuffer<T> {
         self.block.as_ref().map_or(0, Allocation::block_size)
     }
 
+    /// Address of the allocator block behind the buffer (`None` for an empty buffer), as the
+    /// allocator's history names it.
+    pub fn block_addr(&self) -> Option<u64> {
+        self.block.as_ref().map(Allocation::addr)
+    }
+
     /// The elements as a `Vec` (a copy; the block returns to the cache).
     pub fn into_vec(self) -> Vec<T> {
         self.as_slice().to_vec()

@@ -35,6 +35,8 @@ pub struct SyncStats {
     /// Time `finish` spent blocked waiting for all-reduces (the communication not hidden
     /// behind backward).
     pub exposed_wait: Duration,
+    /// When each bucket's all-reduce was started, in bucket order.
+    pub bucket_started_at: Vec<Instant>,
 }
 
 pub(crate) struct Reducer {
@@ -51,8 +53,9 @@ pub(crate) struct Reducer {
     pending: Vec<usize>,
     next_bucket: usize,
     launched: Vec<(Tensor, Box<dyn PendingWork>)>,
-    /// Hooks seen at each launch.
+    /// Hooks seen at each launch, and when it happened.
     launched_at_hook: Vec<usize>,
+    launched_at: Vec<Instant>,
     hooks: usize,
     first_hook: Option<Instant>,
     last_hook: Option<Instant>,
@@ -88,6 +91,7 @@ impl Reducer {
             next_bucket: 0,
             launched: Vec::new(),
             launched_at_hook: Vec::new(),
+            launched_at: Vec::new(),
             hooks: 0,
             first_hook: None,
             last_hook: None,
@@ -118,6 +122,7 @@ impl Reducer {
         self.next_bucket = 0;
         self.launched.clear();
         self.launched_at_hook.clear();
+        self.launched_at.clear();
         self.hooks = 0;
         self.first_hook = None;
         self.last_hook = None;
@@ -155,6 +160,7 @@ impl Reducer {
             let work = self.group.start_all_reduce(&flat, ReduceOp::Avg)?;
             self.launched.push((flat, work));
             self.launched_at_hook.push(self.hooks);
+            self.launched_at.push(Instant::now());
             self.next_bucket += 1;
         }
         Ok(())
@@ -243,6 +249,7 @@ impl Reducer {
             unused: unused_names,
             hook_span,
             exposed_wait,
+            bucket_started_at: std::mem::take(&mut self.launched_at),
         };
         self.hooks = 0;
         Ok(())

@@ -17,7 +17,7 @@
 //!   buffer's lock, so a failed collective leaves the tensor as it was.
 
 use crate::env::{LaunchEnv, Launcher};
-use crate::signature::{check_pair, check_root, check_tensor, Kind, Signature};
+use crate::signature::{check_avg, check_pair, check_root, check_tensor, Kind, Signature};
 use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
 use ::mpi::traits::*;
 use kiln_autograd::{DType, Device, Tensor};
@@ -172,16 +172,6 @@ impl PendingWork for MpiWork {
     }
 }
 
-fn refuse_int_avg(op: &'static str, t: &Tensor, reduce: ReduceOp) -> Result<()> {
-    if reduce == ReduceOp::Avg && t.dtype() == DType::I64 {
-        return Err(Error::InvalidArgument {
-            op,
-            msg: "ReduceOp::Avg of an i64 tensor would truncate; reduce with Sum and divide".into(),
-        });
-    }
-    Ok(())
-}
-
 impl ProcessGroup for MpiGroup {
     fn rank(&self) -> usize {
         self.rank
@@ -200,7 +190,7 @@ impl ProcessGroup for MpiGroup {
         let name = "all_reduce";
         let checked = self
             .check_one(name, tensor)
-            .and_then(|_| refuse_int_avg(name, tensor, op))
+            .and_then(|_| check_avg(name, tensor, op))
             .map(|_| {
                 let n = tensor.numel();
                 let sig = Signature::new(Kind::AllReduce, tensor.dtype(), n, n).with_op(op);
@@ -251,7 +241,7 @@ impl ProcessGroup for MpiGroup {
             .check_one(name, input)
             .and_then(|_| self.check_one(name, output))
             .and_then(|_| check_pair(name, output, input, self.world_size))
-            .and_then(|_| refuse_int_avg(name, input, op))
+            .and_then(|_| check_avg(name, input, op))
             .map(|_| {
                 let sig = Signature::new(
                     Kind::ReduceScatter,

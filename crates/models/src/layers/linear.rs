@@ -100,6 +100,10 @@ impl Layer for Linear {
             // kiln's backward keeps the input whenever the op is recorded.
             tracer.save(x);
         }
+        if self.weight.requires_grad() {
+            // `x @ weight.t()`: the weight's gradient arrives transposed and is copied.
+            tracer.grad_copied(self.weight.numel() * self.weight.dtype().size_in_bytes());
+        }
         Ok(out)
     }
 

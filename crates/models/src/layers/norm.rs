@@ -37,6 +37,7 @@ impl BatchNorm2d {
             return Err(config_err("BatchNorm2d", "num_features must be positive"));
         }
         let c = [num_features];
+        let _parameters = crate::scope::parameters();
         Ok(BatchNorm2d {
             weight: init::constant(&c, 1.0)?,
             bias: init::constant(&c, 0.0)?,

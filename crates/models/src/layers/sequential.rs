@@ -93,8 +93,8 @@ impl Layer for Sequential {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for (_, l) in &self.items {
-            h = l.forward(&h)?;
+        for (name, l) in &self.items {
+            h = crate::scope::forward_in(name, l.as_ref(), &h)?;
         }
         Ok(h)
     }

@@ -118,26 +118,35 @@ impl TransformerEncoderLayer {
             is_causal: masks.is_causal || self.config.causal,
             ..masks
         };
-        self.dropout1
-            .forward(&self.self_attn.attend(x, x, x, masks)?)
+        use crate::scope::{forward_in, module};
+        let a = {
+            let _attn = module("self_attn");
+            self.self_attn.attend(x, x, x, masks)?
+        };
+        forward_in("dropout1", &self.dropout1, &a)
     }
 
     fn feed_forward_block(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.activate(&self.linear1.forward(x)?)?;
-        let h = self.linear2.forward(&self.dropout.forward(&h)?)?;
-        self.dropout2.forward(&h)
+        use crate::scope::forward_in;
+        let h = self.activate(&forward_in("linear1", &self.linear1, x)?)?;
+        let h = forward_in("dropout", &self.dropout, &h)?;
+        let h = forward_in("linear2", &self.linear2, &h)?;
+        forward_in("dropout2", &self.dropout2, &h)
     }
 
     /// The layer with attention masks (`src_mask`, `src_key_padding_mask`, `is_causal`).
     pub fn forward_masked(&self, x: &Tensor, masks: AttentionMasks<'_>) -> Result<Tensor> {
+        use crate::scope::forward_in;
         if self.config.norm_first {
-            let x = x.add(&self.attention_block(&self.norm1.forward(x)?, masks)?)?;
-            Ok(x.add(&self.feed_forward_block(&self.norm2.forward(&x)?)?)?)
+            let n = forward_in("norm1", &self.norm1, x)?;
+            let x = x.add(&self.attention_block(&n, masks)?)?;
+            let n = forward_in("norm2", &self.norm2, &x)?;
+            Ok(x.add(&self.feed_forward_block(&n)?)?)
         } else {
-            let x = self
-                .norm1
-                .forward(&x.add(&self.attention_block(x, masks)?)?)?;
-            self.norm2.forward(&x.add(&self.feed_forward_block(&x)?)?)
+            let s = x.add(&self.attention_block(x, masks)?)?;
+            let x = forward_in("norm1", &self.norm1, &s)?;
+            let s = x.add(&self.feed_forward_block(&x)?)?;
+            forward_in("norm2", &self.norm2, &s)
         }
     }
 

@@ -155,9 +155,12 @@ impl Layer for Gpt {
         self.check(ids.shape(), ids.dtype())?;
         let t = ids.shape()[1];
         let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, ids.device())?;
-        let x = self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?;
-        let x = self.h.forward(&self.drop.forward(&x)?)?;
-        self.lm_head.forward(&self.ln_f.forward(&x)?)
+        use crate::scope::forward_in;
+        let x = forward_in("wte", &self.wte, ids)?.add(&forward_in("wpe", &self.wpe, &pos)?)?;
+        let x = forward_in("drop", &self.drop, &x)?;
+        let x = forward_in("h", &self.h, &x)?;
+        let x = forward_in("ln_f", &self.ln_f, &x)?;
+        forward_in("lm_head", &self.lm_head, &x)
     }
 
     fn trace(&self, tr: &mut Tracer, ids: &Act) -> Result<Act> {

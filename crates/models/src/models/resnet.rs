@@ -52,18 +52,21 @@ fn residual_forward(
     downsample: Option<&Sequential>,
     x: &Tensor,
 ) -> Result<Tensor> {
+    use crate::scope::forward_in;
     let mut out = x.clone();
     for (i, (conv, bn)) in pairs.iter().enumerate() {
-        out = bn.forward(&conv.forward(&out)?)?;
+        out = forward_in(CONV_NAMES[i], *conv, &out)?;
+        out = forward_in(NORM_NAMES[i], *bn, &out)?;
         if i + 1 < pairs.len() {
-            out = relu.forward(&out)?;
+            out = forward_in("relu", relu, &out)?;
         }
     }
     let identity = match downsample {
-        Some(d) => d.forward(x)?,
+        Some(d) => forward_in("downsample", d, x)?,
         None => x.clone(),
     };
-    relu.forward(&out.add(&identity)?)
+    let sum = out.add(&identity)?;
+    forward_in("relu", relu, &sum)
 }
 
 /// [`residual_forward`] for the tracer; pair `i` is traced as `conv{i+1}` and `bn{i+1}`.
@@ -470,17 +473,18 @@ impl Layer for ResNet {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = self
-            .relu
-            .forward(&self.bn1.forward(&self.conv1.forward(x)?)?)?;
+        use crate::scope::forward_in;
+        let h = forward_in("conv1", &self.conv1, x)?;
+        let h = forward_in("bn1", &self.bn1, &h)?;
+        let mut h = forward_in("relu", &self.relu, &h)?;
         if let Some(m) = &self.maxpool {
-            h = m.forward(&h)?;
+            h = forward_in("maxpool", m, &h)?;
         }
-        for s in &self.stages {
-            h = s.forward(&h)?;
+        for (name, s) in STAGE_NAMES.iter().zip(&self.stages) {
+            h = forward_in(name, s, &h)?;
         }
-        let h = self.avgpool.forward(&h)?.flatten(1, -1)?;
-        self.fc.forward(&h)
+        let h = forward_in("avgpool", &self.avgpool, &h)?.flatten(1, -1)?;
+        forward_in("fc", &self.fc, &h)
     }
 
     fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {

@@ -131,10 +131,13 @@ impl Layer for EncoderBlock {
     }
 
     fn forward(&self, input: &Tensor) -> Result<Tensor> {
-        let x = self.ln_1.forward(input)?;
-        let x = self.dropout.forward(&self.self_attention.forward(&x)?)?;
+        use crate::scope::forward_in;
+        let x = forward_in("ln_1", &self.ln_1, input)?;
+        let x = forward_in("self_attention", &self.self_attention, &x)?;
+        let x = forward_in("dropout", &self.dropout, &x)?;
         let x = x.add(input)?;
-        let y = self.mlp.forward(&self.ln_2.forward(&x)?)?;
+        let y = forward_in("ln_2", &self.ln_2, &x)?;
+        let y = forward_in("mlp", &self.mlp, &y)?;
         Ok(x.add(&y)?)
     }
 
@@ -198,8 +201,10 @@ impl Layer for Encoder {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = self.dropout.forward(&x.add(&self.pos_embedding)?)?;
-        self.ln.forward(&self.layers.forward(&x)?)
+        use crate::scope::forward_in;
+        let x = forward_in("dropout", &self.dropout, &x.add(&self.pos_embedding)?)?;
+        let x = forward_in("layers", &self.layers, &x)?;
+        forward_in("ln", &self.ln, &x)
     }
 
     fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
@@ -318,15 +323,14 @@ impl Layer for VisionTransformer {
         self.check(x.shape())?;
         let n = x.shape()[0];
         let d = self.config.hidden_dim;
-        let patches = self
-            .conv_proj
-            .forward(x)?
+        use crate::scope::forward_in;
+        let patches = forward_in("conv_proj", &self.conv_proj, x)?
             .flatten(2, -1)?
             .permute(&[0, 2, 1])?;
         let cls = self.class_token.expand(&[n, 1, d])?;
         let tokens = Tensor::cat(&[cls, patches], 1)?;
-        let h = self.encoder.forward(&tokens)?;
-        self.heads.forward(&h.select(1, 0)?)
+        let h = forward_in("encoder", &self.encoder, &tokens)?;
+        forward_in("heads", &self.heads, &h.select(1, 0)?)
     }
 
     fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {

@@ -51,6 +51,7 @@ pub fn load_pth_tensors(path: impl AsRef<Path>) -> Result<NamedTensors> {
 /// Loads a `torch.save` file of a `state_dict` into `model`'s parameters and buffers by name,
 /// with the same `strict` semantics as [`crate::load_safetensors`].
 pub fn load_pth(model: &dyn Layer, path: impl AsRef<Path>, strict: bool) -> Result<LoadReport> {
+    let _parameters = crate::scope::parameters();
     let tensors = load_pth_tensors(path)?;
     load_state_dict(model, &tensors, strict)
 }

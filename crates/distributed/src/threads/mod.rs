@@ -16,13 +16,16 @@
 //!   stops issuing collectives makes the others fail with [`Error::Timeout`] after the group's
 //!   timeout; ranks that issued different collectives get an error naming both.
 
+mod values;
+
 use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
-use kiln_autograd::{no_grad, DType, Device, Tensor};
+use kiln_autograd::{DType, Tensor};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use values::{reduce_ranks, write, Values};
 
 /// The timeout of [`ThreadGroup::new_group`]: a collective waits this long for its peers.
 pub const DEFAULT_THREAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,7 +52,7 @@ impl std::fmt::Display for Issued {
 /// One collective's meeting point.
 struct Slot {
     issued: Vec<Option<Issued>>,
-    inputs: Vec<Option<Arc<Vec<f64>>>>,
+    inputs: Vec<Option<Arc<Values>>>,
     finished: usize,
 }
 
@@ -343,7 +346,7 @@ fn run_worker(rank: usize, shared: &Shared, requests: Receiver<Request>) {
 }
 
 /// What a job issues and the data it contributes.
-fn contribution(job: &Job) -> Result<(Issued, Vec<f64>)> {
+fn contribution(job: &Job) -> Result<(Issued, Values)> {
     let issued = |op, t: &Tensor, detail: String| Issued {
         op,
         numel: t.numel(),
@@ -351,18 +354,15 @@ fn contribution(job: &Job) -> Result<(Issued, Vec<f64>)> {
         detail,
     };
     Ok(match job {
-        Job::AllReduce(t, op) => (
-            issued("all_reduce", t, format!(", {op:?}")),
-            t.to_vec_f64()?,
-        ),
+        Job::AllReduce(t, op) => (issued("all_reduce", t, format!(", {op:?}")), Values::of(t)?),
         Job::Broadcast(t, root) => (
             issued("broadcast", t, format!(", root {root}")),
-            t.to_vec_f64()?,
+            Values::of(t)?,
         ),
-        Job::AllGather(i, _) => (issued("all_gather", i, String::new()), i.to_vec_f64()?),
+        Job::AllGather(i, _) => (issued("all_gather", i, String::new()), Values::of(i)?),
         Job::ReduceScatter(i, _, op) => (
             issued("reduce_scatter", i, format!(", {op:?}")),
-            i.to_vec_f64()?,
+            Values::of(i)?,
         ),
         Job::Barrier => (
             Issued {
@@ -371,7 +371,7 @@ fn contribution(job: &Job) -> Result<(Issued, Vec<f64>)> {
                 dtype: DType::F32,
                 detail: String::new(),
             },
-            Vec::new(),
+            Values::F64(Vec::new()),
         ),
     })
 }
@@ -385,11 +385,8 @@ fn run_job(rank: usize, shared: &Shared, seq: u64, job: Job) -> Result<()> {
             &t,
             reduce_ranks(&inputs, 0, t.numel(), t.dtype(), reduce, shared.world_size),
         ),
-        Job::Broadcast(t, root) => write(&t, inputs[root].to_vec()),
-        Job::AllGather(_, out) => write(
-            &out,
-            inputs.iter().flat_map(|v| v.iter().copied()).collect(),
-        ),
+        Job::Broadcast(t, root) => write(&t, (*inputs[root]).clone()),
+        Job::AllGather(_, out) => write(&out, Values::concat(&inputs)),
         Job::ReduceScatter(_, out, reduce) => {
             let n = out.numel();
             write(
@@ -413,8 +410,8 @@ fn exchange(
     shared: &Shared,
     seq: u64,
     issued: Issued,
-    data: Vec<f64>,
-) -> Result<Vec<Arc<Vec<f64>>>> {
+    data: Values,
+) -> Result<Vec<Arc<Values>>> {
     let n = shared.world_size;
     let op = issued.op;
     let fail = |msg: String| Error::Collective {
@@ -477,56 +474,4 @@ fn exchange(
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }
-}
-
-/// Elements `start..start + len` reduced over ranks in rank order.
-fn reduce_ranks(
-    inputs: &[Arc<Vec<f64>>],
-    start: usize,
-    len: usize,
-    dtype: DType,
-    op: ReduceOp,
-    world_size: usize,
-) -> Vec<f64> {
-    let in_f32 = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
-    (start..start + len)
-        .map(|i| {
-            if in_f32 {
-                let mut acc = inputs[0][i] as f32;
-                for input in &inputs[1..] {
-                    let x = input[i] as f32;
-                    acc = if op == ReduceOp::Max {
-                        acc.max(x)
-                    } else {
-                        acc + x
-                    };
-                }
-                if op == ReduceOp::Avg {
-                    acc /= world_size as f32;
-                }
-                f64::from(acc)
-            } else {
-                let mut acc = inputs[0][i];
-                for input in &inputs[1..] {
-                    let x = input[i];
-                    acc = if op == ReduceOp::Max {
-                        acc.max(x)
-                    } else {
-                        acc + x
-                    };
-                }
-                if op == ReduceOp::Avg {
-                    acc /= world_size as f64;
-                }
-                acc
-            }
-        })
-        .collect()
-}
-
-/// Writes `values` into `t` in place (rounded once to its dtype), on its device.
-fn write(t: &Tensor, values: Vec<f64>) -> kiln_autograd::Result<()> {
-    let host = Tensor::from_vec(values, t.shape(), Device::Cpu)?.to_dtype(t.dtype())?;
-    let src = host.to_device(t.device())?;
-    no_grad(|| t.copy_(&src))
 }

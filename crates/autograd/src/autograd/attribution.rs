@@ -1,0 +1,29 @@
+//! The allocation-history scopes kiln-autograd opens (rules in kiln-alloc-cache's
+//! `history.rs`): each forward op names itself (its node's name without `Backward`) and implies
+//! `Activation` under grad mode, `Temporary` under `no_grad`; each backward node runs under its
+//! own name, implying `Temporary`; leaf-gradient accumulation declares `Gradient`.
+//!
+//! Invariant: while no allocator records history every scope is one relaxed atomic load.
+
+use kiln_device::{AllocContext, ContextGuard, MemoryCategory};
+
+/// The scope of a forward op whose node is named `node_name` (`MmBackward` -> `Mm`).
+#[inline]
+pub(crate) fn forward_op(node_name: &'static str) -> ContextGuard {
+    if !AllocContext::is_recording_anywhere() {
+        return AllocContext::op(node_name, MemoryCategory::Temporary);
+    }
+    let implied = if super::grad_mode::is_grad_enabled() {
+        MemoryCategory::Activation
+    } else {
+        MemoryCategory::Temporary
+    };
+    let name = node_name.strip_suffix("Backward").unwrap_or(node_name);
+    AllocContext::op(name, implied)
+}
+
+/// The scope of backward node `node_name` while it runs.
+#[inline]
+pub(crate) fn backward_node(node_name: &'static str) -> ContextGuard {
+    AllocContext::op(node_name, MemoryCategory::Temporary)
+}
