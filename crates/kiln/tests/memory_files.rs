@@ -22,7 +22,8 @@ fn run_dir(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn run_folders_hold_the_memory_picture_and_with_history_the_snapshot() {
-    // 48 training images in batches of 16: 3 batches per epoch, the second is pictured.
+    // 48 training images in batches of 16: 3 batches per epoch; epoch 1 is frozen, so the
+    // second batch of epoch 2 is pictured.
     let plain = run_dir("plain");
     let config = common::tiny_config(plain.clone(), 3, (48, 16));
     let outcome = train(&config, &mut Quiet).unwrap();
@@ -30,7 +31,7 @@ fn run_folders_hold_the_memory_picture_and_with_history_the_snapshot() {
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("<svg").count(), 1);
     assert!(
-        svg.contains("one training step (epoch 1, batch 2): allocated bytes by category"),
+        svg.contains("one training step (epoch 2, batch 2): allocated bytes by category"),
         "the step panel is drawn: {svg}"
     );
     assert!(

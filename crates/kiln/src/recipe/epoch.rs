@@ -141,7 +141,7 @@ impl Trainer {
             // (the last group of an epoch may be shorter), so a step sees the group's mean.
             let group_start = i - i % config.accum_steps;
             let group_len = config.accum_steps.min(batches - group_start);
-            self.memory.before_batch(config, i, batches)?;
+            self.memory.before_batch(config, epoch, i, batches)?;
             let value = forward_backward(
                 &self.model,
                 &batch.images,

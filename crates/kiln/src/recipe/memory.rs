@@ -5,8 +5,9 @@
 //!
 //! Invariants:
 //! - The history is recorded from before the model is built (so parameters and optimizer
-//!   state are attributed), through the pictured step: the second batch of the first epoch
-//!   this call trains (the first when an epoch has one batch). Without `memory_history`,
+//!   state are attributed), through the pictured step: the second batch (the first when an
+//!   epoch has one) of the first epoch this call trains with the backbone unfrozen, or of its
+//!   last epoch when every epoch it trains is frozen. Without `memory_history`,
 //!   recording stops right after that step; with it, it runs to the end, in a ring of that
 //!   many events.
 //! - The pictured step's events are found by their position in the whole history (events
@@ -24,7 +25,7 @@ use kiln_alloc_cache::timeline::MemoryTimeline;
 
 /// Events kept while recording only for the picture (one step of the example's models needs a
 /// few thousand).
-pub const PICTURE_EVENTS: usize = 1 << 20;
+pub const PICTURE_EVENTS: usize = 1 << 18;
 
 /// File names in the run folder.
 pub const MEMORY_SVG: &str = "memory.svg";
@@ -75,14 +76,20 @@ impl MemoryPicture {
         }
     }
 
-    /// Before batch `batch` of `batches`.
+    /// Before batch `batch` of `batches` of epoch `epoch` (from 0).
     pub fn before_batch(
         &mut self,
         config: &TrainConfig,
+        epoch: usize,
         batch: usize,
         batches: usize,
     ) -> Result<()> {
-        if self.waiting && batch == Self::pictured_batch(batches) {
+        let last = config
+            .stop_after
+            .unwrap_or(config.epochs)
+            .min(config.epochs);
+        let this_epoch = epoch >= config.freeze_epochs || epoch + 1 >= last;
+        if self.waiting && this_epoch && batch == Self::pictured_batch(batches) {
             self.started_at = Some(recorded_so_far(config)?.0);
         }
         Ok(())
