@@ -35,9 +35,35 @@
 use crate::history::{Attribution, MemoryCategory, MemoryEventKind, MemoryHistory};
 use crate::pickle::{to_pickle, PickleError, PickleValue};
 use crate::snapshot::{BlockSnapshotState, MemorySnapshot, SegmentSnapshot};
-use crate::snapshot_read::SnapshotFileError;
 use crate::stats::PoolKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// What is wrong with a snapshot file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotFileError {
+    /// Not a readable pickle.
+    #[error("not a memory snapshot pickle: {0}")]
+    Pickle(#[from] PickleError),
+    /// A pickle, but not in the snapshot layout.
+    #[error(
+        "snapshot field {at}: {message} (expected the layout of torch.cuda.memory._snapshot())"
+    )]
+    Layout {
+        /// Where (`segments[2].blocks[0].size`).
+        at: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Reading or writing the file failed.
+    #[error("snapshot file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
 
 /// `category` string of the trace entries (PyTorch's lower-case names, as the profiler's).
 pub fn category_name(category: MemoryCategory) -> &'static str {

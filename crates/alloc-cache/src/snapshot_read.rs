@@ -15,37 +15,11 @@
 
 use crate::backend::StreamId;
 use crate::history::{Attribution, MemoryEvent, MemoryEventKind};
-use crate::pickle::{from_pickle, PickleError, PickleValue};
+use crate::pickle::{from_pickle, PickleValue};
+pub use crate::snapshot_pickle::SnapshotFileError;
 use crate::snapshot_pickle::{category_from_name, NO_MODULE, NO_OP};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-
-/// What is wrong with a snapshot file.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SnapshotFileError {
-    /// Not a readable pickle.
-    #[error("not a memory snapshot pickle: {0}")]
-    Pickle(#[from] PickleError),
-    /// A pickle, but not in the snapshot layout.
-    #[error(
-        "snapshot field {at}: {message} (expected the layout of torch.cuda.memory._snapshot())"
-    )]
-    Layout {
-        /// Where (`segments[2].blocks[0].size`).
-        at: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// Reading or writing the file failed.
-    #[error("snapshot file {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-}
 
 /// One block of a loaded segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
