@@ -20,36 +20,54 @@
 //!   allocation's stack (`layer3.1.conv2:0:ConvolutionBackward`). Memory nobody attributed gets
 //!   `<no module>` / `<no op>`, never an empty stack (which memory_viz reads as "allocated
 //!   before recording").
-//! - A live block's frames are those of the last `alloc` event at its address; blocks allocated
-//!   before recording have none.
+//! - A live block's frames are its recorded attribution; blocks allocated before recording have
+//!   none.
 //! - An expandable segment is written as one segment per run of fully mapped blocks (PyTorch's
-//!   own layout, where `total_size` is the sum of the blocks); its map / unmap events are named
-//!   `segment_map` / `segment_unmap`. Events of a segment that no longer exists at dump time
-//!   are named `segment_alloc` / `segment_free`.
+//!   own layout, where `total_size` is the sum of the blocks); with expandable segments the
+//!   segment events are page maps, named `segment_map` / `segment_unmap`.
+//! - A block stops counting as allocated at its `free_requested` (kiln's `memory_allocated`);
+//!   the final `snapshot` entry's size is the allocated bytes at the dump.
 //! - A non-empty trace ends with a `snapshot` entry (as PyTorch records when a snapshot is
 //!   taken while recording) with category `unknown`; `MemoryViz.js` needs that category to be
 //!   among the ones it saw.
 //! - kiln does not record the driver's free bytes at an OOM: `device_free` is 0.
 
-use crate::history::{Attribution, MemoryCategory, MemoryEvent, MemoryEventKind};
+use crate::history::{Attribution, MemoryCategory, MemoryEventKind, MemoryHistory};
 use crate::pickle::{to_pickle, PickleError, PickleValue};
 use crate::snapshot::{BlockSnapshotState, MemorySnapshot, SegmentSnapshot};
-use crate::snapshot_read::SnapshotFileError;
 use crate::stats::PoolKind;
-use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// `category` strings of the trace entries, in [`MemoryCategory`] order.
+/// What is wrong with a snapshot file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotFileError {
+    /// Not a readable pickle.
+    #[error("not a memory snapshot pickle: {0}")]
+    Pickle(#[from] PickleError),
+    /// A pickle, but not in the snapshot layout.
+    #[error(
+        "snapshot field {at}: {message} (expected the layout of torch.cuda.memory._snapshot())"
+    )]
+    Layout {
+        /// Where (`segments[2].blocks[0].size`).
+        at: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Reading or writing the file failed.
+    #[error("snapshot file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// `category` string of the trace entries (PyTorch's lower-case names, as the profiler's).
 pub fn category_name(category: MemoryCategory) -> &'static str {
-    match category {
-        MemoryCategory::Parameter => "parameter",
-        MemoryCategory::Gradient => "gradient",
-        MemoryCategory::OptimizerState => "optimizer_state",
-        MemoryCategory::Activation => "activation",
-        MemoryCategory::Temporary => "temporary",
-        MemoryCategory::Data => "data",
-        MemoryCategory::Unknown => "unknown",
-    }
+    category.name()
 }
 
 /// Every category, in stack order (bottom first).
@@ -113,39 +131,16 @@ fn state_name(state: BlockSnapshotState) -> &'static str {
     }
 }
 
-/// The snapshot dict (before pickling) of `device_index`'s allocator state `snapshot` and its
-/// recorded `events` (oldest first).
-pub fn snapshot_value(
-    device_index: usize,
-    snapshot: &MemorySnapshot,
-    events: &[MemoryEvent],
-) -> PickleValue {
-    // Who allocated each block still live at the end of the history.
-    let mut live: HashMap<u64, &Attribution> = HashMap::new();
-    for e in events {
-        match e.kind {
-            MemoryEventKind::Alloc => {
-                live.insert(e.address, &e.attribution);
-            }
-            MemoryEventKind::FreeCompleted => {
-                live.remove(&e.address);
-            }
-            _ => {}
-        }
-    }
+/// The snapshot dict (before pickling) of `device_index`'s recorded `history`: its segments
+/// now and its events (oldest first).
+pub fn snapshot_value(device_index: usize, history: &MemoryHistory) -> PickleValue {
+    let (snapshot, events) = (&history.snapshot, &history.events[..]);
     let mut segments = Vec::new();
     for seg in &snapshot.segments {
         for run in segment_runs(seg) {
-            segments.push(segment_value(device_index, seg, run, &live));
+            segments.push(segment_value(device_index, seg, run));
         }
     }
-    let expandable = |address: u64| {
-        snapshot.segments.iter().any(|s| {
-            s.is_expandable
-                && address >= s.address
-                && address - s.address < s.address_space.max(s.total_size) as u64
-        })
-    };
     let mut trace: Vec<PickleValue> = events
         .iter()
         .map(|e| {
@@ -157,7 +152,10 @@ pub fn snapshot_value(
             let mut items = vec![
                 (
                     "action",
-                    PickleValue::str(action_name(e.kind, segment_event && expandable(e.address))),
+                    PickleValue::str(action_name(
+                        e.kind,
+                        segment_event && history.expandable_segments,
+                    )),
                 ),
                 ("addr", int(e.address)),
                 ("size", int(e.size)),
@@ -191,13 +189,13 @@ pub fn snapshot_value(
     ])
 }
 
-/// Bytes in blocks that are not free (allocated or pending), as the events count them.
+/// Bytes in allocated blocks (kiln's `allocated`: a block stops counting at `free_requested`).
 fn live_bytes(snapshot: &MemorySnapshot) -> usize {
     snapshot
         .segments
         .iter()
         .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.state != BlockSnapshotState::Inactive)
+        .filter(|b| b.state == BlockSnapshotState::ActiveAllocated)
         .map(|b| b.size)
         .sum()
 }
@@ -230,7 +228,6 @@ fn segment_value(
     device_index: usize,
     seg: &SegmentSnapshot,
     run: std::ops::Range<usize>,
-    live: &HashMap<u64, &Attribution>,
 ) -> PickleValue {
     let blocks = &seg.blocks[run];
     let (mut total, mut allocated, mut active, mut requested) = (0usize, 0usize, 0usize, 0usize);
@@ -245,9 +242,12 @@ fn segment_value(
             if b.state != BlockSnapshotState::Inactive {
                 active += b.size;
             }
-            let block_frames = match (b.state, live.get(&b.address)) {
-                (BlockSnapshotState::Inactive, _) | (_, None) => PickleValue::List(Vec::new()),
-                (_, Some(a)) => frames(a),
+            let block_frames = match (&b.attribution, b.state) {
+                (
+                    Some(a),
+                    BlockSnapshotState::ActiveAllocated | BlockSnapshotState::ActivePendingFree,
+                ) => frames(a),
+                _ => PickleValue::List(Vec::new()),
             };
             PickleValue::dict([
                 ("address", int(b.address)),
@@ -289,10 +289,9 @@ fn segment_value(
 /// [`snapshot_value`] pickled.
 pub fn snapshot_pickle(
     device_index: usize,
-    snapshot: &MemorySnapshot,
-    events: &[MemoryEvent],
+    history: &MemoryHistory,
 ) -> Result<Vec<u8>, PickleError> {
-    to_pickle(&snapshot_value(device_index, snapshot, events))
+    to_pickle(&snapshot_value(device_index, history))
 }
 
 /// Writes [`snapshot_pickle`] to `path` (what `torch.cuda.memory._dump_snapshot(path)` writes),
@@ -300,10 +299,9 @@ pub fn snapshot_pickle(
 pub fn write_snapshot_pickle(
     path: &Path,
     device_index: usize,
-    snapshot: &MemorySnapshot,
-    events: &[MemoryEvent],
+    history: &MemoryHistory,
 ) -> Result<(), SnapshotFileError> {
-    let bytes = snapshot_pickle(device_index, snapshot, events)?;
+    let bytes = snapshot_pickle(device_index, history)?;
     let io = |source| SnapshotFileError::Io {
         path: path.to_path_buf(),
         source,

@@ -7,44 +7,19 @@
 //!   `frames`, `category`, `time_us`, `requested_size`) take PyTorch's defaults, a missing or
 //!   mistyped required one is an error naming its place (`device_traces[0][12].size`).
 //! - Actions kiln has no event for (`snapshot`, `annotate`, ...) are skipped.
-//! - `allocated_after` / `reserved_after` are rebuilt from the events: the bytes live at the
-//!   end (blocks not `inactive`; segment sizes) minus what the events added, so the first event
+//! - `allocated_after` / `reserved_after` are rebuilt from the events as kiln counts them (a
+//!   block counts from `alloc` to `free_requested`): the bytes live at the end
+//!   (`active_allocated` blocks; segment sizes) minus what the events added, so the first event
 //!   starts from what was allocated before recording began. A file whose events do not add up
 //!   clamps at 0 rather than wrapping.
 
 use crate::backend::StreamId;
 use crate::history::{Attribution, MemoryEvent, MemoryEventKind};
-use crate::pickle::{from_pickle, PickleError, PickleValue};
+use crate::pickle::{from_pickle, PickleValue};
+pub use crate::snapshot_pickle::SnapshotFileError;
 use crate::snapshot_pickle::{category_from_name, NO_MODULE, NO_OP};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-
-/// What is wrong with a snapshot file.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SnapshotFileError {
-    /// Not a readable pickle.
-    #[error("not a memory snapshot pickle: {0}")]
-    Pickle(#[from] PickleError),
-    /// A pickle, but not in the snapshot layout.
-    #[error(
-        "snapshot field {at}: {message} (expected the layout of torch.cuda.memory._snapshot())"
-    )]
-    Layout {
-        /// Where (`segments[2].blocks[0].size`).
-        at: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// Reading or writing the file failed.
-    #[error("snapshot file {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-}
 
 /// One block of a loaded segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,7 +257,7 @@ fn rebuild_totals(device: usize, segments: &[LoadedSegment], events: &mut [Memor
     let end_allocated: i128 = mine
         .clone()
         .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.state != "inactive")
+        .filter(|b| b.state == "active_allocated")
         .map(|b| b.size as i128)
         .sum();
     let end_reserved: i128 = mine.map(|s| s.total_size as i128).sum();
@@ -290,7 +265,7 @@ fn rebuild_totals(device: usize, segments: &[LoadedSegment], events: &mut [Memor
         let s = e.size as i128;
         match e.kind {
             MemoryEventKind::Alloc => (s, 0),
-            MemoryEventKind::FreeCompleted => (-s, 0),
+            MemoryEventKind::FreeRequested => (-s, 0),
             MemoryEventKind::SegmentAlloc => (0, s),
             MemoryEventKind::SegmentFree => (0, -s),
             _ => (0, 0),

@@ -10,7 +10,7 @@ use kiln_alloc_cache::snapshot_pickle::{snapshot_pickle, snapshot_value, write_s
 use kiln_alloc_cache::snapshot_read::{read_snapshot, read_snapshot_file, SnapshotFileError};
 use kiln_alloc_cache::{
     Attribution, BlockSnapshot, BlockSnapshotState, MemoryCategory, MemoryEvent, MemoryEventKind,
-    MemorySnapshot, MemoryStats, PoolKind, SegmentSnapshot, StreamId,
+    MemoryHistory, MemorySnapshot, MemoryStats, PoolKind, SegmentSnapshot, StreamId,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,98 +32,53 @@ fn who(category: MemoryCategory, module: Option<&str>, op: Option<&str>) -> Attr
     }
 }
 
-/// The scenario of `make_fixture.py`, as kiln's recorder would report it.
-fn scenario() -> (MemorySnapshot, Vec<MemoryEvent>) {
+/// The scenario of `make_fixture.py`, as kiln's recorder reports it (a block stops counting as
+/// allocated at its `free_requested`).
+fn scenario() -> MemoryHistory {
     use MemoryCategory::*;
     use MemoryEventKind::*;
     let fc = who(Parameter, Some("fc"), Some("empty"));
+    let conv = who(
+        Activation,
+        Some("layer1.0.conv1"),
+        Some("ConvolutionBackward"),
+    );
     let unknown = who(Unknown, None, None);
+    let add = who(Temporary, None, Some("add"));
+    let loader = who(Data, Some("loader"), Some("to_device"));
+    #[rustfmt::skip]
     let rows = [
-        (SegmentAlloc, BASE, SEGMENT, 10, fc.clone(), 0, SEGMENT),
-        (Alloc, BASE, 1024, 11, fc.clone(), 1024, SEGMENT),
-        (
-            Alloc,
-            BASE + 1024,
-            512,
-            20,
-            who(
-                Activation,
-                Some("layer1.0.conv1"),
-                Some("ConvolutionBackward"),
-            ),
-            1536,
-            SEGMENT,
-        ),
-        (
-            Alloc,
-            BASE + 1536,
-            2048,
-            30,
-            who(Temporary, None, Some("add")),
-            3584,
-            SEGMENT,
-        ),
-        (
-            FreeRequested,
-            BASE + 1536,
-            2048,
-            40,
-            unknown.clone(),
-            3584,
-            SEGMENT,
-        ),
-        (
-            FreeCompleted,
-            BASE + 1536,
-            2048,
-            41,
-            unknown.clone(),
-            1536,
-            SEGMENT,
-        ),
-        (
-            FreeRequested,
-            BASE + 1024,
-            512,
-            50,
-            unknown.clone(),
-            1536,
-            SEGMENT,
-        ),
-        (
-            Oom,
-            0,
-            1 << 40,
-            80,
-            who(Data, Some("loader"), Some("to_device")),
-            1536,
-            SEGMENT,
-        ),
+        (SegmentAlloc, BASE, SEGMENT, 10, fc.clone(), 0),
+        (Alloc, BASE, 1024, 11, fc.clone(), 1024),
+        (Alloc, BASE + 1024, 512, 20, conv.clone(), 1536),
+        (Alloc, BASE + 1536, 2048, 30, add, 3584),
+        (FreeRequested, BASE + 1536, 2048, 40, unknown.clone(), 1536),
+        (FreeCompleted, BASE + 1536, 2048, 41, unknown.clone(), 1536),
+        (FreeRequested, BASE + 1024, 512, 50, unknown.clone(), 1024),
+        (Oom, 0, 1 << 40, 80, loader, 1024),
     ];
     let events = rows
         .into_iter()
         .map(
-            |(kind, address, size, time_us, attribution, allocated_after, reserved_after)| {
-                MemoryEvent {
-                    kind,
-                    address,
-                    size,
-                    stream: StreamId::DEFAULT,
-                    time_us,
-                    attribution,
-                    allocated_after,
-                    reserved_after,
-                }
+            |(kind, address, size, time_us, attribution, allocated_after)| MemoryEvent {
+                kind,
+                address,
+                size,
+                stream: StreamId::DEFAULT,
+                time_us,
+                attribution,
+                allocated_after,
+                reserved_after: SEGMENT,
             },
         )
         .collect();
-    let block = |address, size, requested_size, state| BlockSnapshot {
+    let block = |address, size, requested_size, state, attribution| BlockSnapshot {
         address,
         size,
         requested_size,
         state,
         fully_mapped: true,
-        attribution: None,
+        attribution,
     };
     let snapshot = MemorySnapshot {
         segments: vec![SegmentSnapshot {
@@ -137,21 +92,47 @@ fn scenario() -> (MemorySnapshot, Vec<MemoryEvent>) {
             is_expandable: false,
             address_space: 0,
             blocks: vec![
-                block(BASE, 1024, 1000, BlockSnapshotState::ActiveAllocated),
-                block(BASE + 1024, 512, 500, BlockSnapshotState::ActivePendingFree),
-                block(BASE + 1536, SEGMENT - 1536, 0, BlockSnapshotState::Inactive),
+                block(
+                    BASE,
+                    1024,
+                    1000,
+                    BlockSnapshotState::ActiveAllocated,
+                    Some(fc),
+                ),
+                block(
+                    BASE + 1024,
+                    512,
+                    500,
+                    BlockSnapshotState::ActivePendingFree,
+                    Some(conv),
+                ),
+                block(
+                    BASE + 1536,
+                    SEGMENT - 1536,
+                    0,
+                    BlockSnapshotState::Inactive,
+                    None,
+                ),
             ],
         }],
         stats: MemoryStats::default(),
     };
-    (snapshot, events)
+    MemoryHistory {
+        events,
+        dropped: 0,
+        max_entries: 100,
+        recording: true,
+        expandable_segments: false,
+        live_before: Vec::new(),
+        snapshot,
+    }
 }
 
 #[test]
 fn kiln_writes_the_dict_pytorch_writes() {
-    let (snapshot, events) = scenario();
+    let history = scenario();
     let torch = from_pickle(&std::fs::read(fixture("torch_snapshot.pickle")).unwrap()).unwrap();
-    let kiln = snapshot_value(1, &snapshot, &events);
+    let kiln = snapshot_value(1, &history);
     assert_eq!(kiln, torch, "kiln:\n{kiln}\nPyTorch:\n{torch}");
     // The parts memory_viz keys on, spelled out.
     let seg = &kiln.get("segments").unwrap().as_list().unwrap()[0];
@@ -199,8 +180,8 @@ fn kiln_writes_the_dict_pytorch_writes() {
 
 #[test]
 fn kiln_bytes_match_the_golden_file_pytorch_checked() {
-    let (snapshot, events) = scenario();
-    let bytes = snapshot_pickle(1, &snapshot, &events).unwrap();
+    let history = scenario();
+    let bytes = snapshot_pickle(1, &history).unwrap();
     let golden = fixture("kiln_snapshot.pickle");
     if std::env::var_os("KILN_BLESS").is_some() {
         std::fs::write(&golden, &bytes).unwrap();
@@ -217,13 +198,13 @@ fn kiln_bytes_match_the_golden_file_pytorch_checked() {
 
 #[test]
 fn reading_back_gives_the_events_with_their_totals() {
-    let (snapshot, events) = scenario();
+    let history = scenario();
     for file in ["torch_snapshot.pickle", "kiln_snapshot.pickle"] {
         let loaded = read_snapshot_file(&fixture(file)).unwrap();
         assert_eq!(loaded.device_traces.len(), 2, "{file}");
         assert_eq!(loaded.busiest_device(), 1);
         // The `snapshot` entry is not an event; the rest are kiln's, totals rebuilt.
-        assert_eq!(loaded.device_traces[1], events, "{file}");
+        assert_eq!(loaded.device_traces[1], history.events, "{file}");
         let seg = &loaded.segments[0];
         assert_eq!(
             (seg.device, seg.address, seg.total_size),
@@ -236,42 +217,34 @@ fn reading_back_gives_the_events_with_their_totals() {
         assert_eq!(seg.blocks[1].state, "active_pending_free");
         assert_eq!(
             seg.blocks.iter().map(|b| b.size).sum::<usize>(),
-            snapshot.segments[0].total_size
+            history.snapshot.segments[0].total_size
         );
     }
 }
 
 #[test]
 fn write_snapshot_pickle_creates_the_folder_and_the_file_reads_back() {
-    let (snapshot, events) = scenario();
+    let history = scenario();
     let dir = std::env::temp_dir().join(format!("kiln-snapshot-pickle-{}", std::process::id()));
     let path = dir.join("nested/memory_snapshot.pickle");
-    write_snapshot_pickle(&path, 0, &snapshot, &events).unwrap();
+    write_snapshot_pickle(&path, 0, &history).unwrap();
     let loaded = read_snapshot_file(&path).unwrap();
     assert_eq!(loaded.device_traces.len(), 1);
-    assert_eq!(loaded.device_traces[0], events);
+    assert_eq!(loaded.device_traces[0], history.events);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn expandable_segments_are_written_as_their_mapped_runs() {
-    let (mut snapshot, _) = scenario();
-    let seg = &mut snapshot.segments[0];
+    let mut history = scenario();
+    history.expandable_segments = true;
+    let seg = &mut history.snapshot.segments[0];
     seg.is_expandable = true;
     seg.address_space = 8 * SEGMENT;
     seg.blocks[2].fully_mapped = false;
     seg.total_size = 1536;
-    let events = vec![MemoryEvent {
-        kind: MemoryEventKind::SegmentAlloc,
-        address: BASE,
-        size: SEGMENT,
-        stream: StreamId::DEFAULT,
-        time_us: 0,
-        attribution: Attribution::default(),
-        allocated_after: 0,
-        reserved_after: SEGMENT,
-    }];
-    let v = snapshot_value(0, &snapshot, &events);
+    history.events.truncate(1);
+    let v = snapshot_value(0, &history);
     let segs = v.get("segments").unwrap().as_list().unwrap();
     assert_eq!(segs.len(), 1);
     assert_eq!(segs[0].get("total_size").unwrap().as_int(), Some(1536));

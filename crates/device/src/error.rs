@@ -194,6 +194,9 @@ pub enum Error {
     /// allocated, cached and free, and what to do) or a bad `KILN_ALLOC_CONF`.
     #[error(transparent)]
     Alloc(#[from] kiln_alloc_cache::Error),
+    /// A memory snapshot file ([`dump_snapshot`](crate::dump_snapshot)) could not be written.
+    #[error(transparent)]
+    Snapshot(#[from] kiln_alloc_cache::snapshot_read::SnapshotFileError),
 }
 
 /// `Result` with [`Error`].

@@ -31,6 +31,7 @@ pub use kiln_alloc_cache::{
 pub use layout::{
     checked_numel, checked_shape_numel, checked_size, contiguous_strides, Layout, StridedIndex,
 };
+pub use memory::dump_snapshot;
 pub use memory::{
     allocator, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
     memory_history, memory_reserved, memory_snapshot, memory_stats, memory_summary,

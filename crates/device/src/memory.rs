@@ -152,6 +152,22 @@ pub fn memory_snapshot(device: Device) -> Result<MemorySnapshot> {
     Ok(allocator(device)?.snapshot())
 }
 
+/// Writes `device`'s recorded allocation history and its segments now to `path` as the pickle
+/// `torch.cuda.memory._dump_snapshot` writes, which PyTorch's memory_viz opens unchanged
+/// (`python -m torch.cuda._memory_viz trace_plot FILE -o x.html`, or pytorch.org/memory_viz).
+/// Frames name the module path and op that allocated; see
+/// [`kiln_alloc_cache::snapshot_pickle`]. Without a recorded history the file holds the
+/// segments and an empty trace.
+pub fn dump_snapshot(device: Device, path: impl AsRef<std::path::Path>) -> Result<()> {
+    let history = allocator(device)?.memory_history();
+    let index = match device {
+        Device::Cpu => 0,
+        Device::Cuda(i) => i,
+    };
+    kiln_alloc_cache::snapshot_pickle::write_snapshot_pickle(path.as_ref(), index, &history)?;
+    Ok(())
+}
+
 /// Resets every peak statistic of `device` to its current value.
 pub fn reset_peak_memory_stats(device: Device) -> Result<()> {
     allocator(device)?.reset_peak_stats();

@@ -42,7 +42,7 @@ struct Args {
     /// Seed of the init, the synthetic data, the shuffle and the augmentation.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Run folder: checkpoint, TensorBoard events, metrics.csv, metrics.svg.
+    /// Run folder: checkpoint, TensorBoard events, metrics.csv, metrics.svg, memory.svg.
     #[arg(long, default_value = "runs/train")]
     run_dir: PathBuf,
     /// Data: synthetic, synthetic:N, mnist:DIR or cifar10:DIR.
@@ -78,6 +78,10 @@ struct Args {
     /// The backbone's learning rate relative to the head's.
     #[arg(long, default_value_t = TrainConfig::default().backbone_lr_factor)]
     backbone_lr_factor: f64,
+    /// Record every allocation of the run (a ring of N events, 100000 when no N is given) and
+    /// write RUN_DIR/memory_snapshot.pickle, which PyTorch's memory_viz opens.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "100000")]
+    memory_history: Option<usize>,
 }
 
 fn parse_data(s: &str) -> Result<DataSource, String> {
@@ -292,6 +296,7 @@ fn main() {
         model: args.model,
         pretrained: args.pretrained,
         backbone_lr_factor: args.backbone_lr_factor,
+        memory_history: args.memory_history,
         ..TrainConfig::default()
     };
     if let Err(e) = recipe::take_checkpoint_settings(&mut config, given) {
@@ -307,7 +312,7 @@ fn main() {
             let last = outcome.history.last();
             println!(
                 "done in {:.0}s: validation accuracy {:.2}%; checkpoint {}, logs in {} \
-                 (metrics.csv, metrics.svg, tensorboard/)",
+                 (metrics.csv, metrics.svg, memory.svg, tensorboard/)",
                 display.started.elapsed().as_secs_f64(),
                 last.map_or(0.0, |r| 100.0 * r.val_accuracy),
                 outcome.checkpoint.display(),

@@ -127,6 +127,32 @@ fn memory_stats_and_capacity() -> Res {
     Ok(())
 }
 
+/// GUIDE.md: "2. Reading memory stats and planning capacity", "Seeing where memory goes".
+#[test]
+fn memory_history_and_snapshot() -> Res {
+    use kiln::device::{dump_snapshot, record_memory_history};
+    let cpu = Device::Cpu;
+    let dir = std::env::temp_dir().join(format!("kiln-guide-history-{}", std::process::id()));
+    let path = dir.join("runs/exp/memory_snapshot.pickle");
+    record_memory_history(cpu, true, 100_000)?;
+    let x = Tensor::zeros(&[256, 256], DType::F32, cpu)?;
+    let y = x.add_scalar(1.0)?;
+    drop((x, y));
+    dump_snapshot(cpu, &path)?;
+    record_memory_history(cpu, false, 0)?;
+    // The file reads back as a snapshot with this device's events (other tests of this binary
+    // may add theirs: the CPU allocator is shared).
+    let loaded = kiln::alloc::snapshot_read::read_snapshot_file(&path)?;
+    assert_eq!(loaded.device_traces.len(), 1);
+    let sizes: Vec<usize> = loaded.device_traces[0].iter().map(|e| e.size).collect();
+    assert!(
+        sizes.contains(&(256 * 256 * 4)),
+        "the 256 KiB allocations are recorded"
+    );
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
 /// GUIDE.md: "3. Clipping gradients".
 #[test]
 fn clipping() -> Res {

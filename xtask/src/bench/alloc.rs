@@ -22,6 +22,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     if !options.gpu_only {
         hit_latency(options, &mut rows)?;
+        history_overhead(options, &mut rows)?;
         steady_state(&mut rows)?;
         fragmentation(&mut rows)?;
         tight_capacity(&mut rows)?;
@@ -129,6 +130,49 @@ fn hit_pairs(
         alloc.free_raw(black_box(r)).expect("free");
     });
     Ok((neighbour, p50, p99))
+}
+
+/// The cost of recording the allocation history (issue 20): the same 1 KiB cache-hit pair with
+/// `record_memory_history` off (a fresh allocator that never recorded) and on (a ring of
+/// 10000 events, full after the warm-up, so every pair also drops the oldest events).
+fn history_overhead(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+    let samples = if options.quick { 2_000 } else { 50_000 };
+    let fresh = || -> Result<Arc<CachingAllocator>, String> {
+        Ok(Arc::new(
+            CachingAllocator::new(HostBackend::new(), AllocatorConfig::default()).map_err(err)?,
+        ))
+    };
+    let off = fresh()?;
+    let (_n_off, off50, _) = hit_pairs(&off, 1024, samples)?;
+    let on = fresh()?;
+    on.record_memory_history(true, 10_000).map_err(err)?;
+    let (_n_on, on50, on99) = hit_pairs(&on, 1024, samples)?;
+    let recorded = on.memory_history();
+    on.record_memory_history(false, 0).map_err(err)?;
+    if recorded.events.len() != 10_000 || recorded.dropped == 0 {
+        return Err(format!(
+            "history bench: expected a full ring of 10000 events with drops, got {} events, {} dropped",
+            recorded.events.len(),
+            recorded.dropped
+        ));
+    }
+    rows.push(Row::new(
+        GROUP,
+        "hit_alloc_free_pair_1KiB_history_off",
+        "p50_ns",
+        off50,
+        "recording never enabled: one relaxed load per call",
+        1.0,
+    ));
+    rows.push(Row::new(
+        GROUP,
+        "hit_alloc_free_pair_1KiB_history_on",
+        "p50_ns",
+        on50,
+        format!("history off p50 {off50:.0} ns; on p99 {on99:.0} ns (3 events per pair)"),
+        off50 / on50,
+    ));
+    Ok(())
 }
 
 fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {

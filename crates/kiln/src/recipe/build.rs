@@ -68,6 +68,8 @@ pub(super) fn trainer(
         resume::check_model(&info.config, &saved.config, ckpt_path)?;
     }
     kiln_autograd::manual_seed(config.seed);
+    // Recording starts before the model exists, so its parameters are attributed.
+    let memory = super::memory::MemoryPicture::start(config)?;
     let model = info.config.build()?;
     let mut pretrained_report: Option<PretrainedReport> = None;
     if let (Some((path, tensors)), false) = (&pretrained, resuming) {
@@ -121,6 +123,7 @@ pub(super) fn trainer(
     let logger = resume::logger(config, progress.global_step)?;
     let scaler = resume::grad_scaler(config, resumed_scaler.as_ref())?;
     Ok(Trainer {
+        memory,
         model,
         info,
         train_loader,

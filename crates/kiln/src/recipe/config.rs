@@ -64,6 +64,10 @@ pub struct TrainConfig {
     pub augment: bool,
     /// Batches the loader's worker prepares ahead.
     pub prefetch_batches: usize,
+    /// Record the allocation history of the whole run in a ring of this many events and write
+    /// it as `memory_snapshot.pickle` (PyTorch's memory_viz format) after every epoch; `None`
+    /// records only the step `memory.svg` pictures.
+    pub memory_history: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -94,6 +98,7 @@ impl Default for TrainConfig {
             blocks: [1, 1, 1, 1],
             augment: true,
             prefetch_batches: 2,
+            memory_history: None,
         }
     }
 }
@@ -106,6 +111,12 @@ pub(super) fn check(config: &TrainConfig) -> Result<()> {
             "--amp-dtype {}: mixed precision autocasts to a 16-bit float; use bf16 or f16",
             config.amp_dtype
         ));
+    }
+    if config.memory_history == Some(0) {
+        return bad(
+            "--memory-history 0 keeps no event; pass the ring size (100000 is PyTorch's default)"
+                .into(),
+        );
     }
     if config.epochs == 0 || config.accum_steps == 0 {
         return bad("epochs and accum-steps must be at least 1".into());

@@ -79,6 +79,8 @@ pub(super) struct Trainer {
     pub progress: Progress,
     /// The loss of every batch this call trained.
     pub batch_losses: Vec<f64>,
+    /// The recorded step and the run folder's memory files.
+    pub memory: super::memory::MemoryPicture,
 }
 
 /// The mean cross-entropy of `images` against `labels` (under autocast with `amp`), its share
@@ -139,6 +141,7 @@ impl Trainer {
             // (the last group of an epoch may be shorter), so a step sees the group's mean.
             let group_start = i - i % config.accum_steps;
             let group_len = config.accum_steps.min(batches - group_start);
+            self.memory.before_batch(config, epoch, i, batches)?;
             let value = forward_backward(
                 &self.model,
                 &batch.images,
@@ -168,6 +171,7 @@ impl Trainer {
                     ],
                 )?;
             }
+            self.memory.after_batch(config, epoch, i)?;
         }
         let train_seconds = start.elapsed().as_secs_f64();
         let (val_loss, val_accuracy) = evaluate(&mut self.model, &mut self.val_loader)?;
@@ -202,6 +206,7 @@ impl Trainer {
         self.progress.history.push(report.clone());
         self.save(ckpt_path)?;
         write_plot(config, &self.progress.history)?;
+        self.memory.write(config, &self.progress.history)?;
         observer.epoch_end(&report);
         Ok(report)
     }

@@ -13,6 +13,8 @@
 //! - validation under `no_grad` in eval mode after each epoch, then `empty_cache()`;
 //! - TensorBoard events, a CSV and an SVG plot in the run folder, and a checkpoint after every
 //!   epoch ([`checkpoint`]) from which `resume` continues bit for bit;
+//! - `memory.svg`: one step's memory stacked by category and the per-epoch curves, and with
+//!   `memory_history` the allocation history as `memory_snapshot.pickle` ([`memory`]);
 //! - the model moved to the chosen device once, before the optimizer is built (so its state is
 //!   created there too), and batches delivered there by the loader;
 //! - optional mixed precision: forward and loss under `autocast` (bf16 by default; matmuls and
@@ -26,6 +28,7 @@ pub mod checkpoint;
 mod config;
 mod epoch;
 mod error;
+pub mod memory;
 pub mod model;
 mod predict;
 mod report;

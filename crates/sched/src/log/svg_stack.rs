@@ -60,22 +60,15 @@ pub struct StackedPlot {
 
 /// Width of the legend / notes panel at the right.
 const SIDE: f64 = 270.0;
-/// Longest note or label drawn, in characters.
-const MAX_CHARS: usize = 44;
+/// Longest note or label drawn, in characters (longer ones end in `…`).
+const MAX_CHARS: usize = 46;
 
 fn clip(text: &str) -> String {
     if text.chars().count() <= MAX_CHARS {
         return text.to_owned();
     }
-    let tail: String = text
-        .chars()
-        .rev()
-        .take(MAX_CHARS - 1)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    format!("…{tail}")
+    let head: String = text.chars().take(MAX_CHARS - 1).collect();
+    format!("{head}…")
 }
 
 impl StackedPlot {
@@ -364,7 +357,7 @@ mod tests {
         assert_eq!(svg.matches("<circle").count(), 1);
         assert!(svg.contains("step &lt;1&gt;") && svg.contains("layer3.1.conv2 &amp; friends"));
         assert!(
-            svg.contains(&format!("…{}", "x".repeat(MAX_CHARS - 1))),
+            svg.contains(&format!("{}…", "x".repeat(MAX_CHARS - 1))),
             "long notes are clipped"
         );
     }
