@@ -32,8 +32,9 @@
 //!   among the ones it saw.
 //! - kiln does not record the driver's free bytes at an OOM: `device_free` is 0.
 
-use crate::history::{Attribution, MemoryCategory, MemoryEventKind, MemoryHistory};
+use crate::history::{Attribution, MemoryCategory, MemoryEventKind};
 use crate::pickle::{to_pickle, PickleError, PickleValue};
+use crate::recorded::MemoryHistory;
 use crate::snapshot::{BlockSnapshotState, MemorySnapshot, SegmentSnapshot};
 use crate::stats::PoolKind;
 use std::path::{Path, PathBuf};

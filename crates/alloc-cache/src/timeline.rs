@@ -14,7 +14,8 @@
 //! - Points before `first_pictured` are replayed (their blocks stay live, attributed) but not
 //!   kept: a picture of one step still knows which module owns the parameters made earlier.
 
-use crate::history::{LiveBlock, MemoryCategory, MemoryEvent, MemoryEventKind, MemoryHistory};
+use crate::history::{LiveBlock, MemoryCategory, MemoryEvent, MemoryEventKind};
+use crate::recorded::MemoryHistory;
 use crate::snapshot_pickle::CATEGORIES;
 use std::collections::HashMap;
 
