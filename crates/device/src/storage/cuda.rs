@@ -207,9 +207,21 @@ impl CudaStorage {
     }
 
     /// Device address of element `element_offset` of the buffer, for the tables of
-    /// multi-tensor kernels; valid while this storage lives.
-    pub fn device_address(&self, element_offset: usize) -> u64 {
-        self.device_ptr() + (element_offset * self.dtype.size_in_bytes()) as u64
+    /// multi-tensor kernels; valid while this storage lives. An offset past the buffer's end
+    /// (or one whose byte count overflows) is an error, never a wrapped address.
+    pub fn device_address(&self, element_offset: usize) -> Result<u64> {
+        let elements = self.num_bytes / self.dtype.size_in_bytes();
+        match element_offset.checked_mul(self.dtype.size_in_bytes()) {
+            Some(bytes) if bytes <= self.num_bytes => Ok(self.device_ptr() + bytes as u64),
+            _ => Err(Error::LengthMismatch {
+                op: "device_address",
+                what: format!(
+                    "element offset {element_offset} lies past the end of a {elements}-element \
+                     {} buffer",
+                    self.dtype
+                ),
+            }),
+        }
     }
 
     /// The logical CUDA ordinal of the device holding the buffer.

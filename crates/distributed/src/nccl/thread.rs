@@ -338,7 +338,13 @@ impl Worker {
 /// The device address of a CUDA tensor's first element.
 fn address(op: &'static str, t: &Tensor) -> Result<u64> {
     match &*t.storage_read() {
-        Storage::Cuda(c) => Ok(c.device_address(t.layout().offset())),
+        Storage::Cuda(c) => {
+            c.device_address(t.layout().offset())
+                .map_err(|e| Error::InvalidArgument {
+                    op,
+                    msg: e.to_string(),
+                })
+        }
         _ => Err(Error::InvalidArgument {
             op,
             msg: "the tensor's buffer is not on a CUDA device".into(),

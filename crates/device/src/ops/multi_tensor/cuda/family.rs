@@ -38,7 +38,7 @@ impl DeviceNorm {
 fn entry(op: &'static str, (st, layout): Operand<'_, CudaStorage>) -> Result<DeviceTensor> {
     st.check_view(op, layout)?;
     Ok(DeviceTensor {
-        ptr: st.device_address(layout.offset()),
+        ptr: st.device_address(layout.offset())?,
         len: layout.numel() as u64,
         dtype: st.dtype(),
     })
