@@ -36,7 +36,6 @@ use crate::layout::Layout;
 use crate::ops::strided::{cast_into, copy_contiguous_into};
 use crate::ops::KernelError;
 use crate::storage::{by_dtype, with_slice, HostBuffer, HostElement};
-use crate::threads::cpu_pool;
 use crate::{CpuStorage, Error, Result};
 use half::{bf16, f16};
 use std::borrow::Cow;
@@ -415,5 +414,5 @@ pub(crate) fn wrap<T: HostElement>(buf: HostBuffer<T>) -> CpuStorage {
 
 /// Runs a kernel in kiln's CPU pool.
 pub(crate) fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    cpu_pool().install(f)
+    crate::threads::install(f)
 }

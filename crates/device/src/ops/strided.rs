@@ -9,14 +9,14 @@
 
 use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
-use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::threads::PARALLEL_THRESHOLD;
 use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 13;
 
 fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + Sync) {
     if out.len() > PARALLEL_THRESHOLD {
-        cpu_pool().install(|| {
+        crate::threads::install(|| {
             out.par_chunks_mut(CHUNK)
                 .enumerate()
                 .for_each(|(i, chunk)| body(i * CHUNK, chunk))

@@ -28,6 +28,7 @@ use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
+use kiln_alloc_cache::AllocContext;
 
 /// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
 /// transpose (`cols x rows`).
@@ -159,17 +160,25 @@ impl<'a> Blocks<'a> {
     }
 }
 
+/// The calling thread's allocation context when an allocation history is being recorded, to
+/// carry into rayon's worker threads (their scratch is then attributed to the op that asked for
+/// it instead of to nobody); `None`, at no cost, when nothing records.
+fn caller_context() -> Option<AllocContext> {
+    AllocContext::is_recording_anywhere().then(AllocContext::current)
+}
+
 /// Per-thread scratch for a rayon loop whose init cannot fail: the first allocation error is
 /// kept here and returned once the loop is over (the output it was filling is discarded).
-struct ScratchFailure(Mutex<Option<Error>>);
+struct ScratchFailure(Mutex<Option<Error>>, Option<AllocContext>);
 
 impl ScratchFailure {
     fn new() -> Self {
-        Self(Mutex::new(None))
+        Self(Mutex::new(None), caller_context())
     }
 
     /// A scratch buffer of `len` zeros, or `None` after recording why there is none.
     fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
+        let _context = self.1.as_ref().map(AllocContext::enter);
         match HostBuffer::try_scratch(len, T::ZERO) {
             Ok(buf) => Some(buf),
             Err(e) => {
@@ -402,12 +411,14 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
             Ok(())
         };
         let len = grad_weight.len();
+        let context = caller_context();
         let (first, partials) = rayon::join(
             || accumulate_slice(0, grad_weight),
             || {
                 (1..slices)
                     .into_par_iter()
                     .map(|slice| {
+                        let _context = context.as_ref().map(AllocContext::enter);
                         let mut partial = HostBuffer::try_scratch(len, T::ZERO)?;
                         accumulate_slice(slice, partial.as_mut_slice())?;
                         Ok(partial)

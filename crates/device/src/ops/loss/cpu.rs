@@ -19,7 +19,6 @@ use crate::ops::copy::CopyOps;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 use crate::storage::{CpuStorage, HostBuffer};
-use crate::threads::cpu_pool;
 use crate::{DType, Error, Result};
 
 /// The targets of one call, as slices.
@@ -153,7 +152,7 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
             block.class_major(n, l, g)
         }
     };
-    let denom = cpu_pool().install(|| match grad {
+    let denom = crate::threads::install(|| match grad {
         Some(g) => losses
             .par_chunks_mut(d)
             .zip(g.par_chunks_mut(c * d))

@@ -11,7 +11,7 @@ use crate::ops::cpu_dispatch::{
     buffer_of, finish_cast, float_dispatch, read_as, same_dtype, FLOAT_HINT,
 };
 use crate::ops::KernelFloat;
-use crate::threads::{cpu_pool, num_threads};
+use crate::threads::num_threads;
 use crate::{CpuStorage, Error, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -101,7 +101,7 @@ pub fn matmul_into<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layout, o
     };
     let batches = offs_a.len();
     let big = m * n * k >= 64 * 64 * 64;
-    cpu_pool().install(|| {
+    crate::threads::install(|| {
         if batches == 1 || big {
             let par = if big {
                 Parallelism::Rayon(num_threads())

@@ -5,7 +5,7 @@ use super::{block, normal, uniform24, uniform53};
 use crate::dtype::{DType, Element};
 use crate::ops::cpu_dispatch::output;
 use crate::storage::by_dtype;
-use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Device, Result};
 use rayon::prelude::*;
 
@@ -13,7 +13,7 @@ fn fill<T: Element>(out: &mut [T], f: impl Fn(u64) -> f64 + Sync) {
     let n = out.len();
     let body = |(i, o): (usize, &mut T)| *o = T::from_f64(f(i as u64));
     if n > PARALLEL_THRESHOLD {
-        cpu_pool().install(|| out.par_iter_mut().enumerate().for_each(body));
+        crate::threads::install(|| out.par_iter_mut().enumerate().for_each(body));
     } else {
         out.iter_mut().enumerate().for_each(body);
     }

@@ -12,7 +12,7 @@ use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
 use crate::ops::cpu_dispatch::output;
 use crate::storage::with_slice;
-use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Result};
 use rayon::prelude::*;
 
@@ -59,7 +59,7 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
         *slot = finish(acc);
     };
     if perm.numel() > PARALLEL_THRESHOLD && n_out > 1 {
-        cpu_pool().install(|| out.par_iter_mut().enumerate().for_each(|(o, s)| body(o, s)));
+        crate::threads::install(|| out.par_iter_mut().enumerate().for_each(|(o, s)| body(o, s)));
     } else {
         out.iter_mut().enumerate().for_each(|(o, s)| body(o, s));
     }

@@ -5,7 +5,7 @@ use crate::layout::Layout;
 use crate::ops::cpu_dispatch::float_op;
 use crate::ops::strided::copy_contiguous_into;
 use crate::ops::KernelFloat;
-use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Result};
 use rayon::prelude::*;
 
@@ -37,7 +37,7 @@ pub fn softmax_last_dim<F: KernelFloat>(src: &[F], layout: &Layout, log: bool, o
         }
     };
     if out.len() > PARALLEL_THRESHOLD {
-        cpu_pool().install(|| out.par_chunks_mut(d).for_each(row));
+        crate::threads::install(|| out.par_chunks_mut(d).for_each(row));
     } else {
         out.chunks_mut(d).for_each(row);
     }

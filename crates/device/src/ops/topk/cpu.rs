@@ -8,7 +8,7 @@ use crate::layout::Layout;
 use crate::ops::cpu_dispatch::output;
 use crate::ops::strided::copy_contiguous_into;
 use crate::storage::with_slice;
-use crate::threads::{cpu_pool, PARALLEL_THRESHOLD};
+use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Result};
 use rayon::prelude::*;
 use std::cmp::Ordering;
@@ -70,7 +70,7 @@ pub fn top_k_into<T: Element>(
     let one =
         |((row, vals), idx): ((&[T], &mut [T]), &mut [i64])| row_top_k(row, largest, vals, idx);
     if dense.len() > PARALLEL_THRESHOLD {
-        cpu_pool().install(|| {
+        crate::threads::install(|| {
             dense
                 .par_chunks(d)
                 .zip(values.par_chunks_mut(k))

@@ -103,7 +103,7 @@ pub(super) fn adam_pass<T: StepFloat>(
         .into_iter()
         .map(|r| it.by_ref().take(r.len()).collect())
         .collect();
-    crate::threads::cpu_pool().install(|| {
+    crate::threads::install(|| {
         batches
             .into_par_iter()
             .flatten_iter()

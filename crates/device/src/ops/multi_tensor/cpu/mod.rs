@@ -272,7 +272,7 @@ fn views_mut<'a>(
 }
 
 fn pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    crate::threads::cpu_pool().install(f)
+    crate::threads::install(f)
 }
 
 /// Checks that every parameter of a step is f32 or f64.
