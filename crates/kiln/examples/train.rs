@@ -11,6 +11,8 @@
 //! cargo run --release --example train -- --device cuda --amp # cuda:0, bf16 autocast
 //! cargo run --release --example train -- --model resnet18 --pretrained resnet18.pth
 //! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
+//! cargo build --release --features mpi --example train && \
+//!     mpirun -np 2 target/release/examples/train --distributed   # 2 CPU ranks over MPI
 //! ```
 
 use clap::parser::ValueSource;
@@ -82,6 +84,11 @@ struct Args {
     /// write RUN_DIR/memory_snapshot.pickle, which PyTorch's memory_viz opens.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "100000")]
     memory_history: Option<usize>,
+    /// Data-parallel: one process per device, launched by `mpirun -np N` (CPU, a build with the
+    /// `mpi` feature) or torchrun / srun (CUDA, NCCL: each rank on cuda:LOCAL_RANK);
+    /// --batch-size is per rank, and rank 0 alone prints and writes RUN_DIR.
+    #[arg(long)]
+    distributed: bool,
 }
 
 fn parse_data(s: &str) -> Result<DataSource, String> {
@@ -277,7 +284,20 @@ fn main() {
             std::process::exit(2);
         }
     };
-    report_devices(&args.device, device);
+    let (device, distributed) = match args.distributed {
+        false => (device, None),
+        true => match join_process_group(device) {
+            Ok((device, group)) => (device, Some(group)),
+            Err(e) => {
+                eprintln!("error: --distributed: {e}");
+                std::process::exit(2);
+            }
+        },
+    };
+    let writer = distributed.as_ref().is_none_or(|d| d.0.rank() == 0);
+    if writer {
+        report_devices(&args.device, device);
+    }
     let mut config = TrainConfig {
         epochs: args.epochs,
         batch_size: args.batch_size,
@@ -297,6 +317,7 @@ fn main() {
         pretrained: args.pretrained,
         backbone_lr_factor: args.backbone_lr_factor,
         memory_history: args.memory_history,
+        distributed,
         ..TrainConfig::default()
     };
     if let Err(e) = recipe::take_checkpoint_settings(&mut config, given) {
@@ -307,7 +328,12 @@ fn main() {
         bar: None,
         started: Instant::now(),
     };
-    match recipe::train(&config, &mut display) {
+    let result = match writer {
+        true => recipe::train(&config, &mut display),
+        false => recipe::train(&config, &mut recipe::Quiet),
+    };
+    match result {
+        Ok(_) if !writer => {}
         Ok(outcome) => {
             let last = outcome.history.last();
             println!(
@@ -332,8 +358,29 @@ fn main() {
             }
         }
         Err(e) => {
+            // A data-parallel rank exits non-zero too, so mpirun / torchrun stop the others.
             eprintln!("error: {e}");
             std::process::exit(1);
         }
     }
+}
+
+/// This process's device and process group under a launcher: the CPU over MPI, or
+/// `cuda:LOCAL_RANK` over NCCL when `--device` chose CUDA.
+fn join_process_group(
+    device: Device,
+) -> Result<(Device, recipe::Distributed), kiln::distributed::Error> {
+    let env = kiln::distributed::LaunchEnv::from_process_env()?;
+    let device = match device {
+        Device::Cuda(_) => Device::cuda(env.local_rank).map_err(|e| {
+            kiln::distributed::Error::Environment(format!(
+                "LOCAL_RANK {} has no CUDA device ({e}); start one process per GPU, or \
+                         pass --device cpu to train on the CPU over MPI",
+                env.local_rank
+            ))
+        })?,
+        Device::Cpu => Device::Cpu,
+    };
+    let group = kiln::distributed::init_process_group(device)?;
+    Ok((device, recipe::Distributed(group)))
 }

@@ -6,19 +6,23 @@
 
 use super::checkpoint::{self, ModelInfo, Progress};
 use super::config::TrainConfig;
+use super::distributed;
 use super::epoch::{Steps, Trainer};
 use super::error::{Error, Result};
 use super::model::{self, is_head, ModelConfig, PretrainedReport};
 use super::report::{Observer, Setup};
 use super::resume;
 use kiln_autograd::{DType, Module};
-use kiln_data::{DataLoader, DataLoaderConfig, ImageDataset};
+use kiln_data::{DataLoader, DataLoaderConfig, DistributedSampler, ImageDataset};
 use kiln_models::models::ResNet;
 use kiln_models::{LayerExt, MemoryPlan, OptimizerKind};
 use kiln_optim::{Adam, AdamOptions, AdamW, ParamGroup};
 use kiln_sched::{CosineAnnealingLR, LinearLR, SequentialLR};
 use std::path::Path;
 use std::sync::Arc;
+
+/// Held while a run seeds the default generator and draws its model's init.
+static INIT_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Builds the run (resumed from `ckpt_path` when `resuming`) and tells `observer` its setup.
 pub(super) fn trainer(
@@ -67,10 +71,15 @@ pub(super) fn trainer(
         let saved = checkpoint::read_info(ckpt_path)?;
         resume::check_model(&info.config, &saved.config, ckpt_path)?;
     }
-    kiln_autograd::manual_seed(config.seed);
     // Recording starts before the model exists, so its parameters are attributed.
     let memory = super::memory::MemoryPicture::start(config)?;
-    let model = info.config.build()?;
+    let model = {
+        // The default generator is process-wide: ranks that are threads of one process
+        // (`ThreadGroup`) take turns, so each draws the seed's init uninterrupted.
+        let _turn = INIT_TURN.lock().unwrap_or_else(|p| p.into_inner());
+        kiln_autograd::manual_seed(config.seed);
+        info.config.build()?
+    };
     let mut pretrained_report: Option<PretrainedReport> = None;
     if let (Some((path, tensors)), false) = (&pretrained, resuming) {
         pretrained_report = Some(model::load_pretrained(&model, tensors, config.model, path)?);
@@ -91,6 +100,7 @@ pub(super) fn trainer(
     let plan = kiln_models::plan(&model, &[c, h, w], DType::F32, OptimizerKind::AdamW)?;
     let resumed_batch = resumed.as_ref().map(|r| r.progress.batch_size);
     let (batch_size, budget, plan_max) = batch_size(config, resumed_batch, &plan)?;
+    let batch_size = distributed::agree_on_batch_size(config, batch_size)?;
     let (mut train_loader, val_loader) = loaders(config, &info, train_set, val_set, batch_size)?;
     let batches = train_loader.len();
     let (mut opt, mut sched) = optimizer(config, &model, batches)?;
@@ -161,6 +171,9 @@ fn batch_size(
 
 /// The training loader (shuffled, augmented, last partial batch dropped) and the validation
 /// loader (in order, batches of at least 256), both normalising and delivering to the device.
+/// A data-parallel run's training loader reads this rank's shard ([`DistributedSampler`],
+/// shuffled by the seed, padded to equal shards), `batch_size` per rank; every rank validates
+/// on the whole validation set (the models are identical, so are the figures).
 fn loaders(
     config: &TrainConfig,
     info: &ModelInfo,
@@ -173,11 +186,12 @@ fn loaders(
     } else {
         Default::default()
     };
-    let train_loader = DataLoader::new(
+    let train_len = train_set.len();
+    let mut train_loader = DataLoader::new(
         Arc::new(train_set),
         DataLoaderConfig {
             batch_size,
-            shuffle: true,
+            shuffle: config.distributed.is_none(),
             drop_last: true,
             seed: config.seed,
             prefetch_batches: config.prefetch_batches,
@@ -186,6 +200,10 @@ fn loaders(
         },
         config.device,
     )?;
+    if let Some(d) = &config.distributed {
+        let sampler = DistributedSampler::new(train_len, d.0.world_size(), d.0.rank())?;
+        train_loader = train_loader.with_sampler(sampler.seed(config.seed))?;
+    }
     let val_loader = DataLoader::new(
         Arc::new(val_set),
         DataLoaderConfig {

@@ -5,8 +5,27 @@ use super::error::{Error, Result};
 use super::model::Arch;
 use kiln_autograd::{DType, Device};
 use kiln_data::DataSource;
+use kiln_distributed::ProcessGroup;
 use kiln_optim::GradScalerOptions;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The process group of a data-parallel run ([`TrainConfig::distributed`]): this process is one
+/// of `world_size` ranks, each training on its shard of every epoch with the same model.
+#[derive(Clone)]
+pub struct Distributed(pub Arc<dyn ProcessGroup>);
+
+impl std::fmt::Debug for Distributed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Distributed(rank {} of {}, {:?})",
+            self.0.rank(),
+            self.0.world_size(),
+            self.0.backend()
+        )
+    }
+}
 
 /// Every knob of [`train`]; [`TrainConfig::default`] is the example's defaults.
 #[derive(Debug, Clone)]
@@ -68,6 +87,17 @@ pub struct TrainConfig {
     /// it as `memory_snapshot.pickle` (PyTorch's memory_viz format) after every epoch; `None`
     /// records only the step `memory.svg` pictures.
     pub memory_history: Option<usize>,
+    /// Data-parallel training over this group (`--distributed`): the model wrapped in
+    /// `DistributedDataParallel`, the training set sharded by a `DistributedSampler`,
+    /// `batch_size` per rank, and only rank 0 writes to `run_dir`. `None`: one process.
+    pub distributed: Option<Distributed>,
+}
+
+impl TrainConfig {
+    /// True on the process that writes the run folder and reports: rank 0, or the only one.
+    pub fn is_writer(&self) -> bool {
+        self.distributed.as_ref().is_none_or(|d| d.0.rank() == 0)
+    }
 }
 
 impl Default for TrainConfig {
@@ -99,6 +129,7 @@ impl Default for TrainConfig {
             augment: true,
             prefetch_batches: 2,
             memory_history: None,
+            distributed: None,
         }
     }
 }

@@ -5,15 +5,19 @@
 //!
 //! Invariants: the schedule advances once per optimizer step, never per batch; the checkpoint
 //! is written after the epoch's state is complete, so a run stopped between epochs resumes
-//! from exactly where it stopped.
+//! from exactly where it stopped. A data-parallel run averages the gradients of each
+//! optimizer step over the ranks before clipping (so every rank clips by the same norm and
+//! steps identically); only rank 0 writes the checkpoint and the plot.
 
 use super::checkpoint::{self, ModelInfo, Progress, Saved};
 use super::config::TrainConfig;
+use super::distributed::Shared;
 use super::error::Result;
 use super::model::is_head;
 use super::report::{EpochReport, Observer};
 use kiln_autograd::{no_grad, AutocastGuard, Module, Tensor};
 use kiln_data::DataLoader;
+use kiln_distributed::DistributedDataParallel;
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::models::ResNet;
 use kiln_models::{Freeze, Layer};
@@ -84,29 +88,42 @@ pub(super) struct Trainer {
 }
 
 /// The mean cross-entropy of `images` against `labels` (under autocast with `amp`), its share
-/// `1 / group_len` back-propagated (scaled by the f16 scaler if any); returns the mean.
+/// `1 / group_len` back-propagated (scaled by the f16 scaler if any); returns the mean. With
+/// `ddp` the forward runs through it: a `sync` batch (the last of its accumulation group) has
+/// its gradients averaged over the ranks, the others only accumulate locally (`no_sync`).
+#[allow(clippy::too_many_arguments)]
 fn forward_backward(
     model: &ResNet,
+    ddp: Option<&DistributedDataParallel<Shared<'_>>>,
     images: &Tensor,
     labels: &Tensor,
-    group_len: usize,
+    (group_len, sync): (usize, bool),
     scaler: Option<&GradScaler>,
     config: &TrainConfig,
 ) -> Result<f64> {
+    let _no_sync = ddp.filter(|_| !sync).map(|d| d.no_sync());
     let ce = CrossEntropyOptions::default();
     let loss = {
         let _autocast = match config.amp {
             true => Some(AutocastGuard::new(config.amp_dtype)?),
             false => None,
         };
-        let logits = model.forward(images)?;
+        let logits = match ddp {
+            Some(d) => d.forward(images)?,
+            None => model.forward(images)?,
+        };
         cross_entropy(&logits, labels, &ce)?
     };
     let share = loss.div_scalar(group_len as f64)?;
-    match scaler {
-        Some(s) => s.scale(&share)?.backward()?,
-        None => share.backward()?,
+    let backward = match scaler {
+        Some(s) => s.scale(&share)?.backward(),
+        None => share.backward(),
+    };
+    // A gradient hook's failure (a collective's, naming the rank) is the error `finish` gives.
+    if let Some(d) = ddp {
+        d.finish()?;
     }
+    backward?;
     Ok(loss.item()?)
 }
 
@@ -132,6 +149,7 @@ impl Trainer {
         if frozen && config.pretrained.is_some() {
             super::model::hold_backbone_statistics(&mut self.model);
         }
+        let ddp = super::distributed::replicate(config, &self.model)?;
         let batches = self.train_loader.len();
         observer.epoch_start(epoch + 1, batches);
         let (mut loss_sum, mut norm_sum, mut norms, mut seen) = (0.0, 0.0, 0usize, 0usize);
@@ -142,11 +160,13 @@ impl Trainer {
             let group_start = i - i % config.accum_steps;
             let group_len = config.accum_steps.min(batches - group_start);
             self.memory.before_batch(config, epoch, i, batches)?;
+            let sync = i + 1 == group_start + group_len;
             let value = forward_backward(
                 &self.model,
+                ddp.as_ref(),
                 &batch.images,
                 &batch.labels,
-                group_len,
+                (group_len, sync),
                 self.steps.scaler.as_ref(),
                 config,
             )?;
@@ -155,7 +175,7 @@ impl Trainer {
             seen += n;
             self.batch_losses.push(value);
             observer.batch(n, value);
-            if i + 1 == group_start + group_len {
+            if sync {
                 let norm = self.steps.step(config.max_grad_norm)?;
                 self.progress.global_step += 1;
                 norm_sum += norm;
@@ -173,14 +193,17 @@ impl Trainer {
             }
             self.memory.after_batch(config, epoch, i)?;
         }
+        drop(ddp);
+        super::distributed::sync_buffers(config, &self.model)?;
         let train_seconds = start.elapsed().as_secs_f64();
+        let train_loss = super::distributed::mean_over_ranks(config, loss_sum / batches as f64)?;
         let (val_loss, val_accuracy) = evaluate(&mut self.model, &mut self.val_loader)?;
         kiln_device::empty_cache(device)?;
         let opt = &self.steps.opt;
         let report = EpochReport {
             epoch: epoch + 1,
             frozen,
-            train_loss: loss_sum / batches as f64,
+            train_loss,
             val_loss,
             val_accuracy,
             lr: [opt.lr(0)?, opt.lr(1)?],
@@ -204,8 +227,10 @@ impl Trainer {
         self.logger.flush()?;
         self.progress.epochs_done = epoch + 1;
         self.progress.history.push(report.clone());
-        self.save(ckpt_path)?;
-        write_plot(config, &self.progress.history)?;
+        if config.is_writer() {
+            self.save(ckpt_path)?;
+            write_plot(config, &self.progress.history)?;
+        }
         self.memory.write(config, &self.progress.history)?;
         observer.epoch_end(&report);
         Ok(report)

@@ -28,6 +28,9 @@ pub enum Error {
     /// From kiln-data.
     #[error(transparent)]
     Data(#[from] kiln_data::Error),
+    /// From kiln-distributed (a collective failed or timed out, naming the rank).
+    #[error(transparent)]
+    Distributed(#[from] kiln_distributed::Error),
     /// A setting that cannot work, with the fix.
     #[error("invalid setting: {0}")]
     Config(String),

@@ -41,6 +41,9 @@ pub(super) struct MemoryPicture {
     step: Option<(MemoryTimeline, String)>,
     /// Whether this call still has a step to picture.
     waiting: bool,
+    /// Whether this process writes the run folder (rank 0, or the only process): the others
+    /// record nothing and write nothing.
+    enabled: bool,
 }
 
 fn recorded_so_far(config: &TrainConfig) -> Result<(u64, kiln_alloc_cache::MemoryHistory)> {
@@ -58,12 +61,21 @@ fn record(config: &TrainConfig, on: bool, max_entries: usize) -> Result<()> {
 impl MemoryPicture {
     /// Starts recording (call before the model is built).
     pub fn start(config: &TrainConfig) -> Result<Self> {
+        if !config.is_writer() {
+            return Ok(MemoryPicture {
+                started_at: None,
+                step: None,
+                waiting: false,
+                enabled: false,
+            });
+        }
         let max = config.memory_history.unwrap_or(PICTURE_EVENTS);
         record(config, true, max)?;
         Ok(MemoryPicture {
             started_at: None,
             step: None,
             waiting: true,
+            enabled: true,
         })
     }
 
@@ -122,6 +134,9 @@ impl MemoryPicture {
 
     /// Writes `memory.svg` (and the snapshot with `memory_history`) into the run folder.
     pub fn write(&self, config: &TrainConfig, history: &[EpochReport]) -> Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
         let epochs: Vec<EpochMemory> = history
             .iter()
             .map(|r| EpochMemory {

@@ -22,10 +22,13 @@
 //!   optimizer state and checkpoints stay f32; with f16 a `GradScaler` scales the loss, unscales
 //!   before clipping and skips steps whose gradients overflowed. bf16 has f32's range and needs
 //!   no scaling. It runs on the CPU too (slowly: the CPU kernels compute in f32 after casting).
+//! - optional data parallelism (`distributed`): one process per device, the
+//!   model wrapped in `DistributedDataParallel`, the training set sharded, rank 0 alone writing.
 
 mod build;
 pub mod checkpoint;
 mod config;
+mod distributed;
 mod epoch;
 mod error;
 pub mod memory;
@@ -35,7 +38,7 @@ mod report;
 mod resume;
 
 pub use checkpoint::checkpoint_path;
-pub use config::TrainConfig;
+pub use config::{Distributed, TrainConfig};
 pub use epoch::evaluate;
 pub use error::{Error, Result};
 pub use model::{Arch, ModelConfig, PretrainedReport};
@@ -56,11 +59,13 @@ pub fn train(config: &TrainConfig, observer: &mut dyn Observer) -> error::Result
             config.run_dir.display()
         )));
     }
-    std::fs::create_dir_all(&config.run_dir).map_err(io(config.run_dir.clone()))?;
     let ckpt_path = checkpoint_path(&config.run_dir);
-    // Temporary files of checkpoint writes that were killed would otherwise stay forever.
-    kiln_models::checkpoint::remove_stale_temp_files(&ckpt_path)?;
-    let resuming = config.resume && ckpt_path.exists();
+    if config.is_writer() {
+        std::fs::create_dir_all(&config.run_dir).map_err(io(config.run_dir.clone()))?;
+        // Temporary files of checkpoint writes that were killed would otherwise stay forever.
+        kiln_models::checkpoint::remove_stale_temp_files(&ckpt_path)?;
+    }
+    let resuming = distributed::agree_on_resume(config, config.resume && ckpt_path.exists())?;
     let mut trainer = build::trainer(config, &ckpt_path, resuming, observer)?;
     let last = config
         .stop_after

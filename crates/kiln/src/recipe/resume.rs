@@ -184,8 +184,12 @@ pub fn take_checkpoint_settings(config: &mut TrainConfig, given: GivenSettings) 
 
 /// The run's logger: TensorBoard events in `run_dir/tensorboard`, rows in `run_dir/metrics.csv`.
 /// With `--resume` (`last_step` is the checkpoint's, 0 when there was none) the CSV is cut back
-/// to `last_step` and the new event file purges every earlier event after it.
+/// to `last_step` and the new event file purges every earlier event after it. Ranks other
+/// than 0 of a data-parallel run keep their scalars in memory only.
 pub(super) fn logger(config: &TrainConfig, last_step: usize) -> Result<ScalarLogger> {
+    if !config.is_writer() {
+        return Ok(ScalarLogger::in_memory());
+    }
     let tensorboard = config.run_dir.join("tensorboard");
     let csv = config.run_dir.join("metrics.csv");
     let logger = if config.resume {
