@@ -99,6 +99,7 @@ fn two_ranks_train_identical_models_on_their_own_shards_and_only_rank_0_writes()
         names_in(&root.join("r0")),
         [
             "ckpt.safetensors",
+            "memory.svg",
             "metrics.csv",
             "metrics.svg",
             "tensorboard"
