@@ -112,6 +112,59 @@ fn a_killed_rank_makes_the_other_fail_within_the_timeout() {
     assert!(seconds < 40.0, "took {seconds} s");
 }
 
+/// A rank that fetched NCCL's unique id but never calls `ncclCommInitRank` (stuck or gone
+/// between the rendezvous and NCCL) makes the other's init fail within KILN_DIST_TIMEOUT with
+/// a timeout naming it, instead of blocking in NCCL forever.
+#[test]
+fn a_rank_that_never_joins_nccl_makes_the_other_time_out_naming_it() {
+    if !two_devices() {
+        return;
+    }
+    let (ranks, seconds) = launch("never-joins", "3");
+    let (ok0, log0) = &ranks[0];
+    assert!(ok0, "{log0}");
+    assert!(
+        log0.contains("rank 0: init failed as expected: rank 0 of 2: ncclCommInitRank did not finish within 3 s"),
+        "{log0}"
+    );
+    assert!(ranks[1].0, "{}", ranks[1].1);
+    assert!(
+        ranks[1].1.contains("rank 1: fetched the id"),
+        "{}",
+        ranks[1].1
+    );
+    assert!(seconds < 30.0, "took {seconds} s");
+}
+
+/// The two sides of [`a_rank_that_never_joins_nccl_makes_the_other_time_out_naming_it`].
+fn never_joins(local: usize, device: Device) {
+    let env = kiln_distributed::LaunchEnv::from_process_env().unwrap();
+    let timeout = Duration::from_secs(3);
+    if local == 1 {
+        // The rendezvous NcclGroup::new runs (rank 0's unique id, 128 bytes), then nothing.
+        let id = kiln_distributed::store::share_from_rank0(&env, None, 128, timeout).unwrap();
+        assert_eq!(id.len(), 128);
+        println!("rank 1: fetched the id, never joining");
+        std::thread::sleep(Duration::from_secs(6));
+        return;
+    }
+    let started = Instant::now();
+    let err = init_process_group(device).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                rank: 0,
+                op: "ncclCommInitRank",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    println!("rank 0: init failed as expected: {err}");
+}
+
 /// DDP on `--device cuda`: two ranks, one per device, each on its half of every batch, end
 /// bit-identical to each other and where one CPU process over the whole batches ends. The
 /// tolerance is looser than tests/ddp.rs's 1e-6 (same device) because the two sides also run
@@ -278,6 +331,9 @@ fn nccl_rank_entry() {
     let scenario = std::env::var(SCENARIO).expect("launched by the tests of this file");
     let local: usize = std::env::var("LOCAL_RANK").unwrap().parse().unwrap();
     let device = Device::Cuda(local);
+    if scenario == "never-joins" {
+        return never_joins(local, device);
+    }
     let g = init_process_group(device).unwrap();
     assert_eq!(g.backend(), BackendKind::Nccl);
     let r = g.rank();

@@ -13,6 +13,7 @@
 //! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
 //! cargo build --release --features mpi --example train && \
 //!     mpirun -np 2 target/release/examples/train --distributed   # 2 CPU ranks over MPI
+//! mpirun -np 2 target/release/examples/train --distributed --sync-bn  # BatchNorm over both
 //! ```
 
 use clap::parser::ValueSource;
@@ -89,6 +90,10 @@ struct Args {
     /// --batch-size is per rank, and rank 0 alone prints and writes RUN_DIR.
     #[arg(long)]
     distributed: bool,
+    /// With --distributed: BatchNorm's batch statistics over every rank (SyncBatchNorm), so N
+    /// ranks of --batch-size B train as one process of batch N * B would.
+    #[arg(long)]
+    sync_bn: bool,
 }
 
 fn parse_data(s: &str) -> Result<DataSource, String> {
@@ -318,6 +323,7 @@ fn main() {
         backbone_lr_factor: args.backbone_lr_factor,
         memory_history: args.memory_history,
         distributed,
+        sync_bn: args.sync_bn,
         ..TrainConfig::default()
     };
     if let Err(e) = recipe::take_checkpoint_settings(&mut config, given) {

@@ -2,13 +2,12 @@
 //! (`ThreadGroup`: the same `DistributedDataParallel`, sampler and rank-0-only writing as under
 //! `mpirun`, without MPI). What is checked: both ranks end bit-identical, each trained on its
 //! own shard, the loss went down, rank 1 wrote nothing, a stopped run resumed on both ranks
-//! from rank 0's checkpoint ends bit for bit where the straight run ends, and an error on one
-//! rank stops the other with an error naming it.
+//! from rank 0's checkpoint ends bit for bit where the straight run ends, a resume with another
+//! number of ranks is refused, and an error on one rank stops the other with an error naming it.
 //!
-//! Not checked here: equality with one process over the concatenated batches. The recipe's
-//! ResNet has BatchNorm, whose batch statistics are per rank (no SyncBatchNorm), so two ranks
-//! of B samples do not compute one process's gradients over 2B; kiln-distributed's
-//! tests/ddp.rs and tests/mpi.rs check that equality for DDP itself on a BatchNorm-free model.
+//! Equality with one process over the concatenated batches (with `sync_bn`: per-rank BatchNorm
+//! statistics would differ from one process's over 2B) is checked under a real `mpirun` in
+//! tests/mpi_recipe.rs.
 
 mod common;
 
@@ -136,6 +135,39 @@ fn both_ranks_resume_from_rank_0s_checkpoint_bit_identically() {
         assert_eq!(resumed[r].batch_losses.len(), 4);
         assert_eq!(resumed[r].batch_losses[..], straight[r].batch_losses[8..]);
         assert_same_bits(&bits(&resumed[r].model), &bits(&straight[r].model));
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn a_resume_with_another_number_of_ranks_is_refused_naming_both_counts() {
+    let root = temp_root("world");
+    let stopped = TrainConfig {
+        stop_after: Some(1),
+        ..config(root.join("run"))
+    };
+    for r in run_ranks(vec![stopped.clone(), stopped]) {
+        assert_eq!(r.unwrap().history.len(), 1);
+    }
+    // One process (no group) resuming the two ranks' checkpoint.
+    let alone = TrainConfig {
+        resume: true,
+        ..config(root.join("run"))
+    };
+    let msg = recipe::train(&alone, &mut Quiet).unwrap_err().to_string();
+    assert!(
+        msg.contains("was written by a run of 2 rank(s), and this run has 1"),
+        "{msg}"
+    );
+    assert!(msg.contains("relaunch with 2 rank(s) (`mpirun -np 2`"), "{msg}");
+    // Three ranks: every rank refuses, with the same counts.
+    let resumed = vec![alone.clone(), alone.clone(), alone];
+    for r in run_ranks(resumed) {
+        let msg = r.unwrap_err().to_string();
+        assert!(
+            msg.contains("written by a run of 2 rank(s), and this run has 3"),
+            "{msg}"
+        );
     }
     std::fs::remove_dir_all(&root).unwrap();
 }

@@ -73,7 +73,7 @@ pub(super) fn trainer(
     }
     // Recording starts before the model exists, so its parameters are attributed.
     let memory = super::memory::MemoryPicture::start(config)?;
-    let model = {
+    let mut model = {
         // The default generator is process-wide: ranks that are threads of one process
         // (`ThreadGroup`) take turns, so each draws the seed's init uninterrupted.
         let _turn = INIT_TURN.lock().unwrap_or_else(|p| p.into_inner());
@@ -92,6 +92,7 @@ pub(super) fn trainer(
     } else {
         None
     };
+    distributed::convert_batch_norms(config, &mut model);
     // Layers are built on the CPU; move them before the optimizer exists, so its state (and a
     // resumed one) is created on the device.
     model.to_device(device)?;
@@ -109,6 +110,7 @@ pub(super) fn trainer(
         global_step: 0,
         batch_size,
         seed: config.seed,
+        world_size: distributed::world_size(config),
         history: Vec::new(),
     };
     let mut resumed_scaler = None;
