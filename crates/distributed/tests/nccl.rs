@@ -10,14 +10,9 @@ mod common;
 
 use kiln_autograd::{DType, Device, Tensor};
 use kiln_device::testing::cuda_device_or_skip;
-use kiln_distributed::{
-    init_process_group, BackendKind, DdpOptions, DistributedDataParallel, Error, ProcessGroup,
-    ReduceOp,
-};
-use kiln_models::{Layer, LayerExt};
+use kiln_distributed::{init_process_group, BackendKind, Error, ProcessGroup, ReduceOp};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SCENARIO: &str = "KILN_TEST_NCCL_SCENARIO";
@@ -186,71 +181,6 @@ fn ddp_on_cuda_equals_one_process_over_the_concatenated_batches() {
     );
 }
 
-const DDP_STEPS: usize = 4;
-const DDP_ROWS: usize = 3;
-
-fn ddp_scenario(group: Arc<dyn ProcessGroup>, device: Device) {
-    use common::*;
-    let rank = group.rank();
-    let world = group.world_size();
-    let model = mlp();
-    init(&model, rank as f64); // only rank 0's values survive DDP's broadcast
-    model.to_device(device).unwrap();
-    let ddp = DistributedDataParallel::new(model, group.clone(), DdpOptions::default()).unwrap();
-    let mut o = optimizer(ddp.module(), Opt::SgdMomentum);
-    for step in 0..DDP_STEPS {
-        let (x, y) = batch(step, world * DDP_ROWS, &[4]);
-        let x = rows(&x, rank, DDP_ROWS).to_device(device).unwrap();
-        let y = rows(&y, rank, DDP_ROWS).to_device(device).unwrap();
-        let out = ddp.forward(&x).unwrap();
-        ddp.backward(&loss(&out, &y)).unwrap();
-        o.step().unwrap();
-        o.zero_grad(true).unwrap();
-    }
-    let mine = state(ddp.module());
-    // Every rank holds the same parameters, bit for bit (gathered through NCCL itself).
-    let flat: Vec<f32> = mine
-        .iter()
-        .flat_map(|(_, v)| v.iter().map(|&x| x as f32))
-        .collect();
-    let n = flat.len();
-    let all = Tensor::zeros(&[n * world], DType::F32, device).unwrap();
-    group.all_gather(&cuda_f32(&flat, device), &all).unwrap();
-    let all = all.to_vec::<f32>().unwrap();
-    for r in 0..world {
-        let same = all[r * n..(r + 1) * n]
-            .iter()
-            .zip(&flat)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "rank {r}'s parameters differ from rank {rank}'s");
-    }
-    println!("rank {rank}: ddp ranks agree");
-    if rank == 0 {
-        let single = mlp();
-        init(&single, 0.0);
-        let mut o = optimizer(&single, Opt::SgdMomentum);
-        for step in 0..DDP_STEPS {
-            let (x, y) = batch(step, world * DDP_ROWS, &[4]);
-            loss(&single.forward(&x).unwrap(), &y).backward().unwrap();
-            o.step().unwrap();
-            o.zero_grad(true).unwrap();
-        }
-        let want = state(&single);
-        let (worst, name) = max_rel_diff(&mine, &want);
-        assert!(worst < 1e-5, "{name}: {worst}");
-        let start = mlp();
-        init(&start, 0.0);
-        let moved = max_rel_diff(&mine, &state(&start)).0;
-        assert!(
-            moved > 1e-3,
-            "training did not move the parameters ({moved})"
-        );
-        println!("rank 0: ddp matches one process (max relative difference {worst:.1e} at {name})");
-    }
-    drop(ddp);
-    group.barrier().unwrap();
-}
-
 fn cuda_f32(v: &[f32], device: Device) -> Tensor {
     Tensor::from_vec(v.to_vec(), &[v.len()], device).unwrap()
 }
@@ -342,7 +272,7 @@ fn nccl_rank_entry() {
             collectives(g.as_ref(), device);
             println!("rank {r}: nccl collectives ok");
         }
-        "ddp" => ddp_scenario(g.clone(), device),
+        "ddp" => common::ddp_against_one_process(g.clone(), device, 1e-5),
         "kill" => {
             g.barrier().unwrap();
             if r == 1 {

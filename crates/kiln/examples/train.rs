@@ -178,6 +178,15 @@ impl Observer for Display {
             format_bytes(p.optimizer_state_bytes as u64),
             format_bytes(p.per_sample_bytes() as u64)
         );
+        if let Some(z) = &s.zero1 {
+            println!(
+                "  ZeRO-1 over the ranks would keep {} of optimizer state per rank instead of {} \
+                 (fixed {} per rank)",
+                format_bytes(z.sharded_state_bytes as u64),
+                format_bytes(z.unsharded_state_bytes as u64),
+                format_bytes(z.fixed_bytes as u64)
+            );
+        }
         match (s.budget_bytes, s.plan_max_batch) {
             (Some(budget), Some(max)) => println!(
                 "  budget {} (half the free memory) fits batch {max}; using {} (capped), \

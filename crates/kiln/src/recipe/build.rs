@@ -119,6 +119,7 @@ pub(super) fn trainer(
         progress = p;
         resumed_scaler = scaler;
     }
+    let zero1 = distributed::zero1_saving(config, &model, &plan);
     observer.setup(&Setup {
         summary,
         plan,
@@ -130,6 +131,7 @@ pub(super) fn trainer(
         resume_missing: (config.resume && !resuming).then(|| ckpt_path.to_path_buf()),
         samples: (train_loader.dataset().len(), val_loader.dataset().len()),
         pretrained: pretrained_report,
+        zero1,
     });
 
     let logger = resume::logger(config, progress.global_step)?;

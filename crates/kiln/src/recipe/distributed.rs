@@ -72,6 +72,26 @@ pub(super) fn convert_batch_norms(config: &TrainConfig, model: &mut ResNet) {
     }
 }
 
+/// What ZeRO-1 would save per rank on `plan` over the run's ranks (`None` for one rank):
+/// every trainable parameter sharded as `ZeroRedundancyOptimizer` shards them.
+pub(super) fn zero1_saving(
+    config: &TrainConfig,
+    model: &ResNet,
+    plan: &kiln_models::MemoryPlan,
+) -> Option<kiln_distributed::zero::Zero1Saving> {
+    let world = world_size(config);
+    if world < 2 {
+        return None;
+    }
+    let numels: Vec<usize> = model
+        .named_parameters()
+        .iter()
+        .filter(|(_, p)| p.requires_grad())
+        .map(|(_, p)| p.numel())
+        .collect();
+    Some(kiln_distributed::zero::zero1_saving(plan, &numels, world))
+}
+
 /// The model wrapped for data-parallel training (`None` without a group): rank 0's parameters
 /// and buffers broadcast to every rank, the trainable ones bucketed with their hooks. Buffers
 /// (BatchNorm's running statistics) are re-broadcast from rank 0 at each synced forward,
