@@ -231,3 +231,75 @@ fn fixed_shape_step_calls_the_backend_only_in_the_first(name: &str, text: &str) 
         assert_eq!(r.report().events, 10 * trace.events.len());
     }
 }
+
+/// The traces recorded from kiln's CPU training runs (`cargo xtask record-traces`).
+const RECORDED: [(&str, &str, usize); 4] = [
+    (
+        "resnet18_sgd",
+        include_str!("../traces/resnet18_sgd.trace"),
+        6,
+    ),
+    (
+        "gpt_varlen_adamw",
+        include_str!("../traces/gpt_varlen_adamw.trace"),
+        8,
+    ),
+    (
+        "finetune_resnet18_varbatch",
+        include_str!("../traces/finetune_resnet18_varbatch.trace"),
+        8,
+    ),
+    ("vit_adamw", include_str!("../traces/vit_adamw.trace"), 6),
+];
+
+#[test]
+fn recorded_traces_are_whole_runs_that_free_everything() {
+    for (name, text, steps) in RECORDED {
+        let trace = Trace::parse(text).unwrap();
+        let allocs = trace
+            .events
+            .iter()
+            .filter(|e| matches!(e, TraceEvent::Alloc { .. }))
+            .count();
+        assert_eq!(allocs * 2, trace.events.len(), "{name}");
+        let marks = text.lines().filter(|l| l.starts_with("# step ")).count();
+        assert_eq!(marks, steps, "{name}");
+        assert!(text.len() < 2 << 20, "{name} is {} bytes", text.len());
+        // Ids are dense: never more than the blocks live at once.
+        let max_id = trace
+            .events
+            .iter()
+            .map(|e| match *e {
+                TraceEvent::Alloc { id, .. } | TraceEvent::Free { id } => id,
+            })
+            .max()
+            .unwrap();
+        assert!(
+            max_id < allocs as u64 / 2,
+            "{name}: id {max_id} of {allocs}"
+        );
+    }
+}
+
+#[test]
+fn compact_recording_drops_foreign_frees_renumbers_and_closes() {
+    let recorded = "# header\na 70 100\nf 3\na 71 200\nf 70\n# step 2\na 72 300\n";
+    let out = compact_recording(recorded).unwrap();
+    assert_eq!(
+        out,
+        "# header\na 1 100\na 2 200\nf 1\n# step 2\na 1 300\n\
+         # 2 blocks still live at the end, freed here\nf 1\nf 2\n"
+    );
+    let err = compact_recording("a 5 10\na 5 10\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 2") && err.contains("allocated again"),
+        "{err}"
+    );
+    let err = compact_recording("f x\n").unwrap_err().to_string();
+    assert!(
+        err.contains("line 1") && err.contains("not a non-negative integer"),
+        "{err}"
+    );
+}
