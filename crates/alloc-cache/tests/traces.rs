@@ -173,7 +173,7 @@ fn shipped_traces_replay_without_ooms_or_retries() {
 /// defragmentation on a miss and geometric growth) gave 1.395 on ResNet-18, 1.158 on the
 /// variable-length transformer, 1.059 on the fixed-length one and 1.202 on the MLP.
 const FRAGMENTATION_BOUNDS: [(&str, f64, f64); 4] = [
-    ("resnet18_step_b32.trace", 1.06, 1.025),
+    ("resnet18_step_b32.trace", 1.07, 1.025),
     ("transformer_varlen_b8.trace", 1.11, 1.005),
     ("transformer_fixed_b8_t512.trace", 1.06, 1.005),
     ("mlp_step_b1024.trace", 1.05, 1.05),
@@ -217,7 +217,7 @@ fn fixed_shape_step_calls_the_backend_only_in_the_first(name: &str, text: &str) 
         r.run(&trace).unwrap();
         let after_first = r.sim().calls();
         assert!(
-            after_first.memory_calls() > 10,
+            after_first.memory_calls() > 5,
             "{name} {mode:?}: {after_first:?}"
         );
         for _ in 1..10 {
@@ -302,4 +302,51 @@ fn compact_recording_drops_foreign_frees_renumbers_and_closes() {
         err.contains("line 1") && err.contains("not a non-negative integer"),
         "{err}"
     );
+}
+
+/// Upper bounds on `reserved_over_live` of each recorded trace (default, expandable): the
+/// figures measured when the small pool was cut to 256 KiB, plus a little room (with the 1 MiB
+/// small pool they were 1.243 / 1.124, 1.157 / 1.225, 1.256 / 1.104 and 1.273 / 1.085).
+const RECORDED_BOUNDS: [(&str, f64, f64); 4] = [
+    ("resnet18_sgd", 1.235, 1.08),
+    ("gpt_varlen_adamw", 1.035, 1.125),
+    ("finetune_resnet18_varbatch", 1.15, 1.07),
+    ("vit_adamw", 1.15, 1.045),
+];
+
+#[test]
+fn recorded_traces_fragment_less_than_the_bounds_and_pytorch() {
+    for (name, default_bound, expandable_bound) in RECORDED_BOUNDS {
+        let text = RECORDED.iter().find(|(n, ..)| *n == name).unwrap().1;
+        let trace = Trace::parse(text).unwrap();
+        for (mode, bound) in [
+            (ReplayMode::Default, default_bound),
+            (ReplayMode::Expandable, expandable_bound),
+        ] {
+            let cap = replay::DEFAULT_REPLAY_CAPACITY;
+            let r = replay(&trace, mode, cap).unwrap();
+            assert!(
+                r.reserved_over_live <= bound,
+                "{name} {mode:?}: reserved/live {:.4} above {bound}",
+                r.reserved_over_live
+            );
+            let torch = replay_with(&trace, ReplayPolicy::PyTorch, mode, cap).unwrap();
+            assert!(
+                r.reserved_over_live <= torch.reserved_over_live,
+                "{name} {mode:?}: kiln {:.4} above PyTorch's policy {:.4}",
+                r.reserved_over_live,
+                torch.reserved_over_live
+            );
+            assert_eq!((r.ooms, r.alloc_retries), (0, 0), "{name} {mode:?}");
+        }
+    }
+}
+
+#[test]
+fn recorded_fixed_shape_runs_replayed_ten_times_call_the_backend_only_in_the_first() {
+    for (name, text, _) in RECORDED {
+        if name == "resnet18_sgd" || name == "vit_adamw" {
+            fixed_shape_step_calls_the_backend_only_in_the_first(name, text);
+        }
+    }
 }
