@@ -23,9 +23,14 @@
 //! 1.148 (ViT), 1.157 to 1.026 (GPT, variable length), 1.256 to 1.146 (fine-tune) and 1.243 to
 //! 1.230 (ResNet-18), and expandable mode by 0.05-0.11 on three of them; 384 and 512 KiB were
 //! better on ResNet-18 and worse on the others (the placement is chaotic). Larger requests go to
-//! the *large* pool: requests under 10 MiB get a [`LARGE_SEGMENT`] = 20 MiB segment so several
-//! of them share one backend call,
-//! and requests of [`MIN_LARGE_ALLOC`] = 10 MiB or more get a segment of their size rounded up to
+//! the *large* pool: a request under 10 MiB gets a segment of whole copies of itself, up to
+//! [`LARGE_SEGMENT`] = 20 MiB, so several share one backend call (PyTorch: always 20 MiB; the
+//! copies whose 2 MiB-rounded segment wastes least, so 9 MiB gets 18 MiB rather than 20 MiB
+//! with a tail no 9 MiB tensor can use), or a segment of its own size when the large pool
+//! already caches half a segment it could not use (a fragmentation miss, often the one that
+//! sets the peak: a padded segment would then sit mostly empty); on the recorded traces the
+//! worst default-mode figure went from 1.230 to 1.151 (`mid_segment_size` in `segments.rs`).
+//! Requests of [`MIN_LARGE_ALLOC`] = 10 MiB or more get a segment of their size rounded up to
 //! [`ROUND_LARGE`] = 2 MiB, or more under geometric growth (below). Keeping small and large apart
 //! stops long-lived small tensors (biases, norms, scalars) from pinning large segments so they
 //! can never be released.
