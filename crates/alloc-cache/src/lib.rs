@@ -39,6 +39,7 @@ mod lock;
 mod oom_context;
 mod page_runs;
 pub mod pickle;
+pub mod planned;
 pub mod pytorch_policy;
 mod recorded;
 mod recorder;
