@@ -8,6 +8,8 @@
 //! - [`Allocation`]: RAII handle (frees on drop); [`RawAllocation`] for explicit allocate/free.
 //! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere;
 //!   [`pytorch_policy`] replays it under a model of PyTorch's allocator for comparison.
+//! - [`planned`]: one steady step packed offline into an arena (interval packing) and the
+//!   following steps served from it, falling back to the cache when a step deviates.
 //! - [`snapshot_pickle`] / [`snapshot_read`]: the allocation history and segments as the
 //!   pickle PyTorch's memory_viz opens, and back ([`pickle`] is the codec).
 //! - [`timeline`]: live bytes per category over time, the peak and its largest blocks (the
