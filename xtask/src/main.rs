@@ -10,6 +10,7 @@ mod gpu_pack;
 mod kernels;
 mod memviz;
 mod paths;
+mod record_traces;
 mod replay;
 
 const USAGE: &str = "usage: cargo xtask <command>
@@ -18,7 +19,9 @@ commands:
   arch       check the layout rules: file length, no import cycles between files, one seam signature
   kernels    compile every .cu file with NVRTC (compute_80/90) and assemble with ptxas (sm_80/90)
   gpu-pack   build test and bench binaries into target/gpu-pack/ for a GPU machine
-  replay     replay an allocation trace through the simulated backend
+  replay     replay an allocation trace through the simulated backend (--policy kiln|pytorch)
+  record-traces  record the shipped allocation traces from real CPU training runs
+             (KILN_NUM_THREADS=1 cargo xtask record-traces [--only NAME])
   bench      run benchmark groups and write target/kiln-bench/report.{json,md}
   memviz     draw kiln's memory picture of a snapshot pickle: cargo xtask memviz SNAPSHOT [-o OUT.svg]
   emu        run a command with the CUDA emulator (kiln-cuda-emu) in place of NVIDIA's libraries:
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         "kernels" => kernels::run(rest),
         "gpu-pack" => gpu_pack::run(rest),
         "replay" => replay::run(rest),
+        "record-traces" => record_traces::run(rest),
         "bench" => bench::run(rest),
         "memviz" => memviz::run(rest),
         "emu-suite" => emu::suite::run(rest),

@@ -1,11 +1,13 @@
-//! `cargo xtask replay FILE [--mode default|expandable] [--capacity BYTES]`: replays an
-//! allocation trace through the caching allocator on a simulated device and prints one JSON
-//! object (events, peak_live_bytes, peak_reserved_bytes, reserved_over_live, device_allocs,
-//! device_frees, alloc_retries, ooms).
+//! `cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch]
+//! [--capacity BYTES]`: replays an allocation trace through the caching allocator (or the model
+//! of PyTorch's allocator) on a simulated device and prints one JSON object (events,
+//! peak_live_bytes, peak_reserved_bytes, reserved_over_live, device_allocs, device_frees,
+//! alloc_retries, ooms).
 
-use kiln_alloc_cache::{replay, ReplayMode, Trace};
+use kiln_alloc_cache::{replay_with, ReplayMode, ReplayPolicy, Trace};
 
-const USAGE: &str = "usage: cargo xtask replay FILE [--mode default|expandable] [--capacity BYTES]
+const USAGE: &str = "usage: cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch] [--capacity BYTES]
+  --policy pytorch replays under a model of PyTorch's CUDA caching allocator (default kiln)
   --capacity accepts bytes or a KiB/MiB/GiB suffix (default 80GiB)";
 
 /// Parses `123`, `16MiB`, `80GiB`, `512KiB`.
@@ -37,6 +39,7 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut file = None;
     let mut mode = ReplayMode::Default;
+    let mut policy = ReplayPolicy::Kiln;
     let mut capacity = kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -47,6 +50,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         };
         match arg.as_str() {
             "--mode" => mode = value("--mode")?.parse().map_err(|e| format!("{e}"))?,
+            "--policy" => policy = value("--policy")?.parse().map_err(|e| format!("{e}"))?,
             "--capacity" => capacity = parse_bytes(&value("--capacity")?)?,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -61,7 +65,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let file = file.ok_or_else(|| format!("no trace file given\n{USAGE}"))?;
     let trace = Trace::read(&file).map_err(|e| format!("{file}: {e}"))?;
-    let report = replay(&trace, mode, capacity).map_err(|e| format!("{file}: {e}"))?;
+    let report = replay_with(&trace, policy, mode, capacity).map_err(|e| format!("{file}: {e}"))?;
     println!(
         "{}",
         serde_json::to_string(&report).map_err(|e| e.to_string())?

@@ -14,11 +14,23 @@
 //! reserved/live in every setting tried (e.g. 1.00 -> 1.09 on the variable-length transformer
 //! in expandable mode with 4 divisions), because the rounding waste outweighs the extra reuse.
 //!
-//! **Two pools per stream.** Requests of at most [`SMALL_SIZE`] = 1 MiB go to the *small* pool,
-//! which packs them into [`SMALL_SEGMENT`] = 2 MiB segments (2 MiB is also the GPU's page, so a
-//! small segment costs exactly one page). Larger requests go to the *large* pool: 1-10 MiB
-//! requests get a [`LARGE_SEGMENT`] = 20 MiB segment so several of them share one backend call,
-//! and requests of [`MIN_LARGE_ALLOC`] = 10 MiB or more get a segment of their size rounded up to
+//! **Two pools per stream.** Requests of at most [`SMALL_SIZE`] = 256 KiB go to the *small*
+//! pool, which packs them into [`SMALL_SEGMENT`] = 2 MiB segments (2 MiB is also the GPU's page,
+//! so a small segment costs exactly one page). PyTorch's boundary is 1 MiB; but a 2 MiB segment
+//! holds only two requests of 683 KiB to 1 MiB, and on the traces recorded from kiln's runs such
+//! requests (a ViT's 0.76 MiB activations) left a third of the small pool free and unusable by
+//! large requests: moving the boundary to 256 KiB took default-mode reserved/live from 1.273 to
+//! 1.148 (ViT), 1.157 to 1.026 (GPT, variable length), 1.256 to 1.146 (fine-tune) and 1.243 to
+//! 1.230 (ResNet-18), and expandable mode by 0.05-0.11 on three of them; 384 and 512 KiB were
+//! better on ResNet-18 and worse on the others (the placement is chaotic). Larger requests go to
+//! the *large* pool: a request under 10 MiB gets a segment of whole copies of itself, up to
+//! [`LARGE_SEGMENT`] = 20 MiB, so several share one backend call (PyTorch: always 20 MiB; the
+//! copies whose 2 MiB-rounded segment wastes least, so 9 MiB gets 18 MiB rather than 20 MiB
+//! with a tail no 9 MiB tensor can use), or a segment of its own size when the large pool
+//! already caches half a segment it could not use (a fragmentation miss, often the one that
+//! sets the peak: a padded segment would then sit mostly empty); on the recorded traces the
+//! worst default-mode figure went from 1.230 to 1.151 (`mid_segment_size` in `segments.rs`).
+//! Requests of [`MIN_LARGE_ALLOC`] = 10 MiB or more get a segment of their size rounded up to
 //! [`ROUND_LARGE`] = 2 MiB, or more under geometric growth (below). Keeping small and large apart
 //! stops long-lived small tensors (biases, norms, scalars) from pinning large segments so they
 //! can never be released.
@@ -63,8 +75,8 @@
 //!   traces unchanged (their large sizes are within 1/32 of a 2 MiB multiple); 1/16 changes
 //!   nothing, 1/64 the same as 1/32.
 //!
-//! Together (default mode, reserved/live; PyTorch's rules in brackets): ResNet-18 step 1.054
-//! (1.395), GPT-2-like variable length 1.103 (1.158), fixed length 1.052 (1.059), MLP 1.047
+//! Together (default mode, reserved/live on the synthetic traces; PyTorch's rules in brackets;
+//! the recorded traces are in `docs/ARCHITECTURE.md`): ResNet-18 step 1.063 (1.395), GPT-2-like variable length 1.103 (1.158), fixed length 1.052 (1.059), MLP 1.047
 //! (1.202). What is left on ResNet-18 is mostly 8 MiB of small segments the optimizer adds at
 //! the end of the step while the large pool is mostly free (small requests never take large
 //! blocks, so that long-lived small tensors cannot pin large segments). On the fixed-length
@@ -79,8 +91,8 @@
 //! (PyTorch uses a `std::set`). Ties go to the most recently freed block up to 2 MiB (its memory
 //! is the likeliest to be in cache) and to the lowest address above. The tail of a block is split
 //! off when it is worth keeping: any remainder of at least 512 bytes in the small pool and in
-//! expandable segments, more than 1 MiB in the large pool (smaller remainders there could only
-//! serve small requests, which never look in the large pool). A freed block is merged with its
+//! expandable segments, more than [`SMALL_SIZE`] in the large pool (smaller remainders there
+//! could only serve small requests, which never look in the large pool). A freed block is merged with its
 //! free neighbours at once.
 //!
 //! **`max_split_size`** (default unlimited): blocks at least this big are never cut for smaller

@@ -59,7 +59,7 @@
 //!   backward node being run (`MmBackward`). Creation functions (`zeros`, `randn`, ...) and
 //!   views open no op scope: they take the category around them.
 //! - **Sizes** are block sizes (what `memory_allocated` counts): a tensor's bytes rounded up to
-//!   512, and for blocks over 1 MiB possibly up to 1 MiB more (a cached block's tail that the
+//!   512, and for blocks over 256 KiB possibly up to 256 KiB more (a cached block's tail that the
 //!   large pool does not split off), so a category can exceed the tensor bytes a plan counts.
 //! - **Module path**: innermost wins; kiln-models' `Sequential`, ResNet, ViT and GPT blocks push
 //!   their torchvision names as forward descends (`layer3.1.conv2`). Backward runs outside any

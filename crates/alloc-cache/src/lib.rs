@@ -6,7 +6,10 @@
 //!   [`SimBackend`] (a simulated device for tests and replay); the CUDA backend lives in
 //!   `kiln-device`.
 //! - [`Allocation`]: RAII handle (frees on drop); [`RawAllocation`] for explicit allocate/free.
-//! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere.
+//! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere;
+//!   [`pytorch_policy`] replays it under a model of PyTorch's allocator for comparison.
+//! - [`planned`]: one steady step packed offline into an arena (interval packing) and the
+//!   following steps served from it, falling back to the cache when a step deviates.
 //! - [`snapshot_pickle`] / [`snapshot_read`]: the allocation history and segments as the
 //!   pickle PyTorch's memory_viz opens, and back ([`pickle`] is the codec).
 //! - [`timeline`]: live bytes per category over time, the peak and its largest blocks (the
@@ -38,6 +41,8 @@ mod lock;
 mod oom_context;
 mod page_runs;
 pub mod pickle;
+pub mod planned;
+pub mod pytorch_policy;
 mod recorded;
 mod recorder;
 pub mod replay;
@@ -66,11 +71,11 @@ pub use history::{
     MemoryEventKind, PlanPrediction,
 };
 pub use recorded::MemoryHistory;
-pub use replay::{replay, ReplayMode, ReplayReport, Replayer};
+pub use replay::{replay, replay_with, ReplayMode, ReplayPolicy, ReplayReport, Replayer};
 pub use sizes::{
     round_size, GROWTH_DIVISOR, LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC,
     ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,
 };
 pub use snapshot::{BlockSnapshot, BlockSnapshotState, MemorySnapshot, SegmentSnapshot};
 pub use stats::{format_bytes, MemoryStats, PoolKind, Stat, StatArray};
-pub use trace::{Trace, TraceEvent, TraceRecorder};
+pub use trace::{compact_recording, Trace, TraceEvent, TraceRecorder};

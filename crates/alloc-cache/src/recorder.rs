@@ -41,6 +41,23 @@ fn blocks_now(st: &State) -> (HashMap<u64, LiveBlock>, HashMap<u64, LiveBlock>) 
     (live, pending)
 }
 
+/// Records block `(address, size)` on `stream` as live with `attribution`.
+fn insert_live(
+    live: &mut HashMap<u64, LiveBlock>,
+    address: u64,
+    size: usize,
+    stream: StreamId,
+    attribution: Attribution,
+) {
+    let block = LiveBlock {
+        address,
+        size,
+        stream,
+        attribution,
+    };
+    live.insert(address, block);
+}
+
 impl State {
     /// Records that block `(address, size)` on `stream` was just handed out.
     pub(crate) fn history_alloc(&mut self, address: u64, size: usize, stream: StreamId) {
@@ -48,15 +65,7 @@ impl State {
             return;
         };
         let attribution = context::current_attribution();
-        h.live.insert(
-            address,
-            LiveBlock {
-                address,
-                size,
-                stream,
-                attribution: attribution.clone(),
-            },
-        );
+        insert_live(&mut h.live, address, size, stream, attribution.clone());
         h.event(
             MemoryEventKind::Alloc,
             address,
@@ -258,15 +267,7 @@ impl CachingAllocator {
         let between = (allocated - size, reserved);
         h.event_with(MemoryEventKind::FreeRequested, block, old.clone(), between);
         h.event_with(MemoryEventKind::FreeCompleted, block, old, between);
-        h.live.insert(
-            address,
-            LiveBlock {
-                address,
-                size,
-                stream,
-                attribution: attribution.clone(),
-            },
-        );
+        insert_live(&mut h.live, address, size, stream, attribution.clone());
         h.event_with(
             MemoryEventKind::Alloc,
             block,

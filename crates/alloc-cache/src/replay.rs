@@ -1,5 +1,7 @@
 //! Replaying a [`Trace`] through the allocator on a [`SimBackend`]: the measurement behind
-//! `cargo xtask replay` and the fragmentation figures of `cargo xtask bench alloc`.
+//! `cargo xtask replay` and the fragmentation figures of `cargo xtask bench alloc`; with
+//! [`ReplayPolicy::PyTorch`], through the model of PyTorch's allocator in
+//! [`crate::pytorch_policy`] instead, for the same figures under PyTorch's rules.
 
 use crate::allocator::CachingAllocator;
 use crate::backend::{SimBackend, StreamId};
@@ -28,6 +30,38 @@ impl std::str::FromStr for ReplayMode {
             _ => Err(Error::InvalidConfig(format!(
                 "mode `{s}`: use `default` or `expandable`"
             ))),
+        }
+    }
+}
+
+/// Whose allocation policy a replay measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayPolicy {
+    /// kiln's [`CachingAllocator`] on a [`SimBackend`].
+    Kiln,
+    /// The model of PyTorch's CUDA caching allocator ([`crate::pytorch_policy`]).
+    PyTorch,
+}
+
+impl std::str::FromStr for ReplayPolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "kiln" => Ok(ReplayPolicy::Kiln),
+            "pytorch" => Ok(ReplayPolicy::PyTorch),
+            _ => Err(Error::InvalidConfig(format!(
+                "policy `{s}`: use `kiln` or `pytorch`"
+            ))),
+        }
+    }
+}
+
+impl ReplayMode {
+    /// `default` or `expandable`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplayMode::Default => "default",
+            ReplayMode::Expandable => "expandable",
         }
     }
 }
@@ -172,4 +206,17 @@ pub fn replay(trace: &Trace, mode: ReplayMode, capacity: usize) -> Result<Replay
     let mut r = Replayer::new(mode, capacity)?;
     r.run(trace)?;
     Ok(r.report())
+}
+
+/// Replays `trace` once under `policy` in `mode` on a fresh simulated device.
+pub fn replay_with(
+    trace: &Trace,
+    policy: ReplayPolicy,
+    mode: ReplayMode,
+    capacity: usize,
+) -> Result<ReplayReport> {
+    match policy {
+        ReplayPolicy::Kiln => replay(trace, mode, capacity),
+        ReplayPolicy::PyTorch => crate::pytorch_policy::replay_pytorch(trace, mode, capacity),
+    }
 }

@@ -7,8 +7,41 @@ use crate::backend::BackendError;
 use crate::block::{Block, BlockState, Segment, State, NONE};
 use crate::error::{Error, OomReport, Result};
 use crate::history::MemoryEventKind;
-use crate::sizes::{GROWTH_DIVISOR, MIN_LARGE_ALLOC, PAIR_ROUNDING_WASTE, ROUND_LARGE};
+use crate::sizes::{
+    GROWTH_DIVISOR, LARGE_SEGMENT, MIN_LARGE_ALLOC, PAIR_ROUNDING_WASTE, ROUND_LARGE,
+};
 use crate::stats::PoolKind;
+
+/// Size of a new fixed segment for a large-pool request of `rounded` bytes under
+/// [`MIN_LARGE_ALLOC`], when the large pool caches `cached_free` bytes it could not use:
+/// - with at least half a [`LARGE_SEGMENT`] cached, the miss is one of fragmentation (the space
+///   exists, in pieces), and padding would add memory that sits unused at the peak: the request
+///   rounded up to [`ROUND_LARGE`];
+/// - otherwise the whole number of copies of the request (up to a [`LARGE_SEGMENT`]) whose
+///   segment, rounded up to [`ROUND_LARGE`], wastes the smallest fraction on its tail, the most
+///   copies on a tie (9 MiB: 18 MiB, not 20 MiB with a 2 MiB tail no 9 MiB tensor can use).
+///
+/// On the recorded traces the two rules took the worst default-mode reserved/live from 1.230 to
+/// 1.151 (each alone: 1.187 and 1.215; see the design note in `allocator.rs`).
+pub(crate) fn mid_segment_size(rounded: usize, cached_free: usize) -> usize {
+    let exact = rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+    if 2 * cached_free >= LARGE_SEGMENT || rounded >= LARGE_SEGMENT {
+        return exact;
+    }
+    let (mut best, mut best_waste) = (exact, exact - rounded);
+    for copies in 2..=LARGE_SEGMENT / rounded {
+        let size = (copies * rounded).div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        if size > LARGE_SEGMENT {
+            break;
+        }
+        let waste = size - copies * rounded;
+        // waste / size <= best_waste / best, in integers.
+        if waste * best <= best_waste * size {
+            (best, best_waste) = (size, waste);
+        }
+    }
+    best
+}
 
 /// Which cached segments to release first, and when to stop.
 #[derive(Debug, Clone, Copy)]
@@ -203,13 +236,20 @@ impl CachingAllocator {
         }
     }
 
-    /// Size of a new fixed segment for a request of `rounded` bytes: [`segment_size_for`], or
-    /// for requests of at least [`MIN_LARGE_ALLOC`] the largest whole number of such requests
+    /// Size of a new fixed segment for a request of `rounded` bytes: [`segment_size_for`] for the
+    /// small pool, [`mid_segment_size`] for large requests under [`MIN_LARGE_ALLOC`], and for
+    /// requests of at least [`MIN_LARGE_ALLOC`] the largest whole number of such requests
     /// that fits in `1 / GROWTH_DIVISOR` of the large pool's reserved bytes (two when rounding
     /// one would waste more than `1 / PAIR_ROUNDING_WASTE` of it), when that is more and
     /// `max_split_size` does not forbid splitting it.
     pub(crate) fn fixed_segment_size(&self, st: &State, pool: PoolKind, rounded: usize) -> usize {
         let base = segment_size_for(rounded);
+        if pool == PoolKind::Large && rounded < MIN_LARGE_ALLOC {
+            let stats = &st.stats;
+            let cached =
+                stats.reserved_bytes.large_pool.current - stats.allocated_bytes.large_pool.current;
+            return mid_segment_size(rounded, cached.max(0) as usize);
+        }
         if pool != PoolKind::Large || rounded < MIN_LARGE_ALLOC {
             return base;
         }

@@ -7,8 +7,10 @@
 
 /// Every request is rounded up to a multiple of this many bytes.
 pub const MIN_BLOCK: usize = 512;
-/// Largest request served from the small pool.
-pub const SMALL_SIZE: usize = 1 << 20;
+/// Largest request served from the small pool: 256 KiB (PyTorch: 1 MiB). A 2 MiB small segment
+/// holds only two requests of 683 KiB to 1 MiB and loses the rest; larger requests go to the
+/// large pool, whose 20 MiB segments pack them (see the design note in `allocator.rs`).
+pub const SMALL_SIZE: usize = 256 << 10;
 /// Size of a small-pool segment.
 pub const SMALL_SEGMENT: usize = 2 << 20;
 /// Size of a large-pool segment for requests between 1 and 10 MiB.

@@ -39,7 +39,7 @@ impl Stat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoolKind {
-    /// Requests of at most 1 MiB, packed into 2 MiB segments.
+    /// Requests of at most 256 KiB ([`SMALL_SIZE`](crate::SMALL_SIZE)), packed into 2 MiB segments.
     Small,
     /// Everything larger.
     Large,

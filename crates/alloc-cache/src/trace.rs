@@ -129,6 +129,79 @@ impl Trace {
     }
 }
 
+/// Turns what a [`TraceRecorder`] attached to a running allocator wrote into a self-contained
+/// trace file: frees of blocks allocated before recording began are dropped, ids are renumbered
+/// densely (the lowest id free at the time is reused, so they stay small and the file short),
+/// comment lines are kept in place, and blocks still live at the end are freed there (after a
+/// comment saying how many), so the trace can be replayed back to back. Errors name the line of
+/// an event that is not `a ID BYTES` or `f ID`, or an id allocated while live.
+pub fn compact_recording(text: &str) -> Result<String> {
+    let mut out = String::with_capacity(text.len() / 2);
+    let mut names: HashMap<u64, u64> = HashMap::new();
+    let mut spare: std::collections::BinaryHeap<std::cmp::Reverse<u64>> = Default::default();
+    let mut next = 1u64;
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        let event = raw.trim();
+        if event.is_empty() {
+            continue;
+        }
+        if event.starts_with('#') {
+            let _ = writeln!(out, "{event}");
+            continue;
+        }
+        let one = Trace::parse(event).map_err(|e| match e {
+            Error::TraceParse { message, .. } => Error::TraceParse { line, message },
+            other => other,
+        });
+        let one = match (one, event.starts_with("f ")) {
+            (Ok(t), _) => t,
+            // A lone free does not parse (nothing is live): read its id directly.
+            (Err(_), true) => {
+                let id: u64 = event[2..].trim().parse().map_err(|_| Error::TraceParse {
+                    line,
+                    message: format!("`{event}`: the id is not a non-negative integer"),
+                })?;
+                if let Some(name) = names.remove(&id) {
+                    spare.push(std::cmp::Reverse(name));
+                    let _ = writeln!(out, "f {name}");
+                }
+                continue;
+            }
+            (Err(e), false) => return Err(e),
+        };
+        if let Some(TraceEvent::Alloc { id, bytes }) = one.events.first().copied() {
+            let name = match spare.pop() {
+                Some(std::cmp::Reverse(n)) => n,
+                None => {
+                    next += 1;
+                    next - 1
+                }
+            };
+            if names.insert(id, name).is_some() {
+                return Err(Error::TraceParse {
+                    line,
+                    message: format!("id {id} is allocated again while live; free it first"),
+                });
+            }
+            let _ = writeln!(out, "a {name} {bytes}");
+        }
+    }
+    if !names.is_empty() {
+        let mut left: Vec<u64> = names.into_values().collect();
+        left.sort_unstable();
+        let _ = writeln!(
+            out,
+            "# {} blocks still live at the end, freed here",
+            left.len()
+        );
+        for name in left {
+            let _ = writeln!(out, "f {name}");
+        }
+    }
+    Ok(out)
+}
+
 impl std::str::FromStr for Trace {
     type Err = Error;
     fn from_str(s: &str) -> Result<Trace> {

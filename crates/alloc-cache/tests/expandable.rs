@@ -58,19 +58,18 @@ fn empty_cache_unmaps_holes_in_the_middle_and_reuse_maps_them_again() {
 #[test]
 fn free_pages_of_the_small_pool_are_released_for_a_large_request() {
     let (sim, a) = sim_alloc(8 * MIB);
-    let small: Vec<_> = (0..3).map(|_| a.allocate_raw(MIB, S0).unwrap()).collect();
+    // Twelve 256 KiB small blocks: [0, 3 MiB) of the small segment, two pages mapped.
+    let mut small: Vec<_> = (0..12)
+        .map(|_| a.allocate_raw(SMALL_SIZE, S0).unwrap())
+        .collect();
     assert_eq!(
         a.memory_stats().reserved_bytes.small_pool.current,
         4 * MIB as i64
     );
-    let mut small = small.into_iter();
-    let (first, second, third) = (
-        small.next().unwrap(),
-        small.next().unwrap(),
-        small.next().unwrap(),
-    );
-    a.free_raw(first).unwrap();
-    a.free_raw(second).unwrap();
+    let third = small.split_off(8);
+    for r in small {
+        a.free_raw(r).unwrap();
+    }
     // 4 MiB free on the device, 6 MiB wanted: the free page at the start of the small segment
     // (inside the freed [0, 2 MiB)) must be given back, which a tail-only release cannot do.
     let big = a.allocate_raw(6 * MIB, S0).unwrap();
@@ -86,7 +85,9 @@ fn free_pages_of_the_small_pool_are_released_for_a_large_request() {
     assert_eq!(a.memory_stats().num_ooms, 0);
     a.check_invariants().unwrap();
     a.free_raw(again).unwrap();
-    a.free_raw(third).unwrap();
+    for r in third {
+        a.free_raw(r).unwrap();
+    }
     a.empty_cache().unwrap();
     assert_eq!(sim.live_ranges(), (0, 0, 0));
 }

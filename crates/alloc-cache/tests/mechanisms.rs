@@ -22,11 +22,13 @@ fn rounding_pool_choice_and_segment_sizes() {
     assert_eq!(round_size(1), 512);
     assert_eq!(round_size(512), 512);
     assert_eq!(round_size(513), 1024);
-    assert_eq!(pool_for(MIB), PoolKind::Small);
-    assert_eq!(pool_for(MIB + 512), PoolKind::Large);
+    assert_eq!(SMALL_SIZE, 256 << 10);
+    assert_eq!(pool_for(SMALL_SIZE), PoolKind::Small);
+    assert_eq!(pool_for(SMALL_SIZE + 512), PoolKind::Large);
     assert_eq!(segment_size_for(512), 2 * MIB);
-    assert_eq!(segment_size_for(MIB), 2 * MIB);
-    assert_eq!(segment_size_for(MIB + 512), 20 * MIB);
+    assert_eq!(segment_size_for(SMALL_SIZE), 2 * MIB);
+    assert_eq!(segment_size_for(SMALL_SIZE + 512), 20 * MIB);
+    assert_eq!(segment_size_for(MIB), 20 * MIB);
     assert_eq!(segment_size_for(10 * MIB - 512), 20 * MIB);
     assert_eq!(segment_size_for(10 * MIB), 10 * MIB);
     assert_eq!(segment_size_for(10 * MIB + 512), 12 * MIB);
@@ -88,7 +90,7 @@ fn freed_neighbours_coalesce_into_one_block() {
 #[test]
 fn small_and_large_pools_use_separate_segments() {
     let (sim, a) = sim_alloc(1 << 30, AllocatorConfig::default());
-    let small = a.allocate_raw(MIB, S0).unwrap();
+    let small = a.allocate_raw(SMALL_SIZE, S0).unwrap();
     let big = a.allocate_raw(11 * MIB + 100, S0).unwrap();
     let medium = a.allocate_raw(5 * MIB, S0).unwrap();
     let s = a.memory_stats();
@@ -98,8 +100,9 @@ fn small_and_large_pools_use_separate_segments() {
     assert_eq!(s.reserved_bytes.large_pool.current, (20 + 12) * MIB as i64);
     // 5 MiB in a 20 MiB segment: the 15 MiB tail is split off.
     assert_eq!(medium.block_size(), 5 * MIB);
-    // 11 MiB + 100 -> 12 MiB segment; the < 1 MiB remainder stays with the block.
-    assert_eq!(big.block_size(), 12 * MIB);
+    // 11 MiB + 100 -> 12 MiB segment; the 1 MiB - 512 B remainder is more than SMALL_SIZE, so
+    // it is split off.
+    assert_eq!(big.block_size(), 11 * MIB + 512);
     assert_eq!(sim.calls().reserve, 3);
     let medium2 = a.allocate_raw(5 * MIB, S0).unwrap();
     assert_eq!(medium2.addr(), medium.addr() + 5 * MIB as u64);
@@ -176,8 +179,8 @@ fn padded_segment_falls_back_to_exact_size() {
     let y = a.allocate_raw(3 * MIB, S0).unwrap();
     assert_eq!(
         y.block_size(),
-        4 * MIB,
-        "the 1 MiB remainder is too small to split off"
+        3 * MIB,
+        "the 1 MiB remainder is more than SMALL_SIZE and split off"
     );
     assert_eq!(a.memory_stats().reserved_bytes.all.current, 30 * MIB as i64);
     assert_eq!(a.memory_stats().num_alloc_retries, 0);
@@ -222,7 +225,8 @@ fn oom_report_states_every_figure_and_advice() {
 #[test]
 fn oom_from_fragmentation_advises_expandable_segments() {
     let (_sim, a) = sim_alloc(24 * MIB, AllocatorConfig::default());
-    // Two 6 MiB blocks in one 20 MiB segment, the first freed: 14 MiB free in two pieces.
+    // Two 6 MiB blocks in one 18 MiB segment (three copies), the first freed: 12 MiB free in
+    // two pieces; 9 MiB then needs a 10 MiB segment, and 28 MiB exceed the 24 MiB device.
     let x = a.allocate_raw(6 * MIB, S0).unwrap();
     let y = a.allocate_raw(6 * MIB, S0).unwrap();
     a.free_raw(x).unwrap();
@@ -230,9 +234,9 @@ fn oom_from_fragmentation_advises_expandable_segments() {
     let Error::OutOfMemory(report) = &err else {
         panic!("{err:?}")
     };
-    assert_eq!(report.reserved_unallocated, 14 * MIB);
-    assert_eq!(report.largest_free_block, 8 * MIB);
-    assert!((report.fragmentation - (1.0 - 8.0 / 14.0)).abs() < 1e-12);
+    assert_eq!(report.reserved_unallocated, 12 * MIB);
+    assert_eq!(report.largest_free_block, 6 * MIB);
+    assert!((report.fragmentation - 0.5).abs() < 1e-12);
     assert!(
         err.to_string().contains("turn on expandable segments"),
         "{err}"

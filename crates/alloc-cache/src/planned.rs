@@ -1,0 +1,224 @@
+//! Planned steps: when a training step's allocation sequence repeats, pack one recorded step
+//! offline into a single arena (interval packing) and serve the following steps from it; a step
+//! that deviates falls back to the caching allocator without failing.
+//!
+//! [`StepPlan::pack`] takes one step's events, in which every block allocated is freed again
+//! (the steady state of a loop: gradients, activations and temporaries, not parameters). Each
+//! block is an interval in time (from its allocation to its free) and needs its rounded size
+//! in address space; blocks are placed largest first (ties: earliest allocation), each at the
+//! lowest offset where it overlaps no placed block that is live at the same time. The arena is
+//! the highest end of any placed block.
+//!
+//! [`PlannedReplayer`] replays steps: a step whose allocations ask for exactly the planned
+//! sizes in the planned order is served from the arena (offsets from the plan, no allocator
+//! call at all); at the first allocation that differs, the step's blocks still live stay where
+//! they are and every later event of the step goes through the caching allocator, as without a
+//! plan.
+//!
+//! Invariants: two blocks of a plan whose lifetimes overlap never overlap in the arena; every
+//! offset is a multiple of 512; the arena is at most the sum of the planned sizes.
+
+use crate::error::{Error, Result};
+use crate::replay::{ReplayMode, Replayer};
+use crate::trace::{Trace, TraceEvent};
+use std::collections::HashMap;
+
+/// The packed arena of one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepPlan {
+    /// Requested bytes of each allocation, in the step's order.
+    pub requests: Vec<usize>,
+    /// Offset of each allocation in the arena, same order.
+    pub offsets: Vec<usize>,
+    /// Bytes the arena needs.
+    pub arena_bytes: usize,
+    /// Largest sum of live block sizes over the step (the arena can be no smaller).
+    pub peak_live_bytes: usize,
+}
+
+impl StepPlan {
+    /// Packs `step`. Errors name an allocation that is not freed within the step (it would
+    /// outlive the arena's reuse) or a free of a block the step did not allocate.
+    pub fn pack(step: &Trace) -> Result<StepPlan> {
+        let mut start: HashMap<u64, (usize, usize)> = HashMap::new();
+        // (index of the allocation, size, first event, last event)
+        let mut blocks: Vec<(usize, usize, usize, usize)> = Vec::new();
+        let mut requests = Vec::new();
+        let (mut live, mut peak) = (0usize, 0usize);
+        for (t, e) in step.events.iter().enumerate() {
+            match *e {
+                TraceEvent::Alloc { id, bytes } => {
+                    start.insert(id, (requests.len(), t));
+                    requests.push(bytes);
+                    live += crate::round_size(bytes);
+                    peak = peak.max(live);
+                }
+                TraceEvent::Free { id } => {
+                    let (i, t0) = start.remove(&id).ok_or_else(|| Error::TraceParse {
+                        line: 0,
+                        message: format!(
+                            "the step frees id {id}, which it did not allocate; plan a step \
+                             whose blocks are all allocated and freed inside it"
+                        ),
+                    })?;
+                    let size = crate::round_size(requests[i]);
+                    live -= size;
+                    blocks.push((i, size, t0, t));
+                }
+            }
+        }
+        if let Some((&id, _)) = start.iter().min_by_key(|(_, &(i, _))| i) {
+            return Err(Error::TraceParse {
+                line: 0,
+                message: format!(
+                    "id {id} is allocated in the step and still live at its end; plan a steady \
+                     step (one after the first), in which every block is freed again"
+                ),
+            });
+        }
+        blocks.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        let mut offsets = vec![0usize; requests.len()];
+        // Placed blocks: (offset, end, first event, last event).
+        let mut placed: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(blocks.len());
+        let mut arena = 0;
+        for &(i, size, t0, t1) in &blocks {
+            let mut clashes: Vec<(usize, usize)> = placed
+                .iter()
+                .filter(|p| p.2 < t1 && t0 < p.3)
+                .map(|p| (p.0, p.1))
+                .collect();
+            clashes.sort_unstable();
+            let mut offset = 0;
+            for (lo, hi) in clashes {
+                if lo >= offset + size {
+                    break;
+                }
+                offset = offset.max(hi);
+            }
+            offsets[i] = offset;
+            arena = arena.max(offset + size);
+            placed.push((offset, offset + size, t0, t1));
+        }
+        Ok(StepPlan {
+            requests,
+            offsets,
+            arena_bytes: arena,
+            peak_live_bytes: peak,
+        })
+    }
+}
+
+/// What [`PlannedReplayer`] did so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlannedCounts {
+    /// Steps served wholly from the arena.
+    pub planned_steps: u64,
+    /// Steps that deviated from the plan and finished through the caching allocator.
+    pub fallback_steps: u64,
+    /// Allocations served from the arena.
+    pub arena_allocs: u64,
+}
+
+/// Replays steps through a plan's arena, falling back to a [`Replayer`] (kiln's caching
+/// allocator on a simulated device) for steps that deviate.
+#[derive(Debug)]
+pub struct PlannedReplayer {
+    plan: StepPlan,
+    fallback: Replayer,
+    counts: PlannedCounts,
+}
+
+impl PlannedReplayer {
+    /// A replayer serving `plan`, with a fallback allocator in `mode` on `capacity` bytes.
+    pub fn new(plan: StepPlan, mode: ReplayMode, capacity: usize) -> Result<Self> {
+        Ok(Self {
+            plan,
+            fallback: Replayer::new(mode, capacity)?,
+            counts: PlannedCounts::default(),
+        })
+    }
+
+    /// Replays one step. Returns the arena offset of each allocation served from the arena, in
+    /// order (all of them when the step matched the plan).
+    pub fn run_step(&mut self, step: &Trace) -> Result<Vec<usize>> {
+        let mut served = Vec::new();
+        let mut in_arena: HashMap<u64, usize> = HashMap::new();
+        let mut rest = Trace::default();
+        let mut deviated = false;
+        for e in &step.events {
+            if !deviated {
+                match *e {
+                    TraceEvent::Alloc { id, bytes }
+                        if self.plan.requests.get(served.len()) == Some(&bytes) =>
+                    {
+                        let offset = self.plan.offsets[served.len()];
+                        served.push(offset);
+                        in_arena.insert(id, offset);
+                        continue;
+                    }
+                    TraceEvent::Free { id } if in_arena.remove(&id).is_some() => continue,
+                    TraceEvent::Free { .. } => {}
+                    TraceEvent::Alloc { .. } => deviated = true,
+                }
+            } else if let TraceEvent::Free { id } = *e {
+                // A block placed before the deviation is freed in the arena, not the fallback.
+                if in_arena.remove(&id).is_some() {
+                    continue;
+                }
+            }
+            rest.events.push(*e);
+        }
+        if !deviated && served.len() < self.plan.requests.len() {
+            deviated = true;
+        }
+        if deviated {
+            self.counts.fallback_steps += 1;
+        } else {
+            self.counts.planned_steps += 1;
+        }
+        self.counts.arena_allocs += served.len() as u64;
+        self.fallback.run(&rest)?;
+        Ok(served)
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &StepPlan {
+        &self.plan
+    }
+
+    /// Steps and allocations served so far.
+    pub fn counts(&self) -> PlannedCounts {
+        self.counts
+    }
+
+    /// The fallback replayer (its report counts only what did not go to the arena).
+    pub fn fallback(&self) -> &Replayer {
+        &self.fallback
+    }
+}
+
+/// Splits a trace file at its `# step ...` comment lines (as `cargo xtask record-traces` writes
+/// them): the events before the first such line, then one [`Trace`] per step (the last one
+/// runs to the end of the file). The whole text is validated first, so a step's events may
+/// free blocks of earlier steps.
+pub fn steps_of(text: &str) -> Result<Vec<Trace>> {
+    let all = Trace::parse(text)?;
+    let mut cuts = Vec::new();
+    let mut events = 0;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("# step ") {
+            cuts.push(events);
+        } else if !line.is_empty() && !line.starts_with('#') {
+            events += 1;
+        }
+    }
+    let mut steps = Vec::with_capacity(cuts.len() + 1);
+    let mut from = 0;
+    for to in cuts.into_iter().chain(std::iter::once(all.events.len())) {
+        steps.push(Trace {
+            events: all.events[from..to].to_vec(),
+        });
+        from = to;
+    }
+    Ok(steps)
+}

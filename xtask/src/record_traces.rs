@@ -1,0 +1,279 @@
+//! `cargo xtask record-traces [--out DIR] [--only NAME] [--seed N]`: records the allocation
+//! traces shipped in `crates/alloc-cache/traces/` from real kiln training runs on the CPU.
+//!
+//! Every CPU tensor buffer comes from the process-wide caching allocator of `kiln-device`, so a
+//! [`TraceRecorder`] attached to it sees every allocation and free of the run: model creation,
+//! forward, loss, backward, optimizer state and step, `zero_grad(set_to_none)`. Each run starts
+//! with an empty cache, builds its model and trains a few steps; the recording is then made
+//! self-contained by [`compact_recording`] (dense ids, frees of older blocks dropped, what is
+//! still live freed at the end) and written as `NAME.trace`, with a `# step N ...` comment
+//! before each step.
+//!
+//! The runs (fp32, seeded: the same seed writes the same files, checked by running it twice):
+//! - `resnet18_sgd`: torchvision ResNet-18 (ImageNet stem) on 64x64 images, batch 16, SGD with
+//!   momentum;
+//! - `gpt_varlen_adamw`: a 4-layer GPT (width 256, vocabulary 4096), batch 8, a sequence length
+//!   drawn from 32..=256 each step, AdamW;
+//! - `finetune_resnet18_varbatch`: ResNet-18 whose backbone is frozen for the first steps (only
+//!   `fc` trains) and then unfrozen (added to the optimizer), with the batch drawn from
+//!   {8, 12, 16} each step, SGD with momentum;
+//! - `vit_adamw`: a 6-layer ViT (width 192, patch 8, 64x64 images), batch 16, AdamW.
+//!
+//! The runs are single-threaded (`KILN_NUM_THREADS=1` is required, so the order of allocations
+//! cannot depend on thread scheduling).
+
+use kiln_alloc_cache::{compact_recording, synth::SplitMix64, TraceRecorder};
+use kiln_autograd::{manual_seed, DType, Device, Generator, Module, Tensor};
+use kiln_losses::{cross_entropy, CrossEntropyOptions};
+use kiln_models::models::{resnet18, Gpt, GptConfig, VisionTransformer, VitConfig};
+use kiln_models::{Freeze, Layer};
+use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
+use std::path::PathBuf;
+use std::time::Instant;
+
+const USAGE: &str = "usage: cargo xtask record-traces [--out DIR] [--only NAME] [--seed N]
+  records resnet18_sgd, gpt_varlen_adamw, finetune_resnet18_varbatch and vit_adamw
+  (default DIR: crates/alloc-cache/traces; seed 2026); needs KILN_NUM_THREADS=1";
+
+const CPU: Device = Device::Cpu;
+/// The runs, in the order they are recorded.
+pub const RUNS: [&str; 4] = [
+    "resnet18_sgd",
+    "gpt_varlen_adamw",
+    "finetune_resnet18_varbatch",
+    "vit_adamw",
+];
+
+type Res<T> = Result<T, String>;
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Runs the subcommand.
+pub fn run(args: &[String]) -> Res<()> {
+    let mut out = crate::paths::workspace_root().join("crates/alloc-cache/traces");
+    let mut only: Option<String> = None;
+    let mut seed = 2026u64;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |flag: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--out" => out = PathBuf::from(value("--out")?),
+            "--only" => only = Some(value("--only")?),
+            "--seed" => {
+                seed = value("--seed")?
+                    .parse()
+                    .map_err(|_| format!("--seed needs a non-negative integer\n{USAGE}"))?
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
+        }
+    }
+    if std::env::var("KILN_NUM_THREADS").as_deref() != Ok("1") {
+        return Err(format!(
+            "set KILN_NUM_THREADS=1 so the allocation order cannot depend on thread scheduling\n{USAGE}"
+        ));
+    }
+    if let Some(name) = &only {
+        if !RUNS.contains(&name.as_str()) {
+            return Err(format!("--only {name}: not a run; runs are {RUNS:?}"));
+        }
+    }
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    for name in RUNS {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let start = Instant::now();
+        let text = record(name, seed)?;
+        let path = out.join(format!("{name}.trace"));
+        std::fs::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!(
+            "record-traces: {} ({} bytes) in {:.1} s",
+            path.display(),
+            text.len(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The allocator every CPU tensor uses, with a fresh recorder whose first lines say `header`.
+struct Recording {
+    allocator: &'static kiln_alloc_cache::CachingAllocator,
+}
+
+impl Recording {
+    fn start(header: &str) -> Res<Self> {
+        let allocator = kiln_device::allocator(CPU).map_err(err)?;
+        allocator.empty_cache().map_err(err)?;
+        let mut recorder = TraceRecorder::new();
+        recorder.comment(header);
+        allocator.set_trace_recorder(Some(recorder));
+        Ok(Self { allocator })
+    }
+
+    /// Writes `# text` at this point of the recording.
+    fn comment(&self, text: &str) {
+        if let Some(mut r) = self.allocator.take_trace_recorder() {
+            r.comment(text);
+            self.allocator.set_trace_recorder(Some(r));
+        }
+    }
+
+    /// Stops recording while the model and optimizer are still alive (the order in which
+    /// their tensors would be dropped is not fixed); [`compact_recording`] frees what is live at
+    /// the end, in id order.
+    fn finish(self) -> Res<String> {
+        self.comment("end of training: what is still live (model, optimizer state) is freed here");
+        let r = self
+            .allocator
+            .take_trace_recorder()
+            .ok_or("the trace recorder was detached during the run")?;
+        compact_recording(r.as_str()).map_err(err)
+    }
+}
+
+fn labels(rng: &mut SplitMix64, n: usize, classes: usize) -> Res<Tensor> {
+    let v: Vec<i64> = (0..n)
+        .map(|_| rng.range(0, classes as u64 - 1) as i64)
+        .collect();
+    Tensor::from_vec(v, &[n], CPU).map_err(err)
+}
+
+fn images(g: &mut Generator, batch: usize, side: usize) -> Res<Tensor> {
+    g.normal(&[batch, 3, side, side], 0.0, 1.0, DType::F32, CPU)
+        .map_err(err)
+}
+
+/// forward -> cross entropy -> backward -> step -> zero_grad(set_to_none).
+fn train_step(
+    model: &dyn Layer,
+    opt: &mut dyn Optimizer,
+    x: &Tensor,
+    y: &Tensor,
+    classes: usize,
+) -> Res<()> {
+    let logits = model.forward(x).map_err(err)?;
+    let logits = logits.reshape(&[-1, classes as isize]).map_err(err)?;
+    let loss = cross_entropy(&logits, y, &CrossEntropyOptions::default()).map_err(err)?;
+    drop(logits);
+    loss.backward().map_err(err)?;
+    drop(loss);
+    opt.step().map_err(err)?;
+    opt.zero_grad(true).map_err(err)
+}
+
+fn record(name: &str, seed: u64) -> Res<String> {
+    manual_seed(seed);
+    let mut g = Generator::new(seed);
+    let mut rng = SplitMix64(seed);
+    let header = format!(
+        "kiln training run `{name}` on the CPU, recorded by `KILN_NUM_THREADS=1 cargo xtask \
+         record-traces --only {name} --seed {seed}`\nrequested bytes per allocation; ids are \
+         renumbered (a freed id is reused)"
+    );
+    let rec = Recording::start(&header)?;
+    match name {
+        "resnet18_sgd" => {
+            let model = resnet18(10).map_err(err)?;
+            let mut opt = Sgd::new(
+                vec![ParamGroup::from_module(&model)],
+                SgdOptions::default().lr(0.01).momentum(0.9),
+            )
+            .map_err(err)?;
+            for step in 1..=6 {
+                rec.comment(&format!("step {step} batch 16"));
+                let (x, y) = (images(&mut g, 16, 64)?, labels(&mut rng, 16, 10)?);
+                train_step(&model, &mut opt, &x, &y, 10)?;
+            }
+            rec.finish()
+        }
+        "gpt_varlen_adamw" => {
+            let config = GptConfig {
+                vocab_size: 4096,
+                block_size: 256,
+                n_layer: 4,
+                n_head: 4,
+                n_embd: 256,
+                dropout: 0.0,
+            };
+            let model = Gpt::new(config).map_err(err)?;
+            let mut opt = AdamW::new(
+                vec![ParamGroup::from_module(&model)],
+                AdamOptions::adamw().lr(3e-4),
+            )
+            .map_err(err)?;
+            for step in 1..=8 {
+                let t = rng.range(32, 256) as usize;
+                rec.comment(&format!("step {step} batch 8 seq {t}"));
+                let ids: Vec<i64> = (0..8 * t).map(|_| rng.range(0, 4095) as i64).collect();
+                let x = Tensor::from_vec(ids, &[8, t], CPU).map_err(err)?;
+                let y = labels(&mut rng, 8 * t, 4096)?;
+                train_step(&model, &mut opt, &x, &y, 4096)?;
+            }
+            rec.finish()
+        }
+        "finetune_resnet18_varbatch" => {
+            let model = resnet18(10).map_err(err)?;
+            model.freeze(|n| !n.starts_with("fc.")).map_err(err)?;
+            let mut opt = Sgd::new(
+                vec![ParamGroup::new(model.trainable_parameters())],
+                SgdOptions::default().lr(0.01).momentum(0.9),
+            )
+            .map_err(err)?;
+            for step in 1..=8 {
+                if step == 4 {
+                    model.unfreeze(|_| true).map_err(err)?;
+                    let backbone: Vec<_> = model
+                        .named_parameters()
+                        .into_iter()
+                        .filter(|(n, _)| !n.starts_with("fc."))
+                        .collect();
+                    opt.add_param_group(ParamGroup::new(backbone).lr(0.001))
+                        .map_err(err)?;
+                }
+                let batch = [8, 12, 16][rng.range(0, 2) as usize];
+                let phase = if step < 4 { "frozen" } else { "unfrozen" };
+                rec.comment(&format!("step {step} batch {batch} backbone {phase}"));
+                let (x, y) = (images(&mut g, batch, 64)?, labels(&mut rng, batch, 10)?);
+                train_step(&model, &mut opt, &x, &y, 10)?;
+            }
+            rec.finish()
+        }
+        "vit_adamw" => {
+            let model = VisionTransformer::new(VitConfig {
+                image_size: 64,
+                patch_size: 8,
+                num_layers: 6,
+                num_heads: 3,
+                hidden_dim: 192,
+                mlp_dim: 768,
+                dropout: 0.0,
+                attention_dropout: 0.0,
+                num_classes: 10,
+            })
+            .map_err(err)?;
+            let mut opt = AdamW::new(
+                vec![ParamGroup::from_module(&model)],
+                AdamOptions::adamw().lr(1e-3),
+            )
+            .map_err(err)?;
+            for step in 1..=6 {
+                rec.comment(&format!("step {step} batch 16"));
+                let (x, y) = (images(&mut g, 16, 64)?, labels(&mut rng, 16, 10)?);
+                train_step(&model, &mut opt, &x, &y, 10)?;
+            }
+            rec.finish()
+        }
+        other => Err(format!("no run named {other}")),
+    }
+}
