@@ -257,8 +257,8 @@ impl CachingAllocator {
         st.clock += 1;
         let si = st.stream_index(stream);
         let id = match self.find_fit(&mut st, si, pool, rounded) {
-            Some(id) if self.back_pages(&mut st, id, rounded)? => id,
-            _ => self.allocate_miss(&mut st, si, pool, rounded, size)?,
+            Some(id) => id,
+            None => self.allocate_miss(&mut st, si, pool, rounded, size)?,
         };
         let split = self.should_split(&st, id, rounded);
         st.take(id, rounded, size, split);
