@@ -136,17 +136,23 @@ impl CachingAllocator {
     }
 
     /// A free block (out of its pool) of segment `seg` holding `rounded` bytes at its start.
-    /// With `page_stitching` the pages come from free gaps first; without, they are new, and
-    /// only when the backend is out of memory are the gaps' pages moved instead.
+    /// With `page_stitching`, a request that takes allocated bytes past their peak gets the
+    /// pages of free gaps first (the moment that sets the peak of reserved bytes); any other
+    /// request gets new pages, and only when the backend is out of memory are the gaps' pages
+    /// moved instead. So a repeating step, whose peak was reached in its first run, moves no
+    /// more pages once its layout has settled.
     pub(crate) fn stitch(
         &self,
         st: &mut State,
         seg: u32,
         rounded: usize,
     ) -> Result<u32, BackendError> {
-        let always = self.config.page_stitching;
-        match self.place_pages(st, seg, rounded, always) {
-            Err(BackendError::OutOfMemory { .. }) if !always => {
+        let allocated = &st.stats.allocated_bytes.all;
+        let new_peak =
+            (allocated.current as usize).saturating_add(rounded) > allocated.peak as usize;
+        let first = self.config.page_stitching && new_peak;
+        match self.place_pages(st, seg, rounded, first) {
+            Err(BackendError::OutOfMemory { .. }) if !first => {
                 self.place_pages(st, seg, rounded, true)
             }
             other => other,

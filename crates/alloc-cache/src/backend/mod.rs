@@ -27,6 +27,8 @@
 //!   its cache and retries); every other driver error to [`BackendError::Driver`].
 
 mod host;
+#[cfg(target_os = "linux")]
+mod host_pages;
 mod sim;
 
 pub use host::HostBackend;
