@@ -12,13 +12,18 @@
 //! - The backend maps each physical page at one address at most: pages are moved
 //!   (`MemoryBackend::remap`), never mapped twice, so no two blocks share memory.
 //!
-//! On a miss, [`stitch`](CachingAllocator::stitch) picks where the request goes: at the start of
-//! a hole (joined to the free block before it, and after it when the hole fills up) or past the
-//! extent (joined to a free last block), whichever needs the fewest new pages (a hole on a
-//! tie, so address space is reused). The pages come first from the whole pages inside free
-//! blocks of any expandable segment, fewest first (the gaps least able to serve a request),
-//! each gap's run moved with one backend call; only the rest is new memory. A repeating step
-//! therefore settles: once the free gaps of one step's layout serve the next, no call is made.
+//! Every miss of an expandable segment comes to [`stitch`](CachingAllocator::stitch), which
+//! picks where the request goes: at the start of a hole (joined to the free block before it,
+//! and to the one after it when the hole fills up) or past the extent (joined to a free last
+//! block), whichever needs the fewest pages (a hole on a tie, so address space is reused).
+//! With `page_stitching`, when the request takes allocated bytes to a new peak (the moment that
+//! sets the peak of reserved bytes), those pages come first from the whole pages inside free
+//! blocks of any expandable segment, the blocks with most such pages first, each block's run
+//! moved with one backend call; only the rest is new memory. (Moving pages on every miss
+//! lowers the first step's peak further, but a repeating step then moves pages back and forth
+//! in every later step: single-mapped pages cannot serve two layouts without calls.) Other misses map new pages, and every
+//! miss moves pages when the backend is out of memory. A repeating step reaches its peak in
+//! its first run, so later runs move nothing and settle like plain expandable segments.
 
 use crate::allocator::CachingAllocator;
 use crate::backend::BackendError;
@@ -42,6 +47,7 @@ struct Target {
 /// A run of whole pages inside a free block, to be moved.
 #[derive(Debug, Clone, Copy)]
 struct Source {
+    seg: u32,
     block: u32,
     p0: usize,
     p1: usize,
@@ -104,23 +110,33 @@ impl CachingAllocator {
         best
     }
 
-    /// Up to `pages` whole pages inside free blocks of segment `seg` but not in `keep`, taken
-    /// from the blocks with the most such pages first (fewest moves), each from its end.
-    fn stitch_sources(&self, st: &State, seg: u32, pages: usize, keep: [u32; 2]) -> Vec<Source> {
-        let s = st.segment(seg);
+    /// Up to `pages` whole pages inside free blocks of every expandable segment but not in
+    /// `keep`, taken from the blocks with the most such pages first (fewest moves), each from
+    /// its end.
+    fn stitch_sources(&self, st: &State, pages: usize, keep: [u32; 2]) -> Vec<Source> {
         let mut found = Vec::new();
-        let mut id = s.head;
-        while id != NONE {
-            let b = &st.blocks[id as usize];
-            if b.state == BlockState::Free && !keep.contains(&id) {
-                let (p0, p1) = self.interior_pages(s, b);
-                if p0 < p1 {
-                    found.push(Source { block: id, p0, p1 });
+        for (seg, s) in st.segments.iter().enumerate() {
+            let Some(s) = s.as_ref().filter(|s| s.expandable()) else {
+                continue;
+            };
+            let mut id = s.head;
+            while id != NONE {
+                let b = &st.blocks[id as usize];
+                if b.state == BlockState::Free && !keep.contains(&id) {
+                    let (p0, p1) = self.interior_pages(s, b);
+                    if p0 < p1 {
+                        found.push(Source {
+                            seg: seg as u32,
+                            block: id,
+                            p0,
+                            p1,
+                        });
+                    }
                 }
+                id = b.next;
             }
-            id = b.next;
         }
-        found.sort_by_key(|r| (std::cmp::Reverse(r.p1 - r.p0), r.p0));
+        found.sort_by_key(|r| (std::cmp::Reverse(r.p1 - r.p0), r.seg, r.p0));
         let mut left = pages;
         let mut out = Vec::new();
         for mut r in found {
@@ -177,14 +193,14 @@ impl CachingAllocator {
             });
         };
         let steal = if move_pages { t.pages } else { 0 };
-        let sources = self.stitch_sources(st, seg, steal, [t.left, t.right]);
+        let sources = self.stitch_sources(st, steal, [t.left, t.right]);
         let moved: usize = sources.iter().map(|r| r.p1 - r.p0).sum();
         if moved < t.pages {
             self.map_run(st, seg, t.page + moved, t.page + t.pages)?;
         }
         let mut at = t.page;
         for r in sources {
-            if let Err(e) = self.remap_run(st, (seg, r.p0, r.p1), (seg, at)) {
+            if let Err(e) = self.remap_run(st, (r.seg, r.p0, r.p1), (seg, at)) {
                 // Give back what the target got so far; the moved gaps stay holes.
                 let _ = self.unmap_run(st, seg, t.page, at);
                 if moved < t.pages {
