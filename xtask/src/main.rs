@@ -44,6 +44,7 @@ fn main() -> ExitCode {
         "gpu-pack" => gpu_pack::run(rest),
         "replay" => replay::run(rest),
         "bench" => bench::run(rest),
+        "bench-mpi-rank" => bench::distributed_mpi::rank_entry(rest),
         "memviz" => memviz::run(rest),
         "emu-suite" => emu::suite::run(rest),
         "emu-mutants" => emu::mutants::run(rest),

@@ -12,8 +12,9 @@
 //! - `scaling`: the same model's DDP step on 2 ranks (batch B each) against one process over
 //!   the same 2B samples on the same cores (kiln's one CPU pool serves both ranks, so this is
 //!   the share of the step that is not distributed overhead); the ratio is against the 90 %
-//!   target. With MPI (separate processes with their own cores) this becomes the usual scaling
-//!   efficiency.
+//!   target. A second row times the same step on 2 MPI processes (`mpirun -np 2` of this
+//!   xtask, [`super::distributed_mpi`]), the usual scaling efficiency of a CPU deployment;
+//!   without an `mpi` build of xtask or without `mpirun` that row has no value and says which.
 //! - `resnet50 timeline`: one ResNet-50 backward (224x224, batch 1) with DDP's
 //!   default buckets on one rank (quick: 64x64): when each bucket's gradients are complete, as a fraction of
 //!   backward (printed), and the share of backward left after the first bucket is ready (the
@@ -82,13 +83,18 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
                 format!("1 process {:.1} ms/step, DDP {:.1} ms/step; target 0.9", single * 1e3, m.step * 1e3),
                 efficiency / 0.9,
             ));
+            rows.push(super::distributed_mpi::scaling_row(
+                GROUP,
+                (&sizes, batch, steps),
+                single,
+            ));
         }
     }
     rows.push(resnet50_timeline(options)?);
     Ok(rows)
 }
 
-fn model(sizes: &[usize]) -> Result<Sequential, String> {
+pub(super) fn model(sizes: &[usize]) -> Result<Sequential, String> {
     mlp(sizes, 0.0).map_err(err)
 }
 
@@ -100,14 +106,14 @@ fn step(model: &dyn Layer, x: &Tensor, opt: &mut dyn Optimizer) -> Result<(), St
     opt.zero_grad(true).map_err(err)
 }
 
-fn sgd(model: &dyn Module) -> Result<Box<dyn Optimizer>, String> {
+pub(super) fn sgd(model: &dyn Module) -> Result<Box<dyn Optimizer>, String> {
     let groups = vec![ParamGroup::from_module(model)];
     Ok(Box::new(
         Sgd::new(groups, SgdOptions::default().lr(1e-3)).map_err(err)?,
     ))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

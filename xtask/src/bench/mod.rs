@@ -13,6 +13,7 @@ mod alloc;
 mod clip;
 mod clip_gpu;
 mod distributed;
+pub mod distributed_mpi;
 mod harness;
 mod ops;
 mod ops_gpu;
