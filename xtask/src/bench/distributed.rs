@@ -20,14 +20,14 @@
 //!   backward (printed), and the share of backward left after the first bucket is ready (the
 //!   window that can hide communication). The shape docs/DISTRIBUTED.md models GPUs with.
 
+use super::distributed_parts::{median, model, sgd};
 use super::harness::{err, Options, Row};
 use kiln_autograd::{DType, Device, Module, Tensor};
 use kiln_distributed::{DdpOptions, DistributedDataParallel, ProcessGroup, ReduceOp, ThreadGroup};
 use kiln_losses::{mse_loss, Reduction};
-use kiln_models::layers::Sequential;
-use kiln_models::models::{mlp, resnet50};
+use kiln_models::models::resnet50;
 use kiln_models::Layer;
-use kiln_optim::{Optimizer, ParamGroup, Sgd, SgdOptions};
+use kiln_optim::Optimizer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,28 +94,12 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-pub(super) fn model(sizes: &[usize]) -> Result<Sequential, String> {
-    mlp(sizes, 0.0).map_err(err)
-}
-
 fn step(model: &dyn Layer, x: &Tensor, opt: &mut dyn Optimizer) -> Result<(), String> {
     let out = model.forward(x).map_err(err)?;
     let loss = mse_loss(&out, &out.zeros_like().map_err(err)?, Reduction::Mean).map_err(err)?;
     loss.backward().map_err(err)?;
     opt.step().map_err(err)?;
     opt.zero_grad(true).map_err(err)
-}
-
-pub(super) fn sgd(model: &dyn Module) -> Result<Box<dyn Optimizer>, String> {
-    let groups = vec![ParamGroup::from_module(model)];
-    Ok(Box::new(
-        Sgd::new(groups, SgdOptions::default().lr(1e-3)).map_err(err)?,
-    ))
-}
-
-pub(super) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Median seconds of one single-process step over `batch` samples (after a warm-up step).

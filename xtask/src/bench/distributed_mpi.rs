@@ -109,9 +109,9 @@ pub fn rank_entry(args: &[String]) -> Result<(), String> {
     let (batch, steps) = (parse(batch)?, parse(steps)?);
     let group = kiln_distributed::init_process_group(Device::Cpu).map_err(err)?;
     let rank = group.rank();
-    let model = super::distributed::model(&sizes)?;
+    let model = super::distributed_parts::model(&sizes)?;
     let ddp = DistributedDataParallel::new(model, group, DdpOptions::default()).map_err(err)?;
-    let mut opt = super::distributed::sgd(ddp.module())?;
+    let mut opt = super::distributed_parts::sgd(ddp.module())?;
     let x = Tensor::randn(&[batch, sizes[0]], DType::F32, Device::Cpu).map_err(err)?;
     let mut times = Vec::new();
     for i in 0..=steps {
@@ -128,7 +128,7 @@ pub fn rank_entry(args: &[String]) -> Result<(), String> {
         }
     }
     if rank == 0 {
-        println!("{STEP_LINE}{}", super::distributed::median(times));
+        println!("{STEP_LINE}{}", super::distributed_parts::median(times));
     }
     Ok(())
 }
