@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         "replay" => replay::run(rest),
         "record-traces" => record_traces::run(rest),
         "bench" => bench::run(rest),
+        "bench-mpi-rank" => bench::distributed_mpi::rank_entry(rest),
         "memviz" => memviz::run(rest),
         "emu-suite" => emu::suite::run(rest),
         "emu-mutants" => emu::mutants::run(rest),

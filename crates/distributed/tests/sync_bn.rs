@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use kiln_autograd::Module;
 use kiln_distributed::{
-    DdpOptions, DistributedDataParallel, ProcessGroup, SyncBatchNorm, ThreadGroup,
+    convert_sync_batchnorm, DdpOptions, DistributedDataParallel, ProcessGroup, SyncBatchNorm,
+    ThreadGroup,
 };
 use kiln_models::layers::{Conv2d, Conv2dConfig, Flatten, Linear, ReLU, Sequential};
 use kiln_models::Layer;
@@ -44,10 +45,18 @@ fn sync_batchnorm_training_equals_batchnorm_over_the_concatenated_batch() {
             }
             state(&model)
         };
+        // Built with SyncBatchNorm layers on even ranks and converted in place from
+        // BatchNorm2d (`convert_sync_batchnorm`, one layer) on odd ones: the same layer.
         let got = ThreadGroup::run(world, Duration::from_secs(60), |g| {
             let rank = g.rank();
             let group: Arc<dyn ProcessGroup> = Arc::new(g);
-            let model = conv_sync_bn(&group);
+            let model = if rank % 2 == 0 {
+                conv_sync_bn(&group)
+            } else {
+                let mut model = conv_bn();
+                assert_eq!(convert_sync_batchnorm(&mut model, group.clone()), 1);
+                model
+            };
             init(&model, rank as f64);
             let ddp = DistributedDataParallel::new(model, group, DdpOptions::default()).unwrap();
             let mut o = optimizer(ddp.module(), Opt::SgdMomentum);

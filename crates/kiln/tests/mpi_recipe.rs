@@ -18,8 +18,8 @@
 
 mod common;
 
-use common::{bits, tiny_config};
-use kiln::autograd::{Device, Tensor};
+use common::{bits, digest, max_rel_diff, tiny_config};
+use kiln::autograd::Device;
 use kiln::models::LayerExt;
 use kiln::recipe::{self, Distributed, Observer, Quiet, TrainConfig};
 use std::path::{Path, PathBuf};
@@ -84,26 +84,6 @@ fn temp_root(name: &str) -> PathBuf {
     let root = std::env::temp_dir().join(format!("kiln-mpi-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     root
-}
-
-/// The largest difference between two state dicts' tensors relative to the tensor's scale
-/// (`max |a - b| / max |b|`), with the tensor's name.
-fn max_rel_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> (f64, String) {
-    assert_eq!(a.len(), b.len());
-    let mut worst = (0.0f64, String::new());
-    for ((na, ta), (nb, tb)) in a.iter().zip(b) {
-        assert_eq!(na, nb);
-        let (va, vb) = (ta.to_vec_f64().unwrap(), tb.to_vec_f64().unwrap());
-        let scale = vb.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
-        let diff = va
-            .iter()
-            .zip(&vb)
-            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-        if diff / scale > worst.0 {
-            worst = (diff / scale, na.clone());
-        }
-    }
-    worst
 }
 
 #[test]
@@ -213,12 +193,7 @@ fn mpi_recipe_rank_entry() {
     };
     match result {
         Ok(outcome) => {
-            let digest = bits(&outcome.model)
-                .iter()
-                .flat_map(|(_, v)| v.iter())
-                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                    (h ^ b).wrapping_mul(0x0100_0000_01b3)
-                });
+            let digest = digest(&bits(&outcome.model));
             println!("rank {rank}: trained, state digest {digest:016x}");
         }
         Err(e) => {

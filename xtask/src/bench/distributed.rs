@@ -12,21 +12,22 @@
 //! - `scaling`: the same model's DDP step on 2 ranks (batch B each) against one process over
 //!   the same 2B samples on the same cores (kiln's one CPU pool serves both ranks, so this is
 //!   the share of the step that is not distributed overhead); the ratio is against the 90 %
-//!   target. With MPI (separate processes with their own cores) this becomes the usual scaling
-//!   efficiency.
+//!   target. A second row times the same step on 2 MPI processes (`mpirun -np 2` of this
+//!   xtask, [`super::distributed_mpi`]), the usual scaling efficiency of a CPU deployment;
+//!   without an `mpi` build of xtask or without `mpirun` that row has no value and says which.
 //! - `resnet50 timeline`: one ResNet-50 backward (224x224, batch 1) with DDP's
 //!   default buckets on one rank (quick: 64x64): when each bucket's gradients are complete, as a fraction of
 //!   backward (printed), and the share of backward left after the first bucket is ready (the
 //!   window that can hide communication). The shape docs/DISTRIBUTED.md models GPUs with.
 
+use super::distributed_parts::{median, model, sgd};
 use super::harness::{err, Options, Row};
 use kiln_autograd::{DType, Device, Module, Tensor};
 use kiln_distributed::{DdpOptions, DistributedDataParallel, ProcessGroup, ReduceOp, ThreadGroup};
 use kiln_losses::{mse_loss, Reduction};
-use kiln_models::layers::Sequential;
-use kiln_models::models::{mlp, resnet50};
+use kiln_models::models::resnet50;
 use kiln_models::Layer;
-use kiln_optim::{Optimizer, ParamGroup, Sgd, SgdOptions};
+use kiln_optim::Optimizer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,14 +83,15 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
                 format!("1 process {:.1} ms/step, DDP {:.1} ms/step; target 0.9", single * 1e3, m.step * 1e3),
                 efficiency / 0.9,
             ));
+            rows.push(super::distributed_mpi::scaling_row(
+                GROUP,
+                (&sizes, batch, steps),
+                single,
+            ));
         }
     }
     rows.push(resnet50_timeline(options)?);
     Ok(rows)
-}
-
-fn model(sizes: &[usize]) -> Result<Sequential, String> {
-    mlp(sizes, 0.0).map_err(err)
 }
 
 fn step(model: &dyn Layer, x: &Tensor, opt: &mut dyn Optimizer) -> Result<(), String> {
@@ -98,18 +100,6 @@ fn step(model: &dyn Layer, x: &Tensor, opt: &mut dyn Optimizer) -> Result<(), St
     loss.backward().map_err(err)?;
     opt.step().map_err(err)?;
     opt.zero_grad(true).map_err(err)
-}
-
-fn sgd(model: &dyn Module) -> Result<Box<dyn Optimizer>, String> {
-    let groups = vec![ParamGroup::from_module(model)];
-    Ok(Box::new(
-        Sgd::new(groups, SgdOptions::default().lr(1e-3)).map_err(err)?,
-    ))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Median seconds of one single-process step over `batch` samples (after a warm-up step).

@@ -16,6 +16,8 @@ mod alloc;
 mod clip;
 mod clip_gpu;
 mod distributed;
+pub mod distributed_mpi;
+mod distributed_parts;
 mod harness;
 mod ops;
 mod ops_gpu;

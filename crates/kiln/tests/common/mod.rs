@@ -49,3 +49,35 @@ pub fn assert_same_bits(a: &[(String, Vec<u64>)], b: &[(String, Vec<u64>)]) {
         assert!(va == vb, "{na} differs after resume");
     }
 }
+
+/// One 64-bit FNV-1a digest of [`bits`]: two ranks print it to show they hold the same state.
+pub fn digest(bits: &[(String, Vec<u64>)]) -> u64 {
+    bits.iter()
+        .flat_map(|(_, v)| v.iter())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// The largest difference between two state dicts' tensors relative to the tensor's scale
+/// (`max |a - b| / max |b|`), with the tensor's name.
+pub fn max_rel_diff(
+    a: &[(String, kiln::autograd::Tensor)],
+    b: &[(String, kiln::autograd::Tensor)],
+) -> (f64, String) {
+    assert_eq!(a.len(), b.len());
+    let mut worst = (0.0f64, String::new());
+    for ((na, ta), (nb, tb)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        let (va, vb) = (ta.to_vec_f64().unwrap(), tb.to_vec_f64().unwrap());
+        let scale = vb.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+        let diff = va
+            .iter()
+            .zip(&vb)
+            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+        if diff / scale > worst.0 {
+            worst = (diff / scale, na.clone());
+        }
+    }
+    worst
+}
