@@ -307,3 +307,13 @@ fn host_pages_keep_live_data_through_stitching() {
     assert_eq!(a.empty_cache().unwrap(), 20 * MIB);
     assert_eq!(a.backend().free_bytes(), 64 * MIB);
 }
+
+#[test]
+fn page_stitching_is_a_setting_of_expandable_segments() {
+    let c = AllocatorConfig::parse("expandable_segments:True,page_stitching:True").unwrap();
+    assert_eq!(c, stitching());
+    let e = AllocatorConfig::parse("page_stitching:True").unwrap_err();
+    assert!(e.to_string().contains("turn expandable_segments on"), "{e}");
+    let e = AllocatorConfig::parse("page_stitching:maybe").unwrap_err();
+    assert!(e.to_string().contains("expected True or False"), "{e}");
+}

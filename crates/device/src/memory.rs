@@ -238,7 +238,12 @@ mod tests {
         let b = allocator(Device::Cpu).unwrap();
         assert!(std::ptr::eq(a, b));
         assert_eq!(a.backend().name(), "host");
-        assert!(!a.config().expandable_segments);
+        // Expandable (memfd pages) exactly when KILN_ALLOC_CONF asks, on Linux.
+        let asked = AllocatorConfig::from_env().unwrap().expandable_segments;
+        assert_eq!(
+            a.config().expandable_segments,
+            asked && cfg!(target_os = "linux")
+        );
     }
 
     #[test]
