@@ -105,8 +105,10 @@
 //! reserves address space for the whole device and maps 2 MiB pages at its end on demand (2 MiB
 //! for both pools, where PyTorch maps 20 MiB at a time for large ones: less overshoot); a free
 //! block at the end is grown in place. Releasing unmaps every page lying wholly inside a free
-//! block, in the middle too, and a block is mapped again when handed out (`expandable.rs`).
-//! This removes the "free, but in a segment of the wrong size" waste of fixed segments.
+//! block, in the middle too, leaving a hole block that is mapped again when a miss needs its
+//! addresses (`expandable.rs`); free blocks are always backed. This removes the "free, but in a
+//! segment of the wrong size" waste of fixed segments. With `page_stitching`, a miss at a new
+//! peak moves the pages of free gaps to the request instead of mapping new ones (`stitch.rs`).
 //!
 //! **Streams.** A block belongs to the stream it was allocated on and is reused only there.
 //! `record_stream` notes other streams that used it; freeing such a block records an event on
@@ -116,9 +118,10 @@
 //! a miss (defragmentation, the out-of-memory retry), which release segments, may.
 //!
 //! **Out of memory.** Pool miss -> defragmentation (above) -> backend (a padded segment, then one
-//! of the request rounded to 2 MiB) -> the smallest free block of the stream that fits
-//! regardless of pool and `max_split_size`, then one whose pages are still mapped (so an
-//! allocation never fails while a fitting free block exists) -> release every cached segment and
+//! of the request rounded to 2 MiB; expandable: new pages, or when the backend is full the
+//! pages of free gaps moved) -> the smallest free block of the stream that fits
+//! regardless of pool and `max_split_size` (free blocks are always backed, so an allocation
+//! never fails while a fitting free block exists) -> release every cached segment and
 //! page of every stream and retry (counted in `num_alloc_retries`) -> [`Error::OutOfMemory`], whose report gives the request,
 //! capacity, backend-free, allocated, reserved, reserved-but-unallocated, largest free block,
 //! fragmentation and advice that depends on which of these is the problem.
@@ -269,8 +272,8 @@ impl CachingAllocator {
         st.clock += 1;
         let si = st.stream_index(stream);
         let id = match self.find_fit(&mut st, si, pool, rounded) {
-            Some(id) if self.back_pages(&mut st, id, rounded)? => id,
-            _ => self.allocate_miss(&mut st, si, pool, rounded, size)?,
+            Some(id) => id,
+            None => self.allocate_miss(&mut st, si, pool, rounded, size)?,
         };
         let split = self.should_split(&st, id, rounded);
         st.take(id, rounded, size, split);

@@ -24,7 +24,7 @@ pub(crate) struct Segment {
     pub address_space: usize,
     /// Expandable segments: the mapped pages, as runs (empty for fixed segments).
     pub pages: crate::page_runs::PageRuns,
-    /// Expandable segments: unmapped pages below `extent`.
+    /// Expandable segments: unmapped pages below `extent` (those of its `Unmapped` blocks).
     pub holes: usize,
     pub pool: PoolKind,
     pub stream: u16,
@@ -102,7 +102,7 @@ impl Contribution {
                 inactive_split_bytes: size,
                 ..Contribution::default()
             },
-            BlockState::Free | BlockState::Dead => Contribution::default(),
+            BlockState::Free | BlockState::Unmapped | BlockState::Dead => Contribution::default(),
         }
     }
 

@@ -22,6 +22,12 @@ pub struct AllocatorConfig {
     /// sizes, at the cost of up to `1/n` internal waste. `None`: plain 512-byte rounding. Must be
     /// a power of two from 1 to 64.
     pub roundup_power2_divisions: Option<usize>,
+    /// Expandable segments only: on every miss, move the pages of free gaps to where the
+    /// request needs them before mapping new ones (GMLake-style stitching, `stitch.rs`), so
+    /// reserved memory follows live memory to within a page. Costs backend calls (page moves)
+    /// in the first steps of a repeating loop, until its layout settles. Off, pages move only
+    /// when the backend is out of memory.
+    pub page_stitching: bool,
 }
 
 impl AllocatorConfig {
@@ -85,17 +91,22 @@ impl AllocatorConfig {
                         .map_err(|_| bad("expected a power of two, 1 to 64"))?;
                     config.roundup_power2_divisions = Some(n);
                 }
-                "expandable_segments" => {
-                    config.expandable_segments = match value {
+                "expandable_segments" | "page_stitching" => {
+                    let on = match value {
                         "True" | "true" | "1" => true,
                         "False" | "false" | "0" => false,
                         _ => return Err(bad("expected True or False")),
+                    };
+                    if key == "page_stitching" {
+                        config.page_stitching = on;
+                    } else {
+                        config.expandable_segments = on;
                     }
                 }
                 _ => {
                     return Err(bad("unknown key; known keys are max_split_size_mb, \
                          garbage_collection_threshold, expandable_segments, \
-                         roundup_power2_divisions"))
+                         roundup_power2_divisions, page_stitching"))
                 }
             }
         }
@@ -121,6 +132,13 @@ impl AllocatorConfig {
                      0.8 is a common choice"
                 )));
             }
+        }
+        if self.page_stitching && !self.expandable_segments {
+            return Err(Error::InvalidConfig(
+                "page_stitching moves pages of expandable segments; turn expandable_segments \
+                 on with it, or page_stitching off"
+                    .into(),
+            ));
         }
         if let Some(n) = self.roundup_power2_divisions {
             if !n.is_power_of_two() || n > 64 {

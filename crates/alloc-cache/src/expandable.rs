@@ -1,11 +1,15 @@
 //! Expandable segments: one address-space reservation per (stream, pool), backed page by page.
 //!
-//! A segment's blocks cover `[base, base + extent)`; `extent` grows by mapping pages at the end
-//! (a free last block is grown in place). Releasing cached memory unmaps every page that lies
-//! wholly inside a free block, wherever it is, leaving a *hole*: the block stays where it is
-//! (so no coalescing or statistics change) and its pages are mapped again when it is handed
-//! out. A per-segment hole count keeps the hit path to one comparison while there are none.
-//! Pages shared by a free block and an allocated neighbour are never unmapped.
+//! A segment's blocks cover `[base, base + extent)`. Pages are mapped, moved and unmapped by
+//! the primitives here (each one backend call, counted in `num_device_alloc`/`num_device_free`
+//! and `reserved_bytes`, so the reserved bytes are always the mapped bytes). Where pages go is
+//! decided in `stitch.rs`, which states the block invariants: every page overlapping a block
+//! that is not `Unmapped` is mapped, so a free block is always backed and the hit path never
+//! maps. A miss stitches (moves the pages of free gaps to where the request needs them, maps
+//! new ones only for the rest); releasing cached memory unmaps every page lying wholly inside a
+//! free block, wherever it is, turning it into an `Unmapped` block (a *hole*), and cuts the
+//! extent back past a hole at the end. Pages shared by a free block and a neighbour in use are
+//! never unmapped.
 //!
 //! Mapped pages are kept as runs ([`PageRuns`](crate::page_runs::PageRuns)), never one bit per
 //! page of the reserved address space: a device whose capacity is 2^62 bytes costs nothing until
@@ -19,6 +23,12 @@ use crate::history::MemoryEventKind;
 use crate::page_runs::PageRuns;
 use crate::stats::PoolKind;
 
+/// How many times the device's capacity an expandable segment reserves as address space, so
+/// that holes left by stitching never run a segment out of addresses before memory runs out.
+const ADDRESS_SPACE_FACTOR: usize = 2;
+/// No headroom past this much address space (128 TiB; simulated devices claim up to 2^64).
+const ADDRESS_SPACE_HEADROOM_LIMIT: usize = 1 << 47;
+
 impl Segment {
     fn set_pages(&mut self, p0: usize, p1: usize, mapped: bool) {
         if mapped {
@@ -28,97 +38,99 @@ impl Segment {
         }
     }
 
-    /// Maximal runs of pages in `[p0, p1)` whose mapped state is `mapped`.
-    fn runs(&self, p0: usize, p1: usize, mapped: bool) -> Vec<(usize, usize)> {
-        self.pages.runs(p0, p1, mapped)
+    /// Counts pages `[p0, p1)` as mapped (or not), keeping `mapped` and `holes` in step.
+    fn account(&mut self, p0: usize, p1: usize, mapped: bool, page: usize) {
+        let below_extent = p1.min(self.extent / page).saturating_sub(p0);
+        self.set_pages(p0, p1, mapped);
+        if mapped {
+            self.mapped += (p1 - p0) * page;
+            self.holes -= below_extent;
+        } else {
+            self.mapped -= (p1 - p0) * page;
+            self.holes += below_extent;
+        }
     }
 }
 
 impl CachingAllocator {
-    /// Maps every unmapped page of `[p0, p1)` in segment `seg`.
-    fn map_pages(
+    fn page_addr(&self, s: &Segment, p: usize) -> u64 {
+        s.base + (p * self.page) as u64
+    }
+
+    /// Counts `bytes` as mapped (or unmapped) in segment `seg` in the statistics and history.
+    fn note_mapping(&self, st: &mut State, seg: u32, addr: u64, bytes: usize, mapped: bool) {
+        let (pool, si) = (st.segment(seg).pool, st.segment(seg).stream);
+        let (kind, delta) = if mapped {
+            st.stats.num_device_alloc += 1;
+            (MemoryEventKind::SegmentAlloc, bytes as i64)
+        } else {
+            st.stats.num_device_free += 1;
+            (MemoryEventKind::SegmentFree, -(bytes as i64))
+        };
+        st.stats.reserved_bytes.update(pool, delta);
+        if st.history.is_some() {
+            st.history_segment(kind, addr, bytes, si);
+        }
+    }
+
+    /// Maps new memory at pages `[p0, p1)` (all unmapped) of segment `seg`: one backend call.
+    pub(crate) fn map_run(
         &self,
         st: &mut State,
         seg: u32,
         p0: usize,
         p1: usize,
     ) -> Result<(), BackendError> {
-        let runs = st.segment(seg).runs(p0, p1, false);
-        for (a, b) in runs {
-            let s = st.segment(seg);
-            let (addr, bytes) = (s.base + (a * self.page) as u64, (b - a) * self.page);
-            let below_extent = b.min(s.extent / self.page).saturating_sub(a);
-            self.backend.map(addr, bytes)?;
-            let pool = s.pool;
-            let s = st.segment_mut(seg);
-            s.set_pages(a, b, true);
-            s.mapped += bytes;
-            s.holes -= below_extent;
-            let si = s.stream;
-            st.stats.num_device_alloc += 1;
-            st.stats.reserved_bytes.update(pool, bytes as i64);
-            if st.history.is_some() {
-                st.history_segment(MemoryEventKind::SegmentAlloc, addr, bytes, si);
-            }
-        }
+        let addr = self.page_addr(st.segment(seg), p0);
+        let bytes = (p1 - p0) * self.page;
+        self.backend.map(addr, bytes)?;
+        st.segment_mut(seg).account(p0, p1, true, self.page);
+        self.note_mapping(st, seg, addr, bytes, true);
         Ok(())
     }
 
-    /// Unmaps every mapped page of `[p0, p1)` (all below `extent`); returns the bytes released.
-    fn unmap_pages(&self, st: &mut State, seg: u32, p0: usize, p1: usize) -> Result<usize> {
-        let mut released = 0;
-        for (a, b) in st.segment(seg).runs(p0, p1, true) {
-            let s = st.segment(seg);
-            let (addr, bytes, pool) =
-                (s.base + (a * self.page) as u64, (b - a) * self.page, s.pool);
-            // SAFETY: callers pass only pages lying wholly inside free blocks.
-            unsafe { self.backend.unmap(addr, bytes)? };
-            let s = st.segment_mut(seg);
-            s.set_pages(a, b, false);
-            s.mapped -= bytes;
-            s.holes += b - a;
-            let si = s.stream;
-            st.stats.num_device_free += 1;
-            st.stats.reserved_bytes.update(pool, -(bytes as i64));
-            if st.history.is_some() {
-                st.history_segment(MemoryEventKind::SegmentFree, addr, bytes, si);
-            }
-            released += bytes;
-        }
-        Ok(released)
+    /// Unmaps pages `[p0, p1)` (all mapped, none used by a block in use) of segment `seg`.
+    pub(crate) fn unmap_run(
+        &self,
+        st: &mut State,
+        seg: u32,
+        p0: usize,
+        p1: usize,
+    ) -> Result<(), BackendError> {
+        let addr = self.page_addr(st.segment(seg), p0);
+        let bytes = (p1 - p0) * self.page;
+        // SAFETY: callers pass only pages lying wholly inside free blocks (or pages they have
+        // just mapped for a block not handed out yet).
+        unsafe { self.backend.unmap(addr, bytes)? };
+        st.segment_mut(seg).account(p0, p1, false, self.page);
+        self.note_mapping(st, seg, addr, bytes, false);
+        Ok(())
     }
 
-    /// Makes sure the first `rounded` bytes of free block `id` (out of its pool) are backed. On
-    /// a backend out-of-memory the block goes back to its pool and `Ok(false)` is returned.
-    #[inline]
-    pub(crate) fn back_pages(&self, st: &mut State, id: u32, rounded: usize) -> Result<bool> {
-        if !self.config.expandable_segments {
-            return Ok(true);
-        }
-        let b = &st.blocks[id as usize];
-        let seg = b.segment;
-        let s = st.segment(seg);
-        if s.holes == 0 {
-            return Ok(true);
-        }
-        let page = self.page as u64;
-        let p0 = ((b.addr - s.base) / page) as usize;
-        let p1 = (b.addr + rounded as u64 - s.base).div_ceil(page) as usize;
-        match self.map_pages(st, seg, p0, p1) {
-            Ok(()) => Ok(true),
-            Err(e) => {
-                st.pool_insert(id);
-                match e {
-                    BackendError::OutOfMemory { .. } => Ok(false),
-                    other => Err(other.into()),
-                }
-            }
-        }
+    /// Moves the memory of pages `[p0, p1)` of segment `from` (mapped, wholly inside a free
+    /// block) to the pages starting at `to_p0` of segment `to` (unmapped): one backend call.
+    pub(crate) fn remap_run(
+        &self,
+        st: &mut State,
+        (from, p0, p1): (u32, usize, usize),
+        (to, to_p0): (u32, usize),
+    ) -> Result<(), BackendError> {
+        let n = p1 - p0;
+        let src = self.page_addr(st.segment(from), p0);
+        let dst = self.page_addr(st.segment(to), to_p0);
+        // SAFETY: the source pages lie wholly inside a free block: nothing uses them.
+        unsafe { self.backend.remap(src, dst, n * self.page)? };
+        st.segment_mut(from).account(p0, p1, false, self.page);
+        st.segment_mut(to)
+            .account(to_p0, to_p0 + n, true, self.page);
+        self.note_mapping(st, from, src, n * self.page, false);
+        self.note_mapping(st, to, dst, n * self.page, true);
+        Ok(())
     }
 
-    /// Maps pages at the end of stream `si`'s expandable segment for `pool` until its last block
-    /// is free and holds `rounded` bytes; returns that block (out of its pool; holes inside it
-    /// are left to [`back_pages`](Self::back_pages)).
+    /// Returns a free block (out of its pool) holding `rounded` bytes at its start in stream
+    /// `si`'s expandable segment for `pool`, creating the segment on first use; the pages come
+    /// from stitching (`stitch.rs`).
     pub(crate) fn grow_expandable(
         &self,
         st: &mut State,
@@ -128,20 +140,21 @@ impl CachingAllocator {
     ) -> Result<u32, BackendError> {
         let mut seg = st.streams[si as usize].expandable[pool_index(pool)];
         if seg == NONE {
-            // The capacity rounded up to whole pages (down where that would overflow usize).
+            // The capacity with headroom, in whole pages (rounded down where up would overflow).
             let capacity = self.backend.capacity();
-            let address_space = capacity
-                .div_ceil(self.page)
-                .checked_mul(self.page)
-                .unwrap_or(capacity / self.page * self.page);
+            let wanted = capacity
+                .saturating_mul(ADDRESS_SPACE_FACTOR)
+                .min(capacity.max(ADDRESS_SPACE_HEADROOM_LIMIT));
+            let address_space = wanted
+                .checked_next_multiple_of(self.page)
+                .unwrap_or(wanted / self.page * self.page);
             let base = self.backend.reserve_address_space(address_space)?;
-            let pages = PageRuns::default();
             let segment = Segment {
                 base,
                 mapped: 0,
                 extent: 0,
                 address_space,
-                pages,
+                pages: PageRuns::default(),
                 holes: 0,
                 pool,
                 stream: si,
@@ -152,61 +165,7 @@ impl CachingAllocator {
             st.streams[si as usize].expandable[pool_index(pool)] = seg;
             st.stats.segment.update(pool, 1);
         }
-        let (base, extent, address_space, tail) = {
-            let s = st.segment(seg);
-            (s.base, s.extent, s.address_space, s.tail)
-        };
-        let tail_free = tail != NONE && st.blocks[tail as usize].state == BlockState::Free;
-        let have = if tail_free {
-            st.blocks[tail as usize].size
-        } else {
-            0
-        };
-        let short = rounded.saturating_sub(have);
-        let Some(need) = short.div_ceil(self.page).checked_mul(self.page) else {
-            return Err(BackendError::OutOfMemory {
-                requested: short,
-                free: address_space - extent,
-            });
-        };
-        if extent
-            .checked_add(need)
-            .is_none_or(|end| end > address_space)
-        {
-            return Err(BackendError::OutOfMemory {
-                requested: need,
-                free: address_space - extent,
-            });
-        }
-        self.map_pages(st, seg, extent / self.page, (extent + need) / self.page)?;
-        st.segment_mut(seg).extent += need;
-        if tail_free {
-            st.pool_remove(tail);
-            let before = st.contribution(tail);
-            st.blocks[tail as usize].size += need;
-            let after = st.contribution(tail);
-            before.apply_change(after, &mut st.stats, pool);
-            return Ok(tail);
-        }
-        let before = st.contribution(tail);
-        let id = st.new_block(Block::free(
-            base + extent as u64,
-            need,
-            seg,
-            tail,
-            pool,
-            si,
-            st.clock,
-        ));
-        if tail == NONE {
-            st.segment_mut(seg).head = id;
-        } else {
-            st.blocks[tail as usize].next = id;
-        }
-        st.segment_mut(seg).tail = id;
-        let after = st.contribution(tail) + st.contribution(id);
-        before.apply_change(after, &mut st.stats, pool);
-        Ok(id)
+        self.stitch(st, seg, rounded)
     }
 
     /// Whether every page overlapping block `b` of segment `s` is mapped.
@@ -221,7 +180,7 @@ impl CachingAllocator {
     }
 
     /// Page range `[p0, p1)` lying wholly inside block `b` of segment `s`.
-    fn interior_pages(&self, s: &Segment, b: &Block) -> (usize, usize) {
+    pub(crate) fn interior_pages(&self, s: &Segment, b: &Block) -> (usize, usize) {
         let page = self.page as u64;
         let p0 = (b.addr - s.base).div_ceil(page) as usize;
         let p1 = ((b.addr + b.size as u64 - s.base) / page) as usize;
@@ -244,49 +203,30 @@ impl CachingAllocator {
         bytes
     }
 
-    /// Unmaps every page inside a free block, shrinks the segment past a free last block, and
-    /// gives the address space back once no block is left.
+    /// Unmaps every page inside a free block (each becomes a hole; a hole at the end is cut
+    /// off), and gives the address space back once no block is left.
     pub(crate) fn release_expandable(&self, st: &mut State, seg: u32) -> Result<usize> {
-        let mut released = 0;
+        let mut free = Vec::new();
         let mut id = st.segment(seg).head;
         while id != NONE {
-            let b = st.blocks[id as usize].clone();
+            let b = &st.blocks[id as usize];
             if b.state == BlockState::Free {
-                let (p0, p1) = self.interior_pages(st.segment(seg), &b);
-                released += self.unmap_pages(st, seg, p0, p1)?;
+                free.push(id);
             }
             id = b.next;
         }
-        let s = st.segment(seg).clone();
-        if s.tail != NONE && st.blocks[s.tail as usize].state == BlockState::Free {
-            let t = st.blocks[s.tail as usize].clone();
-            let page = self.page as u64;
-            let new_extent = ((t.addr - s.base).div_ceil(page) * page) as usize;
-            if new_extent < s.extent {
-                // Every page in [new_extent, extent) lies inside the tail and is unmapped now.
-                let cut = s.extent - new_extent;
-                st.pool_remove(s.tail);
-                let before = st.contribution(s.tail) + st.contribution(t.prev);
-                let seg_mut = st.segment_mut(seg);
-                seg_mut.extent = new_extent;
-                seg_mut.holes -= cut / self.page;
-                if t.size == cut {
-                    if t.prev == NONE {
-                        seg_mut.head = NONE;
-                    } else {
-                        st.blocks[t.prev as usize].next = NONE;
-                    }
-                    st.segment_mut(seg).tail = t.prev;
-                    st.kill_block(s.tail);
-                } else {
-                    st.blocks[s.tail as usize].size -= cut;
-                    st.pool_insert(s.tail);
-                }
-                let after = st.contribution(s.tail) + st.contribution(t.prev);
-                before.apply_change(after, &mut st.stats, s.pool);
+        let mut released = 0;
+        // Carving a block kills only holes and the block itself, never another free block.
+        for id in free {
+            let (p0, p1) = self.interior_pages(st.segment(seg), &st.blocks[id as usize]);
+            if p0 < p1 {
+                self.unmap_run(st, seg, p0, p1)?;
+                self.carve_hole(st, id, p0, p1);
+                released += (p1 - p0) * self.page;
             }
         }
-        if st.segment(seg).head == NONE {
+        let s = st.segment(seg).clone();
+        if s.head == NONE {
             // SAFETY: no block is left, so nothing is mapped in the reservation.
             unsafe {
                 self.backend
@@ -302,7 +242,7 @@ impl CachingAllocator {
 
     /// Unmaps everything and releases the reservation (allocator teardown).
     pub(crate) fn drop_expandable(&self, s: &Segment) {
-        for (a, b) in s.runs(0, s.extent / self.page, true) {
+        for (a, b) in s.pages.runs(0, s.address_space / self.page, true) {
             let addr = s.base + (a * self.page) as u64;
             // SAFETY: teardown; nothing can reach these pages any more.
             let _ = unsafe { self.backend.unmap(addr, (b - a) * self.page) };

@@ -55,6 +55,7 @@ mod snapshot;
 pub mod snapshot_pickle;
 pub mod snapshot_read;
 mod stats;
+mod stitch;
 pub mod synth;
 pub mod timeline;
 mod trace;

@@ -53,11 +53,17 @@ pub struct Replayer {
 impl Replayer {
     /// A fresh simulated device of `capacity` bytes with 2 MiB pages, and an allocator in `mode`.
     pub fn new(mode: ReplayMode, capacity: usize) -> Result<Self> {
-        let sim = Arc::new(SimBackend::new(capacity).with_page_granularity(2 << 20));
         let config = match mode {
             ReplayMode::Default => AllocatorConfig::default(),
             ReplayMode::Expandable => AllocatorConfig::expandable(),
         };
+        Self::with_config(config, capacity)
+    }
+
+    /// Like [`new`](Self::new) with any settings (e.g. expandable segments with
+    /// `page_stitching`).
+    pub fn with_config(config: AllocatorConfig, capacity: usize) -> Result<Self> {
+        let sim = Arc::new(SimBackend::new(capacity).with_page_granularity(2 << 20));
         let allocator = CachingAllocator::new(Arc::clone(&sim), config)?;
         Ok(Self {
             sim,

@@ -89,15 +89,10 @@ impl CachingAllocator {
         if let Some(id) = self.find_any_fit(st, si, rounded)? {
             return Ok(id);
         }
-        if let Some(id) = self.find_backed_fit(st, si, rounded) {
-            return Ok(id);
-        }
         if self.release_cached(st, Release::All)? > 0 {
             st.stats.num_alloc_retries += 1;
             if let Some(id) = self.find_fit(st, si, pool, rounded) {
-                if self.back_pages(st, id, rounded)? {
-                    return Ok(id);
-                }
+                return Ok(id);
             }
             if let Some(id) = self.grow_backed(st, si, pool, rounded)? {
                 return Ok(id);
@@ -169,8 +164,7 @@ impl CachingAllocator {
         rounded: usize,
     ) -> Result<Option<u32>> {
         match self.grow(st, si, pool, rounded) {
-            Ok(id) if self.back_pages(st, id, rounded)? => Ok(Some(id)),
-            Ok(_) => Ok(None),
+            Ok(id) => Ok(Some(id)),
             Err(e) if is_oom(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -190,30 +184,7 @@ impl CachingAllocator {
             return Ok(None);
         };
         pools[p].remove(blocks, id);
-        Ok(self.back_pages(st, id, rounded)?.then_some(id))
-    }
-
-    /// The smallest free block of stream `si` whose first `rounded` bytes are backed already
-    /// (expandable segments with holes only; scans every block, so only on the way to an OOM).
-    fn find_backed_fit(&self, st: &mut State, si: u16, rounded: usize) -> Option<u32> {
-        if !self.config.expandable_segments {
-            return None;
-        }
-        let page = self.page as u64;
-        let backed = |b: &Block| {
-            let s = st.segment(b.segment);
-            let p0 = ((b.addr - s.base) / page) as usize;
-            let p1 = (b.addr + rounded as u64 - s.base).div_ceil(page) as usize;
-            s.pages.covers(p0, p1)
-        };
-        let id = (0..st.blocks.len() as u32)
-            .filter(|&i| {
-                let b = &st.blocks[i as usize];
-                b.state == BlockState::Free && b.stream == si && b.size >= rounded && backed(b)
-            })
-            .min_by_key(|&i| st.blocks[i as usize].size)?;
-        st.pool_remove(id);
-        Some(id)
+        Ok(Some(id))
     }
 
     /// Gets new memory from the backend for a request of `rounded` bytes.

@@ -19,6 +19,9 @@ pub(crate) enum BlockState {
     Allocated,
     /// Freed by the caller, waiting for events on other streams that used it.
     Pending,
+    /// Expandable segments only: page-aligned address space with no memory behind it, in no
+    /// pool (`stitch.rs`).
+    Unmapped,
     /// Slab slot not in use.
     Dead,
 }

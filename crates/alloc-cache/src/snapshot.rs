@@ -217,8 +217,10 @@ fn check(a: &CachingAllocator, st: &State, page: usize) -> Result<(), String> {
                     return Err(format!("{here}: free block missing from its pool"));
                 }
             }
-            if b.state != BlockState::Free && !a.fully_mapped(s, b) {
-                return Err(format!("{here}: in use but not fully mapped"));
+            if s.expandable() {
+                if let Some(problem) = a.check_stitch_block(st, s, b) {
+                    return Err(format!("{here}: {problem}"));
+                }
             }
             if b.state == BlockState::Allocated && b.requested > b.size {
                 return Err(format!(

@@ -167,6 +167,13 @@ fn random_sequences_expandable_mode() {
     for seed in 100..108 {
         run(seed, AllocatorConfig::expandable(), 128 * MIB, 2000);
     }
+    let stitching = AllocatorConfig {
+        page_stitching: true,
+        ..AllocatorConfig::expandable()
+    };
+    for seed in 150..158 {
+        run(seed, stitching.clone(), 128 * MIB, 2000);
+    }
 }
 
 #[test]
@@ -176,6 +183,7 @@ fn random_sequences_with_max_split_gc_and_power2_rounding() {
         garbage_collection_threshold: Some(0.6),
         expandable_segments: false,
         roundup_power2_divisions: Some(4),
+        page_stitching: false,
     };
     for seed in 200..208 {
         run(seed, config.clone(), 128 * MIB, 2000);

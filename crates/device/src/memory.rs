@@ -4,8 +4,9 @@
 //! Every tensor buffer comes from [`allocator`]`(device)`: a process-wide
 //! [`CachingAllocator`] created on first use and never dropped (so handles reference it without
 //! reference counting, [`CachingAllocator::allocate_static`]).
-//! - **CPU**: over [`HostBackend`]. Settings from `KILN_ALLOC_CONF` except
-//!   `expandable_segments`, which host memory does not offer (it is ignored there).
+//! - **CPU**: over [`HostBackend`], settings from `KILN_ALLOC_CONF`. With
+//!   `expandable_segments:True` the backend maps memfd pages into reserved address space
+//!   ([`HostBackend::with_page_mapping`], Linux; elsewhere the setting is ignored on the CPU).
 //! - **CUDA**: over [`CudaBackend`](crate::cuda::CudaBackend), one per logical device, settings
 //!   from `KILN_ALLOC_CONF`. Expandable segments are **on by default** when the device supports
 //!   virtual memory management: on the shipped traces they held peak reserved memory to
@@ -57,11 +58,17 @@ fn cpu_allocator() -> Result<&'static CachingAllocator> {
     static CPU: OnceLock<CachingAllocator> = OnceLock::new();
     static CREATE: Mutex<()> = Mutex::new(());
     get_or_create(&CPU, &CREATE, || {
-        let config = AllocatorConfig {
-            expandable_segments: false,
-            ..AllocatorConfig::from_env()?
+        let mut config = AllocatorConfig::from_env()?;
+        let backend = if config.expandable_segments {
+            HostBackend::new().with_page_mapping()
+        } else {
+            HostBackend::new()
         };
-        Ok(CachingAllocator::new(HostBackend::new(), config)?)
+        if kiln_alloc_cache::MemoryBackend::page_size(&backend).is_none() {
+            config.expandable_segments = false;
+            config.page_stitching = false;
+        }
+        Ok(CachingAllocator::new(backend, config)?)
     })
 }
 

@@ -42,6 +42,6 @@ pub use init::{init_process_group, init_process_group_with, MPI_REBUILD_HINT};
 pub use mpi::MpiGroup;
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclGroup, NCCL_INSTALL_HINT};
-pub use sync_bn::SyncBatchNorm;
+pub use sync_bn::{convert_sync_batchnorm, SyncBatchNorm};
 pub use threads::{ThreadGroup, DEFAULT_THREAD_TIMEOUT};
 pub use zero::ZeroRedundancyOptimizer;

@@ -447,27 +447,14 @@ fn clip_grad_norm_on_the_reduced_gradients_is_the_same_on_every_rank() {
         let out = ddp.forward(&rows(&x, rank, B)).unwrap();
         loss(&out, &rows(&y, rank, B)).backward().unwrap();
         let params = ddp.module().named_parameters();
-        let local = kiln_optim::get_total_norm(
-            &params
-                .iter()
-                .map(|(_, p)| p.grad().unwrap())
-                .collect::<Vec<_>>(),
-            2.0,
-            false,
-        )
-        .unwrap();
+        let grad_norm = || {
+            let grads: Vec<_> = params.iter().map(|(_, p)| p.grad().unwrap()).collect();
+            kiln_optim::get_total_norm(&grads, 2.0, false).unwrap()
+        };
+        let local = grad_norm();
         ddp.finish().unwrap();
         let norm = kiln_optim::clip_grad_norm_(&params, 0.1, 2.0, false).unwrap();
-        let clipped = kiln_optim::get_total_norm(
-            &params
-                .iter()
-                .map(|(_, p)| p.grad().unwrap())
-                .collect::<Vec<_>>(),
-            2.0,
-            false,
-        )
-        .unwrap();
-        (local, norm, clipped)
+        (local, norm, grad_norm())
     })
     .unwrap();
     assert_ne!(

@@ -10,10 +10,7 @@ mod common;
 
 use kiln_autograd::{DType, Device, Tensor};
 use kiln_distributed::env::{timeout_from_vars, LaunchEnv};
-use kiln_distributed::{
-    DdpOptions, DistributedDataParallel, Error, MpiGroup, ProcessGroup, ReduceOp,
-};
-use kiln_models::Layer;
+use kiln_distributed::{Error, MpiGroup, ProcessGroup, ReduceOp};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,56 +57,6 @@ fn ddp_over_mpi_equals_one_process_over_the_concatenated_batches() {
     assert!(ok, "{log}");
     assert!(log.contains("rank 0: ddp matches one process"), "{log}");
     assert!(log.contains("rank 1: ddp ranks agree"), "{log}");
-}
-
-const DDP_STEPS: usize = 4;
-const DDP_ROWS: usize = 3;
-
-fn ddp_scenario(g: MpiGroup) {
-    use common::*;
-    let rank = g.rank();
-    let world = g.world_size();
-    let model = mlp();
-    init(&model, rank as f64); // only rank 0's values survive DDP's broadcast
-    let group: Arc<dyn ProcessGroup> = Arc::new(g);
-    let ddp = DistributedDataParallel::new(model, group.clone(), DdpOptions::default()).unwrap();
-    let mut o = optimizer(ddp.module(), Opt::SgdMomentum);
-    for step in 0..DDP_STEPS {
-        let (x, y) = batch(step, world * DDP_ROWS, &[4]);
-        let out = ddp.forward(&rows(&x, rank, DDP_ROWS)).unwrap();
-        ddp.backward(&loss(&out, &rows(&y, rank, DDP_ROWS)))
-            .unwrap();
-        o.step().unwrap();
-        o.zero_grad(true).unwrap();
-    }
-    let mine = state(ddp.module());
-    // Every rank holds the same parameters, bit for bit.
-    let flat: Vec<f64> = mine.iter().flat_map(|(_, v)| v.iter().copied()).collect();
-    let n = flat.len();
-    let local = Tensor::from_vec(flat.clone(), &[n], Device::Cpu).unwrap();
-    let all = Tensor::zeros(&[n * world], DType::F64, Device::Cpu).unwrap();
-    group.all_gather(&local, &all).unwrap();
-    let all = all.to_vec::<f64>().unwrap();
-    for r in 0..world {
-        assert_eq!(&all[r * n..(r + 1) * n], &flat[..], "rank {r} differs");
-    }
-    println!("rank {rank}: ddp ranks agree");
-    if rank == 0 {
-        let single = mlp();
-        init(&single, 0.0);
-        let mut o = optimizer(&single, Opt::SgdMomentum);
-        for step in 0..DDP_STEPS {
-            let (x, y) = batch(step, world * DDP_ROWS, &[4]);
-            loss(&single.forward(&x).unwrap(), &y).backward().unwrap();
-            o.step().unwrap();
-            o.zero_grad(true).unwrap();
-        }
-        let (worst, name) = max_rel_diff(&mine, &state(&single));
-        assert!(worst < 1e-6, "{name}: {worst}");
-        println!("rank 0: ddp matches one process (max relative difference {worst:.1e} at {name})");
-    }
-    drop(ddp);
-    group.barrier().unwrap();
 }
 
 #[test]
@@ -246,7 +193,7 @@ fn mpi_rank_entry() {
             collectives(&g);
             println!("rank {r}: collectives ok");
         }
-        "ddp" => ddp_scenario(g),
+        "ddp" => common::ddp_against_one_process(Arc::new(g), Device::Cpu, 1e-6),
         "hang" => {
             g.barrier().unwrap();
             if r == 1 {

@@ -10,14 +10,9 @@ mod common;
 
 use kiln_autograd::{DType, Device, Tensor};
 use kiln_device::testing::cuda_device_or_skip;
-use kiln_distributed::{
-    init_process_group, BackendKind, DdpOptions, DistributedDataParallel, Error, ProcessGroup,
-    ReduceOp,
-};
-use kiln_models::{Layer, LayerExt};
+use kiln_distributed::{init_process_group, BackendKind, Error, ProcessGroup, ReduceOp};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SCENARIO: &str = "KILN_TEST_NCCL_SCENARIO";
@@ -112,6 +107,59 @@ fn a_killed_rank_makes_the_other_fail_within_the_timeout() {
     assert!(seconds < 40.0, "took {seconds} s");
 }
 
+/// A rank that fetched NCCL's unique id but never calls `ncclCommInitRank` (stuck or gone
+/// between the rendezvous and NCCL) makes the other's init fail within KILN_DIST_TIMEOUT with
+/// a timeout naming it, instead of blocking in NCCL forever.
+#[test]
+fn a_rank_that_never_joins_nccl_makes_the_other_time_out_naming_it() {
+    if !two_devices() {
+        return;
+    }
+    let (ranks, seconds) = launch("never-joins", "3");
+    let (ok0, log0) = &ranks[0];
+    assert!(ok0, "{log0}");
+    assert!(
+        log0.contains("rank 0: init failed as expected: rank 0 of 2: ncclCommInitRank did not finish within 3 s"),
+        "{log0}"
+    );
+    assert!(ranks[1].0, "{}", ranks[1].1);
+    assert!(
+        ranks[1].1.contains("rank 1: fetched the id"),
+        "{}",
+        ranks[1].1
+    );
+    assert!(seconds < 30.0, "took {seconds} s");
+}
+
+/// The two sides of [`a_rank_that_never_joins_nccl_makes_the_other_time_out_naming_it`].
+fn never_joins(local: usize, device: Device) {
+    let env = kiln_distributed::LaunchEnv::from_process_env().unwrap();
+    let timeout = Duration::from_secs(3);
+    if local == 1 {
+        // The rendezvous NcclGroup::new runs (rank 0's unique id, 128 bytes), then nothing.
+        let id = kiln_distributed::store::share_from_rank0(&env, None, 128, timeout).unwrap();
+        assert_eq!(id.len(), 128);
+        println!("rank 1: fetched the id, never joining");
+        std::thread::sleep(Duration::from_secs(6));
+        return;
+    }
+    let started = Instant::now();
+    let err = init_process_group(device).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                rank: 0,
+                op: "ncclCommInitRank",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    println!("rank 0: init failed as expected: {err}");
+}
+
 /// DDP on `--device cuda`: two ranks, one per device, each on its half of every batch, end
 /// bit-identical to each other and where one CPU process over the whole batches ends. The
 /// tolerance is looser than tests/ddp.rs's 1e-6 (same device) because the two sides also run
@@ -131,71 +179,6 @@ fn ddp_on_cuda_equals_one_process_over_the_concatenated_batches() {
         "{}",
         ranks[0].1
     );
-}
-
-const DDP_STEPS: usize = 4;
-const DDP_ROWS: usize = 3;
-
-fn ddp_scenario(group: Arc<dyn ProcessGroup>, device: Device) {
-    use common::*;
-    let rank = group.rank();
-    let world = group.world_size();
-    let model = mlp();
-    init(&model, rank as f64); // only rank 0's values survive DDP's broadcast
-    model.to_device(device).unwrap();
-    let ddp = DistributedDataParallel::new(model, group.clone(), DdpOptions::default()).unwrap();
-    let mut o = optimizer(ddp.module(), Opt::SgdMomentum);
-    for step in 0..DDP_STEPS {
-        let (x, y) = batch(step, world * DDP_ROWS, &[4]);
-        let x = rows(&x, rank, DDP_ROWS).to_device(device).unwrap();
-        let y = rows(&y, rank, DDP_ROWS).to_device(device).unwrap();
-        let out = ddp.forward(&x).unwrap();
-        ddp.backward(&loss(&out, &y)).unwrap();
-        o.step().unwrap();
-        o.zero_grad(true).unwrap();
-    }
-    let mine = state(ddp.module());
-    // Every rank holds the same parameters, bit for bit (gathered through NCCL itself).
-    let flat: Vec<f32> = mine
-        .iter()
-        .flat_map(|(_, v)| v.iter().map(|&x| x as f32))
-        .collect();
-    let n = flat.len();
-    let all = Tensor::zeros(&[n * world], DType::F32, device).unwrap();
-    group.all_gather(&cuda_f32(&flat, device), &all).unwrap();
-    let all = all.to_vec::<f32>().unwrap();
-    for r in 0..world {
-        let same = all[r * n..(r + 1) * n]
-            .iter()
-            .zip(&flat)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "rank {r}'s parameters differ from rank {rank}'s");
-    }
-    println!("rank {rank}: ddp ranks agree");
-    if rank == 0 {
-        let single = mlp();
-        init(&single, 0.0);
-        let mut o = optimizer(&single, Opt::SgdMomentum);
-        for step in 0..DDP_STEPS {
-            let (x, y) = batch(step, world * DDP_ROWS, &[4]);
-            loss(&single.forward(&x).unwrap(), &y).backward().unwrap();
-            o.step().unwrap();
-            o.zero_grad(true).unwrap();
-        }
-        let want = state(&single);
-        let (worst, name) = max_rel_diff(&mine, &want);
-        assert!(worst < 1e-5, "{name}: {worst}");
-        let start = mlp();
-        init(&start, 0.0);
-        let moved = max_rel_diff(&mine, &state(&start)).0;
-        assert!(
-            moved > 1e-3,
-            "training did not move the parameters ({moved})"
-        );
-        println!("rank 0: ddp matches one process (max relative difference {worst:.1e} at {name})");
-    }
-    drop(ddp);
-    group.barrier().unwrap();
 }
 
 fn cuda_f32(v: &[f32], device: Device) -> Tensor {
@@ -278,6 +261,9 @@ fn nccl_rank_entry() {
     let scenario = std::env::var(SCENARIO).expect("launched by the tests of this file");
     let local: usize = std::env::var("LOCAL_RANK").unwrap().parse().unwrap();
     let device = Device::Cuda(local);
+    if scenario == "never-joins" {
+        return never_joins(local, device);
+    }
     let g = init_process_group(device).unwrap();
     assert_eq!(g.backend(), BackendKind::Nccl);
     let r = g.rank();
@@ -286,7 +272,7 @@ fn nccl_rank_entry() {
             collectives(g.as_ref(), device);
             println!("rank {r}: nccl collectives ok");
         }
-        "ddp" => ddp_scenario(g.clone(), device),
+        "ddp" => common::ddp_against_one_process(g.clone(), device, 1e-5),
         "kill" => {
             g.barrier().unwrap();
             if r == 1 {

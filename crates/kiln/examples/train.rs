@@ -13,6 +13,7 @@
 //! cargo run --release --example predict -- --checkpoint runs/train/ckpt.safetensors x.png
 //! cargo build --release --features mpi --example train && \
 //!     mpirun -np 2 target/release/examples/train --distributed   # 2 CPU ranks over MPI
+//! mpirun -np 2 target/release/examples/train --distributed --sync-bn  # BatchNorm over both
 //! ```
 
 use clap::parser::ValueSource;
@@ -89,6 +90,10 @@ struct Args {
     /// --batch-size is per rank, and rank 0 alone prints and writes RUN_DIR.
     #[arg(long)]
     distributed: bool,
+    /// With --distributed: BatchNorm's batch statistics over every rank (SyncBatchNorm), so N
+    /// ranks of --batch-size B train as one process of batch N * B would.
+    #[arg(long)]
+    sync_bn: bool,
 }
 
 fn parse_data(s: &str) -> Result<DataSource, String> {
@@ -173,6 +178,15 @@ impl Observer for Display {
             format_bytes(p.optimizer_state_bytes as u64),
             format_bytes(p.per_sample_bytes() as u64)
         );
+        if let Some(z) = &s.zero1 {
+            println!(
+                "  ZeRO-1 over the ranks would keep {} of optimizer state per rank instead of {} \
+                 (fixed {} per rank)",
+                format_bytes(z.sharded_state_bytes as u64),
+                format_bytes(z.unsharded_state_bytes as u64),
+                format_bytes(z.fixed_bytes as u64)
+            );
+        }
         match (s.budget_bytes, s.plan_max_batch) {
             (Some(budget), Some(max)) => println!(
                 "  budget {} (half the free memory) fits batch {max}; using {} (capped), \
@@ -318,6 +332,7 @@ fn main() {
         backbone_lr_factor: args.backbone_lr_factor,
         memory_history: args.memory_history,
         distributed,
+        sync_bn: args.sync_bn,
         ..TrainConfig::default()
     };
     if let Err(e) = recipe::take_checkpoint_settings(&mut config, given) {

@@ -2,19 +2,20 @@
 //! (`ThreadGroup`: the same `DistributedDataParallel`, sampler and rank-0-only writing as under
 //! `mpirun`, without MPI). What is checked: both ranks end bit-identical, each trained on its
 //! own shard, the loss went down, rank 1 wrote nothing, a stopped run resumed on both ranks
-//! from rank 0's checkpoint ends bit for bit where the straight run ends, and an error on one
-//! rank stops the other with an error naming it.
+//! from rank 0's checkpoint ends bit for bit where the straight run ends, a resume with another
+//! number of ranks is refused, and an error on one rank stops the other with an error naming it.
 //!
-//! Not checked here: equality with one process over the concatenated batches. The recipe's
-//! ResNet has BatchNorm, whose batch statistics are per rank (no SyncBatchNorm), so two ranks
-//! of B samples do not compute one process's gradients over 2B; kiln-distributed's
-//! tests/ddp.rs and tests/mpi.rs check that equality for DDP itself on a BatchNorm-free model.
+//! Equality with one process over the concatenated batches (with `sync_bn`: per-rank BatchNorm
+//! statistics would differ from one process's over 2B) is checked under a real `mpirun` in
+//! tests/mpi_recipe.rs.
 
 mod common;
 
 use common::{assert_same_bits, bits, tiny_config};
+use kiln::autograd::Module;
+use kiln::distributed::zero::{partition, Zero1Saving};
 use kiln::distributed::{ProcessGroup, ThreadGroup};
-use kiln::recipe::{self, Distributed, Outcome, Quiet, TrainConfig};
+use kiln::recipe::{self, Distributed, Observer, Outcome, Quiet, Setup, TrainConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,6 +139,114 @@ fn both_ranks_resume_from_rank_0s_checkpoint_bit_identically() {
         assert_same_bits(&bits(&resumed[r].model), &bits(&straight[r].model));
     }
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn a_resume_with_another_number_of_ranks_is_refused_naming_both_counts() {
+    let root = temp_root("world");
+    let stopped = TrainConfig {
+        stop_after: Some(1),
+        ..config(root.join("run"))
+    };
+    for r in run_ranks(vec![stopped.clone(), stopped]) {
+        assert_eq!(r.unwrap().history.len(), 1);
+    }
+    // One process (no group) resuming the two ranks' checkpoint.
+    let alone = TrainConfig {
+        resume: true,
+        ..config(root.join("run"))
+    };
+    let msg = recipe::train(&alone, &mut Quiet).unwrap_err().to_string();
+    assert!(
+        msg.contains("was written by a run of 2 rank(s), and this run has 1"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("relaunch with 2 rank(s) (`mpirun -np 2`"),
+        "{msg}"
+    );
+    // Three ranks: every rank refuses, with the same counts.
+    let resumed = vec![alone.clone(), alone.clone(), alone];
+    for r in run_ranks(resumed) {
+        let msg = r.unwrap_err().to_string();
+        assert!(
+            msg.contains("written by a run of 2 rank(s), and this run has 3"),
+            "{msg}"
+        );
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Records the memory plan's optimizer state and the ZeRO-1 figures of the setup.
+#[derive(Default)]
+struct PlanSeen(Option<(usize, Option<Zero1Saving>)>);
+
+impl Observer for PlanSeen {
+    fn setup(&mut self, s: &Setup) {
+        self.0 = Some((s.plan.optimizer_state_bytes, s.zero1));
+    }
+}
+
+#[test]
+fn the_setup_of_two_ranks_shows_what_zero1_saves_in_exact_bytes() {
+    let root = temp_root("zero1");
+    let groups = ThreadGroup::with_timeout(2, Duration::from_secs(60)).unwrap();
+    let handles: Vec<_> = groups
+        .into_iter()
+        .map(|g| {
+            let group: Arc<dyn ProcessGroup> = Arc::new(g);
+            let config = TrainConfig {
+                stop_after: Some(0),
+                distributed: Some(Distributed(group)),
+                ..config(root.join("run"))
+            };
+            std::thread::spawn(move || {
+                let mut seen = PlanSeen::default();
+                let outcome = recipe::train(&config, &mut seen).unwrap();
+                (seen.0.unwrap(), outcome)
+            })
+        })
+        .collect();
+    for h in handles {
+        let ((state_bytes, zero1), outcome) = h.join().unwrap();
+        let numels: Vec<usize> = outcome
+            .model
+            .parameters()
+            .iter()
+            .map(|p| p.numel())
+            .collect();
+        let total: usize = numels.iter().sum();
+        // AdamW keeps two f32 moments per element.
+        assert_eq!(state_bytes, 8 * total);
+        let owner = partition(&numels, 2);
+        let largest = (0..2)
+            .map(|r| {
+                (0..numels.len())
+                    .filter(|&i| owner[i] == r)
+                    .map(|i| numels[i])
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap();
+        let z = zero1.expect("two ranks show the ZeRO-1 figures");
+        assert_eq!(z.unsharded_state_bytes, 8 * total);
+        assert_eq!(z.sharded_state_bytes, 8 * largest);
+        // The width-4 CIFAR ResNet: 19,902 elements (108 + 8 stem, 304, 944, 3,680 and 14,528
+        // in the stages, 330 in the head); the greedy split (largest tensor first, each to the
+        // lighter rank) ends with shards of 9,952 and 9,950 elements.
+        assert_eq!((total, largest), (19_902, 9_952));
+        assert_eq!(z.unsharded_state_bytes, 159_216);
+        assert_eq!(z.sharded_state_bytes, 79_616);
+    }
+    // One process shows none.
+    let mut seen = PlanSeen::default();
+    let alone = TrainConfig {
+        stop_after: Some(0),
+        ..config(root.join("alone"))
+    };
+    recipe::train(&alone, &mut seen).unwrap();
+    assert_eq!(seen.0.unwrap().1, None);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 #[test]

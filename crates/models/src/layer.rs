@@ -18,6 +18,16 @@
 use crate::trace::{Act, Tracer};
 use crate::Result;
 use kiln_autograd::{Module, Tensor};
+use std::sync::Arc;
+
+/// Where a batch norm in training gets the totals of its batch statistics when they must span
+/// more than its own input (`SyncBatchNorm`'s all-reduce over every rank of a process group).
+pub trait BatchStatsReduce: Send + Sync + std::fmt::Debug {
+    /// The sum over every participant of `local` (a 1-d tensor of per-channel sums and the
+    /// element count), differentiable: the gradient of `local` is the sum over participants of
+    /// the output's gradient. Every participant calls it in the same order.
+    fn sum(&self, local: &Tensor) -> Result<Tensor>;
+}
 
 /// A module with a forward pass on tensors and a shape-only forward pass.
 pub trait Layer: Module + Send + Sync {
@@ -50,6 +60,29 @@ pub trait Layer: Module + Send + Sync {
 
     /// This layer as a mutable `Module`.
     fn as_module_mut(&mut self) -> &mut dyn Module;
+
+    /// The batch-statistics reduction of a batch norm layer (`None` on every other layer): set
+    /// it to share its training statistics across processes ([`set_batch_stats_reduce`]).
+    fn batch_stats_reduce_mut(&mut self) -> Option<&mut Option<Arc<dyn BatchStatsReduce>>> {
+        None
+    }
+}
+
+/// Sets the batch-statistics reduction of every batch norm layer in `layer`'s tree (`None`
+/// restores per-process statistics); returns how many layers it set.
+pub fn set_batch_stats_reduce(
+    layer: &mut dyn Layer,
+    reduce: Option<Arc<dyn BatchStatsReduce>>,
+) -> usize {
+    let mut count = 0;
+    if let Some(slot) = layer.batch_stats_reduce_mut() {
+        *slot = reduce.clone();
+        count += 1;
+    }
+    for (_, child) in layer.layers_mut() {
+        count += set_batch_stats_reduce(child, reduce.clone());
+    }
+    count
 }
 
 /// True when any of `params` requires grad (for traces: a frozen layer saves nothing for its

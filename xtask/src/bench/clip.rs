@@ -2,12 +2,16 @@
 //! sets (ResNet18's 62 tensors, a GPT-2-small-like 148 tensors, 2,000 tensors of 1,000), when
 //! clipping and when not, against (a) a per-tensor loop over the tensor API in the same run and
 //! (b) the memory bandwidth measured in the same run (a parallel read pass and a copy pass).
+//! With `--vs-torch`, clipping the ResNet-18 set and the 2,000-tensor set also gets rows
+//! against PyTorch's `clip_grad_norm_` on the same tensors, measured in the same run
+//! (`torch.rs`).
 //!
 //! Bandwidth limits: not clipping reads every gradient once; clipping reads twice (norm pass,
 //! scale pass) and writes once. The limit time is `reads / read_bw + (read + write) / copy_bw`
 //! for the scale part, and `ratio = limit / measured` (1.0 = at the bandwidth limit).
 
 use super::harness::{bandwidth_rows, median_secs, Options, Row};
+use super::torch::{self, Figure};
 use kiln_autograd::{no_grad, DType, Device, Parameter, Tensor};
 use kiln_device::threads::cpu_pool;
 use rayon::prelude::*;
@@ -172,6 +176,7 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
+    let mut vs_torch = Vec::new();
     for set in grad_sets() {
         let params = params_with_grads(&set)?;
         let bytes = (set.numel() * 4) as f64;
@@ -233,6 +238,22 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
             "per-tensor loop, same run",
             t_loop / t,
         ));
+        let id = match set.name {
+            n if n.starts_with("resnet18") => Some("clip_resnet18"),
+            n if n.starts_with("2000") => Some("clip_2000x1000"),
+            _ => None,
+        };
+        if let Some(id) = id {
+            vs_torch.push((id, set.name, t));
+        }
+    }
+    if options.vs_torch {
+        let ids: Vec<String> = vs_torch.iter().map(|c| c.0.to_string()).collect();
+        let side = torch::measure(&ids, options.quick);
+        for (id, name, secs) in vs_torch {
+            let case = format!("{name}: clip, fused");
+            rows.push(side.row(GROUP, &case, id, secs * 1e3, Figure::Millis));
+        }
     }
     Ok(rows)
 }

@@ -77,6 +77,8 @@ pub struct Options {
     pub gpu: bool,
     /// Run only the cases that need a CUDA device (implies `gpu`).
     pub gpu_only: bool,
+    /// Also run the CPU cases in PyTorch in the same run and add kiln/PyTorch rows.
+    pub vs_torch: bool,
 }
 
 /// An error of any crate as the bench's `String` error.

@@ -1,7 +1,10 @@
-//! `cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only]`: runs benchmark groups, prints
-//! a table and writes `report.json` (an array of rows) and `report.md` to `$KILN_BENCH_OUT`, or to
-//! `target/kiln-bench/` when it is unset. `--gpu-only` runs just the CUDA cases of every group
-//! (what the GPU machine of `cargo xtask gpu-pack` runs).
+//! `cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only] [--vs-torch]`: runs benchmark
+//! groups, prints a table and writes `report.json` (an array of rows) and `report.md` to
+//! `$KILN_BENCH_OUT`, or to `target/kiln-bench/` when it is unset. `--gpu-only` runs just the
+//! CUDA cases of every group (what the GPU machine of `cargo xtask gpu-pack` runs).
+//! `--vs-torch` also runs the `train`, `ops`, `optim` and `clip` CPU cases in PyTorch in the
+//! same run (`torch.rs`; `$KILN_TORCH_PYTHON`, else `python3`) and adds kiln/PyTorch rows;
+//! without PyTorch those rows keep kiln's figure and say why PyTorch's is missing.
 //!
 //! A row is `{"group", "case", "metric", "value", "reference", "ratio"}`; `ratio` compares
 //! kiln's figure with the reference measured in the same run (or a stated target), oriented so
@@ -18,6 +21,7 @@ mod ops;
 mod ops_gpu;
 mod optim;
 mod optim_gpu;
+mod torch;
 mod train;
 
 use harness::{cpu_then_gpu, Options, Row, FAILED};
@@ -39,7 +43,8 @@ const GROUPS: &[(&str, Group)] = &[
     ("distributed", distributed::run),
 ];
 
-const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only]";
+const USAGE: &str =
+    "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only] [--vs-torch]";
 
 /// Runs the subcommand.
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -49,6 +54,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         match arg.as_str() {
             "--quick" => options.quick = true,
             "--gpu" => options.gpu = true,
+            "--vs-torch" => options.vs_torch = true,
             "--gpu-only" => {
                 options.gpu = true;
                 options.gpu_only = true;

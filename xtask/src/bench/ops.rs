@@ -6,11 +6,15 @@
 //! `conv::reference`: seven nested loops straight from the definition), single-threaded and
 //! unvectorised by design. `ratio` is kiln's GFLOP/s over the reference's.
 //!
+//! With `--vs-torch`, matmul at 512 and 1024 also gets a row against PyTorch's `torch.matmul`
+//! measured in the same run (best of as many calls; `torch.rs`).
+//!
 //! kiln's figure is the best of a few timed repetitions after one warm-up. The references are
 //! slow, so each is timed once, and the conv reference runs on a smaller batch (its rate per
 //! FLOP does not depend on the batch: it is the same loop per image).
 
 use super::harness::{best_of, err, seconds, Options, Row};
+use super::torch::{self, Figure};
 use kiln_autograd::{Conv2dParams, DType, Device, Generator};
 use kiln_device::ops::conv::{reference, Conv2dGeometry};
 use kiln_device::ops::matmul::matmul_reference;
@@ -29,8 +33,16 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         kiln_device::threads::num_threads()
     );
     if !options.gpu_only {
-        matmul(options, &mut rows)?;
+        let rates = matmul(options, &mut rows)?;
         conv2d(options, &mut rows)?;
+        if options.vs_torch {
+            let ids: Vec<String> = rates.iter().map(|(n, _)| format!("matmul/{n}")).collect();
+            let side = torch::measure(&ids, options.quick);
+            for ((n, rate), id) in rates.iter().zip(&ids) {
+                let case = format!("matmul_f32_{n}x{n}x{n}");
+                rows.push(side.row(GROUP, &case, id, *rate, Figure::Gflops));
+            }
+        }
     }
     if options.gpu {
         super::ops_gpu::run(options, &mut rows)?;
@@ -38,7 +50,9 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
+/// The matmul rows; returns kiln's GFLOP/s at 512 and 1024 (the `--vs-torch` cases).
+fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<Vec<(usize, f64)>, String> {
+    let mut rates = Vec::new();
     let mut generator = Generator::new(1);
     for n in [256usize, 512, 1024] {
         let flops = 2.0 * (n * n * n) as f64;
@@ -73,6 +87,9 @@ fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             format!("plain i-j-k triple loop, same run: {ref_rate:.3} GFLOP/s"),
             kiln_rate / ref_rate,
         ));
+        if n >= 512 {
+            rates.push((n, kiln_rate));
+        }
         if n == 512 {
             rows.push(Row::new(
                 GROUP,
@@ -87,7 +104,7 @@ fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    Ok(rates)
 }
 
 /// One convolution shape of ResNet18 (CIFAR-style) at 32x32 input.

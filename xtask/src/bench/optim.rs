@@ -1,10 +1,13 @@
 //! The `optim` benchmark group (issue 5): one fused AdamW step over the `clip` group's gradient
 //! sets, against the memory-bandwidth limit measured in the same run (4 reads: parameter,
 //! gradient, two moments; 3 writes: parameter, two moments), and the same step with the clip
-//! coefficient handed to it (`step_with_grad_scale`) against clip-then-step.
+//! coefficient handed to it (`step_with_grad_scale`) against clip-then-step. With `--vs-torch`,
+//! the ResNet-18 set's two figures also get rows against PyTorch's `AdamW(fused=True)` step and
+//! its `clip_grad_norm_` then that step, measured in the same run (`torch.rs`).
 
 use super::clip::{bandwidth, grad_sets, params_with_grads, SHRINK};
 use super::harness::{bandwidth_rows, median_secs, Options, Row};
+use super::torch::{self, Figure};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup};
 
 const GROUP: &str = "optim";
@@ -15,6 +18,7 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
+    let mut vs_torch = Vec::new();
     for set in grad_sets() {
         let params = params_with_grads(&set)?;
         let mut opt = AdamW::new(
@@ -56,6 +60,18 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
             "clip_grad_norm_ then step, same run",
             t_sep / t_fused,
         ));
+        if set.name.starts_with("resnet18") {
+            vs_torch.push(("adamw_resnet18", "AdamW step, fused", t));
+            vs_torch.push(("clip_adamw_resnet18", "clip + AdamW step", t_fused));
+        }
+    }
+    if options.vs_torch {
+        let ids: Vec<String> = vs_torch.iter().map(|c| c.0.to_string()).collect();
+        let side = torch::measure(&ids, options.quick);
+        for (id, case, secs) in vs_torch {
+            let case = format!("resnet18 (62 tensors): {case}");
+            rows.push(side.row(GROUP, &case, id, secs * 1e3, Figure::Millis));
+        }
     }
     Ok(rows)
 }

@@ -1,11 +1,19 @@
 //! The `train` benchmark group (issue 9): whole training steps on the CPU, as an application
 //! runs them, and the memory those steps take.
 //!
-//! Two steps, each `forward -> loss -> backward -> optimizer step -> zero_grad(true)`:
+//! Three steps, each `forward -> loss -> backward -> clip_grad_norm_(max_norm = 1) -> optimizer
+//! step -> zero_grad(true)`:
 //! - `mlp`: 784-512-256-10 MLP, batch 128 (quick: 32), `cross_entropy`, AdamW;
-//! - `resnet18`: ResNet-18 with the CIFAR-style stem (3x3 stride-1 first conv, no max-pool) on
-//!   32x32 images, batch 32 (quick: 4), `cross_entropy`, SGD with momentum and
-//!   `clip_grad_norm_(max_norm = 1)` before the step.
+//! - `resnet18` with the CIFAR-style stem (3x3 stride-1 first conv, no max-pool) on 32x32
+//!   images, batch 32 (quick: 4), 10 classes, SGD with momentum;
+//! - `resnet18` with torchvision's stem on 224x224 images, batch 8 (quick: 1), 1000 classes, SGD
+//!   with momentum.
+//!
+//! Two more cases time without memory rows: ResNet-18 (224x224, 1000 classes) batch-1
+//! inference in eval mode under `no_grad`, and the CIFAR step while a busy competing process
+//! (a shell loop) spins on one core, against the same step without it (`ratio` = quiet time /
+//! contended time). With `--vs-torch` each case also gets a row against PyTorch's same case,
+//! measured in the same run (`torch.rs`).
 //!
 //! Per step, three rows:
 //! - step time (median of several steps after a warm-up one), against kiln's own f32 matmul
@@ -25,7 +33,8 @@
 //! figure is the allocator's total).
 
 use super::harness::{best_of, err, median_of, Options, Row};
-use kiln_autograd::{manual_seed, DType, Device, Generator, Module, Tensor};
+use super::torch::{self, Figure, Spinner};
+use kiln_autograd::{manual_seed, no_grad, DType, Device, Generator, Module, Tensor};
 use kiln_device::{
     empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
     reset_peak_memory_stats,
@@ -48,9 +57,54 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     let matmul_rate = matmul_gflops(options)?;
     eprintln!("bench train: reference matmul 512: {matmul_rate:.2} GFLOP/s");
-    let (mlp_batch, resnet_batch) = if options.quick { (32, 4) } else { (128, 32) };
-    mlp_step(options, mlp_batch, matmul_rate, &mut rows)?;
-    resnet_step(options, resnet_batch, matmul_rate, &mut rows)?;
+    let (mlp_batch, cifar_batch, big_batch) = if options.quick {
+        (32, 4, 1)
+    } else {
+        (128, 32, 8)
+    };
+    let mlp_ms = mlp_step(options, mlp_batch, matmul_rate, &mut rows)?;
+    let cifar = Resnet {
+        size: 32,
+        batch: cifar_batch,
+    };
+    let cifar_ms = resnet_step(options, cifar, matmul_rate, &mut rows)?;
+    let big = Resnet {
+        size: 224,
+        batch: big_batch,
+    };
+    let big_ms = resnet_step(options, big, matmul_rate, &mut rows)?;
+    let eval_ms = resnet_eval(options, &mut rows)?;
+    let contended_ms = contended_step(options, cifar, cifar_ms, &mut rows)?;
+    if options.vs_torch {
+        let cases = [
+            (format!("mlp_step/{mlp_batch}"), "mlp step", mlp_ms),
+            (
+                format!("resnet18_cifar_step/{cifar_batch}"),
+                "resnet18 32x32 step",
+                cifar_ms,
+            ),
+            (
+                format!("resnet18_224_step/{big_batch}"),
+                "resnet18 224x224 step",
+                big_ms,
+            ),
+            (
+                "resnet18_224_eval/1".to_string(),
+                "resnet18 224x224 batch 1 eval",
+                eval_ms,
+            ),
+            (
+                format!("resnet18_cifar_step_contended/{cifar_batch}"),
+                "resnet18 32x32 step, one core busy",
+                contended_ms,
+            ),
+        ];
+        let ids: Vec<String> = cases.iter().map(|c| c.0.clone()).collect();
+        let side = torch::measure(&ids, options.quick);
+        for (id, case, ms) in &cases {
+            rows.push(side.row(GROUP, &format!("{case} ({id})"), id, *ms, Figure::Millis));
+        }
+    }
     if options.gpu {
         eprintln!(
             "bench train: --gpu: this group measures CPU steps; the CUDA training step (ResNet18, \
@@ -178,7 +232,7 @@ fn mlp_step(
     batch: usize,
     matmul_rate: f64,
     rows: &mut Vec<Row>,
-) -> Result<(), String> {
+) -> Result<f64, String> {
     let base = fresh_start()?;
     let model = mlp(&[784, 512, 256, 10], 0.0).map_err(err)?;
     let s = summary(&model, &[batch, 784]).map_err(err)?;
@@ -194,48 +248,9 @@ fn mlp_step(
     let y = labels(batch, 10)?;
     let ce = CrossEntropyOptions::default();
     let steps = if options.quick { 3 } else { 30 };
-    let case = format!("mlp 784-512-256-10, batch {batch}, AdamW");
+    let case = format!("mlp 784-512-256-10, batch {batch}, AdamW + clip");
     let flops = 6.0 * s.total_mult_adds as f64;
-    let measured = measure(case, flops, planned, steps, base, || {
-        let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
-        loss.backward().map_err(err)?;
-        opt.step().map_err(err)?;
-        opt.zero_grad(true).map_err(err)
-    })?;
-    push_rows(&measured, matmul_rate, rows);
-    Ok(())
-}
-
-fn resnet_step(
-    options: &Options,
-    batch: usize,
-    matmul_rate: f64,
-    rows: &mut Vec<Row>,
-) -> Result<(), String> {
-    let base = fresh_start()?;
-    let model = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [2, 2, 2, 2],
-        num_classes: 10,
-        small_input: true,
-    })
-    .map_err(err)?;
-    let s = summary(&model, &[batch, 3, 32, 32]).map_err(err)?;
-    let planned = plan(&model, &[3, 32, 32], DType::F32, OptimizerKind::SgdMomentum)
-        .map_err(err)?
-        .peak_allocated_bytes(batch);
     let params = model.named_parameters();
-    let mut opt = Sgd::new(
-        vec![ParamGroup::new(params.clone())],
-        SgdOptions::default().lr(0.01).momentum(0.9),
-    )
-    .map_err(err)?;
-    let x = Tensor::randn(&[batch, 3, 32, 32], DType::F32, CPU).map_err(err)?;
-    let y = labels(batch, 10)?;
-    let ce = CrossEntropyOptions::default();
-    let steps = if options.quick { 1 } else { 5 };
-    let case = format!("resnet18 (CIFAR stem) 32x32, batch {batch}, SGD momentum + clip");
-    let flops = 6.0 * s.total_mult_adds as f64;
     let measured = measure(case, flops, planned, steps, base, || {
         let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
         loss.backward().map_err(err)?;
@@ -244,5 +259,166 @@ fn resnet_step(
         opt.zero_grad(true).map_err(err)
     })?;
     push_rows(&measured, matmul_rate, rows);
-    Ok(())
+    Ok(measured.step_secs * 1e3)
+}
+
+/// A ResNet-18 training case: image size (32: CIFAR stem and 10 classes; otherwise
+/// torchvision's stem and 1000 classes) and batch.
+#[derive(Debug, Clone, Copy)]
+struct Resnet {
+    size: usize,
+    batch: usize,
+}
+
+impl Resnet {
+    fn small_input(self) -> bool {
+        self.size == 32
+    }
+
+    fn classes(self) -> usize {
+        if self.small_input() {
+            10
+        } else {
+            1000
+        }
+    }
+
+    fn model(self) -> Result<ResNet, String> {
+        ResNet::new(ResNetConfig {
+            block: BlockKind::Basic,
+            layers: [2, 2, 2, 2],
+            num_classes: self.classes(),
+            small_input: self.small_input(),
+        })
+        .map_err(err)
+    }
+
+    fn name(self) -> String {
+        let stem = if self.small_input() {
+            "CIFAR stem"
+        } else {
+            "ImageNet stem"
+        };
+        format!(
+            "resnet18 ({stem}) {0}x{0}, batch {1}, SGD momentum + clip",
+            self.size, self.batch
+        )
+    }
+}
+
+/// One training step of `model` on `x`, `y` (see the module doc).
+fn train_step(
+    model: &ResNet,
+    params: &[(String, kiln_autograd::Parameter)],
+    opt: &mut Sgd,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<(), String> {
+    let ce = CrossEntropyOptions::default();
+    let loss = cross_entropy(&model.forward(x).map_err(err)?, y, &ce).map_err(err)?;
+    loss.backward().map_err(err)?;
+    kiln_optim::clip_grad_norm_(params, 1.0, 2.0, false).map_err(err)?;
+    opt.step().map_err(err)?;
+    opt.zero_grad(true).map_err(err)
+}
+
+/// A model, its parameters, an SGD-momentum optimizer and one batch of `r`.
+fn resnet_setup(
+    r: Resnet,
+) -> Result<
+    (
+        ResNet,
+        Vec<(String, kiln_autograd::Parameter)>,
+        Sgd,
+        Tensor,
+        Tensor,
+    ),
+    String,
+> {
+    let model = r.model()?;
+    let params = model.named_parameters();
+    let opt = Sgd::new(
+        vec![ParamGroup::new(params.clone())],
+        SgdOptions::default().lr(0.01).momentum(0.9),
+    )
+    .map_err(err)?;
+    let x = Tensor::randn(&[r.batch, 3, r.size, r.size], DType::F32, CPU).map_err(err)?;
+    let y = labels(r.batch, r.classes())?;
+    Ok((model, params, opt, x, y))
+}
+
+fn resnet_step(
+    options: &Options,
+    r: Resnet,
+    matmul_rate: f64,
+    rows: &mut Vec<Row>,
+) -> Result<f64, String> {
+    let base = fresh_start()?;
+    let input = [3, r.size, r.size];
+    let (model, params, mut opt, x, y) = resnet_setup(r)?;
+    let s = summary(&model, &[r.batch, 3, r.size, r.size]).map_err(err)?;
+    let planned = plan(&model, &input, DType::F32, OptimizerKind::SgdMomentum)
+        .map_err(err)?
+        .peak_allocated_bytes(r.batch);
+    let steps = if options.quick { 1 } else { 5 };
+    let flops = 6.0 * s.total_mult_adds as f64;
+    let measured = measure(r.name(), flops, planned, steps, base, || {
+        train_step(&model, &params, &mut opt, &x, &y)
+    })?;
+    push_rows(&measured, matmul_rate, rows);
+    Ok(measured.step_secs * 1e3)
+}
+
+/// ResNet-18 (224x224, 1000 classes) batch-1 forward in eval mode under `no_grad`: median ms.
+fn resnet_eval(options: &Options, rows: &mut Vec<Row>) -> Result<f64, String> {
+    fresh_start()?;
+    let r = Resnet {
+        size: 224,
+        batch: 1,
+    };
+    let mut model = r.model()?;
+    model.eval();
+    let x = Tensor::randn(&[1, 3, 224, 224], DType::F32, CPU).map_err(err)?;
+    let runs = if options.quick { 3 } else { 20 };
+    let secs = median_of(runs, || {
+        no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err))
+    })?;
+    let ms = secs * 1e3;
+    eprintln!("bench train: resnet18 224x224 batch 1 eval: {ms:.2} ms");
+    rows.push(Row::new(
+        GROUP,
+        "resnet18 (ImageNet stem) 224x224, batch 1, eval under no_grad: forward time",
+        "ms",
+        ms,
+        "images per second (ratio = images/s)",
+        1e3 / ms,
+    ));
+    Ok(ms)
+}
+
+/// The step of `r` while a competing process spins on one core: median ms, and a row against
+/// the quiet step time `quiet_ms` measured before.
+fn contended_step(
+    options: &Options,
+    r: Resnet,
+    quiet_ms: f64,
+    rows: &mut Vec<Row>,
+) -> Result<f64, String> {
+    fresh_start()?;
+    let (model, params, mut opt, x, y) = resnet_setup(r)?;
+    let steps = if options.quick { 1 } else { 3 };
+    let spinner = Spinner::start()?;
+    let secs = median_of(steps, || train_step(&model, &params, &mut opt, &x, &y))?;
+    drop(spinner);
+    let ms = secs * 1e3;
+    eprintln!("bench train: {}, one core busy: {ms:.1} ms/step", r.name());
+    rows.push(Row::new(
+        GROUP,
+        format!("{}, one core busy (competing process): step time", r.name()),
+        "ms",
+        ms,
+        format!("same step without it: {quiet_ms:.1} ms (ratio = quiet / contended)"),
+        quiet_ms / ms,
+    ));
+    Ok(ms)
 }

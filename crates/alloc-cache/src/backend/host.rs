@@ -5,8 +5,10 @@
 //! instead of one per 4 KiB page, which is most of the cost of touching a large warm buffer.
 //!
 //! Host work is synchronous, so every event is complete the moment it is recorded. Expandable
-//! segments are not offered (that would need `mmap`/`mprotect`; the cache already keeps the
-//! page-faulted memory warm, which is what matters on the host).
+//! segments (and page stitching) are offered on Linux when asked for
+//! ([`HostBackend::with_page_mapping`]): pages of a `memfd` mapped into `PROT_NONE`
+//! reservations (`host_pages.rs`). By default they are not: the cache already keeps the
+//! page-faulted memory warm, which is what matters most on the host.
 
 use super::{BackendError, EventId, MemoryBackend, StreamId};
 use std::alloc::Layout;
@@ -52,7 +54,10 @@ fn advise_huge_pages(_ptr: *mut u8, _bytes: usize) {}
 #[derive(Debug)]
 pub struct HostBackend {
     capacity: usize,
+    /// Bytes held: segments plus mapped pages.
     reserved: AtomicUsize,
+    #[cfg(target_os = "linux")]
+    pages: Option<super::host_pages::HostPages>,
 }
 
 impl HostBackend {
@@ -67,7 +72,47 @@ impl HostBackend {
         Self {
             capacity,
             reserved: AtomicUsize::new(0),
+            #[cfg(target_os = "linux")]
+            pages: None,
         }
+    }
+
+    /// Offers expandable segments: address-space reservations into which 2 MiB pages of
+    /// shared memory are mapped, unmapped and moved (Linux only; elsewhere this changes
+    /// nothing and [`page_size`](MemoryBackend::page_size) stays `None`).
+    pub fn with_page_mapping(self) -> Self {
+        Self {
+            #[cfg(target_os = "linux")]
+            pages: Some(super::host_pages::HostPages::default()),
+            ..self
+        }
+    }
+
+    /// Counts `bytes` more as held, or the out-of-memory error when that passes the capacity.
+    fn claim(&self, bytes: usize) -> Result<(), BackendError> {
+        let claimed = self.reserved.fetch_add(bytes, Ordering::Relaxed);
+        if bytes == 0
+            || claimed
+                .checked_add(bytes)
+                .is_none_or(|total| total > self.capacity)
+        {
+            self.reserved.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(BackendError::OutOfMemory {
+                requested: bytes,
+                free: self.free_bytes(),
+            });
+        }
+        Ok(())
+    }
+
+    #[cfg(target_os = "linux")]
+    fn host_pages(&self) -> Result<&super::host_pages::HostPages, BackendError> {
+        self.pages
+            .as_ref()
+            .ok_or_else(|| BackendError::Unsupported {
+                backend: self.name().to_string(),
+                what: "page mapping (use HostBackend::with_page_mapping)",
+            })
     }
 }
 
@@ -103,15 +148,7 @@ impl MemoryBackend for HostBackend {
             requested: bytes,
             free: self.free_bytes(),
         };
-        let claimed = self.reserved.fetch_add(bytes, Ordering::Relaxed);
-        if bytes == 0
-            || claimed
-                .checked_add(bytes)
-                .is_none_or(|total| total > self.capacity)
-        {
-            self.reserved.fetch_sub(bytes, Ordering::Relaxed);
-            return Err(oom());
-        }
+        self.claim(bytes)?;
         let Some(layout) = segment_layout(bytes) else {
             self.reserved.fetch_sub(bytes, Ordering::Relaxed);
             return Err(oom());
@@ -134,6 +171,42 @@ impl MemoryBackend for HostBackend {
         unsafe { std::alloc::dealloc(addr as usize as *mut u8, layout) };
         self.reserved.fetch_sub(bytes, Ordering::Relaxed);
         Ok(())
+    }
+
+    #[cfg(target_os = "linux")]
+    fn page_size(&self) -> Option<usize> {
+        self.pages.as_ref().map(|_| super::host_pages::HOST_PAGE)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn reserve_address_space(&self, bytes: usize) -> Result<u64, BackendError> {
+        self.host_pages()?.reserve_address_space(bytes)
+    }
+
+    #[cfg(target_os = "linux")]
+    unsafe fn release_address_space(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        self.host_pages()?.release_address_space(addr, bytes)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn map(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let pages = self.host_pages()?;
+        self.claim(bytes)?;
+        pages.map(addr, bytes).inspect_err(|_| {
+            self.reserved.fetch_sub(bytes, Ordering::Relaxed);
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        self.host_pages()?.unmap(addr, bytes)?;
+        self.reserved.fetch_sub(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    #[cfg(target_os = "linux")]
+    unsafe fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        self.host_pages()?.remap(from, to, bytes)
     }
 
     fn record_event(&self, _stream: StreamId) -> Result<EventId, BackendError> {

@@ -17,6 +17,8 @@
 //!   device) over the range; keep the handles in a map from page address to handle, because
 //!   `unmap` must be able to take any page-aligned sub-range: per page `cuMemUnmap` +
 //!   `cuMemRelease`. On a failure part-way, unmap what was mapped and return the error.
+//! - `remap` = per page `cuMemUnmap` at the old address and `cuMemMap` of the same handle at the
+//!   new one, then one `cuMemSetAccess`: the physical pages move, none is created or released.
 //! - `record_event` = take an event from a pool (`cuEventCreate(DISABLE_TIMING)`) and
 //!   `cuEventRecord` it on the stream (`StreamId` = the `CUstream` handle value, 0 = legacy
 //!   default stream); `query_event` = `cuEventQuery` (`CUDA_ERROR_NOT_READY` -> `false`);
@@ -25,6 +27,8 @@
 //!   its cache and retries); every other driver error to [`BackendError::Driver`].
 
 mod host;
+#[cfg(target_os = "linux")]
+mod host_pages;
 mod sim;
 
 pub use host::HostBackend;
@@ -151,6 +155,20 @@ pub trait MemoryBackend: Send + Sync {
         })
     }
 
+    /// Moves the physical pages behind `[from, from + bytes)` (page-aligned, mapped) to
+    /// `[to, to + bytes)` (page-aligned, inside a reservation, unmapped), page for page; `from`
+    /// is unmapped afterwards. The memory held does not change (the caching allocator stitches
+    /// free pages into a new range this way). What the pages held is not kept. The default
+    /// unmaps, then maps: right for any backend, but it frees and allocates memory.
+    ///
+    /// # Safety
+    /// No pending or future access may touch `[from, from + bytes)`.
+    unsafe fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.unmap(from, bytes)? };
+        self.map(to, bytes)
+    }
+
     /// Records an event on `stream` that completes when the work queued so far has finished.
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError>;
 
@@ -199,6 +217,10 @@ impl<T: MemoryBackend + ?Sized> MemoryBackend for std::sync::Arc<T> {
     unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
         // SAFETY: forwarded contract.
         unsafe { (**self).unmap(addr, bytes) }
+    }
+    unsafe fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).remap(from, to, bytes) }
     }
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
         (**self).record_event(stream)

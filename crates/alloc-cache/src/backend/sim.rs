@@ -5,6 +5,9 @@
 //! counted against a capacity, and every call is counted so tests can assert "zero backend calls".
 //! Every misuse the allocator could commit (releasing an unknown segment, mapping a mapped page,
 //! unmapping outside a reservation, leaking a reservation) is reported as an error.
+//! Physical pages are modelled: each mapped page has a physical page number, fresh ones from
+//! `map`, moved ones keeping theirs under `remap`, so tests can check that no physical page is
+//! ever reachable at two addresses ([`SimBackend::physical_pages`]).
 //! Events complete only when a test says so ([`SimBackend::complete_event`]) or when the
 //! allocator synchronises on them.
 
@@ -31,6 +34,8 @@ pub struct SimCalls {
     pub map: u64,
     /// `unmap` calls.
     pub unmap: u64,
+    /// `remap` calls.
+    pub remap: u64,
     /// `record_event` calls.
     pub record_event: u64,
     /// `query_event` calls.
@@ -48,6 +53,7 @@ impl SimCalls {
             + self.release_address_space
             + self.map
             + self.unmap
+            + self.remap
     }
 }
 
@@ -59,6 +65,11 @@ struct SimState {
     reservations: BTreeMap<u64, usize>,
     /// Mapped pages, by page index (`address / page`), as runs.
     mapped_pages: PageRuns,
+    /// Physical page numbers of mapped pages: `first page -> (end page, physical number of the
+    /// first page)`, numbers rising by one a page within an entry.
+    physical: BTreeMap<usize, (usize, u64)>,
+    /// The next fresh physical page number.
+    next_physical: u64,
     events: Vec<Option<bool>>,
     calls: SimCalls,
 }
@@ -118,6 +129,27 @@ impl SimBackend {
             s.reservations.len(),
             s.mapped_pages.total(),
         )
+    }
+
+    /// The physical page number behind each page of `[addr, addr + bytes)` (page-aligned), in
+    /// order; an error names the first page that is not mapped.
+    pub fn physical_pages(&self, addr: u64, bytes: usize) -> Result<Vec<u64>, BackendError> {
+        self.check_pages(addr, bytes)?;
+        let (p0, p1) = self.page_range(addr, bytes)?;
+        let s = self.lock();
+        let mut out = Vec::with_capacity(p1 - p0);
+        for p in p0..p1 {
+            match s.physical.range(..=p).next_back() {
+                Some((&start, &(end, first))) if p < end => out.push(first + (p - start) as u64),
+                _ => {
+                    return Err(BackendError::Driver(format!(
+                        "sim: page {:#x} is not mapped",
+                        p as u64 * self.page as u64
+                    )))
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Marks `event` complete (what the device would do when the stream reaches it).
@@ -197,6 +229,30 @@ impl SimBackend {
         }
         Ok(())
     }
+}
+
+/// Takes the physical entries of `[p0, p1)` out, as `(first page, end page, physical number)`.
+fn take_physical(s: &mut SimState, p0: usize, p1: usize) -> Vec<(usize, usize, u64)> {
+    let mut met: Vec<(usize, usize, u64)> = Vec::new();
+    if let Some((&a, &(e, f))) = s.physical.range(..p0).next_back() {
+        if e > p0 {
+            met.push((a, e, f));
+        }
+    }
+    met.extend(s.physical.range(p0..p1).map(|(&a, &(e, f))| (a, e, f)));
+    let mut taken = Vec::new();
+    for (a, e, f) in met {
+        s.physical.remove(&a);
+        if a < p0 {
+            s.physical.insert(a, (p0, f));
+        }
+        if e > p1 {
+            s.physical.insert(p1, (e, f + (p1 - a) as u64));
+        }
+        let (lo, hi) = (a.max(p0), e.min(p1));
+        taken.push((lo, hi, f + (lo - a) as u64));
+    }
+    taken
 }
 
 fn inside_reservation(s: &SimState, addr: u64, bytes: usize) -> bool {
@@ -304,6 +360,9 @@ impl MemoryBackend for SimBackend {
         }
         self.charge(&mut s, bytes)?;
         s.mapped_pages.insert(p0, p1);
+        let first = s.next_physical;
+        s.next_physical += (p1 - p0) as u64;
+        s.physical.insert(p0, (p1, first));
         Ok(())
     }
 
@@ -318,7 +377,33 @@ impl MemoryBackend for SimBackend {
             )));
         }
         s.mapped_pages.remove(p0, p1);
+        take_physical(&mut s, p0, p1);
         s.used -= bytes;
+        Ok(())
+    }
+
+    unsafe fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        s.calls.remap += 1;
+        self.check_pages(from, bytes)?;
+        self.check_pages(to, bytes)?;
+        let (p0, p1) = self.page_range(from, bytes)?;
+        let (q0, q1) = self.page_range(to, bytes)?;
+        if !s.mapped_pages.covers(p0, p1) {
+            return Err(BackendError::Driver(format!(
+                "sim: remap from {from:#x}+{bytes} covers unmapped pages"
+            )));
+        }
+        if !inside_reservation(&s, to, bytes) || s.mapped_pages.count_in(q0, q1) > 0 {
+            return Err(BackendError::Driver(format!(
+                "sim: remap to {to:#x}+{bytes} is outside a reservation or overlaps a mapping"
+            )));
+        }
+        s.mapped_pages.remove(p0, p1);
+        s.mapped_pages.insert(q0, q1);
+        for (a, e, f) in take_physical(&mut s, p0, p1) {
+            s.physical.insert(q0 + (a - p0), (q0 + (e - p0), f));
+        }
         Ok(())
     }
 

@@ -14,6 +14,7 @@
 //! | `reserve_address_space` / `release_address_space` | `cuMemAddressReserve` / `cuMemAddressFree` |
 //! | `map`                         | per page `cuMemCreate` + `cuMemMap`, then one `cuMemSetAccess` (read-write) over the range |
 //! | `unmap`                       | per page `cuMemUnmap` + `cuMemRelease`                     |
+//! | `remap` (page stitching)      | per page `cuMemUnmap` at the old address + `cuMemMap` of the same handle at the new one, then one `cuMemSetAccess`: memory moves, none is created or released |
 //! | events                        | a pool of `cuEventCreate(DISABLE_TIMING)` events; `cuEventRecord` / `cuEventQuery` / `cuEventSynchronize` |
 //!
 //! Each mapped page has its own physical handle (kept in a map from page address to handle), so
@@ -314,6 +315,53 @@ impl MemoryBackend for CudaBackend {
         self.bind()?;
         self.wait_for_device()?;
         self.unmap_pages(addr, bytes)
+    }
+
+    unsafe fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        let page = self.page.ok_or_else(|| BackendError::Unsupported {
+            backend: self.name.clone(),
+            what: "page mapping (no virtual memory management)",
+        })?;
+        self.bind()?;
+        // Queued kernels may still use the old addresses (as before an unmap).
+        self.wait_for_device()?;
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let at = |base: u64, i: usize| base + (i * page) as u64;
+        let n = bytes / page;
+        if bytes % page != 0
+            || (0..n).any(|i| !pages.contains_key(&at(from, i)) || pages.contains_key(&at(to, i)))
+        {
+            return Err(BackendError::Driver(format!(
+                "remap {from:#x} -> {to:#x} (+{bytes}): needs mapped source pages and unmapped \
+                 target pages of {page} bytes"
+            )));
+        }
+        for i in 0..n {
+            let (src, dst) = (at(from, i), at(to, i));
+            let handle = pages[&src];
+            // SAFETY: `src` is a page we mapped with `handle`; the caller guarantees no access.
+            unsafe { sys::cuMemUnmap(src, page) }
+                .result()
+                .map_err(|e| driver("cuMemUnmap", e))?;
+            // SAFETY: `dst` is a page-aligned, unmapped address inside one of our reservations;
+            // the handle is live and now mapped nowhere.
+            if let Err(e) = unsafe { sys::cuMemMap(dst, page, 0, handle, 0) }.result() {
+                // Put the page back where it was (unreachable until access is set again).
+                // SAFETY: as above, for the address it just left.
+                let _ = unsafe { sys::cuMemMap(src, page, 0, handle, 0) };
+                return Err(driver("cuMemMap", e));
+            }
+            pages.remove(&src);
+            pages.insert(dst, handle);
+        }
+        let access = sys::CUmemAccessDesc {
+            location: pinned_device_prop(self.ctx.cu_device()).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the whole target range is mapped (above); one descriptor.
+        unsafe { sys::cuMemSetAccess(to, bytes, &access, 1) }
+            .result()
+            .map_err(|e| driver("cuMemSetAccess", e))
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {

@@ -243,19 +243,32 @@ impl Ctx {
         op: ReduceOp,
         deadline: Instant,
     ) -> Result<()> {
-        let input = read::<T>(name, t)?;
-        let n = input.len();
-        let send = Lent::new(input);
-        let recv = Lent::new(vec![T::default(); n]);
+        self.reduce_into::<T>(name, (t, t), op, deadline, |send, recv, sys_op| {
+            self.world
+                .immediate_all_reduce_into(StaticScope, send, recv, sys_op)
+        })
+    }
+
+    /// The nonblocking reduction `start` issues from `input`'s elements into a buffer of
+    /// `output`'s size, completed, averaged for `Avg` and written over `output` (`all_reduce`
+    /// passes one tensor as both).
+    fn reduce_into<T: MpiElem>(
+        &self,
+        name: &'static str,
+        (input, output): (&Tensor, &Tensor),
+        op: ReduceOp,
+        deadline: Instant,
+        start: impl FnOnce(
+            &'static [T],
+            &'static mut [T],
+            SystemOperation,
+        ) -> Request<'static, [T], StaticScope>,
+    ) -> Result<()> {
+        let send = Lent::new(read::<T>(name, input)?);
+        let recv = Lent::new(vec![T::default(); output.numel()]);
         // SAFETY: as in `run`.
-        let request = unsafe {
-            self.world.immediate_all_reduce_into(
-                StaticScope,
-                send.lend(),
-                recv.lend_mut(),
-                system_op(op),
-            )
-        };
+        let (send_buf, recv_buf) = unsafe { (send.lend(), recv.lend_mut()) };
+        let request = start(send_buf, recv_buf, system_op(op));
         self.complete(name, request, deadline)?;
         // SAFETY: the request completed.
         let mut out = unsafe {
@@ -263,7 +276,7 @@ impl Ctx {
             recv.take()
         };
         self.average(&mut out, op);
-        write(name, t, &out)
+        write(name, output, &out)
     }
 
     fn broadcast<T: MpiElem>(
@@ -322,26 +335,9 @@ impl Ctx {
         op: ReduceOp,
         deadline: Instant,
     ) -> Result<()> {
-        let all = read::<T>(name, input)?;
-        let n = output.numel();
-        let send = Lent::new(all);
-        let recv = Lent::new(vec![T::default(); n]);
-        // SAFETY: as in `run`.
-        let request = unsafe {
-            self.world.immediate_reduce_scatter_block_into(
-                StaticScope,
-                send.lend(),
-                recv.lend_mut(),
-                system_op(op),
-            )
-        };
-        self.complete(name, request, deadline)?;
-        // SAFETY: the request completed.
-        let mut out = unsafe {
-            drop(send.take());
-            recv.take()
-        };
-        self.average(&mut out, op);
-        write(name, output, &out)
+        self.reduce_into::<T>(name, (input, output), op, deadline, |send, recv, sys_op| {
+            self.world
+                .immediate_reduce_scatter_block_into(StaticScope, send, recv, sys_op)
+        })
     }
 }

@@ -2,10 +2,23 @@
 //!
 //! Invariants: the communicator is aborted at most once and never used after that; it is
 //! destroyed on drop unless it was aborted; an asynchronous error is read only while it lives.
+//! Joining ([`Comm::init_rank`]) ends by the group's timeout: NCCL's `ncclCommInitRank` blocks
+//! until every rank called it and has no deadline of its own, so it runs on a helper thread that
+//! the joining rank stops waiting for; a communicator that thread gets after the rank gave up is
+//! aborted there, never used.
 
-use crate::Error;
+use crate::env::LaunchEnv;
+use crate::{Error, Result};
+use cudarc::driver::CudaContext;
 use cudarc::nccl::sys;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+/// A communicator handle on its way from the init thread.
+struct Joined(sys::ncclComm_t);
+// SAFETY: an NCCL communicator may be handed to and used from another thread.
+unsafe impl Send for Joined {}
 
 /// The communicator, shared by the communication thread and the works (which abort it on a
 /// timeout).
@@ -21,6 +34,82 @@ unsafe impl Send for Comm {}
 unsafe impl Sync for Comm {}
 
 impl Comm {
+    /// Joins the communicator of unique id `id` as `env`'s rank on `context`'s device; fails
+    /// with [`Error::Timeout`] naming this rank when the other ranks have not all joined within
+    /// `timeout`.
+    pub(crate) fn init_rank(
+        env: &LaunchEnv,
+        id: sys::ncclUniqueId,
+        context: Arc<CudaContext>,
+        timeout: Duration,
+    ) -> Result<Comm> {
+        const OP: &str = "ncclCommInitRank";
+        let (rank, world_size) = (env.rank, env.world_size);
+        let failed = |msg: String| Error::Collective {
+            rank,
+            world_size,
+            op: OP,
+            msg,
+        };
+        let (tx, rx) = mpsc::channel::<std::result::Result<Joined, String>>();
+        std::thread::Builder::new()
+            .name("kiln-nccl-init".into())
+            .spawn(move || {
+                let joined = context
+                    .bind_to_thread()
+                    .map_err(|e| format!("binding the CUDA context: {e}"))
+                    .and_then(|_| {
+                        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+                        // SAFETY: `raw` is written by NCCL; the id came from rank 0's
+                        // ncclGetUniqueId.
+                        unsafe {
+                            cudarc::nccl::result::comm_init_rank(
+                                &mut raw,
+                                world_size as i32,
+                                id,
+                                rank as i32,
+                            )
+                        }
+                        .map(|_| Joined(raw))
+                        .map_err(|e| {
+                            format!(
+                                "{:?}: check that every rank started and reached the same id",
+                                e.0
+                            )
+                        })
+                    });
+                if let Err(mpsc::SendError(Ok(late))) = tx.send(joined) {
+                    // The rank stopped waiting (timed out): nobody will use this communicator.
+                    // SAFETY: a live communicator that nothing else holds.
+                    let _ = unsafe { cudarc::nccl::result::comm_abort(late.0) };
+                }
+            })
+            .map_err(|e| failed(format!("cannot start the NCCL init thread: {e}")))?;
+        match rx.recv_timeout(timeout) {
+            Ok(Ok(Joined(raw))) => Ok(Comm {
+                raw,
+                aborted: AtomicBool::new(false),
+            }),
+            Ok(Err(msg)) => Err(failed(msg)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let e = Error::Timeout {
+                    rank,
+                    world_size,
+                    op: OP,
+                    seconds: timeout.as_secs_f64(),
+                };
+                eprintln!(
+                    "kiln-distributed: {e} (every rank fetched the unique id, so a rank stopped \
+                     or is stuck before joining NCCL)"
+                );
+                Err(e)
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(failed(
+                "the NCCL init thread stopped (see the panic message above)".into(),
+            )),
+        }
+    }
+
     /// Aborts the communicator once (unblocks every NCCL call on it).
     pub(crate) fn abort(&self) {
         if !self.aborted.swap(true, Ordering::AcqRel) {

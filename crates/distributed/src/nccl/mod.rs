@@ -26,7 +26,6 @@ use comm::Comm;
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 use kiln_autograd::{DType, Device, Tensor};
-use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -164,29 +163,7 @@ impl NcclGroup {
             .new_stream()
             .map_err(cuda("creating the NCCL stream"))?;
         let (id, keep) = share_id(env, timeout)?;
-        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `raw` is written by NCCL; the id came from rank 0's ncclGetUniqueId.
-        unsafe {
-            cudarc::nccl::result::comm_init_rank(
-                &mut raw,
-                env.world_size as i32,
-                id,
-                env.rank as i32,
-            )
-        }
-        .map_err(|e| Error::Collective {
-            rank: env.rank,
-            world_size: env.world_size,
-            op: "ncclCommInitRank",
-            msg: format!(
-                "{:?}: check that every rank started and reached the same id",
-                e.0
-            ),
-        })?;
-        let comm = Arc::new(Comm {
-            raw,
-            aborted: AtomicBool::new(false),
-        });
+        let comm = Arc::new(Comm::init_rank(env, id, context, timeout)?);
         let (jobs_tx, jobs_rx) = mpsc::channel();
         let worker = thread::Worker::new(env.rank, env.world_size, comm.clone(), stream, timeout)?;
         let handle = std::thread::Builder::new()

@@ -1,11 +1,13 @@
 //! Shared by the DDP and ZeRO tests: deterministic models, batches, optimizers and runners.
 #![allow(dead_code)]
 
-use kiln_autograd::{no_grad, Device, Module, Tensor};
+use kiln_autograd::{no_grad, DType, Device, Module, Tensor};
+use kiln_distributed::{DdpOptions, DistributedDataParallel, ProcessGroup};
 use kiln_losses::{mse_loss, Reduction};
 use kiln_models::layers::{BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, ReLU, Sequential};
 use kiln_models::{Layer, LayerExt};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
+use std::sync::Arc;
 
 /// Sets every parameter to a fixed pattern shifted by `offset` (ranks other than 0 pass a
 /// non-zero offset so that only DDP's broadcast makes them agree).
@@ -109,4 +111,76 @@ pub fn max_rel_diff(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> (f64,
         }
     }
     worst
+}
+
+const DDP_STEPS: usize = 4;
+const DDP_ROWS: usize = 3;
+
+/// DDP of [`mlp`] on `group` (each rank on its rows of every batch, on `device`), checked on
+/// every rank to end bit-identical to every other rank, and on rank 0 to end within
+/// `tolerance` (relative) of one CPU process over the whole batches, after moving well beyond
+/// it. Prints `rank R: ddp ranks agree` and, on rank 0, `rank 0: ddp matches one process`.
+pub fn ddp_against_one_process(group: Arc<dyn ProcessGroup>, device: Device, tolerance: f64) {
+    let rank = group.rank();
+    let world = group.world_size();
+    let model = mlp();
+    init(&model, rank as f64); // only rank 0's values survive DDP's broadcast
+    model.to_device(device).unwrap();
+    let ddp = DistributedDataParallel::new(model, group.clone(), DdpOptions::default()).unwrap();
+    let mut o = optimizer(ddp.module(), Opt::SgdMomentum);
+    for step in 0..DDP_STEPS {
+        let (x, y) = batch(step, world * DDP_ROWS, &[4]);
+        let x = rows(&x, rank, DDP_ROWS).to_device(device).unwrap();
+        let y = rows(&y, rank, DDP_ROWS).to_device(device).unwrap();
+        let out = ddp.forward(&x).unwrap();
+        ddp.backward(&loss(&out, &y)).unwrap();
+        o.step().unwrap();
+        o.zero_grad(true).unwrap();
+    }
+    let mine = state(ddp.module());
+    // Every rank holds the same parameters, bit for bit (gathered through the group itself).
+    let flat: Vec<f32> = mine
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|&x| x as f32))
+        .collect();
+    let n = flat.len();
+    let all = Tensor::zeros(&[n * world], DType::F32, device).unwrap();
+    let local = Tensor::from_vec(flat.clone(), &[n], Device::Cpu)
+        .unwrap()
+        .to_device(device)
+        .unwrap();
+    group.all_gather(&local, &all).unwrap();
+    let all = all.to_vec::<f32>().unwrap();
+    for r in 0..world {
+        let same = all[r * n..(r + 1) * n]
+            .iter()
+            .zip(&flat)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "rank {r}'s parameters differ from rank {rank}'s");
+    }
+    println!("rank {rank}: ddp ranks agree");
+    if rank == 0 {
+        let single = mlp();
+        init(&single, 0.0);
+        let mut o = optimizer(&single, Opt::SgdMomentum);
+        for step in 0..DDP_STEPS {
+            let (x, y) = batch(step, world * DDP_ROWS, &[4]);
+            loss(&single.forward(&x).unwrap(), &y).backward().unwrap();
+            o.step().unwrap();
+            o.zero_grad(true).unwrap();
+        }
+        let want = state(&single);
+        let (worst, name) = max_rel_diff(&mine, &want);
+        assert!(worst < tolerance, "{name}: {worst}");
+        let start = mlp();
+        init(&start, 0.0);
+        let moved = max_rel_diff(&mine, &state(&start)).0;
+        assert!(
+            moved > 1e-3,
+            "training did not move the parameters ({moved})"
+        );
+        println!("rank 0: ddp matches one process (max relative difference {worst:.1e} at {name})");
+    }
+    drop(ddp);
+    group.barrier().unwrap();
 }

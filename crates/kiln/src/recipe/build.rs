@@ -73,7 +73,7 @@ pub(super) fn trainer(
     }
     // Recording starts before the model exists, so its parameters are attributed.
     let memory = super::memory::MemoryPicture::start(config)?;
-    let model = {
+    let mut model = {
         // The default generator is process-wide: ranks that are threads of one process
         // (`ThreadGroup`) take turns, so each draws the seed's init uninterrupted.
         let _turn = INIT_TURN.lock().unwrap_or_else(|p| p.into_inner());
@@ -92,6 +92,7 @@ pub(super) fn trainer(
     } else {
         None
     };
+    distributed::convert_batch_norms(config, &mut model);
     // Layers are built on the CPU; move them before the optimizer exists, so its state (and a
     // resumed one) is created on the device.
     model.to_device(device)?;
@@ -109,6 +110,7 @@ pub(super) fn trainer(
         global_step: 0,
         batch_size,
         seed: config.seed,
+        world_size: distributed::world_size(config),
         history: Vec::new(),
     };
     let mut resumed_scaler = None;
@@ -117,6 +119,7 @@ pub(super) fn trainer(
         progress = p;
         resumed_scaler = scaler;
     }
+    let zero1 = distributed::zero1_saving(config, &model, &plan);
     observer.setup(&Setup {
         summary,
         plan,
@@ -128,6 +131,7 @@ pub(super) fn trainer(
         resume_missing: (config.resume && !resuming).then(|| ckpt_path.to_path_buf()),
         samples: (train_loader.dataset().len(), val_loader.dataset().len()),
         pretrained: pretrained_report,
+        zero1,
     });
 
     let logger = resume::logger(config, progress.global_step)?;

@@ -45,8 +45,16 @@ pub struct Progress {
     pub batch_size: usize,
     /// The seed.
     pub seed: u64,
+    /// The number of ranks that trained it (1 without `distributed`; checkpoints written before
+    /// it was recorded read as 1): a resume needs the same number.
+    #[serde(default = "one_rank")]
+    pub world_size: usize,
     /// One record per completed epoch.
     pub history: Vec<EpochReport>,
+}
+
+fn one_rank() -> usize {
+    1
 }
 
 /// What `predict` needs from a checkpoint.

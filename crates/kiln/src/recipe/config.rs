@@ -91,6 +91,10 @@ pub struct TrainConfig {
     /// `DistributedDataParallel`, the training set sharded by a `DistributedSampler`,
     /// `batch_size` per rank, and only rank 0 writes to `run_dir`. `None`: one process.
     pub distributed: Option<Distributed>,
+    /// With `distributed` over more than one rank: every BatchNorm2d normalises with the batch
+    /// statistics of all ranks (`--sync-bn`, PyTorch's `SyncBatchNorm`), so a step of N ranks
+    /// of batch B computes what one process of batch N * B computes. Off: each rank's own.
+    pub sync_bn: bool,
 }
 
 impl TrainConfig {
@@ -130,6 +134,7 @@ impl Default for TrainConfig {
             prefetch_batches: 2,
             memory_history: None,
             distributed: None,
+            sync_bn: false,
         }
     }
 }
@@ -154,6 +159,13 @@ pub(super) fn check(config: &TrainConfig) -> Result<()> {
     }
     if !(config.lr > 0.0 && config.max_grad_norm > 0.0) {
         return bad("lr and max-grad-norm must be positive".into());
+    }
+    if config.sync_bn && config.distributed.is_none() {
+        return bad(
+            "--sync-bn shares BatchNorm's statistics between the ranks of a data-parallel run; \
+             add --distributed (under mpirun or torchrun), or drop --sync-bn"
+                .into(),
+        );
     }
     if config.pretrained.is_some() && config.model.torchvision_blocks().is_none() {
         return bad(format!(

@@ -57,10 +57,46 @@ impl Layer for Shared<'_> {
     }
 }
 
+/// The number of ranks of the run (1 without a group).
+pub(super) fn world_size(config: &TrainConfig) -> usize {
+    config.distributed.as_ref().map_or(1, |d| d.0.world_size())
+}
+
+/// With `sync_bn` over more than one rank, makes every BatchNorm2d of `model` normalise with
+/// the batch statistics of all ranks (one rank's own are already the whole batch's).
+pub(super) fn convert_batch_norms(config: &TrainConfig, model: &mut ResNet) {
+    if let (true, Some(d)) = (config.sync_bn, &config.distributed) {
+        if d.0.world_size() > 1 {
+            kiln_distributed::sync_bn::convert_sync_batchnorm(model, d.0.clone());
+        }
+    }
+}
+
+/// What ZeRO-1 would save per rank on `plan` over the run's ranks (`None` for one rank):
+/// every trainable parameter sharded as `ZeroRedundancyOptimizer` shards them.
+pub(super) fn zero1_saving(
+    config: &TrainConfig,
+    model: &ResNet,
+    plan: &kiln_models::MemoryPlan,
+) -> Option<kiln_distributed::zero::Zero1Saving> {
+    let world = world_size(config);
+    if world < 2 {
+        return None;
+    }
+    let numels: Vec<usize> = model
+        .named_parameters()
+        .iter()
+        .filter(|(_, p)| p.requires_grad())
+        .map(|(_, p)| p.numel())
+        .collect();
+    Some(kiln_distributed::zero::zero1_saving(plan, &numels, world))
+}
+
 /// The model wrapped for data-parallel training (`None` without a group): rank 0's parameters
 /// and buffers broadcast to every rank, the trainable ones bucketed with their hooks. Buffers
 /// (BatchNorm's running statistics) are re-broadcast from rank 0 at each synced forward,
-/// PyTorch's default; the batch statistics stay per rank (no SyncBatchNorm).
+/// PyTorch's default; the batch statistics stay per rank unless `sync_bn` converted the
+/// BatchNorms ([`convert_batch_norms`]).
 pub(super) fn replicate<'a>(
     config: &TrainConfig,
     model: &'a ResNet,

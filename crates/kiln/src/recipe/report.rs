@@ -56,6 +56,10 @@ pub struct Setup {
     /// The pretrained backbone loaded before training (`None` without `pretrained`, and on
     /// resume, where the weights come from the checkpoint).
     pub pretrained: Option<super::model::PretrainedReport>,
+    /// A data-parallel run of more than one rank: what ZeRO stage 1
+    /// (`kiln_distributed::ZeroRedundancyOptimizer`) would make of `plan` on this many ranks,
+    /// the optimizer state of each rank's shard instead of all of it (`None` for one rank).
+    pub zero1: Option<kiln_distributed::zero::Zero1Saving>,
 }
 
 /// Hooks for progress display; every method has an empty default.

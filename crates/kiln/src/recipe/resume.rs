@@ -131,6 +131,21 @@ pub(super) fn check_model(wanted: &ModelConfig, saved: &ModelConfig, path: &Path
 /// ([`take_checkpoint_settings`]), so only explicit flags can differ here.
 pub(super) fn check_settings(config: &TrainConfig, resumed: &Resumed, path: &Path) -> Result<()> {
     let saved = &resumed.progress;
+    let world = super::distributed::world_size(config);
+    if world != saved.world_size {
+        return Err(Error::Config(format!(
+            "--resume: {} was written by a run of {} rank(s), and this run has {world}: each \
+             rank's shard of the data, the batches per epoch and the learning-rate schedule \
+             follow from the number of ranks, so the saved loader position and schedule would \
+             not fit; relaunch with {} rank(s) (`mpirun -np {}` or `torchrun \
+             --nproc-per-node {}`), or drop --resume / choose another --run-dir to start a new run",
+            path.display(),
+            saved.world_size,
+            saved.world_size,
+            saved.world_size,
+            saved.world_size
+        )));
+    }
     let mut diffs = vec![differs("--seed", config.seed, saved.seed)];
     if let Some(b) = config.batch_size {
         diffs.push(differs("--batch-size", b, saved.batch_size));

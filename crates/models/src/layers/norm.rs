@@ -3,14 +3,21 @@
 use crate::error::{config_err, input_err};
 use crate::functional;
 use crate::init;
-use crate::layer::any_trainable;
+use crate::layer::{any_trainable, BatchStatsReduce};
 use crate::trace::{Act, Tracer};
 use crate::{layer_casts, module_tree, Layer, Result};
-use kiln_autograd::{DType, Device, Module, Parameter, Tensor};
+use kiln_autograd::{no_grad, DType, Device, Module, Parameter, Tensor};
+use std::sync::Arc;
 
 /// Batch normalisation over `[N, C, H, W]` (`torch.nn.BatchNorm2d`, affine, tracking running
 /// stats): weight 1, bias 0, buffers `running_mean` 0, `running_var` 1, `num_batches_tracked` 0
 /// (an `i64` scalar), `eps = 1e-5`, `momentum = 0.1`.
+///
+/// With a batch-statistics reduction set ([`crate::set_batch_stats_reduce`]; kiln-distributed's
+/// `SyncBatchNorm`), training normalises with the mean and variance of the batches of every
+/// participant: the per-channel sums of `x` and `x^2` and the element count go through the
+/// reduction, and the running statistics are updated from the global mean and unbiased
+/// variance, so they are the same everywhere. Evaluation never reduces.
 #[derive(Debug)]
 pub struct BatchNorm2d {
     /// Scale `[C]`.
@@ -28,6 +35,7 @@ pub struct BatchNorm2d {
     /// Weight of the new batch statistics in the running ones.
     pub momentum: f64,
     training: bool,
+    stats_reduce: Option<Arc<dyn BatchStatsReduce>>,
 }
 
 impl BatchNorm2d {
@@ -47,7 +55,63 @@ impl BatchNorm2d {
             eps: 1e-5,
             momentum: 0.1,
             training: true,
+            stats_reduce: None,
         })
+    }
+
+    /// A layer sharing this one's parameter and buffer handles, eps, momentum and mode, with
+    /// `stats_reduce` as its batch-statistics reduction (an optimizer built on this layer's
+    /// parameters keeps working on the new one).
+    pub fn shared_with(&self, stats_reduce: Option<Arc<dyn BatchStatsReduce>>) -> BatchNorm2d {
+        BatchNorm2d {
+            weight: self.weight.clone(),
+            bias: self.bias.clone(),
+            running_mean: self.running_mean.clone(),
+            running_var: self.running_var.clone(),
+            num_batches_tracked: self.num_batches_tracked.clone(),
+            eps: self.eps,
+            momentum: self.momentum,
+            training: self.training,
+            stats_reduce,
+        }
+    }
+
+    /// Training forward with the statistics of every participant of `reduce`.
+    fn forward_reduced(&self, x: &Tensor, reduce: &dyn BatchStatsReduce) -> Result<Tensor> {
+        let c = self.weight.shape()[0];
+        let s = x.shape();
+        let count = s[0] * s[2] * s[3];
+        let sum = x.sum(&[0, 2, 3], false)?;
+        let sumsq = x.square()?.sum(&[0, 2, 3], false)?;
+        let n = Tensor::full(&[1], count as f64, x.dtype(), x.device())?;
+        let global = reduce.sum(&Tensor::cat(&[sum, sumsq, n], 0)?)?;
+        let total = global.narrow(0, 2 * c, 1)?;
+        let mean = global.narrow(0, 0, c)?.div(&total)?;
+        let var = global.narrow(0, c, c)?.div(&total)?.sub(&mean.square()?)?;
+        let total_count = total.item()?;
+        if total_count < 2.0 {
+            return Err(input_err(
+                "BatchNorm2d",
+                "training needs more than 1 value per channel over all participants to \
+                 estimate a variance; use a larger batch or input, or evaluation mode",
+            ));
+        }
+        no_grad(|| -> Result<()> {
+            let m = self.momentum;
+            let unbiased = var.mul_scalar(total_count / (total_count - 1.0))?;
+            let blend = |running: &Tensor, batch: &Tensor| -> Result<()> {
+                let next = running.mul_scalar(1.0 - m)?.add(&batch.mul_scalar(m)?)?;
+                Ok(running.copy_(&next.to_dtype(running.dtype())?)?)
+            };
+            blend(&self.running_mean, &mean)?;
+            blend(&self.running_var, &unbiased)
+        })?;
+        let shape = [1, c, 1, 1];
+        let inv_std = var.add_scalar(self.eps)?.rsqrt()?;
+        let scale = inv_std.mul(&self.weight)?.reshape_to(&shape)?;
+        Ok(x.sub(&mean.reshape_to(&shape)?)?
+            .mul(&scale)?
+            .add(&self.bias.reshape_to(&shape)?)?)
     }
 
     fn check(&self, x: &[usize]) -> Result<()> {
@@ -83,6 +147,9 @@ impl Layer for BatchNorm2d {
             let _g = kiln_autograd::NoGradGuard::new();
             let next = self.num_batches_tracked.add_scalar(1.0)?;
             self.num_batches_tracked.copy_(&next)?;
+        }
+        if let (true, Some(reduce)) = (self.training, &self.stats_reduce) {
+            return self.forward_reduced(x, reduce.as_ref());
         }
         functional::batch_norm(
             x,
@@ -121,6 +188,10 @@ impl Layer for BatchNorm2d {
                 self.num_batches_tracked.clone(),
             ),
         ]
+    }
+
+    fn batch_stats_reduce_mut(&mut self) -> Option<&mut Option<Arc<dyn BatchStatsReduce>>> {
+        Some(&mut self.stats_reduce)
     }
 
     layer_casts!();

@@ -19,6 +19,7 @@
 pub mod crc32c;
 pub mod csv;
 pub mod svg;
+mod svg_frame;
 pub mod svg_stack;
 pub mod tfevents;
 

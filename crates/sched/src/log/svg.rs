@@ -10,6 +10,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use super::svg_frame::Frame;
 use crate::error::{Result, SchedError};
 
 /// Line colours, in series order (Tableau 10).
@@ -200,62 +201,31 @@ impl Plot {
             let v = if self.log_y { y.log10() } else { y };
             py + ph - (v - ya) / (yb - ya) * ph
         };
-        let _ = writeln!(
-            out,
-            r##"<g font-family="sans-serif" font-size="11"><rect x="{px:.2}" y="{py:.2}" width="{pw:.2}" height="{ph:.2}" fill="#ffffff" stroke="#333333"/>"##
-        );
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.2}" y="{:.2}" text-anchor="middle" font-size="13" font-weight="bold">{}</text>"#,
-            px + pw / 2.0,
-            y0 + 17.0,
-            escape(&self.title)
-        );
+        let frame = Frame {
+            x0,
+            y0,
+            px,
+            py,
+            pw,
+            ph,
+        };
+        frame.open(out, &self.title);
         for &t in &xticks {
-            let x = sx(t);
-            let _ = writeln!(
-                out,
-                r##"<line x1="{x:.2}" y1="{py:.2}" x2="{x:.2}" y2="{:.2}" stroke="#e5e5e5"/><line x1="{x:.2}" y1="{:.2}" x2="{x:.2}" y2="{:.2}" stroke="#333333"/><text x="{x:.2}" y="{:.2}" text-anchor="middle">{}</text>"##,
-                py + ph,
-                py + ph,
-                py + ph + 4.0,
-                py + ph + 15.0,
-                escape(&format_tick(t, xstep))
-            );
+            frame.x_tick(out, sx(t), &format_tick(t, xstep), true);
         }
         for &t in &yticks {
-            let y = sy(t);
             let label = if self.log_y {
                 format_tick(t, t)
             } else {
                 format_tick(t, ystep)
             };
-            let _ = writeln!(
-                out,
-                r##"<line x1="{px:.2}" y1="{y:.2}" x2="{:.2}" y2="{y:.2}" stroke="#e5e5e5"/><line x1="{:.2}" y1="{y:.2}" x2="{px:.2}" y2="{y:.2}" stroke="#333333"/><text x="{:.2}" y="{:.2}" text-anchor="end">{}</text>"##,
-                px + pw,
-                px - 4.0,
-                px - 6.0,
-                y + 4.0,
-                escape(&label)
-            );
+            frame.y_tick(out, sy(t), &label);
         }
         if !self.x_label.is_empty() {
-            let _ = writeln!(
-                out,
-                r#"<text x="{:.2}" y="{:.2}" text-anchor="middle">{}</text>"#,
-                px + pw / 2.0,
-                py + ph + 32.0,
-                escape(&self.x_label)
-            );
+            frame.x_label(out, &self.x_label);
         }
         if !self.y_label.is_empty() {
-            let (lx, ly) = (x0 + 12.0, py + ph / 2.0);
-            let _ = writeln!(
-                out,
-                r#"<text x="{lx:.2}" y="{ly:.2}" text-anchor="middle" transform="rotate(-90 {lx:.2} {ly:.2})">{}</text>"#,
-                escape(&self.y_label)
-            );
+            frame.y_label(out, &self.y_label, 12.0);
         }
         for (i, s) in self.series.iter().enumerate() {
             let colour = PALETTE[i % PALETTE.len()];

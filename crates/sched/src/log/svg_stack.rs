@@ -1,6 +1,7 @@
 //! A stacked step-area plot (layers summed bottom to top, each value holding until the next x),
 //! with overlay lines, one marked point and a side panel of notes: the shape of kiln's memory
-//! timeline. Axes, ticks, escaping and the document frame are [`svg`](super::svg)'s.
+//! timeline. Ticks, escaping and the document are [`svg`](super::svg)'s; the frame and axes are
+//! `svg_frame`'s, shared with the line plots.
 //!
 //! Invariants: one `<polygon>` per layer that has a point, one `<polyline>` per overlay line;
 //! layers are never drawn below 0 or re-ordered; with more points than the plot has pixel
@@ -11,6 +12,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::svg::{escape, format_tick, nice_ticks, svg_document, write_svg, Series};
+use super::svg_frame::Frame;
 use crate::error::Result;
 
 /// One stacked layer.
@@ -140,53 +142,23 @@ impl StackedPlot {
         let yb = *yticks.last().expect("ticks");
         let sx = |x: f64| px + (x - xa) / (xb - xa) * pw;
         let sy = |y: f64| py + ph - y / yb * ph;
-        let _ = writeln!(
-            out,
-            r##"<g font-family="sans-serif" font-size="11"><rect x="{px:.2}" y="{py:.2}" width="{pw:.2}" height="{ph:.2}" fill="#ffffff" stroke="#333333"/>"##
-        );
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.2}" y="{:.2}" text-anchor="middle" font-size="13" font-weight="bold">{}</text>"#,
-            px + pw / 2.0,
-            y0 + 17.0,
-            escape(&self.title)
-        );
+        let frame = Frame {
+            x0,
+            y0,
+            px,
+            py,
+            pw,
+            ph,
+        };
+        frame.open(out, &self.title);
         for &t in &xticks {
-            let x = sx(t);
-            let _ = writeln!(
-                out,
-                r##"<line x1="{x:.2}" y1="{:.2}" x2="{x:.2}" y2="{:.2}" stroke="#333333"/><text x="{x:.2}" y="{:.2}" text-anchor="middle">{}</text>"##,
-                py + ph,
-                py + ph + 4.0,
-                py + ph + 15.0,
-                escape(&format_tick(t, xstep))
-            );
+            frame.x_tick(out, sx(t), &format_tick(t, xstep), false);
         }
         for &t in &yticks {
-            let y = sy(t);
-            let _ = writeln!(
-                out,
-                r##"<line x1="{px:.2}" y1="{y:.2}" x2="{:.2}" y2="{y:.2}" stroke="#e5e5e5"/><line x1="{:.2}" y1="{y:.2}" x2="{px:.2}" y2="{y:.2}" stroke="#333333"/><text x="{:.2}" y="{:.2}" text-anchor="end">{}</text>"##,
-                px + pw,
-                px - 4.0,
-                px - 6.0,
-                y + 4.0,
-                escape(&format_tick(t, ystep))
-            );
+            frame.y_tick(out, sy(t), &format_tick(t, ystep));
         }
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.2}" y="{:.2}" text-anchor="middle">{}</text>"#,
-            px + pw / 2.0,
-            py + ph + 32.0,
-            escape(&self.x_label)
-        );
-        let (lx, ly) = (x0 + 14.0, py + ph / 2.0);
-        let _ = writeln!(
-            out,
-            r#"<text x="{lx:.2}" y="{ly:.2}" text-anchor="middle" transform="rotate(-90 {lx:.2} {ly:.2})">{}</text>"#,
-            escape(&self.y_label)
-        );
+        frame.x_label(out, &self.x_label);
+        frame.y_label(out, &self.y_label, 14.0);
         // Layers: the top edge runs right in steps, the bottom edge (the layer below) back left.
         let mut below = vec![0.0f64; kept.len()];
         for layer in &self.layers {

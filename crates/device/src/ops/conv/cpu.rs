@@ -7,7 +7,8 @@
 //! the first slice accumulates into the output and every other slice into a private partial
 //! gradient, and the partials are added in slice order, so the result does not depend on
 //! scheduling. 1x1 convolutions with stride 1 and no padding skip im2col (the input block
-//! already is the column matrix).
+//! already is the column matrix). Convolutions with small output planes run over chunks of
+//! images instead, one GEMM per chunk (`cpu_chunked.rs`).
 //!
 //! All outputs are overwritten, never accumulated into. Column buffers and partial weight
 //! gradients are scratch blocks of the CPU caching allocator ([`HostBuffer::try_scratch`]), so
@@ -23,6 +24,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 use std::sync::Mutex;
 
+use super::cpu_chunked::{self as chunked, chunk_images};
 use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
@@ -33,14 +35,14 @@ use kiln_alloc_cache::AllocContext;
 /// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
 /// transpose (`cols x rows`).
 #[derive(Clone, Copy)]
-enum Stored {
+pub(super) enum Stored {
     AsIs,
     Transposed,
 }
 
 /// `dst[m x n] (+)= lhs[m x k] · rhs[k x n]`, `dst` row-major and contiguous.
 #[allow(clippy::too_many_arguments)]
-fn matmul_into<T: KernelFloat>(
+pub(super) fn matmul_into<T: KernelFloat>(
     dst: &mut [T],
     [m, n, k]: [usize; 3],
     lhs: &[T],
@@ -220,6 +222,9 @@ pub fn conv2d_forward<T: KernelFloat>(
     if output.is_empty() {
         return Ok(());
     }
+    if let Some(chunk) = chunk_images(geometry) {
+        return chunked::forward(geometry, chunk, input, weight, bias, output);
+    }
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
     let failure = ScratchFailure::new();
@@ -282,6 +287,9 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     check_len(OP, "grad_input", grad_input, &geometry.input_shape())?;
     if grad_input.is_empty() {
         return Ok(());
+    }
+    if let Some(chunk) = chunk_images(geometry) {
+        return chunked::backward_input(geometry, chunk, grad_output, weight, grad_input);
     }
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
@@ -384,6 +392,9 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     check_len(OP, "input", input, &geometry.input_shape())?;
     check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
     check_len(OP, "grad_weight", grad_weight, &geometry.weight_shape())?;
+    if let Some(chunk) = chunk_images(geometry) {
+        return chunked::backward_weight(geometry, chunk, input, grad_output, grad_weight);
+    }
     grad_weight.fill(T::ZERO);
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;

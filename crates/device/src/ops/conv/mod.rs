@@ -12,6 +12,7 @@
 //! `cpu.rs` and takes the same geometry.
 
 pub mod cpu;
+mod cpu_chunked;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod im2col;

@@ -192,4 +192,64 @@ mod tests {
         let s = matmul_reference(&big, &l, &big, &l);
         assert_eq!(f, s);
     }
+
+    /// The kernel family gemm dispatches to here.
+    fn gemm_path() -> &'static str {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return "AVX-512 (x86-v4)";
+            }
+            if std::arch::is_x86_feature_detected!("fma") {
+                return "AVX2/FMA";
+            }
+        }
+        "portable"
+    }
+
+    /// Issue 16: gemm 0.19 picks its AVX-512 kernels at run time where the CPU has them and
+    /// its AVX2/FMA ones elsewhere; whichever this machine runs, odd sizes (edges of every
+    /// micro-kernel tile), a transposed left operand and a right operand read through a
+    /// narrowed (row-padded) view must equal the triple loop, in f32 and f64, single-threaded
+    /// and split over the pool.
+    #[test]
+    fn gemm_matches_the_triple_loop_on_odd_sizes_and_strided_views() {
+        eprintln!("gemm path on this CPU: {}", gemm_path());
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (17, 33, 9),
+            (31, 129, 65),
+            (48, 65, 255),
+            (127, 63, 300),
+        ] {
+            // a: stored [k, m], used transposed; b: rows of n + 5 elements, narrowed to n.
+            let a: Vec<f64> = (0..k * m)
+                .map(|v| ((v * 37 % 101) as f64) * 0.01 - 0.5)
+                .collect();
+            let b: Vec<f64> = (0..k * (n + 5))
+                .map(|v| ((v * 53 % 97) as f64) * 0.02 - 1.0)
+                .collect();
+            let la = Layout::contiguous(&[k, m]).transpose(0, 1);
+            let lb = Layout::contiguous(&[k, n + 5]).narrow(1, 2, n);
+            let slow = matmul_reference(&a, &la, &b, &lb);
+            let fast = matmul(&a, &la, &b, &lb);
+            assert_eq!(fast.len(), m * n);
+            for (i, (x, y)) in fast.iter().zip(&slow).enumerate() {
+                assert!(
+                    (x - y).abs() < 1e-9 * (1.0 + y.abs()),
+                    "f64 {m}x{n}x{k} [{i}]: {x} vs {y}"
+                );
+            }
+            let (a32, b32): (Vec<f32>, Vec<f32>) = (
+                a.iter().map(|&v| v as f32).collect(),
+                b.iter().map(|&v| v as f32).collect(),
+            );
+            let slow = matmul_reference(&a32, &la, &b32, &lb);
+            let fast = matmul(&a32, &la, &b32, &lb);
+            for (i, (x, y)) in fast.iter().zip(&slow).enumerate() {
+                let tol = 1e-5 * (k as f32).sqrt() * (1.0 + y.abs());
+                assert!((x - y).abs() < tol, "f32 {m}x{n}x{k} [{i}]: {x} vs {y}");
+            }
+        }
+    }
 }

@@ -1,0 +1,332 @@
+//! CPU conv2d over chunks of images: one GEMM per chunk of `G` images instead of one per image,
+//! for convolutions whose output planes are small (ResNet's deep stages: 8x8 down to 4x4 on
+//! CIFAR-sized images, 7x7 at 224x224; issue 16).
+//!
+//! Per image, such a convolution is a GEMM with only `H_out * W_out` (16..64) columns in the
+//! forward and input-gradient passes, and of that depth in the weight gradient: `gemm` packs the
+//! whole weight again for every image, and the weight gradient (up to 512 x 4608) is read and
+//! written once per image. Over a chunk the same products have `G * H_out * W_out` columns.
+//!
+//! A chunk's matrices: the column matrix is `[K, G * L]` (`K = C_in * kH * kW`, `L = H_out *
+//! W_out`), column `i * L + l` being column `l` of image `i`'s im2col matrix; the output (and
+//! output-gradient) matrix is `[C_out, G * L]`, scattered to (gathered from) the images' NCHW
+//! planes. The copies move `K * L` and `C_out * L` elements per image, small next to the GEMMs'
+//! `C_out * K * L` multiply-adds.
+//!
+//! Invariants: only `groups == 1`; every output element is overwritten; results equal the
+//! per-image path's up to the order of float sums; scratch comes from the caching allocator,
+//! taken fallibly (an allocation failure is returned, never a panic), and a chunk's column
+//! buffer holds at most [`MAX_COL_ELEMS`] elements, so chunking never takes more scratch than
+//! that. The chunks run one after another, each product split over the pool by `gemm` itself:
+//! one chunk's scratch is live at a time, and the weight gradient needs no per-thread partial
+//! (it accumulates in batch order, so the result does not depend on scheduling).
+
+use super::cpu::{matmul_into, Stored};
+use super::im2col::{col2im_add, im2col};
+use super::Conv2dGeometry;
+use crate::ops::KernelFloat;
+use crate::storage::HostBuffer;
+use crate::Result;
+use gemm::Parallelism;
+
+/// A chunk's GEMMs aim at this many columns.
+const TARGET_COLS: usize = 256;
+/// Most elements of one chunk's column matrix (4 MiB of f32).
+pub(super) const MAX_COL_ELEMS: usize = 1 << 20;
+
+/// Images per chunk for `g`, or `None` when one image per GEMM is as good (large planes,
+/// grouped convolutions, a batch of one, or a column matrix too large).
+pub(super) fn chunk_images(g: &Conv2dGeometry) -> Option<usize> {
+    let l = g.col_cols();
+    if g.params.groups != 1 || l == 0 || l >= TARGET_COLS || g.batch < 2 {
+        return None;
+    }
+    let by_memory = MAX_COL_ELEMS / (g.col_rows() * l).max(1);
+    let chunk = TARGET_COLS.div_ceil(l).min(g.batch).min(by_memory);
+    (chunk >= 2).then_some(chunk)
+}
+
+/// `gemm`'s parallelism for a chunk's product: the pool's threads (the chunks run one after
+/// another, so only one chunk's scratch is live and no partial weight gradient is needed).
+fn parallelism() -> Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    }
+}
+
+/// Scratch of `len` elements from the caching allocator.
+fn scratch<T: KernelFloat>(len: usize) -> Result<HostBuffer<T>> {
+    HostBuffer::try_scratch(len, T::ZERO)
+}
+
+/// Sizes shared by the three passes.
+#[derive(Clone, Copy)]
+struct Dims {
+    /// Column-matrix rows `C_in * kH * kW`.
+    k: usize,
+    /// Output positions per image.
+    l: usize,
+    c_out: usize,
+    /// Elements of one input image.
+    in_image: usize,
+    pointwise: bool,
+}
+
+impl Dims {
+    fn new(g: &Conv2dGeometry) -> Self {
+        Self {
+            k: g.col_rows(),
+            l: g.col_cols(),
+            c_out: g.out_channels,
+            in_image: g.in_channels * g.input_size[0] * g.input_size[1],
+            pointwise: g.is_pointwise(),
+        }
+    }
+}
+
+/// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
+/// images) into `col`, through `unfold` (one image's `[K, L]` im2col matrix).
+fn gather_columns<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    d: Dims,
+    images: &[T],
+    unfold: &mut [T],
+    col: &mut [T],
+) {
+    let count = images.len() / d.in_image;
+    let width = count * d.l;
+    for (i, image) in images.chunks(d.in_image).enumerate() {
+        let block: &[T] = if d.pointwise {
+            image
+        } else {
+            im2col(g, image, unfold);
+            unfold
+        };
+        for r in 0..d.k {
+            col[r * width + i * d.l..][..d.l].copy_from_slice(&block[r * d.l..][..d.l]);
+        }
+    }
+}
+
+/// Gathers `planes` (`count` images of `[C_out, L]`) into `[C_out, count * L]`.
+fn gather_planes<T: KernelFloat>(d: Dims, planes: &[T], out: &mut [T]) {
+    let width = planes.len() / d.c_out;
+    for (i, image) in planes.chunks(d.c_out * d.l).enumerate() {
+        for (o, plane) in image.chunks(d.l).enumerate() {
+            out[o * width + i * d.l..][..d.l].copy_from_slice(plane);
+        }
+    }
+}
+
+/// Forward convolution over chunks of `chunk` images (see [`chunk_images`]).
+pub(super) fn forward<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    chunk: usize,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) -> Result<()> {
+    let d = Dims::new(g);
+    let mut col = scratch::<T>(d.k * chunk * d.l)?;
+    let mut unfold = scratch::<T>(if d.pointwise { 0 } else { d.k * d.l })?;
+    let mut product = scratch::<T>(d.c_out * chunk * d.l)?;
+    for (c, out) in output.chunks_mut(chunk * d.c_out * d.l).enumerate() {
+        let count = out.len() / (d.c_out * d.l);
+        let images = &input[c * chunk * d.in_image..][..count * d.in_image];
+        let width = count * d.l;
+        let col = &mut col.as_mut_slice()[..d.k * width];
+        gather_columns(g, d, images, unfold.as_mut_slice(), col);
+        let product = &mut product.as_mut_slice()[..d.c_out * width];
+        let dims = [d.c_out, width, d.k];
+        let asis = Stored::AsIs;
+        matmul_into(product, dims, weight, asis, col, asis, false, parallelism());
+        for (i, image) in out.chunks_mut(d.c_out * d.l).enumerate() {
+            for (o, plane) in image.chunks_mut(d.l).enumerate() {
+                let src = &product[o * width + i * d.l..][..d.l];
+                match bias {
+                    Some(b) => plane.iter_mut().zip(src).for_each(|(p, &s)| *p = s + b[o]),
+                    None => plane.copy_from_slice(src),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Input gradient over chunks of `chunk` images.
+pub(super) fn backward_input<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    chunk: usize,
+    grad_output: &[T],
+    weight: &[T],
+    grad_input: &mut [T],
+) -> Result<()> {
+    let d = Dims::new(g);
+    let mut gathered = scratch::<T>(d.c_out * chunk * d.l)?;
+    let mut col = scratch::<T>(d.k * chunk * d.l)?;
+    let mut unfold = scratch::<T>(if d.pointwise { 0 } else { d.k * d.l })?;
+    for (c, gin) in grad_input.chunks_mut(chunk * d.in_image).enumerate() {
+        let count = gin.len() / d.in_image;
+        let width = count * d.l;
+        let planes = &grad_output[c * chunk * d.c_out * d.l..][..count * d.c_out * d.l];
+        let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
+        gather_planes(d, planes, gathered);
+        let col = &mut col.as_mut_slice()[..d.k * width];
+        let dims = [d.k, width, d.c_out];
+        let (wt, asis) = (Stored::Transposed, Stored::AsIs);
+        matmul_into(col, dims, weight, wt, gathered, asis, false, parallelism());
+        let unfold = unfold.as_mut_slice();
+        for (i, gin_image) in gin.chunks_mut(d.in_image).enumerate() {
+            if d.pointwise {
+                // K = C_in and L = H * W: the image's rows are the column rows.
+                for (r, row) in gin_image.chunks_mut(d.l).enumerate() {
+                    row.copy_from_slice(&col[r * width + i * d.l..][..d.l]);
+                }
+                continue;
+            }
+            for r in 0..d.k {
+                unfold[r * d.l..][..d.l].copy_from_slice(&col[r * width + i * d.l..][..d.l]);
+            }
+            gin_image.fill(T::ZERO);
+            col2im_add(g, unfold, gin_image);
+        }
+    }
+    Ok(())
+}
+/// Weight gradient (summed over the batch) over chunks of `chunk` images, accumulated in
+/// batch order.
+pub(super) fn backward_weight<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    chunk: usize,
+    input: &[T],
+    grad_output: &[T],
+    grad_weight: &mut [T],
+) -> Result<()> {
+    let d = Dims::new(g);
+    let mut col = scratch::<T>(d.k * chunk * d.l)?;
+    let mut unfold = scratch::<T>(if d.pointwise { 0 } else { d.k * d.l })?;
+    let mut gathered = scratch::<T>(d.c_out * chunk * d.l)?;
+    let mut start = 0;
+    while start < g.batch {
+        let count = chunk.min(g.batch - start);
+        let width = count * d.l;
+        let col = &mut col.as_mut_slice()[..d.k * width];
+        let xs = &input[start * d.in_image..][..count * d.in_image];
+        gather_columns(g, d, xs, unfold.as_mut_slice(), col);
+        let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
+        let planes = &grad_output[start * d.c_out * d.l..][..count * d.c_out * d.l];
+        gather_planes(d, planes, gathered);
+        let dims = [d.c_out, d.k, width];
+        let (asis, t) = (Stored::AsIs, Stored::Transposed);
+        // The first chunk overwrites, the others accumulate: no zero-fill pass.
+        let accumulate = start > 0;
+        matmul_into(
+            grad_weight,
+            dims,
+            gathered,
+            asis,
+            col,
+            t,
+            accumulate,
+            parallelism(),
+        );
+        start += count;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::conv::{reference, Conv2dParams};
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.5 - 1.0)
+            .collect()
+    }
+
+    fn close(what: &str, got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() < 1e-10 * (1.0 + b.abs()),
+                "{what}[{i}]: {a} vs {b}"
+            );
+        }
+    }
+
+    /// ResNet's small-plane shapes (3x3 stride 1 and 2, the 1x1 stride-2 downsample, a 1x1
+    /// stride-1 pointwise one), with a batch that leaves a short last chunk, on 1 and 2
+    /// threads: every pass equals the plain loops.
+    #[test]
+    fn chunked_passes_equal_the_plain_loops_on_small_planes() {
+        let cases = [
+            ([5, 6, 4, 4], [7, 6, 3, 3], 1, 1),
+            ([5, 6, 8, 8], [4, 6, 3, 3], 2, 1),
+            ([7, 6, 8, 8], [5, 6, 1, 1], 2, 0),
+            ([3, 6, 5, 3], [4, 6, 1, 1], 1, 0),
+        ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (input_shape, weight_shape, stride, pad) in cases {
+                let params = Conv2dParams {
+                    stride: [stride; 2],
+                    padding: [pad; 2],
+                    ..Conv2dParams::default()
+                };
+                let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
+                let chunk = chunk_images(&g).expect("small planes are chunked");
+                assert!(chunk >= 2, "{chunk}");
+                let n = |s: [usize; 4]| s.iter().product::<usize>();
+                let x = values(n(g.input_shape()), 1);
+                let w = values(n(g.weight_shape()), 2);
+                let b = values(g.out_channels, 3);
+                let go = values(n(g.output_shape()), 4);
+                let what = format!("{g:?} on {threads} thread(s)");
+                let (mut out, mut want) = (vec![9.0; go.len()], vec![0.0; go.len()]);
+                pool.install(|| forward(&g, chunk, &x, &w, Some(&b), &mut out))
+                    .unwrap();
+                reference::conv2d_forward(&g, &x, &w, Some(&b), &mut want).unwrap();
+                close(&format!("{what} forward"), &out, &want);
+                let (mut gin, mut want) = (vec![9.0; x.len()], vec![0.0; x.len()]);
+                pool.install(|| backward_input(&g, chunk, &go, &w, &mut gin))
+                    .unwrap();
+                reference::conv2d_backward_input(&g, &go, &w, &mut want).unwrap();
+                close(&format!("{what} grad_input"), &gin, &want);
+                let (mut gw, mut want) = (vec![9.0; w.len()], vec![0.0; w.len()]);
+                pool.install(|| backward_weight(&g, chunk, &x, &go, &mut gw))
+                    .unwrap();
+                reference::conv2d_backward_weight(&g, &x, &go, &mut want).unwrap();
+                close(&format!("{what} grad_weight"), &gw, &want);
+            }
+        }
+    }
+
+    #[test]
+    fn large_planes_grouped_convolutions_and_single_images_stay_per_image() {
+        let g = |input, weight, groups| {
+            let params = Conv2dParams {
+                groups,
+                padding: [1, 1],
+                ..Conv2dParams::default()
+            };
+            Conv2dGeometry::new(input, weight, params).unwrap()
+        };
+        assert_eq!(chunk_images(&g([8, 4, 32, 32], [4, 4, 3, 3], 1)), None);
+        assert_eq!(chunk_images(&g([8, 4, 4, 4], [4, 2, 3, 3], 2)), None);
+        assert_eq!(chunk_images(&g([1, 4, 4, 4], [4, 4, 3, 3], 1)), None);
+        // 4x4 planes: 16 images make 256 columns; a smaller batch is one chunk.
+        assert_eq!(chunk_images(&g([32, 4, 4, 4], [4, 4, 3, 3], 1)), Some(16));
+        assert_eq!(chunk_images(&g([5, 4, 4, 4], [4, 4, 3, 3], 1)), Some(5));
+        // ResNet's layer4 on CIFAR: 4608 x 16 per image, 14 images fit the column cap.
+        let deep = g([32, 512, 4, 4], [512, 512, 3, 3], 1);
+        assert_eq!(chunk_images(&deep), Some(MAX_COL_ELEMS / (4608 * 16)));
+    }
+}

@@ -1,0 +1,268 @@
+"""PyTorch's side of `cargo xtask bench --vs-torch` (issue 16).
+
+The bench embeds this file and runs it as `PYTHON - [--quick] CASE...` (the script on standard
+input). Each CASE is `NAME` or `NAME/ARG` (ARG: a batch, a matrix size); the script prints one
+JSON object on standard output:
+
+    {"torch": "2.x", "threads": 2, "cases": {"CASE": {"value": 12.3, "unit": "ms"}, ...}}
+
+or `{"CASE": {"error": "..."}}` for a case that could not run. A figure is measured the way the
+bench measures kiln's: one untimed warm-up call, then the median (steps, optimizer and clip
+cases) or the best (matmul) of the timed calls. The models are defined here (torchvision's
+ResNet-18 layout, a 784-512-256-10 MLP), so nothing but `torch` is needed.
+
+Invariants: every case uses the same model, batch, loss, optimizer and options as the kiln case
+of the same name in xtask/src/bench/; nothing is downloaded; a failing case never stops the
+others.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def median_ms(runs, fn):
+    fn()
+    times = []
+    for _ in range(max(runs, 1)):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def adaptive_median_ms(reps, fn):
+    """The bench's `median_secs`: at least `reps` calls, up to ~0.3 s of samples, at most 200."""
+    start = time.perf_counter()
+    fn()
+    warm = time.perf_counter() - start
+    runs = min(max(int(0.3 / max(warm, 1e-6)), max(reps, 1)), 200)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = None
+        if stride != 1 or cin != planes:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, planes, 1, stride, bias=False), nn.BatchNorm2d(planes)
+            )
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + identity)
+
+
+class ResNet18(nn.Module):
+    def __init__(self, num_classes, small_input):
+        super().__init__()
+        if small_input:
+            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            self.maxpool = nn.Identity()
+        else:
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.bn1 = nn.BatchNorm2d(64)
+        layers, cin = [], 64
+        for i, planes in enumerate([64, 128, 256, 512]):
+            for b in range(2):
+                layers.append(BasicBlock(cin, planes, 2 if b == 0 and i > 0 else 1))
+                cin = planes
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = self.layers(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def labels(batch, classes):
+    return torch.tensor([(i * 7 + 3) % classes for i in range(batch)], dtype=torch.long)
+
+
+def resnet_step_ms(size, batch, steps, classes):
+    torch.manual_seed(0)
+    model = ResNet18(classes, small_input=size == 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, size, size)
+    y = labels(batch, classes)
+    params = list(model.parameters())
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    return median_ms(steps, step)
+
+
+def spinner():
+    """A busy competing process: a shell loop spinning on one core (the bench's own spinner)."""
+    return subprocess.Popen(["sh", "-c", "while :; do :; done"])
+
+
+def resnet_eval_ms(batch, runs):
+    torch.manual_seed(0)
+    model = ResNet18(1000, small_input=False).eval()
+    x = torch.randn(batch, 3, 224, 224)
+
+    def forward():
+        with torch.no_grad():
+            model(x)
+
+    return median_ms(runs, forward)
+
+
+def matmul_gflops(n, reps):
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(n, n, generator=gen)
+    b = torch.randn(n, n, generator=gen)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best / 1e9
+
+
+def mlp_step_ms(batch, steps):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, 784)
+    y = labels(batch, 10)
+    params = list(model.parameters())
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    return median_ms(steps, step)
+
+
+def resnet18_lens():
+    """The bench's `resnet18` gradient set: torchvision ResNet-18's 62 parameter sizes."""
+    v, cin = [64 * 3 * 7 * 7, 64, 64], 64
+    for layer, c in enumerate([64, 128, 256, 512]):
+        for block in range(2):
+            inc = cin if block == 0 else c
+            v += [c * inc * 9, c, c, c * c * 9, c, c]
+            if block == 0 and layer > 0:
+                v += [c * cin, c, c]
+        cin = c
+    return v + [1000 * 512, 1000]
+
+
+def params_with_grads(lens):
+    """Parameters of 0.01 with the bench's deterministic gradient values."""
+    params = []
+    for i, n in enumerate(lens):
+        p = torch.full((n,), 0.01, requires_grad=True)
+        k = torch.arange(n, dtype=torch.int64)
+        p.grad = ((k * 7 + i) % 1013).to(torch.float32) * 1e-3 - 0.5
+        params.append(p)
+    return params
+
+
+SHRINK = 0.99
+
+
+def adamw_ms(lens, reps, clip):
+    params = params_with_grads(lens)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    if not clip:
+        return adaptive_median_ms(reps, opt.step)
+    total = [float(torch.nn.utils.clip_grad_norm_(params, float("inf")))]
+
+    def clip_then_step():
+        total[0] = float(torch.nn.utils.clip_grad_norm_(params, total[0] * SHRINK)) * SHRINK
+        opt.step()
+
+    return adaptive_median_ms(reps, clip_then_step)
+
+
+def clip_ms(lens, reps):
+    params = params_with_grads(lens)
+    total = [float(torch.nn.utils.clip_grad_norm_(params, float("inf")))]
+
+    def clip():
+        total[0] = float(torch.nn.utils.clip_grad_norm_(params, total[0] * SHRINK)) * SHRINK
+
+    return adaptive_median_ms(reps, clip)
+
+
+def run_case(name, arg, quick):
+    steps = 1 if quick else 5
+    reps = 1 if quick else 5
+    if name == "resnet18_cifar_step":
+        return resnet_step_ms(32, arg, steps, 10), "ms"
+    if name == "resnet18_cifar_step_contended":
+        spin = spinner()
+        try:
+            return resnet_step_ms(32, arg, 1 if quick else 3, 10), "ms"
+        finally:
+            spin.kill()
+            spin.wait()
+    if name == "resnet18_224_step":
+        return resnet_step_ms(224, arg, steps, 1000), "ms"
+    if name == "resnet18_224_eval":
+        return resnet_eval_ms(arg, 3 if quick else 20), "ms"
+    if name == "matmul":
+        return matmul_gflops(arg, 2 if quick else 10), "GFLOP/s"
+    if name == "mlp_step":
+        return mlp_step_ms(arg, 3 if quick else 30), "ms"
+    if name == "adamw_resnet18":
+        return adamw_ms(resnet18_lens(), reps, clip=False), "ms"
+    if name == "clip_adamw_resnet18":
+        return adamw_ms(resnet18_lens(), reps, clip=True), "ms"
+    if name == "clip_2000x1000":
+        return clip_ms([1000] * 2000, reps), "ms"
+    if name == "clip_resnet18":
+        return clip_ms(resnet18_lens(), reps), "ms"
+    raise ValueError(f"unknown case `{name}`")
+
+
+def main(argv):
+    quick = "--quick" in argv
+    cases = {}
+    for case in [a for a in argv if a != "--quick"]:
+        name, _, arg = case.partition("/")
+        try:
+            value, unit = run_case(name, int(arg) if arg else 0, quick)
+            cases[case] = {"value": value, "unit": unit}
+        except Exception as e:  # one failing case must not stop the others
+            cases[case] = {"error": f"{type(e).__name__}: {e}"}
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cases": cases}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
