@@ -46,6 +46,7 @@ pub mod pytorch_policy;
 mod recorded;
 mod recorder;
 pub mod replay;
+mod replay_report;
 mod ring;
 mod segments;
 mod sizes;

@@ -32,7 +32,7 @@
 //! its pool's address index, and no other block is; unmapped blocks start and end on chunk
 //! boundaries; reserved bytes equal the sum of mapped segment bytes.
 
-use crate::replay::{ReplayMode, ReplayReport};
+use crate::replay_report::{ReplayMode, ReplayReport};
 use crate::trace::{Trace, TraceEvent};
 use std::collections::{BTreeSet, HashMap};
 

@@ -12,27 +12,7 @@ use crate::trace::{Trace, TraceEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Segment strategy for a replay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplayMode {
-    /// Fixed segments.
-    Default,
-    /// Expandable segments.
-    Expandable,
-}
-
-impl std::str::FromStr for ReplayMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "default" => Ok(ReplayMode::Default),
-            "expandable" => Ok(ReplayMode::Expandable),
-            _ => Err(Error::InvalidConfig(format!(
-                "mode `{s}`: use `default` or `expandable`"
-            ))),
-        }
-    }
-}
+pub use crate::replay_report::{ReplayMode, ReplayReport};
 
 /// Whose allocation policy a replay measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,39 +36,8 @@ impl std::str::FromStr for ReplayPolicy {
     }
 }
 
-impl ReplayMode {
-    /// `default` or `expandable`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReplayMode::Default => "default",
-            ReplayMode::Expandable => "expandable",
-        }
-    }
-}
-
 /// Default simulated capacity: 80 GiB, an A100/H100.
 pub const DEFAULT_REPLAY_CAPACITY: usize = 80 << 30;
-
-/// What a replay reports (the JSON object `cargo xtask replay` prints).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ReplayReport {
-    /// Alloc and free events replayed.
-    pub events: usize,
-    /// Largest sum of live requested bytes.
-    pub peak_live_bytes: usize,
-    /// Largest reserved (backend-held) bytes.
-    pub peak_reserved_bytes: usize,
-    /// `peak_reserved_bytes / peak_live_bytes` (1.0 is perfect).
-    pub reserved_over_live: f64,
-    /// Backend calls that obtained memory.
-    pub device_allocs: u64,
-    /// Backend calls that returned memory.
-    pub device_frees: u64,
-    /// Allocations retried after releasing the cache.
-    pub alloc_retries: u64,
-    /// Allocations that failed.
-    pub ooms: u64,
-}
 
 /// An allocator on a simulated device that replays traces, possibly several times.
 #[derive(Debug)]
