@@ -18,18 +18,18 @@
 //! taken fallibly (an allocation failure is returned, never a panic), and a chunk's column
 //! buffer holds at most [`MAX_COL_ELEMS`] elements, so chunking takes at most that (plus the
 //! chunk's output-sized matrix) per thread. Chunks run in parallel, one per pool thread at a
-//! time, each GEMM single-threaded. The weight gradient splits the batch into one contiguous
-//! slice per thread and adds the slices' partials in slice order (deterministic, as in
-//! `cpu.rs`).
+//! time, each GEMM single-threaded, in the forward and input-gradient passes. The weight
+//! gradient runs its chunks one after another in batch order, `gemm` splitting each product
+//! (the whole weight gradient) over the pool: no per-thread partial gradient (up to 9 MiB each
+//! in layer4), and the sum's order does not depend on scheduling.
 
-use super::cpu::{caller_context, matmul_into, ScratchFailure, Stored};
+use super::cpu::{matmul_into, ScratchFailure, Stored};
 use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
 use gemm::Parallelism;
-use kiln_alloc_cache::AllocContext;
 use rayon::prelude::*;
 
 /// A chunk's GEMMs aim at this many columns.
@@ -233,24 +233,28 @@ pub(super) fn backward_input<T: KernelFloat>(
     failure.into_result()
 }
 
-/// Adds images `images` (a range of the batch) to `grad_weight`, `chunk` images per GEMM.
-#[allow(clippy::too_many_arguments)]
-fn accumulate_images<T: KernelFloat>(
+/// Weight gradient (summed over the batch) over chunks of `chunk` images, the chunks one after
+/// another in batch order, each product split over the pool by `gemm` (its output, the whole
+/// weight gradient, is large enough to split well): no per-thread partial gradient is needed.
+pub(super) fn backward_weight<T: KernelFloat>(
     g: &Conv2dGeometry,
-    d: Dims,
     chunk: usize,
-    images: std::ops::Range<usize>,
     input: &[T],
     grad_output: &[T],
     grad_weight: &mut [T],
 ) -> Result<()> {
+    let d = Dims::new(g);
     let mut col = HostBuffer::try_scratch(d.k * chunk * d.l, T::ZERO)?;
     let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
     let mut unfold = HostBuffer::try_scratch(unfold_len, T::ZERO)?;
     let mut gathered = HostBuffer::try_scratch(d.c_out * chunk * d.l, T::ZERO)?;
-    let mut start = images.start;
-    while start < images.end {
-        let count = chunk.min(images.end - start);
+    let parallelism = match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    };
+    let mut start = 0;
+    while start < g.batch {
+        let count = chunk.min(g.batch - start);
         let width = count * d.l;
         let col = &mut col.as_mut_slice()[..d.k * width];
         let xs = &input[start * d.in_image..][..count * d.in_image];
@@ -260,59 +264,10 @@ fn accumulate_images<T: KernelFloat>(
         gather_planes(d, planes, gathered);
         let dims = [d.c_out, d.k, width];
         let (asis, t) = (Stored::AsIs, Stored::Transposed);
-        matmul_into(
-            grad_weight,
-            dims,
-            gathered,
-            asis,
-            col,
-            t,
-            true,
-            Parallelism::None,
-        );
+        // The first chunk overwrites the gradient, the others add to it: no zero-fill pass.
+        let add = start > 0;
+        matmul_into(grad_weight, dims, gathered, asis, col, t, add, parallelism);
         start += count;
-    }
-    Ok(())
-}
-
-/// Weight gradient (summed over the batch) over chunks of `chunk` images.
-pub(super) fn backward_weight<T: KernelFloat>(
-    g: &Conv2dGeometry,
-    chunk: usize,
-    input: &[T],
-    grad_output: &[T],
-    grad_weight: &mut [T],
-) -> Result<()> {
-    let d = Dims::new(g);
-    grad_weight.fill(T::ZERO);
-    let batch = g.batch;
-    let threads = rayon::current_num_threads().max(1);
-    let per_slice = batch.div_ceil(threads).max(1);
-    let slices = batch.div_ceil(per_slice);
-    let images = |s: usize| s * per_slice..((s + 1) * per_slice).min(batch);
-    let len = grad_weight.len();
-    let context = caller_context();
-    let (first, partials) = rayon::join(
-        || accumulate_images(g, d, chunk, images(0), input, grad_output, grad_weight),
-        || {
-            (1..slices)
-                .into_par_iter()
-                .map(|s| {
-                    let _context = context.as_ref().map(AllocContext::enter);
-                    let mut partial = HostBuffer::try_scratch(len, T::ZERO)?;
-                    let into = partial.as_mut_slice();
-                    accumulate_images(g, d, chunk, images(s), input, grad_output, into)?;
-                    Ok(partial)
-                })
-                .collect::<Result<Vec<_>>>()
-        },
-    );
-    first?;
-    for partial in partials? {
-        grad_weight
-            .iter_mut()
-            .zip(partial.as_slice())
-            .for_each(|(w, &p)| *w += p);
     }
     Ok(())
 }
