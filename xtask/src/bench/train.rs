@@ -322,19 +322,17 @@ fn train_step(
     opt.zero_grad(true).map_err(err)
 }
 
-/// A model, its parameters, an SGD-momentum optimizer and one batch of `r`.
-fn resnet_setup(
-    r: Resnet,
-) -> Result<
-    (
-        ResNet,
-        Vec<(String, kiln_autograd::Parameter)>,
-        Sgd,
-        Tensor,
-        Tensor,
-    ),
-    String,
-> {
+/// A model, its parameters, an SGD-momentum optimizer and one batch (inputs, labels).
+type Setup = (
+    ResNet,
+    Vec<(String, kiln_autograd::Parameter)>,
+    Sgd,
+    Tensor,
+    Tensor,
+);
+
+/// The [`Setup`] of `r`.
+fn resnet_setup(r: Resnet) -> Result<Setup, String> {
     let model = r.model()?;
     let params = model.named_parameters();
     let opt = Sgd::new(

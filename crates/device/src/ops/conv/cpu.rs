@@ -165,21 +165,21 @@ impl<'a> Blocks<'a> {
 /// The calling thread's allocation context when an allocation history is being recorded, to
 /// carry into rayon's worker threads (their scratch is then attributed to the op that asked for
 /// it instead of to nobody); `None`, at no cost, when nothing records.
-fn caller_context() -> Option<AllocContext> {
+pub(super) fn caller_context() -> Option<AllocContext> {
     AllocContext::is_recording_anywhere().then(AllocContext::current)
 }
 
 /// Per-thread scratch for a rayon loop whose init cannot fail: the first allocation error is
 /// kept here and returned once the loop is over (the output it was filling is discarded).
-struct ScratchFailure(Mutex<Option<Error>>, Option<AllocContext>);
+pub(super) struct ScratchFailure(Mutex<Option<Error>>, Option<AllocContext>);
 
 impl ScratchFailure {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(Mutex::new(None), caller_context())
     }
 
     /// A scratch buffer of `len` zeros, or `None` after recording why there is none.
-    fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
+    pub(super) fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
         let _context = self.1.as_ref().map(AllocContext::enter);
         match HostBuffer::try_scratch(len, T::ZERO) {
             Ok(buf) => Some(buf),
@@ -192,7 +192,7 @@ impl ScratchFailure {
     }
 
     /// `Err` with the first recorded failure, if any.
-    fn into_result(self) -> Result<()> {
+    pub(super) fn into_result(self) -> Result<()> {
         match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e),
             None => Ok(()),
@@ -222,7 +222,7 @@ pub fn conv2d_forward<T: KernelFloat>(
     if output.is_empty() {
         return Ok(());
     }
-    if let Some(chunk) = chunk_images(geometry) {
+    if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::forward(geometry, chunk, input, weight, bias, output);
     }
     let b = Blocks::new(geometry);
@@ -288,7 +288,7 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     if grad_input.is_empty() {
         return Ok(());
     }
-    if let Some(chunk) = chunk_images(geometry) {
+    if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_input(geometry, chunk, grad_output, weight, grad_input);
     }
     let b = Blocks::new(geometry);
@@ -392,7 +392,7 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     check_len(OP, "input", input, &geometry.input_shape())?;
     check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
     check_len(OP, "grad_weight", grad_weight, &geometry.weight_shape())?;
-    if let Some(chunk) = chunk_images(geometry) {
+    if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_weight(geometry, chunk, input, grad_output, grad_weight);
     }
     grad_weight.fill(T::ZERO);

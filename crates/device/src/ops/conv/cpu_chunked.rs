@@ -16,48 +16,40 @@
 //! Invariants: only `groups == 1`; every output element is overwritten; results equal the
 //! per-image path's up to the order of float sums; scratch comes from the caching allocator,
 //! taken fallibly (an allocation failure is returned, never a panic), and a chunk's column
-//! buffer holds at most [`MAX_COL_ELEMS`] elements, so chunking never takes more scratch than
-//! that. The chunks run one after another, each product split over the pool by `gemm` itself:
-//! one chunk's scratch is live at a time, and the weight gradient needs no per-thread partial
-//! (it accumulates in batch order, so the result does not depend on scheduling).
+//! buffer holds at most [`MAX_COL_ELEMS`] elements, so chunking takes at most that (plus the
+//! chunk's output-sized matrix) per thread. Chunks run in parallel, one per pool thread at a
+//! time, each GEMM single-threaded, in the forward and input-gradient passes. The weight
+//! gradient runs its chunks one after another in batch order, `gemm` splitting each product
+//! (the whole weight gradient) over the pool: no per-thread partial gradient (up to 9 MiB each
+//! in layer4), and the sum's order does not depend on scheduling.
 
-use super::cpu::{matmul_into, Stored};
+use super::cpu::{matmul_into, ScratchFailure, Stored};
 use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// A chunk's GEMMs aim at this many columns.
 const TARGET_COLS: usize = 256;
-/// Most elements of one chunk's column matrix (4 MiB of f32).
-pub(super) const MAX_COL_ELEMS: usize = 1 << 20;
+/// Most elements of one chunk's column matrix (2 MiB of f32), per thread.
+pub(super) const MAX_COL_ELEMS: usize = 1 << 19;
 
-/// Images per chunk for `g`, or `None` when one image per GEMM is as good (large planes,
-/// grouped convolutions, a batch of one, or a column matrix too large).
-pub(super) fn chunk_images(g: &Conv2dGeometry) -> Option<usize> {
+/// Images per chunk for `g` on a pool of `threads`, or `None` when one image per GEMM is as
+/// good (large planes, grouped convolutions, a batch of one, or a column matrix too large).
+pub(super) fn chunk_images(g: &Conv2dGeometry, threads: usize) -> Option<usize> {
     let l = g.col_cols();
     if g.params.groups != 1 || l == 0 || l >= TARGET_COLS || g.batch < 2 {
         return None;
     }
     let by_memory = MAX_COL_ELEMS / (g.col_rows() * l).max(1);
-    let chunk = TARGET_COLS.div_ceil(l).min(g.batch).min(by_memory);
+    let chunk = TARGET_COLS
+        .div_ceil(l)
+        .min(g.batch.div_ceil(threads.max(1)))
+        .min(by_memory);
     (chunk >= 2).then_some(chunk)
-}
-
-/// `gemm`'s parallelism for a chunk's product: the pool's threads (the chunks run one after
-/// another, so only one chunk's scratch is live and no partial weight gradient is needed).
-fn parallelism() -> Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => Parallelism::None,
-        n => Parallelism::Rayon(n),
-    }
-}
-
-/// Scratch of `len` elements from the caching allocator.
-fn scratch<T: KernelFloat>(len: usize) -> Result<HostBuffer<T>> {
-    HostBuffer::try_scratch(len, T::ZERO)
 }
 
 /// Sizes shared by the three passes.
@@ -129,30 +121,52 @@ pub(super) fn forward<T: KernelFloat>(
     output: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
-    let mut col = scratch::<T>(d.k * chunk * d.l)?;
-    let mut unfold = scratch::<T>(if d.pointwise { 0 } else { d.k * d.l })?;
-    let mut product = scratch::<T>(d.c_out * chunk * d.l)?;
-    for (c, out) in output.chunks_mut(chunk * d.c_out * d.l).enumerate() {
-        let count = out.len() / (d.c_out * d.l);
-        let images = &input[c * chunk * d.in_image..][..count * d.in_image];
-        let width = count * d.l;
-        let col = &mut col.as_mut_slice()[..d.k * width];
-        gather_columns(g, d, images, unfold.as_mut_slice(), col);
-        let product = &mut product.as_mut_slice()[..d.c_out * width];
-        let dims = [d.c_out, width, d.k];
-        let asis = Stored::AsIs;
-        matmul_into(product, dims, weight, asis, col, asis, false, parallelism());
-        for (i, image) in out.chunks_mut(d.c_out * d.l).enumerate() {
-            for (o, plane) in image.chunks_mut(d.l).enumerate() {
-                let src = &product[o * width + i * d.l..][..d.l];
-                match bias {
-                    Some(b) => plane.iter_mut().zip(src).for_each(|(p, &s)| *p = s + b[o]),
-                    None => plane.copy_from_slice(src),
+    let failure = ScratchFailure::new();
+    let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
+    output
+        .par_chunks_mut(chunk * d.c_out * d.l)
+        .enumerate()
+        .for_each_init(
+            || {
+                let col = failure.take::<T>(d.k * chunk * d.l)?;
+                let unfold = failure.take::<T>(unfold_len)?;
+                let product = failure.take::<T>(d.c_out * chunk * d.l)?;
+                Some((col, unfold, product))
+            },
+            |scratch, (c, out)| {
+                let Some((col, unfold, product)) = scratch.as_mut() else {
+                    return;
+                };
+                let count = out.len() / (d.c_out * d.l);
+                let images = &input[c * chunk * d.in_image..][..count * d.in_image];
+                let width = count * d.l;
+                let col = &mut col.as_mut_slice()[..d.k * width];
+                gather_columns(g, d, images, unfold.as_mut_slice(), col);
+                let product = &mut product.as_mut_slice()[..d.c_out * width];
+                let dims = [d.c_out, width, d.k];
+                let (w, asis) = (Stored::AsIs, Stored::AsIs);
+                matmul_into(
+                    product,
+                    dims,
+                    weight,
+                    w,
+                    col,
+                    asis,
+                    false,
+                    Parallelism::None,
+                );
+                for (i, image) in out.chunks_mut(d.c_out * d.l).enumerate() {
+                    for (o, plane) in image.chunks_mut(d.l).enumerate() {
+                        let src = &product[o * width + i * d.l..][..d.l];
+                        match bias {
+                            Some(b) => plane.iter_mut().zip(src).for_each(|(p, &s)| *p = s + b[o]),
+                            None => plane.copy_from_slice(src),
+                        }
+                    }
                 }
-            }
-        }
-    }
-    Ok(())
+            },
+        );
+    failure.into_result()
 }
 
 /// Input gradient over chunks of `chunk` images.
@@ -164,39 +178,64 @@ pub(super) fn backward_input<T: KernelFloat>(
     grad_input: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
-    let mut gathered = scratch::<T>(d.c_out * chunk * d.l)?;
-    let mut col = scratch::<T>(d.k * chunk * d.l)?;
-    let mut unfold = scratch::<T>(if d.pointwise { 0 } else { d.k * d.l })?;
-    for (c, gin) in grad_input.chunks_mut(chunk * d.in_image).enumerate() {
-        let count = gin.len() / d.in_image;
-        let width = count * d.l;
-        let planes = &grad_output[c * chunk * d.c_out * d.l..][..count * d.c_out * d.l];
-        let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
-        gather_planes(d, planes, gathered);
-        let col = &mut col.as_mut_slice()[..d.k * width];
-        let dims = [d.k, width, d.c_out];
-        let (wt, asis) = (Stored::Transposed, Stored::AsIs);
-        matmul_into(col, dims, weight, wt, gathered, asis, false, parallelism());
-        let unfold = unfold.as_mut_slice();
-        for (i, gin_image) in gin.chunks_mut(d.in_image).enumerate() {
-            if d.pointwise {
-                // K = C_in and L = H * W: the image's rows are the column rows.
-                for (r, row) in gin_image.chunks_mut(d.l).enumerate() {
-                    row.copy_from_slice(&col[r * width + i * d.l..][..d.l]);
+    let failure = ScratchFailure::new();
+    let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
+    grad_input
+        .par_chunks_mut(chunk * d.in_image)
+        .enumerate()
+        .for_each_init(
+            || {
+                let gathered = failure.take::<T>(d.c_out * chunk * d.l)?;
+                let col = failure.take::<T>(d.k * chunk * d.l)?;
+                let unfold = failure.take::<T>(unfold_len)?;
+                Some((gathered, col, unfold))
+            },
+            |scratch, (c, gin)| {
+                let Some((gathered, col, unfold)) = scratch.as_mut() else {
+                    return;
+                };
+                let count = gin.len() / d.in_image;
+                let width = count * d.l;
+                let planes = &grad_output[c * chunk * d.c_out * d.l..][..count * d.c_out * d.l];
+                let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
+                gather_planes(d, planes, gathered);
+                let col = &mut col.as_mut_slice()[..d.k * width];
+                let dims = [d.k, width, d.c_out];
+                let (wt, asis) = (Stored::Transposed, Stored::AsIs);
+                matmul_into(
+                    col,
+                    dims,
+                    weight,
+                    wt,
+                    gathered,
+                    asis,
+                    false,
+                    Parallelism::None,
+                );
+                for (i, gin_image) in gin.chunks_mut(d.in_image).enumerate() {
+                    if d.pointwise {
+                        // K = C_in and L = H * W: the image's rows are the column rows.
+                        for (r, row) in gin_image.chunks_mut(d.l).enumerate() {
+                            row.copy_from_slice(&col[r * width + i * d.l..][..d.l]);
+                        }
+                        continue;
+                    }
+                    let unfold = unfold.as_mut_slice();
+                    for r in 0..d.k {
+                        unfold[r * d.l..][..d.l]
+                            .copy_from_slice(&col[r * width + i * d.l..][..d.l]);
+                    }
+                    gin_image.fill(T::ZERO);
+                    col2im_add(g, unfold, gin_image);
                 }
-                continue;
-            }
-            for r in 0..d.k {
-                unfold[r * d.l..][..d.l].copy_from_slice(&col[r * width + i * d.l..][..d.l]);
-            }
-            gin_image.fill(T::ZERO);
-            col2im_add(g, unfold, gin_image);
-        }
-    }
-    Ok(())
+            },
+        );
+    failure.into_result()
 }
-/// Weight gradient (summed over the batch) over chunks of `chunk` images, accumulated in
-/// batch order.
+
+/// Weight gradient (summed over the batch) over chunks of `chunk` images, the chunks one after
+/// another in batch order, each product split over the pool by `gemm` (its output, the whole
+/// weight gradient, is large enough to split well): no per-thread partial gradient is needed.
 pub(super) fn backward_weight<T: KernelFloat>(
     g: &Conv2dGeometry,
     chunk: usize,
@@ -205,9 +244,14 @@ pub(super) fn backward_weight<T: KernelFloat>(
     grad_weight: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
-    let mut col = scratch::<T>(d.k * chunk * d.l)?;
-    let mut unfold = scratch::<T>(if d.pointwise { 0 } else { d.k * d.l })?;
-    let mut gathered = scratch::<T>(d.c_out * chunk * d.l)?;
+    let mut col = HostBuffer::try_scratch(d.k * chunk * d.l, T::ZERO)?;
+    let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
+    let mut unfold = HostBuffer::try_scratch(unfold_len, T::ZERO)?;
+    let mut gathered = HostBuffer::try_scratch(d.c_out * chunk * d.l, T::ZERO)?;
+    let parallelism = match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    };
     let mut start = 0;
     while start < g.batch {
         let count = chunk.min(g.batch - start);
@@ -220,18 +264,9 @@ pub(super) fn backward_weight<T: KernelFloat>(
         gather_planes(d, planes, gathered);
         let dims = [d.c_out, d.k, width];
         let (asis, t) = (Stored::AsIs, Stored::Transposed);
-        // The first chunk overwrites, the others accumulate: no zero-fill pass.
-        let accumulate = start > 0;
-        matmul_into(
-            grad_weight,
-            dims,
-            gathered,
-            asis,
-            col,
-            t,
-            accumulate,
-            parallelism(),
-        );
+        // The first chunk overwrites the gradient, the others add to it: no zero-fill pass.
+        let add = start > 0;
+        matmul_into(grad_weight, dims, gathered, asis, col, t, add, parallelism);
         start += count;
     }
     Ok(())
@@ -282,8 +317,9 @@ mod tests {
                     ..Conv2dParams::default()
                 };
                 let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
-                let chunk = chunk_images(&g).expect("small planes are chunked");
-                assert!(chunk >= 2, "{chunk}");
+                let chunk = chunk_images(&g, threads).expect("small planes are chunked");
+                // On 2 threads the last chunk is short (5 or 7 images, or 3 in chunks of 2).
+                assert!(chunk >= 2 && (threads == 1 || chunk < g.batch), "{chunk}");
                 let n = |s: [usize; 4]| s.iter().product::<usize>();
                 let x = values(n(g.input_shape()), 1);
                 let w = values(n(g.weight_shape()), 2);
@@ -319,14 +355,17 @@ mod tests {
             };
             Conv2dGeometry::new(input, weight, params).unwrap()
         };
-        assert_eq!(chunk_images(&g([8, 4, 32, 32], [4, 4, 3, 3], 1)), None);
-        assert_eq!(chunk_images(&g([8, 4, 4, 4], [4, 2, 3, 3], 2)), None);
-        assert_eq!(chunk_images(&g([1, 4, 4, 4], [4, 4, 3, 3], 1)), None);
-        // 4x4 planes: 16 images make 256 columns; a smaller batch is one chunk.
-        assert_eq!(chunk_images(&g([32, 4, 4, 4], [4, 4, 3, 3], 1)), Some(16));
-        assert_eq!(chunk_images(&g([5, 4, 4, 4], [4, 4, 3, 3], 1)), Some(5));
-        // ResNet's layer4 on CIFAR: 4608 x 16 per image, 14 images fit the column cap.
+        assert_eq!(chunk_images(&g([8, 4, 32, 32], [4, 4, 3, 3], 1), 2), None);
+        assert_eq!(chunk_images(&g([8, 4, 4, 4], [4, 2, 3, 3], 2), 2), None);
+        assert_eq!(chunk_images(&g([1, 4, 4, 4], [4, 4, 3, 3], 1), 2), None);
+        // 4x4 planes: 16 images make 256 columns, capped by the batch's half on 2 threads.
+        assert_eq!(
+            chunk_images(&g([32, 4, 4, 4], [4, 4, 3, 3], 1), 2),
+            Some(16)
+        );
+        assert_eq!(chunk_images(&g([32, 4, 4, 4], [4, 4, 3, 3], 1), 4), Some(8));
+        // ResNet's layer4 on CIFAR: 4608 x 16 per image, 7 images fit the column cap.
         let deep = g([32, 512, 4, 4], [512, 512, 3, 3], 1);
-        assert_eq!(chunk_images(&deep), Some(MAX_COL_ELEMS / (4608 * 16)));
+        assert_eq!(chunk_images(&deep, 2), Some(MAX_COL_ELEMS / (4608 * 16)));
     }
 }
