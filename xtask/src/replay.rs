@@ -1,13 +1,15 @@
 //! `cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch]
-//! [--capacity BYTES]`: replays an allocation trace through the caching allocator (or the model
+//! [--page-stitching] [--capacity BYTES]`: replays an allocation trace through the caching allocator (or the model
 //! of PyTorch's allocator) on a simulated device and prints one JSON object (events,
 //! peak_live_bytes, peak_reserved_bytes, reserved_over_live, device_allocs, device_frees,
 //! alloc_retries, ooms).
 
-use kiln_alloc_cache::{replay_with, ReplayMode, ReplayPolicy, Trace};
+use kiln_alloc_cache::{replay_stitched, replay_with, ReplayMode, ReplayPolicy, Trace};
 
-const USAGE: &str = "usage: cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch] [--capacity BYTES]
+const USAGE: &str = "usage: cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch] [--page-stitching] [--capacity BYTES]
   --policy pytorch replays under a model of PyTorch's CUDA caching allocator (default kiln)
+  --page-stitching replays kiln's expandable segments with page_stitching on (needs --mode
+    expandable and the kiln policy)
   --capacity accepts bytes or a KiB/MiB/GiB suffix (default 80GiB)";
 
 /// Parses `123`, `16MiB`, `80GiB`, `512KiB`.
@@ -41,6 +43,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut mode = ReplayMode::Default;
     let mut policy = ReplayPolicy::Kiln;
     let mut capacity = kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
+    let mut stitching = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| {
@@ -52,6 +55,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--mode" => mode = value("--mode")?.parse().map_err(|e| format!("{e}"))?,
             "--policy" => policy = value("--policy")?.parse().map_err(|e| format!("{e}"))?,
             "--capacity" => capacity = parse_bytes(&value("--capacity")?)?,
+            "--page-stitching" => stitching = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -65,7 +69,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let file = file.ok_or_else(|| format!("no trace file given\n{USAGE}"))?;
     let trace = Trace::read(&file).map_err(|e| format!("{file}: {e}"))?;
-    let report = replay_with(&trace, policy, mode, capacity).map_err(|e| format!("{file}: {e}"))?;
+    let report = match (stitching, mode, policy) {
+        (false, ..) => replay_with(&trace, policy, mode, capacity),
+        (true, ReplayMode::Expandable, ReplayPolicy::Kiln) => replay_stitched(&trace, capacity),
+        (true, ..) => {
+            return Err(format!(
+                "--page-stitching moves pages of kiln's expandable segments: add --mode \
+                 expandable and drop --policy pytorch (PyTorch's allocator has no stitching)\n{USAGE}"
+            ))
+        }
+    }
+    .map_err(|e| format!("{file}: {e}"))?;
     println!(
         "{}",
         serde_json::to_string(&report).map_err(|e| e.to_string())?

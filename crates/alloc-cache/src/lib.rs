@@ -73,7 +73,9 @@ pub use history::{
     MemoryEventKind, PlanPrediction,
 };
 pub use recorded::MemoryHistory;
-pub use replay::{replay, replay_with, ReplayMode, ReplayPolicy, ReplayReport, Replayer};
+pub use replay::{
+    replay, replay_stitched, replay_with, ReplayMode, ReplayPolicy, ReplayReport, Replayer,
+};
 pub use sizes::{
     round_size, GROWTH_DIVISOR, LARGE_SEGMENT, MAX_REQUEST, MIN_BLOCK, MIN_LARGE_ALLOC,
     ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE,

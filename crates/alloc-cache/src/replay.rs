@@ -163,6 +163,18 @@ pub fn replay(trace: &Trace, mode: ReplayMode, capacity: usize) -> Result<Replay
     Ok(r.report())
 }
 
+/// Replays `trace` once with expandable segments and `page_stitching` on (kiln's policy only:
+/// PyTorch's allocator does not move pages) on a fresh simulated device.
+pub fn replay_stitched(trace: &Trace, capacity: usize) -> Result<ReplayReport> {
+    let config = AllocatorConfig {
+        page_stitching: true,
+        ..AllocatorConfig::expandable()
+    };
+    let mut r = Replayer::with_config(config, capacity)?;
+    r.run(trace)?;
+    Ok(r.report())
+}
+
 /// Replays `trace` once under `policy` in `mode` on a fresh simulated device.
 pub fn replay_with(
     trace: &Trace,

@@ -317,3 +317,24 @@ fn page_stitching_is_a_setting_of_expandable_segments() {
     let e = AllocatorConfig::parse("page_stitching:maybe").unwrap_err();
     assert!(e.to_string().contains("expected True or False"), "{e}");
 }
+
+#[test]
+fn replay_stitched_moves_the_gaps_pages_where_plain_expandable_maps_new_ones() {
+    // Four 4 MiB blocks, the first and third freed (two 4 MiB gaps between live blocks, none at
+    // the segment's growable end), then a 12 MiB request that fits neither gap and sets a new
+    // peak of live bytes (20 MiB).
+    let text = "a 1 4194304\na 2 4194304\na 3 4194304\na 4 4194304\nf 1\nf 3\na 5 12582912\n\
+                f 2\nf 4\nf 5\n";
+    let trace = Trace::parse(text).unwrap();
+    let capacity = 1 << 30;
+    let plain = replay(&trace, ReplayMode::Expandable, capacity).unwrap();
+    let stitched = replay_stitched(&trace, capacity).unwrap();
+    assert_eq!(plain.peak_live_bytes, 20 << 20);
+    assert_eq!(stitched.peak_live_bytes, 20 << 20);
+    // Plain: the gaps stay mapped and 12 MiB more are mapped past the last block.
+    assert_eq!(plain.peak_reserved_bytes, 28 << 20);
+    // Stitched: the gaps' 8 MiB move to the request, only 4 MiB are new.
+    assert_eq!(stitched.peak_reserved_bytes, 20 << 20);
+    assert_eq!(stitched.reserved_over_live, 1.0);
+    assert_eq!(stitched.ooms, 0);
+}

@@ -390,6 +390,25 @@ fn fragmentation(rows: &mut Vec<Row>) -> Result<(), String> {
                     / (kiln.device_allocs + kiln.device_frees).max(1) as f64,
             ));
         }
+        let config = AllocatorConfig {
+            page_stitching: true,
+            ..AllocatorConfig::expandable()
+        };
+        let mut stitched = Replayer::with_config(config, capacity).map_err(err)?;
+        stitched.run(&trace).map_err(err)?;
+        let report = stitched.report();
+        rows.push(Row::new(
+            GROUP,
+            format!("{name}_expandable_page_stitching"),
+            "reserved_over_live",
+            report.reserved_over_live,
+            format!(
+                "target <= 1.03; page_stitching:True, {} backend memory calls ({} remaps)",
+                stitched.sim().calls().memory_calls(),
+                stitched.sim().calls().remap
+            ),
+            1.03 / report.reserved_over_live,
+        ));
     }
     Ok(())
 }
