@@ -9,9 +9,9 @@
 //!   ([`HostBackend::with_page_mapping`], Linux; elsewhere the setting is ignored on the CPU).
 //! - **CUDA**: over [`CudaBackend`](crate::cuda::CudaBackend), one per logical device, settings
 //!   from `KILN_ALLOC_CONF`. Expandable segments are **on by default** when the device supports
-//!   virtual memory management: on the shipped traces they held peak reserved memory to
-//!   1.02x / 1.00x of live memory against 1.40x / 1.16x for fixed segments (fixed-shape CNN /
-//!   variable-length transformer). `KILN_ALLOC_CONF=expandable_segments:False` turns them off.
+//!   virtual memory management (peak reserved over peak live on the recorded traces, against
+//!   fixed segments: docs/ARCHITECTURE.md, "Allocation traces").
+//!   `KILN_ALLOC_CONF=expandable_segments:False` turns them off.
 //!
 //! A failed creation (CUDA unavailable, a bad `KILN_ALLOC_CONF`) is not remembered: the next
 //! call tries again and reports the same reason.
