@@ -51,7 +51,7 @@ pub fn file_name(
     format!("{stem}-sm{arch}-{:016x}.ptx", hasher.finish())
 }
 
-/// The PTX cached at `path`, when the file is complete: exactly the text [`write`] was given
+/// The PTX cached at `path`, when the file is complete: exactly the text [`write()`] was given
 /// (less trailing NULs), without the completion marker, so a loader stricter than the driver's
 /// PTX parser (the CUDA emulator checks its module text) gets the compiler's own output.
 pub fn read(path: &Path) -> Option<String> {
