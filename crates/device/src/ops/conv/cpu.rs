@@ -22,82 +22,15 @@ use crate::seam::{GradMask, InputGrads, Strided};
 use crate::{CpuStorage, Error, Layout, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
-use std::sync::Mutex;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
+use super::cpu_gemm::{caller_context, matmul_into, ScratchFailure, Stored};
 use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use kiln_alloc_cache::AllocContext;
-
-/// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
-/// transpose (`cols x rows`).
-#[derive(Clone, Copy)]
-pub(super) enum Stored {
-    AsIs,
-    Transposed,
-}
-
-/// `dst[m x n] (+)= lhs[m x k] · rhs[k x n]`, `dst` row-major and contiguous.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn matmul_into<T: KernelFloat>(
-    dst: &mut [T],
-    [m, n, k]: [usize; 3],
-    lhs: &[T],
-    lhs_stored: Stored,
-    rhs: &[T],
-    rhs_stored: Stored,
-    accumulate: bool,
-    parallelism: Parallelism,
-) {
-    assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            dst[..m * n].fill(T::ZERO);
-        }
-        return;
-    }
-    // (row stride, column stride) of each operand.
-    let (lhs_rs, lhs_cs) = match lhs_stored {
-        Stored::AsIs => (k as isize, 1),
-        Stored::Transposed => (1, m as isize),
-    };
-    let (rhs_rs, rhs_cs) = match rhs_stored {
-        Stored::AsIs => (n as isize, 1),
-        Stored::Transposed => (1, k as isize),
-    };
-    // SAFETY: the assert above guarantees every element addressed through these strides lies
-    // inside its slice; `T` is `f32` or `f64` (sealed), which `gemm` supports; `dst` does not
-    // alias `lhs`/`rhs` (distinct borrows).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs,
-            lhs_rs,
-            rhs.as_ptr(),
-            rhs_cs,
-            rhs_rs,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-}
 
 /// `gemm` parallelism for a batch of `batch` images: none when the batch alone fills the pool.
 fn gemm_parallelism(batch: usize) -> Parallelism {
@@ -159,44 +92,6 @@ impl<'a> Blocks<'a> {
                          elements) overflows usize; use a smaller input or kernel",
             },
         ))
-    }
-}
-
-/// The calling thread's allocation context when an allocation history is being recorded, to
-/// carry into rayon's worker threads (their scratch is then attributed to the op that asked for
-/// it instead of to nobody); `None`, at no cost, when nothing records.
-pub(super) fn caller_context() -> Option<AllocContext> {
-    AllocContext::is_recording_anywhere().then(AllocContext::current)
-}
-
-/// Per-thread scratch for a rayon loop whose init cannot fail: the first allocation error is
-/// kept here and returned once the loop is over (the output it was filling is discarded).
-pub(super) struct ScratchFailure(Mutex<Option<Error>>, Option<AllocContext>);
-
-impl ScratchFailure {
-    pub(super) fn new() -> Self {
-        Self(Mutex::new(None), caller_context())
-    }
-
-    /// A scratch buffer of `len` zeros, or `None` after recording why there is none.
-    pub(super) fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
-        let _context = self.1.as_ref().map(AllocContext::enter);
-        match HostBuffer::try_scratch(len, T::ZERO) {
-            Ok(buf) => Some(buf),
-            Err(e) => {
-                let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());
-                first.get_or_insert(e);
-                None
-            }
-        }
-    }
-
-    /// `Err` with the first recorded failure, if any.
-    pub(super) fn into_result(self) -> Result<()> {
-        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
     }
 }
 

@@ -23,7 +23,7 @@
 //! (the whole weight gradient) over the pool: no per-thread partial gradient (up to 9 MiB each
 //! in layer4), and the sum's order does not depend on scheduling.
 
-use super::cpu::{matmul_into, ScratchFailure, Stored};
+use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
 use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;

@@ -13,6 +13,7 @@
 
 pub mod cpu;
 mod cpu_chunked;
+mod cpu_gemm;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod im2col;

@@ -1,0 +1,119 @@
+//! The pieces both CPU conv paths share (`cpu.rs`, one GEMM per image; `cpu_chunked.rs`, one per
+//! chunk of images): the GEMM call on row-major operands and the per-thread scratch of a rayon
+//! loop whose init cannot fail.
+//!
+//! Invariants: [`matmul_into`] asserts its slices hold the matrices its dims describe before it
+//! calls `gemm`; [`ScratchFailure`] keeps the first allocation error and reports it after the
+//! loop, so a failed scratch allocation is an error, never a panic.
+
+use crate::ops::KernelFloat;
+use crate::storage::HostBuffer;
+use crate::{Error, Result};
+use gemm::Parallelism;
+use kiln_alloc_cache::AllocContext;
+use std::sync::Mutex;
+
+/// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
+/// transpose (`cols x rows`).
+#[derive(Clone, Copy)]
+pub(super) enum Stored {
+    AsIs,
+    Transposed,
+}
+
+/// `dst[m x n] (+)= lhs[m x k] · rhs[k x n]`, `dst` row-major and contiguous.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_into<T: KernelFloat>(
+    dst: &mut [T],
+    [m, n, k]: [usize; 3],
+    lhs: &[T],
+    lhs_stored: Stored,
+    rhs: &[T],
+    rhs_stored: Stored,
+    accumulate: bool,
+    parallelism: Parallelism,
+) {
+    assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(T::ZERO);
+        }
+        return;
+    }
+    // (row stride, column stride) of each operand.
+    let (lhs_rs, lhs_cs) = match lhs_stored {
+        Stored::AsIs => (k as isize, 1),
+        Stored::Transposed => (1, m as isize),
+    };
+    let (rhs_rs, rhs_cs) = match rhs_stored {
+        Stored::AsIs => (n as isize, 1),
+        Stored::Transposed => (1, k as isize),
+    };
+    // SAFETY: the assert above guarantees every element addressed through these strides lies
+    // inside its slice; `T` is `f32` or `f64` (sealed), which `gemm` supports; `dst` does not
+    // alias `lhs`/`rhs` (distinct borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            rhs.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// The calling thread's allocation context when an allocation history is being recorded, to
+/// carry into rayon's worker threads (their scratch is then attributed to the op that asked for
+/// it instead of to nobody); `None`, at no cost, when nothing records.
+pub(super) fn caller_context() -> Option<AllocContext> {
+    AllocContext::is_recording_anywhere().then(AllocContext::current)
+}
+
+/// Per-thread scratch for a rayon loop whose init cannot fail: the first allocation error is
+/// kept here and returned once the loop is over (the output it was filling is discarded).
+pub(super) struct ScratchFailure(Mutex<Option<Error>>, Option<AllocContext>);
+
+impl ScratchFailure {
+    pub(super) fn new() -> Self {
+        Self(Mutex::new(None), caller_context())
+    }
+
+    /// A scratch buffer of `len` zeros, or `None` after recording why there is none.
+    pub(super) fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
+        let _context = self.1.as_ref().map(AllocContext::enter);
+        match HostBuffer::try_scratch(len, T::ZERO) {
+            Ok(buf) => Some(buf),
+            Err(e) => {
+                let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert(e);
+                None
+            }
+        }
+    }
+
+    /// `Err` with the first recorded failure, if any.
+    pub(super) fn into_result(self) -> Result<()> {
+        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
