@@ -10,6 +10,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+pub use super::svg_frame::escape;
 use super::svg_frame::Frame;
 use crate::error::{Result, SchedError};
 
@@ -84,14 +85,6 @@ pub fn format_tick(v: f64, step: f64) -> String {
         (-step.log10().floor()) as usize
     };
     format!("{v:.decimals$}")
-}
-
-/// `text` with the XML special characters escaped.
-pub fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 impl Plot {

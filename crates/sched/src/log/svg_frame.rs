@@ -8,8 +8,6 @@
 
 use std::fmt::Write as _;
 
-use super::svg::escape;
-
 /// Where one plot sits in the document: the box it was given starts at (`x0`, `y0`), and its
 /// plotting area is `pw` x `ph` at (`px`, `py`).
 #[derive(Debug, Clone, Copy)]
@@ -99,4 +97,12 @@ impl Frame {
             escape(label)
         );
     }
+}
+
+/// `text` with the XML special characters escaped.
+pub fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
