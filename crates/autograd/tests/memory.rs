@@ -147,10 +147,11 @@ fn peaks_and_reset(base: usize) {
 
 fn empty_cache_returns_cached_bytes(base: usize) {
     {
-        // a 3 MiB tensor gets a 20 MiB large segment; a small one a 2 MiB small segment
+        // a 3 MiB tensor gets an 18 MiB large segment (six whole copies, alloc-cache's
+        // `mid_segment_size`); a small one a 2 MiB small segment
         let _a = Tensor::zeros(&[3 << 18], DType::F32, CPU).unwrap();
         let _b = Tensor::zeros(&[10], DType::F32, CPU).unwrap();
-        assert!(memory_reserved(CPU).unwrap() >= (20 << 20) + (2 << 20));
+        assert!(memory_reserved(CPU).unwrap() >= (18 << 20) + (2 << 20));
     }
     assert_eq!(allocated(), base);
     let reserved = memory_reserved(CPU).unwrap();
@@ -161,7 +162,7 @@ fn empty_cache_returns_cached_bytes(base: usize) {
         assert_eq!(released, reserved);
         assert_eq!(memory_reserved(CPU).unwrap(), 0);
     } else {
-        assert!(released >= 20 << 20, "the free large segment is released");
+        assert!(released >= 18 << 20, "the free large segment is released");
     }
     assert_eq!(empty_cache(CPU).unwrap(), 0, "nothing left to release");
 }
