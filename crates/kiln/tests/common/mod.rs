@@ -5,7 +5,7 @@
 use kiln::data::DataSource;
 use kiln::models::LayerExt;
 use kiln::recipe::TrainConfig;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The recipe at test size: two epochs of batch 16 on `train_len` synthetic images (validated
 /// on `val_len`), lr 1e-2, width 4, one prefetched batch, seeded with `seed`, in `run_dir`;
@@ -80,4 +80,24 @@ pub fn max_rel_diff(
         }
     }
     worst
+}
+
+/// Asserts that the recipe's checkpoint in `root/two` (trained on several ranks) equals the one in
+/// `root/one` (one process over the concatenated batches) to `max |a - b| / max |b| < 1e-4` per
+/// tensor, and that training moved the one-process model far beyond that from its init (drawn
+/// again under `seed`); prints the measured difference, headed by `what`.
+pub fn assert_ranks_match_one_process(root: &Path, what: &str, seed: u64) {
+    let load = |dir: &str| {
+        let path = kiln::recipe::checkpoint_path(&root.join(dir));
+        kiln::recipe::checkpoint::load_model(&path).unwrap()
+    };
+    let (two, _) = load("two");
+    let (one, info) = load("one");
+    let (worst, at) = max_rel_diff(&two.state_dict(), &one.state_dict());
+    println!("{what}: max relative difference {worst:.2e} at {at}");
+    assert!(worst < 1e-4, "{at}: {worst}");
+    kiln::autograd::manual_seed(seed);
+    let init = info.config.build().unwrap();
+    let (moved, at) = max_rel_diff(&one.state_dict(), &init.state_dict());
+    assert!(moved > 1e-2, "{at}: training moved only {moved}");
 }
