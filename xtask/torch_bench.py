@@ -98,12 +98,9 @@ def labels(batch, classes):
     return torch.tensor([(i * 7 + 3) % classes for i in range(batch)], dtype=torch.long)
 
 
-def resnet_step_ms(size, batch, steps, classes):
-    torch.manual_seed(0)
-    model = ResNet18(classes, small_input=size == 32)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 3, size, size)
-    y = labels(batch, classes)
+def clipped_step_ms(model, opt, x, y, steps):
+    """Median ms of a training step (cross-entropy, backward, clip_grad_norm_(1.0), step,
+    zero_grad), after one warm-up step."""
     params = list(model.parameters())
 
     def step():
@@ -115,6 +112,14 @@ def resnet_step_ms(size, batch, steps, classes):
 
     step()
     return median_ms(steps, step)
+
+
+def resnet_step_ms(size, batch, steps, classes):
+    torch.manual_seed(0)
+    model = ResNet18(classes, small_input=size == 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, size, size)
+    return clipped_step_ms(model, opt, x, labels(batch, classes), steps)
 
 
 def spinner():
@@ -154,18 +159,7 @@ def mlp_step_ms(batch, steps):
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(batch, 784)
-    y = labels(batch, 10)
-    params = list(model.parameters())
-
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()
-    return median_ms(steps, step)
+    return clipped_step_ms(model, opt, x, labels(batch, 10), steps)
 
 
 def resnet18_lens():
