@@ -73,12 +73,18 @@ pub trait Element: Copy + Send + Sync + PartialOrd + fmt::Debug + 'static {
     fn from_f64(v: f64) -> Self;
     /// Zero.
     fn zero() -> Self;
+    /// What debug builds fill an unfilled kernel output with before the kernel writes it
+    /// (`HostBuffer::for_overwrite`): NaN for floats, a byte pattern no kernel produces by
+    /// accident for the others, so an element a kernel misses fails the tests instead of
+    /// passing with stale data.
+    const POISON: Self;
 }
 
 macro_rules! element {
-    ($t:ty, $dt:expr, $to:expr, $from:expr, $zero:expr) => {
+    ($t:ty, $dt:expr, $to:expr, $from:expr, $zero:expr, $poison:expr) => {
         impl Element for $t {
             const DTYPE: DType = $dt;
+            const POISON: Self = $poison;
             #[inline]
             fn to_f64(self) -> f64 {
                 ($to)(self)
@@ -95,24 +101,40 @@ macro_rules! element {
     };
 }
 
-element!(f32, DType::F32, |v: f32| v as f64, |v: f64| v as f32, 0.0);
-element!(f64, DType::F64, |v: f64| v, |v: f64| v, 0.0);
+element!(
+    f32,
+    DType::F32,
+    |v: f32| v as f64,
+    |v: f64| v as f32,
+    0.0,
+    f32::NAN
+);
+element!(f64, DType::F64, |v: f64| v, |v: f64| v, 0.0, f64::NAN);
 element!(
     f16,
     DType::F16,
     |v: f16| v.to_f64(),
     f16::from_f64,
-    f16::ZERO
+    f16::ZERO,
+    f16::NAN
 );
 element!(
     bf16,
     DType::BF16,
     |v: bf16| v.to_f64(),
     bf16::from_f64,
-    bf16::ZERO
+    bf16::ZERO,
+    bf16::NAN
 );
-element!(i64, DType::I64, |v: i64| v as f64, |v: f64| v as i64, 0);
-element!(u8, DType::U8, |v: u8| v as f64, |v: f64| v as u8, 0);
+element!(
+    i64,
+    DType::I64,
+    |v: i64| v as f64,
+    |v: f64| v as i64,
+    0,
+    0x5A5A_5A5A_5A5A_5A5A
+);
+element!(u8, DType::U8, |v: u8| v as f64, |v: f64| v as u8, 0, 0xA5);
 
 /// The one-byte boolean element; a newtype over `u8` so `Bool` and `U8` buffers stay distinct.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
@@ -124,7 +146,8 @@ element!(
     DType::Bool,
     |v: BoolByte| v.0 as f64,
     |v: f64| BoolByte((v != 0.0) as u8),
-    BoolByte(0)
+    BoolByte(0),
+    BoolByte(0xA5)
 );
 
 #[cfg(test)]

@@ -4,6 +4,9 @@
 //! pages (`madvise(MADV_HUGEPAGE)`): a cached buffer is then reached through a few TLB entries
 //! instead of one per 4 KiB page, which is most of the cost of touching a large warm buffer.
 //!
+//! Segments are zero-filled when reserved, so every byte of host memory the allocator hands out
+//! is initialised (zeros, or whatever an earlier block owner wrote).
+//!
 //! Host work is synchronous, so every event is complete the moment it is recorded. Expandable
 //! segments (and page stitching) are offered on Linux when asked for
 //! ([`HostBackend::with_page_mapping`]): pages of a `memfd` mapped into `PROT_NONE`
@@ -153,8 +156,10 @@ impl MemoryBackend for HostBackend {
             self.reserved.fetch_sub(bytes, Ordering::Relaxed);
             return Err(oom());
         };
+        // Zeroed, so every byte a block hands out is initialised (kiln-device's unfilled kernel
+        // outputs rely on it); the cost is one pass when the segment is made, not per use.
         // SAFETY: `layout` has a non-zero size (checked above).
-        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
             self.reserved.fetch_sub(bytes, Ordering::Relaxed);
             return Err(oom());

@@ -9,10 +9,12 @@
 //! dtype (indices: `I64`), else the error names both.
 //!
 //! **Outputs are written in place.** Every kernel takes its output as `&mut [T]`; the storage
-//! takes one block of the CPU caching allocator for it ([`HostBuffer::try_filled_with`]: zero
-//! fill, then the kernel overwrites it) and wraps that block, so an op's result costs exactly
-//! one allocator block and no `Vec` or copy. [`CpuStorage::from_vec`] (user data handed over as
-//! a `Vec`) is the one path that still copies.
+//! takes one block of the CPU caching allocator for it and wraps that block, so an op's result
+//! costs exactly one allocator block and no `Vec` or copy. A kernel that writes every output
+//! element gets the block unfilled ([`output`], [`buffer_of`], [`for_overwrite`]:
+//! [`HostBuffer::for_overwrite`], poisoned in debug builds so a missed element fails the
+//! tests); an accumulating kernel gets it zero-filled ([`zeros`]). [`CpuStorage::from_vec`]
+//! (user data handed over as a `Vec`) is the one path that still copies.
 //!
 //! **What the allocator's statistics see during an op** (`memory_allocated`,
 //! `max_memory_allocated`, `memory_stats` of `Device::Cpu`):
@@ -40,13 +42,14 @@ use crate::{CpuStorage, Error, Result};
 use half::{bf16, f16};
 use std::borrow::Cow;
 
-/// A new storage of `len` elements of `T`, written in place by `write` (a kernel taking its
-/// output slice): one block of the CPU allocator, zero-filled first, no intermediate `Vec`.
+/// A new storage of `len` elements of `T`, written in place by `write` (a kernel that writes
+/// every element of its output slice): one unfilled block of the CPU allocator, no
+/// intermediate `Vec`.
 pub(crate) fn output<T: HostElement>(
     len: usize,
     write: impl FnOnce(&mut [T]),
 ) -> Result<CpuStorage> {
-    Ok(T::wrap(HostBuffer::try_filled_with(len, T::zero(), write)?))
+    Ok(T::wrap(buffer_of(len, write)?))
 }
 
 /// The unsupported-dtype error of `op`.
@@ -183,13 +186,15 @@ pub(crate) fn round_results<X: Element, R: Narrow>(computed: Result<R>) -> Resul
     }
 }
 
-/// A new buffer of `len` elements of `T` written by `write` (a result computed in `T` before it
-/// is rounded to its dtype).
+/// A new buffer of `len` elements of `T` written by `write`, which writes every element (also a
+/// result computed in `T` before it is rounded to its dtype).
 pub(crate) fn buffer_of<T: HostElement>(
     len: usize,
     write: impl FnOnce(&mut [T]),
 ) -> Result<HostBuffer<T>> {
-    HostBuffer::try_filled_with(len, T::zero(), write)
+    let mut buf = HostBuffer::for_overwrite(len)?;
+    write(buf.as_mut_slice());
+    Ok(buf)
 }
 
 /// The elements of `layout` converted to `T`, contiguous, in a block of the CPU allocator (the
@@ -345,10 +350,10 @@ pub(crate) fn dense<'a, T: HostElement>(
     let n = layout.numel();
     if T::DTYPE == DType::F32 {
         let widened = match s {
-            CpuStorage::F16(b) => Some(HostBuffer::try_filled_with(n, T::zero(), |out| {
+            CpuStorage::F16(b) => Some(buffer_of(n, |out| {
                 cast_into::<f16, T>(b.as_slice(), layout, out)
             })?),
-            CpuStorage::BF16(b) => Some(HostBuffer::try_filled_with(n, T::zero(), |out| {
+            CpuStorage::BF16(b) => Some(buffer_of(n, |out| {
                 cast_into::<bf16, T>(b.as_slice(), layout, out)
             })?),
             _ => None,
@@ -364,9 +369,7 @@ pub(crate) fn dense<'a, T: HostElement>(
     })?;
     Ok(match layout.contiguous_offset() {
         Some(o) => Dense::Borrowed(&data[o..o + n]),
-        None => Dense::Owned(HostBuffer::try_filled_with(n, T::zero(), |out| {
-            copy_contiguous_into(data, layout, out)
-        })?),
+        None => Dense::Owned(buffer_of(n, |out| copy_contiguous_into(data, layout, out))?),
     })
 }
 
@@ -401,10 +404,16 @@ pub(crate) fn dense_opt<'a, T: HostElement>(
     x.map(|x| dense(op, x)).transpose()
 }
 
-/// A zero-filled output of `shape` in a block of the CPU allocator; the kernel writes it in
-/// place (accumulating kernels rely on the zeros).
+/// A zero-filled output of `shape` in a block of the CPU allocator, for a kernel that
+/// accumulates into it.
 pub(crate) fn zeros<T: HostElement>(shape: &[usize]) -> Result<HostBuffer<T>> {
     HostBuffer::filled(shape.iter().product(), T::zero())
+}
+
+/// An unfilled output of `shape` in a block of the CPU allocator, for a kernel that writes every
+/// element ([`HostBuffer::for_overwrite`]).
+pub(crate) fn for_overwrite<T: HostElement>(shape: &[usize]) -> Result<HostBuffer<T>> {
+    HostBuffer::for_overwrite(shape.iter().product())
 }
 
 /// The storage variant holding `buf`.

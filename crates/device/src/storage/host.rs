@@ -8,9 +8,14 @@
 //!
 //! - **Alignment.** Blocks start on 512-byte boundaries (the allocator's block granularity, in
 //!   4 KiB- or 2 MiB-aligned segments), more than any element type needs; construction checks it.
-//! - **Initialisation.** Every constructor writes every element (a copy, a fill or zeros), so a
-//!   slice never exposes uninitialised memory; cached blocks keep old bytes, so nothing may rely
-//!   on fresh memory being zero without [`HostBuffer::zeroed`].
+//! - **Initialisation.** Every byte of every block is initialised: the host backend zeroes each
+//!   segment it reserves, and buffers only ever write whole elements of types for which every
+//!   bit pattern is valid. Every constructor writes every element (a copy, a fill or zeros)
+//!   except [`HostBuffer::for_overwrite`], whose caller's kernel writes them all instead (a
+//!   skipped element would show the stale bytes of the block's last use, never uninitialised
+//!   memory; debug builds fill such blocks with a poison value so tests catch the kernel).
+//!   Cached blocks keep old bytes, so nothing may rely on fresh memory being zero without
+//!   [`HostBuffer::zeroed`].
 //! - **Empty buffers** take no block (a dangling, aligned pointer), like PyTorch's null data
 //!   pointer for zero-element tensors.
 //! - **Ownership.** The buffer is the only owner of its block (like a `Vec`): `Clone` allocates a
@@ -21,12 +26,12 @@
 //!   size) and [`HostBuffer::scratch`] (kernel scratch that used to be a `Vec`) keep `Vec`'s
 //!   contract instead: on failure they end the process through `handle_alloc_error`. Scratch
 //!   sized from user input (conv2d's im2col columns) uses [`HostBuffer::try_scratch`] instead.
-//! - **Kernel outputs** are written in place: [`HostBuffer::try_filled_with`] takes a block,
-//!   fills it with a cheap initial value (zero for outputs; a `memset`-speed pass that keeps the
-//!   slice sound without `MaybeUninit`, and gives accumulating kernels their zero start) and
-//!   hands the kernel `&mut [T]` to overwrite. There is no intermediate `Vec` and no copy.
-//!   [`HostBuffer::scratch`] does the same for kernel scratch. What the allocator's statistics
-//!   do and do not count during an op is listed in `ops/cpu_dispatch.rs`.
+//! - **Kernel outputs** are written in place, with no intermediate `Vec` and no copy: a kernel
+//!   that writes every element of its output gets an unfilled block
+//!   ([`HostBuffer::for_overwrite`]: no fill pass over memory the kernel rewrites anyway); an
+//!   accumulating kernel gets its zero start from [`HostBuffer::try_filled_with`] or
+//!   [`HostBuffer::scratch`]. What the allocator's statistics do and do not count during an op
+//!   is listed in `ops/cpu_dispatch.rs`.
 
 use std::alloc::Layout;
 use std::fmt;
@@ -35,7 +40,7 @@ use std::ptr::NonNull;
 
 use kiln_alloc_cache::{Allocation, StreamId};
 
-use crate::{Device, Error, Result};
+use crate::{Device, Element, Error, Result};
 
 /// A typed, owned, contiguous host buffer in a block of the CPU caching allocator.
 pub struct HostBuffer<T: Copy> {
@@ -127,6 +132,23 @@ impl<T: Copy> HostBuffer<T> {
                 Layout::array::<T>(len).unwrap_or_else(|_| Layout::new::<T>()),
             )
         })
+    }
+
+    /// A buffer of `len` elements for a kernel that writes every one of them before anything
+    /// reads the buffer: no fill pass in release builds (the block keeps its last use's bytes
+    /// until the kernel replaces them); debug builds fill it with [`Element::POISON`] first, so
+    /// a kernel that skips an element fails its tests.
+    pub(crate) fn for_overwrite(len: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        if cfg!(debug_assertions) {
+            Self::filled(len, T::POISON)
+        } else {
+            // Sound: the block's bytes are initialised (see the module doc) and every bit
+            // pattern is a valid `T` (every `Element` is a plain number or byte).
+            Self::allocate(len)
+        }
     }
 
     /// A buffer of `len` elements whose bytes are all zero.
@@ -291,6 +313,22 @@ mod tests {
         assert_eq!(e.block_size(), 0);
         assert_eq!(e.as_slice(), &[] as &[f32]);
         assert_eq!(e.clone(), e);
+    }
+
+    /// Debug builds (the test suite) hand a kernel's unfilled output over full of the poison
+    /// value, so an element the kernel forgets to write shows as NaN (or the integer pattern)
+    /// in its tests rather than as a plausible stale number.
+    #[cfg(debug_assertions)]
+    #[test]
+    fn unfilled_outputs_are_poisoned_in_debug_builds() {
+        drop(HostBuffer::filled(300, 0.0f32).unwrap());
+        let f = HostBuffer::<f32>::for_overwrite(75).unwrap();
+        assert!(f.as_slice().iter().all(|x| x.is_nan()));
+        let i = HostBuffer::<i64>::for_overwrite(9).unwrap();
+        assert!(i.as_slice().iter().all(|&x| x == i64::POISON && x != 0));
+        let b = HostBuffer::<crate::BoolByte>::for_overwrite(9).unwrap();
+        assert!(b.as_slice().iter().all(|x| x.0 > 1));
+        assert!(HostBuffer::<f64>::for_overwrite(0).unwrap().is_empty());
     }
 
     #[test]

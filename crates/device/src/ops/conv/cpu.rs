@@ -10,14 +10,15 @@
 //! already is the column matrix). Convolutions with small output planes run over chunks of
 //! images instead, one GEMM per chunk (`cpu_chunked.rs`).
 //!
-//! All outputs are overwritten, never accumulated into. Column buffers and partial weight
-//! gradients are scratch blocks of the CPU caching allocator ([`HostBuffer::try_scratch`]), so
+//! All outputs are overwritten, never accumulated into, so they are taken unfilled
+//! ([`HostBuffer::for_overwrite`]), as are the column buffers the passes rewrite; the partial
+//! weight gradients they accumulate into are zeroed. All are blocks of the CPU caching allocator, so
 //! `max_memory_allocated` includes them while the kernel runs. Their sizes follow from the
 //! input, so they are taken fallibly: a column buffer larger than memory (or whose size
 //! overflows) makes the kernel return the allocator's out-of-memory error, never abort.
 
 use super::ConvOps;
-use crate::ops::cpu_dispatch::{dense, dense_opt, float_kernel, in_pool, wrap, zeros};
+use crate::ops::cpu_dispatch::{dense, dense_opt, float_kernel, for_overwrite, in_pool, wrap};
 use crate::seam::{GradMask, InputGrads, Strided};
 use crate::{CpuStorage, Error, Layout, Result};
 use gemm::Parallelism;
@@ -315,7 +316,7 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         .map(|slice| {
             let _context = context.as_ref().map(AllocContext::enter);
             let mut partial = HostBuffer::try_scratch(grad_weight.len(), T::ZERO)?;
-            let mut col = HostBuffer::try_scratch(col_len, T::ZERO)?;
+            let mut col = HostBuffer::for_overwrite(col_len)?;
             for n in slice * per_slice..((slice + 1) * per_slice).min(batch) {
                 accumulate_weight_grad_t(
                     &b,
@@ -386,7 +387,7 @@ impl ConvOps for CpuStorage {
         float_kernel!(OP, self.dtype(), T => {
             let input = dense::<T>(OP, (self, layout))?;
             let (w, b) = (dense::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
-            let mut out = zeros::<T>(&geometry.output_shape())?;
+            let mut out = for_overwrite::<T>(&geometry.output_shape())?;
             in_pool(|| conv2d_forward(geometry, &input, &w, b.as_deref(), &mut out))?;
             Ok(wrap(out))
         })
@@ -407,18 +408,18 @@ impl ConvOps for CpuStorage {
             let mut out = InputGrads::default();
             if mask.input {
                 let w = dense::<T>(OP, weight)?;
-                let mut gi = zeros::<T>(&g.input_shape())?;
+                let mut gi = for_overwrite::<T>(&g.input_shape())?;
                 in_pool(|| conv2d_backward_input(g, &go, &w, &mut gi))?;
                 out.input = Some(wrap(gi));
             }
             if mask.weight {
                 let x = dense::<T>(OP, input)?;
-                let mut gw = zeros::<T>(&g.weight_shape())?;
+                let mut gw = for_overwrite::<T>(&g.weight_shape())?;
                 in_pool(|| conv2d_backward_weight(g, &x, &go, &mut gw))?;
                 out.weight = Some(wrap(gw));
             }
             if mask.bias {
-                let mut gb = zeros::<T>(&[g.out_channels])?;
+                let mut gb = for_overwrite::<T>(&[g.out_channels])?;
                 in_pool(|| conv2d_backward_bias(g, &go, &mut gb))?;
                 out.bias = Some(wrap(gb));
             }

@@ -244,10 +244,10 @@ pub(super) fn backward_weight<T: KernelFloat>(
     grad_weight: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
-    let mut col = HostBuffer::try_scratch(d.k * chunk * d.l, T::ZERO)?;
+    let mut col = HostBuffer::for_overwrite(d.k * chunk * d.l)?;
     let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
-    let mut unfold = HostBuffer::try_scratch(unfold_len, T::ZERO)?;
-    let mut gathered = HostBuffer::try_scratch(d.c_out * chunk * d.l, T::ZERO)?;
+    let mut unfold = HostBuffer::for_overwrite(unfold_len)?;
+    let mut gathered = HostBuffer::for_overwrite(d.c_out * chunk * d.l)?;
     let parallelism = match rayon::current_num_threads() {
         0 | 1 => Parallelism::None,
         n => Parallelism::Rayon(n),

@@ -96,10 +96,11 @@ impl ScratchFailure {
         Self(Mutex::new(None), caller_context())
     }
 
-    /// A scratch buffer of `len` zeros, or `None` after recording why there is none.
+    /// An unfilled scratch buffer of `len` elements that the loop body rewrites before reading
+    /// ([`HostBuffer::for_overwrite`]), or `None` after recording why there is none.
     pub(super) fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
         let _context = self.1.as_ref().map(AllocContext::enter);
-        match HostBuffer::try_scratch(len, T::ZERO) {
+        match HostBuffer::for_overwrite(len) {
             Ok(buf) => Some(buf),
             Err(e) => {
                 let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());

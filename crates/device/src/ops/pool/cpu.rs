@@ -3,10 +3,11 @@
 //! Every plane of the input maps to one plane of the output, and backward writes only the
 //! plane it reads indices or windows for, so planes never share an output element and the
 //! kernels need no atomics. Backward kernels overwrite the input gradient (zero it, then add
-//! each output gradient onto its window), never accumulate into what was there.
+//! each output gradient onto its window), never accumulate into what was there; so every
+//! kernel writes its whole output, which is taken unfilled.
 
 use super::{Pool2d, PoolOps};
-use crate::ops::cpu_dispatch::{dense, float_kernel, in_pool, wrap, zeros};
+use crate::ops::cpu_dispatch::{dense, float_kernel, for_overwrite, in_pool, wrap};
 use crate::seam::Strided;
 use crate::{CpuStorage, Error, Layout, Result};
 use rayon::prelude::*;
@@ -346,18 +347,18 @@ impl PoolOps for CpuStorage {
             let input = dense::<T>(OP, (self, layout))?;
             match pool {
                 Pool2d::Max(g) => {
-                    let mut out = zeros::<T>(&g.shape.output_shape())?;
-                    let mut idx = zeros::<i64>(&g.shape.output_shape())?;
+                    let mut out = for_overwrite::<T>(&g.shape.output_shape())?;
+                    let mut idx = for_overwrite::<i64>(&g.shape.output_shape())?;
                     in_pool(|| max_pool2d_forward(g, &input, &mut out, &mut idx))?;
                     Ok((wrap(out), Some(wrap(idx))))
                 }
                 Pool2d::Avg(g) => {
-                    let mut out = zeros::<T>(&g.shape.output_shape())?;
+                    let mut out = for_overwrite::<T>(&g.shape.output_shape())?;
                     in_pool(|| avg_pool2d_forward(g, &input, &mut out))?;
                     Ok((wrap(out), None))
                 }
                 Pool2d::AdaptiveAvg(g) => {
-                    let mut out = zeros::<T>(&g.shape.output_shape())?;
+                    let mut out = for_overwrite::<T>(&g.shape.output_shape())?;
                     in_pool(|| adaptive_avg_pool2d_forward(g, &input, &mut out))?;
                     Ok((wrap(out), None))
                 }
@@ -385,17 +386,17 @@ impl PoolOps for CpuStorage {
                         });
                     };
                     let idx = dense::<i64>(OP, indices)?;
-                    let mut gi = zeros::<T>(&g.shape.input_shape())?;
+                    let mut gi = for_overwrite::<T>(&g.shape.input_shape())?;
                     in_pool(|| max_pool2d_backward(g, &go, &idx, &mut gi))?;
                     Ok(wrap(gi))
                 }
                 Pool2d::Avg(g) => {
-                    let mut gi = zeros::<T>(&g.shape.input_shape())?;
+                    let mut gi = for_overwrite::<T>(&g.shape.input_shape())?;
                     in_pool(|| avg_pool2d_backward(g, &go, &mut gi))?;
                     Ok(wrap(gi))
                 }
                 Pool2d::AdaptiveAvg(g) => {
-                    let mut gi = zeros::<T>(&g.shape.input_shape())?;
+                    let mut gi = for_overwrite::<T>(&g.shape.input_shape())?;
                     in_pool(|| adaptive_avg_pool2d_backward(g, &go, &mut gi))?;
                     Ok(wrap(gi))
                 }

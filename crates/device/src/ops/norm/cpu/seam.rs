@@ -24,7 +24,8 @@ use super::{
 use crate::dtype::DType;
 use crate::ops::copy::CopyOps;
 use crate::ops::cpu_dispatch::{
-    dense, dense_mut, dense_opt, float_dispatch, float_kernel, in_pool, wrap, zeros, Narrow,
+    dense, dense_mut, dense_opt, float_dispatch, float_kernel, for_overwrite, in_pool, wrap, zeros,
+    Narrow,
 };
 use crate::ops::KernelFloat;
 use crate::seam::{GradMask, InputGrads, Strided};
@@ -80,7 +81,7 @@ impl NormOps for CpuStorage {
         float_kernel!(OP, self.dtype(), T => {
             let input = dense::<T>(OP, (self, layout))?;
             let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
-            let mut out = zeros::<T>(&[shape.rows, shape.cols])?;
+            let mut out = for_overwrite::<T>(&[shape.rows, shape.cols])?;
             let (mut mean, mut rstd) = (zeros::<T>(&[shape.rows])?, zeros::<T>(&[shape.rows])?);
             let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
             let saved = SavedStatsMut { mean: &mut mean, rstd: &mut rstd };
@@ -104,7 +105,7 @@ impl NormOps for CpuStorage {
             let go = dense::<T>(OP, (self, layout))?;
             let (x, w) = (dense::<T>(OP, input)?, dense_opt::<T>(OP, weight)?);
             let (mean, rstd) = (dense::<T>(OP, saved[0])?, dense::<T>(OP, saved[1])?);
-            let mut gi = zeros::<T>(&[if mask.input { shape.rows * shape.cols } else { 0 }])?;
+            let mut gi = for_overwrite::<T>(&[if mask.input { shape.rows * shape.cols } else { 0 }])?;
             let mut gw = zeros::<T>(&[if mask.weight { shape.cols } else { 0 }])?;
             let mut gb = zeros::<T>(&[if mask.bias { shape.cols } else { 0 }])?;
             let grads = NormGrads {
@@ -210,9 +211,9 @@ fn train_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
             momentum: r.momentum,
         }),
     };
-    let mut out = zeros::<X>(&shape.dims())?;
+    let mut out = for_overwrite::<X>(&shape.dims())?;
     let c = [shape.channels];
-    let (mut mean, mut rstd) = (zeros::<T>(&c)?, zeros::<T>(&c)?);
+    let (mut mean, mut rstd) = (for_overwrite::<T>(&c)?, for_overwrite::<T>(&c)?);
     let affine = Affine {
         weight: w.as_deref(),
         bias: b.as_deref(),
@@ -245,7 +246,7 @@ fn batch_norm_eval(
         let input = dense::<X>(OP, x)?;
         let (w, b) = (dense_opt::<T>(OP, weight)?, dense_opt::<T>(OP, bias)?);
         let (mean, var) = (dense::<T>(OP, running[0])?, dense::<T>(OP, running[1])?);
-        let mut out = zeros::<X>(&shape.dims())?;
+        let mut out = for_overwrite::<X>(&shape.dims())?;
         let affine = Affine { weight: w.as_deref(), bias: b.as_deref() };
         let stats = RunningStats { mean: &mean, var: &var };
         in_pool(|| batch_norm_eval_forward(&shape, &input, affine, stats, eps, &mut out))?;
@@ -293,9 +294,9 @@ fn backward_in<T: HostElement + KernelFloat, X: HostElement + NormElement<T>>(
     let w = dense_opt::<T>(OP, weight)?;
     let c = shape.channels;
     let n = shape.dims().iter().product();
-    let mut gi: HostBuffer<X> = zeros::<X>(&[if mask.input { n } else { 0 }])?;
-    let mut gw: HostBuffer<T> = zeros::<T>(&[if mask.weight { c } else { 0 }])?;
-    let mut gb: HostBuffer<T> = zeros::<T>(&[if mask.bias { c } else { 0 }])?;
+    let mut gi: HostBuffer<X> = for_overwrite::<X>(&[if mask.input { n } else { 0 }])?;
+    let mut gw: HostBuffer<T> = for_overwrite::<T>(&[if mask.weight { c } else { 0 }])?;
+    let mut gb: HostBuffer<T> = for_overwrite::<T>(&[if mask.bias { c } else { 0 }])?;
     let grads = NormGrads {
         input: mask.input.then_some(gi.as_mut_slice()),
         weight: mask.weight.then_some(gw.as_mut_slice()),
