@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
 use super::cpu_gemm::{caller_context, matmul_into, ScratchFailure, Stored};
+use super::cpu_rows as rows;
 use super::im2col::{col2im_add, im2col};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
@@ -121,6 +122,9 @@ pub fn conv2d_forward<T: KernelFloat>(
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::forward(geometry, chunk, input, weight, bias, output);
     }
+    if rows::use_rows(geometry) {
+        return rows::forward(geometry, input, weight, bias, output);
+    }
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
     let failure = ScratchFailure::new();
@@ -183,6 +187,10 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     check_len(OP, "grad_input", grad_input, &geometry.input_shape())?;
     if grad_input.is_empty() {
         return Ok(());
+    }
+    if let Some(transposed) = transposed_geometry(geometry) {
+        let rotated = rotate_weight(geometry, weight)?;
+        return conv2d_forward(&transposed, grad_output, &rotated, None, grad_input);
     }
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_input(geometry, chunk, grad_output, weight, grad_input);
@@ -300,6 +308,9 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_weight(geometry, chunk, input, grad_output, grad_weight);
     }
+    if rows::use_rows(geometry) {
+        return rows::backward_weight(geometry, input, grad_output, grad_weight);
+    }
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
     let batch = geometry.batch;
@@ -331,21 +342,82 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
             Ok(partial)
         })
         .collect::<Result<Vec<_>>>()?;
-    // grad_weight[g][o][r] = Σ over slices of partial[g][r][o], slices in order.
-    let (rows, outs) = (b.col_rows, b.out_channels);
+    sum_transposed_partials(&partials, b.col_rows, b.out_channels, grad_weight);
+    Ok(())
+}
+
+/// `grad_weight[g][o][r] = Σ partial[g][r][o]` over `partials` in order: the per-slice weight
+/// gradients, each group's block stored transposed (`[rows, outs]`), summed and transposed into
+/// `[outs, rows]` per group.
+pub(super) fn sum_transposed_partials<T: KernelFloat>(
+    partials: &[HostBuffer<T>],
+    rows: usize,
+    outs: usize,
+    grad_weight: &mut [T],
+) {
+    let group = rows * outs;
     grad_weight
         .par_chunks_mut(rows)
         .enumerate()
         .for_each(|(go, gw_row)| {
             let (g, o) = (go / outs, go % outs);
             for (r, gw) in gw_row.iter_mut().enumerate() {
-                let at = g * b.weight_group + r * outs + o;
+                let at = g * group + r * outs + o;
                 *gw = partials
                     .iter()
                     .fold(T::ZERO, |sum, p| sum + p.as_slice()[at]);
             }
         });
-    Ok(())
+}
+
+/// The geometry of the input gradient of a stride-1 convolution as a forward convolution of
+/// the output gradient (`[N, C_out, H_out, W_out]`) with the rotated weight
+/// ([`rotate_weight`], `[C_in, C_out/groups, kH, kW]`): same dilation and groups, padding
+/// `dil·(k - 1) - pad` per axis. `None` for strided convolutions or padding wider than the
+/// kernel's reach (the input gradient then goes through col2im).
+fn transposed_geometry(g: &Conv2dGeometry) -> Option<Conv2dGeometry> {
+    let p = g.params;
+    if p.stride != [1, 1] {
+        return None;
+    }
+    let mut padding = [0; 2];
+    for axis in 0..2 {
+        let reach = p.dilation[axis] * (g.kernel_size[axis] - 1);
+        padding[axis] = reach.checked_sub(p.padding[axis])?;
+    }
+    let groups = p.groups;
+    let t = Conv2dGeometry::new(
+        [g.batch, g.out_channels, g.output_size[0], g.output_size[1]],
+        [
+            g.in_channels,
+            g.out_channels / groups,
+            g.kernel_size[0],
+            g.kernel_size[1],
+        ],
+        super::Conv2dParams { padding, ..p },
+    )
+    .ok()?;
+    (t.output_size == g.input_size).then_some(t)
+}
+
+/// The weight of [`transposed_geometry`]: `rot[gi·C_in/g + ci][co][i][j] =
+/// weight[gi·C_out/g + co][ci][kH-1-i][kW-1-j]`.
+fn rotate_weight<T: KernelFloat>(g: &Conv2dGeometry, weight: &[T]) -> Result<HostBuffer<T>> {
+    let groups = g.params.groups;
+    let (cin, cout) = (g.in_channels / groups, g.out_channels / groups);
+    let [kh, kw] = g.kernel_size;
+    let taps = kh * kw;
+    let mut rotated = HostBuffer::for_overwrite(weight.len())?;
+    for (dst_oc, block) in rotated.chunks_mut(cout * taps).enumerate() {
+        let (gi, ci) = (dst_oc / cin, dst_oc % cin);
+        for (co, taps_out) in block.chunks_mut(taps).enumerate() {
+            let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
+            for (t, v) in taps_out.iter_mut().enumerate() {
+                *v = src[taps - 1 - t];
+            }
+        }
+    }
+    Ok(rotated)
 }
 
 /// Gradient of the convolution with respect to its bias: `grad_output` summed over batch and

@@ -14,6 +14,7 @@
 pub mod cpu;
 mod cpu_chunked;
 mod cpu_gemm;
+mod cpu_rows;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod im2col;

@@ -1,0 +1,345 @@
+//! CPU conv2d for stride-1 convolutions over padded rows: the column matrix is built with one
+//! contiguous copy per row instead of one per output row and tap.
+//!
+//! Each image is first copied into a zero-bordered buffer `[C_in, Hp, Wp]` (`Hp = H + 2·pad_h`,
+//! `Wp = W + 2·pad_w`). With stride 1, output position `(oh, ow)` of tap `(c, i, j)` reads padded
+//! element `(c, oh + i·dil_h, ow + j·dil_w)`, which in the flat buffer is
+//! `c·Hp·Wp + i·dil_h·Wp + j·dil_w + (oh·Wp + ow)`. So if output positions are numbered
+//! `p = oh·Wp + ow` over rows of `Wp` (not `W_out`) columns, every row of the column matrix is the
+//! flat buffer from one offset on, `N' = H_out·Wp` elements long: one `copy_from_slice` per row.
+//! The `Wp - W_out` extra positions of each output row are junk (they read across the row's
+//! right edge): the forward drops their columns when it copies the product out, and the weight
+//! gradient multiplies them by output gradients set to zero there. The buffer carries
+//! `dil_w·(kW - 1)` elements of zero slack, so the last row's junk reads stay inside it.
+//!
+//! The layout is used where the junk costs at most an eighth more GEMM work ([`use_rows`]);
+//! small planes go through `cpu_chunked.rs`, strided convolutions through the per-image im2col.
+//!
+//! Invariants: every output element (forward) and every weight-gradient element is written;
+//! results equal the per-image path's up to the order of float sums (the junk columns add exact
+//! zeros); scratch comes from the caching allocator, taken fallibly; images run in parallel (one
+//! task per image in the forward, one contiguous slice of images per thread in the weight
+//! gradient, slices summed in order) unless the batch is smaller than the pool, when `gemm`
+//! splits each product instead.
+
+use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
+use super::Conv2dGeometry;
+use crate::ops::KernelFloat;
+use crate::storage::HostBuffer;
+use crate::Result;
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Whether the padded-row layout serves `g`: stride 1, a kernel wider than one tap or some
+/// padding (a pointwise convolution needs no column matrix at all), and junk columns adding at
+/// most an eighth to the GEMMs.
+pub(super) fn use_rows(g: &Conv2dGeometry) -> bool {
+    let d = Rows::new(g);
+    g.params.stride == [1, 1] && !g.is_pointwise() && d.out_w > 0 && d.wp * 8 <= d.out_w * 9
+}
+
+/// The padded-row sizes of one convolution.
+#[derive(Clone, Copy)]
+struct Rows {
+    channels: usize,
+    h: usize,
+    w: usize,
+    pad: [usize; 2],
+    hp: usize,
+    wp: usize,
+    out_w: usize,
+    /// Elements of one padded image, slack included.
+    padded_len: usize,
+    /// Columns `H_out · Wp` of the column matrix and of the products.
+    n_ext: usize,
+    groups: usize,
+    /// Input channels per group.
+    group_channels: usize,
+    /// Column-matrix rows per group: `C_in/groups · kH · kW`.
+    k: usize,
+    /// Output channels per group.
+    group_out: usize,
+}
+
+impl Rows {
+    fn new(g: &Conv2dGeometry) -> Self {
+        let [h, w] = g.input_size;
+        let pad = g.params.padding;
+        let (hp, wp) = (h + 2 * pad[0], w + 2 * pad[1]);
+        let slack = g.params.dilation[1] * (g.kernel_size[1] - 1);
+        let groups = g.params.groups;
+        let group_channels = g.in_channels / groups;
+        Self {
+            channels: g.in_channels,
+            h,
+            w,
+            pad,
+            hp,
+            wp,
+            out_w: g.output_size[1],
+            padded_len: g.in_channels * hp * wp + slack,
+            n_ext: g.output_size[0] * wp,
+            groups,
+            group_channels,
+            k: group_channels * g.kernel_size[0] * g.kernel_size[1],
+            group_out: g.out_channels / groups,
+        }
+    }
+
+    /// Elements of one image's output planes.
+    fn out_image(&self, g: &Conv2dGeometry) -> usize {
+        g.out_channels * g.output_size[0] * g.output_size[1]
+    }
+}
+
+/// Copies one image `[C_in, H, W]` into `padded` with zero borders and slack.
+fn pad_image<T: KernelFloat>(d: &Rows, image: &[T], padded: &mut [T]) {
+    let [ph, pw] = d.pad;
+    let plane = d.hp * d.wp;
+    for (c, dst) in padded[..d.channels * plane].chunks_mut(plane).enumerate() {
+        dst[..ph * d.wp].fill(T::ZERO);
+        dst[(ph + d.h) * d.wp..].fill(T::ZERO);
+        for r in 0..d.h {
+            let row = &mut dst[(ph + r) * d.wp..][..d.wp];
+            row[..pw].fill(T::ZERO);
+            row[pw..pw + d.w].copy_from_slice(&image[(c * d.h + r) * d.w..][..d.w]);
+            row[pw + d.w..].fill(T::ZERO);
+        }
+    }
+    padded[d.channels * plane..].fill(T::ZERO);
+}
+
+/// Writes group `group`'s column matrix `[K, N']` from a padded image: row `(c, i, j)` is the
+/// padded buffer from `c·Hp·Wp + i·dil_h·Wp + j·dil_w` on.
+fn unfold<T: KernelFloat>(g: &Conv2dGeometry, d: &Rows, padded: &[T], group: usize, col: &mut [T]) {
+    let [kh, kw] = g.kernel_size;
+    let [dh, dw] = g.params.dilation;
+    let plane = d.hp * d.wp;
+    let mut rows = col[..d.k * d.n_ext].chunks_mut(d.n_ext);
+    for c in group * d.group_channels..(group + 1) * d.group_channels {
+        for i in 0..kh {
+            for j in 0..kw {
+                let start = c * plane + i * dh * d.wp + j * dw;
+                let row = rows.next().expect("K rows");
+                row.copy_from_slice(&padded[start..][..d.n_ext]);
+            }
+        }
+    }
+}
+
+/// `gemm` parallelism: the pool when the batch cannot fill it, else none (images in parallel).
+fn split_gemm(batch: usize) -> Option<Parallelism> {
+    let threads = rayon::current_num_threads();
+    (threads > 1 && batch < threads).then_some(Parallelism::Rayon(threads))
+}
+
+/// Forward convolution (stride 1, [`use_rows`]).
+pub(super) fn forward<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) -> Result<()> {
+    let d = Rows::new(g);
+    let in_image = d.channels * d.h * d.w;
+    let (out_h, out_w) = (g.output_size[0], d.out_w);
+    let failure = ScratchFailure::new();
+    let parallelism = split_gemm(g.batch);
+    let one_image = |scratch: &mut Option<[HostBuffer<T>; 3]>, n: usize, out: &mut [T]| {
+        let Some([padded, col, product]) = scratch.as_mut() else {
+            return;
+        };
+        pad_image(&d, &input[n * in_image..][..in_image], padded);
+        for group in 0..d.groups {
+            unfold(g, &d, padded, group, col);
+            let w = &weight[group * d.group_out * d.k..][..d.group_out * d.k];
+            let dims = [d.group_out, d.n_ext, d.k];
+            let asis = Stored::AsIs;
+            let par = parallelism.unwrap_or(Parallelism::None);
+            matmul_into(product, dims, w, asis, col, asis, false, par);
+            let planes =
+                &mut out[group * d.group_out * out_h * out_w..][..d.group_out * out_h * out_w];
+            for (o, plane) in planes.chunks_mut(out_h * out_w).enumerate() {
+                let b = bias.map_or(T::ZERO, |b| b[group * d.group_out + o]);
+                for (oh, row) in plane.chunks_mut(out_w).enumerate() {
+                    let src = &product[o * d.n_ext + oh * d.wp..][..out_w];
+                    match bias {
+                        Some(_) => row.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
+                        None => row.copy_from_slice(src),
+                    }
+                }
+            }
+        }
+    };
+    let scratch = || -> Option<[HostBuffer<T>; 3]> {
+        Some([
+            failure.take::<T>(d.padded_len)?,
+            failure.take::<T>(d.k * d.n_ext)?,
+            failure.take::<T>(d.group_out * d.n_ext)?,
+        ])
+    };
+    let out_image = d.out_image(g);
+    if parallelism.is_some() {
+        let mut s = scratch();
+        for (n, out) in output.chunks_mut(out_image).enumerate() {
+            one_image(&mut s, n, out);
+        }
+    } else {
+        output
+            .par_chunks_mut(out_image)
+            .enumerate()
+            .for_each_init(scratch, |s, (n, out)| one_image(s, n, out));
+    }
+    failure.into_result()
+}
+
+/// Weight gradient (stride 1, [`use_rows`]), summed over the batch into `grad_weight`.
+pub(super) fn backward_weight<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    input: &[T],
+    grad_output: &[T],
+    grad_weight: &mut [T],
+) -> Result<()> {
+    let d = Rows::new(g);
+    let in_image = d.channels * d.h * d.w;
+    let (out_h, out_w) = (g.output_size[0], d.out_w);
+    let out_image = d.out_image(g);
+    let threads = rayon::current_num_threads();
+    let (slices, per_slice, parallelism) = match split_gemm(g.batch) {
+        Some(par) => (1, g.batch.max(1), par),
+        None => {
+            let per_slice = g.batch.div_ceil(threads.max(1));
+            (g.batch.div_ceil(per_slice), per_slice, Parallelism::None)
+        }
+    };
+    let group_weight = d.group_out * d.k;
+    let context = super::cpu_gemm::caller_context();
+    let partials = (0..slices)
+        .into_par_iter()
+        .map(|slice| -> Result<HostBuffer<T>> {
+            let _context = context.as_ref().map(kiln_alloc_cache::AllocContext::enter);
+            // Transposed per group: `[K, C_out/groups]`, summed into.
+            let mut partial = HostBuffer::try_scratch(grad_weight.len(), T::ZERO)?;
+            let mut padded = HostBuffer::for_overwrite(d.padded_len)?;
+            let mut col = HostBuffer::for_overwrite(d.k * d.n_ext)?;
+            // The output gradient on the padded-row grid, zero in the junk columns.
+            let mut gout = HostBuffer::try_scratch(g.out_channels * d.n_ext, T::ZERO)?;
+            for n in slice * per_slice..((slice + 1) * per_slice).min(g.batch) {
+                pad_image(&d, &input[n * in_image..][..in_image], &mut padded);
+                let planes = &grad_output[n * out_image..][..out_image];
+                for (o, plane) in planes.chunks(out_h * out_w).enumerate() {
+                    for (oh, row) in plane.chunks(out_w).enumerate() {
+                        gout[o * d.n_ext + oh * d.wp..][..out_w].copy_from_slice(row);
+                    }
+                }
+                for group in 0..d.groups {
+                    unfold(g, &d, &padded, group, &mut col);
+                    let go = &gout[group * d.group_out * d.n_ext..][..d.group_out * d.n_ext];
+                    let part = &mut partial[group * group_weight..][..group_weight];
+                    let dims = [d.k, d.group_out, d.n_ext];
+                    let (asis, t) = (Stored::AsIs, Stored::Transposed);
+                    matmul_into(part, dims, &col, asis, go, t, true, parallelism);
+                }
+            }
+            Ok(partial)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    super::cpu::sum_transposed_partials(&partials, d.k, d.group_out, grad_weight);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::conv::cpu::{conv2d_backward_input, conv2d_backward_weight, conv2d_forward};
+    use crate::ops::conv::{reference, Conv2dParams};
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.5 - 1.0)
+            .collect()
+    }
+
+    fn close(what: &str, got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() < 1e-10 * (1.0 + b.abs()),
+                "{what}[{i}]: {a} vs {b}"
+            );
+        }
+    }
+
+    /// Wide planes take the padded-row layout (ResNet's 3x3 "same" convolution, uneven padding
+    /// and dilation, two groups, a 2x2 kernel without padding), with batches of one (gemm split
+    /// over the pool) and of several images (images in parallel, uneven weight-gradient slices),
+    /// on 1 and 3 threads: forward and weight gradient through the rows, the input gradient
+    /// through the transposed forward, all equal the plain loops.
+    #[test]
+    fn padded_rows_equal_the_plain_loops_on_wide_planes() {
+        let cases = [
+            ([1, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], 1),
+            ([5, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], 1),
+            ([4, 4, 9, 20], [6, 2, 3, 2], [2, 1], [1, 2], 2),
+            ([2, 2, 6, 24], [3, 2, 2, 2], [0, 0], [1, 1], 1),
+        ];
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (input_shape, weight_shape, padding, dilation, groups) in cases {
+                let params = Conv2dParams {
+                    padding,
+                    dilation,
+                    groups,
+                    ..Conv2dParams::default()
+                };
+                let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
+                assert!(use_rows(&g), "{g:?} takes the padded rows");
+                let n = |s: [usize; 4]| s.iter().product::<usize>();
+                let x = values(n(g.input_shape()), 1);
+                let w = values(n(g.weight_shape()), 2);
+                let b = values(g.out_channels, 3);
+                let go = values(n(g.output_shape()), 4);
+                let what = format!("{g:?} on {threads} thread(s)");
+                let (mut out, mut want) = (vec![9.0; go.len()], vec![0.0; go.len()]);
+                pool.install(|| conv2d_forward(&g, &x, &w, Some(&b), &mut out))
+                    .unwrap();
+                reference::conv2d_forward(&g, &x, &w, Some(&b), &mut want).unwrap();
+                close(&format!("{what} forward"), &out, &want);
+                let (mut gin, mut want) = (vec![9.0; x.len()], vec![0.0; x.len()]);
+                pool.install(|| conv2d_backward_input(&g, &go, &w, &mut gin))
+                    .unwrap();
+                reference::conv2d_backward_input(&g, &go, &w, &mut want).unwrap();
+                close(&format!("{what} grad_input"), &gin, &want);
+                let (mut gw, mut want) = (vec![9.0; w.len()], vec![0.0; w.len()]);
+                pool.install(|| conv2d_backward_weight(&g, &x, &go, &mut gw))
+                    .unwrap();
+                reference::conv2d_backward_weight(&g, &x, &go, &mut want).unwrap();
+                close(&format!("{what} grad_weight"), &gw, &want);
+            }
+        }
+    }
+
+    #[test]
+    fn narrow_strided_and_pointwise_convolutions_do_not_take_the_rows() {
+        let g = |input, weight, stride, padding| {
+            let params = Conv2dParams {
+                stride,
+                padding,
+                ..Conv2dParams::default()
+            };
+            Conv2dGeometry::new(input, weight, params).unwrap()
+        };
+        // ResNet at 32x32: layer1 (34 / 32 columns) and layer2 (18 / 16) take them, layer3
+        // (10 / 8) does not; nor does a stride-2 or a pointwise convolution.
+        assert!(use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [1, 1], [1, 1])));
+        assert!(use_rows(&g([8, 4, 16, 16], [4, 4, 3, 3], [1, 1], [1, 1])));
+        assert!(!use_rows(&g([8, 4, 8, 8], [4, 4, 3, 3], [1, 1], [1, 1])));
+        assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [2, 2], [1, 1])));
+        assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 1, 1], [1, 1], [0, 0])));
+    }
+}
