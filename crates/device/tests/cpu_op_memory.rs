@@ -161,8 +161,10 @@ fn op_outputs_take_exactly_one_allocator_block_and_no_system_buffer() {
         .sum();
     assert!((prod.to_vec::<f32>().unwrap()[9 * n + 11] as f64 - want).abs() < 1e-3);
 
-    // conv2d 3x3, padding 1, one image: the output block plus one im2col column block, both
-    // from the allocator; only the output is kept.
+    // conv2d 3x3, padding 1, one image (the padded-row path, `cpu_rows.rs`): the output block
+    // plus three scratch blocks, all from the allocator: the zero-bordered image
+    // (8 x 34 x 34, plus 2 elements of slack), the column matrix over rows of 34 (72 x 32·34)
+    // and the product over the same rows (16 x 32·34); only the output is kept.
     let params = Conv2dParams {
         padding: [1, 1],
         ..Conv2dParams::default()
@@ -175,14 +177,17 @@ fn op_outputs_take_exactly_one_allocator_block_and_no_system_buffer() {
     );
     let (y, cost) = measure(|| x.conv2d(&lx, (&w, &lw), None, &g));
     let out_elems = 16 * 32 * 32;
-    let col_elems = 8 * 9 * 32 * 32;
+    let scratch_elems = [8 * 34 * 34 + 2, 8 * 9 * 32 * 34, 16 * 32 * 34];
     let out_bytes = block_of_f32s(out_elems);
-    assert_eq!(cost.blocks, 2, "output + im2col columns: {cost:?}");
+    assert_eq!(
+        cost.blocks, 4,
+        "output + padded image, columns, product: {cost:?}"
+    );
     assert_eq!(cost.segments, 0, "{cost:?}");
     assert_eq!(cost.kept_bytes, out_bytes, "{cost:?}");
     assert_eq!(
         cost.peak_bytes,
-        out_bytes + block_of_f32s(col_elems),
+        out_bytes + scratch_elems.iter().map(|&n| block_of_f32s(n)).sum::<i64>(),
         "{cost:?}"
     );
     assert!(

@@ -3,7 +3,7 @@
 use crate::tensor::Tensor;
 use crate::Result;
 use kiln_device::prelude::*;
-use kiln_device::UnaryOp;
+use kiln_device::{BinaryOp, UnaryOp};
 use std::sync::Arc;
 
 /// What a unary op's backward needs kept alive.
@@ -92,21 +92,21 @@ impl Tensor {
     /// `max(x, 0)`.
     pub fn relu(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::Relu, "ReluBackward", Save::Output, |y, g| {
-            g.mul(&y.unary_raw(UnaryOp::ReluGrad)?)
+            g.binary_raw(y, BinaryOp::ReluBackward)
         })
     }
 
     /// GELU, exact form `x * Φ(x)` (PyTorch's default `approximate='none'`).
     pub fn gelu(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::GeluErf, "GeluBackward", Save::Input, |x, g| {
-            g.mul(&x.unary_raw(UnaryOp::GeluErfGrad)?)
+            g.binary_raw(x, BinaryOp::GeluErfBackward)
         })
     }
 
     /// GELU, tanh approximation (`approximate='tanh'`).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::GeluTanh, "GeluBackward", Save::Input, |x, g| {
-            g.mul(&x.unary_raw(UnaryOp::GeluTanhGrad)?)
+            g.binary_raw(x, BinaryOp::GeluTanhBackward)
         })
     }
 
@@ -127,7 +127,7 @@ impl Tensor {
     /// SiLU (swish): `x * sigmoid(x)`.
     pub fn silu(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::Silu, "SiluBackward", Save::Input, |x, g| {
-            g.mul(&x.unary_raw(UnaryOp::SiluGrad)?)
+            g.binary_raw(x, BinaryOp::SiluBackward)
         })
     }
 
@@ -167,12 +167,14 @@ impl Tensor {
         })
     }
 
-    /// The kernel alone, without recording (for derivatives inside backward closures).
-    pub(crate) fn unary_raw(&self, op: UnaryOp) -> Result<Tensor> {
-        Ok(Tensor::from_storage(
-            self.storage().unary(self.layout(), op)?,
-            self.shape(),
-            None,
-        ))
+    /// A fused activation backward (`op` one of the `BinaryOp::*Backward`s): the gradient `self`
+    /// and the saved tensor `saved` (same shape) in one pass, the kernel alone without
+    /// recording. `saved` is converted to the gradient's dtype first where they differ.
+    fn binary_raw(&self, saved: &Tensor, op: BinaryOp) -> Result<Tensor> {
+        let saved = saved.to_dtype(self.dtype())?;
+        let storage = self
+            .storage()
+            .binary(self.layout(), &saved.storage(), saved.layout(), op)?;
+        Ok(Tensor::from_storage(storage, self.shape(), None))
     }
 }

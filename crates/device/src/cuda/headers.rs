@@ -80,12 +80,13 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("#define "))
             .count();
-        assert_eq!(defines, 20 + 7 + 6);
+        assert_eq!(defines, 16 + 11 + 6);
         for (line, code) in [
             (
-                "#define UNARY_GELU_TANH_GRAD ",
-                UnaryOp::GeluTanhGrad.code(),
+                "#define BINARY_GELU_TANH_BACKWARD ",
+                BinaryOp::GeluTanhBackward.code(),
             ),
+            ("#define UNARY_SQUARE ", UnaryOp::Square.code()),
             ("#define UNARY_NEG ", UnaryOp::Neg.code()),
             ("#define BINARY_MINIMUM ", BinaryOp::Minimum.code()),
             ("#define CMP_GE ", CmpOp::Ge.code()),

@@ -39,13 +39,8 @@ pub fn unary_float<F: KernelFloat>(src: &[F], layout: &Layout, op: UnaryOp, out:
         UnaryOp::Sqrt => map1_into(src, layout, out, |x: F| x.sqrt()),
         UnaryOp::Rsqrt => map1_into(src, layout, out, |x: F| one / x.sqrt()),
         UnaryOp::Abs => map1_into(src, layout, out, |x: F| x.abs()),
-        UnaryOp::Relu => map1_into(src, layout, out, |x: F| {
-            if x > zero || x.is_nan() {
-                x
-            } else {
-                zero
-            }
-        }),
+        // NaN stays NaN (`NaN <= 0` is false); written as one compare and select.
+        UnaryOp::Relu => map1_into(src, layout, out, |x: F| if x <= zero { zero } else { x }),
         UnaryOp::GeluErf => map1_into(src, layout, out, |x: F| {
             half * x * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf())
         }),
@@ -68,22 +63,6 @@ pub fn unary_float<F: KernelFloat>(src: &[F], layout: &Layout, op: UnaryOp, out:
         UnaryOp::Erf => map1_into(src, layout, out, |x: F| x.erf()),
         UnaryOp::Recip => map1_into(src, layout, out, |x: F| one / x),
         UnaryOp::Square => map1_into(src, layout, out, |x: F| x * x),
-        UnaryOp::ReluGrad => map1_into(src, layout, out, |x: F| if x > zero { one } else { zero }),
-        UnaryOp::GeluErfGrad => map1_into(src, layout, out, |x: F| {
-            let cdf = half * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf());
-            let pdf = (-half * x * x).exp() * F::c(0.398_942_280_401_432_7);
-            cdf + x * pdf
-        }),
-        UnaryOp::GeluTanhGrad => map1_into(src, layout, out, |x: F| {
-            let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
-            let t = inner.tanh();
-            let dinner = F::c(SQRT_2_OVER_PI) * (one + F::c(3.0 * GELU_TANH_COEF) * x * x);
-            half * (one + t) + half * x * (one - t * t) * dinner
-        }),
-        UnaryOp::SiluGrad => map1_into(src, layout, out, |x: F| {
-            let s = sigmoid(x);
-            s * (one + x * (one - s))
-        }),
     }
 }
 
@@ -128,6 +107,7 @@ pub fn binary_float<F: KernelFloat>(
     op: BinaryOp,
     out: &mut [F],
 ) {
+    let (zero, one, half) = (F::c(0.0), F::c(1.0), F::c(0.5));
     let (a, b) = ((a, la), (b, lb));
     match op {
         BinaryOp::Add => map2(a, b, out, |x: F, y: F| x + y),
@@ -137,10 +117,27 @@ pub fn binary_float<F: KernelFloat>(
         BinaryOp::Pow => map2(a, b, out, |x: F, y: F| x.powf(y)),
         BinaryOp::Maximum => map2(a, b, out, nan_max),
         BinaryOp::Minimum => map2(a, b, out, nan_min),
+        BinaryOp::ReluBackward => map2(a, b, out, |g: F, y: F| if y <= zero { zero } else { g }),
+        BinaryOp::GeluErfBackward => map2(a, b, out, |g: F, x: F| {
+            let cdf = half * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf());
+            let pdf = (-half * x * x).exp() * F::c(0.398_942_280_401_432_7);
+            g * (cdf + x * pdf)
+        }),
+        BinaryOp::GeluTanhBackward => map2(a, b, out, |g: F, x: F| {
+            let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
+            let t = inner.tanh();
+            let dinner = F::c(SQRT_2_OVER_PI) * (one + F::c(3.0 * GELU_TANH_COEF) * x * x);
+            g * (half * (one + t) + half * x * (one - t * t) * dinner)
+        }),
+        BinaryOp::SiluBackward => map2(a, b, out, |g: F, x: F| {
+            let s = sigmoid(x);
+            g * (s * (one + x * (one - s)))
+        }),
     }
 }
 
-/// An integer binary op written into `out`; `None` (and `out` untouched) for `Pow`. Division by
+/// An integer binary op written into `out`; `None` (and `out` untouched) for `Pow` and the
+/// activation backwards. Division by
 /// zero gives 0 instead of a panic (PyTorch raises); kiln-autograd checks for it before calling.
 pub fn binary_int(
     a: &[i64],
@@ -158,7 +155,11 @@ pub fn binary_int(
         BinaryOp::Div => map2(a, b, out, |x: i64, y: i64| x.checked_div(y).unwrap_or(0)),
         BinaryOp::Maximum => map2(a, b, out, |x: i64, y: i64| x.max(y)),
         BinaryOp::Minimum => map2(a, b, out, |x: i64, y: i64| x.min(y)),
-        BinaryOp::Pow => return None,
+        BinaryOp::Pow
+        | BinaryOp::ReluBackward
+        | BinaryOp::GeluErfBackward
+        | BinaryOp::GeluTanhBackward
+        | BinaryOp::SiluBackward => return None,
     }
     Some(())
 }

@@ -161,7 +161,8 @@ impl ElementwiseOps for CudaStorage {
             .map_err(|e| launch_error(&name, e))?;
         Ok(out)
     }
-    /// Elementwise `op` of two same-shaped views (floats and `I64`; no `Pow` on integers).
+    /// Elementwise `op` of two same-shaped views (floats, and `I64` where
+    /// [`BinaryOp::takes_integers`]).
     fn binary(
         &self,
         layout: &Layout,
@@ -172,7 +173,7 @@ impl ElementwiseOps for CudaStorage {
         check_same_dtype(op.name(), self, rhs)?;
         match self.dtype() {
             d if d.is_float() => {}
-            DType::I64 if op != BinaryOp::Pow => {}
+            DType::I64 if op.takes_integers() => {}
             d => {
                 return Err(unsupported(
                     op.name(),

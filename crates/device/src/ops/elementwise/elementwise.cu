@@ -138,6 +138,25 @@ template <typename C> __device__ __forceinline__ C k_sigmoid(C x) {
     return (C)1 / ((C)1 + k_exp(-x));
 }
 
+// The derivatives behind the fused activation backwards (BINARY_*_BACKWARD).
+template <typename C> __device__ __forceinline__ C gelu_erf_grad(C x) {
+    const C cdf = (C)0.5 * ((C)1 + k_erf(x * (C)0.70710678118654752440));
+    const C pdf = k_exp((C)-0.5 * x * x) * (C)0.3989422804014327;
+    return cdf + x * pdf;
+}
+
+template <typename C> __device__ __forceinline__ C gelu_tanh_grad(C x) {
+    const C one = (C)1, half = (C)0.5, sqrt_2_over_pi = (C)0.7978845608028654;
+    const C t = k_tanh(sqrt_2_over_pi * (x + (C)0.044715 * x * x * x));
+    const C dinner = sqrt_2_over_pi * (one + (C)(3.0 * 0.044715) * x * x);
+    return half * (one + t) + half * x * (one - t * t) * dinner;
+}
+
+template <typename C> __device__ __forceinline__ C silu_grad(C x) {
+    const C s = k_sigmoid(x);
+    return s * ((C)1 + x * ((C)1 - s));
+}
+
 template <typename C> __device__ __forceinline__ C unary_float(unsigned op, C x) {
     const C one = (C)1, half = (C)0.5, zero = (C)0;
     const C frac_1_sqrt_2 = (C)0.70710678118654752440;
@@ -150,7 +169,7 @@ template <typename C> __device__ __forceinline__ C unary_float(unsigned op, C x)
     case UNARY_SQRT: return k_sqrt(x);
     case UNARY_RSQRT: return one / k_sqrt(x);
     case UNARY_ABS: return k_abs(x);
-    case UNARY_RELU: return (x > zero || x != x) ? x : zero;
+    case UNARY_RELU: return x <= zero ? zero : x; // NaN stays NaN
     case UNARY_GELU_ERF: return half * x * (one + k_erf(x * frac_1_sqrt_2));
     case UNARY_GELU_TANH:
         return half * x * (one + k_tanh(sqrt_2_over_pi * (x + coef * x * x * x)));
@@ -161,21 +180,6 @@ template <typename C> __device__ __forceinline__ C unary_float(unsigned op, C x)
     case UNARY_ERF: return k_erf(x);
     case UNARY_RECIP: return one / x;
     case UNARY_SQUARE: return x * x;
-    case UNARY_RELU_GRAD: return x > zero ? one : zero;
-    case UNARY_GELU_ERF_GRAD: {
-        const C cdf = half * (one + k_erf(x * frac_1_sqrt_2));
-        const C pdf = k_exp(-half * x * x) * (C)0.3989422804014327;
-        return cdf + x * pdf;
-    }
-    case UNARY_GELU_TANH_GRAD: {
-        const C t = k_tanh(sqrt_2_over_pi * (x + coef * x * x * x));
-        const C dinner = sqrt_2_over_pi * (one + (C)(3.0 * 0.044715) * x * x);
-        return half * (one + t) + half * x * (one - t * t) * dinner;
-    }
-    case UNARY_SILU_GRAD: {
-        const C s = k_sigmoid(x);
-        return s * (one + x * (one - s));
-    }
     default: return x;
     }
 }
@@ -221,6 +225,10 @@ template <typename C> __device__ __forceinline__ C binary_float(unsigned op, C a
     case BINARY_POW: return k_pow(a, b);
     case BINARY_MAXIMUM: return (a != a || a > b) ? a : b; // NaN-propagating
     case BINARY_MINIMUM: return (a != a || a < b) ? a : b;
+    case BINARY_RELU_BACKWARD: return b <= (C)0 ? (C)0 : a; // threshold_backward
+    case BINARY_GELU_ERF_BACKWARD: return a * gelu_erf_grad(b);
+    case BINARY_GELU_TANH_BACKWARD: return a * gelu_tanh_grad(b);
+    case BINARY_SILU_BACKWARD: return a * silu_grad(b);
     default: return a;
     }
 }

@@ -94,17 +94,11 @@ op_tables! {
         Recip = 14, RECIP, "reciprocal";
         /// `x * x`
         Square = 15, SQUARE, "square";
-        /// 1 where `x > 0`, else 0 (derivative of relu)
-        ReluGrad = 16, RELU_GRAD, "relu_backward";
-        /// derivative of exact GELU
-        GeluErfGrad = 17, GELU_ERF_GRAD, "gelu_backward";
-        /// derivative of tanh-approximate GELU
-        GeluTanhGrad = 18, GELU_TANH_GRAD, "gelu_backward";
-        /// derivative of SiLU
-        SiluGrad = 19, SILU_GRAD, "silu_backward";
     }
 
-    /// Elementwise functions of two same-shaped (possibly broadcast) tensors.
+    /// Elementwise functions of two same-shaped (possibly broadcast) tensors. The `*Backward`
+    /// variants are activation backwards fused into one pass: `a` is the output gradient, `b`
+    /// the activation's saved input (its output for relu), the result the input gradient.
     pub enum BinaryOp as "BINARY_" {
         /// `a + b`
         Add = 0, ADD, "add";
@@ -120,6 +114,15 @@ op_tables! {
         Maximum = 5, MAXIMUM, "maximum";
         /// `min(a, b)`, NaN-propagating
         Minimum = 6, MINIMUM, "minimum";
+        /// relu's backward from its output `b`: 0 where `b <= 0`, else `a` (PyTorch's
+        /// `threshold_backward`: a NaN or infinite gradient at an inactive unit gives 0)
+        ReluBackward = 7, RELU_BACKWARD, "relu_backward";
+        /// `a * gelu'(b)`, exact GELU
+        GeluErfBackward = 8, GELU_ERF_BACKWARD, "gelu_backward";
+        /// `a * gelu'(b)`, tanh-approximate GELU
+        GeluTanhBackward = 9, GELU_TANH_BACKWARD, "gelu_backward";
+        /// `a * silu'(b)`
+        SiluBackward = 10, SILU_BACKWARD, "silu_backward";
     }
 
     /// Elementwise comparisons; the result has dtype `Bool`.
@@ -136,6 +139,20 @@ op_tables! {
         Gt = 4, GT, "gt";
         /// `a >= b`
         Ge = 5, GE, "ge";
+    }
+}
+
+impl BinaryOp {
+    /// Whether the op is defined on integers (`Pow` and the activation backwards are not).
+    pub fn takes_integers(self) -> bool {
+        !matches!(
+            self,
+            BinaryOp::Pow
+                | BinaryOp::ReluBackward
+                | BinaryOp::GeluErfBackward
+                | BinaryOp::GeluTanhBackward
+                | BinaryOp::SiluBackward
+        )
     }
 }
 
