@@ -98,6 +98,46 @@ fn check_grads<T, X>(
     Ok(())
 }
 
+/// Lanes of the blocked sums below: independent partial sums, so the adds of a long sum
+/// pipeline (and vectorise) instead of each waiting on the one before.
+const LANES: usize = 8;
+
+/// `Σ f(v)` over `values` in `f64`, as [`LANES`] partial sums added in a fixed order at the end
+/// (the result depends only on the values and their order).
+fn blocked_sum<X: Copy>(values: &[X], f: impl Fn(X) -> f64) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let mut chunks = values.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a += f(v);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)) + tail
+}
+
+/// `(Σ f(a, b).0, Σ f(a, b).1)` over two equally long slices, blocked like [`blocked_sum`].
+fn blocked_sum2<X: Copy>(a: &[X], b: &[X], f: impl Fn(X, X) -> (f64, f64)) -> (f64, f64) {
+    let (mut s0, mut s1) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for i in 0..LANES {
+            let (p, q) = f(x[i], y[i]);
+            s0[i] += p;
+            s1[i] += q;
+        }
+    }
+    let (mut t0, mut t1) = (0.0, 0.0);
+    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
+        let (p, q) = f(x, y);
+        t0 += p;
+        t1 += q;
+    }
+    let fold = |s: [f64; LANES]| ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    (fold(s0) + t0, fold(s1) + t1)
+}
+
 /// The `N` blocks of `S` values that belong to channel `c`.
 fn channel_blocks<'a, T>(
     data: &'a [T],
@@ -178,11 +218,11 @@ pub fn batch_norm_train_forward<T: KernelFloat, X: NormElement<T>>(
         .into_par_iter()
         .map(|c| {
             let sum: f64 = channel_blocks(input, shape, c)
-                .flat_map(|b| b.iter().map(|v| v.widen().to_f64()))
+                .map(|b| blocked_sum(b, |v| v.widen().to_f64()))
                 .sum();
             let mean = sum / n;
             let squares: f64 = channel_blocks(input, shape, c)
-                .flat_map(|b| b.iter().map(|v| (v.widen().to_f64() - mean).powi(2)))
+                .map(|b| blocked_sum(b, |v| (v.widen().to_f64() - mean).powi(2)))
                 .sum();
             (mean, squares / n)
         })
@@ -258,11 +298,12 @@ fn batch_norm_backward<T: KernelFloat, X: NormElement<T>>(
             for (dy, x) in
                 channel_blocks(grad_output, shape, c).zip(channel_blocks(input, shape, c))
             {
-                for (&dy, &x) in dy.iter().zip(x) {
+                let (s, sx) = blocked_sum2(dy, x, |dy, x| {
                     let dy = dy.widen().to_f64();
-                    sum_dy += dy;
-                    sum_dy_xmu += dy * (x.widen().to_f64() - mean[c]);
-                }
+                    (dy, dy * (x.widen().to_f64() - mean[c]))
+                });
+                sum_dy += s;
+                sum_dy_xmu += sx;
             }
             (sum_dy, sum_dy_xmu)
         })
