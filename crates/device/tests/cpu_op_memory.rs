@@ -162,9 +162,9 @@ fn op_outputs_take_exactly_one_allocator_block_and_no_system_buffer() {
     assert!((prod.to_vec::<f32>().unwrap()[9 * n + 11] as f64 - want).abs() < 1e-3);
 
     // conv2d 3x3, padding 1, one image (the padded-row path, `cpu_rows.rs`): the output block
-    // plus three scratch blocks, all from the allocator: the zero-bordered image
-    // (8 x 34 x 34, plus 2 elements of slack), the column matrix over rows of 34 (72 x 32·34)
-    // and the product over the same rows (16 x 32·34); only the output is kept.
+    // plus three scratch blocks, all from the allocator: the zero-bordered image (8 channels of
+    // 34 rows of pitch 33, plus 2 elements of slack), the column matrix over rows of 33
+    // (72 x 32·33) and the product over the same rows (16 x 32·33); only the output is kept.
     let params = Conv2dParams {
         padding: [1, 1],
         ..Conv2dParams::default()
@@ -177,7 +177,7 @@ fn op_outputs_take_exactly_one_allocator_block_and_no_system_buffer() {
     );
     let (y, cost) = measure(|| x.conv2d(&lx, (&w, &lw), None, &g));
     let out_elems = 16 * 32 * 32;
-    let scratch_elems = [8 * 34 * 34 + 2, 8 * 9 * 32 * 34, 16 * 32 * 34];
+    let scratch_elems = [8 * 34 * 33 + 2, 8 * 9 * 32 * 33, 16 * 32 * 33];
     let out_bytes = block_of_f32s(out_elems);
     assert_eq!(
         cost.blocks, 4,

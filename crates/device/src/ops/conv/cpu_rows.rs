@@ -1,19 +1,26 @@
 //! CPU conv2d for stride-1 convolutions over padded rows: the column matrix is built with one
 //! contiguous copy per row instead of one per output row and tap.
 //!
-//! Each image is first copied into a zero-bordered buffer `[C_in, Hp, Wp]` (`Hp = H + 2·pad_h`,
-//! `Wp = W + 2·pad_w`). With stride 1, output position `(oh, ow)` of tap `(c, i, j)` reads padded
-//! element `(c, oh + i·dil_h, ow + j·dil_w)`, which in the flat buffer is
-//! `c·Hp·Wp + i·dil_h·Wp + j·dil_w + (oh·Wp + ow)`. So if output positions are numbered
-//! `p = oh·Wp + ow` over rows of `Wp` (not `W_out`) columns, every row of the column matrix is the
-//! flat buffer from one offset on, `N' = H_out·Wp` elements long: one `copy_from_slice` per row.
-//! The `Wp - W_out` extra positions of each output row are junk (they read across the row's
-//! right edge): the forward drops their columns when it copies the product out, and the weight
-//! gradient multiplies them by output gradients set to zero there. The buffer carries
-//! `dil_w·(kW - 1)` elements of zero slack, so the last row's junk reads stay inside it.
+//! Each image is first copied into a zero-bordered buffer of `Hp = H + 2·pad_h` rows of pitch
+//! `P = W + pad_w` per channel: interior row `ih` holds `pad_w` zeros, then the `W` input
+//! values. One zero run serves as both the right padding of a row and the left padding of the
+//! next, which is why the pitch is `W + pad_w`, not `W + 2·pad_w`. With stride 1, output
+//! position `(oh, ow)` of tap `(c, i, j)` reads the flat buffer at
+//! `c·Hp·P + i·dil_h·P + j·dil_w + (oh·P + ow)`: numbering output positions `p = oh·P + ow`
+//! over rows of `P` (not `W_out`) columns, every row of the column matrix is the flat buffer
+//! from one offset on, `N' = H_out·P` elements long: one `copy_from_slice` per row. A read past
+//! a row's end lands in the next row's leading zeros (or the next channel's, or the slack after
+//! the last one), exactly where the padding is. The `P - W_out = dil_w·(kW - 1) - pad_w` extra
+//! positions of each output row are junk: the forward drops their columns when it copies the
+//! product out, and the weight gradient zeroes them in the column matrix (they can read real
+//! inputs past a row's end) and multiplies them by output gradients set to zero there.
+//! The buffer carries `dil_w·(kW - 1)` elements of zero slack, so the last row's junk reads stay
+//! inside it.
 //!
-//! The layout is used where the junk costs at most an eighth more GEMM work ([`use_rows`]);
-//! small planes go through `cpu_chunked.rs`, strided convolutions through the per-image im2col.
+//! The layout is used where the padding is no wider than the kernel's reach (`pad_w <=
+//! dil_w·(kW - 1)`, so no output reads two padding runs at once) and the junk costs at most an
+//! eighth more GEMM work ([`use_rows`]); small planes go through `cpu_chunked.rs`, strided
+//! convolutions through the per-image im2col.
 //!
 //! Invariants: every output element (forward) and every weight-gradient element is written;
 //! results equal the per-image path's up to the order of float sums (the junk columns add exact
@@ -31,11 +38,16 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// Whether the padded-row layout serves `g`: stride 1, a kernel wider than one tap or some
-/// padding (a pointwise convolution needs no column matrix at all), and junk columns adding at
-/// most an eighth to the GEMMs.
+/// padding (a pointwise convolution needs no column matrix at all), padding no wider than the
+/// kernel's reach, and junk columns adding at most an eighth to the GEMMs.
 pub(super) fn use_rows(g: &Conv2dGeometry) -> bool {
     let d = Rows::new(g);
-    g.params.stride == [1, 1] && !g.is_pointwise() && d.out_w > 0 && d.wp * 8 <= d.out_w * 9
+    let reach = g.params.dilation[1] * (g.kernel_size[1] - 1);
+    g.params.stride == [1, 1]
+        && !g.is_pointwise()
+        && d.pad[1] <= reach
+        && d.out_w > 0
+        && d.pitch * 8 <= d.out_w * 9
 }
 
 /// The padded-row sizes of one convolution.
@@ -46,11 +58,12 @@ struct Rows {
     w: usize,
     pad: [usize; 2],
     hp: usize,
-    wp: usize,
+    /// Row pitch `W + pad_w` of the padded image and of the products.
+    pitch: usize,
     out_w: usize,
     /// Elements of one padded image, slack included.
     padded_len: usize,
-    /// Columns `H_out · Wp` of the column matrix and of the products.
+    /// Columns `H_out · P` of the column matrix and of the products.
     n_ext: usize,
     groups: usize,
     /// Input channels per group.
@@ -65,7 +78,7 @@ impl Rows {
     fn new(g: &Conv2dGeometry) -> Self {
         let [h, w] = g.input_size;
         let pad = g.params.padding;
-        let (hp, wp) = (h + 2 * pad[0], w + 2 * pad[1]);
+        let (hp, pitch) = (h + 2 * pad[0], w + pad[1]);
         let slack = g.params.dilation[1] * (g.kernel_size[1] - 1);
         let groups = g.params.groups;
         let group_channels = g.in_channels / groups;
@@ -75,10 +88,10 @@ impl Rows {
             w,
             pad,
             hp,
-            wp,
+            pitch,
             out_w: g.output_size[1],
-            padded_len: g.in_channels * hp * wp + slack,
-            n_ext: g.output_size[0] * wp,
+            padded_len: g.in_channels * hp * pitch + slack,
+            n_ext: g.output_size[0] * pitch,
             groups,
             group_channels,
             k: group_channels * g.kernel_size[0] * g.kernel_size[1],
@@ -92,38 +105,46 @@ impl Rows {
     }
 }
 
-/// Copies one image `[C_in, H, W]` into `padded` with zero borders and slack.
+/// Copies one image `[C_in, H, W]` into `padded`: per channel `Hp` rows of pitch `P`, the
+/// interior ones `pad_w` zeros then `W` values, the `pad_h` rows above and below zero, and zero
+/// slack after the last channel.
 fn pad_image<T: KernelFloat>(d: &Rows, image: &[T], padded: &mut [T]) {
     let [ph, pw] = d.pad;
-    let plane = d.hp * d.wp;
+    let plane = d.hp * d.pitch;
     for (c, dst) in padded[..d.channels * plane].chunks_mut(plane).enumerate() {
-        dst[..ph * d.wp].fill(T::ZERO);
-        dst[(ph + d.h) * d.wp..].fill(T::ZERO);
+        dst[..ph * d.pitch].fill(T::ZERO);
+        dst[(ph + d.h) * d.pitch..].fill(T::ZERO);
         for r in 0..d.h {
-            let row = &mut dst[(ph + r) * d.wp..][..d.wp];
+            let row = &mut dst[(ph + r) * d.pitch..][..d.pitch];
             row[..pw].fill(T::ZERO);
-            row[pw..pw + d.w].copy_from_slice(&image[(c * d.h + r) * d.w..][..d.w]);
-            row[pw + d.w..].fill(T::ZERO);
+            row[pw..].copy_from_slice(&image[(c * d.h + r) * d.w..][..d.w]);
         }
     }
     padded[d.channels * plane..].fill(T::ZERO);
 }
 
 /// Writes group `group`'s column matrix `[K, N']` from a padded image: row `(c, i, j)` is the
-/// padded buffer from `c·Hp·Wp + i·dil_h·Wp + j·dil_w` on.
+/// padded buffer from `c·Hp·P + i·dil_h·P + j·dil_w` on.
 fn unfold<T: KernelFloat>(g: &Conv2dGeometry, d: &Rows, padded: &[T], group: usize, col: &mut [T]) {
     let [kh, kw] = g.kernel_size;
     let [dh, dw] = g.params.dilation;
-    let plane = d.hp * d.wp;
+    let plane = d.hp * d.pitch;
     let mut rows = col[..d.k * d.n_ext].chunks_mut(d.n_ext);
     for c in group * d.group_channels..(group + 1) * d.group_channels {
         for i in 0..kh {
             for j in 0..kw {
-                let start = c * plane + i * dh * d.wp + j * dw;
+                let start = c * plane + i * dh * d.pitch + j * dw;
                 let row = rows.next().expect("K rows");
                 row.copy_from_slice(&padded[start..][..d.n_ext]);
             }
         }
+    }
+}
+
+/// Zeroes the junk columns (`W_out..P` of every output row) of a column matrix.
+fn zero_junk<T: KernelFloat>(d: &Rows, col: &mut [T]) {
+    for row in col[..d.k * d.n_ext].chunks_mut(d.pitch) {
+        row[d.out_w..].fill(T::ZERO);
     }
 }
 
@@ -163,7 +184,7 @@ pub(super) fn forward<T: KernelFloat>(
             for (o, plane) in planes.chunks_mut(out_h * out_w).enumerate() {
                 let b = bias.map_or(T::ZERO, |b| b[group * d.group_out + o]);
                 for (oh, row) in plane.chunks_mut(out_w).enumerate() {
-                    let src = &product[o * d.n_ext + oh * d.wp..][..out_w];
+                    let src = &product[o * d.n_ext + oh * d.pitch..][..out_w];
                     match bias {
                         Some(_) => row.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
                         None => row.copy_from_slice(src),
@@ -230,11 +251,14 @@ pub(super) fn backward_weight<T: KernelFloat>(
                 let planes = &grad_output[n * out_image..][..out_image];
                 for (o, plane) in planes.chunks(out_h * out_w).enumerate() {
                     for (oh, row) in plane.chunks(out_w).enumerate() {
-                        gout[o * d.n_ext + oh * d.wp..][..out_w].copy_from_slice(row);
+                        gout[o * d.n_ext + oh * d.pitch..][..out_w].copy_from_slice(row);
                     }
                 }
                 for group in 0..d.groups {
                     unfold(g, &d, &padded, group, &mut col);
+                    // Junk columns can read real inputs (past a row's end); zeroed, an
+                    // infinite input there cannot turn their zero products into NaN.
+                    zero_junk(&d, &mut col);
                     let go = &gout[group * d.group_out * d.n_ext..][..d.group_out * d.n_ext];
                     let part = &mut partial[group * group_weight..][..group_weight];
                     let dims = [d.k, d.group_out, d.n_ext];
@@ -324,6 +348,37 @@ mod tests {
         }
     }
 
+    /// An infinite input at the start of a row (where the junk columns of the row above read)
+    /// gives the weight gradient the plain loops give: infinite where a tap really reads it,
+    /// finite elsewhere, and no NaN from the junk.
+    #[test]
+    fn junk_columns_never_reach_the_weight_gradient() {
+        let params = Conv2dParams {
+            padding: [1, 1],
+            ..Conv2dParams::default()
+        };
+        let g = Conv2dGeometry::new([2, 2, 6, 18], [3, 2, 3, 3], params).unwrap();
+        assert!(use_rows(&g));
+        let n = |s: [usize; 4]| s.iter().product::<usize>();
+        let mut x = values(n(g.input_shape()), 5);
+        x[2 * 18] = f64::INFINITY; // image 0, channel 0, row 2, column 0
+        let go: Vec<f64> = values(n(g.output_shape()), 6)
+            .iter()
+            .map(|v| v.abs() + 0.25)
+            .collect();
+        let (mut gw, mut want) = (vec![9.0; 3 * 2 * 9], vec![0.0; 3 * 2 * 9]);
+        conv2d_backward_weight(&g, &x, &go, &mut gw).unwrap();
+        reference::conv2d_backward_weight(&g, &x, &go, &mut want).unwrap();
+        assert!(want.iter().any(|v| v.is_finite()) && want.iter().any(|v| v.is_infinite()));
+        for (i, (a, b)) in gw.iter().zip(&want).enumerate() {
+            if b.is_finite() {
+                assert!((a - b).abs() < 1e-10 * (1.0 + b.abs()), "[{i}]: {a} vs {b}");
+            } else {
+                assert_eq!(a, b, "[{i}]");
+            }
+        }
+    }
+
     #[test]
     fn narrow_strided_and_pointwise_convolutions_do_not_take_the_rows() {
         let g = |input, weight, stride, padding| {
@@ -334,11 +389,14 @@ mod tests {
             };
             Conv2dGeometry::new(input, weight, params).unwrap()
         };
-        // ResNet at 32x32: layer1 (34 / 32 columns) and layer2 (18 / 16) take them, layer3
-        // (10 / 8) does not; nor does a stride-2 or a pointwise convolution.
+        // ResNet: 32x32 (33 / 32 columns), 16x16 (17 / 16) and 8x8 (9 / 8) take them, 4x4
+        // (5 / 4) does not; nor does a stride-2 or a pointwise convolution, or padding wider
+        // than the kernel's reach (3 past a 3-tap kernel).
         assert!(use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [1, 1], [1, 1])));
         assert!(use_rows(&g([8, 4, 16, 16], [4, 4, 3, 3], [1, 1], [1, 1])));
-        assert!(!use_rows(&g([8, 4, 8, 8], [4, 4, 3, 3], [1, 1], [1, 1])));
+        assert!(use_rows(&g([8, 4, 8, 8], [4, 4, 3, 3], [1, 1], [1, 1])));
+        assert!(!use_rows(&g([8, 4, 4, 4], [4, 4, 3, 3], [1, 1], [1, 1])));
+        assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [1, 1], [3, 3])));
         assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [2, 2], [1, 1])));
         assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 1, 1], [1, 1], [0, 0])));
     }
