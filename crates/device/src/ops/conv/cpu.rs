@@ -380,11 +380,11 @@ fn transposed_geometry(g: &Conv2dGeometry) -> Option<Conv2dGeometry> {
     if p.stride != [1, 1] {
         return None;
     }
-    let mut padding = [0; 2];
-    for axis in 0..2 {
-        let reach = p.dilation[axis] * (g.kernel_size[axis] - 1);
-        padding[axis] = reach.checked_sub(p.padding[axis])?;
-    }
+    let reach = |axis: usize| p.dilation[axis] * (g.kernel_size[axis] - 1);
+    let padding = [
+        reach(0).checked_sub(p.padding[0])?,
+        reach(1).checked_sub(p.padding[1])?,
+    ];
     let groups = p.groups;
     let t = Conv2dGeometry::new(
         [g.batch, g.out_channels, g.output_size[0], g.output_size[1]],
