@@ -1,33 +1,43 @@
 //! CPU conv2d kernels: im2col + `gemm`, parallel over the batch with rayon.
 //!
-//! Each image is independent in the forward and input-gradient passes, so those run one rayon
-//! task per image, each with its own column buffer. When the batch is smaller than the thread
-//! pool, the images run one after the other and `gemm` itself is parallelised instead. The
-//! weight gradient sums over the batch: the batch is cut into one contiguous slice per thread,
-//! every slice accumulates into a private partial gradient (stored transposed, the orientation
-//! `gemm` runs fastest), and the partials are transposed and added in slice order, so the
-//! result does not depend on scheduling. 1x1 convolutions with stride 1 and no padding skip im2col (the input block
-//! already is the column matrix). Convolutions with small output planes run over chunks of
-//! images instead, one GEMM per chunk (`cpu_chunked.rs`).
+//! Which path runs:
+//! - small output planes (ResNet's deep stages): chunks of images, one GEMM per chunk
+//!   (`cpu_chunked.rs`);
+//! - stride 1 on wide planes: the column matrix over padded rows (`cpu_rows.rs`);
+//! - anything else: one GEMM per image and group (this file); 1x1 convolutions with stride 1
+//!   and no padding use the input block as the column matrix.
+//!
+//! The input gradient of a stride-1 convolution is itself a forward convolution (of the output
+//! gradient with the rotated weight, `transposed_geometry`), so it takes the same paths;
+//! strided ones fold the column-matrix gradient back onto a padded gradient (`padded.rs`, which
+//! also gives every path its bounds-free unfold). Each image is independent in the forward and
+//! input-gradient passes, so those run one rayon task per image (or chunk). When the batch is
+//! smaller than the thread pool, the images run one after the other and `gemm` itself is
+//! parallelised instead. The weight gradient sums over the batch: the batch is cut into one
+//! contiguous slice per thread, every slice accumulates into a private partial gradient (stored
+//! transposed, the orientation `gemm` runs fastest), and the partials are transposed and added
+//! in slice order, so the result does not depend on scheduling.
 //!
 //! All outputs are overwritten, never accumulated into, so they are taken unfilled
-//! ([`HostBuffer::for_overwrite`]), as are the column buffers the passes rewrite; the partial
-//! weight gradients they accumulate into are zeroed. All are blocks of the CPU caching allocator, so
-//! `max_memory_allocated` includes them while the kernel runs. Their sizes follow from the
-//! input, so they are taken fallibly: a column buffer larger than memory (or whose size
+//! (`HostBuffer::for_overwrite`), as are the scratch buffers the passes rewrite; the partial
+//! weight gradients they accumulate into are zeroed. All are blocks of the CPU caching
+//! allocator, so `max_memory_allocated` includes them while the kernel runs. Their sizes follow
+//! from the input, so they are taken fallibly: a column buffer larger than memory (or whose size
 //! overflows) makes the kernel return the allocator's out-of-memory error, never abort.
 
 use super::ConvOps;
 use crate::ops::cpu_dispatch::{dense, dense_opt, float_kernel, for_overwrite, in_pool, wrap};
 use crate::seam::{GradMask, InputGrads, Strided};
-use crate::{CpuStorage, Error, Layout, Result};
+use crate::{CpuStorage, Layout, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
-use super::cpu_gemm::{caller_context, matmul_into, ScratchFailure, Stored};
+use super::cpu_gemm::{
+    caller_context, matmul_into, sum_transposed_partials, ScratchFailure, Stored,
+};
 use super::cpu_rows as rows;
-use super::im2col::{col2im_add, im2col};
+use super::padded::{fold_add, too_large, unfold, Padded};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
@@ -82,18 +92,32 @@ impl<'a> Blocks<'a> {
         }
     }
 
-    /// Elements of one column buffer, or the allocator's size error when the count overflows.
+    /// Elements of one column buffer (none for a pointwise convolution), or the allocator's
+    /// size error when the count overflows.
     fn col_len(&self) -> Result<usize> {
         if self.pointwise {
             return Ok(0);
         }
-        self.col_rows.checked_mul(self.col_cols).ok_or(Error::Alloc(
-            kiln_alloc_cache::Error::InvalidSize {
-                requested: usize::MAX,
-                reason: "conv2d's im2col buffer (in_channels/groups * kernel area * output area \
-                         elements) overflows usize; use a smaller input or kernel",
-            },
-        ))
+        self.col_rows
+            .checked_mul(self.col_cols)
+            .ok_or_else(too_large)
+    }
+
+    /// Group `g`'s column matrix of one image: the input block itself for a pointwise
+    /// convolution, else unfolded from the image's padded copy into `col`.
+    fn columns<'s, T: KernelFloat>(
+        &self,
+        p: &Padded,
+        image: &'s [T],
+        padded: &[T],
+        g: usize,
+        col: &'s mut [T],
+    ) -> &'s [T] {
+        if self.pointwise {
+            return &image[g * self.in_group..][..self.in_group];
+        }
+        unfold(self.geometry, p, padded, g, col, [self.col_cols, 0]);
+        col
     }
 }
 
@@ -127,27 +151,26 @@ pub fn conv2d_forward<T: KernelFloat>(
     }
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
+    let p = Padded::new(geometry)?;
+    let padded_len = if b.pointwise { 0 } else { p.len };
     let failure = ScratchFailure::new();
-    let pointwise = b.pointwise;
     let parallelism = gemm_parallelism(geometry.batch);
     let dims = [b.out_channels, b.col_cols, b.col_rows];
     output
         .par_chunks_mut(b.groups * b.out_group)
         .enumerate()
         .for_each_init(
-            || failure.take::<T>(col_len),
-            |col, (n, out_image)| {
-                let Some(col) = col.as_mut() else { return };
-                let col = col.as_mut_slice();
+            || Some((failure.take::<T>(col_len)?, failure.take::<T>(padded_len)?)),
+            |scratch, (n, out_image)| {
+                let Some((col, padded)) = scratch.as_mut() else {
+                    return;
+                };
                 let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
+                if !b.pointwise {
+                    p.fill(in_image, padded);
+                }
                 for g in 0..b.groups {
-                    let in_block = &in_image[g * b.in_group..][..b.in_group];
-                    let col: &[T] = if pointwise {
-                        in_block
-                    } else {
-                        im2col(geometry, in_block, col);
-                        col
-                    };
+                    let col = b.columns(&p, in_image, padded, g, col);
                     let w = &weight[g * b.weight_group..][..b.weight_group];
                     let out = &mut out_image[g * b.out_group..][..b.out_group];
                     matmul_into(
@@ -195,52 +218,42 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_input(geometry, chunk, grad_output, weight, grad_input);
     }
+    // Strided (or padded beyond the kernel's reach): GEMM into the column matrix, then fold it
+    // back onto a padded gradient and copy that gradient's interior out.
     let b = Blocks::new(geometry);
-    let col_len = b.col_len()?;
+    let col_len = b.col_rows.checked_mul(b.col_cols).ok_or_else(too_large)?;
+    let p = Padded::new(geometry)?;
     let failure = ScratchFailure::new();
-    let pointwise = b.pointwise;
     let parallelism = gemm_parallelism(geometry.batch);
     let dims = [b.col_rows, b.col_cols, b.out_channels];
     grad_input
         .par_chunks_mut(b.groups * b.in_group)
         .enumerate()
         .for_each_init(
-            || failure.take::<T>(col_len),
-            |col, (n, gin_image)| {
-                let Some(col) = col.as_mut() else { return };
-                let col = col.as_mut_slice();
+            || Some((failure.take::<T>(col_len)?, failure.take::<T>(p.len)?)),
+            |scratch, (n, gin_image)| {
+                let Some((col, padded_grad)) = scratch.as_mut() else {
+                    return;
+                };
                 let gout_image =
                     &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
+                padded_grad.fill(T::ZERO);
                 for g in 0..b.groups {
                     let w = &weight[g * b.weight_group..][..b.weight_group];
                     let gout = &gout_image[g * b.out_group..][..b.out_group];
-                    let gin = &mut gin_image[g * b.in_group..][..b.in_group];
-                    if pointwise {
-                        matmul_into(
-                            gin,
-                            dims,
-                            w,
-                            Stored::Transposed,
-                            gout,
-                            Stored::AsIs,
-                            false,
-                            parallelism,
-                        );
-                    } else {
-                        matmul_into(
-                            col,
-                            dims,
-                            w,
-                            Stored::Transposed,
-                            gout,
-                            Stored::AsIs,
-                            false,
-                            parallelism,
-                        );
-                        gin.fill(T::ZERO);
-                        col2im_add(geometry, col, gin);
-                    }
+                    matmul_into(
+                        col,
+                        dims,
+                        w,
+                        Stored::Transposed,
+                        gout,
+                        Stored::AsIs,
+                        false,
+                        parallelism,
+                    );
+                    fold_add(geometry, &p, col, g, [b.col_cols, 0], padded_grad);
                 }
+                p.unpad(padded_grad, gin_image);
             },
         );
     failure.into_result()
@@ -252,26 +265,25 @@ pub fn conv2d_backward_input<T: KernelFloat>(
 /// This orientation, `col · doutᵀ` into a transposed block, is the one `gemm` runs fastest:
 /// `dout · colᵀ` makes it repack the wide column matrix transposed for every image (a third of
 /// the speed on ResNet's 32x32 layers).
+#[allow(clippy::too_many_arguments)]
 fn accumulate_weight_grad_t<T: KernelFloat>(
     b: &Blocks,
+    p: &Padded,
     n: usize,
     input: &[T],
     grad_output: &[T],
-    col: &mut [T],
+    [col, padded]: [&mut [T]; 2],
     grad_weight_t: &mut [T],
     parallelism: Parallelism,
 ) {
     let dims = [b.col_rows, b.out_channels, b.col_cols];
     let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
     let gout_image = &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
+    if !b.pointwise {
+        p.fill(in_image, padded);
+    }
     for g in 0..b.groups {
-        let in_block = &in_image[g * b.in_group..][..b.in_group];
-        let col: &[T] = if b.pointwise {
-            in_block
-        } else {
-            im2col(b.geometry, in_block, col);
-            col
-        };
+        let col = b.columns(p, in_image, padded, g, col);
         let gout = &gout_image[g * b.out_group..][..b.out_group];
         let gw_t = &mut grad_weight_t[g * b.weight_group..][..b.weight_group];
         matmul_into(
@@ -293,7 +305,7 @@ fn accumulate_weight_grad_t<T: KernelFloat>(
 /// [`Conv2dGeometry::output_shape`], `grad_weight` [`Conv2dGeometry::weight_shape`].
 ///
 /// The batch is cut into one contiguous slice per thread; each slice sums its images into a
-/// private transposed partial ([`accumulate_weight_grad_t`]) and the partials are transposed
+/// private transposed partial (`accumulate_weight_grad_t`) and the partials are transposed
 /// and added in slice order, so the result does not depend on scheduling.
 pub fn conv2d_backward_weight<T: KernelFloat>(
     geometry: &Conv2dGeometry,
@@ -313,6 +325,8 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     }
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
+    let p = Padded::new(geometry)?;
+    let padded_len = if b.pointwise { 0 } else { p.len };
     let batch = geometry.batch;
     let threads = rayon::current_num_threads();
     let (slices, per_slice, parallelism) = if threads > 1 && batch >= threads {
@@ -328,13 +342,15 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
             let _context = context.as_ref().map(AllocContext::enter);
             let mut partial = HostBuffer::try_scratch(grad_weight.len(), T::ZERO)?;
             let mut col = HostBuffer::for_overwrite(col_len)?;
+            let mut padded = HostBuffer::for_overwrite(padded_len)?;
             for n in slice * per_slice..((slice + 1) * per_slice).min(batch) {
                 accumulate_weight_grad_t(
                     &b,
+                    &p,
                     n,
                     input,
                     grad_output,
-                    col.as_mut_slice(),
+                    [col.as_mut_slice(), padded.as_mut_slice()],
                     partial.as_mut_slice(),
                     parallelism,
                 );
@@ -344,30 +360,6 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         .collect::<Result<Vec<_>>>()?;
     sum_transposed_partials(&partials, b.col_rows, b.out_channels, grad_weight);
     Ok(())
-}
-
-/// `grad_weight[g][o][r] = Σ partial[g][r][o]` over `partials` in order: the per-slice weight
-/// gradients, each group's block stored transposed (`[rows, outs]`), summed and transposed into
-/// `[outs, rows]` per group.
-pub(super) fn sum_transposed_partials<T: KernelFloat>(
-    partials: &[HostBuffer<T>],
-    rows: usize,
-    outs: usize,
-    grad_weight: &mut [T],
-) {
-    let group = rows * outs;
-    grad_weight
-        .par_chunks_mut(rows)
-        .enumerate()
-        .for_each(|(go, gw_row)| {
-            let (g, o) = (go / outs, go % outs);
-            for (r, gw) in gw_row.iter_mut().enumerate() {
-                let at = g * group + r * outs + o;
-                *gw = partials
-                    .iter()
-                    .fold(T::ZERO, |sum, p| sum + p.as_slice()[at]);
-            }
-        });
 }
 
 /// The geometry of the input gradient of a stride-1 convolution as a forward convolution of
@@ -504,6 +496,7 @@ impl ConvOps for CpuStorage {
 mod tests {
     use super::*;
     use crate::ops::conv::Conv2dParams;
+    use crate::Error;
 
     /// Issue 18: a small input whose im2col columns would take terabytes (a 1024x1024 kernel
     /// over a 2048x2048 image) gets the allocator's out-of-memory error from every pass that

@@ -24,7 +24,7 @@
 //! in layer4), and the sum's order does not depend on scheduling.
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
-use super::im2col::{col2im_add, im2col};
+use super::padded::{fold_add, unfold, Padded};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -78,25 +78,26 @@ impl Dims {
 }
 
 /// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
-/// images) into `col`, through `unfold` (one image's `[K, L]` im2col matrix).
+/// images) into `col`, unfolding each image from its padded copy in `padded`.
 fn gather_columns<T: KernelFloat>(
     g: &Conv2dGeometry,
     d: Dims,
+    p: &Padded,
     images: &[T],
-    unfold: &mut [T],
+    padded: &mut [T],
     col: &mut [T],
 ) {
     let count = images.len() / d.in_image;
     let width = count * d.l;
     for (i, image) in images.chunks(d.in_image).enumerate() {
-        let block: &[T] = if d.pointwise {
-            image
+        if d.pointwise {
+            // K = C_in and L = H * W: the image's rows are the column rows.
+            for (r, row) in image.chunks(d.l).enumerate() {
+                col[r * width + i * d.l..][..d.l].copy_from_slice(row);
+            }
         } else {
-            im2col(g, image, unfold);
-            unfold
-        };
-        for r in 0..d.k {
-            col[r * width + i * d.l..][..d.l].copy_from_slice(&block[r * d.l..][..d.l]);
+            p.fill(image, padded);
+            unfold(g, p, padded, 0, col, [width, i * d.l]);
         }
     }
 }
@@ -121,27 +122,28 @@ pub(super) fn forward<T: KernelFloat>(
     output: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
+    let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
-    let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
+    let padded_len = if d.pointwise { 0 } else { p.len };
     output
         .par_chunks_mut(chunk * d.c_out * d.l)
         .enumerate()
         .for_each_init(
             || {
                 let col = failure.take::<T>(d.k * chunk * d.l)?;
-                let unfold = failure.take::<T>(unfold_len)?;
+                let padded = failure.take::<T>(padded_len)?;
                 let product = failure.take::<T>(d.c_out * chunk * d.l)?;
-                Some((col, unfold, product))
+                Some((col, padded, product))
             },
             |scratch, (c, out)| {
-                let Some((col, unfold, product)) = scratch.as_mut() else {
+                let Some((col, padded, product)) = scratch.as_mut() else {
                     return;
                 };
                 let count = out.len() / (d.c_out * d.l);
                 let images = &input[c * chunk * d.in_image..][..count * d.in_image];
                 let width = count * d.l;
                 let col = &mut col.as_mut_slice()[..d.k * width];
-                gather_columns(g, d, images, unfold.as_mut_slice(), col);
+                gather_columns(g, d, &p, images, padded, col);
                 let product = &mut product.as_mut_slice()[..d.c_out * width];
                 let dims = [d.c_out, width, d.k];
                 let (w, asis) = (Stored::AsIs, Stored::AsIs);
@@ -169,7 +171,9 @@ pub(super) fn forward<T: KernelFloat>(
     failure.into_result()
 }
 
-/// Input gradient over chunks of `chunk` images.
+/// Input gradient over chunks of `chunk` images: each chunk's column-matrix gradient is folded
+/// back onto each image's padded gradient, whose interior is the image's input gradient.
+/// (Stride-1 convolutions never get here: their input gradient is a forward convolution.)
 pub(super) fn backward_input<T: KernelFloat>(
     g: &Conv2dGeometry,
     chunk: usize,
@@ -178,8 +182,8 @@ pub(super) fn backward_input<T: KernelFloat>(
     grad_input: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
+    let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
-    let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
     grad_input
         .par_chunks_mut(chunk * d.in_image)
         .enumerate()
@@ -187,11 +191,11 @@ pub(super) fn backward_input<T: KernelFloat>(
             || {
                 let gathered = failure.take::<T>(d.c_out * chunk * d.l)?;
                 let col = failure.take::<T>(d.k * chunk * d.l)?;
-                let unfold = failure.take::<T>(unfold_len)?;
-                Some((gathered, col, unfold))
+                let padded_grad = failure.take::<T>(p.len)?;
+                Some((gathered, col, padded_grad))
             },
             |scratch, (c, gin)| {
-                let Some((gathered, col, unfold)) = scratch.as_mut() else {
+                let Some((gathered, col, padded_grad)) = scratch.as_mut() else {
                     return;
                 };
                 let count = gin.len() / d.in_image;
@@ -213,20 +217,9 @@ pub(super) fn backward_input<T: KernelFloat>(
                     Parallelism::None,
                 );
                 for (i, gin_image) in gin.chunks_mut(d.in_image).enumerate() {
-                    if d.pointwise {
-                        // K = C_in and L = H * W: the image's rows are the column rows.
-                        for (r, row) in gin_image.chunks_mut(d.l).enumerate() {
-                            row.copy_from_slice(&col[r * width + i * d.l..][..d.l]);
-                        }
-                        continue;
-                    }
-                    let unfold = unfold.as_mut_slice();
-                    for r in 0..d.k {
-                        unfold[r * d.l..][..d.l]
-                            .copy_from_slice(&col[r * width + i * d.l..][..d.l]);
-                    }
-                    gin_image.fill(T::ZERO);
-                    col2im_add(g, unfold, gin_image);
+                    padded_grad.fill(T::ZERO);
+                    fold_add(g, &p, col, 0, [width, i * d.l], padded_grad);
+                    p.unpad(padded_grad, gin_image);
                 }
             },
         );
@@ -244,9 +237,10 @@ pub(super) fn backward_weight<T: KernelFloat>(
     grad_weight: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
+    let p = Padded::new(g)?;
     let mut col = HostBuffer::for_overwrite(d.k * chunk * d.l)?;
-    let unfold_len = if d.pointwise { 0 } else { d.k * d.l };
-    let mut unfold = HostBuffer::for_overwrite(unfold_len)?;
+    let padded_len = if d.pointwise { 0 } else { p.len };
+    let mut padded = HostBuffer::for_overwrite(padded_len)?;
     let mut gathered = HostBuffer::for_overwrite(d.c_out * chunk * d.l)?;
     let parallelism = match rayon::current_num_threads() {
         0 | 1 => Parallelism::None,
@@ -258,7 +252,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
         let width = count * d.l;
         let col = &mut col.as_mut_slice()[..d.k * width];
         let xs = &input[start * d.in_image..][..count * d.in_image];
-        gather_columns(g, d, xs, unfold.as_mut_slice(), col);
+        gather_columns(g, d, &p, xs, &mut padded, col);
         let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
         let planes = &grad_output[start * d.c_out * d.l..][..count * d.c_out * d.l];
         gather_planes(d, planes, gathered);

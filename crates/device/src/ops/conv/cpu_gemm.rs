@@ -11,6 +11,7 @@ use crate::storage::HostBuffer;
 use crate::{Error, Result};
 use gemm::Parallelism;
 use kiln_alloc_cache::AllocContext;
+use rayon::prelude::*;
 use std::sync::Mutex;
 
 /// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
@@ -117,4 +118,28 @@ impl ScratchFailure {
             None => Ok(()),
         }
     }
+}
+
+/// `grad_weight[g][o][r] = Σ partial[g][r][o]` over `partials` in order: the per-slice weight
+/// gradients, each group's block stored transposed (`[rows, outs]`), summed and transposed into
+/// `[outs, rows]` per group.
+pub(super) fn sum_transposed_partials<T: KernelFloat>(
+    partials: &[HostBuffer<T>],
+    rows: usize,
+    outs: usize,
+    grad_weight: &mut [T],
+) {
+    let group = rows * outs;
+    grad_weight
+        .par_chunks_mut(rows)
+        .enumerate()
+        .for_each(|(go, gw_row)| {
+            let (g, o) = (go / outs, go % outs);
+            for (r, gw) in gw_row.iter_mut().enumerate() {
+                let at = g * group + r * outs + o;
+                *gw = partials
+                    .iter()
+                    .fold(T::ZERO, |sum, p| sum + p.as_slice()[at]);
+            }
+        });
 }

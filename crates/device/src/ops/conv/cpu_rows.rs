@@ -1,21 +1,16 @@
 //! CPU conv2d for stride-1 convolutions over padded rows: the column matrix is built with one
 //! contiguous copy per row instead of one per output row and tap.
 //!
-//! Each image is first copied into a zero-bordered buffer of `Hp = H + 2·pad_h` rows of pitch
-//! `P = W + pad_w` per channel: interior row `ih` holds `pad_w` zeros, then the `W` input
-//! values. One zero run serves as both the right padding of a row and the left padding of the
-//! next, which is why the pitch is `W + pad_w`, not `W + 2·pad_w`. With stride 1, output
-//! position `(oh, ow)` of tap `(c, i, j)` reads the flat buffer at
-//! `c·Hp·P + i·dil_h·P + j·dil_w + (oh·P + ow)`: numbering output positions `p = oh·P + ow`
-//! over rows of `P` (not `W_out`) columns, every row of the column matrix is the flat buffer
-//! from one offset on, `N' = H_out·P` elements long: one `copy_from_slice` per row. A read past
-//! a row's end lands in the next row's leading zeros (or the next channel's, or the slack after
-//! the last one), exactly where the padding is. The `P - W_out = dil_w·(kW - 1) - pad_w` extra
-//! positions of each output row are junk: the forward drops their columns when it copies the
-//! product out, and the weight gradient zeroes them in the column matrix (they can read real
-//! inputs past a row's end) and multiplies them by output gradients set to zero there.
-//! The buffer carries `dil_w·(kW - 1)` elements of zero slack, so the last row's junk reads stay
-//! inside it.
+//! Each image is first copied into its padded form (`padded.rs`: per channel `H + 2·pad_h`
+//! rows of pitch `P = W + pad_w`, zeros around the values). With stride 1, tap `(c, i, j)` at
+//! output `(oh, ow)` reads the padded buffer at `start(c, i, j) + oh·P + ow`: numbering output
+//! positions `p = oh·P + ow` over rows of `P` (not `W_out`) columns, every row of the column
+//! matrix is the padded buffer from `start(c, i, j)` on, `N' = H_out·P` elements long: one
+//! `copy_from_slice` per row. The `P - W_out = dil_w·(kW - 1) - pad_w` extra positions of each
+//! output row are junk: the forward drops their columns when it copies the product out, and the
+//! weight gradient zeroes them in the column matrix (they can read real inputs past a row's
+//! end) and multiplies them by output gradients set to zero there. The padded buffer's slack of
+//! `dil_w·(kW - 1)` zeros keeps the last row's junk reads inside it.
 //!
 //! The layout is used where the padding is no wider than the kernel's reach (`pad_w <=
 //! dil_w·(kW - 1)`, so no output reads two padding runs at once) and the junk costs at most an
@@ -29,45 +24,38 @@
 //! gradient, slices summed in order) unless the batch is smaller than the pool, when `gemm`
 //! splits each product instead.
 
-use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
+use super::cpu_gemm::{
+    caller_context, matmul_into, sum_transposed_partials, ScratchFailure, Stored,
+};
+use super::padded::{taps, too_large, Padded};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
 use gemm::Parallelism;
+use kiln_alloc_cache::AllocContext;
 use rayon::prelude::*;
 
 /// Whether the padded-row layout serves `g`: stride 1, a kernel wider than one tap or some
 /// padding (a pointwise convolution needs no column matrix at all), padding no wider than the
 /// kernel's reach, and junk columns adding at most an eighth to the GEMMs.
 pub(super) fn use_rows(g: &Conv2dGeometry) -> bool {
-    let d = Rows::new(g);
     let reach = g.params.dilation[1] * (g.kernel_size[1] - 1);
     g.params.stride == [1, 1]
         && !g.is_pointwise()
-        && d.pad[1] <= reach
-        && d.out_w > 0
-        && d.pitch * 8 <= d.out_w * 9
+        && g.params.padding[1] <= reach
+        && Rows::new(g).is_ok_and(|d| d.out_w > 0 && d.padded.pitch * 8 <= d.out_w * 9)
 }
 
 /// The padded-row sizes of one convolution.
 #[derive(Clone, Copy)]
 struct Rows {
-    channels: usize,
-    h: usize,
-    w: usize,
-    pad: [usize; 2],
-    hp: usize,
-    /// Row pitch `W + pad_w` of the padded image and of the products.
-    pitch: usize,
+    /// The padded image (`padded.rs`), whose pitch `P` the column matrix's rows follow.
+    padded: Padded,
     out_w: usize,
-    /// Elements of one padded image, slack included.
-    padded_len: usize,
     /// Columns `H_out · P` of the column matrix and of the products.
     n_ext: usize,
     groups: usize,
-    /// Input channels per group.
-    group_channels: usize,
     /// Column-matrix rows per group: `C_in/groups · kH · kW`.
     k: usize,
     /// Output channels per group.
@@ -75,28 +63,19 @@ struct Rows {
 }
 
 impl Rows {
-    fn new(g: &Conv2dGeometry) -> Self {
-        let [h, w] = g.input_size;
-        let pad = g.params.padding;
-        let (hp, pitch) = (h + 2 * pad[0], w + pad[1]);
-        let slack = g.params.dilation[1] * (g.kernel_size[1] - 1);
+    fn new(g: &Conv2dGeometry) -> Result<Self> {
+        let padded = Padded::new(g)?;
         let groups = g.params.groups;
-        let group_channels = g.in_channels / groups;
-        Self {
-            channels: g.in_channels,
-            h,
-            w,
-            pad,
-            hp,
-            pitch,
+        Ok(Self {
+            padded,
             out_w: g.output_size[1],
-            padded_len: g.in_channels * hp * pitch + slack,
-            n_ext: g.output_size[0] * pitch,
+            n_ext: g.output_size[0]
+                .checked_mul(padded.pitch)
+                .ok_or_else(too_large)?,
             groups,
-            group_channels,
-            k: group_channels * g.kernel_size[0] * g.kernel_size[1],
+            k: g.in_channels / groups * g.kernel_size[0] * g.kernel_size[1],
             group_out: g.out_channels / groups,
-        }
+        })
     }
 
     /// Elements of one image's output planes.
@@ -105,45 +84,18 @@ impl Rows {
     }
 }
 
-/// Copies one image `[C_in, H, W]` into `padded`: per channel `Hp` rows of pitch `P`, the
-/// interior ones `pad_w` zeros then `W` values, the `pad_h` rows above and below zero, and zero
-/// slack after the last channel.
-fn pad_image<T: KernelFloat>(d: &Rows, image: &[T], padded: &mut [T]) {
-    let [ph, pw] = d.pad;
-    let plane = d.hp * d.pitch;
-    for (c, dst) in padded[..d.channels * plane].chunks_mut(plane).enumerate() {
-        dst[..ph * d.pitch].fill(T::ZERO);
-        dst[(ph + d.h) * d.pitch..].fill(T::ZERO);
-        for r in 0..d.h {
-            let row = &mut dst[(ph + r) * d.pitch..][..d.pitch];
-            row[..pw].fill(T::ZERO);
-            row[pw..].copy_from_slice(&image[(c * d.h + r) * d.w..][..d.w]);
-        }
-    }
-    padded[d.channels * plane..].fill(T::ZERO);
-}
-
-/// Writes group `group`'s column matrix `[K, N']` from a padded image: row `(c, i, j)` is the
-/// padded buffer from `c·Hp·P + i·dil_h·P + j·dil_w` on.
+/// Writes group `group`'s column matrix `[K, N']` from a padded image: row `r` is the padded
+/// buffer from where tap `r` reads output `(0, 0)` on, `N'` elements.
 fn unfold<T: KernelFloat>(g: &Conv2dGeometry, d: &Rows, padded: &[T], group: usize, col: &mut [T]) {
-    let [kh, kw] = g.kernel_size;
-    let [dh, dw] = g.params.dilation;
-    let plane = d.hp * d.pitch;
-    let mut rows = col[..d.k * d.n_ext].chunks_mut(d.n_ext);
-    for c in group * d.group_channels..(group + 1) * d.group_channels {
-        for i in 0..kh {
-            for j in 0..kw {
-                let start = c * plane + i * dh * d.pitch + j * dw;
-                let row = rows.next().expect("K rows");
-                row.copy_from_slice(&padded[start..][..d.n_ext]);
-            }
-        }
+    let rows = col[..d.k * d.n_ext].chunks_mut(d.n_ext);
+    for (row, start) in rows.zip(taps(g, &d.padded, group)) {
+        row.copy_from_slice(&padded[start..][..d.n_ext]);
     }
 }
 
 /// Zeroes the junk columns (`W_out..P` of every output row) of a column matrix.
 fn zero_junk<T: KernelFloat>(d: &Rows, col: &mut [T]) {
-    for row in col[..d.k * d.n_ext].chunks_mut(d.pitch) {
+    for row in col[..d.k * d.n_ext].chunks_mut(d.padded.pitch) {
         row[d.out_w..].fill(T::ZERO);
     }
 }
@@ -162,8 +114,8 @@ pub(super) fn forward<T: KernelFloat>(
     bias: Option<&[T]>,
     output: &mut [T],
 ) -> Result<()> {
-    let d = Rows::new(g);
-    let in_image = d.channels * d.h * d.w;
+    let d = Rows::new(g)?;
+    let in_image = d.padded.image_len();
     let (out_h, out_w) = (g.output_size[0], d.out_w);
     let failure = ScratchFailure::new();
     let parallelism = split_gemm(g.batch);
@@ -171,7 +123,7 @@ pub(super) fn forward<T: KernelFloat>(
         let Some([padded, col, product]) = scratch.as_mut() else {
             return;
         };
-        pad_image(&d, &input[n * in_image..][..in_image], padded);
+        d.padded.fill(&input[n * in_image..][..in_image], padded);
         for group in 0..d.groups {
             unfold(g, &d, padded, group, col);
             let w = &weight[group * d.group_out * d.k..][..d.group_out * d.k];
@@ -184,7 +136,7 @@ pub(super) fn forward<T: KernelFloat>(
             for (o, plane) in planes.chunks_mut(out_h * out_w).enumerate() {
                 let b = bias.map_or(T::ZERO, |b| b[group * d.group_out + o]);
                 for (oh, row) in plane.chunks_mut(out_w).enumerate() {
-                    let src = &product[o * d.n_ext + oh * d.pitch..][..out_w];
+                    let src = &product[o * d.n_ext + oh * d.padded.pitch..][..out_w];
                     match bias {
                         Some(_) => row.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
                         None => row.copy_from_slice(src),
@@ -195,7 +147,7 @@ pub(super) fn forward<T: KernelFloat>(
     };
     let scratch = || -> Option<[HostBuffer<T>; 3]> {
         Some([
-            failure.take::<T>(d.padded_len)?,
+            failure.take::<T>(d.padded.len)?,
             failure.take::<T>(d.k * d.n_ext)?,
             failure.take::<T>(d.group_out * d.n_ext)?,
         ])
@@ -222,8 +174,8 @@ pub(super) fn backward_weight<T: KernelFloat>(
     grad_output: &[T],
     grad_weight: &mut [T],
 ) -> Result<()> {
-    let d = Rows::new(g);
-    let in_image = d.channels * d.h * d.w;
+    let d = Rows::new(g)?;
+    let in_image = d.padded.image_len();
     let (out_h, out_w) = (g.output_size[0], d.out_w);
     let out_image = d.out_image(g);
     let threads = rayon::current_num_threads();
@@ -235,23 +187,24 @@ pub(super) fn backward_weight<T: KernelFloat>(
         }
     };
     let group_weight = d.group_out * d.k;
-    let context = super::cpu_gemm::caller_context();
+    let context = caller_context();
     let partials = (0..slices)
         .into_par_iter()
         .map(|slice| -> Result<HostBuffer<T>> {
-            let _context = context.as_ref().map(kiln_alloc_cache::AllocContext::enter);
+            let _context = context.as_ref().map(AllocContext::enter);
             // Transposed per group: `[K, C_out/groups]`, summed into.
             let mut partial = HostBuffer::try_scratch(grad_weight.len(), T::ZERO)?;
-            let mut padded = HostBuffer::for_overwrite(d.padded_len)?;
+            let mut padded = HostBuffer::for_overwrite(d.padded.len)?;
             let mut col = HostBuffer::for_overwrite(d.k * d.n_ext)?;
             // The output gradient on the padded-row grid, zero in the junk columns.
             let mut gout = HostBuffer::try_scratch(g.out_channels * d.n_ext, T::ZERO)?;
             for n in slice * per_slice..((slice + 1) * per_slice).min(g.batch) {
-                pad_image(&d, &input[n * in_image..][..in_image], &mut padded);
+                d.padded
+                    .fill(&input[n * in_image..][..in_image], &mut padded);
                 let planes = &grad_output[n * out_image..][..out_image];
                 for (o, plane) in planes.chunks(out_h * out_w).enumerate() {
                     for (oh, row) in plane.chunks(out_w).enumerate() {
-                        gout[o * d.n_ext + oh * d.pitch..][..out_w].copy_from_slice(row);
+                        gout[o * d.n_ext + oh * d.padded.pitch..][..out_w].copy_from_slice(row);
                     }
                 }
                 for group in 0..d.groups {
@@ -269,7 +222,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
             Ok(partial)
         })
         .collect::<Result<Vec<_>>>()?;
-    super::cpu::sum_transposed_partials(&partials, d.k, d.group_out, grad_weight);
+    sum_transposed_partials(&partials, d.k, d.group_out, grad_weight);
     Ok(())
 }
 

@@ -17,7 +17,7 @@ mod cpu_gemm;
 mod cpu_rows;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-mod im2col;
+mod padded;
 pub mod reference;
 
 use super::kernel_error::{check_nonzero, KernelError};
