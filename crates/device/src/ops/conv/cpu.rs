@@ -116,7 +116,14 @@ impl<'a> Blocks<'a> {
         if self.pointwise {
             return &image[g * self.in_group..][..self.in_group];
         }
-        unfold(self.geometry, p, padded, g, col, [self.col_cols, 0]);
+        unfold(
+            self.geometry,
+            p,
+            padded,
+            (g, 0..self.col_rows),
+            col,
+            [self.col_cols, 0],
+        );
         col
     }
 }
@@ -400,15 +407,18 @@ fn rotate_weight<T: KernelFloat>(g: &Conv2dGeometry, weight: &[T]) -> Result<Hos
     let [kh, kw] = g.kernel_size;
     let taps = kh * kw;
     let mut rotated = HostBuffer::for_overwrite(weight.len())?;
-    for (dst_oc, block) in rotated.chunks_mut(cout * taps).enumerate() {
-        let (gi, ci) = (dst_oc / cin, dst_oc % cin);
-        for (co, taps_out) in block.chunks_mut(taps).enumerate() {
-            let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
-            for (t, v) in taps_out.iter_mut().enumerate() {
-                *v = src[taps - 1 - t];
+    rotated
+        .par_chunks_mut((cout * taps).max(1))
+        .enumerate()
+        .for_each(|(dst_oc, block)| {
+            let (gi, ci) = (dst_oc / cin, dst_oc % cin);
+            for (co, taps_out) in block.chunks_mut(taps).enumerate() {
+                let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
+                for (t, v) in taps_out.iter_mut().enumerate() {
+                    *v = src[taps - 1 - t];
+                }
             }
-        }
-    }
+        });
     Ok(rotated)
 }
 

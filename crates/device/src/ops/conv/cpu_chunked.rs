@@ -19,9 +19,10 @@
 //! buffer holds at most [`MAX_COL_ELEMS`] elements, so chunking takes at most that (plus the
 //! chunk's output-sized matrix) per thread. Chunks run in parallel, one per pool thread at a
 //! time, each GEMM single-threaded, in the forward and input-gradient passes. The weight
-//! gradient runs its chunks one after another in batch order, `gemm` splitting each product
-//! (the whole weight gradient) over the pool: no per-thread partial gradient (up to 9 MiB each
-//! in layer4), and the sum's order does not depend on scheduling.
+//! gradient runs its chunks one after another in batch order, each chunk's matrices gathered
+//! on the pool (blocks of rows, output channels) and `gemm` splitting each product (the whole
+//! weight gradient) over the pool: no per-thread partial gradient (up to 9 MiB each in
+//! layer4), and the sum's order does not depend on scheduling.
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
 use super::padded::{fold_add, unfold, Padded};
@@ -77,39 +78,86 @@ impl Dims {
     }
 }
 
-/// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
-/// images) into `col`, unfolding each image from its padded copy in `padded`.
-fn gather_columns<T: KernelFloat>(
-    g: &Conv2dGeometry,
-    d: Dims,
-    p: &Padded,
-    images: &[T],
-    padded: &mut [T],
-    col: &mut [T],
+/// Runs `body(i, piece)` over the `size`-element pieces of `data`: on the pool when `parallel`
+/// (a chunk built by the weight gradient, which runs its chunks one after another), else in
+/// order on this thread (a chunk that already is one task of a parallel loop).
+fn for_each_piece<T: Send>(
+    data: &mut [T],
+    size: usize,
+    parallel: bool,
+    body: impl Fn(usize, &mut [T]) + Sync + Send,
 ) {
-    let count = images.len() / d.in_image;
-    let width = count * d.l;
-    for (i, image) in images.chunks(d.in_image).enumerate() {
-        if d.pointwise {
-            // K = C_in and L = H * W: the image's rows are the column rows.
-            for (r, row) in image.chunks(d.l).enumerate() {
-                col[r * width + i * d.l..][..d.l].copy_from_slice(row);
-            }
-        } else {
-            p.fill(image, padded);
-            unfold(g, p, padded, 0, col, [width, i * d.l]);
-        }
+    let size = size.max(1);
+    if parallel {
+        data.par_chunks_mut(size)
+            .enumerate()
+            .for_each(|(i, piece)| body(i, piece));
+    } else {
+        data.chunks_mut(size)
+            .enumerate()
+            .for_each(|(i, piece)| body(i, piece));
     }
 }
 
-/// Gathers `planes` (`count` images of `[C_out, L]`) into `[C_out, count * L]`.
-fn gather_planes<T: KernelFloat>(d: Dims, planes: &[T], out: &mut [T]) {
-    let width = planes.len() / d.c_out;
-    for (i, image) in planes.chunks(d.c_out * d.l).enumerate() {
-        for (o, plane) in image.chunks(d.l).enumerate() {
-            out[o * width + i * d.l..][..d.l].copy_from_slice(plane);
-        }
+/// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
+/// images) into `col`: each image is copied into its padded form in `padded` (`images` padded
+/// images), then the matrix is unfolded a block of rows at a time (blocks in parallel when
+/// `parallel`).
+fn gather_columns<T: KernelFloat>(
+    (g, d, p): (&Conv2dGeometry, Dims, &Padded),
+    images: &[T],
+    padded: &mut [T],
+    col: &mut [T],
+    parallel: bool,
+) {
+    let count = images.len() / d.in_image;
+    let width = count * d.l;
+    if !d.pointwise {
+        for_each_piece(
+            &mut padded[..count * p.len],
+            p.len,
+            parallel,
+            |i, padded| p.fill(&images[i * d.in_image..][..d.in_image], padded),
+        );
     }
+    let padded = &padded[..];
+    let block_rows = if parallel {
+        d.k.div_ceil(4 * rayon::current_num_threads())
+    } else {
+        d.k
+    };
+    for_each_piece(
+        &mut col[..d.k * width],
+        block_rows * width,
+        parallel,
+        |b, block| {
+            let rows = b * block_rows..b * block_rows + block.len() / width;
+            for i in 0..count {
+                if d.pointwise {
+                    // K = C_in and L = H * W: the image's rows are the column rows.
+                    let image = &images[i * d.in_image..][..d.in_image];
+                    for (r, dst) in rows.clone().zip(block.chunks_mut(width)) {
+                        dst[i * d.l..][..d.l].copy_from_slice(&image[r * d.l..][..d.l]);
+                    }
+                } else {
+                    let padded = &padded[i * p.len..][..p.len];
+                    unfold(g, p, padded, (0, rows.clone()), block, [width, i * d.l]);
+                }
+            }
+        },
+    );
+}
+
+/// Gathers `planes` (`count` images of `[C_out, L]`) into `[C_out, count * L]`, output channels
+/// in parallel when `parallel`.
+fn gather_planes<T: KernelFloat>(d: Dims, planes: &[T], out: &mut [T], parallel: bool) {
+    let width = planes.len() / d.c_out;
+    let count = width / d.l.max(1);
+    for_each_piece(&mut out[..d.c_out * width], width, parallel, |o, row| {
+        for i in 0..count {
+            row[i * d.l..][..d.l].copy_from_slice(&planes[(i * d.c_out + o) * d.l..][..d.l]);
+        }
+    });
 }
 
 /// Forward convolution over chunks of `chunk` images (see [`chunk_images`]).
@@ -124,7 +172,7 @@ pub(super) fn forward<T: KernelFloat>(
     let d = Dims::new(g);
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
-    let padded_len = if d.pointwise { 0 } else { p.len };
+    let padded_len = if d.pointwise { 0 } else { chunk * p.len };
     output
         .par_chunks_mut(chunk * d.c_out * d.l)
         .enumerate()
@@ -143,7 +191,7 @@ pub(super) fn forward<T: KernelFloat>(
                 let images = &input[c * chunk * d.in_image..][..count * d.in_image];
                 let width = count * d.l;
                 let col = &mut col.as_mut_slice()[..d.k * width];
-                gather_columns(g, d, &p, images, padded, col);
+                gather_columns((g, d, &p), images, padded, col, false);
                 let product = &mut product.as_mut_slice()[..d.c_out * width];
                 let dims = [d.c_out, width, d.k];
                 let (w, asis) = (Stored::AsIs, Stored::AsIs);
@@ -202,7 +250,7 @@ pub(super) fn backward_input<T: KernelFloat>(
                 let width = count * d.l;
                 let planes = &grad_output[c * chunk * d.c_out * d.l..][..count * d.c_out * d.l];
                 let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
-                gather_planes(d, planes, gathered);
+                gather_planes(d, planes, gathered, false);
                 let col = &mut col.as_mut_slice()[..d.k * width];
                 let dims = [d.k, width, d.c_out];
                 let (wt, asis) = (Stored::Transposed, Stored::AsIs);
@@ -239,7 +287,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let d = Dims::new(g);
     let p = Padded::new(g)?;
     let mut col = HostBuffer::for_overwrite(d.k * chunk * d.l)?;
-    let padded_len = if d.pointwise { 0 } else { p.len };
+    let padded_len = if d.pointwise { 0 } else { chunk * p.len };
     let mut padded = HostBuffer::for_overwrite(padded_len)?;
     let mut gathered = HostBuffer::for_overwrite(d.c_out * chunk * d.l)?;
     let parallelism = match rayon::current_num_threads() {
@@ -252,10 +300,11 @@ pub(super) fn backward_weight<T: KernelFloat>(
         let width = count * d.l;
         let col = &mut col.as_mut_slice()[..d.k * width];
         let xs = &input[start * d.in_image..][..count * d.in_image];
-        gather_columns(g, d, &p, xs, &mut padded, col);
+        let parallel = !matches!(parallelism, Parallelism::None);
+        gather_columns((g, d, &p), xs, &mut padded, col, parallel);
         let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
         let planes = &grad_output[start * d.c_out * d.l..][..count * d.c_out * d.l];
-        gather_planes(d, planes, gathered);
+        gather_planes(d, planes, gathered, parallel);
         let dims = [d.c_out, d.k, width];
         let (asis, t) = (Stored::AsIs, Stored::Transposed);
         // The first chunk overwrites the gradient, the others add to it: no zero-fill pass.

@@ -17,6 +17,7 @@
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::{Error, Result};
+use std::ops::Range;
 
 /// The padded-image sizes of one convolution.
 #[derive(Clone, Copy)]
@@ -112,20 +113,22 @@ pub(super) fn taps(g: &Conv2dGeometry, p: &Padded, group: usize) -> impl Iterato
     })
 }
 
-/// Writes `group`'s column matrix (`C_in/groups · kH · kW` rows of `H_out · W_out` entries) from
-/// a padded image into `col`: row `r` at `col[r·stride + offset..]` (a chunk's matrix holds
-/// several images' columns side by side).
+/// Writes rows `rows` of `group`'s column matrix (`C_in/groups · kH · kW` rows of
+/// `H_out · W_out` entries) from a padded image into `col`: row `r` at
+/// `col[(r - rows.start)·stride + offset..]` (a chunk's matrix holds several images' columns
+/// side by side, and may be built a block of rows at a time).
 pub(super) fn unfold<T: KernelFloat>(
     g: &Conv2dGeometry,
     p: &Padded,
     padded: &[T],
-    group: usize,
+    (group, rows): (usize, Range<usize>),
     col: &mut [T],
     [stride, offset]: [usize; 2],
 ) {
     let [out_h, out_w] = g.output_size;
     let [sh, sw] = g.params.stride;
-    for (r, start) in taps(g, p, group).enumerate() {
+    let taps = taps(g, p, group).skip(rows.start).take(rows.len());
+    for (r, start) in taps.enumerate() {
         let dst = &mut col[r * stride + offset..][..out_h * out_w];
         for (oh, dst) in dst.chunks_mut(out_w).enumerate() {
             let src = &padded[start + oh * sh * p.pitch..];
