@@ -56,39 +56,50 @@ pub fn max_pool2d_forward<T: KernelFloat>(
     check_len(OP, "indices", indices, &shape.output_shape())?;
     let p = &geometry.params;
     let [in_h, in_w] = shape.input_size;
-    let out_w = shape.output_size[1];
+    let [out_h, out_w] = shape.output_size;
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    // Each output column's window start and in-image tap range, computed once for every row
+    // and plane (no division or clipping per output element).
+    let columns: Vec<(i64, usize, usize)> = (0..out_w)
+        .map(|ow| {
+            let start = (ow * p.stride[1]) as i64 - p.padding[1] as i64;
+            let (lo, hi) = tap_range(start, p.kernel_size[1], p.dilation[1], in_w);
+            (start, lo, hi)
+        })
+        .collect();
     output
         .par_chunks_mut(out_plane)
         .zip(indices.par_chunks_mut(out_plane))
         .enumerate()
         .for_each(|(plane, (out, idx))| {
             let src = &input[plane * in_plane..][..in_plane];
-            for (o, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {
-                let h_start = ((o / out_w) * p.stride[0]) as i64 - p.padding[0] as i64;
-                let w_start = ((o % out_w) * p.stride[1]) as i64 - p.padding[1] as i64;
+            for oh in 0..out_h {
+                let h_start = (oh * p.stride[0]) as i64 - p.padding[0] as i64;
                 let (h_lo, h_hi) = tap_range(h_start, p.kernel_size[0], p.dilation[0], in_h);
-                let (w_lo, w_hi) = tap_range(w_start, p.kernel_size[1], p.dilation[1], in_w);
-                let at = |th: usize, tw: usize| {
-                    let ih = (h_start + (th * p.dilation[0]) as i64) as usize;
-                    let iw = (w_start + (tw * p.dilation[1]) as i64) as usize;
-                    ih * in_w + iw
-                };
-                // The geometry guarantees a non-empty window.
-                let mut best_index = at(h_lo, w_lo);
-                let mut best = T::NEG_INFINITY;
-                for th in h_lo..h_hi {
-                    for tw in w_lo..w_hi {
-                        let k = at(th, tw);
-                        let v = src[k];
-                        if v > best || v.is_nan() {
-                            best = v;
-                            best_index = k;
+                let row_at = |th: usize| (h_start + (th * p.dilation[0]) as i64) as usize * in_w;
+                let out_row = &mut out[oh * out_w..][..out_w];
+                let idx_row = &mut idx[oh * out_w..][..out_w];
+                for ((out, idx), &(w_start, w_lo, w_hi)) in
+                    out_row.iter_mut().zip(idx_row.iter_mut()).zip(&columns)
+                {
+                    let col_at = |tw: usize| (w_start + (tw * p.dilation[1]) as i64) as usize;
+                    // The geometry guarantees a non-empty window.
+                    let mut best_index = row_at(h_lo) + col_at(w_lo);
+                    let mut best = T::NEG_INFINITY;
+                    for th in h_lo..h_hi {
+                        let row = row_at(th);
+                        for tw in w_lo..w_hi {
+                            let k = row + col_at(tw);
+                            let v = src[k];
+                            if v > best || v.is_nan() {
+                                best = v;
+                                best_index = k;
+                            }
                         }
                     }
+                    *out = best;
+                    *idx = best_index as i64;
                 }
-                *out = best;
-                *idx = best_index as i64;
             }
         });
     Ok(())
