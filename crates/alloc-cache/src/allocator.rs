@@ -173,6 +173,8 @@ pub struct CachingAllocator {
     pub(crate) config: AllocatorConfig,
     pub(crate) max_split: usize,
     pub(crate) page: usize,
+    /// Page stitching keeps stitched blocks (the backend can alias pages; `stitched.rs`).
+    pub(crate) aliases: bool,
     /// Distinguishes this allocator's handles from another allocator's.
     instance: u32,
     pub(crate) state: HitLock<State>,
@@ -216,6 +218,7 @@ impl CachingAllocator {
         let mut state = State::default();
         state.stats.max_split_size = config.max_split_size.map_or(-1, |m| m as i64);
         Ok(Self {
+            aliases: config.page_stitching && backend.supports_aliases(),
             max_split: config.max_split_size.unwrap_or(usize::MAX),
             backend,
             config,
@@ -320,6 +323,9 @@ impl CachingAllocator {
 
     fn should_split(&self, st: &State, id: u32, rounded: usize) -> bool {
         let b = &st.blocks[id as usize];
+        if b.segment == crate::slab::ALIAS_SEGMENT {
+            return false;
+        }
         let remaining = b.size - rounded;
         if b.pool == PoolKind::Small || st.segment(b.segment).expandable() {
             remaining >= MIN_BLOCK

@@ -102,7 +102,9 @@ impl Contribution {
                 inactive_split_bytes: size,
                 ..Contribution::default()
             },
-            BlockState::Free | BlockState::Unmapped | BlockState::Dead => Contribution::default(),
+            BlockState::Free | BlockState::Unmapped | BlockState::Lent | BlockState::Dead => {
+                Contribution::default()
+            }
         }
     }
 
@@ -149,6 +151,8 @@ pub(crate) struct State {
     pub history_kept: Option<Box<crate::ring::Recorder>>,
     /// What a memory plan predicted (for the out-of-memory report).
     pub plan_prediction: Option<Box<crate::history::PlanPrediction>>,
+    /// Stitched blocks, in use and cached (`stitched.rs`).
+    pub stitched: crate::stitched::StitchedCache,
 }
 
 impl State {
@@ -279,8 +283,12 @@ impl State {
         }
     }
 
-    /// Returns allocated or pending block `id` to its pool, merging it with free neighbours.
+    /// Returns allocated or pending block `id` to its pool, merging it with free neighbours (a
+    /// stitched block goes back to the stitched cache instead and returns its lent pages).
     pub fn free_block(&mut self, id: u32) {
+        if self.blocks[id as usize].segment == crate::slab::ALIAS_SEGMENT {
+            return self.free_stitched(id);
+        }
         let (prev, next, pool) = {
             let b = &self.blocks[id as usize];
             (b.prev, b.next, b.pool)

@@ -22,11 +22,14 @@ pub struct AllocatorConfig {
     /// sizes, at the cost of up to `1/n` internal waste. `None`: plain 512-byte rounding. Must be
     /// a power of two from 1 to 64.
     pub roundup_power2_divisions: Option<usize>,
-    /// Expandable segments only: on every miss, move the pages of free gaps to where the
-    /// request needs them before mapping new ones (GMLake-style stitching, `stitch.rs`), so
-    /// reserved memory follows live memory to within a page. Costs backend calls (page moves)
-    /// in the first steps of a repeating loop, until its layout settles. Off, pages move only
-    /// when the backend is out of memory.
+    /// Expandable segments only: GMLake-style page stitching (`stitch.rs`, `stitched.rs`). On a
+    /// backend that can alias pages, a large request that fits no free block gets a *stitched
+    /// block*: the whole free pages of its stream's segment mapped a second time as one range
+    /// (topped up with new pages when they are not enough), kept cached after it is freed, so
+    /// a repeating step reuses it without backend calls. Without aliases, a request that sets a
+    /// new peak of allocated bytes gets the pages of free gaps moved to it. Costs backend calls
+    /// (aliases or moves) in the first steps of a loop, until its layout settles. Off, pages
+    /// move only when the backend is out of memory.
     pub page_stitching: bool,
 }
 

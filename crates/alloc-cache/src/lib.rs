@@ -56,6 +56,7 @@ pub mod snapshot_pickle;
 pub mod snapshot_read;
 mod stats;
 mod stitch;
+mod stitched;
 pub mod synth;
 pub mod timeline;
 mod trace;

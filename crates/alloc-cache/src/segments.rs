@@ -318,6 +318,7 @@ impl CachingAllocator {
                 self.release_segment(st, seg)?
             };
         }
+        self.release_alias_space(st)?;
         Ok(released)
     }
 
@@ -428,14 +429,25 @@ impl Drop for CachingAllocator {
     /// Gives every segment back to the backend. Live `Allocation`s keep the allocator alive, so
     /// only blocks leaked as `RawAllocation`s can still be in use here; their memory goes too.
     fn drop(&mut self) {
+        let page = self.page;
         let st = self.state.get_mut();
         if st.history.take().is_some() {
             crate::context::recording_stopped();
         }
         let pending: Vec<_> = st.pending.drain(..).collect();
+        let (aliases, alias_space) = st.take_aliases(page);
         let segments: Vec<_> = st.segments.drain(..).flatten().collect();
         for (event, _) in pending {
             self.backend.destroy_event(event);
+        }
+        // Aliases go before the memory they reach.
+        for (addr, bytes) in aliases {
+            // SAFETY: the allocator is going away; nothing reaches these addresses any more.
+            let _ = unsafe { self.backend.unmap_alias(addr, bytes) };
+        }
+        if let Some((base, bytes)) = alias_space {
+            // SAFETY: as above, and every alias in it is unmapped now.
+            let _ = unsafe { self.backend.release_address_space(base, bytes) };
         }
         for s in segments {
             // SAFETY: the allocator is going away; no handle can reach these segments any more.

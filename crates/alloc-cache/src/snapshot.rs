@@ -115,6 +115,8 @@ impl CachingAllocator {
                         let state = match b.state {
                             BlockState::Allocated => BlockSnapshotState::ActiveAllocated,
                             BlockState::Pending => BlockSnapshotState::ActivePendingFree,
+                            // Memory a stitched block in use reaches at its own addresses.
+                            BlockState::Lent => BlockSnapshotState::ActiveAllocated,
                             _ => BlockSnapshotState::Inactive,
                         };
                         if state == BlockSnapshotState::ActiveAllocated {
@@ -240,6 +242,13 @@ fn check(a: &CachingAllocator, st: &State, page: usize) -> Result<(), String> {
                 s.tail
             ));
         }
+    }
+    if let Some(problem) = a.check_stitched(st) {
+        return Err(problem);
+    }
+    for s in &st.stitched.blocks {
+        let b = &st.blocks[s.block as usize];
+        Contribution::default().apply_change(Contribution::of(b), &mut recomputed, b.pool);
     }
     let pooled: usize = st
         .streams
