@@ -31,6 +31,14 @@ pub struct AllocatorConfig {
     /// (aliases or moves) in the first steps of a loop, until its layout settles. Off, pages
     /// move only when the backend is out of memory.
     pub page_stitching: bool,
+    /// Planned steps (`planner.rs`): with [`CachingAllocator::mark_step`] called at the start of
+    /// every training step, once two steps in a row made the same requests and freed every
+    /// block they allocated, the step is packed offline into one arena and the following steps
+    /// are served from it (no search, no backend call); a step that deviates falls back to the
+    /// cache without failing, and the plan is dropped at its end.
+    ///
+    /// [`CachingAllocator::mark_step`]: crate::CachingAllocator::mark_step
+    pub planned_steps: bool,
 }
 
 impl AllocatorConfig {
@@ -94,22 +102,22 @@ impl AllocatorConfig {
                         .map_err(|_| bad("expected a power of two, 1 to 64"))?;
                     config.roundup_power2_divisions = Some(n);
                 }
-                "expandable_segments" | "page_stitching" => {
+                "expandable_segments" | "page_stitching" | "planned_steps" => {
                     let on = match value {
                         "True" | "true" | "1" => true,
                         "False" | "false" | "0" => false,
                         _ => return Err(bad("expected True or False")),
                     };
-                    if key == "page_stitching" {
-                        config.page_stitching = on;
-                    } else {
-                        config.expandable_segments = on;
+                    match key {
+                        "page_stitching" => config.page_stitching = on,
+                        "planned_steps" => config.planned_steps = on,
+                        _ => config.expandable_segments = on,
                     }
                 }
                 _ => {
                     return Err(bad("unknown key; known keys are max_split_size_mb, \
                          garbage_collection_threshold, expandable_segments, \
-                         roundup_power2_divisions, page_stitching"))
+                         roundup_power2_divisions, page_stitching, planned_steps"))
                 }
             }
         }

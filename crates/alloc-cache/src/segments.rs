@@ -68,6 +68,7 @@ impl CachingAllocator {
         pool: PoolKind,
         rounded: usize,
         requested: usize,
+        report_oom: bool,
     ) -> Result<u32> {
         if let Some(threshold) = self.config.garbage_collection_threshold {
             let limit = (threshold * self.backend.capacity() as f64) as usize;
@@ -89,7 +90,9 @@ impl CachingAllocator {
         if let Some(id) = self.find_any_fit(st, si, rounded)? {
             return Ok(id);
         }
-        if self.release_cached(st, Release::All)? > 0 {
+        // A plan holding bins yields them first (no backend call).
+        let yielded = st.yield_plan();
+        if self.release_cached(st, Release::All)? > 0 || yielded {
             st.stats.num_alloc_retries += 1;
             if let Some(id) = self.find_fit(st, si, pool, rounded) {
                 return Ok(id);
@@ -101,9 +104,11 @@ impl CachingAllocator {
                 return Ok(id);
             }
         }
-        st.stats.num_ooms += 1;
-        if st.history.is_some() {
-            st.history_oom(requested, si);
+        if report_oom {
+            st.stats.num_ooms += 1;
+            if st.history.is_some() {
+                st.history_oom(requested, si);
+            }
         }
         Err(Error::OutOfMemory(Box::new(
             self.oom_report(st, si, pool, rounded, requested),

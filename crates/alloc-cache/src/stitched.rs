@@ -413,7 +413,10 @@ impl CachingAllocator {
             if b.segment != ALIAS_SEGMENT || b.size != pages * self.page {
                 return Some(format!("stitched block {}: size or segment wrong", s.block));
             }
-            let in_use = matches!(b.state, BlockState::Allocated | BlockState::Pending);
+            let in_use = matches!(
+                b.state,
+                BlockState::Allocated | BlockState::Pending | BlockState::Arena
+            );
             let cached = b.state == BlockState::Free && s.lent.is_empty();
             if !in_use && !cached {
                 return Some(format!("stitched block {}: state {:?}", s.block, b.state));
