@@ -165,7 +165,11 @@ pub fn pool_for(rounded: usize) -> PoolKind {
     }
 }
 
-/// Size of the fixed segment reserved for a request of `rounded` bytes on a miss.
+/// The base size of a fixed segment for a request of `rounded` bytes (PyTorch's rule: 2 MiB for
+/// the small pool, 20 MiB under 10 MiB, the request rounded to 2 MiB above). The segment a miss
+/// reserves starts from it: large requests under 10 MiB get the whole copies that waste least
+/// (`mid_segment_size` in `segments.rs`; 3 MiB + 512 gets 16 MiB), larger ones may grow
+/// geometrically (see the design note above).
 pub fn segment_size_for(rounded: usize) -> usize {
     if rounded <= SMALL_SIZE {
         SMALL_SEGMENT

@@ -154,9 +154,9 @@ pub(crate) struct State {
     /// What a memory plan predicted (for the out-of-memory report).
     pub plan_prediction: Option<Box<crate::history::PlanPrediction>>,
     /// Stitched blocks, in use and cached (`stitched.rs`).
-    pub stitched: crate::stitched::StitchedCache,
+    pub stitched: crate::stitched_state::StitchedCache,
     /// Planned steps, once `mark_step` was called with `planned_steps` on (`planner.rs`).
-    pub planner: Option<Box<crate::planner::Planner>>,
+    pub planner: Option<Box<crate::plan_state::Planner>>,
 }
 
 impl State {

@@ -19,7 +19,9 @@
 //! offset is a multiple of 512; the arena is at most the sum of the planned sizes.
 
 use crate::error::{Error, Result};
+pub use crate::plan_state::PlannedCounts;
 use crate::replay::{ReplayMode, Replayer};
+pub use crate::trace::steps_of;
 use crate::trace::{Trace, TraceEvent};
 use std::collections::HashMap;
 
@@ -189,17 +191,6 @@ impl BinPlan {
     }
 }
 
-/// What [`PlannedReplayer`] did so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PlannedCounts {
-    /// Steps served wholly from the arena.
-    pub planned_steps: u64,
-    /// Steps that deviated from the plan and finished through the caching allocator.
-    pub fallback_steps: u64,
-    /// Allocations served from the arena.
-    pub arena_allocs: u64,
-}
-
 /// Replays steps through a plan's arena, falling back to a [`Replayer`] (kiln's caching
 /// allocator on a simulated device) for steps that deviate.
 #[derive(Debug)]
@@ -276,30 +267,4 @@ impl PlannedReplayer {
     pub fn fallback(&self) -> &Replayer {
         &self.fallback
     }
-}
-
-/// Splits a trace file at its `# step ...` comment lines (as `cargo xtask record-traces` writes
-/// them): the events before the first such line, then one [`Trace`] per step (the last one
-/// runs to the end of the file). The whole text is validated first, so a step's events may
-/// free blocks of earlier steps.
-pub fn steps_of(text: &str) -> Result<Vec<Trace>> {
-    let all = Trace::parse(text)?;
-    let mut cuts = Vec::new();
-    let mut events = 0;
-    for line in text.lines().map(str::trim) {
-        if line.starts_with("# step ") {
-            cuts.push(events);
-        } else if !line.is_empty() && !line.starts_with('#') {
-            events += 1;
-        }
-    }
-    let mut steps = Vec::with_capacity(cuts.len() + 1);
-    let mut from = 0;
-    for to in cuts.into_iter().chain(std::iter::once(all.events.len())) {
-        steps.push(Trace {
-            events: all.events[from..to].to_vec(),
-        });
-        from = to;
-    }
-    Ok(steps)
 }

@@ -30,93 +30,11 @@ use crate::backend::StreamId;
 use crate::block::{Block, BlockState, State, NONE};
 use crate::error::Result;
 use crate::handle::RawAllocation;
-use crate::planned::{BinPlan, PlannedCounts, StepPlan};
+use crate::plan_state::{Active, PlannedCounts};
+use crate::planned::{BinPlan, StepPlan};
 use crate::slab::ARENA_SEGMENT;
-use crate::stats::PoolKind;
-use crate::trace::{Trace, TraceEvent};
-use std::collections::{BTreeMap, HashSet};
-
-/// The plan being served.
-#[derive(Debug)]
-struct Active {
-    requests: Vec<usize>,
-    stream: StreamId,
-    /// Address and pool of each planned allocation; `None` for one the cache serves.
-    places: Vec<Option<(u64, PoolKind)>>,
-    /// The bins holding planned blocks (state `Arena`).
-    bins: Vec<u32>,
-    /// Index of the next allocation in the current step.
-    next: usize,
-    /// The current step left the plan.
-    deviated: bool,
-    /// Dropped: no more placements; the bins go back once `live` is empty.
-    dropped: bool,
-    /// Planned blocks live now: address -> end.
-    live: BTreeMap<u64, u64>,
-}
-
-/// Planned-steps state, behind the allocator's lock.
-#[derive(Debug, Default)]
-pub(crate) struct Planner {
-    /// The step being recorded: allocations (alloc id, bytes; with their stream and address)
-    /// and frees, in order.
-    recording: Vec<(TraceEvent, StreamId, u64)>,
-    /// Requests of the last recorded step, when it was packable.
-    previous: Option<Vec<(usize, StreamId)>>,
-    /// `num_ooms` at the last marker: a step in which an allocation failed is not planned.
-    ooms: u64,
-    active: Option<Active>,
-    counts: PlannedCounts,
-}
-
-impl Planner {
-    /// Notes an allocation served by the cache (recorded while no plan is active).
-    pub(crate) fn record_alloc(
-        &mut self,
-        alloc_id: u64,
-        bytes: usize,
-        stream: StreamId,
-        addr: u64,
-    ) {
-        if self.active.is_none() {
-            let event = TraceEvent::Alloc {
-                id: alloc_id,
-                bytes,
-            };
-            self.recording.push((event, stream, addr));
-        }
-    }
-
-    /// Notes a free of allocation `alloc_id`.
-    pub(crate) fn record_free(&mut self, alloc_id: u64) {
-        if self.active.is_none() {
-            let event = TraceEvent::Free { id: alloc_id };
-            self.recording.push((event, StreamId::DEFAULT, 0));
-        }
-    }
-
-    /// The recorded step as a trace (frees of blocks from before it left out), its requests
-    /// and the address the cache gave each.
-    fn recorded_step(&mut self) -> (Trace, Vec<(usize, StreamId)>, Vec<u64>) {
-        let mut mine = HashSet::new();
-        let mut trace = Trace::default();
-        let mut requests = Vec::new();
-        let mut addrs = Vec::new();
-        for (e, stream, addr) in self.recording.drain(..) {
-            match e {
-                TraceEvent::Alloc { id, bytes } => {
-                    mine.insert(id);
-                    requests.push((bytes, stream));
-                    addrs.push(addr);
-                    trace.events.push(e);
-                }
-                TraceEvent::Free { id } if mine.contains(&id) => trace.events.push(e),
-                TraceEvent::Free { .. } => {}
-            }
-        }
-        (trace, requests, addrs)
-    }
-}
+use crate::trace::Trace;
+use std::collections::BTreeMap;
 
 impl State {
     /// Frees planned block `id` (allocated or pending); when the plan was dropped and this was

@@ -118,11 +118,11 @@ impl Replayer {
     }
 
     /// Replays the steps of a recorded trace file (split at its `# step` lines by
-    /// [`steps_of`](crate::planned::steps_of)), marking the start of each with
+    /// [`steps_of`](crate::trace::steps_of)), marking the start of each with
     /// [`CachingAllocator::mark_step`] (which plans steady steps when `planned_steps` is on); a
     /// text without such lines is one step.
     pub fn run_steps(&mut self, text: &str) -> Result<()> {
-        for step in crate::planned::steps_of(text)? {
+        for step in crate::trace::steps_of(text)? {
             self.allocator.mark_step()?;
             self.run(&step)?;
         }

@@ -25,9 +25,9 @@
 use crate::allocator::CachingAllocator;
 use crate::backend::BackendError;
 use crate::block::{Block, BlockState, State, NONE};
-use crate::page_runs::PageRuns;
 use crate::slab::ALIAS_SEGMENT;
 use crate::stats::PoolKind;
+use crate::stitched_state::{Run, Stitched};
 
 /// Stitched blocks kept at most; beyond it the least recently used cached ones are dropped.
 pub(crate) const MAX_CACHED_STITCHED: usize = 64;
@@ -36,38 +36,6 @@ pub(crate) const MAX_CACHED_STITCHED: usize = 64;
 /// mapped in place share their tail with the next block (a 9 MiB request would lock 1 MiB
 /// of a 10 MiB stitched block; 31.75 MiB in 32 MiB is fine).
 pub(crate) const STITCHED_WASTE_DIVISOR: usize = 16;
-
-/// Whole pages `[p0, p1)` of expandable segment `seg`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Run {
-    pub seg: u32,
-    pub p0: usize,
-    pub p1: usize,
-}
-
-/// One stitched block and where its memory lies.
-#[derive(Debug, Clone)]
-pub(crate) struct Stitched {
-    /// Slab id of the block (segment [`ALIAS_SEGMENT`]).
-    pub block: u32,
-    /// The pages whose memory the block reaches, in the block's address order.
-    pub runs: Vec<Run>,
-    /// While in use: the `Lent` block of each run, same order. Empty while cached.
-    pub lent: Vec<u32>,
-    /// Allocator clock at the last hand-out or free (least recently used goes first).
-    pub used_at: u64,
-}
-
-/// Every stitched block, and the address space they live in.
-#[derive(Debug, Default)]
-pub(crate) struct StitchedCache {
-    /// The alias address space `(base, bytes)`, reserved on first use.
-    pub space: Option<(u64, usize)>,
-    /// Pages of the alias space in use by stitched blocks.
-    pub used: PageRuns,
-    /// The stitched blocks, in use and cached.
-    pub blocks: Vec<Stitched>,
-}
 
 impl State {
     /// Allocator teardown: forgets every stitched block and returns the alias mappings to
