@@ -318,6 +318,7 @@ impl CachingAllocator {
     /// Hands out a block of `rounded` bytes for a request of `size` on stream `si`: best fit in
     /// its pool, else the slow paths of a miss (`report_oom`: count a failure in the
     /// statistics and history, as for a caller's request).
+    #[inline]
     pub(crate) fn take_block(
         &self,
         st: &mut State,

@@ -162,7 +162,7 @@ pub(crate) struct State {
 impl State {
     /// Index of `stream`'s pools, creating them on first use. Streams are few, so a linear scan
     /// beats hashing.
-    #[inline]
+    #[inline(always)]
     pub fn stream_index(&mut self, stream: StreamId) -> u16 {
         if let Some(i) = self.streams.iter().position(|s| s.stream == stream) {
             return i as u16;
@@ -239,6 +239,7 @@ impl State {
 
     /// Cuts free block `id` (out of its pool) to `keep` bytes; the rest becomes a new free block
     /// in the pool, returned. Statistics are the caller's to update.
+    #[inline(always)]
     pub fn split_tail(&mut self, id: u32, keep: usize) -> u32 {
         let b = &self.blocks[id as usize];
         let remainder = Block {
