@@ -4,11 +4,18 @@
 //!
 //! `cargo run --release -p kiln-alloc-cache --example ratio_table [TRACE...]`
 //!
-//! The last column: backend calls kiln's default mode makes in replays 2 to 10 of the whole
-//! trace back to back (0 when the cache shaped by the first replay serves every later one).
+//! Columns: kiln default and expandable; expandable with `page_stitching` (stitched blocks:
+//! the simulated device aliases pages); default with `planned_steps` (steps marked at the
+//! trace's `# step` lines, or each replay of a trace without them, replayed three times), with
+//! the steps served by the plan out of all steps; PyTorch's policy in both modes; and the
+//! backend calls kiln's default mode makes in replays 2 to 10 of the whole trace back to back
+//! (0 when the cache shaped by the first replay serves every later one).
 
+use kiln_alloc_cache::planned::steps_of;
 use kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
-use kiln_alloc_cache::{replay_with, ReplayMode, ReplayPolicy, Replayer, Trace};
+use kiln_alloc_cache::{
+    replay_stitched, replay_with, AllocatorConfig, ReplayMode, ReplayPolicy, Replayer, Trace,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut paths: Vec<String> = std::env::args().skip(1).collect();
@@ -20,22 +27,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         paths.sort();
     }
     println!(
-        "| trace | kiln default | kiln expandable | PyTorch default | PyTorch expandable | \
-         kiln default calls in replays 2-10 |"
+        "| trace | kiln default | kiln expandable | + stitching | planned (steps planned) | \
+         PyTorch default | PyTorch expandable | kiln default calls in replays 2-10 |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for path in paths {
-        let trace = Trace::read(&path)?;
+        let text = std::fs::read_to_string(&path)?;
+        let trace = Trace::parse(&text)?;
         let name = std::path::Path::new(&path)
             .file_stem()
             .map_or(path.clone(), |s| s.to_string_lossy().into_owned());
-        let mut cells = Vec::new();
-        for policy in [ReplayPolicy::Kiln, ReplayPolicy::PyTorch] {
-            for mode in [ReplayMode::Default, ReplayMode::Expandable] {
-                let r = replay_with(&trace, policy, mode, DEFAULT_REPLAY_CAPACITY)?;
-                cells.push(format!("{:.3}", r.reserved_over_live));
-            }
+        let ratio = |policy, mode| {
+            replay_with(&trace, policy, mode, DEFAULT_REPLAY_CAPACITY)
+                .map(|r| format!("{:.3}", r.reserved_over_live))
+        };
+        let mut cells = vec![
+            ratio(ReplayPolicy::Kiln, ReplayMode::Default)?,
+            ratio(ReplayPolicy::Kiln, ReplayMode::Expandable)?,
+            format!(
+                "{:.3}",
+                replay_stitched(&trace, DEFAULT_REPLAY_CAPACITY)?.reserved_over_live
+            ),
+        ];
+        let config = AllocatorConfig {
+            planned_steps: true,
+            ..AllocatorConfig::default()
+        };
+        let mut planned = Replayer::with_config(config, DEFAULT_REPLAY_CAPACITY)?;
+        let steps = steps_of(&text)?;
+        // A trace without step lines is one step; replay it three times to plan it.
+        let runs = if steps.len() == 1 { 3 } else { 1 };
+        for _ in 0..runs {
+            planned.run_steps(&text)?;
         }
+        planned.allocator().mark_step()?;
+        let served = planned.allocator().plan_counts().0.planned_steps;
+        let total = if steps.len() == 1 { 3 } else { steps.len() - 1 };
+        cells.push(format!(
+            "{:.3} ({served}/{total})",
+            planned.report().reserved_over_live
+        ));
+        cells.push(ratio(ReplayPolicy::PyTorch, ReplayMode::Default)?);
+        cells.push(ratio(ReplayPolicy::PyTorch, ReplayMode::Expandable)?);
         let mut r = Replayer::new(ReplayMode::Default, DEFAULT_REPLAY_CAPACITY)?;
         r.run(&trace)?;
         let first = r.sim().calls().memory_calls();

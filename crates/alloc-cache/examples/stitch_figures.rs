@@ -6,7 +6,7 @@
 //! A trace with `# step N` comments (a recorded run) is replayed once and split at `# step 2`;
 //! one without (a single step that frees everything) is replayed ten times back to back, each
 //! replay counting as a step. Columns: peak reserved / peak live, backend memory calls
-//! (reserve, map, unmap, remap, ...) in step 1 and in all later steps.
+//! (reserve, map, unmap, remap, alias, ...) in step 1 and in all later steps.
 
 use kiln_alloc_cache::{AllocatorConfig, Replayer, Trace, TraceEvent};
 

@@ -107,8 +107,17 @@
 //! block at the end is grown in place. Releasing unmaps every page lying wholly inside a free
 //! block, in the middle too, leaving a hole block that is mapped again when a miss needs its
 //! addresses (`expandable.rs`); free blocks are always backed. This removes the "free, but in a
-//! segment of the wrong size" waste of fixed segments. With `page_stitching`, a miss at a new
-//! peak moves the pages of free gaps to the request instead of mapping new ones (`stitch.rs`).
+//! segment of the wrong size" waste of fixed segments. With `page_stitching`, a large miss is
+//! served by a *stitched block* where the backend can alias pages: the whole free pages of the
+//! segment mapped a second time as one range and kept cached, so a repeating step reuses it
+//! with no call (`stitched.rs`); without aliases, a miss at a new peak moves the pages of free
+//! gaps to the request (`stitch.rs`).
+//!
+//! **Planned steps** (`planned_steps`, opt-in): with `mark_step` at the start of each step, a
+//! loop whose steps repeat is packed offline into the cache's own free memory and served from
+//! it, each allocation at its planned address (`planner.rs`); a deviation falls back to the
+//! cache. The plan reserves nothing, so the peak is the cache's; what it removes is the search
+//! and any backend call in planned steps.
 //!
 //! **Streams.** A block belongs to the stream it was allocated on and is reused only there.
 //! `record_stream` notes other streams that used it; freeing such a block records an event on
@@ -156,7 +165,11 @@ pub fn pool_for(rounded: usize) -> PoolKind {
     }
 }
 
-/// Size of the fixed segment reserved for a request of `rounded` bytes on a miss.
+/// The base size of a fixed segment for a request of `rounded` bytes (PyTorch's rule: 2 MiB for
+/// the small pool, 20 MiB under 10 MiB, the request rounded to 2 MiB above). The segment a miss
+/// reserves starts from it: large requests under 10 MiB get the whole copies that waste least
+/// (`mid_segment_size` in `segments.rs`; 3 MiB + 512 gets 16 MiB), larger ones may grow
+/// geometrically (see the design note above).
 pub fn segment_size_for(rounded: usize) -> usize {
     if rounded <= SMALL_SIZE {
         SMALL_SEGMENT
@@ -173,8 +186,10 @@ pub struct CachingAllocator {
     pub(crate) config: AllocatorConfig,
     pub(crate) max_split: usize,
     pub(crate) page: usize,
+    /// Page stitching keeps stitched blocks (the backend can alias pages; `stitched.rs`).
+    pub(crate) aliases: bool,
     /// Distinguishes this allocator's handles from another allocator's.
-    instance: u32,
+    pub(crate) instance: u32,
     pub(crate) state: HitLock<State>,
 }
 
@@ -216,6 +231,7 @@ impl CachingAllocator {
         let mut state = State::default();
         state.stats.max_split_size = config.max_split_size.map_or(-1, |m| m as i64);
         Ok(Self {
+            aliases: config.page_stitching && backend.supports_aliases(),
             max_split: config.max_split_size.unwrap_or(usize::MAX),
             backend,
             config,
@@ -264,19 +280,24 @@ impl CachingAllocator {
             });
         }
         let rounded = self.config.rounded_size(size);
-        let pool = pool_for(rounded);
         let mut st = self.lock();
         if !st.pending.is_empty() {
             self.process_events(&mut st)?;
         }
         st.clock += 1;
+        if st.planner.is_some() {
+            if let Some(raw) = self.planned_alloc(&mut st, size, stream) {
+                return Ok(raw);
+            }
+        }
         let si = st.stream_index(stream);
-        let id = match self.find_fit(&mut st, si, pool, rounded) {
-            Some(id) => id,
-            None => self.allocate_miss(&mut st, si, pool, rounded, size)?,
-        };
-        let split = self.should_split(&st, id, rounded);
-        st.take(id, rounded, size, split);
+        let id = self.take_block(&mut st, si, rounded, size, true)?;
+        if st.planner.is_some() {
+            let (alloc_id, addr) = (st.blocks[id as usize].alloc_id, st.blocks[id as usize].addr);
+            if let Some(p) = st.planner.as_mut() {
+                p.record_alloc(alloc_id, size, stream, addr);
+            }
+        }
         if st.history.is_some() {
             let b = &st.blocks[id as usize];
             let (addr, block_size) = (b.addr, b.size);
@@ -292,6 +313,28 @@ impl CachingAllocator {
             owner: self.instance,
             alloc_id: b.alloc_id,
         })
+    }
+
+    /// Hands out a block of `rounded` bytes for a request of `size` on stream `si`: best fit in
+    /// its pool, else the slow paths of a miss (`report_oom`: count a failure in the
+    /// statistics and history, as for a caller's request).
+    #[inline]
+    pub(crate) fn take_block(
+        &self,
+        st: &mut State,
+        si: u16,
+        rounded: usize,
+        size: usize,
+        report_oom: bool,
+    ) -> Result<u32> {
+        let pool = pool_for(rounded);
+        let id = match self.find_fit(st, si, pool, rounded) {
+            Some(id) => id,
+            None => self.allocate_miss(st, si, pool, rounded, size, report_oom)?,
+        };
+        let split = self.should_split(st, id, rounded);
+        st.take(id, rounded, size, split);
+        Ok(id)
     }
 
     /// Best fit in `stream`'s `pool` under the `max_split_size` rules; removes it from the pool.
@@ -320,6 +363,9 @@ impl CachingAllocator {
 
     fn should_split(&self, st: &State, id: u32, rounded: usize) -> bool {
         let b = &st.blocks[id as usize];
+        if b.segment == crate::slab::ALIAS_SEGMENT {
+            return false;
+        }
         let remaining = b.size - rounded;
         if b.pool == PoolKind::Small || st.segment(b.segment).expandable() {
             remaining >= MIN_BLOCK
@@ -334,6 +380,9 @@ impl CachingAllocator {
         let id = self.validate(&st, &raw)?;
         if let Some(r) = st.recorder.as_mut() {
             r.record_free(raw.alloc_id);
+        }
+        if let Some(p) = st.planner.as_mut() {
+            p.record_free(raw.alloc_id);
         }
         st.clock += 1;
         let (addr, block_size) = (st.blocks[id as usize].addr, st.blocks[id as usize].size);

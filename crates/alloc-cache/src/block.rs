@@ -102,7 +102,11 @@ impl Contribution {
                 inactive_split_bytes: size,
                 ..Contribution::default()
             },
-            BlockState::Free | BlockState::Unmapped | BlockState::Dead => Contribution::default(),
+            BlockState::Free
+            | BlockState::Unmapped
+            | BlockState::Lent
+            | BlockState::Arena
+            | BlockState::Dead => Contribution::default(),
         }
     }
 
@@ -149,12 +153,16 @@ pub(crate) struct State {
     pub history_kept: Option<Box<crate::ring::Recorder>>,
     /// What a memory plan predicted (for the out-of-memory report).
     pub plan_prediction: Option<Box<crate::history::PlanPrediction>>,
+    /// Stitched blocks, in use and cached (`stitched.rs`).
+    pub stitched: crate::stitched_state::StitchedCache,
+    /// Planned steps, once `mark_step` was called with `planned_steps` on (`planner.rs`).
+    pub planner: Option<Box<crate::plan_state::Planner>>,
 }
 
 impl State {
     /// Index of `stream`'s pools, creating them on first use. Streams are few, so a linear scan
     /// beats hashing.
-    #[inline]
+    #[inline(always)]
     pub fn stream_index(&mut self, stream: StreamId) -> u16 {
         if let Some(i) = self.streams.iter().position(|s| s.stream == stream) {
             return i as u16;
@@ -229,42 +237,51 @@ impl State {
         index.remove(&mut self.blocks, id);
     }
 
+    /// Cuts free block `id` (out of its pool) to `keep` bytes; the rest becomes a new free block
+    /// in the pool, returned. Statistics are the caller's to update.
+    #[inline(always)]
+    pub fn split_tail(&mut self, id: u32, keep: usize) -> u32 {
+        let b = &self.blocks[id as usize];
+        let remainder = Block {
+            addr: b.addr + keep as u64,
+            size: b.size - keep,
+            requested: 0,
+            segment: b.segment,
+            prev: id,
+            next: b.next,
+            state: BlockState::Free,
+            pool: b.pool,
+            stream: b.stream,
+            pending_events: 0,
+            freed_at: b.freed_at,
+            alloc_id: 0,
+            free_prev: NONE,
+            free_next: NONE,
+            stream_uses: Vec::new(),
+        };
+        let (next, segment) = (b.next, b.segment);
+        let rest = self.new_block(remainder);
+        if next == NONE {
+            self.segment_mut(segment).tail = rest;
+        } else {
+            self.blocks[next as usize].prev = rest;
+        }
+        let b = &mut self.blocks[id as usize];
+        b.next = rest;
+        b.size = keep;
+        self.pool_insert(rest);
+        rest
+    }
+
     /// Hands out free block `id` (already out of its pool) for a request of `rounded` bytes,
     /// splitting the tail off into a new free block when `split` says so.
     pub fn take(&mut self, id: u32, rounded: usize, requested: usize, split: bool) {
         let before = self.contribution(id);
-        let mut rest = NONE;
-        if split {
-            let b = &self.blocks[id as usize];
-            let remainder = Block {
-                addr: b.addr + rounded as u64,
-                size: b.size - rounded,
-                requested: 0,
-                segment: b.segment,
-                prev: id,
-                next: b.next,
-                state: BlockState::Free,
-                pool: b.pool,
-                stream: b.stream,
-                pending_events: 0,
-                freed_at: b.freed_at,
-                alloc_id: 0,
-                free_prev: NONE,
-                free_next: NONE,
-                stream_uses: Vec::new(),
-            };
-            let (next, segment) = (b.next, b.segment);
-            rest = self.new_block(remainder);
-            if next == NONE {
-                self.segment_mut(segment).tail = rest;
-            } else {
-                self.blocks[next as usize].prev = rest;
-            }
-            let b = &mut self.blocks[id as usize];
-            b.next = rest;
-            b.size = rounded;
-            self.pool_insert(rest);
-        }
+        let rest = if split {
+            self.split_tail(id, rounded)
+        } else {
+            NONE
+        };
         self.next_alloc_id += 1;
         let alloc_id = self.next_alloc_id;
         let b = &mut self.blocks[id as usize];
@@ -279,8 +296,14 @@ impl State {
         }
     }
 
-    /// Returns allocated or pending block `id` to its pool, merging it with free neighbours.
+    /// Returns allocated or pending block `id` to its pool, merging it with free neighbours (a
+    /// stitched block goes back to the stitched cache instead and returns its lent pages).
     pub fn free_block(&mut self, id: u32) {
+        match self.blocks[id as usize].segment {
+            crate::slab::ALIAS_SEGMENT => return self.free_stitched(id),
+            crate::slab::ARENA_SEGMENT => return self.free_arena_block(id),
+            _ => {}
+        }
         let (prev, next, pool) = {
             let b = &self.blocks[id as usize];
             (b.prev, b.next, b.pool)

@@ -22,12 +22,23 @@ pub struct AllocatorConfig {
     /// sizes, at the cost of up to `1/n` internal waste. `None`: plain 512-byte rounding. Must be
     /// a power of two from 1 to 64.
     pub roundup_power2_divisions: Option<usize>,
-    /// Expandable segments only: on every miss, move the pages of free gaps to where the
-    /// request needs them before mapping new ones (GMLake-style stitching, `stitch.rs`), so
-    /// reserved memory follows live memory to within a page. Costs backend calls (page moves)
-    /// in the first steps of a repeating loop, until its layout settles. Off, pages move only
-    /// when the backend is out of memory.
+    /// Expandable segments only: GMLake-style page stitching (`stitch.rs`, `stitched.rs`). On a
+    /// backend that can alias pages, a large request that fits no free block gets a *stitched
+    /// block*: the whole free pages of its stream's segment mapped a second time as one range
+    /// (topped up with new pages when they are not enough), kept cached after it is freed, so
+    /// a repeating step reuses it without backend calls. Without aliases, a request that sets a
+    /// new peak of allocated bytes gets the pages of free gaps moved to it. Costs backend calls
+    /// (aliases or moves) in the first steps of a loop, until its layout settles. Off, pages
+    /// move only when the backend is out of memory.
     pub page_stitching: bool,
+    /// Planned steps (`planner.rs`): with [`CachingAllocator::mark_step`] called at the start of
+    /// every training step, once two steps in a row made the same requests and freed every
+    /// block they allocated, the step is packed offline into one arena and the following steps
+    /// are served from it (no search, no backend call); a step that deviates falls back to the
+    /// cache without failing, and the plan is dropped at its end.
+    ///
+    /// [`CachingAllocator::mark_step`]: crate::CachingAllocator::mark_step
+    pub planned_steps: bool,
 }
 
 impl AllocatorConfig {
@@ -91,22 +102,22 @@ impl AllocatorConfig {
                         .map_err(|_| bad("expected a power of two, 1 to 64"))?;
                     config.roundup_power2_divisions = Some(n);
                 }
-                "expandable_segments" | "page_stitching" => {
+                "expandable_segments" | "page_stitching" | "planned_steps" => {
                     let on = match value {
                         "True" | "true" | "1" => true,
                         "False" | "false" | "0" => false,
                         _ => return Err(bad("expected True or False")),
                     };
-                    if key == "page_stitching" {
-                        config.page_stitching = on;
-                    } else {
-                        config.expandable_segments = on;
+                    match key {
+                        "page_stitching" => config.page_stitching = on,
+                        "planned_steps" => config.planned_steps = on,
+                        _ => config.expandable_segments = on,
                     }
                 }
                 _ => {
                     return Err(bad("unknown key; known keys are max_split_size_mb, \
                          garbage_collection_threshold, expandable_segments, \
-                         roundup_power2_divisions, page_stitching"))
+                         roundup_power2_divisions, page_stitching, planned_steps"))
                 }
             }
         }

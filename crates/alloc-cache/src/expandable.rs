@@ -53,6 +53,18 @@ impl Segment {
 }
 
 impl CachingAllocator {
+    /// Address space of a new expandable segment (or of the stitched blocks' alias space): the
+    /// capacity with headroom, in whole pages (rounded down where up would overflow).
+    pub(crate) fn address_space_bytes(&self) -> usize {
+        let capacity = self.backend.capacity();
+        let wanted = capacity
+            .saturating_mul(ADDRESS_SPACE_FACTOR)
+            .min(capacity.max(ADDRESS_SPACE_HEADROOM_LIMIT));
+        wanted
+            .checked_next_multiple_of(self.page)
+            .unwrap_or(wanted / self.page * self.page)
+    }
+
     fn page_addr(&self, s: &Segment, p: usize) -> u64 {
         s.base + (p * self.page) as u64
     }
@@ -140,14 +152,7 @@ impl CachingAllocator {
     ) -> Result<u32, BackendError> {
         let mut seg = st.streams[si as usize].expandable[pool_index(pool)];
         if seg == NONE {
-            // The capacity with headroom, in whole pages (rounded down where up would overflow).
-            let capacity = self.backend.capacity();
-            let wanted = capacity
-                .saturating_mul(ADDRESS_SPACE_FACTOR)
-                .min(capacity.max(ADDRESS_SPACE_HEADROOM_LIMIT));
-            let address_space = wanted
-                .checked_next_multiple_of(self.page)
-                .unwrap_or(wanted / self.page * self.page);
+            let address_space = self.address_space_bytes();
             let base = self.backend.reserve_address_space(address_space)?;
             let segment = Segment {
                 base,
@@ -220,6 +225,7 @@ impl CachingAllocator {
         for id in free {
             let (p0, p1) = self.interior_pages(st.segment(seg), &st.blocks[id as usize]);
             if p0 < p1 {
+                self.evict_stitched(st, seg, p0, p1)?;
                 self.unmap_run(st, seg, p0, p1)?;
                 self.carve_hole(st, id, p0, p1);
                 released += (p1 - p0) * self.page;

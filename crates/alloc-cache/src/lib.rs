@@ -8,8 +8,10 @@
 //! - [`Allocation`]: RAII handle (frees on drop); [`RawAllocation`] for explicit allocate/free.
 //! - [`TraceRecorder`], [`Trace`] and [`replay()`]: record any run, replay it anywhere;
 //!   [`pytorch_policy`] replays it under a model of PyTorch's allocator for comparison.
-//! - [`planned`]: one steady step packed offline into an arena (interval packing) and the
-//!   following steps served from it, falling back to the cache when a step deviates.
+//! - [`planned`]: one steady step packed offline into an arena or into given bins (interval
+//!   packing); with `planned_steps` and [`CachingAllocator::mark_step`], the allocator records
+//!   a steady loop, packs it into its own free memory and serves the following steps from it,
+//!   falling back to the cache when a step deviates (design notes in `planner.rs`).
 //! - [`snapshot_pickle`] / [`snapshot_read`]: the allocation history and segments as the
 //!   pickle PyTorch's memory_viz opens, and back ([`pickle`] is the codec).
 //! - [`timeline`]: live bytes per category over time, the peak and its largest blocks (the
@@ -41,7 +43,9 @@ mod lock;
 mod oom_context;
 mod page_runs;
 pub mod pickle;
+mod plan_state;
 pub mod planned;
+mod planner;
 pub mod pytorch_policy;
 mod recorded;
 mod recorder;
@@ -56,6 +60,8 @@ pub mod snapshot_pickle;
 pub mod snapshot_read;
 mod stats;
 mod stitch;
+mod stitched;
+mod stitched_state;
 pub mod synth;
 pub mod timeline;
 mod trace;

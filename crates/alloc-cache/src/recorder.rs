@@ -35,7 +35,11 @@ fn blocks_now(st: &State) -> (HashMap<u64, LiveBlock>, HashMap<u64, LiveBlock>) 
             BlockState::Pending => {
                 pending.insert(b.addr, block);
             }
-            BlockState::Free | BlockState::Unmapped | BlockState::Dead => {}
+            BlockState::Free
+            | BlockState::Unmapped
+            | BlockState::Lent
+            | BlockState::Arena
+            | BlockState::Dead => {}
         }
     }
     (live, pending)

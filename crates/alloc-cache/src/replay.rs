@@ -117,6 +117,18 @@ impl Replayer {
         Ok(())
     }
 
+    /// Replays the steps of a recorded trace file (split at its `# step` lines by
+    /// [`steps_of`](crate::trace::steps_of)), marking the start of each with
+    /// [`CachingAllocator::mark_step`] (which plans steady steps when `planned_steps` is on); a
+    /// text without such lines is one step.
+    pub fn run_steps(&mut self, text: &str) -> Result<()> {
+        for step in crate::trace::steps_of(text)? {
+            self.allocator.mark_step()?;
+            self.run(&step)?;
+        }
+        Ok(())
+    }
+
     /// The figures so far.
     pub fn report(&self) -> ReplayReport {
         let stats = self.allocator.memory_stats();

@@ -68,6 +68,7 @@ impl CachingAllocator {
         pool: PoolKind,
         rounded: usize,
         requested: usize,
+        report_oom: bool,
     ) -> Result<u32> {
         if let Some(threshold) = self.config.garbage_collection_threshold {
             let limit = (threshold * self.backend.capacity() as f64) as usize;
@@ -89,7 +90,9 @@ impl CachingAllocator {
         if let Some(id) = self.find_any_fit(st, si, rounded)? {
             return Ok(id);
         }
-        if self.release_cached(st, Release::All)? > 0 {
+        // A plan holding bins yields them first (no backend call).
+        let yielded = st.yield_plan();
+        if self.release_cached(st, Release::All)? > 0 || yielded {
             st.stats.num_alloc_retries += 1;
             if let Some(id) = self.find_fit(st, si, pool, rounded) {
                 return Ok(id);
@@ -101,9 +104,11 @@ impl CachingAllocator {
                 return Ok(id);
             }
         }
-        st.stats.num_ooms += 1;
-        if st.history.is_some() {
-            st.history_oom(requested, si);
+        if report_oom {
+            st.stats.num_ooms += 1;
+            if st.history.is_some() {
+                st.history_oom(requested, si);
+            }
         }
         Err(Error::OutOfMemory(Box::new(
             self.oom_report(st, si, pool, rounded, requested),
@@ -318,6 +323,7 @@ impl CachingAllocator {
                 self.release_segment(st, seg)?
             };
         }
+        self.release_alias_space(st)?;
         Ok(released)
     }
 
@@ -428,14 +434,25 @@ impl Drop for CachingAllocator {
     /// Gives every segment back to the backend. Live `Allocation`s keep the allocator alive, so
     /// only blocks leaked as `RawAllocation`s can still be in use here; their memory goes too.
     fn drop(&mut self) {
+        let page = self.page;
         let st = self.state.get_mut();
         if st.history.take().is_some() {
             crate::context::recording_stopped();
         }
         let pending: Vec<_> = st.pending.drain(..).collect();
+        let (aliases, alias_space) = st.take_aliases(page);
         let segments: Vec<_> = st.segments.drain(..).flatten().collect();
         for (event, _) in pending {
             self.backend.destroy_event(event);
+        }
+        // Aliases go before the memory they reach.
+        for (addr, bytes) in aliases {
+            // SAFETY: the allocator is going away; nothing reaches these addresses any more.
+            let _ = unsafe { self.backend.unmap_alias(addr, bytes) };
+        }
+        if let Some((base, bytes)) = alias_space {
+            // SAFETY: as above, and every alias in it is unmapped now.
+            let _ = unsafe { self.backend.release_address_space(base, bytes) };
         }
         for s in segments {
             // SAFETY: the allocator is going away; no handle can reach these segments any more.

@@ -10,6 +10,12 @@ use crate::stats::PoolKind;
 
 /// Sentinel for "no block" in the intrusive links.
 pub(crate) const NONE: u32 = u32::MAX;
+/// The `segment` of a stitched block (`stitched.rs`): it lies in the alias address space, in no
+/// segment, and is linked to no neighbour.
+pub(crate) const ALIAS_SEGMENT: u32 = u32::MAX - 1;
+/// The `segment` of a block placed in a planned step's arena (`planner.rs`): it lies inside the
+/// arena block, in no segment's list, and is linked to no neighbour.
+pub(crate) const ARENA_SEGMENT: u32 = u32::MAX - 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BlockState {
@@ -22,6 +28,13 @@ pub(crate) enum BlockState {
     /// Expandable segments only: page-aligned address space with no memory behind it, in no
     /// pool (`stitch.rs`).
     Unmapped,
+    /// Expandable segments only: whole mapped pages of what was a free block, lent to a stitched
+    /// block in use, which reaches the same memory at its own addresses (`stitched.rs`); in no
+    /// pool, returned to it when the stitched block is freed.
+    Lent,
+    /// Held as the arena of planned steps (`planner.rs`): neither allocated nor free, in no
+    /// pool; the blocks placed in it are counted instead.
+    Arena,
     /// Slab slot not in use.
     Dead,
 }

@@ -5,6 +5,7 @@
 use crate::allocator::CachingAllocator;
 use crate::backend::StreamId;
 use crate::block::{pool_index, BlockState, Contribution, State, NONE};
+use crate::slab::ARENA_SEGMENT;
 use crate::stats::{MemoryStats, PoolKind};
 use serde::Serialize;
 
@@ -115,6 +116,11 @@ impl CachingAllocator {
                         let state = match b.state {
                             BlockState::Allocated => BlockSnapshotState::ActiveAllocated,
                             BlockState::Pending => BlockSnapshotState::ActivePendingFree,
+                            // Memory a stitched block in use reaches at its own addresses, and
+                            // the arena of planned steps: neither is free.
+                            BlockState::Lent | BlockState::Arena => {
+                                BlockSnapshotState::ActiveAllocated
+                            }
                             _ => BlockSnapshotState::Inactive,
                         };
                         if state == BlockSnapshotState::ActiveAllocated {
@@ -240,6 +246,13 @@ fn check(a: &CachingAllocator, st: &State, page: usize) -> Result<(), String> {
                 s.tail
             ));
         }
+    }
+    if let Some(problem) = a.check_stitched(st).or_else(|| a.check_planner(st)) {
+        return Err(problem);
+    }
+    // Stitched blocks and arena blocks lie in no segment's list.
+    for b in st.blocks.iter().filter(|b| b.segment >= ARENA_SEGMENT) {
+        Contribution::default().apply_change(Contribution::of(b), &mut recomputed, b.pool);
     }
     let pooled: usize = st
         .streams

@@ -9,29 +9,36 @@
 //!   is backed: the hit path never maps, and a request that fits a free block costs no call.
 //! - A hole starts and ends on page boundaries, is in no pool, is never next to another hole
 //!   (they merge), and is never the segment's last block (the extent is cut back past it).
-//! - The backend maps each physical page at one address at most: pages are moved
-//!   (`MemoryBackend::remap`), never mapped twice, so no two blocks share memory.
+//! - Within a segment each page is mapped at one address: pages are moved
+//!   (`MemoryBackend::remap`), never mapped twice there. The only second mappings are the
+//!   aliases of stitched blocks (`stitched.rs`), whose pages are `Lent` in the segment while
+//!   the stitched block is in use, so no two blocks in use share memory.
 //!
 //! Every miss of an expandable segment comes to [`stitch`](CachingAllocator::stitch), which
 //! picks where the request goes: at the start of a hole (joined to the free block before it,
 //! and to the one after it when the hole fills up) or past the extent (joined to a free last
 //! block), whichever needs the fewest pages (a hole on a tie, so address space is reused).
-//! With `page_stitching`, when the request takes allocated bytes to a new peak (the moment that
-//! sets the peak of reserved bytes), those pages come first from the whole pages inside free
-//! blocks of any expandable segment, the blocks with most such pages first, each block's run
-//! moved with one backend call; only the rest is new memory. (Moving pages on every miss
-//! lowers the first step's peak further, but a repeating step then moves pages back and forth
-//! in every later step: single-mapped pages cannot serve two layouts without calls.) Other misses map new pages, and every
-//! miss moves pages when the backend is out of memory. A repeating step reaches its peak in
-//! its first run, so later runs move nothing and settle like plain expandable segments.
+//! With `page_stitching` on a backend with alias mappings, a large-pool miss first tries a
+//! stitched block (`stitched.rs`): the whole free pages of the stream's large segment, mapped a
+//! second time as one range and kept cached after use, so later steps reuse it with no call.
+//! On a backend without aliases, when the request takes allocated bytes to a new peak (the
+//! moment that sets the peak of reserved bytes), the pages come first from the whole pages
+//! inside free blocks of any expandable segment, the blocks with most such pages first, each
+//! block's run moved with one backend call; only the rest is new memory. (Moving pages on
+//! every miss lowers the first step's peak further, but a repeating step then moves pages back
+//! and forth in every later step: single-mapped pages cannot serve two layouts without calls;
+//! aliases can.) Other misses map new pages, and every miss moves pages when the backend is
+//! out of memory. A repeating step reaches its peak in its first run, so later runs move
+//! nothing and settle like plain expandable segments.
 
 use crate::allocator::CachingAllocator;
 use crate::backend::BackendError;
 use crate::block::{Block, BlockState, Segment, State, NONE};
+use crate::stats::PoolKind;
 
 /// Where a stitched request goes in its segment.
 #[derive(Debug, Clone, Copy)]
-struct Target {
+pub(crate) struct Target {
     /// The free block before the new pages, which the request starts in (or `NONE`).
     left: u32,
     /// The free block after the hole, left alone so the hole keeps its neighbours (or `NONE`).
@@ -41,16 +48,16 @@ struct Target {
     /// First page to map.
     page: usize,
     /// Pages to map.
-    pages: usize,
+    pub pages: usize,
 }
 
-/// A run of whole pages inside a free block, to be moved.
+/// A run of whole pages inside a free block, to be moved or lent.
 #[derive(Debug, Clone, Copy)]
-struct Source {
-    seg: u32,
-    block: u32,
-    p0: usize,
-    p1: usize,
+pub(crate) struct Source {
+    pub seg: u32,
+    pub block: u32,
+    pub p0: usize,
+    pub p1: usize,
 }
 
 impl CachingAllocator {
@@ -60,7 +67,7 @@ impl CachingAllocator {
 
     /// The place for `rounded` bytes in segment `seg` needing the fewest new pages, or `None`
     /// when the segment's address space has no room.
-    fn stitch_target(&self, st: &State, seg: u32, rounded: usize) -> Option<Target> {
+    pub(crate) fn stitch_target(&self, st: &State, seg: u32, rounded: usize) -> Option<Target> {
         let s = st.segment(seg);
         let page = self.page;
         let free_size =
@@ -110,13 +117,22 @@ impl CachingAllocator {
         best
     }
 
-    /// Up to `pages` whole pages inside free blocks of every expandable segment but not in
-    /// `keep`, taken from the blocks with the most such pages first (fewest moves), each from
-    /// its end.
-    fn stitch_sources(&self, st: &State, pages: usize, keep: [u32; 2]) -> Vec<Source> {
+    /// Up to `pages` whole pages inside free blocks of every expandable segment (of one stream
+    /// and pool only, when `only` says so) but not in `keep`, taken from the blocks with the
+    /// most such pages first (fewest moves or aliases), each from its end.
+    pub(crate) fn stitch_sources(
+        &self,
+        st: &State,
+        pages: usize,
+        keep: [u32; 2],
+        only: Option<(u16, PoolKind)>,
+    ) -> Vec<Source> {
         let mut found = Vec::new();
         for (seg, s) in st.segments.iter().enumerate() {
-            let Some(s) = s.as_ref().filter(|s| s.expandable()) else {
+            let wanted = |s: &&Segment| {
+                s.expandable() && only.is_none_or(|(si, pool)| si == s.stream && pool == s.pool)
+            };
+            let Some(s) = s.as_ref().filter(wanted) else {
                 continue;
             };
             let mut id = s.head;
@@ -151,22 +167,32 @@ impl CachingAllocator {
         out
     }
 
-    /// A free block (out of its pool) of segment `seg` holding `rounded` bytes at its start.
-    /// With `page_stitching`, a request that takes allocated bytes past their peak gets the
-    /// pages of free gaps first (the moment that sets the peak of reserved bytes); any other
-    /// request gets new pages, and only when the backend is out of memory are the gaps' pages
-    /// moved instead. So a repeating step, whose peak was reached in its first run, moves no
-    /// more pages once its layout has settled.
+    /// A free block (out of its pool) of segment `seg` holding `rounded` bytes at its start
+    /// (or a stitched block, see `stitched.rs`). With `page_stitching` and aliases, a large
+    /// request first tries a stitched block, when that needs fewer new pages than growing in
+    /// place. Without aliases, a request that takes allocated bytes past their peak gets the
+    /// pages of free gaps moved to it first (the moment that sets the peak of reserved
+    /// bytes). Any other request gets new pages, and only when the backend is out of memory are
+    /// the gaps' pages moved instead. So a repeating step, whose peak was reached in its first
+    /// run, moves no more pages once its layout has settled.
     pub(crate) fn stitch(
         &self,
         st: &mut State,
         seg: u32,
         rounded: usize,
     ) -> Result<u32, BackendError> {
+        if self.aliases && st.segment(seg).pool == PoolKind::Large {
+            let pages = self
+                .stitch_target(st, seg, rounded)
+                .map_or(usize::MAX, |t| t.pages);
+            if let Some(id) = self.stitched_fit(st, seg, rounded, pages)? {
+                return Ok(id);
+            }
+        }
         let allocated = &st.stats.allocated_bytes.all;
         let new_peak =
             (allocated.current as usize).saturating_add(rounded) > allocated.peak as usize;
-        let first = self.config.page_stitching && new_peak;
+        let first = self.config.page_stitching && new_peak && !self.aliases;
         match self.place_pages(st, seg, rounded, first) {
             Err(BackendError::OutOfMemory { .. }) if !first => {
                 self.place_pages(st, seg, rounded, true)
@@ -193,7 +219,10 @@ impl CachingAllocator {
             });
         };
         let steal = if move_pages { t.pages } else { 0 };
-        let sources = self.stitch_sources(st, steal, [t.left, t.right]);
+        let sources = self.stitch_sources(st, steal, [t.left, t.right], None);
+        for r in &sources {
+            self.evict_stitched(st, r.seg, r.p0, r.p1)?;
+        }
         let moved: usize = sources.iter().map(|r| r.p1 - r.p0).sum();
         if moved < t.pages {
             self.map_run(st, seg, t.page + moved, t.page + t.pages)?;
@@ -247,7 +276,7 @@ impl CachingAllocator {
     }
 
     /// Links `block` into segment `seg` after block `after` (`NONE`: first); returns its id.
-    fn link_after(&self, st: &mut State, seg: u32, after: u32, mut block: Block) -> u32 {
+    pub(crate) fn link_after(&self, st: &mut State, seg: u32, after: u32, mut block: Block) -> u32 {
         let next = if after == NONE {
             st.segment(seg).head
         } else {
@@ -289,6 +318,21 @@ impl CachingAllocator {
     /// the parts of the block before and after stay free, the hole joins neighbouring holes,
     /// and a hole at the end of the segment is cut off.
     pub(crate) fn carve_hole(&self, st: &mut State, id: u32, q0: usize, q1: usize) {
+        let hole = self.carve_pages(st, id, q0, q1, BlockState::Unmapped);
+        self.merge_holes(st, hole);
+    }
+
+    /// Cuts pages `[q0, q1)` of free block `id` (in its pool) out as a block of `state` (in no
+    /// pool; `Unmapped` or `Lent`), keeping the parts before and after free and pooled;
+    /// returns the cut block.
+    pub(crate) fn carve_pages(
+        &self,
+        st: &mut State,
+        id: u32,
+        q0: usize,
+        q1: usize,
+        state: BlockState,
+    ) -> u32 {
         let b = st.blocks[id as usize].clone();
         let seg = b.segment;
         let base = st.segment(seg).base;
@@ -300,12 +344,12 @@ impl CachingAllocator {
         st.pool_remove(id);
         let before = st.contribution(id);
         let hole_block = |addr: u64, size: usize| Block {
-            state: BlockState::Unmapped,
+            state,
             ..Block::free(addr, size, seg, NONE, b.pool, b.stream, b.freed_at)
         };
         let (left, hole) = if b.addr == h0 {
             let x = &mut st.blocks[id as usize];
-            x.state = BlockState::Unmapped;
+            x.state = state;
             x.size = (h1 - h0) as usize;
             (NONE, id)
         } else {
@@ -334,7 +378,7 @@ impl CachingAllocator {
                 st.pool_insert(piece);
             }
         }
-        self.merge_holes(st, hole);
+        hole
     }
 
     /// Joins hole `hole` to neighbouring holes; cuts the extent back past a hole at the end.

@@ -267,3 +267,29 @@ impl TraceRecorder {
         })
     }
 }
+
+/// Splits a trace file at its `# step ...` comment lines (as `cargo xtask record-traces` writes
+/// them): the events before the first such line, then one [`Trace`] per step (the last one
+/// runs to the end of the file). The whole text is validated first, so a step's events may
+/// free blocks of earlier steps.
+pub fn steps_of(text: &str) -> Result<Vec<Trace>> {
+    let all = Trace::parse(text)?;
+    let mut cuts = Vec::new();
+    let mut events = 0;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("# step ") {
+            cuts.push(events);
+        } else if !line.is_empty() && !line.starts_with('#') {
+            events += 1;
+        }
+    }
+    let mut steps = Vec::with_capacity(cuts.len() + 1);
+    let mut from = 0;
+    for to in cuts.into_iter().chain(std::iter::once(all.events.len())) {
+        steps.push(Trace {
+            events: all.events[from..to].to_vec(),
+        });
+        from = to;
+    }
+    Ok(steps)
+}

@@ -25,6 +25,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         hit_latency(options, &mut rows)?;
         history_overhead(options, &mut rows)?;
         steady_state(&mut rows)?;
+        planned_steps(&mut rows)?;
         fragmentation(&mut rows)?;
         tight_capacity(&mut rows)?;
         host_touch(options, &mut rows)?;
@@ -345,6 +346,50 @@ fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
     Ok(())
 }
 
+/// Planned steps (`planned_steps:True`, a marker at each `# step` line) on the recorded
+/// fixed-shape runs: backend calls once the plan serves the steps (target 0), with how many
+/// steps it served and the run's reserved/live (the plan reserves nothing, so that is the
+/// default mode's).
+fn planned_steps(rows: &mut Vec<Row>) -> Result<(), String> {
+    for (name, text) in RECORDED {
+        if !fixed_shapes(name) {
+            continue;
+        }
+        let config = AllocatorConfig {
+            planned_steps: true,
+            ..AllocatorConfig::default()
+        };
+        let capacity = kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
+        let mut r = Replayer::with_config(config, capacity).map_err(err)?;
+        let steps = kiln_alloc_cache::planned::steps_of(text).map_err(err)?;
+        let mut calls = 0;
+        for step in &steps {
+            r.allocator().mark_step().map_err(err)?;
+            let planned = r.allocator().plan_counts().1 > 0;
+            let before = r.sim().calls().memory_calls();
+            r.run(step).map_err(err)?;
+            if planned {
+                calls += r.sim().calls().memory_calls() - before;
+            }
+        }
+        r.allocator().mark_step().map_err(err)?;
+        let served = r.allocator().plan_counts().0.planned_steps;
+        rows.push(Row::new(
+            GROUP,
+            format!("{name}_planned_steps"),
+            "backend_calls_in_planned_steps",
+            calls as f64,
+            format!(
+                "target 0; {served} of {} steps planned, reserved/live {:.3}",
+                steps.len() - 1,
+                r.report().reserved_over_live
+            ),
+            1.0 / (1.0 + calls as f64),
+        ));
+    }
+    Ok(())
+}
+
 /// Peak reserved over peak live of every trace in each mode, kiln's allocator next to the model
 /// of PyTorch's on the same trace (`ratio`: target / kiln's figure), and the backend calls each
 /// made.
@@ -403,8 +448,10 @@ fn fragmentation(rows: &mut Vec<Row>) -> Result<(), String> {
             "reserved_over_live",
             report.reserved_over_live,
             format!(
-                "target <= 1.03; page_stitching:True, {} backend memory calls ({} remaps)",
+                "target <= 1.03; page_stitching:True, {} backend memory calls ({} aliases, {} \
+                 remaps)",
                 stitched.sim().calls().memory_calls(),
+                stitched.sim().calls().map_alias,
                 stitched.sim().calls().remap
             ),
             1.03 / report.reserved_over_live,

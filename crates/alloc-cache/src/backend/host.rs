@@ -214,6 +214,21 @@ impl MemoryBackend for HostBackend {
         self.host_pages()?.remap(from, to, bytes)
     }
 
+    #[cfg(target_os = "linux")]
+    fn supports_aliases(&self) -> bool {
+        self.pages.is_some()
+    }
+
+    #[cfg(target_os = "linux")]
+    fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        self.host_pages()?.map_alias(from, to, bytes)
+    }
+
+    #[cfg(target_os = "linux")]
+    unsafe fn unmap_alias(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        self.host_pages()?.unmap_alias(addr, bytes)
+    }
+
     fn record_event(&self, _stream: StreamId) -> Result<EventId, BackendError> {
         Ok(EventId(0))
     }

@@ -6,10 +6,12 @@
 //! slot of the memfd over it (`mmap(MAP_FIXED | MAP_SHARED)`, read-write); unmapping puts a
 //! `PROT_NONE` mapping back and punches the slot out of the file (`fallocate(PUNCH_HOLE)`), so
 //! the memory returns to the system; a remap maps the same slot at the new address, so the
-//! memory moves without being freed.
+//! memory moves without being freed; an alias maps the same slot at a second address too
+//! (`aliases`), and is unmapped without punching the slot.
 //!
-//! Invariants: every mapped page address has exactly one slot and every slot is mapped at most
-//! once (`mapped` is the only record); a slot is either mapped or in `free_slots` or past the
+//! Invariants: every mapped page address has exactly one slot and every slot is mapped at one
+//! address of `mapped` at most, plus as many alias addresses as `alias_count` says; a slot with
+//! aliases is neither unmapped nor moved; a slot is either mapped or in `free_slots` or past the
 //! file's end; addresses are multiples of [`HOST_PAGE`].
 
 use super::BackendError;
@@ -30,6 +32,10 @@ struct Slots {
     free_slots: Vec<usize>,
     /// Slot of every mapped page, by page address.
     mapped: HashMap<u64, usize>,
+    /// Slot of every alias page, by page address.
+    aliases: HashMap<u64, usize>,
+    /// Alias addresses of each slot that has any.
+    alias_count: HashMap<usize, usize>,
 }
 
 /// The memfd slots behind mapped host pages.
@@ -145,6 +151,56 @@ impl Slots {
 }
 
 impl HostPages {
+    /// Maps the slots behind `[from, from + bytes)` also at `[to, to + bytes)`; on a failure
+    /// part-way, the aliases made are unmapped again.
+    pub fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        check(from, bytes)?;
+        check(to, bytes)?;
+        let mut s = self.lock();
+        let page = |base: u64, i: usize| base + (i * HOST_PAGE) as u64;
+        let pages = bytes / HOST_PAGE;
+        let taken = |s: &Slots, a: u64| s.mapped.contains_key(&a) || s.aliases.contains_key(&a);
+        if (0..pages).any(|i| !s.mapped.contains_key(&page(from, i)) || taken(&s, page(to, i))) {
+            return Err(BackendError::Driver(format!(
+                "host: alias {from:#x} -> {to:#x} (+{bytes}) needs mapped source, free target"
+            )));
+        }
+        for i in 0..pages {
+            let slot = s.mapped[&page(from, i)];
+            if let Err(e) = s.map_slot(page(to, i), slot) {
+                drop(s);
+                if i > 0 {
+                    self.unmap_alias(to, i * HOST_PAGE)?;
+                }
+                return Err(e);
+            }
+            s.aliases.insert(page(to, i), slot);
+            *s.alias_count.entry(slot).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    /// Unmaps the alias pages of `[addr, addr + bytes)`; their slots stay mapped elsewhere.
+    pub fn unmap_alias(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        check(addr, bytes)?;
+        let mut s = self.lock();
+        for i in 0..bytes / HOST_PAGE {
+            let at = addr + (i * HOST_PAGE) as u64;
+            let slot = s
+                .aliases
+                .remove(&at)
+                .ok_or_else(|| BackendError::Driver(format!("host: page {at:#x} is no alias")))?;
+            protect_none(at, HOST_PAGE)?;
+            if let Some(n) = s.alias_count.get_mut(&slot) {
+                *n -= 1;
+                if *n == 0 {
+                    s.alias_count.remove(&slot);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -239,10 +295,15 @@ impl HostPages {
         let mut s = self.lock();
         for i in 0..bytes / HOST_PAGE {
             let at = addr + (i * HOST_PAGE) as u64;
-            let slot = s
-                .mapped
-                .remove(&at)
-                .ok_or_else(|| BackendError::Driver(format!("host: page {at:#x} is not mapped")))?;
+            let slot = match s.mapped.get(&at) {
+                Some(&slot) if !s.alias_count.contains_key(&slot) => slot,
+                _ => {
+                    return Err(BackendError::Driver(format!(
+                        "host: page {at:#x} is not mapped, or has an alias"
+                    )))
+                }
+            };
+            s.mapped.remove(&at);
             protect_none(at, HOST_PAGE)?;
             s.free(slot);
         }
@@ -256,11 +317,18 @@ impl HostPages {
         let mut s = self.lock();
         let pages = bytes / HOST_PAGE;
         let page = |base: u64, i: usize| base + (i * HOST_PAGE) as u64;
-        if (0..pages).any(|i| !s.mapped.contains_key(&page(from, i)))
-            || (0..pages).any(|i| s.mapped.contains_key(&page(to, i)))
+        let aliased = |s: &Slots, a: u64| {
+            s.mapped
+                .get(&a)
+                .is_some_and(|x| s.alias_count.contains_key(x))
+        };
+        if (0..pages).any(|i| !s.mapped.contains_key(&page(from, i)) || aliased(&s, page(from, i)))
+            || (0..pages).any(|i| {
+                s.mapped.contains_key(&page(to, i)) || s.aliases.contains_key(&page(to, i))
+            })
         {
             return Err(BackendError::Driver(format!(
-                "host: remap {from:#x} -> {to:#x} (+{bytes}) needs mapped source, unmapped target"
+                "host: remap {from:#x} -> {to:#x} (+{bytes}) needs mapped, unaliased source and unmapped target"
             )));
         }
         for i in 0..pages {

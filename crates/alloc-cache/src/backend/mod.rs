@@ -19,6 +19,9 @@
 //!   `cuMemRelease`. On a failure part-way, unmap what was mapped and return the error.
 //! - `remap` = per page `cuMemUnmap` at the old address and `cuMemMap` of the same handle at the
 //!   new one, then one `cuMemSetAccess`: the physical pages move, none is created or released.
+//! - `map_alias` / `unmap_alias` (optional) = `cuMemMap` of the same handles at a second address
+//!   plus `cuMemSetAccess` / `cuMemUnmap` of that address only (kiln-device does not offer them
+//!   yet, so page stitching there moves pages instead).
 //! - `record_event` = take an event from a pool (`cuEventCreate(DISABLE_TIMING)`) and
 //!   `cuEventRecord` it on the stream (`StreamId` = the `CUstream` handle value, 0 = legacy
 //!   default stream); `query_event` = `cuEventQuery` (`CUDA_ERROR_NOT_READY` -> `false`);
@@ -169,6 +172,39 @@ pub trait MemoryBackend: Send + Sync {
         self.map(to, bytes)
     }
 
+    /// Whether [`map_alias`](Self::map_alias) and [`unmap_alias`](Self::unmap_alias) work: the
+    /// memory of mapped pages can be mapped at a second address too (GMLake's multi-mapping,
+    /// which lets page stitching keep stitched blocks cached).
+    fn supports_aliases(&self) -> bool {
+        false
+    }
+
+    /// Maps the memory already mapped at `[from, from + bytes)` (page-aligned) also at
+    /// `[to, to + bytes)` (page-aligned, inside a reservation, unmapped), page for page. No memory
+    /// is allocated: both addresses reach the same bytes until the alias is unmapped with
+    /// [`unmap_alias`](Self::unmap_alias), which must happen before the pages at `from` are
+    /// unmapped or moved.
+    fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        let _ = (from, to, bytes);
+        Err(BackendError::Unsupported {
+            backend: self.name().to_string(),
+            what: "alias mappings",
+        })
+    }
+
+    /// Removes an alias made by [`map_alias`](Self::map_alias) over exactly `[addr, addr +
+    /// bytes)` of it (page-aligned); the memory stays mapped at its first address.
+    ///
+    /// # Safety
+    /// No pending or future access may go through the alias addresses.
+    unsafe fn unmap_alias(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let _ = (addr, bytes);
+        Err(BackendError::Unsupported {
+            backend: self.name().to_string(),
+            what: "alias mappings",
+        })
+    }
+
     /// Records an event on `stream` that completes when the work queued so far has finished.
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError>;
 
@@ -221,6 +257,16 @@ impl<T: MemoryBackend + ?Sized> MemoryBackend for std::sync::Arc<T> {
     unsafe fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
         // SAFETY: forwarded contract.
         unsafe { (**self).remap(from, to, bytes) }
+    }
+    fn supports_aliases(&self) -> bool {
+        (**self).supports_aliases()
+    }
+    fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        (**self).map_alias(from, to, bytes)
+    }
+    unsafe fn unmap_alias(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).unmap_alias(addr, bytes) }
     }
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
         (**self).record_event(stream)

@@ -7,7 +7,9 @@
 //! unmapping outside a reservation, leaking a reservation) is reported as an error.
 //! Physical pages are modelled: each mapped page has a physical page number, fresh ones from
 //! `map`, moved ones keeping theirs under `remap`, so tests can check that no physical page is
-//! ever reachable at two addresses ([`SimBackend::physical_pages`]).
+//! ever reachable at two addresses ([`SimBackend::physical_pages`]) other than through an alias
+//! (`map_alias`, which charges nothing; a page with an alias can be neither unmapped nor moved
+//! until the alias is gone).
 //! Events complete only when a test says so ([`SimBackend::complete_event`]) or when the
 //! allocator synchronises on them.
 
@@ -36,6 +38,10 @@ pub struct SimCalls {
     pub unmap: u64,
     /// `remap` calls.
     pub remap: u64,
+    /// `map_alias` calls.
+    pub map_alias: u64,
+    /// `unmap_alias` calls.
+    pub unmap_alias: u64,
     /// `record_event` calls.
     pub record_event: u64,
     /// `query_event` calls.
@@ -54,6 +60,8 @@ impl SimCalls {
             + self.map
             + self.unmap
             + self.remap
+            + self.map_alias
+            + self.unmap_alias
     }
 }
 
@@ -70,6 +78,9 @@ struct SimState {
     physical: BTreeMap<usize, (usize, u64)>,
     /// The next fresh physical page number.
     next_physical: u64,
+    /// Alias mappings: `first alias page -> (end page, first page of the memory's own
+    /// mapping)`. Their pages are in `mapped_pages` and `physical` too, but charge nothing.
+    aliases: BTreeMap<usize, (usize, usize)>,
     events: Vec<Option<bool>>,
     calls: SimCalls,
 }
@@ -80,6 +91,7 @@ pub struct SimBackend {
     capacity: usize,
     granularity: Option<usize>,
     page: usize,
+    aliases: bool,
     state: Mutex<SimState>,
 }
 
@@ -95,6 +107,7 @@ impl SimBackend {
             capacity,
             granularity: None,
             page: SIM_DEFAULT_PAGE,
+            aliases: true,
             state: Mutex::new(SimState {
                 next_addr: 1 << 32,
                 ..SimState::default()
@@ -108,6 +121,13 @@ impl SimBackend {
         let page = round_up(page.max(512), 512);
         self.granularity = Some(page);
         self.page = page;
+        self
+    }
+
+    /// Offers no alias mappings (like a backend without multi-mapping, e.g. kiln-device's CUDA
+    /// backend today): page stitching then moves pages instead of keeping stitched blocks.
+    pub fn without_aliases(mut self) -> Self {
+        self.aliases = false;
         self
     }
 
@@ -255,6 +275,13 @@ fn take_physical(s: &mut SimState, p0: usize, p1: usize) -> Vec<(usize, usize, u
     taken
 }
 
+/// Whether any page of `[p0, p1)` is an alias, or the memory of an alias.
+fn aliased(s: &SimState, p0: usize, p1: usize) -> bool {
+    s.aliases
+        .iter()
+        .any(|(&a, &(e, src))| (a < p1 && p0 < e) || (src < p1 && p0 < src + (e - a)))
+}
+
 fn inside_reservation(s: &SimState, addr: u64, bytes: usize) -> bool {
     s.reservations
         .range(..=addr)
@@ -371,9 +398,9 @@ impl MemoryBackend for SimBackend {
         s.calls.unmap += 1;
         self.check_pages(addr, bytes)?;
         let (p0, p1) = self.page_range(addr, bytes)?;
-        if !s.mapped_pages.covers(p0, p1) {
+        if !s.mapped_pages.covers(p0, p1) || aliased(&s, p0, p1) {
             return Err(BackendError::Driver(format!(
-                "sim: unmap of {addr:#x}+{bytes} covers unmapped pages"
+                "sim: unmap of {addr:#x}+{bytes} covers unmapped or aliased pages"
             )));
         }
         s.mapped_pages.remove(p0, p1);
@@ -389,9 +416,9 @@ impl MemoryBackend for SimBackend {
         self.check_pages(to, bytes)?;
         let (p0, p1) = self.page_range(from, bytes)?;
         let (q0, q1) = self.page_range(to, bytes)?;
-        if !s.mapped_pages.covers(p0, p1) {
+        if !s.mapped_pages.covers(p0, p1) || aliased(&s, p0, p1) {
             return Err(BackendError::Driver(format!(
-                "sim: remap from {from:#x}+{bytes} covers unmapped pages"
+                "sim: remap from {from:#x}+{bytes} covers unmapped or aliased pages"
             )));
         }
         if !inside_reservation(&s, to, bytes) || s.mapped_pages.count_in(q0, q1) > 0 {
@@ -404,6 +431,67 @@ impl MemoryBackend for SimBackend {
         for (a, e, f) in take_physical(&mut s, p0, p1) {
             s.physical.insert(q0 + (a - p0), (q0 + (e - p0), f));
         }
+        Ok(())
+    }
+
+    fn supports_aliases(&self) -> bool {
+        self.aliases
+    }
+
+    fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        if !self.aliases {
+            return Err(BackendError::Unsupported {
+                backend: "sim".into(),
+                what: "alias mappings (made without_aliases)",
+            });
+        }
+        let mut s = self.lock();
+        s.calls.map_alias += 1;
+        self.check_pages(from, bytes)?;
+        self.check_pages(to, bytes)?;
+        let (p0, p1) = self.page_range(from, bytes)?;
+        let (q0, q1) = self.page_range(to, bytes)?;
+        let alias_pages = s.aliases.iter().any(|(&a, &(e, _))| a < p1 && p0 < e);
+        if !s.mapped_pages.covers(p0, p1) || alias_pages {
+            return Err(BackendError::Driver(format!(
+                "sim: alias of {from:#x}+{bytes}: pages unmapped or aliases themselves"
+            )));
+        }
+        if !inside_reservation(&s, to, bytes) || s.mapped_pages.count_in(q0, q1) > 0 {
+            return Err(BackendError::Driver(format!(
+                "sim: alias at {to:#x}+{bytes} is outside a reservation or overlaps a mapping"
+            )));
+        }
+        let first = s.physical.range(..p0).next_back().map(|(&a, &v)| (a, v));
+        let met: Vec<(usize, (usize, u64))> = first
+            .into_iter()
+            .chain(s.physical.range(p0..p1).map(|(&a, &v)| (a, v)))
+            .collect();
+        for (a, (e, f)) in met {
+            let (lo, hi) = (a.max(p0), e.min(p1));
+            if lo < hi {
+                let entry = (q0 + (hi - p0), f + (lo - a) as u64);
+                s.physical.insert(q0 + (lo - p0), entry);
+            }
+        }
+        s.mapped_pages.insert(q0, q1);
+        s.aliases.insert(q0, (q1, p0));
+        Ok(())
+    }
+
+    unsafe fn unmap_alias(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        s.calls.unmap_alias += 1;
+        self.check_pages(addr, bytes)?;
+        let (q0, q1) = self.page_range(addr, bytes)?;
+        if s.aliases.get(&q0).map(|&(e, _)| e) != Some(q1) {
+            return Err(BackendError::Driver(format!(
+                "sim: {addr:#x}+{bytes} is not an alias made by one map_alias"
+            )));
+        }
+        s.aliases.remove(&q0);
+        s.mapped_pages.remove(q0, q1);
+        take_physical(&mut s, q0, q1);
         Ok(())
     }
 

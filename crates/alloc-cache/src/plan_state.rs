@@ -1,0 +1,109 @@
+//! The state of planned steps behind the allocator's lock (`planner.rs` holds the logic): what
+//! is being recorded, and the plan being served. A leaf module, so the allocator's state can
+//! hold it without the logic's dependencies.
+//!
+//! Invariants: `recording` holds events only while no plan is active; `Active::places` has one
+//! entry per request; `Active::live` holds exactly the planned blocks allocated or pending.
+
+use crate::backend::StreamId;
+use crate::stats::PoolKind;
+use crate::trace::{Trace, TraceEvent};
+use std::collections::{BTreeMap, HashSet};
+
+/// What planned steps did so far ([`crate::CachingAllocator::plan_counts`]) or what a
+/// [`PlannedReplayer`](crate::planned::PlannedReplayer) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlannedCounts {
+    /// Steps served wholly from the plan (or arena).
+    pub planned_steps: u64,
+    /// Steps that deviated from the plan and finished through the caching allocator.
+    pub fallback_steps: u64,
+    /// Allocations served from the plan (or arena).
+    pub arena_allocs: u64,
+}
+
+/// The plan being served.
+#[derive(Debug)]
+pub(crate) struct Active {
+    /// Requested bytes of each allocation of the step, in order.
+    pub(crate) requests: Vec<usize>,
+    /// The stream of every allocation of the step.
+    pub(crate) stream: StreamId,
+    /// Address and pool of each planned allocation; `None` for one the cache serves.
+    pub(crate) places: Vec<Option<(u64, PoolKind)>>,
+    /// The bins holding planned blocks (state `Arena`).
+    pub(crate) bins: Vec<u32>,
+    /// Index of the next allocation in the current step.
+    pub(crate) next: usize,
+    /// The current step left the plan.
+    pub(crate) deviated: bool,
+    /// Dropped: no more placements; the bins go back once `live` is empty.
+    pub(crate) dropped: bool,
+    /// Planned blocks live now: address -> end.
+    pub(crate) live: BTreeMap<u64, u64>,
+}
+
+/// Planned-steps state, behind the allocator's lock.
+#[derive(Debug, Default)]
+pub(crate) struct Planner {
+    /// The step being recorded: allocations (alloc id, bytes; with their stream and address)
+    /// and frees, in order.
+    pub(crate) recording: Vec<(TraceEvent, StreamId, u64)>,
+    /// Requests of the last recorded step, when it was packable.
+    pub(crate) previous: Option<Vec<(usize, StreamId)>>,
+    /// `num_ooms` at the last marker: a step in which an allocation failed is not planned.
+    pub(crate) ooms: u64,
+    /// The plan being served, if any.
+    pub(crate) active: Option<Active>,
+    /// Steps and allocations served so far.
+    pub(crate) counts: PlannedCounts,
+}
+
+impl Planner {
+    /// Notes an allocation served by the cache (recorded while no plan is active).
+    pub(crate) fn record_alloc(
+        &mut self,
+        alloc_id: u64,
+        bytes: usize,
+        stream: StreamId,
+        addr: u64,
+    ) {
+        if self.active.is_none() {
+            let event = TraceEvent::Alloc {
+                id: alloc_id,
+                bytes,
+            };
+            self.recording.push((event, stream, addr));
+        }
+    }
+
+    /// Notes a free of allocation `alloc_id`.
+    pub(crate) fn record_free(&mut self, alloc_id: u64) {
+        if self.active.is_none() {
+            let event = TraceEvent::Free { id: alloc_id };
+            self.recording.push((event, StreamId::DEFAULT, 0));
+        }
+    }
+
+    /// The recorded step as a trace (frees of blocks from before it left out), its requests
+    /// and the address the cache gave each.
+    pub(crate) fn recorded_step(&mut self) -> (Trace, Vec<(usize, StreamId)>, Vec<u64>) {
+        let mut mine = HashSet::new();
+        let mut trace = Trace::default();
+        let mut requests = Vec::new();
+        let mut addrs = Vec::new();
+        for (e, stream, addr) in self.recording.drain(..) {
+            match e {
+                TraceEvent::Alloc { id, bytes } => {
+                    mine.insert(id);
+                    requests.push((bytes, stream));
+                    addrs.push(addr);
+                    trace.events.push(e);
+                }
+                TraceEvent::Free { id } if mine.contains(&id) => trace.events.push(e),
+                TraceEvent::Free { .. } => {}
+            }
+        }
+        (trace, requests, addrs)
+    }
+}

@@ -1,0 +1,353 @@
+//! Planned steps inside the allocator (`planned_steps:True`, with
+//! [`CachingAllocator::mark_step`] called at the start of every training step): a steady loop
+//! is recorded once, packed offline into the cache's own free memory (interval packing into
+//! bins, [`BinPlan::pack`]) and then served from it, each allocation at its planned address with
+//! no search and no backend call.
+//!
+//! - **Recording.** While no plan is active, every allocation and free between two markers is
+//!   recorded. At a marker, a step whose blocks were all freed within it is packable; when its
+//!   requests (sizes and stream, in order) equal those of the step recorded before it, the
+//!   loop is steady and the plan starts. All of the step's memory is free at that marker, so
+//!   the free blocks of the stream are the bins: the step is packed into them, and those that
+//!   receive blocks leave the pools (state `Arena`). No memory is reserved for the plan.
+//! - **Serving.** The i-th allocation of a planned step that asks for the planned size on the
+//!   planned stream, and whose planned range overlaps no planned block still live, is placed
+//!   there; one that no bin had room for goes through the cache. Anything else is a
+//!   deviation: that allocation and the rest of the step go through the cache, as without a
+//!   plan; blocks already placed stay where they are.
+//! - **Dropping.** At the marker after a deviating or incomplete step, or when a planned block
+//!   outlives its step, the plan is dropped: the bins go back to the pools once their last
+//!   block is freed, and recording starts again.
+//!
+//! Invariants: two planned blocks live at once never overlap and each lies inside its bin
+//! (checked on every placement, not assumed from the plan); a planned block is a block of
+//! segment [`ARENA_SEGMENT`] (no neighbours, in no pool); statistics stay true: a planned block
+//! counts in `allocated_bytes`, `active` and `allocation` (of its bin's pool) while live, the
+//! bins themselves only in `reserved_bytes` (they are neither allocated nor cached-free).
+
+use crate::allocator::CachingAllocator;
+use crate::backend::StreamId;
+use crate::block::{Block, BlockState, State, NONE};
+use crate::error::Result;
+use crate::handle::RawAllocation;
+use crate::plan_state::{Active, PlannedCounts};
+use crate::planned::{BinPlan, StepPlan};
+use crate::slab::ARENA_SEGMENT;
+use crate::trace::Trace;
+use std::collections::BTreeMap;
+
+impl State {
+    /// Frees planned block `id` (allocated or pending); when the plan was dropped and this was
+    /// its last block, the bins go back to the pools.
+    pub(crate) fn free_arena_block(&mut self, id: u32) {
+        let before = self.contribution(id);
+        let (addr, pool) = (self.blocks[id as usize].addr, self.blocks[id as usize].pool);
+        self.kill_block(id);
+        before.apply_change(self.contribution(id), &mut self.stats, pool);
+        let Some(a) = self.planner.as_mut().and_then(|p| p.active.as_mut()) else {
+            return;
+        };
+        a.live.remove(&addr);
+        if a.dropped && a.live.is_empty() {
+            self.release_bins();
+        }
+    }
+
+    /// Ends the active plan: every bin goes back to its pool (merged with free neighbours).
+    fn release_bins(&mut self) {
+        let Some(a) = self.planner.as_mut().and_then(|p| p.active.take()) else {
+            return;
+        };
+        for bin in a.bins {
+            self.release_bin(bin);
+        }
+    }
+
+    fn release_bin(&mut self, bin: u32) {
+        let before = self.contribution(bin);
+        let b = &mut self.blocks[bin as usize];
+        b.state = BlockState::Allocated;
+        b.requested = b.size;
+        let pool = b.pool;
+        before.apply_change(self.contribution(bin), &mut self.stats, pool);
+        self.free_block(bin);
+    }
+
+    /// Memory pressure (a miss about to release the cache): drops the active plan and returns
+    /// every bin holding no live planned block to its pool at once (the others follow with
+    /// their last block). Whether any bin went back.
+    pub(crate) fn yield_plan(&mut self) -> bool {
+        let Some(p) = self.planner.as_mut() else {
+            return false;
+        };
+        let Some(a) = p.active.as_mut() else {
+            return false;
+        };
+        p.counts.fallback_steps += u64::from(!a.dropped);
+        a.dropped = true;
+        let live = &a.live;
+        let blocks = &self.blocks;
+        let (busy, idle): (Vec<u32>, Vec<u32>) = a.bins.iter().partition(|&&bin| {
+            let b = &blocks[bin as usize];
+            live.range(b.addr..b.addr + b.size as u64).next().is_some()
+        });
+        a.bins = busy;
+        if a.bins.is_empty() {
+            p.active = None;
+        }
+        for &bin in &idle {
+            self.release_bin(bin);
+        }
+        !idle.is_empty()
+    }
+
+    /// Takes the first `used` bytes of free block `id` out of its pool as a bin of the plan;
+    /// the rest stays free.
+    fn take_bin(&mut self, id: u32, used: usize) {
+        self.pool_remove(id);
+        let before = self.contribution(id);
+        let rest = if self.blocks[id as usize].size - used >= crate::MIN_BLOCK {
+            self.split_tail(id, used)
+        } else {
+            NONE
+        };
+        self.blocks[id as usize].state = BlockState::Arena;
+        let pool = self.blocks[id as usize].pool;
+        let after = self.contribution(id) + self.contribution(rest);
+        before.apply_change(after, &mut self.stats, pool);
+    }
+}
+
+impl CachingAllocator {
+    /// Places allocation `size` on `stream` where the plan says; `None` sends it to the cache
+    /// (no plan, an allocation the plan leaves to the cache, or a step that deviates).
+    pub(crate) fn planned_alloc(
+        &self,
+        st: &mut State,
+        size: usize,
+        stream: StreamId,
+    ) -> Option<RawAllocation> {
+        let a = st.planner.as_mut()?.active.as_mut()?;
+        if a.deviated || a.dropped {
+            return None;
+        }
+        let i = a.next;
+        let bytes = crate::round_size(size);
+        let place = a.places.get(i).copied().flatten();
+        let clash = place.is_some_and(|(addr, _)| {
+            let end = addr + bytes as u64;
+            a.live
+                .range(..end)
+                .next_back()
+                .is_some_and(|(_, &e)| e > addr)
+        });
+        if a.requests.get(i) != Some(&size) || a.stream != stream || clash {
+            // The rest of the step goes to the cache, which gets the idle bins back.
+            a.deviated = true;
+            st.yield_plan();
+            return None;
+        }
+        a.next += 1;
+        let (addr, pool) = place?;
+        let end = addr + bytes as u64;
+        a.live.insert(addr, end);
+        let si = st.stream_index(stream);
+        let block = Block::free(addr, bytes, ARENA_SEGMENT, NONE, pool, si, st.clock);
+        let id = st.new_block(block);
+        st.take(id, bytes, size, false);
+        if let Some(p) = st.planner.as_mut() {
+            p.counts.arena_allocs += 1;
+        }
+        if st.history.is_some() {
+            st.history_alloc(addr, bytes, stream);
+        }
+        Some(RawAllocation {
+            addr,
+            size,
+            block_size: bytes,
+            stream,
+            slot: id,
+            owner: self.instance,
+            alloc_id: st.blocks[id as usize].alloc_id,
+        })
+    }
+
+    /// Marks the start of a training step (a no-op unless `planned_steps` is on): closes the
+    /// step before it, plans the loop once two packable steps in a row made the same requests,
+    /// and drops the plan after a step that deviated from it. Makes no backend call.
+    pub fn mark_step(&self) -> Result<()> {
+        if !self.config.planned_steps {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let ooms = st.stats.num_ooms;
+        let p = st.planner.get_or_insert_with(Box::default);
+        if let Some(a) = p.active.as_mut() {
+            let kept = !a.deviated && a.next == a.requests.len() && a.live.is_empty();
+            if kept && !a.dropped {
+                a.next = 0;
+                p.counts.planned_steps += 1;
+                return Ok(());
+            }
+            p.counts.fallback_steps += u64::from(!a.dropped);
+            a.dropped = true;
+            let release = a.live.is_empty();
+            p.previous = None;
+            p.recording.clear();
+            if release {
+                st.release_bins();
+            }
+            return Ok(());
+        }
+        let (trace, requests, addrs) = p.recorded_step();
+        let failed = std::mem::replace(&mut p.ooms, ooms) != ooms;
+        if failed || trace.events.is_empty() || StepPlan::pack(&trace).is_err() {
+            p.previous = None;
+            return Ok(());
+        }
+        if p.previous.as_ref() != Some(&requests) {
+            p.previous = Some(requests);
+            return Ok(());
+        }
+        p.previous = None;
+        self.start_plan(&mut st, &trace, requests, &addrs);
+        Ok(())
+    }
+
+    /// Packs the step into the free blocks of its stream and makes the plan active (when the
+    /// step uses one stream and some block found room). When packing leaves a block without
+    /// room but the addresses the cache gave the recorded step all lie in free blocks, those
+    /// are the plan instead (the cache's own layout, served without search).
+    fn start_plan(
+        &self,
+        st: &mut State,
+        step: &Trace,
+        requests: Vec<(usize, StreamId)>,
+        recorded: &[u64],
+    ) {
+        let stream = requests[0].1;
+        if requests.iter().any(|r| r.1 != stream) {
+            return;
+        }
+        let si = st.stream_index(stream);
+        let free: Vec<u32> = (0..st.blocks.len() as u32)
+            .filter(|&id| {
+                let b = &st.blocks[id as usize];
+                b.state == BlockState::Free && b.segment < ARENA_SEGMENT && b.stream == si
+            })
+            .collect();
+        let sizes: Vec<usize> = free.iter().map(|&id| st.blocks[id as usize].size).collect();
+        let Ok(mut plan) = BinPlan::pack(step, &sizes) else {
+            return;
+        };
+        if plan.places.iter().any(Option::is_none) {
+            let mut spans: Vec<(u64, u64, usize)> = free
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    let b = &st.blocks[id as usize];
+                    (b.addr, b.addr + b.size as u64, i)
+                })
+                .collect();
+            spans.sort_unstable();
+            let inside = |addr: u64, bytes: usize| {
+                let i = spans.partition_point(|s| s.0 <= addr).checked_sub(1)?;
+                let (lo, hi, bin) = spans[i];
+                (addr + bytes as u64 <= hi).then(|| (bin, (addr - lo) as usize))
+            };
+            // The cache's own layout where it lies in free blocks, the rest packed around it.
+            let own: Vec<_> = recorded
+                .iter()
+                .zip(&plan.requests)
+                .map(|(&addr, &bytes)| inside(addr, crate::round_size(bytes)))
+                .collect();
+            if let Ok(around) = BinPlan::pack_around(step, &sizes, &own) {
+                plan = around;
+            }
+        }
+        // Bytes of each bin up to the end of its last planned block.
+        let mut used = vec![0usize; free.len()];
+        let places = plan
+            .places
+            .iter()
+            .zip(&plan.requests)
+            .map(|(place, &bytes)| {
+                place.map(|(bin, offset)| {
+                    used[bin] = used[bin].max(offset + crate::round_size(bytes));
+                    let b = &st.blocks[free[bin] as usize];
+                    (b.addr + offset as u64, b.pool)
+                })
+            })
+            .collect();
+        let bins: Vec<u32> = (0..free.len())
+            .filter(|&b| used[b] > 0)
+            .map(|b| free[b])
+            .collect();
+        if bins.is_empty() {
+            return;
+        }
+        for (bin, &bytes) in free.iter().zip(&used) {
+            if bytes > 0 {
+                st.take_bin(*bin, bytes);
+            }
+        }
+        let active = Active {
+            requests: plan.requests,
+            stream,
+            places,
+            bins,
+            next: 0,
+            deviated: false,
+            dropped: false,
+            live: BTreeMap::new(),
+        };
+        if let Some(p) = st.planner.as_mut() {
+            p.active = Some(active);
+        }
+    }
+
+    /// Steps served by the plan, steps that fell back, allocations placed by it, and the bytes
+    /// of the bins it holds (0 while no plan is active).
+    pub fn plan_counts(&self) -> (PlannedCounts, usize) {
+        let st = self.lock();
+        let Some(p) = st.planner.as_deref() else {
+            return (PlannedCounts::default(), 0);
+        };
+        let bins = p.active.as_ref().filter(|a| !a.dropped);
+        let bytes = bins.map_or(0, |a| {
+            a.bins.iter().map(|&b| st.blocks[b as usize].size).sum()
+        });
+        (p.counts, bytes)
+    }
+
+    /// The planner invariants: every live planned block inside a bin, none overlapping
+    /// another; a violation's text.
+    pub(crate) fn check_planner(&self, st: &State) -> Option<String> {
+        let a = st.planner.as_deref().and_then(|p| p.active.as_ref());
+        let mut spans: Vec<(u64, u64)> = st
+            .blocks
+            .iter()
+            .filter(|b| b.segment == ARENA_SEGMENT && b.state != BlockState::Dead)
+            .map(|b| (b.addr, b.addr + b.size as u64))
+            .collect();
+        let Some(a) = a else {
+            return (!spans.is_empty()).then(|| "planned blocks without a plan".into());
+        };
+        spans.sort_unstable();
+        let bins: Vec<(u64, u64)> = a
+            .bins
+            .iter()
+            .map(|&b| &st.blocks[b as usize])
+            .filter(|b| b.state == BlockState::Arena)
+            .map(|b| (b.addr, b.addr + b.size as u64))
+            .collect();
+        if bins.len() != a.bins.len() || spans.len() != a.live.len() {
+            return Some("bins or live planned blocks out of step".into());
+        }
+        let inside = spans
+            .iter()
+            .all(|&(lo, hi)| bins.iter().any(|&(b0, b1)| b0 <= lo && hi <= b1));
+        let disjoint = spans.windows(2).all(|w| w[0].1 <= w[1].0);
+        (!inside || !disjoint).then(|| "planned blocks overlap or leave their bins".into())
+    }
+}

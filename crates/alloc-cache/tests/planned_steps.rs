@@ -1,0 +1,364 @@
+//! Planned steps inside the allocator (`planned_steps:True` and `mark_step`): a steady loop is
+//! packed into the cache's own free memory and served from it without search or backend call;
+//! deviations fall back to the cache without failing; statistics stay true throughout.
+
+use kiln_alloc_cache::planned::{steps_of, BinPlan};
+use kiln_alloc_cache::synth::SplitMix64;
+use kiln_alloc_cache::*;
+use std::sync::Arc;
+
+const S0: StreamId = StreamId::DEFAULT;
+const MIB: usize = 1 << 20;
+
+fn planned(config: AllocatorConfig) -> AllocatorConfig {
+    AllocatorConfig {
+        planned_steps: true,
+        ..config
+    }
+}
+
+fn sim_alloc(config: AllocatorConfig) -> (Arc<SimBackend>, CachingAllocator) {
+    let sim = Arc::new(SimBackend::new(1 << 30).with_page_granularity(2 * MIB));
+    let a = CachingAllocator::new(Arc::clone(&sim), planned(config)).unwrap();
+    (sim, a)
+}
+
+/// One step: 100 B, 1000 B, free the first, 600 B, free the other two. Returns the addresses.
+fn step(a: &CachingAllocator, sizes: [usize; 3]) -> [u64; 3] {
+    let x = a.allocate_raw(sizes[0], S0).unwrap();
+    let y = a.allocate_raw(sizes[1], S0).unwrap();
+    let addrs = [x.addr(), y.addr()];
+    a.free_raw(x).unwrap();
+    let z = a.allocate_raw(sizes[2], S0).unwrap();
+    let third = z.addr();
+    a.free_raw(y).unwrap();
+    a.free_raw(z).unwrap();
+    a.check_invariants().unwrap();
+    [addrs[0], addrs[1], third]
+}
+
+#[test]
+fn packing_into_bins_uses_the_smallest_bin_with_room() {
+    let trace = Trace::parse("a 1 100\na 2 1000\nf 1\na 3 600\nf 2\nf 3\n").unwrap();
+    // Blocks (rounded): 512 B live [0, 2), 1024 B [1, 4), 1024 B [3, 5); largest first.
+    let plan = BinPlan::pack(&trace, &[4096, 1024, 512]).unwrap();
+    assert_eq!(plan.places, vec![Some((2, 0)), Some((1, 0)), Some((0, 0))]);
+    // One bin of 2048 B: as in one arena.
+    let plan = BinPlan::pack(&trace, &[2048]).unwrap();
+    assert_eq!(
+        plan.places,
+        vec![Some((0, 1024)), Some((0, 0)), Some((0, 1024))]
+    );
+    // No room for the second 1024 B block: the cache will serve it.
+    let plan = BinPlan::pack(&trace, &[1536]).unwrap();
+    assert_eq!(plan.places, vec![Some((0, 1024)), Some((0, 0)), None]);
+    // Kept where `fixed` says, the rest around it.
+    let fixed = [None, Some((0, 1024)), None];
+    let plan = BinPlan::pack_around(&trace, &[2048], &fixed).unwrap();
+    assert_eq!(
+        plan.places,
+        vec![Some((0, 0)), Some((0, 1024)), Some((0, 0))]
+    );
+}
+
+#[test]
+fn a_repeating_step_is_planned_at_the_third_marker_and_served_without_calls() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    a.mark_step().unwrap();
+    let first = step(&a, [100, 1000, 600]);
+    a.mark_step().unwrap();
+    assert_eq!(step(&a, [100, 1000, 600]), first);
+    assert_eq!(a.plan_counts().1, 0, "one step recorded is not a loop");
+    a.mark_step().unwrap();
+    // The small segment (2 MiB) was the only free block: 2048 B of it are the plan's bin.
+    assert_eq!(a.plan_counts().1, 2048);
+    let stats = a.memory_stats();
+    assert_eq!(stats.reserved_bytes.all.current, 2 * MIB as i64);
+    assert_eq!(
+        stats.inactive_split_bytes.all.current,
+        (2 * MIB - 2048) as i64
+    );
+    let calls = sim.calls();
+    // The cache's step spans 2560 B (the 600 B block fits not in the 512 B the first one
+    // left); the plan's 2048 B: the 1000 B block at the bin's start, the others after it.
+    let base = a.snapshot().segments[0].address;
+    assert_eq!(first, [base, base + 512, base + 1536]);
+    for _ in 0..3 {
+        let x = a.allocate_raw(100, S0).unwrap();
+        let y = a.allocate_raw(1000, S0).unwrap();
+        assert_eq!([x.addr(), y.addr()], [base + 1024, base]);
+        let s = a.memory_stats();
+        assert_eq!(
+            (s.allocation.all.current, s.allocated_bytes.all.current),
+            (2, 1536)
+        );
+        assert_eq!(s.requested_bytes.all.current, 1100);
+        a.free_raw(x).unwrap();
+        let z = a.allocate_raw(600, S0).unwrap();
+        assert_eq!(z.addr(), base + 1024);
+        a.check_invariants().unwrap();
+        a.free_raw(y).unwrap();
+        a.free_raw(z).unwrap();
+        a.mark_step().unwrap();
+    }
+    assert_eq!(sim.calls(), calls);
+    let (counts, bytes) = a.plan_counts();
+    assert_eq!(
+        (
+            counts.planned_steps,
+            counts.fallback_steps,
+            counts.arena_allocs,
+            bytes
+        ),
+        (3, 0, 9, 2048)
+    );
+    assert_eq!(a.memory_stats().allocated_bytes.all.current, 0);
+}
+
+#[test]
+fn a_deviating_step_falls_back_and_the_plan_is_dropped() {
+    let (_, a) = sim_alloc(AllocatorConfig::default());
+    for _ in 0..3 {
+        a.mark_step().unwrap();
+        step(&a, [100, 1000, 600]);
+    }
+    a.mark_step().unwrap();
+    let base = a.snapshot().segments[0].address;
+    let x = a.allocate_raw(100, S0).unwrap();
+    assert_eq!(x.addr(), base + 1024);
+    // 5000 B is not the plan's second request: the cache serves it (past the bin), and the
+    // rest of the step too; the first block stays where the plan put it.
+    let y = a.allocate_raw(5000, S0).unwrap();
+    assert_eq!(y.addr(), base + 2048);
+    let z = a.allocate_raw(1000, S0).unwrap();
+    assert_eq!(z.addr(), base + 2048 + 5120);
+    a.check_invariants().unwrap();
+    for r in [x, y, z] {
+        a.free_raw(r).unwrap();
+    }
+    a.mark_step().unwrap();
+    let (counts, bytes) = a.plan_counts();
+    assert_eq!(
+        (counts.planned_steps, counts.fallback_steps, bytes),
+        (1, 1, 0)
+    );
+    // The bin went back: the small segment is one free block again.
+    assert_eq!(a.largest_free_block(), 2 * MIB);
+    assert_eq!(a.memory_stats().inactive_split.all.current, 0);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn steps_that_keep_a_block_or_change_shape_are_never_planned() {
+    let (_, a) = sim_alloc(AllocatorConfig::default());
+    let mut kept = Vec::new();
+    for _ in 0..4 {
+        a.mark_step().unwrap();
+        step(&a, [100, 1000, 600]);
+        kept.push(a.allocate_raw(300, S0).unwrap());
+    }
+    a.mark_step().unwrap();
+    assert_eq!(a.plan_counts().1, 0);
+    for (i, n) in [100, 200, 300, 400].into_iter().enumerate() {
+        a.mark_step().unwrap();
+        step(&a, [n, 1000 + i, 600]);
+    }
+    a.mark_step().unwrap();
+    assert_eq!(a.plan_counts(), (planned::PlannedCounts::default(), 0));
+    for r in kept {
+        a.free_raw(r).unwrap();
+    }
+    // Without `planned_steps`, markers change nothing.
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let plain = CachingAllocator::new(Arc::clone(&sim), AllocatorConfig::default()).unwrap();
+    for _ in 0..4 {
+        plain.mark_step().unwrap();
+        step(&plain, [100, 1000, 600]);
+    }
+    assert_eq!(plain.plan_counts().1, 0);
+}
+
+#[test]
+fn a_planned_block_used_on_another_stream_outlives_its_step_and_keeps_its_bin() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    for _ in 0..3 {
+        a.mark_step().unwrap();
+        step(&a, [100, 1000, 600]);
+    }
+    a.mark_step().unwrap();
+    let x = a.allocate_raw(100, S0).unwrap();
+    let y = a.allocate_raw(1000, S0).unwrap();
+    a.record_stream(&y, StreamId(7)).unwrap();
+    a.free_raw(x).unwrap();
+    let z = a.allocate_raw(600, S0).unwrap();
+    a.free_raw(y).unwrap();
+    a.free_raw(z).unwrap();
+    // The block used on stream 7 is pending: the plan is dropped but its bin stays.
+    a.mark_step().unwrap();
+    assert_eq!(a.plan_counts().0.fallback_steps, 1);
+    assert_eq!(a.memory_stats().active.all.current, 1);
+    a.check_invariants().unwrap();
+    sim.complete_all_events();
+    // The next allocation polls the event: the block and then the bin go back.
+    let w = a.allocate_raw(64, S0).unwrap();
+    assert_eq!(a.memory_stats().active.all.current, 1);
+    a.free_raw(w).unwrap();
+    assert_eq!(a.largest_free_block(), 2 * MIB);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn planned_steps_is_a_setting() {
+    let c = AllocatorConfig::parse("planned_steps:True,expandable_segments:True").unwrap();
+    assert!(c.planned_steps && c.expandable_segments);
+    let e = AllocatorConfig::parse("planned_steps:often").unwrap_err();
+    assert!(e.to_string().contains("expected True or False"), "{e}");
+}
+
+/// The recorded fixed-shape runs: steps 2 and 3 repeat, so steps 4-6 are planned; they make no
+/// backend call, and the run's peak and tight-capacity failures are those of the same mode
+/// without planning (the plan reserves nothing).
+#[test]
+fn recorded_runs_are_planned_from_step_4_at_no_cost() {
+    let stitching = AllocatorConfig {
+        page_stitching: true,
+        ..AllocatorConfig::expandable()
+    };
+    for (name, text) in [
+        ("resnet18_sgd", include_str!("../traces/resnet18_sgd.trace")),
+        ("vit_adamw", include_str!("../traces/vit_adamw.trace")),
+    ] {
+        let steps = steps_of(text).unwrap();
+        for config in [AllocatorConfig::default(), stitching.clone()] {
+            let live = Trace::parse(text).unwrap().peak_live_bytes();
+            let capacity = ((live as f64 * 1.05) as usize).div_ceil(2 * MIB) * 2 * MIB;
+            let mut figures = Vec::new();
+            for plan in [false, true] {
+                let config = AllocatorConfig {
+                    planned_steps: plan,
+                    ..config.clone()
+                };
+                let mut r = Replayer::with_config(config.clone(), 80 << 30).unwrap();
+                let mut calls_from_step_4 = 0;
+                for (i, s) in steps.iter().enumerate() {
+                    r.allocator().mark_step().unwrap();
+                    let before = r.sim().calls().memory_calls();
+                    r.run(s).unwrap();
+                    if i >= 4 {
+                        calls_from_step_4 += r.sim().calls().memory_calls() - before;
+                    }
+                    r.allocator().check_invariants().unwrap();
+                }
+                let mut tight = Replayer::with_config(config, capacity).unwrap();
+                tight.run_steps(text).unwrap();
+                figures.push((r.report(), calls_from_step_4, tight.report().ooms));
+                let (counts, _) = r.allocator().plan_counts();
+                if plan {
+                    // Steps 4 and 5 counted at the marker after them; step 6 has none.
+                    assert_eq!(
+                        (counts.planned_steps, counts.fallback_steps),
+                        (2, 0),
+                        "{name}"
+                    );
+                    assert_eq!(calls_from_step_4, 0, "{name}");
+                }
+            }
+            assert_eq!(figures[0], figures[1], "{name} {config:?}");
+        }
+    }
+}
+
+/// Seeded random loops: a step template repeated with random deviations (another size, an
+/// extra block, a block kept into the next step, a block used on another stream). After every
+/// event the statistics equal a recomputation, no two live blocks overlap, and the allocation
+/// and requested counts are those of the live blocks.
+#[test]
+fn random_loops_with_deviations_keep_memory_disjoint_and_statistics_true() {
+    for seed in 0..12 {
+        let config = match seed % 3 {
+            0 => AllocatorConfig::default(),
+            1 => AllocatorConfig::expandable(),
+            _ => AllocatorConfig {
+                page_stitching: true,
+                ..AllocatorConfig::expandable()
+            },
+        };
+        let (sim, a) = sim_alloc(config);
+        let mut rng = SplitMix64(seed);
+        let template: Vec<usize> = (0..24)
+            .map(|_| match rng.range(0, 9) {
+                0..=5 => rng.range(1, 300_000) as usize,
+                _ => rng.range(300_000, 6 * MIB as u64) as usize,
+            })
+            .collect();
+        let mut carried: Vec<RawAllocation> = Vec::new();
+        let mut planned_steps = 0;
+        for round in 0..40 {
+            a.mark_step().unwrap();
+            sim.complete_all_events();
+            let deviate = rng.range(0, 9) < 2;
+            let mut live: Vec<RawAllocation> = std::mem::take(&mut carried);
+            for (i, &size) in template.iter().enumerate() {
+                let size = if deviate && i == 11 {
+                    size + 4096
+                } else {
+                    size
+                };
+                live.push(a.allocate_raw(size, S0).unwrap());
+                if deviate && i == 5 {
+                    live.push(a.allocate_raw(777, S0).unwrap());
+                }
+                // Free the oldest block every other allocation.
+                if i % 2 == 1 && live.len() > 2 {
+                    let r = live.remove(0);
+                    if rng.range(0, 30) == 0 {
+                        a.record_stream(&r, StreamId(3)).unwrap();
+                    }
+                    a.free_raw(r).unwrap();
+                }
+                check(&a, &live, seed, round);
+            }
+            if deviate && rng.range(0, 1) == 0 {
+                carried.push(live.pop().unwrap());
+            }
+            for r in live {
+                a.free_raw(r).unwrap();
+            }
+            check(&a, &carried, seed, round);
+            planned_steps = a.plan_counts().0.planned_steps;
+        }
+        assert!(planned_steps > 0, "seed {seed}: never planned");
+        assert!(
+            a.plan_counts().0.fallback_steps > 0,
+            "seed {seed}: never deviated"
+        );
+        for r in carried {
+            a.free_raw(r).unwrap();
+        }
+        sim.complete_all_events();
+        a.mark_step().unwrap();
+        a.mark_step().unwrap();
+        a.check_invariants().unwrap();
+    }
+}
+
+fn check(a: &CachingAllocator, live: &[RawAllocation], seed: u64, round: usize) {
+    if let Err(e) = a.check_invariants() {
+        panic!("seed {seed}, round {round}: {e}");
+    }
+    let mut spans: Vec<(u64, u64)> = live
+        .iter()
+        .map(|r| (r.addr(), r.addr() + r.block_size() as u64))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        assert!(
+            w[0].1 <= w[1].0,
+            "seed {seed}, round {round}: {w:#x?} overlap"
+        );
+    }
+    let s = a.memory_stats();
+    let requested: usize = live.iter().map(|r| r.size()).sum();
+    assert_eq!(s.allocation.all.current as usize, live.len());
+    assert_eq!(s.requested_bytes.all.current as usize, requested);
+}
