@@ -37,7 +37,7 @@ use super::cpu_gemm::{
     caller_context, matmul_into, sum_transposed_partials, ScratchFailure, Stored,
 };
 use super::cpu_rows as rows;
-use super::padded::{fold_add, too_large, unfold, Padded};
+use super::padded::{fold_add, too_large, unfold_image, Padded};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
@@ -104,10 +104,11 @@ impl<'a> Blocks<'a> {
     }
 
     /// Group `g`'s column matrix of one image: the input block itself for a pointwise
-    /// convolution, else unfolded from the image's padded copy into `col`.
+    /// convolution, else unfolded from the image's padded copy into `col` (on the pool when
+    /// `gemm` is: a batch too small to fill it).
     fn columns<'s, T: KernelFloat>(
         &self,
-        p: &Padded,
+        (p, parallelism): (&Padded, Parallelism),
         image: &'s [T],
         padded: &[T],
         g: usize,
@@ -116,14 +117,8 @@ impl<'a> Blocks<'a> {
         if self.pointwise {
             return &image[g * self.in_group..][..self.in_group];
         }
-        unfold(
-            self.geometry,
-            p,
-            padded,
-            (g, 0..self.col_rows),
-            col,
-            [self.col_cols, 0],
-        );
+        let parallel = !matches!(parallelism, Parallelism::None);
+        unfold_image(self.geometry, p, padded, g, col, parallel);
         col
     }
 }
@@ -177,7 +172,7 @@ pub fn conv2d_forward<T: KernelFloat>(
                     p.fill(in_image, padded);
                 }
                 for g in 0..b.groups {
-                    let col = b.columns(&p, in_image, padded, g, col);
+                    let col = b.columns((&p, parallelism), in_image, padded, g, col);
                     let w = &weight[g * b.weight_group..][..b.weight_group];
                     let out = &mut out_image[g * b.out_group..][..b.out_group];
                     matmul_into(
@@ -290,7 +285,7 @@ fn accumulate_weight_grad_t<T: KernelFloat>(
         p.fill(in_image, padded);
     }
     for g in 0..b.groups {
-        let col = b.columns(p, in_image, padded, g, col);
+        let col = b.columns((p, parallelism), in_image, padded, g, col);
         let gout = &gout_image[g * b.out_group..][..b.out_group];
         let gw_t = &mut grad_weight_t[g * b.weight_group..][..b.weight_group];
         matmul_into(

@@ -86,10 +86,26 @@ impl Rows {
 
 /// Writes group `group`'s column matrix `[K, N']` from a padded image: row `r` is the padded
 /// buffer from where tap `r` reads output `(0, 0)` on, `N'` elements.
-fn unfold<T: KernelFloat>(g: &Conv2dGeometry, d: &Rows, padded: &[T], group: usize, col: &mut [T]) {
-    let rows = col[..d.k * d.n_ext].chunks_mut(d.n_ext);
-    for (row, start) in rows.zip(taps(g, &d.padded, group)) {
-        row.copy_from_slice(&padded[start..][..d.n_ext]);
+/// The rows are copied on the pool when `parallel` (a batch too small to fill the pool, whose
+/// images run one after another).
+fn unfold<T: KernelFloat>(
+    (g, d): (&Conv2dGeometry, &Rows),
+    padded: &[T],
+    group: usize,
+    col: &mut [T],
+    parallel: bool,
+) {
+    let col = &mut col[..d.k * d.n_ext];
+    let copy = |(row, start): (&mut [T], usize)| row.copy_from_slice(&padded[start..][..d.n_ext]);
+    if parallel {
+        let starts: Vec<usize> = taps(g, &d.padded, group).collect();
+        col.par_chunks_mut(d.n_ext)
+            .zip(starts.into_par_iter())
+            .for_each(copy);
+    } else {
+        col.chunks_mut(d.n_ext)
+            .zip(taps(g, &d.padded, group))
+            .for_each(copy);
     }
 }
 
@@ -125,7 +141,7 @@ pub(super) fn forward<T: KernelFloat>(
         };
         d.padded.fill(&input[n * in_image..][..in_image], padded);
         for group in 0..d.groups {
-            unfold(g, &d, padded, group, col);
+            unfold((g, &d), padded, group, col, parallelism.is_some());
             let w = &weight[group * d.group_out * d.k..][..d.group_out * d.k];
             let dims = [d.group_out, d.n_ext, d.k];
             let asis = Stored::AsIs;
@@ -133,7 +149,8 @@ pub(super) fn forward<T: KernelFloat>(
             matmul_into(product, dims, w, asis, col, asis, false, par);
             let planes =
                 &mut out[group * d.group_out * out_h * out_w..][..d.group_out * out_h * out_w];
-            for (o, plane) in planes.chunks_mut(out_h * out_w).enumerate() {
+            let product = &product[..];
+            let copy_out = |(o, plane): (usize, &mut [T])| {
                 let b = bias.map_or(T::ZERO, |b| b[group * d.group_out + o]);
                 for (oh, row) in plane.chunks_mut(out_w).enumerate() {
                     let src = &product[o * d.n_ext + oh * d.padded.pitch..][..out_w];
@@ -142,6 +159,17 @@ pub(super) fn forward<T: KernelFloat>(
                         None => row.copy_from_slice(src),
                     }
                 }
+            };
+            if parallelism.is_some() {
+                planes
+                    .par_chunks_mut(out_h * out_w)
+                    .enumerate()
+                    .for_each(copy_out);
+            } else {
+                planes
+                    .chunks_mut(out_h * out_w)
+                    .enumerate()
+                    .for_each(copy_out);
             }
         }
     };
@@ -208,7 +236,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
                     }
                 }
                 for group in 0..d.groups {
-                    unfold(g, &d, &padded, group, &mut col);
+                    unfold((g, &d), &padded, group, &mut col, false);
                     // Junk columns can read real inputs (past a row's end); zeroed, an
                     // infinite input there cannot turn their zero products into NaN.
                     zero_junk(&d, &mut col);

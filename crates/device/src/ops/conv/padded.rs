@@ -17,6 +17,7 @@
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::{Error, Result};
+use rayon::prelude::*;
 use std::ops::Range;
 
 /// The padded-image sizes of one convolution.
@@ -141,6 +142,32 @@ pub(super) fn unfold<T: KernelFloat>(
             }
         }
     }
+}
+
+/// All of `group`'s column matrix of one image into `col` (rows of `H_out · W_out`, [`unfold`]
+/// with offset 0), in blocks of rows on the pool when `parallel` (a batch too small to fill the
+/// pool, whose images run one after another).
+pub(super) fn unfold_image<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    p: &Padded,
+    padded: &[T],
+    group: usize,
+    col: &mut [T],
+    parallel: bool,
+) {
+    let k = g.in_channels / g.params.groups * g.kernel_size[0] * g.kernel_size[1];
+    let l = g.output_size[0] * g.output_size[1];
+    if !parallel || k == 0 || l == 0 {
+        return unfold(g, p, padded, (group, 0..k), col, [l, 0]);
+    }
+    let block = k.div_ceil(4 * rayon::current_num_threads());
+    col[..k * l]
+        .par_chunks_mut(block * l)
+        .enumerate()
+        .for_each(|(b, rows)| {
+            let range = b * block..b * block + rows.len() / l;
+            unfold(g, p, padded, (group, range), rows, [l, 0]);
+        });
 }
 
 /// Adds every entry of `group`'s column matrix (laid out as [`unfold`] writes it) onto the
