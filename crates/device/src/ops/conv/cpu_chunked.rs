@@ -320,21 +320,11 @@ mod tests {
     use super::*;
     use crate::ops::conv::{reference, Conv2dParams};
 
-    /// Deterministic values in [-1, 1).
-    fn values(n: usize, seed: usize) -> Vec<f64> {
-        (0..n)
-            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.5 - 1.0)
-            .collect()
-    }
+    use crate::ops::conv::reference::test_values as values;
 
+    /// Equal up to the order of float sums.
     fn close(what: &str, got: &[f64], want: &[f64]) {
-        assert_eq!(got.len(), want.len(), "{what}");
-        for (i, (a, b)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (a - b).abs() < 1e-10 * (1.0 + b.abs()),
-                "{what}[{i}]: {a} vs {b}"
-            );
-        }
+        kiln_testkit::assert_close_finite(what, got, want, (1e-10, 1e-10));
     }
 
     /// ResNet's small-plane shapes (3x3 stride 1 and 2, the 1x1 stride-2 downsample, a 1x1

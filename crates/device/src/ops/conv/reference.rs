@@ -111,3 +111,11 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     });
     Ok(())
 }
+
+/// Deterministic values in [-1, 1) for the CPU paths' tests against these loops.
+#[cfg(test)]
+pub(super) fn test_values(n: usize, seed: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.5 - 1.0)
+        .collect()
+}
