@@ -40,17 +40,21 @@ pub(super) const MAX_COL_ELEMS: usize = 1 << 19;
 
 /// Images per chunk for `g` on a pool of `threads`, or `None` when one image per GEMM is as
 /// good (large planes, grouped convolutions, a batch of one, or a column matrix too large).
+///
+/// Up to [`TARGET_COLS`] columns and [`MAX_COL_ELEMS`] column-matrix elements per chunk, the
+/// chunk size is the one whose busiest thread gets the fewest images (chunks go to the threads
+/// whole: 32 images in chunks of 7 leave one thread 21 images and the other 11, chunks of 4
+/// give both 16); among equally balanced sizes, the largest.
 pub(super) fn chunk_images(g: &Conv2dGeometry, threads: usize) -> Option<usize> {
     let l = g.col_cols();
     if g.params.groups != 1 || l == 0 || l >= TARGET_COLS || g.batch < 2 {
         return None;
     }
     let by_memory = MAX_COL_ELEMS / (g.col_rows() * l).max(1);
-    let chunk = TARGET_COLS
-        .div_ceil(l)
-        .min(g.batch.div_ceil(threads.max(1)))
-        .min(by_memory);
-    (chunk >= 2).then_some(chunk)
+    let cap = TARGET_COLS.div_ceil(l).min(by_memory).min(g.batch);
+    let threads = threads.max(1);
+    let busiest = |chunk: usize| (g.batch.div_ceil(chunk).div_ceil(threads) * chunk).min(g.batch);
+    (2..=cap).rev().min_by_key(|&chunk| busiest(chunk))
 }
 
 /// Sizes shared by the three passes.
@@ -391,14 +395,23 @@ mod tests {
         assert_eq!(chunk_images(&g([8, 4, 32, 32], [4, 4, 3, 3], 1), 2), None);
         assert_eq!(chunk_images(&g([8, 4, 4, 4], [4, 2, 3, 3], 2), 2), None);
         assert_eq!(chunk_images(&g([1, 4, 4, 4], [4, 4, 3, 3], 1), 2), None);
-        // 4x4 planes: 16 images make 256 columns, capped by the batch's half on 2 threads.
+        // 4x4 planes: 16 images make 256 columns, and 32 images split evenly in chunks of 16
+        // on 2 threads, 8 on 4.
         assert_eq!(
             chunk_images(&g([32, 4, 4, 4], [4, 4, 3, 3], 1), 2),
             Some(16)
         );
         assert_eq!(chunk_images(&g([32, 4, 4, 4], [4, 4, 3, 3], 1), 4), Some(8));
-        // ResNet's layer4 on CIFAR: 4608 x 16 per image, 7 images fit the column cap.
+        // ResNet's layer4 on CIFAR: 4608 x 16 per image, 7 images fit the column cap, but
+        // chunks of 7 leave one of 2 threads 21 of the 32 images; chunks of 4 give each 16.
         let deep = g([32, 512, 4, 4], [512, 512, 3, 3], 1);
-        assert_eq!(chunk_images(&deep, 2), Some(MAX_COL_ELEMS / (4608 * 16)));
+        assert_eq!(MAX_COL_ELEMS / (4608 * 16), 7);
+        assert_eq!(chunk_images(&deep, 2), Some(4));
+        // On one thread there is nothing to balance: the largest chunk.
+        assert_eq!(chunk_images(&deep, 1), Some(7));
+        // layer3 (2304 x 64 per image, cap 3): chunks of 2 give each thread 16 images, 3 give
+        // one of them 18.
+        let mid = g([32, 256, 8, 8], [256, 256, 3, 3], 1);
+        assert_eq!(chunk_images(&mid, 2), Some(2));
     }
 }
