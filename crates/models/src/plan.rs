@@ -308,12 +308,11 @@ pub fn plan(
             i64::try_from(b).map_err(|_| too_big("the step needs more than i64::MAX bytes".into()))
         };
         for (i, e) in events.iter().enumerate() {
-            // Forward: what is saved so far, the call's input, its output and one temporary
-            // (Linear's matmul result before the bias is added).
-            let out2 = sum(e.output_bytes, e.output_bytes)?;
+            // Forward: what is saved so far, the call's input, its output and the temporary it
+            // holds next to it (Linear's matmul result before the bias is added).
             live.push(as_i64(sum(
                 sum(t.saved_bytes_alive_at(i), e.input_bytes)?,
-                out2,
+                sum(e.output_bytes, e.forward_temp_bytes)?,
             )?)?);
         }
         for (i, e) in events.iter().enumerate().rev() {
@@ -321,17 +320,13 @@ pub fn plan(
                 continue;
             }
             grads = sum(grads, e.grad_bytes)?;
-            let in_flight = sum(sum(e.output_bytes, e.output_bytes)?, e.input_bytes)?;
+            // Backward: the output gradient arriving and the input gradient made from it (the
+            // activation backwards are one fused op: no third tensor of that size).
+            let in_flight = sum(e.output_bytes, e.input_bytes)?;
             largest_in_flight = largest_in_flight.max(in_flight);
             live.push(as_i64(sum(
                 sum(t.saved_bytes_alive_at(i), grads)?,
                 in_flight,
-            )?)?);
-            // Then a gradient that arrived transposed exists twice while it is copied into
-            // `.grad`; the output gradient is consumed by then, the input gradient waits.
-            live.push(as_i64(sum(
-                sum(t.saved_bytes_alive_at(i), grads)?,
-                sum(e.input_bytes, e.grad_copy_bytes)?,
             )?)?);
         }
         Ok((t.saved_bytes(), live, largest_in_flight))

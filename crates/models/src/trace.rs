@@ -113,10 +113,9 @@ pub struct BackwardEvent {
     pub grad_bytes: usize,
     /// True when backward runs through this call (its output requires grad).
     pub recorded: bool,
-    /// Bytes of parameter gradients backward produces as a transposed view (Linear's weight,
-    /// used through `t()`): accumulating one into `.grad` copies it, so for a moment it exists
-    /// twice.
-    pub grad_copy_bytes: usize,
+    /// Bytes of a temporary the forward holds next to its output (Linear with a bias: the
+    /// matmul result the bias is added to).
+    pub forward_temp_bytes: usize,
 }
 
 /// Records layer calls and saved activations during a shape-only forward.
@@ -133,8 +132,8 @@ pub struct Tracer {
     seen: HashSet<(usize, &'static str)>,
     /// The first size that overflowed `usize` (see the module docs).
     overflow: Option<String>,
-    /// Set by the leaf layer being traced: its [`BackwardEvent::grad_copy_bytes`].
-    grad_copy_bytes: usize,
+    /// Set by the leaf layer being traced: its [`BackwardEvent::forward_temp_bytes`].
+    forward_temp_bytes: usize,
 }
 
 impl Tracer {
@@ -205,10 +204,10 @@ impl Tracer {
         }
     }
 
-    /// Notes that the leaf layer being traced gets a gradient of `bytes` as a transposed view
-    /// (see [`BackwardEvent::grad_copy_bytes`]).
-    pub fn grad_copied(&mut self, bytes: usize) {
-        self.grad_copy_bytes = self.grad_copy_bytes.saturating_add(bytes);
+    /// Notes that the leaf layer being traced holds a temporary of `bytes` next to its output
+    /// during its forward (see [`BackwardEvent::forward_temp_bytes`]).
+    pub fn forward_temporary(&mut self, bytes: usize) {
+        self.forward_temp_bytes = self.forward_temp_bytes.saturating_add(bytes);
     }
 
     /// Marks `act` as kept alive for backward (counted once however many ops keep it).
@@ -266,9 +265,9 @@ impl Tracer {
         });
         let is_leaf = layer.layers().is_empty();
         self.depth += 1;
-        self.grad_copy_bytes = 0;
+        self.forward_temp_bytes = 0;
         let out = layer.trace(self, x);
-        let grad_copy_bytes = std::mem::take(&mut self.grad_copy_bytes);
+        let forward_temp_bytes = std::mem::take(&mut self.forward_temp_bytes);
         self.depth -= 1;
         if let (true, Ok(o)) = (is_leaf, &out) {
             let grad_bytes = layer
@@ -282,7 +281,7 @@ impl Tracer {
                 output_bytes: o.bytes(),
                 grad_bytes,
                 recorded: o.requires_grad(),
-                grad_copy_bytes,
+                forward_temp_bytes,
             });
         }
         if depth > 0 {

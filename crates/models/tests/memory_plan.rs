@@ -43,6 +43,9 @@ fn predicted_peak_is_within_ten_percent_of_max_memory_allocated() {
     let drop = 100.0 * (1.0 - frozen as f64 / full as f64);
     let ratio = frozen_plan.peak_allocated_bytes(batch) as f64 / frozen as f64;
     println!("frozen backbone at batch {batch}: peak {full} B -> {frozen} B ({drop:.1}% less); plan ratio {ratio:.3}");
-    assert!(drop > 30.0, "{drop}");
+    // About a fifth (20.5% when measured): the frozen step keeps no backbone gradients and
+    // backward stops at the head. (It was over 30% while relu's backward made a mask and then
+    // a product, a third activation-sized tensor that only the full step's backward held.)
+    assert!(drop > 15.0, "{drop}");
     assert!((0.9..=1.1).contains(&ratio), "frozen: ratio {ratio:.3}");
 }

@@ -86,20 +86,37 @@ impl Tensor {
         let out = Tensor::from_storage(storage, &shape, None);
         let node = Tensor::grad_node("MmBackward", &[self, rhs], |needs| {
             let (a, b) = (self.saved(), rhs.saved());
+            let (a_t, b_t) = (is_transposed(&a), is_transposed(&b));
             Box::new(move |g| {
-                let ga = if needs[0] {
-                    Some(g.bmm(&b.transpose(-1, -2)?)?)
-                } else {
-                    None
+                // Each gradient is computed in its operand's layout: for an operand that is a
+                // transposed view (Linear's `weight.t()`), as the transpose of the product
+                // in the other order, so it reaches the parameter contiguous, not as a
+                // transposed view `.grad` would have to copy.
+                let ga = match (needs[0], a_t) {
+                    (false, _) => None,
+                    (true, false) => Some(g.bmm(&b.transpose(-1, -2)?)?),
+                    (true, true) => Some(b.bmm(&g.transpose(-1, -2)?)?.transpose(-1, -2)?),
                 };
-                let gb = if needs[1] {
-                    Some(a.transpose(-1, -2)?.bmm(g)?)
-                } else {
-                    None
+                let gb = match (needs[1], b_t) {
+                    (false, _) => None,
+                    (true, false) => Some(a.transpose(-1, -2)?.bmm(g)?),
+                    (true, true) => Some(g.transpose(-1, -2)?.bmm(&a)?.transpose(-1, -2)?),
                 };
                 Ok(vec![ga, gb])
             })
         });
         Ok(Tensor::with_node(&out, node))
     }
+}
+
+/// Whether the last two dims of `t` are a transposed contiguous matrix (column-major: unit
+/// stride down a column, a whole column between columns), as `weight.t()` is.
+fn is_transposed(t: &Tensor) -> bool {
+    let (shape, strides) = (t.layout().shape(), t.layout().strides());
+    let r = shape.len();
+    r >= 2
+        && shape[r - 2] > 1
+        && shape[r - 1] > 1
+        && strides[r - 2] == 1
+        && strides[r - 1] == shape[r - 2]
 }

@@ -100,9 +100,9 @@ impl Layer for Linear {
             // kiln's backward keeps the input whenever the op is recorded.
             tracer.save(x);
         }
-        if self.weight.requires_grad() {
-            // `x @ weight.t()`: the weight's gradient arrives transposed and is copied.
-            tracer.grad_copied(self.weight.numel() * self.weight.dtype().size_in_bytes());
+        if self.bias.is_some() {
+            // `x @ weight.t()` lives next to the output while the bias is added to it.
+            tracer.forward_temporary(out.bytes());
         }
         Ok(out)
     }
