@@ -34,7 +34,8 @@ use rayon::prelude::*;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
 use super::cpu_gemm::{
-    caller_context, matmul_into, sum_transposed_partials, ScratchFailure, Stored,
+    caller_context, gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices,
+    ScratchFailure, Stored,
 };
 use super::cpu_rows as rows;
 use super::padded::{fold_add, too_large, unfold_image, Padded};
@@ -43,16 +44,6 @@ use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use kiln_alloc_cache::AllocContext;
-
-/// `gemm` parallelism for a batch of `batch` images: none when the batch alone fills the pool.
-fn gemm_parallelism(batch: usize) -> Parallelism {
-    let threads = rayon::current_num_threads();
-    if threads <= 1 || batch >= threads {
-        Parallelism::None
-    } else {
-        Parallelism::Rayon(threads)
-    }
-}
 
 /// Per-image and per-group block sizes.
 struct Blocks<'a> {
@@ -330,13 +321,7 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     let p = Padded::new(geometry)?;
     let padded_len = if b.pointwise { 0 } else { p.len };
     let batch = geometry.batch;
-    let threads = rayon::current_num_threads();
-    let (slices, per_slice, parallelism) = if threads > 1 && batch >= threads {
-        let per_slice = batch.div_ceil(threads);
-        (batch.div_ceil(per_slice), per_slice, Parallelism::None)
-    } else {
-        (1, batch.max(1), gemm_parallelism(batch))
-    };
+    let (slices, per_slice, parallelism) = weight_grad_slices(batch);
     let context = caller_context();
     let partials = (0..slices)
         .into_par_iter()

@@ -81,6 +81,31 @@ pub(super) fn matmul_into<T: KernelFloat>(
     }
 }
 
+/// `gemm` parallelism for a batch of `batch` images: the pool when the batch cannot fill it
+/// (its images then run one after another, each product split over the pool), else none (the
+/// images run in parallel).
+pub(super) fn gemm_parallelism(batch: usize) -> Parallelism {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || batch >= threads {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(threads)
+    }
+}
+
+/// How a weight gradient sums `batch` images: `(slices, images per slice, gemm parallelism)`,
+/// one contiguous slice per thread when the batch fills the pool, else one slice whose products
+/// `gemm` splits.
+pub(super) fn weight_grad_slices(batch: usize) -> (usize, usize, Parallelism) {
+    match gemm_parallelism(batch) {
+        Parallelism::None => {
+            let per_slice = batch.div_ceil(rayon::current_num_threads().max(1)).max(1);
+            (batch.div_ceil(per_slice), per_slice, Parallelism::None)
+        }
+        split => (1, batch.max(1), split),
+    }
+}
+
 /// The calling thread's allocation context when an allocation history is being recorded, to
 /// carry into rayon's worker threads (their scratch is then attributed to the op that asked for
 /// it instead of to nobody); `None`, at no cost, when nothing records.

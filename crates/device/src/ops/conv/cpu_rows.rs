@@ -25,7 +25,8 @@
 //! splits each product instead.
 
 use super::cpu_gemm::{
-    caller_context, matmul_into, sum_transposed_partials, ScratchFailure, Stored,
+    caller_context, gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices,
+    ScratchFailure, Stored,
 };
 use super::padded::{taps, too_large, Padded};
 use super::Conv2dGeometry;
@@ -116,12 +117,6 @@ fn zero_junk<T: KernelFloat>(d: &Rows, col: &mut [T]) {
     }
 }
 
-/// `gemm` parallelism: the pool when the batch cannot fill it, else none (images in parallel).
-fn split_gemm(batch: usize) -> Option<Parallelism> {
-    let threads = rayon::current_num_threads();
-    (threads > 1 && batch < threads).then_some(Parallelism::Rayon(threads))
-}
-
 /// Forward convolution (stride 1, [`use_rows`]).
 pub(super) fn forward<T: KernelFloat>(
     g: &Conv2dGeometry,
@@ -134,19 +129,19 @@ pub(super) fn forward<T: KernelFloat>(
     let in_image = d.padded.image_len();
     let (out_h, out_w) = (g.output_size[0], d.out_w);
     let failure = ScratchFailure::new();
-    let parallelism = split_gemm(g.batch);
+    let parallelism = gemm_parallelism(g.batch);
+    let split = !matches!(parallelism, Parallelism::None);
     let one_image = |scratch: &mut Option<[HostBuffer<T>; 3]>, n: usize, out: &mut [T]| {
         let Some([padded, col, product]) = scratch.as_mut() else {
             return;
         };
         d.padded.fill(&input[n * in_image..][..in_image], padded);
         for group in 0..d.groups {
-            unfold((g, &d), padded, group, col, parallelism.is_some());
+            unfold((g, &d), padded, group, col, split);
             let w = &weight[group * d.group_out * d.k..][..d.group_out * d.k];
             let dims = [d.group_out, d.n_ext, d.k];
             let asis = Stored::AsIs;
-            let par = parallelism.unwrap_or(Parallelism::None);
-            matmul_into(product, dims, w, asis, col, asis, false, par);
+            matmul_into(product, dims, w, asis, col, asis, false, parallelism);
             let planes =
                 &mut out[group * d.group_out * out_h * out_w..][..d.group_out * out_h * out_w];
             let product = &product[..];
@@ -160,7 +155,7 @@ pub(super) fn forward<T: KernelFloat>(
                     }
                 }
             };
-            if parallelism.is_some() {
+            if split {
                 planes
                     .par_chunks_mut(out_h * out_w)
                     .enumerate()
@@ -181,7 +176,7 @@ pub(super) fn forward<T: KernelFloat>(
         ])
     };
     let out_image = d.out_image(g);
-    if parallelism.is_some() {
+    if split {
         let mut s = scratch();
         for (n, out) in output.chunks_mut(out_image).enumerate() {
             one_image(&mut s, n, out);
@@ -206,14 +201,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let in_image = d.padded.image_len();
     let (out_h, out_w) = (g.output_size[0], d.out_w);
     let out_image = d.out_image(g);
-    let threads = rayon::current_num_threads();
-    let (slices, per_slice, parallelism) = match split_gemm(g.batch) {
-        Some(par) => (1, g.batch.max(1), par),
-        None => {
-            let per_slice = g.batch.div_ceil(threads.max(1));
-            (g.batch.div_ceil(per_slice), per_slice, Parallelism::None)
-        }
-    };
+    let (slices, per_slice, parallelism) = weight_grad_slices(g.batch);
     let group_weight = d.group_out * d.k;
     let context = caller_context();
     let partials = (0..slices)
