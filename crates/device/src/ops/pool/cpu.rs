@@ -79,26 +79,36 @@ pub fn max_pool2d_forward<T: KernelFloat>(
                 let row_at = |th: usize| (h_start + (th * p.dilation[0]) as i64) as usize * in_w;
                 let out_row = &mut out[oh * out_w..][..out_w];
                 let idx_row = &mut idx[oh * out_w..][..out_w];
-                for ((out, idx), &(w_start, w_lo, w_hi)) in
+                let col_at =
+                    |w_start: i64, tw: usize| (w_start + (tw * p.dilation[1]) as i64) as usize;
+                // The geometry guarantees a non-empty window: its first tap is the index
+                // until a larger value (or a NaN) is met.
+                for ((out, idx), &(w_start, w_lo, _)) in
                     out_row.iter_mut().zip(idx_row.iter_mut()).zip(&columns)
                 {
-                    let col_at = |tw: usize| (w_start + (tw * p.dilation[1]) as i64) as usize;
-                    // The geometry guarantees a non-empty window.
-                    let mut best_index = row_at(h_lo) + col_at(w_lo);
-                    let mut best = T::NEG_INFINITY;
-                    for th in h_lo..h_hi {
-                        let row = row_at(th);
-                        for tw in w_lo..w_hi {
-                            let k = row + col_at(tw);
-                            let v = src[k];
-                            if v > best || v.is_nan() {
-                                best = v;
-                                best_index = k;
+                    *out = T::NEG_INFINITY;
+                    *idx = (row_at(h_lo) + col_at(w_start, w_lo)) as i64;
+                }
+                // Taps outermost (row-major, as the tie rule needs), outputs innermost: the
+                // outputs' comparisons do not wait on each other.
+                for th in h_lo..h_hi {
+                    let row = row_at(th);
+                    for tw in 0..p.kernel_size[1] {
+                        for ((out, idx), &(w_start, w_lo, w_hi)) in
+                            out_row.iter_mut().zip(idx_row.iter_mut()).zip(&columns)
+                        {
+                            if tw < w_lo || tw >= w_hi {
+                                continue;
                             }
+                            let k = row + col_at(w_start, tw);
+                            let v = src[k];
+                            // Selected, not branched on: which element is the maximum is
+                            // data, and branches on it mispredict.
+                            let better = (v > *out) | v.is_nan();
+                            *out = if better { v } else { *out };
+                            *idx = if better { k as i64 } else { *idx };
                         }
                     }
-                    *out = best;
-                    *idx = best_index as i64;
                 }
             }
         });
