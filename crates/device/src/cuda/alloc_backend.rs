@@ -22,15 +22,17 @@
 //! Each mapped page has its own physical handle (kept in a [`PageTable`] from page address to
 //! handle), so the allocator can unmap any page-aligned sub-range later. The table also holds
 //! the alias pages and refuses, before any driver call, what the `MemoryBackend` contract
-//! forbids: an alias of a page that is not mapped (or is itself an alias), an alias or move onto
-//! a mapped page, and unmapping or moving a page while an alias of it is mapped (the driver
-//! would allow the last two; the allocator drops its aliases first). There are no per-allocation events
-//! or synchronisations: the allocator asks for events only for blocks used on other streams
+//! forbids: an alias of a page that is not mapped (or is itself an alias), a map, move or alias
+//! onto a mapped page, and unmapping or moving a page while an alias of it is mapped (the
+//! driver itself would allow the last, keeping the memory while any mapping of it exists; the
+//! allocator drops its aliases first). There are no per-allocation events or
+//! synchronisations: the allocator asks for events only for blocks used on other streams
 //! (`record_stream`). Giving memory back to the driver (`release`, `unmap`) first waits for the
 //! device, since a cached block may still be in use by queued kernels (PyTorch does the same
 //! before unmapping expandable pages); that only happens in `empty_cache`/`trim_to`, garbage
-//! collection and the out-of-memory retry. Moving pages (`remap`) and unmapping an alias (a cached
-//! stitched block dropped on a miss) wait the same way. `StreamId` is the `CUstream` value (0 = the legacy default stream).
+//! collection and the out-of-memory retry. Moving pages (`remap`) and unmapping an alias (a
+//! cached stitched block dropped on a miss) wait the same way. `StreamId` is the `CUstream`
+//! value (0 = the legacy default stream).
 //! `CUDA_ERROR_OUT_OF_MEMORY` becomes [`BackendError::OutOfMemory`], which makes the allocator
 //! release its cache and retry; every other driver error is [`BackendError::Driver`].
 
