@@ -19,6 +19,19 @@
 //!   {8, 12, 16} each step, SGD with momentum;
 //! - `vit_adamw`: a 6-layer ViT (width 192, patch 8, 64x64 images), batch 16, AdamW.
 //!
+//! Those four peak at 127-353 MiB, where one 2 MiB page or 20 MiB segment is a large share of
+//! the peak. Their GPU-scale twins train the same way at GPU-training sizes (peaks of 2.8-3.3
+//! GiB; 1-2.5 min each in release on one thread):
+//! - `resnet18_sgd_gpu`: 224x224 images, batch 128;
+//! - `gpt_varlen_adamw_gpu`: a 4-layer GPT (width 256, 8 heads, vocabulary 16384), batch 8, a
+//!   sequence length drawn from 256..=1024 each step;
+//! - `finetune_resnet18_varbatch_gpu`: 224x224 images, the batch drawn from {64, 96, 128};
+//! - `vit_adamw_gpu`: ViT-S/16's shape (12 layers, width 384, 6 heads, 224x224 images, 100
+//!   classes), batch 32.
+//!
+//! CPU kernels allocate their own scratch (padded images, column matrices), which stands in for
+//! a GPU library's workspace; the traces are kiln's CPU allocations, not a GPU run's.
+//!
 //! The runs are single-threaded (`KILN_NUM_THREADS=1` is required, so the order of allocations
 //! cannot depend on thread scheduling).
 
@@ -32,16 +45,129 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask record-traces [--out DIR] [--only NAME] [--seed N]
-  records resnet18_sgd, gpt_varlen_adamw, finetune_resnet18_varbatch and vit_adamw
-  (default DIR: crates/alloc-cache/traces; seed 2026); needs KILN_NUM_THREADS=1";
+  records every run of RUNS (default DIR: crates/alloc-cache/traces; seed 2026), or only NAME;
+  needs KILN_NUM_THREADS=1; the GPU-scale runs (*_gpu) take minutes each";
 
 const CPU: Device = Device::Cpu;
-/// The runs, in the order they are recorded.
-pub const RUNS: [&str; 4] = [
-    "resnet18_sgd",
-    "gpt_varlen_adamw",
-    "finetune_resnet18_varbatch",
-    "vit_adamw",
+
+/// GPT of the CPU-scale run: 4 layers, width 256, vocabulary 4096.
+const GPT_CPU: GptConfig = GptConfig {
+    vocab_size: 4096,
+    block_size: 256,
+    n_layer: 4,
+    n_head: 4,
+    n_embd: 256,
+    dropout: 0.0,
+};
+
+/// GPT of the GPU-scale run: 4 layers, width 256, 8 heads, vocabulary 16384, up to 1024
+/// tokens.
+const GPT_GPU: GptConfig = GptConfig {
+    vocab_size: 16384,
+    block_size: 1024,
+    n_layer: 4,
+    n_head: 8,
+    n_embd: 256,
+    dropout: 0.0,
+};
+
+/// ViT of the CPU-scale run: 6 layers, width 192, patch 8, 64x64 images.
+const VIT_CPU: VitConfig = VitConfig {
+    image_size: 64,
+    patch_size: 8,
+    num_layers: 6,
+    num_heads: 3,
+    hidden_dim: 192,
+    mlp_dim: 768,
+    dropout: 0.0,
+    attention_dropout: 0.0,
+    num_classes: 10,
+};
+
+/// ViT of the GPU-scale run: ViT-S/16's shape (12 layers, width 384, 6 heads) on 224x224
+/// images, 100 classes.
+const VIT_GPU: VitConfig = VitConfig {
+    image_size: 224,
+    patch_size: 16,
+    num_layers: 12,
+    num_heads: 6,
+    hidden_dim: 384,
+    mlp_dim: 1536,
+    dropout: 0.0,
+    attention_dropout: 0.0,
+    num_classes: 100,
+};
+
+/// The runs, in the order they are recorded: the four CPU-scale runs (peaks of 127-353 MiB),
+/// then their GPU-scale twins (`*_gpu`: the same training at GPU-training sizes, peaks of
+/// several GiB, so 2 MiB pages and 20 MiB segments are small against the tensors).
+const RUNS: [(&str, Kind); 8] = [
+    (
+        "resnet18_sgd",
+        Kind::ResNetSgd {
+            side: 64,
+            batch: 16,
+            steps: 6,
+        },
+    ),
+    (
+        "gpt_varlen_adamw",
+        Kind::GptVarlen {
+            config: GPT_CPU,
+            batch: 8,
+            lengths: (32, 256),
+            steps: 8,
+        },
+    ),
+    (
+        "finetune_resnet18_varbatch",
+        Kind::Finetune {
+            side: 64,
+            batches: [8, 12, 16],
+            steps: 8,
+        },
+    ),
+    (
+        "vit_adamw",
+        Kind::Vit {
+            config: VIT_CPU,
+            batch: 16,
+            steps: 6,
+        },
+    ),
+    (
+        "resnet18_sgd_gpu",
+        Kind::ResNetSgd {
+            side: 224,
+            batch: 128,
+            steps: 6,
+        },
+    ),
+    (
+        "gpt_varlen_adamw_gpu",
+        Kind::GptVarlen {
+            config: GPT_GPU,
+            batch: 8,
+            lengths: (256, 1024),
+            steps: 8,
+        },
+    ),
+    (
+        "finetune_resnet18_varbatch_gpu",
+        Kind::Finetune {
+            side: 224,
+            batches: [64, 96, 128],
+            steps: 8,
+        },
+    ),
+    (
+        "vit_adamw_gpu",
+        Kind::Vit {
+            config: VIT_GPU,
+            batch: 32,
+            steps: 6,
+        },
+    ),
 ];
 
 type Res<T> = Result<T, String>;
@@ -83,12 +209,13 @@ pub fn run(args: &[String]) -> Res<()> {
         ));
     }
     if let Some(name) = &only {
-        if !RUNS.contains(&name.as_str()) {
-            return Err(format!("--only {name}: not a run; runs are {RUNS:?}"));
+        if kind_of(name).is_none() {
+            let names: Vec<&str> = RUNS.iter().map(|(n, _)| *n).collect();
+            return Err(format!("--only {name}: not a run; runs are {names:?}"));
         }
     }
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    for name in RUNS {
+    for (name, _) in RUNS {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
@@ -172,7 +299,45 @@ fn train_step(
     opt.zero_grad(true).map_err(err)
 }
 
+/// What a run trains; the sizes are its shapes, so one kind serves the CPU-scale run and its
+/// GPU-scale twin.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// ResNet-18 (10 classes) on `side`x`side` images, SGD with momentum.
+    ResNetSgd {
+        side: usize,
+        batch: usize,
+        steps: usize,
+    },
+    /// A GPT with a sequence length drawn from `lengths` each step, AdamW.
+    GptVarlen {
+        config: GptConfig,
+        batch: usize,
+        lengths: (u64, u64),
+        steps: usize,
+    },
+    /// ResNet-18 with its backbone frozen for the first 3 steps, then unfrozen into the
+    /// optimizer; the batch drawn from `batches` each step.
+    Finetune {
+        side: usize,
+        batches: [usize; 3],
+        steps: usize,
+    },
+    /// A ViT, AdamW.
+    Vit {
+        config: VitConfig,
+        batch: usize,
+        steps: usize,
+    },
+}
+
+/// The kind of run `name`.
+fn kind_of(name: &str) -> Option<Kind> {
+    RUNS.iter().find(|(n, _)| *n == name).map(|&(_, k)| k)
+}
+
 fn record(name: &str, seed: u64) -> Res<String> {
+    let kind = kind_of(name).ok_or_else(|| format!("no run named {name}"))?;
     manual_seed(seed);
     let mut g = Generator::new(seed);
     let mut rng = SplitMix64(seed);
@@ -182,47 +347,51 @@ fn record(name: &str, seed: u64) -> Res<String> {
          renumbered (a freed id is reused)"
     );
     let rec = Recording::start(&header)?;
-    match name {
-        "resnet18_sgd" => {
+    match kind {
+        Kind::ResNetSgd { side, batch, steps } => {
             let model = resnet18(10).map_err(err)?;
             let mut opt = Sgd::new(
                 vec![ParamGroup::from_module(&model)],
                 SgdOptions::default().lr(0.01).momentum(0.9),
             )
             .map_err(err)?;
-            for step in 1..=6 {
-                rec.comment(&format!("step {step} batch 16"));
-                let (x, y) = (images(&mut g, 16, 64)?, labels(&mut rng, 16, 10)?);
+            for step in 1..=steps {
+                rec.comment(&format!("step {step} batch {batch}"));
+                let (x, y) = (images(&mut g, batch, side)?, labels(&mut rng, batch, 10)?);
                 train_step(&model, &mut opt, &x, &y, 10)?;
             }
             rec.finish()
         }
-        "gpt_varlen_adamw" => {
-            let config = GptConfig {
-                vocab_size: 4096,
-                block_size: 256,
-                n_layer: 4,
-                n_head: 4,
-                n_embd: 256,
-                dropout: 0.0,
-            };
+        Kind::GptVarlen {
+            config,
+            batch,
+            lengths: (lo, hi),
+            steps,
+        } => {
+            let vocab = config.vocab_size;
             let model = Gpt::new(config).map_err(err)?;
             let mut opt = AdamW::new(
                 vec![ParamGroup::from_module(&model)],
                 AdamOptions::adamw().lr(3e-4),
             )
             .map_err(err)?;
-            for step in 1..=8 {
-                let t = rng.range(32, 256) as usize;
-                rec.comment(&format!("step {step} batch 8 seq {t}"));
-                let ids: Vec<i64> = (0..8 * t).map(|_| rng.range(0, 4095) as i64).collect();
-                let x = Tensor::from_vec(ids, &[8, t], CPU).map_err(err)?;
-                let y = labels(&mut rng, 8 * t, 4096)?;
-                train_step(&model, &mut opt, &x, &y, 4096)?;
+            for step in 1..=steps {
+                let t = rng.range(lo, hi) as usize;
+                rec.comment(&format!("step {step} batch {batch} seq {t}"));
+                let ids: Vec<i64> = (0..batch * t)
+                    .map(|_| rng.range(0, vocab as u64 - 1) as i64)
+                    .collect();
+                let x = Tensor::from_vec(ids, &[batch, t], CPU).map_err(err)?;
+                let y = labels(&mut rng, batch * t, vocab)?;
+                train_step(&model, &mut opt, &x, &y, vocab)?;
             }
             rec.finish()
         }
-        "finetune_resnet18_varbatch" => {
+        Kind::Finetune {
+            side,
+            batches,
+            steps,
+        } => {
             let model = resnet18(10).map_err(err)?;
             model.freeze(|n| !n.starts_with("fc.")).map_err(err)?;
             let mut opt = Sgd::new(
@@ -230,7 +399,7 @@ fn record(name: &str, seed: u64) -> Res<String> {
                 SgdOptions::default().lr(0.01).momentum(0.9),
             )
             .map_err(err)?;
-            for step in 1..=8 {
+            for step in 1..=steps {
                 if step == 4 {
                     model.unfreeze(|_| true).map_err(err)?;
                     let backbone: Vec<_> = model
@@ -241,39 +410,35 @@ fn record(name: &str, seed: u64) -> Res<String> {
                     opt.add_param_group(ParamGroup::new(backbone).lr(0.001))
                         .map_err(err)?;
                 }
-                let batch = [8, 12, 16][rng.range(0, 2) as usize];
+                let batch = batches[rng.range(0, 2) as usize];
                 let phase = if step < 4 { "frozen" } else { "unfrozen" };
                 rec.comment(&format!("step {step} batch {batch} backbone {phase}"));
-                let (x, y) = (images(&mut g, batch, 64)?, labels(&mut rng, batch, 10)?);
+                let (x, y) = (images(&mut g, batch, side)?, labels(&mut rng, batch, 10)?);
                 train_step(&model, &mut opt, &x, &y, 10)?;
             }
             rec.finish()
         }
-        "vit_adamw" => {
-            let model = VisionTransformer::new(VitConfig {
-                image_size: 64,
-                patch_size: 8,
-                num_layers: 6,
-                num_heads: 3,
-                hidden_dim: 192,
-                mlp_dim: 768,
-                dropout: 0.0,
-                attention_dropout: 0.0,
-                num_classes: 10,
-            })
-            .map_err(err)?;
+        Kind::Vit {
+            config,
+            batch,
+            steps,
+        } => {
+            let (side, classes) = (config.image_size, config.num_classes);
+            let model = VisionTransformer::new(config).map_err(err)?;
             let mut opt = AdamW::new(
                 vec![ParamGroup::from_module(&model)],
                 AdamOptions::adamw().lr(1e-3),
             )
             .map_err(err)?;
-            for step in 1..=6 {
-                rec.comment(&format!("step {step} batch 16"));
-                let (x, y) = (images(&mut g, 16, 64)?, labels(&mut rng, 16, 10)?);
-                train_step(&model, &mut opt, &x, &y, 10)?;
+            for step in 1..=steps {
+                rec.comment(&format!("step {step} batch {batch}"));
+                let (x, y) = (
+                    images(&mut g, batch, side)?,
+                    labels(&mut rng, batch, classes)?,
+                );
+                train_step(&model, &mut opt, &x, &y, classes)?;
             }
             rec.finish()
         }
-        other => Err(format!("no run named {other}")),
     }
 }

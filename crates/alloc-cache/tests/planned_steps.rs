@@ -227,6 +227,10 @@ fn recorded_runs_are_planned_from_step_4_at_no_cost() {
     for (name, text) in [
         ("resnet18_sgd", include_str!("../traces/resnet18_sgd.trace")),
         ("vit_adamw", include_str!("../traces/vit_adamw.trace")),
+        (
+            "resnet18_sgd_gpu",
+            include_str!("../traces/resnet18_sgd_gpu.trace"),
+        ),
     ] {
         let steps = steps_of(text).unwrap();
         for config in [AllocatorConfig::default(), stitching.clone()] {

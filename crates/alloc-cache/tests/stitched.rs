@@ -282,7 +282,7 @@ fn host_stitched_blocks_reach_the_gaps_memory() {
     assert_eq!(a.backend().free_bytes(), 64 * MIB);
 }
 
-/// Without aliases (the CUDA backend today) the gaps' pages move instead, and only for a
+/// Without aliases (a backend without multi-mapping) the gaps' pages move instead, and only for a
 /// request at a new peak of allocated bytes: 8 MiB (16 MiB allocated, the old peak) maps new
 /// pages, 12 MiB (20 MiB) gets the gaps' 4 pages moved and 2 new ones.
 #[test]

@@ -192,3 +192,120 @@ fn physical_memory_is_bounded_by_capacity() {
     }
     assert_eq!(mem_info().0, free0);
 }
+
+/// `cuMemcpyDtoH_v2` of one `u32`, as a `Result`.
+fn read_u32(at: u64) -> Result<u32, CUresult> {
+    let mut v = 0u32;
+    match unsafe { cuMemcpyDtoH_v2((&mut v as *mut u32).cast(), at, 4) } {
+        CUresult::CUDA_SUCCESS => Ok(v),
+        code => Err(code),
+    }
+}
+
+/// GMLake-style multi-mapping, as kiln's stitched blocks use it: one physical allocation mapped
+/// at an address of a second reservation is one memory reached from two addresses. Either
+/// mapping goes on its own (the driver allows unmapping the first while the second lives; the
+/// memory and its capacity charge stay until the last mapping is gone), access is per mapping,
+/// and a released handle cannot be mapped again.
+#[test]
+fn one_allocation_mapped_at_two_addresses_is_one_memory() {
+    let _g = setup(ENV);
+    bind(0);
+    use cudarc::driver::sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE as RW;
+    let rw = access(RW);
+    let p = PAGE as u64;
+    unsafe {
+        let (mut r, mut q) = (0, 0);
+        assert_eq!(
+            cuMemAddressReserve(&mut r, 2 * PAGE, 0, 0, 0),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuMemAddressReserve(&mut q, 2 * PAGE, 0, 0, 0),
+            CUresult::CUDA_SUCCESS
+        );
+        let (free0, _) = mem_info();
+        let (a, b) = (create().unwrap(), create().unwrap());
+        // Original pages a, b at r; aliases at q in the other order (a stitched block's pages
+        // need not be in their original order).
+        assert_eq!(cuMemMap(r, PAGE, 0, a, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemMap(r + p, PAGE, 0, b, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemSetAccess(r, 2 * PAGE, &rw, 1), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemMap(q, PAGE, 0, b, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemMap(q + p, PAGE, 0, a, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(
+            cuMemMap(q, PAGE, 0, a, 0),
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            "an alias over a mapping"
+        );
+        assert_eq!(mem_info().0, free0 - 2 * PAGE, "aliases cost no memory");
+        // The alias is mapped but not accessible until its own cuMemSetAccess.
+        assert!(check_device_range(q, 1).is_err());
+        assert!(read_faults(q));
+        assert_eq!(read_u32(q), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(cuMemSetAccess(q, 2 * PAGE, &rw, 1), CUresult::CUDA_SUCCESS);
+        assert!(
+            check_device_range(q, 2 * p).is_ok(),
+            "one range over two handles"
+        );
+
+        // Bytes written through the original are read through the alias, and back.
+        assert_eq!(
+            cuMemsetD32_v2(r + 8, 0xA1A1_0001, 1),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuMemsetD32_v2(r + p + 16, 0xB2B2_0002, 1),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(read_u32(q + p + 8), Ok(0xA1A1_0001));
+        assert_eq!(read_u32(q + 16), Ok(0xB2B2_0002));
+        let word = 0xC3C3_0003u32;
+        assert_eq!(
+            cuMemcpyHtoD_v2(q + 2 * p - 4, (&word as *const u32).cast(), 4),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(read_u32(r + p - 4), Ok(word));
+        // A device-to-device copy into the alias lands in the original page.
+        assert_eq!(cuMemcpyDtoD_v2(q + 32, r + 8, 4), CUresult::CUDA_SUCCESS);
+        assert_eq!(read_u32(r + p + 32), Ok(0xA1A1_0001));
+
+        // Unmapping the original leaves the alias reaching the same bytes.
+        assert_eq!(cuMemUnmap(r, 2 * PAGE), CUresult::CUDA_SUCCESS);
+        assert!(read_faults(r) && check_device_range(r, 1).is_err());
+        assert_eq!(read_u32(q + p + 8), Ok(0xA1A1_0001));
+        assert_eq!(read_u32(q + 16), Ok(0xB2B2_0002));
+        assert_eq!(mem_info().0, free0 - 2 * PAGE);
+        // Released while the alias maps it: the memory stays, the handle is dead.
+        assert_eq!(cuMemRelease(a), CUresult::CUDA_SUCCESS);
+        assert_eq!(mem_info().0, free0 - 2 * PAGE);
+        assert_eq!(read_u32(q + 2 * p - 4), Ok(word));
+        assert_eq!(
+            cuMemMap(r, PAGE, 0, a, 0),
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            "a released handle mapped again"
+        );
+        assert_eq!(
+            cuMemMap(r, PAGE, 0, 0xdead_beef, 0),
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            "no such handle"
+        );
+        // Mapped again at its first address from a live handle: the bytes are still there.
+        assert_eq!(cuMemMap(r + p, PAGE, 0, b, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemSetAccess(r + p, PAGE, &rw, 1), CUresult::CUDA_SUCCESS);
+        assert_eq!(read_u32(r + p + 16), Ok(0xB2B2_0002));
+
+        // The last mapping of `a` goes with the alias: its memory goes with it.
+        assert_eq!(cuMemUnmap(q + p, PAGE), CUresult::CUDA_SUCCESS);
+        assert_eq!(mem_info().0, free0 - PAGE);
+        assert!(read_faults(q + p));
+        assert_eq!(read_u32(q + 16), Ok(0xB2B2_0002));
+        assert_eq!(cuMemUnmap(q, PAGE), CUresult::CUDA_SUCCESS);
+        assert_eq!(read_u32(r + p + 16), Ok(0xB2B2_0002));
+        assert_eq!(cuMemUnmap(r + p, PAGE), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemRelease(b), CUresult::CUDA_SUCCESS);
+        assert_eq!(mem_info().0, free0);
+        assert_eq!(cuMemAddressFree(r, 2 * PAGE), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemAddressFree(q, 2 * PAGE), CUresult::CUDA_SUCCESS);
+    }
+}

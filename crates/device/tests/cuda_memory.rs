@@ -1,5 +1,6 @@
 //! The CUDA caching allocator on a real device: `CudaBackend` under the allocator in both modes,
-//! the per-device registry and `CudaStorage` drawing its memory from it.
+//! the per-device registry and `CudaStorage` drawing its memory from it (page stitching is in
+//! `cuda_stitching.rs`).
 //!
 //! One test in this binary, so nothing else allocates on the device while it counts bytes.
 //! Without a usable device it prints why and passes (fails with `KILN_REQUIRE_CUDA=1`).
@@ -84,58 +85,6 @@ fn expandable_segments(dev: Device) {
     drop(b);
     alloc.empty_cache().unwrap();
     alloc.check_invariants().unwrap();
-}
-
-/// Page stitching on the device: the pages of two free gaps move (with `cuMemUnmap` +
-/// `cuMemMap` of the same handles) to a request that fits neither, while the data of the live
-/// blocks around them stays intact.
-fn stitched_pages(dev: Device) {
-    let backend = CudaBackend::new(dev).unwrap();
-    if !backend.supports_expandable_segments() {
-        eprintln!("cuda:0 has no virtual memory management; stitching part skipped");
-        return;
-    }
-    let config = AllocatorConfig {
-        page_stitching: true,
-        ..AllocatorConfig::expandable()
-    };
-    let alloc = Arc::new(CachingAllocator::new(backend, config).unwrap());
-    let page = alloc.backend().page_size().unwrap();
-    let mut blocks: Vec<_> = (0..4)
-        .map(|_| alloc.allocate(2 * page, StreamId::DEFAULT).unwrap())
-        .collect();
-    let kept = [blocks.remove(3), blocks.remove(1)];
-    kiln_device::cuda::context(dev)
-        .unwrap()
-        .bind_to_thread()
-        .unwrap();
-    let patterns: Vec<Vec<u8>> = (0..2)
-        .map(|k| (0..2 * page).map(|i| ((i + 7 * k) % 253) as u8).collect())
-        .collect();
-    for (b, p) in kept.iter().zip(&patterns) {
-        // SAFETY: `b` is a live block of `2 * page` bytes on this device.
-        unsafe { result::memcpy_htod_sync(b.addr(), p).unwrap() };
-    }
-    drop(blocks);
-    // 6 pages at a new peak: the 4 pages of the gaps move, 2 are new.
-    let big = alloc.allocate(6 * page, StreamId::DEFAULT).unwrap();
-    let s = alloc.memory_stats();
-    assert_eq!(s.reserved_bytes.all.current, (10 * page) as i64);
-    assert_eq!(s.num_device_alloc, 4 + 2 + 1);
-    round_trip(dev, big.addr(), big.size());
-    for (b, p) in kept.iter().zip(&patterns) {
-        let mut back = vec![0u8; p.len()];
-        // SAFETY: as above.
-        unsafe { result::memcpy_dtoh_sync(&mut back, b.addr()).unwrap() };
-        assert!(
-            back == *p,
-            "a live block changed while its neighbours were stitched"
-        );
-    }
-    alloc.check_invariants().unwrap();
-    drop((kept, big));
-    assert_eq!(alloc.empty_cache().unwrap(), 10 * page);
-    assert_eq!(alloc.memory_stats().reserved_bytes.all.current, 0);
 }
 
 fn oom_report(dev: Device) {
@@ -234,7 +183,6 @@ fn cuda_caching_allocator_on_a_device() {
     };
     fixed_segments(dev);
     expandable_segments(dev);
-    stitched_pages(dev);
     oom_report(dev);
     registry_and_storage(dev);
     history(dev);

@@ -260,9 +260,10 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
 }
 
 /// The traces recorded from kiln's own CPU training runs (`cargo xtask record-traces`): the
-/// figures of record. Compiled in so the bench also runs where the source tree is absent (the
-/// GPU machine of `cargo xtask gpu-pack`).
-const RECORDED: [(&str, &str); 4] = [
+/// figures of record, at CPU scale and at GPU-training scale (`*_gpu`, peaks of 2.8-3.3 GiB).
+/// Compiled in so the bench also runs where the source tree is absent (the GPU machine of
+/// `cargo xtask gpu-pack`).
+const RECORDED: [(&str, &str); 8] = [
     (
         "resnet18_sgd",
         include_str!("../../../crates/alloc-cache/traces/resnet18_sgd.trace"),
@@ -278,6 +279,22 @@ const RECORDED: [(&str, &str); 4] = [
     (
         "vit_adamw",
         include_str!("../../../crates/alloc-cache/traces/vit_adamw.trace"),
+    ),
+    (
+        "resnet18_sgd_gpu",
+        include_str!("../../../crates/alloc-cache/traces/resnet18_sgd_gpu.trace"),
+    ),
+    (
+        "gpt_varlen_adamw_gpu",
+        include_str!("../../../crates/alloc-cache/traces/gpt_varlen_adamw_gpu.trace"),
+    ),
+    (
+        "finetune_resnet18_varbatch_gpu",
+        include_str!("../../../crates/alloc-cache/traces/finetune_resnet18_varbatch_gpu.trace"),
+    ),
+    (
+        "vit_adamw_gpu",
+        include_str!("../../../crates/alloc-cache/traces/vit_adamw_gpu.trace"),
     ),
 ];
 

@@ -20,8 +20,8 @@
 //! - `remap` = per page `cuMemUnmap` at the old address and `cuMemMap` of the same handle at the
 //!   new one, then one `cuMemSetAccess`: the physical pages move, none is created or released.
 //! - `map_alias` / `unmap_alias` (optional) = `cuMemMap` of the same handles at a second address
-//!   plus `cuMemSetAccess` / `cuMemUnmap` of that address only (kiln-device does not offer them
-//!   yet, so page stitching there moves pages instead).
+//!   plus `cuMemSetAccess` / `cuMemUnmap` of that address only (kiln-device's `CudaBackend` does
+//!   this wherever the device has VMM, and refuses to unmap or move a page while it has an alias).
 //! - `record_event` = take an event from a pool (`cuEventCreate(DISABLE_TIMING)`) and
 //!   `cuEventRecord` it on the stream (`StreamId` = the `CUstream` handle value, 0 = legacy
 //!   default stream); `query_event` = `cuEventQuery` (`CUDA_ERROR_NOT_READY` -> `false`);

@@ -125,7 +125,8 @@ impl SimBackend {
     }
 
     /// Offers no alias mappings (like a backend without multi-mapping, e.g. kiln-device's CUDA
-    /// backend today): page stitching then moves pages instead of keeping stitched blocks.
+    /// backend on a device without virtual memory management): page stitching then moves
+    /// pages instead of keeping stitched blocks.
     pub fn without_aliases(mut self) -> Self {
         self.aliases = false;
         self

@@ -9,6 +9,15 @@
 //! mapped with read-write access; a physical allocation's memory (and its capacity charge) is
 //! kept while it is mapped anywhere or its handle is unreleased, as the driver documents; access
 //! is set per whole mapping (stricter than the driver, which also takes sub-ranges).
+//!
+//! One physical allocation may be mapped at several addresses at once (GMLake-style
+//! multi-mapping, which kiln's stitched blocks use): every mapping is a `MAP_SHARED` view of the
+//! same memfd, so all reach the same bytes; each has its own access and is unmapped on its own,
+//! and unmapping any one of them (the first included) leaves the others live, as the driver
+//! documents. A released handle cannot be mapped again (`CUDA_ERROR_INVALID_VALUE`), even while
+//! its memory lives on through a mapping. Which mapping is the "original" is the caller's
+//! bookkeeping, not the driver's: kiln's `CudaBackend` refuses to unmap a page that still has an
+//! alias before it reaches the driver.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_ulonglong, c_void};

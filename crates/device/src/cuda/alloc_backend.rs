@@ -15,26 +15,35 @@
 //! | `map`                         | per page `cuMemCreate` + `cuMemMap`, then one `cuMemSetAccess` (read-write) over the range |
 //! | `unmap`                       | per page `cuMemUnmap` + `cuMemRelease`                     |
 //! | `remap` (page stitching)      | per page `cuMemUnmap` at the old address + `cuMemMap` of the same handle at the new one, then one `cuMemSetAccess`: memory moves, none is created or released |
+//! | `map_alias` (stitched blocks) | per page `cuMemMap` of the handle mapped at the source page, at the alias page too, then one `cuMemSetAccess` over the alias range: both addresses reach the same memory |
+//! | `unmap_alias`                 | per page `cuMemUnmap` of the alias address only (the handle stays mapped at its page, unreleased) |
 //! | events                        | a pool of `cuEventCreate(DISABLE_TIMING)` events; `cuEventRecord` / `cuEventQuery` / `cuEventSynchronize` |
 //!
-//! Each mapped page has its own physical handle (kept in a map from page address to handle), so
-//! the allocator can unmap any page-aligned sub-range later. There are no per-allocation events
-//! or synchronisations: the allocator asks for events only for blocks used on other streams
+//! Each mapped page has its own physical handle (kept in a [`PageTable`] from page address to
+//! handle), so the allocator can unmap any page-aligned sub-range later. The table also holds
+//! the alias pages and refuses, before any driver call, what the `MemoryBackend` contract
+//! forbids: an alias of a page that is not mapped (or is itself an alias), a map, move or alias
+//! onto a mapped page, and unmapping or moving a page while an alias of it is mapped (the
+//! driver itself would allow the last, keeping the memory while any mapping of it exists; the
+//! allocator drops its aliases first). There are no per-allocation events or
+//! synchronisations: the allocator asks for events only for blocks used on other streams
 //! (`record_stream`). Giving memory back to the driver (`release`, `unmap`) first waits for the
 //! device, since a cached block may still be in use by queued kernels (PyTorch does the same
 //! before unmapping expandable pages); that only happens in `empty_cache`/`trim_to`, garbage
-//! collection and the out-of-memory retry. `StreamId` is the `CUstream` value (0 = the legacy default stream).
+//! collection and the out-of-memory retry. Moving pages (`remap`) and unmapping an alias (a
+//! cached stitched block dropped on a miss) wait the same way. `StreamId` is the `CUstream`
+//! value (0 = the legacy default stream).
 //! `CUDA_ERROR_OUT_OF_MEMORY` becomes [`BackendError::OutOfMemory`], which makes the allocator
 //! release its cache and retry; every other driver error is [`BackendError::Driver`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 use kiln_alloc_cache::{BackendError, EventId, MemoryBackend, StreamId};
 
+use super::page_table::PageTable;
 use crate::error::Result;
 use crate::Device;
 
@@ -47,8 +56,8 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     total: usize,
     page: Option<usize>,
-    /// Physical handle of every mapped page, by page address.
-    pages: Mutex<HashMap<u64, sys::CUmemGenericAllocationHandle>>,
+    /// Physical handle of every mapped page and alias page, by page address.
+    pages: Mutex<PageTable>,
     /// Idle events (`CUevent` values), reused by `record_event`.
     events: Mutex<Vec<u64>>,
 }
@@ -126,7 +135,7 @@ impl CudaBackend {
             ctx,
             total,
             page,
-            pages: Mutex::new(HashMap::new()),
+            pages: Mutex::new(PageTable::new(page.unwrap_or(1))),
             events: Mutex::new(Vec::new()),
         })
     }
@@ -155,17 +164,61 @@ impl CudaBackend {
             .map_err(|e| driver("cuCtxSynchronize", e))
     }
 
-    /// Unmaps and releases the pages of `[addr, addr + bytes)` that are in the page map.
+    fn table(&self) -> MutexGuard<'_, PageTable> {
+        self.pages.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The page size, or `Unsupported` for `what` on a device without VMM.
+    fn vmm_page(&self, what: &'static str) -> Result<usize, BackendError> {
+        self.page.ok_or_else(|| BackendError::Unsupported {
+            backend: self.name.clone(),
+            what,
+        })
+    }
+
+    /// A call the `MemoryBackend` contract forbids, refused before any driver call.
+    fn misuse(&self, call: &str, reason: String) -> BackendError {
+        BackendError::Driver(format!("{}: {call} refused: {reason}", self.name))
+    }
+
+    /// `CUDA_ERROR_OUT_OF_MEMORY` as [`BackendError::OutOfMemory`] for `bytes`, else `call`'s
+    /// driver error.
+    fn failed(&self, call: &'static str, err: DriverError, bytes: usize) -> BackendError {
+        if is_oom(&err) {
+            BackendError::OutOfMemory {
+                requested: bytes,
+                free: self.free_bytes(),
+            }
+        } else {
+            driver(call, err)
+        }
+    }
+
+    /// The pages `map` mapped and the alias pages `map_alias` mapped, as counts (what the
+    /// backend holds mapped right now; aliases hold no memory of their own).
+    pub fn mapped_pages(&self) -> (usize, usize) {
+        self.table().counts()
+    }
+
+    /// Unmaps and releases the pages of `[addr, addr + bytes)` that `map` mapped (others are
+    /// skipped); refuses, changing nothing, a range that is not whole pages or that holds a
+    /// page with an alias.
     fn unmap_pages(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        let page = self.page.unwrap_or(bytes.max(1)) as u64;
-        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(page) = self.page.filter(|_| bytes > 0) else {
+            return Ok(()); // nothing was mapped
+        };
+        let mut table = self.table();
+        let addrs = table
+            .range(addr, bytes)
+            .and_then(|a| table.check_unaliased(&a).map(|()| a))
+            .map_err(|r| self.misuse("unmap", r))?;
         let mut first_error = None;
-        let mut p = addr;
-        while p < addr + bytes as u64 {
-            if let Some(handle) = pages.remove(&p) {
+        for p in addrs {
+            if let Some(handle) = table.remove(p) {
                 // SAFETY: `p` is a page we mapped with `handle`; the caller guarantees no access.
-                let unmapped = unsafe { sys::cuMemUnmap(p, page as usize) }.result();
-                // SAFETY: the handle is ours and is no longer mapped anywhere after the unmap.
+                let unmapped = unsafe { sys::cuMemUnmap(p, page) }.result();
+                // SAFETY: the handle is ours and is no longer mapped anywhere after the unmap
+                // (it has no alias: checked above).
                 let released = unsafe { sys::cuMemRelease(handle) }.result();
                 if let Err(e) = unmapped {
                     first_error.get_or_insert(driver("cuMemUnmap", e));
@@ -174,9 +227,20 @@ impl CudaBackend {
                     first_error.get_or_insert(driver("cuMemRelease", e));
                 }
             }
-            p += page;
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Grants the device read-write access to the mapped range `[addr, addr + bytes)`.
+    fn set_access(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let access = sys::CUmemAccessDesc {
+            location: pinned_device_prop(self.ctx.cu_device()).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the caller mapped the whole range; one descriptor.
+        unsafe { sys::cuMemSetAccess(addr, bytes, &access, 1) }
+            .result()
+            .map_err(|e| driver("cuMemSetAccess", e))
     }
 }
 
@@ -255,27 +319,23 @@ impl MemoryBackend for CudaBackend {
     }
 
     fn map(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        let page = self.page.ok_or_else(|| BackendError::Unsupported {
-            backend: self.name.clone(),
-            what: "page mapping (no virtual memory management)",
-        })?;
+        let page = self.vmm_page("page mapping (no virtual memory management)")?;
+        let addrs = {
+            let table = self.table();
+            let addrs = table
+                .range(addr, bytes)
+                .and_then(|a| table.check_unmapped(&a).map(|()| a));
+            addrs.map_err(|r| self.misuse("map", r))?
+        };
         self.bind()?;
         let prop = pinned_device_prop(self.ctx.cu_device());
         let mut mapped = 0usize;
         let mut failure = None;
-        while mapped < bytes {
-            let at = addr + mapped as u64;
+        for at in addrs {
             let mut handle: sys::CUmemGenericAllocationHandle = 0;
             // SAFETY: valid out-pointer and property struct; `page` is the granularity.
             if let Err(e) = unsafe { sys::cuMemCreate(&mut handle, page, &prop, 0) }.result() {
-                failure = Some(if is_oom(&e) {
-                    BackendError::OutOfMemory {
-                        requested: bytes,
-                        free: self.free_bytes(),
-                    }
-                } else {
-                    driver("cuMemCreate", e)
-                });
+                failure = Some(self.failed("cuMemCreate", e, bytes));
                 break;
             }
             // SAFETY: `at` is a page-aligned, unmapped address inside one of our reservations.
@@ -285,21 +345,11 @@ impl MemoryBackend for CudaBackend {
                 failure = Some(driver("cuMemMap", e));
                 break;
             }
-            self.pages
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(at, handle);
+            self.table().insert(at, handle);
             mapped += page;
         }
         if failure.is_none() {
-            let access = sys::CUmemAccessDesc {
-                location: prop.location,
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            // SAFETY: the whole range is mapped (above); one descriptor.
-            if let Err(e) = unsafe { sys::cuMemSetAccess(addr, bytes, &access, 1) }.result() {
-                failure = Some(driver("cuMemSetAccess", e));
-            }
+            failure = self.set_access(addr, bytes).err();
         }
         match failure {
             None => Ok(()),
@@ -312,56 +362,116 @@ impl MemoryBackend for CudaBackend {
     }
 
     unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        {
+            // Refused before waiting for the device; `unmap_pages` checks again.
+            let table = self.table();
+            let addrs = table
+                .range(addr, bytes)
+                .map_err(|r| self.misuse("unmap", r))?;
+            table
+                .check_unaliased(&addrs)
+                .map_err(|r| self.misuse("unmap", r))?;
+        }
         self.bind()?;
         self.wait_for_device()?;
         self.unmap_pages(addr, bytes)
     }
 
     unsafe fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
-        let page = self.page.ok_or_else(|| BackendError::Unsupported {
-            backend: self.name.clone(),
-            what: "page mapping (no virtual memory management)",
-        })?;
+        let page = self.vmm_page("page mapping (no virtual memory management)")?;
+        let mut table = self.table();
+        let moves = table.range(from, bytes).and_then(|src| {
+            let dst = table.range(to, bytes)?;
+            let handles = table.check_move(&src, &dst)?;
+            Ok(src.into_iter().zip(dst).zip(handles).collect::<Vec<_>>())
+        });
+        let moves = moves.map_err(|r| self.misuse("remap", r))?;
         self.bind()?;
         // Queued kernels may still use the old addresses (as before an unmap).
         self.wait_for_device()?;
-        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let at = |base: u64, i: usize| base + (i * page) as u64;
-        let n = bytes / page;
-        if bytes % page != 0
-            || (0..n).any(|i| !pages.contains_key(&at(from, i)) || pages.contains_key(&at(to, i)))
-        {
-            return Err(BackendError::Driver(format!(
-                "remap {from:#x} -> {to:#x} (+{bytes}): needs mapped source pages and unmapped \
-                 target pages of {page} bytes"
-            )));
-        }
-        for i in 0..n {
-            let (src, dst) = (at(from, i), at(to, i));
-            let handle = pages[&src];
-            // SAFETY: `src` is a page we mapped with `handle`; the caller guarantees no access.
+        for ((src, dst), handle) in moves {
+            // SAFETY: `src` is a page we mapped with `handle` (checked); the caller guarantees
+            // no access.
             unsafe { sys::cuMemUnmap(src, page) }
                 .result()
                 .map_err(|e| driver("cuMemUnmap", e))?;
-            // SAFETY: `dst` is a page-aligned, unmapped address inside one of our reservations;
-            // the handle is live and now mapped nowhere.
+            // SAFETY: `dst` is a page-aligned, unmapped address (checked) inside one of our
+            // reservations; the handle is live and now mapped nowhere.
             if let Err(e) = unsafe { sys::cuMemMap(dst, page, 0, handle, 0) }.result() {
                 // Put the page back where it was (unreachable until access is set again).
                 // SAFETY: as above, for the address it just left.
                 let _ = unsafe { sys::cuMemMap(src, page, 0, handle, 0) };
                 return Err(driver("cuMemMap", e));
             }
-            pages.remove(&src);
-            pages.insert(dst, handle);
+            table.move_page(src, dst);
         }
-        let access = sys::CUmemAccessDesc {
-            location: pinned_device_prop(self.ctx.cu_device()).location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        drop(table);
+        self.set_access(to, bytes)
+    }
+
+    fn supports_aliases(&self) -> bool {
+        self.page.is_some()
+    }
+
+    fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        let page = self.vmm_page("alias mappings (no virtual memory management)")?;
+        let mut table = self.table();
+        let plan = table.range(from, bytes).and_then(|src| {
+            let dst = table.range(to, bytes)?;
+            let handles = table.check_alias(&src, &dst)?;
+            Ok(dst.into_iter().zip(handles).collect::<Vec<_>>())
+        });
+        let plan = plan.map_err(|r| self.misuse("map_alias", r))?;
+        self.bind()?;
+        let mut made = 0;
+        let mut failure = None;
+        for &(at, handle) in &plan {
+            // SAFETY: `at` is a page-aligned address no page or alias of ours is mapped at
+            // (checked), inside one of our reservations (the caller's contract); `handle` is
+            // live: it is mapped at its own page, which cannot go while this alias exists.
+            if let Err(e) = unsafe { sys::cuMemMap(at, page, 0, handle, 0) }.result() {
+                failure = Some(self.failed("cuMemMap", e, bytes));
+                break;
+            }
+            table.add_alias(at, handle);
+            made += 1;
+        }
+        if failure.is_none() {
+            failure = self.set_access(to, bytes).err();
+        }
+        let Some(err) = failure else {
+            return Ok(());
         };
-        // SAFETY: the whole target range is mapped (above); one descriptor.
-        unsafe { sys::cuMemSetAccess(to, bytes, &access, 1) }
-            .result()
-            .map_err(|e| driver("cuMemSetAccess", e))
+        for &(at, _) in &plan[..made] {
+            // SAFETY: mapped just now and never handed out; the memory stays at its page.
+            let _ = unsafe { sys::cuMemUnmap(at, page) };
+            table.remove_alias(at);
+        }
+        Err(err)
+    }
+
+    unsafe fn unmap_alias(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        let page = self.vmm_page("alias mappings (no virtual memory management)")?;
+        let mut table = self.table();
+        let addrs = table
+            .range(addr, bytes)
+            .and_then(|a| table.check_aliases(&a).map(|()| a))
+            .map_err(|r| self.misuse("unmap_alias", r))?;
+        self.bind()?;
+        // Kernels queued before the stitched block was freed may still use the alias.
+        self.wait_for_device()?;
+        let mut first_error = None;
+        for at in addrs {
+            // SAFETY: `at` is an alias page of ours (checked); the caller guarantees no access
+            // through it. Only this mapping goes: the handle stays mapped at its own page.
+            match unsafe { sys::cuMemUnmap(at, page) }.result() {
+                Ok(()) => table.remove_alias(at),
+                Err(e) => {
+                    first_error.get_or_insert(driver("cuMemUnmap", e));
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {

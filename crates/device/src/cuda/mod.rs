@@ -11,6 +11,7 @@ pub mod headers;
 pub mod kernel_cache;
 pub mod kernels;
 pub mod launch;
+mod page_table;
 pub(crate) mod probe;
 pub mod source_override;
 
