@@ -322,14 +322,8 @@ pub(super) fn backward_weight<T: KernelFloat>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::conv::{reference, Conv2dParams};
-
-    use crate::ops::conv::reference::test_values as values;
-
-    /// Equal up to the order of float sums.
-    fn close(what: &str, got: &[f64], want: &[f64]) {
-        kiln_testkit::assert_close_finite(what, got, want, (1e-10, 1e-10));
-    }
+    use crate::ops::conv::reference::{assert_passes_match_loops, TestPasses};
+    use crate::ops::conv::Conv2dParams;
 
     /// ResNet's small-plane shapes (3x3 stride 1 and 2, the 1x1 stride-2 downsample, a 1x1
     /// stride-1 pointwise one), with a batch that leaves a short last chunk, on 1 and 2
@@ -357,27 +351,19 @@ mod tests {
                 let chunk = chunk_images(&g, threads).expect("small planes are chunked");
                 // On 2 threads the last chunk is short (5 or 7 images, or 3 in chunks of 2).
                 assert!(chunk >= 2 && (threads == 1 || chunk < g.batch), "{chunk}");
-                let n = |s: [usize; 4]| s.iter().product::<usize>();
-                let x = values(n(g.input_shape()), 1);
-                let w = values(n(g.weight_shape()), 2);
-                let b = values(g.out_channels, 3);
-                let go = values(n(g.output_shape()), 4);
                 let what = format!("{g:?} on {threads} thread(s)");
-                let (mut out, mut want) = (vec![9.0; go.len()], vec![0.0; go.len()]);
-                pool.install(|| forward(&g, chunk, &x, &w, Some(&b), &mut out))
-                    .unwrap();
-                reference::conv2d_forward(&g, &x, &w, Some(&b), &mut want).unwrap();
-                close(&format!("{what} forward"), &out, &want);
-                let (mut gin, mut want) = (vec![9.0; x.len()], vec![0.0; x.len()]);
-                pool.install(|| backward_input(&g, chunk, &go, &w, &mut gin))
-                    .unwrap();
-                reference::conv2d_backward_input(&g, &go, &w, &mut want).unwrap();
-                close(&format!("{what} grad_input"), &gin, &want);
-                let (mut gw, mut want) = (vec![9.0; w.len()], vec![0.0; w.len()]);
-                pool.install(|| backward_weight(&g, chunk, &x, &go, &mut gw))
-                    .unwrap();
-                reference::conv2d_backward_weight(&g, &x, &go, &mut want).unwrap();
-                close(&format!("{what} grad_weight"), &gw, &want);
+                let passes = TestPasses {
+                    forward: &|(x, b), w, out| {
+                        pool.install(|| forward(&g, chunk, x, w, Some(b), out))
+                    },
+                    backward_input: &|go, w, gin| {
+                        pool.install(|| backward_input(&g, chunk, go, w, gin))
+                    },
+                    backward_weight: &|x, go, gw| {
+                        pool.install(|| backward_weight(&g, chunk, x, go, gw))
+                    },
+                };
+                assert_passes_match_loops(&what, &g, passes);
             }
         }
     }

@@ -246,14 +246,10 @@ pub(super) fn backward_weight<T: KernelFloat>(
 mod tests {
     use super::*;
     use crate::ops::conv::cpu::{conv2d_backward_input, conv2d_backward_weight, conv2d_forward};
-    use crate::ops::conv::{reference, Conv2dParams};
-
-    use crate::ops::conv::reference::test_values as values;
-
-    /// Equal up to the order of float sums.
-    fn close(what: &str, got: &[f64], want: &[f64]) {
-        kiln_testkit::assert_close_finite(what, got, want, (1e-10, 1e-10));
-    }
+    use crate::ops::conv::reference::{
+        self, assert_passes_match_loops, test_values as values, TestPasses,
+    };
+    use crate::ops::conv::Conv2dParams;
 
     /// Wide planes take the padded-row layout (ResNet's 3x3 "same" convolution, uneven padding
     /// and dilation, two groups, a 2x2 kernel without padding), with batches of one (gemm split
@@ -282,27 +278,19 @@ mod tests {
                 };
                 let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
                 assert!(use_rows(&g), "{g:?} takes the padded rows");
-                let n = |s: [usize; 4]| s.iter().product::<usize>();
-                let x = values(n(g.input_shape()), 1);
-                let w = values(n(g.weight_shape()), 2);
-                let b = values(g.out_channels, 3);
-                let go = values(n(g.output_shape()), 4);
                 let what = format!("{g:?} on {threads} thread(s)");
-                let (mut out, mut want) = (vec![9.0; go.len()], vec![0.0; go.len()]);
-                pool.install(|| conv2d_forward(&g, &x, &w, Some(&b), &mut out))
-                    .unwrap();
-                reference::conv2d_forward(&g, &x, &w, Some(&b), &mut want).unwrap();
-                close(&format!("{what} forward"), &out, &want);
-                let (mut gin, mut want) = (vec![9.0; x.len()], vec![0.0; x.len()]);
-                pool.install(|| conv2d_backward_input(&g, &go, &w, &mut gin))
-                    .unwrap();
-                reference::conv2d_backward_input(&g, &go, &w, &mut want).unwrap();
-                close(&format!("{what} grad_input"), &gin, &want);
-                let (mut gw, mut want) = (vec![9.0; w.len()], vec![0.0; w.len()]);
-                pool.install(|| conv2d_backward_weight(&g, &x, &go, &mut gw))
-                    .unwrap();
-                reference::conv2d_backward_weight(&g, &x, &go, &mut want).unwrap();
-                close(&format!("{what} grad_weight"), &gw, &want);
+                let passes = TestPasses {
+                    forward: &|(x, b), w, out| {
+                        pool.install(|| conv2d_forward(&g, x, w, Some(b), out))
+                    },
+                    backward_input: &|go, w, gin| {
+                        pool.install(|| conv2d_backward_input(&g, go, w, gin))
+                    },
+                    backward_weight: &|x, go, gw| {
+                        pool.install(|| conv2d_backward_weight(&g, x, go, gw))
+                    },
+                };
+                assert_passes_match_loops(&what, &g, passes);
             }
         }
     }

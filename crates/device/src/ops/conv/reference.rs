@@ -119,3 +119,48 @@ pub(super) fn test_values(n: usize, seed: usize) -> Vec<f64> {
         .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.5 - 1.0)
         .collect()
 }
+
+/// A pass of two operands writing a third (`Ok` on success).
+#[cfg(test)]
+type TestPass<'a> = &'a dyn Fn(&[f64], &[f64], &mut [f64]) -> crate::Result<()>;
+
+/// The forward pass: `((input, bias), weight, output)`.
+#[cfg(test)]
+type TestForward<'a> = &'a dyn Fn((&[f64], &[f64]), &[f64], &mut [f64]) -> crate::Result<()>;
+
+/// The three passes a CPU path computes, as closures over slices.
+#[cfg(test)]
+pub(super) struct TestPasses<'a> {
+    /// `((input, bias), weight, output)`.
+    pub forward: TestForward<'a>,
+    /// `(grad_output, weight, grad_input)`.
+    pub backward_input: TestPass<'a>,
+    /// `(input, grad_output, grad_weight)`.
+    pub backward_weight: TestPass<'a>,
+}
+
+/// Runs `passes` on deterministic inputs of `g`'s shapes (outputs pre-filled with 9, so a
+/// missed element shows) and asserts each equals these loops up to the order of float sums.
+#[cfg(test)]
+pub(super) fn assert_passes_match_loops(what: &str, g: &Conv2dGeometry, passes: TestPasses<'_>) {
+    let close = |pass: &str, got: &[f64], want: &[f64]| {
+        kiln_testkit::assert_close_finite(&format!("{what} {pass}"), got, want, (1e-10, 1e-10));
+    };
+    let n = |s: [usize; 4]| s.iter().product::<usize>();
+    let x = test_values(n(g.input_shape()), 1);
+    let w = test_values(n(g.weight_shape()), 2);
+    let b = test_values(g.out_channels, 3);
+    let go = test_values(n(g.output_shape()), 4);
+    let (mut out, mut want) = (vec![9.0; go.len()], vec![0.0; go.len()]);
+    (passes.forward)((&x, &b), &w, &mut out).unwrap();
+    conv2d_forward(g, &x, &w, Some(&b), &mut want).unwrap();
+    close("forward", &out, &want);
+    let (mut gin, mut want) = (vec![9.0; x.len()], vec![0.0; x.len()]);
+    (passes.backward_input)(&go, &w, &mut gin).unwrap();
+    conv2d_backward_input(g, &go, &w, &mut want).unwrap();
+    close("grad_input", &gin, &want);
+    let (mut gw, mut want) = (vec![9.0; w.len()], vec![0.0; w.len()]);
+    (passes.backward_weight)(&x, &go, &mut gw).unwrap();
+    conv2d_backward_weight(g, &x, &go, &mut want).unwrap();
+    close("grad_weight", &gw, &want);
+}
