@@ -10,6 +10,8 @@
 //!   loop is steady and the plan starts. All of the step's memory is free at that marker, so
 //!   the free blocks of the stream are the bins: the step is packed into them, and those that
 //!   receive blocks leave the pools (state `Arena`). No memory is reserved for the plan.
+//!   With expandable segments, a step the bins cannot hold whole is not planned: the bins
+//!   would keep whole free pages from being remapped for the requests left to the cache.
 //! - **Serving.** The i-th allocation of a planned step that asks for the planned size on the
 //!   planned stream, and whose planned range overlaps no planned block still live, is placed
 //!   there; one that no bin had room for goes through the cache. Anything else is a
@@ -264,6 +266,11 @@ impl CachingAllocator {
             if let Ok(around) = BinPlan::pack_around(step, &sizes, &own) {
                 plan = around;
             }
+        }
+        if plan.places.iter().any(Option::is_none) && self.config.expandable_segments {
+            // Bins that leave requests to the cache would keep whole free pages from being
+            // remapped for them, and those requests would map new pages every step.
+            return;
         }
         // Bytes of each bin up to the end of its last planned block.
         let mut used = vec![0usize; free.len()];

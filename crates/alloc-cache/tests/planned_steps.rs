@@ -217,23 +217,37 @@ fn planned_steps_is_a_setting() {
 
 /// The recorded fixed-shape runs: steps 2 and 3 repeat, so steps 4-6 are planned; they make no
 /// backend call, and the run's peak and tight-capacity failures are those of the same mode
-/// without planning (the plan reserves nothing).
+/// without planning (the plan reserves nothing). With page stitching, `vit_adamw_gpu`'s step
+/// does not fit the free blocks at the marker, so it is not planned at all: a plan of the bins
+/// that fit would leave the rest to map new pages every step (it raised the peak from 1.011 to
+/// 1.037 of peak live).
 #[test]
 fn recorded_runs_are_planned_from_step_4_at_no_cost() {
     let stitching = AllocatorConfig {
         page_stitching: true,
         ..AllocatorConfig::expandable()
     };
-    for (name, text) in [
-        ("resnet18_sgd", include_str!("../traces/resnet18_sgd.trace")),
-        ("vit_adamw", include_str!("../traces/vit_adamw.trace")),
+    for (name, text, planned_with_stitching) in [
+        (
+            "resnet18_sgd",
+            include_str!("../traces/resnet18_sgd.trace"),
+            true,
+        ),
+        ("vit_adamw", include_str!("../traces/vit_adamw.trace"), true),
         (
             "resnet18_sgd_gpu",
             include_str!("../traces/resnet18_sgd_gpu.trace"),
+            true,
+        ),
+        (
+            "vit_adamw_gpu",
+            include_str!("../traces/vit_adamw_gpu.trace"),
+            false,
         ),
     ] {
         let steps = steps_of(text).unwrap();
         for config in [AllocatorConfig::default(), stitching.clone()] {
+            let planned_here = planned_with_stitching || !config.page_stitching;
             let live = Trace::parse(text).unwrap().peak_live_bytes();
             let capacity = ((live as f64 * 1.05) as usize).div_ceil(2 * MIB) * 2 * MIB;
             let mut figures = Vec::new();
@@ -259,9 +273,10 @@ fn recorded_runs_are_planned_from_step_4_at_no_cost() {
                 let (counts, _) = r.allocator().plan_counts();
                 if plan {
                     // Steps 4 and 5 counted at the marker after them; step 6 has none.
+                    let expected = if planned_here { (2, 0) } else { (0, 0) };
                     assert_eq!(
                         (counts.planned_steps, counts.fallback_steps),
-                        (2, 0),
+                        expected,
                         "{name}"
                     );
                     assert_eq!(calls_from_step_4, 0, "{name}");
