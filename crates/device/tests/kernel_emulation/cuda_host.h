@@ -12,6 +12,7 @@
 #include <barrier>
 #include <vector>
 #include <functional>
+#include <memory>
 struct Dim3 { unsigned x, y, z; };
 static thread_local Dim3 threadIdx{0,0,0};
 // One block; harnesses set blockDim.x (norm.cpp: 64 threads via run(), pool_gather.cpp: 1).
@@ -34,11 +35,47 @@ inline float __half2float(__half h){return h.v;} inline float __bfloat162float(_
 inline __half __float2half_rn(float f){return {f};} inline __nv_bfloat16 __float2bfloat16_rn(float f){return {f};}
 inline double __longlong_as_double(long long b){double d; memcpy(&d,&b,8); return d;}
 template<class T> void atomicAdd(T* p, T v){*p += v;}
+// The threads of the emulated block, made once per block size and reused by every launch
+// (making and joining 64 threads per launch spent most of the run in the kernel on small VMs).
+struct BlockThreads {
+  unsigned n = 0;
+  bool quit = false;
+  std::function<void()> job;
+  std::vector<std::thread> threads;
+  std::unique_ptr<std::barrier<>> start, finish;
+  void resize(unsigned want) {
+    stop();
+    n = want;
+    quit = false;
+    start = std::make_unique<std::barrier<>>(n + 1);
+    finish = std::make_unique<std::barrier<>>(n + 1);
+    for (unsigned t = 0; t < n; ++t)
+      threads.emplace_back([this, t] {
+        threadIdx.x = t;
+        for (;;) {
+          start->arrive_and_wait();
+          if (quit) return;
+          job();
+          finish->arrive_and_wait();
+        }
+      });
+  }
+  void stop() {
+    if (threads.empty()) return;
+    quit = true;
+    start->arrive_and_wait();
+    for (auto& t : threads) t.join();
+    threads.clear();
+  }
+  ~BlockThreads() { stop(); }
+};
 // run f on blockDim.x threads of one block
 inline void run(std::function<void()> f) {
+  static BlockThreads block;
+  if (block.n != blockDim.x) block.resize(blockDim.x);
   std::barrier<> bar(blockDim.x); BAR = &bar;
   std::barrier<> w0(32), w1(32); WB[0] = &w0; WB[1] = &w1;
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < blockDim.x; ++t) ts.emplace_back([&, t] { threadIdx.x = t; f(); });
-  for (auto& t : ts) t.join();
+  block.job = std::move(f);
+  block.start->arrive_and_wait();
+  block.finish->arrive_and_wait();
 }

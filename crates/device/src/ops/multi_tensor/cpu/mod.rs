@@ -165,10 +165,15 @@ pub fn per_tensor_norms(tensors: &[FloatSlice<'_>], kind: NormKind) -> Vec<f64> 
 /// Splits every tensor into chunks and batches small chunks into tasks of at least
 /// `CHUNK_ELEMS` elements, for one parallel pass.
 fn chunks_of<'a>(tensors: Vec<FloatSliceMut<'a>>) -> Vec<Vec<FloatSliceMut<'a>>> {
-    let chunks: Vec<FloatSliceMut<'a>> = tensors
-        .into_iter()
-        .flat_map(|t| t.into_chunks(CHUNK_ELEMS))
-        .collect();
+    let mut chunks: Vec<FloatSliceMut<'a>> = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        // A tensor of one chunk is pushed as it is (no vector per small tensor).
+        if t.len() <= CHUNK_ELEMS {
+            chunks.push(t);
+        } else {
+            chunks.extend(t.into_chunks(CHUNK_ELEMS));
+        }
+    }
     let ranges = batch_ranges(chunks.iter().map(FloatSliceMut::len), CHUNK_ELEMS);
     let mut it = chunks.into_iter();
     ranges
@@ -177,49 +182,76 @@ fn chunks_of<'a>(tensors: Vec<FloatSliceMut<'a>>) -> Vec<Vec<FloatSliceMut<'a>>>
         .collect()
 }
 
-/// Applies `f32`/`f64` maps to every element of every tensor, in parallel over chunks. Half types
-/// go through the `f32` map (widened, mapped, rounded once).
-fn map_all(
-    tensors: Vec<FloatSliceMut<'_>>,
-    f32_map: impl Fn(f32) -> f32 + Sync,
-    f64_map: impl Fn(f64) -> f64 + Sync,
-) {
+/// An elementwise map of [`map_all`], in `f32` and in `f64`. A trait with `#[inline(always)]`
+/// methods rather than closures: closures passed down through rayon stayed calls per element.
+trait ElementMap: Sync {
+    fn f32(&self, x: f32) -> f32;
+    fn f64(&self, x: f64) -> f64;
+}
+
+/// Multiplies by a coefficient (rounded to `f32` for the `f32` map).
+struct Scale(f32, f64);
+
+impl ElementMap for Scale {
+    #[inline(always)]
+    fn f32(&self, x: f32) -> f32 {
+        x * self.0
+    }
+    #[inline(always)]
+    fn f64(&self, x: f64) -> f64 {
+        x * self.1
+    }
+}
+
+/// Clamps to `[-limit, limit]`, NaN staying NaN.
+struct Clamp(f32, f64);
+
+impl ElementMap for Clamp {
+    #[inline(always)]
+    fn f32(&self, x: f32) -> f32 {
+        if x.is_nan() {
+            x
+        } else {
+            x.max(-self.0).min(self.0)
+        }
+    }
+    #[inline(always)]
+    fn f64(&self, x: f64) -> f64 {
+        if x.is_nan() {
+            x
+        } else {
+            x.max(-self.1).min(self.1)
+        }
+    }
+}
+
+/// Applies `map` to every element of every tensor, in parallel over chunks. Half types go
+/// through the `f32` map (widened, mapped, rounded once).
+fn map_all(tensors: Vec<FloatSliceMut<'_>>, map: &impl ElementMap) {
     chunks_of(tensors)
         .into_par_iter()
         .flatten_iter()
         .for_each(|c| match c {
-            FloatSliceMut::F32(s) => s.iter_mut().for_each(|x| *x = f32_map(*x)),
-            FloatSliceMut::F64(s) => s.iter_mut().for_each(|x| *x = f64_map(*x)),
+            FloatSliceMut::F32(s) => s.iter_mut().for_each(|x| *x = map.f32(*x)),
+            FloatSliceMut::F64(s) => s.iter_mut().for_each(|x| *x = map.f64(*x)),
             FloatSliceMut::F16(s) => s
                 .iter_mut()
-                .for_each(|x| *x = f16::from_f32(f32_map(x.to_f32()))),
+                .for_each(|x| *x = f16::from_f32(map.f32(x.to_f32()))),
             FloatSliceMut::BF16(s) => s
                 .iter_mut()
-                .for_each(|x| *x = bf16::from_f32(f32_map(x.to_f32()))),
+                .for_each(|x| *x = bf16::from_f32(map.f32(x.to_f32()))),
         });
 }
 
 /// Multiplies every element by `coef` (rounded to `f32` for `f32`/`f16`/`bf16` tensors, as
 /// PyTorch multiplies a gradient by a coefficient of its own dtype).
 pub fn scale_(tensors: Vec<FloatSliceMut<'_>>, coef: f64) {
-    let c32 = coef as f32;
-    map_all(tensors, |x| x * c32, |x| x * coef);
+    map_all(tensors, &Scale(coef as f32, coef));
 }
 
 /// Clamps every element to `[-limit, limit]` (NaN stays NaN), PyTorch's `clip_grad_value_`.
 pub fn clamp_(tensors: Vec<FloatSliceMut<'_>>, limit: f64) {
-    let l32 = limit as f32;
-    map_all(
-        tensors,
-        |x| if x.is_nan() { x } else { x.max(-l32).min(l32) },
-        |x| {
-            if x.is_nan() {
-                x
-            } else {
-                x.max(-limit).min(limit)
-            }
-        },
-    );
+    map_all(tensors, &Clamp(limit as f32, limit));
 }
 
 /// AMP's fused unscale: multiplies every element by `inv_scale` (an `f32`, as PyTorch keeps the
