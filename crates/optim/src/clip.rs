@@ -62,20 +62,38 @@ fn check_max_norm(op: &'static str, max_norm: f64) -> Result<()> {
     Ok(())
 }
 
-/// The gradients present, with their parameter names (parameters without one are skipped).
-fn grads_of<P: ParamEntry>(params: &[P]) -> (Vec<String>, Vec<Tensor>) {
+/// The name of the i-th tensor of a list, made only when an error needs it (a list of
+/// thousands of gradients should not format thousands of strings per call).
+type Names<'a> = &'a dyn Fn(usize) -> String;
+
+/// The gradients present, with the index in `params` of each (parameters without one are
+/// skipped).
+fn grads_of<P: ParamEntry>(params: &[P]) -> (Vec<usize>, Vec<Tensor>) {
     params
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| p.parameter().grad().map(|g| (p.name(i), g)))
+        .filter_map(|(i, p)| p.parameter().grad().map(|g| (i, g)))
         .unzip()
+}
+
+/// The names of the parameters behind `grads_of`'s indices.
+fn names_of<'a, P: ParamEntry>(
+    params: &'a [P],
+    index: &'a [usize],
+) -> impl Fn(usize) -> String + 'a {
+    move |k| params[index[k]].name(index[k])
+}
+
+/// `"tensor[i]"`, the names of a bare tensor list.
+fn tensor_name(i: usize) -> String {
+    format!("tensor[{i}]")
 }
 
 /// Refuses the infinity norms of a tensor with no elements, as PyTorch does: the largest (or
 /// smallest) absolute value of nothing is undefined.
 fn check_empty_for_inf(
     op: &'static str,
-    names: &[String],
+    names: Names<'_>,
     tensors: &[Tensor],
     kind: NormKind,
 ) -> Result<()> {
@@ -90,7 +108,7 @@ fn check_empty_for_inf(
                 "{} has no elements, and the infinity norm of an empty tensor is undefined (max \
                  and min have no identity; PyTorch raises too); leave that parameter out, or \
                  pass a finite norm_type such as 2.0",
-                names[i]
+                names(i)
             ),
         )),
     }
@@ -99,8 +117,7 @@ fn check_empty_for_inf(
 /// The norm of each tensor, in one fused pass (host tensors).
 pub fn per_tensor_norms(tensors: &[Tensor], norm_type: f64) -> Result<Vec<f64>> {
     let kind = norm_kind("get_total_norm", norm_type)?;
-    let names: Vec<String> = (0..tensors.len()).map(|i| format!("tensor[{i}]")).collect();
-    check_empty_for_inf("get_total_norm", &names, tensors, kind)?;
+    check_empty_for_inf("get_total_norm", &tensor_name, tensors, kind)?;
     with_operands(tensors, |ops| {
         Ok(multi_tensor::per_tensor_norms("get_total_norm", ops, kind)?)
     })
@@ -110,12 +127,11 @@ pub fn per_tensor_norms(tensors: &[Tensor], norm_type: f64) -> Result<Vec<f64>> 
 /// 0 for an empty list. With `error_if_nonfinite`, a NaN/infinite total is an error naming the
 /// first tensor (`"tensor[i]"`) whose norm is non-finite.
 pub fn get_total_norm(tensors: &[Tensor], norm_type: f64, error_if_nonfinite: bool) -> Result<f64> {
-    let names: Vec<String> = (0..tensors.len()).map(|i| format!("tensor[{i}]")).collect();
-    total_norm_named(&names, tensors, norm_type, error_if_nonfinite)
+    total_norm_named(&tensor_name, tensors, norm_type, error_if_nonfinite)
 }
 
 fn total_norm_named(
-    names: &[String],
+    names: Names<'_>,
     tensors: &[Tensor],
     norm_type: f64,
     error_if_nonfinite: bool,
@@ -140,7 +156,7 @@ fn total_norm_named(
 /// `error_if_nonfinite`, a NaN/infinite total is an error naming the first tensor whose norm is
 /// non-finite (for device tensors that error path computes the norms again on host copies).
 fn checked_global_norm(
-    names: &[String],
+    names: Names<'_>,
     tensors: &[Tensor],
     kind: NormKind,
     norm_type: f64,
@@ -176,10 +192,7 @@ fn checked_global_norm(
     Err(Error::NonFiniteNorm {
         norm_type,
         total,
-        name: first.map_or_else(
-            || "(none: the total overflowed)".into(),
-            |i| names[i].clone(),
-        ),
+        name: first.map_or_else(|| "(none: the total overflowed)".into(), names),
     })
 }
 
@@ -224,8 +237,13 @@ pub fn clip_coef_for<P: ParamEntry>(
     error_if_nonfinite: bool,
 ) -> Result<ClipInfo> {
     check_max_norm("clip_coef_for", max_norm)?;
-    let (names, grads) = grads_of(params);
-    let total_norm = total_norm_named(&names, &grads, norm_type, error_if_nonfinite)?;
+    let (index, grads) = grads_of(params);
+    let total_norm = total_norm_named(
+        &names_of(params, &index),
+        &grads,
+        norm_type,
+        error_if_nonfinite,
+    )?;
     Ok(ClipInfo {
         total_norm,
         coef: clip_coef(max_norm, total_norm),
@@ -235,7 +253,7 @@ pub fn clip_coef_for<P: ParamEntry>(
 /// The norm pass and, unless the coefficient is known to be `>= 1` on the host, the scale pass
 /// (on a device the scale kernel reads the coefficient there and skips itself).
 fn clip_by_global_norm(
-    names: &[String],
+    names: Names<'_>,
     grads: &[Tensor],
     kind: NormKind,
     norm_type: f64,
@@ -265,13 +283,13 @@ pub fn clip_grad_norm_<P: ParamEntry>(
     error_if_nonfinite: bool,
 ) -> Result<f64> {
     check_max_norm("clip_grad_norm_", max_norm)?;
-    let (names, grads) = grads_of(params);
+    let (index, grads) = grads_of(params);
     let kind = norm_kind("clip_grad_norm_", norm_type)?;
     if grads.is_empty() {
         return Ok(0.0);
     }
     let norm = clip_by_global_norm(
-        &names,
+        &names_of(params, &index),
         &grads,
         kind,
         norm_type,
@@ -296,13 +314,13 @@ pub fn clip_grad_norm_on_device<P: ParamEntry>(
     error_if_nonfinite: bool,
 ) -> Result<Tensor> {
     check_max_norm("clip_grad_norm_", max_norm)?;
-    let (names, grads) = grads_of(params);
+    let (index, grads) = grads_of(params);
     let kind = norm_kind("clip_grad_norm_", norm_type)?;
     if grads.is_empty() {
         return Ok(Tensor::scalar(0.0, DType::F32, Device::Cpu)?);
     }
     let norm = clip_by_global_norm(
-        &names,
+        &names_of(params, &index),
         &grads,
         kind,
         norm_type,

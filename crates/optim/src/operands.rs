@@ -12,20 +12,24 @@ use crate::optimizer::StepItem;
 use crate::{Error, Result};
 use kiln_autograd::{DType, Device, Tensor};
 use kiln_device::ops::multi_tensor::{Operand, OperandMut};
-use std::collections::HashSet;
 
-/// Marks the tensors of `list` whose buffers no other tensor in the list uses.
+/// Marks the tensors of `list` whose buffers no other tensor in the list uses (sorting the
+/// buffer keys: no hashing per tensor).
 fn unshared(list: &[Tensor]) -> Vec<bool> {
-    let mut seen = HashSet::new();
-    let mut dup = HashSet::new();
-    for t in list {
-        if !seen.insert(t.storage_key()) {
-            dup.insert(t.storage_key());
+    let mut keys: Vec<(usize, usize)> = list
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.storage_key(), i))
+        .collect();
+    keys.sort_unstable();
+    let mut alone = vec![true; list.len()];
+    for w in keys.windows(2) {
+        if w[0].0 == w[1].0 {
+            alone[w[0].1] = false;
+            alone[w[1].1] = false;
         }
     }
-    list.iter()
-        .map(|t| !dup.contains(&t.storage_key()))
-        .collect()
+    alone
 }
 
 /// Runs `f` once over read operands of every tensor (one fused pass). Strided views are first

@@ -52,6 +52,14 @@ fn clip_functions_take_bare_parameters_and_name_them_by_place() {
         matches!(&err, Error::NonFiniteNorm { name, .. } if name == "param[1]"),
         "{err}"
     );
+    // Parameters without a gradient are skipped, and the name is still the place in the list.
+    let without = Parameter::new(Tensor::zeros(&[1], DType::F32, Device::Cpu).unwrap()).unwrap();
+    let bad = vec![without.clone(), without, bad[0].clone(), bad[1].clone()];
+    let err = clip_grad_norm_(&bad, 1.0, 2.0, true).unwrap_err();
+    assert!(
+        matches!(&err, Error::NonFiniteNorm { name, .. } if name == "param[3]"),
+        "{err}"
+    );
 }
 
 #[test]
