@@ -52,8 +52,8 @@ impl AllocatorConfig {
 
     /// The settings that fragment least on `backend`: expandable segments where it can map
     /// pages, fixed segments otherwise (reserved/live on the traces recorded from kiln's runs:
-    /// 1.038-1.117 with expandable segments, 1.026-1.230 with fixed ones). [`Default`] keeps PyTorch's default
-    /// (fixed segments), so that setting nothing behaves the same on every backend.
+    /// the table in `docs/ARCHITECTURE.md`). [`Default`] keeps PyTorch's default (fixed
+    /// segments), so that setting nothing behaves the same on every backend.
     pub fn recommended_for(backend: &dyn crate::MemoryBackend) -> Self {
         Self {
             expandable_segments: backend.page_size().is_some(),
