@@ -379,19 +379,12 @@ fn recorded_fixed_shape_runs_replayed_ten_times_call_the_backend_only_in_the_fir
         // the first (which starts from a cache of free pages, not an empty one, so the model's
         // parameters land elsewhere) needs one more page once: one map call in replays 2-10
         // (measured; examples/policy_check.rs). Only their default mode is held to none.
-        match name {
-            "vit_adamw" | "vit_adamw_gpu" => {
-                fixed_shape_step_calls_the_backend_only_in_the_first(name, text, BOTH_MODES)
-            }
-            "resnet18_sgd" | "resnet18_sgd_gpu" => {
-                fixed_shape_step_calls_the_backend_only_in_the_first(
-                    name,
-                    text,
-                    &[ReplayMode::Default],
-                )
-            }
-            _ => {}
-        }
+        let modes: &[ReplayMode] = match name {
+            "vit_adamw" | "vit_adamw_gpu" => BOTH_MODES,
+            "resnet18_sgd" | "resnet18_sgd_gpu" => &[ReplayMode::Default],
+            _ => continue,
+        };
+        fixed_shape_step_calls_the_backend_only_in_the_first(name, text, modes);
     }
 }
 
