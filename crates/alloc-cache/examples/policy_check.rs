@@ -7,6 +7,8 @@
 //!
 //! `cargo run --release -p kiln-alloc-cache --example policy_check [TRACE...]`
 
+mod common;
+
 use kiln_alloc_cache::planned::steps_of;
 use kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
 use kiln_alloc_cache::{AllocatorConfig, Replayer, Trace};
@@ -50,11 +52,9 @@ fn measure(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut paths: Vec<String> = std::env::args().skip(1).collect();
     if paths.is_empty() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/traces");
-        for e in std::fs::read_dir(dir)? {
-            paths.push(e?.path().display().to_string());
+        for path in common::shipped_traces()? {
+            paths.push(path.display().to_string());
         }
-        paths.sort();
     }
     let stitching = AllocatorConfig {
         page_stitching: true,

@@ -7,6 +7,8 @@
 //!
 //! `cargo run --release -p kiln-alloc-cache --example policy_sweep`
 
+mod common;
+
 use kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
 use kiln_alloc_cache::{AllocatorConfig, Replayer, Trace, TraceEvent};
 
@@ -26,11 +28,7 @@ fn scaled(trace: &Trace, factor: f64) -> Trace {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/traces");
-    let mut paths: Vec<_> = std::fs::read_dir(dir)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
-    paths.sort();
+    let paths = common::shipped_traces()?;
     let modes = [
         ("default", AllocatorConfig::default()),
         ("expandable", AllocatorConfig::expandable()),

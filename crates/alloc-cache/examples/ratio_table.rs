@@ -11,6 +11,8 @@
 //! backend calls kiln's default mode makes in replays 2 to 10 of the whole trace back to back
 //! (0 when the cache shaped by the first replay serves every later one).
 
+mod common;
+
 use kiln_alloc_cache::planned::steps_of;
 use kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
 use kiln_alloc_cache::{
@@ -20,11 +22,9 @@ use kiln_alloc_cache::{
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut paths: Vec<String> = std::env::args().skip(1).collect();
     if paths.is_empty() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/traces");
-        for e in std::fs::read_dir(dir)? {
-            paths.push(e?.path().display().to_string());
+        for path in common::shipped_traces()? {
+            paths.push(path.display().to_string());
         }
-        paths.sort();
     }
     println!(
         "| trace | kiln default | kiln expandable | + stitching | planned (steps planned) | \

@@ -1,12 +1,13 @@
 //! The `alloc` benchmark group (issue 3): cache-hit latency, steady-state backend calls,
-//! fragmentation of the shipped traces (recorded from kiln's CPU training runs, and the synthetic
-//! GPU-scale ones) next to the model of PyTorch's allocator, and host allocate-touch-free through
+//! fragmentation of the shipped traces (recorded from kiln's and PyTorch's CPU training runs, and
+//! the synthetic GPU-scale ones) next to the model of PyTorch's allocator, and host allocate-touch-free through
 //! the cache versus the system allocator.
 
+use super::alloc_traces::{read_traces, FROM_PYTORCH, RECORDED};
 use super::harness::{err, Options, Row};
 use kiln_alloc_cache::{
     replay_with, Allocation, AllocatorConfig, CachingAllocator, HostBackend, ReplayMode,
-    ReplayPolicy, Replayer, StreamId, Trace,
+    ReplayPolicy, Replayer, StreamId,
 };
 use std::alloc::Layout;
 use std::hint::black_box;
@@ -259,78 +260,6 @@ fn hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     Ok(())
 }
 
-/// The traces recorded from kiln's own CPU training runs (`cargo xtask record-traces`): the
-/// figures of record, at CPU scale and at GPU-training scale (`*_gpu`, peaks of 2.8-3.3 GiB).
-/// Compiled in so the bench also runs where the source tree is absent (the GPU machine of
-/// `cargo xtask gpu-pack`).
-const RECORDED: [(&str, &str); 8] = [
-    (
-        "resnet18_sgd",
-        include_str!("../../../crates/alloc-cache/traces/resnet18_sgd.trace"),
-    ),
-    (
-        "gpt_varlen_adamw",
-        include_str!("../../../crates/alloc-cache/traces/gpt_varlen_adamw.trace"),
-    ),
-    (
-        "finetune_resnet18_varbatch",
-        include_str!("../../../crates/alloc-cache/traces/finetune_resnet18_varbatch.trace"),
-    ),
-    (
-        "vit_adamw",
-        include_str!("../../../crates/alloc-cache/traces/vit_adamw.trace"),
-    ),
-    (
-        "resnet18_sgd_gpu",
-        include_str!("../../../crates/alloc-cache/traces/resnet18_sgd_gpu.trace"),
-    ),
-    (
-        "gpt_varlen_adamw_gpu",
-        include_str!("../../../crates/alloc-cache/traces/gpt_varlen_adamw_gpu.trace"),
-    ),
-    (
-        "finetune_resnet18_varbatch_gpu",
-        include_str!("../../../crates/alloc-cache/traces/finetune_resnet18_varbatch_gpu.trace"),
-    ),
-    (
-        "vit_adamw_gpu",
-        include_str!("../../../crates/alloc-cache/traces/vit_adamw_gpu.trace"),
-    ),
-];
-
-/// The synthetic GPU-scale traces of `kiln_alloc_cache::synth` (tensors of 10-100 MiB, which
-/// the CPU recordings do not reach in a CI budget).
-const SYNTHETIC: [(&str, &str); 4] = [
-    (
-        "synthetic_mlp_step_b1024",
-        include_str!("../../../crates/alloc-cache/traces/mlp_step_b1024.trace"),
-    ),
-    (
-        "synthetic_resnet18_step_b32",
-        include_str!("../../../crates/alloc-cache/traces/resnet18_step_b32.trace"),
-    ),
-    (
-        "synthetic_transformer_fixed_b8_t512",
-        include_str!("../../../crates/alloc-cache/traces/transformer_fixed_b8_t512.trace"),
-    ),
-    (
-        "synthetic_transformer_varlen_b8",
-        include_str!("../../../crates/alloc-cache/traces/transformer_varlen_b8.trace"),
-    ),
-];
-
-fn read_traces() -> Result<Vec<(String, Trace)>, String> {
-    RECORDED
-        .iter()
-        .chain(SYNTHETIC.iter())
-        .map(|(name, text)| {
-            Trace::parse(text)
-                .map(|t| (name.to_string(), t))
-                .map_err(|e| format!("{name}.trace: {e}"))
-        })
-        .collect()
-}
-
 /// Whether every step of the trace repeats the same shapes.
 fn fixed_shapes(name: &str) -> bool {
     !name.contains("varlen") && !name.contains("varbatch")
@@ -368,7 +297,7 @@ fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
 /// steps it served and the run's reserved/live (the plan reserves nothing, so that is the
 /// default mode's).
 fn planned_steps(rows: &mut Vec<Row>) -> Result<(), String> {
-    for (name, text) in RECORDED {
+    for (name, text) in RECORDED.iter().chain(FROM_PYTORCH.iter()) {
         if !fixed_shapes(name) {
             continue;
         }
