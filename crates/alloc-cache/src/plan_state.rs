@@ -85,25 +85,50 @@ impl Planner {
         }
     }
 
-    /// The recorded step as a trace (frees of blocks from before it left out), its requests
-    /// and the address the cache gave each.
-    pub(crate) fn recorded_step(&mut self) -> (Trace, Vec<(usize, StreamId)>, Vec<u64>) {
+    /// The recorded step: the trace of the blocks it allocated and freed again, and every
+    /// allocation it made (a block it allocated and left live, such as a batch that a Python
+    /// loop frees only when the next step assigns the next one, is not in the trace: the cache
+    /// serves it).
+    pub(crate) fn recorded_step(&mut self) -> RecordedStep {
+        let freed: HashSet<u64> = self
+            .recording
+            .iter()
+            .filter_map(|(e, ..)| match *e {
+                TraceEvent::Free { id } => Some(id),
+                TraceEvent::Alloc { .. } => None,
+            })
+            .collect();
         let mut mine = HashSet::new();
-        let mut trace = Trace::default();
-        let mut requests = Vec::new();
-        let mut addrs = Vec::new();
+        let mut step = RecordedStep::default();
         for (e, stream, addr) in self.recording.drain(..) {
             match e {
                 TraceEvent::Alloc { id, bytes } => {
-                    mine.insert(id);
-                    requests.push((bytes, stream));
-                    addrs.push(addr);
-                    trace.events.push(e);
+                    let inside = freed.contains(&id);
+                    if inside {
+                        mine.insert(id);
+                        step.trace.events.push(e);
+                    }
+                    step.requests.push((bytes, stream));
+                    step.addrs.push(addr);
+                    step.inside.push(inside);
                 }
-                TraceEvent::Free { id } if mine.contains(&id) => trace.events.push(e),
+                TraceEvent::Free { id } if mine.contains(&id) => step.trace.events.push(e),
                 TraceEvent::Free { .. } => {}
             }
         }
-        (trace, requests, addrs)
+        step
     }
+}
+
+/// One step as recorded between two markers.
+#[derive(Debug, Default)]
+pub(crate) struct RecordedStep {
+    /// The blocks allocated and freed within the step, as a trace.
+    pub(crate) trace: Trace,
+    /// Every allocation of the step, in order: requested bytes and stream.
+    pub(crate) requests: Vec<(usize, StreamId)>,
+    /// The address the cache gave each allocation.
+    pub(crate) addrs: Vec<u64>,
+    /// Whether each allocation is in `trace` (freed within the step).
+    pub(crate) inside: Vec<bool>,
 }

@@ -5,13 +5,16 @@
 //! no search and no backend call.
 //!
 //! - **Recording.** While no plan is active, every allocation and free between two markers is
-//!   recorded. At a marker, a step whose blocks were all freed within it is packable; when its
-//!   requests (sizes and stream, in order) equal those of the step recorded before it, the
-//!   loop is steady and the plan starts. All of the step's memory is free at that marker, so
-//!   the free blocks of the stream are the bins: the step is packed into them, and those that
+//!   recorded. When a step's requests (sizes and stream, in order) equal those of the step
+//!   recorded before it, the loop is steady and the plan starts. The blocks the step allocated
+//!   and freed again are packed; those it left live (a batch that a Python-style loop frees
+//!   only when the next step assigns the next one, a logged loss kept for good) are left to
+//!   the cache in every step. All of the packed blocks' memory is free at that marker, so the
+//!   free blocks of the stream are the bins: the step is packed into them, and those that
 //!   receive blocks leave the pools (state `Arena`). No memory is reserved for the plan.
-//!   With expandable segments, a step the bins cannot hold whole is not planned: the bins
-//!   would keep whole free pages from being remapped for the requests left to the cache.
+//!   With expandable segments, a step the bins cannot hold whole, or one with blocks left to
+//!   the cache, is not planned: the bins would keep whole free pages from being remapped for
+//!   the requests the cache serves.
 //! - **Serving.** The i-th allocation of a planned step that asks for the planned size on the
 //!   planned stream, and whose planned range overlaps no planned block still live, is placed
 //!   there; one that no bin had room for goes through the cache. Anything else is a
@@ -32,10 +35,9 @@ use crate::backend::StreamId;
 use crate::block::{Block, BlockState, State, NONE};
 use crate::error::Result;
 use crate::handle::RawAllocation;
-use crate::plan_state::{Active, PlannedCounts};
-use crate::planned::{BinPlan, StepPlan};
+use crate::plan_state::{Active, PlannedCounts, RecordedStep};
+use crate::planned::BinPlan;
 use crate::slab::ARENA_SEGMENT;
-use crate::trace::Trace;
 use std::collections::BTreeMap;
 
 impl State {
@@ -201,18 +203,18 @@ impl CachingAllocator {
             }
             return Ok(());
         }
-        let (trace, requests, addrs) = p.recorded_step();
+        let step = p.recorded_step();
         let failed = std::mem::replace(&mut p.ooms, ooms) != ooms;
-        if failed || trace.events.is_empty() || StepPlan::pack(&trace).is_err() {
+        if failed || step.trace.events.is_empty() {
             p.previous = None;
             return Ok(());
         }
-        if p.previous.as_ref() != Some(&requests) {
-            p.previous = Some(requests);
+        if p.previous.as_ref() != Some(&step.requests) {
+            p.previous = Some(step.requests);
             return Ok(());
         }
         p.previous = None;
-        self.start_plan(&mut st, &trace, requests, &addrs);
+        self.start_plan(&mut st, step);
         Ok(())
     }
 
@@ -220,17 +222,29 @@ impl CachingAllocator {
     /// step uses one stream and some block found room). When packing leaves a block without
     /// room but the addresses the cache gave the recorded step all lie in free blocks, those
     /// are the plan instead (the cache's own layout, served without search).
-    fn start_plan(
-        &self,
-        st: &mut State,
-        step: &Trace,
-        requests: Vec<(usize, StreamId)>,
-        recorded: &[u64],
-    ) {
+    fn start_plan(&self, st: &mut State, recorded: RecordedStep) {
+        let RecordedStep {
+            trace: step,
+            requests,
+            addrs,
+            inside,
+        } = recorded;
         let stream = requests[0].1;
         if requests.iter().any(|r| r.1 != stream) {
             return;
         }
+        if self.config.expandable_segments && inside.contains(&false) {
+            // Bins would keep whole free pages from the blocks the cache serves (those that
+            // outlive the step), which would map new pages for them (measured on PyTorch's
+            // recorded ResNet-18 run: peak 1.064 -> 1.077 of live, and calls in later runs).
+            return;
+        }
+        let step = &step;
+        let recorded: Vec<u64> = addrs
+            .iter()
+            .zip(&inside)
+            .filter_map(|(&addr, &i)| i.then_some(addr))
+            .collect();
         let si = st.stream_index(stream);
         let free: Vec<u32> = (0..st.blocks.len() as u32)
             .filter(|&id| {
@@ -274,11 +288,12 @@ impl CachingAllocator {
         }
         // Bytes of each bin up to the end of its last planned block.
         let mut used = vec![0usize; free.len()];
-        let places = plan
-            .places
+        let mut planned = plan.places.iter().zip(&plan.requests);
+        let places = inside
             .iter()
-            .zip(&plan.requests)
-            .map(|(place, &bytes)| {
+            .map(|&i| {
+                // The blocks that outlive the step are left to the cache.
+                let (place, &bytes) = if i { planned.next()? } else { return None };
                 place.map(|(bin, offset)| {
                     used[bin] = used[bin].max(offset + crate::round_size(bytes));
                     let b = &st.blocks[free[bin] as usize];
@@ -299,7 +314,7 @@ impl CachingAllocator {
             }
         }
         let active = Active {
-            requests: plan.requests,
+            requests: requests.iter().map(|r| r.0).collect(),
             stream,
             places,
             bins,
