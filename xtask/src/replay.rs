@@ -1,16 +1,19 @@
 //! `cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch]
-//! [--page-stitching] [--capacity BYTES]`: replays an allocation trace through the caching allocator (or the model
+//! [--page-stitching] [--capacity BYTES] [--page-size BYTES]`: replays an allocation trace through the caching allocator (or the model
 //! of PyTorch's allocator) on a simulated device and prints one JSON object (events,
 //! peak_live_bytes, peak_reserved_bytes, reserved_over_live, device_allocs, device_frees,
 //! alloc_retries, ooms).
 
-use kiln_alloc_cache::{replay_stitched, replay_with, ReplayMode, ReplayPolicy, Trace};
+use kiln_alloc_cache::replay::DEFAULT_REPLAY_PAGE;
+use kiln_alloc_cache::{replay_with, AllocatorConfig, ReplayMode, ReplayPolicy, Replayer, Trace};
 
-const USAGE: &str = "usage: cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch] [--page-stitching] [--capacity BYTES]
+const USAGE: &str = "usage: cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch] [--page-stitching] [--capacity BYTES] [--page-size BYTES]
   --policy pytorch replays under a model of PyTorch's CUDA caching allocator (default kiln)
   --page-stitching replays kiln's expandable segments with page_stitching on (needs --mode
     expandable and the kiln policy)
-  --capacity accepts bytes or a KiB/MiB/GiB suffix (default 80GiB)";
+  --capacity accepts bytes or a KiB/MiB/GiB suffix (default 80GiB)
+  --page-size is the simulated device's page, a multiple of 512 bytes (default 2MiB, CUDA's;
+    kiln's policy only)";
 
 /// Parses `123`, `16MiB`, `80GiB`, `512KiB`.
 pub fn parse_bytes(text: &str) -> Result<usize, String> {
@@ -44,6 +47,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut policy = ReplayPolicy::Kiln;
     let mut capacity = kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
     let mut stitching = false;
+    let mut page = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| {
@@ -56,6 +60,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--policy" => policy = value("--policy")?.parse().map_err(|e| format!("{e}"))?,
             "--capacity" => capacity = parse_bytes(&value("--capacity")?)?,
             "--page-stitching" => stitching = true,
+            "--page-size" => page = Some(parse_bytes(&value("--page-size")?)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -69,15 +74,35 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let file = file.ok_or_else(|| format!("no trace file given\n{USAGE}"))?;
     let trace = Trace::read(&file).map_err(|e| format!("{file}: {e}"))?;
-    let report = match (stitching, mode, policy) {
-        (false, ..) => replay_with(&trace, policy, mode, capacity),
-        (true, ReplayMode::Expandable, ReplayPolicy::Kiln) => replay_stitched(&trace, capacity),
-        (true, ..) => {
+    let config = match mode {
+        ReplayMode::Default if stitching => {
             return Err(format!(
                 "--page-stitching moves pages of kiln's expandable segments: add --mode \
-                 expandable and drop --policy pytorch (PyTorch's allocator has no stitching)\n{USAGE}"
+                 expandable\n{USAGE}"
             ))
         }
+        ReplayMode::Default => AllocatorConfig::default(),
+        ReplayMode::Expandable => AllocatorConfig {
+            page_stitching: stitching,
+            ..AllocatorConfig::expandable()
+        },
+    };
+    let report = match policy {
+        ReplayPolicy::Kiln => {
+            let page = page.unwrap_or(DEFAULT_REPLAY_PAGE);
+            Replayer::with_page(config, capacity, page).and_then(|mut r| {
+                r.run(&trace)?;
+                Ok(r.report())
+            })
+        }
+        ReplayPolicy::PyTorch if stitching || page.is_some() => {
+            return Err(format!(
+                "--page-stitching and --page-size apply to kiln's allocator: drop --policy \
+                 pytorch (the model of PyTorch's allocator has no stitching and maps its own \
+                 2 MiB / 20 MiB chunks)\n{USAGE}"
+            ))
+        }
+        ReplayPolicy::PyTorch => replay_with(&trace, policy, mode, capacity),
     }
     .map_err(|e| format!("{file}: {e}"))?;
     println!(

@@ -39,6 +39,10 @@ impl std::str::FromStr for ReplayPolicy {
 /// Default simulated capacity: 80 GiB, an A100/H100.
 pub const DEFAULT_REPLAY_CAPACITY: usize = 80 << 30;
 
+/// Default page of the simulated device: 2 MiB, the CUDA virtual-memory granularity (and the
+/// host backend's expandable-segment page).
+pub const DEFAULT_REPLAY_PAGE: usize = 2 << 20;
+
 /// An allocator on a simulated device that replays traces, possibly several times.
 #[derive(Debug)]
 pub struct Replayer {
@@ -63,7 +67,21 @@ impl Replayer {
     /// Like [`new`](Self::new) with any settings (e.g. expandable segments with
     /// `page_stitching`).
     pub fn with_config(config: AllocatorConfig, capacity: usize) -> Result<Self> {
-        let sim = Arc::new(SimBackend::new(capacity).with_page_granularity(2 << 20));
+        Self::with_page(config, capacity, DEFAULT_REPLAY_PAGE)
+    }
+
+    /// Like [`with_config`](Self::with_config) on a device whose page (the granularity of
+    /// segments and the page of expandable segments) is `page` bytes instead of 2 MiB: how a
+    /// trace would fare on a backend with other pages. `page` must be a non-zero multiple of
+    /// 512 bytes no larger than `capacity`.
+    pub fn with_page(config: AllocatorConfig, capacity: usize, page: usize) -> Result<Self> {
+        if page == 0 || page % 512 != 0 || page > capacity {
+            return Err(Error::InvalidConfig(format!(
+                "page size {page} bytes: use a non-zero multiple of 512 bytes no larger than the \
+                 capacity ({capacity} bytes), e.g. 2MiB (CUDA's granularity) or 64KiB"
+            )));
+        }
+        let sim = Arc::new(SimBackend::new(capacity).with_page_granularity(page));
         let allocator = CachingAllocator::new(Arc::clone(&sim), config)?;
         Ok(Self {
             sim,
