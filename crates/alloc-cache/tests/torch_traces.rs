@@ -1,8 +1,8 @@
 //! The traces recorded from PyTorch's training runs (`traces/record_torch_traces.py`): the same
 //! eight runs as kiln's own recordings, trained in PyTorch on the CPU with its allocations taken
 //! from its profiler. They hold kiln's allocator to its figures on request streams kiln did not
-//! make (a Python loop keeps the last batch alive into the next step; `foreach` optimizers;
-//! oneDNN convolutions; fused CPU attention).
+//! make (a Python loop keeps the last batch alive into the next step; `torch.optim`'s per-tensor
+//! loops, its default for CPU tensors; oneDNN convolutions; fused CPU attention).
 
 use kiln_alloc_cache::*;
 
