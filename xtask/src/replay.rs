@@ -114,7 +114,46 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, run};
+
+    #[test]
+    fn flags_that_do_not_go_together_are_refused_with_the_reason() {
+        let path = std::env::temp_dir().join(format!("kiln-replay-{}.trace", std::process::id()));
+        std::fs::write(&path, "a 1 3000000\na 2 100\nf 1\nf 2\n").unwrap();
+        let file = path.display().to_string();
+        let args = |extra: &[&str]| -> Vec<String> {
+            std::iter::once(file.as_str())
+                .chain(extra.iter().copied())
+                .map(String::from)
+                .collect()
+        };
+        let cases: [(&[&str], &str); 4] = [
+            (
+                &["--policy", "pytorch", "--page-size", "64KiB"],
+                "apply to kiln's allocator",
+            ),
+            (&["--page-stitching"], "add --mode expandable"),
+            (&["--page-size", "1000"], "multiple of 512"),
+            (&["--page-size"], "--page-size needs a value"),
+        ];
+        for (extra, needle) in cases {
+            let e = run(&args(extra)).unwrap_err();
+            assert!(e.contains(needle), "{extra:?}: {e}");
+        }
+        for extra in [
+            &[
+                "--mode",
+                "expandable",
+                "--page-stitching",
+                "--page-size",
+                "64KiB",
+            ][..],
+            &["--policy", "pytorch", "--mode", "expandable"][..],
+        ] {
+            run(&args(extra)).unwrap();
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn byte_counts_with_and_without_units() {
