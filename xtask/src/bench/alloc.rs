@@ -1,7 +1,7 @@
 //! The `alloc` benchmark group (issue 3): cache-hit latency, steady-state backend calls,
-//! fragmentation of the shipped traces (recorded from kiln's and PyTorch's CPU training runs, and
-//! the synthetic GPU-scale ones) next to the model of PyTorch's allocator, and host allocate-touch-free through
-//! the cache versus the system allocator.
+//! fragmentation of the shipped traces (recorded from kiln's and PyTorch's CPU training runs,
+//! and the synthetic GPU-scale ones) next to the model of PyTorch's allocator, and host
+//! allocate-touch-free through the cache versus the system allocator.
 
 use super::alloc_traces::{read_traces, FROM_PYTORCH, RECORDED};
 use super::harness::{err, Options, Row};
@@ -293,7 +293,7 @@ fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
 }
 
 /// Planned steps (`planned_steps:True`, a marker at each `# step` line) on the recorded
-/// fixed-shape runs: backend calls once the plan serves the steps (target 0), with how many
+/// fixed-shape runs (kiln's and PyTorch's): backend calls once the plan serves the steps (target 0), with how many
 /// steps it served and the run's reserved/live (the plan reserves nothing, so that is the
 /// default mode's).
 fn planned_steps(rows: &mut Vec<Row>) -> Result<(), String> {
