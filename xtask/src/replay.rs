@@ -1,8 +1,8 @@
 //! `cargo xtask replay FILE [--mode default|expandable] [--policy kiln|pytorch]
-//! [--page-stitching] [--capacity BYTES] [--page-size BYTES]`: replays an allocation trace through the caching allocator (or the model
-//! of PyTorch's allocator) on a simulated device and prints one JSON object (events,
-//! peak_live_bytes, peak_reserved_bytes, reserved_over_live, device_allocs, device_frees,
-//! alloc_retries, ooms).
+//! [--page-stitching] [--capacity BYTES] [--page-size BYTES]`: replays an allocation trace
+//! through the caching allocator (or the model of PyTorch's allocator) on a simulated device
+//! and prints one JSON object (events, peak_live_bytes, peak_reserved_bytes,
+//! reserved_over_live, device_allocs, device_frees, alloc_retries, ooms).
 
 use kiln_alloc_cache::replay::DEFAULT_REPLAY_PAGE;
 use kiln_alloc_cache::{replay_with, AllocatorConfig, ReplayMode, ReplayPolicy, Replayer, Trace};

@@ -293,9 +293,9 @@ fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
 }
 
 /// Planned steps (`planned_steps:True`, a marker at each `# step` line) on the recorded
-/// fixed-shape runs (kiln's and PyTorch's): backend calls once the plan serves the steps (target 0), with how many
-/// steps it served and the run's reserved/live (the plan reserves nothing, so that is the
-/// default mode's).
+/// fixed-shape runs (kiln's and PyTorch's): backend calls once the plan serves the steps
+/// (target 0), with how many steps it served and the run's reserved/live (the plan reserves
+/// nothing, so that is the default mode's).
 fn planned_steps(rows: &mut Vec<Row>) -> Result<(), String> {
     for (name, text) in RECORDED.iter().chain(FROM_PYTORCH.iter()) {
         if !fixed_shapes(name) {
