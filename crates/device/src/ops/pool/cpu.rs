@@ -67,12 +67,19 @@ pub fn max_pool2d_forward<T: KernelFloat>(
             (start, lo, hi)
         })
         .collect();
+    // The columns whose window has every tap inside the row: one contiguous range.
+    let is_full = |c: &(i64, usize, usize)| c.1 == 0 && c.2 == p.kernel_size[1];
+    let full_lo = columns.iter().position(is_full).unwrap_or(out_w);
+    let full_len = columns[full_lo..].iter().take_while(|c| is_full(c)).count();
+    let full = full_lo..full_lo + full_len;
+    let full_start = columns.get(full_lo).map_or(0, |c| c.0);
     output
         .par_chunks_mut(out_plane)
         .zip(indices.par_chunks_mut(out_plane))
         .enumerate()
         .for_each(|(plane, (out, idx))| {
             let src = &input[plane * in_plane..][..in_plane];
+            let mut gathered = vec![T::NEG_INFINITY; full.len()];
             for oh in 0..out_h {
                 let h_start = (oh * p.stride[0]) as i64 - p.padding[0] as i64;
                 let (h_lo, h_hi) = tap_range(h_start, p.kernel_size[0], p.dilation[0], in_h);
@@ -90,13 +97,27 @@ pub fn max_pool2d_forward<T: KernelFloat>(
                     *idx = (row_at(h_lo) + col_at(w_start, w_lo)) as i64;
                 }
                 // Taps outermost (row-major, as the tie rule needs), outputs innermost: the
-                // outputs' comparisons do not wait on each other.
+                // outputs' comparisons do not wait on each other. The columns whose window
+                // lies wholly inside the row (`full`) first gather the tap into a contiguous
+                // row, so their comparison loop has no bounds test or stride and vectorises;
+                // the columns next to the padding test each tap.
                 for th in h_lo..h_hi {
                     let row = row_at(th);
                     for tw in 0..p.kernel_size[1] {
-                        for ((out, idx), &(w_start, w_lo, w_hi)) in
-                            out_row.iter_mut().zip(idx_row.iter_mut()).zip(&columns)
-                        {
+                        let first = row + col_at(full_start, tw);
+                        let stride = p.stride[1];
+                        for (j, t) in gathered.iter_mut().enumerate() {
+                            *t = src[first + j * stride];
+                        }
+                        max_taps(
+                            &mut out_row[full.clone()],
+                            &mut idx_row[full.clone()],
+                            &gathered,
+                            (first as i64, stride as i64),
+                        );
+                        for ow in (0..full.start).chain(full.end..out_w) {
+                            let (w_start, w_lo, w_hi) = columns[ow];
+                            let (out, idx) = (&mut out_row[ow], &mut idx_row[ow]);
                             if tw < w_lo || tw >= w_hi {
                                 continue;
                             }
@@ -113,6 +134,57 @@ pub fn max_pool2d_forward<T: KernelFloat>(
             }
         });
     Ok(())
+}
+
+/// One tap of a row of windows: `taps[j]` (input element `k0 + j * dk`) replaces
+/// `out[j]` and `idx[j]` where it is larger or NaN. Compiled for AVX-512F or AVX2 when the CPU
+/// has them (kiln builds for baseline SSE, where this loop does not vectorise); every path
+/// makes the same comparisons.
+fn max_taps<T: KernelFloat>(out: &mut [T], idx: &mut [i64], taps: &[T], k: (i64, i64)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F, the only feature the function enables.
+            return unsafe { max_taps_avx512(out, idx, taps, k) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, the only feature the function enables.
+            return unsafe { max_taps_avx2(out, idx, taps, k) };
+        }
+    }
+    max_taps_body(out, idx, taps, k)
+}
+
+/// [`max_taps_body`] compiled for AVX-512F. Safety: the CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_taps_avx512<T: KernelFloat>(
+    out: &mut [T],
+    idx: &mut [i64],
+    taps: &[T],
+    k: (i64, i64),
+) {
+    max_taps_body(out, idx, taps, k)
+}
+
+/// [`max_taps_body`] compiled for AVX2. Safety: the CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_taps_avx2<T: KernelFloat>(out: &mut [T], idx: &mut [i64], taps: &[T], k: (i64, i64)) {
+    max_taps_body(out, idx, taps, k)
+}
+
+#[inline(always)]
+fn max_taps_body<T: KernelFloat>(out: &mut [T], idx: &mut [i64], taps: &[T], (k0, dk): (i64, i64)) {
+    let mut k = k0;
+    for ((out, idx), &v) in out.iter_mut().zip(idx.iter_mut()).zip(taps) {
+        // Selected, not branched on: which element is the maximum is data, and branches on
+        // it mispredict.
+        let better = (v > *out) | v.is_nan();
+        *out = if better { v } else { *out };
+        *idx = if better { k } else { *idx };
+        k += dk;
+    }
 }
 
 /// Gradient of max pooling: routes each output gradient to the input element its index
@@ -428,7 +500,7 @@ impl PoolOps for CpuStorage {
 
 #[cfg(test)]
 mod tests {
-    use super::{adaptive_range, tap_range};
+    use super::{adaptive_range, max_taps, max_taps_body, tap_range};
 
     #[test]
     fn tap_range_matches_brute_force() {
@@ -457,5 +529,72 @@ mod tests {
         // 2 -> 3 (upsampling): [0, 1), [0, 2), [1, 2).
         let ranges: Vec<_> = (0..3).map(|o| adaptive_range(o, 2, 3)).collect();
         assert_eq!(ranges, vec![(0, 1), (0, 2), (1, 2)]);
+    }
+
+    /// The tap loop gives the same maxima and indices on every instruction set the CPU has:
+    /// NaN wins (the later NaN too, as PyTorch's kernel), a tie keeps the earlier index.
+    #[test]
+    fn max_taps_is_the_same_on_every_instruction_set() {
+        let n = 203;
+        let mut x = 7u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            match x % 11 {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2 => 0.5,
+                _ => (x % 7) as f32,
+            }
+        };
+        let rows: Vec<Vec<f32>> = (0..9).map(|_| (0..n).map(|_| next()).collect()).collect();
+        type Taps = fn(&mut [f32], &mut [i64], &[f32], (i64, i64));
+        let mut paths: Vec<(&str, Taps)> =
+            vec![("baseline", max_taps_body), ("dispatched", max_taps)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY (each call): added only where the feature was detected.
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                paths.push(("avx512f", |o, i, t, k| unsafe {
+                    super::max_taps_avx512(o, i, t, k)
+                }));
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                paths.push(("avx2", |o, i, t, k| unsafe {
+                    super::max_taps_avx2(o, i, t, k)
+                }));
+            }
+        }
+        let results: Vec<(Vec<u32>, Vec<i64>)> = paths
+            .iter()
+            .map(|&(_, taps)| {
+                // As the kernel starts a window: minus infinity at its first tap's index.
+                let mut out = vec![f32::NEG_INFINITY; n];
+                let mut idx: Vec<i64> = (0..n as i64).map(|j| 3 * j).collect();
+                for (r, row) in rows.iter().enumerate() {
+                    taps(&mut out, &mut idx, row, (r as i64 * 1000, 3));
+                }
+                (out.iter().map(|v| v.to_bits()).collect(), idx)
+            })
+            .collect();
+        for ((name, _), r) in paths.iter().zip(&results) {
+            assert_eq!(r, &results[0], "{name}");
+        }
+        // The rules themselves, on the baseline: a column's index is the last NaN's row, else
+        // the first row holding the column's maximum.
+        let (out, idx) = &results[0];
+        for j in 0..n {
+            let col: Vec<f32> = rows.iter().map(|row| row[j]).collect();
+            let want = match col.iter().rposition(|v| v.is_nan()) {
+                Some(r) => r,
+                None => {
+                    let max = col.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    col.iter().position(|&v| v == max).unwrap()
+                }
+            };
+            assert_eq!(idx[j], want as i64 * 1000 + 3 * j as i64, "column {j}");
+            assert_eq!(out[j], col[want].to_bits(), "column {j}");
+        }
     }
 }
