@@ -4,6 +4,8 @@
 //! make (a Python loop keeps the last batch alive into the next step; `torch.optim`'s per-tensor
 //! loops, its default for CPU tensors; oneDNN convolutions; fused CPU attention).
 
+mod common;
+
 use kiln_alloc_cache::*;
 
 /// Each recording, its step count, and upper bounds on reserved/live in default mode,
@@ -93,27 +95,8 @@ fn pytorch_recordings_are_compact_whole_runs() {
 
 #[test]
 fn pytorch_recordings_fragment_within_their_measured_bounds() {
-    let cap = replay::DEFAULT_REPLAY_CAPACITY;
     for (name, text, _, bounds) in FROM_PYTORCH {
-        let trace = Trace::parse(text).unwrap();
-        let reports = [
-            replay(&trace, ReplayMode::Default, cap).unwrap(),
-            replay(&trace, ReplayMode::Expandable, cap).unwrap(),
-            replay_stitched(&trace, cap).unwrap(),
-        ];
-        for ((r, bound), mode) in
-            reports
-                .iter()
-                .zip(bounds)
-                .zip(["default", "expandable", "stitching"])
-        {
-            assert!(
-                r.reserved_over_live <= bound,
-                "{name} {mode}: reserved/live {:.4} above {bound}",
-                r.reserved_over_live
-            );
-            assert_eq!((r.ooms, r.alloc_retries), (0, 0), "{name} {mode}");
-        }
+        common::assert_within_bounds(name, &Trace::parse(text).unwrap(), bounds);
     }
 }
 

@@ -3,6 +3,8 @@
 //! `KILN_REGEN_TRACES=1 cargo test -p kiln-alloc-cache --test traces` rewrites the shipped
 //! files from the generators in `kiln_alloc_cache::synth`.
 
+mod common;
+
 use kiln_alloc_cache::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -401,29 +403,11 @@ const GPU_SCALE_BOUNDS: [(&str, [f64; 3]); 4] = [
 
 #[test]
 fn gpu_scale_recordings_stay_within_their_measured_bounds() {
-    let cap = replay::DEFAULT_REPLAY_CAPACITY;
     for (name, bounds) in GPU_SCALE_BOUNDS {
         let text = RECORDED.iter().find(|(n, ..)| *n == name).unwrap().1;
         let trace = Trace::parse(text).unwrap();
         // Several GiB at the peak: GPU-training scale, not the CPU runs' 127-353 MiB.
         assert!(trace.peak_live_bytes() > 2 << 30, "{name}");
-        let reports = [
-            replay(&trace, ReplayMode::Default, cap).unwrap(),
-            replay(&trace, ReplayMode::Expandable, cap).unwrap(),
-            replay_stitched(&trace, cap).unwrap(),
-        ];
-        for ((r, bound), mode) in
-            reports
-                .iter()
-                .zip(bounds)
-                .zip(["default", "expandable", "stitching"])
-        {
-            assert!(
-                r.reserved_over_live <= bound,
-                "{name} {mode}: reserved/live {:.4} above {bound}",
-                r.reserved_over_live
-            );
-            assert_eq!((r.ooms, r.alloc_retries), (0, 0), "{name} {mode}");
-        }
+        common::assert_within_bounds(name, &trace, bounds);
     }
 }
