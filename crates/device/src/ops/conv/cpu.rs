@@ -3,7 +3,9 @@
 //! Which path runs:
 //! - small output planes (ResNet's deep stages): chunks of images, one GEMM per chunk
 //!   (`cpu_chunked.rs`);
-//! - stride 1 on wide planes: the column matrix over padded rows (`cpu_rows.rs`);
+//! - stride 1 on wide planes: the column matrix over padded rows (`cpu_rows.rs`), or in f32
+//!   on a CPU with AVX-512F or AVX2, the same product without a column matrix
+//!   (`cpu_direct.rs`);
 //! - anything else: one GEMM per image and group (this file); 1x1 convolutions with stride 1
 //!   and no padding use the input block as the column matrix.
 //!

@@ -13,6 +13,7 @@
 
 pub mod cpu;
 mod cpu_chunked;
+mod cpu_direct;
 mod cpu_gemm;
 mod cpu_rows;
 #[cfg(feature = "cuda")]

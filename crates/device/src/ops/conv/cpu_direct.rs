@@ -1,0 +1,318 @@
+//! The padded-row product of a stride-1 convolution without a column matrix: an f32 kernel,
+//! compiled for AVX-512F and for AVX2 + FMA and chosen at run time, that reads each tap's row
+//! straight from the padded image (`cpu_rows.rs` explains the layout).
+//!
+//! `cpu_rows.rs` multiplies the weight `[C_out/groups, K]` by a column matrix whose row `r` is
+//! the padded image from `start(r)` on, `N'` elements: it first copies those rows out, then
+//! `gemm` packs them again. Here the product is computed in tiles of [`ROWS`] output channels
+//! by [`WIDE`] positions (AVX-512) or 16 (AVX2, and the last tiles of a strip), each tile
+//! accumulating `K` rank-1 updates in registers: for tap `r`, consecutive values of the padded
+//! image from `start(r) + p0` times the tile's [`ROWS`] weights of column `r` (packed once per
+//! call, [`PackedWeight`]). No copy of the input is made besides the padded image itself.
+//!
+//! Layout of the product: strips of [`WIDE`] positions, one after another, each holding its
+//! `C_out/groups` rows of [`WIDE`] values (`[strip][channel][WIDE]`), so every strip is one
+//! contiguous block that one task writes. The last strip's positions past `N'` (up to
+//! [`SLACK`] - 1 of them) are junk like the row ends: they read the padded image's slack,
+//! which the caller extends by [`SLACK`] zeros, and are never copied out.
+//!
+//! Invariants: every position `< N'` of every channel is written; each output is the sum over
+//! taps in order `r = 0, 1, ..` of fused multiply-adds, so the result does not depend on the
+//! thread count, the strip, the tile width or the instruction set (every build compiles the
+//! same portable body); the kernel is only chosen where the CPU has AVX-512F or AVX2 with FMA
+//! ([`isa`]; elsewhere `cpu_rows.rs` keeps its column matrix and `gemm`), and only for at least
+//! [`ROWS`] output channels per group.
+
+use crate::storage::HostBuffer;
+use crate::Result;
+use rayon::prelude::*;
+
+/// Output channels per tile.
+pub(super) const ROWS: usize = 6;
+/// Positions per strip (and per full tile): four 16-lane vectors.
+pub(super) const WIDE: usize = 64;
+/// Positions per tile at the end of a strip: one 16-lane vector.
+const NARROW: usize = 16;
+/// Zeros the caller adds after the padded image's slack, for the last strip's junk reads.
+pub(super) const SLACK: usize = NARROW;
+
+/// The instruction sets the kernel is compiled for, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Isa {
+    /// AVX-512F: 32 registers of 16 lanes, tiles of [`ROWS`] x [`WIDE`].
+    Avx512,
+    /// AVX2 with FMA: 16 registers of 8 lanes, tiles of [`ROWS`] x 16.
+    Avx2,
+}
+
+/// The instruction set this CPU runs the kernel with (checked once), or `None` where it has
+/// neither (the caller then keeps its column matrix and `gemm`).
+pub(super) fn isa() -> Option<Isa> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static ISA: OnceLock<Option<Isa>> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            let fma = std::arch::is_x86_feature_detected!("fma");
+            if std::arch::is_x86_feature_detected!("avx512f") && fma {
+                Some(Isa::Avx512)
+            } else if std::arch::is_x86_feature_detected!("avx2") && fma {
+                Some(Isa::Avx2)
+            } else {
+                None
+            }
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// One group's weights `[C_out/groups, K]` in tiles: block `b` holds, for every tap `r`, the
+/// [`ROWS`] weights of channels `b·ROWS..` (zeros past the last channel).
+pub(super) struct PackedWeight {
+    data: HostBuffer<f32>,
+    k: usize,
+    channels: usize,
+}
+
+impl PackedWeight {
+    /// Packs `weight` (`channels` rows of `k` taps).
+    pub(super) fn new(weight: &[f32], channels: usize, k: usize) -> Result<Self> {
+        let blocks = channels.div_ceil(ROWS);
+        let mut data = HostBuffer::try_scratch(blocks * k * ROWS, 0.0f32)?;
+        for (b, block) in data.chunks_mut(k * ROWS).enumerate() {
+            for o in 0..ROWS.min(channels - b * ROWS) {
+                let row = &weight[(b * ROWS + o) * k..][..k];
+                for (r, &w) in row.iter().enumerate() {
+                    block[r * ROWS + o] = w;
+                }
+            }
+        }
+        Ok(Self { data, k, channels })
+    }
+
+    fn block(&self, b: usize) -> &[f32] {
+        &self.data[b * self.k * ROWS..][..self.k * ROWS]
+    }
+}
+
+/// Elements of the product buffer for `n` positions of `channels` channels (whole strips).
+pub(super) fn product_len(channels: usize, n: usize) -> usize {
+    n.div_ceil(WIDE) * channels * WIDE
+}
+
+/// Where position `p` of channel `o` sits in a product buffer of `channels` channels.
+pub(super) fn product_at(channels: usize, o: usize, p: usize) -> usize {
+    (p / WIDE * channels + o) * WIDE + p % WIDE
+}
+
+/// `product[o][p] = Σ_r weight[o][r] · padded[starts[r] + p]` for `p < n` (see the module doc
+/// for the product's layout). `padded` must hold `starts[r] + n + SLACK - 1` elements for
+/// every `r`. Strips run in parallel on the pool when `parallel`.
+pub(super) fn product(
+    weight: &PackedWeight,
+    padded: &[f32],
+    starts: &[usize],
+    n: usize,
+    out: &mut [f32],
+    parallel: bool,
+) {
+    assert_eq!(starts.len(), weight.k);
+    let channels = weight.channels;
+    let reach = starts
+        .iter()
+        .max()
+        .map_or(0, |&s| s + n.div_ceil(NARROW) * NARROW);
+    assert!(padded.len() >= reach && out.len() >= product_len(channels, n));
+    let isa = isa();
+    let strip = |(s, block): (usize, &mut [f32])| {
+        let p0 = s * WIDE;
+        let width = (n - p0).min(WIDE);
+        for b in 0..channels.div_ceil(ROWS) {
+            let rows = ROWS.min(channels - b * ROWS);
+            let dst = &mut block[b * ROWS * WIDE..][..rows * WIDE];
+            let w = weight.block(b);
+            if width == WIDE && isa == Some(Isa::Avx512) {
+                tile::<WIDE>(isa, dst, rows, w, &padded[p0..], starts);
+            } else {
+                for q in (0..width).step_by(NARROW) {
+                    tile::<NARROW>(isa, &mut dst[q..], rows, w, &padded[p0 + q..], starts);
+                }
+            }
+        }
+    };
+    let out = &mut out[..product_len(channels, n)];
+    if parallel {
+        out.par_chunks_mut(channels * WIDE)
+            .enumerate()
+            .for_each(strip);
+    } else {
+        out.chunks_mut(channels * WIDE).enumerate().for_each(strip);
+    }
+}
+
+/// One tile: `dst[o·WIDE + l] = Σ_r w[r·ROWS + o] · src[starts[r] + l]` for `o < rows`,
+/// `l < L`, through the build of [`tile_body`] for `isa` (the portable one for `None`).
+fn tile<const L: usize>(
+    isa: Option<Isa>,
+    dst: &mut [f32],
+    rows: usize,
+    w: &[f32],
+    src: &[f32],
+    starts: &[usize],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        // SAFETY: `isa()` found AVX-512F and FMA on this CPU.
+        Some(Isa::Avx512) => return unsafe { tile_avx512::<L>(dst, rows, w, src, starts) },
+        // SAFETY: `isa()` found AVX2 and FMA on this CPU.
+        Some(Isa::Avx2) => return unsafe { tile_avx2::<L>(dst, rows, w, src, starts) },
+        None => {}
+    }
+    tile_body::<L>(dst, rows, w, src, starts)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn tile_avx512<const L: usize>(
+    dst: &mut [f32],
+    rows: usize,
+    w: &[f32],
+    src: &[f32],
+    starts: &[usize],
+) {
+    tile_body::<L>(dst, rows, w, src, starts)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const L: usize>(
+    dst: &mut [f32],
+    rows: usize,
+    w: &[f32],
+    src: &[f32],
+    starts: &[usize],
+) {
+    tile_body::<L>(dst, rows, w, src, starts)
+}
+
+/// The tile's loop: `ROWS x L` accumulators that LLVM keeps in registers (24 zmm for `L = 64`
+/// with AVX-512, 12 ymm for `L = 16` with AVX2),
+/// one fused multiply-add per tap and element.
+#[inline(always)]
+fn tile_body<const L: usize>(
+    dst: &mut [f32],
+    rows: usize,
+    w: &[f32],
+    src: &[f32],
+    starts: &[usize],
+) {
+    let mut acc = [[0.0f32; L]; ROWS];
+    for (&start, wr) in starts.iter().zip(w.chunks_exact(ROWS)) {
+        let a: &[f32; L] = src[start..start + L].try_into().expect("L elements");
+        let wr: &[f32; ROWS] = wr.try_into().expect("ROWS weights");
+        for (acc_o, &w_o) in acc.iter_mut().zip(wr) {
+            for (v, &x) in acc_o.iter_mut().zip(a) {
+                *v = x.mul_add(w_o, *v);
+            }
+        }
+    }
+    for (o, acc_o) in acc.iter().enumerate().take(rows) {
+        dst[o * WIDE..][..L].copy_from_slice(acc_o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.5 - 1.0)
+            .collect()
+    }
+
+    /// The product against sums in f64, for channel counts that are and are not a multiple of
+    /// the tile's, and lengths that end inside a wide tile, inside a narrow one, or exactly at
+    /// one; taps that read overlapping windows (as a convolution's do); serial and parallel.
+    #[test]
+    fn product_equals_the_sums_of_its_taps() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for channels in [6, 7, 13] {
+            for n in [1usize, 15, 16, 17, 63, 64, 65, 130, 200] {
+                let starts: Vec<usize> = (0..11).map(|r| (r * 5) % 23 + r / 3).collect();
+                let k = starts.len();
+                let reach = starts.iter().max().unwrap() + n.div_ceil(NARROW) * NARROW;
+                let src = values(reach, channels + n);
+                let w = values(channels * k, 7);
+                let packed = PackedWeight::new(&w, channels, k).unwrap();
+                for parallel in [false, true] {
+                    let mut out = vec![f32::NAN; product_len(channels, n)];
+                    pool.install(|| product(&packed, &src, &starts, n, &mut out, parallel));
+                    for o in 0..channels {
+                        for p in 0..n {
+                            let want: f64 = (0..k)
+                                .map(|r| w[o * k + r] as f64 * src[starts[r] + p] as f64)
+                                .sum();
+                            let got = out[product_at(channels, o, p)] as f64;
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                "channels {channels}, n {n}, parallel {parallel}: [{o}][{p}] = \
+                                 {got}, want {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every build of the kernel this CPU runs gives the same bits as the portable loop, in
+    /// wide and narrow tiles: the same fused multiply-adds in the same order (infinities and
+    /// NaN included, NaN by class).
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        let mut isas = vec![];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fma = std::arch::is_x86_feature_detected!("fma");
+            if std::arch::is_x86_feature_detected!("avx512f") && fma {
+                isas.push(Isa::Avx512);
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && fma {
+                isas.push(Isa::Avx2);
+            }
+        }
+        if isas.is_empty() {
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 with FMA");
+        }
+        let starts: Vec<usize> = (0..9).map(|r| r * 3 + r % 2).collect();
+        let mut src = values(200, 3);
+        src[40] = f32::INFINITY;
+        src[77] = f32::NAN;
+        let w = values(ROWS * starts.len(), 4);
+        // NaN compares by class only: its sign and payload may differ between paths.
+        let bits = |v: &[f32]| {
+            v.iter()
+                .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                .collect::<Vec<_>>()
+        };
+        let mut portable = vec![1.0f32; ROWS * WIDE];
+        tile_body::<WIDE>(&mut portable, ROWS, &w, &src, &starts);
+        assert!(portable.iter().any(|v| v.is_nan()) && portable.iter().any(|v| v.is_finite()));
+        for isa in isas {
+            let mut wide = vec![0.0f32; ROWS * WIDE];
+            tile::<WIDE>(Some(isa), &mut wide, ROWS, &w, &src, &starts);
+            assert_eq!(bits(&wide), bits(&portable), "{isa:?}, wide tile");
+            let mut narrow = vec![0.0f32; ROWS * WIDE];
+            for q in (0..WIDE).step_by(NARROW) {
+                tile::<NARROW>(Some(isa), &mut narrow[q..], ROWS, &w, &src[q..], &starts);
+            }
+            assert_eq!(bits(&narrow), bits(&portable), "{isa:?}, narrow tiles");
+        }
+    }
+}
