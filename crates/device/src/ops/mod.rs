@@ -25,6 +25,7 @@ pub mod norm;
 pub mod pool;
 pub mod random;
 pub mod reduce;
+pub(crate) mod simd;
 pub mod softmax;
 mod strided;
 pub mod topk;

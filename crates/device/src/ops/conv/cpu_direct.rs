@@ -20,9 +20,10 @@
 //! taps in order `r = 0, 1, ..` of fused multiply-adds, so the result does not depend on the
 //! thread count, the strip, the tile width or the instruction set (every build compiles the
 //! same portable body); the kernel is only chosen where the CPU has AVX-512F or AVX2 with FMA
-//! ([`isa`]; elsewhere `cpu_rows.rs` keeps its column matrix and `gemm`), and only for at least
+//! (`simd.rs`; elsewhere `cpu_rows.rs` keeps its column matrix and `gemm`), and only for at least
 //! [`ROWS`] output channels per group.
 
+use crate::ops::simd::{self, simd_dispatch, Isa};
 use crate::storage::HostBuffer;
 use crate::Result;
 use rayon::prelude::*;
@@ -35,37 +36,6 @@ pub(super) const WIDE: usize = 64;
 const NARROW: usize = 16;
 /// Zeros the caller adds after the padded image's slack, for the last strip's junk reads.
 pub(super) const SLACK: usize = NARROW;
-
-/// The instruction sets the kernel is compiled for, best first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Isa {
-    /// AVX-512F: 32 registers of 16 lanes, tiles of [`ROWS`] x [`WIDE`].
-    Avx512,
-    /// AVX2 with FMA: 16 registers of 8 lanes, tiles of [`ROWS`] x 16.
-    Avx2,
-}
-
-/// The instruction set this CPU runs the kernel with (checked once), or `None` where it has
-/// neither (the caller then keeps its column matrix and `gemm`).
-pub(super) fn isa() -> Option<Isa> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static ISA: OnceLock<Option<Isa>> = OnceLock::new();
-        *ISA.get_or_init(|| {
-            let fma = std::arch::is_x86_feature_detected!("fma");
-            if std::arch::is_x86_feature_detected!("avx512f") && fma {
-                Some(Isa::Avx512)
-            } else if std::arch::is_x86_feature_detected!("avx2") && fma {
-                Some(Isa::Avx2)
-            } else {
-                None
-            }
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
-}
 
 /// One group's weights `[C_out/groups, K]` in tiles: block `b` holds, for every tap `r`, the
 /// [`ROWS`] weights of channels `b·ROWS..` (zeros past the last channel).
@@ -124,7 +94,7 @@ pub(super) fn product(
         .max()
         .map_or(0, |&s| s + n.div_ceil(NARROW) * NARROW);
     assert!(padded.len() >= reach && out.len() >= product_len(channels, n));
-    let isa = isa();
+    let isa = simd::isa();
     let strip = |(s, block): (usize, &mut [f32])| {
         let p0 = s * WIDE;
         let width = (n - p0).min(WIDE);
@@ -151,49 +121,16 @@ pub(super) fn product(
     }
 }
 
-/// One tile: `dst[o·WIDE + l] = Σ_r w[r·ROWS + o] · src[starts[r] + l]` for `o < rows`,
-/// `l < L`, through the build of [`tile_body`] for `isa` (the portable one for `None`).
-fn tile<const L: usize>(
-    isa: Option<Isa>,
-    dst: &mut [f32],
-    rows: usize,
-    w: &[f32],
-    src: &[f32],
-    starts: &[usize],
-) {
-    #[cfg(target_arch = "x86_64")]
-    match isa {
-        // SAFETY: `isa()` found AVX-512F and FMA on this CPU.
-        Some(Isa::Avx512) => return unsafe { tile_avx512::<L>(dst, rows, w, src, starts) },
-        // SAFETY: `isa()` found AVX2 and FMA on this CPU.
-        Some(Isa::Avx2) => return unsafe { tile_avx2::<L>(dst, rows, w, src, starts) },
-        None => {}
-    }
-    tile_body::<L>(dst, rows, w, src, starts)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn tile_avx512<const L: usize>(
-    dst: &mut [f32],
-    rows: usize,
-    w: &[f32],
-    src: &[f32],
-    starts: &[usize],
-) {
-    tile_body::<L>(dst, rows, w, src, starts)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const L: usize>(
-    dst: &mut [f32],
-    rows: usize,
-    w: &[f32],
-    src: &[f32],
-    starts: &[usize],
-) {
-    tile_body::<L>(dst, rows, w, src, starts)
+simd_dispatch! {
+    /// One tile: `dst[o·WIDE + l] = Σ_r w[r·ROWS + o] · src[starts[r] + l]` for `o < rows`,
+    /// `l < L`, through the build of [`tile_body`] for the instruction set given.
+    fn tile[const L: usize](
+        dst: &mut [f32],
+        rows: usize,
+        w: &[f32],
+        src: &[f32],
+        starts: &[usize],
+    ) => tile_body[L];
 }
 
 /// The tile's loop: `ROWS x L` accumulators that LLVM keeps in registers (24 zmm for `L = 64`
@@ -276,17 +213,7 @@ mod tests {
     /// NaN included, NaN by class).
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
-        let mut isas = vec![];
-        #[cfg(target_arch = "x86_64")]
-        {
-            let fma = std::arch::is_x86_feature_detected!("fma");
-            if std::arch::is_x86_feature_detected!("avx512f") && fma {
-                isas.push(Isa::Avx512);
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && fma {
-                isas.push(Isa::Avx2);
-            }
-        }
+        let isas = simd::available();
         if isas.is_empty() {
             eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 with FMA");
         }

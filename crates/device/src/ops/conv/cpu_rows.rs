@@ -222,7 +222,7 @@ fn forward_direct<T: KernelFloat>(
     bias: Option<&[T]>,
     output: &mut [T],
 ) -> Option<Result<()>> {
-    if direct::isa().is_none() || d.group_out < direct::ROWS {
+    if crate::ops::simd::isa().is_none() || d.group_out < direct::ROWS {
         return None;
     }
     let (input, weight, output) = (as_f32(input)?, as_f32(weight)?, as_f32_mut(output)?);
@@ -451,7 +451,7 @@ mod tests {
             ([3, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], 1),
             ([3, 4, 9, 20], [12, 2, 3, 2], [2, 1], [1, 2], 2),
         ];
-        if direct::isa().is_none() {
+        if crate::ops::simd::isa().is_none() {
             eprintln!("the direct forward is not run here: this CPU has neither AVX-512F nor AVX2");
         }
         let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
@@ -484,7 +484,7 @@ mod tests {
                     let mut out = vec![f32::NAN; want.len()];
                     let bias_f = bias.map(|_| &bf[..]);
                     let ran = pool.install(|| forward_direct((&g, &d), &xf, &wf, bias_f, &mut out));
-                    assert_eq!(ran.is_some(), direct::isa().is_some());
+                    assert_eq!(ran.is_some(), crate::ops::simd::isa().is_some());
                     pool.install(|| conv2d_forward(&g, &xf, &wf, bias_f, &mut out))
                         .unwrap();
                     let what = format!(

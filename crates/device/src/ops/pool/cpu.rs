@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use super::{AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, MaxPool2dGeometry, PoolShape};
 use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::simd::{self, simd_dispatch};
 use crate::ops::KernelFloat;
 
 /// The taps `t` in `0..kernel` for which `start + t * dilation` lies in `0..input`, as a
@@ -73,6 +74,7 @@ pub fn max_pool2d_forward<T: KernelFloat>(
     let full_len = columns[full_lo..].iter().take_while(|c| is_full(c)).count();
     let full = full_lo..full_lo + full_len;
     let full_start = columns.get(full_lo).map_or(0, |c| c.0);
+    let isa = simd::isa();
     output
         .par_chunks_mut(out_plane)
         .zip(indices.par_chunks_mut(out_plane))
@@ -110,6 +112,7 @@ pub fn max_pool2d_forward<T: KernelFloat>(
                             *t = src[first + j * stride];
                         }
                         max_taps(
+                            isa,
                             &mut out_row[full.clone()],
                             &mut idx_row[full.clone()],
                             &gathered,
@@ -136,42 +139,13 @@ pub fn max_pool2d_forward<T: KernelFloat>(
     Ok(())
 }
 
-/// One tap of a row of windows: `taps[j]` (input element `k0 + j * dk`) replaces
-/// `out[j]` and `idx[j]` where it is larger or NaN. Compiled for AVX-512F or AVX2 when the CPU
-/// has them (kiln builds for baseline SSE, where this loop does not vectorise); every path
-/// makes the same comparisons.
-fn max_taps<T: KernelFloat>(out: &mut [T], idx: &mut [i64], taps: &[T], k: (i64, i64)) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, the only feature the function enables.
-            return unsafe { max_taps_avx512(out, idx, taps, k) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, the only feature the function enables.
-            return unsafe { max_taps_avx2(out, idx, taps, k) };
-        }
-    }
-    max_taps_body(out, idx, taps, k)
-}
-
-/// [`max_taps_body`] compiled for AVX-512F. Safety: the CPU must have AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn max_taps_avx512<T: KernelFloat>(
-    out: &mut [T],
-    idx: &mut [i64],
-    taps: &[T],
-    k: (i64, i64),
-) {
-    max_taps_body(out, idx, taps, k)
-}
-
-/// [`max_taps_body`] compiled for AVX2. Safety: the CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn max_taps_avx2<T: KernelFloat>(out: &mut [T], idx: &mut [i64], taps: &[T], k: (i64, i64)) {
-    max_taps_body(out, idx, taps, k)
+simd_dispatch! {
+    /// One tap of a row of windows: `taps[j]` (input element `k0 + j * dk`) replaces
+    /// `out[j]` and `idx[j]` where it is larger or NaN. Compiled for AVX-512F and AVX2 too
+    /// (`simd.rs`; kiln builds for baseline SSE, where this loop does not vectorise); every
+    /// path makes the same comparisons.
+    fn max_taps[T: KernelFloat](out: &mut [T], idx: &mut [i64], taps: &[T], k: (i64, i64))
+        => max_taps_body[T];
 }
 
 #[inline(always)]
@@ -501,6 +475,7 @@ impl PoolOps for CpuStorage {
 #[cfg(test)]
 mod tests {
     use super::{adaptive_range, max_taps, max_taps_body, tap_range};
+    use crate::ops::simd::{available, isa};
 
     #[test]
     fn tap_range_matches_brute_force() {
@@ -549,26 +524,23 @@ mod tests {
             }
         };
         let rows: Vec<Vec<f32>> = (0..9).map(|_| (0..n).map(|_| next()).collect()).collect();
-        type Taps = fn(&mut [f32], &mut [i64], &[f32], (i64, i64));
-        let mut paths: Vec<(&str, Taps)> =
-            vec![("baseline", max_taps_body), ("dispatched", max_taps)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY (each call): added only where the feature was detected.
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                paths.push(("avx512f", |o, i, t, k| unsafe {
-                    super::max_taps_avx512(o, i, t, k)
-                }));
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                paths.push(("avx2", |o, i, t, k| unsafe {
-                    super::max_taps_avx2(o, i, t, k)
-                }));
-            }
+        type Taps = Box<dyn Fn(&mut [f32], &mut [i64], &[f32], (i64, i64))>;
+        let mut paths: Vec<(String, Taps)> = vec![
+            ("baseline".into(), Box::new(max_taps_body)),
+            (
+                "dispatched".into(),
+                Box::new(|o, i, t, k| max_taps(isa(), o, i, t, k)),
+            ),
+        ];
+        for each in available() {
+            paths.push((
+                format!("{each:?}"),
+                Box::new(move |o, i, t, k| max_taps(Some(each), o, i, t, k)),
+            ));
         }
         let results: Vec<(Vec<u32>, Vec<i64>)> = paths
             .iter()
-            .map(|&(_, taps)| {
+            .map(|(_, taps)| {
                 // As the kernel starts a window: minus infinity at its first tap's index.
                 let mut out = vec![f32::NEG_INFINITY; n];
                 let mut idx: Vec<i64> = (0..n as i64).map(|j| 3 * j).collect();

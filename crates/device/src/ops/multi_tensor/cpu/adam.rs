@@ -19,6 +19,7 @@ use super::slices::{same_len, typed, typed_mut, StepFloat};
 use crate::ops::multi_tensor::{
     batch_ranges, AdamHyper, AdamOperands, AdamStepScalars, CHUNK_ELEMS,
 };
+use crate::ops::simd::{self, simd_dispatch};
 use crate::CpuStorage;
 use rayon::prelude::*;
 
@@ -103,61 +104,31 @@ pub(super) fn adam_pass<T: StepFloat>(
         .into_iter()
         .map(|r| it.by_ref().take(r.len()).collect())
         .collect();
+    let isa = simd::isa();
     crate::threads::install(|| {
         batches
             .into_par_iter()
             .flatten_iter()
             .for_each(|ch| match (l2, decay) {
-                (true, _) => adam_chunk::<T, true, false>(&c, ch),
-                (false, true) => adam_chunk::<T, false, true>(&c, ch),
-                (false, false) => adam_chunk::<T, false, false>(&c, ch),
+                (true, _) => adam_chunk::<T, true, false>(isa, &c, ch),
+                (false, true) => adam_chunk::<T, false, true>(isa, &c, ch),
+                (false, false) => adam_chunk::<T, false, false>(isa, &c, ch),
             });
     });
     Ok(())
 }
 
-/// The update of one chunk, in the widest vector instructions the CPU has: kiln is compiled
-/// for the x86-64 baseline (128-bit SSE), so the same loop is also compiled for AVX-512 and for
-/// AVX2 and chosen at run time (`std` caches the CPU check). Every path does the same
-/// multiplies, adds, square roots and divisions per element (none is fused: Rust never
-/// contracts a multiply and an add), so the results are bitwise the same on every path, but
-/// for the sign and payload of a NaN (a NaN stays a NaN).
-fn adam_chunk<T: StepFloat, const L2: bool, const DECAY: bool>(
-    c: &AdamConsts<T>,
-    ch: AdamChunk<'_, T>,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, the only feature the function enables.
-            return unsafe { adam_chunk_avx512::<T, L2, DECAY>(c, ch) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, the only feature the function enables.
-            return unsafe { adam_chunk_avx2::<T, L2, DECAY>(c, ch) };
-        }
-    }
-    adam_body::<T, L2, DECAY>(c, ch)
-}
-
-/// [`adam_body`] compiled for AVX-512F. Safety: the CPU must have AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn adam_chunk_avx512<T: StepFloat, const L2: bool, const DECAY: bool>(
-    c: &AdamConsts<T>,
-    ch: AdamChunk<'_, T>,
-) {
-    adam_body::<T, L2, DECAY>(c, ch)
-}
-
-/// [`adam_body`] compiled for AVX2. Safety: the CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn adam_chunk_avx2<T: StepFloat, const L2: bool, const DECAY: bool>(
-    c: &AdamConsts<T>,
-    ch: AdamChunk<'_, T>,
-) {
-    adam_body::<T, L2, DECAY>(c, ch)
+simd_dispatch! {
+    /// The update of one chunk, in the widest vector instructions the CPU has: kiln is
+    /// compiled for the x86-64 baseline (128-bit SSE), so the same loop is also compiled for
+    /// AVX-512 and for AVX2 (`simd.rs`). Every path does the same multiplies, adds, square roots
+    /// and divisions per element (none is fused: Rust never contracts a multiply and an add),
+    /// so the results are bitwise the same on every path, but for the sign and payload of a NaN
+    /// (a NaN stays a NaN).
+    fn adam_chunk[T: StepFloat, const L2: bool, const DECAY: bool](
+        c: &AdamConsts<T>,
+        ch: AdamChunk<'_, T>,
+    ) => adam_body[T, L2, DECAY];
 }
 
 /// The update of one chunk; `L2` adds weight decay to the gradient (Adam), `DECAY` shrinks the
@@ -297,32 +268,18 @@ mod tests {
                 run(adam_body::<f32, true, false>, amsgrad),
                 run(adam_body::<f32, false, false>, amsgrad),
             ];
-            let dispatched = [
-                run(adam_chunk::<f32, false, true>, amsgrad),
-                run(adam_chunk::<f32, true, false>, amsgrad),
-                run(adam_chunk::<f32, false, false>, amsgrad),
-            ];
-            assert_eq!(base, dispatched, "amsgrad {amsgrad}");
-            #[cfg(target_arch = "x86_64")]
-            {
-                type Step = fn(&AdamConsts<f32>, AdamChunk<'_, f32>);
-                // SAFETY (each call): made only where the feature was detected.
-                let avx512: Step = |c, ch| unsafe { adam_chunk_avx512::<f32, false, true>(c, ch) };
-                let avx2: Step = |c, ch| unsafe { adam_chunk_avx2::<f32, false, true>(c, ch) };
-                for (feature, on, wide) in [
-                    (
-                        "avx512f",
-                        std::arch::is_x86_feature_detected!("avx512f"),
-                        avx512,
-                    ),
-                    ("avx2", std::arch::is_x86_feature_detected!("avx2"), avx2),
-                ] {
-                    if on {
-                        assert_eq!(run(wide, amsgrad), base[0], "{feature}, amsgrad {amsgrad}");
-                    } else {
-                        eprintln!("{feature}: not on this CPU, so that path is not checked here");
-                    }
-                }
+            // The best instruction set, then each one this CPU has, on all three variants.
+            let isas = std::iter::once(simd::isa()).chain(simd::available().into_iter().map(Some));
+            for isa in isas {
+                let dispatched = [
+                    run(|c, ch| adam_chunk::<f32, false, true>(isa, c, ch), amsgrad),
+                    run(|c, ch| adam_chunk::<f32, true, false>(isa, c, ch), amsgrad),
+                    run(|c, ch| adam_chunk::<f32, false, false>(isa, c, ch), amsgrad),
+                ];
+                assert_eq!(base, dispatched, "{isa:?}, amsgrad {amsgrad}");
+            }
+            if simd::available().is_empty() {
+                eprintln!("only the portable build is checked: no AVX-512F or AVX2 + FMA here");
             }
         }
     }

@@ -1,0 +1,140 @@
+//! Run-time choice of vector instructions for kiln's hand-vectorised CPU loops.
+//!
+//! kiln builds for the x86-64 baseline (128-bit SSE), where loops such as AdamW's update, max
+//! pooling's compare-and-select and the direct convolution's tiles stay narrow. Each is written
+//! once, as a portable `#[inline(always)]` body; [`simd_dispatch!`] compiles that body again
+//! inside `#[target_feature]` wrappers, one per [`Isa`], and writes the function that calls the
+//! wrapper for the instruction set it is given ([`isa`]: the best this CPU has, found once).
+//!
+//! Invariants: a wrapper is only called with an [`Isa`] this CPU has ([`isa`] and
+//! [`available`] only return detected ones), which is what makes its `unsafe` call sound; every
+//! build compiles the same body with the same operations in the same order (Rust never fuses a
+//! multiply and an add unless the body calls `mul_add`, which rounds exactly once on every
+//! path), so the paths agree bit for bit except in a NaN's sign and payload, and each user
+//! tests that on every instruction set the CPU has. Off x86-64 there is no wrapper: the
+//! portable body runs.
+
+/// The instruction sets the loops are also compiled for, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX-512F (32 registers of 16 f32 lanes; FMA with it).
+    Avx512,
+    /// AVX2 with FMA (16 registers of 8 f32 lanes).
+    Avx2,
+}
+
+impl Isa {
+    /// Every instruction set, best first.
+    const ALL: [Isa; 2] = [Isa::Avx512, Isa::Avx2];
+
+    /// Whether this CPU has the instruction set (`std` caches the CPU check).
+    fn detected(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fma = std::arch::is_x86_feature_detected!("fma");
+            match self {
+                Isa::Avx512 => fma && std::arch::is_x86_feature_detected!("avx512f"),
+                Isa::Avx2 => fma && std::arch::is_x86_feature_detected!("avx2"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+}
+
+/// The best instruction set this CPU has, or `None` (the portable bodies run).
+pub(crate) fn isa() -> Option<Isa> {
+    use std::sync::OnceLock;
+    static BEST: OnceLock<Option<Isa>> = OnceLock::new();
+    *BEST.get_or_init(|| available().first().copied())
+}
+
+/// Every instruction set this CPU has, best first (the tests run each).
+pub(crate) fn available() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|isa| isa.detected()).collect()
+}
+
+/// Writes `fn name<generics>(isa: Option<Isa>, args..) -> ret`, which runs `body::<targs>` compiled
+/// for `isa` (or as built, for `None`). `isa` must come from [`isa`] or [`available`].
+///
+/// ```ignore
+/// simd_dispatch! {
+///     /// Docs of the dispatching function.
+///     fn max_taps[T: KernelFloat](out: &mut [T], k: i64) => max_taps_body[T];
+/// }
+/// ```
+macro_rules! simd_dispatch {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident [$($generics:tt)*] ($($arg:ident : $ty:ty),* $(,)?)
+            $(-> $ret:ty)? => $body:ident [$($targs:tt)*];
+    ) => {
+        $(#[$meta])*
+        $vis fn $name<$($generics)*>(
+            isa: Option<$crate::ops::simd::Isa>,
+            $($arg: $ty),*
+        ) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,fma")]
+                unsafe fn avx512<$($generics)*>($($arg: $ty),*) $(-> $ret)? {
+                    $body::<$($targs)*>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2<$($generics)*>($($arg: $ty),*) $(-> $ret)? {
+                    $body::<$($targs)*>($($arg),*)
+                }
+                match isa {
+                    // SAFETY: `isa` came from `simd::isa` or `simd::available`, which only
+                    // return instruction sets this CPU has.
+                    Some($crate::ops::simd::Isa::Avx512) => {
+                        return unsafe { avx512::<$($targs)*>($($arg),*) }
+                    }
+                    // SAFETY: as above.
+                    Some($crate::ops::simd::Isa::Avx2) => {
+                        return unsafe { avx2::<$($targs)*>($($arg),*) }
+                    }
+                    None => {}
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = isa;
+            $body::<$($targs)*>($($arg),*)
+        }
+    };
+}
+pub(crate) use simd_dispatch;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(always)]
+    fn dot_body<const N: usize>(a: &[f32; N], b: &[f32; N]) -> f32 {
+        a.iter().zip(b).fold(0.0, |s, (x, y)| x.mul_add(*y, s))
+    }
+
+    simd_dispatch! {
+        /// A dot product through every build.
+        fn dot[const N: usize](a: &[f32; N], b: &[f32; N]) -> f32 => dot_body[N];
+    }
+
+    /// The best instruction set is the first available one; a dispatched call gives the
+    /// portable body's bits on every instruction set this CPU has.
+    #[test]
+    fn every_instruction_set_runs_the_same_body() {
+        let found = available();
+        assert_eq!(isa(), found.first().copied());
+        assert!(found.iter().all(|isa| isa.detected()));
+        if found.is_empty() {
+            eprintln!("only the portable build is checked: no AVX-512F or AVX2 + FMA here");
+        }
+        let a: [f32; 37] = std::array::from_fn(|i| (i as f32 * 0.37).sin());
+        let b: [f32; 37] = std::array::from_fn(|i| (i as f32 * 1.3).cos());
+        let want = dot_body(&a, &b).to_bits();
+        assert_eq!(dot(None, &a, &b).to_bits(), want);
+        for isa in found {
+            assert_eq!(dot(Some(isa), &a, &b).to_bits(), want, "{isa:?}");
+        }
+    }
+}
