@@ -6,6 +6,12 @@
 //! inside `#[target_feature]` wrappers, one per [`Isa`], and writes the function that calls the
 //! wrapper for the instruction set it is given ([`isa`]: the best this CPU has, found once).
 //!
+//! `KILN_CPU_CAPABILITY` caps the choice, as `ATEN_CPU_CAPABILITY` does for PyTorch: `avx512`,
+//! `avx2` or `default` (the portable build), to reproduce what a smaller machine computes or to
+//! compare speeds. It does not reach `gemm`, which picks its own kernels. A value that is not
+//! one of those, or asks for more than the CPU has, is reported on stderr (naming the variable
+//! and the fix) and the best the CPU has, or the requested cap's best below it, is used.
+//!
 //! Invariants: a wrapper is only called with an [`Isa`] this CPU has ([`isa`] and
 //! [`available`] only return detected ones), which is what makes its `unsafe` call sound; every
 //! build compiles the same body with the same operations in the same order (Rust never fuses a
@@ -42,11 +48,61 @@ impl Isa {
     }
 }
 
-/// The best instruction set this CPU has, or `None` (the portable bodies run).
+/// The instruction set the loops run with: the best this CPU has under `KILN_CPU_CAPABILITY`,
+/// or `None` (the portable bodies run). Found once per process.
 pub(crate) fn isa() -> Option<Isa> {
     use std::sync::OnceLock;
-    static BEST: OnceLock<Option<Isa>> = OnceLock::new();
-    *BEST.get_or_init(|| available().first().copied())
+    static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let raw = std::env::var("KILN_CPU_CAPABILITY").ok();
+        let (isa, warning) = resolve_capability(raw.as_deref(), &available());
+        if let Some(w) = warning {
+            eprintln!("{w}");
+        }
+        isa
+    })
+}
+
+/// The instruction set to run from a raw `KILN_CPU_CAPABILITY` value on a CPU that has
+/// `detected` (best first): `(isa, warning)`. Unset: the best detected. `avx512` / `avx2`: the
+/// best detected at or below it. `default`: none. Anything else: the best detected, with a
+/// warning naming the accepted values; a cap above what the CPU has also warns.
+fn resolve_capability(raw: Option<&str>, detected: &[Isa]) -> (Option<Isa>, Option<String>) {
+    let best = detected.first().copied();
+    let Some(text) = raw else {
+        return (best, None);
+    };
+    let cap = match text.trim().to_ascii_lowercase().as_str() {
+        "avx512" => Isa::Avx512,
+        "avx2" => Isa::Avx2,
+        "default" => return (None, None),
+        _ => {
+            let shown: String = text.chars().take(40).collect();
+            let warning = format!(
+                "kiln: ignoring KILN_CPU_CAPABILITY={shown:?}: expected avx512, avx2 or default; \
+                 using {}",
+                describe(best)
+            );
+            return (best, Some(warning));
+        }
+    };
+    // `Isa::ALL` is best first, so the cap and everything after it are allowed.
+    let allowed = &Isa::ALL[Isa::ALL.iter().position(|&i| i == cap).unwrap_or(0)..];
+    let chosen = detected.iter().copied().find(|i| allowed.contains(i));
+    let warning = (chosen != Some(cap)).then(|| {
+        format!(
+            "kiln: KILN_CPU_CAPABILITY={} asks for {cap:?}, which this CPU does not have; using \
+             {}: set it to one this CPU has, or unset it",
+            text.trim(),
+            describe(chosen)
+        )
+    });
+    (chosen, warning)
+}
+
+/// How a choice reads in a message.
+fn describe(isa: Option<Isa>) -> String {
+    isa.map_or_else(|| "the portable build".into(), |i| format!("{i:?}"))
 }
 
 /// Every instruction set this CPU has, best first (the tests run each).
@@ -119,12 +175,38 @@ mod tests {
         fn dot[const N: usize](a: &[f32; N], b: &[f32; N]) -> f32 => dot_body[N];
     }
 
-    /// The best instruction set is the first available one; a dispatched call gives the
+    /// `KILN_CPU_CAPABILITY`: unset or capped, the best the CPU has within the cap; a cap the
+    /// CPU lacks, or a value that is not one, warns and still chooses.
+    #[test]
+    fn the_capability_variable_caps_the_choice() {
+        use Isa::{Avx2, Avx512};
+        let both = [Avx512, Avx2];
+        let resolve = |raw: Option<&str>, detected: &[Isa]| resolve_capability(raw, detected);
+        assert_eq!(resolve(None, &both), (Some(Avx512), None));
+        assert_eq!(resolve(None, &[]), (None, None));
+        assert_eq!(resolve(Some("avx512"), &both), (Some(Avx512), None));
+        assert_eq!(resolve(Some(" AVX2 "), &both), (Some(Avx2), None));
+        assert_eq!(resolve(Some("default"), &both), (None, None));
+        let (isa, warning) = resolve(Some("avx512"), &[Avx2]);
+        assert_eq!(isa, Some(Avx2));
+        let warning = warning.unwrap();
+        assert!(warning.contains("KILN_CPU_CAPABILITY=avx512") && warning.contains("Avx2"));
+        let (isa, warning) = resolve(Some("avx2"), &[]);
+        assert_eq!(isa, None);
+        assert!(warning.unwrap().contains("the portable build"));
+        let (isa, warning) = resolve(Some("sse9"), &both);
+        assert_eq!(isa, Some(Avx512));
+        assert!(warning
+            .unwrap()
+            .contains("expected avx512, avx2 or default"));
+    }
+
+    /// The chosen instruction set is one the CPU has; a dispatched call gives the
     /// portable body's bits on every instruction set this CPU has.
     #[test]
     fn every_instruction_set_runs_the_same_body() {
         let found = available();
-        assert_eq!(isa(), found.first().copied());
+        assert!(isa().is_none_or(|chosen| found.contains(&chosen)));
         assert!(found.iter().all(|isa| isa.detected()));
         if found.is_empty() {
             eprintln!("only the portable build is checked: no AVX-512F or AVX2 + FMA here");
