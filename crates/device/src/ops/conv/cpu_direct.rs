@@ -46,18 +46,24 @@ pub(super) struct PackedWeight {
 }
 
 impl PackedWeight {
-    /// Packs `weight` (`channels` rows of `k` taps).
+    /// Packs `weight` (`channels` rows of `k` taps), blocks in parallel on the pool (at batch 1
+    /// the packing is a visible share of a forward).
     pub(super) fn new(weight: &[f32], channels: usize, k: usize) -> Result<Self> {
         let blocks = channels.div_ceil(ROWS);
-        let mut data = HostBuffer::try_scratch(blocks * k * ROWS, 0.0f32)?;
-        for (b, block) in data.chunks_mut(k * ROWS).enumerate() {
-            for o in 0..ROWS.min(channels - b * ROWS) {
-                let row = &weight[(b * ROWS + o) * k..][..k];
-                for (r, &w) in row.iter().enumerate() {
-                    block[r * ROWS + o] = w;
+        let mut data = HostBuffer::for_overwrite(blocks * k * ROWS)?;
+        data.par_chunks_mut(k * ROWS)
+            .enumerate()
+            .for_each(|(b, block)| {
+                let present = ROWS.min(channels - b * ROWS);
+                let rows: [&[f32]; ROWS] =
+                    std::array::from_fn(|o| &weight[(b * ROWS + o.min(present - 1)) * k..][..k]);
+                for (r, dst) in block.chunks_exact_mut(ROWS).enumerate() {
+                    for (o, (d, row)) in dst.iter_mut().zip(&rows).enumerate() {
+                        // Channels past the last are zeros (their row index is clamped above).
+                        *d = if o < present { row[r] } else { 0.0 };
+                    }
                 }
-            }
-        }
+            });
         Ok(Self { data, k, channels })
     }
 
