@@ -39,7 +39,8 @@ const TARGET_COLS: usize = 256;
 pub(super) const MAX_COL_ELEMS: usize = 1 << 19;
 
 /// Images per chunk for `g` on a pool of `threads`, or `None` when one image per GEMM is as
-/// good (large planes, grouped convolutions, a batch of one, or a column matrix too large).
+/// good (large planes, grouped convolutions, a batch of one, no input channels, or a column
+/// matrix too large).
 ///
 /// Up to [`TARGET_COLS`] columns and [`MAX_COL_ELEMS`] column-matrix elements per chunk, the
 /// chunk size is the one whose busiest thread gets the fewest images (chunks go to the threads
@@ -47,7 +48,8 @@ pub(super) const MAX_COL_ELEMS: usize = 1 << 19;
 /// give both 16); among equally balanced sizes, the largest.
 pub(super) fn chunk_images(g: &Conv2dGeometry, threads: usize) -> Option<usize> {
     let l = g.col_cols();
-    if g.params.groups != 1 || l == 0 || l >= TARGET_COLS || g.batch < 2 {
+    // No input channels: nothing to gather (and no image size to count a chunk's images by).
+    if g.params.groups != 1 || l == 0 || l >= TARGET_COLS || g.batch < 2 || g.in_channels == 0 {
         return None;
     }
     let by_memory = MAX_COL_ELEMS / (g.col_rows() * l).max(1);

@@ -9,6 +9,8 @@
 //! accumulating `K` rank-1 updates in registers: for tap `r`, consecutive values of the padded
 //! image from `start(r) + p0` times the tile's [`ROWS`] weights of column `r` (packed once per
 //! call, [`PackedWeight`]). No copy of the input is made besides the padded image itself.
+//! [`forward`] runs it for `cpu_rows.rs`: per image the padded image, per group the product and
+//! its copy into the output planes.
 //!
 //! Layout of the product: strips of [`WIDE`] positions, one after another, each holding its
 //! `C_out/groups` rows of [`WIDE`] values (`[strip][channel][WIDE]`), so every strip is one
@@ -23,10 +25,17 @@
 //! (`simd.rs`; elsewhere `cpu_rows.rs` keeps its column matrix and `gemm`), and only for at least
 //! [`ROWS`] output channels per group.
 
+use super::cpu_gemm::{gemm_parallelism, ScratchFailure};
+use super::cpu_rows::{each_image, Rows};
+use super::padded::{taps, too_large};
+use super::Conv2dGeometry;
 use crate::ops::simd::{self, simd_dispatch, Isa};
+use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
+use gemm::Parallelism;
 use rayon::prelude::*;
+use std::any::TypeId;
 
 /// Output channels per tile.
 pub(super) const ROWS: usize = 6;
@@ -51,7 +60,8 @@ impl PackedWeight {
     pub(super) fn new(weight: &[f32], channels: usize, k: usize) -> Result<Self> {
         let blocks = channels.div_ceil(ROWS);
         let mut data = HostBuffer::for_overwrite(blocks * k * ROWS)?;
-        data.par_chunks_mut(k * ROWS)
+        // (With no taps there is nothing to pack; `max(1)` keeps the chunk size legal.)
+        data.par_chunks_mut((k * ROWS).max(1))
             .enumerate()
             .for_each(|(b, block)| {
                 let present = ROWS.min(channels - b * ROWS);
@@ -74,7 +84,12 @@ impl PackedWeight {
 
 /// Elements of the product buffer for `n` positions of `channels` channels (whole strips).
 pub(super) fn product_len(channels: usize, n: usize) -> usize {
-    n.div_ceil(WIDE) * channels * WIDE
+    checked_product_len(channels, n).expect("a product buffer that was allocated")
+}
+
+/// [`product_len`], or `None` when it overflows `usize` (checked before allocating).
+pub(super) fn checked_product_len(channels: usize, n: usize) -> Option<usize> {
+    n.div_ceil(WIDE).checked_mul(channels)?.checked_mul(WIDE)
 }
 
 /// Where position `p` of channel `o` sits in a product buffer of `channels` channels.
@@ -100,6 +115,11 @@ pub(super) fn product(
         .max()
         .map_or(0, |&s| s + n.div_ceil(NARROW) * NARROW);
     assert!(padded.len() >= reach && out.len() >= product_len(channels, n));
+    if starts.is_empty() {
+        // No taps (no input channels): every sum is empty.
+        out[..product_len(channels, n)].fill(0.0);
+        return;
+    }
     let isa = simd::isa();
     let strip = |(s, block): (usize, &mut [f32])| {
         let p0 = s * WIDE;
@@ -163,6 +183,125 @@ fn tile_body<const L: usize>(
     for (o, acc_o) in acc.iter().enumerate().take(rows) {
         dst[o * WIDE..][..L].copy_from_slice(acc_o);
     }
+}
+
+/// The padded-row forward (`cpu_rows.rs`) without a column matrix, where it serves: f32 data,
+/// a CPU with AVX-512F or AVX2 + FMA, at least [`ROWS`] output channels per group. `None`
+/// elsewhere (the caller then builds the column matrix).
+pub(super) fn forward<T: KernelFloat>(
+    (g, d): (&Conv2dGeometry, &Rows),
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) -> Option<Result<()>> {
+    if simd::isa().is_none() || d.group_out < ROWS {
+        return None;
+    }
+    let (input, weight, output) = (as_f32(input)?, as_f32(weight)?, as_f32_mut(output)?);
+    let bias = match bias {
+        Some(b) => Some(as_f32(b)?),
+        None => None,
+    };
+    Some(forward_f32((g, d), input, weight, bias, output))
+}
+
+/// [`forward`] on f32 slices: per image, the padded image, then per group the product
+/// in strips and its copy into the output planes (dropping the junk columns, adding the bias).
+fn forward_f32(
+    (g, d): (&Conv2dGeometry, &Rows),
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    output: &mut [f32],
+) -> Result<()> {
+    let group_weight = d.group_out * d.k;
+    let packed = (0..d.groups)
+        .map(|group| {
+            let w = &weight[group * group_weight..][..group_weight];
+            PackedWeight::new(w, d.group_out, d.k)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let starts: Vec<Vec<usize>> = (0..d.groups)
+        .map(|group| taps(g, &d.padded, group).collect())
+        .collect();
+    let padded_len = d.padded.len.checked_add(SLACK).ok_or_else(too_large)?;
+    let product_len = checked_product_len(d.group_out, d.n_ext).ok_or_else(too_large)?;
+    let in_image = d.padded.image_len();
+    let (out_h, out_w, pitch) = (g.output_size[0], d.out_w, d.padded.pitch);
+    let failure = ScratchFailure::new();
+    let split = !matches!(gemm_parallelism(g.batch), Parallelism::None);
+    let one_image = |scratch: &mut Option<[HostBuffer<f32>; 2]>, n: usize, out: &mut [f32]| {
+        let Some([padded, strips]) = scratch.as_mut() else {
+            return;
+        };
+        // Also zeroes the extra slack: `fill` zeroes everything after the last channel.
+        d.padded.fill(&input[n * in_image..][..in_image], padded);
+        for group in 0..d.groups {
+            product(
+                &packed[group],
+                padded,
+                &starts[group],
+                d.n_ext,
+                strips,
+                split,
+            );
+            let planes =
+                &mut out[group * d.group_out * out_h * out_w..][..d.group_out * out_h * out_w];
+            let strips = &strips[..];
+            let copy_out = |(o, plane): (usize, &mut [f32])| {
+                let b = bias.map_or(0.0, |b| b[group * d.group_out + o]);
+                for (oh, row) in plane.chunks_mut(out_w).enumerate() {
+                    // A row of outputs may cross from one strip of the product to the next.
+                    let mut ow = 0;
+                    while ow < out_w {
+                        let p = oh * pitch + ow;
+                        let len = (WIDE - p % WIDE).min(out_w - ow);
+                        let src = &strips[product_at(d.group_out, o, p)..][..len];
+                        let dst = &mut row[ow..ow + len];
+                        match bias {
+                            Some(_) => dst.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
+                            None => dst.copy_from_slice(src),
+                        }
+                        ow += len;
+                    }
+                }
+            };
+            if split {
+                planes
+                    .par_chunks_mut(out_h * out_w)
+                    .enumerate()
+                    .for_each(copy_out);
+            } else {
+                planes
+                    .chunks_mut(out_h * out_w)
+                    .enumerate()
+                    .for_each(copy_out);
+            }
+        }
+    };
+    let scratch = || -> Option<[HostBuffer<f32>; 2]> {
+        Some([
+            failure.take::<f32>(padded_len)?,
+            failure.take::<f32>(product_len)?,
+        ])
+    };
+    each_image(output, d.out_image(g), split, scratch, one_image);
+    failure.into_result()
+}
+
+/// `s` as f32 when `T` is f32.
+fn as_f32<T: KernelFloat>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: `T` is `f32` (same type id), so the slice is reinterpreted as itself.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
+}
+
+/// `s` as f32 when `T` is f32.
+fn as_f32_mut<T: KernelFloat>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: `T` is `f32` (same type id), so the slice is reinterpreted as itself.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
 }
 
 #[cfg(test)]

@@ -155,6 +155,9 @@ pub(super) fn sum_transposed_partials<T: KernelFloat>(
     grad_weight: &mut [T],
 ) {
     let group = rows * outs;
+    if group == 0 {
+        return; // No taps or no channels: an empty gradient.
+    }
     grad_weight
         .par_chunks_mut(rows)
         .enumerate()

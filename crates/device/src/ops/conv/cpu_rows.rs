@@ -13,7 +13,7 @@
 //! `dil_w·(kW - 1)` zeros keeps the last row's junk reads inside it.
 //!
 //! In f32, on a CPU with AVX-512F or AVX2 and FMA, the forward does not build the column matrix
-//! at all: `cpu_direct.rs` reads its rows straight from the padded image ([`forward_direct`]).
+//! at all: `cpu_direct.rs` reads its rows straight from the padded image (`direct::forward`).
 //! The weight gradient keeps the column matrix: its reduction runs along the rows, which `gemm`
 //! packs well, and a direct kernel measured slower there.
 //!
@@ -42,7 +42,6 @@ use crate::Result;
 use gemm::Parallelism;
 use kiln_alloc_cache::AllocContext;
 use rayon::prelude::*;
-use std::any::TypeId;
 
 /// Whether the padded-row layout serves `g`: stride 1, a kernel wider than one tap or some
 /// padding (a pointwise convolution needs no column matrix at all), padding no wider than the
@@ -57,21 +56,21 @@ pub(super) fn use_rows(g: &Conv2dGeometry) -> bool {
 
 /// The padded-row sizes of one convolution.
 #[derive(Clone, Copy)]
-struct Rows {
+pub(super) struct Rows {
     /// The padded image (`padded.rs`), whose pitch `P` the column matrix's rows follow.
-    padded: Padded,
-    out_w: usize,
+    pub(super) padded: Padded,
+    pub(super) out_w: usize,
     /// Columns `H_out · P` of the column matrix and of the products.
-    n_ext: usize,
-    groups: usize,
+    pub(super) n_ext: usize,
+    pub(super) groups: usize,
     /// Column-matrix rows per group: `C_in/groups · kH · kW`.
-    k: usize,
+    pub(super) k: usize,
     /// Output channels per group.
-    group_out: usize,
+    pub(super) group_out: usize,
 }
 
 impl Rows {
-    fn new(g: &Conv2dGeometry) -> Result<Self> {
+    pub(super) fn new(g: &Conv2dGeometry) -> Result<Self> {
         let padded = Padded::new(g)?;
         let groups = g.params.groups;
         Ok(Self {
@@ -87,7 +86,7 @@ impl Rows {
     }
 
     /// Elements of one image's output planes.
-    fn out_image(&self, g: &Conv2dGeometry) -> usize {
+    pub(super) fn out_image(&self, g: &Conv2dGeometry) -> usize {
         g.out_channels * g.output_size[0] * g.output_size[1]
     }
 }
@@ -133,7 +132,7 @@ pub(super) fn forward<T: KernelFloat>(
     output: &mut [T],
 ) -> Result<()> {
     let d = Rows::new(g)?;
-    if let Some(done) = forward_direct((g, &d), input, weight, bias, output) {
+    if let Some(done) = direct::forward((g, &d), input, weight, bias, output) {
         return done;
     }
     let in_image = d.padded.image_len();
@@ -192,7 +191,7 @@ pub(super) fn forward<T: KernelFloat>(
 /// Runs `one_image(scratch, n, out)` for every image `n` of `output` (blocks of `out_image`
 /// elements): one after another with one scratch when `split` (each image's work is spread over
 /// the pool instead), else in parallel, with one scratch per rayon task.
-fn each_image<T: Send, S>(
+pub(super) fn each_image<T: Send, S>(
     output: &mut [T],
     out_image: usize,
     split: bool,
@@ -210,128 +209,6 @@ fn each_image<T: Send, S>(
             .enumerate()
             .for_each_init(scratch, |s, (n, out)| one_image(s, n, out));
     }
-}
-
-/// The forward through `cpu_direct.rs` (no column matrix), where it serves: f32 data, a CPU
-/// with AVX-512F or AVX2 + FMA, at least [`direct::ROWS`] output channels per group. `None`
-/// elsewhere (the caller then builds the column matrix).
-fn forward_direct<T: KernelFloat>(
-    (g, d): (&Conv2dGeometry, &Rows),
-    input: &[T],
-    weight: &[T],
-    bias: Option<&[T]>,
-    output: &mut [T],
-) -> Option<Result<()>> {
-    if crate::ops::simd::isa().is_none() || d.group_out < direct::ROWS {
-        return None;
-    }
-    let (input, weight, output) = (as_f32(input)?, as_f32(weight)?, as_f32_mut(output)?);
-    let bias = match bias {
-        Some(b) => Some(as_f32(b)?),
-        None => None,
-    };
-    Some(forward_direct_f32((g, d), input, weight, bias, output))
-}
-
-/// [`forward_direct`] on f32 slices: per image, the padded image, then per group the product
-/// in strips and its copy into the output planes (dropping the junk columns, adding the bias).
-fn forward_direct_f32(
-    (g, d): (&Conv2dGeometry, &Rows),
-    input: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    output: &mut [f32],
-) -> Result<()> {
-    let group_weight = d.group_out * d.k;
-    let packed = (0..d.groups)
-        .map(|group| {
-            let w = &weight[group * group_weight..][..group_weight];
-            direct::PackedWeight::new(w, d.group_out, d.k)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let starts: Vec<Vec<usize>> = (0..d.groups)
-        .map(|group| taps(g, &d.padded, group).collect())
-        .collect();
-    let padded_len = d
-        .padded
-        .len
-        .checked_add(direct::SLACK)
-        .ok_or_else(too_large)?;
-    let in_image = d.padded.image_len();
-    let (out_h, out_w, pitch) = (g.output_size[0], d.out_w, d.padded.pitch);
-    let failure = ScratchFailure::new();
-    let split = !matches!(gemm_parallelism(g.batch), Parallelism::None);
-    let one_image = |scratch: &mut Option<[HostBuffer<f32>; 2]>, n: usize, out: &mut [f32]| {
-        let Some([padded, product]) = scratch.as_mut() else {
-            return;
-        };
-        // Also zeroes the extra slack: `fill` zeroes everything after the last channel.
-        d.padded.fill(&input[n * in_image..][..in_image], padded);
-        for group in 0..d.groups {
-            direct::product(
-                &packed[group],
-                padded,
-                &starts[group],
-                d.n_ext,
-                product,
-                split,
-            );
-            let planes =
-                &mut out[group * d.group_out * out_h * out_w..][..d.group_out * out_h * out_w];
-            let product = &product[..];
-            let copy_out = |(o, plane): (usize, &mut [f32])| {
-                let b = bias.map_or(0.0, |b| b[group * d.group_out + o]);
-                for (oh, row) in plane.chunks_mut(out_w).enumerate() {
-                    // A row of outputs may cross from one strip of the product to the next.
-                    let mut ow = 0;
-                    while ow < out_w {
-                        let p = oh * pitch + ow;
-                        let len = (direct::WIDE - p % direct::WIDE).min(out_w - ow);
-                        let src = &product[direct::product_at(d.group_out, o, p)..][..len];
-                        let dst = &mut row[ow..ow + len];
-                        match bias {
-                            Some(_) => dst.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
-                            None => dst.copy_from_slice(src),
-                        }
-                        ow += len;
-                    }
-                }
-            };
-            if split {
-                planes
-                    .par_chunks_mut(out_h * out_w)
-                    .enumerate()
-                    .for_each(copy_out);
-            } else {
-                planes
-                    .chunks_mut(out_h * out_w)
-                    .enumerate()
-                    .for_each(copy_out);
-            }
-        }
-    };
-    let scratch = || -> Option<[HostBuffer<f32>; 2]> {
-        Some([
-            failure.take::<f32>(padded_len)?,
-            failure.take::<f32>(direct::product_len(d.group_out, d.n_ext))?,
-        ])
-    };
-    each_image(output, d.out_image(g), split, scratch, one_image);
-    failure.into_result()
-}
-
-/// `s` as f32 when `T` is f32.
-fn as_f32<T: KernelFloat>(s: &[T]) -> Option<&[f32]> {
-    // SAFETY: `T` is `f32` (same type id), so the slice is reinterpreted as itself.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
-}
-
-/// `s` as f32 when `T` is f32.
-fn as_f32_mut<T: KernelFloat>(s: &mut [T]) -> Option<&mut [f32]> {
-    // SAFETY: `T` is `f32` (same type id), so the slice is reinterpreted as itself.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
 }
 
 /// Weight gradient (stride 1, [`use_rows`]), summed over the batch into `grad_weight`.
@@ -483,7 +360,8 @@ mod tests {
                     reference::conv2d_forward(&g, &x, &w, bias.map(|b| &b[..]), &mut want).unwrap();
                     let mut out = vec![f32::NAN; want.len()];
                     let bias_f = bias.map(|_| &bf[..]);
-                    let ran = pool.install(|| forward_direct((&g, &d), &xf, &wf, bias_f, &mut out));
+                    let ran =
+                        pool.install(|| direct::forward((&g, &d), &xf, &wf, bias_f, &mut out));
                     assert_eq!(ran.is_some(), crate::ops::simd::isa().is_some());
                     pool.install(|| conv2d_forward(&g, &xf, &wf, bias_f, &mut out))
                         .unwrap();
@@ -502,6 +380,31 @@ mod tests {
                 let what = format!("{g:?} grad_input, {threads} thread(s)");
                 kiln_testkit::assert_close_finite(&what, &f64s(&gin), &want, (1e-5, 1e-5));
             }
+        }
+    }
+
+    /// No input channels (so no taps): the output is the bias and the weight gradient empty, on
+    /// a wide plane (the padded rows, and the direct kernel where the CPU has it) and on a small
+    /// one (not chunked: there is no image to chunk); never a panic.
+    #[test]
+    fn no_input_channels_give_the_bias() {
+        let params = Conv2dParams {
+            padding: [1, 1],
+            ..Conv2dParams::default()
+        };
+        for [h, w] in [[17, 18], [5, 6]] {
+            let g = Conv2dGeometry::new([2, 0, h, w], [7, 0, 3, 3], params).unwrap();
+            assert_eq!(use_rows(&g), h == 17);
+            let plane = h * w;
+            let bias: Vec<f32> = (0..7).map(|o| o as f32 - 2.5).collect();
+            let mut out = vec![f32::NAN; 2 * 7 * plane];
+            conv2d_forward(&g, &[], &[], Some(&bias), &mut out).unwrap();
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(*v, bias[i / plane % 7], "{h}x{w}: element {i}");
+            }
+            let go = vec![1.0f32; out.len()];
+            conv2d_backward_input(&g, &go, &[], &mut []).unwrap();
+            conv2d_backward_weight(&g, &[], &go, &mut []).unwrap();
         }
     }
 
