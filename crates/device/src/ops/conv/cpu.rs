@@ -206,6 +206,11 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     if grad_input.is_empty() {
         return Ok(());
     }
+    if grad_output.is_empty() {
+        // No output channels (or no output positions): nothing flows back.
+        grad_input.fill(T::ZERO);
+        return Ok(());
+    }
     if let Some(transposed) = transposed_geometry(geometry) {
         let rotated = rotate_weight(geometry, weight)?;
         return conv2d_forward(&transposed, grad_output, &rotated, None, grad_input);
@@ -312,6 +317,14 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     check_len(OP, "input", input, &geometry.input_shape())?;
     check_len(OP, "grad_output", grad_output, &geometry.output_shape())?;
     check_len(OP, "grad_weight", grad_weight, &geometry.weight_shape())?;
+    if grad_weight.is_empty() {
+        return Ok(());
+    }
+    if grad_output.is_empty() || input.is_empty() {
+        // No output positions or no images: every sum is empty.
+        grad_weight.fill(T::ZERO);
+        return Ok(());
+    }
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_weight(geometry, chunk, input, grad_output, grad_weight);
     }

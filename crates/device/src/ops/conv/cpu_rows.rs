@@ -316,11 +316,11 @@ mod tests {
         }
     }
 
-    /// In f32 on a CPU with AVX-512F, the forward (and the stride-1 input gradient, itself a
-    /// forward) runs without a column matrix (`cpu_direct.rs`): ResNet's 3x3 convolution with
-    /// channels that fill one tile and a partial one, two groups of six with uneven padding and
-    /// dilation, with and without bias, batches of one and of several, on 1 and 3 threads, all
-    /// equal the plain loops (in f64) to f32 precision.
+    /// In f32 on a CPU with AVX-512F or AVX2 + FMA, the forward (and the stride-1 input
+    /// gradient, itself a forward) runs without a column matrix (`cpu_direct.rs`): ResNet's 3x3
+    /// convolution with channels that fill one tile and a partial one, two groups of six with
+    /// uneven padding and dilation, with and without bias, batches of one and of several, on 1
+    /// and 3 threads, all equal the plain loops (in f64) to f32 precision.
     #[test]
     fn direct_forward_in_f32_equals_the_plain_loops() {
         let cases = [
@@ -383,11 +383,13 @@ mod tests {
         }
     }
 
-    /// No input channels (so no taps): the output is the bias and the weight gradient empty, on
-    /// a wide plane (the padded rows, and the direct kernel where the CPU has it) and on a small
-    /// one (not chunked: there is no image to chunk); never a panic.
+    /// Empty convolutions never panic. No input channels (so no taps): the output is the bias
+    /// and the weight gradient empty, on a wide plane (the padded rows, and the direct kernel
+    /// where the CPU has it) and on a small one (not chunked: there is no image to chunk). No
+    /// output channels: an empty output and a zero input gradient. No images: a zero weight
+    /// gradient.
     #[test]
-    fn no_input_channels_give_the_bias() {
+    fn empty_convolutions_give_biases_and_zeros() {
         let params = Conv2dParams {
             padding: [1, 1],
             ..Conv2dParams::default()
@@ -406,6 +408,24 @@ mod tests {
             conv2d_backward_input(&g, &go, &[], &mut []).unwrap();
             conv2d_backward_weight(&g, &[], &go, &mut []).unwrap();
         }
+        // No output channels either way round: empty outputs and gradients, no panic.
+        for [h, w] in [[17, 18], [5, 6]] {
+            let g = Conv2dGeometry::new([2, 3, h, w], [0, 3, 3, 3], params).unwrap();
+            let x = vec![1.0f32; 2 * 3 * h * w];
+            conv2d_forward(&g, &x, &[], None, &mut []).unwrap();
+            let mut gin = vec![f32::NAN; x.len()];
+            conv2d_backward_input(&g, &[], &[], &mut gin).unwrap();
+            assert!(
+                gin.iter().all(|&v| v == 0.0),
+                "{h}x{w}: the input gradient is zero"
+            );
+            conv2d_backward_weight(&g, &x, &[], &mut []).unwrap();
+        }
+        // No images: the weight gradient is a sum over nothing.
+        let g = Conv2dGeometry::new([0, 3, 17, 18], [4, 3, 3, 3], params).unwrap();
+        let mut gw = vec![f32::NAN; 4 * 3 * 9];
+        conv2d_backward_weight(&g, &[], &[], &mut gw).unwrap();
+        assert!(gw.iter().all(|&v| v == 0.0));
     }
 
     /// An infinite input at the start of a row (where the junk columns of the row above read)
