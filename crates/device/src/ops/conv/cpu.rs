@@ -35,6 +35,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
+use super::cpu_direct as direct;
 use super::cpu_gemm::{
     caller_context, gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices,
     ScratchFailure, Stored,
@@ -142,6 +143,9 @@ pub fn conv2d_forward<T: KernelFloat>(
         return chunked::forward(geometry, chunk, input, weight, bias, output);
     }
     if rows::use_rows(geometry) {
+        if let Some(done) = direct::forward(geometry, input, weight, bias, output) {
+            return done;
+        }
         return rows::forward(geometry, input, weight, bias, output);
     }
     let b = Blocks::new(geometry);

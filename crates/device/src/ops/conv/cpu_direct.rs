@@ -9,8 +9,9 @@
 //! accumulating `K` rank-1 updates in registers: for tap `r`, consecutive values of the padded
 //! image from `start(r) + p0` times the tile's [`ROWS`] weights of column `r` (packed once per
 //! call, [`PackedWeight`]). No copy of the input is made besides the padded image itself.
-//! [`forward`] runs it for `cpu_rows.rs`: per image the padded image, per group the product and
-//! its copy into the output planes.
+//! [`forward`] runs it where the padded-row path serves (`cpu.rs` tries it before
+//! `cpu_rows.rs`'s column matrix): per image the padded image, per group the product and its
+//! copy into the output planes.
 //!
 //! Layout of the product: strips of [`WIDE`] positions, one after another, each holding its
 //! `C_out/groups` rows of [`WIDE`] values (`[strip][channel][WIDE]`), so every strip is one
@@ -189,13 +190,13 @@ fn tile_body<const L: usize>(
 /// a CPU with AVX-512F or AVX2 + FMA, at least [`ROWS`] output channels per group. `None`
 /// elsewhere (the caller then builds the column matrix).
 pub(super) fn forward<T: KernelFloat>(
-    (g, d): (&Conv2dGeometry, &Rows),
+    g: &Conv2dGeometry,
     input: &[T],
     weight: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
 ) -> Option<Result<()>> {
-    if simd::isa().is_none() || d.group_out < ROWS {
+    if simd::isa().is_none() || g.out_channels / g.params.groups < ROWS {
         return None;
     }
     let (input, weight, output) = (as_f32(input)?, as_f32(weight)?, as_f32_mut(output)?);
@@ -203,7 +204,7 @@ pub(super) fn forward<T: KernelFloat>(
         Some(b) => Some(as_f32(b)?),
         None => None,
     };
-    Some(forward_f32((g, d), input, weight, bias, output))
+    Some(Rows::new(g).and_then(|d| forward_f32((g, &d), input, weight, bias, output)))
 }
 
 /// [`forward`] on f32 slices: per image, the padded image, then per group the product
@@ -307,6 +308,10 @@ fn as_f32_mut<T: KernelFloat>(s: &mut [T]) -> Option<&mut [f32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::conv::cpu::{conv2d_backward_input, conv2d_forward};
+    use crate::ops::conv::cpu_rows::use_rows;
+    use crate::ops::conv::reference::{self, test_values};
+    use crate::ops::conv::Conv2dParams;
 
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -385,6 +390,71 @@ mod tests {
                 tile::<NARROW>(Some(isa), &mut narrow[q..], ROWS, &w, &src[q..], &starts);
             }
             assert_eq!(bits(&narrow), bits(&portable), "{isa:?}, narrow tiles");
+        }
+    }
+
+    /// In f32 on a CPU with AVX-512F or AVX2 + FMA, the forward (and the stride-1 input
+    /// gradient, itself a forward) runs without a column matrix (`cpu_direct.rs`): ResNet's 3x3
+    /// convolution with channels that fill one tile and a partial one, two groups of six with
+    /// uneven padding and dilation, with and without bias, batches of one and of several, on 1
+    /// and 3 threads, all equal the plain loops (in f64) to f32 precision.
+    #[test]
+    fn direct_forward_in_f32_equals_the_plain_loops() {
+        let cases = [
+            ([1, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], 1),
+            ([3, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], 1),
+            ([3, 4, 9, 20], [12, 2, 3, 2], [2, 1], [1, 2], 2),
+        ];
+        if crate::ops::simd::isa().is_none() {
+            eprintln!("the direct forward is not run here: this CPU has neither AVX-512F nor AVX2");
+        }
+        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+        let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (input_shape, weight_shape, padding, dilation, groups) in cases {
+                let params = Conv2dParams {
+                    padding,
+                    dilation,
+                    groups,
+                    ..Conv2dParams::default()
+                };
+                let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
+                assert!(use_rows(&g) && g.out_channels / groups >= ROWS);
+                let n = |s: [usize; 4]| s.iter().product::<usize>();
+                let (x, w) = (
+                    test_values(n(g.input_shape()), 1),
+                    test_values(n(g.weight_shape()), 2),
+                );
+                let b = test_values(g.out_channels, 3);
+                let (xf, wf, bf) = (f32s(x.clone()), f32s(w.clone()), f32s(b.clone()));
+                for bias in [None, Some(&b)] {
+                    let mut want = vec![0.0; n(g.output_shape())];
+                    reference::conv2d_forward(&g, &x, &w, bias.map(|b| &b[..]), &mut want).unwrap();
+                    let mut out = vec![f32::NAN; want.len()];
+                    let bias_f = bias.map(|_| &bf[..]);
+                    let ran = pool.install(|| forward(&g, &xf, &wf, bias_f, &mut out));
+                    assert_eq!(ran.is_some(), crate::ops::simd::isa().is_some());
+                    pool.install(|| conv2d_forward(&g, &xf, &wf, bias_f, &mut out))
+                        .unwrap();
+                    let what = format!(
+                        "{g:?} forward, bias {}, {threads} thread(s)",
+                        bias.is_some()
+                    );
+                    kiln_testkit::assert_close_finite(&what, &f64s(&out), &want, (1e-5, 1e-5));
+                }
+                let go = test_values(n(g.output_shape()), 4);
+                let mut want = vec![0.0; x.len()];
+                reference::conv2d_backward_input(&g, &go, &w, &mut want).unwrap();
+                let mut gin = vec![f32::NAN; x.len()];
+                pool.install(|| conv2d_backward_input(&g, &f32s(go.clone()), &wf, &mut gin))
+                    .unwrap();
+                let what = format!("{g:?} grad_input, {threads} thread(s)");
+                kiln_testkit::assert_close_finite(&what, &f64s(&gin), &want, (1e-5, 1e-5));
+            }
         }
     }
 }

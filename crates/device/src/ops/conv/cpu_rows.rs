@@ -13,7 +13,8 @@
 //! `dil_w·(kW - 1)` zeros keeps the last row's junk reads inside it.
 //!
 //! In f32, on a CPU with AVX-512F or AVX2 and FMA, the forward does not build the column matrix
-//! at all: `cpu_direct.rs` reads its rows straight from the padded image (`direct::forward`).
+//! at all: `cpu.rs` sends it to `cpu_direct.rs`, which reads its rows straight from the padded
+//! image with this file's [`Rows`] sizes.
 //! The weight gradient keeps the column matrix: its reduction runs along the rows, which `gemm`
 //! packs well, and a direct kernel measured slower there.
 //!
@@ -29,7 +30,6 @@
 //! gradient, slices summed in order) unless the batch is smaller than the pool, when `gemm`
 //! splits each product instead.
 
-use super::cpu_direct as direct;
 use super::cpu_gemm::{
     caller_context, gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices,
     ScratchFailure, Stored,
@@ -132,9 +132,6 @@ pub(super) fn forward<T: KernelFloat>(
     output: &mut [T],
 ) -> Result<()> {
     let d = Rows::new(g)?;
-    if let Some(done) = direct::forward((g, &d), input, weight, bias, output) {
-        return done;
-    }
     let in_image = d.padded.image_len();
     let (out_h, out_w) = (g.output_size[0], d.out_w);
     let failure = ScratchFailure::new();
@@ -312,73 +309,6 @@ mod tests {
                     },
                 };
                 assert_passes_match_loops(&what, &g, passes);
-            }
-        }
-    }
-
-    /// In f32 on a CPU with AVX-512F or AVX2 + FMA, the forward (and the stride-1 input
-    /// gradient, itself a forward) runs without a column matrix (`cpu_direct.rs`): ResNet's 3x3
-    /// convolution with channels that fill one tile and a partial one, two groups of six with
-    /// uneven padding and dilation, with and without bias, batches of one and of several, on 1
-    /// and 3 threads, all equal the plain loops (in f64) to f32 precision.
-    #[test]
-    fn direct_forward_in_f32_equals_the_plain_loops() {
-        let cases = [
-            ([1, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], 1),
-            ([3, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], 1),
-            ([3, 4, 9, 20], [12, 2, 3, 2], [2, 1], [1, 2], 2),
-        ];
-        if crate::ops::simd::isa().is_none() {
-            eprintln!("the direct forward is not run here: this CPU has neither AVX-512F nor AVX2");
-        }
-        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
-        let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            for (input_shape, weight_shape, padding, dilation, groups) in cases {
-                let params = Conv2dParams {
-                    padding,
-                    dilation,
-                    groups,
-                    ..Conv2dParams::default()
-                };
-                let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
-                let d = Rows::new(&g).unwrap();
-                assert!(use_rows(&g) && d.group_out >= direct::ROWS);
-                let n = |s: [usize; 4]| s.iter().product::<usize>();
-                let (x, w) = (
-                    values(n(g.input_shape()), 1),
-                    values(n(g.weight_shape()), 2),
-                );
-                let b = values(g.out_channels, 3);
-                let (xf, wf, bf) = (f32s(x.clone()), f32s(w.clone()), f32s(b.clone()));
-                for bias in [None, Some(&b)] {
-                    let mut want = vec![0.0; n(g.output_shape())];
-                    reference::conv2d_forward(&g, &x, &w, bias.map(|b| &b[..]), &mut want).unwrap();
-                    let mut out = vec![f32::NAN; want.len()];
-                    let bias_f = bias.map(|_| &bf[..]);
-                    let ran =
-                        pool.install(|| direct::forward((&g, &d), &xf, &wf, bias_f, &mut out));
-                    assert_eq!(ran.is_some(), crate::ops::simd::isa().is_some());
-                    pool.install(|| conv2d_forward(&g, &xf, &wf, bias_f, &mut out))
-                        .unwrap();
-                    let what = format!(
-                        "{g:?} forward, bias {}, {threads} thread(s)",
-                        bias.is_some()
-                    );
-                    kiln_testkit::assert_close_finite(&what, &f64s(&out), &want, (1e-5, 1e-5));
-                }
-                let go = values(n(g.output_shape()), 4);
-                let mut want = vec![0.0; x.len()];
-                reference::conv2d_backward_input(&g, &go, &w, &mut want).unwrap();
-                let mut gin = vec![f32::NAN; x.len()];
-                pool.install(|| conv2d_backward_input(&g, &f32s(go.clone()), &wf, &mut gin))
-                    .unwrap();
-                let what = format!("{g:?} grad_input, {threads} thread(s)");
-                kiln_testkit::assert_close_finite(&what, &f64s(&gin), &want, (1e-5, 1e-5));
             }
         }
     }
