@@ -136,3 +136,59 @@ fn a_matmul_of_empty_operands_with_a_huge_output_is_refused() {
     let b = Tensor::zeros(&[0, 3], DType::F32, Device::Cpu).unwrap();
     assert_eq!(a.matmul(&b).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
 }
+
+/// Convolutions with an empty dimension (no input channels, no output channels, no images; a
+/// small plane and a wide one, which take different CPU paths) run forward and backward as
+/// PyTorch does: the output is the bias (or empty), the gradients zeros of their shapes. They
+/// used to panic inside the CPU kernels.
+#[test]
+fn convolutions_with_an_empty_dimension_run_forward_and_backward() {
+    let cases: [([usize; 4], [usize; 4]); 5] = [
+        ([2, 0, 8, 8], [4, 0, 3, 3]),
+        ([2, 0, 20, 20], [8, 0, 3, 3]),
+        ([2, 3, 8, 8], [0, 3, 3, 3]),
+        ([2, 3, 20, 20], [0, 3, 3, 3]),
+        ([0, 3, 8, 8], [4, 3, 3, 3]),
+    ];
+    let params = kiln_autograd::Conv2dParams {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    for (xs, ws) in cases {
+        let what = format!("input {xs:?}, weight {ws:?}");
+        let x = Tensor::ones(&xs, DType::F32, Device::Cpu)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let w = Tensor::ones(&ws, DType::F32, Device::Cpu)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let bias: Vec<f32> = (0..ws[0]).map(|o| o as f32 + 0.5).collect();
+        let b = Tensor::from_vec(bias.clone(), &[ws[0]], Device::Cpu)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let y = x.conv2d(&w, Some(&b), params).expect(&what);
+        assert_eq!(y.shape(), &[xs[0], ws[0], xs[2], xs[3]], "{what}");
+        let values = y.to_vec::<f32>().unwrap();
+        let plane = xs[2] * xs[3];
+        for (i, v) in values.iter().enumerate() {
+            // With no input channels, every output is its channel's bias.
+            if xs[1] == 0 {
+                assert_eq!(*v, bias[i / plane % ws[0]], "{what}: element {i}");
+            }
+        }
+        y.sum_all().unwrap().backward().expect(&what);
+        // Nothing reaches the input without output channels, nor the weight without images or
+        // input channels.
+        for (t, shape, zero) in [(&x, &xs[..], ws[0] == 0), (&w, &ws[..], xs[0] * xs[1] == 0)] {
+            let g = t.grad().expect("a gradient");
+            assert_eq!(g.shape(), shape, "{what}");
+            if zero {
+                let g = g.to_vec::<f32>().unwrap();
+                assert!(g.iter().all(|&v| v == 0.0), "{what}: {shape:?} gradient");
+            }
+        }
+    }
+}
