@@ -27,7 +27,7 @@
 //! [`ROWS`] output channels per group.
 
 use super::cpu_gemm::{gemm_parallelism, ScratchFailure};
-use super::cpu_rows::{each_image, Rows};
+use super::cpu_rows::{copy_out, each_image, Rows};
 use super::padded::{taps, too_large};
 use super::Conv2dGeometry;
 use crate::ops::simd::{self, simd_dispatch, Isa};
@@ -229,7 +229,7 @@ fn forward_f32(
     let padded_len = d.padded.len.checked_add(SLACK).ok_or_else(too_large)?;
     let product_len = checked_product_len(d.group_out, d.n_ext).ok_or_else(too_large)?;
     let in_image = d.padded.image_len();
-    let (out_h, out_w, pitch) = (g.output_size[0], d.out_w, d.padded.pitch);
+    let pitch = d.padded.pitch;
     let failure = ScratchFailure::new();
     let split = !matches!(gemm_parallelism(g.batch), Parallelism::None);
     let one_image = |scratch: &mut Option<[HostBuffer<f32>; 2]>, n: usize, out: &mut [f32]| {
@@ -247,38 +247,14 @@ fn forward_f32(
                 strips,
                 split,
             );
-            let planes =
-                &mut out[group * d.group_out * out_h * out_w..][..d.group_out * out_h * out_w];
             let strips = &strips[..];
-            let copy_out = |(o, plane): (usize, &mut [f32])| {
-                let b = bias.map_or(0.0, |b| b[group * d.group_out + o]);
-                for (oh, row) in plane.chunks_mut(out_w).enumerate() {
-                    // A row of outputs may cross from one strip of the product to the next.
-                    let mut ow = 0;
-                    while ow < out_w {
-                        let p = oh * pitch + ow;
-                        let len = (WIDE - p % WIDE).min(out_w - ow);
-                        let src = &strips[product_at(d.group_out, o, p)..][..len];
-                        let dst = &mut row[ow..ow + len];
-                        match bias {
-                            Some(_) => dst.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
-                            None => dst.copy_from_slice(src),
-                        }
-                        ow += len;
-                    }
-                }
+            // A row of outputs may cross from one strip of the product to the next.
+            let runs = |o: usize, oh: usize, ow: usize| {
+                let p = oh * pitch + ow;
+                let len = (WIDE - p % WIDE).min(d.out_w - ow);
+                &strips[product_at(d.group_out, o, p)..][..len]
             };
-            if split {
-                planes
-                    .par_chunks_mut(out_h * out_w)
-                    .enumerate()
-                    .for_each(copy_out);
-            } else {
-                planes
-                    .chunks_mut(out_h * out_w)
-                    .enumerate()
-                    .for_each(copy_out);
-            }
+            copy_out(g, d.group_out, group, bias, split, out, runs);
         }
     };
     let scratch = || -> Option<[HostBuffer<f32>; 2]> {

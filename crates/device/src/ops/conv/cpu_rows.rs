@@ -133,7 +133,7 @@ pub(super) fn forward<T: KernelFloat>(
 ) -> Result<()> {
     let d = Rows::new(g)?;
     let in_image = d.padded.image_len();
-    let (out_h, out_w) = (g.output_size[0], d.out_w);
+    let out_w = d.out_w;
     let failure = ScratchFailure::new();
     let parallelism = gemm_parallelism(g.batch);
     let split = !matches!(parallelism, Parallelism::None);
@@ -148,30 +148,11 @@ pub(super) fn forward<T: KernelFloat>(
             let dims = [d.group_out, d.n_ext, d.k];
             let asis = Stored::AsIs;
             matmul_into(product, dims, w, asis, col, asis, false, parallelism);
-            let planes =
-                &mut out[group * d.group_out * out_h * out_w..][..d.group_out * out_h * out_w];
             let product = &product[..];
-            let copy_out = |(o, plane): (usize, &mut [T])| {
-                let b = bias.map_or(T::ZERO, |b| b[group * d.group_out + o]);
-                for (oh, row) in plane.chunks_mut(out_w).enumerate() {
-                    let src = &product[o * d.n_ext + oh * d.padded.pitch..][..out_w];
-                    match bias {
-                        Some(_) => row.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
-                        None => row.copy_from_slice(src),
-                    }
-                }
+            let rows = |o: usize, oh: usize, ow: usize| {
+                &product[o * d.n_ext + oh * d.padded.pitch + ow..][..out_w - ow]
             };
-            if split {
-                planes
-                    .par_chunks_mut(out_h * out_w)
-                    .enumerate()
-                    .for_each(copy_out);
-            } else {
-                planes
-                    .chunks_mut(out_h * out_w)
-                    .enumerate()
-                    .for_each(copy_out);
-            }
+            copy_out(g, d.group_out, group, bias, split, out, rows);
         }
     };
     let scratch = || -> Option<[HostBuffer<T>; 3]> {
@@ -183,6 +164,47 @@ pub(super) fn forward<T: KernelFloat>(
     };
     each_image(output, d.out_image(g), split, scratch, one_image);
     failure.into_result()
+}
+
+/// Writes `group`'s output planes of one image (`out` holds all its groups) from a product over
+/// padded rows, adding the bias: `source(o, oh, ow)` gives channel `o`'s outputs of row `oh`
+/// from column `ow` on, as many as lie contiguously (at least one), and is asked again for the
+/// rest. Channels run on the pool when `split` (the image's other work is spread over it too).
+pub(super) fn copy_out<'a, T: KernelFloat>(
+    g: &Conv2dGeometry,
+    group_out: usize,
+    group: usize,
+    bias: Option<&[T]>,
+    split: bool,
+    out: &mut [T],
+    source: impl Fn(usize, usize, usize) -> &'a [T] + Sync,
+) {
+    let [out_h, out_w] = g.output_size;
+    let plane_len = out_h * out_w;
+    let planes = &mut out[group * group_out * plane_len..][..group_out * plane_len];
+    let one_plane = |(o, plane): (usize, &mut [T])| {
+        let b = bias.map_or(T::ZERO, |b| b[group * group_out + o]);
+        for (oh, row) in plane.chunks_mut(out_w).enumerate() {
+            let mut ow = 0;
+            while ow < out_w {
+                let src = source(o, oh, ow);
+                let dst = &mut row[ow..ow + src.len()];
+                match bias {
+                    Some(_) => dst.iter_mut().zip(src).for_each(|(r, &s)| *r = s + b),
+                    None => dst.copy_from_slice(src),
+                }
+                ow += src.len();
+            }
+        }
+    };
+    if split {
+        planes
+            .par_chunks_mut(plane_len)
+            .enumerate()
+            .for_each(one_plane);
+    } else {
+        planes.chunks_mut(plane_len).enumerate().for_each(one_plane);
+    }
 }
 
 /// Runs `one_image(scratch, n, out)` for every image `n` of `output` (blocks of `out_image`
