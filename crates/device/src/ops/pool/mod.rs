@@ -19,6 +19,7 @@
 //! (in max-pool backward) index values.
 
 pub mod cpu;
+mod cpu_max;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 

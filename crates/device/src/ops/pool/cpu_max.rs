@@ -1,0 +1,406 @@
+//! The CPU max-pooling forward: one rayon task per `(n, c)` plane, a whole plane per tap.
+//!
+//! Invariants: each plane is first copied into a *frame*, the input surrounded by minus
+//! infinity wherever a window reaches past it (padding, and the ragged last window of
+//! `ceil_mode`), so every window has all its taps in the frame. The taps are then visited in
+//! row-major order, each as one contiguous comparison over every output of the plane; a tap
+//! replaces the running maximum only when it is larger or NaN. A minus-infinity tap of the
+//! frame never replaces anything, so the maxima, the NaN rule (a later NaN wins) and the tie
+//! rule (the earlier tap keeps a tie) are exactly those of visiting only each window's taps
+//! inside the input. While comparing, an output records which tap of its window won; a last
+//! pass turns that into the input position `h * W + w`, or, when no tap beat minus infinity,
+//! the window's first tap inside the input (PyTorch's index for an all minus infinity
+//! window).
+
+use super::{MaxPool2dGeometry, MaxPool2dParams, PoolShape};
+use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::simd::{self, simd_dispatch};
+use crate::ops::KernelFloat;
+use rayon::prelude::*;
+
+/// The taps `t` in `0..kernel` for which `start + t * dilation` lies in `0..input`, as a
+/// half-open range (empty when none does).
+pub(super) fn tap_range(
+    start: i64,
+    kernel: usize,
+    dilation: usize,
+    input: usize,
+) -> (usize, usize) {
+    let d = dilation as i64;
+    let lo = if start >= 0 { 0 } else { (-start + d - 1) / d };
+    let room = input as i64 - start;
+    let hi = if room <= 0 { 0 } else { (room + d - 1) / d };
+    let hi = hi.min(kernel as i64).max(0) as usize;
+    (lo.min(hi as i64) as usize, hi)
+}
+
+simd_dispatch! {
+    /// Gathers one tap of every window of a plane into `out`, rows of `out_w`: output row `r`
+    /// takes every `stride`-th element of `src` from `r * row_step` (`src` holds every element
+    /// read). Compiled for AVX-512F and AVX2 too, where the stride-2 loop (nearly every
+    /// strided pooling layer) becomes vector shuffles.
+    fn gather_tap[T: Copy](out: &mut [T], out_w: usize, src: &[T], row_step: usize, stride: usize)
+        => gather_tap_body[T];
+}
+
+#[inline(always)]
+fn gather_tap_body<T: Copy>(
+    out: &mut [T],
+    out_w: usize,
+    src: &[T],
+    row_step: usize,
+    stride: usize,
+) {
+    for (r, row) in out.chunks_exact_mut(out_w).enumerate() {
+        let from = &src[r * row_step..];
+        match stride {
+            1 => row.copy_from_slice(&from[..out_w]),
+            2 => {
+                // Pairs of the row's span; the last tap may have no partner.
+                let span = &from[..2 * out_w - 1];
+                for (t, pair) in row.iter_mut().zip(span.chunks(2)) {
+                    *t = pair[0];
+                }
+            }
+            _ => {
+                for (t, v) in row.iter_mut().zip(from.iter().step_by(stride)) {
+                    *t = *v;
+                }
+            }
+        }
+    }
+}
+
+simd_dispatch! {
+    /// One tap of every window of a plane: `taps[j]` replaces `out[j]` where it is larger or
+    /// NaN, and `won[j]` becomes `tap` there. Compiled for AVX-512F and AVX2 too (`simd.rs`;
+    /// kiln builds for baseline SSE, where this loop does not vectorise); every path makes the
+    /// same comparisons.
+    fn max_taps[T: KernelFloat](out: &mut [T], won: &mut [i32], taps: &[T], tap: i32)
+        => max_taps_body[T];
+}
+
+#[inline(always)]
+fn max_taps_body<T: KernelFloat>(out: &mut [T], won: &mut [i32], taps: &[T], tap: i32) {
+    for ((out, won), &v) in out.iter_mut().zip(won.iter_mut()).zip(taps) {
+        // Selected, not branched on: which element is the maximum is data, and branches on
+        // it mispredict.
+        let better = (v > *out) | v.is_nan();
+        *out = if better { v } else { *out };
+        *won = if better { tap } else { *won };
+    }
+}
+
+/// Outputs compared per block of output rows: the block's maxima, winners and gathered tap
+/// stay in the first-level cache across the taps.
+const BLOCK_OUTPUTS: usize = 1024;
+
+/// The padded copy of a plane that every window of `params` fits in: `rows x cols` elements,
+/// input element `(h, w)` at `(h + pad_top) * cols + w + pad_left`.
+struct Frame {
+    rows: usize,
+    cols: usize,
+    pad: [usize; 2],
+}
+
+impl Frame {
+    /// The frame of the windows of `shape` (whose output is not empty); `None` when its size
+    /// overflows.
+    fn new(p: &MaxPool2dParams, shape: &PoolShape) -> Option<Frame> {
+        let span = |axis: usize| {
+            (shape.output_size[axis] - 1)
+                .checked_mul(p.stride[axis])?
+                .checked_add((p.kernel_size[axis] - 1).checked_mul(p.dilation[axis])?)?
+                .checked_add(1)
+        };
+        let (rows, cols) = (span(0)?, span(1)?);
+        rows.checked_mul(cols)?;
+        Some(Frame {
+            rows,
+            cols,
+            pad: p.padding,
+        })
+    }
+
+    /// Copies `src` (one input plane of `[in_h, in_w]`) into the frame's interior; the border
+    /// keeps the minus infinity it was made with.
+    fn fill<T: Copy>(&self, frame: &mut [T], src: &[T], [in_h, in_w]: [usize; 2]) {
+        let last_row = in_h.min(self.rows.saturating_sub(self.pad[0]));
+        let width = in_w.min(self.cols.saturating_sub(self.pad[1]));
+        for h in 0..last_row {
+            let at = (h + self.pad[0]) * self.cols + self.pad[1];
+            frame[at..at + width].copy_from_slice(&src[h * in_w..][..width]);
+        }
+    }
+}
+
+/// Max pooling: writes each window's maximum to `output` and its position in the input plane
+/// (`h * W + w`) to `indices`; NaN wins over numbers, the first maximum wins a tie.
+///
+/// Shapes: `input` `[N, C, H, W]`, `output` and `indices` `[N, C, H_out, W_out]`.
+pub fn max_pool2d_forward<T: KernelFloat>(
+    geometry: &MaxPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+    indices: &mut [i64],
+) -> Result<(), KernelError> {
+    const OP: &str = "max_pool2d";
+    let shape = &geometry.shape;
+    check_len(OP, "input", input, &shape.input_shape())?;
+    check_len(OP, "output", output, &shape.output_shape())?;
+    check_len(OP, "indices", indices, &shape.output_shape())?;
+    let p = &geometry.params;
+    let [in_h, in_w] = shape.input_size;
+    let [out_h, out_w] = shape.output_size;
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    if out_plane == 0 || in_plane == 0 {
+        return Ok(());
+    }
+    let Some(frame) = Frame::new(p, shape) else {
+        return Err(KernelError::InvalidShape {
+            op: OP,
+            shape: shape.input_shape().to_vec(),
+            rule: "the windows' padded plane has more elements than fit in usize; use a \
+                   smaller kernel, stride or dilation"
+                .into(),
+        });
+    };
+    // Each output row's and column's first tap inside the input, for windows no tap won.
+    let first = |axis: usize, o: usize, input: usize| {
+        let start = (o * p.stride[axis]) as i64 - p.padding[axis] as i64;
+        let (lo, _) = tap_range(start, p.kernel_size[axis], p.dilation[axis], input);
+        start + (lo * p.dilation[axis]) as i64
+    };
+    let first_rows: Vec<i64> = (0..out_h).map(|oh| first(0, oh, in_h)).collect();
+    let first_cols: Vec<i64> = (0..out_w).map(|ow| first(1, ow, in_w)).collect();
+    // Each tap's offset in the frame and in the input plane, in the order the rule visits them.
+    let mut taps: Vec<(usize, i64)> = Vec::new();
+    for th in 0..p.kernel_size[0] {
+        for tw in 0..p.kernel_size[1] {
+            let (dh, dw) = (th * p.dilation[0], tw * p.dilation[1]);
+            taps.push((dh * frame.cols + dw, (dh * in_w + dw) as i64));
+        }
+    }
+    if i32::try_from(taps.len()).is_err() {
+        return Err(KernelError::InvalidShape {
+            op: OP,
+            shape: p.kernel_size.to_vec(),
+            rule: "a window has more than 2^31 taps; use a smaller kernel".into(),
+        });
+    }
+    let block = (BLOCK_OUTPUTS / out_w).max(1) * out_w;
+    let row_step = p.stride[0] * frame.cols;
+    let isa = simd::isa();
+    output
+        .par_chunks_mut(out_plane)
+        .zip(indices.par_chunks_mut(out_plane))
+        .enumerate()
+        .for_each_init(
+            || {
+                let padded = vec![T::NEG_INFINITY; frame.rows * frame.cols];
+                (padded, vec![T::NEG_INFINITY; block], vec![-1i32; block])
+            },
+            |(padded, gathered, won), (plane, (out, idx))| {
+                frame.fill(padded, &input[plane * in_plane..][..in_plane], [in_h, in_w]);
+                let blocks = out.chunks_mut(block).zip(idx.chunks_mut(block));
+                for (b, (out, idx)) in blocks.enumerate() {
+                    let first_row = b * (block / out_w);
+                    let (gathered, won) = (&mut gathered[..out.len()], &mut won[..out.len()]);
+                    out.fill(T::NEG_INFINITY);
+                    won.fill(-1);
+                    let rows = &padded[first_row * row_step..];
+                    for (t, &(at, _)) in taps.iter().enumerate() {
+                        gather_tap(isa, gathered, out_w, &rows[at..], row_step, p.stride[1]);
+                        max_taps(isa, out, won, gathered, t as i32);
+                    }
+                    let idx_rows = idx.chunks_exact_mut(out_w).zip(won.chunks_exact(out_w));
+                    for (r, (idx, won)) in idx_rows.enumerate() {
+                        let oh = first_row + r;
+                        let top = (oh * p.stride[0]) as i64 - p.padding[0] as i64;
+                        for (ow, (i, &t)) in idx.iter_mut().zip(won).enumerate() {
+                            let left = (ow * p.stride[1]) as i64 - p.padding[1] as i64;
+                            *i = match taps.get(t as usize) {
+                                Some(&(_, offset)) if t >= 0 => top * in_w as i64 + left + offset,
+                                _ => first_rows[oh] * in_w as i64 + first_cols[ow],
+                            };
+                        }
+                    }
+                }
+            },
+        );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{max_pool2d_forward, max_taps, max_taps_body, tap_range};
+    use crate::ops::pool::{MaxPool2dGeometry, MaxPool2dParams};
+    use crate::ops::simd::{available, isa};
+
+    #[test]
+    fn tap_range_matches_brute_force() {
+        for start in -4i64..6 {
+            for kernel in 1..5 {
+                for dilation in 1..4 {
+                    for input in 1..6 {
+                        let inside: Vec<usize> = (0..kernel)
+                            .filter(|&t| {
+                                (0..input as i64).contains(&(start + (t * dilation) as i64))
+                            })
+                            .collect();
+                        let (lo, hi) = tap_range(start, kernel, dilation, input);
+                        assert_eq!((lo..hi).collect::<Vec<_>>(), inside);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Values with ties, NaNs and minus infinities (a xorshift stream).
+    fn awkward_values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match x % 11 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 => 0.5,
+                    _ => (x % 7) as f32,
+                }
+            })
+            .collect()
+    }
+
+    /// The tap loop gives the same maxima and winners on every instruction set the CPU has:
+    /// NaN wins (the later NaN too, as PyTorch's kernel), a tie keeps the earlier tap.
+    #[test]
+    fn max_taps_is_the_same_on_every_instruction_set() {
+        let n = 203;
+        let rows: Vec<Vec<f32>> = (0..9).map(|r| awkward_values(n, 7 + r)).collect();
+        type Taps = Box<dyn Fn(&mut [f32], &mut [i32], &[f32], i32)>;
+        let mut paths: Vec<(String, Taps)> = vec![
+            ("baseline".into(), Box::new(max_taps_body)),
+            (
+                "dispatched".into(),
+                Box::new(|o, w, t, k| max_taps(isa(), o, w, t, k)),
+            ),
+        ];
+        for each in available() {
+            paths.push((
+                format!("{each:?}"),
+                Box::new(move |o, w, t, k| max_taps(Some(each), o, w, t, k)),
+            ));
+        }
+        let results: Vec<(Vec<u32>, Vec<i32>)> = paths
+            .iter()
+            .map(|(_, taps)| {
+                let mut out = vec![f32::NEG_INFINITY; n];
+                let mut won = vec![-1i32; n];
+                for (r, row) in rows.iter().enumerate() {
+                    taps(&mut out, &mut won, row, r as i32);
+                }
+                (out.iter().map(|v| v.to_bits()).collect(), won)
+            })
+            .collect();
+        for ((name, _), r) in paths.iter().zip(&results) {
+            assert_eq!(r, &results[0], "{name}");
+        }
+        // The rules themselves, on the baseline: a column's winner is the last NaN's row, else
+        // the first row holding the column's maximum, else (all minus infinity) none.
+        let (out, won) = &results[0];
+        for j in 0..n {
+            let col: Vec<f32> = rows.iter().map(|row| row[j]).collect();
+            let want = match col.iter().rposition(|v| v.is_nan()) {
+                Some(r) => Some(r),
+                None => {
+                    let max = col.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    col.iter().position(|&v| v == max && v > f32::NEG_INFINITY)
+                }
+            };
+            assert_eq!(won[j], want.map_or(-1, |r| r as i32), "column {j}");
+            let value = want.map_or(f32::NEG_INFINITY, |r| col[r]);
+            assert_eq!(out[j], value.to_bits(), "column {j}");
+        }
+    }
+
+    /// Each window's taps inside the input, visited in row-major order, as the rule reads.
+    fn reference(g: &MaxPool2dGeometry, input: &[f32]) -> (Vec<u32>, Vec<i64>) {
+        let p = &g.params;
+        let ([in_h, in_w], [out_h, out_w]) = (g.shape.input_size, g.shape.output_size);
+        let (mut out, mut idx) = (Vec::new(), Vec::new());
+        for plane in input.chunks(in_h * in_w) {
+            for oh in 0..out_h {
+                for ow in 0..out_w {
+                    let (mut best, mut at) = (f32::NEG_INFINITY, None);
+                    for th in 0..p.kernel_size[0] {
+                        for tw in 0..p.kernel_size[1] {
+                            let h = (oh * p.stride[0] + th * p.dilation[0]) as i64
+                                - p.padding[0] as i64;
+                            let w = (ow * p.stride[1] + tw * p.dilation[1]) as i64
+                                - p.padding[1] as i64;
+                            if h < 0 || w < 0 || h >= in_h as i64 || w >= in_w as i64 {
+                                continue;
+                            }
+                            let k = h * in_w as i64 + w;
+                            let v = plane[k as usize];
+                            at = at.or(Some(k));
+                            if v > best || v.is_nan() {
+                                (best, at) = (v, Some(k));
+                            }
+                        }
+                    }
+                    out.push(best.to_bits());
+                    idx.push(at.expect("every window has a tap inside the input"));
+                }
+            }
+        }
+        (out, idx)
+    }
+
+    /// The whole-plane kernel gives the reference's maxima and indices, bit for bit, over
+    /// padding, strides, dilation, ceil mode and rectangular windows, with NaNs, ties and
+    /// windows of minus infinity only.
+    #[test]
+    fn forward_matches_visiting_each_windows_taps() {
+        // Plane size, then kernel, stride, padding and dilation, then ceil mode.
+        type Case = (
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            bool,
+        );
+        let cases: [Case; 7] = [
+            ([12, 11], [3, 3], [2, 2], [1, 1], [1, 1], false),
+            ([12, 11], [3, 3], [2, 2], [1, 1], [1, 1], true),
+            ([9, 10], [2, 2], [2, 2], [0, 0], [1, 1], false),
+            ([9, 13], [3, 2], [1, 3], [1, 1], [2, 1], true),
+            ([7, 7], [3, 3], [3, 3], [1, 1], [1, 2], true),
+            ([5, 8], [1, 1], [1, 1], [0, 0], [1, 1], false),
+            ([16, 3], [4, 3], [2, 1], [2, 1], [1, 1], false),
+        ];
+        for (k, (size, kernel, stride, padding, dilation, ceil_mode)) in cases.iter().enumerate() {
+            let params = MaxPool2dParams {
+                kernel_size: *kernel,
+                stride: *stride,
+                padding: *padding,
+                dilation: *dilation,
+                ceil_mode: *ceil_mode,
+            };
+            let g = MaxPool2dGeometry::new([2, 3, size[0], size[1]], params).unwrap();
+            let mut input = awkward_values(6 * size[0] * size[1], 11 + k as u32);
+            // One plane of minus infinity only: indices are the windows' first taps.
+            let plane = size[0] * size[1];
+            input[plane..2 * plane].fill(f32::NEG_INFINITY);
+            let n = g.shape.output_shape().iter().product();
+            let (mut out, mut idx) = (vec![0f32; n], vec![0i64; n]);
+            max_pool2d_forward(&g, &input, &mut out, &mut idx).unwrap();
+            let got = (out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), idx);
+            assert_eq!(got, reference(&g, &input), "case {k}");
+        }
+    }
+}
