@@ -233,7 +233,9 @@ pub fn max_pool2d_forward<T: KernelFloat>(
 
 #[cfg(test)]
 mod tests {
-    use super::{max_pool2d_forward, max_taps, max_taps_body, tap_range};
+    use super::{
+        gather_tap, gather_tap_body, max_pool2d_forward, max_taps, max_taps_body, tap_range,
+    };
     use crate::ops::pool::{MaxPool2dGeometry, MaxPool2dParams};
     use crate::ops::simd::{available, isa};
 
@@ -252,6 +254,30 @@ mod tests {
                         assert_eq!((lo..hi).collect::<Vec<_>>(), inside);
                     }
                 }
+            }
+        }
+    }
+
+    /// Every build of the gather (portable, and each instruction set the CPU has) takes the
+    /// elements the plain index arithmetic names, for the strides with their own loops and one
+    /// without.
+    #[test]
+    fn gather_tap_takes_every_strideth_element_on_every_instruction_set() {
+        let src: Vec<f32> = (0..400).map(|i| i as f32).collect();
+        let (out_w, rows, row_step) = (7, 5, 31);
+        for stride in [1, 2, 3] {
+            let want: Vec<f32> = (0..rows)
+                .flat_map(|r| (0..out_w).map(move |j| (r * row_step + j * stride) as f32))
+                .collect();
+            // The source ends at the last element read.
+            let src = &src[..(rows - 1) * row_step + (out_w - 1) * stride + 1];
+            let mut got = vec![0f32; rows * out_w];
+            gather_tap_body(&mut got, out_w, src, row_step, stride);
+            assert_eq!(got, want, "portable, stride {stride}");
+            for each in available() {
+                let mut got = vec![0f32; rows * out_w];
+                gather_tap(Some(each), &mut got, out_w, src, row_step, stride);
+                assert_eq!(got, want, "{each:?}, stride {stride}");
             }
         }
     }
