@@ -192,3 +192,26 @@ fn convolutions_with_an_empty_dimension_run_forward_and_backward() {
         }
     }
 }
+
+/// A max-pooling window of 40001 x 40001 taps over a one-pixel image is valid (padding at most
+/// half the kernel, as PyTorch requires): forward and backward read that pixel only, at once,
+/// instead of building a padded plane of 1.6e9 elements.
+#[test]
+fn a_huge_pooling_window_over_one_pixel_runs_forward_and_backward() {
+    let x = Tensor::from_vec(vec![2.5f32, -1.0], &[1, 2, 1, 1], Device::Cpu)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let params = kiln_autograd::MaxPool2dParams {
+        kernel_size: [40001, 40001],
+        stride: [1, 1],
+        padding: [20000, 20000],
+        dilation: [1, 1],
+        ceil_mode: false,
+    };
+    let y = x.max_pool2d(params).unwrap();
+    assert_eq!(y.shape(), &[1, 2, 1, 1]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.5, -1.0]);
+    y.sum(&[], false).unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+}

@@ -10,7 +10,9 @@
 //! inside the input. While comparing, an output records which tap of its window won; a last
 //! pass turns that into the input position `h * W + w`, or, when no tap beat minus infinity,
 //! the window's first tap inside the input (PyTorch's index for an all minus infinity
-//! window).
+//! window). Windows made mostly of padding (a frame more than four times its plane, as a large
+//! kernel over a small plane makes) are instead visited tap by tap inside the input, with the
+//! same rules, so no geometry the pooling accepts allocates more than a few planes.
 
 use super::{MaxPool2dGeometry, MaxPool2dParams, PoolShape};
 use crate::ops::kernel_error::{check_len, KernelError};
@@ -149,22 +151,81 @@ pub fn max_pool2d_forward<T: KernelFloat>(
     check_len(OP, "input", input, &shape.input_shape())?;
     check_len(OP, "output", output, &shape.output_shape())?;
     check_len(OP, "indices", indices, &shape.output_shape())?;
-    let p = &geometry.params;
-    let [in_h, in_w] = shape.input_size;
-    let [out_h, out_w] = shape.output_size;
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
     if out_plane == 0 || in_plane == 0 {
         return Ok(());
     }
-    let Some(frame) = Frame::new(p, shape) else {
-        return Err(KernelError::InvalidShape {
-            op: OP,
-            shape: shape.input_shape().to_vec(),
-            rule: "the windows' padded plane has more elements than fit in usize; use a \
-                   smaller kernel, stride or dilation"
-                .into(),
+    let p = &geometry.params;
+    let taps = p.kernel_size[0].checked_mul(p.kernel_size[1]);
+    let frame = Frame::new(p, shape).filter(|f| {
+        let small = f.rows * f.cols <= in_plane.saturating_mul(4).saturating_add(FRAME_SLACK);
+        small && taps.is_some_and(|t| i32::try_from(t).is_ok())
+    });
+    match frame {
+        Some(frame) => by_frame(geometry, &frame, input, output, indices),
+        None => by_window(geometry, input, output, indices),
+    }
+    Ok(())
+}
+
+/// Elements a frame may have beyond four times its plane before [`by_window`] is used instead.
+const FRAME_SLACK: usize = 4096;
+
+/// Each output's window, its taps inside the input visited one by one: for windows mostly
+/// made of padding (a large kernel over a small plane), whose frame and tap list would
+/// dwarf the plane.
+fn by_window<T: KernelFloat>(
+    geometry: &MaxPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+    indices: &mut [i64],
+) {
+    let (shape, p) = (&geometry.shape, &geometry.params);
+    let ([in_h, in_w], out_w) = (shape.input_size, shape.output_size[1]);
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
+    let start = |axis: usize, o: usize| (o * p.stride[axis]) as i64 - p.padding[axis] as i64;
+    output
+        .par_chunks_mut(out_plane)
+        .zip(indices.par_chunks_mut(out_plane))
+        .enumerate()
+        .for_each(|(plane, (out, idx))| {
+            let src = &input[plane * in_plane..][..in_plane];
+            for (k, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {
+                let (top, left) = (start(0, k / out_w), start(1, k % out_w));
+                let (h_lo, h_hi) = tap_range(top, p.kernel_size[0], p.dilation[0], in_h);
+                let (w_lo, w_hi) = tap_range(left, p.kernel_size[1], p.dilation[1], in_w);
+                let at = |th: usize, tw: usize| {
+                    let h = top + (th * p.dilation[0]) as i64;
+                    h * in_w as i64 + left + (tw * p.dilation[1]) as i64
+                };
+                // The geometry guarantees each window a tap inside the input.
+                let (mut best, mut best_at) = (T::NEG_INFINITY, at(h_lo, w_lo));
+                for th in h_lo..h_hi {
+                    for tw in w_lo..w_hi {
+                        let k = at(th, tw);
+                        let v = src[k as usize];
+                        if (v > best) | v.is_nan() {
+                            (best, best_at) = (v, k);
+                        }
+                    }
+                }
+                (*out, *idx) = (best, best_at);
+            }
         });
-    };
+}
+
+/// Every window inside `frame`, a tap at a time over blocks of outputs (the module's rules).
+fn by_frame<T: KernelFloat>(
+    geometry: &MaxPool2dGeometry,
+    frame: &Frame,
+    input: &[T],
+    output: &mut [T],
+    indices: &mut [i64],
+) {
+    let (shape, p) = (&geometry.shape, &geometry.params);
+    let [in_h, in_w] = shape.input_size;
+    let [out_h, out_w] = shape.output_size;
+    let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
     // Each output row's and column's first tap inside the input, for windows no tap won.
     let first = |axis: usize, o: usize, input: usize| {
         let start = (o * p.stride[axis]) as i64 - p.padding[axis] as i64;
@@ -180,13 +241,6 @@ pub fn max_pool2d_forward<T: KernelFloat>(
             let (dh, dw) = (th * p.dilation[0], tw * p.dilation[1]);
             taps.push((dh * frame.cols + dw, (dh * in_w + dw) as i64));
         }
-    }
-    if i32::try_from(taps.len()).is_err() {
-        return Err(KernelError::InvalidShape {
-            op: OP,
-            shape: p.kernel_size.to_vec(),
-            rule: "a window has more than 2^31 taps; use a smaller kernel".into(),
-        });
     }
     let block = (BLOCK_OUTPUTS / out_w).max(1) * out_w;
     let row_step = p.stride[0] * frame.cols;
@@ -228,7 +282,6 @@ pub fn max_pool2d_forward<T: KernelFloat>(
                 }
             },
         );
-    Ok(())
 }
 
 #[cfg(test)]
@@ -400,7 +453,7 @@ mod tests {
             [usize; 2],
             bool,
         );
-        let cases: [Case; 7] = [
+        let cases: [Case; 9] = [
             ([12, 11], [3, 3], [2, 2], [1, 1], [1, 1], false),
             ([12, 11], [3, 3], [2, 2], [1, 1], [1, 1], true),
             ([9, 10], [2, 2], [2, 2], [0, 0], [1, 1], false),
@@ -408,6 +461,10 @@ mod tests {
             ([7, 7], [3, 3], [3, 3], [1, 1], [1, 2], true),
             ([5, 8], [1, 1], [1, 1], [0, 0], [1, 1], false),
             ([16, 3], [4, 3], [2, 1], [2, 1], [1, 1], false),
+            // Windows mostly of padding: the first is visited tap by tap (a frame would be
+            // over four times its plane), the second still through a frame.
+            ([2, 3], [101, 61], [1, 2], [50, 30], [1, 1], false),
+            ([3, 2], [41, 41], [3, 1], [20, 20], [1, 1], true),
         ];
         for (k, (size, kernel, stride, padding, dilation, ceil_mode)) in cases.iter().enumerate() {
             let params = MaxPool2dParams {
@@ -428,5 +485,23 @@ mod tests {
             let got = (out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), idx);
             assert_eq!(got, reference(&g, &input), "case {k}");
         }
+    }
+
+    /// A window of 40001 x 40001 taps over a one-element plane (valid: padding at most half the
+    /// kernel) is that element, at once, without a frame of 1.6e9 elements.
+    #[test]
+    fn a_huge_window_over_a_tiny_plane_reads_only_the_plane() {
+        let params = MaxPool2dParams {
+            kernel_size: [40001, 40001],
+            stride: [1, 1],
+            padding: [20000, 20000],
+            dilation: [1, 1],
+            ceil_mode: false,
+        };
+        let g = MaxPool2dGeometry::new([1, 2, 1, 1], params).unwrap();
+        assert_eq!(g.shape.output_size, [1, 1]);
+        let (mut out, mut idx) = (vec![0f32; 2], vec![7i64; 2]);
+        max_pool2d_forward(&g, &[-3.0, f32::NEG_INFINITY], &mut out, &mut idx).unwrap();
+        assert_eq!((out, idx), (vec![-3.0, f32::NEG_INFINITY], vec![0, 0]));
     }
 }
