@@ -286,8 +286,7 @@ mod tests {
     use super::*;
     use crate::ops::conv::cpu::{conv2d_backward_input, conv2d_forward};
     use crate::ops::conv::cpu_rows::use_rows;
-    use crate::ops::conv::reference::{self, test_values};
-    use crate::ops::conv::Conv2dParams;
+    use crate::ops::conv::reference::{self, on_pools_of_1_and_3, test_values};
 
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -386,51 +385,38 @@ mod tests {
         }
         let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
         let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            for (input_shape, weight_shape, padding, dilation, groups) in cases {
-                let params = Conv2dParams {
-                    padding,
-                    dilation,
-                    groups,
-                    ..Conv2dParams::default()
-                };
-                let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
-                assert!(use_rows(&g) && g.out_channels / groups >= ROWS);
-                let n = |s: [usize; 4]| s.iter().product::<usize>();
-                let (x, w) = (
-                    test_values(n(g.input_shape()), 1),
-                    test_values(n(g.weight_shape()), 2),
-                );
-                let b = test_values(g.out_channels, 3);
-                let (xf, wf, bf) = (f32s(x.clone()), f32s(w.clone()), f32s(b.clone()));
-                for bias in [None, Some(&b)] {
-                    let mut want = vec![0.0; n(g.output_shape())];
-                    reference::conv2d_forward(&g, &x, &w, bias.map(|b| &b[..]), &mut want).unwrap();
-                    let mut out = vec![f32::NAN; want.len()];
-                    let bias_f = bias.map(|_| &bf[..]);
-                    let ran = pool.install(|| forward(&g, &xf, &wf, bias_f, &mut out));
-                    assert_eq!(ran.is_some(), crate::ops::simd::isa().is_some());
-                    pool.install(|| conv2d_forward(&g, &xf, &wf, bias_f, &mut out))
-                        .unwrap();
-                    let what = format!(
-                        "{g:?} forward, bias {}, {threads} thread(s)",
-                        bias.is_some()
-                    );
-                    kiln_testkit::assert_close_finite(&what, &f64s(&out), &want, (1e-5, 1e-5));
-                }
-                let go = test_values(n(g.output_shape()), 4);
-                let mut want = vec![0.0; x.len()];
-                reference::conv2d_backward_input(&g, &go, &w, &mut want).unwrap();
-                let mut gin = vec![f32::NAN; x.len()];
-                pool.install(|| conv2d_backward_input(&g, &f32s(go.clone()), &wf, &mut gin))
+        on_pools_of_1_and_3(&cases, |threads, pool, g| {
+            assert!(use_rows(g) && g.out_channels / g.params.groups >= ROWS);
+            let n = |s: [usize; 4]| s.iter().product::<usize>();
+            let (x, w) = (
+                test_values(n(g.input_shape()), 1),
+                test_values(n(g.weight_shape()), 2),
+            );
+            let b = test_values(g.out_channels, 3);
+            let (xf, wf, bf) = (f32s(x.clone()), f32s(w.clone()), f32s(b.clone()));
+            for bias in [None, Some(&b)] {
+                let mut want = vec![0.0; n(g.output_shape())];
+                reference::conv2d_forward(g, &x, &w, bias.map(|b| &b[..]), &mut want).unwrap();
+                let mut out = vec![f32::NAN; want.len()];
+                let bias_f = bias.map(|_| &bf[..]);
+                let ran = pool.install(|| forward(g, &xf, &wf, bias_f, &mut out));
+                assert_eq!(ran.is_some(), crate::ops::simd::isa().is_some());
+                pool.install(|| conv2d_forward(g, &xf, &wf, bias_f, &mut out))
                     .unwrap();
-                let what = format!("{g:?} grad_input, {threads} thread(s)");
-                kiln_testkit::assert_close_finite(&what, &f64s(&gin), &want, (1e-5, 1e-5));
+                let what = format!(
+                    "{g:?} forward, bias {}, {threads} thread(s)",
+                    bias.is_some()
+                );
+                kiln_testkit::assert_close_finite(&what, &f64s(&out), &want, (1e-5, 1e-5));
             }
-        }
+            let go = test_values(n(g.output_shape()), 4);
+            let mut want = vec![0.0; x.len()];
+            reference::conv2d_backward_input(g, &go, &w, &mut want).unwrap();
+            let mut gin = vec![f32::NAN; x.len()];
+            pool.install(|| conv2d_backward_input(g, &f32s(go.clone()), &wf, &mut gin))
+                .unwrap();
+            let what = format!("{g:?} grad_input, {threads} thread(s)");
+            kiln_testkit::assert_close_finite(&what, &f64s(&gin), &want, (1e-5, 1e-5));
+        });
     }
 }

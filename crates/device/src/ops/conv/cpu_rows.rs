@@ -287,7 +287,7 @@ mod tests {
     use super::*;
     use crate::ops::conv::cpu::{conv2d_backward_input, conv2d_backward_weight, conv2d_forward};
     use crate::ops::conv::reference::{
-        self, assert_passes_match_loops, test_values as values, TestPasses,
+        self, assert_passes_match_loops, on_pools_of_1_and_3, test_values as values, TestPasses,
     };
     use crate::ops::conv::Conv2dParams;
 
@@ -304,35 +304,16 @@ mod tests {
             ([4, 4, 9, 20], [6, 2, 3, 2], [2, 1], [1, 2], 2),
             ([2, 2, 6, 24], [3, 2, 2, 2], [0, 0], [1, 1], 1),
         ];
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            for (input_shape, weight_shape, padding, dilation, groups) in cases {
-                let params = Conv2dParams {
-                    padding,
-                    dilation,
-                    groups,
-                    ..Conv2dParams::default()
-                };
-                let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
-                assert!(use_rows(&g), "{g:?} takes the padded rows");
-                let what = format!("{g:?} on {threads} thread(s)");
-                let passes = TestPasses {
-                    forward: &|(x, b), w, out| {
-                        pool.install(|| conv2d_forward(&g, x, w, Some(b), out))
-                    },
-                    backward_input: &|go, w, gin| {
-                        pool.install(|| conv2d_backward_input(&g, go, w, gin))
-                    },
-                    backward_weight: &|x, go, gw| {
-                        pool.install(|| conv2d_backward_weight(&g, x, go, gw))
-                    },
-                };
-                assert_passes_match_loops(&what, &g, passes);
-            }
-        }
+        on_pools_of_1_and_3(&cases, |threads, pool, g| {
+            assert!(use_rows(g), "{g:?} takes the padded rows");
+            let what = format!("{g:?} on {threads} thread(s)");
+            let passes = TestPasses {
+                forward: &|(x, b), w, out| pool.install(|| conv2d_forward(g, x, w, Some(b), out)),
+                backward_input: &|go, w, gin| pool.install(|| conv2d_backward_input(g, go, w, gin)),
+                backward_weight: &|x, go, gw| pool.install(|| conv2d_backward_weight(g, x, go, gw)),
+            };
+            assert_passes_match_loops(&what, g, passes);
+        });
     }
 
     /// Empty convolutions never panic. No input channels (so no taps): the output is the bias

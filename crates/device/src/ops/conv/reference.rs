@@ -120,6 +120,35 @@ pub(super) fn test_values(n: usize, seed: usize) -> Vec<f64> {
         .collect()
 }
 
+/// A convolution of the padded-row paths' tests: input shape, weight shape, padding, dilation
+/// and groups.
+#[cfg(test)]
+pub(super) type RowsCase = ([usize; 4], [usize; 4], [usize; 2], [usize; 2], usize);
+
+/// Calls `check(threads, pool, geometry)` for every case on pools of 1 and 3 threads.
+#[cfg(test)]
+pub(super) fn on_pools_of_1_and_3(
+    cases: &[RowsCase],
+    check: impl Fn(usize, &rayon::ThreadPool, &Conv2dGeometry),
+) {
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for &(input_shape, weight_shape, padding, dilation, groups) in cases {
+            let params = super::Conv2dParams {
+                padding,
+                dilation,
+                groups,
+                ..super::Conv2dParams::default()
+            };
+            let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
+            check(threads, &pool, &g);
+        }
+    }
+}
+
 /// A pass of two operands writing a third (`Ok` on success).
 #[cfg(test)]
 type TestPass<'a> = &'a dyn Fn(&[f64], &[f64], &mut [f64]) -> crate::Result<()>;
