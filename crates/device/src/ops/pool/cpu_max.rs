@@ -20,14 +20,14 @@ use crate::ops::simd::{self, simd_dispatch};
 use crate::ops::KernelFloat;
 use rayon::prelude::*;
 
+/// Where the window of output position `o` starts along `axis` (negative inside the padding).
+fn window_start(p: &MaxPool2dParams, axis: usize, o: usize) -> i64 {
+    (o * p.stride[axis]) as i64 - p.padding[axis] as i64
+}
+
 /// The taps `t` in `0..kernel` for which `start + t * dilation` lies in `0..input`, as a
 /// half-open range (empty when none does).
-pub(super) fn tap_range(
-    start: i64,
-    kernel: usize,
-    dilation: usize,
-    input: usize,
-) -> (usize, usize) {
+fn tap_range(start: i64, kernel: usize, dilation: usize, input: usize) -> (usize, usize) {
     let d = dilation as i64;
     let lo = if start >= 0 { 0 } else { (-start + d - 1) / d };
     let room = input as i64 - start;
@@ -183,7 +183,6 @@ fn by_window<T: KernelFloat>(
     let (shape, p) = (&geometry.shape, &geometry.params);
     let ([in_h, in_w], out_w) = (shape.input_size, shape.output_size[1]);
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    let start = |axis: usize, o: usize| (o * p.stride[axis]) as i64 - p.padding[axis] as i64;
     output
         .par_chunks_mut(out_plane)
         .zip(indices.par_chunks_mut(out_plane))
@@ -191,7 +190,7 @@ fn by_window<T: KernelFloat>(
         .for_each(|(plane, (out, idx))| {
             let src = &input[plane * in_plane..][..in_plane];
             for (k, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {
-                let (top, left) = (start(0, k / out_w), start(1, k % out_w));
+                let (top, left) = (window_start(p, 0, k / out_w), window_start(p, 1, k % out_w));
                 let (h_lo, h_hi) = tap_range(top, p.kernel_size[0], p.dilation[0], in_h);
                 let (w_lo, w_hi) = tap_range(left, p.kernel_size[1], p.dilation[1], in_w);
                 let at = |th: usize, tw: usize| {
@@ -228,7 +227,7 @@ fn by_frame<T: KernelFloat>(
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
     // Each output row's and column's first tap inside the input, for windows no tap won.
     let first = |axis: usize, o: usize, input: usize| {
-        let start = (o * p.stride[axis]) as i64 - p.padding[axis] as i64;
+        let start = window_start(p, axis, o);
         let (lo, _) = tap_range(start, p.kernel_size[axis], p.dilation[axis], input);
         start + (lo * p.dilation[axis]) as i64
     };
@@ -270,9 +269,9 @@ fn by_frame<T: KernelFloat>(
                     let idx_rows = idx.chunks_exact_mut(out_w).zip(won.chunks_exact(out_w));
                     for (r, (idx, won)) in idx_rows.enumerate() {
                         let oh = first_row + r;
-                        let top = (oh * p.stride[0]) as i64 - p.padding[0] as i64;
+                        let top = window_start(p, 0, oh);
                         for (ow, (i, &t)) in idx.iter_mut().zip(won).enumerate() {
-                            let left = (ow * p.stride[1]) as i64 - p.padding[1] as i64;
+                            let left = window_start(p, 1, ow);
                             *i = match taps.get(t as usize) {
                                 Some(&(_, offset)) if t >= 0 => top * in_w as i64 + left + offset,
                                 _ => first_rows[oh] * in_w as i64 + first_cols[ow],
