@@ -16,7 +16,13 @@ const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 /// Writes an embedded fixture to a temporary file: the fixtures travel inside the test binary,
 /// so it also runs where the source tree is absent.
 fn embedded(name: &str, bytes: &[u8]) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-models-pth-{}", std::process::id()));
+    // A folder per call: tests run in parallel, and two writing the same file name into one
+    // folder could truncate it under the other's reader.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir()
+        .join(format!("kiln-models-pth-{}", std::process::id()))
+        .join(call.to_string());
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
