@@ -11,7 +11,7 @@
 //! for the scale part, and `ratio = limit / measured` (1.0 = at the bandwidth limit).
 
 use super::harness::{bandwidth_rows, median_secs, Options, Row};
-use super::torch::{self, Figure};
+use super::torch::{Figure, Pairs};
 use kiln_autograd::{no_grad, DType, Device, Parameter, Tensor};
 use kiln_device::threads::cpu_pool;
 use rayon::prelude::*;
@@ -176,7 +176,7 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
-    let mut vs_torch = Vec::new();
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
     for set in grad_sets() {
         let params = params_with_grads(&set)?;
         let bytes = (set.numel() * 4) as f64;
@@ -244,16 +244,10 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
             _ => None,
         };
         if let Some(id) = id {
-            vs_torch.push((id, set.name, t));
+            let case = format!("{}: clip, fused", set.name);
+            pairs.add(&case, id, t * 1e3, Figure::Millis);
         }
     }
-    if options.vs_torch {
-        let ids: Vec<String> = vs_torch.iter().map(|c| c.0.to_string()).collect();
-        let side = torch::measure(&ids, options.quick);
-        for (id, name, secs) in vs_torch {
-            let case = format!("{name}: clip, fused");
-            rows.push(side.row(GROUP, &case, id, secs * 1e3, Figure::Millis));
-        }
-    }
+    rows.extend(pairs.into_rows());
     Ok(rows)
 }

@@ -14,7 +14,7 @@
 //! FLOP does not depend on the batch: it is the same loop per image).
 
 use super::harness::{best_of, err, seconds, Options, Row};
-use super::torch::{self, Figure};
+use super::torch::{Figure, Pairs};
 use kiln_autograd::{Conv2dParams, DType, Device, Generator};
 use kiln_device::ops::conv::{reference, Conv2dGeometry};
 use kiln_device::ops::matmul::matmul_reference;
@@ -33,16 +33,10 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         kiln_device::threads::num_threads()
     );
     if !options.gpu_only {
-        let rates = matmul(options, &mut rows)?;
+        let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+        matmul(options, &mut rows, &mut pairs)?;
         conv2d(options, &mut rows)?;
-        if options.vs_torch {
-            let ids: Vec<String> = rates.iter().map(|(n, _)| format!("matmul/{n}")).collect();
-            let side = torch::measure(&ids, options.quick);
-            for ((n, rate), id) in rates.iter().zip(&ids) {
-                let case = format!("matmul_f32_{n}x{n}x{n}");
-                rows.push(side.row(GROUP, &case, id, *rate, Figure::Gflops));
-            }
-        }
+        rows.extend(pairs.into_rows());
     }
     if options.gpu {
         super::ops_gpu::run(options, &mut rows)?;
@@ -50,9 +44,8 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-/// The matmul rows; returns kiln's GFLOP/s at 512 and 1024 (the `--vs-torch` cases).
-fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<Vec<(usize, f64)>, String> {
-    let mut rates = Vec::new();
+/// The matmul rows; at 512 and 1024, PyTorch's rate next to kiln's (the `--vs-torch` cases).
+fn matmul(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(), String> {
     let mut generator = Generator::new(1);
     for n in [256usize, 512, 1024] {
         let flops = 2.0 * (n * n * n) as f64;
@@ -88,7 +81,8 @@ fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<Vec<(usize, f64)>, S
             kiln_rate / ref_rate,
         ));
         if n >= 512 {
-            rates.push((n, kiln_rate));
+            let case = format!("matmul_f32_{n}x{n}x{n}");
+            pairs.add(&case, &format!("matmul/{n}"), kiln_rate, Figure::Gflops);
         }
         if n == 512 {
             rows.push(Row::new(
@@ -104,7 +98,7 @@ fn matmul(options: &Options, rows: &mut Vec<Row>) -> Result<Vec<(usize, f64)>, S
             ));
         }
     }
-    Ok(rates)
+    Ok(())
 }
 
 /// One convolution shape of ResNet18 (CIFAR-style) at 32x32 input.

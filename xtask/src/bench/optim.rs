@@ -7,7 +7,7 @@
 
 use super::clip::{bandwidth, grad_sets, params_with_grads, SHRINK};
 use super::harness::{bandwidth_rows, median_secs, Options, Row};
-use super::torch::{self, Figure};
+use super::torch::{Figure, Pairs};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup};
 
 const GROUP: &str = "optim";
@@ -18,7 +18,7 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
-    let mut vs_torch = Vec::new();
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
     for set in grad_sets() {
         let params = params_with_grads(&set)?;
         let mut opt = AdamW::new(
@@ -61,17 +61,17 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
             t_sep / t_fused,
         ));
         if set.name.starts_with("resnet18") {
-            vs_torch.push(("adamw_resnet18", "AdamW step, fused", t));
-            vs_torch.push(("clip_adamw_resnet18", "clip + AdamW step", t_fused));
+            let case = |what| format!("resnet18 (62 tensors): {what}");
+            let (adamw, clip_adamw) = (case("AdamW step, fused"), case("clip + AdamW step"));
+            pairs.add(&adamw, "adamw_resnet18", t * 1e3, Figure::Millis);
+            pairs.add(
+                &clip_adamw,
+                "clip_adamw_resnet18",
+                t_fused * 1e3,
+                Figure::Millis,
+            );
         }
     }
-    if options.vs_torch {
-        let ids: Vec<String> = vs_torch.iter().map(|c| c.0.to_string()).collect();
-        let side = torch::measure(&ids, options.quick);
-        for (id, case, secs) in vs_torch {
-            let case = format!("resnet18 (62 tensors): {case}");
-            rows.push(side.row(GROUP, &case, id, secs * 1e3, Figure::Millis));
-        }
-    }
+    rows.extend(pairs.into_rows());
     Ok(rows)
 }

@@ -6,6 +6,10 @@
 //! CI: without `--vs-torch` nothing is run; with it and no PyTorch, every comparison row still
 //! appears, with kiln's figure, a `null` ratio and the reason PyTorch's figure is missing.
 //!
+//! Each PyTorch case runs right after kiln's figure of it ([`Pairs`]), in an interpreter of its
+//! own: on a shared machine whose speed drifts by tens of percent within minutes, running every
+//! kiln case and then every PyTorch case put minutes between the two figures of a ratio.
+//!
 //! Invariants: a case id (`NAME` or `NAME/ARG`) means the same model, batch and optimizer on
 //! both sides; `ratio >= 1` means kiln is better (PyTorch's time over kiln's, or kiln's rate over
 //! PyTorch's); a missing figure never fails the run.
@@ -174,6 +178,41 @@ impl TorchSide {
     }
 }
 
+/// Rows comparing kiln with PyTorch, case by case: [`Pairs::add`] measures PyTorch's side of a
+/// case as soon as kiln's figure exists (nothing when `--vs-torch` is off).
+pub struct Pairs {
+    group: &'static str,
+    enabled: bool,
+    quick: bool,
+    rows: Vec<Row>,
+}
+
+impl Pairs {
+    /// Pairs for `group`; `enabled` is `--vs-torch`, `quick` picks the script's short timings.
+    pub fn new(group: &'static str, enabled: bool, quick: bool) -> Self {
+        Self {
+            group,
+            enabled,
+            quick,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Runs case `id` in PyTorch now and keeps the row comparing it with kiln's `value`.
+    pub fn add(&mut self, case: &str, id: &str, value: f64, figure: Figure) {
+        if self.enabled {
+            let side = measure(&[id.to_string()], self.quick);
+            self.rows
+                .push(side.row(self.group, case, id, value, figure));
+        }
+    }
+
+    /// The rows, in the order the cases were added.
+    pub fn into_rows(self) -> Vec<Row> {
+        self.rows
+    }
+}
+
 /// A busy competing process for the contention cases: a shell loop spinning on one core,
 /// killed when dropped (the PyTorch script starts the same loop for its side).
 pub struct Spinner(Child);
@@ -236,6 +275,16 @@ mod tests {
             "{}",
             r.reference
         );
+    }
+
+    /// Without `--vs-torch` the pairs run nothing (no interpreter is started: one would
+    /// print `bench: PyTorch side`) and add no row.
+    #[test]
+    fn pairs_without_vs_torch_add_no_rows() {
+        let mut pairs = Pairs::new("train", false, true);
+        pairs.add("step", "resnet18_cifar_step/4", 5.0, Figure::Millis);
+        pairs.add("matmul", "matmul/512", 100.0, Figure::Gflops);
+        assert!(pairs.into_rows().is_empty());
     }
 
     #[test]

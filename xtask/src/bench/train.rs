@@ -33,7 +33,7 @@
 //! figure is the allocator's total).
 
 use super::harness::{best_of, err, median_of, Options, Row};
-use super::torch::{self, Figure, Spinner};
+use super::torch::{Figure, Pairs, Spinner};
 use kiln_autograd::{manual_seed, no_grad, DType, Device, Generator, Module, Tensor};
 use kiln_device::{
     empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
@@ -62,49 +62,43 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     } else {
         (128, 32, 8)
     };
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
     let mlp_ms = mlp_step(options, mlp_batch, matmul_rate, &mut rows)?;
+    let id = format!("mlp_step/{mlp_batch}");
+    pairs.add(&format!("mlp step ({id})"), &id, mlp_ms, Figure::Millis);
     let cifar = Resnet {
         size: 32,
         batch: cifar_batch,
     };
     let cifar_ms = resnet_step(options, cifar, matmul_rate, &mut rows)?;
+    let id = format!("resnet18_cifar_step/{cifar_batch}");
+    pairs.add(
+        &format!("resnet18 32x32 step ({id})"),
+        &id,
+        cifar_ms,
+        Figure::Millis,
+    );
     let big = Resnet {
         size: 224,
         batch: big_batch,
     };
     let big_ms = resnet_step(options, big, matmul_rate, &mut rows)?;
+    let id = format!("resnet18_224_step/{big_batch}");
+    pairs.add(
+        &format!("resnet18 224x224 step ({id})"),
+        &id,
+        big_ms,
+        Figure::Millis,
+    );
     let eval_ms = resnet_eval(options, &mut rows)?;
+    let id = "resnet18_224_eval/1";
+    let case = format!("resnet18 224x224 batch 1 eval ({id})");
+    pairs.add(&case, id, eval_ms, Figure::Millis);
     let contended_ms = contended_step(options, cifar, cifar_ms, &mut rows)?;
-    if options.vs_torch {
-        let cases = [
-            (format!("mlp_step/{mlp_batch}"), "mlp step", mlp_ms),
-            (
-                format!("resnet18_cifar_step/{cifar_batch}"),
-                "resnet18 32x32 step",
-                cifar_ms,
-            ),
-            (
-                format!("resnet18_224_step/{big_batch}"),
-                "resnet18 224x224 step",
-                big_ms,
-            ),
-            (
-                "resnet18_224_eval/1".to_string(),
-                "resnet18 224x224 batch 1 eval",
-                eval_ms,
-            ),
-            (
-                format!("resnet18_cifar_step_contended/{cifar_batch}"),
-                "resnet18 32x32 step, one core busy",
-                contended_ms,
-            ),
-        ];
-        let ids: Vec<String> = cases.iter().map(|c| c.0.clone()).collect();
-        let side = torch::measure(&ids, options.quick);
-        for (id, case, ms) in &cases {
-            rows.push(side.row(GROUP, &format!("{case} ({id})"), id, *ms, Figure::Millis));
-        }
-    }
+    let id = format!("resnet18_cifar_step_contended/{cifar_batch}");
+    let case = format!("resnet18 32x32 step, one core busy ({id})");
+    pairs.add(&case, &id, contended_ms, Figure::Millis);
+    rows.extend(pairs.into_rows());
     if options.gpu {
         eprintln!(
             "bench train: --gpu: this group measures CPU steps; the CUDA training step (ResNet18, \
