@@ -39,6 +39,12 @@ pub fn autocast_dtype() -> Option<DType> {
     AUTOCAST.with(|a| a.get())
 }
 
+/// Sets this thread's autocast dtype and returns the previous one (for `cpu_pool.rs`, which
+/// restores it itself).
+pub(crate) fn replace_autocast(dtype: Option<DType>) -> Option<DType> {
+    AUTOCAST.with(|a| a.replace(dtype))
+}
+
 /// An autocast scope on this thread until dropped (then the previous state is restored).
 #[must_use = "autocast ends as soon as the guard is dropped"]
 pub struct AutocastGuard {

@@ -68,6 +68,36 @@ pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     })
 }
 
+/// Handles now held that keep whole passes off the pool (see [`OpByOp`]).
+static OP_BY_OP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// While one is held anywhere in the process, a whole forward or backward pass is not handed to
+/// the pool (`kiln_autograd::on_cpu_pool` runs it on the calling thread, which hands the pool
+/// one op at a time). Ranks that run as threads of one process hold one each: a rank blocked in
+/// a collective inside a pass would then block a pool thread, and the other ranks' kernels
+/// could not run (with a one-thread pool, never).
+#[derive(Debug)]
+pub struct OpByOp(());
+
+impl OpByOp {
+    /// Holds whole passes off the pool until dropped.
+    pub fn hold() -> Self {
+        OP_BY_OP.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        OpByOp(())
+    }
+}
+
+impl Drop for OpByOp {
+    fn drop(&mut self) {
+        OP_BY_OP.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// False while an [`OpByOp`] is held.
+pub fn passes_may_run_on_pool() -> bool {
+    OP_BY_OP.load(std::sync::atomic::Ordering::SeqCst) == 0
+}
+
 /// The pool (built on first call, honouring `KILN_NUM_THREADS`).
 pub fn cpu_pool() -> &'static rayon::ThreadPool {
     static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();

@@ -16,7 +16,7 @@
 use super::grad_mode::NoGradGuard;
 use super::graph::{Edge, Node};
 use crate::tensor::{fmt_shape, Tensor};
-use crate::{Error, Result};
+use crate::{Device, Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -58,6 +58,15 @@ pub(crate) fn run_backward(
     gradient: Option<&Tensor>,
     retain_graph: bool,
 ) -> Result<()> {
+    // A CPU graph runs on kiln's CPU pool as a whole rather than op by op (`cpu_pool.rs`).
+    if root.device() == Device::Cpu {
+        return crate::on_cpu_pool(|| run_backward_here(root, gradient, retain_graph));
+    }
+    run_backward_here(root, gradient, retain_graph)
+}
+
+/// [`run_backward`] on this thread.
+fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: bool) -> Result<()> {
     // Backward runs in the dtypes the forward recorded, never under autocast (PyTorch's rule).
     let _no_autocast = crate::autocast::AutocastGuard::disabled();
     if !root.requires_grad() {

@@ -20,6 +20,12 @@ fn set_grad_enabled(enabled: bool) -> bool {
     GRAD_ENABLED.with(|g| g.replace(enabled))
 }
 
+/// Sets this thread's grad mode and returns the previous one (for `cpu_pool.rs`, which
+/// restores it itself).
+pub(crate) fn replace_grad_enabled(enabled: bool) -> bool {
+    set_grad_enabled(enabled)
+}
+
 /// Disables graph recording on this thread until dropped (then restores the previous mode).
 #[must_use = "grad mode is restored as soon as the guard is dropped"]
 pub struct NoGradGuard {

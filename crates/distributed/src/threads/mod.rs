@@ -86,6 +86,8 @@ pub struct ThreadGroup {
     shared: Arc<Shared>,
     requests: Option<Mutex<Sender<Request>>>,
     worker: Option<JoinHandle<()>>,
+    /// Ranks on threads of one process run their passes op by op (`OpByOp`).
+    _op_by_op: kiln_device::threads::OpByOp,
 }
 
 impl std::fmt::Debug for ThreadGroup {
@@ -137,6 +139,7 @@ impl ThreadGroup {
                     shared: shared.clone(),
                     requests: Some(Mutex::new(tx)),
                     worker: Some(worker),
+                    _op_by_op: kiln_device::threads::OpByOp::hold(),
                 })
             })
             .collect()

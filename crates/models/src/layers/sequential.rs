@@ -92,11 +92,13 @@ impl Layer for Sequential {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = x.clone();
-        for (name, l) in &self.items {
-            h = crate::scope::forward_in(name, l.as_ref(), &h)?;
-        }
-        Ok(h)
+        crate::scope::whole_on_pool(x, || {
+            let mut h = x.clone();
+            for (name, l) in &self.items {
+                h = crate::scope::forward_in(name, l.as_ref(), &h)?;
+            }
+            Ok(h)
+        })
     }
 
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {

@@ -152,15 +152,17 @@ impl Layer for Gpt {
     }
 
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.check(ids.shape(), ids.dtype())?;
-        let t = ids.shape()[1];
-        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, ids.device())?;
-        use crate::scope::forward_in;
-        let x = forward_in("wte", &self.wte, ids)?.add(&forward_in("wpe", &self.wpe, &pos)?)?;
-        let x = forward_in("drop", &self.drop, &x)?;
-        let x = forward_in("h", &self.h, &x)?;
-        let x = forward_in("ln_f", &self.ln_f, &x)?;
-        forward_in("lm_head", &self.lm_head, &x)
+        crate::scope::whole_on_pool(ids, || {
+            self.check(ids.shape(), ids.dtype())?;
+            let t = ids.shape()[1];
+            let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, ids.device())?;
+            use crate::scope::forward_in;
+            let x = forward_in("wte", &self.wte, ids)?.add(&forward_in("wpe", &self.wpe, &pos)?)?;
+            let x = forward_in("drop", &self.drop, &x)?;
+            let x = forward_in("h", &self.h, &x)?;
+            let x = forward_in("ln_f", &self.ln_f, &x)?;
+            forward_in("lm_head", &self.lm_head, &x)
+        })
     }
 
     fn trace(&self, tr: &mut Tracer, ids: &Act) -> Result<Act> {

@@ -474,17 +474,19 @@ impl Layer for ResNet {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         use crate::scope::forward_in;
-        let h = forward_in("conv1", &self.conv1, x)?;
-        let h = forward_in("bn1", &self.bn1, &h)?;
-        let mut h = forward_in("relu", &self.relu, &h)?;
-        if let Some(m) = &self.maxpool {
-            h = forward_in("maxpool", m, &h)?;
-        }
-        for (name, s) in STAGE_NAMES.iter().zip(&self.stages) {
-            h = forward_in(name, s, &h)?;
-        }
-        let h = forward_in("avgpool", &self.avgpool, &h)?.flatten(1, -1)?;
-        forward_in("fc", &self.fc, &h)
+        crate::scope::whole_on_pool(x, || {
+            let h = forward_in("conv1", &self.conv1, x)?;
+            let h = forward_in("bn1", &self.bn1, &h)?;
+            let mut h = forward_in("relu", &self.relu, &h)?;
+            if let Some(m) = &self.maxpool {
+                h = forward_in("maxpool", m, &h)?;
+            }
+            for (name, s) in STAGE_NAMES.iter().zip(&self.stages) {
+                h = forward_in(name, s, &h)?;
+            }
+            let h = forward_in("avgpool", &self.avgpool, &h)?.flatten(1, -1)?;
+            forward_in("fc", &self.fc, &h)
+        })
     }
 
     fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {

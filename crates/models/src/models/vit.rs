@@ -320,17 +320,19 @@ impl Layer for VisionTransformer {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.check(x.shape())?;
-        let n = x.shape()[0];
-        let d = self.config.hidden_dim;
-        use crate::scope::forward_in;
-        let patches = forward_in("conv_proj", &self.conv_proj, x)?
-            .flatten(2, -1)?
-            .permute(&[0, 2, 1])?;
-        let cls = self.class_token.expand(&[n, 1, d])?;
-        let tokens = Tensor::cat(&[cls, patches], 1)?;
-        let h = forward_in("encoder", &self.encoder, &tokens)?;
-        forward_in("heads", &self.heads, &h.select(1, 0)?)
+        crate::scope::whole_on_pool(x, || {
+            self.check(x.shape())?;
+            let n = x.shape()[0];
+            let d = self.config.hidden_dim;
+            use crate::scope::forward_in;
+            let patches = forward_in("conv_proj", &self.conv_proj, x)?
+                .flatten(2, -1)?
+                .permute(&[0, 2, 1])?;
+            let cls = self.class_token.expand(&[n, 1, d])?;
+            let tokens = Tensor::cat(&[cls, patches], 1)?;
+            let h = forward_in("encoder", &self.encoder, &tokens)?;
+            forward_in("heads", &self.heads, &h.select(1, 0)?)
+        })
     }
 
     fn trace(&self, t: &mut Tracer, x: &Act) -> Result<Act> {
