@@ -15,10 +15,10 @@
 //! unchanged; so it does while an `OpByOp` is held (thread ranks, which block in collectives).
 //! A closure that waits on another thread which itself needs the pool (a hook blocking on a
 //! channel fed by kiln ops elsewhere) must not be handed over: with a one-thread pool it would
-//! wait forever. Kiln's model forwards and backward call hooks, so such a hook would have to
-//! run with an `OpByOp` held. Nothing else kiln keeps per thread matters to a CPU forward or backward: the
-//! random generator is global, and the list of buffers an op saves is built and read on the
-//! thread that builds the op.
+//! wait forever. Model forwards and backward run user hooks, so a hook that waits like that
+//! needs an `OpByOp` held while its pass runs. Nothing else kiln keeps per thread matters to a
+//! CPU pass: the random generator is global, and the list of buffers an op saves is built and
+//! read on the thread that builds the op.
 
 use crate::autocast::{autocast_dtype, replace_autocast};
 use crate::autograd::grad_mode::{is_grad_enabled, replace_grad_enabled};

@@ -14,7 +14,7 @@ fn pool_state() -> Vec<(bool, Option<DType>)> {
 }
 
 #[test]
-fn the_callers_state_reaches_the_pool_and_the_pools_comes_back() {
+fn the_callers_state_reaches_the_pool_and_the_pools_state_comes_back_after() {
     let fresh = vec![(true, None); kiln_device::threads::num_threads()];
     assert_eq!(pool_state(), fresh);
     // Runs on a pool thread, with the caller's grad mode.
