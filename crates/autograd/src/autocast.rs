@@ -39,8 +39,8 @@ pub fn autocast_dtype() -> Option<DType> {
     AUTOCAST.with(|a| a.get())
 }
 
-/// Sets this thread's autocast dtype and returns the previous one (for `cpu_pool.rs`, which
-/// restores it itself).
+/// Sets this thread's autocast dtype and returns the previous one (the guards here, and
+/// `cpu_pool.rs`, which restores it itself).
 pub(crate) fn replace_autocast(dtype: Option<DType>) -> Option<DType> {
     AUTOCAST.with(|a| a.replace(dtype))
 }
@@ -64,7 +64,7 @@ impl AutocastGuard {
             ));
         }
         Ok(AutocastGuard {
-            previous: AUTOCAST.with(|a| a.replace(Some(dtype))),
+            previous: replace_autocast(Some(dtype)),
             _not_send: PhantomData,
         })
     }
@@ -72,7 +72,7 @@ impl AutocastGuard {
     /// Turns autocast off until dropped (PyTorch's `autocast(enabled=False)` inside a scope).
     pub fn disabled() -> Self {
         AutocastGuard {
-            previous: AUTOCAST.with(|a| a.replace(None)),
+            previous: replace_autocast(None),
             _not_send: PhantomData,
         }
     }

@@ -11,8 +11,9 @@
 //! Invariants: the closure sees the caller's grad mode and autocast dtype (and, while an
 //! allocation history records, the caller's allocation context); the pool thread's own state is
 //! restored when the closure ends, by guards, so also when it panics (the panic then reaches
-//! the caller, as `install` resumes it there). From a pool thread the closure runs in place,
-//! unchanged; so it does while an `OpByOp` is held (thread ranks, which block in collectives).
+//! the caller, as `install` resumes it there). A pass on another device, one started on a pool
+//! thread, and any pass while an `OpByOp` is held (thread ranks, which block in collectives) run
+//! in place, unchanged.
 //! A closure that waits on another thread which itself needs the pool (a hook blocking on a
 //! channel fed by kiln ops elsewhere) must not be handed over: with a one-thread pool it would
 //! wait forever. Model forwards and backward run user hooks, so a hook that waits like that
@@ -21,8 +22,8 @@
 //! read on the thread that builds the op.
 
 use crate::autocast::{autocast_dtype, replace_autocast};
-use crate::autograd::grad_mode::{is_grad_enabled, replace_grad_enabled};
-use kiln_device::AllocContext;
+use crate::autograd::grad_mode::{is_grad_enabled, set_grad_enabled};
+use kiln_device::Device;
 
 /// Restores a pool thread's grad mode and autocast dtype when dropped.
 struct Restore {
@@ -32,27 +33,29 @@ struct Restore {
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        replace_grad_enabled(self.grad);
+        set_grad_enabled(self.grad);
         replace_autocast(self.autocast);
     }
 }
 
-/// Runs `f` on a thread of kiln's CPU pool with this thread's grad mode, autocast dtype and
-/// allocation context, and returns its result; in place when this thread is a pool thread, or
-/// while ranks running as threads hold passes off the pool (`kiln_device::threads::OpByOp`).
-pub fn on_cpu_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let pool = kiln_device::threads::cpu_pool();
-    if pool.current_thread_index().is_some() || !kiln_device::threads::passes_may_run_on_pool() {
+/// Runs `f`, a pass over tensors on `device`, and returns its result: for the CPU, on a thread
+/// of kiln's CPU pool with this thread's grad mode, autocast dtype and allocation context
+/// (`kiln_device::threads::install` carries the last); in place for another device, on a pool
+/// thread, or while ranks running as threads hold passes off the pool
+/// (`kiln_device::threads::OpByOp`).
+pub fn on_cpu_pool<R: Send>(device: Device, f: impl FnOnce() -> R + Send) -> R {
+    let on_pool = kiln_device::threads::cpu_pool()
+        .current_thread_index()
+        .is_some();
+    if device != Device::Cpu || on_pool || !kiln_device::threads::passes_may_run_on_pool() {
         return f();
     }
     let (grad, autocast) = (is_grad_enabled(), autocast_dtype());
-    let context = AllocContext::is_recording_anywhere().then(AllocContext::current);
-    pool.install(move || {
+    kiln_device::threads::install(move || {
         let _restore = Restore {
-            grad: replace_grad_enabled(grad),
+            grad: set_grad_enabled(grad),
             autocast: replace_autocast(autocast),
         };
-        let _context = context.as_ref().map(AllocContext::enter);
         f()
     })
 }

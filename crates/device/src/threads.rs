@@ -59,7 +59,7 @@ pub fn resolve_num_threads(raw: Option<&str>, cores: usize) -> (Option<usize>, O
 /// category) carried in, so what the kernel allocates on the pool's threads is attributed to
 /// the op that ran it when an allocation history is recorded. Costs one relaxed atomic load
 /// when nothing records.
-pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let context = kiln_alloc_cache::AllocContext::is_recording_anywhere()
         .then(kiln_alloc_cache::AllocContext::current);
     cpu_pool().install(move || {

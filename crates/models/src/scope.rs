@@ -16,19 +16,6 @@ pub(crate) fn forward_in(name: &str, layer: &dyn Layer, x: &Tensor) -> Result<Te
     layer.forward(x)
 }
 
-/// Runs a model's forward `f` of input `x` on kiln's CPU pool as a whole when `x` is on the CPU
-/// (`kiln_autograd::on_cpu_pool`: one hand-off instead of one per op), else on this thread.
-pub(crate) fn whole_on_pool(
-    x: &Tensor,
-    f: impl FnOnce() -> Result<Tensor> + Send,
-) -> Result<Tensor> {
-    if x.device() == kiln_autograd::Device::Cpu {
-        kiln_autograd::on_cpu_pool(f)
-    } else {
-        f()
-    }
-}
-
 /// Enters the child module `name` until the guard drops (for children called through other
 /// methods than `forward`).
 pub(crate) fn module(name: &str) -> ContextGuard {

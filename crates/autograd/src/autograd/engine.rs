@@ -16,7 +16,7 @@
 use super::grad_mode::NoGradGuard;
 use super::graph::{Edge, Node};
 use crate::tensor::{fmt_shape, Tensor};
-use crate::{Device, Error, Result};
+use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -59,10 +59,9 @@ pub(crate) fn run_backward(
     retain_graph: bool,
 ) -> Result<()> {
     // A CPU graph runs on kiln's CPU pool as a whole rather than op by op (`cpu_pool.rs`).
-    if root.device() == Device::Cpu {
-        return crate::on_cpu_pool(|| run_backward_here(root, gradient, retain_graph));
-    }
-    run_backward_here(root, gradient, retain_graph)
+    crate::on_cpu_pool(root.device(), || {
+        run_backward_here(root, gradient, retain_graph)
+    })
 }
 
 /// [`run_backward`] on this thread.

@@ -16,14 +16,10 @@ pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(|g| g.get())
 }
 
-fn set_grad_enabled(enabled: bool) -> bool {
+/// Sets this thread's grad mode and returns the previous one (the guards here, and
+/// `cpu_pool.rs`, which restores it itself).
+pub(crate) fn set_grad_enabled(enabled: bool) -> bool {
     GRAD_ENABLED.with(|g| g.replace(enabled))
-}
-
-/// Sets this thread's grad mode and returns the previous one (for `cpu_pool.rs`, which
-/// restores it itself).
-pub(crate) fn replace_grad_enabled(enabled: bool) -> bool {
-    set_grad_enabled(enabled)
 }
 
 /// Disables graph recording on this thread until dropped (then restores the previous mode).

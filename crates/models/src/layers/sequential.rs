@@ -92,7 +92,8 @@ impl Layer for Sequential {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::scope::whole_on_pool(x, || {
+        // The whole pass on kiln's CPU pool, not op by op.
+        kiln_autograd::on_cpu_pool(x.device(), || {
             let mut h = x.clone();
             for (name, l) in &self.items {
                 h = crate::scope::forward_in(name, l.as_ref(), &h)?;

@@ -152,7 +152,8 @@ impl Layer for Gpt {
     }
 
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        crate::scope::whole_on_pool(ids, || {
+        // The whole pass on kiln's CPU pool, not op by op.
+        kiln_autograd::on_cpu_pool(ids.device(), || {
             self.check(ids.shape(), ids.dtype())?;
             let t = ids.shape()[1];
             let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, ids.device())?;

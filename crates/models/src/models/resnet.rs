@@ -474,7 +474,8 @@ impl Layer for ResNet {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         use crate::scope::forward_in;
-        crate::scope::whole_on_pool(x, || {
+        // The whole pass on kiln's CPU pool, not op by op.
+        kiln_autograd::on_cpu_pool(x.device(), || {
             let h = forward_in("conv1", &self.conv1, x)?;
             let h = forward_in("bn1", &self.bn1, &h)?;
             let mut h = forward_in("relu", &self.relu, &h)?;

@@ -320,7 +320,8 @@ impl Layer for VisionTransformer {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::scope::whole_on_pool(x, || {
+        // The whole pass on kiln's CPU pool, not op by op.
+        kiln_autograd::on_cpu_pool(x.device(), || {
             self.check(x.shape())?;
             let n = x.shape()[0];
             let d = self.config.hidden_dim;
