@@ -5,7 +5,8 @@
 //! `cargo run --release -p kiln-alloc-cache --example ratio_table [TRACE...]`
 //!
 //! Columns: kiln default and expandable; expandable with `page_stitching` (stitched blocks:
-//! the simulated device aliases pages); default with `planned_steps` (steps marked at the
+//! the simulated device aliases pages), on CUDA's 2 MiB pages and on the host backend's
+//! 64 KiB ones; default with `planned_steps` (steps marked at the
 //! trace's `# step` lines, or each replay of a trace without them, replayed three times), with
 //! the steps served by the plan out of all steps; PyTorch's policy in both modes; and the
 //! backend calls kiln's default mode makes in replays 2 to 10 of the whole trace back to back
@@ -17,6 +18,7 @@ use kiln_alloc_cache::planned::steps_of;
 use kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
 use kiln_alloc_cache::{
     replay_stitched, replay_with, AllocatorConfig, ReplayMode, ReplayPolicy, Replayer, Trace,
+    DEFAULT_HOST_PAGE,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,10 +29,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!(
-        "| trace | kiln default | kiln expandable | + stitching | planned (steps planned) | \
-         PyTorch default | PyTorch expandable | kiln default calls in replays 2-10 |"
+        "| trace | kiln default | kiln expandable | + stitching | + stitching, host pages | \
+         planned (steps planned) | PyTorch default | PyTorch expandable | \
+         kiln default calls in replays 2-10 |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for path in paths {
         let text = std::fs::read_to_string(&path)?;
         let trace = Trace::parse(&text)?;
@@ -49,6 +52,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 replay_stitched(&trace, DEFAULT_REPLAY_CAPACITY)?.reserved_over_live
             ),
         ];
+        let stitching = AllocatorConfig {
+            page_stitching: true,
+            ..AllocatorConfig::expandable()
+        };
+        let mut host = Replayer::with_page(stitching, DEFAULT_REPLAY_CAPACITY, DEFAULT_HOST_PAGE)?;
+        host.run(&trace)?;
+        cells.push(format!("{:.3}", host.report().reserved_over_live));
         let config = AllocatorConfig {
             planned_steps: true,
             ..AllocatorConfig::default()

@@ -39,6 +39,13 @@ pub struct AllocatorConfig {
     ///
     /// [`CachingAllocator::mark_step`]: crate::CachingAllocator::mark_step
     pub planned_steps: bool,
+    /// Page of host expandable segments, in bytes (`host_page_kb`): what kiln-device's CPU
+    /// allocator passes to [`HostBackend::with_page_mapping_of`]. `None`:
+    /// [`DEFAULT_HOST_PAGE`](crate::DEFAULT_HOST_PAGE). Other backends have a page of their own
+    /// (CUDA's granularity) and ignore it. Must be a power of two from 4 KiB to 1 GiB.
+    ///
+    /// [`HostBackend::with_page_mapping_of`]: crate::HostBackend::with_page_mapping_of
+    pub host_page: Option<usize>,
 }
 
 impl AllocatorConfig {
@@ -102,6 +109,12 @@ impl AllocatorConfig {
                         .map_err(|_| bad("expected a power of two, 1 to 64"))?;
                     config.roundup_power2_divisions = Some(n);
                 }
+                "host_page_kb" => {
+                    let kb: usize = value
+                        .parse()
+                        .map_err(|_| bad("expected whole KiB, a power of two from 4 to 1048576"))?;
+                    config.host_page = Some(kb.saturating_mul(1 << 10));
+                }
                 "expandable_segments" | "page_stitching" | "planned_steps" => {
                     let on = match value {
                         "True" | "true" | "1" => true,
@@ -117,7 +130,8 @@ impl AllocatorConfig {
                 _ => {
                     return Err(bad("unknown key; known keys are max_split_size_mb, \
                          garbage_collection_threshold, expandable_segments, \
-                         roundup_power2_divisions, page_stitching, planned_steps"))
+                         roundup_power2_divisions, page_stitching, planned_steps, \
+                         host_page_kb"))
                 }
             }
         }
@@ -150,6 +164,15 @@ impl AllocatorConfig {
                  on with it, or page_stitching off"
                     .into(),
             ));
+        }
+        if let Some(p) = self.host_page {
+            if !p.is_power_of_two() || !(4 << 10..=crate::MAX_HOST_PAGE).contains(&p) {
+                return Err(Error::InvalidConfig(format!(
+                    "host page of {p} bytes must be a power of two from 4 KiB to 1 GiB; 64 KiB \
+                     (host_page_kb:64, the default) follows live memory closely, 2 MiB \
+                     (host_page_kb:2048) makes fewer mappings"
+                )));
+            }
         }
         if let Some(n) = self.roundup_power2_divisions {
             if !n.is_power_of_two() || n > 64 {

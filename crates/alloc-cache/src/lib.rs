@@ -69,6 +69,7 @@ mod trace;
 pub use allocator::{pool_for, segment_size_for, CachingAllocator};
 pub use backend::{
     BackendError, EventId, HostBackend, MemoryBackend, SimBackend, SimCalls, StreamId,
+    DEFAULT_HOST_PAGE, MAX_HOST_PAGE,
 };
 pub use config::AllocatorConfig;
 pub use context::ContextGuard;

@@ -185,6 +185,7 @@ fn random_sequences_with_max_split_gc_and_power2_rounding() {
         roundup_power2_divisions: Some(4),
         page_stitching: false,
         planned_steps: false,
+        host_page: None,
     };
     for seed in 200..208 {
         run(seed, config.clone(), 128 * MIB, 2000);

@@ -292,12 +292,21 @@ fn stitching_settles_on_the_shipped_fixed_shape_steps() {
     }
 }
 
-/// Host memory (Linux): what a live block holds survives the stitching of the gaps around it,
+/// Host memory (Linux), at the default page and at 2 MiB: what a live block holds survives the stitching of the gaps around it,
 /// and the stitched block is ordinary writable memory.
 #[cfg(target_os = "linux")]
 #[test]
 fn host_pages_keep_live_data_through_stitching() {
-    let host = HostBackend::with_capacity(64 * MIB).with_page_mapping();
+    for page in [DEFAULT_HOST_PAGE, 2 * MIB] {
+        host_pages_keep_live_data_through_stitching_at(page);
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn host_pages_keep_live_data_through_stitching_at(page: usize) {
+    let host = HostBackend::with_capacity(64 * MIB)
+        .with_page_mapping_of(page)
+        .unwrap();
     let a = CachingAllocator::new(host, stitching()).unwrap();
     let (gaps, kept) = two_gaps(&a);
     let fill = |r: &RawAllocation, byte: u8| {

@@ -240,11 +240,20 @@ fn a_snapshot_shows_lent_pages_as_allocated_memory() {
     }
 }
 
-/// Host memory (Linux): the stitched block and the gaps are the same bytes.
+/// Host memory (Linux), at the default page and at 2 MiB: the stitched block and the gaps are the same bytes.
 #[cfg(target_os = "linux")]
 #[test]
 fn host_stitched_blocks_reach_the_gaps_memory() {
-    let host = HostBackend::with_capacity(64 * MIB).with_page_mapping();
+    for page in [DEFAULT_HOST_PAGE, 2 * MIB] {
+        host_stitched_blocks_reach_the_gaps_memory_at(page);
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn host_stitched_blocks_reach_the_gaps_memory_at(page: usize) {
+    let host = HostBackend::with_capacity(64 * MIB)
+        .with_page_mapping_of(page)
+        .unwrap();
     let a = CachingAllocator::new(host, stitching()).unwrap();
     let (gaps, kept) = two_gaps(&a);
     let fill = |addr: u64, bytes: usize, byte: u8| {

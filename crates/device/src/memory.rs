@@ -5,8 +5,9 @@
 //! [`CachingAllocator`] created on first use and never dropped (so handles reference it without
 //! reference counting, [`CachingAllocator::allocate_static`]).
 //! - **CPU**: over [`HostBackend`], settings from `KILN_ALLOC_CONF`. With
-//!   `expandable_segments:True` the backend maps memfd pages into reserved address space
-//!   ([`HostBackend::with_page_mapping`], Linux; elsewhere the setting is ignored on the CPU).
+//!   `expandable_segments:True` the backend maps memfd pages (64 KiB, or `host_page_kb:N`)
+//!   into reserved address space ([`HostBackend::with_page_mapping_of`], Linux; elsewhere the
+//!   setting is ignored on the CPU).
 //! - **CUDA**: over [`CudaBackend`](crate::cuda::CudaBackend), one per logical device, settings
 //!   from `KILN_ALLOC_CONF`. Expandable segments are **on by default** when the device supports
 //!   virtual memory management (peak reserved over peak live on the recorded traces, against
@@ -60,7 +61,10 @@ fn cpu_allocator() -> Result<&'static CachingAllocator> {
     get_or_create(&CPU, &CREATE, || {
         let mut config = AllocatorConfig::from_env()?;
         let backend = if config.expandable_segments {
-            HostBackend::new().with_page_mapping()
+            let page = config
+                .host_page
+                .unwrap_or(kiln_alloc_cache::DEFAULT_HOST_PAGE);
+            HostBackend::new().with_page_mapping_of(page)?
         } else {
             HostBackend::new()
         };

@@ -1,35 +1,39 @@
 //! Page mapping for [`HostBackend`](super::HostBackend) on Linux: expandable segments (and page
 //! stitching) for host memory.
 //!
-//! Physical pages are slots of one `memfd` (anonymous shared memory). An address-space
-//! reservation is a `PROT_NONE`, `MAP_NORESERVE` anonymous mapping; mapping a page maps one
-//! slot of the memfd over it (`mmap(MAP_FIXED | MAP_SHARED)`, read-write); unmapping puts a
-//! `PROT_NONE` mapping back and punches the slot out of the file (`fallocate(PUNCH_HOLE)`), so
-//! the memory returns to the system; a remap maps the same slot at the new address, so the
-//! memory moves without being freed; an alias maps the same slot at a second address too
-//! (`aliases`), and is unmapped without punching the slot.
+//! Physical pages are slots of one `memfd` (anonymous shared memory), each `page` bytes. An
+//! address-space reservation is a `PROT_NONE`, `MAP_NORESERVE` anonymous mapping; mapping pages
+//! maps slots of the memfd over them (`mmap(MAP_FIXED | MAP_SHARED)`, read-write); unmapping
+//! puts a `PROT_NONE` mapping back and punches the slots out of the file
+//! (`fallocate(PUNCH_HOLE)`), so the memory returns to the system; a remap maps the same slots
+//! at the new address, so the memory moves without being freed; an alias maps the same slots at
+//! a second address too (`aliases`), and is unmapped without punching them.
+//!
+//! Each call is one system call per run of consecutive slots at consecutive addresses (the
+//! kernel then also keeps such a run as one mapping), and free slots are reused lowest first,
+//! so a range mapped at once gets consecutive slots wherever the free ones allow.
 //!
 //! Invariants: every mapped page address has exactly one slot and every slot is mapped at one
 //! address of `mapped` at most, plus as many alias addresses as `alias_count` says; a slot with
 //! aliases is neither unmapped nor moved; a slot is either mapped or in `free_slots` or past the
-//! file's end; addresses are multiples of [`HOST_PAGE`].
+//! file's end; addresses and lengths are multiples of `page`; a call that fails leaves every
+//! page as it was.
 
 use super::BackendError;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 
-/// Page size of host expandable segments: 2 MiB, the transparent-huge-page size.
-pub const HOST_PAGE: usize = 2 << 20;
-
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Slots {
+    /// Bytes per page (and per slot).
+    page: usize,
     /// The memfd, created on the first map.
     file: Option<OwnedFd>,
     /// Slots the file has room for.
     file_slots: usize,
     /// Slots below `file_slots` that are not mapped.
-    free_slots: Vec<usize>,
+    free_slots: BTreeSet<usize>,
     /// Slot of every mapped page, by page address.
     mapped: HashMap<u64, usize>,
     /// Slot of every alias page, by page address.
@@ -39,20 +43,53 @@ struct Slots {
 }
 
 /// The memfd slots behind mapped host pages.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct HostPages {
+    page: usize,
     slots: Mutex<Slots>,
 }
 
-fn os_error(call: &str) -> BackendError {
+fn os_error(call: &str, bytes: usize) -> BackendError {
     let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENOMEM) && call.starts_with("mmap") {
+        if let Some((count, limit)) = mapping_count_at_limit() {
+            return BackendError::Driver(format!(
+                "{call}: the process holds {count} memory mappings, the kernel's limit \
+                 (vm.max_map_count = {limit}); use larger host pages (KILN_ALLOC_CONF=\
+                 host_page_kb:2048) or raise the limit (sysctl -w vm.max_map_count={})",
+                limit.saturating_mul(4)
+            ));
+        }
+    }
     match e.raw_os_error() {
         Some(libc::ENOMEM) | Some(libc::ENOSPC) => BackendError::OutOfMemory {
-            requested: HOST_PAGE,
+            requested: bytes,
             free: 0,
         },
         _ => BackendError::Driver(format!("{call}: {e}")),
     }
+}
+
+/// The process's count of memory mappings and the kernel's limit on it, when the count is
+/// within a few mappings of the limit (a failed `mmap` then failed for that reason, not for
+/// lack of memory). Reads through a buffer on the stack: at the limit, a heap allocation large
+/// enough to need a mapping of its own would fail too.
+fn mapping_count_at_limit() -> Option<(usize, usize)> {
+    use std::io::Read;
+    let mut buf = [0u8; 8192];
+    let mut limit_file = std::fs::File::open("/proc/sys/vm/max_map_count").ok()?;
+    let n = limit_file.read(&mut buf).ok()?;
+    let limit: usize = std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()?;
+    let mut maps = std::fs::File::open("/proc/self/maps").ok()?;
+    let mut count = 0;
+    loop {
+        match maps.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => count += buf[..n].iter().filter(|&&b| b == b'\n').count(),
+            Err(_) => return None,
+        }
+    }
+    (count.saturating_add(8) >= limit).then_some((count, limit))
 }
 
 /// Puts an inaccessible, unbacked mapping over `[addr, addr + bytes)`.
@@ -69,112 +106,211 @@ fn protect_none(addr: u64, bytes: usize) -> Result<(), BackendError> {
         )
     };
     if got == libc::MAP_FAILED {
-        return Err(os_error("mmap(PROT_NONE)"));
+        return Err(os_error("mmap(PROT_NONE)", bytes));
     }
     Ok(())
 }
 
-fn check(addr: u64, bytes: usize) -> Result<(), BackendError> {
-    if bytes == 0 || addr % HOST_PAGE as u64 != 0 || bytes % HOST_PAGE != 0 {
-        return Err(BackendError::Driver(format!(
-            "host: range {addr:#x}+{bytes} is not a non-empty multiple of the {HOST_PAGE} byte page"
-        )));
-    }
-    Ok(())
+/// The runs of consecutive slots in `slots` (in order), as (index of the first, length).
+fn slot_runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= slots.len() {
+            return None;
+        }
+        let start = i;
+        i += 1;
+        while i < slots.len() && slots[i] == slots[i - 1] + 1 {
+            i += 1;
+        }
+        Some((start, i - start))
+    })
 }
 
 impl Slots {
-    /// A free slot, growing the file when none is left.
-    fn take(&mut self) -> Result<usize, BackendError> {
-        if let Some(s) = self.free_slots.pop() {
-            return Ok(s);
+    fn check(&self, addr: u64, bytes: usize) -> Result<usize, BackendError> {
+        let page = self.page;
+        if bytes == 0 || addr % page as u64 != 0 || bytes % page != 0 {
+            return Err(BackendError::Driver(format!(
+                "host: range {addr:#x}+{bytes} is not a non-empty multiple of the {page} byte page"
+            )));
+        }
+        Ok(bytes / page)
+    }
+
+    fn page_at(&self, base: u64, i: usize) -> u64 {
+        base + (i * self.page) as u64
+    }
+
+    fn fd(&self) -> i32 {
+        self.file.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// `n` free slots, lowest first, growing the file (once) by those missing.
+    fn take(&mut self, n: usize) -> Result<Vec<usize>, BackendError> {
+        let oom = BackendError::OutOfMemory {
+            requested: n.saturating_mul(self.page),
+            free: 0,
+        };
+        let mut slots: Vec<usize> = Vec::with_capacity(n);
+        while slots.len() < n {
+            match self.free_slots.pop_first() {
+                Some(s) => slots.push(s),
+                None => break,
+            }
+        }
+        let grow = n - slots.len();
+        if grow == 0 {
+            return Ok(slots);
         }
         if self.file.is_none() {
             // SAFETY: a NUL-terminated name; the flags are valid.
             let fd = unsafe { libc::memfd_create(c"kiln-host-pages".as_ptr(), libc::MFD_CLOEXEC) };
             if fd < 0 {
-                return Err(os_error("memfd_create"));
+                self.free_slots.extend(slots);
+                return Err(os_error("memfd_create", self.page));
             }
             // SAFETY: `fd` is a fresh descriptor we own.
             self.file = Some(unsafe { OwnedFd::from_raw_fd(fd) });
         }
-        let fd = self.file.as_ref().map_or(-1, |f| f.as_raw_fd());
-        let len = (self.file_slots + 1)
-            .checked_mul(HOST_PAGE)
-            .and_then(|l| libc::off_t::try_from(l).ok())
-            .ok_or(BackendError::OutOfMemory {
-                requested: HOST_PAGE,
-                free: 0,
-            })?;
+        let len = self
+            .file_slots
+            .checked_add(grow)
+            .and_then(|s| s.checked_mul(self.page))
+            .and_then(|l| libc::off_t::try_from(l).ok());
         // SAFETY: `fd` is our memfd.
-        if unsafe { libc::ftruncate(fd, len) } != 0 {
-            return Err(os_error("ftruncate"));
+        if len.is_none_or(|len| unsafe { libc::ftruncate(self.fd(), len) } != 0) {
+            let e = if len.is_none() {
+                oom
+            } else {
+                os_error("ftruncate", grow * self.page)
+            };
+            self.free_slots.extend(slots);
+            return Err(e);
         }
-        self.file_slots += 1;
-        Ok(self.file_slots - 1)
+        // Every free slot is below `file_slots`, so the slots stay in ascending order.
+        slots.extend(self.file_slots..self.file_slots + grow);
+        self.file_slots += grow;
+        Ok(slots)
     }
 
-    /// Maps slot `slot` read-write at `addr`.
-    fn map_slot(&self, addr: u64, slot: usize) -> Result<(), BackendError> {
-        let fd = self.file.as_ref().map_or(-1, |f| f.as_raw_fd());
-        // SAFETY: replaces one page of a reservation of ours with a page of our memfd.
-        let got = unsafe {
-            libc::mmap(
-                addr as usize as *mut libc::c_void,
-                HOST_PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd,
-                (slot * HOST_PAGE) as libc::off_t,
-            )
-        };
-        if got == libc::MAP_FAILED {
-            return Err(os_error("mmap(memfd)"));
+    /// Maps `slots[i]` read-write at page `i` from `addr`, one call per run of consecutive
+    /// slots; on a failure, the whole range is made inaccessible again.
+    fn map_slots(&self, addr: u64, slots: &[usize]) -> Result<(), BackendError> {
+        for (i, n) in slot_runs(slots) {
+            let at = self.page_at(addr, i);
+            // SAFETY: replaces pages of a reservation of ours with pages of our memfd.
+            let got = unsafe {
+                libc::mmap(
+                    at as usize as *mut libc::c_void,
+                    n * self.page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    self.fd(),
+                    (slots[i] * self.page) as libc::off_t,
+                )
+            };
+            if got == libc::MAP_FAILED {
+                let e = os_error("mmap(memfd)", n * self.page);
+                protect_none(addr, slots.len() * self.page)?;
+                return Err(e);
+            }
         }
         Ok(())
     }
 
-    /// Gives slot `slot`'s memory back to the system and makes it free.
-    fn free(&mut self, slot: usize) {
-        let fd = self.file.as_ref().map_or(-1, |f| f.as_raw_fd());
-        // SAFETY: `fd` is our memfd; punching a hole only drops the slot's contents.
-        unsafe {
-            libc::fallocate(
-                fd,
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                (slot * HOST_PAGE) as libc::off_t,
-                HOST_PAGE as libc::off_t,
-            )
-        };
-        self.free_slots.push(slot);
+    /// Gives the memory of `slots` back to the system and makes them free.
+    fn free(&mut self, slots: &[usize]) {
+        let mut sorted = slots.to_vec();
+        sorted.sort_unstable();
+        for (i, n) in slot_runs(&sorted) {
+            // SAFETY: `fd` is our memfd; punching a hole only drops the slots' contents.
+            unsafe {
+                libc::fallocate(
+                    self.fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (sorted[i] * self.page) as libc::off_t,
+                    (n * self.page) as libc::off_t,
+                )
+            };
+        }
+        self.free_slots.extend(sorted);
+    }
+
+    /// The slots mapped at the `pages` pages from `addr`, or an error naming `what` is wrong
+    /// when one is not mapped, or (with `unaliased`) has an alias.
+    fn mapped_slots(
+        &self,
+        addr: u64,
+        pages: usize,
+        unaliased: bool,
+        what: &str,
+    ) -> Result<Vec<usize>, BackendError> {
+        (0..pages)
+            .map(|i| {
+                let at = self.page_at(addr, i);
+                match self.mapped.get(&at) {
+                    Some(&slot) if !(unaliased && self.alias_count.contains_key(&slot)) => Ok(slot),
+                    _ => Err(BackendError::Driver(format!(
+                        "host: {what}: page {at:#x} is not mapped, or has an alias"
+                    ))),
+                }
+            })
+            .collect()
+    }
+
+    /// An error unless all `pages` pages from `addr` are neither mapped nor aliases.
+    fn check_vacant(&self, addr: u64, pages: usize, what: &str) -> Result<(), BackendError> {
+        match (0..pages)
+            .map(|i| self.page_at(addr, i))
+            .find(|a| self.mapped.contains_key(a) || self.aliases.contains_key(a))
+        {
+            Some(at) => Err(BackendError::Driver(format!(
+                "host: {what}: page {at:#x} is mapped already"
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
 impl HostPages {
-    /// Maps the slots behind `[from, from + bytes)` also at `[to, to + bytes)`; on a failure
-    /// part-way, the aliases made are unmapped again.
-    pub fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
-        check(from, bytes)?;
-        check(to, bytes)?;
-        let mut s = self.lock();
-        let page = |base: u64, i: usize| base + (i * HOST_PAGE) as u64;
-        let pages = bytes / HOST_PAGE;
-        let taken = |s: &Slots, a: u64| s.mapped.contains_key(&a) || s.aliases.contains_key(&a);
-        if (0..pages).any(|i| !s.mapped.contains_key(&page(from, i)) || taken(&s, page(to, i))) {
-            return Err(BackendError::Driver(format!(
-                "host: alias {from:#x} -> {to:#x} (+{bytes}) needs mapped source, free target"
-            )));
+    /// Page mapping with pages of `page` bytes (checked by the caller: a power of two, a
+    /// multiple of the system page, at most `MAX_HOST_PAGE`).
+    pub fn new(page: usize) -> Self {
+        Self {
+            page,
+            slots: Mutex::new(Slots {
+                page,
+                file: None,
+                file_slots: 0,
+                free_slots: BTreeSet::new(),
+                mapped: HashMap::new(),
+                aliases: HashMap::new(),
+                alias_count: HashMap::new(),
+            }),
         }
-        for i in 0..pages {
-            let slot = s.mapped[&page(from, i)];
-            if let Err(e) = s.map_slot(page(to, i), slot) {
-                drop(s);
-                if i > 0 {
-                    self.unmap_alias(to, i * HOST_PAGE)?;
-                }
-                return Err(e);
-            }
-            s.aliases.insert(page(to, i), slot);
+    }
+
+    /// Bytes per page.
+    pub fn page(&self) -> usize {
+        self.page
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Maps the slots behind `[from, from + bytes)` also at `[to, to + bytes)`.
+    pub fn map_alias(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        let pages = s.check(from, bytes)?;
+        s.check(to, bytes)?;
+        let slots = s.mapped_slots(from, pages, false, "alias source")?;
+        s.check_vacant(to, pages, "alias target")?;
+        s.map_slots(to, &slots)?;
+        for (i, slot) in slots.into_iter().enumerate() {
+            let at = s.page_at(to, i);
+            s.aliases.insert(at, slot);
             *s.alias_count.entry(slot).or_insert(0) += 1;
         }
         Ok(())
@@ -182,38 +318,39 @@ impl HostPages {
 
     /// Unmaps the alias pages of `[addr, addr + bytes)`; their slots stay mapped elsewhere.
     pub fn unmap_alias(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        check(addr, bytes)?;
         let mut s = self.lock();
-        for i in 0..bytes / HOST_PAGE {
-            let at = addr + (i * HOST_PAGE) as u64;
-            let slot = s
-                .aliases
-                .remove(&at)
-                .ok_or_else(|| BackendError::Driver(format!("host: page {at:#x} is no alias")))?;
-            protect_none(at, HOST_PAGE)?;
-            if let Some(n) = s.alias_count.get_mut(&slot) {
-                *n -= 1;
-                if *n == 0 {
-                    s.alias_count.remove(&slot);
+        let pages = s.check(addr, bytes)?;
+        if let Some(at) = (0..pages)
+            .map(|i| s.page_at(addr, i))
+            .find(|a| !s.aliases.contains_key(a))
+        {
+            return Err(BackendError::Driver(format!(
+                "host: page {at:#x} is no alias"
+            )));
+        }
+        protect_none(addr, bytes)?;
+        for i in 0..pages {
+            let at = s.page_at(addr, i);
+            if let Some(slot) = s.aliases.remove(&at) {
+                if let Some(n) = s.alias_count.get_mut(&slot) {
+                    *n -= 1;
+                    if *n == 0 {
+                        s.alias_count.remove(&slot);
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A `PROT_NONE` reservation of `bytes` aligned to [`HOST_PAGE`].
+    /// A `PROT_NONE` reservation of `bytes` aligned to the page.
     pub fn reserve_address_space(&self, bytes: usize) -> Result<u64, BackendError> {
-        check(0, bytes)?;
-        let span = bytes
-            .checked_add(HOST_PAGE)
-            .ok_or(BackendError::OutOfMemory {
-                requested: bytes,
-                free: 0,
-            })?;
+        let page = self.page;
+        self.lock().check(0, bytes)?;
+        let span = bytes.checked_add(page).ok_or(BackendError::OutOfMemory {
+            requested: bytes,
+            free: 0,
+        })?;
         // SAFETY: a fresh anonymous mapping chosen by the kernel.
         let got = unsafe {
             libc::mmap(
@@ -226,10 +363,10 @@ impl HostPages {
             )
         };
         if got == libc::MAP_FAILED {
-            return Err(os_error("mmap(reserve)"));
+            return Err(os_error("mmap(reserve)", bytes));
         }
         let start = got as usize;
-        let aligned = start.next_multiple_of(HOST_PAGE);
+        let aligned = start.next_multiple_of(page);
         // SAFETY: trims the parts of our fresh mapping outside the aligned range.
         unsafe {
             if aligned > start {
@@ -245,98 +382,58 @@ impl HostPages {
 
     /// Releases a reservation (its pages are unmapped already).
     pub fn release_address_space(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        check(addr, bytes)?;
+        self.lock().check(addr, bytes)?;
         // SAFETY: the caller passes exactly a reservation of ours.
         if unsafe { libc::munmap(addr as usize as *mut libc::c_void, bytes) } != 0 {
-            return Err(os_error("munmap"));
+            return Err(os_error("munmap", bytes));
         }
         Ok(())
     }
 
-    /// Maps fresh memory at every page of `[addr, addr + bytes)`; on a failure part-way, what
-    /// was mapped is unmapped again.
+    /// Maps fresh memory at every page of `[addr, addr + bytes)`.
     pub fn map(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        check(addr, bytes)?;
         let mut s = self.lock();
-        let pages = bytes / HOST_PAGE;
-        for i in 0..pages {
-            let at = addr + (i * HOST_PAGE) as u64;
-            let mapped = s.mapped.contains_key(&at);
-            let result = if mapped {
-                Err(BackendError::Driver(format!(
-                    "host: page {at:#x} is mapped"
-                )))
-            } else {
-                s.take().and_then(|slot| match s.map_slot(at, slot) {
-                    Ok(()) => {
-                        s.mapped.insert(at, slot);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        s.free_slots.push(slot);
-                        Err(e)
-                    }
-                })
-            };
-            if let Err(e) = result {
-                drop(s);
-                if i > 0 {
-                    self.unmap(addr, i * HOST_PAGE)?;
-                }
-                return Err(e);
-            }
+        let pages = s.check(addr, bytes)?;
+        s.check_vacant(addr, pages, "map")?;
+        let slots = s.take(pages)?;
+        if let Err(e) = s.map_slots(addr, &slots) {
+            s.free(&slots);
+            return Err(e);
+        }
+        for (i, slot) in slots.into_iter().enumerate() {
+            let at = s.page_at(addr, i);
+            s.mapped.insert(at, slot);
         }
         Ok(())
     }
 
     /// Unmaps every page of `[addr, addr + bytes)` and frees its memory.
     pub fn unmap(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        check(addr, bytes)?;
         let mut s = self.lock();
-        for i in 0..bytes / HOST_PAGE {
-            let at = addr + (i * HOST_PAGE) as u64;
-            let slot = match s.mapped.get(&at) {
-                Some(&slot) if !s.alias_count.contains_key(&slot) => slot,
-                _ => {
-                    return Err(BackendError::Driver(format!(
-                        "host: page {at:#x} is not mapped, or has an alias"
-                    )))
-                }
-            };
+        let pages = s.check(addr, bytes)?;
+        let slots = s.mapped_slots(addr, pages, true, "unmap")?;
+        protect_none(addr, bytes)?;
+        for i in 0..pages {
+            let at = s.page_at(addr, i);
             s.mapped.remove(&at);
-            protect_none(at, HOST_PAGE)?;
-            s.free(slot);
         }
+        s.free(&slots);
         Ok(())
     }
 
     /// Moves the memory of every page of `[from, from + bytes)` to `[to, to + bytes)`.
     pub fn remap(&self, from: u64, to: u64, bytes: usize) -> Result<(), BackendError> {
-        check(from, bytes)?;
-        check(to, bytes)?;
         let mut s = self.lock();
-        let pages = bytes / HOST_PAGE;
-        let page = |base: u64, i: usize| base + (i * HOST_PAGE) as u64;
-        let aliased = |s: &Slots, a: u64| {
-            s.mapped
-                .get(&a)
-                .is_some_and(|x| s.alias_count.contains_key(x))
-        };
-        if (0..pages).any(|i| !s.mapped.contains_key(&page(from, i)) || aliased(&s, page(from, i)))
-            || (0..pages).any(|i| {
-                s.mapped.contains_key(&page(to, i)) || s.aliases.contains_key(&page(to, i))
-            })
-        {
-            return Err(BackendError::Driver(format!(
-                "host: remap {from:#x} -> {to:#x} (+{bytes}) needs mapped, unaliased source and unmapped target"
-            )));
-        }
-        for i in 0..pages {
-            let slot = s.mapped[&page(from, i)];
-            s.map_slot(page(to, i), slot)?;
-            protect_none(page(from, i), HOST_PAGE)?;
-            s.mapped.remove(&page(from, i));
-            s.mapped.insert(page(to, i), slot);
+        let pages = s.check(from, bytes)?;
+        s.check(to, bytes)?;
+        let slots = s.mapped_slots(from, pages, true, "remap source")?;
+        s.check_vacant(to, pages, "remap target")?;
+        s.map_slots(to, &slots)?;
+        protect_none(from, bytes)?;
+        for (i, slot) in slots.into_iter().enumerate() {
+            let (old, new) = (s.page_at(from, i), s.page_at(to, i));
+            s.mapped.remove(&old);
+            s.mapped.insert(new, slot);
         }
         Ok(())
     }

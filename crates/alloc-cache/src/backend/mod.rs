@@ -34,7 +34,7 @@ mod host;
 mod host_pages;
 mod sim;
 
-pub use host::HostBackend;
+pub use host::{HostBackend, DEFAULT_HOST_PAGE, MAX_HOST_PAGE};
 pub use sim::{SimBackend, SimCalls};
 
 /// A stream (an ordered queue of device work). `StreamId::DEFAULT` is the default stream; a CUDA
