@@ -4,7 +4,8 @@
 //!
 //! `clip_grad_norm_` is two passes over the gradient list whatever its length: one parallel read
 //! computing every tensor's norm (fixed chunking, so the result is bitwise identical for any
-//! thread count), and a scale pass that runs only when the coefficient is below 1. Semantics
+//! thread count), and a scale pass that runs only when the coefficient is below 1; the
+//! gradients' buffers are locked once for both. Semantics
 //! follow PyTorch exactly: parameters without a gradient are skipped; the total is the norm of
 //! the per-tensor norms; `coef = min(max_norm / (total + 1e-6), 1)`; a NaN or infinite total
 //! scales the gradients by a NaN or zero coefficient, as PyTorch does, unless
@@ -251,7 +252,11 @@ pub fn clip_coef_for<P: ParamEntry>(
 }
 
 /// The norm pass and, unless the coefficient is known to be `>= 1` on the host, the scale pass
-/// (on a device the scale kernel reads the coefficient there and skips itself).
+/// (on a device the scale kernel reads the coefficient there and skips itself). For CPU
+/// gradients both run in one hand-over to kiln's pool, so the scale pass starts in place
+/// instead of waking the pool a second time. A non-finite total under `error_if_nonfinite`
+/// leaves the gradients alone and is reported by [`checked_global_norm`], which names the
+/// tensor.
 fn clip_by_global_norm(
     names: Names<'_>,
     grads: &[Tensor],
@@ -261,15 +266,30 @@ fn clip_by_global_norm(
     error_if_nonfinite: bool,
 ) -> Result<GlobalNorm> {
     check_empty_for_inf("clip_grad_norm_", names, grads, kind)?;
-    let norm = checked_global_norm(names, grads, kind, norm_type, max_norm, error_if_nonfinite)?;
-    if !norm.host_coef().is_some_and(|coef| coef >= 1.0) {
-        with_operands_mut(grads, |ops| {
-            Ok(multi_tensor::scale_by_clip_coef_(
+    let device = grads.first().map_or(Device::Cpu, Tensor::device);
+    let (norm, refused) = kiln_autograd::on_cpu_pool(device, || -> Result<(GlobalNorm, bool)> {
+        let norm = with_operands(grads, |ops| {
+            Ok(multi_tensor::global_norm(
                 "clip_grad_norm_",
                 ops,
-                &norm,
+                kind,
+                max_norm,
             )?)
         })?;
+        let refused = error_if_nonfinite && !norm.total()?.is_finite();
+        if !refused && !norm.host_coef().is_some_and(|coef| coef >= 1.0) {
+            with_operands_mut(grads, |ops| {
+                Ok(multi_tensor::scale_by_clip_coef_(
+                    "clip_grad_norm_",
+                    ops,
+                    &norm,
+                )?)
+            })?;
+        }
+        Ok((norm, refused))
+    })?;
+    if refused {
+        return checked_global_norm(names, grads, kind, norm_type, max_norm, true);
     }
     Ok(norm)
 }
