@@ -11,7 +11,9 @@
 //! segments (and page stitching) are offered on Linux when asked for
 //! ([`HostBackend::with_page_mapping`]): pages of a `memfd` mapped into `PROT_NONE`
 //! reservations (`host_pages.rs`). By default they are not: the cache already keeps the
-//! page-faulted memory warm, which is what matters most on the host.
+//! page-faulted memory warm, which is what matters most on the host; and the pages are shared
+//! memory, so a child made by `fork` while they are mapped writes the same bytes as its parent,
+//! where the private memory of fixed segments is copied on write.
 //!
 //! The page of expandable segments is [`DEFAULT_HOST_PAGE`] = 64 KiB unless another is asked
 //! for. CUDA's is fixed at 2 MiB; on the host any multiple of the system page works, and a
