@@ -20,13 +20,17 @@
 //! forward pass (what is saved so far, plus each call's input, output and one temporary: for
 //! frozen layers, which save nothing, that is the peak) and then backward over the traced
 //! leaf-layer calls, takes the largest moment, and compares it with the optimizer step (all
-//! gradients alive, activations freed);
-//! - or, once backward is done and the activations are freed, the optimizer step's workspace:
-//!   kiln's in-place updates compute their result out of place before writing it back, so an
-//!   SGD step written with them briefly holds two temporaries the size of the largest trainable
-//!   parameter; for weight-heavy models at small batches (ResNet's 512x512x3x3 convolutions)
-//!   this is the peak. Adam/AdamW's fused step updates in place and needs none (measured
-//!   against the allocation history, `tests/memory_history.rs`);
+//! gradients alive, activations freed). The step itself adds nothing: kiln-optim's SGD and
+//! Adam/AdamW steps are fused multi-tensor passes that update parameters and state in place,
+//! with no temporaries (measured against the allocation history at small batches, where the
+//! step sets the peak of weight-heavy models, `tests/memory_history.rs`). Until session 13 the
+//! plan gave SGD two temporaries the size of the largest parameter, what an SGD step written
+//! with kiln's in-place tensor ops holds (each computes its result before writing it back), as
+//! the memory tests' hand-written step did; against kiln-optim's SGD that over-predicted a
+//! weight-heavy MLP's step by a third. Not modeled: the CPU convolution backward's scratch
+//! (per-thread partial weight gradients, column and padded buffers), which a ResNet at batch 2
+//! holds late in backward (5-8 MB, depending on the thread count): the plan is 5-9 % under
+//! there (`tests/memory_plan_resnet.rs`);
 //! - allocator overhead: the caching allocator rounds blocks up and keeps freed blocks cached,
 //!   so the device must hold more than the tensors do; modelled as a fraction of everything
 //!   above (`allocator_overhead`, 10% by default). `peak_allocated_bytes` (without it) is
@@ -64,19 +68,6 @@ impl OptimizerKind {
             OptimizerKind::Sgd => 0,
             OptimizerKind::SgdMomentum => 1,
             OptimizerKind::Adam | OptimizerKind::AdamW => 2,
-        }
-    }
-
-    /// Temporaries the size of the largest trainable parameter that the step holds at once:
-    /// two for SGD, whose update the plan models as kiln's in-place tensor ops (each computes
-    /// its result out of place, then writes it back); none for Adam/AdamW, which kiln-optim
-    /// runs as one fused multi-tensor kernel updating parameters and moments in place. The
-    /// recorded history of an AdamW step shows no such temporaries: planning two made the plan
-    /// over-predict a small-batch AdamW MLP by 14-18%, all of it this workspace.
-    pub fn step_workspace_buffers(self) -> usize {
-        match self {
-            OptimizerKind::Sgd | OptimizerKind::SgdMomentum => 2,
-            OptimizerKind::Adam | OptimizerKind::AdamW => 0,
         }
     }
 }
@@ -120,9 +111,6 @@ pub struct MemoryPlan {
     pub input_bytes_per_sample: usize,
     /// Gradients in flight during backward at the largest layer, per sample.
     pub gradient_in_flight_bytes_per_sample: usize,
-    /// Temporaries of the optimizer step (twice the largest trainable parameter for SGD, none
-    /// for the fused Adam/AdamW step; see [`OptimizerKind::step_workspace_buffers`]).
-    pub optimizer_step_workspace_bytes: usize,
     /// Fraction added for allocator rounding and caching.
     pub allocator_overhead: f64,
     /// Live bytes beyond parameters, buffers and optimizer state at each moment of backward,
@@ -152,9 +140,7 @@ impl MemoryPlan {
                 backward.max(i128::from(fixed).checked_add(i128::from(per).checked_mul(b)?)?);
         }
         let backward = usize::try_from(backward).ok()?;
-        let step = self
-            .grad_bytes
-            .checked_add(self.optimizer_step_workspace_bytes)?;
+        let step = self.grad_bytes;
         self.param_bytes
             .checked_add(self.buffer_bytes)?
             .checked_add(self.optimizer_state_bytes)?
@@ -341,13 +327,12 @@ pub fn plan(
         .ok_or_else(|| too_big("the step needs more than i64::MAX bytes".into()))?;
     let per_sample = saved2.saturating_sub(saved1);
     let fixed = saved1.saturating_sub(per_sample);
-    let (mut param_bytes, mut grad_bytes, mut largest) = (0, 0, 0);
+    let (mut param_bytes, mut grad_bytes) = (0, 0);
     for p in model.parameters() {
         let b = p.numel() * p.dtype().size_in_bytes();
         param_bytes += b;
         if p.requires_grad() {
             grad_bytes += b;
-            largest = largest.max(b);
         }
     }
     let buffer_bytes = crate::LayerExt::named_buffers(model)
@@ -365,7 +350,6 @@ pub fn plan(
         input_bytes_per_sample: crate::trace::checked_bytes(sample_shape, dtype)
             .ok_or_else(|| too_big("it holds more than usize::MAX bytes".into()))?,
         gradient_in_flight_bytes_per_sample: in_flight1,
-        optimizer_step_workspace_bytes: largest * optimizer.step_workspace_buffers(),
         allocator_overhead: 0.10,
         timeline,
     })
@@ -460,11 +444,6 @@ impl fmt::Display for MemoryPlan {
             f,
             "Input + gradients in flight per sample (MB): {:.2}",
             mb(self.input_bytes_per_sample + self.gradient_in_flight_bytes_per_sample)
-        )?;
-        writeln!(
-            f,
-            "Optimizer step workspace (MB): {:.2}",
-            mb(self.optimizer_step_workspace_bytes)
         )?;
         write!(
             f,

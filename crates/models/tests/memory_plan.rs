@@ -5,7 +5,7 @@
 mod common;
 
 use common::{
-    assert_within_ten_percent, momentum_buffers, sgd_momentum_step as step, steady_state_peak,
+    assert_within_ten_percent, sgd_momentum, sgd_momentum_step as step, steady_state_peak,
 };
 use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
 use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
@@ -18,11 +18,11 @@ fn predicted_peak_is_within_ten_percent_of_max_memory_allocated() {
     let cpu = Device::Cpu;
     let base = memory_allocated(cpu).unwrap();
     let model = mlp(&[128, 512, 512, 10], 0.0).unwrap();
-    let momentum = momentum_buffers(&model);
+    let mut opt = sgd_momentum(&model);
     let p = plan(&model, &[128], DType::F32, OptimizerKind::SgdMomentum).unwrap();
     for batch in [256usize, 2048] {
         let x = Tensor::randn(&[batch, 128], DType::F32, cpu).unwrap();
-        let measured = steady_state_peak(&model, &momentum, &x, base);
+        let measured = steady_state_peak(&model, &mut opt, &x, base);
         assert_within_ten_percent(batch, p.peak_allocated_bytes(batch), measured);
     }
 
@@ -30,15 +30,15 @@ fn predicted_peak_is_within_ten_percent_of_max_memory_allocated() {
     let batch = 2048;
     let x = Tensor::randn(&[batch, 128], DType::F32, cpu).unwrap();
     reset_peak_memory_stats(cpu).unwrap();
-    step(&model, &momentum, &x);
+    step(&model, &mut opt, &x);
     let full = max_memory_allocated(cpu).unwrap() - base;
     model.zero_grad(true).unwrap();
     model.freeze(|n| !n.starts_with("4.")).unwrap();
     let frozen_plan = plan(&model, &[128], DType::F32, OptimizerKind::SgdMomentum).unwrap();
-    step(&model, &momentum, &x);
+    step(&model, &mut opt, &x);
     model.zero_grad(true).unwrap();
     reset_peak_memory_stats(cpu).unwrap();
-    step(&model, &momentum, &x);
+    step(&model, &mut opt, &x);
     let frozen = max_memory_allocated(cpu).unwrap() - base;
     let drop = 100.0 * (1.0 - frozen as f64 / full as f64);
     let ratio = frozen_plan.peak_allocated_bytes(batch) as f64 / frozen as f64;

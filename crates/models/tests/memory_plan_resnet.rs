@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_within_ten_percent, momentum_buffers, steady_state_peak};
+use common::{assert_within_ten_percent, sgd_momentum, steady_state_peak};
 use kiln_autograd::{manual_seed, DType, Device, Tensor};
 use kiln_device::memory_allocated;
 use kiln_models::models::{BlockKind, ResNet, ResNetConfig};
@@ -22,13 +22,14 @@ fn resnet_training_peak_is_within_ten_percent_of_the_plan() {
         small_input: true,
     })
     .unwrap();
-    let state = momentum_buffers(&model);
+    let mut opt = sgd_momentum(&model);
     let p = plan(&model, &[3, 32, 32], DType::F32, OptimizerKind::SgdMomentum).unwrap();
-    // Batch 2: the optimizer step's temporaries (two 512x512x3x3 weights) are the peak;
-    // batch 32: the activations kept for backward are.
+    // Batch 2: late in backward, the gradients and the convolution backward's scratch (which
+    // the plan does not model: 0.91 on two threads, 0.95 on one) are the peak; batch 32: the
+    // activations kept for backward are.
     for batch in [2usize, 32] {
         let x = Tensor::randn(&[batch, 3, 32, 32], DType::F32, cpu).unwrap();
-        let measured = steady_state_peak(&model, &state, &x, base);
+        let measured = steady_state_peak(&model, &mut opt, &x, base);
         assert_within_ten_percent(batch, p.peak_allocated_bytes(batch), measured);
     }
 

@@ -1,25 +1,26 @@
-//! Helpers shared by kiln-models' integration tests: a training step with SGD-momentum done by
-//! hand (for the memory-plan tests, which measure what a real step allocates) and the check
-//! that only a trainable head receives gradients.
+//! Helpers shared by kiln-models' integration tests: a training step with kiln-optim's
+//! SGD-momentum (for the memory-plan tests, which measure what a real step allocates) and the
+//! check that only a trainable head receives gradients.
 #![allow(dead_code)]
 
 use kiln_autograd::Tensor;
 use kiln_device::{max_memory_allocated, reset_peak_memory_stats, Device};
 use kiln_models::Layer;
+use kiln_optim::{Optimizer, ParamGroup, Sgd, SgdOptions};
 
-/// Zeroed momentum buffers, one per parameter of `model`.
-pub fn momentum_buffers(model: &dyn Layer) -> Vec<Tensor> {
-    model
-        .parameters()
-        .iter()
-        .map(|p| p.zeros_like().unwrap())
-        .collect()
+/// kiln-optim's SGD with momentum over every parameter of `model` (0.9 momentum, lr 0.01),
+/// as a training loop builds it: its momentum buffers appear at its first step.
+pub fn sgd_momentum(model: &dyn Layer) -> Sgd {
+    Sgd::new(
+        vec![ParamGroup::from_module(model)],
+        SgdOptions::default().lr(0.01).momentum(0.9),
+    )
+    .unwrap()
 }
 
-/// One SGD-with-momentum step on the loss `mean(model(x)^2)` (momentum buffers allocated by
-/// the caller), as an optimizer does: 0.9 momentum, lr 0.01, parameters without a gradient
-/// skipped.
-pub fn sgd_momentum_step(model: &dyn Layer, momentum: &[Tensor], x: &Tensor) {
+/// One SGD-with-momentum step on the loss `mean(model(x)^2)`: backward, then `opt`'s fused
+/// step (parameters without a gradient skipped).
+pub fn sgd_momentum_step(model: &dyn Layer, opt: &mut Sgd, x: &Tensor) {
     let loss = model
         .forward(x)
         .unwrap()
@@ -28,24 +29,19 @@ pub fn sgd_momentum_step(model: &dyn Layer, momentum: &[Tensor], x: &Tensor) {
         .mean_all()
         .unwrap();
     loss.backward().unwrap();
-    let _g = kiln_autograd::NoGradGuard::new();
-    for (p, m) in model.parameters().iter().zip(momentum) {
-        let Some(g) = p.grad() else { continue };
-        m.mul_scalar_(0.9).unwrap();
-        m.add_(&g).unwrap();
-        p.add_scaled_(m, -0.01).unwrap();
-    }
+    drop(loss);
+    opt.step().unwrap();
 }
 
 /// The CPU allocator's peak above `base` during one steady-state step on `x`: a first step
 /// allocates the gradients, they are released, the peak is reset and a second step is
 /// measured; gradients are released again afterwards.
-pub fn steady_state_peak(model: &dyn Layer, momentum: &[Tensor], x: &Tensor, base: usize) -> usize {
+pub fn steady_state_peak(model: &dyn Layer, opt: &mut Sgd, x: &Tensor, base: usize) -> usize {
     let cpu = Device::Cpu;
-    sgd_momentum_step(model, momentum, x); // gradients exist from here on, as in steady state
+    sgd_momentum_step(model, opt, x); // gradients and momentum exist from here on
     model.zero_grad(true).unwrap();
     reset_peak_memory_stats(cpu).unwrap();
-    sgd_momentum_step(model, momentum, x);
+    sgd_momentum_step(model, opt, x);
     model.zero_grad(true).unwrap();
     max_memory_allocated(cpu).unwrap() - base
 }
