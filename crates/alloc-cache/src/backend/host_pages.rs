@@ -429,7 +429,11 @@ impl HostPages {
         let slots = s.mapped_slots(from, pages, true, "remap source")?;
         s.check_vacant(to, pages, "remap target")?;
         s.map_slots(to, &slots)?;
-        protect_none(from, bytes)?;
+        if let Err(e) = protect_none(from, bytes) {
+            // The memory stays where it was; the second mapping goes.
+            protect_none(to, bytes)?;
+            return Err(e);
+        }
         for (i, slot) in slots.into_iter().enumerate() {
             let (old, new) = (s.page_at(from, i), s.page_at(to, i));
             s.mapped.remove(&old);
