@@ -385,40 +385,32 @@ fn fragmentation(rows: &mut Vec<Row>) -> Result<(), String> {
             page_stitching: true,
             ..AllocatorConfig::expandable()
         };
-        let mut stitched = Replayer::with_config(config.clone(), capacity).map_err(err)?;
-        stitched.run(&trace).map_err(err)?;
-        let report = stitched.report();
-        rows.push(Row::new(
-            GROUP,
-            format!("{name}_expandable_page_stitching"),
-            "reserved_over_live",
-            report.reserved_over_live,
-            format!(
-                "target <= 1.03; page_stitching:True, {} backend memory calls ({} aliases, {} \
-                 remaps)",
-                stitched.sim().calls().memory_calls(),
-                stitched.sim().calls().map_alias,
-                stitched.sim().calls().remap
-            ),
-            1.03 / report.reserved_over_live,
-        ));
-        let page = kiln_alloc_cache::DEFAULT_HOST_PAGE;
-        let mut host = Replayer::with_page(config, capacity, page).map_err(err)?;
-        host.run(&trace).map_err(err)?;
-        let report = host.report();
-        rows.push(Row::new(
-            GROUP,
-            format!("{name}_expandable_page_stitching_host_page"),
-            "reserved_over_live",
-            report.reserved_over_live,
-            format!(
-                "target <= 1.03; page_stitching:True on {} KiB pages (the host backend's), {} \
-                 backend memory calls",
-                page >> 10,
-                host.sim().calls().memory_calls()
-            ),
-            1.03 / report.reserved_over_live,
-        ));
+        // CUDA's 2 MiB pages, then the host backend's.
+        let pages = [
+            (kiln_alloc_cache::replay::DEFAULT_REPLAY_PAGE, ""),
+            (kiln_alloc_cache::DEFAULT_HOST_PAGE, "_host_page"),
+        ];
+        for (page, suffix) in pages {
+            let mut stitched = Replayer::with_page(config.clone(), capacity, page).map_err(err)?;
+            stitched.run(&trace).map_err(err)?;
+            let report = stitched.report();
+            let calls = stitched.sim().calls();
+            rows.push(Row::new(
+                GROUP,
+                format!("{name}_expandable_page_stitching{suffix}"),
+                "reserved_over_live",
+                report.reserved_over_live,
+                format!(
+                    "target <= 1.03; page_stitching:True on {} KiB pages, {} backend memory \
+                     calls ({} aliases, {} remaps)",
+                    page >> 10,
+                    calls.memory_calls(),
+                    calls.map_alias,
+                    calls.remap
+                ),
+                1.03 / report.reserved_over_live,
+            ));
+        }
     }
     Ok(())
 }
