@@ -45,7 +45,6 @@ struct Slots {
 /// The memfd slots behind mapped host pages.
 #[derive(Debug)]
 pub(super) struct HostPages {
-    page: usize,
     slots: Mutex<Slots>,
 }
 
@@ -278,7 +277,6 @@ impl HostPages {
     /// multiple of the system page, at most `MAX_HOST_PAGE`).
     pub fn new(page: usize) -> Self {
         Self {
-            page,
             slots: Mutex::new(Slots {
                 page,
                 file: None,
@@ -293,7 +291,7 @@ impl HostPages {
 
     /// Bytes per page.
     pub fn page(&self) -> usize {
-        self.page
+        self.lock().page
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
@@ -345,8 +343,11 @@ impl HostPages {
 
     /// A `PROT_NONE` reservation of `bytes` aligned to the page.
     pub fn reserve_address_space(&self, bytes: usize) -> Result<u64, BackendError> {
-        let page = self.page;
-        self.lock().check(0, bytes)?;
+        let page = {
+            let s = self.lock();
+            s.check(0, bytes)?;
+            s.page
+        };
         let span = bytes.checked_add(page).ok_or(BackendError::OutOfMemory {
             requested: bytes,
             free: 0,
