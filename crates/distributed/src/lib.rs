@@ -17,6 +17,8 @@
 //! backward runs, from `kiln-autograd`'s post-accumulate-grad hooks), [`SyncBatchNorm`] and
 //! [`ZeroRedundancyOptimizer`] (ZeRO stage 1). docs/DISTRIBUTED.md describes the design.
 
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+mod collective;
 pub mod ddp;
 pub mod env;
 mod error;

@@ -16,8 +16,9 @@
 //! - A tensor is copied out of its buffer before the call and written back after it, under the
 //!   buffer's lock, so a failed collective leaves the tensor as it was.
 
+use crate::collective::{queued, LocalChecks, Op};
 use crate::env::{LaunchEnv, Launcher};
-use crate::signature::{check_avg, check_pair, check_root, check_tensor, Kind, Signature};
+use crate::signature::{check_tensor, Signature};
 use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
 use ::mpi::traits::*;
 use kiln_autograd::{DType, Device, Tensor};
@@ -27,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 mod transfer;
-use transfer::{Ctx, Op};
+use transfer::Ctx;
 
 /// The dtypes MPI carries here.
 const MPI_DTYPES: [DType; 3] = [DType::F32, DType::F64, DType::I64];
@@ -90,10 +91,7 @@ impl MpiGroup {
         name: &'static str,
         checked: Result<(Signature, Op)>,
     ) -> Result<mpsc::Receiver<Result<()>>> {
-        let (signature, op) = match checked {
-            Ok(pair) => pair,
-            Err(e) => (Signature::invalid(), Op::Refused(e)),
-        };
+        let (signature, op) = queued(checked);
         let (done, result) = mpsc::channel();
         let job = Job {
             name,
@@ -128,8 +126,12 @@ impl MpiGroup {
         .finish()
     }
 
-    fn check_one(&self, op: &'static str, t: &Tensor) -> Result<()> {
-        check_tensor(op, "", t, Device::Cpu, &MPI_DTYPES)
+    /// This transport's checks: CPU tensors of the dtypes MPI carries here.
+    fn checks(&self) -> LocalChecks<impl Fn(&'static str, &Tensor) -> Result<()>> {
+        LocalChecks {
+            world_size: self.world_size,
+            tensor: |op, t: &Tensor| check_tensor(op, "", t, Device::Cpu, &MPI_DTYPES),
+        }
     }
 }
 
@@ -177,16 +179,8 @@ impl ProcessGroup for MpiGroup {
 
     fn start_all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Box<dyn PendingWork>> {
         let name = "all_reduce";
-        let checked = self
-            .check_one(name, tensor)
-            .and_then(|_| check_avg(name, tensor, op))
-            .map(|_| {
-                let n = tensor.numel();
-                let sig = Signature::new(Kind::AllReduce, tensor.dtype(), n, n).with_op(op);
-                (sig, Op::AllReduce(tensor.clone(), op))
-            });
         Ok(Box::new(MpiWork {
-            result: self.submit(name, checked)?,
+            result: self.submit(name, self.checks().all_reduce(tensor, op))?,
             name,
             rank: self.rank,
             world_size: self.world_size,
@@ -194,58 +188,20 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<()> {
-        let name = "broadcast";
-        let checked = self
-            .check_one(name, tensor)
-            .and_then(|_| check_root(name, root, self.world_size))
-            .map(|_| {
-                let n = tensor.numel();
-                let sig = Signature::new(Kind::Broadcast, tensor.dtype(), n, n).with_root(root);
-                (sig, Op::Broadcast(tensor.clone(), root))
-            });
-        self.run(name, checked)
+        self.run("broadcast", self.checks().broadcast(tensor, root))
     }
 
     fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<()> {
-        let name = "all_gather";
-        let checked = self
-            .check_one(name, input)
-            .and_then(|_| self.check_one(name, output))
-            .and_then(|_| check_pair(name, input, output, self.world_size))
-            .map(|_| {
-                let sig = Signature::new(
-                    Kind::AllGather,
-                    input.dtype(),
-                    input.numel(),
-                    output.numel(),
-                );
-                (sig, Op::AllGather(input.clone(), output.clone()))
-            });
-        self.run(name, checked)
+        self.run("all_gather", self.checks().all_gather(input, output))
     }
 
     fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
-        let name = "reduce_scatter";
-        let checked = self
-            .check_one(name, input)
-            .and_then(|_| self.check_one(name, output))
-            .and_then(|_| check_pair(name, output, input, self.world_size))
-            .and_then(|_| check_avg(name, input, op))
-            .map(|_| {
-                let sig = Signature::new(
-                    Kind::ReduceScatter,
-                    input.dtype(),
-                    input.numel(),
-                    output.numel(),
-                )
-                .with_op(op);
-                (sig, Op::ReduceScatter(input.clone(), output.clone(), op))
-            });
-        self.run(name, checked)
+        let checked = self.checks().reduce_scatter(input, output, op);
+        self.run("reduce_scatter", checked)
     }
 
     fn barrier(&self) -> Result<()> {
-        self.run("barrier", Ok((Signature::barrier(), Op::Barrier)))
+        self.run("barrier", Ok(self.checks().barrier()))
     }
 }
 

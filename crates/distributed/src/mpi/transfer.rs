@@ -6,6 +6,7 @@
 //! on a timeout the request and its buffers are leaked, never freed under MPI; a tensor is
 //! written only after its collective completed.
 
+use crate::collective::Op;
 use crate::signature::{check_table, Signature};
 use crate::{Error, ReduceOp, Result};
 use ::mpi::collective::SystemOperation;
@@ -16,17 +17,6 @@ use ::mpi::traits::*;
 use kiln_autograd::{DType, Tensor};
 use kiln_device::{CpuStorage, Storage};
 use std::time::{Duration, Instant};
-
-/// A collective with its tensors, as the communication thread runs it.
-pub(super) enum Op {
-    AllReduce(Tensor, ReduceOp),
-    Broadcast(Tensor, usize),
-    AllGather(Tensor, Tensor),
-    ReduceScatter(Tensor, Tensor, ReduceOp),
-    Barrier,
-    /// This rank's arguments were refused: take part in the signature exchange, then fail.
-    Refused(Error),
-}
 
 /// What the communication thread needs to run a job.
 pub(super) struct Ctx {

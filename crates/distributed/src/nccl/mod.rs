@@ -19,8 +19,9 @@
 mod comm;
 mod thread;
 
+use crate::collective::{queued, LocalChecks, Op};
 use crate::env::LaunchEnv;
-use crate::signature::{check_avg, check_pair, check_root, check_tensor, Kind, Signature};
+use crate::signature::{check_tensor, Signature};
 use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
 use comm::Comm;
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -29,7 +30,7 @@ use kiln_autograd::{DType, Device, Tensor};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use thread::{Job, Op};
+use thread::Job;
 
 /// The dtypes NCCL carries here.
 const NCCL_DTYPES: [DType; 5] = [DType::F32, DType::F64, DType::I64, DType::F16, DType::BF16];
@@ -192,18 +193,18 @@ impl NcclGroup {
         Device::Cuda(self.ordinal)
     }
 
-    fn check_one(&self, op: &'static str, t: &Tensor) -> Result<()> {
-        check_tensor(op, "", t, self.device(), &NCCL_DTYPES)
+    /// This transport's checks: tensors on this group's device, of the dtypes NCCL carries here.
+    fn checks(&self) -> LocalChecks<impl Fn(&'static str, &Tensor) -> Result<()>> {
+        let device = self.device();
+        LocalChecks {
+            world_size: self.world_size,
+            tensor: move |op, t: &Tensor| check_tensor(op, "", t, device, &NCCL_DTYPES),
+        }
     }
 
     fn submit(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<NcclWork> {
-        let (signature, op, tensors) = match checked {
-            Ok((sig, op)) => {
-                let tensors = op.tensors();
-                (sig, op, tensors)
-            }
-            Err(e) => (Signature::invalid(), Op::Refused(e), Vec::new()),
-        };
+        let (signature, op) = queued(checked);
+        let tensors = op.tensors();
         // The device point the collective must wait for: what was queued on the compute stream.
         let ready = self
             .compute
@@ -338,71 +339,25 @@ impl ProcessGroup for NcclGroup {
     }
 
     fn start_all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Box<dyn PendingWork>> {
-        let name = "all_reduce";
-        let checked = self
-            .check_one(name, tensor)
-            .and_then(|_| check_avg(name, tensor, op))
-            .map(|_| {
-                let n = tensor.numel();
-                let sig = Signature::new(Kind::AllReduce, tensor.dtype(), n, n).with_op(op);
-                (sig, Op::AllReduce(tensor.clone(), op))
-            });
-        Ok(Box::new(self.submit(name, checked)?))
+        let checked = self.checks().all_reduce(tensor, op);
+        Ok(Box::new(self.submit("all_reduce", checked)?))
     }
 
     fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<()> {
-        let name = "broadcast";
-        let checked = self
-            .check_one(name, tensor)
-            .and_then(|_| check_root(name, root, self.world_size))
-            .map(|_| {
-                let n = tensor.numel();
-                let sig = Signature::new(Kind::Broadcast, tensor.dtype(), n, n).with_root(root);
-                (sig, Op::Broadcast(tensor.clone(), root))
-            });
-        self.run(name, checked)
+        self.run("broadcast", self.checks().broadcast(tensor, root))
     }
 
     fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<()> {
-        let name = "all_gather";
-        let checked = self
-            .check_one(name, input)
-            .and_then(|_| self.check_one(name, output))
-            .and_then(|_| check_pair(name, input, output, self.world_size))
-            .map(|_| {
-                let sig = Signature::new(
-                    Kind::AllGather,
-                    input.dtype(),
-                    input.numel(),
-                    output.numel(),
-                );
-                (sig, Op::AllGather(input.clone(), output.clone()))
-            });
-        self.run(name, checked)
+        self.run("all_gather", self.checks().all_gather(input, output))
     }
 
     fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
-        let name = "reduce_scatter";
-        let checked = self
-            .check_one(name, input)
-            .and_then(|_| self.check_one(name, output))
-            .and_then(|_| check_pair(name, output, input, self.world_size))
-            .and_then(|_| check_avg(name, input, op))
-            .map(|_| {
-                let sig = Signature::new(
-                    Kind::ReduceScatter,
-                    input.dtype(),
-                    input.numel(),
-                    output.numel(),
-                )
-                .with_op(op);
-                (sig, Op::ReduceScatter(input.clone(), output.clone(), op))
-            });
-        self.run(name, checked)
+        let checked = self.checks().reduce_scatter(input, output, op);
+        self.run("reduce_scatter", checked)
     }
 
     fn barrier(&self) -> Result<()> {
-        self.run("barrier", Ok((Signature::barrier(), Op::Barrier)))
+        self.run("barrier", Ok(self.checks().barrier()))
     }
 }
 

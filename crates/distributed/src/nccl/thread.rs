@@ -6,6 +6,7 @@
 //! device's context bound; a job answers exactly once; after an abort every job fails at once.
 
 use super::comm::Comm;
+use crate::collective::Op;
 use crate::signature::{check_table, Signature};
 use crate::{Error, ReduceOp, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
@@ -15,28 +16,6 @@ use kiln_device::Storage;
 use std::ffi::c_void;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-
-/// A collective with its tensors.
-pub(crate) enum Op {
-    AllReduce(Tensor, ReduceOp),
-    Broadcast(Tensor, usize),
-    AllGather(Tensor, Tensor),
-    ReduceScatter(Tensor, Tensor, ReduceOp),
-    Barrier,
-    /// This rank refused its own arguments: take part in the signature exchange, then fail.
-    Refused(Error),
-}
-
-impl Op {
-    /// The tensors the collective reads or writes (kept alive by its work).
-    pub(crate) fn tensors(&self) -> Vec<Tensor> {
-        match self {
-            Op::AllReduce(t, _) | Op::Broadcast(t, _) => vec![t.clone()],
-            Op::AllGather(a, b) | Op::ReduceScatter(a, b, _) => vec![a.clone(), b.clone()],
-            Op::Barrier | Op::Refused(_) => Vec::new(),
-        }
-    }
-}
 
 /// One started collective, as the thread receives it.
 pub(crate) struct Job {
