@@ -9,7 +9,9 @@
 //! vectorises and rounding error stays small; `f32` 1- and 2-norms use [`sum_f32_blocked`]
 //! instead), combine them in a fixed tree, then combine chunks of a tensor in plan order on one
 //! thread. Small chunks are batched into tasks of at least `CHUNK_ELEMS` elements
-//! ([`batch_ranges`]).
+//! ([`batch_ranges`]). The `f32` loops of the norms, maps and steps are also compiled for
+//! AVX-512 and AVX2 (`ops/simd.rs`: kiln builds for 128-bit SSE) and give the same bits on
+//! every path, which the tests check on each instruction set the CPU has.
 
 mod adam;
 mod sgd;
@@ -21,6 +23,7 @@ use super::{
     batch_ranges, clip_coef, plan_chunks, AdamHyper, AdamOperands, Chunk, HostNorm, MultiTensorOps,
     NormKind, Operand, OperandMut, SgdHyper, SgdOperands, CHUNK_ELEMS,
 };
+use crate::ops::simd::{self, simd_dispatch};
 use crate::{CpuStorage, DType, Element, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -83,36 +86,72 @@ pub fn reduce_slice<T: Element>(s: &[T], kind: NormKind) -> f64 {
     fold_lanes(kind, lanes)
 }
 
-/// Elements per `f32` sub-block of [`sum_f32_blocked`]: 16 lanes of 16 values each, so an `f32`
-/// lane never sums more than 16 terms before it is added into the `f64` total.
-const SUB_BLOCK: usize = 256;
+/// `f32` lanes of [`sum_f32_blocked`]: four AVX-512 registers, eight AVX2 ones.
+const SUM_LANES: usize = 64;
 
-/// Sum of `x*x` (`square`) or `|x|` of `f32` data at full SIMD width: 16 `f32` lanes over
-/// sub-blocks of 256 elements, each sub-block's lanes folded into `f64` in a fixed order.
-pub fn sum_f32_blocked(s: &[f32], square: bool) -> f64 {
+/// Elements per sub-block of [`sum_f32_blocked`]: 64 lanes of 16 values each, so an `f32` lane
+/// never sums more than 16 terms before it is added into the `f64` total.
+const SUB_BLOCK: usize = SUM_LANES * 16;
+
+/// Sum of `x*x` (`SQUARE`) or `|x|` of `f32` data: 64 `f32` lanes over sub-blocks of 1,024
+/// elements, each sub-block's lanes folded into eight `f64` sums (lane `i` into sum `i % 8`)
+/// and those added in a fixed tree. A slice shorter than 64 elements takes the same fold
+/// without the lanes: each of its lanes would hold one term, and adding a lane of zero to a sum
+/// changes no bit (the terms are never `-0`).
+#[inline(always)]
+fn sum_f32_body<const SQUARE: bool>(s: &[f32]) -> f64 {
+    let term = |x: f32| if SQUARE { x * x } else { x.abs() };
+    let tree = |f: [f64; 8]| ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+    if s.len() < SUM_LANES {
+        let mut folded = [0f64; 8];
+        for (i, x) in s.iter().enumerate() {
+            folded[i % 8] += f64::from(term(*x));
+        }
+        return tree(folded);
+    }
     let mut total = 0f64;
     for block in s.chunks(SUB_BLOCK) {
-        let mut acc = [0f32; 16];
-        let mut rows = block.chunks_exact(16);
+        let mut acc = [0f32; SUM_LANES];
+        let mut rows = block.chunks_exact(SUM_LANES);
         for row in &mut rows {
-            for i in 0..16 {
-                acc[i] += if square {
-                    row[i] * row[i]
-                } else {
-                    row[i].abs()
-                };
+            for i in 0..SUM_LANES {
+                acc[i] += term(row[i]);
             }
         }
         for (i, x) in rows.remainder().iter().enumerate() {
-            acc[i] += if square { x * x } else { x.abs() };
+            acc[i] += term(*x);
         }
-        let mut folded = [0f64; 4];
-        for (i, a) in acc.iter().enumerate() {
-            folded[i % 4] += f64::from(*a);
+        let used = block.len().min(SUM_LANES);
+        let mut folded = [0f64; 8];
+        if used == SUM_LANES {
+            for (i, a) in acc.iter().enumerate() {
+                folded[i % 8] += f64::from(*a);
+            }
+        } else {
+            for (i, a) in acc[..used].iter().enumerate() {
+                folded[i % 8] += f64::from(*a);
+            }
         }
-        total += (folded[0] + folded[1]) + (folded[2] + folded[3]);
+        total += tree(folded);
     }
     total
+}
+
+simd_dispatch! {
+    /// [`sum_f32_body`] in the widest vector instructions the CPU has (`simd.rs`): the same
+    /// multiplies and adds in the same order on every path, so the same bits.
+    fn sum_f32_lanes[const SQUARE: bool](s: &[f32]) -> f64 => sum_f32_body[SQUARE];
+}
+
+/// Sum of `x*x` (`square`) or `|x|` of `f32` data at full SIMD width (see [`sum_f32_body`]):
+/// the partial sums of the `f32` 2- and 1-norms.
+pub fn sum_f32_blocked(s: &[f32], square: bool) -> f64 {
+    let isa = simd::isa();
+    if square {
+        sum_f32_lanes::<true>(isa, s)
+    } else {
+        sum_f32_lanes::<false>(isa, s)
+    }
 }
 
 fn reduce_float_slice(s: FloatSlice<'_>, kind: NormKind) -> f64 {
@@ -225,14 +264,27 @@ impl ElementMap for Clamp {
     }
 }
 
+/// One `f32` chunk of [`map_all`].
+#[inline(always)]
+fn map_f32_body<M: ElementMap>(map: &M, s: &mut [f32]) {
+    s.iter_mut().for_each(|x| *x = map.f32(*x));
+}
+
+simd_dispatch! {
+    /// [`map_f32_body`] in the widest vector instructions the CPU has: the map is one
+    /// operation per element, so every path gives the same bits.
+    fn map_f32[M: ElementMap](map: &M, s: &mut [f32]) => map_f32_body[M];
+}
+
 /// Applies `map` to every element of every tensor, in parallel over chunks. Half types go
 /// through the `f32` map (widened, mapped, rounded once).
 fn map_all(tensors: Vec<FloatSliceMut<'_>>, map: &impl ElementMap) {
+    let isa = simd::isa();
     chunks_of(tensors)
         .into_par_iter()
         .flatten_iter()
         .for_each(|c| match c {
-            FloatSliceMut::F32(s) => s.iter_mut().for_each(|x| *x = map.f32(*x)),
+            FloatSliceMut::F32(s) => map_f32(isa, map, s),
             FloatSliceMut::F64(s) => s.iter_mut().for_each(|x| *x = map.f64(*x)),
             FloatSliceMut::F16(s) => s
                 .iter_mut()

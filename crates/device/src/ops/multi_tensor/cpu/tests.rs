@@ -146,3 +146,42 @@ fn scale_clamp_and_unscale_touch_every_element_once() {
     assert_eq!(bad[0], bf16::from_f32(4.0));
     assert_eq!(clip_coef(2.0, 1.0), 1.0);
 }
+
+/// The `f32` sums and the scale map give the same bits on the portable build and on every
+/// instruction set this CPU has, at lengths around the lane count and the sub-block, and a
+/// slice shorter than the lanes (its own fold) sums as it would inside the lanes.
+#[test]
+fn every_instruction_set_gives_the_same_bits() {
+    let isas: Vec<Option<crate::ops::simd::Isa>> = std::iter::once(None)
+        .chain(crate::ops::simd::available().into_iter().map(Some))
+        .collect();
+    for n in [0usize, 1, 5, 63, 64, 65, 1023, 1024, 1025, 5000] {
+        let data = pseudo_random(n, 7 + n as u64);
+        for isa in &isas {
+            assert_eq!(
+                sum_f32_lanes::<true>(*isa, &data).to_bits(),
+                sum_f32_body::<true>(&data).to_bits(),
+                "squares, {n} elements, {isa:?}"
+            );
+            assert_eq!(
+                sum_f32_lanes::<false>(*isa, &data).to_bits(),
+                sum_f32_body::<false>(&data).to_bits(),
+                "absolute values, {n} elements, {isa:?}"
+            );
+            let mut scaled = data.clone();
+            map_f32(*isa, &Scale(0.3, 0.3), &mut scaled);
+            assert!(scaled.iter().zip(&data).all(|(s, x)| *s == x * 0.3f32));
+        }
+    }
+    // 63 elements take the short fold; padded with a zero to 64 they take the lanes.
+    let short = pseudo_random(63, 11);
+    let mut padded = short.clone();
+    padded.push(0.0);
+    assert_eq!(
+        sum_f32_body::<true>(&short).to_bits(),
+        sum_f32_body::<true>(&padded).to_bits()
+    );
+    if crate::ops::simd::available().is_empty() {
+        eprintln!("only the portable build is checked: no AVX-512F or AVX2 + FMA here");
+    }
+}
