@@ -14,23 +14,24 @@ use kiln_autograd::{DType, Device, Tensor};
 use kiln_device::ops::multi_tensor::{Operand, OperandMut};
 use std::borrow::Cow;
 
-/// Marks the tensors of `list` whose buffers no other tensor in the list uses (sorting the
-/// buffer keys: no hashing per tensor).
+/// Marks the tensors of `list` whose buffers no other tensor in the list uses. The buffer keys
+/// are sorted (no hashing per tensor); only when two are equal are the tensors holding them
+/// looked for.
 fn unshared(list: &[Tensor]) -> Vec<bool> {
-    let mut keys: Vec<(usize, usize)> = list
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.storage_key(), i))
-        .collect();
+    let mut keys: Vec<usize> = list.iter().map(Tensor::storage_key).collect();
     keys.sort_unstable();
-    let mut alone = vec![true; list.len()];
-    for w in keys.windows(2) {
-        if w[0].0 == w[1].0 {
-            alone[w[0].1] = false;
-            alone[w[1].1] = false;
-        }
+    let mut shared: Vec<usize> = keys
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
+    if shared.is_empty() {
+        return vec![true; list.len()];
     }
-    alone
+    shared.dedup();
+    list.iter()
+        .map(|t| shared.binary_search(&t.storage_key()).is_err())
+        .collect()
 }
 
 /// Runs `f` once over read operands of every tensor (one fused pass). Strided views are first

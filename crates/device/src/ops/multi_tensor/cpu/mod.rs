@@ -146,6 +146,15 @@ simd_dispatch! {
 /// Sum of `x*x` (`square`) or `|x|` of `f32` data at full SIMD width (see [`sum_f32_body`]):
 /// the partial sums of the `f32` 2- and 1-norms.
 pub fn sum_f32_blocked(s: &[f32], square: bool) -> f64 {
+    // A slice shorter than the lanes takes the scalar fold, the same on every path: calling a
+    // vector build for it costs more than the sum (its 64-lane stack frame).
+    if s.len() < SUM_LANES {
+        return if square {
+            sum_f32_body::<true>(s)
+        } else {
+            sum_f32_body::<false>(s)
+        };
+    }
     let isa = simd::isa();
     if square {
         sum_f32_lanes::<true>(isa, s)
