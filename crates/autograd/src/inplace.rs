@@ -1,10 +1,15 @@
 //! In-place updates (`copy_`, `fill_`, `add_`, ...), for optimizers and buffers.
 //!
-//! Each computes its result out of place and writes it into this tensor's buffer through its
-//! layout (so every view of the buffer sees it), then bumps the buffer's version: a backward that
-//! saved the old contents refuses to run instead of computing with the new ones. In-place ops do
-//! not record gradients, so they refuse a tensor that requires grad while grad mode is on (wrap
-//! optimizer steps in `no_grad`, as PyTorch does).
+//! Invariants: every update writes into this tensor's buffer through its layout (so every view of
+//! the buffer sees it) and bumps the buffer's version, so a backward that saved the old contents
+//! refuses to run instead of computing with the new ones. In-place ops do not record gradients,
+//! so they refuse a tensor that requires grad while grad mode is on (wrap optimizer steps in
+//! `no_grad`, as PyTorch does). A destination that is an expanded view (one place holding several
+//! elements) is refused, as PyTorch refuses it. The arithmetic updates (`add_`, `sub_`, `mul_`,
+//! `div_`, `mul_scalar_`, `add_scaled_`) run kiln-device's in-place kernel (`binary_into`): no
+//! buffer the size of this tensor is allocated, except on the CPU for a strided or
+//! half-precision destination, and for a right operand that shares this tensor's buffer (copied
+//! out first) or has another dtype (computed out of place, with the usual promotion).
 
 use crate::autograd::grad_mode::{is_grad_enabled, no_grad};
 use crate::error::shape_err;
@@ -12,17 +17,60 @@ use crate::ops::broadcast_shapes;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::{Error, Result};
 use kiln_device::prelude::*;
+use kiln_device::BinaryOp;
 
 impl Tensor {
     /// Writes `value` (broadcast to this tensor's shape) into this tensor's buffer.
     fn assign(&self, op: &'static str, value: &Tensor) -> Result<()> {
+        self.check_writable(op, value)?;
+        self.check_same_kind(op, value)?;
+        self.check_broadcasts_into(op, value)?;
+        // A source sharing our buffer is copied out first, so reading it never overlaps the write.
+        let src = self.unaliased(value)?;
+        let src_layout = src.layout().broadcast_to(self.shape());
+        let src_storage = src.storage();
+        let mut dst = self.storage_mut();
+        src_storage.copy_into(&src_layout, &mut dst, self.layout())?;
+        Ok(())
+    }
+
+    /// `self = op(self, rhs)` in place (rhs broadcast), through the in-place kernel; a right
+    /// operand of another dtype is computed out of place by `fallback` and copied in.
+    fn update(
+        &self,
+        name: &'static str,
+        rhs: &Tensor,
+        op: BinaryOp,
+        fallback: impl FnOnce() -> Result<Tensor>,
+    ) -> Result<()> {
+        if rhs.dtype() != self.dtype() {
+            return self.assign(name, &no_grad(fallback)?);
+        }
+        self.check_writable(name, rhs)?;
+        self.check_same_kind(name, rhs)?;
+        self.check_broadcasts_into(name, rhs)?;
+        let src = self.unaliased(rhs)?;
+        let src_layout = src.layout().broadcast_to(self.shape());
+        let src_storage = src.storage();
+        let mut dst = self.storage_mut();
+        src_storage.binary_into(&src_layout, &mut dst, self.layout(), op)?;
+        Ok(())
+    }
+
+    /// Refuses an update while grad mode is on and a tensor involved requires grad.
+    fn check_writable(&self, op: &'static str, value: &Tensor) -> Result<()> {
         if is_grad_enabled() && (self.requires_grad() || value.requires_grad()) {
             return Err(Error::Autograd(format!(
                 "{op}: in-place ops do not record gradients, and a tensor involved requires grad; \
                  run the update under no_grad (as optimizer steps do) or use the out-of-place op"
             )));
         }
-        self.check_same_kind(op, value)?;
+        Ok(())
+    }
+
+    /// Refuses a `value` that does not broadcast to this tensor's shape, and a destination that
+    /// is an expanded view (a dimension of several elements with stride 0).
+    fn check_broadcasts_into(&self, op: &'static str, value: &Tensor) -> Result<()> {
         let shape = broadcast_shapes(op, self.shape(), value.shape())?;
         if shape != self.shape() {
             return Err(shape_err(
@@ -34,18 +82,35 @@ impl Tensor {
                 ),
             ));
         }
-        // A source sharing our buffer is copied out first, so reading it never overlaps the write.
-        let src = if value.shares_storage_with(self) {
+        let layout = self.layout();
+        if layout
+            .shape()
+            .iter()
+            .zip(layout.strides())
+            .any(|(&n, &s)| n > 1 && s == 0)
+        {
+            return Err(shape_err(
+                op,
+                format!(
+                    "the destination of shape {} is an expanded view: several of its elements \
+                     share one place in memory, so an in-place write would be ambiguous; write \
+                     into a contiguous copy (copy_data) instead",
+                    fmt_shape(self.shape())
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `value`, or a copy of it in a buffer of its own when it shares this tensor's buffer (so
+    /// reading it never overlaps the write).
+    fn unaliased(&self, value: &Tensor) -> Result<Tensor> {
+        Ok(if value.shares_storage_with(self) {
             let copied = value.storage().copy_contiguous(value.layout())?;
             Tensor::from_storage(copied, value.shape(), None)
         } else {
             value.clone()
-        };
-        let src_layout = src.layout().broadcast_to(self.shape());
-        let src_storage = src.storage();
-        let mut dst = self.storage_mut();
-        src_storage.copy_into(&src_layout, &mut dst, self.layout())?;
-        Ok(())
+        })
     }
 
     /// Copies `src` (broadcast) into this tensor, in place.
@@ -66,32 +131,34 @@ impl Tensor {
 
     /// `self += other`, in place.
     pub fn add_(&self, other: &Tensor) -> Result<()> {
-        self.assign("add_", &no_grad(|| self.add(other))?)
+        self.update("add_", other, BinaryOp::Add, || self.add(other))
     }
 
     /// `self += alpha * other`, in place (PyTorch's `add_(other, alpha=alpha)`).
     pub fn add_scaled_(&self, other: &Tensor, alpha: f64) -> Result<()> {
-        self.assign("add_", &no_grad(|| self.add(&other.mul_scalar(alpha)?))?)
+        let scaled = no_grad(|| other.mul_scalar(alpha))?;
+        self.update("add_", &scaled, BinaryOp::Add, || self.add(&scaled))
     }
 
     /// `self -= other`, in place.
     pub fn sub_(&self, other: &Tensor) -> Result<()> {
-        self.assign("sub_", &no_grad(|| self.sub(other))?)
+        self.update("sub_", other, BinaryOp::Sub, || self.sub(other))
     }
 
     /// `self *= other`, in place.
     pub fn mul_(&self, other: &Tensor) -> Result<()> {
-        self.assign("mul_", &no_grad(|| self.mul(other))?)
+        self.update("mul_", other, BinaryOp::Mul, || self.mul(other))
     }
 
     /// `self *= value`, in place.
     pub fn mul_scalar_(&self, value: f64) -> Result<()> {
-        self.assign("mul_", &no_grad(|| self.mul_scalar(value))?)
+        let v = self.scalar_like(value)?;
+        self.update("mul_", &v, BinaryOp::Mul, || self.mul(&v))
     }
 
     /// `self /= other`, in place.
     pub fn div_(&self, other: &Tensor) -> Result<()> {
-        self.assign("div_", &no_grad(|| self.div(other))?)
+        self.update("div_", other, BinaryOp::Div, || self.div(other))
     }
 
     /// A copy in a new buffer, differentiable (PyTorch's `clone()`; `Tensor::clone` only copies

@@ -82,3 +82,102 @@ fn copy_data_is_a_differentiable_deep_copy() {
     no_grad(|| c.detach().fill_(0.0)).unwrap();
     assert_eq!(w.to_vec::<f64>().unwrap(), vec![2., 3.]);
 }
+
+/// The arithmetic updates on every path of the in-place kernel: a contiguous destination with a
+/// broadcast right operand, a transposed (strided) destination, a right operand that is the
+/// destination itself, half precision, integers, and a right operand of another dtype.
+#[test]
+fn arithmetic_updates_match_the_out_of_place_ops() {
+    let x = t(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
+    let row = t(&[10., 20., 30.], &[3]);
+    x.add_(&row).unwrap();
+    x.sub_(&t(&[1.], &[1])).unwrap();
+    x.mul_(&t(&[2., 3.], &[2, 1])).unwrap();
+    x.div_(&t(&[4.], &[])).unwrap();
+    assert_eq!(
+        x.to_vec::<f64>().unwrap(),
+        vec![5., 10.5, 16., 39. / 4., 72. / 4., 105. / 4.]
+    );
+    // A transposed view: element (i, j) of the view is element (j, i) of the buffer.
+    let m = t(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
+    let mt = m.t().unwrap();
+    mt.add_(&t(&[100., 200.], &[2])).unwrap();
+    assert_eq!(
+        m.to_vec::<f64>().unwrap(),
+        vec![101., 102., 103., 204., 205., 206.]
+    );
+    // The right operand is the destination: read before it is overwritten.
+    let s = t(&[1., 2., 3.], &[3]);
+    s.mul_(&s).unwrap();
+    s.add_(&s.narrow(0, 0, 1).unwrap()).unwrap(); // adds the old s[0] to every element
+    assert_eq!(s.to_vec::<f64>().unwrap(), vec![2., 5., 10.]);
+    // f16 and bf16 compute in f32 and round once, as the out-of-place op does.
+    for dtype in [DType::F16, DType::BF16] {
+        let h = t(&[1.5, -2.25, 1000.0], &[3]).to_dtype(dtype).unwrap();
+        let want = h.mul_scalar(3.1).unwrap().to_dtype(DType::F64).unwrap();
+        h.mul_scalar_(3.1).unwrap();
+        assert_eq!(
+            h.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+            want.to_vec::<f64>().unwrap()
+        );
+    }
+    // i64: wrapping, and division by zero gives 0 as the out-of-place op does.
+    let i = Tensor::from_vec(vec![7i64, -7, i64::MAX], &[3], Device::Cpu).unwrap();
+    i.add_(&Tensor::from_vec(vec![1i64, 1, 1], &[3], Device::Cpu).unwrap())
+        .unwrap();
+    i.div_(&Tensor::from_vec(vec![2i64, 0, 1], &[3], Device::Cpu).unwrap())
+        .unwrap();
+    assert_eq!(i.to_vec::<i64>().unwrap(), vec![4, 0, i64::MIN]);
+    // f32 scaled: add_scaled_ is add_(alpha * other).
+    let f = Tensor::from_vec(vec![1f32, 2.0], &[2], Device::Cpu).unwrap();
+    f.add_scaled_(
+        &Tensor::from_vec(vec![0.5f32, 0.25], &[2], Device::Cpu).unwrap(),
+        -2.0,
+    )
+    .unwrap();
+    assert_eq!(f.to_vec::<f32>().unwrap(), vec![0.0, 1.5]);
+    // Another dtype takes the out-of-place path and its rules: refused by name.
+    let e = f.add_(&t(&[1., 1.], &[2])).unwrap_err().to_string();
+    assert!(e.contains("dtypes differ"), "{e}");
+}
+
+/// An expanded view holds one place for several elements: writing into it is refused, naming
+/// the fix, and nothing is written.
+#[test]
+fn an_expanded_destination_is_refused() {
+    let base = t(&[1., 2., 3.], &[3]);
+    let wide = base.expand(&[2, 3]).unwrap();
+    for result in [
+        wide.add_(&t(&[1.], &[1])),
+        wide.mul_scalar_(2.0),
+        wide.copy_(&t(&[0.; 6], &[2, 3])),
+    ] {
+        let e = result.unwrap_err().to_string();
+        assert!(
+            e.contains("expanded view") && e.contains("copy_data"),
+            "{e}"
+        );
+    }
+    assert_eq!(base.to_vec::<f64>().unwrap(), vec![1., 2., 3.]);
+    assert_eq!(base.version(), 0);
+}
+
+/// A second backward adds into the gradient the parameter holds; a gradient the caller still
+/// holds keeps its values (the sum goes to a new buffer then, as in PyTorch).
+#[test]
+fn gradients_accumulate_in_place_unless_someone_holds_them() {
+    let w = Parameter::new(t(&[2., 3.], &[2])).unwrap();
+    let x = t(&[1., 10.], &[2]);
+    let step = || w.mul(&x).unwrap().sum_all().unwrap().backward().unwrap();
+    step();
+    let key = w.grad().unwrap().storage_key();
+    step();
+    let g = w.grad().unwrap();
+    assert_eq!(g.to_vec::<f64>().unwrap(), vec![2., 20.]);
+    assert_eq!(g.storage_key(), key, "the second backward added in place");
+    step(); // `g` is held: the sum is a new buffer and `g` keeps its values
+    assert_eq!(g.to_vec::<f64>().unwrap(), vec![2., 20.]);
+    let now = w.grad().unwrap();
+    assert_eq!(now.to_vec::<f64>().unwrap(), vec![3., 30.]);
+    assert_ne!(now.storage_key(), key);
+}

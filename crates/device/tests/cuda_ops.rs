@@ -105,6 +105,53 @@ fn copy_into_writes_through_strided_destinations() {
     }
 }
 
+/// In-place binary ops: a destination of every dtype, contiguous and strided (columns 1..4 of
+/// rows 1..4 of a [5, 8] buffer), updated by a transposed right operand and by a broadcast row,
+/// on both backends; what the CPU refuses (integer `Pow`, the activation backwards on
+/// integers) CUDA refuses too, leaving the destination as it was.
+#[test]
+fn binary_into_updates_destinations_in_place_like_cpu() {
+    let Some(dev) = cuda_device_or_skip() else {
+        return;
+    };
+    let ops = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::ReluBackward,
+    ];
+    let dst_layouts = [
+        Layout::contiguous(&[5, 8]).narrow(1, 1, 4).narrow(0, 1, 3),
+        Layout::contiguous(&[3, 4]),
+    ];
+    let rhs_layouts = [
+        Layout::contiguous(&[4, 3]).transpose(0, 1),
+        Layout::contiguous(&[4]).broadcast_to(&[3, 4]),
+    ];
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64] {
+        let (rc, rg) = both(dev, &values(12, dtype));
+        for dst_l in &dst_layouts {
+            for rhs_l in &rhs_layouts {
+                for op in ops {
+                    let (mut dc, mut dg) = both(dev, &common::pattern(40, dtype, 3, 0.61, 1.5));
+                    let what = format!("{op:?} {dtype} into {dst_l:?} from {rhs_l:?}");
+                    match (
+                        rc.binary_into(rhs_l, &mut dc, dst_l, op),
+                        rg.binary_into(rhs_l, &mut dg, dst_l, op),
+                    ) {
+                        (Ok(()), Ok(())) => assert_match(&what, &dc, &dg),
+                        (Err(_), Err(_)) => assert_match(&what, &dc, &dg),
+                        (want, got) => panic!("{what}: cpu {want:?} vs cuda {got:?}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn full_and_arange_match_cpu() {
     let Some(dev) = cuda_device_or_skip() else {

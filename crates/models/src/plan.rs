@@ -23,11 +23,11 @@
 //! gradients alive, activations freed). The step itself adds nothing: kiln-optim's SGD and
 //! Adam/AdamW steps are fused multi-tensor passes that update parameters and state in place,
 //! with no temporaries (measured against the allocation history at small batches, where the
-//! step sets the peak of weight-heavy models, `tests/memory_history.rs`). Until session 13 the
-//! plan gave SGD two temporaries the size of the largest parameter, what an SGD step written
-//! with kiln's in-place tensor ops holds (each computes its result before writing it back), as
-//! the memory tests' hand-written step did; against kiln-optim's SGD that over-predicted a
-//! weight-heavy MLP's step by a third. Not modeled: the CPU convolution backward's scratch
+//! step sets the peak of weight-heavy models, `tests/memory_history.rs`). The plan once gave
+//! SGD two temporaries the size of the largest parameter, what the memory tests' hand-written
+//! step held while kiln's in-place tensor ops still computed each result before writing it back
+//! (they update in place now); against kiln-optim's SGD that over-predicted a weight-heavy MLP's
+//! step by a third. Not modeled: the CPU convolution backward's scratch
 //! (per-thread partial weight gradients, column and padded buffers), which a ResNet at batch 2
 //! holds late in backward (5-8 MB, depending on the thread count): the plan is 5-9 % under
 //! there (`tests/memory_plan_resnet.rs`);

@@ -220,7 +220,7 @@ impl Tensor {
         )
     }
 
-    fn scalar_like(&self, v: f64) -> Result<Tensor> {
+    pub(crate) fn scalar_like(&self, v: f64) -> Result<Tensor> {
         Tensor::scalar(v, self.dtype(), self.device())
     }
 

@@ -101,6 +101,30 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
     });
 }
 
+/// Replaces every element of `dst` (contiguous) by `f(dst, b)`, with `b` read through a layout
+/// of `dst`'s shape: the in-place form of [`map2`], each element read and written by one chunk.
+pub fn map2_assign<T: Copy + Send + Sync, B: Copy + Sync>(
+    dst: &mut [T],
+    (b, lb): (&[B], &Layout),
+    f: impl Fn(T, B) -> T + Sync,
+) {
+    debug_assert_eq!(dst.len(), lb.numel());
+    let cb = lb.contiguous_offset();
+    fill_chunks(dst, |start, chunk| match cb {
+        Some(ob) => {
+            let sb = &b[ob + start..ob + start + chunk.len()];
+            for (o, &y) in chunk.iter_mut().zip(sb) {
+                *o = f(*o, y);
+            }
+        }
+        None => {
+            for (o, j) in chunk.iter_mut().zip(StridedIndex::new(lb, start)) {
+                *o = f(*o, b[j]);
+            }
+        }
+    });
+}
+
 /// Writes `f(a, b, c)` elementwise over three same-shaped layouts into `out` (contiguous).
 pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Copy + Send>(
     (a, la): (&[A], &Layout),

@@ -14,7 +14,7 @@ use crate::ops::cpu_dispatch::{
     as_condition, buffer_of, finish_cast, float_dispatch, float_op, output, read_as, same_dtype,
     unsupported, FLOAT_HINT,
 };
-pub use crate::ops::strided::{map1, map1_into, map2, map3};
+pub use crate::ops::strided::{map1, map1_into, map2, map2_assign, map3};
 use crate::ops::KernelFloat;
 use crate::storage::{with_slice, HostElement};
 use crate::{CpuStorage, Result};
@@ -98,6 +98,88 @@ fn nan_min<F: KernelFloat>(a: F, b: F) -> F {
     }
 }
 
+/// Where a binary op's scalar function is applied: a trait with a generic method rather than a
+/// closure, so each op's function stays a concrete, inlined type in the loop. The op tables
+/// below ([`float_binary`], [`int_binary`]) are written once for both ways of applying them.
+trait ApplyBinary<T> {
+    fn apply(self, f: impl Fn(T, T) -> T + Sync);
+}
+
+/// Into a new contiguous `out`.
+struct IntoOut<'a, T> {
+    a: (&'a [T], &'a Layout),
+    b: (&'a [T], &'a Layout),
+    out: &'a mut [T],
+}
+
+impl<T: Copy + Send + Sync> ApplyBinary<T> for IntoOut<'_, T> {
+    fn apply(self, f: impl Fn(T, T) -> T + Sync) {
+        map2(self.a, self.b, self.out, f)
+    }
+}
+
+/// In place over a contiguous destination, the right operand read through its layout.
+struct InPlace<'a, T> {
+    dst: &'a mut [T],
+    b: (&'a [T], &'a Layout),
+}
+
+impl<T: Copy + Send + Sync> ApplyBinary<T> for InPlace<'_, T> {
+    fn apply(self, f: impl Fn(T, T) -> T + Sync) {
+        map2_assign(self.dst, self.b, f)
+    }
+}
+
+/// The scalar function of a float binary op, applied by `to`.
+fn float_binary<F: KernelFloat>(op: BinaryOp, to: impl ApplyBinary<F>) {
+    let (zero, one, half) = (F::c(0.0), F::c(1.0), F::c(0.5));
+    match op {
+        BinaryOp::Add => to.apply(|x: F, y: F| x + y),
+        BinaryOp::Sub => to.apply(|x: F, y: F| x - y),
+        BinaryOp::Mul => to.apply(|x: F, y: F| x * y),
+        BinaryOp::Div => to.apply(|x: F, y: F| x / y),
+        BinaryOp::Pow => to.apply(|x: F, y: F| x.powf(y)),
+        BinaryOp::Maximum => to.apply(nan_max),
+        BinaryOp::Minimum => to.apply(nan_min),
+        BinaryOp::ReluBackward => to.apply(|g: F, y: F| if y <= zero { zero } else { g }),
+        BinaryOp::GeluErfBackward => to.apply(|g: F, x: F| {
+            let cdf = half * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf());
+            let pdf = (-half * x * x).exp() * F::c(0.398_942_280_401_432_7);
+            g * (cdf + x * pdf)
+        }),
+        BinaryOp::GeluTanhBackward => to.apply(|g: F, x: F| {
+            let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
+            let t = inner.tanh();
+            let dinner = F::c(SQRT_2_OVER_PI) * (one + F::c(3.0 * GELU_TANH_COEF) * x * x);
+            g * (half * (one + t) + half * x * (one - t * t) * dinner)
+        }),
+        BinaryOp::SiluBackward => to.apply(|g: F, x: F| {
+            let s = sigmoid(x);
+            g * (s * (one + x * (one - s)))
+        }),
+    }
+}
+
+/// The scalar function of an integer binary op, applied by `to`; `None` (nothing applied) for
+/// `Pow` and the activation backwards. Division by zero gives 0 instead of a panic (PyTorch
+/// raises).
+fn int_binary(op: BinaryOp, to: impl ApplyBinary<i64>) -> Option<()> {
+    match op {
+        BinaryOp::Add => to.apply(|x: i64, y: i64| x.wrapping_add(y)),
+        BinaryOp::Sub => to.apply(|x: i64, y: i64| x.wrapping_sub(y)),
+        BinaryOp::Mul => to.apply(|x: i64, y: i64| x.wrapping_mul(y)),
+        BinaryOp::Div => to.apply(|x: i64, y: i64| x.checked_div(y).unwrap_or(0)),
+        BinaryOp::Maximum => to.apply(|x: i64, y: i64| x.max(y)),
+        BinaryOp::Minimum => to.apply(|x: i64, y: i64| x.min(y)),
+        BinaryOp::Pow
+        | BinaryOp::ReluBackward
+        | BinaryOp::GeluErfBackward
+        | BinaryOp::GeluTanhBackward
+        | BinaryOp::SiluBackward => return None,
+    }
+    Some(())
+}
+
 /// A float binary op, written into `out` (`la.numel()` elements).
 pub fn binary_float<F: KernelFloat>(
     a: &[F],
@@ -107,38 +189,18 @@ pub fn binary_float<F: KernelFloat>(
     op: BinaryOp,
     out: &mut [F],
 ) {
-    let (zero, one, half) = (F::c(0.0), F::c(1.0), F::c(0.5));
-    let (a, b) = ((a, la), (b, lb));
-    match op {
-        BinaryOp::Add => map2(a, b, out, |x: F, y: F| x + y),
-        BinaryOp::Sub => map2(a, b, out, |x: F, y: F| x - y),
-        BinaryOp::Mul => map2(a, b, out, |x: F, y: F| x * y),
-        BinaryOp::Div => map2(a, b, out, |x: F, y: F| x / y),
-        BinaryOp::Pow => map2(a, b, out, |x: F, y: F| x.powf(y)),
-        BinaryOp::Maximum => map2(a, b, out, nan_max),
-        BinaryOp::Minimum => map2(a, b, out, nan_min),
-        BinaryOp::ReluBackward => map2(a, b, out, |g: F, y: F| if y <= zero { zero } else { g }),
-        BinaryOp::GeluErfBackward => map2(a, b, out, |g: F, x: F| {
-            let cdf = half * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf());
-            let pdf = (-half * x * x).exp() * F::c(0.398_942_280_401_432_7);
-            g * (cdf + x * pdf)
-        }),
-        BinaryOp::GeluTanhBackward => map2(a, b, out, |g: F, x: F| {
-            let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
-            let t = inner.tanh();
-            let dinner = F::c(SQRT_2_OVER_PI) * (one + F::c(3.0 * GELU_TANH_COEF) * x * x);
-            g * (half * (one + t) + half * x * (one - t * t) * dinner)
-        }),
-        BinaryOp::SiluBackward => map2(a, b, out, |g: F, x: F| {
-            let s = sigmoid(x);
-            g * (s * (one + x * (one - s)))
-        }),
-    }
+    float_binary(
+        op,
+        IntoOut {
+            a: (a, la),
+            b: (b, lb),
+            out,
+        },
+    )
 }
 
 /// An integer binary op written into `out`; `None` (and `out` untouched) for `Pow` and the
-/// activation backwards. Division by
-/// zero gives 0 instead of a panic (PyTorch raises); kiln-autograd checks for it before calling.
+/// activation backwards.
 pub fn binary_int(
     a: &[i64],
     la: &Layout,
@@ -147,21 +209,25 @@ pub fn binary_int(
     op: BinaryOp,
     out: &mut [i64],
 ) -> Option<()> {
-    let (a, b) = ((a, la), (b, lb));
-    match op {
-        BinaryOp::Add => map2(a, b, out, |x: i64, y: i64| x.wrapping_add(y)),
-        BinaryOp::Sub => map2(a, b, out, |x: i64, y: i64| x.wrapping_sub(y)),
-        BinaryOp::Mul => map2(a, b, out, |x: i64, y: i64| x.wrapping_mul(y)),
-        BinaryOp::Div => map2(a, b, out, |x: i64, y: i64| x.checked_div(y).unwrap_or(0)),
-        BinaryOp::Maximum => map2(a, b, out, |x: i64, y: i64| x.max(y)),
-        BinaryOp::Minimum => map2(a, b, out, |x: i64, y: i64| x.min(y)),
-        BinaryOp::Pow
-        | BinaryOp::ReluBackward
-        | BinaryOp::GeluErfBackward
-        | BinaryOp::GeluTanhBackward
-        | BinaryOp::SiluBackward => return None,
-    }
-    Some(())
+    int_binary(
+        op,
+        IntoOut {
+            a: (a, la),
+            b: (b, lb),
+            out,
+        },
+    )
+}
+
+/// `dst = op(dst, b)` in place for a float `dst` (contiguous), `b` read through `lb`.
+pub fn binary_float_assign<F: KernelFloat>(dst: &mut [F], b: &[F], lb: &Layout, op: BinaryOp) {
+    float_binary(op, InPlace { dst, b: (b, lb) })
+}
+
+/// `dst = op(dst, b)` in place for an `i64` `dst`; `None` (and `dst` untouched) where
+/// [`binary_int`] has no such op.
+pub fn binary_int_assign(dst: &mut [i64], b: &[i64], lb: &Layout, op: BinaryOp) -> Option<()> {
+    int_binary(op, InPlace { dst, b: (b, lb) })
 }
 
 /// A comparison over any ordered element type, written into the `Bool` slice `out`.
@@ -253,6 +319,46 @@ impl ElementwiseOps for CpuStorage {
                 }
             ),
         }
+    }
+
+    /// `f32`, `f64` and `i64` destinations with a contiguous layout are updated in place. A
+    /// strided destination, or an `f16`/`bf16` one (computed in `f32`), goes through a
+    /// contiguous result that is then copied in.
+    fn binary_into(
+        &self,
+        layout: &Layout,
+        dst: &mut Self,
+        dst_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<()> {
+        same_dtype(op.name(), dst, self)?;
+        if let Some(start) = dst_layout.contiguous_offset() {
+            let range = start..start + dst_layout.numel();
+            let done = match (&mut *dst, self) {
+                (CpuStorage::F32(d), CpuStorage::F32(b)) => {
+                    binary_float_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
+                    true
+                }
+                (CpuStorage::F64(d), CpuStorage::F64(b)) => {
+                    binary_float_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
+                    true
+                }
+                (CpuStorage::I64(d), CpuStorage::I64(b)) => {
+                    let d = &mut d.as_mut_slice()[range];
+                    if binary_int_assign(d, b.as_slice(), layout, op).is_none() {
+                        return Err(unsupported(op.name(), DType::I64, FLOAT_HINT));
+                    }
+                    true
+                }
+                _ => false,
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        let computed = dst.binary(dst_layout, self, layout, op)?;
+        let whole = Layout::contiguous(dst_layout.shape());
+        crate::ops::copy::CopyOps::copy_into(&computed, &whole, dst, dst_layout)
     }
 
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {

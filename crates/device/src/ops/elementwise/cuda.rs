@@ -191,6 +191,56 @@ impl ElementwiseOps for CudaStorage {
             (op.code(), true),
         )
     }
+    /// In place: `dst = op(dst, self)` element by element through both views (one kernel,
+    /// nothing allocated; halves compute in `f32` and round once, as `binary` does).
+    fn binary_into(
+        &self,
+        layout: &Layout,
+        dst: &mut Self,
+        dst_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<()> {
+        let name = op.name();
+        self.same_device(name, dst)?;
+        check_same_dtype(name, dst, self)?;
+        match dst.dtype() {
+            d if d.is_float() => {}
+            DType::I64 if op.takes_integers() => {}
+            d => {
+                return Err(unsupported(
+                    name,
+                    d,
+                    "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
+                ))
+            }
+        }
+        check_same_shape(name, dst_layout, layout)?;
+        self.check_view(name, layout)?;
+        dst.check_view(name, dst_layout)?;
+        let n = layout.numel() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = format!("kiln_binary_into_{}", suffix(dst.dtype()));
+        let stream = crate::storage::cuda_stream(self.ordinal())?;
+        let f = function(&stream, &ELEMENTWISE_KERNELS, &kernel)?;
+        let [dst_view, view] = collapse([dst_layout, layout])?;
+        let (d, b, code) = (dst.device_ptr(), self.device_ptr(), op.code());
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&d)
+            .arg(&dst_view)
+            .arg(&b)
+            .arg(&view)
+            .arg(&n)
+            .arg(&code);
+        // SAFETY: signature (T*, StridedArgs, const T*, StridedArgs, u64, unsigned) as in
+        // elementwise.cu; both views were checked against their buffers, which are distinct
+        // (`&self`, `&mut dst`), and the caller's destination view maps no two elements to one
+        // place, so each thread reads and writes only its own element.
+        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&kernel, e))?;
+        Ok(())
+    }
     /// Elementwise comparison; a `Bool` result.
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
         check_same_dtype("comparison", self, rhs)?;

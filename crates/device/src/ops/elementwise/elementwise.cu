@@ -5,6 +5,8 @@
 //                                                                       t: f32 f64 f16 bf16 i64
 //   kiln_binary_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, T* out, u64 n,
 //                   unsigned op, unsigned access)
+//   kiln_binary_into_<t>(T* dst, StridedArgs ld, const T* b, StridedArgs lb, u64 n, unsigned op)
+//                   (in place: dst = op(dst, b), both through their strides)
 //   kiln_compare_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, u8* out, u64 n,
 //                    unsigned op, unsigned access)                               t: every dtype
 //   kiln_where_b<bytes>(const u8* c, StridedArgs lc, const T* t, StridedArgs lt,
@@ -266,6 +268,37 @@ extern "C" __global__ void kiln_binary_i64(const i64* __restrict__ a, StridedArg
                                            i64* __restrict__ out, u64 n, unsigned op,
                                            unsigned access) {
     map2(a, la, b, lb, out, n, access, [op](i64 x, i64 y) { return binary_int(op, x, y); });
+}
+
+// dst[i] = f(dst[i], b[i]) in place, both read through their strides. `dst` is read and
+// written at the same element by the same thread, so it is not __restrict__; the host refuses a
+// destination view that maps two elements to one place.
+template <typename T, typename F>
+__device__ __forceinline__ void assign2(T* dst, const StridedArgs& ld, const T* __restrict__ b,
+                                        const StridedArgs& lb, u64 n, F f) {
+    GRID_STRIDE(i, n) {
+        const u64 o = strided_at(ld, i);
+        dst[o] = f(dst[o], b[strided_at(lb, i)]);
+    }
+}
+
+#define KILN_BINARY_INTO(NAME, T)                                                             \
+    extern "C" __global__ void kiln_binary_into_##NAME(T* dst, StridedArgs ld,                \
+                                                       const T* __restrict__ b, StridedArgs lb, \
+                                                       u64 n, unsigned op) {                  \
+        assign2(dst, ld, b, lb, n,                                                            \
+                [op](T x, T y) { return narrow<T>(binary_float(op, widen(x), widen(y))); });   \
+    }
+
+KILN_BINARY_INTO(f32, float)
+KILN_BINARY_INTO(f64, double)
+KILN_BINARY_INTO(f16, __half)
+KILN_BINARY_INTO(bf16, __nv_bfloat16)
+
+extern "C" __global__ void kiln_binary_into_i64(i64* dst, StridedArgs ld,
+                                                const i64* __restrict__ b, StridedArgs lb, u64 n,
+                                                unsigned op) {
+    assign2(dst, ld, b, lb, n, [op](i64 x, i64 y) { return binary_int(op, x, y); });
 }
 
 // Halves compare exactly after widening; NaN compares like IEEE (only != is true).

@@ -167,6 +167,14 @@ seam_trait! {
         op(op.name())
         fn binary(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: BinaryOp)
             -> Result<Self>;
+        /// In place: every element of `dst` through `dst_layout` becomes `op(dst, self)`, with
+        /// `self` the right operand read through `layout` (of `dst_layout`'s shape, broadcast
+        /// already). `dst` is another buffer of the same dtype, and `dst_layout` maps no two
+        /// elements to one place (the caller refuses expanded views). Nothing is allocated
+        /// unless noted by the backend.
+        op(op.name())
+        fn binary_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout, op: BinaryOp)
+            -> Result<()>;
         /// Elementwise comparison; result dtype `Bool`.
         op("comparison")
         fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp)

@@ -1,0 +1,35 @@
+//! In-place arithmetic allocates nothing the size of the tensor on the CPU: measured with the
+//! CPU caching allocator's statistics. Its own test binary: that allocator is process-wide.
+
+use kiln_autograd::{DType, Device, Tensor};
+use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
+
+#[test]
+fn in_place_arithmetic_allocates_no_tensor_sized_buffer() {
+    let cpu = Device::Cpu;
+    let n = 1 << 20; // 4 MiB of f32
+    let x = Tensor::zeros(&[n], DType::F32, cpu).unwrap();
+    let ones = Tensor::ones(&[n], DType::F32, cpu).unwrap();
+    let row = Tensor::ones(&[1, 1024], DType::F32, cpu).unwrap();
+    let grid = x.reshape(&[1024, 1024]).unwrap();
+    reset_peak_memory_stats(cpu).unwrap();
+    let base = memory_allocated(cpu).unwrap();
+    x.add_(&ones).unwrap();
+    x.mul_scalar_(3.0).unwrap();
+    x.sub_(&ones).unwrap();
+    grid.div_(&row).unwrap();
+    let grew = max_memory_allocated(cpu).unwrap() - base;
+    // Only the 0-d scalar of mul_scalar_ (one 512-byte block) may be allocated.
+    assert!(grew <= 512, "in-place updates allocated {grew} bytes");
+    assert!(x.to_vec::<f32>().unwrap().iter().all(|&v| v == 2.0));
+    // The strided destination still goes through a temporary (documented): its size is what
+    // the fast path saves.
+    reset_peak_memory_stats(cpu).unwrap();
+    let base = memory_allocated(cpu).unwrap();
+    grid.t()
+        .unwrap()
+        .add_(&ones.reshape(&[1024, 1024]).unwrap())
+        .unwrap();
+    let strided = max_memory_allocated(cpu).unwrap() - base;
+    assert!(strided >= 4 * n, "{strided}");
+}
