@@ -17,21 +17,14 @@ use crate::ops::broadcast_shapes;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::{Error, Result};
 use kiln_device::prelude::*;
-use kiln_device::BinaryOp;
+use kiln_device::{BinaryOp, Layout, Storage};
 
 impl Tensor {
     /// Writes `value` (broadcast to this tensor's shape) into this tensor's buffer.
     fn assign(&self, op: &'static str, value: &Tensor) -> Result<()> {
-        self.check_writable(op, value)?;
-        self.check_same_kind(op, value)?;
-        self.check_broadcasts_into(op, value)?;
-        // A source sharing our buffer is copied out first, so reading it never overlaps the write.
-        let src = self.unaliased(value)?;
-        let src_layout = src.layout().broadcast_to(self.shape());
-        let src_storage = src.storage();
-        let mut dst = self.storage_mut();
-        src_storage.copy_into(&src_layout, &mut dst, self.layout())?;
-        Ok(())
+        self.write_from(op, value, |src, layout, dst, dst_layout| {
+            src.copy_into(layout, dst, dst_layout)
+        })
     }
 
     /// `self = op(self, rhs)` in place (rhs broadcast), through the in-place kernel; a right
@@ -46,14 +39,29 @@ impl Tensor {
         if rhs.dtype() != self.dtype() {
             return self.assign(name, &no_grad(fallback)?);
         }
-        self.check_writable(name, rhs)?;
-        self.check_same_kind(name, rhs)?;
-        self.check_broadcasts_into(name, rhs)?;
-        let src = self.unaliased(rhs)?;
+        self.write_from(name, rhs, |src, layout, dst, dst_layout| {
+            src.binary_into(layout, dst, dst_layout, op)
+        })
+    }
+
+    /// The checks every in-place update makes, then `write(source, its layout broadcast to this
+    /// tensor's shape, this tensor's buffer, its layout)` under the buffer's write lock (which
+    /// bumps the version). A source sharing this tensor's buffer is copied out first, so reading
+    /// it never overlaps the write.
+    fn write_from(
+        &self,
+        op: &'static str,
+        value: &Tensor,
+        write: impl FnOnce(&Storage, &Layout, &mut Storage, &Layout) -> kiln_device::Result<()>,
+    ) -> Result<()> {
+        self.check_writable(op, value)?;
+        self.check_same_kind(op, value)?;
+        self.check_broadcasts_into(op, value)?;
+        let src = self.unaliased(value)?;
         let src_layout = src.layout().broadcast_to(self.shape());
         let src_storage = src.storage();
         let mut dst = self.storage_mut();
-        src_storage.binary_into(&src_layout, &mut dst, self.layout(), op)?;
+        write(&src_storage, &src_layout, &mut dst, self.layout())?;
         Ok(())
     }
 

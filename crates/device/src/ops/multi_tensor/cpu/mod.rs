@@ -121,16 +121,10 @@ fn sum_f32_body<const SQUARE: bool>(s: &[f32]) -> f64 {
         for (i, x) in rows.remainder().iter().enumerate() {
             acc[i] += term(*x);
         }
-        let used = block.len().min(SUM_LANES);
+        // Lanes a short last block did not reach hold zeros, which change no sum.
         let mut folded = [0f64; 8];
-        if used == SUM_LANES {
-            for (i, a) in acc.iter().enumerate() {
-                folded[i % 8] += f64::from(*a);
-            }
-        } else {
-            for (i, a) in acc[..used].iter().enumerate() {
-                folded[i % 8] += f64::from(*a);
-            }
+        for (i, a) in acc.iter().enumerate() {
+            folded[i % 8] += f64::from(*a);
         }
         total += tree(folded);
     }
