@@ -237,6 +237,8 @@ def run_case(name, arg, quick):
         return adamw_ms(resnet18_lens(), reps, clip=False), "ms"
     if name == "clip_adamw_resnet18":
         return adamw_ms(resnet18_lens(), reps, clip=True), "ms"
+    if name == "adamw_2000x1000":
+        return adamw_ms([1000] * 2000, reps, clip=False), "ms"
     if name == "clip_2000x1000":
         return clip_ms([1000] * 2000, reps), "ms"
     if name == "clip_resnet18":

@@ -22,9 +22,8 @@
 
 use crate::group::{IntoParamGroups, ParamGroup};
 use crate::operands::{by_device, checked_grad};
-use crate::optimizer::{
-    Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
-};
+use crate::optimizer::{Algorithm, GroupOptions, GroupedOptimizer, StepItem};
+use crate::state_dict::{ParamStateRecord, TensorRecord};
 use crate::{arg_err, Result};
 use kiln_autograd::{Parameter, Tensor};
 use kiln_device::ops::multi_tensor::{self, AdamHyper, AdamOperands, AdamStepScalars};
@@ -191,19 +190,19 @@ impl AdamW {
     }
 }
 
-/// One parameter of this step: its tensors and its bias corrections (computed in f64 per
-/// parameter, as PyTorch does in Python).
-struct Work {
-    p: Tensor,
+/// One parameter of this step: its tensors (borrowed from the parameter and its state) and its
+/// bias corrections (computed in f64 per parameter, as PyTorch does in Python).
+struct Work<'a> {
+    p: &'a Tensor,
     g: Tensor,
-    m: Tensor,
-    v: Tensor,
-    vmax: Option<Tensor>,
+    m: &'a Tensor,
+    v: &'a Tensor,
+    vmax: Option<&'a Tensor>,
     k: AdamStepScalars,
 }
 
 /// One fused step over `work` (all on one device) through kiln-device's multi-tensor Adam.
-fn adam_pass(op: &'static str, hyper: &AdamHyper, work: &[Work]) -> Result<()> {
+fn adam_pass(op: &'static str, hyper: &AdamHyper, work: &[Work<'_>]) -> Result<()> {
     let mut pw = work
         .iter()
         .map(|w| w.p.storage_write())
@@ -276,26 +275,32 @@ impl Algorithm for AdamAlgorithm {
         items: Vec<StepItem<'_, AdamState>>,
         scale: f64,
     ) -> Result<()> {
-        let mut work = Vec::with_capacity(items.len());
+        // Every gradient is checked before any state changes, so a refused step leaves the
+        // step counts as they were.
+        let mut checked = Vec::with_capacity(items.len());
         for it in items {
-            let g = checked_grad(self.name(), &it)?;
-            let s = &mut *it.state;
+            let g = checked_grad(self.name(), it.name, it.param, it.grad)?;
+            checked.push((it.param, g, it.state));
+        }
+        let mut work = Vec::with_capacity(checked.len());
+        for (param, g, s) in checked {
             if o.amsgrad && s.max_exp_avg_sq.is_none() {
                 let _state = crate::optimizer::optimizer_state();
-                s.max_exp_avg_sq = Some(it.param.zeros_like()?);
+                s.max_exp_avg_sq = Some(param.zeros_like()?);
             }
             s.step += 1;
             let t = s.step as f64;
             let bc1 = 1.0 - o.betas.0.powf(t);
             let bc2 = 1.0 - o.betas.1.powf(t);
+            let s: &AdamState = s;
             work.push((
-                it.param.device(),
+                param.device(),
                 Work {
-                    p: it.param.tensor().clone(),
+                    p: param.tensor(),
                     g,
-                    m: s.exp_avg.clone(),
-                    v: s.exp_avg_sq.clone(),
-                    vmax: s.max_exp_avg_sq.clone().filter(|_| o.amsgrad),
+                    m: &s.exp_avg,
+                    v: &s.exp_avg_sq,
+                    vmax: s.max_exp_avg_sq.as_ref().filter(|_| o.amsgrad),
                     k: AdamStepScalars {
                         step_size: o.lr / bc1,
                         bias_correction2_sqrt: bc2.sqrt(),

@@ -39,6 +39,7 @@ mod operands;
 mod optimizer;
 mod scaler;
 mod sgd;
+mod state_dict;
 
 pub use adam::{Adam, AdamAlgorithm, AdamOptions, AdamState, AdamW};
 pub use clip::{
@@ -48,10 +49,8 @@ pub use clip::{
 pub(crate) use error::arg_err;
 pub use error::{Error, Result};
 pub use group::{IntoParamGroups, ParamEntry, ParamGroup};
-pub use optimizer::{
-    Algorithm, GroupOptions, GroupRecord, GroupedOptimizer, Optimizer, ParamStateRecord, StateDict,
-    StepItem, TensorRecord,
-};
+pub use optimizer::{Algorithm, GroupOptions, GroupedOptimizer, Optimizer, StepItem};
+pub use state_dict::{GroupRecord, ParamStateRecord, StateDict, TensorRecord};
 
 /// The former name of [`GroupedOptimizer`], kept because kiln-sched implements its scheduler
 /// trait for `Optim<A>`.

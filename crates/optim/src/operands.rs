@@ -8,9 +8,8 @@
 //! have the parameter's dtype and device and their own buffer. Nothing here names a device: the
 //! multi-tensor ops check that a list is on one device and dispatch.
 
-use crate::optimizer::StepItem;
 use crate::{Error, Result};
-use kiln_autograd::{DType, Device, Tensor};
+use kiln_autograd::{DType, Device, Parameter, Tensor};
 use kiln_device::ops::multi_tensor::{Operand, OperandMut};
 use std::borrow::Cow;
 
@@ -124,8 +123,12 @@ fn unsupported(op: &'static str, msg: String) -> Error {
 /// The gradient of `item`, checked for a fused step: on the host, the parameter is a dense
 /// f32/f64 tensor and the gradient has its dtype and its own buffer (a strided gradient is made
 /// contiguous); on a device, both are contiguous f32 tensors on the parameter's device.
-pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Result<Tensor> {
-    let (p, g) = (item.param, &item.grad);
+pub(crate) fn checked_grad(
+    op: &'static str,
+    name: &str,
+    p: &Parameter,
+    g: Tensor,
+) -> Result<Tensor> {
     if !p.device().is_cpu() {
         if p.dtype() != DType::F32 || g.dtype() != DType::F32 {
             return Err(unsupported(
@@ -133,7 +136,7 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
                 format!(
                     "{op}: parameter `{}` on {} and its gradient must be f32 (got {} and {}); \
                      keep master weights in f32",
-                    item.name,
+                    name,
                     p.device(),
                     p.dtype(),
                     g.dtype()
@@ -146,12 +149,12 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
                 format!(
                     "{op}: parameter `{}` on {} and its gradient must be contiguous and on the \
                      same device",
-                    item.name,
+                    name,
                     p.device()
                 ),
             ));
         }
-        return Ok(g.clone());
+        return Ok(g);
     }
     if !p.is_contiguous() {
         return Err(unsupported(
@@ -159,7 +162,7 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
             format!(
                 "parameter `{}` is not a dense host tensor (strided on {}); the fused step \
                  updates contiguous CPU parameters: make it contiguous, or step it on the CPU",
-                item.name,
+                name,
                 p.device()
             ),
         ));
@@ -170,7 +173,7 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
             format!(
                 "parameter `{}` is {}; optimizers update f32/f64 parameters: keep master weights \
                  in f32 (mixed precision keeps f16/bf16 only for activations)",
-                item.name,
+                name,
                 p.dtype()
             ),
         ));
@@ -181,7 +184,7 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
             format!(
                 "gradient of `{}` is {} but the parameter is {}; set a gradient of the \
                  parameter's dtype",
-                item.name,
+                name,
                 g.dtype(),
                 p.dtype()
             ),
@@ -192,12 +195,12 @@ pub(crate) fn checked_grad<S>(op: &'static str, item: &StepItem<'_, S>) -> Resul
             op,
             format!(
                 "gradient of `{}` shares the parameter's buffer; give it its own",
-                item.name
+                name
             ),
         ));
     }
     if g.is_contiguous() && g.device().is_cpu() {
-        Ok(g.clone())
+        Ok(g)
     } else {
         Ok(kiln_autograd::no_grad(|| g.contiguous())?)
     }

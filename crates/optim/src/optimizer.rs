@@ -10,10 +10,11 @@
 //! stepped at least once (here or in a loaded state dict); updates run under `no_grad`.
 
 use crate::group::ParamGroup;
+use crate::state_dict::{GroupRecord, ParamStateRecord, StateDict};
 use crate::{Error, Result};
 use kiln_autograd::{Parameter, Tensor};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 /// What every optimizer offers: a step, gradient clearing, per-group hyper-parameters (the
 /// accessors learning-rate schedulers drive) and state dicts.
@@ -116,124 +117,27 @@ pub trait Algorithm {
     fn load_state(&self, record: &ParamStateRecord, param: &Parameter) -> Result<Self::State>;
 }
 
-/// A saved tensor: dtype name, shape, and the values as `f64` (exact for every float dtype).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TensorRecord {
-    /// PyTorch's dtype name (`"float32"`).
-    pub dtype: String,
-    /// The shape.
-    pub shape: Vec<usize>,
-    /// The values, row-major.
-    pub data: Vec<f64>,
-}
-
-impl TensorRecord {
-    /// Records `t`.
-    pub fn from_tensor(t: &Tensor) -> Result<Self> {
-        Ok(TensorRecord {
-            dtype: t.dtype().as_str().to_string(),
-            shape: t.shape().to_vec(),
-            data: t.to_vec_f64()?,
-        })
-    }
-
-    /// The tensor again, in `like`'s dtype and on its device, checked against `like`'s shape;
-    /// a value count that does not fit the shape, or a NaN/infinite value, is an error naming
-    /// `what` (a moment like that would turn every parameter into NaN at the next step).
-    pub fn to_tensor_like(&self, like: &Tensor, what: &str) -> Result<Tensor> {
-        let want: usize = self.shape.iter().product();
-        if self.data.len() != want {
-            return Err(Error::StateDict(format!(
-                "{what}: saved shape {:?} needs {want} values but {} are stored; the state dict \
-                 is truncated or edited, load an intact one",
-                self.shape,
-                self.data.len()
-            )));
-        }
-        if let Some(i) = self.data.iter().position(|v| !v.is_finite()) {
-            return Err(Error::StateDict(format!(
-                "{what}: value {i} is {}; a non-finite optimizer state would make the parameters \
-                 NaN, load a state dict saved before training diverged",
-                self.data[i]
-            )));
-        }
-        if self.shape != like.shape() || self.dtype != like.dtype().as_str() {
-            return Err(Error::StateDict(format!(
-                "{what}: saved {} {:?} does not match the parameter's {} {:?}; load a state dict \
-                 saved from the same model",
-                self.dtype,
-                self.shape,
-                like.dtype(),
-                like.shape()
-            )));
-        }
-        let t = Tensor::from_vec(self.data.clone(), &self.shape, kiln_autograd::Device::Cpu)?;
-        Ok(t.to_dtype(like.dtype())?.to_device(like.device())?)
-    }
-
-    /// Like [`TensorRecord::to_tensor_like`], and also rejects a negative value (a second
-    /// moment such as Adam's `exp_avg_sq` is a mean of squares; its square root must exist).
-    pub fn to_nonnegative_tensor_like(&self, like: &Tensor, what: &str) -> Result<Tensor> {
-        let t = self.to_tensor_like(like, what)?;
-        if let Some(i) = self.data.iter().position(|v| *v < 0.0) {
-            return Err(Error::StateDict(format!(
-                "{what}: value {i} is {}, but a second moment is never negative; load a state \
-                 dict saved by this optimizer, unedited",
-                self.data[i]
-            )));
-        }
-        Ok(t)
-    }
-}
-
-/// The state of one parameter: its step count and named buffers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ParamStateRecord {
-    /// Steps taken by this parameter.
-    pub step: u64,
-    /// Buffers (`"exp_avg"`, `"momentum_buffer"`, ...).
-    pub buffers: BTreeMap<String, TensorRecord>,
-}
-
-/// One group in a state dict: its parameter names and options.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroupRecord {
-    /// Names of the group's parameters, in order.
-    pub params: Vec<String>,
-    /// The group's options.
-    pub options: serde_json::Value,
-    /// The lr recorded by the first scheduler (PyTorch's `initial_lr`); absent in state dicts
-    /// written before it was kept, which load as `None`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial_lr: Option<f64>,
-}
-
-/// A whole optimizer's state (serde: save it with `serde_json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StateDict {
-    /// The optimizer kind.
-    pub optimizer: String,
-    /// Groups in order.
-    pub groups: Vec<GroupRecord>,
-    /// Per-parameter state by position over all groups; `None` for parameters never stepped.
-    pub state: Vec<Option<ParamStateRecord>>,
-}
-
-struct Group<O> {
+struct Group<O, S> {
     params: Vec<(String, Parameter)>,
     options: O,
     /// PyTorch's `initial_lr` key: written once by the first scheduler attached.
     initial_lr: Option<f64>,
+    /// Per-parameter state, by position in `params`; `None` until the parameter's first step.
+    state: Vec<Option<S>>,
 }
 
 /// An optimizer over parameter groups: groups of parameters with options, per-parameter state,
 /// and the [`Algorithm`] that updates them (SGD, Adam and AdamW are `GroupedOptimizer`s).
+///
+/// State lives next to its parameter (by position), so a step walks each group once and looks
+/// nothing up: the per-parameter cost of a step over thousands of small tensors is a gradient
+/// read and the fused pass's own bookkeeping.
 pub struct GroupedOptimizer<A: Algorithm> {
     algorithm: A,
     defaults: A::Options,
-    groups: Vec<Group<A::Options>>,
-    state: HashMap<u64, A::State>,
-    seen: HashMap<u64, String>,
+    groups: Vec<Group<A::Options, A::State>>,
+    /// Where each parameter (by id) sits: `(group, position)`.
+    index: HashMap<u64, (usize, usize)>,
 }
 
 impl<A: Algorithm> GroupedOptimizer<A> {
@@ -253,8 +157,7 @@ impl<A: Algorithm> GroupedOptimizer<A> {
             algorithm,
             defaults,
             groups: Vec::new(),
-            state: HashMap::new(),
-            seen: HashMap::new(),
+            index: HashMap::new(),
         };
         for g in groups {
             opt.push_group(g)?;
@@ -274,7 +177,8 @@ impl<A: Algorithm> GroupedOptimizer<A> {
         let mut here = HashSet::new();
         let mut keys = HashSet::new();
         for (n, p) in &group.params {
-            if let Some(prev) = self.seen.get(&p.id()) {
+            if let Some(&(g, i)) = self.index.get(&p.id()) {
+                let prev = &self.groups[g].params[i].0;
                 return Err(Error::ParamGroup(format!(
                     "{name}: parameter `{n}` appears in more than one parameter group (first as \
                      `{prev}`); list each parameter in exactly one group"
@@ -303,10 +207,13 @@ impl<A: Algorithm> GroupedOptimizer<A> {
                  pass the underlying parameter once"
             )));
         }
-        for (n, p) in &group.params {
-            self.seen.insert(p.id(), n.clone());
+        for (i, (_, p)) in group.params.iter().enumerate() {
+            self.index.insert(p.id(), (index, i));
         }
         self.groups.push(Group {
+            state: std::iter::repeat_with(|| None)
+                .take(group.params.len())
+                .collect(),
             params: group.params,
             options,
             initial_lr: None,
@@ -314,7 +221,7 @@ impl<A: Algorithm> GroupedOptimizer<A> {
         Ok(())
     }
 
-    fn group(&self, g: usize) -> Result<&Group<A::Options>> {
+    fn group(&self, g: usize) -> Result<&Group<A::Options, A::State>> {
         let n = self.groups.len();
         self.groups.get(g).ok_or_else(|| {
             crate::arg_err(
@@ -324,7 +231,7 @@ impl<A: Algorithm> GroupedOptimizer<A> {
         })
     }
 
-    fn group_mut(&mut self, g: usize) -> Result<&mut Group<A::Options>> {
+    fn group_mut(&mut self, g: usize) -> Result<&mut Group<A::Options, A::State>> {
         self.group(g)?;
         Ok(&mut self.groups[g])
     }
@@ -343,74 +250,55 @@ impl<A: Algorithm> GroupedOptimizer<A> {
 
     /// True when `param` has optimizer state (it has been stepped at least once).
     pub fn has_state(&self, param: &Parameter) -> bool {
-        self.state.contains_key(&param.id())
+        self.state_of(param).is_some()
     }
 
     /// The state of `param`, if it has been stepped.
     pub fn state_of(&self, param: &Parameter) -> Option<&A::State> {
-        self.state.get(&param.id())
+        let &(g, i) = self.index.get(&param.id())?;
+        self.groups[g].state[i].as_ref()
     }
 }
 
 impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
     fn step_with_grad_scale(&mut self, grad_scale: f64) -> Result<()> {
         kiln_autograd::no_grad(|| {
-            for g in &self.groups {
+            for g in &mut self.groups {
                 // Frozen parameters and parameters without a gradient are skipped and get no
                 // state (PyTorch's `if p.grad is not None`).
-                for (_, p) in &g.params {
-                    if p.requires_grad() && p.grad().is_some() && !self.state.contains_key(&p.id())
-                    {
-                        let s = {
-                            let _state = optimizer_state();
-                            self.algorithm.init_state(&g.options, p)?
-                        };
-                        self.state.insert(p.id(), s);
-                    }
-                }
-                let wanted: HashMap<u64, (&str, &Parameter, Tensor)> = g
+                let grads: Vec<(usize, Tensor)> = g
                     .params
                     .iter()
-                    .filter(|(_, p)| p.requires_grad())
-                    .filter_map(|(n, p)| p.grad().map(|gr| (p.id(), (n.as_str(), p, gr))))
+                    .enumerate()
+                    .filter(|(_, (_, p))| p.requires_grad())
+                    .filter_map(|(i, (_, p))| p.grad().map(|gr| (i, gr)))
                     .collect();
-                // The fused pass holds every parameter's buffer for writing while it reads the
-                // gradients, so a gradient viewing a parameter's buffer is refused up front.
-                let param_keys: HashSet<usize> =
-                    g.params.iter().map(|(_, p)| p.storage_key()).collect();
-                for (name, _, gr) in wanted.values() {
-                    if param_keys.contains(&gr.storage_key()) {
-                        return Err(Error::Unsupported {
-                            op: "step",
-                            msg: format!(
-                                "the gradient of `{name}` views a parameter's buffer; give each \
-                                 gradient its own buffer (e.g. set_grad with a copy)"
-                            ),
-                        });
-                    }
+                if grads.is_empty() {
+                    continue;
                 }
-                let mut items = Vec::with_capacity(wanted.len());
-                let mut by_id: HashMap<u64, &mut A::State> = self
-                    .state
-                    .iter_mut()
-                    .filter(|(id, _)| wanted.contains_key(id))
-                    .map(|(id, s)| (*id, s))
-                    .collect();
-                for (_, p) in &g.params {
-                    if let (Some((name, param, grad)), Some(state)) =
-                        (wanted.get(&p.id()), by_id.remove(&p.id()))
-                    {
-                        items.push(StepItem {
-                            name,
-                            param,
-                            grad: grad.clone(),
-                            state,
-                        });
-                    }
+                refuse_grads_viewing_params(&g.params, &grads)?;
+                let mut items = Vec::with_capacity(grads.len());
+                let mut grads = grads.into_iter().peekable();
+                let entries = g.params.iter().zip(g.state.iter_mut()).enumerate();
+                for (i, ((name, param), state)) in entries {
+                    let Some((_, grad)) = grads.next_if(|(j, _)| *j == i) else {
+                        continue;
+                    };
+                    let state = match state {
+                        Some(s) => s,
+                        None => {
+                            let _state = optimizer_state();
+                            state.insert(self.algorithm.init_state(&g.options, param)?)
+                        }
+                    };
+                    items.push(StepItem {
+                        name,
+                        param,
+                        grad,
+                        state,
+                    });
                 }
-                if !items.is_empty() {
-                    self.algorithm.step_group(&g.options, items, grad_scale)?;
-                }
+                self.algorithm.step_group(&g.options, items, grad_scale)?;
             }
             Ok(())
         })
@@ -522,8 +410,8 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
                     .map_err(|e| Error::StateDict(format!("options do not serialise: {e}")))?,
                 initial_lr: g.initial_lr,
             });
-            for (_, p) in &g.params {
-                state.push(match self.state.get(&p.id()) {
+            for s in &g.state {
+                state.push(match s {
                     Some(s) => Some(self.algorithm.save_state(s)?),
                     None => None,
                 });
@@ -569,24 +457,58 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
             }
             options.push(o);
         }
-        let mut state = HashMap::new();
-        let params = self.named_params();
-        for ((n, p), rec) in params.iter().zip(&sd.state) {
-            if let Some(rec) = rec {
-                let _state = optimizer_state();
-                let loaded = self.algorithm.load_state(rec, p).map_err(|e| match e {
-                    Error::StateDict(msg) => Error::StateDict(format!("parameter `{n}`: {msg}")),
-                    other => other,
-                })?;
-                state.insert(p.id(), loaded);
+        let mut records = sd.state.iter();
+        let mut state = Vec::with_capacity(self.groups.len());
+        for g in &self.groups {
+            let mut loaded = Vec::with_capacity(g.params.len());
+            for ((n, p), rec) in g.params.iter().zip(records.by_ref()) {
+                loaded.push(match rec {
+                    Some(rec) => {
+                        let _state = optimizer_state();
+                        Some(self.algorithm.load_state(rec, p).map_err(|e| match e {
+                            Error::StateDict(msg) => {
+                                Error::StateDict(format!("parameter `{n}`: {msg}"))
+                            }
+                            other => other,
+                        })?)
+                    }
+                    None => None,
+                });
             }
+            state.push(loaded);
         }
-        for ((g, o), rec) in self.groups.iter_mut().zip(options).zip(&sd.groups) {
+        let groups = self.groups.iter_mut().zip(options).zip(&sd.groups);
+        for (((g, o), rec), s) in groups.zip(state) {
             g.options = o;
             g.initial_lr = rec.initial_lr;
+            g.state = s;
         }
-        self.state = state;
         Ok(())
+    }
+}
+
+/// Refuses a gradient that views a parameter's buffer (any parameter of the group): the fused
+/// pass holds every parameter's buffer for writing while it reads the gradients. The buffer
+/// keys are sorted once, so the check costs a binary search per gradient.
+fn refuse_grads_viewing_params(
+    params: &[(String, Parameter)],
+    grads: &[(usize, Tensor)],
+) -> Result<()> {
+    let mut keys: Vec<usize> = params.iter().map(|(_, p)| p.storage_key()).collect();
+    keys.sort_unstable();
+    match grads
+        .iter()
+        .find(|(_, gr)| keys.binary_search(&gr.storage_key()).is_ok())
+    {
+        Some((i, _)) => Err(Error::Unsupported {
+            op: "step",
+            msg: format!(
+                "the gradient of `{}` views a parameter's buffer; give each gradient its own \
+                 buffer (e.g. set_grad with a copy)",
+                params[*i].0
+            ),
+        }),
+        None => Ok(()),
     }
 }
 

@@ -19,9 +19,8 @@
 
 use crate::group::{IntoParamGroups, ParamGroup};
 use crate::operands::{by_device, checked_grad};
-use crate::optimizer::{
-    Algorithm, GroupOptions, GroupedOptimizer, ParamStateRecord, StepItem, TensorRecord,
-};
+use crate::optimizer::{Algorithm, GroupOptions, GroupedOptimizer, StepItem};
+use crate::state_dict::{ParamStateRecord, TensorRecord};
 use crate::{arg_err, Result};
 use kiln_autograd::{Parameter, Tensor};
 use kiln_device::ops::multi_tensor::{self, SgdHyper, SgdOperands};
@@ -157,10 +156,10 @@ impl Sgd {
 }
 
 /// A parameter, its gradient, its momentum buffer, and whether this is the buffer's first step.
-type SgdWork = (Tensor, Tensor, Option<Tensor>, bool);
+type SgdWork<'a> = (&'a Tensor, Tensor, Option<&'a Tensor>, bool);
 
 /// One fused step over `work` (all on one device) through kiln-device's multi-tensor SGD.
-fn sgd_pass(hyper: &SgdHyper, work: &[SgdWork]) -> Result<()> {
+fn sgd_pass(hyper: &SgdHyper, work: &[SgdWork<'_>]) -> Result<()> {
     let mut pw = work
         .iter()
         .map(|w| w.0.storage_write())
@@ -208,25 +207,29 @@ impl Algorithm for SgdAlgorithm {
         items: Vec<StepItem<'_, SgdState>>,
         scale: f64,
     ) -> Result<()> {
-        let mut work = Vec::with_capacity(items.len());
+        // Every gradient is checked before any state changes, so a refused step leaves the
+        // step counts as they were.
+        let mut checked = Vec::with_capacity(items.len());
         for it in items {
-            let grad = checked_grad("SGD.step", &it)?;
+            let grad = checked_grad("SGD.step", it.name, it.param, it.grad)?;
+            checked.push((it.param, grad, it.state));
+        }
+        let mut work = Vec::with_capacity(checked.len());
+        for (param, grad, state) in checked {
             let mut first = false;
-            if o.momentum != 0.0 && it.state.momentum_buffer.is_none() {
+            if o.momentum != 0.0 && state.momentum_buffer.is_none() {
                 let _state = crate::optimizer::optimizer_state();
-                it.state.momentum_buffer = Some(it.param.zeros_like()?);
+                state.momentum_buffer = Some(param.zeros_like()?);
                 first = true;
             }
-            it.state.step += 1;
+            state.step += 1;
+            let state: &SgdState = state;
             work.push((
-                it.param.device(),
+                param.device(),
                 (
-                    it.param.tensor().clone(),
+                    param.tensor(),
                     grad,
-                    it.state
-                        .momentum_buffer
-                        .clone()
-                        .filter(|_| o.momentum != 0.0),
+                    state.momentum_buffer.as_ref().filter(|_| o.momentum != 0.0),
                     first,
                 ),
             ));

@@ -429,6 +429,44 @@ fn unsupported_parameters_get_a_message_with_the_fix() {
 }
 
 #[test]
+fn a_refused_step_changes_no_state_and_the_run_continues_as_if_it_never_happened() {
+    // The second parameter's gradient is refused (f64 for an f32 parameter) after the first
+    // parameter's gradient passed its checks: no step count may move, or the next step's bias
+    // corrections would be off by one for the parameters checked first.
+    let run = |refuse_once: bool| {
+        let (a, b) = (param(&[1.0, -2.0]), param(&[0.5]));
+        let mut opt = AdamW::new(named(&[&a, &b], "p"), AdamOptions::adamw().lr(0.1)).unwrap();
+        grad(&a, &[0.3, -0.1]);
+        grad(&b, &[0.2]);
+        opt.step().unwrap();
+        if refuse_once {
+            b.set_grad(Some(
+                Tensor::from_vec(vec![0.2f64], &[1], Device::Cpu).unwrap(),
+            ))
+            .unwrap();
+            let msg = opt.step().unwrap_err().to_string();
+            assert!(msg.contains("`p.1`") && msg.contains("float64"), "{msg}");
+            assert_eq!(opt.state_of(&a).unwrap().step, 1);
+            assert_eq!(opt.state_of(&b).unwrap().step, 1);
+            grad(&b, &[0.2]);
+        }
+        opt.step().unwrap();
+        let steps = (
+            opt.state_of(&a).unwrap().step,
+            opt.state_of(&b).unwrap().step,
+        );
+        (
+            a.to_vec::<f32>().unwrap(),
+            b.to_vec::<f32>().unwrap(),
+            steps,
+        )
+    };
+    let (clean, refused) = (run(false), run(true));
+    assert_eq!(clean.2, (2, 2));
+    assert_eq!(refused, clean);
+}
+
+#[test]
 fn get_total_norm_names_the_first_nonfinite_tensor_and_value_clipping_keeps_nan() {
     let ok = Tensor::from_vec(vec![3f32, 4.0], &[2], Device::Cpu).unwrap();
     let bad = Tensor::from_vec(vec![f32::INFINITY], &[1], Device::Cpu).unwrap();

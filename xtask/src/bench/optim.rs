@@ -6,7 +6,8 @@
 //! and the same step with the clip
 //! coefficient handed to it (`step_with_grad_scale`) against clip-then-step. With `--vs-torch`,
 //! the ResNet-18 set's two figures also get rows against PyTorch's `AdamW(fused=True)` step and
-//! its `clip_grad_norm_` then that step, measured in the same run (`torch.rs`).
+//! its `clip_grad_norm_` then that step, and the 2,000-tensor set's step a row against PyTorch's
+//! fused step (the per-parameter cost), measured in the same run (`torch.rs`).
 
 use super::clip::{bandwidth, grad_sets, params_with_grads, SHRINK};
 use super::harness::{bandwidth_rows, median_secs, Options, Row};
@@ -122,6 +123,11 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
                 t_fused * 1e3,
                 Figure::Millis,
             );
+        } else if set.name.starts_with("2000") {
+            // Thousands of small tensors: the per-parameter bookkeeping of a step, against
+            // PyTorch's fused step over the same list.
+            let adamw = "2000 x 1000: AdamW step, fused";
+            pairs.add(adamw, "adamw_2000x1000", t * 1e3, Figure::Millis);
         }
     }
     rows.extend(pairs.into_rows());

@@ -57,27 +57,26 @@ pub(super) fn adam_pass<T: StepFloat>(
         let m = typed_mut::<T>(op, (&mut *w.exp_avg.0, w.exp_avg.1))?;
         let v = typed_mut::<T>(op, (&mut *w.exp_avg_sq.0, w.exp_avg_sq.1))?;
         same_len(op, len, &[g.len(), m.len(), v.len()])?;
-        let mut xs: Vec<Option<&mut [T]>> = match w.max_exp_avg_sq.as_mut() {
+        let mut xs = match w.max_exp_avg_sq.as_mut() {
             Some((st, layout)) => {
                 let x = typed_mut::<T>(op, (&mut **st, layout))?;
                 same_len(op, len, &[x.len()])?;
-                x.chunks_mut(CHUNK_ELEMS).map(Some).collect()
+                Some(x.chunks_mut(CHUNK_ELEMS))
             }
-            None => Vec::new(),
+            None => None,
         };
-        xs.resize_with(p.len().div_ceil(CHUNK_ELEMS), || None);
         let pieces = p
             .chunks_mut(CHUNK_ELEMS)
             .zip(g.chunks(CHUNK_ELEMS))
             .zip(m.chunks_mut(CHUNK_ELEMS))
             .zip(v.chunks_mut(CHUNK_ELEMS));
-        for ((((p, g), m), v), vmax) in pieces.zip(xs) {
+        for (((p, g), m), v) in pieces {
             chunks.push(AdamChunk {
                 p,
                 g,
                 m,
                 v,
-                vmax,
+                vmax: xs.as_mut().and_then(Iterator::next),
                 k: w.scalars,
             });
         }

@@ -37,21 +37,20 @@ pub(super) fn sgd_pass<T: StepFloat>(
         let p = typed_mut::<T>(op, (&mut *w.param.0, w.param.1))?;
         let g = typed::<T>(op, w.grad)?;
         same_len(op, len, &[g.len()])?;
-        let mut bufs: Vec<Option<&mut [T]>> = match w.momentum_buffer.as_mut() {
+        let mut bufs = match w.momentum_buffer.as_mut() {
             Some((st, layout)) => {
                 let b = typed_mut::<T>(op, (&mut **st, layout))?;
                 same_len(op, len, &[b.len()])?;
-                b.chunks_mut(CHUNK_ELEMS).map(Some).collect()
+                Some(b.chunks_mut(CHUNK_ELEMS))
             }
-            None => Vec::new(),
+            None => None,
         };
-        bufs.resize_with(p.len().div_ceil(CHUNK_ELEMS), || None);
         let pieces = p.chunks_mut(CHUNK_ELEMS).zip(g.chunks(CHUNK_ELEMS));
-        for ((pc, gc), bc) in pieces.zip(bufs) {
+        for (pc, gc) in pieces {
             chunks.push(SgdChunk {
                 p: pc,
                 g: gc,
-                buf: bc,
+                buf: bufs.as_mut().and_then(Iterator::next),
                 first: w.first_momentum_step,
             });
         }
