@@ -7,28 +7,43 @@
 //! ```
 //! Models: see `kiln::models::models::MODEL_NAMES`. `--classes N` sets the classifier width
 //! (1000 by default). `--memory` takes bytes, or a number with KB/MB/GB/KiB/MiB/GiB.
+//! `--device cuda` (or `cuda:N`) plans a step on a CUDA device, with its convolutions' scratch;
+//! no GPU is needed to make the plan.
 
 use kiln::autograd::DType;
 use kiln::models::models::{by_name, MODEL_NAMES};
-use kiln::models::{parse_memory_size, plan, summary_with_dtype, OptimizerKind};
+use kiln::models::{parse_memory_size, plan, plan_on, summary_with_dtype, OptimizerKind};
 use std::process::ExitCode;
 
 fn parse_shape(s: &str) -> Option<Vec<usize>> {
     s.split('x').map(|d| d.parse().ok()).collect()
 }
 
+/// `cpu`, `cuda` (device 0) or `cuda:N`.
+fn parse_device(s: &str) -> Option<kiln::device::Device> {
+    match s {
+        "cpu" => Some(kiln::device::Device::Cpu),
+        "cuda" => Some(kiln::device::Device::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")?
+            .parse()
+            .ok()
+            .map(kiln::device::Device::Cuda),
+    }
+}
+
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = format!(
         "usage: summary MODEL SHAPE [--classes N] [--optimizer sgd|sgd-momentum|adam|adamw] \
-         [--memory BYTES]\n  MODEL: {}\n  SHAPE: like 1x3x224x224 (token models: BxT)",
+         [--memory BYTES] [--device cpu|cuda|cuda:N]\n  MODEL: {}\n  SHAPE: like 1x3x224x224 (token models: BxT)",
         MODEL_NAMES.join(", ")
     );
     if args.len() < 2 {
         return Err(usage);
     }
     let shape = parse_shape(&args[1]).ok_or(format!("bad shape {:?}\n{usage}", args[1]))?;
-    let (mut classes, mut optimizer, mut memory) = (1000usize, None, None);
+    let (mut classes, mut optimizer, mut memory, mut device) = (1000usize, None, None, None);
     let mut rest = args[2..].iter();
     while let Some(flag) = rest.next() {
         let value = rest
@@ -48,6 +63,11 @@ fn run() -> Result<(), String> {
                     parse_memory_size(value).map_err(|e| format!("bad --memory {value}: {e}"))?,
                 )
             }
+            "--device" => {
+                device = Some(parse_device(value).ok_or(format!(
+                    "bad --device {value}; use cpu, cuda or cuda:N\n{usage}"
+                ))?)
+            }
             other => return Err(format!("unknown flag {other}\n{usage}")),
         }
     }
@@ -59,9 +79,13 @@ fn run() -> Result<(), String> {
     };
     let s = summary_with_dtype(model.as_ref(), &shape, dtype).map_err(|e| e.to_string())?;
     println!("{s}");
-    if optimizer.is_some() || memory.is_some() {
+    if optimizer.is_some() || memory.is_some() || device.is_some() {
         let opt = optimizer.unwrap_or(OptimizerKind::AdamW);
-        let p = plan(model.as_ref(), &shape[1..], dtype, opt).map_err(|e| e.to_string())?;
+        let p = match device {
+            Some(d) => plan_on(model.as_ref(), &shape[1..], dtype, opt, d),
+            None => plan(model.as_ref(), &shape[1..], dtype, opt),
+        }
+        .map_err(|e| e.to_string())?;
         println!("{p}");
         println!(
             "Predicted peak at batch {} (MB): {:.2}",

@@ -41,7 +41,7 @@ pub use checkpoint::{load_safetensors, save_safetensors, LoadReport};
 pub use error::{Error, Result};
 pub use freeze::Freeze;
 pub use layer::{set_batch_stats_reduce, BatchStatsReduce, Layer, LayerExt};
-pub use plan::{max_batch_size, parse_memory_size, plan, MemoryPlan, OptimizerKind};
+pub use plan::{max_batch_size, parse_memory_size, plan, plan_on, MemoryPlan, OptimizerKind};
 pub use pth::{load_pth, PthError};
 pub use summary::{summary, summary_with_dtype, Summary};
 pub use trace::{Act, LayerRecord, Tracer};

@@ -27,10 +27,17 @@
 //! SGD two temporaries the size of the largest parameter, what the memory tests' hand-written
 //! step held while kiln's in-place tensor ops still computed each result before writing it back
 //! (they update in place now); against kiln-optim's SGD that over-predicted a weight-heavy MLP's
-//! step by a third. Not modeled: the CPU convolution backward's scratch
-//! (per-thread partial weight gradients, column and padded buffers), which a ResNet at batch 2
-//! holds late in backward (5-8 MB, depending on the thread count): the plan is 5-9 % under
-//! there (`tests/memory_plan_resnet.rs`);
+//! step by a third.
+//! - kernel scratch, with [`plan_on`] for a CUDA device: each convolution's column matrices,
+//!   which grow with the batch and are a large part of a convolutional network's step there
+//!   (`tests/memory_plan_cuda.rs` measures both plans against a real step;
+//!   `kiln_device::ops::conv::cuda_conv2d_workspace` lists each pass's buffers, checked against
+//!   the allocator in kiln-device's tests). Backward's scratch
+//!   enters the timeline moment by moment, since which moment is a layer's peak changes with
+//!   the batch. Not modelled: the CPU convolution backward's scratch (per-thread partial weight
+//!   gradients, column and padded buffers), which a ResNet at batch 2 holds late in backward
+//!   (5-8 MB, depending on the thread count): the plan is 5-9 % under there
+//!   (`tests/memory_plan_resnet.rs`);
 //! - allocator overhead: the caching allocator rounds blocks up and keeps freed blocks cached,
 //!   so the device must hold more than the tensors do; modelled as a fraction of everything
 //!   above (`allocator_overhead`, 10% by default). `peak_allocated_bytes` (without it) is
@@ -113,6 +120,9 @@ pub struct MemoryPlan {
     pub gradient_in_flight_bytes_per_sample: usize,
     /// Fraction added for allocator rounding and caching.
     pub allocator_overhead: f64,
+    /// The device whose kernels' scratch is included ([`plan_on`]); `None` for tensors only
+    /// ([`plan`]).
+    pub device: Option<kiln_device::Device>,
     /// Live bytes beyond parameters, buffers and optimizer state at each moment of backward,
     /// as `(per_sample, fixed)` (bytes are linear in the batch size).
     timeline: Vec<(i64, i64)>,
@@ -244,12 +254,38 @@ impl MemoryPlan {
 }
 
 /// Plans a training step of `model` on inputs of one sample's shape `sample_shape` (without the
-/// batch dim) and `dtype`, with `optimizer`.
+/// batch dim) and `dtype`, with `optimizer`: the tensors only, the same on every device (no
+/// kernel's scratch; [`plan_on`] adds the scratch of the device that will run the step).
 pub fn plan(
     model: &dyn Layer,
     sample_shape: &[usize],
     dtype: DType,
     optimizer: OptimizerKind,
+) -> Result<MemoryPlan> {
+    plan_traced(model, sample_shape, dtype, optimizer, None)
+}
+
+/// [`plan`] for a step on `device`, adding what its kernels allocate beyond their results at
+/// the moment they run: on CUDA, the convolutions' column matrices, which grow with the batch
+/// and can be the largest buffers of a convolutional network's step
+/// (`kiln_device::ops::conv::cuda_conv2d_workspace`). The CPU convolutions' scratch depends on
+/// the thread count and is not modelled, so on the CPU this equals [`plan`].
+pub fn plan_on(
+    model: &dyn Layer,
+    sample_shape: &[usize],
+    dtype: DType,
+    optimizer: OptimizerKind,
+    device: kiln_device::Device,
+) -> Result<MemoryPlan> {
+    plan_traced(model, sample_shape, dtype, optimizer, Some(device))
+}
+
+fn plan_traced(
+    model: &dyn Layer,
+    sample_shape: &[usize],
+    dtype: DType,
+    optimizer: OptimizerKind,
+    device: Option<kiln_device::Device>,
 ) -> Result<MemoryPlan> {
     let too_big = |what: String| {
         Error::Memory(format!(
@@ -276,7 +312,10 @@ pub fn plan(
     let trace_at = |batch: usize| -> Result<(usize, Vec<i64>, usize)> {
         let mut shape = vec![batch];
         shape.extend_from_slice(sample_shape);
-        let mut t = Tracer::new();
+        let mut t = match device {
+            Some(d) => Tracer::on_device(d),
+            None => Tracer::new(),
+        };
         let x = t.input(&shape, dtype);
         t.call("", model, &x)?;
         if let Some(what) = t.overflow() {
@@ -310,10 +349,17 @@ pub fn plan(
             // activation backwards are one fused op: no third tensor of that size).
             let in_flight = sum(e.output_bytes, e.input_bytes)?;
             largest_in_flight = largest_in_flight.max(in_flight);
-            live.push(as_i64(sum(
-                sum(t.saved_bytes_alive_at(i), grads)?,
-                in_flight,
-            )?)?);
+            let tensors = as_i64(sum(sum(t.saved_bytes_alive_at(i), grads)?, in_flight)?)?;
+            live.push(tensors);
+            // Each moment of the kernels' scratch is its own entry: each is linear in the
+            // batch, their maximum is not.
+            for &scratch in &e.backward_temp_bytes {
+                live.push(
+                    tensors
+                        .checked_add(scratch)
+                        .ok_or_else(|| too_big("the step needs more than i64::MAX bytes".into()))?,
+                );
+            }
         }
         Ok((t.saved_bytes(), live, largest_in_flight))
     };
@@ -351,6 +397,7 @@ pub fn plan(
             .ok_or_else(|| too_big("it holds more than usize::MAX bytes".into()))?,
         gradient_in_flight_bytes_per_sample: in_flight1,
         allocator_overhead: 0.10,
+        device,
         timeline,
     })
 }
@@ -445,6 +492,11 @@ impl fmt::Display for MemoryPlan {
             "Input + gradients in flight per sample (MB): {:.2}",
             mb(self.input_bytes_per_sample + self.gradient_in_flight_bytes_per_sample)
         )?;
+        match self.device {
+            Some(d) if d.is_cuda() => writeln!(f, "Kernel scratch: {d} convolutions included")?,
+            Some(d) => writeln!(f, "Kernel scratch: not modelled on {d}")?,
+            None => writeln!(f, "Kernel scratch: not included (tensors only)")?,
+        }
         write!(
             f,
             "Allocator overhead: {:.0}%",

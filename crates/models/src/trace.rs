@@ -114,8 +114,12 @@ pub struct BackwardEvent {
     /// True when backward runs through this call (its output requires grad).
     pub recorded: bool,
     /// Bytes of a temporary the forward holds next to its output (Linear with a bias: the
-    /// matmul result the bias is added to).
+    /// matmul result the bias is added to; a convolution's scratch on a traced device).
     pub forward_temp_bytes: usize,
+    /// Bytes the backward of the call holds beyond its gradients at each moment that can be its
+    /// peak (a convolution's scratch on a traced device, see
+    /// `kiln_device::ops::conv::ConvWorkspace`); empty when it holds none.
+    pub backward_temp_bytes: Vec<i64>,
 }
 
 /// Records layer calls and saved activations during a shape-only forward.
@@ -134,12 +138,30 @@ pub struct Tracer {
     overflow: Option<String>,
     /// Set by the leaf layer being traced: its [`BackwardEvent::forward_temp_bytes`].
     forward_temp_bytes: usize,
+    /// Set by the leaf layer being traced: its [`BackwardEvent::backward_temp_bytes`].
+    backward_temp_bytes: Vec<i64>,
+    /// The device whose kernels' scratch layers report; `None` for tensors only.
+    device: Option<kiln_device::Device>,
 }
 
 impl Tracer {
-    /// An empty trace.
+    /// An empty trace of tensors only: no kernel scratch (the same on every device).
     pub fn new() -> Self {
         Tracer::default()
+    }
+
+    /// An empty trace for `device`: layers whose kernels there need scratch beyond their
+    /// results report it ([`Tracer::forward_temporary`], [`Tracer::backward_temporary`]).
+    pub fn on_device(device: kiln_device::Device) -> Self {
+        Tracer {
+            device: Some(device),
+            ..Tracer::default()
+        }
+    }
+
+    /// The device this trace describes, if any (see [`Tracer::on_device`]).
+    pub fn device(&self) -> Option<kiln_device::Device> {
+        self.device
     }
 
     /// A model input of `shape` and `dtype` (no gradient flows into it).
@@ -210,6 +232,13 @@ impl Tracer {
         self.forward_temp_bytes = self.forward_temp_bytes.saturating_add(bytes);
     }
 
+    /// Notes that the backward of the leaf layer being traced holds `moments` bytes beyond its
+    /// gradients at the moments that can be its peak (see
+    /// [`BackwardEvent::backward_temp_bytes`]).
+    pub fn backward_temporary(&mut self, moments: &[i64]) {
+        self.backward_temp_bytes.extend_from_slice(moments);
+    }
+
     /// Marks `act` as kept alive for backward (counted once however many ops keep it).
     pub fn save(&mut self, act: &Act) {
         self.saved.insert(act.id, act.bytes());
@@ -266,8 +295,10 @@ impl Tracer {
         let is_leaf = layer.layers().is_empty();
         self.depth += 1;
         self.forward_temp_bytes = 0;
+        self.backward_temp_bytes.clear();
         let out = layer.trace(self, x);
         let forward_temp_bytes = std::mem::take(&mut self.forward_temp_bytes);
+        let backward_temp_bytes = std::mem::take(&mut self.backward_temp_bytes);
         self.depth -= 1;
         if let (true, Ok(o)) = (is_leaf, &out) {
             let grad_bytes = layer
@@ -282,6 +313,7 @@ impl Tracer {
                 grad_bytes,
                 recorded: o.requires_grad(),
                 forward_temp_bytes,
+                backward_temp_bytes,
             });
         }
         if depth > 0 {

@@ -98,7 +98,8 @@ pub(super) fn trainer(
     model.to_device(device)?;
 
     let summary = kiln_models::summary(&model, &[1, c, h, w])?.to_string();
-    let plan = kiln_models::plan(&model, &[c, h, w], DType::F32, OptimizerKind::AdamW)?;
+    // On the device the step runs on: its convolutions' scratch is part of the peak.
+    let plan = kiln_models::plan_on(&model, &[c, h, w], DType::F32, OptimizerKind::AdamW, device)?;
     let resumed_batch = resumed.as_ref().map(|r| r.progress.batch_size);
     let (batch_size, budget, plan_max) = batch_size(config, resumed_batch, &plan)?;
     let batch_size = distributed::agree_on_batch_size(config, batch_size)?;

@@ -136,6 +136,38 @@ impl Conv2d {
         })
     }
 
+    /// Reports the CUDA kernels' scratch for this call to `tracer` (the CPU's depends on the
+    /// thread count and is not modelled).
+    fn trace_cuda_workspace(&self, tracer: &mut Tracer, x: &Act, out: &Act) -> Result<()> {
+        let c = &self.config;
+        let geometry = |shape: &[usize]| -> Option<[usize; 4]> { shape.try_into().ok() };
+        let (Some(xs), Some(ws)) = (geometry(x.shape()), geometry(self.weight.shape())) else {
+            return Ok(());
+        };
+        let params = kiln_device::ops::conv::Conv2dParams {
+            stride: c.stride,
+            padding: c.padding,
+            dilation: c.dilation,
+            groups: c.groups,
+        };
+        let workspace = kiln_device::ops::conv::Conv2dGeometry::new(xs, ws, params)
+            .map_err(kiln_device::Error::from)
+            .and_then(|g| {
+                let mask = kiln_device::GradMask {
+                    input: x.requires_grad(),
+                    weight: self.weight.requires_grad(),
+                    bias: self.bias.as_ref().is_some_and(|b| b.requires_grad()),
+                };
+                kiln_device::ops::conv::cuda_conv2d_workspace(&g, x.dtype(), mask)
+            })
+            .map_err(|e| input_err("Conv2d", format!("input {xs:?}: {e}")))?;
+        tracer.forward_temporary(workspace.forward);
+        if out.requires_grad() {
+            tracer.backward_temporary(&workspace.backward);
+        }
+        Ok(())
+    }
+
     /// Output shape for an input shape, or a message naming the mismatch.
     pub fn output_shape(&self, x: &[usize]) -> Result<Vec<usize>> {
         let w = self.weight.shape();
@@ -204,6 +236,9 @@ impl Layer for Conv2d {
         if out.requires_grad() {
             // kiln's backward keeps the input whenever the op is recorded.
             tracer.save(x);
+        }
+        if tracer.device().is_some_and(|d| d.is_cuda()) {
+            self.trace_cuda_workspace(tracer, x, &out)?;
         }
         Ok(out)
     }

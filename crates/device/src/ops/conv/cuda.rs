@@ -255,47 +255,44 @@ impl ConvOps for CudaStorage {
         const OP: &str = "conv2d";
         let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g)?;
-        let x = dense(OP, (self, layout), self.dtype(), &g.input_shape())?;
-        let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
-        let cols = CudaStorage::im2col(&x, g)?;
         let (n, cout) = (g.batch, g.out_channels);
         let out_shape = [n, cout, d.l];
-        let mut out = if d.groups == 1 {
-            None
-        } else {
-            Some(CudaStorage::output(self.ordinal(), n * cout * d.l, dt)?.1)
-        };
-        let mut single = None;
-        for gi in 0..d.groups {
-            let wl = Layout::new(vec![n, d.cout_g, d.k], vec![0, d.k, 1], gi * d.cout_g * d.k);
-            let cl = Layout::new(
-                vec![n, d.k, d.l],
-                vec![d.rows * d.l, d.l, 1],
-                gi * d.k * d.l,
-            );
-            let block = w.matmul(&wl, &cols, &cl)?;
-            match &mut out {
-                None => single = Some(block),
-                Some(o) => {
+        // The columns live only through the GEMMs; the bias is added in place.
+        let mut y = {
+            let x = dense(OP, (self, layout), self.dtype(), &g.input_shape())?;
+            let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
+            let cols = CudaStorage::im2col(&x, g)?;
+            let group_block = |gi: usize| {
+                let wl = Layout::new(vec![n, d.cout_g, d.k], vec![0, d.k, 1], gi * d.cout_g * d.k);
+                let cl = Layout::new(
+                    vec![n, d.k, d.l],
+                    vec![d.rows * d.l, d.l, 1],
+                    gi * d.k * d.l,
+                );
+                w.matmul(&wl, &cols, &cl)
+            };
+            if d.groups == 1 {
+                group_block(0)?
+            } else {
+                let (_, mut out) = CudaStorage::output(self.ordinal(), n * cout * d.l, dt)?;
+                for gi in 0..d.groups {
                     let dst = Layout::new(
                         out_shape.to_vec(),
                         vec![cout * d.l, d.l, 1],
                         gi * d.cout_g * d.l,
                     )
                     .narrow(1, 0, d.cout_g);
-                    block.copy_into(&Layout::contiguous(&[n, d.cout_g, d.l]), o, &dst)?;
+                    let block = group_block(gi)?;
+                    block.copy_into(&Layout::contiguous(&[n, d.cout_g, d.l]), &mut out, &dst)?;
                 }
+                out
             }
-        }
-        let mut y = match out {
-            Some(o) => o,
-            None => single.expect("one group ran"),
         };
         if let Some(b) = bias {
             let b = dense(OP, b, self.dtype(), &[cout])?;
             let yl = Layout::contiguous(&out_shape);
             let bl = Layout::new(out_shape.to_vec(), vec![0, 1, 0], 0);
-            y = y.binary(&yl, &b, &bl, BinaryOp::Add)?;
+            b.binary_into(&bl, &mut y, &yl, BinaryOp::Add)?;
         }
         Ok(y)
     }
@@ -316,51 +313,68 @@ impl ConvOps for CudaStorage {
         let mut grads = InputGrads::default();
         if mask.input {
             let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
-            let (_, dcols) = CudaStorage::output(self.ordinal(), n * d.rows * d.l, dt)?;
-            let mut dcols = dcols;
-            for gi in 0..d.groups {
-                // W_gᵀ [K, C_out/g] (column-major in place), broadcast over the batch
+            // W_gᵀ [K, C_out/g] (column-major in place), broadcast over the batch, times the
+            // group's output gradient.
+            let group_block = |gi: usize| {
                 let wt = Layout::new(vec![n, d.k, d.cout_g], vec![0, 1, d.k], gi * d.cout_g * d.k);
                 let gl = Layout::new(
                     vec![n, d.cout_g, d.l],
                     vec![cout * d.l, d.l, 1],
                     gi * d.cout_g * d.l,
                 );
-                let block = w.matmul(&wt, &go, &gl)?;
-                let dst = Layout::new(
-                    vec![n, d.k, d.l],
-                    vec![d.rows * d.l, d.l, 1],
-                    gi * d.k * d.l,
-                );
-                block.copy_into(&Layout::contiguous(&[n, d.k, d.l]), &mut dcols, &dst)?;
-            }
+                w.matmul(&wt, &go, &gl)
+            };
+            // One group's GEMM result is the whole column gradient: no second buffer and copy.
+            let dcols = if d.groups == 1 {
+                group_block(0)?
+            } else {
+                let (_, mut dcols) = CudaStorage::output(self.ordinal(), n * d.rows * d.l, dt)?;
+                for gi in 0..d.groups {
+                    let dst = Layout::new(
+                        vec![n, d.k, d.l],
+                        vec![d.rows * d.l, d.l, 1],
+                        gi * d.k * d.l,
+                    );
+                    let block = group_block(gi)?;
+                    block.copy_into(&Layout::contiguous(&[n, d.k, d.l]), &mut dcols, &dst)?;
+                }
+                dcols
+            };
             let total = g.input_shape().iter().product();
             let (_, dx) = CudaStorage::output(self.ordinal(), total, dt)?;
             launch("col2im", &dcols, g, &dx, total)?;
             grads.input = Some(dx);
         }
         if mask.weight {
-            let x = dense(OP, input, self.dtype(), &g.input_shape())?;
-            let cols = CudaStorage::im2col(&x, g)?;
             // grad as [C_out, N*L] and cols as [rows, N*L]: the batch sum runs inside the GEMM.
+            // The columns are dropped once transposed, before the gradient's transposed copy
+            // is made: at most two batch-sized scratch buffers are alive at once.
+            let cols_t = {
+                let x = dense(OP, input, self.dtype(), &g.input_shape())?;
+                let cols = CudaStorage::im2col(&x, g)?;
+                cols.to_dtype(
+                    &Layout::contiguous(&[n, d.rows, d.l]).permute(&[1, 0, 2]),
+                    dt,
+                )?
+            };
             let go_t = go.to_dtype(&Layout::contiguous(&[n, cout, d.l]).permute(&[1, 0, 2]), dt)?;
-            let cols_t = cols.to_dtype(
-                &Layout::contiguous(&[n, d.rows, d.l]).permute(&[1, 0, 2]),
-                dt,
-            )?;
             let nl = n * d.l;
-            let (_, mut dw) = CudaStorage::output(self.ordinal(), cout * d.k, dt)?;
-            for gi in 0..d.groups {
+            let group_block = |gi: usize| {
                 let a = Layout::new(vec![d.cout_g, nl], vec![nl, 1], gi * d.cout_g * nl);
                 let b = Layout::new(vec![nl, d.k], vec![1, nl], gi * d.k * nl);
-                let block = go_t.matmul(&a, &cols_t, &b)?;
-                if d.groups == 1 {
-                    dw = block;
-                } else {
+                go_t.matmul(&a, &cols_t, &b)
+            };
+            let dw = if d.groups == 1 {
+                group_block(0)?
+            } else {
+                let (_, mut dw) = CudaStorage::output(self.ordinal(), cout * d.k, dt)?;
+                for gi in 0..d.groups {
                     let dst = Layout::new(vec![d.cout_g, d.k], vec![d.k, 1], gi * d.cout_g * d.k);
+                    let block = group_block(gi)?;
                     block.copy_into(&Layout::contiguous(&[d.cout_g, d.k]), &mut dw, &dst)?;
                 }
-            }
+                dw
+            };
             grads.weight = Some(dw);
         }
         if mask.bias {

@@ -20,6 +20,9 @@ mod cpu_rows;
 pub mod cuda;
 mod padded;
 pub mod reference;
+mod workspace;
+
+pub use workspace::{cuda_conv2d_workspace, ConvWorkspace};
 
 use super::kernel_error::{check_nonzero, KernelError};
 use crate::ops::buffer::BufferOps;
