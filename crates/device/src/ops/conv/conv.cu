@@ -5,6 +5,10 @@
 //       cols[n][c*kH*kW + ki*kW + kj][oh*W_out + ow] = x[n][c][ih][iw] (0 outside the input),
 //       ih = oh*stride_h - pad_h + ki*dil_h, iw likewise; x is contiguous [N, C, H, W],
 //       cols contiguous [N, C*kH*kW, H_out*W_out]; one thread per cols element.
+//   kiln_im2col_t_<t>(const T* x, ConvArgs a, T* cols_t, u64 total)
+//       the same values with the batch and row axes swapped: cols_t contiguous
+//       [C*kH*kW, N, H_out*W_out], the operand of the weight gradient's GEMM, written directly
+//       instead of transposed from the columns (which would hold both at once).
 //   kiln_col2im_<t>(const T* cols, ConvArgs a, T* dx, u64 total)
 //       the adjoint: dx[n][c][h][w] = sum of every cols element im2col read from (n, c, h, w).
 //       One thread per dx element gathers its (at most kH*kW) taps in a fixed order, so there
@@ -26,17 +30,20 @@ struct ConvArgs {
     u64 sh, sw, ph, pw, dh, dw;
 };
 
-template <typename T>
+// BATCH_INNER: the batch axis sits between the rows and the positions ([rows, N, L]).
+template <typename T, bool BATCH_INNER>
 __device__ __forceinline__ void im2col_impl(const T* __restrict__ x, const ConvArgs& a,
                                             T* __restrict__ cols, u64 total) {
     GRID_STRIDE(i, total) {
         u64 r = i;
         const u64 ow = r % a.ow; r /= a.ow;
         const u64 oh = r % a.oh; r /= a.oh;
+        u64 n = 0;
+        if (BATCH_INNER) { n = r % a.n; r /= a.n; }
         const u64 kj = r % a.kw; r /= a.kw;
         const u64 ki = r % a.kh; r /= a.kh;
         const u64 c = r % a.c;
-        const u64 n = r / a.c;
+        if (!BATCH_INNER) { n = r / a.c; }
         const i64 ih = (i64)(oh * a.sh + ki * a.dh) - (i64)a.ph;
         const i64 iw = (i64)(ow * a.sw + kj * a.dw) - (i64)a.pw;
         if (ih >= 0 && ih < (i64)a.h && iw >= 0 && iw < (i64)a.w) {
@@ -80,7 +87,11 @@ __device__ __forceinline__ void col2im_impl(const T* __restrict__ cols, const Co
 #define KILN_CONV(NAME, T)                                                                     \
     extern "C" __global__ void kiln_im2col_##NAME(const T* __restrict__ x, ConvArgs a,         \
                                                   T* __restrict__ cols, u64 total) {           \
-        im2col_impl<T>(x, a, cols, total);                                                      \
+        im2col_impl<T, false>(x, a, cols, total);                                               \
+    }                                                                                          \
+    extern "C" __global__ void kiln_im2col_t_##NAME(const T* __restrict__ x, ConvArgs a,       \
+                                                    T* __restrict__ cols, u64 total) {         \
+        im2col_impl<T, true>(x, a, cols, total);                                                \
     }                                                                                          \
     extern "C" __global__ void kiln_col2im_##NAME(const T* __restrict__ cols, ConvArgs a,       \
                                                   T* __restrict__ dx, u64 total) {             \

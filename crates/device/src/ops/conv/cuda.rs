@@ -6,8 +6,9 @@
 //!   with the weight broadcast over the batch (stride 0), then `+ bias`;
 //! - input gradient: `dcols[n, g] = W_gᵀ @ grad[n, g]` (the transposed weight is read in place),
 //!   then `col2im` gathers every column element back to its input pixel (no atomics);
-//! - weight gradient: `grad` as `[C_out, N*L]` times `cols` as `[N*L, K]` (both permuted copies,
-//!   so the batch sum happens inside one GEMM), and the bias gradient is a sum over `N, L`.
+//! - weight gradient: `grad` as `[C_out, N*L]` times `cols` as `[N*L, K]` (the gradient a
+//!   permuted copy, the columns unfolded straight into `[C_in*kH*kW, N, L]` by `im2col_t`, so the
+//!   batch sum happens inside one GEMM), and the bias gradient is a sum over `N, L`.
 //!
 //! **Dtypes.** Every pass runs in the tensor's own dtype: no widening copy. GEMMs go through
 //! `CudaStorage::matmul_cuda` (cuBLAS; f16/bf16 operands with f32 compute, so bf16 autocast
@@ -125,7 +126,8 @@ fn dims(g: &Conv2dGeometry) -> Result<Dims> {
     })
 }
 
-/// `kiln_<kind>_<t>`: the conv.cu kernel (`kind` is `im2col` or `col2im`) for `dtype`'s elements.
+/// `kiln_<kind>_<t>`: the conv.cu kernel (`kind` is `im2col`, `im2col_t` or `col2im`) for
+/// `dtype`'s elements.
 pub(crate) fn kernel_name(kind: &str, dtype: DType) -> Result<String> {
     check_dtype("conv2d", dtype)?;
     Ok(format!("kiln_{kind}_{}", suffix(dtype)))
@@ -203,7 +205,7 @@ fn dense<'a>(
     Dense::of(s, l)
 }
 
-/// Launches `kiln_{im2col,col2im}_<t>` writing `total` elements of `dst` from `src`.
+/// Launches `kiln_{im2col,im2col_t,col2im}_<t>` writing `total` elements of `dst` from `src`.
 fn launch(
     kind: &str,
     src: &CudaStorage,
@@ -226,19 +228,21 @@ fn launch(
     let mut b = stream.launch_builder(&f);
     b.arg(&s).arg(&a).arg(&d).arg(&n);
     // SAFETY: signature (const T*, ConvArgs, T*, u64) as in conv.cu; `src` is the contiguous
-    // [N, C, H, W] input (im2col) or [N, C*kH*kW, L] columns (col2im) of the geometry, `dst`
-    // holds `total` elements of the other.
+    // [N, C, H, W] input (im2col, im2col_t) or [N, C*kH*kW, L] columns (col2im) of the
+    // geometry, `dst` holds `total` elements of the other ([C*kH*kW, N, L] for im2col_t).
     unsafe { b.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
     Ok(())
 }
 
 impl CudaStorage {
-    /// `[N, C_in*kH*kW, L]` columns of the contiguous input `x`.
-    fn im2col(x: &CudaStorage, g: &Conv2dGeometry) -> Result<CudaStorage> {
+    /// `[N, C_in*kH*kW, L]` columns of the contiguous input `x`; with `batch_inner`, the same
+    /// values as `[C_in*kH*kW, N, L]`.
+    fn im2col(x: &CudaStorage, g: &Conv2dGeometry, batch_inner: bool) -> Result<CudaStorage> {
         let d = dims(g)?;
         let total = g.batch * d.rows * d.l;
         let (_, cols) = CudaStorage::output(x.ordinal(), total, x.dtype())?;
-        launch("im2col", x, g, &cols, total)?;
+        let kind = if batch_inner { "im2col_t" } else { "im2col" };
+        launch(kind, x, g, &cols, total)?;
         Ok(cols)
     }
 }
@@ -261,7 +265,7 @@ impl ConvOps for CudaStorage {
         let mut y = {
             let x = dense(OP, (self, layout), self.dtype(), &g.input_shape())?;
             let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
-            let cols = CudaStorage::im2col(&x, g)?;
+            let cols = CudaStorage::im2col(&x, g, false)?;
             let group_block = |gi: usize| {
                 let wl = Layout::new(vec![n, d.cout_g, d.k], vec![0, d.k, 1], gi * d.cout_g * d.k);
                 let cl = Layout::new(
@@ -347,15 +351,9 @@ impl ConvOps for CudaStorage {
         }
         if mask.weight {
             // grad as [C_out, N*L] and cols as [rows, N*L]: the batch sum runs inside the GEMM.
-            // The columns are dropped once transposed, before the gradient's transposed copy
-            // is made: at most two batch-sized scratch buffers are alive at once.
             let cols_t = {
                 let x = dense(OP, input, self.dtype(), &g.input_shape())?;
-                let cols = CudaStorage::im2col(&x, g)?;
-                cols.to_dtype(
-                    &Layout::contiguous(&[n, d.rows, d.l]).permute(&[1, 0, 2]),
-                    dt,
-                )?
+                CudaStorage::im2col(&x, g, true)?
             };
             let go_t = go.to_dtype(&Layout::contiguous(&[n, cout, d.l]).permute(&[1, 0, 2]), dt)?;
             let nl = n * d.l;
@@ -407,6 +405,10 @@ mod tests {
         assert_eq!(
             kernel_name("col2im", DType::F64).unwrap(),
             "kiln_col2im_f64"
+        );
+        assert_eq!(
+            kernel_name("im2col_t", DType::F16).unwrap(),
+            "kiln_im2col_t_f16"
         );
         assert!(matches!(
             kernel_name("im2col", DType::U8),

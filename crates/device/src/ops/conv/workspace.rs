@@ -45,9 +45,8 @@ impl ConvWorkspace {
 ///   bias is added in place);
 /// - input gradient: the column gradient `X` (with several groups, also one group's block
 ///   before the input gradient exists);
-/// - weight gradient: the columns and their transposed copy (`2X`, before the weight gradient
-///   exists), then the transposed copy with the transposed output gradient (`X + G`, plus one
-///   group's block with several).
+/// - weight gradient: the columns, unfolded straight into the GEMM's order, with the transposed
+///   output gradient (`X + G`, plus one group's block with several).
 ///
 /// The bias gradient's reduction keeps a few bytes per output channel, below every moment.
 pub fn cuda_conv2d_workspace(
@@ -101,13 +100,11 @@ pub fn cuda_conv2d_workspace(
             "the transposed output gradient",
             &[g.batch, g.out_channels, l],
         )?;
-        let weight_grad = block("the weight gradient", &[g.out_channels, k])?;
         let group_weight = if several {
             block("a group's weight", &[g.out_channels / groups, k])?
         } else {
             0
         };
-        backward.push(sum(&[cols, cols])? - weight_grad);
         backward.push(sum(&[cols, out_grad, group_weight])?);
     }
     Ok(ConvWorkspace { forward, backward })
