@@ -7,9 +7,9 @@
 //! `no_grad`, as PyTorch does). A destination that is an expanded view (one place holding several
 //! elements) is refused, as PyTorch refuses it. The arithmetic updates (`add_`, `sub_`, `mul_`,
 //! `div_`, `mul_scalar_`, `add_scaled_`) run kiln-device's in-place kernel (`binary_into`): no
-//! buffer the size of this tensor is allocated, except on the CPU for a strided or
-//! half-precision destination, and for a right operand that shares this tensor's buffer (copied
-//! out first) or has another dtype (computed out of place, with the usual promotion).
+//! buffer the size of this tensor is allocated, except on the CPU for a strided destination, and
+//! for a right operand that shares this tensor's buffer (copied out first) or has another dtype
+//! (computed out of place, with the usual promotion).
 
 use crate::autograd::grad_mode::{is_grad_enabled, no_grad};
 use crate::error::shape_err;

@@ -111,7 +111,46 @@ fn arithmetic_updates_match_the_out_of_place_ops() {
     s.mul_(&s).unwrap();
     s.add_(&s.narrow(0, 0, 1).unwrap()).unwrap(); // adds the old s[0] to every element
     assert_eq!(s.to_vec::<f64>().unwrap(), vec![2., 5., 10.]);
-    // f16 and bf16 compute in f32 and round once, as the out-of-place op does.
+    // f16 and bf16 compute in f32 and round once, as the out-of-place op does: bit for bit,
+    // for every arithmetic op, over values that round, overflow, underflow and divide by zero,
+    // with a broadcast right operand.
+    let values: Vec<f64> = (0..96)
+        .map(|i| {
+            let v = ((i * 37) % 97) as f64 * 0.173 - 8.1;
+            match i % 12 {
+                0 => v * 3.0e4,
+                1 => v * 1.0e-6,
+                2 => 0.0,
+                _ => v,
+            }
+        })
+        .collect();
+    for dtype in [DType::F16, DType::BF16] {
+        let lhs = t(&values, &[8, 12]).to_dtype(dtype).unwrap();
+        let row = t(&values[..12], &[1, 12]).to_dtype(dtype).unwrap();
+        type Pair = (
+            fn(&Tensor, &Tensor) -> kiln_autograd::Result<Tensor>,
+            fn(&Tensor, &Tensor) -> kiln_autograd::Result<()>,
+        );
+        let ops: [Pair; 4] = [
+            (Tensor::add, Tensor::add_),
+            (Tensor::sub, Tensor::sub_),
+            (Tensor::mul, Tensor::mul_),
+            (Tensor::div, Tensor::div_),
+        ];
+        for (k, (out_of_place, in_place)) in ops.into_iter().enumerate() {
+            let want = out_of_place(&lhs, &row).unwrap();
+            let h = lhs.copy_data().unwrap();
+            in_place(&h, &row).unwrap();
+            let bits = |x: &Tensor| -> Vec<u64> {
+                let v = x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                v.iter()
+                    .map(|v| if v.is_nan() { 1 } else { v.to_bits() })
+                    .collect()
+            };
+            assert_eq!(bits(&h), bits(&want), "{dtype} op {k}");
+        }
+    }
     for dtype in [DType::F16, DType::BF16] {
         let h = t(&[1.5, -2.25, 1000.0], &[3]).to_dtype(dtype).unwrap();
         let want = h.mul_scalar(3.1).unwrap().to_dtype(DType::F64).unwrap();

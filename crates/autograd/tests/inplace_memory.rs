@@ -22,6 +22,19 @@ fn in_place_arithmetic_allocates_no_tensor_sized_buffer() {
     // Only the 0-d scalar of mul_scalar_ (one 512-byte block) may be allocated.
     assert!(grew <= 512, "in-place updates allocated {grew} bytes");
     assert!(x.to_vec::<f32>().unwrap().iter().all(|&v| v == 2.0));
+    // Half precision is updated in place too (computed in f32 element by element).
+    for dtype in [DType::F16, DType::BF16] {
+        let h = Tensor::ones(&[n], dtype, cpu).unwrap();
+        let h_ones = Tensor::ones(&[n], dtype, cpu).unwrap();
+        reset_peak_memory_stats(cpu).unwrap();
+        let base = memory_allocated(cpu).unwrap();
+        h.add_(&h_ones).unwrap();
+        h.mul_(&h_ones).unwrap();
+        let grew = max_memory_allocated(cpu).unwrap() - base;
+        assert_eq!(grew, 0, "{dtype}: in-place updates allocated {grew} bytes");
+        let back = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert!(back.iter().all(|&v| v == 2.0), "{dtype}");
+    }
     // The strided destination still goes through a temporary (documented): its size is what
     // the fast path saves.
     reset_peak_memory_stats(cpu).unwrap();

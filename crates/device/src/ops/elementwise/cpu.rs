@@ -130,6 +130,23 @@ impl<T: Copy + Send + Sync> ApplyBinary<T> for InPlace<'_, T> {
     }
 }
 
+/// In place over a contiguous 16-bit destination (`f16`/`bf16`): both operands widened to `f32`,
+/// the op applied there and the result rounded once as `binary` rounds its `f32` result
+/// (`Element::from_f64`), so the bits equal the out-of-place op's, with no widened copies.
+struct InPlaceWidened<'a, H> {
+    dst: &'a mut [H],
+    b: (&'a [H], &'a Layout),
+}
+
+impl<H: Element> ApplyBinary<f32> for InPlaceWidened<'_, H> {
+    fn apply(self, f: impl Fn(f32, f32) -> f32 + Sync) {
+        let widen = |v: H| v.to_f64() as f32;
+        map2_assign(self.dst, self.b, |x: H, y: H| {
+            H::from_f64(f64::from(f(widen(x), widen(y))))
+        })
+    }
+}
+
 /// The scalar function of a float binary op, applied by `to`.
 fn float_binary<F: KernelFloat>(op: BinaryOp, to: impl ApplyBinary<F>) {
     let (zero, one, half) = (F::c(0.0), F::c(1.0), F::c(0.5));
@@ -321,9 +338,9 @@ impl ElementwiseOps for CpuStorage {
         }
     }
 
-    /// `f32`, `f64` and `i64` destinations with a contiguous layout are updated in place. A
-    /// strided destination, or an `f16`/`bf16` one (computed in `f32`), goes through a
-    /// contiguous result that is then copied in.
+    /// Contiguous destinations of every float dtype and `i64` are updated in place (`f16` and
+    /// `bf16` computed in `f32` element by element, rounded as `binary` rounds). A strided
+    /// destination goes through a contiguous result that is then copied in.
     fn binary_into(
         &self,
         layout: &Layout,
@@ -341,6 +358,28 @@ impl ElementwiseOps for CpuStorage {
                 }
                 (CpuStorage::F64(d), CpuStorage::F64(b)) => {
                     binary_float_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
+                    true
+                }
+                (CpuStorage::F16(d), CpuStorage::F16(b)) => {
+                    let dst = &mut d.as_mut_slice()[range];
+                    float_binary(
+                        op,
+                        InPlaceWidened {
+                            dst,
+                            b: (b.as_slice(), layout),
+                        },
+                    );
+                    true
+                }
+                (CpuStorage::BF16(d), CpuStorage::BF16(b)) => {
+                    let dst = &mut d.as_mut_slice()[range];
+                    float_binary(
+                        op,
+                        InPlaceWidened {
+                            dst,
+                            b: (b.as_slice(), layout),
+                        },
+                    );
                     true
                 }
                 (CpuStorage::I64(d), CpuStorage::I64(b)) => {
