@@ -1,11 +1,13 @@
 //! safetensors checkpoints: round trips, strict and non-strict loads, files written by PyTorch,
 //! and kiln files loaded by torchvision.
 
+mod common;
+
 use kiln_autograd::{manual_seed, Module, Tensor};
 use kiln_models::checkpoint::{load_state_dict, load_tensors};
 use kiln_models::layers::Sequential;
 use kiln_models::layers::{BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU};
-use kiln_models::models::{mlp, BlockKind, ResNet, ResNetConfig};
+use kiln_models::models::{mlp, ResNet, ResNetConfig};
 use kiln_models::{load_safetensors, save_safetensors, Error, Layer, LayerExt};
 use std::path::PathBuf;
 
@@ -19,17 +21,6 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// torchvision's `ResNet(BasicBlock, [1, 1, 1, 1], num_classes)`.
-fn tiny_resnet(num_classes: usize) -> ResNet {
-    ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes,
-        small_input: false,
-    })
-    .unwrap()
-}
-
 fn values(m: &dyn Layer) -> Vec<(String, Vec<f64>)> {
     m.state_dict()
         .into_iter()
@@ -40,7 +31,7 @@ fn values(m: &dyn Layer) -> Vec<(String, Vec<f64>)> {
 #[test]
 fn round_trip_restores_parameters_and_buffers() {
     manual_seed(1);
-    let a = tiny_resnet(10);
+    let a = common::tiny_resnet(10, false);
     {
         let _g = kiln_autograd::NoGradGuard::new();
         let (_, nbt) = a
@@ -53,7 +44,7 @@ fn round_trip_restores_parameters_and_buffers() {
     let path = tmp("resnet18.safetensors");
     save_safetensors(&a, &path).unwrap();
     manual_seed(2);
-    let b = tiny_resnet(10);
+    let b = common::tiny_resnet(10, false);
     assert_ne!(values(&a), values(&b));
     let report = load_safetensors(&b, &path, true).unwrap();
     assert!(report.is_exact());
@@ -100,13 +91,7 @@ fn strict_load_names_missing_unexpected_and_misshaped_keys() {
 #[test]
 fn non_strict_loads_a_backbone_into_a_model_with_a_new_head() {
     manual_seed(4);
-    let pretrained = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 1000,
-        small_input: false,
-    })
-    .unwrap();
+    let pretrained = common::tiny_resnet(1000, false);
     let path = tmp("backbone.safetensors");
     save_safetensors(&pretrained, &path).unwrap();
     let finetune = ResNet::new(ResNetConfig {
@@ -255,7 +240,7 @@ fn torchvision_loads_kiln_checkpoints_with_strict_true_and_agrees_on_logits() {
         }
     };
     manual_seed(5);
-    let mut m = tiny_resnet(10);
+    let mut m = common::tiny_resnet(10, false);
     // Train-mode forwards move the BatchNorm statistics away from their initial values.
     for _ in 0..2 {
         m.forward(

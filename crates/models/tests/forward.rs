@@ -9,9 +9,7 @@ use kiln_models::layers::{
     Activation, AttentionMasks, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d,
     ReLU, Sequential, TransformerEncoderLayer, TransformerEncoderLayerConfig,
 };
-use kiln_models::models::{
-    BlockKind, Gpt, GptConfig, ResNet, ResNetConfig, VisionTransformer, VitConfig,
-};
+use kiln_models::models::{Gpt, GptConfig, VisionTransformer, VitConfig};
 use kiln_models::{load_safetensors, plan, Freeze, Layer, LayerExt, OptimizerKind};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
@@ -123,13 +121,7 @@ fn formula_fill(m: &dyn Layer) {
 
 #[test]
 fn torchvision_resnet_architecture_gives_torchvisions_logits() {
-    let mut m = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 10,
-        small_input: false,
-    })
-    .unwrap();
+    let mut m = common::tiny_resnet(10, false);
     formula_fill(&m);
     check_logits(&mut m, "resnet_tiny_formula");
 }
@@ -243,13 +235,7 @@ fn batchnorm_training_updates_running_statistics() {
 #[test]
 fn a_frozen_resnet_backbone_gets_no_gradient_and_saves_less() {
     manual_seed(9);
-    let m = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 5,
-        small_input: true,
-    })
-    .unwrap();
+    let m = common::tiny_resnet(5, true);
     let full = plan(&m, &[3, 16, 16], DType::F32, OptimizerKind::AdamW).unwrap();
     m.freeze(|n| !n.starts_with("fc.")).unwrap();
     let frozen = plan(&m, &[3, 16, 16], DType::F32, OptimizerKind::AdamW).unwrap();

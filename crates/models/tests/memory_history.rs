@@ -5,6 +5,8 @@
 //! at small batches against kiln-optim's SGD-momentum step, which needs no temporaries. The
 //! CPU allocator is process-wide: the tests take turns, and nothing else runs in this binary.
 
+mod common;
+
 use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
 use kiln_device::{
     memory_allocated, memory_history, record_memory_history, AllocContext, MemoryCategory,
@@ -209,17 +211,10 @@ fn a_training_step_is_attributed_and_matches_the_plan() {
 
 #[test]
 fn a_resnet_step_matches_the_plan_by_category() {
-    use kiln_models::models::{BlockKind, ResNet, ResNetConfig};
     let _only = CPU_HISTORY.lock().unwrap_or_else(|e| e.into_inner());
     manual_seed(0);
     record_memory_history(CPU, true, 1_000_000).unwrap();
-    let model = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 10,
-        small_input: true,
-    })
-    .unwrap();
+    let model = common::tiny_resnet(10, true);
     let mut opt = AdamW::new(vec![ParamGroup::from_module(&model)], AdamOptions::adamw()).unwrap();
     let batch = 8;
     let x = {

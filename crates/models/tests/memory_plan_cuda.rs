@@ -11,7 +11,6 @@ mod common;
 use common::{sgd_momentum, sgd_momentum_step};
 use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
 use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
-use kiln_models::models::{BlockKind, ResNet, ResNetConfig};
 use kiln_models::{plan, plan_on, LayerExt, OptimizerKind};
 
 #[test]
@@ -25,13 +24,7 @@ fn cuda_training_peak_matches_the_plan_with_the_convolutions_scratch() {
     drop(warm.matmul(&warm).unwrap());
     drop(warm);
     let base = memory_allocated(dev).unwrap();
-    let model = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 10,
-        small_input: true,
-    })
-    .unwrap();
+    let model = common::tiny_resnet(10, true);
     model.to_device(dev).unwrap();
     let mut opt = sgd_momentum(&model);
     let shape = [3, 16, 16];

@@ -7,7 +7,6 @@ mod common;
 use common::{assert_within_ten_percent, sgd_momentum, steady_state_peak};
 use kiln_autograd::{manual_seed, DType, Device, Tensor};
 use kiln_device::memory_allocated;
-use kiln_models::models::{BlockKind, ResNet, ResNetConfig};
 use kiln_models::{plan, Freeze, Layer, OptimizerKind};
 
 #[test]
@@ -15,13 +14,7 @@ fn resnet_training_peak_is_within_ten_percent_of_the_plan() {
     manual_seed(0);
     let cpu = Device::Cpu;
     let base = memory_allocated(cpu).unwrap();
-    let model = ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 10,
-        small_input: true,
-    })
-    .unwrap();
+    let model = common::tiny_resnet(10, true);
     let mut opt = sgd_momentum(&model);
     let p = plan(&model, &[3, 32, 32], DType::F32, OptimizerKind::SgdMomentum).unwrap();
     // Batch 2: late in backward, the gradients and the convolution backward's scratch (which

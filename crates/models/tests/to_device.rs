@@ -1,20 +1,12 @@
 //! `LayerExt::to_device`: moving a model in place keeps names, handles and values; a moved model
 //! trains; on CUDA a moved model computes the CPU's logits.
 
+mod common;
+
 use kiln_autograd::{manual_seed, Module, NoGradGuard, Tensor};
 use kiln_device::{DType, Device};
-use kiln_models::models::{mlp, BlockKind, ResNet, ResNetConfig};
+use kiln_models::models::mlp;
 use kiln_models::{Layer, LayerExt};
-
-fn tiny_resnet() -> ResNet {
-    ResNet::new(ResNetConfig {
-        block: BlockKind::Basic,
-        layers: [1, 1, 1, 1],
-        num_classes: 10,
-        small_input: true,
-    })
-    .unwrap()
-}
 
 fn snapshot(m: &dyn Layer) -> Vec<(String, u64, Vec<f32>)> {
     m.state_dict()
@@ -33,7 +25,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn to_cpu_keeps_names_handles_and_bits() {
     manual_seed(3);
-    let m = tiny_resnet();
+    let m = common::tiny_resnet(10, true);
     let before = snapshot(&m);
     let trainable_before: Vec<bool> = m.parameters().iter().map(|p| p.requires_grad()).collect();
     m.to_device(Device::Cpu).unwrap();
@@ -114,7 +106,7 @@ fn cuda_moved_model_matches_cpu_logits() {
         return;
     };
     manual_seed(7);
-    let mut m = tiny_resnet();
+    let mut m = common::tiny_resnet(10, true);
     m.eval();
     let x = Tensor::randn(&[2, 3, 16, 16], DType::F32, Device::Cpu).unwrap();
     let cpu = m.forward(&x).unwrap().to_vec::<f32>().unwrap();

@@ -5,8 +5,21 @@
 
 use kiln_autograd::Tensor;
 use kiln_device::{max_memory_allocated, reset_peak_memory_stats, Device};
+use kiln_models::models::{BlockKind, ResNet, ResNetConfig};
 use kiln_models::Layer;
 use kiln_optim::{Optimizer, ParamGroup, Sgd, SgdOptions};
+
+/// torchvision's `ResNet(BasicBlock, [1, 1, 1, 1], num_classes)`, with the small-input (CIFAR)
+/// stem when `small_input`: the smallest ResNet the tests train, plan and load.
+pub fn tiny_resnet(num_classes: usize, small_input: bool) -> ResNet {
+    ResNet::new(ResNetConfig {
+        block: BlockKind::Basic,
+        layers: [1, 1, 1, 1],
+        num_classes,
+        small_input,
+    })
+    .unwrap()
+}
 
 /// kiln-optim's SGD with momentum over every parameter of `model` (0.9 momentum, lr 0.01),
 /// as a training loop builds it: its momentum buffers appear at its first step.
