@@ -241,6 +241,12 @@ pub fn binary_float_assign<F: KernelFloat>(dst: &mut [F], b: &[F], lb: &Layout, 
     float_binary(op, InPlace { dst, b: (b, lb) })
 }
 
+/// `dst = op(dst, b)` in place for an `f16`/`bf16` `dst` (contiguous), computed in `f32` and
+/// rounded as the out-of-place op rounds ([`InPlaceWidened`]).
+fn binary_half_assign<H: Element>(dst: &mut [H], b: &[H], lb: &Layout, op: BinaryOp) {
+    float_binary(op, InPlaceWidened { dst, b: (b, lb) })
+}
+
 /// `dst = op(dst, b)` in place for an `i64` `dst`; `None` (and `dst` untouched) where
 /// [`binary_int`] has no such op.
 pub fn binary_int_assign(dst: &mut [i64], b: &[i64], lb: &Layout, op: BinaryOp) -> Option<()> {
@@ -361,25 +367,11 @@ impl ElementwiseOps for CpuStorage {
                     true
                 }
                 (CpuStorage::F16(d), CpuStorage::F16(b)) => {
-                    let dst = &mut d.as_mut_slice()[range];
-                    float_binary(
-                        op,
-                        InPlaceWidened {
-                            dst,
-                            b: (b.as_slice(), layout),
-                        },
-                    );
+                    binary_half_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
                     true
                 }
                 (CpuStorage::BF16(d), CpuStorage::BF16(b)) => {
-                    let dst = &mut d.as_mut_slice()[range];
-                    float_binary(
-                        op,
-                        InPlaceWidened {
-                            dst,
-                            b: (b.as_slice(), layout),
-                        },
-                    );
+                    binary_half_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
                     true
                 }
                 (CpuStorage::I64(d), CpuStorage::I64(b)) => {
