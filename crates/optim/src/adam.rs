@@ -16,12 +16,13 @@
 //! `kiln_device::ops::multi_tensor::adam_step` per device over every parameter of the group
 //! (fixed chunks in parallel on the CPU, one launch on CUDA).
 //!
-//! Invariants: options are validated when a group is built or changed; every gradient is
-//! checked ([`checked_grad`]) before any buffer is written; the update itself is kiln-device's,
+//! Invariants: options are validated when a group is built or changed; every gradient arrives
+//! checked (`GroupedOptimizer` checks the whole group before any state changes); the update
+//! itself is kiln-device's,
 //! bit for bit the formula above rounded in the parameter dtype.
 
 use crate::group::{IntoParamGroups, ParamGroup};
-use crate::operands::{by_device, checked_grad};
+use crate::operands::by_device;
 use crate::optimizer::{Algorithm, GroupOptions, GroupedOptimizer, StepItem};
 use crate::state_dict::{ParamStateRecord, TensorRecord};
 use crate::{arg_err, Result};
@@ -275,15 +276,14 @@ impl Algorithm for AdamAlgorithm {
         items: Vec<StepItem<'_, AdamState>>,
         scale: f64,
     ) -> Result<()> {
-        // Every gradient is checked before any state changes, so a refused step leaves the
-        // step counts as they were.
-        let mut checked = Vec::with_capacity(items.len());
-        for it in items {
-            let g = checked_grad(self.name(), it.name, it.param, it.grad)?;
-            checked.push((it.param, g, it.state));
-        }
-        let mut work = Vec::with_capacity(checked.len());
-        for (param, g, s) in checked {
+        let mut work = Vec::with_capacity(items.len());
+        for StepItem {
+            param,
+            grad: g,
+            state: s,
+            ..
+        } in items
+        {
             if o.amsgrad && s.max_exp_avg_sq.is_none() {
                 let _state = crate::optimizer::optimizer_state();
                 s.max_exp_avg_sq = Some(param.zeros_like()?);

@@ -10,6 +10,7 @@
 //! stepped at least once (here or in a loaded state dict); updates run under `no_grad`.
 
 use crate::group::ParamGroup;
+use crate::operands::checked_grad;
 use crate::state_dict::{GroupRecord, ParamStateRecord, StateDict};
 use crate::{Error, Result};
 use kiln_autograd::{Parameter, Tensor};
@@ -88,7 +89,8 @@ pub struct StepItem<'a, S> {
     pub name: &'a str,
     /// The parameter.
     pub param: &'a Parameter,
-    /// Its gradient.
+    /// Its gradient, already checked for the fused pass (the parameter's dtype, its own
+    /// buffer, dense): every gradient of the group passes before any state changes.
     pub grad: Tensor,
     /// Its state, created at its first step.
     pub state: &'a mut S,
@@ -102,6 +104,10 @@ pub trait Algorithm {
     type State;
     /// Name recorded in state dicts (`"SGD"`, `"Adam"`, `"AdamW"`).
     fn name(&self) -> &'static str;
+    /// The op a refused gradient's message names; [`Algorithm::name`] unless overridden.
+    fn step_op(&self) -> &'static str {
+        self.name()
+    }
     /// Fresh state for `param` at its first step.
     fn init_state(&self, options: &Self::Options, param: &Parameter) -> Result<Self::State>;
     /// Updates every item in one fused pass, gradients read times `grad_scale`.
@@ -277,6 +283,16 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
                     continue;
                 }
                 refuse_grads_viewing_params(&g.params, &grads)?;
+                // Every gradient is checked before any state is created or changed, so a
+                // refused step leaves the optimizer as it was (step counts included).
+                let op = self.algorithm.step_op();
+                let grads = grads
+                    .into_iter()
+                    .map(|(i, gr)| {
+                        let (name, param) = &g.params[i];
+                        checked_grad(op, name, param, gr).map(|gr| (i, gr))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 let mut items = Vec::with_capacity(grads.len());
                 let mut grads = grads.into_iter().peekable();
                 let entries = g.params.iter().zip(g.state.iter_mut()).enumerate();

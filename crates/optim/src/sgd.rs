@@ -18,7 +18,7 @@
 //! nonzero momentum and takes the gradient as it is on that step.
 
 use crate::group::{IntoParamGroups, ParamGroup};
-use crate::operands::{by_device, checked_grad};
+use crate::operands::by_device;
 use crate::optimizer::{Algorithm, GroupOptions, GroupedOptimizer, StepItem};
 use crate::state_dict::{ParamStateRecord, TensorRecord};
 use crate::{arg_err, Result};
@@ -194,6 +194,10 @@ impl Algorithm for SgdAlgorithm {
         "SGD"
     }
 
+    fn step_op(&self) -> &'static str {
+        "SGD.step"
+    }
+
     fn init_state(&self, _: &SgdOptions, _: &Parameter) -> Result<SgdState> {
         Ok(SgdState {
             step: 0,
@@ -207,15 +211,11 @@ impl Algorithm for SgdAlgorithm {
         items: Vec<StepItem<'_, SgdState>>,
         scale: f64,
     ) -> Result<()> {
-        // Every gradient is checked before any state changes, so a refused step leaves the
-        // step counts as they were.
-        let mut checked = Vec::with_capacity(items.len());
-        for it in items {
-            let grad = checked_grad("SGD.step", it.name, it.param, it.grad)?;
-            checked.push((it.param, grad, it.state));
-        }
-        let mut work = Vec::with_capacity(checked.len());
-        for (param, grad, state) in checked {
+        let mut work = Vec::with_capacity(items.len());
+        for StepItem {
+            param, grad, state, ..
+        } in items
+        {
             let mut first = false;
             if o.momentum != 0.0 && state.momentum_buffer.is_none() {
                 let _state = crate::optimizer::optimizer_state();
