@@ -234,6 +234,30 @@ fn launch(
     Ok(())
 }
 
+/// The result of a GEMM per group: with one group its block is the result (no buffer, no
+/// copy); with several, a new buffer of `total` elements, each group's block (contiguous
+/// `block_shape`) computed by `block` and copied in through `place(group)`, one block alive at a
+/// time. The forward, the column gradient and the weight gradient all assemble their groups
+/// this way (what `workspace.rs` counts).
+fn join_groups(
+    ordinal: usize,
+    dtype: DType,
+    groups: usize,
+    (total, block_shape): (usize, &[usize]),
+    block: impl Fn(usize) -> Result<CudaStorage>,
+    place: impl Fn(usize) -> Layout,
+) -> Result<CudaStorage> {
+    if groups == 1 {
+        return block(0);
+    }
+    let (_, mut out) = CudaStorage::output(ordinal, total, dtype)?;
+    let src = Layout::contiguous(block_shape);
+    for gi in 0..groups {
+        block(gi)?.copy_into(&src, &mut out, &place(gi))?;
+    }
+    Ok(out)
+}
+
 impl CudaStorage {
     /// `[N, C_in*kH*kW, L]` columns of the contiguous input `x`; with `batch_inner`, the same
     /// values as `[C_in*kH*kW, N, L]`.
@@ -275,22 +299,23 @@ impl ConvOps for CudaStorage {
                 );
                 w.matmul(&wl, &cols, &cl)
             };
-            if d.groups == 1 {
-                group_block(0)?
-            } else {
-                let (_, mut out) = CudaStorage::output(self.ordinal(), n * cout * d.l, dt)?;
-                for gi in 0..d.groups {
-                    let dst = Layout::new(
-                        out_shape.to_vec(),
-                        vec![cout * d.l, d.l, 1],
-                        gi * d.cout_g * d.l,
-                    )
-                    .narrow(1, 0, d.cout_g);
-                    let block = group_block(gi)?;
-                    block.copy_into(&Layout::contiguous(&[n, d.cout_g, d.l]), &mut out, &dst)?;
-                }
-                out
-            }
+            let place = |gi: usize| {
+                Layout::new(
+                    out_shape.to_vec(),
+                    vec![cout * d.l, d.l, 1],
+                    gi * d.cout_g * d.l,
+                )
+                .narrow(1, 0, d.cout_g)
+            };
+            let (total, block_shape) = (n * cout * d.l, [n, d.cout_g, d.l]);
+            join_groups(
+                self.ordinal(),
+                dt,
+                d.groups,
+                (total, &block_shape),
+                group_block,
+                place,
+            )?
         };
         if let Some(b) = bias {
             let b = dense(OP, b, self.dtype(), &[cout])?;
@@ -328,22 +353,22 @@ impl ConvOps for CudaStorage {
                 );
                 w.matmul(&wt, &go, &gl)
             };
-            // One group's GEMM result is the whole column gradient: no second buffer and copy.
-            let dcols = if d.groups == 1 {
-                group_block(0)?
-            } else {
-                let (_, mut dcols) = CudaStorage::output(self.ordinal(), n * d.rows * d.l, dt)?;
-                for gi in 0..d.groups {
-                    let dst = Layout::new(
-                        vec![n, d.k, d.l],
-                        vec![d.rows * d.l, d.l, 1],
-                        gi * d.k * d.l,
-                    );
-                    let block = group_block(gi)?;
-                    block.copy_into(&Layout::contiguous(&[n, d.k, d.l]), &mut dcols, &dst)?;
-                }
-                dcols
+            let place = |gi: usize| {
+                Layout::new(
+                    vec![n, d.k, d.l],
+                    vec![d.rows * d.l, d.l, 1],
+                    gi * d.k * d.l,
+                )
             };
+            let (total, block_shape) = (n * d.rows * d.l, [n, d.k, d.l]);
+            let dcols = join_groups(
+                self.ordinal(),
+                dt,
+                d.groups,
+                (total, &block_shape),
+                group_block,
+                place,
+            )?;
             let total = g.input_shape().iter().product();
             let (_, dx) = CudaStorage::output(self.ordinal(), total, dt)?;
             launch("col2im", &dcols, g, &dx, total)?;
@@ -362,17 +387,17 @@ impl ConvOps for CudaStorage {
                 let b = Layout::new(vec![nl, d.k], vec![1, nl], gi * d.k * nl);
                 go_t.matmul(&a, &cols_t, &b)
             };
-            let dw = if d.groups == 1 {
-                group_block(0)?
-            } else {
-                let (_, mut dw) = CudaStorage::output(self.ordinal(), cout * d.k, dt)?;
-                for gi in 0..d.groups {
-                    let dst = Layout::new(vec![d.cout_g, d.k], vec![d.k, 1], gi * d.cout_g * d.k);
-                    let block = group_block(gi)?;
-                    block.copy_into(&Layout::contiguous(&[d.cout_g, d.k]), &mut dw, &dst)?;
-                }
-                dw
-            };
+            let place =
+                |gi: usize| Layout::new(vec![d.cout_g, d.k], vec![d.k, 1], gi * d.cout_g * d.k);
+            let (total, block_shape) = (cout * d.k, [d.cout_g, d.k]);
+            let dw = join_groups(
+                self.ordinal(),
+                dt,
+                d.groups,
+                (total, &block_shape),
+                group_block,
+                place,
+            )?;
             grads.weight = Some(dw);
         }
         if mask.bias {
