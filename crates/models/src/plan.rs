@@ -29,7 +29,8 @@
 //! (they update in place now); against kiln-optim's SGD that over-predicted a weight-heavy MLP's
 //! step by a third.
 //! - kernel scratch, with [`plan_on`] for a CUDA device: each convolution's column matrices,
-//!   which grow with the batch and are a large part of a convolutional network's step there
+//!   which grow with the batch up to the images a pass unfolds at a time (the column budget,
+//!   `kiln_device::ops::conv::cuda_conv_column_budget`) and stay constant beyond
 //!   (`tests/memory_plan_cuda.rs` measures both plans against a real step;
 //!   `kiln_device::ops::conv::cuda_conv2d_workspace` lists each pass's buffers, checked against
 //!   the allocator in kiln-device's tests). Backward's scratch
@@ -123,9 +124,31 @@ pub struct MemoryPlan {
     /// The device whose kernels' scratch is included ([`plan_on`]); `None` for tensors only
     /// ([`plan`]).
     pub device: Option<kiln_device::Device>,
-    /// Live bytes beyond parameters, buffers and optimizer state at each moment of backward,
-    /// as `(per_sample, fixed)` (bytes are linear in the batch size).
-    timeline: Vec<(i64, i64)>,
+    /// Live bytes beyond parameters, buffers and optimizer state at each moment of the step.
+    timeline: Vec<Moment>,
+}
+
+/// One moment of the step: tensors linear in the batch size, plus kernel scratch that is linear
+/// up to `scratch_limit` samples and constant beyond (kernels that work in chunks of the batch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Moment {
+    per_sample: i64,
+    fixed: i64,
+    scratch_per_sample: i64,
+    scratch_fixed: i64,
+    scratch_limit: usize,
+}
+
+impl Moment {
+    /// Live bytes at `batch` samples, or `None` when that does not fit in `i128`.
+    fn at(&self, batch: i128) -> Option<i128> {
+        let limited = batch.min(i128::try_from(self.scratch_limit).ok()?);
+        let tensors =
+            i128::from(self.fixed).checked_add(i128::from(self.per_sample).checked_mul(batch)?)?;
+        let scratch = i128::from(self.scratch_fixed)
+            .checked_add(i128::from(self.scratch_per_sample).checked_mul(limited)?)?;
+        tensors.checked_add(scratch)
+    }
 }
 
 impl MemoryPlan {
@@ -145,9 +168,8 @@ impl MemoryPlan {
     fn checked_peak_allocated_bytes(&self, batch_size: usize) -> Option<usize> {
         let b = i128::try_from(batch_size).ok()?;
         let mut backward: i128 = 0;
-        for &(per, fixed) in &self.timeline {
-            backward =
-                backward.max(i128::from(fixed).checked_add(i128::from(per).checked_mul(b)?)?);
+        for m in &self.timeline {
+            backward = backward.max(m.at(b)?);
         }
         let backward = usize::try_from(backward).ok()?;
         let step = self.grad_bytes;
@@ -280,6 +302,10 @@ pub fn plan_on(
     plan_traced(model, sample_shape, dtype, optimizer, Some(device))
 }
 
+/// One moment of a trace at one batch size: (tensors, kernel scratch, the batch from which the
+/// scratch stops growing).
+type TracedMoment = (i64, i64, usize);
+
 fn plan_traced(
     model: &dyn Layer,
     sample_shape: &[usize],
@@ -309,7 +335,7 @@ fn plan_traced(
     // Live bytes at each leaf call of the forward pass (saved so far, input, output), then at
     // each one backward runs through, last first (saved still alive, gradients so far,
     // gradients in flight); and the largest in-flight figure.
-    let trace_at = |batch: usize| -> Result<(usize, Vec<i64>, usize)> {
+    let trace_at = |batch: usize| -> Result<(usize, Vec<TracedMoment>, usize)> {
         let mut shape = vec![batch];
         shape.extend_from_slice(sample_shape);
         let mut t = match device {
@@ -334,11 +360,16 @@ fn plan_traced(
         };
         for (i, e) in events.iter().enumerate() {
             // Forward: what is saved so far, the call's input, its output and the temporary it
-            // holds next to it (Linear's matmul result before the bias is added).
-            live.push(as_i64(sum(
-                sum(t.saved_bytes_alive_at(i), e.input_bytes)?,
-                sum(e.output_bytes, e.forward_temp_bytes)?,
-            )?)?);
+            // holds next to it (Linear's matmul result before the bias is added), with its
+            // kernels' scratch.
+            live.push((
+                as_i64(sum(
+                    sum(t.saved_bytes_alive_at(i), e.input_bytes)?,
+                    sum(e.output_bytes, e.forward_temp_bytes)?,
+                )?)?,
+                as_i64(e.forward_scratch_bytes)?,
+                e.scratch_batch_limit,
+            ));
         }
         for (i, e) in events.iter().enumerate().rev() {
             if !e.recorded {
@@ -350,25 +381,31 @@ fn plan_traced(
             let in_flight = sum(e.output_bytes, e.input_bytes)?;
             largest_in_flight = largest_in_flight.max(in_flight);
             let tensors = as_i64(sum(sum(t.saved_bytes_alive_at(i), grads)?, in_flight)?)?;
-            live.push(tensors);
+            live.push((tensors, 0, usize::MAX));
             // Each moment of the kernels' scratch is its own entry: each is linear in the
-            // batch, their maximum is not.
+            // batch (up to the kernel's chunk), their maximum is not.
             for &scratch in &e.backward_temp_bytes {
-                live.push(
-                    tensors
-                        .checked_add(scratch)
-                        .ok_or_else(|| too_big("the step needs more than i64::MAX bytes".into()))?,
-                );
+                live.push((tensors, scratch, e.scratch_batch_limit));
             }
         }
         Ok((t.saved_bytes(), live, largest_in_flight))
     };
     let (saved1, live1, in_flight1) = trace_at(1)?;
     let (saved2, live2, _) = trace_at(2)?;
+    // Fitted through batch 1 and 2; a scratch that stops growing at 1 sample is constant.
     let timeline = live1
         .iter()
         .zip(&live2)
-        .map(|(&a, &b)| Some((b.checked_sub(a)?, a.checked_mul(2)?.checked_sub(b)?)))
+        .map(|(&(a, sa, limit), &(b, sb, _))| {
+            let scratch_per_sample = if limit < 2 { 0 } else { sb.checked_sub(sa)? };
+            Some(Moment {
+                per_sample: b.checked_sub(a)?,
+                fixed: a.checked_mul(2)?.checked_sub(b)?,
+                scratch_per_sample,
+                scratch_fixed: sa.checked_sub(scratch_per_sample)?,
+                scratch_limit: limit,
+            })
+        })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| too_big("the step needs more than i64::MAX bytes".into()))?;
     let per_sample = saved2.saturating_sub(saved1);

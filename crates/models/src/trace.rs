@@ -113,13 +113,18 @@ pub struct BackwardEvent {
     pub grad_bytes: usize,
     /// True when backward runs through this call (its output requires grad).
     pub recorded: bool,
-    /// Bytes of a temporary the forward holds next to its output (Linear with a bias: the
-    /// matmul result the bias is added to; a convolution's scratch on a traced device).
+    /// Bytes of a temporary tensor the forward holds next to its output (Linear with a bias:
+    /// the matmul result the bias is added to).
     pub forward_temp_bytes: usize,
-    /// Bytes the backward of the call holds beyond its gradients at each moment that can be its
-    /// peak (a convolution's scratch on a traced device, see
-    /// `kiln_device::ops::conv::ConvWorkspace`); empty when it holds none.
+    /// Bytes of kernel scratch the forward holds next to its output (a convolution's columns on
+    /// a traced device, see `kiln_device::ops::conv::ConvWorkspace`).
+    pub forward_scratch_bytes: usize,
+    /// Bytes of kernel scratch the backward of the call holds beyond its gradients at each
+    /// moment that can be its peak; empty when it holds none.
     pub backward_temp_bytes: Vec<i64>,
+    /// The batch size from which the kernel scratch stops growing (kernels that work through
+    /// the batch in chunks of this many samples); `usize::MAX` when it grows with every sample.
+    pub scratch_batch_limit: usize,
 }
 
 /// Records layer calls and saved activations during a shape-only forward.
@@ -138,8 +143,12 @@ pub struct Tracer {
     overflow: Option<String>,
     /// Set by the leaf layer being traced: its [`BackwardEvent::forward_temp_bytes`].
     forward_temp_bytes: usize,
+    /// Set by the leaf layer being traced: its [`BackwardEvent::forward_scratch_bytes`].
+    forward_scratch_bytes: usize,
     /// Set by the leaf layer being traced: its [`BackwardEvent::backward_temp_bytes`].
     backward_temp_bytes: Vec<i64>,
+    /// Set by the leaf layer being traced: its [`BackwardEvent::scratch_batch_limit`].
+    scratch_batch_limit: usize,
     /// The device whose kernels' scratch layers report; `None` for tensors only.
     device: Option<kiln_device::Device>,
 }
@@ -151,7 +160,7 @@ impl Tracer {
     }
 
     /// An empty trace for `device`: layers whose kernels there need scratch beyond their
-    /// results report it ([`Tracer::forward_temporary`], [`Tracer::backward_temporary`]).
+    /// results report it ([`Tracer::kernel_scratch`]).
     pub fn on_device(device: kiln_device::Device) -> Self {
         Tracer {
             device: Some(device),
@@ -232,11 +241,15 @@ impl Tracer {
         self.forward_temp_bytes = self.forward_temp_bytes.saturating_add(bytes);
     }
 
-    /// Notes that the backward of the leaf layer being traced holds `moments` bytes beyond its
-    /// gradients at the moments that can be its peak (see
-    /// [`BackwardEvent::backward_temp_bytes`]).
-    pub fn backward_temporary(&mut self, moments: &[i64]) {
-        self.backward_temp_bytes.extend_from_slice(moments);
+    /// Notes the kernel scratch of the leaf layer being traced: `forward` bytes next to its
+    /// output, `backward` bytes beyond its gradients at the moments that can be its backward's
+    /// peak (pass `&[]` when backward does not run through it), both growing with the batch
+    /// up to `batch_limit` samples and constant beyond (see
+    /// [`BackwardEvent::scratch_batch_limit`]).
+    pub fn kernel_scratch(&mut self, forward: usize, backward: &[i64], batch_limit: usize) {
+        self.forward_scratch_bytes = self.forward_scratch_bytes.saturating_add(forward);
+        self.backward_temp_bytes.extend_from_slice(backward);
+        self.scratch_batch_limit = self.scratch_batch_limit.min(batch_limit);
     }
 
     /// Marks `act` as kept alive for backward (counted once however many ops keep it).
@@ -295,10 +308,14 @@ impl Tracer {
         let is_leaf = layer.layers().is_empty();
         self.depth += 1;
         self.forward_temp_bytes = 0;
+        self.forward_scratch_bytes = 0;
         self.backward_temp_bytes.clear();
+        self.scratch_batch_limit = usize::MAX;
         let out = layer.trace(self, x);
         let forward_temp_bytes = std::mem::take(&mut self.forward_temp_bytes);
+        let forward_scratch_bytes = std::mem::take(&mut self.forward_scratch_bytes);
         let backward_temp_bytes = std::mem::take(&mut self.backward_temp_bytes);
+        let scratch_batch_limit = std::mem::replace(&mut self.scratch_batch_limit, usize::MAX);
         self.depth -= 1;
         if let (true, Ok(o)) = (is_leaf, &out) {
             let grad_bytes = layer
@@ -313,7 +330,9 @@ impl Tracer {
                 grad_bytes,
                 recorded: o.requires_grad(),
                 forward_temp_bytes,
+                forward_scratch_bytes,
                 backward_temp_bytes,
+                scratch_batch_limit,
             });
         }
         if depth > 0 {

@@ -39,6 +39,25 @@ fn cpu_plan_is_the_tensor_plan_and_cuda_adds_the_convolutions_scratch() {
 }
 
 #[test]
+fn the_cuda_scratch_stops_growing_at_the_column_budget() {
+    // ResNet-18 at 224x224: the stem unfolds 7.4 MB of columns per image, a 1x1 downsample of
+    // layer4 50 KB; with the default 64 MiB budget every pass unfolds at most 1342 images at a
+    // time, so from there on the CUDA plan exceeds the tensors-only plan by a constant.
+    let model = resnet18(1000).unwrap();
+    let shape = [3, 224, 224];
+    let opt = OptimizerKind::SgdMomentum;
+    let tensors = plan(&model, &shape, DType::F32, opt).unwrap();
+    let cuda = plan_on(&model, &shape, DType::F32, opt, Device::Cuda(0)).unwrap();
+    let extra = |b| cuda.peak_allocated_bytes(b) - tensors.peak_allocated_bytes(b);
+    assert_eq!(extra(2048), extra(4096));
+    assert_eq!(extra(4096), extra(100_000));
+    // A chunk's columns, its transposed output gradient, and the rest of the step's moment.
+    assert!(extra(4096) < 256 << 20, "{}", extra(4096));
+    // Below the limit the scratch still grows with the batch.
+    assert!(extra(1) < extra(8), "{} vs {}", extra(1), extra(8));
+}
+
+#[test]
 fn one_convolution_peaks_at_its_weight_gradients_scratch() {
     // A convolution of the model's input: backward computes the weight and bias gradients
     // only, which is what the workspace is asked for here.

@@ -161,10 +161,12 @@ impl Conv2d {
                 kiln_device::ops::conv::cuda_conv2d_workspace(&g, x.dtype(), mask)
             })
             .map_err(|e| input_err("Conv2d", format!("input {xs:?}: {e}")))?;
-        tracer.forward_temporary(workspace.forward);
-        if out.requires_grad() {
-            tracer.backward_temporary(&workspace.backward);
-        }
+        let backward: &[i64] = if out.requires_grad() {
+            &workspace.backward
+        } else {
+            &[]
+        };
+        tracer.kernel_scratch(workspace.forward, backward, workspace.batch_limit);
         Ok(())
     }
 

@@ -1,21 +1,31 @@
 //! CUDA conv2d, forward and backward: im2col / col2im kernels (`conv.cu`) around cuBLAS GEMMs.
 //!
-//! With `K = C_in/groups * kH * kW` and `L = H_out * W_out`, the input becomes one column
-//! matrix `cols` `[N, C_in*kH*kW, L]` (group `g` owns rows `g*K ..`), and per group:
-//! - forward: `out[n, g] = W_g [C_out/g, K] @ cols[n, g] [K, L]`, one strided-batched GEMM
-//!   with the weight broadcast over the batch (stride 0), then `+ bias`;
-//! - input gradient: `dcols[n, g] = W_gᵀ @ grad[n, g]` (the transposed weight is read in place),
-//!   then `col2im` gathers every column element back to its input pixel (no atomics);
-//! - weight gradient: `grad` as `[C_out, N*L]` times `cols` as `[N*L, K]` (the gradient a
-//!   permuted copy, the columns unfolded straight into `[C_in*kH*kW, N, L]` by `im2col_t`, so the
-//!   batch sum happens inside one GEMM), and the bias gradient is a sum over `N, L`.
+//! With `K = C_in/groups * kH * kW` and `L = H_out * W_out`, each pass works through the batch
+//! in chunks of `n` images, as many as fit the column budget (`workspace.rs`,
+//! [`super::cuda_conv_column_budget`]; at least one), so its scratch stops growing with the
+//! batch. A chunk's input becomes one column matrix `cols` `[n, C_in*kH*kW, L]` (group `g` owns
+//! rows `g*K ..`), and per group one strided-batched GEMM writes straight into the group's rows
+//! of the result (`gemm_into`: no per-group block, no copy):
+//! - forward: `out[i, g] = W_g [C_out/g, K] @ cols[i, g] [K, L]` with the weight broadcast over
+//!   the chunk (stride 0), then `+ bias` in place over the whole output;
+//! - input gradient: `dcols[i, g] = W_gᵀ @ grad[i, g]` (the transposed weight is read in place),
+//!   then `col2im` gathers every column element back to its input pixel (no atomics) into the
+//!   chunk's images of the input gradient;
+//! - weight gradient: the chunk's `grad` as `[C_out, n*L]` (a permuted copy) times its `cols` as
+//!   `[n*L, K]` (unfolded straight into `[C_in*kH*kW, n, L]` by `im2col_t`), so the sum over the
+//!   chunk's images happens inside one GEMM and the sum over chunks in cuBLAS's `beta = 1`
+//!   (16-bit weights accumulate in an f32 buffer, rounded once at the end); the bias gradient
+//!   is a sum over `N, L`.
+//!
+//! Chunks change no result bit of the output or the input gradient (the same per-image GEMMs);
+//! the weight gradient's f32 sums run in another order.
 //!
 //! **Dtypes.** Every pass runs in the tensor's own dtype: no widening copy. GEMMs go through
 //! `CudaStorage::matmul_cuda` (cuBLAS; f16/bf16 operands with f32 compute, so bf16 autocast
 //! convolutions use the tensor cores), im2col only moves values, col2im adds its taps in an f32
 //! register and rounds once, and the bias gradient is `reduce.cu`'s sum (double accumulator,
 //! rounded once). Contiguous operands are read in place; other views are copied contiguous
-//! first. Groups > 1 run one GEMM per group and place the blocks with `copy_into`.
+//! first.
 //!
 //! **Against the CPU** (which widens 16-bit operands to f32, computes everything in f32 and
 //! rounds each result once): the weight and bias gradients round once here too (products of the
@@ -32,13 +42,14 @@ use std::ops::Deref;
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
+use super::workspace::cuda_conv_images_per_chunk;
 use super::Conv2dGeometry;
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{elementwise_config, function, launch_error, suffix};
 use crate::error::{Error, Result};
 use crate::ops::copy::CopyOps;
 use crate::ops::elementwise::{BinaryOp, ElementwiseOps};
-use crate::ops::matmul::MatmulOps;
+use crate::ops::matmul::cuda::GemmOut;
 use crate::ops::reduce::{ReduceOp, ReduceOps};
 use crate::seam::{GradMask, InputGrads, Strided};
 use crate::storage::CudaStorage;
@@ -205,12 +216,13 @@ fn dense<'a>(
     Dense::of(s, l)
 }
 
-/// Launches `kiln_{im2col,im2col_t,col2im}_<t>` writing `total` elements of `dst` from `src`.
+/// Launches `kiln_{im2col,im2col_t,col2im}_<t>` for the images of `g` (a chunk of the batch),
+/// reading `src` from element `src_at` and writing `total` elements of `dst` from `dst_at`.
 fn launch(
     kind: &str,
-    src: &CudaStorage,
+    (src, src_at): (&CudaStorage, usize),
     g: &Conv2dGeometry,
-    dst: &CudaStorage,
+    (dst, dst_at): (&CudaStorage, usize),
     total: usize,
 ) -> Result<()> {
     if total == 0 {
@@ -219,56 +231,52 @@ fn launch(
     let name = kernel_name(kind, src.dtype())?;
     let stream = crate::storage::cuda_stream(src.ordinal())?;
     let f = function(&stream, &CONV_KERNELS, &name)?;
+    let elem = src.dtype().size_in_bytes() as u64;
     let (a, s, d, n) = (
         conv_args(g),
-        src.device_ptr(),
-        dst.device_ptr(),
+        src.device_ptr() + src_at as u64 * elem,
+        dst.device_ptr() + dst_at as u64 * elem,
         total as u64,
     );
     let mut b = stream.launch_builder(&f);
     b.arg(&s).arg(&a).arg(&d).arg(&n);
-    // SAFETY: signature (const T*, ConvArgs, T*, u64) as in conv.cu; `src` is the contiguous
-    // [N, C, H, W] input (im2col, im2col_t) or [N, C*kH*kW, L] columns (col2im) of the
-    // geometry, `dst` holds `total` elements of the other ([C*kH*kW, N, L] for im2col_t).
+    // SAFETY: signature (const T*, ConvArgs, T*, u64) as in conv.cu; from their offsets, `src`
+    // holds the contiguous [N, C, H, W] input (im2col, im2col_t) or [N, C*kH*kW, L] columns
+    // (col2im) of `g`'s images, `dst` the `total` elements of the other ([C*kH*kW, N, L] for
+    // im2col_t): the callers size the buffers and offsets from the same geometry.
     unsafe { b.launch(elementwise_config(n)) }.map_err(|e| launch_error(&name, e))?;
     Ok(())
 }
 
-/// The result of a GEMM per group: with one group its block is the result (no buffer, no
-/// copy); with several, a new buffer of `total` elements, each group's block (contiguous
-/// `block_shape`) computed by `block` and copied in through `place(group)`, one block alive at a
-/// time. The forward, the column gradient and the weight gradient all assemble their groups
-/// this way (what `workspace.rs` counts).
-fn join_groups(
-    ordinal: usize,
-    dtype: DType,
-    groups: usize,
-    (total, block_shape): (usize, &[usize]),
-    block: impl Fn(usize) -> Result<CudaStorage>,
-    place: impl Fn(usize) -> Layout,
-) -> Result<CudaStorage> {
-    if groups == 1 {
-        return block(0);
-    }
-    let (_, mut out) = CudaStorage::output(ordinal, total, dtype)?;
-    let src = Layout::contiguous(block_shape);
-    for gi in 0..groups {
-        block(gi)?.copy_into(&src, &mut out, &place(gi))?;
-    }
-    Ok(out)
+/// The batch in chunks of at most `per_chunk` images: `(first image, geometry of the chunk)`.
+fn chunks(
+    g: &Conv2dGeometry,
+    per_chunk: usize,
+) -> impl Iterator<Item = (usize, Conv2dGeometry)> + '_ {
+    (0..g.batch).step_by(per_chunk.max(1)).map(move |first| {
+        let chunk = Conv2dGeometry {
+            batch: per_chunk.min(g.batch - first),
+            ..*g
+        };
+        (first, chunk)
+    })
 }
 
-impl CudaStorage {
-    /// `[N, C_in*kH*kW, L]` columns of the contiguous input `x`; with `batch_inner`, the same
-    /// values as `[C_in*kH*kW, N, L]`.
-    fn im2col(x: &CudaStorage, g: &Conv2dGeometry, batch_inner: bool) -> Result<CudaStorage> {
-        let d = dims(g)?;
-        let total = g.batch * d.rows * d.l;
-        let (_, cols) = CudaStorage::output(x.ordinal(), total, x.dtype())?;
-        let kind = if batch_inner { "im2col_t" } else { "im2col" };
-        launch(kind, x, g, &cols, total)?;
-        Ok(cols)
-    }
+/// The columns of the images of `chunk` in the contiguous input `x` from image `first`:
+/// `[n, C_in*kH*kW, L]`, or with `batch_inner` the same values as `[C_in*kH*kW, n, L]`.
+fn im2col(
+    x: &CudaStorage,
+    first: usize,
+    chunk: &Conv2dGeometry,
+    batch_inner: bool,
+) -> Result<CudaStorage> {
+    let d = dims(chunk)?;
+    let total = chunk.batch * d.rows * d.l;
+    let image = chunk.in_channels * chunk.input_size[0] * chunk.input_size[1];
+    let (_, cols) = CudaStorage::output(x.ordinal(), total, x.dtype())?;
+    let kind = if batch_inner { "im2col_t" } else { "im2col" };
+    launch(kind, (x, first * image), chunk, (&cols, 0), total)?;
+    Ok(cols)
 }
 
 impl ConvOps for CudaStorage {
@@ -283,42 +291,38 @@ impl ConvOps for CudaStorage {
         const OP: &str = "conv2d";
         let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g)?;
-        let (n, cout) = (g.batch, g.out_channels);
-        let out_shape = [n, cout, d.l];
-        // The columns live only through the GEMMs; the bias is added in place.
-        let mut y = {
-            let x = dense(OP, (self, layout), self.dtype(), &g.input_shape())?;
-            let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
-            let cols = CudaStorage::im2col(&x, g, false)?;
-            let group_block = |gi: usize| {
-                let wl = Layout::new(vec![n, d.cout_g, d.k], vec![0, d.k, 1], gi * d.cout_g * d.k);
-                let cl = Layout::new(
-                    vec![n, d.k, d.l],
-                    vec![d.rows * d.l, d.l, 1],
-                    gi * d.k * d.l,
-                );
-                w.matmul(&wl, &cols, &cl)
-            };
-            let place = |gi: usize| {
-                Layout::new(
-                    out_shape.to_vec(),
-                    vec![cout * d.l, d.l, 1],
-                    gi * d.cout_g * d.l,
-                )
-                .narrow(1, 0, d.cout_g)
-            };
-            let (total, block_shape) = (n * cout * d.l, [n, d.cout_g, d.l]);
-            join_groups(
-                self.ordinal(),
-                dt,
-                d.groups,
-                (total, &block_shape),
-                group_block,
-                place,
-            )?
-        };
+        let cout = g.out_channels;
+        let out_shape = [g.batch, cout, d.l];
+        let (_, mut y) = CudaStorage::output(self.ordinal(), g.batch * cout * d.l, dt)?;
+        {
+            let x = dense(OP, (self, layout), dt, &g.input_shape())?;
+            let w = dense(OP, weight, dt, &g.weight_shape())?;
+            for (first, chunk) in chunks(g, cuda_conv_images_per_chunk(g, dt)?) {
+                // The chunk's columns live only through its GEMMs, which write straight into
+                // the output's rows of each group.
+                let cols = im2col(&x, first, &chunk, false)?;
+                let n = chunk.batch;
+                for gi in 0..d.groups {
+                    let wl =
+                        Layout::new(vec![n, d.cout_g, d.k], vec![0, d.k, 1], gi * d.cout_g * d.k);
+                    let cl = Layout::new(
+                        vec![n, d.k, d.l],
+                        vec![d.rows * d.l, d.l, 1],
+                        gi * d.k * d.l,
+                    );
+                    let out = GemmOut {
+                        buf: &y,
+                        offset: (first * cout + gi * d.cout_g) * d.l,
+                        ld: d.l,
+                        batch_stride: cout * d.l,
+                        accumulate: false,
+                    };
+                    w.gemm_into(&wl, &cols, &cl, out)?;
+                }
+            }
+        }
         if let Some(b) = bias {
-            let b = dense(OP, b, self.dtype(), &[cout])?;
+            let b = dense(OP, b, dt, &[cout])?;
             let yl = Layout::contiguous(&out_shape);
             let bl = Layout::new(out_shape.to_vec(), vec![0, 1, 0], 0);
             b.binary_into(&bl, &mut y, &yl, BinaryOp::Add)?;
@@ -337,71 +341,90 @@ impl ConvOps for CudaStorage {
         const OP: &str = "conv2d_backward";
         let dt = check_dtype(OP, self.dtype())?;
         let d = dims(g)?;
-        let (n, cout) = (g.batch, g.out_channels);
-        let go = dense(OP, (self, layout), self.dtype(), &g.output_shape())?;
+        let cout = g.out_channels;
+        let per_chunk = cuda_conv_images_per_chunk(g, dt)?;
+        let go = dense(OP, (self, layout), dt, &g.output_shape())?;
         let mut grads = InputGrads::default();
         if mask.input {
-            let w = dense(OP, weight, self.dtype(), &g.weight_shape())?;
-            // W_gᵀ [K, C_out/g] (column-major in place), broadcast over the batch, times the
-            // group's output gradient.
-            let group_block = |gi: usize| {
-                let wt = Layout::new(vec![n, d.k, d.cout_g], vec![0, 1, d.k], gi * d.cout_g * d.k);
-                let gl = Layout::new(
-                    vec![n, d.cout_g, d.l],
-                    vec![cout * d.l, d.l, 1],
-                    gi * d.cout_g * d.l,
-                );
-                w.matmul(&wt, &go, &gl)
-            };
-            let place = |gi: usize| {
-                Layout::new(
-                    vec![n, d.k, d.l],
-                    vec![d.rows * d.l, d.l, 1],
-                    gi * d.k * d.l,
-                )
-            };
-            let (total, block_shape) = (n * d.rows * d.l, [n, d.k, d.l]);
-            let dcols = join_groups(
-                self.ordinal(),
-                dt,
-                d.groups,
-                (total, &block_shape),
-                group_block,
-                place,
-            )?;
-            let total = g.input_shape().iter().product();
-            let (_, dx) = CudaStorage::output(self.ordinal(), total, dt)?;
-            launch("col2im", &dcols, g, &dx, total)?;
+            let w = dense(OP, weight, dt, &g.weight_shape())?;
+            let image = g.in_channels * g.input_size[0] * g.input_size[1];
+            let (_, dx) = CudaStorage::output(self.ordinal(), g.batch * image, dt)?;
+            for (first, chunk) in chunks(g, per_chunk) {
+                let n = chunk.batch;
+                let (_, dcols) = CudaStorage::output(self.ordinal(), n * d.rows * d.l, dt)?;
+                // W_gᵀ [K, C_out/g] (column-major in place), broadcast over the chunk, times the
+                // group's output gradient, into the group's rows of the column gradient.
+                for gi in 0..d.groups {
+                    let wt =
+                        Layout::new(vec![n, d.k, d.cout_g], vec![0, 1, d.k], gi * d.cout_g * d.k);
+                    let gl = Layout::new(
+                        vec![n, d.cout_g, d.l],
+                        vec![cout * d.l, d.l, 1],
+                        (first * cout + gi * d.cout_g) * d.l,
+                    );
+                    let out = GemmOut {
+                        buf: &dcols,
+                        offset: gi * d.k * d.l,
+                        ld: d.l,
+                        batch_stride: d.rows * d.l,
+                        accumulate: false,
+                    };
+                    w.gemm_into(&wt, &go, &gl, out)?;
+                }
+                launch(
+                    "col2im",
+                    (&dcols, 0),
+                    &chunk,
+                    (&dx, first * image),
+                    n * image,
+                )?;
+            }
             grads.input = Some(dx);
         }
         if mask.weight {
-            // grad as [C_out, N*L] and cols as [rows, N*L]: the batch sum runs inside the GEMM.
-            let cols_t = {
-                let x = dense(OP, input, self.dtype(), &g.input_shape())?;
-                CudaStorage::im2col(&x, g, true)?
+            // Per chunk, the gradient as [C_out, n*L] and the columns as [rows, n*L]: the sum
+            // over the chunk's images runs inside one GEMM, the sum over chunks in cuBLAS's
+            // beta = 1. 16-bit weights sum into an f32 buffer, rounded once at the end.
+            let wide = matches!(dt, DType::F16 | DType::BF16);
+            let acc_dtype = if wide { DType::F32 } else { dt };
+            let acc = if g.batch == 0 {
+                // No image, no chunk: the gradient is an empty sum.
+                CudaStorage::full_cuda(self.ordinal(), cout * d.k, 0.0, acc_dtype)?
+            } else {
+                CudaStorage::output(self.ordinal(), cout * d.k, acc_dtype)?.1
             };
-            let go_t = go.to_dtype(&Layout::contiguous(&[n, cout, d.l]).permute(&[1, 0, 2]), dt)?;
-            let nl = n * d.l;
-            let group_block = |gi: usize| {
-                let a = Layout::new(vec![d.cout_g, nl], vec![nl, 1], gi * d.cout_g * nl);
-                let b = Layout::new(vec![nl, d.k], vec![1, nl], gi * d.k * nl);
-                go_t.matmul(&a, &cols_t, &b)
-            };
-            let place =
-                |gi: usize| Layout::new(vec![d.cout_g, d.k], vec![d.k, 1], gi * d.cout_g * d.k);
-            let (total, block_shape) = (cout * d.k, [d.cout_g, d.k]);
-            let dw = join_groups(
-                self.ordinal(),
-                dt,
-                d.groups,
-                (total, &block_shape),
-                group_block,
-                place,
-            )?;
-            grads.weight = Some(dw);
+            let x = dense(OP, input, dt, &g.input_shape())?;
+            for (i, (first, chunk)) in chunks(g, per_chunk).enumerate() {
+                let n = chunk.batch;
+                let cols_t = im2col(&x, first, &chunk, true)?;
+                let go_t = go.to_dtype(
+                    &Layout::contiguous(&[g.batch, cout, d.l])
+                        .narrow(0, first, n)
+                        .permute(&[1, 0, 2]),
+                    dt,
+                )?;
+                let nl = n * d.l;
+                for gi in 0..d.groups {
+                    let a = Layout::new(vec![d.cout_g, nl], vec![nl, 1], gi * d.cout_g * nl);
+                    let b = Layout::new(vec![nl, d.k], vec![1, nl], gi * d.k * nl);
+                    let out = GemmOut {
+                        buf: &acc,
+                        offset: gi * d.cout_g * d.k,
+                        ld: d.k,
+                        batch_stride: d.cout_g * d.k,
+                        accumulate: i > 0,
+                    };
+                    go_t.gemm_into(&a, &cols_t, &b, out)?;
+                }
+            }
+            grads.weight = Some(if wide {
+                acc.to_dtype(&Layout::contiguous(&[cout * d.k]), dt)?
+            } else {
+                acc
+            });
         }
         if mask.bias {
-            let gl = Layout::contiguous(&[n, cout, d.l]);
+            let gl = Layout::contiguous(&[g.batch, cout, d.l]);
             let db = go.reduce(&gl, &[0, 2], ReduceOp::Sum)?;
             grads.bias = Some(db);
         }

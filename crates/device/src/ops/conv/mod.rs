@@ -22,7 +22,10 @@ mod padded;
 pub mod reference;
 mod workspace;
 
-pub use workspace::{cuda_conv2d_workspace, ConvWorkspace};
+pub use workspace::{
+    cuda_conv2d_workspace, cuda_conv_column_budget, cuda_conv_images_per_chunk,
+    set_cuda_conv_column_budget, ConvWorkspace, DEFAULT_CUDA_CONV_COLUMN_BUDGET,
+};
 
 use super::kernel_error::{check_nonzero, KernelError};
 use crate::ops::buffer::BufferOps;

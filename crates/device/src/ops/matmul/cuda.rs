@@ -103,10 +103,52 @@ fn as_int(what: &'static str, v: usize) -> Result<i32> {
     })
 }
 
-impl MatmulOps for CudaStorage {
-    /// `[..batch, m, k] @ [..batch, k, n]` (identical batch dims, stride 0 allowed).
-    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
+/// Where [`CudaStorage::gemm_into`] writes `C [..batch, m, n]`: `buf` from element `offset`,
+/// rows `ld` elements apart, batch matrices `batch_stride` apart (the elements are the buffer's
+/// dtype: the operands' own, or f32 for 16-bit operands).
+pub(crate) struct GemmOut<'a> {
+    /// The buffer written.
+    pub buf: &'a CudaStorage,
+    /// First element of the first matrix.
+    pub offset: usize,
+    /// Elements between consecutive rows (at least `n`).
+    pub ld: usize,
+    /// Elements between consecutive batch matrices.
+    pub batch_stride: usize,
+    /// `C += A·B` instead of `C = A·B`.
+    pub accumulate: bool,
+}
+
+/// cuBLAS's data type for `dtype`, with `op` named in the error for other dtypes.
+fn data_type(op: &'static str, dtype: DType) -> Result<sys::cudaDataType> {
+    match dtype {
+        DType::F32 => Ok(sys::cudaDataType::CUDA_R_32F),
+        DType::F64 => Ok(sys::cudaDataType::CUDA_R_64F),
+        DType::F16 => Ok(sys::cudaDataType::CUDA_R_16F),
+        DType::BF16 => Ok(sys::cudaDataType::CUDA_R_16BF),
+        other => Err(Error::UnsupportedDType {
+            op,
+            dtype: other,
+            hint: "convert with to_dtype(DType::F32) first",
+        }),
+    }
+}
+
+impl CudaStorage {
+    /// `C = A·B` (or `C += A·B`) for `A` = `layout` of `self` and `B` = `rhs_layout` of `rhs`
+    /// (`[..batch, m, k]` and `[..batch, k, n]`, identical batch dims, stride 0 allowed), into
+    /// `out`, which must hold every element it addresses. f32 and f64 write their own dtype;
+    /// f16 and bf16 write their own or f32 (the f32 sums unrounded). `k = 0` is refused unless
+    /// accumulating (then `C` is left as it is).
+    pub(crate) fn gemm_into(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        out: GemmOut<'_>,
+    ) -> Result<()> {
         self.same_device("matmul", rhs)?;
+        self.same_device("matmul", out.buf)?;
         let dtype = self.dtype();
         if rhs.dtype() != dtype {
             return Err(Error::DTypeMismatch {
@@ -115,30 +157,20 @@ impl MatmulOps for CudaStorage {
                 rhs: rhs.dtype(),
             });
         }
-        let (data_type, compute) = match dtype {
-            DType::F32 => (
-                sys::cudaDataType::CUDA_R_32F,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            DType::F64 => (
-                sys::cudaDataType::CUDA_R_64F,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
-            ),
-            DType::F16 => (
-                sys::cudaDataType::CUDA_R_16F,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            DType::BF16 => (
-                sys::cudaDataType::CUDA_R_16BF,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            other => {
-                return Err(Error::UnsupportedDType {
-                    op: "matmul",
-                    dtype: other,
-                    hint: "convert with to_dtype(DType::F32) first",
-                })
-            }
+        let data = data_type("matmul", dtype)?;
+        let out_dtype = out.buf.dtype();
+        let widened = matches!(dtype, DType::F16 | DType::BF16) && out_dtype == DType::F32;
+        if out_dtype != dtype && !widened {
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: dtype,
+                rhs: out_dtype,
+            });
+        }
+        let compute = if dtype == DType::F64 {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_64F
+        } else {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
         };
         let (sa, sb) = (layout.shape(), rhs_layout.shape());
         let r = sa.len();
@@ -154,9 +186,31 @@ impl MatmulOps for CudaStorage {
         let batch = crate::checked_size("matmul", "the batch count", &sa[..r - 2])?;
         // `[2^32, 0] @ [0, 2^32]` is two empty operands but a 2^64-element output.
         let numel = crate::checked_size("matmul", "the output's element count", &[batch, m, n])?;
-        if numel == 0 || k == 0 {
-            // An empty sum is 0 (cuBLAS is not asked to handle k = 0).
-            return CudaStorage::full_cuda(self.ordinal(), numel, 0.0, dtype);
+        if numel == 0 {
+            return Ok(());
+        }
+        let out_shape = [batch, m, n];
+        let out_layout = Layout::new(
+            out_shape.to_vec(),
+            vec![out.batch_stride, out.ld, 1],
+            out.offset,
+        );
+        if out.ld < n || (batch > 1 && out.batch_stride == 0) {
+            return Err(Error::LengthMismatch {
+                op: "matmul",
+                what: format!("output rows {} apart cannot hold {n} columns", out.ld),
+            });
+        }
+        out.buf.check_view("matmul", &out_layout)?;
+        if k == 0 {
+            // An empty sum adds nothing; cuBLAS is not asked to handle k = 0 (`matmul` returns
+            // zeros itself).
+            if out.accumulate {
+                return Ok(());
+            }
+            return Err(Error::Unsupported {
+                what: "a GEMM into an existing buffer with k = 0 (use matmul, which returns zeros)",
+            });
         }
         // Operands cuBLAS cannot read in place are copied contiguous first.
         let (a_copy, b_copy);
@@ -176,10 +230,11 @@ impl MatmulOps for CudaStorage {
                 (&b_copy, op, 0)
             }
         };
-        let (stream, out) = CudaStorage::output(self.ordinal(), numel, dtype)?;
+        let stream = crate::storage::cuda_stream(self.ordinal())?;
         let size = dtype.size_in_bytes() as u64;
         let a_ptr = a.device_ptr() + a_offset as u64 * size;
         let b_ptr = b.device_ptr() + b_offset as u64 * size;
+        let c_ptr = out.buf.device_ptr() + (out.offset * out_dtype.size_in_bytes()) as u64;
         // cuBLAS sees Cᵀ (n×m) = Bᵀ (n×k) · Aᵀ (k×m).
         let op = |row_major: bool| {
             if row_major {
@@ -189,18 +244,23 @@ impl MatmulOps for CudaStorage {
             }
         };
         let (mi, ni, ki) = (as_int("m", n)?, as_int("n", m)?, as_int("k", k)?);
-        let (lda, ldb, ldc) = (as_int("ld", lb.ld)?, as_int("ld", la.ld)?, as_int("ld", n)?);
+        let (lda, ldb, ldc) = (
+            as_int("ld", lb.ld)?,
+            as_int("ld", la.ld)?,
+            as_int("ld", out.ld)?,
+        );
         let batch_count = as_int("batch", batch)?;
-        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let beta = if out.accumulate { 1.0 } else { 0.0 };
+        let (one32, beta32, one64, beta64) = (1f32, beta as f32, 1f64, beta);
         let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
             (
                 (&one64 as *const f64).cast(),
-                (&zero64 as *const f64).cast(),
+                (&beta64 as *const f64).cast(),
             )
         } else {
             (
                 (&one32 as *const f32).cast(),
-                (&zero32 as *const f32).cast(),
+                (&beta32 as *const f32).cast(),
             )
         };
         // SAFETY: only probes whether the dynamic library can be loaded.
@@ -225,8 +285,9 @@ impl MatmulOps for CudaStorage {
             .bind_to_thread()
             .map_err(|e| crate::cuda::launch::launch_error("cublasGemmStridedBatchedEx", e))?;
         // SAFETY: the pointers address blocks holding every element the strides reach (views
-        // checked above; copies are contiguous); alpha/beta are host scalars of the compute
-        // type; the handle is bound to `stream`, on which all three buffers are used.
+        // checked above, the output's through `out_layout`; copies are contiguous); alpha/beta
+        // are host scalars of the compute type; the handle is bound to `stream`, on which all
+        // three buffers are used.
         unsafe {
             blas::gemm_strided_batched_ex(
                 handle,
@@ -237,24 +298,71 @@ impl MatmulOps for CudaStorage {
                 ki,
                 alpha,
                 b_ptr as *const c_void,
-                data_type,
+                data,
                 lda,
                 lb.batch_stride as i64,
                 a_ptr as *const c_void,
-                data_type,
+                data,
                 ldb,
                 la.batch_stride as i64,
                 beta,
-                out.device_ptr() as *mut c_void,
-                data_type,
+                c_ptr as *mut c_void,
+                data_type("matmul", out_dtype)?,
                 ldc,
-                (m * n) as i64,
+                out.batch_stride as i64,
                 batch_count,
                 compute,
                 sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
             )
         }
         .map_err(blas_err("cublasGemmStridedBatchedEx"))?;
+        Ok(())
+    }
+}
+
+impl MatmulOps for CudaStorage {
+    /// `[..batch, m, k] @ [..batch, k, n]` (identical batch dims, stride 0 allowed).
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
+        let dtype = self.dtype();
+        data_type("matmul", dtype)?;
+        if rhs.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: dtype,
+                rhs: rhs.dtype(),
+            });
+        }
+        let (sa, sb) = (layout.shape(), rhs_layout.shape());
+        let r = sa.len();
+        if r < 2 || sb.len() != r || sa[..r - 2] != sb[..r - 2] || sa[r - 1] != sb[r - 2] {
+            return Err(Error::LengthMismatch {
+                op: "matmul",
+                what: format!("shapes {sa:?} and {sb:?} are not [..b, m, k] and [..b, k, n]"),
+            });
+        }
+        let (m, n) = (sa[r - 2], sb[r - 1]);
+        let batch = crate::checked_size("matmul", "the batch count", &sa[..r - 2])?;
+        let numel = crate::checked_size("matmul", "the output's element count", &[batch, m, n])?;
+        self.same_device("matmul", rhs)?;
+        if numel == 0 || sa[r - 1] == 0 {
+            // An empty sum is 0.
+            self.check_view("matmul", layout)?;
+            rhs.check_view("matmul", rhs_layout)?;
+            return CudaStorage::full_cuda(self.ordinal(), numel, 0.0, dtype);
+        }
+        let (_, out) = CudaStorage::output(self.ordinal(), numel, dtype)?;
+        self.gemm_into(
+            layout,
+            rhs,
+            rhs_layout,
+            GemmOut {
+                buf: &out,
+                offset: 0,
+                ld: n.max(1),
+                batch_stride: m * n,
+                accumulate: false,
+            },
+        )?;
         Ok(out)
     }
 }
