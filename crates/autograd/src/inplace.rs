@@ -6,10 +6,11 @@
 //! so they refuse a tensor that requires grad while grad mode is on (wrap optimizer steps in
 //! `no_grad`, as PyTorch does). A destination that is an expanded view (one place holding several
 //! elements) is refused, as PyTorch refuses it. The arithmetic updates (`add_`, `sub_`, `mul_`,
-//! `div_`, `mul_scalar_`, `add_scaled_`) run kiln-device's in-place kernel (`binary_into`): no
-//! buffer the size of this tensor is allocated, except on the CPU for a strided destination, and
-//! for a right operand that shares this tensor's buffer (copied out first) or has another dtype
-//! (computed out of place, with the usual promotion).
+//! `div_`, `mul_scalar_`, `add_scaled_`) run kiln-device's in-place kernel (`binary_into`, on
+//! the CPU through the destination's layout, strided views included): no buffer the size of
+//! this tensor is allocated, except for a right operand that shares this tensor's buffer (copied
+//! out first) or has another dtype (computed out of place, with the usual promotion), and
+//! `add_scaled_`'s `alpha * other`.
 
 use crate::autograd::grad_mode::{is_grad_enabled, no_grad};
 use crate::error::shape_err;

@@ -180,6 +180,60 @@ fn arithmetic_updates_match_the_out_of_place_ops() {
     assert!(e.contains("dtypes differ"), "{e}");
 }
 
+/// Strided destinations (a transposed view, a column block, a row block of a transposed view)
+/// are updated in place element by element: bit for bit what the out-of-place op gives on the
+/// view, every element outside the view untouched, in every dtype the ops take.
+#[test]
+fn strided_destinations_update_in_place_bit_for_bit() {
+    type Pair = (
+        fn(&Tensor, &Tensor) -> kiln_autograd::Result<Tensor>,
+        fn(&Tensor, &Tensor) -> kiln_autograd::Result<()>,
+    );
+    let ops: [Pair; 4] = [
+        (Tensor::add, Tensor::add_),
+        (Tensor::sub, Tensor::sub_),
+        (Tensor::mul, Tensor::mul_),
+        (Tensor::div, Tensor::div_),
+    ];
+    let values: Vec<f64> = (0..96)
+        .map(|i| ((i * 37) % 97) as f64 * 0.173 - 8.1)
+        .collect();
+    type View = fn(&Tensor) -> Tensor;
+    let views: [(&str, View); 3] = [
+        ("t()", |x| x.t().unwrap()),
+        ("narrow(1, 2, 5)", |x| x.narrow(1, 2, 5).unwrap()),
+        ("t().narrow(0, 3, 4)", |x| {
+            x.t().unwrap().narrow(0, 3, 4).unwrap()
+        }),
+    ];
+    let bits = |x: &Tensor| -> Vec<u64> {
+        let v = x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        v.iter()
+            .map(|v| if v.is_nan() { 1 } else { v.to_bits() })
+            .collect()
+    };
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64] {
+        let base = t(&values, &[8, 12]).to_dtype(dtype).unwrap();
+        for (name, view) in views {
+            let shape = view(&base).shape().to_vec();
+            // A right operand broadcast along the view's rows, no zero in it (i64 division).
+            let rhs: Vec<f64> = (0..shape[1]).map(|j| j as f64 * 1.7 + 1.3).collect();
+            let rhs = t(&rhs, &[1, shape[1]]).to_dtype(dtype).unwrap();
+            for (k, (out_of_place, in_place)) in ops.into_iter().enumerate() {
+                let want = out_of_place(&view(&base), &rhs).unwrap();
+                let buffer = base.copy_data().unwrap();
+                in_place(&view(&buffer), &rhs).unwrap();
+                let what = format!("{dtype} {name} op {k}");
+                assert_eq!(bits(&view(&buffer)), bits(&want), "{what}");
+                // Outside the view: write the original values back through the view and the
+                // whole buffer must equal the original.
+                view(&buffer).copy_(&view(&base)).unwrap();
+                assert_eq!(bits(&buffer), bits(&base), "{what}: outside the view");
+            }
+        }
+    }
+}
+
 /// An expanded view holds one place for several elements: writing into it is refused, naming
 /// the fix, and nothing is written.
 #[test]

@@ -118,30 +118,49 @@ impl<T: Copy + Send + Sync> ApplyBinary<T> for IntoOut<'_, T> {
     }
 }
 
-/// In place over a contiguous destination, the right operand read through its layout.
+/// In place through the destination's layout, the right operand read through its own (of the
+/// destination's shape).
 struct InPlace<'a, T> {
-    dst: &'a mut [T],
+    dst: (&'a mut [T], &'a Layout),
     b: (&'a [T], &'a Layout),
 }
 
 impl<T: Copy + Send + Sync> ApplyBinary<T> for InPlace<'_, T> {
     fn apply(self, f: impl Fn(T, T) -> T + Sync) {
-        map2_assign(self.dst, self.b, f)
+        assign_through(self.dst, self.b, f)
     }
 }
 
-/// In place over a contiguous 16-bit destination (`f16`/`bf16`): both operands widened to `f32`,
-/// the op applied there and the result rounded once as `binary` rounds its `f32` result
+/// `dst[i] = f(dst[i], b[j])` over the elements of `dst`'s layout: a contiguous range in
+/// parallel chunks ([`map2_assign`]), any other view in one sequential pass (no temporary; a
+/// view's elements need not be disjoint chunks of memory, so it is not split across threads).
+fn assign_through<T: Copy + Send + Sync, B: Copy + Sync>(
+    (dst, ld): (&mut [T], &Layout),
+    (b, lb): (&[B], &Layout),
+    f: impl Fn(T, B) -> T + Sync,
+) {
+    match ld.contiguous_offset() {
+        Some(start) => map2_assign(&mut dst[start..start + ld.numel()], (b, lb), f),
+        None => {
+            for (i, j) in ld.offsets().zip(lb.offsets()) {
+                dst[i] = f(dst[i], b[j]);
+            }
+        }
+    }
+}
+
+/// In place over a 16-bit destination (`f16`/`bf16`): both operands widened to `f32`, the op
+/// applied there and the result rounded once as `binary` rounds its `f32` result
 /// (`Element::from_f64`), so the bits equal the out-of-place op's, with no widened copies.
 struct InPlaceWidened<'a, H> {
-    dst: &'a mut [H],
+    dst: (&'a mut [H], &'a Layout),
     b: (&'a [H], &'a Layout),
 }
 
 impl<H: Element> ApplyBinary<f32> for InPlaceWidened<'_, H> {
     fn apply(self, f: impl Fn(f32, f32) -> f32 + Sync) {
         let widen = |v: H| v.to_f64() as f32;
-        map2_assign(self.dst, self.b, |x: H, y: H| {
+        assign_through(self.dst, self.b, |x: H, y: H| {
             H::from_f64(f64::from(f(widen(x), widen(y))))
         })
     }
@@ -236,21 +255,55 @@ pub fn binary_int(
     )
 }
 
-/// `dst = op(dst, b)` in place for a float `dst` (contiguous), `b` read through `lb`.
-pub fn binary_float_assign<F: KernelFloat>(dst: &mut [F], b: &[F], lb: &Layout, op: BinaryOp) {
-    float_binary(op, InPlace { dst, b: (b, lb) })
+/// The in-place operands' layouts have one shape and stay inside their buffers (the seam's
+/// callers build them so; a bad call is an error here, not an index panic mid-update).
+fn check_in_place(
+    op: &'static str,
+    (b, lb): (&CpuStorage, &Layout),
+    (dst, ld): (&CpuStorage, &Layout),
+) -> Result<()> {
+    if lb.shape() != ld.shape() || lb.required_len() > b.len() || ld.required_len() > dst.len() {
+        return Err(crate::Error::LengthMismatch {
+            op,
+            what: format!(
+                "in place: a source view of shape {:?} reaching element {} of {} into a \
+                 destination view of shape {:?} reaching element {} of {}",
+                lb.shape(),
+                lb.required_len(),
+                b.len(),
+                ld.shape(),
+                ld.required_len(),
+                dst.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
-/// `dst = op(dst, b)` in place for an `f16`/`bf16` `dst` (contiguous), computed in `f32` and
-/// rounded as the out-of-place op rounds ([`InPlaceWidened`]).
-fn binary_half_assign<H: Element>(dst: &mut [H], b: &[H], lb: &Layout, op: BinaryOp) {
-    float_binary(op, InPlaceWidened { dst, b: (b, lb) })
+/// `dst = op(dst, b)` in place for a float `dst` read and written through `ld`, `b` read
+/// through `lb` (of `ld`'s shape).
+pub fn binary_float_assign<F: KernelFloat>(
+    dst: (&mut [F], &Layout),
+    b: (&[F], &Layout),
+    op: BinaryOp,
+) {
+    float_binary(op, InPlace { dst, b })
 }
 
-/// `dst = op(dst, b)` in place for an `i64` `dst`; `None` (and `dst` untouched) where
-/// [`binary_int`] has no such op.
-pub fn binary_int_assign(dst: &mut [i64], b: &[i64], lb: &Layout, op: BinaryOp) -> Option<()> {
-    int_binary(op, InPlace { dst, b: (b, lb) })
+/// `dst = op(dst, b)` in place for an `f16`/`bf16` `dst` through its layout, computed in `f32`
+/// and rounded as the out-of-place op rounds ([`InPlaceWidened`]).
+fn binary_half_assign<H: Element>(dst: (&mut [H], &Layout), b: (&[H], &Layout), op: BinaryOp) {
+    float_binary(op, InPlaceWidened { dst, b })
+}
+
+/// `dst = op(dst, b)` in place for an `i64` `dst` through its layout; `None` (and `dst`
+/// untouched) where [`binary_int`] has no such op.
+pub fn binary_int_assign(
+    dst: (&mut [i64], &Layout),
+    b: (&[i64], &Layout),
+    op: BinaryOp,
+) -> Option<()> {
+    int_binary(op, InPlace { dst, b })
 }
 
 /// A comparison over any ordered element type, written into the `Bool` slice `out`.
@@ -355,37 +408,35 @@ impl ElementwiseOps for CpuStorage {
         op: BinaryOp,
     ) -> Result<()> {
         same_dtype(op.name(), dst, self)?;
-        if let Some(start) = dst_layout.contiguous_offset() {
-            let range = start..start + dst_layout.numel();
-            let done = match (&mut *dst, self) {
-                (CpuStorage::F32(d), CpuStorage::F32(b)) => {
-                    binary_float_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
-                    true
-                }
-                (CpuStorage::F64(d), CpuStorage::F64(b)) => {
-                    binary_float_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
-                    true
-                }
-                (CpuStorage::F16(d), CpuStorage::F16(b)) => {
-                    binary_half_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
-                    true
-                }
-                (CpuStorage::BF16(d), CpuStorage::BF16(b)) => {
-                    binary_half_assign(&mut d.as_mut_slice()[range], b.as_slice(), layout, op);
-                    true
-                }
-                (CpuStorage::I64(d), CpuStorage::I64(b)) => {
-                    let d = &mut d.as_mut_slice()[range];
-                    if binary_int_assign(d, b.as_slice(), layout, op).is_none() {
-                        return Err(unsupported(op.name(), DType::I64, FLOAT_HINT));
-                    }
-                    true
-                }
-                _ => false,
-            };
-            if done {
-                return Ok(());
+        check_in_place(op.name(), (self, layout), (&*dst, dst_layout))?;
+        let done = match (&mut *dst, self) {
+            (CpuStorage::F32(d), CpuStorage::F32(b)) => {
+                binary_float_assign((d.as_mut_slice(), dst_layout), (b.as_slice(), layout), op);
+                true
             }
+            (CpuStorage::F64(d), CpuStorage::F64(b)) => {
+                binary_float_assign((d.as_mut_slice(), dst_layout), (b.as_slice(), layout), op);
+                true
+            }
+            (CpuStorage::F16(d), CpuStorage::F16(b)) => {
+                binary_half_assign((d.as_mut_slice(), dst_layout), (b.as_slice(), layout), op);
+                true
+            }
+            (CpuStorage::BF16(d), CpuStorage::BF16(b)) => {
+                binary_half_assign((d.as_mut_slice(), dst_layout), (b.as_slice(), layout), op);
+                true
+            }
+            (CpuStorage::I64(d), CpuStorage::I64(b)) => {
+                let d = (d.as_mut_slice(), dst_layout);
+                if binary_int_assign(d, (b.as_slice(), layout), op).is_none() {
+                    return Err(unsupported(op.name(), DType::I64, FLOAT_HINT));
+                }
+                true
+            }
+            _ => false,
+        };
+        if done {
+            return Ok(());
         }
         let computed = dst.binary(dst_layout, self, layout, op)?;
         let whole = Layout::contiguous(dst_layout.shape());
@@ -416,5 +467,38 @@ impl ElementwiseOps for CpuStorage {
             let f = HostElement::slice(on_false).expect("dtypes checked equal above");
             where_cond(cond, (t, true_layout), (f, false_layout), out)
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::cpu_values;
+
+    #[test]
+    fn in_place_views_that_do_not_fit_are_errors_not_panics() {
+        let b = cpu_values(vec![1.0; 6], DType::F32).unwrap();
+        let mut dst = cpu_values(vec![2.0; 6], DType::F32).unwrap();
+        let fits = Layout::contiguous(&[2, 3]);
+        // A destination view past the buffer's end, a source past its end, unequal shapes.
+        let past_end = Layout::new(vec![2, 3], vec![4, 1], 0);
+        let other_shape = Layout::contiguous(&[3, 2]);
+        for (src, dst_l) in [
+            (&fits, &past_end),
+            (&past_end, &fits),
+            (&other_shape, &fits),
+        ] {
+            let e = b
+                .binary_into(src, &mut dst, dst_l, BinaryOp::Add)
+                .unwrap_err();
+            assert!(e.to_string().contains("in place"), "{e}");
+        }
+        assert_eq!(dst.to_f64_vec(), vec![2.0; 6], "nothing was written");
+        // A transposed destination in bounds is updated through its layout.
+        let t = Layout::contiguous(&[3, 2]).transpose(0, 1);
+        let row = Layout::new(vec![2, 3], vec![0, 1], 0);
+        let src = cpu_values(vec![10.0, 20.0, 30.0, 0.0, 0.0, 0.0], DType::F32).unwrap();
+        src.binary_into(&row, &mut dst, &t, BinaryOp::Add).unwrap();
+        assert_eq!(dst.to_f64_vec(), vec![12.0, 12.0, 22.0, 22.0, 32.0, 32.0]);
     }
 }
