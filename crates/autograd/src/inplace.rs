@@ -9,8 +9,8 @@
 //! `div_`, `mul_scalar_`, `add_scaled_`) run kiln-device's in-place kernel (`binary_into`, on
 //! the CPU through the destination's layout, strided views included): no buffer the size of
 //! this tensor is allocated, except for a right operand that shares this tensor's buffer (copied
-//! out first) or has another dtype (computed out of place, with the usual promotion), and
-//! `add_scaled_`'s `alpha * other`.
+//! out first) or has another dtype (computed out of place, with the usual promotion).
+//! `add_scaled_` on floats is one fused kernel (`add_scaled_into`, rounded once).
 
 use crate::autograd::grad_mode::{is_grad_enabled, no_grad};
 use crate::error::shape_err;
@@ -143,8 +143,15 @@ impl Tensor {
         self.update("add_", other, BinaryOp::Add, || self.add(other))
     }
 
-    /// `self += alpha * other`, in place (PyTorch's `add_(other, alpha=alpha)`).
+    /// `self += alpha * other`, in place (PyTorch's `add_(other, alpha=alpha)`). Floating
+    /// tensors of one dtype take one fused multiply-add per element, rounded once, as PyTorch's
+    /// kernels do (f16/bf16 computed in f32); other dtypes scale `other` first.
     pub fn add_scaled_(&self, other: &Tensor, alpha: f64) -> Result<()> {
+        if other.dtype() == self.dtype() && self.dtype().is_float() {
+            return self.write_from("add_", other, |src, layout, dst, dst_layout| {
+                src.add_scaled_into(layout, dst, dst_layout, alpha)
+            });
+        }
         let scaled = no_grad(|| other.mul_scalar(alpha))?;
         self.update("add_", &scaled, BinaryOp::Add, || self.add(&scaled))
     }

@@ -50,4 +50,19 @@ fn in_place_arithmetic_allocates_no_tensor_sized_buffer() {
         "strided in-place updates allocated {strided} bytes"
     );
     assert!(x.to_vec::<f32>().unwrap().iter().all(|&v| v == 3.0));
+    // add_scaled_ is one fused kernel: no `alpha * other` buffer.
+    let (h, h_ones) = (
+        Tensor::ones(&[n], DType::BF16, cpu).unwrap(),
+        Tensor::ones(&[n], DType::BF16, cpu).unwrap(),
+    );
+    reset_peak_memory_stats(cpu).unwrap();
+    let base = memory_allocated(cpu).unwrap();
+    x.add_scaled_(&ones, -0.5).unwrap();
+    grid.t().unwrap().add_scaled_(&ones_grid, 0.25).unwrap();
+    h.add_scaled_(&h_ones, 2.0).unwrap();
+    let scaled = max_memory_allocated(cpu).unwrap() - base;
+    assert_eq!(scaled, 0, "add_scaled_ allocated {scaled} bytes");
+    assert!(x.to_vec::<f32>().unwrap().iter().all(|&v| v == 2.75));
+    let back = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert!(back.iter().all(|&v| v == 3.0));
 }

@@ -108,7 +108,8 @@ fn copy_into_writes_through_strided_destinations() {
 /// In-place binary ops: a destination of every dtype, contiguous and strided (columns 1..4 of
 /// rows 1..4 of a [5, 8] buffer), updated by a transposed right operand and by a broadcast row,
 /// on both backends; what the CPU refuses (integer `Pow`, the activation backwards on
-/// integers) CUDA refuses too, leaving the destination as it was.
+/// integers) CUDA refuses too, leaving the destination as it was. The fused `add_scaled_into`
+/// gives the same bits on both.
 #[test]
 fn binary_into_updates_destinations_in_place_like_cpu() {
     let Some(dev) = cuda_device_or_skip() else {
@@ -146,6 +147,24 @@ fn binary_into_updates_destinations_in_place_like_cpu() {
                         (Err(_), Err(_)) => assert_match(&what, &dc, &dg),
                         (want, got) => panic!("{what}: cpu {want:?} vs cuda {got:?}"),
                     }
+                }
+                // The fused `dst += alpha * rhs`: bit for bit (one rounding on both; integers
+                // refused on both).
+                let (mut dc, mut dg) = both(dev, &common::pattern(40, dtype, 3, 0.61, 1.5));
+                let what = format!("add_scaled_into {dtype} into {dst_l:?} from {rhs_l:?}");
+                match (
+                    rc.add_scaled_into(rhs_l, &mut dc, dst_l, 0.1),
+                    rg.add_scaled_into(rhs_l, &mut dg, dst_l, 0.1),
+                ) {
+                    (Ok(()), Ok(())) => {
+                        let (c, g) = (
+                            kiln_device::testing::host_f64(&dc).unwrap(),
+                            kiln_device::testing::host_f64(&dg).unwrap(),
+                        );
+                        assert_eq!(c, g, "{what}");
+                    }
+                    (Err(_), Err(_)) => assert_eq!(dtype, DType::I64, "{what}"),
+                    (want, got) => panic!("{what}: cpu {want:?} vs cuda {got:?}"),
                 }
             }
         }

@@ -62,6 +62,8 @@ pub trait KernelFloat:
     fn powf(self, y: Self) -> Self;
     /// NaN test
     fn is_nan(self) -> bool;
+    /// `self * a + b`, rounded once (a fused multiply-add)
+    fn mul_add(self, a: Self, b: Self) -> Self;
 }
 
 macro_rules! kernel_float_impl {
@@ -106,6 +108,10 @@ macro_rules! kernel_float_impl {
             #[inline]
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
+            }
+            #[inline]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                <$t>::mul_add(self, a, b)
             }
         }
     };

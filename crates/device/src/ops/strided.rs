@@ -14,7 +14,8 @@ use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 13;
 
-fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + Sync) {
+/// Runs `body(start, chunk)` over `out` in chunks, in parallel on kiln's pool above a size.
+pub(crate) fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + Sync) {
     if out.len() > PARALLEL_THRESHOLD {
         crate::threads::install(|| {
             out.par_chunks_mut(CHUNK)

@@ -5,6 +5,7 @@
 //! block of the caching allocator, so no output goes through a `Vec`); `F16`/`BF16` operands are
 //! computed in `f32` and rounded once (`crate::ops::cpu_dispatch`).
 
+use super::cpu_assign::{assign_through, check_in_place};
 use super::ElementwiseOps;
 use super::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::DType;
@@ -131,24 +132,6 @@ impl<T: Copy + Send + Sync> ApplyBinary<T> for InPlace<'_, T> {
     }
 }
 
-/// `dst[i] = f(dst[i], b[j])` over the elements of `dst`'s layout: a contiguous range in
-/// parallel chunks ([`map2_assign`]), any other view in one sequential pass (no temporary; a
-/// view's elements need not be disjoint chunks of memory, so it is not split across threads).
-fn assign_through<T: Copy + Send + Sync, B: Copy + Sync>(
-    (dst, ld): (&mut [T], &Layout),
-    (b, lb): (&[B], &Layout),
-    f: impl Fn(T, B) -> T + Sync,
-) {
-    match ld.contiguous_offset() {
-        Some(start) => map2_assign(&mut dst[start..start + ld.numel()], (b, lb), f),
-        None => {
-            for (i, j) in ld.offsets().zip(lb.offsets()) {
-                dst[i] = f(dst[i], b[j]);
-            }
-        }
-    }
-}
-
 /// In place over a 16-bit destination (`f16`/`bf16`): both operands widened to `f32`, the op
 /// applied there and the result rounded once as `binary` rounds its `f32` result
 /// (`Element::from_f64`), so the bits equal the out-of-place op's, with no widened copies.
@@ -253,31 +236,6 @@ pub fn binary_int(
             out,
         },
     )
-}
-
-/// The in-place operands' layouts have one shape and stay inside their buffers (the seam's
-/// callers build them so; a bad call is an error here, not an index panic mid-update).
-fn check_in_place(
-    op: &'static str,
-    (b, lb): (&CpuStorage, &Layout),
-    (dst, ld): (&CpuStorage, &Layout),
-) -> Result<()> {
-    if lb.shape() != ld.shape() || lb.required_len() > b.len() || ld.required_len() > dst.len() {
-        return Err(crate::Error::LengthMismatch {
-            op,
-            what: format!(
-                "in place: a source view of shape {:?} reaching element {} of {} into a \
-                 destination view of shape {:?} reaching element {} of {}",
-                lb.shape(),
-                lb.required_len(),
-                b.len(),
-                ld.shape(),
-                ld.required_len(),
-                dst.len()
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// `dst = op(dst, b)` in place for a float `dst` read and written through `ld`, `b` read
@@ -443,6 +401,16 @@ impl ElementwiseOps for CpuStorage {
         crate::ops::copy::CopyOps::copy_into(&computed, &whole, dst, dst_layout)
     }
 
+    fn add_scaled_into(
+        &self,
+        layout: &Layout,
+        dst: &mut Self,
+        dst_layout: &Layout,
+        alpha: f64,
+    ) -> Result<()> {
+        super::cpu_assign::add_scaled_into(self, layout, dst, dst_layout, alpha)
+    }
+
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
         same_dtype("comparison", self, rhs)?;
         let rhs_layout = (rhs, rhs_layout);
@@ -467,38 +435,5 @@ impl ElementwiseOps for CpuStorage {
             let f = HostElement::slice(on_false).expect("dtypes checked equal above");
             where_cond(cond, (t, true_layout), (f, false_layout), out)
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::cpu_values;
-
-    #[test]
-    fn in_place_views_that_do_not_fit_are_errors_not_panics() {
-        let b = cpu_values(vec![1.0; 6], DType::F32).unwrap();
-        let mut dst = cpu_values(vec![2.0; 6], DType::F32).unwrap();
-        let fits = Layout::contiguous(&[2, 3]);
-        // A destination view past the buffer's end, a source past its end, unequal shapes.
-        let past_end = Layout::new(vec![2, 3], vec![4, 1], 0);
-        let other_shape = Layout::contiguous(&[3, 2]);
-        for (src, dst_l) in [
-            (&fits, &past_end),
-            (&past_end, &fits),
-            (&other_shape, &fits),
-        ] {
-            let e = b
-                .binary_into(src, &mut dst, dst_l, BinaryOp::Add)
-                .unwrap_err();
-            assert!(e.to_string().contains("in place"), "{e}");
-        }
-        assert_eq!(dst.to_f64_vec(), vec![2.0; 6], "nothing was written");
-        // A transposed destination in bounds is updated through its layout.
-        let t = Layout::contiguous(&[3, 2]).transpose(0, 1);
-        let row = Layout::new(vec![2, 3], vec![0, 1], 0);
-        let src = cpu_values(vec![10.0, 20.0, 30.0, 0.0, 0.0, 0.0], DType::F32).unwrap();
-        src.binary_into(&row, &mut dst, &t, BinaryOp::Add).unwrap();
-        assert_eq!(dst.to_f64_vec(), vec![12.0, 12.0, 22.0, 22.0, 32.0, 32.0]);
     }
 }

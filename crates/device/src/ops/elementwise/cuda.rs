@@ -241,6 +241,58 @@ impl ElementwiseOps for CudaStorage {
         unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&kernel, e))?;
         Ok(())
     }
+    /// `dst += alpha * self` in place, one rounding.
+    fn add_scaled_into(
+        &self,
+        layout: &Layout,
+        dst: &mut Self,
+        dst_layout: &Layout,
+        alpha: f64,
+    ) -> Result<()> {
+        const OP: &str = "add_";
+        self.same_device(OP, dst)?;
+        check_same_dtype(OP, dst, self)?;
+        if !dst.dtype().is_float() {
+            return Err(unsupported(
+                OP,
+                dst.dtype(),
+                "convert with to_dtype(DType::F32) first",
+            ));
+        }
+        check_same_shape(OP, dst_layout, layout)?;
+        self.check_view(OP, layout)?;
+        dst.check_view(OP, dst_layout)?;
+        let n = layout.numel() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = format!("kiln_add_scaled_into_{}", suffix(dst.dtype()));
+        let stream = crate::storage::cuda_stream(self.ordinal())?;
+        let f = function(&stream, &ELEMENTWISE_KERNELS, &kernel)?;
+        let [dst_view, view] = collapse([dst_layout, layout])?;
+        let (d, b) = (dst.device_ptr(), self.device_ptr());
+        // 16-bit dtypes take `alpha` rounded to their dtype, as the CPU does.
+        let alpha32 = match dst.dtype() {
+            DType::F16 => half::f16::from_f64(alpha).to_f32(),
+            DType::BF16 => half::bf16::from_f64(alpha).to_f32(),
+            _ => alpha as f32,
+        };
+        let alpha64 = alpha;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&d).arg(&dst_view).arg(&b).arg(&view).arg(&n);
+        if dst.dtype() == DType::F64 {
+            launch.arg(&alpha64);
+        } else {
+            launch.arg(&alpha32);
+        }
+        // SAFETY: signature (T*, StridedArgs, const T*, StridedArgs, u64, C) as in
+        // elementwise.cu, C double for f64 and float otherwise; the views were checked against
+        // their buffers, which are distinct (`&self`, `&mut dst`), and the destination view maps
+        // no two elements to one place (the caller's contract), so each thread reads and writes
+        // only its own element.
+        unsafe { launch.launch(elementwise_config(n)) }.map_err(|e| launch_error(&kernel, e))?;
+        Ok(())
+    }
     /// Elementwise comparison; a `Bool` result.
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
         check_same_dtype("comparison", self, rhs)?;

@@ -7,6 +7,9 @@
 //                   unsigned op, unsigned access)
 //   kiln_binary_into_<t>(T* dst, StridedArgs ld, const T* b, StridedArgs lb, u64 n, unsigned op)
 //                   (in place: dst = op(dst, b), both through their strides)
+//   kiln_add_scaled_into_<t>(T* dst, StridedArgs ld, const T* b, StridedArgs lb, u64 n, C alpha)
+//                   (in place: dst = dst + alpha * b rounded once; C = double for f64, else
+//                   float)                                                t: f32 f64 f16 bf16
 //   kiln_compare_<t>(const T* a, StridedArgs la, const T* b, StridedArgs lb, u8* out, u64 n,
 //                    unsigned op, unsigned access)                               t: every dtype
 //   kiln_where_b<bytes>(const u8* c, StridedArgs lc, const T* t, StridedArgs lt,
@@ -300,6 +303,25 @@ extern "C" __global__ void kiln_binary_into_i64(i64* dst, StridedArgs ld,
                                                 unsigned op) {
     assign2(dst, ld, b, lb, n, [op](i64 x, i64 y) { return binary_int(op, x, y); });
 }
+
+// dst[i] = dst[i] + alpha * b[i] in place, one rounding (fmaf / fma: PyTorch's add_ with alpha);
+// halves fuse in f32 (the host passes alpha rounded to the half type, as the CPU kernel uses it)
+// and round once.
+__device__ __forceinline__ float k_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double k_fma(double a, double b, double c) { return fma(a, b, c); }
+
+#define KILN_ADD_SCALED_INTO(NAME, T, C)                                                      \
+    extern "C" __global__ void kiln_add_scaled_into_##NAME(T* dst, StridedArgs ld,            \
+                                                           const T* __restrict__ b,           \
+                                                           StridedArgs lb, u64 n, C alpha) {  \
+        assign2(dst, ld, b, lb, n,                                                            \
+                [alpha](T x, T y) { return narrow<T>(k_fma(widen(y), alpha, widen(x))); });   \
+    }
+
+KILN_ADD_SCALED_INTO(f32, float, float)
+KILN_ADD_SCALED_INTO(f64, double, double)
+KILN_ADD_SCALED_INTO(f16, __half, float)
+KILN_ADD_SCALED_INTO(bf16, __nv_bfloat16, float)
 
 // Halves compare exactly after widening; NaN compares like IEEE (only != is true).
 __device__ __forceinline__ float cmp_key(__half v) { return __half2float(v); }

@@ -6,6 +6,7 @@
 //! ops on unit-stride operands.
 
 pub mod cpu;
+mod cpu_assign;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
@@ -174,6 +175,16 @@ seam_trait! {
         /// unless noted by the backend.
         op(op.name())
         fn binary_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout, op: BinaryOp)
+            -> Result<()>;
+        /// In place: every element of `dst` through `dst_layout` becomes `dst + alpha * self`,
+        /// rounded once (a fused multiply-add, PyTorch's `add_(other, alpha=alpha)`), with
+        /// `self` read through `layout`; the same operand rules as [`Self::binary_into`].
+        /// Floats only. f16/bf16 round `alpha` to their dtype, fuse in f32 and round once: what
+        /// PyTorch's CPU kernel does on a contiguous destination, here on every layout and
+        /// device (PyTorch's CPU kernel rounds each step in 16 bits on strided views, its CUDA
+        /// kernel keeps `alpha` in f32).
+        op("add_")
+        fn add_scaled_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout, alpha: f64)
             -> Result<()>;
         /// Elementwise comparison; result dtype `Bool`.
         op("comparison")
