@@ -184,8 +184,8 @@ pub(super) fn check_in_place(
 mod tests {
     use super::*;
     use crate::ops::elementwise::{BinaryOp, ElementwiseOps};
-    use crate::DType;
     use crate::testing::cpu_values;
+    use crate::DType;
 
     #[test]
     fn in_place_views_that_do_not_fit_are_errors_not_panics() {
