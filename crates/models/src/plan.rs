@@ -384,7 +384,7 @@ fn plan_traced(
             live.push((tensors, 0, usize::MAX));
             // Each moment of the kernels' scratch is its own entry: each is linear in the
             // batch (up to the kernel's chunk), their maximum is not.
-            for &scratch in &e.backward_temp_bytes {
+            for &scratch in &e.backward_scratch_bytes {
                 live.push((tensors, scratch, e.scratch_batch_limit));
             }
         }

@@ -121,7 +121,7 @@ pub struct BackwardEvent {
     pub forward_scratch_bytes: usize,
     /// Bytes of kernel scratch the backward of the call holds beyond its gradients at each
     /// moment that can be its peak; empty when it holds none.
-    pub backward_temp_bytes: Vec<i64>,
+    pub backward_scratch_bytes: Vec<i64>,
     /// The batch size from which the kernel scratch stops growing (kernels that work through
     /// the batch in chunks of this many samples); `usize::MAX` when it grows with every sample.
     pub scratch_batch_limit: usize,
@@ -145,8 +145,8 @@ pub struct Tracer {
     forward_temp_bytes: usize,
     /// Set by the leaf layer being traced: its [`BackwardEvent::forward_scratch_bytes`].
     forward_scratch_bytes: usize,
-    /// Set by the leaf layer being traced: its [`BackwardEvent::backward_temp_bytes`].
-    backward_temp_bytes: Vec<i64>,
+    /// Set by the leaf layer being traced: its [`BackwardEvent::backward_scratch_bytes`].
+    backward_scratch_bytes: Vec<i64>,
     /// Set by the leaf layer being traced: its [`BackwardEvent::scratch_batch_limit`].
     scratch_batch_limit: usize,
     /// The device whose kernels' scratch layers report; `None` for tensors only.
@@ -248,7 +248,7 @@ impl Tracer {
     /// [`BackwardEvent::scratch_batch_limit`]).
     pub fn kernel_scratch(&mut self, forward: usize, backward: &[i64], batch_limit: usize) {
         self.forward_scratch_bytes = self.forward_scratch_bytes.saturating_add(forward);
-        self.backward_temp_bytes.extend_from_slice(backward);
+        self.backward_scratch_bytes.extend_from_slice(backward);
         self.scratch_batch_limit = self.scratch_batch_limit.min(batch_limit);
     }
 
@@ -309,12 +309,12 @@ impl Tracer {
         self.depth += 1;
         self.forward_temp_bytes = 0;
         self.forward_scratch_bytes = 0;
-        self.backward_temp_bytes.clear();
+        self.backward_scratch_bytes.clear();
         self.scratch_batch_limit = usize::MAX;
         let out = layer.trace(self, x);
         let forward_temp_bytes = std::mem::take(&mut self.forward_temp_bytes);
         let forward_scratch_bytes = std::mem::take(&mut self.forward_scratch_bytes);
-        let backward_temp_bytes = std::mem::take(&mut self.backward_temp_bytes);
+        let backward_scratch_bytes = std::mem::take(&mut self.backward_scratch_bytes);
         let scratch_batch_limit = std::mem::replace(&mut self.scratch_batch_limit, usize::MAX);
         self.depth -= 1;
         if let (true, Ok(o)) = (is_leaf, &out) {
@@ -331,7 +331,7 @@ impl Tracer {
                 recorded: o.requires_grad(),
                 forward_temp_bytes,
                 forward_scratch_bytes,
-                backward_temp_bytes,
+                backward_scratch_bytes,
                 scratch_batch_limit,
             });
         }
