@@ -66,6 +66,13 @@ fn conv2d_forward_and_backward_match_cpu_in_every_float_dtype() {
             false,
         ),
         ([1, 2, 5, 5], [3, 2, 1, 1], Conv2dParams::default(), false),
+        // An empty batch: empty output and input gradient, zero weight and bias gradients.
+        (
+            [0, 3, 7, 6],
+            [4, 3, 3, 3],
+            p([1, 1], [1, 1], [1, 1], 1),
+            false,
+        ),
     ];
     for dtype in FLOATS {
         for (xs, ws, params, transposed) in cases {
