@@ -3,7 +3,7 @@
 //! less the pass's result, must equal the predicted scratch byte for byte. This is what keeps
 //! the training memory plan's figure for CUDA convolutions true when the kernels change. Each
 //! case runs with the whole batch unfolded at once, two images at a time and one at a time (the
-//! column budget), and the chunked results must equal the whole batch's.
+//! column budget), and the chunked results must equal the whole batch's within rounding.
 //!
 //! One test in this binary, so nothing else allocates on the device while it counts bytes, and
 //! nothing else runs a convolution while it changes the process-wide column budget.
@@ -95,22 +95,24 @@ fn each_pass_allocates_exactly_the_predicted_scratch() {
                     None => whole = Some(results),
                     Some(want) => {
                         // Chunks run the same per-image GEMMs for the output and the column
-                        // gradient (equal bits); the weight gradient sums the chunks in another
-                        // order.
+                        // gradient (equal bits on the emulator; cuBLAS may pick another
+                        // algorithm for another batch count); the weight gradient sums the
+                        // chunks in another order. Within rounding relative to the largest
+                        // value: an image missed or counted twice differs by its whole share.
                         let what = format!("{dtype} {xs:?} {ws:?} in chunks of {per_chunk}");
-                        assert_eq!(results[0], want[0], "{what}: output");
-                        assert_eq!(results[1], want[1], "{what}: input gradient");
-                        // Reordered sums differ by rounding relative to the largest value;
-                        // a chunk summed twice or missed would differ by a whole image's share.
                         let (atol, rtol) = kiln_device::testing::tolerance(dtype);
-                        let largest = want[2].iter().fold(0f64, |m, v| m.max(v.abs()));
-                        let tol = (atol.max(largest * rtol), rtol);
-                        kiln_testkit::assert_close(
-                            &format!("{what}: weight gradient"),
-                            &results[2],
-                            &want[2],
-                            tol,
-                        );
+                        for (k, name) in ["output", "input gradient", "weight gradient"]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let largest = want[k].iter().fold(0f64, |m, v| m.max(v.abs()));
+                            kiln_testkit::assert_close(
+                                &format!("{what}: {name}"),
+                                &results[k],
+                                &want[k],
+                                (atol.max(largest * rtol), rtol),
+                            );
+                        }
                     }
                 }
             }
