@@ -28,12 +28,13 @@ pub(super) fn add_scaled_into(
     same_dtype(OP, dst, b)?;
     check_in_place(OP, (b, layout), (&*dst, dst_layout))?;
     let isa = crate::ops::simd::isa();
+    let a = super::add_scaled_alpha_f32(dst.dtype(), alpha);
     match (&mut *dst, b) {
         (CpuStorage::F32(d), CpuStorage::F32(s)) => fma_assign(
             isa,
             (d.as_mut_slice(), dst_layout),
             (s.as_slice(), layout),
-            alpha as f32,
+            a,
         ),
         (CpuStorage::F64(d), CpuStorage::F64(s)) => fma_assign(
             isa,
@@ -41,24 +42,18 @@ pub(super) fn add_scaled_into(
             (s.as_slice(), layout),
             alpha,
         ),
-        (CpuStorage::F16(d), CpuStorage::F16(s)) => {
-            let a = half::f16::from_f64(alpha).to_f32();
-            fma_assign_half(
-                isa,
-                (d.as_mut_slice(), dst_layout),
-                (s.as_slice(), layout),
-                a,
-            )
-        }
-        (CpuStorage::BF16(d), CpuStorage::BF16(s)) => {
-            let a = half::bf16::from_f64(alpha).to_f32();
-            fma_assign_half(
-                isa,
-                (d.as_mut_slice(), dst_layout),
-                (s.as_slice(), layout),
-                a,
-            )
-        }
+        (CpuStorage::F16(d), CpuStorage::F16(s)) => fma_assign_half(
+            isa,
+            (d.as_mut_slice(), dst_layout),
+            (s.as_slice(), layout),
+            a,
+        ),
+        (CpuStorage::BF16(d), CpuStorage::BF16(s)) => fma_assign_half(
+            isa,
+            (d.as_mut_slice(), dst_layout),
+            (s.as_slice(), layout),
+            a,
+        ),
         (other, _) => return Err(unsupported(OP, other.dtype(), FLOAT_HINT)),
     }
     Ok(())
@@ -82,45 +77,56 @@ pub(super) fn assign_through<T: Copy + Send + Sync, B: Copy + Sync>(
     }
 }
 
-/// `dst += alpha * b` rounded once, through both layouts: contiguous operands in parallel chunks
-/// with the loop compiled for the CPU's vector instructions ([`fma_chunk`]), other views through
-/// [`assign_through`].
-fn fma_assign<F: KernelFloat>(
-    isa: Option<Isa>,
-    dst: (&mut [F], &Layout),
-    (b, lb): (&[F], &Layout),
-    alpha: F,
+/// `dst[i] = elem(dst[i], b[j])` through both layouts: contiguous operands in parallel chunks,
+/// each handed whole to `chunk` (a loop compiled for the CPU's vector instructions), other views
+/// through [`assign_through`]. `chunk` and `elem` must compute the same function.
+fn chunked_or_walked<T: Copy + Send + Sync>(
+    dst: (&mut [T], &Layout),
+    (b, lb): (&[T], &Layout),
+    chunk: impl Fn(&mut [T], &[T]) + Sync,
+    elem: impl Fn(T, T) -> T + Sync,
 ) {
     match (dst.1.contiguous_offset(), lb.contiguous_offset()) {
         (Some(d0), Some(b0)) => {
             let n = dst.1.numel();
             let b = &b[b0..b0 + n];
-            fill_chunks(&mut dst.0[d0..d0 + n], |start, chunk| {
-                fma_chunk(isa, chunk, &b[start..start + chunk.len()], alpha)
+            fill_chunks(&mut dst.0[d0..d0 + n], |start, out| {
+                chunk(out, &b[start..start + out.len()])
             })
         }
-        _ => assign_through(dst, (b, lb), |x: F, y: F| y.mul_add(alpha, x)),
+        _ => assign_through(dst, (b, lb), elem),
     }
 }
 
+/// `dst += alpha * b` rounded once, through both layouts ([`fma_chunk`] on contiguous chunks).
+fn fma_assign<F: KernelFloat>(
+    isa: Option<Isa>,
+    dst: (&mut [F], &Layout),
+    b: (&[F], &Layout),
+    alpha: F,
+) {
+    chunked_or_walked(
+        dst,
+        b,
+        |out, b| fma_chunk(isa, out, b, alpha),
+        |x, y| y.mul_add(alpha, x),
+    )
+}
+
 /// [`fma_assign`] for f16/bf16: widened to f32, fused there with `alpha` (already rounded to
-/// the dtype by the caller), rounded once.
+/// the dtype, [`super::add_scaled_alpha_f32`]), rounded once.
 fn fma_assign_half<H: Element>(
     isa: Option<Isa>,
     dst: (&mut [H], &Layout),
-    (b, lb): (&[H], &Layout),
+    b: (&[H], &Layout),
     alpha: f32,
 ) {
-    match (dst.1.contiguous_offset(), lb.contiguous_offset()) {
-        (Some(d0), Some(b0)) => {
-            let n = dst.1.numel();
-            let b = &b[b0..b0 + n];
-            fill_chunks(&mut dst.0[d0..d0 + n], |start, chunk| {
-                fma_chunk_half(isa, chunk, &b[start..start + chunk.len()], alpha)
-            })
-        }
-        _ => assign_through(dst, (b, lb), |x: H, y: H| fma_half(x, y, alpha)),
-    }
+    chunked_or_walked(
+        dst,
+        b,
+        |out, b| fma_chunk_half(isa, out, b, alpha),
+        |x, y| fma_half(x, y, alpha),
+    )
 }
 
 /// `x + alpha * y` of two 16-bit values, in f32, rounded once.

@@ -15,7 +15,7 @@ use super::{BinaryOp, CmpOp, UnaryOp};
 use crate::cuda::kernels::KernelSource;
 use crate::cuda::launch::{
     collapse, elementwise_config, flat_access, function, is_unit_stride, launch_error, suffix,
-    Access,
+    Access, StridedArgs,
 };
 use crate::error::{Error, Result};
 use crate::storage::CudaStorage;
@@ -54,6 +54,32 @@ fn check_same_shape(op: &'static str, a: &Layout, b: &Layout) -> Result<()> {
         });
     }
     Ok(())
+}
+
+impl CudaStorage {
+    /// The checks of an in-place update of `dst` through `dst_layout` by `self` through
+    /// `layout` (one device, one dtype that `takes` accepts, one shape, both views inside their
+    /// buffers), then its element count and collapsed views, or `None` when it has no element.
+    fn in_place_views(
+        &self,
+        op: &'static str,
+        layout: &Layout,
+        dst: &Self,
+        dst_layout: &Layout,
+        takes: impl FnOnce(DType) -> Result<()>,
+    ) -> Result<Option<(u64, [StridedArgs; 2])>> {
+        self.same_device(op, dst)?;
+        check_same_dtype(op, dst, self)?;
+        takes(dst.dtype())?;
+        check_same_shape(op, dst_layout, layout)?;
+        self.check_view(op, layout)?;
+        dst.check_view(op, dst_layout)?;
+        let n = layout.numel() as u64;
+        if n == 0 {
+            return Ok(None);
+        }
+        Ok(Some((n, collapse([dst_layout, layout])?)))
+    }
 }
 
 /// The launch of a grid-stride loop over `n` elements, or over its 16-byte vectors when `access`
@@ -201,30 +227,23 @@ impl ElementwiseOps for CudaStorage {
         op: BinaryOp,
     ) -> Result<()> {
         let name = op.name();
-        self.same_device(name, dst)?;
-        check_same_dtype(name, dst, self)?;
-        match dst.dtype() {
-            d if d.is_float() => {}
-            DType::I64 if op.takes_integers() => {}
-            d => {
-                return Err(unsupported(
-                    name,
-                    d,
-                    "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
-                ))
-            }
-        }
-        check_same_shape(name, dst_layout, layout)?;
-        self.check_view(name, layout)?;
-        dst.check_view(name, dst_layout)?;
-        let n = layout.numel() as u64;
-        if n == 0 {
+        let takes = |d: DType| match d {
+            d if d.is_float() => Ok(()),
+            DType::I64 if op.takes_integers() => Ok(()),
+            d => Err(unsupported(
+                name,
+                d,
+                "convert with to_dtype(DType::F32) or to_dtype(DType::I64) first",
+            )),
+        };
+        let Some((n, [dst_view, view])) =
+            self.in_place_views(name, layout, dst, dst_layout, takes)?
+        else {
             return Ok(());
-        }
+        };
         let kernel = format!("kiln_binary_into_{}", suffix(dst.dtype()));
         let stream = crate::storage::cuda_stream(self.ordinal())?;
         let f = function(&stream, &ELEMENTWISE_KERNELS, &kernel)?;
-        let [dst_view, view] = collapse([dst_layout, layout])?;
         let (d, b, code) = (dst.device_ptr(), self.device_ptr(), op.code());
         let mut launch = stream.launch_builder(&f);
         launch
@@ -250,34 +269,24 @@ impl ElementwiseOps for CudaStorage {
         alpha: f64,
     ) -> Result<()> {
         const OP: &str = "add_";
-        self.same_device(OP, dst)?;
-        check_same_dtype(OP, dst, self)?;
-        if !dst.dtype().is_float() {
-            return Err(unsupported(
+        let takes = |d: DType| match d.is_float() {
+            true => Ok(()),
+            false => Err(unsupported(
                 OP,
-                dst.dtype(),
+                d,
                 "convert with to_dtype(DType::F32) first",
-            ));
-        }
-        check_same_shape(OP, dst_layout, layout)?;
-        self.check_view(OP, layout)?;
-        dst.check_view(OP, dst_layout)?;
-        let n = layout.numel() as u64;
-        if n == 0 {
+            )),
+        };
+        let Some((n, [dst_view, view])) =
+            self.in_place_views(OP, layout, dst, dst_layout, takes)?
+        else {
             return Ok(());
-        }
+        };
         let kernel = format!("kiln_add_scaled_into_{}", suffix(dst.dtype()));
         let stream = crate::storage::cuda_stream(self.ordinal())?;
         let f = function(&stream, &ELEMENTWISE_KERNELS, &kernel)?;
-        let [dst_view, view] = collapse([dst_layout, layout])?;
         let (d, b) = (dst.device_ptr(), self.device_ptr());
-        // 16-bit dtypes take `alpha` rounded to their dtype, as the CPU does.
-        let alpha32 = match dst.dtype() {
-            DType::F16 => half::f16::from_f64(alpha).to_f32(),
-            DType::BF16 => half::bf16::from_f64(alpha).to_f32(),
-            _ => alpha as f32,
-        };
-        let alpha64 = alpha;
+        let (alpha64, alpha32) = (alpha, super::add_scaled_alpha_f32(dst.dtype(), alpha));
         let mut launch = stream.launch_builder(&f);
         launch.arg(&d).arg(&dst_view).arg(&b).arg(&view).arg(&n);
         if dst.dtype() == DType::F64 {

@@ -159,6 +159,18 @@ impl BinaryOp {
 
 pass_through!(UnaryOp, BinaryOp, CmpOp);
 
+/// The `alpha` that [`ElementwiseOps::add_scaled_into`] multiplies by for a `dtype` it computes
+/// in f32: rounded to the dtype for f16/bf16 (PyTorch's CPU kernel on a contiguous destination),
+/// to f32 for f32. Both backends take it from here.
+pub(crate) fn add_scaled_alpha_f32(dtype: crate::DType, alpha: f64) -> f32 {
+    use crate::DType;
+    match dtype {
+        DType::F16 => half::f16::from_f64(alpha).to_f32(),
+        DType::BF16 => half::bf16::from_f64(alpha).to_f32(),
+        _ => alpha as f32,
+    }
+}
+
 seam_trait! {
     /// Elementwise ops of one, two or three same-shaped inputs (broadcast already).
     pub trait ElementwiseOps: BufferOps {

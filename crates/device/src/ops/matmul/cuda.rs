@@ -135,6 +135,38 @@ fn data_type(op: &'static str, dtype: DType) -> Result<sys::cudaDataType> {
 }
 
 impl CudaStorage {
+    /// The checks every product makes of its operands (`[..batch, m, k]` of `self` through
+    /// `layout` and `[..batch, k, n]` of `rhs`: one device, one float dtype cuBLAS takes, shapes
+    /// that multiply, views inside their buffers) and its sizes `[batch, m, k, n]`, the output's
+    /// element count checked to fit.
+    fn product_dims(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<[usize; 4]> {
+        self.same_device("matmul", rhs)?;
+        let dtype = self.dtype();
+        if rhs.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: dtype,
+                rhs: rhs.dtype(),
+            });
+        }
+        data_type("matmul", dtype)?;
+        let (sa, sb) = (layout.shape(), rhs_layout.shape());
+        let r = sa.len();
+        if r < 2 || sb.len() != r || sa[..r - 2] != sb[..r - 2] || sa[r - 1] != sb[r - 2] {
+            return Err(Error::LengthMismatch {
+                op: "matmul",
+                what: format!("shapes {sa:?} and {sb:?} are not [..b, m, k] and [..b, k, n]"),
+            });
+        }
+        self.check_view("matmul", layout)?;
+        rhs.check_view("matmul", rhs_layout)?;
+        let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
+        let batch = crate::checked_size("matmul", "the batch count", &sa[..r - 2])?;
+        // `[2^32, 0] @ [0, 2^32]` is two empty operands but a 2^64-element output.
+        crate::checked_size("matmul", "the output's element count", &[batch, m, n])?;
+        Ok([batch, m, k, n])
+    }
+
     /// `C = A·B` (or `C += A·B`) for `A` = `layout` of `self` and `B` = `rhs_layout` of `rhs`
     /// (`[..batch, m, k]` and `[..batch, k, n]`, identical batch dims, stride 0 allowed), into
     /// `out`, which must hold every element it addresses. f32 and f64 write their own dtype;
@@ -147,16 +179,9 @@ impl CudaStorage {
         rhs_layout: &Layout,
         out: GemmOut<'_>,
     ) -> Result<()> {
-        self.same_device("matmul", rhs)?;
+        let [batch, m, k, n] = self.product_dims(layout, rhs, rhs_layout)?;
         self.same_device("matmul", out.buf)?;
         let dtype = self.dtype();
-        if rhs.dtype() != dtype {
-            return Err(Error::DTypeMismatch {
-                op: "matmul",
-                lhs: dtype,
-                rhs: rhs.dtype(),
-            });
-        }
         let data = data_type("matmul", dtype)?;
         let out_dtype = out.buf.dtype();
         let widened = matches!(dtype, DType::F16 | DType::BF16) && out_dtype == DType::F32;
@@ -172,23 +197,10 @@ impl CudaStorage {
         } else {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
         };
-        let (sa, sb) = (layout.shape(), rhs_layout.shape());
-        let r = sa.len();
-        if r < 2 || sb.len() != r || sa[..r - 2] != sb[..r - 2] || sa[r - 1] != sb[r - 2] {
-            return Err(Error::LengthMismatch {
-                op: "matmul",
-                what: format!("shapes {sa:?} and {sb:?} are not [..b, m, k] and [..b, k, n]"),
-            });
-        }
-        self.check_view("matmul", layout)?;
-        rhs.check_view("matmul", rhs_layout)?;
-        let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
-        let batch = crate::checked_size("matmul", "the batch count", &sa[..r - 2])?;
-        // `[2^32, 0] @ [0, 2^32]` is two empty operands but a 2^64-element output.
-        let numel = crate::checked_size("matmul", "the output's element count", &[batch, m, n])?;
-        if numel == 0 {
+        if batch * m * n == 0 {
             return Ok(());
         }
+        let (sa, sb) = (layout.shape(), rhs_layout.shape());
         let out_shape = [batch, m, n];
         let out_layout = Layout::new(
             out_shape.to_vec(),
@@ -323,31 +335,10 @@ impl CudaStorage {
 impl MatmulOps for CudaStorage {
     /// `[..batch, m, k] @ [..batch, k, n]` (identical batch dims, stride 0 allowed).
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
-        let dtype = self.dtype();
-        data_type("matmul", dtype)?;
-        if rhs.dtype() != dtype {
-            return Err(Error::DTypeMismatch {
-                op: "matmul",
-                lhs: dtype,
-                rhs: rhs.dtype(),
-            });
-        }
-        let (sa, sb) = (layout.shape(), rhs_layout.shape());
-        let r = sa.len();
-        if r < 2 || sb.len() != r || sa[..r - 2] != sb[..r - 2] || sa[r - 1] != sb[r - 2] {
-            return Err(Error::LengthMismatch {
-                op: "matmul",
-                what: format!("shapes {sa:?} and {sb:?} are not [..b, m, k] and [..b, k, n]"),
-            });
-        }
-        let (m, n) = (sa[r - 2], sb[r - 1]);
-        let batch = crate::checked_size("matmul", "the batch count", &sa[..r - 2])?;
-        let numel = crate::checked_size("matmul", "the output's element count", &[batch, m, n])?;
-        self.same_device("matmul", rhs)?;
-        if numel == 0 || sa[r - 1] == 0 {
+        let [batch, m, k, n] = self.product_dims(layout, rhs, rhs_layout)?;
+        let (dtype, numel) = (self.dtype(), batch * m * n);
+        if numel == 0 || k == 0 {
             // An empty sum is 0.
-            self.check_view("matmul", layout)?;
-            rhs.check_view("matmul", rhs_layout)?;
             return CudaStorage::full_cuda(self.ordinal(), numel, 0.0, dtype);
         }
         let (_, out) = CudaStorage::output(self.ordinal(), numel, dtype)?;
