@@ -7,6 +7,30 @@ fn t(v: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_slice(v, shape, Device::Cpu).unwrap()
 }
 
+/// An out-of-place arithmetic op and its in-place twin.
+type Pair = (
+    fn(&Tensor, &Tensor) -> kiln_autograd::Result<Tensor>,
+    fn(&Tensor, &Tensor) -> kiln_autograd::Result<()>,
+);
+
+/// `add`/`add_`, `sub`/`sub_`, `mul`/`mul_`, `div`/`div_`.
+fn arithmetic_pairs() -> [Pair; 4] {
+    [
+        (Tensor::add, Tensor::add_),
+        (Tensor::sub, Tensor::sub_),
+        (Tensor::mul, Tensor::mul_),
+        (Tensor::div, Tensor::div_),
+    ]
+}
+
+/// The bits of every element as f64 (exact for every float dtype), every NaN as 1.
+fn bits(x: &Tensor) -> Vec<u64> {
+    let v = x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+    v.iter()
+        .map(|v| if v.is_nan() { 1 } else { v.to_bits() })
+        .collect()
+}
+
 #[test]
 fn writes_go_through_views_and_bump_the_version() {
     let x = Tensor::zeros(&[2, 3], DType::F64, Device::Cpu).unwrap();
@@ -128,26 +152,10 @@ fn arithmetic_updates_match_the_out_of_place_ops() {
     for dtype in [DType::F16, DType::BF16] {
         let lhs = t(&values, &[8, 12]).to_dtype(dtype).unwrap();
         let row = t(&values[..12], &[1, 12]).to_dtype(dtype).unwrap();
-        type Pair = (
-            fn(&Tensor, &Tensor) -> kiln_autograd::Result<Tensor>,
-            fn(&Tensor, &Tensor) -> kiln_autograd::Result<()>,
-        );
-        let ops: [Pair; 4] = [
-            (Tensor::add, Tensor::add_),
-            (Tensor::sub, Tensor::sub_),
-            (Tensor::mul, Tensor::mul_),
-            (Tensor::div, Tensor::div_),
-        ];
-        for (k, (out_of_place, in_place)) in ops.into_iter().enumerate() {
+        for (k, (out_of_place, in_place)) in arithmetic_pairs().into_iter().enumerate() {
             let want = out_of_place(&lhs, &row).unwrap();
             let h = lhs.copy_data().unwrap();
             in_place(&h, &row).unwrap();
-            let bits = |x: &Tensor| -> Vec<u64> {
-                let v = x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
-                v.iter()
-                    .map(|v| if v.is_nan() { 1 } else { v.to_bits() })
-                    .collect()
-            };
             assert_eq!(bits(&h), bits(&want), "{dtype} op {k}");
         }
     }
@@ -185,16 +193,6 @@ fn arithmetic_updates_match_the_out_of_place_ops() {
 /// view, every element outside the view untouched, in every dtype the ops take.
 #[test]
 fn strided_destinations_update_in_place_bit_for_bit() {
-    type Pair = (
-        fn(&Tensor, &Tensor) -> kiln_autograd::Result<Tensor>,
-        fn(&Tensor, &Tensor) -> kiln_autograd::Result<()>,
-    );
-    let ops: [Pair; 4] = [
-        (Tensor::add, Tensor::add_),
-        (Tensor::sub, Tensor::sub_),
-        (Tensor::mul, Tensor::mul_),
-        (Tensor::div, Tensor::div_),
-    ];
     let values: Vec<f64> = (0..96)
         .map(|i| ((i * 37) % 97) as f64 * 0.173 - 8.1)
         .collect();
@@ -206,12 +204,6 @@ fn strided_destinations_update_in_place_bit_for_bit() {
             x.t().unwrap().narrow(0, 3, 4).unwrap()
         }),
     ];
-    let bits = |x: &Tensor| -> Vec<u64> {
-        let v = x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
-        v.iter()
-            .map(|v| if v.is_nan() { 1 } else { v.to_bits() })
-            .collect()
-    };
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64] {
         let base = t(&values, &[8, 12]).to_dtype(dtype).unwrap();
         for (name, view) in views {
@@ -219,7 +211,7 @@ fn strided_destinations_update_in_place_bit_for_bit() {
             // A right operand broadcast along the view's rows, no zero in it (i64 division).
             let rhs: Vec<f64> = (0..shape[1]).map(|j| j as f64 * 1.7 + 1.3).collect();
             let rhs = t(&rhs, &[1, shape[1]]).to_dtype(dtype).unwrap();
-            for (k, (out_of_place, in_place)) in ops.into_iter().enumerate() {
+            for (k, (out_of_place, in_place)) in arithmetic_pairs().into_iter().enumerate() {
                 let want = out_of_place(&view(&base), &rhs).unwrap();
                 let buffer = base.copy_data().unwrap();
                 in_place(&view(&buffer), &rhs).unwrap();
