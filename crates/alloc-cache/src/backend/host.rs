@@ -209,14 +209,19 @@ impl MemoryBackend for HostBackend {
             return Err(oom());
         };
         // Zeroed, so every byte a block hands out is initialised (kiln-device's unfilled kernel
-        // outputs rely on it); the cost is one pass when the segment is made, not per use.
+        // outputs rely on it); the cost is one pass when the segment is made, not per use. The
+        // zeroing comes after the huge-page advice: the kernel picks a page's size when it is
+        // first touched, and `alloc_zeroed` with a 2 MiB alignment zeroes by writing (there is
+        // no aligned `calloc`), which would fault every page in at 4 KiB before the advice.
         // SAFETY: `layout` has a non-zero size (checked above).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = unsafe { std::alloc::alloc(layout) };
         if ptr.is_null() {
             self.reserved.fetch_sub(bytes, Ordering::Relaxed);
             return Err(oom());
         }
         advise_huge_pages(ptr, bytes);
+        // SAFETY: `ptr` is a fresh allocation of `bytes` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
         Ok(ptr as usize as u64)
     }
 
