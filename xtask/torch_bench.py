@@ -1,19 +1,25 @@
 """PyTorch's side of `cargo xtask bench --vs-torch` (issue 16).
 
-The bench embeds this file and runs it as `PYTHON - [--quick] CASE...` (the script on standard
-input). Each CASE is `NAME` or `NAME/ARG` (ARG: a batch, a matrix size); the script prints one
-JSON object on standard output:
+The bench embeds this file and runs it as `PYTHON -c SCRIPT [--quick] CASE`, one interpreter per
+CASE (`NAME` or `NAME/ARG`, ARG a batch or a matrix size). The script sets the case up (model,
+optimizer, inputs; one warm-up call), prints one JSON line
 
-    {"torch": "2.x", "threads": 2, "cases": {"CASE": {"value": 12.3, "unit": "ms"}, ...}}
+    {"torch": "2.x", "threads": 2}        or        {"error": "..."}
 
-or `{"CASE": {"error": "..."}}` for a case that could not run. A figure is measured the way the
-bench measures kiln's: one untimed warm-up call, then the median (steps, optimizer and clip
-cases) or the best (matmul) of the timed calls. The models are defined here (torchvision's
-ResNet-18 layout, a 784-512-256-10 MLP), so nothing but `torch` is needed.
+then answers each line it reads on standard input with one figure, measured afresh:
+
+    {"value": 12.3, "unit": "ms"}         or        {"error": "..."}
+
+and exits at the end of its input. The bench alternates these rounds with its own measurement of
+the same case, so the two figures of each round are taken within seconds of each other. A
+figure is measured the way the bench measures kiln's: one untimed warm-up call, then the median
+(steps, optimizer and clip cases) or the best (matmul) of the timed calls. The models are
+defined here (torchvision's ResNet-18 layout, a 784-512-256-10 MLP), so nothing but `torch` is
+needed.
 
 Invariants: every case uses the same model, batch, loss, optimizer and options as the kiln case
-of the same name in xtask/src/bench/; nothing is downloaded; a failing case never stops the
-others.
+of the same name in xtask/src/bench/; nothing is downloaded; an error is a JSON line, never a
+traceback in place of one.
 """
 
 import json
@@ -98,9 +104,9 @@ def labels(batch, classes):
     return torch.tensor([(i * 7 + 3) % classes for i in range(batch)], dtype=torch.long)
 
 
-def clipped_step_ms(model, opt, x, y, steps):
-    """Median ms of a training step (cross-entropy, backward, clip_grad_norm_(1.0), step,
-    zero_grad), after one warm-up step."""
+def clipped_step(model, opt, x, y, steps):
+    """A measurement of a training step (cross-entropy, backward, clip_grad_norm_(1.0), step,
+    zero_grad): median ms of `steps` steps after a warm-up step."""
     params = list(model.parameters())
 
     def step():
@@ -111,15 +117,15 @@ def clipped_step_ms(model, opt, x, y, steps):
         opt.zero_grad(set_to_none=True)
 
     step()
-    return median_ms(steps, step)
+    return lambda: median_ms(steps, step)
 
 
-def resnet_step_ms(size, batch, steps, classes):
+def resnet_step(size, batch, steps, classes):
     torch.manual_seed(0)
     model = ResNet18(classes, small_input=size == 32)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, 3, size, size)
-    return clipped_step_ms(model, opt, x, labels(batch, classes), steps)
+    return clipped_step(model, opt, x, labels(batch, classes), steps)
 
 
 def spinner():
@@ -127,7 +133,21 @@ def spinner():
     return subprocess.Popen(["sh", "-c", "while :; do :; done"])
 
 
-def resnet_eval_ms(batch, runs):
+def contended(measure):
+    """`measure` while the competing process spins, as the bench's kiln side does."""
+
+    def run():
+        spin = spinner()
+        try:
+            return measure()
+        finally:
+            spin.kill()
+            spin.wait()
+
+    return run
+
+
+def resnet_eval(batch, runs):
     torch.manual_seed(0)
     model = ResNet18(1000, small_input=False).eval()
     x = torch.randn(batch, 3, 224, 224)
@@ -136,30 +156,36 @@ def resnet_eval_ms(batch, runs):
         with torch.no_grad():
             model(x)
 
-    return median_ms(runs, forward)
+    forward()
+    return lambda: median_ms(runs, forward)
 
 
-def matmul_gflops(n, reps):
+def matmul(n, reps):
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(n, n, generator=gen)
     b = torch.randn(n, n, generator=gen)
     torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
+
+    def gflops():
         torch.matmul(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / best / 1e9
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            best = min(best, time.perf_counter() - start)
+        return 2.0 * n**3 / best / 1e9
+
+    return gflops
 
 
-def mlp_step_ms(batch, steps):
+def mlp_step(batch, steps):
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(batch, 784)
-    return clipped_step_ms(model, opt, x, labels(batch, 10), steps)
+    return clipped_step(model, opt, x, labels(batch, 10), steps)
 
 
 def resnet18_lens():
@@ -189,75 +215,85 @@ def params_with_grads(lens):
 SHRINK = 0.99
 
 
-def adamw_ms(lens, reps, clip):
+def adamw(lens, reps, clip):
     params = params_with_grads(lens)
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     if not clip:
-        return adaptive_median_ms(reps, opt.step)
+        return lambda: adaptive_median_ms(reps, opt.step)
     total = [float(torch.nn.utils.clip_grad_norm_(params, float("inf")))]
 
     def clip_then_step():
         total[0] = float(torch.nn.utils.clip_grad_norm_(params, total[0] * SHRINK)) * SHRINK
         opt.step()
 
-    return adaptive_median_ms(reps, clip_then_step)
+    return lambda: adaptive_median_ms(reps, clip_then_step)
 
 
-def clip_ms(lens, reps):
+def clip_only(lens, reps):
     params = params_with_grads(lens)
     total = [float(torch.nn.utils.clip_grad_norm_(params, float("inf")))]
 
     def clip():
         total[0] = float(torch.nn.utils.clip_grad_norm_(params, total[0] * SHRINK)) * SHRINK
 
-    return adaptive_median_ms(reps, clip)
+    return lambda: adaptive_median_ms(reps, clip)
 
 
-def run_case(name, arg, quick):
+def set_up(name, arg, quick):
+    """Case `name` at `arg`, set up: (a function measuring one figure, its unit)."""
     steps = 1 if quick else 5
     reps = 1 if quick else 5
     if name == "resnet18_cifar_step":
-        return resnet_step_ms(32, arg, steps, 10), "ms"
+        return resnet_step(32, arg, steps, 10), "ms"
     if name == "resnet18_cifar_step_contended":
-        spin = spinner()
-        try:
-            return resnet_step_ms(32, arg, 1 if quick else 3, 10), "ms"
-        finally:
-            spin.kill()
-            spin.wait()
+        return contended(resnet_step(32, arg, 1 if quick else 3, 10)), "ms"
     if name == "resnet18_224_step":
-        return resnet_step_ms(224, arg, steps, 1000), "ms"
+        return resnet_step(224, arg, steps, 1000), "ms"
     if name == "resnet18_224_eval":
-        return resnet_eval_ms(arg, 3 if quick else 20), "ms"
+        return resnet_eval(arg, 3 if quick else 20), "ms"
     if name == "matmul":
-        return matmul_gflops(arg, 2 if quick else 10), "GFLOP/s"
+        return matmul(arg, 2 if quick else 10), "GFLOP/s"
     if name == "mlp_step":
-        return mlp_step_ms(arg, 3 if quick else 30), "ms"
+        return mlp_step(arg, 3 if quick else 30), "ms"
     if name == "adamw_resnet18":
-        return adamw_ms(resnet18_lens(), reps, clip=False), "ms"
+        return adamw(resnet18_lens(), reps, clip=False), "ms"
     if name == "clip_adamw_resnet18":
-        return adamw_ms(resnet18_lens(), reps, clip=True), "ms"
+        return adamw(resnet18_lens(), reps, clip=True), "ms"
     if name == "adamw_2000x1000":
-        return adamw_ms([1000] * 2000, reps, clip=False), "ms"
+        return adamw([1000] * 2000, reps, clip=False), "ms"
     if name == "clip_2000x1000":
-        return clip_ms([1000] * 2000, reps), "ms"
+        return clip_only([1000] * 2000, reps), "ms"
     if name == "clip_resnet18":
-        return clip_ms(resnet18_lens(), reps), "ms"
+        return clip_only(resnet18_lens(), reps), "ms"
     raise ValueError(f"unknown case `{name}`")
+
+
+def say(obj):
+    print(json.dumps(obj), flush=True)
+
+
+def failure(e):
+    return {"error": f"{type(e).__name__}: {e}"}
 
 
 def main(argv):
     quick = "--quick" in argv
-    cases = {}
-    for case in [a for a in argv if a != "--quick"]:
-        name, _, arg = case.partition("/")
+    cases = [a for a in argv if a != "--quick"]
+    if len(cases) != 1:
+        say({"error": f"expected one case, got {cases}"})
+        return
+    name, _, arg = cases[0].partition("/")
+    try:
+        measure, unit = set_up(name, int(arg) if arg else 0, quick)
+    except Exception as e:  # the bench reads the reason from this line
+        say(failure(e))
+        return
+    say({"torch": torch.__version__, "threads": torch.get_num_threads()})
+    for _ in sys.stdin:
         try:
-            value, unit = run_case(name, int(arg) if arg else 0, quick)
-            cases[case] = {"value": value, "unit": unit}
-        except Exception as e:  # one failing case must not stop the others
-            cases[case] = {"error": f"{type(e).__name__}: {e}"}
-    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cases": cases}
-    print(json.dumps(out))
+            say({"value": measure(), "unit": unit})
+        except Exception as e:
+            say(failure(e))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
 //! scale pass) and writes once. The limit time is `reads / read_bw + (read + write) / copy_bw`
 //! for the scale part, and `ratio = limit / measured` (1.0 = at the bandwidth limit).
 
-use super::harness::{bandwidth_rows, median_secs, Options, Row};
+use super::harness::{bandwidth_rows, host_array, median_secs, Options, Row};
 use super::torch::{Figure, Pairs};
 use kiln_autograd::{no_grad, DType, Device, Parameter, Tensor};
 use kiln_device::threads::cpu_pool;
@@ -124,11 +124,12 @@ fn lane_sum(c: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + blocks.remainder().iter().sum::<f32>()
 }
 
-/// Measured bandwidth in bytes/s: (read pass, copy pass counting read + write bytes).
-pub(super) fn bandwidth(options: &Options) -> (f64, f64) {
+/// Measured bandwidth in bytes/s, over the allocator's memory ([`host_array`]): (read pass, copy
+/// pass counting read + write bytes).
+pub(super) fn bandwidth(options: &Options) -> Result<(f64, f64), String> {
     let n = if options.quick { 16 << 20 } else { 64 << 20 };
-    let src: Vec<f32> = (0..n).map(|i| (i % 251) as f32).collect();
-    let mut dst = vec![0f32; n];
+    let src = host_array(n, |i| (i % 251) as f32)?;
+    let mut dst = host_array(n, |_| 0.0)?;
     let bytes = (n * 4) as f64;
     let reps = if options.quick { 2 } else { 5 };
     let (mut read_bw, mut copy_bw) = (0f64, 0f64);
@@ -146,7 +147,7 @@ pub(super) fn bandwidth(options: &Options) -> (f64, f64) {
             copy_bw = copy_bw.max(2.0 * bytes / t.elapsed().as_secs_f64());
         }
     });
-    (read_bw, copy_bw)
+    Ok((read_bw, copy_bw))
 }
 
 /// The per-tensor loop baseline: one norm op per tensor, then one in-place multiply per tensor.
@@ -172,7 +173,7 @@ fn per_tensor_clip(params: &[(String, Parameter)], max_norm: f64) -> Result<f64,
 
 /// The CPU cases of the group (`mod.rs` adds the CUDA ones of `clip_gpu.rs`).
 pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
-    let (read_bw, copy_bw) = bandwidth(options);
+    let (read_bw, copy_bw) = bandwidth(options)?;
     let mut rows = Vec::from(bandwidth_rows(GROUP, read_bw, copy_bw));
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
@@ -209,16 +210,19 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
 
         // Clipping: each run shrinks the norm by 1% (max_norm = 0.99 x the current total), so
         // every run really scales and values stay far from subnormal over 200 runs.
-        let mut total = total0;
-        let t = median_secs(reps, || {
-            let got =
-                kiln_optim::clip_grad_norm_(&params, total * SHRINK, 2.0, false).map_err(e)?;
-            total = got * SHRINK;
+        // The current total is shared by the fused clip (also run again by the PyTorch pairs)
+        // and the loop, which scale the same gradients.
+        let total = std::cell::Cell::new(total0);
+        let mut clip = || {
+            let max_norm = total.get() * SHRINK;
+            let got = kiln_optim::clip_grad_norm_(&params, max_norm, 2.0, false).map_err(e)?;
+            total.set(got * SHRINK);
             Ok(())
-        })?;
+        };
+        let t = median_secs(reps, &mut clip)?;
         let t_loop = median_secs(reps, || {
-            let got = per_tensor_clip(&params, total * SHRINK)?;
-            total = got * SHRINK;
+            let got = per_tensor_clip(&params, total.get() * SHRINK)?;
+            total.set(got * SHRINK);
             Ok(())
         })?;
         let limit = bytes / read_bw + 2.0 * bytes / copy_bw;
@@ -245,7 +249,9 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
         };
         if let Some(id) = id {
             let case = format!("{}: clip, fused", set.name);
-            pairs.add(&case, id, t * 1e3, Figure::Millis);
+            pairs.add(&case, id, Figure::Millis, t * 1e3, || {
+                Ok(median_secs(reps, &mut clip)? * 1e3)
+            })?;
         }
     }
     rows.extend(pairs.into_rows());

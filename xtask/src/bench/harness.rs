@@ -132,6 +132,21 @@ pub fn median_secs(reps: usize, mut f: impl FnMut() -> Result<(), String>) -> Re
     Ok(t[t.len() / 2])
 }
 
+/// `n` f32 values `value(i)` in a block of kiln's CPU allocator: the arrays of a bandwidth
+/// reference pass. They must live where tensors do: the allocator advises its segments of
+/// 2 MiB and more to use transparent huge pages, and on a VM (nested page tables) a pass over
+/// huge pages can run at twice the bandwidth of the same pass over a `Vec`'s 4 KiB pages, so a
+/// `Vec` reference would understate the limit of every tensor op it bounds.
+pub fn host_array(
+    n: usize,
+    value: impl Fn(usize) -> f32,
+) -> Result<kiln_device::HostBuffer<f32>, String> {
+    kiln_device::HostBuffer::try_filled_with(n, 0.0, |a| {
+        a.iter_mut().enumerate().for_each(|(i, x)| *x = value(i))
+    })
+    .map_err(|e| format!("bandwidth reference arrays: {e}"))
+}
+
 /// The two rows of the host memory-bandwidth reference measured this run (`read_bw` of a read
 /// pass, `copy_bw` of a copy pass counting read and write bytes, both in bytes/s).
 pub fn bandwidth_rows(group: &str, read_bw: f64, copy_bw: f64) -> [Row; 2] {

@@ -3,8 +3,9 @@
 //! `$KILN_BENCH_OUT`, or to `target/kiln-bench/` when it is unset. `--gpu-only` runs just the
 //! CUDA cases of every group (what the GPU machine of `cargo xtask gpu-pack` runs).
 //! `--vs-torch` also runs the `train`, `ops`, `optim` and `clip` CPU cases in PyTorch in the
-//! same run (`torch.rs`; `$KILN_TORCH_PYTHON`, else `python3`) and adds kiln/PyTorch rows;
-//! without PyTorch those rows keep kiln's figure and say why PyTorch's is missing.
+//! same run, in rounds alternating with kiln's (`torch.rs`; `$KILN_TORCH_PYTHON`, else
+//! `python3`), and adds kiln/PyTorch rows; without PyTorch those rows keep kiln's figure and say
+//! why PyTorch's is missing.
 //!
 //! A row is `{"group", "case", "metric", "value", "reference", "ratio"}`; `ratio` compares
 //! kiln's figure with the reference measured in the same run (or a stated target), oriented so

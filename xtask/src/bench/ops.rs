@@ -56,10 +56,11 @@ fn matmul(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(
             .normal(&[n, n], 0.0, 1.0, DType::F32, Device::Cpu)
             .map_err(err)?;
         let reps = if options.quick { 2 } else { 10 };
-        let kiln = best_of(reps, || {
+        let mut product = || {
             black_box(a.matmul(&b).map_err(err)?);
             Ok(())
-        })?;
+        };
+        let kiln = best_of(reps, &mut product)?;
         let (av, bv) = (
             a.to_vec::<f32>().map_err(err)?,
             b.to_vec::<f32>().map_err(err)?,
@@ -82,7 +83,10 @@ fn matmul(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(
         ));
         if n >= 512 {
             let case = format!("matmul_f32_{n}x{n}x{n}");
-            pairs.add(&case, &format!("matmul/{n}"), kiln_rate, Figure::Gflops);
+            let id = format!("matmul/{n}");
+            pairs.add(&case, &id, Figure::Gflops, kiln_rate, || {
+                Ok(flops / best_of(reps, &mut product)? / 1e9)
+            })?;
         }
         if n == 512 {
             rows.push(Row::new(

@@ -10,7 +10,7 @@
 //! fused step (the per-parameter cost), measured in the same run (`torch.rs`).
 
 use super::clip::{grad_sets, params_with_grads, SHRINK};
-use super::harness::{median_secs, Options, Row};
+use super::harness::{host_array, median_secs, Options, Row};
 use super::torch::{Figure, Pairs};
 use kiln_device::threads::cpu_pool;
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup};
@@ -22,11 +22,12 @@ const GROUP: &str = "optim";
 
 /// Bandwidth in bytes/s of a pass with AdamW's traffic: three arrays updated in place and a
 /// fourth read (4 reads + 3 writes per element, counted as such), on arrays well past the
-/// last-level cache, split over kiln's pool as the optimizer's step is; the best of a few runs.
-fn adam_traffic_bandwidth(options: &Options) -> f64 {
+/// last-level cache and in the allocator's memory as tensors are ([`host_array`]), split over
+/// kiln's pool as the optimizer's step is; the best of a few runs.
+fn adam_traffic_bandwidth(options: &Options) -> Result<f64, String> {
     let n = if options.quick { 4 << 20 } else { 16 << 20 };
-    let array = |scale: f32| -> Vec<f32> { (0..n).map(|i| (i % 97) as f32 * scale).collect() };
-    let (mut p, g, mut m, mut v) = (array(1e-3), array(2e-3), array(0.0), array(0.0));
+    let array = |scale: f32| host_array(n, |i| (i % 97) as f32 * scale);
+    let (mut p, g, mut m, mut v) = (array(1e-3)?, array(2e-3)?, array(0.0)?, array(0.0)?);
     const CHUNK: usize = 1 << 16;
     let reps = if options.quick { 2 } else { 7 };
     let mut best = f64::MAX;
@@ -49,14 +50,14 @@ fn adam_traffic_bandwidth(options: &Options) -> f64 {
             best = best.min(t.elapsed().as_secs_f64());
         }
     });
-    (7 * n * 4) as f64 / best
+    Ok((7 * n * 4) as f64 / best)
 }
 
 /// The CPU cases of the group (`mod.rs` adds the CUDA ones of `optim_gpu.rs`).
 pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     // Only the pass with AdamW's own traffic is a limit for these rows (the read and copy
     // passes that bound the clip group understate it, see the top of this file).
-    let adam_bw = adam_traffic_bandwidth(options);
+    let adam_bw = adam_traffic_bandwidth(options)?;
     let mut rows = vec![Row::new(
         GROUP,
         "memory bandwidth: 4 reads + 3 writes pass (AdamW's traffic)",
@@ -116,18 +117,29 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
         if set.name.starts_with("resnet18") {
             let case = |what| format!("resnet18 (62 tensors): {what}");
             let (adamw, clip_adamw) = (case("AdamW step, fused"), case("clip + AdamW step"));
-            pairs.add(&adamw, "adamw_resnet18", t * 1e3, Figure::Millis);
+            pairs.add(&adamw, "adamw_resnet18", Figure::Millis, t * 1e3, || {
+                Ok(median_secs(reps, || opt.step().map_err(e))? * 1e3)
+            })?;
+            let mut coef_into_step = || {
+                let info =
+                    kiln_optim::clip_coef_for(&params, total * SHRINK, 2.0, false).map_err(e)?;
+                opt.step_with_grad_scale(info.coef).map_err(e)
+            };
+            let fused_ms = t_fused * 1e3;
             pairs.add(
                 &clip_adamw,
                 "clip_adamw_resnet18",
-                t_fused * 1e3,
                 Figure::Millis,
-            );
+                fused_ms,
+                || Ok(median_secs(reps, &mut coef_into_step)? * 1e3),
+            )?;
         } else if set.name.starts_with("2000") {
             // Thousands of small tensors: the per-parameter bookkeeping of a step, against
             // PyTorch's fused step over the same list.
             let adamw = "2000 x 1000: AdamW step, fused";
-            pairs.add(adamw, "adamw_2000x1000", t * 1e3, Figure::Millis);
+            pairs.add(adamw, "adamw_2000x1000", Figure::Millis, t * 1e3, || {
+                Ok(median_secs(reps, || opt.step().map_err(e))? * 1e3)
+            })?;
         }
     }
     rows.extend(pairs.into_rows());

@@ -63,41 +63,19 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         (128, 32, 8)
     };
     let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
-    let mlp_ms = mlp_step(options, mlp_batch, matmul_rate, &mut rows)?;
-    let id = format!("mlp_step/{mlp_batch}");
-    pairs.add(&format!("mlp step ({id})"), &id, mlp_ms, Figure::Millis);
+    mlp_step(options, mlp_batch, matmul_rate, &mut rows, &mut pairs)?;
     let cifar = Resnet {
         size: 32,
         batch: cifar_batch,
     };
-    let cifar_ms = resnet_step(options, cifar, matmul_rate, &mut rows)?;
-    let id = format!("resnet18_cifar_step/{cifar_batch}");
-    pairs.add(
-        &format!("resnet18 32x32 step ({id})"),
-        &id,
-        cifar_ms,
-        Figure::Millis,
-    );
+    let cifar_ms = resnet_step(options, cifar, matmul_rate, &mut rows, &mut pairs)?;
     let big = Resnet {
         size: 224,
         batch: big_batch,
     };
-    let big_ms = resnet_step(options, big, matmul_rate, &mut rows)?;
-    let id = format!("resnet18_224_step/{big_batch}");
-    pairs.add(
-        &format!("resnet18 224x224 step ({id})"),
-        &id,
-        big_ms,
-        Figure::Millis,
-    );
-    let eval_ms = resnet_eval(options, &mut rows)?;
-    let id = "resnet18_224_eval/1";
-    let case = format!("resnet18 224x224 batch 1 eval ({id})");
-    pairs.add(&case, id, eval_ms, Figure::Millis);
-    let contended_ms = contended_step(options, cifar, cifar_ms, &mut rows)?;
-    let id = format!("resnet18_cifar_step_contended/{cifar_batch}");
-    let case = format!("resnet18 32x32 step, one core busy ({id})");
-    pairs.add(&case, &id, contended_ms, Figure::Millis);
+    resnet_step(options, big, matmul_rate, &mut rows, &mut pairs)?;
+    resnet_eval(options, &mut rows, &mut pairs)?;
+    contended_step(options, cifar, cifar_ms, &mut rows, &mut pairs)?;
     rows.extend(pairs.into_rows());
     if options.gpu {
         eprintln!(
@@ -195,14 +173,14 @@ fn measure(
     planned_peak: usize,
     steps: usize,
     base: usize,
-    mut step: impl FnMut() -> Result<(), String>,
+    step: &mut impl FnMut() -> Result<(), String>,
 ) -> Result<Measured, String> {
     step()?;
     reset_peak_memory_stats(CPU).map_err(err)?;
     step()?;
     let peak_allocated = max_memory_allocated(CPU).map_err(err)? - base;
     let peak_reserved = max_memory_reserved(CPU).map_err(err)?;
-    let step_secs = median_of(steps, step)?;
+    let step_secs = median_of(steps, &mut *step)?;
     Ok(Measured {
         case,
         step_secs,
@@ -226,7 +204,8 @@ fn mlp_step(
     batch: usize,
     matmul_rate: f64,
     rows: &mut Vec<Row>,
-) -> Result<f64, String> {
+    pairs: &mut Pairs,
+) -> Result<(), String> {
     let base = fresh_start()?;
     let model = mlp(&[784, 512, 256, 10], 0.0).map_err(err)?;
     let s = summary(&model, &[batch, 784]).map_err(err)?;
@@ -245,15 +224,23 @@ fn mlp_step(
     let case = format!("mlp 784-512-256-10, batch {batch}, AdamW + clip");
     let flops = 6.0 * s.total_mult_adds as f64;
     let params = model.named_parameters();
-    let measured = measure(case, flops, planned, steps, base, || {
+    let mut step = || {
         let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
         loss.backward().map_err(err)?;
         kiln_optim::clip_grad_norm_(&params, 1.0, 2.0, false).map_err(err)?;
         opt.step().map_err(err)?;
         opt.zero_grad(true).map_err(err)
-    })?;
+    };
+    let measured = measure(case, flops, planned, steps, base, &mut step)?;
     push_rows(&measured, matmul_rate, rows);
-    Ok(measured.step_secs * 1e3)
+    let id = format!("mlp_step/{batch}");
+    pairs.add(
+        &format!("mlp step ({id})"),
+        &id,
+        Figure::Millis,
+        measured.step_secs * 1e3,
+        || Ok(median_of(steps, &mut step)? * 1e3),
+    )
 }
 
 /// A ResNet-18 training case: image size (32: CIFAR stem and 10 classes; otherwise
@@ -344,6 +331,7 @@ fn resnet_step(
     r: Resnet,
     matmul_rate: f64,
     rows: &mut Vec<Row>,
+    pairs: &mut Pairs,
 ) -> Result<f64, String> {
     let base = fresh_start()?;
     let input = [3, r.size, r.size];
@@ -354,15 +342,28 @@ fn resnet_step(
         .peak_allocated_bytes(r.batch);
     let steps = if options.quick { 1 } else { 5 };
     let flops = 6.0 * s.total_mult_adds as f64;
-    let measured = measure(r.name(), flops, planned, steps, base, || {
-        train_step(&model, &params, &mut opt, &x, &y)
-    })?;
+    let mut step = || train_step(&model, &params, &mut opt, &x, &y);
+    let measured = measure(r.name(), flops, planned, steps, base, &mut step)?;
     push_rows(&measured, matmul_rate, rows);
-    Ok(measured.step_secs * 1e3)
+    let ms = measured.step_secs * 1e3;
+    let (name, size) = if r.small_input() {
+        ("resnet18_cifar_step", "32x32")
+    } else {
+        ("resnet18_224_step", "224x224")
+    };
+    let id = format!("{name}/{}", r.batch);
+    pairs.add(
+        &format!("resnet18 {size} step ({id})"),
+        &id,
+        Figure::Millis,
+        ms,
+        || Ok(median_of(steps, &mut step)? * 1e3),
+    )?;
+    Ok(ms)
 }
 
 /// ResNet-18 (224x224, 1000 classes) batch-1 forward in eval mode under `no_grad`: median ms.
-fn resnet_eval(options: &Options, rows: &mut Vec<Row>) -> Result<f64, String> {
+fn resnet_eval(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(), String> {
     fresh_start()?;
     let r = Resnet {
         size: 224,
@@ -372,10 +373,8 @@ fn resnet_eval(options: &Options, rows: &mut Vec<Row>) -> Result<f64, String> {
     model.eval();
     let x = Tensor::randn(&[1, 3, 224, 224], DType::F32, CPU).map_err(err)?;
     let runs = if options.quick { 3 } else { 20 };
-    let secs = median_of(runs, || {
-        no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err))
-    })?;
-    let ms = secs * 1e3;
+    let mut forward = || no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err));
+    let ms = median_of(runs, &mut forward)? * 1e3;
     eprintln!("bench train: resnet18 224x224 batch 1 eval: {ms:.2} ms");
     rows.push(Row::new(
         GROUP,
@@ -385,7 +384,14 @@ fn resnet_eval(options: &Options, rows: &mut Vec<Row>) -> Result<f64, String> {
         "images per second (ratio = images/s)",
         1e3 / ms,
     ));
-    Ok(ms)
+    let id = "resnet18_224_eval/1";
+    pairs.add(
+        &format!("resnet18 224x224 batch 1 eval ({id})"),
+        id,
+        Figure::Millis,
+        ms,
+        || Ok(median_of(runs, &mut forward)? * 1e3),
+    )
 }
 
 /// The step of `r` while a competing process spins on one core: median ms, and a row against
@@ -395,14 +401,16 @@ fn contended_step(
     r: Resnet,
     quiet_ms: f64,
     rows: &mut Vec<Row>,
-) -> Result<f64, String> {
+    pairs: &mut Pairs,
+) -> Result<(), String> {
     fresh_start()?;
     let (model, params, mut opt, x, y) = resnet_setup(r)?;
     let steps = if options.quick { 1 } else { 3 };
-    let spinner = Spinner::start()?;
-    let secs = median_of(steps, || train_step(&model, &params, &mut opt, &x, &y))?;
-    drop(spinner);
-    let ms = secs * 1e3;
+    let mut contended = || {
+        let _spinner = Spinner::start()?;
+        Ok(median_of(steps, || train_step(&model, &params, &mut opt, &x, &y))? * 1e3)
+    };
+    let ms = contended()?;
     eprintln!("bench train: {}, one core busy: {ms:.1} ms/step", r.name());
     rows.push(Row::new(
         GROUP,
@@ -412,5 +420,12 @@ fn contended_step(
         format!("same step without it: {quiet_ms:.1} ms (ratio = quiet / contended)"),
         quiet_ms / ms,
     ));
-    Ok(ms)
+    let id = format!("resnet18_cifar_step_contended/{}", r.batch);
+    pairs.add(
+        &format!("resnet18 32x32 step, one core busy ({id})"),
+        &id,
+        Figure::Millis,
+        ms,
+        contended,
+    )
 }
