@@ -198,9 +198,8 @@ fn pair_row(
             ratios.sort_by(f64::total_cmp);
             let unit = figure.metric();
             let spread = match ratios.as_slice() {
-                [_] => String::new(),
-                [lo, .., hi] => format!(", round ratios {lo:.3}-{hi:.3}"),
-                [] => String::new(),
+                [lo, _, ..] => format!(", round ratios {lo:.3}-{:.3}", ratios[ratios.len() - 1]),
+                _ => String::new(),
             };
             Row::new(
                 group,
