@@ -19,8 +19,10 @@
 
 use super::harness::Row;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// The script, embedded so the bench runs from any directory.
 const SCRIPT: &str = include_str!("../../torch_bench.py");
@@ -29,6 +31,10 @@ pub const PYTHON_VAR: &str = "KILN_TORCH_PYTHON";
 /// Rounds of a pair outside `--quick` (one with it): each is one kiln figure and one PyTorch
 /// figure, and the row's ratio is their median.
 const ROUNDS: usize = 3;
+/// The longest the bench waits for one line of the interpreter (its setup, or one round's
+/// figure) before it ends the interpreter and reports the case as missing: a hung interpreter
+/// never hangs the bench. The slowest case (the contended step) answers in seconds.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What a kiln figure is, which orients the ratio.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +76,10 @@ struct TorchCase {
     python: String,
     child: Child,
     stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    /// The interpreter's output lines, read on a thread so a wait for one can time out.
+    lines: Receiver<String>,
+    /// See [`ANSWER_TIMEOUT`].
+    timeout: Duration,
     /// Everything the interpreter writes on standard error, read on a thread so a chatty
     /// interpreter never blocks on a full pipe.
     stderr: Option<JoinHandle<String>>,
@@ -80,7 +89,7 @@ struct TorchCase {
 
 impl TorchCase {
     /// Starts `python` on case `id` and waits until it is set up.
-    fn start(python: &str, id: &str, quick: bool) -> Result<Self, String> {
+    fn start(python: &str, id: &str, quick: bool, timeout: Duration) -> Result<Self, String> {
         let mut cmd = Command::new(python);
         cmd.arg("-c").arg(SCRIPT);
         if quick {
@@ -105,11 +114,20 @@ impl TorchCase {
             let _ = stderr.read_to_string(&mut text);
             text
         });
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         let mut case = TorchCase {
             python: python.to_string(),
             child,
             stdin: Some(stdin),
-            stdout: BufReader::new(stdout),
+            lines,
+            timeout,
             stderr: Some(stderr),
             about: String::new(),
         };
@@ -139,17 +157,26 @@ impl TorchCase {
     }
 
     /// The interpreter's next JSON line; its `error`, or why there is no line (the last line of
-    /// its standard error once it has ended, which names a missing `torch`).
+    /// its standard error once it has ended, which names a missing `torch`; or the timeout).
     fn answer(&mut self) -> Result<serde_json::Value, String> {
-        let mut line = String::new();
-        let read = self.stdout.read_line(&mut line);
-        if matches!(read, Ok(n) if n > 0) {
-            let v: serde_json::Value = serde_json::from_str(line.trim())
-                .map_err(|e| format!("the PyTorch script printed no JSON ({e}): {line}"))?;
-            return match v["error"].as_str() {
-                Some(e) => Err(e.to_string()),
-                None => Ok(v),
-            };
+        match self.lines.recv_timeout(self.timeout) {
+            Ok(line) => {
+                let v: serde_json::Value = serde_json::from_str(line.trim())
+                    .map_err(|e| format!("the PyTorch script printed no JSON ({e}): {line}"))?;
+                return match v["error"].as_str() {
+                    Some(e) => Err(e.to_string()),
+                    None => Ok(v),
+                };
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = self.child.kill();
+                return Err(format!(
+                    "`{}` gave no answer within {} s and was ended",
+                    self.python,
+                    self.timeout.as_secs_f64()
+                ));
+            }
+            Err(RecvTimeoutError::Disconnected) => {}
         }
         self.stdin = None;
         let status = self.child.wait();
@@ -239,6 +266,8 @@ pub struct Pairs {
     enabled: bool,
     quick: bool,
     python: String,
+    /// See [`ANSWER_TIMEOUT`].
+    timeout: Duration,
     rows: Vec<Row>,
 }
 
@@ -251,6 +280,7 @@ impl Pairs {
             enabled,
             quick,
             python: python(),
+            timeout: ANSWER_TIMEOUT,
             rows: Vec::new(),
         }
     }
@@ -276,7 +306,7 @@ impl Pairs {
             self.python
         );
         let mut kiln = Vec::new();
-        let torch = match TorchCase::start(&self.python, id, self.quick) {
+        let torch = match TorchCase::start(&self.python, id, self.quick, self.timeout) {
             Err(why) => Err(why),
             Ok(mut t) => {
                 let mut figures = Vec::new();
@@ -411,7 +441,9 @@ mod tests {
     /// a hang or a panic (`sh -c SCRIPT ... id` runs the script text as a shell command).
     #[test]
     fn an_interpreter_without_an_answer_is_a_reason() {
-        let err = TorchCase::start("true", "a", true).err().unwrap();
+        let err = TorchCase::start("true", "a", true, ANSWER_TIMEOUT)
+            .err()
+            .unwrap();
         assert!(err.contains("ended without a figure"), "{err}");
         let mut pairs = Pairs::new("train", true, true);
         pairs.python = "echo".into();
@@ -424,5 +456,38 @@ mod tests {
             "{}",
             rows[0].reference
         );
+    }
+    /// An interpreter that never answers is ended after the timeout, and its row says so (`sh
+    /// -c SCRIPT ...` fails on the Python text, so the stand-in is a script that just waits).
+    #[cfg(unix)]
+    #[test]
+    fn an_interpreter_that_never_answers_is_ended() {
+        let dir = std::env::temp_dir().join(format!("kiln-torch-hang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("python");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        let mut perms = std::fs::metadata(&script).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&script, perms).unwrap();
+        let started = std::time::Instant::now();
+        let mut pairs = Pairs::new("train", true, true);
+        pairs.python = script.display().to_string();
+        pairs.timeout = Duration::from_millis(300);
+        pairs
+            .add("step", "a", Figure::Millis, 5.0, || Ok(7.0))
+            .unwrap();
+        let rows = pairs.into_rows();
+        assert!(
+            rows[0].reference.contains("gave no answer within 0.3 s")
+                && rows[0].ratio.is_nan()
+                && rows[0].value == 5.0,
+            "{}",
+            rows[0].reference
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the wait was bounded"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
