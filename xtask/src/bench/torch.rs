@@ -228,15 +228,19 @@ fn pair_row(
                 [lo, _, ..] => format!(", round ratios {lo:.3}-{:.3}", ratios[ratios.len() - 1]),
                 _ => String::new(),
             };
+            // The medians' ratio too: with an outlying round it differs from the median
+            // round ratio, and a reader dividing the row's two figures should find it printed.
+            let torch_median = median(torch);
+            let of_medians = figure.ratio(kiln_median, torch_median);
             Row::new(
                 group,
                 case,
                 unit,
                 kiln_median,
                 format!(
-                    "{about}: {:.3} {unit}, {} round(s) alternating with kiln's (same run; \
-                     ratio = median round ratio{spread})",
-                    median(torch),
+                    "{about}: {torch_median:.3} {unit}, {} round(s) alternating with kiln's \
+                     (same run; ratio = median round ratio{spread}; ratio of the medians \
+                     {of_medians:.3})",
                     ratios.len()
                 ),
                 median(&ratios),
@@ -388,7 +392,23 @@ mod tests {
         assert!(
             r.reference
                 .contains("PyTorch 2.5 CPU, 2 threads: 20.000 ms, 3 round(s)")
-                && r.reference.contains("round ratios 0.500-3.000"),
+                && r.reference.contains("round ratios 0.500-3.000")
+                && r.reference.contains("ratio of the medians 1.000"),
+            "{}",
+            r.reference
+        );
+        // An outlying round: ratios 1.2, 1.2 and 0.4 (median 1.2), while the medians (kiln
+        // 30 ms, PyTorch 12 ms) give 0.4; the row keeps the first and prints the second.
+        let r = pair_row(
+            "train",
+            "step b",
+            Figure::Millis,
+            &[10.0, 30.0, 30.0],
+            Ok((&[12.0, 36.0, 12.0], about)),
+        );
+        assert_eq!((r.ratio, r.value), (1.2, 30.0));
+        assert!(
+            r.reference.contains("ratio of the medians 0.400"),
             "{}",
             r.reference
         );
