@@ -20,12 +20,16 @@
 //! chunk's output-sized matrix) per thread. Chunks run in parallel, one per pool thread at a
 //! time, each GEMM single-threaded, in the forward and input-gradient passes. The weight
 //! gradient runs its chunks one after another in batch order, each chunk's matrices gathered
-//! on the pool (blocks of rows, output channels) and `gemm` splitting each product (the whole
-//! weight gradient) over the pool: no per-thread partial gradient (up to 9 MiB each in
-//! layer4), and the sum's order does not depend on scheduling.
+//! on the pool and `gemm` splitting each product (the whole weight gradient) over the pool:
+//! no per-thread partial gradient (up to 9 MiB each in layer4), and the sum's order does not
+//! depend on scheduling. Its column matrix is pixel-major (`[G * L, kH * kW * C_in]`, each
+//! row one output position's taps, gathered from a pixel-major copy of the images), which
+//! `gemm` packs with contiguous reads; the taps-major gradient this gives is reordered to the
+//! weight's layout at the end. Its scratch is the other passes' (same chunk, the same column
+//! elements) but for `pad_w` more pixels per padded image.
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
-use super::padded::{fold_add, unfold, Padded};
+use super::padded::{fold_add, too_large, unfold, Padded};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -106,52 +110,30 @@ fn for_each_piece<T: Send>(
 }
 
 /// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
-/// images) into `col`: each image is copied into its padded form in `padded` (`images` padded
-/// images), then the matrix is unfolded a block of rows at a time (blocks in parallel when
-/// `parallel`).
+/// images) into `col`: each image in turn is copied into its padded form in `padded` (one
+/// padded image), then unfolded into its columns.
 fn gather_columns<T: KernelFloat>(
     (g, d, p): (&Conv2dGeometry, Dims, &Padded),
     images: &[T],
     padded: &mut [T],
     col: &mut [T],
-    parallel: bool,
 ) {
     let count = images.len() / d.in_image;
     let width = count * d.l;
-    if !d.pointwise {
-        for_each_piece(
-            &mut padded[..count * p.len],
-            p.len,
-            parallel,
-            |i, padded| p.fill(&images[i * d.in_image..][..d.in_image], padded),
-        );
-    }
-    let padded = &padded[..];
-    let block_rows = if parallel {
-        d.k.div_ceil(4 * rayon::current_num_threads())
-    } else {
-        d.k
-    };
-    for_each_piece(
-        &mut col[..d.k * width],
-        block_rows * width,
-        parallel,
-        |b, block| {
-            let rows = b * block_rows..b * block_rows + block.len() / width;
-            for i in 0..count {
-                if d.pointwise {
-                    // K = C_in and L = H * W: the image's rows are the column rows.
-                    let image = &images[i * d.in_image..][..d.in_image];
-                    for (r, dst) in rows.clone().zip(block.chunks_mut(width)) {
-                        dst[i * d.l..][..d.l].copy_from_slice(&image[r * d.l..][..d.l]);
-                    }
-                } else {
-                    let padded = &padded[i * p.len..][..p.len];
-                    unfold(g, p, padded, (0, rows.clone()), block, [width, i * d.l]);
-                }
+    let col = &mut col[..d.k * width];
+    for i in 0..count {
+        let image = &images[i * d.in_image..][..d.in_image];
+        if d.pointwise {
+            // K = C_in and L = H * W: the image's rows are the column rows.
+            for (r, dst) in col.chunks_mut(width).enumerate() {
+                dst[i * d.l..][..d.l].copy_from_slice(&image[r * d.l..][..d.l]);
             }
-        },
-    );
+        } else {
+            let padded = &mut padded[..p.len];
+            p.fill(image, padded);
+            unfold(g, p, padded, (0, 0..d.k), col, [width, i * d.l]);
+        }
+    }
 }
 
 /// Gathers `planes` (`count` images of `[C_out, L]`) into `[C_out, count * L]`, output channels
@@ -178,7 +160,7 @@ pub(super) fn forward<T: KernelFloat>(
     let d = Dims::new(g);
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
-    let padded_len = if d.pointwise { 0 } else { chunk * p.len };
+    let padded_len = if d.pointwise { 0 } else { p.len };
     output
         .par_chunks_mut(chunk * d.c_out * d.l)
         .enumerate()
@@ -197,7 +179,7 @@ pub(super) fn forward<T: KernelFloat>(
                 let images = &input[c * chunk * d.in_image..][..count * d.in_image];
                 let width = count * d.l;
                 let col = &mut col.as_mut_slice()[..d.k * width];
-                gather_columns((g, d, &p), images, padded, col, false);
+                gather_columns((g, d, &p), images, padded, col);
                 let product = &mut product.as_mut_slice()[..d.c_out * width];
                 let dims = [d.c_out, width, d.k];
                 let (w, asis) = (Stored::AsIs, Stored::AsIs);
@@ -280,9 +262,88 @@ pub(super) fn backward_input<T: KernelFloat>(
     failure.into_result()
 }
 
-/// Weight gradient (summed over the batch) over chunks of `chunk` images, the chunks one after
-/// another in batch order, each product split over the pool by `gemm` (its output, the whole
-/// weight gradient, is large enough to split well): no per-thread partial gradient is needed.
+/// One chunk's images copied pixel-major with zero borders: the layout of [`Padded`] with a
+/// pixel's `C_in` channels in place of each value. Image `i`'s padded pixel `(r, q)` sits at
+/// `(i·len + r·P + q)·C_in` (`P = W + pad_w`; reads past a row's end land in the next row's
+/// leading zeros, or in the `pad_w` zero pixels after the image's last row), so one tap of one
+/// output position is `C_in` contiguous values.
+#[derive(Clone, Copy)]
+struct PixelMajor {
+    /// Row pitch `P = W + pad_w`, in pixels.
+    pitch: usize,
+    /// Elements of one padded image: `(Hp·P + pad_w)·C_in`.
+    image: usize,
+}
+
+impl PixelMajor {
+    fn new(g: &Conv2dGeometry) -> Result<Self> {
+        let [h, w] = g.input_size;
+        let [ph, pw] = g.params.padding;
+        let sizes = || {
+            let pitch = w.checked_add(pw)?;
+            let rows = ph.checked_mul(2)?.checked_add(h)?;
+            let pixels = rows.checked_mul(pitch)?.checked_add(pw)?;
+            Some((pitch, pixels.checked_mul(g.in_channels)?))
+        };
+        let (pitch, image) = sizes().ok_or_else(too_large)?;
+        Ok(Self { pitch, image })
+    }
+
+    /// Writes every element of `dst` (one padded image) from `src` (`[C_in, H, W]`).
+    fn fill<T: KernelFloat>(&self, g: &Conv2dGeometry, src: &[T], dst: &mut [T]) {
+        let (c_in, [h, w]) = (g.in_channels, g.input_size);
+        let [ph, pw] = g.params.padding;
+        let row = self.pitch * c_in;
+        let (top, interior) = dst.split_at_mut(ph * row);
+        top.fill(T::ZERO);
+        let (interior, bottom) = interior.split_at_mut(h * row);
+        bottom.fill(T::ZERO);
+        for (y, row) in interior.chunks_mut(row).enumerate() {
+            let (zeros, pixels) = row.split_at_mut(pw * c_in);
+            zeros.fill(T::ZERO);
+            let pixels = pixels.chunks_mut(c_in);
+            for (x, pixel) in pixels.enumerate() {
+                for (c, v) in pixel.iter_mut().enumerate() {
+                    *v = src[(c * h + y) * w + x];
+                }
+            }
+        }
+    }
+
+    /// Writes row `pos` (image `pos / L`, output position `pos % L`) of the pixel-major column
+    /// matrix into `row`: tap `t = i·kW + j` at `row[t·C_in..][..C_in]`.
+    fn gather_row<T: KernelFloat>(
+        &self,
+        g: &Conv2dGeometry,
+        images: &[T],
+        pos: usize,
+        row: &mut [T],
+    ) {
+        let c_in = g.in_channels;
+        let (l, w_out) = (g.col_cols(), g.output_size[1]);
+        let (image, y, x) = (pos / l, pos % l / w_out, pos % l % w_out);
+        let image = &images[image * self.image..][..self.image];
+        let [kh, kw] = g.kernel_size;
+        let ([sh, sw], [dh, dw]) = (g.params.stride, g.params.dilation);
+        let taps = (0..kh).flat_map(|i| (0..kw).map(move |j| (i, j)));
+        for ((i, j), dst) in taps.zip(row.chunks_mut(c_in)) {
+            let pixel = (y * sh + i * dh) * self.pitch + x * sw + j * dw;
+            dst.copy_from_slice(&image[pixel * c_in..][..c_in]);
+        }
+    }
+}
+
+/// Weight gradient (summed over the batch), chunk by chunk in batch order, over a pixel-major
+/// column matrix: for each chunk, `grad_weight' [C_out, kH·kW·C_in] (+)= dY [C_out, G·L] ·
+/// cols [G·L, kH·kW·C_in]`, `cols` row `p` holding output position `p`'s taps, each `C_in`
+/// contiguous values copied from [`PixelMajor`] images; the taps-major gradient is reordered
+/// into `[C_out, C_in, kH, kW]` at the end, one output channel's row at a time.
+///
+/// Why not the column matrix of the other passes (`[K, G·L]`, used transposed): as the right
+/// operand, `gemm` packs it across its rows, a strided read per value; the pixel-major matrix
+/// is packed along its rows (docs/CPU.md, session 18, has the figures). Each product is split
+/// over the pool by `gemm` (its output, the whole gradient, splits well), so no per-thread
+/// partial gradient is needed and the sum's order is fixed.
 pub(super) fn backward_weight<T: KernelFloat>(
     g: &Conv2dGeometry,
     chunk: usize,
@@ -291,12 +352,17 @@ pub(super) fn backward_weight<T: KernelFloat>(
     grad_weight: &mut [T],
 ) -> Result<()> {
     let d = Dims::new(g);
-    let p = Padded::new(g)?;
-    let mut col = HostBuffer::for_overwrite(d.k * chunk * d.l)?;
-    let padded_len = if d.pointwise { 0 } else { chunk * p.len };
-    let mut padded = HostBuffer::for_overwrite(padded_len)?;
+    let pm = PixelMajor::new(g)?;
+    let cols_len = chunk
+        .checked_mul(d.l)
+        .and_then(|n| n.checked_mul(d.k))
+        .ok_or_else(too_large)?;
+    let pixels_len = chunk.checked_mul(pm.image).ok_or_else(too_large)?;
+    let mut pixels = HostBuffer::for_overwrite(pixels_len)?;
+    let mut cols = HostBuffer::for_overwrite(cols_len)?;
     let mut gathered = HostBuffer::for_overwrite(d.c_out * chunk * d.l)?;
-    let parallelism = match rayon::current_num_threads() {
+    let threads = rayon::current_num_threads();
+    let parallelism = match threads {
         0 | 1 => Parallelism::None,
         n => Parallelism::Rayon(n),
     };
@@ -304,21 +370,67 @@ pub(super) fn backward_weight<T: KernelFloat>(
     while start < g.batch {
         let count = chunk.min(g.batch - start);
         let width = count * d.l;
-        let col = &mut col.as_mut_slice()[..d.k * width];
         let xs = &input[start * d.in_image..][..count * d.in_image];
-        let parallel = !matches!(parallelism, Parallelism::None);
-        gather_columns((g, d, &p), xs, &mut padded, col, parallel);
+        let pixels = &mut pixels.as_mut_slice()[..count * pm.image];
+        for_each_piece(pixels, pm.image, true, |i, padded| {
+            pm.fill(g, &xs[i * d.in_image..][..d.in_image], padded)
+        });
+        let (pixels, cols) = (&*pixels, &mut cols.as_mut_slice()[..width * d.k]);
+        let rows_per_piece = width.div_ceil(4 * threads.max(1));
+        for_each_piece(cols, rows_per_piece * d.k, true, |b, piece| {
+            for (j, row) in piece.chunks_mut(d.k).enumerate() {
+                pm.gather_row(g, pixels, b * rows_per_piece + j, row);
+            }
+        });
         let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
         let planes = &grad_output[start * d.c_out * d.l..][..count * d.c_out * d.l];
-        gather_planes(d, planes, gathered, parallel);
+        gather_planes(d, planes, gathered, true);
         let dims = [d.c_out, d.k, width];
-        let (asis, t) = (Stored::AsIs, Stored::Transposed);
         // The first chunk overwrites the gradient, the others add to it: no zero-fill pass.
-        let add = start > 0;
-        matmul_into(grad_weight, dims, gathered, asis, col, t, add, parallelism);
+        let (add, asis) = (start > 0, Stored::AsIs);
+        matmul_into(
+            grad_weight,
+            dims,
+            gathered,
+            asis,
+            cols,
+            asis,
+            add,
+            parallelism,
+        );
         start += count;
     }
-    Ok(())
+    taps_major_to_weight_order(g, grad_weight)
+}
+
+/// Reorders each output channel's row of the weight gradient from taps-major
+/// (`[kH·kW][C_in]`) to the weight's order (`[C_in][kH·kW]`), through a per-thread copy.
+fn taps_major_to_weight_order<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    grad_weight: &mut [T],
+) -> Result<()> {
+    let (c_in, taps) = (g.in_channels, g.kernel_size[0] * g.kernel_size[1]);
+    if taps == 1 {
+        return Ok(());
+    }
+    let k = c_in * taps;
+    let failure = ScratchFailure::new();
+    grad_weight.par_chunks_mut(k).for_each_init(
+        || failure.take::<T>(k),
+        |copy, row| {
+            let Some(copy) = copy.as_mut() else {
+                return;
+            };
+            let copy = copy.as_mut_slice();
+            copy.copy_from_slice(row);
+            for (c, weights) in row.chunks_mut(taps).enumerate() {
+                for (t, v) in weights.iter_mut().enumerate() {
+                    *v = copy[t * c_in + c];
+                }
+            }
+        },
+    );
+    failure.into_result()
 }
 
 #[cfg(test)]
@@ -338,15 +450,23 @@ mod tests {
             ([7, 6, 8, 8], [5, 6, 1, 1], 2, 0),
             ([3, 6, 5, 3], [4, 6, 1, 1], 1, 0),
         ];
+        // (dilation, padding): a dilated, unevenly padded 3x2 kernel, whose taps the
+        // pixel-major weight gradient indexes differently from the column matrix.
+        let spread = [([4, 5, 6, 5], [3, 5, 3, 2], 1, [2, 1], [2, 1])];
+        let cases = cases
+            .map(|(x, w, s, p)| (x, w, s, [1, 1], [p, p]))
+            .into_iter()
+            .chain(spread);
         for threads in [1, 2] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            for (input_shape, weight_shape, stride, pad) in cases {
+            for (input_shape, weight_shape, stride, dilation, padding) in cases.clone() {
                 let params = Conv2dParams {
                     stride: [stride; 2],
-                    padding: [pad; 2],
+                    dilation,
+                    padding,
                     ..Conv2dParams::default()
                 };
                 let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
