@@ -406,15 +406,30 @@ fn rotate_weight<T: KernelFloat>(g: &Conv2dGeometry, weight: &[T]) -> Result<Hos
     let [kh, kw] = g.kernel_size;
     let taps = kh * kw;
     let mut rotated = HostBuffer::for_overwrite(weight.len())?;
+    let row = cout * taps;
+    if row == 0 {
+        return Ok(rotated);
+    }
+    // A transpose of (co, ci) blocks of taps: row by row, the source is read at a stride of
+    // `C_in·taps` values, which maps a layer4 weight's reads onto two L1 sets. In tiles of
+    // ROWS destination rows by COLS output channels, the reads of a tile are COLS contiguous
+    // runs, revisited by each of its rows while they are still cached.
+    const ROWS: usize = 32;
+    const COLS: usize = 8;
     rotated
-        .par_chunks_mut((cout * taps).max(1))
+        .par_chunks_mut(ROWS * row)
         .enumerate()
-        .for_each(|(dst_oc, block)| {
-            let (gi, ci) = (dst_oc / cin, dst_oc % cin);
-            for (co, taps_out) in block.chunks_mut(taps).enumerate() {
-                let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
-                for (t, v) in taps_out.iter_mut().enumerate() {
-                    *v = src[taps - 1 - t];
+        .for_each(|(b, rows)| {
+            for co0 in (0..cout).step_by(COLS) {
+                for (r, dst_row) in rows.chunks_mut(row).enumerate() {
+                    let (gi, ci) = ((b * ROWS + r) / cin, (b * ROWS + r) % cin);
+                    for co in co0..(co0 + COLS).min(cout) {
+                        let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
+                        let dst = &mut dst_row[co * taps..][..taps];
+                        for (t, v) in dst.iter_mut().enumerate() {
+                            *v = src[taps - 1 - t];
+                        }
+                    }
                 }
             }
         });
@@ -538,5 +553,43 @@ mod tests {
             &output,
             &mut grad_weight,
         ));
+    }
+
+    /// The tiled rotation equals its definition, with channel counts that leave partial tiles
+    /// (70 destination rows in tiles of 32, 11 output channels in tiles of 8), two groups and a
+    /// 3x2 kernel, on two threads.
+    #[test]
+    fn rotated_weight_equals_its_definition() {
+        let params = Conv2dParams {
+            groups: 2,
+            padding: [1, 1],
+            ..Conv2dParams::default()
+        };
+        let g = Conv2dGeometry::new([1, 70, 5, 5], [22, 35, 3, 2], params).unwrap();
+        let weight: Vec<f32> = (0..22 * 35 * 6).map(|i| i as f32).collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let rotated = pool.install(|| rotate_weight(&g, &weight)).unwrap();
+        let (cin, cout, taps) = (35, 11, 6);
+        let mut checked = 0;
+        for gi in 0..2 {
+            for ci in 0..cin {
+                for co in 0..cout {
+                    for t in 0..taps {
+                        let want = weight[((gi * cout + co) * cin + ci) * taps + taps - 1 - t];
+                        let at = (((gi * cin + ci) * cout) + co) * taps + t;
+                        assert_eq!(
+                            rotated.as_slice()[at],
+                            want,
+                            "gi {gi} ci {ci} co {co} t {t}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, rotated.as_slice().len());
     }
 }
