@@ -225,7 +225,7 @@ fn pair_row(
             ratios.sort_by(f64::total_cmp);
             let unit = figure.metric();
             let spread = match ratios.as_slice() {
-                [lo, _, ..] => format!(", round ratios {lo:.3}-{:.3}", ratios[ratios.len() - 1]),
+                [lo, .., hi] => format!(", round ratios {lo:.3}-{hi:.3}"),
                 _ => String::new(),
             };
             // The medians' ratio too: with an outlying round it differs from the median
@@ -477,6 +477,7 @@ mod tests {
             rows[0].reference
         );
     }
+
     /// An interpreter that never answers is ended after the timeout, and its row says so (`sh
     /// -c SCRIPT ...` fails on the Python text, so the stand-in is a script that just waits).
     #[cfg(unix)]
