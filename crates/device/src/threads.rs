@@ -59,7 +59,22 @@ pub fn resolve_num_threads(raw: Option<&str>, cores: usize) -> (Option<usize>, O
 /// category) carried in, so what the kernel allocates on the pool's threads is attributed to
 /// the op that ran it when an allocation history is recorded. Costs one relaxed atomic load
 /// when nothing records.
+///
+/// Only a `dyn` call crosses into rayon, so its job machinery is compiled once rather than once
+/// per kernel closure (copies of it were a large share of this crate's build time).
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let mut f = Some(f);
+    let mut result = None;
+    install_erased(&mut || {
+        if let Some(f) = f.take() {
+            result = Some(f());
+        }
+    });
+    // `install_erased` runs the closure exactly once or unwinds with its panic.
+    result.expect("the pool ran the kernel")
+}
+
+fn install_erased(f: &mut (dyn FnMut() + Send)) {
     let context = kiln_alloc_cache::AllocContext::is_recording_anywhere()
         .then(kiln_alloc_cache::AllocContext::current);
     cpu_pool().install(move || {

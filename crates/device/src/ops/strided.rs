@@ -17,14 +17,20 @@ const CHUNK: usize = 1 << 13;
 /// Runs `body(start, chunk)` over `out` in chunks, in parallel on kiln's pool above a size.
 pub(crate) fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + Sync) {
     if out.len() > PARALLEL_THRESHOLD {
-        crate::threads::install(|| {
-            out.par_chunks_mut(CHUNK)
-                .enumerate()
-                .for_each(|(i, chunk)| body(i * CHUNK, chunk))
-        });
+        fill_chunks_parallel(out, &body);
     } else {
         body(0, out);
     }
+}
+
+/// The parallel half of [`fill_chunks`], compiled once per element type rather than once per
+/// kernel closure (one `dyn` call per chunk of `CHUNK` elements).
+fn fill_chunks_parallel<U: Copy + Send>(out: &mut [U], body: &(dyn Fn(usize, &mut [U]) + Sync)) {
+    crate::threads::install(|| {
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(i, chunk)| body(i * CHUNK, chunk))
+    });
 }
 
 /// `f` of every element of `src` viewed through `layout`, as a new `Vec` (the allocating form of

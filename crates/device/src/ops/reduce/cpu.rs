@@ -59,10 +59,16 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
         *slot = finish(acc);
     };
     if perm.numel() > PARALLEL_THRESHOLD && n_out > 1 {
-        crate::threads::install(|| out.par_iter_mut().enumerate().for_each(|(o, s)| body(o, s)));
+        for_each_output_parallel(out, &body);
     } else {
         out.iter_mut().enumerate().for_each(|(o, s)| body(o, s));
     }
+}
+
+/// `body(o, &mut out[o])` for every output on kiln's pool: compiled once per output type, not
+/// once per reduction's closure (one `dyn` call per output).
+fn for_each_output_parallel<U: Send>(out: &mut [U], body: &(dyn Fn(usize, &mut U) + Sync)) {
+    crate::threads::install(|| out.par_iter_mut().enumerate().for_each(|(o, s)| body(o, s)));
 }
 
 /// The allocating form of a `*_into` reduction.
