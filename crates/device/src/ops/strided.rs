@@ -17,19 +17,24 @@ const CHUNK: usize = 1 << 13;
 /// Runs `body(start, chunk)` over `out` in chunks, in parallel on kiln's pool above a size.
 pub(crate) fn fill_chunks<U: Copy + Send>(out: &mut [U], body: impl Fn(usize, &mut [U]) + Sync) {
     if out.len() > PARALLEL_THRESHOLD {
-        fill_chunks_parallel(out, &body);
+        fill_chunks_parallel(out, CHUNK, &body);
     } else {
         body(0, out);
     }
 }
 
-/// The parallel half of [`fill_chunks`], compiled once per element type rather than once per
-/// kernel closure (one `dyn` call per chunk of `CHUNK` elements).
-fn fill_chunks_parallel<U: Copy + Send>(out: &mut [U], body: &(dyn Fn(usize, &mut [U]) + Sync)) {
+/// `body(start, chunk)` over `out` in chunks of `chunk_len` elements on kiln's pool: the
+/// parallel half of [`fill_chunks`], compiled once per element type rather than once per
+/// kernel closure (one `dyn` call per chunk).
+pub(crate) fn fill_chunks_parallel<U: Send>(
+    out: &mut [U],
+    chunk_len: usize,
+    body: &(dyn Fn(usize, &mut [U]) + Sync),
+) {
     crate::threads::install(|| {
-        out.par_chunks_mut(CHUNK)
+        out.par_chunks_mut(chunk_len)
             .enumerate()
-            .for_each(|(i, chunk)| body(i * CHUNK, chunk))
+            .for_each(|(i, chunk)| body(i * chunk_len, chunk))
     });
 }
 

@@ -14,7 +14,6 @@ use crate::ops::cpu_dispatch::output;
 use crate::storage::with_slice;
 use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Result};
-use rayon::prelude::*;
 
 /// The permuted layout (kept dims, then reduced dims) and the reduced element count `R`.
 fn kept_then_reduced(layout: &Layout, dims: &[usize]) -> (Layout, usize) {
@@ -58,18 +57,23 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
         }
         *slot = finish(acc);
     };
+    let run = |first: usize, slots: &mut [U]| {
+        for (o, slot) in (first..).zip(slots) {
+            body(o, slot);
+        }
+    };
     if perm.numel() > PARALLEL_THRESHOLD && n_out > 1 {
-        for_each_output_parallel(out, &body);
+        // Blocks of outputs that read about `BLOCK_ELEMENTS` source elements each (one `dyn`
+        // call per block), at least one output per block.
+        let block = (BLOCK_ELEMENTS / r.max(1)).max(1);
+        crate::ops::strided::fill_chunks_parallel(out, block, &run);
     } else {
-        out.iter_mut().enumerate().for_each(|(o, s)| body(o, s));
+        run(0, out);
     }
 }
 
-/// `body(o, &mut out[o])` for every output on kiln's pool: compiled once per output type, not
-/// once per reduction's closure (one `dyn` call per output).
-fn for_each_output_parallel<U: Send>(out: &mut [U], body: &(dyn Fn(usize, &mut U) + Sync)) {
-    crate::threads::install(|| out.par_iter_mut().enumerate().for_each(|(o, s)| body(o, s)));
-}
+/// About how many source elements one parallel block of [`fold_groups`]'s outputs reads.
+const BLOCK_ELEMENTS: usize = 1 << 13;
 
 /// The allocating form of a `*_into` reduction.
 fn collect<U: Element>(layout: &Layout, dims: &[usize], into: impl FnOnce(&mut [U])) -> Vec<U> {
@@ -265,5 +269,22 @@ mod tests {
         let grid = Layout::contiguous(&[n / 4, 4]);
         assert_eq!(sum_float(&x, &grid, &[0, 1]), vec![want as f32]);
         assert_eq!(sum_float(&x, &grid, &[1])[..2], [6.0, 15.0]);
+    }
+
+    /// The parallel path hands out blocks of outputs; every output, in full and partial blocks,
+    /// on the slice path (rows of 200: blocks of 40 rows over 300) and the strided one (columns
+    /// of 300: blocks of 27 columns over 200), equals its plain sum.
+    #[test]
+    fn parallel_blocks_of_outputs_write_every_output() {
+        let (rows, cols) = (300, 200);
+        // Sums stay exact in f32; no two rows (or columns) a block apart share a sum.
+        let x: Vec<f32> = (0..rows * cols).map(|v| (v % 1009) as f32).collect();
+        let l = Layout::contiguous(&[rows, cols]);
+        let row_sums: Vec<f32> = x.chunks(cols).map(|r| r.iter().sum()).collect();
+        assert_eq!(sum_float(&x, &l, &[1]), row_sums);
+        let col_sums: Vec<f32> = (0..cols)
+            .map(|c| (0..rows).map(|r| x[r * cols + c]).sum())
+            .collect();
+        assert_eq!(sum_float(&x, &l, &[0]), col_sums);
     }
 }
