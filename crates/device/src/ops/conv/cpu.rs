@@ -5,7 +5,7 @@
 //!   (`cpu_chunked.rs`);
 //! - stride 1 on wide planes: the column matrix over padded rows (`cpu_rows.rs`), or in f32
 //!   on a CPU with AVX-512F or AVX2, the same product without a column matrix
-//!   (`cpu_direct.rs`);
+//!   (`cpu_direct.rs`), which also runs strided forwards over the padded image's phases;
 //! - anything else: one GEMM per image and group (this file); 1x1 convolutions with stride 1
 //!   and no padding use the input block as the column matrix.
 //!
@@ -142,10 +142,12 @@ pub fn conv2d_forward<T: KernelFloat>(
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::forward(geometry, chunk, input, weight, bias, output);
     }
-    if rows::use_rows(geometry) {
+    if rows::rows_fit(geometry) {
         if let Some(done) = direct::forward(geometry, input, weight, bias, output) {
             return done;
         }
+    }
+    if rows::use_rows(geometry) {
         return rows::forward(geometry, input, weight, bias, output);
     }
     let b = Blocks::new(geometry);

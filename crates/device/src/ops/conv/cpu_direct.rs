@@ -1,4 +1,4 @@
-//! The padded-row product of a stride-1 convolution without a column matrix: an f32 kernel,
+//! The padded-row product of a convolution without a column matrix: an f32 kernel,
 //! compiled for AVX-512F and for AVX2 + FMA and chosen at run time, that reads each tap's row
 //! straight from the padded image (`cpu_rows.rs` explains the layout).
 //!
@@ -285,7 +285,7 @@ fn as_f32_mut<T: KernelFloat>(s: &mut [T]) -> Option<&mut [f32]> {
 mod tests {
     use super::*;
     use crate::ops::conv::cpu::{conv2d_backward_input, conv2d_forward};
-    use crate::ops::conv::cpu_rows::use_rows;
+    use crate::ops::conv::cpu_rows::rows_fit;
     use crate::ops::conv::reference::{self, on_pools_of_1_and_3, test_values};
 
     /// Deterministic values in [-1, 1).
@@ -376,9 +376,13 @@ mod tests {
     #[test]
     fn direct_forward_in_f32_equals_the_plain_loops() {
         let cases = [
-            ([1, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], 1),
-            ([3, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], 1),
-            ([3, 4, 9, 20], [12, 2, 3, 2], [2, 1], [1, 2], 2),
+            ([1, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ([3, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ([3, 4, 9, 20], [12, 2, 3, 2], [1, 1], [2, 1], [1, 2], 2),
+            // Strided, over the padded image's phases.
+            ([2, 3, 21, 60], [7, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1),
+            ([3, 4, 17, 36], [13, 4, 3, 3], [2, 2], [1, 1], [1, 1], 1),
+            ([2, 4, 15, 34], [12, 2, 3, 3], [2, 2], [2, 2], [2, 2], 2),
         ];
         if crate::ops::simd::isa().is_none() {
             eprintln!("the direct forward is not run here: this CPU has neither AVX-512F nor AVX2");
@@ -386,7 +390,7 @@ mod tests {
         let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
         let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         on_pools_of_1_and_3(&cases, |threads, pool, g| {
-            assert!(use_rows(g) && g.out_channels / g.params.groups >= ROWS);
+            assert!(rows_fit(g) && g.out_channels / g.params.groups >= ROWS);
             let n = |s: [usize; 4]| s.iter().product::<usize>();
             let (x, w) = (
                 test_values(n(g.input_shape()), 1),

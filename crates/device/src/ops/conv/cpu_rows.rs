@@ -1,16 +1,17 @@
-//! CPU conv2d for stride-1 convolutions over padded rows: the column matrix is built with one
-//! contiguous copy per row instead of one per output row and tap.
+//! CPU conv2d over padded rows: the column matrix is built with one contiguous copy per row
+//! instead of one per output row and tap.
 //!
-//! Each image is first copied into its padded form (`padded.rs`: per channel `H + 2·pad_h`
-//! rows of pitch `P = W + pad_w`, zeros around the values). With stride 1, tap `(c, i, j)` at
-//! output `(oh, ow)` reads the padded buffer at `start(c, i, j) + oh·P + ow`: numbering output
-//! positions `p = oh·P + ow` over rows of `P` (not `W_out`) columns, every row of the column
-//! matrix is the padded buffer from `start(c, i, j)` on, `N' = H_out·P` elements long: one
-//! `copy_from_slice` per row. The `P - W_out = dil_w·(kW - 1) - pad_w` extra positions of each
-//! output row are junk: the forward drops their columns when it copies the product out, and the
-//! weight gradient zeroes them in the column matrix (they can read real inputs past a row's
-//! end) and multiplies them by output gradients set to zero there. The padded buffer's slack of
-//! `dil_w·(kW - 1)` zeros keeps the last row's junk reads inside it.
+//! Each image is first copied into its padded form (`padded.rs`: at stride 1, per channel
+//! `H + 2·pad_h` rows of pitch `P = W + pad_w`, zeros around the values; at other strides the
+//! padded image's phases, whose rows are `P` apart too). Tap `(c, i, j)` at output `(oh, ow)`
+//! reads the padded buffer at `start(c, i, j) + oh·P + ow`: numbering output positions
+//! `p = oh·P + ow` over rows of `P` (not `W_out`) columns, every row of the column matrix is the
+//! padded buffer from `start(c, i, j)` on, `N' = H_out·P` elements long: one `copy_from_slice`
+//! per row. The `P - W_out` extra positions of each output row are junk: the forward drops
+//! their columns when it copies the product out, and the weight gradient zeroes them in the
+//! column matrix (they can read real inputs past a row's end) and multiplies them by output
+//! gradients set to zero there. The padded buffer's slack (at least `dil_w·(kW - 1)` zeros)
+//! keeps the last row's junk reads inside it.
 //!
 //! In f32, on a CPU with AVX-512F or AVX2 and FMA, the forward does not build the column matrix
 //! at all: `cpu.rs` sends it to `cpu_direct.rs`, which reads its rows straight from the padded
@@ -18,10 +19,11 @@
 //! The weight gradient keeps the column matrix: its reduction runs along the rows, which `gemm`
 //! packs well, and a direct kernel measured slower there.
 //!
-//! The layout is used where the padding is no wider than the kernel's reach (`pad_w <=
-//! dil_w·(kW - 1)`, so no output reads two padding runs at once) and the junk costs at most an
-//! eighth more GEMM work ([`use_rows`]); small planes go through `cpu_chunked.rs`, strided
-//! convolutions through the per-image im2col.
+//! The layout fits where the junk costs at most an eighth more GEMM work and, at stride 1, the
+//! padding is no wider than the kernel's reach (`pad_w <= dil_w·(kW - 1)`, so no output reads
+//! two padding runs at once) ([`rows_fit`]). This file's passes serve stride 1 ([`use_rows`]);
+//! strided convolutions take the layout only for the direct forward. Small planes go through
+//! `cpu_chunked.rs`, the rest through the per-image im2col.
 //!
 //! Invariants: every output element (forward) and every weight-gradient element is written;
 //! results equal the per-image path's up to the order of float sums (the junk columns add exact
@@ -43,15 +45,24 @@ use gemm::Parallelism;
 use kiln_alloc_cache::AllocContext;
 use rayon::prelude::*;
 
-/// Whether the padded-row layout serves `g`: stride 1, a kernel wider than one tap or some
-/// padding (a pointwise convolution needs no column matrix at all), padding no wider than the
-/// kernel's reach, and junk columns adding at most an eighth to the GEMMs.
-pub(super) fn use_rows(g: &Conv2dGeometry) -> bool {
+/// Whether the padded-row layout fits `g`: a kernel wider than one tap or some padding (a
+/// pointwise convolution needs no column matrix at all), at stride 1 padding no wider than the
+/// kernel's reach (the shared zero run), and junk columns adding at most an eighth to the
+/// products. Where it fits, the f32 forward runs without a column matrix (`cpu_direct.rs`).
+pub(super) fn rows_fit(g: &Conv2dGeometry) -> bool {
     let reach = g.params.dilation[1] * (g.kernel_size[1] - 1);
-    g.params.stride == [1, 1]
-        && !g.is_pointwise()
-        && g.params.padding[1] <= reach
+    let one_zero_run = g.params.stride != [1, 1] || g.params.padding[1] <= reach;
+    !g.is_pointwise()
+        && one_zero_run
         && Rows::new(g).is_ok_and(|d| d.out_w > 0 && d.padded.pitch * 8 <= d.out_w * 9)
+}
+
+/// Whether this file's column-matrix passes serve `g`: stride 1 where the layout fits. A
+/// strided convolution's weight gradient measured slower over the phases' padded rows than
+/// through the per-image im2col (which reads the same phases), so only its direct forward
+/// takes them.
+pub(super) fn use_rows(g: &Conv2dGeometry) -> bool {
+    g.params.stride == [1, 1] && rows_fit(g)
 }
 
 /// The padded-row sizes of one convolution.
@@ -123,7 +134,7 @@ fn zero_junk<T: KernelFloat>(d: &Rows, col: &mut [T]) {
     }
 }
 
-/// Forward convolution (stride 1, [`use_rows`]).
+/// Forward convolution ([`use_rows`]).
 pub(super) fn forward<T: KernelFloat>(
     g: &Conv2dGeometry,
     input: &[T],
@@ -230,7 +241,7 @@ pub(super) fn each_image<T: Send, S>(
     }
 }
 
-/// Weight gradient (stride 1, [`use_rows`]), summed over the batch into `grad_weight`.
+/// Weight gradient ([`use_rows`]), summed over the batch into `grad_weight`.
 pub(super) fn backward_weight<T: KernelFloat>(
     g: &Conv2dGeometry,
     input: &[T],
@@ -292,20 +303,32 @@ mod tests {
     use crate::ops::conv::Conv2dParams;
 
     /// Wide planes take the padded-row layout (ResNet's 3x3 "same" convolution, uneven padding
-    /// and dilation, two groups, a 2x2 kernel without padding), with batches of one (gemm split
+    /// and dilation, two groups, a 2x2 kernel without padding; strided ones fit it over phases
+    /// and take the direct forward where the CPU has it, the phased im2col elsewhere), with batches of one (gemm split
     /// over the pool) and of several images (images in parallel, uneven weight-gradient slices),
     /// on 1 and 3 threads: forward and weight gradient through the rows, the input gradient
     /// through the transposed forward, all equal the plain loops.
     #[test]
     fn padded_rows_equal_the_plain_loops_on_wide_planes() {
         let cases = [
-            ([1, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], 1),
-            ([5, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], 1),
-            ([4, 4, 9, 20], [6, 2, 3, 2], [2, 1], [1, 2], 2),
-            ([2, 2, 6, 24], [3, 2, 2, 2], [0, 0], [1, 1], 1),
+            ([1, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ([5, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ([4, 4, 9, 20], [6, 2, 3, 2], [1, 1], [2, 1], [1, 2], 2),
+            ([2, 2, 6, 24], [3, 2, 2, 2], [1, 1], [0, 0], [1, 1], 1),
+            // Strided, over the padded image's phases: a 7x7 stem, a 3x3 downsampling
+            // convolution, unequal strides, dilation with groups, an uneven kernel and padding.
+            ([2, 3, 21, 60], [4, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1),
+            ([3, 4, 17, 36], [5, 4, 3, 3], [2, 2], [1, 1], [1, 1], 1),
+            ([2, 4, 9, 40], [6, 4, 3, 3], [2, 3], [1, 1], [1, 1], 1),
+            ([2, 4, 15, 34], [6, 2, 3, 3], [2, 2], [2, 2], [2, 2], 2),
+            ([1, 3, 18, 41], [4, 3, 4, 5], [3, 2], [0, 2], [1, 1], 1),
         ];
         on_pools_of_1_and_3(&cases, |threads, pool, g| {
-            assert!(use_rows(g), "{g:?} takes the padded rows");
+            let strided = g.params.stride != [1, 1];
+            assert!(
+                rows_fit(g) && use_rows(g) != strided,
+                "{g:?} fits the padded rows"
+            );
             let what = format!("{g:?} on {threads} thread(s)");
             let passes = TestPasses {
                 forward: &|(x, b), w, out| pool.install(|| conv2d_forward(g, x, w, Some(b), out)),
@@ -399,14 +422,19 @@ mod tests {
             Conv2dGeometry::new(input, weight, params).unwrap()
         };
         // ResNet: 32x32 (33 / 32 columns), 16x16 (17 / 16) and 8x8 (9 / 8) take them, 4x4
-        // (5 / 4) does not; nor does a stride-2 or a pointwise convolution, or padding wider
-        // than the kernel's reach (3 past a 3-tap kernel).
+        // (5 / 4) does not; nor does a pointwise convolution, or padding wider than the
+        // kernel's reach at stride 1 (3 past a 3-tap kernel). Stride 2: a 224x224 stem (115 /
+        // 112) and a 3x3 on 56x56 (29 / 28) fit them (for the direct forward only), a 3x3 on
+        // 14x14 (8 / 7) does not.
         assert!(use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [1, 1], [1, 1])));
         assert!(use_rows(&g([8, 4, 16, 16], [4, 4, 3, 3], [1, 1], [1, 1])));
         assert!(use_rows(&g([8, 4, 8, 8], [4, 4, 3, 3], [1, 1], [1, 1])));
         assert!(!use_rows(&g([8, 4, 4, 4], [4, 4, 3, 3], [1, 1], [1, 1])));
         assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [1, 1], [3, 3])));
-        assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 3, 3], [2, 2], [1, 1])));
+        let fit_only = |g: Conv2dGeometry| rows_fit(&g) && !use_rows(&g);
+        assert!(fit_only(g([8, 3, 224, 224], [4, 3, 7, 7], [2, 2], [3, 3])));
+        assert!(fit_only(g([8, 4, 56, 56], [4, 4, 3, 3], [2, 2], [1, 1])));
+        assert!(!rows_fit(&g([8, 4, 14, 14], [4, 4, 3, 3], [2, 2], [1, 1])));
         assert!(!use_rows(&g([8, 4, 32, 32], [4, 4, 1, 1], [1, 1], [0, 0])));
     }
 }

@@ -2,17 +2,27 @@
 //! matrix is built (and scattered back) with plain copies and adds, without a bounds check per
 //! element.
 //!
-//! Layout: per channel, `Hp = H + 2·pad_h` rows of pitch `P = W + pad_w`; an interior row holds
-//! `pad_w` zeros, then the `W` values; the `pad_h` rows above and below are zero; after the last
-//! channel come `max(pad_w, dil_w·(kW - 1))` zeros of slack. One zero run serves as a row's
-//! right padding and as the next row's left padding: padded column `x` (`0 <= x < W + 2·pad_w`)
-//! of padded row `r` sits at `r·P + x` whether or not `x >= P`, since a read past a row's end
-//! lands in the next row's (or channel's, or the slack's) leading zeros. So tap `(c, i, j)` at
-//! output `(oh, ow)` reads `c·Hp·P + (oh·stride_h + i·dil_h)·P + ow·stride_w + j·dil_w`.
+//! Layout, stride 1: per channel, `Hp = H + 2·pad_h` rows of pitch `P = W + pad_w`; an interior
+//! row holds `pad_w` zeros, then the `W` values; the `pad_h` rows above and below are zero; after
+//! the last channel come `max(pad_w, dil_w·(kW - 1))` zeros of slack. One zero run serves as a
+//! row's right padding and as the next row's left padding: padded column `x` (`0 <= x < W +
+//! 2·pad_w`) of padded row `r` sits at `r·P + x` whether or not `x >= P`, since a read past a
+//! row's end lands in the next row's (or channel's, or the slack's) leading zeros. So tap
+//! `(c, i, j)` at output `(oh, ow)` reads `c·Hp·P + (oh + i·dil_h)·P + ow + j·dil_w`.
+//!
+//! Layout, stride `(s_h, s_w)` other than 1: the padded image split into its `s_h·s_w` phases
+//! (polyphase form). Per channel, phase `(a, b)` is a plane of `ceil(Hp / s_h)` rows of pitch
+//! `P = ceil((W + 2·pad_w) / s_w)` whose element `(y, x)` is padded pixel `(y·s_h + a, x·s_w +
+//! b)` (zero outside the image and past the padded edge); the phases follow each other in
+//! order `a·s_w + b`, and the same slack closes the buffer. Tap `(c, i, j)` at output `(oh, ow)`
+//! reads padded pixel `(oh·s_h + i·dil_h, ow·s_w + j·dil_w)`, which is element `(oh + i·dil_h /
+//! s_h, ow + j·dil_w / s_w)` of phase `(i·dil_h % s_h, j·dil_w % s_w)`: in either layout an
+//! output row of one tap is `W_out` consecutive elements, and output rows are `P` apart.
 //!
 //! Invariants: [`Padded::fill`] writes every element of the buffer; [`unfold`] writes every
 //! entry of its column-matrix rows; [`fold_add`] only adds, so the padded gradient must start
 //! at zero, and [`Padded::unpad`] then reads its interior (what lands on padding is dropped).
+//! [`taps`] plus `oh·P + ow` is the only addressing any path uses.
 
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
@@ -27,10 +37,14 @@ pub(super) struct Padded {
     h: usize,
     w: usize,
     pad: [usize; 2],
-    /// Row pitch `W + pad_w`.
+    /// The convolution's stride: `[1, 1]` is the plain layout, anything else the phases.
+    stride: [usize; 2],
+    /// Row pitch: `W + pad_w` (stride 1) or `ceil((W + 2·pad_w) / s_w)` (phases).
     pub(super) pitch: usize,
-    /// Elements of one channel: `Hp · P`.
-    pub(super) plane: usize,
+    /// Elements of one phase plane (the whole channel at stride 1).
+    phase_plane: usize,
+    /// Elements of one channel: every phase plane.
+    plane: usize,
     /// Elements of the buffer, slack included.
     pub(super) len: usize,
 }
@@ -40,20 +54,30 @@ impl Padded {
     pub(super) fn new(g: &Conv2dGeometry) -> Result<Self> {
         let [h, w] = g.input_size;
         let pad = g.params.padding;
+        let stride = g.params.stride;
         let slack = pad[1].max(g.params.dilation[1] * (g.kernel_size[1] - 1));
         let sizes = || {
-            let pitch = w.checked_add(pad[1])?;
-            let plane = pad[0].checked_mul(2)?.checked_add(h)?.checked_mul(pitch)?;
+            let padded_h = pad[0].checked_mul(2)?.checked_add(h)?;
+            let (rows, pitch) = if stride == [1, 1] {
+                (padded_h, w.checked_add(pad[1])?)
+            } else {
+                let padded_w = pad[1].checked_mul(2)?.checked_add(w)?;
+                (padded_h.div_ceil(stride[0]), padded_w.div_ceil(stride[1]))
+            };
+            let phase_plane = rows.checked_mul(pitch)?;
+            let plane = phase_plane.checked_mul(stride[0].checked_mul(stride[1])?)?;
             let len = g.in_channels.checked_mul(plane)?.checked_add(slack)?;
-            Some((pitch, plane, len))
+            Some((pitch, phase_plane, plane, len))
         };
-        let (pitch, plane, len) = sizes().ok_or_else(too_large)?;
+        let (pitch, phase_plane, plane, len) = sizes().ok_or_else(too_large)?;
         Ok(Self {
             channels: g.in_channels,
             h,
             w,
             pad,
+            stride,
             pitch,
+            phase_plane,
             plane,
             len,
         })
@@ -64,27 +88,75 @@ impl Padded {
         self.channels * self.h * self.w
     }
 
+    /// Which elements `x0..x1` of a row of column phase `b` hold values (image columns
+    /// `x·s_w + b - pad_w`), and the image column of the first (meaningless when none do).
+    fn phase_span(&self, b: usize) -> (Range<usize>, usize) {
+        let (sw, pw) = (self.stride[1], self.pad[1]);
+        // Elements x with pw <= x·sw + b < pw + W.
+        let x1 = (pw + self.w).saturating_sub(b).div_ceil(sw).min(self.pitch);
+        let x0 = pw.saturating_sub(b).div_ceil(sw).min(x1);
+        (x0..x1, (x0 * sw + b).saturating_sub(pw))
+    }
+
+    /// Calls `row(values, image_row, at)` for every row of every phase plane of every channel,
+    /// in layout order: `at` is where the row starts in the padded buffer, `values` which of its
+    /// elements hold image values ([`Self::phase_span`]) and `image_row` where the first of them
+    /// is in the image (`None` for a row of zeros).
+    fn each_phase_row(&self, mut row: impl FnMut(Range<usize>, Option<usize>, usize)) {
+        let ([sh, sw], ph) = (self.stride, self.pad[0]);
+        let rows = self.phase_plane / self.pitch.max(1);
+        let mut at = 0;
+        for c in 0..self.channels {
+            for phase in 0..sh * sw {
+                let (a, b) = (phase / sw, phase % sw);
+                let (values, first) = self.phase_span(b);
+                for y in 0..rows {
+                    let padded_row = y * sh + a;
+                    let shown = padded_row >= ph && padded_row - ph < self.h && !values.is_empty();
+                    let image_row = shown.then(|| (c * self.h + padded_row - ph) * self.w + first);
+                    row(values.clone(), image_row, at);
+                    at += self.pitch;
+                }
+            }
+        }
+    }
+
     /// Copies one image `[C_in, H, W]` into `padded` (`len` elements), zeros around it.
     pub(super) fn fill<T: KernelFloat>(&self, image: &[T], padded: &mut [T]) {
         if self.h * self.w == 0 {
             padded[..self.len].fill(T::ZERO);
             return;
         }
-        let [ph, pw] = self.pad;
-        let interior = ph * self.pitch..(ph + self.h) * self.pitch;
-        for (c, dst) in padded[..self.channels * self.plane]
-            .chunks_mut(self.plane)
-            .enumerate()
-        {
-            dst[..interior.start].fill(T::ZERO);
-            dst[interior.end..].fill(T::ZERO);
-            let rows = dst[interior.clone()].chunks_mut(self.pitch);
-            for (row, src) in rows.zip(image[c * self.h * self.w..].chunks(self.w)) {
-                row[..pw].fill(T::ZERO);
-                row[pw..].copy_from_slice(src);
+        let body = self.channels * self.plane;
+        if self.stride == [1, 1] {
+            let [ph, pw] = self.pad;
+            let interior = ph * self.pitch..(ph + self.h) * self.pitch;
+            for (c, dst) in padded[..body].chunks_mut(self.plane).enumerate() {
+                dst[..interior.start].fill(T::ZERO);
+                dst[interior.end..].fill(T::ZERO);
+                let rows = dst[interior.clone()].chunks_mut(self.pitch);
+                for (row, src) in rows.zip(image[c * self.h * self.w..].chunks(self.w)) {
+                    row[..pw].fill(T::ZERO);
+                    row[pw..].copy_from_slice(src);
+                }
             }
+        } else {
+            let sw = self.stride[1];
+            self.each_phase_row(|values, image_row, at| {
+                let row = &mut padded[at..][..self.pitch];
+                let Some(start) = image_row else {
+                    row.fill(T::ZERO);
+                    return;
+                };
+                row[..values.start].fill(T::ZERO);
+                row[values.end..].fill(T::ZERO);
+                let src = &image[start..];
+                for (k, d) in row[values].iter_mut().enumerate() {
+                    *d = src[k * sw];
+                }
+            });
         }
-        padded[self.channels * self.plane..].fill(T::ZERO);
+        padded[body..self.len].fill(T::ZERO);
     }
 
     /// Copies the interior of a padded buffer back into one image `[C_in, H, W]`.
@@ -92,32 +164,55 @@ impl Padded {
         if self.h * self.w == 0 {
             return;
         }
-        let [ph, pw] = self.pad;
-        for (c, dst) in image.chunks_mut(self.h * self.w).enumerate() {
-            let src = &padded[c * self.plane + ph * self.pitch..];
-            for (row, from) in dst.chunks_mut(self.w).zip(src.chunks(self.pitch)) {
-                row.copy_from_slice(&from[pw..pw + self.w]);
+        if self.stride == [1, 1] {
+            let [ph, pw] = self.pad;
+            for (c, dst) in image.chunks_mut(self.h * self.w).enumerate() {
+                let src = &padded[c * self.plane + ph * self.pitch..];
+                for (row, from) in dst.chunks_mut(self.w).zip(src.chunks(self.pitch)) {
+                    row.copy_from_slice(&from[pw..pw + self.w]);
+                }
             }
+            return;
         }
+        let sw = self.stride[1];
+        self.each_phase_row(|values, image_row, at| {
+            if let Some(start) = image_row {
+                let dst = &mut image[start..];
+                for (k, &s) in padded[at + values.start..at + values.end]
+                    .iter()
+                    .enumerate()
+                {
+                    dst[k * sw] = s;
+                }
+            }
+        });
     }
 }
 
 /// Where tap `(c, i, j)` of `group` starts reading (output `(0, 0)`), for each row of the
-/// group's column matrix in order (`r = (c·kH + i)·kW + j`).
+/// group's column matrix in order (`r = (c·kH + i)·kW + j`). Output `(oh, ow)` of the tap is
+/// `oh·P + ow` further on.
 pub(super) fn taps(g: &Conv2dGeometry, p: &Padded, group: usize) -> impl Iterator<Item = usize> {
     let [kh, kw] = g.kernel_size;
     let [dh, dw] = g.params.dilation;
+    let [sh, sw] = p.stride;
     let channels = g.in_channels / g.params.groups;
-    let (pitch, plane) = (p.pitch, p.plane);
+    let (pitch, phase_plane, plane) = (p.pitch, p.phase_plane, p.plane);
     (group * channels..(group + 1) * channels).flat_map(move |c| {
-        (0..kh).flat_map(move |i| (0..kw).map(move |j| c * plane + i * dh * pitch + j * dw))
+        (0..kh).flat_map(move |i| {
+            let (a, y) = ((i * dh) % sh, (i * dh) / sh);
+            (0..kw).map(move |j| {
+                let (b, x) = ((j * dw) % sw, (j * dw) / sw);
+                c * plane + (a * sw + b) * phase_plane + y * pitch + x
+            })
+        })
     })
 }
 
 /// Writes rows `rows` of `group`'s column matrix (`C_in/groups · kH · kW` rows of
 /// `H_out · W_out` entries) from a padded image into `col`: row `r` at
 /// `col[(r - rows.start)·stride + offset..]` (a chunk's matrix holds several images' columns
-/// side by side, and may be built a block of rows at a time).
+/// side by side, and may be built a block of rows at a time). Each output row is one copy.
 pub(super) fn unfold<T: KernelFloat>(
     g: &Conv2dGeometry,
     p: &Padded,
@@ -127,19 +222,11 @@ pub(super) fn unfold<T: KernelFloat>(
     [stride, offset]: [usize; 2],
 ) {
     let [out_h, out_w] = g.output_size;
-    let [sh, sw] = g.params.stride;
     let taps = taps(g, p, group).skip(rows.start).take(rows.len());
     for (r, start) in taps.enumerate() {
         let dst = &mut col[r * stride + offset..][..out_h * out_w];
         for (oh, dst) in dst.chunks_mut(out_w).enumerate() {
-            let src = &padded[start + oh * sh * p.pitch..];
-            if sw == 1 {
-                dst.copy_from_slice(&src[..out_w]);
-            } else {
-                for (d, s) in dst.iter_mut().zip(src.iter().step_by(sw)) {
-                    *d = *s;
-                }
-            }
+            dst.copy_from_slice(&padded[start + oh * p.pitch..][..out_w]);
         }
     }
 }
@@ -181,18 +268,11 @@ pub(super) fn fold_add<T: KernelFloat>(
     padded_grad: &mut [T],
 ) {
     let [out_h, out_w] = g.output_size;
-    let [sh, sw] = g.params.stride;
     for (r, start) in taps(g, p, group).enumerate() {
         let src = &col[r * stride + offset..][..out_h * out_w];
         for (oh, src) in src.chunks(out_w).enumerate() {
-            let dst = &mut padded_grad[start + oh * sh * p.pitch..];
-            if sw == 1 {
-                dst[..out_w].iter_mut().zip(src).for_each(|(d, &s)| *d += s);
-            } else {
-                for (d, &s) in dst.iter_mut().step_by(sw).zip(src) {
-                    *d += s;
-                }
-            }
+            let dst = &mut padded_grad[start + oh * p.pitch..][..out_w];
+            dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
         }
     }
 }
@@ -204,4 +284,69 @@ pub(super) fn too_large() -> Error {
         reason: "conv2d's im2col buffer (in_channels/groups * kernel area * output area \
                  elements, or the padded input) overflows usize; use a smaller input or kernel",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::conv::Conv2dParams;
+
+    /// Every element of the layout, at stride 1 and over phases (strides up to 3, uneven ones,
+    /// padding wider than a phase, an image narrower than the stride): `fill` writes the padded
+    /// pixel the module doc's addressing names (the image value, or zero), zeros the rest and
+    /// the slack, and `unpad` gives the image back.
+    #[test]
+    fn fill_writes_every_padded_pixel_where_taps_read_it() {
+        let cases = [
+            ([2, 5, 7], [3, 3], [1, 1], [1, 1]),
+            ([2, 5, 7], [3, 3], [2, 2], [1, 1]),
+            ([3, 9, 11], [7, 7], [2, 2], [3, 3]),
+            ([1, 8, 10], [3, 5], [3, 2], [0, 2]),
+            ([2, 4, 1], [3, 3], [2, 3], [2, 1]),
+            ([1, 6, 6], [1, 1], [2, 2], [0, 0]),
+        ];
+        for ([c_in, h, w], kernel, stride, padding) in cases {
+            let params = Conv2dParams {
+                stride,
+                padding,
+                ..Conv2dParams::default()
+            };
+            let g = Conv2dGeometry::new([1, c_in, h, w], [1, c_in, kernel[0], kernel[1]], params)
+                .unwrap();
+            let p = Padded::new(&g).unwrap();
+            let image: Vec<f64> = (0..p.image_len()).map(|i| i as f64 + 1.0).collect();
+            let mut padded = vec![f64::NAN; p.len];
+            p.fill(&image, &mut padded);
+            let mut seen = vec![false; p.len];
+            let [sh, sw] = stride;
+            let [ph, pw] = padding;
+            for c in 0..c_in {
+                for y in 0..h + 2 * ph {
+                    for x in 0..w + 2 * pw {
+                        let at = if stride == [1, 1] {
+                            c * p.plane + y * p.pitch + x
+                        } else {
+                            let phase = (y % sh) * sw + x % sw;
+                            c * p.plane + phase * p.phase_plane + y / sh * p.pitch + x / sw
+                        };
+                        let inside = (ph..ph + h).contains(&y) && (pw..pw + w).contains(&x);
+                        let want = if inside {
+                            image[(c * h + y - ph) * w + x - pw]
+                        } else {
+                            0.0
+                        };
+                        let what = format!("{g:?}: channel {c}, padded pixel ({y}, {x})");
+                        assert_eq!(padded[at], want, "{what}");
+                        seen[at] = true;
+                    }
+                }
+            }
+            for (i, v) in padded.iter().enumerate() {
+                assert!(seen[i] || *v == 0.0, "{g:?}: element {i} is {v}, not zero");
+            }
+            let mut back = vec![f64::NAN; image.len()];
+            p.unpad(&padded, &mut back);
+            assert_eq!(back, image, "{g:?}: unpad gives the image back");
+        }
+    }
 }

@@ -120,10 +120,17 @@ pub(super) fn test_values(n: usize, seed: usize) -> Vec<f64> {
         .collect()
 }
 
-/// A convolution of the padded-row paths' tests: input shape, weight shape, padding, dilation
-/// and groups.
+/// A convolution of the padded-row paths' tests: input shape, weight shape, stride, padding,
+/// dilation and groups.
 #[cfg(test)]
-pub(super) type RowsCase = ([usize; 4], [usize; 4], [usize; 2], [usize; 2], usize);
+pub(super) type RowsCase = (
+    [usize; 4],
+    [usize; 4],
+    [usize; 2],
+    [usize; 2],
+    [usize; 2],
+    usize,
+);
 
 /// Calls `check(threads, pool, geometry)` for every case on pools of 1 and 3 threads.
 #[cfg(test)]
@@ -136,12 +143,12 @@ pub(super) fn on_pools_of_1_and_3(
             .num_threads(threads)
             .build()
             .unwrap();
-        for &(input_shape, weight_shape, padding, dilation, groups) in cases {
+        for &(input_shape, weight_shape, stride, padding, dilation, groups) in cases {
             let params = super::Conv2dParams {
+                stride,
                 padding,
                 dilation,
                 groups,
-                ..super::Conv2dParams::default()
             };
             let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
             check(threads, &pool, &g);
