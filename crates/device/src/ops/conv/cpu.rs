@@ -12,8 +12,9 @@
 //! The input gradient of a stride-1 convolution on a wide plane is itself a forward convolution
 //! (of the output gradient with the rotated weight, `transposed_geometry`), so it takes the
 //! same paths; small planes (chunks) and strided ones fold the column-matrix gradient back onto
-//! a padded gradient (`padded.rs`, which also gives every path its bounds-free unfold). Each image is independent in the forward and
-//! input-gradient passes, so those run one rayon task per image (or chunk). When the batch is
+//! a padded gradient (`padded.rs`, which also gives every path its bounds-free unfold). Each
+//! image is independent in the forward and input-gradient passes, so those run one rayon task
+//! per image (or chunk). When the batch is
 //! smaller than the thread pool, the images run one after the other and `gemm` itself is
 //! parallelised instead. The weight gradient sums over the batch: the batch is cut into one
 //! contiguous slice per thread, every slice accumulates into a private partial gradient (stored
@@ -217,8 +218,7 @@ pub fn conv2d_backward_input<T: KernelFloat>(
         grad_input.fill(T::ZERO);
         return Ok(());
     }
-    // Small planes: one GEMM into a chunk's column matrix, folded back per image (measured
-    // faster than the transposed forward, which would chunk the same images).
+    // Small planes: a GEMM per chunk, folded back per image (faster than the transposed forward).
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_input(geometry, chunk, grad_output, weight, grad_input);
     }

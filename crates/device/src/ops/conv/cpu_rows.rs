@@ -303,11 +303,12 @@ mod tests {
     use crate::ops::conv::Conv2dParams;
 
     /// Wide planes take the padded-row layout (ResNet's 3x3 "same" convolution, uneven padding
-    /// and dilation, two groups, a 2x2 kernel without padding; strided ones fit it over phases
-    /// and take the direct forward where the CPU has it, the phased im2col elsewhere), with batches of one (gemm split
+    /// and dilation, two groups, a 2x2 kernel without padding), with batches of one (gemm split
     /// over the pool) and of several images (images in parallel, uneven weight-gradient slices),
     /// on 1 and 3 threads: forward and weight gradient through the rows, the input gradient
-    /// through the transposed forward, all equal the plain loops.
+    /// through the transposed forward, all equal the plain loops. Strided ones fit the layout
+    /// over the padded image's phases: their forward takes the direct kernel where the CPU has
+    /// it, their other passes the phased im2col and fold, also equal to the plain loops.
     #[test]
     fn padded_rows_equal_the_plain_loops_on_wide_planes() {
         let cases = [
