@@ -103,7 +103,8 @@ impl Rows {
 }
 
 /// Writes group `group`'s column matrix `[K, N']` from a padded image: row `r` is the padded
-/// buffer from where tap `r` reads output `(0, 0)` on, `N'` elements.
+/// buffer from where tap `r` reads output `(0, 0)` on, `N'` elements, with its junk columns
+/// (`W_out..P` of every output row) zeroed when `zero_junk` (each row while it is in cache).
 /// The rows are copied on the pool when `parallel` (a batch too small to fill the pool, whose
 /// images run one after another).
 fn unfold<T: KernelFloat>(
@@ -111,10 +112,24 @@ fn unfold<T: KernelFloat>(
     padded: &[T],
     group: usize,
     col: &mut [T],
-    parallel: bool,
+    [parallel, zero_junk]: [bool; 2],
 ) {
     let col = &mut col[..d.k * d.n_ext];
-    let copy = |(row, start): (&mut [T], usize)| row.copy_from_slice(&padded[start..][..d.n_ext]);
+    let junk = d.padded.pitch - d.out_w;
+    let copy = |(row, start): (&mut [T], usize)| {
+        row.copy_from_slice(&padded[start..][..d.n_ext]);
+        if !zero_junk {
+            return;
+        }
+        let output_rows = row.chunks_exact_mut(d.padded.pitch);
+        if junk == 1 {
+            // A 3x3 kernel with padding 1: a store per output row, where `fill` would make a
+            // `memset` call per row (5 % of layer1's weight gradient).
+            output_rows.for_each(|r| r[d.out_w] = T::ZERO);
+        } else {
+            output_rows.for_each(|r| r[d.out_w..].fill(T::ZERO));
+        }
+    };
     if parallel {
         let starts: Vec<usize> = taps(g, &d.padded, group).collect();
         col.par_chunks_mut(d.n_ext)
@@ -124,13 +139,6 @@ fn unfold<T: KernelFloat>(
         col.chunks_mut(d.n_ext)
             .zip(taps(g, &d.padded, group))
             .for_each(copy);
-    }
-}
-
-/// Zeroes the junk columns (`W_out..P` of every output row) of a column matrix.
-fn zero_junk<T: KernelFloat>(d: &Rows, col: &mut [T]) {
-    for row in col[..d.k * d.n_ext].chunks_mut(d.padded.pitch) {
-        row[d.out_w..].fill(T::ZERO);
     }
 }
 
@@ -154,7 +162,7 @@ pub(super) fn forward<T: KernelFloat>(
         };
         d.padded.fill(&input[n * in_image..][..in_image], padded);
         for group in 0..d.groups {
-            unfold((g, &d), padded, group, col, split);
+            unfold((g, &d), padded, group, col, [split, false]);
             let w = &weight[group * d.group_out * d.k..][..d.group_out * d.k];
             let dims = [d.group_out, d.n_ext, d.k];
             let asis = Stored::AsIs;
@@ -275,10 +283,9 @@ pub(super) fn backward_weight<T: KernelFloat>(
                     }
                 }
                 for group in 0..d.groups {
-                    unfold((g, &d), &padded, group, &mut col, false);
                     // Junk columns can read real inputs (past a row's end); zeroed, an
                     // infinite input there cannot turn their zero products into NaN.
-                    zero_junk(&d, &mut col);
+                    unfold((g, &d), &padded, group, &mut col, [false, true]);
                     let go = &gout[group * d.group_out * d.n_ext..][..d.group_out * d.n_ext];
                     let part = &mut partial[group * group_weight..][..group_weight];
                     let dims = [d.k, d.group_out, d.n_ext];
@@ -306,16 +313,17 @@ mod tests {
     /// and dilation, two groups, a 2x2 kernel without padding), with batches of one (gemm split
     /// over the pool) and of several images (images in parallel, uneven weight-gradient slices),
     /// on 1 and 3 threads: forward and weight gradient through the rows, the input gradient
-    /// through the transposed forward, all equal the plain loops. Strided ones fit the layout
-    /// over the padded image's phases: their forward takes the direct kernel where the CPU has
-    /// it, their other passes the phased im2col and fold, also equal to the plain loops.
+    /// through the transposed forward, all equal the plain loops (every stride-1 case is too
+    /// wide, or grouped, or a single image, to be chunked). Strided ones fit the layout over the
+    /// padded image's phases: their passes take the direct kernel, the phased im2col and fold,
+    /// or the chunks, also equal to the plain loops.
     #[test]
     fn padded_rows_equal_the_plain_loops_on_wide_planes() {
         let cases = [
             ([1, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([5, 3, 17, 18], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([4, 4, 9, 20], [6, 2, 3, 2], [1, 1], [2, 1], [1, 2], 2),
-            ([2, 2, 6, 24], [3, 2, 2, 2], [1, 1], [0, 0], [1, 1], 1),
+            ([2, 2, 14, 24], [3, 2, 2, 2], [1, 1], [0, 0], [1, 1], 1),
             // Strided, over the padded image's phases: a 7x7 stem, a 3x3 downsampling
             // convolution, unequal strides, dilation with groups, an uneven kernel and padding.
             ([2, 3, 21, 60], [4, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1),
@@ -326,6 +334,11 @@ mod tests {
         ];
         on_pools_of_1_and_3(&cases, |threads, pool, g| {
             let strided = g.params.stride != [1, 1];
+            let chunked = crate::ops::conv::cpu_chunked::chunk_images(g, threads).is_some();
+            assert!(
+                strided || !chunked,
+                "{g:?} runs on the padded rows, not in chunks"
+            );
             assert!(
                 rows_fit(g) && use_rows(g) != strided,
                 "{g:?} fits the padded rows"
@@ -394,8 +407,10 @@ mod tests {
             padding: [1, 1],
             ..Conv2dParams::default()
         };
-        let g = Conv2dGeometry::new([2, 2, 6, 18], [3, 2, 3, 3], params).unwrap();
-        assert!(use_rows(&g));
+        // 16 rows: a plane too large to be chunked, so the padded rows run.
+        let g = Conv2dGeometry::new([2, 2, 16, 18], [3, 2, 3, 3], params).unwrap();
+        let chunked = crate::ops::conv::cpu_chunked::chunk_images(&g, 8);
+        assert!(use_rows(&g) && chunked.is_none());
         let n = |s: [usize; 4]| s.iter().product::<usize>();
         let mut x = values(n(g.input_shape()), 5);
         x[2 * 18] = f64::INFINITY; // image 0, channel 0, row 2, column 0
