@@ -10,9 +10,9 @@
 //!   and no padding use the input block as the column matrix.
 //!
 //! The input gradient of a stride-1 convolution on a wide plane is itself a forward convolution
-//! (of the output gradient with the rotated weight, `transposed_geometry`), so it takes the
-//! same paths; small planes (chunks) and strided ones fold the column-matrix gradient back onto
-//! a padded gradient (`padded.rs`, which also gives every path its bounds-free unfold). Each
+//! (of the output gradient with the rotated weight), so it takes the same paths; small planes
+//! (chunks) and strided ones fold the column-matrix gradient back onto a padded gradient
+//! (`cpu_input_grad.rs`; `padded.rs` also gives every path its bounds-free unfold). Each
 //! image is independent in the forward and input-gradient passes, so those run one rayon task
 //! per image (or chunk). When the batch is
 //! smaller than the thread pool, the images run one after the other and `gemm` itself is
@@ -39,84 +39,16 @@ use super::cpu_chunked::{self as chunked, chunk_images};
 use super::cpu_direct as direct;
 use super::cpu_gemm::{
     caller_context, gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices,
-    ScratchFailure, Stored,
+    Blocks, ScratchFailure, Stored,
 };
+use super::cpu_input_grad as input_grad;
 use super::cpu_rows as rows;
-use super::padded::{fold_add, too_large, unfold_image, Padded};
+use super::padded::Padded;
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use kiln_alloc_cache::AllocContext;
-
-/// Per-image and per-group block sizes.
-struct Blocks<'a> {
-    geometry: &'a Conv2dGeometry,
-    /// See [`Conv2dGeometry::is_pointwise`].
-    pointwise: bool,
-    groups: usize,
-    /// `C_in/groups * H * W`.
-    in_group: usize,
-    /// `C_out/groups * H_out * W_out`.
-    out_group: usize,
-    /// `C_out/groups * C_in/groups * kH * kW`.
-    weight_group: usize,
-    /// `C_out / groups`.
-    out_channels: usize,
-    /// im2col rows.
-    col_rows: usize,
-    /// im2col columns.
-    col_cols: usize,
-}
-
-impl<'a> Blocks<'a> {
-    fn new(g: &'a Conv2dGeometry) -> Self {
-        let groups = g.params.groups;
-        let col_cols = g.col_cols();
-        let out_channels = g.out_channels / groups;
-        Self {
-            geometry: g,
-            pointwise: g.is_pointwise(),
-            groups,
-            in_group: g.in_channels / groups * g.input_size[0] * g.input_size[1],
-            out_group: out_channels * col_cols,
-            weight_group: out_channels * g.col_rows(),
-            out_channels,
-            col_rows: g.col_rows(),
-            col_cols,
-        }
-    }
-
-    /// Elements of one column buffer (none for a pointwise convolution), or the allocator's
-    /// size error when the count overflows.
-    fn col_len(&self) -> Result<usize> {
-        if self.pointwise {
-            return Ok(0);
-        }
-        self.col_rows
-            .checked_mul(self.col_cols)
-            .ok_or_else(too_large)
-    }
-
-    /// Group `g`'s column matrix of one image: the input block itself for a pointwise
-    /// convolution, else unfolded from the image's padded copy into `col` (on the pool when
-    /// `gemm` is: a batch too small to fill it).
-    fn columns<'s, T: KernelFloat>(
-        &self,
-        (p, parallelism): (&Padded, Parallelism),
-        image: &'s [T],
-        padded: &[T],
-        g: usize,
-        col: &'s mut [T],
-    ) -> &'s [T] {
-        if self.pointwise {
-            return &image[g * self.in_group..][..self.in_group];
-        }
-        let parallel = !matches!(parallelism, Parallelism::None);
-        unfold_image(self.geometry, p, padded, g, col, parallel);
-        col
-    }
-}
 
 /// Forward convolution: `output = conv2d(input, weight) + bias`.
 ///
@@ -222,51 +154,13 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::backward_input(geometry, chunk, grad_output, weight, grad_input);
     }
-    if let Some(transposed) = transposed_geometry(geometry) {
-        let rotated = rotate_weight(geometry, weight)?;
+    if let Some(transposed) = input_grad::transposed_geometry(geometry) {
+        let rotated = input_grad::rotate_weight(geometry, weight)?;
         return conv2d_forward(&transposed, grad_output, &rotated, None, grad_input);
     }
-    // Strided (or padded beyond the kernel's reach): GEMM into the column matrix, then fold it
-    // back onto a padded gradient and copy that gradient's interior out.
-    let b = Blocks::new(geometry);
-    let col_len = b.col_rows.checked_mul(b.col_cols).ok_or_else(too_large)?;
-    let p = Padded::new(geometry)?;
-    let failure = ScratchFailure::new();
-    let parallelism = gemm_parallelism(geometry.batch);
-    let dims = [b.col_rows, b.col_cols, b.out_channels];
-    grad_input
-        .par_chunks_mut(b.groups * b.in_group)
-        .enumerate()
-        .for_each_init(
-            || Some((failure.take::<T>(col_len)?, failure.take::<T>(p.len)?)),
-            |scratch, (n, gin_image)| {
-                let Some((col, padded_grad)) = scratch.as_mut() else {
-                    return;
-                };
-                let gout_image =
-                    &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
-                padded_grad.fill(T::ZERO);
-                for g in 0..b.groups {
-                    let w = &weight[g * b.weight_group..][..b.weight_group];
-                    let gout = &gout_image[g * b.out_group..][..b.out_group];
-                    matmul_into(
-                        col,
-                        dims,
-                        w,
-                        Stored::Transposed,
-                        gout,
-                        Stored::AsIs,
-                        false,
-                        parallelism,
-                    );
-                    fold_add(geometry, &p, col, g, [b.col_cols, 0], padded_grad);
-                }
-                p.unpad(padded_grad, gin_image);
-            },
-        );
-    failure.into_result()
+    // Strided, or padded beyond the kernel's reach.
+    input_grad::by_columns(geometry, grad_output, weight, grad_input)
 }
-
 /// Adds image `n`'s contribution to `grad_weight_t`, the weight gradient with each group's
 /// block transposed (`[C_in/groups * kH * kW, C_out/groups]`, groups one after another).
 ///
@@ -370,74 +264,6 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         .collect::<Result<Vec<_>>>()?;
     sum_transposed_partials(&partials, b.col_rows, b.out_channels, grad_weight);
     Ok(())
-}
-
-/// The geometry of the input gradient of a stride-1 convolution as a forward convolution of
-/// the output gradient (`[N, C_out, H_out, W_out]`) with the rotated weight
-/// ([`rotate_weight`], `[C_in, C_out/groups, kH, kW]`): same dilation and groups, padding
-/// `dil·(k - 1) - pad` per axis. `None` for strided convolutions or padding wider than the
-/// kernel's reach (the input gradient then goes through col2im).
-fn transposed_geometry(g: &Conv2dGeometry) -> Option<Conv2dGeometry> {
-    let p = g.params;
-    if p.stride != [1, 1] {
-        return None;
-    }
-    let reach = |axis: usize| p.dilation[axis] * (g.kernel_size[axis] - 1);
-    let padding = [
-        reach(0).checked_sub(p.padding[0])?,
-        reach(1).checked_sub(p.padding[1])?,
-    ];
-    let groups = p.groups;
-    let t = Conv2dGeometry::new(
-        [g.batch, g.out_channels, g.output_size[0], g.output_size[1]],
-        [
-            g.in_channels,
-            g.out_channels / groups,
-            g.kernel_size[0],
-            g.kernel_size[1],
-        ],
-        super::Conv2dParams { padding, ..p },
-    )
-    .ok()?;
-    (t.output_size == g.input_size).then_some(t)
-}
-
-/// The weight of [`transposed_geometry`]: `rot[gi·C_in/g + ci][co][i][j] =
-/// weight[gi·C_out/g + co][ci][kH-1-i][kW-1-j]`.
-fn rotate_weight<T: KernelFloat>(g: &Conv2dGeometry, weight: &[T]) -> Result<HostBuffer<T>> {
-    let groups = g.params.groups;
-    let (cin, cout) = (g.in_channels / groups, g.out_channels / groups);
-    let [kh, kw] = g.kernel_size;
-    let taps = kh * kw;
-    let mut rotated = HostBuffer::for_overwrite(weight.len())?;
-    let row = cout * taps;
-    if row == 0 {
-        return Ok(rotated);
-    }
-    // A transpose of (co, ci) blocks of taps: row by row, the source is read at a stride of
-    // `C_in·taps` values, which maps a layer4 weight's reads onto two L1 sets. In tiles of
-    // ROWS destination rows by COLS output channels, the reads of a tile are COLS contiguous
-    // runs, revisited by each of its rows while they are still cached.
-    const ROWS: usize = 32;
-    const COLS: usize = 8;
-    rotated
-        .par_chunks_mut(ROWS * row)
-        .enumerate()
-        .for_each(|(b, rows)| {
-            for co0 in (0..cout).step_by(COLS) {
-                for (r, dst_row) in rows.chunks_mut(row).enumerate() {
-                    let (gi, ci) = ((b * ROWS + r) / cin, (b * ROWS + r) % cin);
-                    for co in co0..(co0 + COLS).min(cout) {
-                        let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
-                        let dst = &mut dst_row[co * taps..][..taps];
-                        for (t, v) in dst.iter_mut().enumerate() {
-                            *v = src[taps - 1 - t];
-                        }
-                    }
-                }
-            }
-        });
-    Ok(rotated)
 }
 
 /// Gradient of the convolution with respect to its bias: `grad_output` summed over batch and
@@ -557,43 +383,5 @@ mod tests {
             &output,
             &mut grad_weight,
         ));
-    }
-
-    /// The tiled rotation equals its definition, with channel counts that leave partial tiles
-    /// (70 destination rows in tiles of 32, 11 output channels in tiles of 8), two groups and a
-    /// 3x2 kernel, on two threads.
-    #[test]
-    fn rotated_weight_equals_its_definition() {
-        let params = Conv2dParams {
-            groups: 2,
-            padding: [1, 1],
-            ..Conv2dParams::default()
-        };
-        let g = Conv2dGeometry::new([1, 70, 5, 5], [22, 35, 3, 2], params).unwrap();
-        let weight: Vec<f32> = (0..22 * 35 * 6).map(|i| i as f32).collect();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        let rotated = pool.install(|| rotate_weight(&g, &weight)).unwrap();
-        let (cin, cout, taps) = (35, 11, 6);
-        let mut checked = 0;
-        for gi in 0..2 {
-            for ci in 0..cin {
-                for co in 0..cout {
-                    for t in 0..taps {
-                        let want = weight[((gi * cout + co) * cin + ci) * taps + taps - 1 - t];
-                        let at = (((gi * cin + ci) * cout) + co) * taps + t;
-                        assert_eq!(
-                            rotated.as_slice()[at],
-                            want,
-                            "gi {gi} ci {ci} co {co} t {t}"
-                        );
-                        checked += 1;
-                    }
-                }
-            }
-        }
-        assert_eq!(checked, rotated.as_slice().len());
     }
 }

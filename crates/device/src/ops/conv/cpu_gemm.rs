@@ -1,11 +1,13 @@
-//! The pieces both CPU conv paths share (`cpu.rs`, one GEMM per image; `cpu_chunked.rs`, one per
-//! chunk of images): the GEMM call on row-major operands and the per-thread scratch of a rayon
-//! loop whose init cannot fail.
+//! The pieces both CPU conv paths share (`cpu.rs` and `cpu_input_grad.rs`, one GEMM per image;
+//! `cpu_chunked.rs`, one per chunk of images): the GEMM call on row-major operands, the
+//! per-image block sizes, and the per-thread scratch of a rayon loop whose init cannot fail.
 //!
 //! Invariants: [`matmul_into`] asserts its slices hold the matrices its dims describe before it
 //! calls `gemm`; [`ScratchFailure`] keeps the first allocation error and reports it after the
 //! loop, so a failed scratch allocation is an error, never a panic.
 
+use super::padded::{too_large, unfold_image, Padded};
+use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::{Error, Result};
@@ -13,6 +15,76 @@ use gemm::Parallelism;
 use kiln_alloc_cache::AllocContext;
 use rayon::prelude::*;
 use std::sync::Mutex;
+
+/// Per-image and per-group block sizes of the GEMM-per-image path (`cpu.rs`) and its input
+/// gradient by columns (`cpu_input_grad.rs`).
+pub(super) struct Blocks<'a> {
+    geometry: &'a Conv2dGeometry,
+    /// See [`Conv2dGeometry::is_pointwise`].
+    pub(super) pointwise: bool,
+    pub(super) groups: usize,
+    /// `C_in/groups * H * W`.
+    pub(super) in_group: usize,
+    /// `C_out/groups * H_out * W_out`.
+    pub(super) out_group: usize,
+    /// `C_out/groups * C_in/groups * kH * kW`.
+    pub(super) weight_group: usize,
+    /// `C_out / groups`.
+    pub(super) out_channels: usize,
+    /// im2col rows.
+    pub(super) col_rows: usize,
+    /// im2col columns.
+    pub(super) col_cols: usize,
+}
+
+impl<'a> Blocks<'a> {
+    pub(super) fn new(g: &'a Conv2dGeometry) -> Self {
+        let groups = g.params.groups;
+        let col_cols = g.col_cols();
+        let out_channels = g.out_channels / groups;
+        Self {
+            geometry: g,
+            pointwise: g.is_pointwise(),
+            groups,
+            in_group: g.in_channels / groups * g.input_size[0] * g.input_size[1],
+            out_group: out_channels * col_cols,
+            weight_group: out_channels * g.col_rows(),
+            out_channels,
+            col_rows: g.col_rows(),
+            col_cols,
+        }
+    }
+
+    /// Elements of one column buffer (none for a pointwise convolution), or the allocator's
+    /// size error when the count overflows.
+    pub(super) fn col_len(&self) -> Result<usize> {
+        if self.pointwise {
+            return Ok(0);
+        }
+        self.col_rows
+            .checked_mul(self.col_cols)
+            .ok_or_else(too_large)
+    }
+
+    /// Group `g`'s column matrix of one image: the input block itself for a pointwise
+    /// convolution, else unfolded from the image's padded copy into `col` (on the pool when
+    /// `gemm` is: a batch too small to fill it).
+    pub(super) fn columns<'s, T: KernelFloat>(
+        &self,
+        (p, parallelism): (&Padded, Parallelism),
+        image: &'s [T],
+        padded: &[T],
+        g: usize,
+        col: &'s mut [T],
+    ) -> &'s [T] {
+        if self.pointwise {
+            return &image[g * self.in_group..][..self.in_group];
+        }
+        let parallel = !matches!(parallelism, Parallelism::None);
+        unfold_image(self.geometry, p, padded, g, col, parallel);
+        col
+    }
+}
 
 /// How a matrix operand is stored: as is (row-major `rows x cols`) or as the row-major
 /// transpose (`cols x rows`).

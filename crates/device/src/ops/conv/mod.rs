@@ -15,6 +15,7 @@ pub mod cpu;
 mod cpu_chunked;
 mod cpu_direct;
 mod cpu_gemm;
+mod cpu_input_grad;
 mod cpu_rows;
 #[cfg(feature = "cuda")]
 pub mod cuda;
