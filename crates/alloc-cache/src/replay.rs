@@ -75,7 +75,7 @@ impl Replayer {
     /// trace would fare on a backend with other pages. `page` must be a non-zero multiple of
     /// 512 bytes no larger than `capacity`.
     pub fn with_page(config: AllocatorConfig, capacity: usize, page: usize) -> Result<Self> {
-        if page == 0 || page % 512 != 0 || page > capacity {
+        if page == 0 || !page.is_multiple_of(512) || page > capacity {
             return Err(Error::InvalidConfig(format!(
                 "page size {page} bytes: use a non-zero multiple of 512 bytes no larger than the \
                  capacity ({capacity} bytes), e.g. 2MiB (CUDA's granularity) or 64KiB"

@@ -201,7 +201,7 @@ fn check(a: &CachingAllocator, st: &State, page: usize) -> Result<(), String> {
             if b.state == BlockState::Dead || b.segment != si as u32 || b.prev != prev {
                 return Err(format!("{here}: dead or mislinked ({b:?})"));
             }
-            if b.addr != addr || b.size == 0 || b.size % crate::MIN_BLOCK != 0 {
+            if b.addr != addr || b.size == 0 || !b.size.is_multiple_of(crate::MIN_BLOCK) {
                 return Err(format!(
                     "{here}: expected address {addr:#x}, size {}",
                     b.size

@@ -417,7 +417,7 @@ impl CachingAllocator {
             ((b.addr - s.base) / page) as usize,
             ((b.addr - s.base) / page) as usize + b.size / self.page,
         );
-        if (b.addr - s.base) % page != 0 || b.size as u64 % page != 0 {
+        if !(b.addr - s.base).is_multiple_of(page) || !(b.size as u64).is_multiple_of(page) {
             return Some("hole not page-aligned".into());
         }
         if s.pages.count_in(p0, p1) != 0 {

@@ -36,7 +36,7 @@ pub(crate) fn infer_shape(
         .collect();
     let known = checked_numel(op, &shape)?;
     if let Some(i) = infer {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             return Err(shape_err(
                 op,
                 format!(

@@ -97,7 +97,7 @@ impl DistributedSampler {
 
     /// Indices per rank per epoch (PyTorch's `num_samples`).
     pub fn num_samples(&self) -> usize {
-        if self.drop_last && self.len % self.num_replicas != 0 {
+        if self.drop_last && !self.len.is_multiple_of(self.num_replicas) {
             // The largest count every rank can get without repeating an index.
             self.len / self.num_replicas
         } else {

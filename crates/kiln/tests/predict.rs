@@ -135,7 +135,7 @@ fn rewrite_safetensors(
     let mut data = bytes[8 + len..].to_vec();
     edit(&mut header, &mut data);
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

@@ -115,7 +115,7 @@ impl HostBackend {
     /// a kernel mapping of its own, and the kernel limits those (`vm.max_map_count`).
     pub fn with_page_mapping_of(self, page: usize) -> crate::Result<Self> {
         let system = system_page();
-        if !page.is_power_of_two() || page % system != 0 || page > MAX_HOST_PAGE {
+        if !page.is_power_of_two() || !page.is_multiple_of(system) || page > MAX_HOST_PAGE {
             return Err(crate::Error::InvalidConfig(format!(
                 "host page of {page} bytes: use a power of two from the system page ({system} \
                  bytes) to 1 GiB, e.g. 65536 (64 KiB) or 2097152 (2 MiB)"

@@ -129,7 +129,7 @@ fn slot_runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
 impl Slots {
     fn check(&self, addr: u64, bytes: usize) -> Result<usize, BackendError> {
         let page = self.page;
-        if bytes == 0 || addr % page as u64 != 0 || bytes % page != 0 {
+        if bytes == 0 || !addr.is_multiple_of(page as u64) || !bytes.is_multiple_of(page) {
             return Err(BackendError::Driver(format!(
                 "host: range {addr:#x}+{bytes} is not a non-empty multiple of the {page} byte page"
             )));

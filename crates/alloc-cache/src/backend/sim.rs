@@ -242,7 +242,8 @@ impl SimBackend {
     }
 
     fn check_pages(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        if bytes == 0 || addr % self.page as u64 != 0 || bytes % self.page != 0 {
+        if bytes == 0 || !addr.is_multiple_of(self.page as u64) || !bytes.is_multiple_of(self.page)
+        {
             return Err(BackendError::Driver(format!(
                 "sim: range {addr:#x}+{bytes} is not a non-empty multiple of the {} byte page",
                 self.page

@@ -136,7 +136,7 @@ impl Reader<'_> {
                 Ok(())
             }
             Container::Dict(d) => {
-                if items.len() % 2 != 0 {
+                if !items.len().is_multiple_of(2) {
                     return Err(bad(at, "SETITEMS with an odd number of items"));
                 }
                 let mut it = items.into_iter();

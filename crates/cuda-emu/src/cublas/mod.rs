@@ -270,7 +270,7 @@ pub unsafe extern "C" fn cublasSetWorkspace_v2(
             &format!("workspace is null with workspaceSizeInBytes {size}"),
         );
     }
-    if addr % 256 != 0 {
+    if !addr.is_multiple_of(256) {
         return invalid(
             CALL,
             &format!("workspace 0x{addr:x} is not 256-byte aligned"),

@@ -170,7 +170,7 @@ fn fill(
     if count == 0 {
         return Ok(());
     }
-    if dst % elem as u64 != 0 {
+    if !dst.is_multiple_of(elem as u64) {
         return Err(fail(
             call,
             CUresult::CUDA_ERROR_INVALID_VALUE,

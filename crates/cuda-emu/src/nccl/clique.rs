@@ -165,7 +165,7 @@ impl Clique {
                 "nranks {nranks} is not in 1..={MAX_RANKS}"
             )));
         }
-        if slot_bytes < 8 || slot_bytes % 8 != 0 || slot_bytes > u32::MAX as usize {
+        if slot_bytes < 8 || !slot_bytes.is_multiple_of(8) || slot_bytes > u32::MAX as usize {
             return Err(CommError::InvalidArgument(format!(
                 "slot size {slot_bytes} is not a multiple of 8 in 8..2^32"
             )));

@@ -128,7 +128,8 @@ impl CudaBackend {
             .result()
             .map_err(|e| super::driver_error("cuMemGetAllocationGranularity", e))?;
             // The allocator needs pages that are whole 512-byte blocks.
-            (granularity > 0 && granularity % SEGMENT_ALIGN as usize == 0).then_some(granularity)
+            (granularity > 0 && granularity.is_multiple_of(SEGMENT_ALIGN as usize))
+                .then_some(granularity)
         };
         Ok(Self {
             name,

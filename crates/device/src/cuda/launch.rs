@@ -162,7 +162,7 @@ pub fn is_unit_stride(args: &StridedArgs) -> bool {
 /// True when element `offset` of a buffer at device address `base` (elements of `elem_bytes`)
 /// starts a 16-byte vector.
 pub fn vector_aligned(base: u64, offset: u64, elem_bytes: usize) -> bool {
-    (base + offset * elem_bytes as u64) % VECTOR_BYTES == 0
+    (base + offset * elem_bytes as u64).is_multiple_of(VECTOR_BYTES)
 }
 
 /// The access of an elementwise kernel over `operands` (collapsed args and buffer address, all

@@ -46,7 +46,11 @@ impl PageTable {
     pub(crate) fn range(&self, addr: u64, bytes: usize) -> Result<Vec<u64>, String> {
         let bytes = bytes as u64;
         let end = addr.checked_add(bytes);
-        if bytes == 0 || addr % self.page != 0 || bytes % self.page != 0 || end.is_none() {
+        if bytes == 0
+            || !addr.is_multiple_of(self.page)
+            || !bytes.is_multiple_of(self.page)
+            || end.is_none()
+        {
             return Err(format!(
                 "{addr:#x} + {bytes} is not a non-empty range of whole {}-byte pages",
                 self.page

@@ -44,7 +44,7 @@ pub struct MultiheadAttention {
 impl MultiheadAttention {
     /// `MultiheadAttention(embed_dim, num_heads, dropout)` with PyTorch's init.
     pub fn new(embed_dim: usize, num_heads: usize, dropout: f64) -> Result<Self> {
-        if embed_dim == 0 || num_heads == 0 || embed_dim % num_heads != 0 {
+        if embed_dim == 0 || num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
             return Err(config_err(
                 "MultiheadAttention",
                 format!(

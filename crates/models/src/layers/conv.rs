@@ -73,7 +73,13 @@ impl Conv2d {
     /// A square-kernel convolution with PyTorch's default init.
     pub fn new(in_ch: usize, out_ch: usize, kernel: usize, config: Conv2dConfig) -> Result<Self> {
         let g = config.groups;
-        if in_ch == 0 || out_ch == 0 || kernel == 0 || g == 0 || in_ch % g != 0 || out_ch % g != 0 {
+        if in_ch == 0
+            || out_ch == 0
+            || kernel == 0
+            || g == 0
+            || !in_ch.is_multiple_of(g)
+            || !out_ch.is_multiple_of(g)
+        {
             return Err(config_err(
                 "Conv2d",
                 format!(

@@ -253,7 +253,10 @@ pub struct VisionTransformer {
 impl VisionTransformer {
     /// Builds a ViT.
     pub fn new(c: VitConfig) -> Result<Self> {
-        if c.patch_size == 0 || c.image_size % c.patch_size.max(1) != 0 || c.num_layers == 0 {
+        if c.patch_size == 0
+            || !c.image_size.is_multiple_of(c.patch_size.max(1))
+            || c.num_layers == 0
+        {
             return Err(config_err(
                 "VisionTransformer",
                 format!(

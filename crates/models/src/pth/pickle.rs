@@ -167,7 +167,7 @@ where
     }
 
     fn set_items(&mut self, dict: Value, kv: Vec<Value>) -> Result<(), PthError> {
-        if kv.len() % 2 != 0 {
+        if !kv.len().is_multiple_of(2) {
             return Err(bad("SETITEMS with an odd number of values"));
         }
         match self.obj_mut(&dict, "SETITEM")? {
