@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 mod arch;
 mod bench;
+mod cpu_mutants;
 mod cuda_tools;
 mod emu;
 mod gpu_pack;
@@ -29,7 +30,9 @@ commands:
   emu-suite  every GPU test binary and the CUDA example runs under the emulator, KILN_REQUIRE_CUDA=1
              (--only TEXT to run the matching ones, --list to print their commands)
   emu-mutants  plant known bugs in copies of kiln's kernels and launchers; show the emulator
-             catches each (emu-probe CASE [--bug]: the launcher cases it runs)";
+             catches each (emu-probe CASE [--bug]: the launcher cases it runs)
+  cpu-mutants  plant known bugs in copies of the CPU kernels' size- and view-specific paths;
+             show the test meant for each path fails (--only TEXT, --list)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         "memviz" => memviz::run(rest),
         "emu-suite" => emu::suite::run(rest),
         "emu-mutants" => emu::mutants::run(rest),
+        "cpu-mutants" => cpu_mutants::run(rest),
         "emu-probe" => {
             return match emu::probe::run(rest) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

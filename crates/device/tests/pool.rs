@@ -365,6 +365,27 @@ fn max_pool2d_backward_rejects_indices_outside_the_plane() {
         gin, [7.0; 8],
         "nothing is written before the indices are validated"
     );
+    // Indices checked in parallel pieces: the first bad one is reported by its own position,
+    // however many pieces come before it or bad ones after it.
+    let big = MaxPool2dGeometry::new([2, 3, 200, 200], MaxPool2dParams::new([2, 2])).unwrap();
+    assert_eq!(big.shape.output_shape(), [2, 3, 100, 100]);
+    let mut indices = vec![0i64; 60_000];
+    indices[40_123] = -1;
+    indices[50_000] = 40_000;
+    indices[59_999] = -7;
+    let mut big_gin = vec![0.0f32; 240_000];
+    let err =
+        cpu::max_pool2d_backward(&big, &vec![1.0; 60_000], &indices, &mut big_gin).unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::IndexOutOfRange {
+            op: "max_pool2d_backward",
+            index: -1,
+            position: vec![1, 1, 1, 23],
+            dim: 2,
+            size: 40_000,
+        }
+    );
     let err = cpu::max_pool2d_backward(&g, &[1.0; 3], &[0; 4], &mut gin).unwrap_err();
     assert!(matches!(
         err,

@@ -193,3 +193,85 @@ pub fn cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U> {
 pub fn cast_into<T: Element, U: Element>(src: &[T], layout: &Layout, out: &mut [U]) {
     map1_into(src, layout, out, |v: T| U::from_f64(v.to_f64()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Source values that name their index exactly in `f32`.
+    fn source(layout: &Layout) -> Vec<f32> {
+        (0..layout.required_len()).map(|i| i as f32).collect()
+    }
+
+    /// What `layout` reads, one element at a time from the first (no chunk starts mid-view).
+    fn serial(src: &[f32], layout: &Layout) -> Vec<f32> {
+        layout.offsets().map(|i| src[i]).collect()
+    }
+
+    /// Views of one `[240, 300]` shape, large enough that the loops split them into parallel
+    /// chunks, so every chunk after the first starts its strided walk mid-view: contiguous, a
+    /// transpose, a narrowed view with an offset, and a broadcast row.
+    fn views() -> [Layout; 4] {
+        let shape = [240, 300];
+        [
+            Layout::contiguous(&shape),
+            Layout::contiguous(&[300, 240]).transpose(0, 1),
+            Layout::contiguous(&[240, 311]).narrow(1, 5, 300),
+            Layout::contiguous(&[1, 300]).broadcast_to(&shape),
+        ]
+    }
+
+    #[test]
+    fn parallel_chunks_of_strided_views_read_what_a_serial_walk_reads() {
+        let views = views();
+        let n = views[0].numel();
+        assert!(
+            n > PARALLEL_THRESHOLD,
+            "the views must be split into chunks"
+        );
+        for (v, layout) in views.iter().enumerate() {
+            let src = source(layout);
+            let want = serial(&src, layout);
+            assert_eq!(map1(&src, layout, |x: f32| x), want, "map1, view {v}");
+            for (w, other) in views.iter().enumerate() {
+                let src_b = source(other);
+                let want_b = serial(&src_b, other);
+                let mut out = vec![0f32; n];
+                map2((&src, layout), (&src_b, other), &mut out, |a, b| {
+                    a * 1e5 + b
+                });
+                let pairs: Vec<f32> = want.iter().zip(&want_b).map(|(a, b)| a * 1e5 + b).collect();
+                assert_eq!(out, pairs, "map2, views {v} and {w}");
+                let mut dst = want.clone();
+                map2_assign(&mut dst, (&src_b, other), |a, b| a * 1e5 + b);
+                assert_eq!(dst, pairs, "map2_assign, views {v} and {w}");
+            }
+        }
+        let [_, t, narrow, row] = &views;
+        let (a, b, c) = (source(t), source(narrow), source(row));
+        let mut out = vec![0f32; n];
+        map3((&a, t), (&b, narrow), (&c, row), &mut out, |x, y, z| {
+            x - y + z
+        });
+        let want: Vec<f32> = (serial(&a, t).into_iter())
+            .zip(serial(&b, narrow))
+            .zip(serial(&c, row))
+            .map(|((x, y), z)| x - y + z)
+            .collect();
+        assert_eq!(out, want, "map3");
+    }
+
+    #[test]
+    fn the_serial_walk_is_the_views_own_indexing() {
+        // The reference above, checked against index arithmetic written out by hand.
+        let [_, t, narrow, row] = views();
+        let (a, b, c) = (source(&t), source(&narrow), source(&row));
+        let (ra, rb, rc) = (serial(&a, &t), serial(&b, &narrow), serial(&c, &row));
+        for (i, j) in [(0, 0), (0, 299), (1, 0), (131, 17), (239, 299)] {
+            let k = i * 300 + j;
+            assert_eq!(ra[k], (j * 240 + i) as f32);
+            assert_eq!(rb[k], (i * 311 + 5 + j) as f32);
+            assert_eq!(rc[k], j as f32);
+        }
+    }
+}

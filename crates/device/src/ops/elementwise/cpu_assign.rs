@@ -259,4 +259,29 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_parallel_fused_update_pairs_every_element_with_its_own_operand() {
+        // Contiguous views at different offsets, long enough to be split into parallel chunks.
+        let n = 50_001;
+        assert!(n > crate::threads::PARALLEL_THRESHOLD);
+        let x: Vec<f32> = (0..n + 3).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let y: Vec<f32> = (0..n + 5).map(|i| (i as f32 * 0.11).cos() * 5.0).collect();
+        let wide = |v: &[f32]| v.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+        let mut dst = cpu_values(wide(&x), DType::F32).unwrap();
+        let src = cpu_values(wide(&y), DType::F32).unwrap();
+        let (lx, ly) = (
+            Layout::new(vec![n], vec![1], 3),
+            Layout::new(vec![n], vec![1], 5),
+        );
+        add_scaled_into(&src, &ly, &mut dst, &lx, 0.1).unwrap();
+        let got = dst.to_f64_vec();
+        for (i, &g) in got.iter().enumerate() {
+            let want = match i {
+                0..3 => x[i],
+                _ => y[i + 2].mul_add(0.1, x[i]),
+            };
+            assert_eq!(g, f64::from(want), "element {i}");
+        }
+    }
 }

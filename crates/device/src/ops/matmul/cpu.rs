@@ -252,4 +252,33 @@ mod tests {
             }
         }
     }
+
+    /// Batches of products run one after the other when each is large enough for `gemm` to
+    /// split (64³ multiply-adds or more), else one product per pool task; either way batch
+    /// `i` reads its own operands.
+    #[test]
+    fn every_batch_of_a_batched_product_reads_its_own_operands() {
+        for (batches, m, n, k) in [(3, 65, 66, 67), (5, 9, 7, 11)] {
+            let big = m * n * k >= 64 * 64 * 64;
+            assert_eq!(big, batches == 3, "one case per path");
+            let a: Vec<f64> = (0..batches * m * k)
+                .map(|v| ((v * 37 % 101) as f64) * 0.01)
+                .collect();
+            let b: Vec<f64> = (0..batches * k * n)
+                .map(|v| ((v * 53 % 97) as f64) * 0.02)
+                .collect();
+            let (la, lb) = (
+                Layout::contiguous(&[batches, m, k]),
+                Layout::contiguous(&[batches, k, n]),
+            );
+            let fast = matmul(&a, &la, &b, &lb);
+            let slow = matmul_reference(&a, &la, &b, &lb);
+            for (i, (x, y)) in fast.iter().zip(&slow).enumerate() {
+                assert!(
+                    (x - y).abs() < 1e-9 * (1.0 + y.abs()),
+                    "{batches} batches [{i}]: {x} vs {y}"
+                );
+            }
+        }
+    }
 }

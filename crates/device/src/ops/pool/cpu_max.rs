@@ -452,7 +452,7 @@ mod tests {
             [usize; 2],
             bool,
         );
-        let cases: [Case; 9] = [
+        let cases: [Case; 11] = [
             ([12, 11], [3, 3], [2, 2], [1, 1], [1, 1], false),
             ([12, 11], [3, 3], [2, 2], [1, 1], [1, 1], true),
             ([9, 10], [2, 2], [2, 2], [0, 0], [1, 1], false),
@@ -464,6 +464,10 @@ mod tests {
             // over four times its plane), the second still through a frame.
             ([2, 3], [101, 61], [1, 2], [50, 30], [1, 1], false),
             ([3, 2], [41, 41], [3, 1], [20, 20], [1, 1], true),
+            // Output planes of several blocks of `BLOCK_OUTPUTS`: ResNet's stem pooling, and a
+            // width that does not divide the block.
+            ([112, 112], [3, 3], [2, 2], [1, 1], [1, 1], false),
+            ([40, 130], [3, 3], [1, 1], [1, 1], [1, 1], true),
         ];
         for (k, (size, kernel, stride, padding, dilation, ceil_mode)) in cases.iter().enumerate() {
             let params = MaxPool2dParams {
@@ -474,6 +478,12 @@ mod tests {
                 ceil_mode: *ceil_mode,
             };
             let g = MaxPool2dGeometry::new([2, 3, size[0], size[1]], params).unwrap();
+            if k >= 9 {
+                assert!(
+                    g.shape.output_plane() > 2 * super::BLOCK_OUTPUTS,
+                    "case {k} spans blocks"
+                );
+            }
             let mut input = awkward_values(6 * size[0] * size[1], 11 + k as u32);
             // One plane of minus infinity only: indices are the windows' first taps.
             let plane = size[0] * size[1];

@@ -63,3 +63,24 @@ impl RandomOps for CpuStorage {
         by_dtype!(dtype, E => output::<E>(n, |out| normals(out, mean, std, seed, offset)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parallel_fill_gives_element_i_draw_offset_plus_i() {
+        let (n, seed, offset) = (40_000usize, 17, 1_000);
+        assert!(n > PARALLEL_THRESHOLD, "the fill must run in parallel");
+        let (mut u, mut g) = (vec![0f32; n], vec![0f64; n]);
+        uniform(&mut u, -1.0, 3.0, seed, offset);
+        normals(&mut g, 0.5, 2.0, seed, offset);
+        for i in (0..n).step_by(997).chain([1, n / 2 + 1, n - 1]) {
+            let (mut one_u, mut one_g) = ([0f32], [0f64]);
+            uniform(&mut one_u, -1.0, 3.0, seed, offset + i as u64);
+            normals(&mut one_g, 0.5, 2.0, seed, offset + i as u64);
+            assert_eq!(u[i], one_u[0], "uniform draw {i}");
+            assert_eq!(g[i], one_g[0], "normal draw {i}");
+        }
+    }
+}

@@ -50,3 +50,39 @@ impl SoftmaxOps for CpuStorage {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_of_a_parallel_softmax_is_normalised_against_an_f64_reference() {
+        // Enough rows that the pool splits them; the rows are read through a transpose.
+        let (rows, d) = (1201, 37);
+        assert!(
+            rows * d > PARALLEL_THRESHOLD,
+            "the rows must run in parallel"
+        );
+        let layout = Layout::contiguous(&[d, rows]).transpose(0, 1);
+        let src: Vec<f32> = (0..rows * d)
+            .map(|i| ((i * 7919) % 101) as f32 * 0.1 - 5.0)
+            .collect();
+        for log in [false, true] {
+            let mut out = vec![f32::NAN; rows * d];
+            softmax_last_dim(&src, &layout, log, &mut out);
+            for r in 0..rows {
+                let x: Vec<f64> = (0..d).map(|j| f64::from(src[j * rows + r])).collect();
+                let max = x.iter().cloned().fold(f64::MIN, f64::max);
+                let lse = max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+                for (j, &v) in x.iter().enumerate() {
+                    let want = if log { v - lse } else { (v - lse).exp() };
+                    let got = f64::from(out[r * d + j]);
+                    assert!(
+                        (got - want).abs() <= 1e-5,
+                        "row {r}, col {j}, log {log}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}

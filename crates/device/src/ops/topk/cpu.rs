@@ -117,4 +117,41 @@ mod tests {
         top_k_into(&x, &l, 2, false, &mut v, &mut i);
         assert_eq!((v, i), ([1.0, 3.0, -2.0, 0.5], [0, 2, 0, 1]));
     }
+
+    #[test]
+    fn every_row_of_a_parallel_top_k_matches_a_sorted_row() {
+        // Enough rows that the pool splits them; values repeat, so ties are ranked by position.
+        let (rows, d, k) = (1100, 37, 5);
+        assert!(
+            rows * d > PARALLEL_THRESHOLD,
+            "the rows must run in parallel"
+        );
+        let x: Vec<f32> = (0..rows * d).map(|i| ((i * 7919) % 53) as f32).collect();
+        let l = Layout::contiguous(&[rows, d]);
+        let (mut v, mut idx) = (vec![0f32; rows * k], vec![0i64; rows * k]);
+        for largest in [true, false] {
+            top_k_into(&x, &l, k, largest, &mut v, &mut idx);
+            for r in 0..rows {
+                let row = &x[r * d..(r + 1) * d];
+                let mut order: Vec<usize> = (0..d).collect();
+                // A stable sort keeps equal values in position order.
+                order.sort_by(|&a, &b| {
+                    let o = row[a].partial_cmp(&row[b]).unwrap();
+                    if largest {
+                        o.reverse()
+                    } else {
+                        o
+                    }
+                });
+                let want_i: Vec<i64> = order[..k].iter().map(|&j| j as i64).collect();
+                let want_v: Vec<f32> = order[..k].iter().map(|&j| row[j]).collect();
+                assert_eq!(
+                    idx[r * k..(r + 1) * k],
+                    want_i,
+                    "row {r}, largest {largest}"
+                );
+                assert_eq!(v[r * k..(r + 1) * k], want_v, "row {r}, largest {largest}");
+            }
+        }
+    }
 }

@@ -1,7 +1,10 @@
 //! Tests of the CPU multi-tensor kernels: norms against naive sums, bitwise determinism for
-//! any thread count, batching, half-precision accumulation, NaN/inf propagation, in-place ops.
+//! any thread count, batching, half-precision accumulation, NaN/inf propagation, in-place ops,
+//! and Adam and SGD steps over tensors cut into chunks.
 
 use super::*;
+use crate::ops::multi_tensor::{AdamStepScalars, MultiTensorOps};
+use crate::Layout;
 
 fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -184,4 +187,112 @@ fn every_instruction_set_gives_the_same_bits() {
     if crate::ops::simd::available().is_empty() {
         eprintln!("only the portable build is checked: no AVX-512F or AVX2 + FMA here");
     }
+}
+
+/// One Adam (amsgrad, decoupled decay) and one SGD (momentum, Nesterov) step over `lens`-long
+/// `f32` tensors cut from the same data, in list order; returns every buffer, concatenated.
+fn steps_over(lens: &[usize], data: &[Vec<f32>; 5]) -> Vec<Vec<f32>> {
+    let cut = |v: &[f32]| -> Vec<CpuStorage> {
+        let mut at = 0;
+        lens.iter()
+            .map(|&n| {
+                at += n;
+                CpuStorage::from_vec(v[at - n..at].to_vec())
+            })
+            .collect()
+    };
+    let [p, g, m, v, x] = data;
+    let (mut p, g, mut m, mut v, mut x) = (cut(p), cut(g), cut(m), cut(v), cut(x));
+    let layouts: Vec<Layout> = lens.iter().map(|&n| Layout::contiguous(&[n])).collect();
+    let scalars = AdamStepScalars {
+        step_size: 1e-3 / (1.0 - 0.9f64.powi(3)),
+        bias_correction2_sqrt: (1.0 - 0.999f64.powi(3)).sqrt(),
+    };
+    let mut adam: Vec<AdamOperands<'_, CpuStorage>> = (p.iter_mut().zip(&g).zip(&mut m))
+        .zip(v.iter_mut().zip(&mut x))
+        .zip(&layouts)
+        .map(|((((p, g), m), (v, x)), l)| AdamOperands {
+            param: (p, l),
+            grad: (g, l),
+            exp_avg: (m, l),
+            exp_avg_sq: (v, l),
+            max_exp_avg_sq: Some((x, l)),
+            scalars,
+        })
+        .collect();
+    let hyper = AdamHyper {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        decoupled: true,
+        maximize: false,
+        grad_scale: 0.75,
+    };
+    CpuStorage::adam_step("AdamW", &mut adam, &hyper).unwrap();
+    drop(adam);
+    // SGD moves the parameters again, with the first moments as its momentum buffers.
+    let mut sgd: Vec<SgdOperands<'_, CpuStorage>> = (p.iter_mut().zip(&g).zip(&mut m))
+        .zip(&layouts)
+        .map(|(((p, g), m), l)| SgdOperands {
+            param: (p, l),
+            grad: (g, l),
+            momentum_buffer: Some((m, l)),
+            first_momentum_step: false,
+        })
+        .collect();
+    let hyper = SgdHyper {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.1,
+        weight_decay: 1e-4,
+        nesterov: true,
+        maximize: false,
+        grad_scale: 0.5,
+    };
+    CpuStorage::sgd_step("SGD", &mut sgd, &hyper).unwrap();
+    drop(sgd);
+    [p, m, v, x]
+        .iter()
+        .map(|list| {
+            list.iter()
+                .flat_map(|s| s.to_vec::<f32>().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// A tensor longer than a chunk is cut into `CHUNK_ELEMS` pieces whose parameter, gradient and
+/// state slices must stay aligned: the same data as tensors that each fit one chunk updates to
+/// the same bits, element for element.
+#[test]
+fn long_tensors_cut_into_chunks_update_as_tensors_of_one_chunk() {
+    let long = 2 * CHUNK_ELEMS + 1_001;
+    let total = 3 + long + 5;
+    let data: [Vec<f32>; 5] = [
+        pseudo_random(total, 1),
+        pseudo_random(total, 2),
+        pseudo_random(total, 3),
+        pseudo_random(total, 4).iter().map(|v| v * v).collect(),
+        pseudo_random(total, 5).iter().map(|v| v * v).collect(),
+    ];
+    let chunked = steps_over(&[3, long, 5], &data);
+    let short = CHUNK_ELEMS / 2;
+    let pieces = [3, short, short, short, short, long - 4 * short, 5];
+    assert!(pieces.iter().all(|&n| n <= CHUNK_ELEMS));
+    assert_eq!(pieces.iter().sum::<usize>(), total);
+    let whole = steps_over(&pieces, &data);
+    for (name, (a, b)) in ["param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
+        .iter()
+        .zip(chunked.iter().zip(&whole))
+    {
+        let first_diff = a
+            .iter()
+            .zip(b)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(first_diff, None, "{name}");
+    }
+    // And the step moved every parameter.
+    assert!(chunked[0].iter().zip(&data[0]).all(|(a, b)| a != b));
 }

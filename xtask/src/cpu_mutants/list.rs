@@ -1,0 +1,197 @@
+//! The bugs `cargo xtask cpu-mutants` plants: each in a path kiln-device's CPU kernels take
+//! only above a size or for a kind of view, with the test meant to cover that path.
+
+/// One planted bug: `find` (exactly one occurrence in kiln-device's `src/<file>`) replaced by
+/// `replace`; `test` (run as `cargo test -p kiln-device <target> -- <test> --exact`) must fail.
+pub struct Mutant {
+    /// What the bug is.
+    pub bug: &'static str,
+    /// The file, relative to kiln-device's `src/`.
+    pub file: &'static str,
+    /// Text to replace.
+    pub find: &'static str,
+    /// Its replacement.
+    pub replace: &'static str,
+    /// The test target: `--lib`, or `--test NAME`.
+    pub target: &'static [&'static str],
+    /// The test's full name within its target.
+    pub test: &'static str,
+}
+
+const LIB: &[&str] = &["--lib"];
+const STRIDED: &str =
+    "ops::strided::tests::parallel_chunks_of_strided_views_read_what_a_serial_walk_reads";
+const CHUNKED_STEPS: &str =
+    "ops::multi_tensor::cpu::tests::long_tensors_cut_into_chunks_update_as_tensors_of_one_chunk";
+
+/// The planted bugs.
+pub const MUTANTS: &[Mutant] = &[
+    Mutant {
+        bug: "a parallel chunk of a strided unary op starts its walk at the wrong element",
+        file: "ops/strided.rs",
+        find: "for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start)) {",
+        replace: "for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start / 2)) {",
+        target: LIB,
+        test: STRIDED,
+    },
+    Mutant {
+        bug: "a parallel chunk of a binary op with one strided operand starts its walk at the wrong element",
+        file: "ops/strided.rs",
+        find: ".zip(sa).zip(StridedIndex::new(lb, start)) {",
+        replace: ".zip(sa).zip(StridedIndex::new(lb, start / 2)) {",
+        target: LIB,
+        test: STRIDED,
+    },
+    Mutant {
+        bug: "a parallel chunk of a binary op with two strided operands starts its walk at the wrong element",
+        file: "ops/strided.rs",
+        find: "let ib = StridedIndex::new(lb, start);\n                for ((o, i), j)",
+        replace: "let ib = StridedIndex::new(lb, start / 2);\n                for ((o, i), j)",
+        target: LIB,
+        test: STRIDED,
+    },
+    Mutant {
+        bug: "a parallel chunk of an in-place binary op starts its walk at the wrong element",
+        file: "ops/strided.rs",
+        find: "for (o, j) in chunk.iter_mut().zip(StridedIndex::new(lb, start)) {",
+        replace: "for (o, j) in chunk.iter_mut().zip(StridedIndex::new(lb, start / 2)) {",
+        target: LIB,
+        test: STRIDED,
+    },
+    Mutant {
+        bug: "a parallel chunk of a ternary op starts its walk at the wrong element",
+        file: "ops/strided.rs",
+        find: "let ic = StridedIndex::new(lc, start);",
+        replace: "let ic = StridedIndex::new(lc, start / 2);",
+        target: LIB,
+        test: STRIDED,
+    },
+    Mutant {
+        bug: "a parallel block of reduction outputs is numbered from the wrong output",
+        file: "ops/reduce/cpu.rs",
+        find: "for (o, slot) in (first..).zip(slots) {",
+        replace: "for (o, slot) in ((first / 2)..).zip(slots) {",
+        target: LIB,
+        test: "ops::reduce::cpu::tests::parallel_blocks_of_outputs_write_every_output",
+    },
+    Mutant {
+        bug: "a parallel softmax skips its first row",
+        file: "ops/softmax/cpu.rs",
+        find: "out.par_chunks_mut(d).for_each(row)",
+        replace: "out.par_chunks_mut(d).skip(1).for_each(row)",
+        target: LIB,
+        test: "ops::softmax::cpu::tests::every_row_of_a_parallel_softmax_is_normalised_against_an_f64_reference",
+    },
+    Mutant {
+        bug: "a parallel top-k pairs each row with the next row's outputs",
+        file: "ops/topk/cpu.rs",
+        find: ".par_chunks(d)",
+        replace: ".par_chunks(d).skip(1)",
+        target: LIB,
+        test: "ops::topk::cpu::tests::every_row_of_a_parallel_top_k_matches_a_sorted_row",
+    },
+    Mutant {
+        bug: "a parallel random fill numbers its draws backwards",
+        file: "ops/random/cpu.rs",
+        find: "out.par_iter_mut().enumerate()",
+        replace: "out.par_iter_mut().rev().enumerate()",
+        target: LIB,
+        test: "ops::random::cpu::tests::a_parallel_fill_gives_element_i_draw_offset_plus_i",
+    },
+    Mutant {
+        bug: "a bad max-pool index past the first piece is reported at the wrong position",
+        file: "ops/pool/cpu.rs",
+        find: ".map(|k| n * PIECE + k)",
+        replace: ".map(|k| n + k)",
+        target: &["--test", "pool"],
+        test: "max_pool2d_backward_rejects_indices_outside_the_plane",
+    },
+    Mutant {
+        bug: "max pooling by frame: the third block of a plane reads the second's rows",
+        file: "ops/pool/cpu_max.rs",
+        find: "let first_row = b * (block / out_w);",
+        replace: "let first_row = b.min(1) * (block / out_w);",
+        target: LIB,
+        test: "ops::pool::cpu_max::tests::forward_matches_visiting_each_windows_taps",
+    },
+    Mutant {
+        bug: "max pooling window by window skips each plane's first output",
+        file: "ops/pool/cpu_max.rs",
+        find: "for (k, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {",
+        replace: "for (k, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate().skip(1) {",
+        target: LIB,
+        test: "ops::pool::cpu_max::tests::forward_matches_visiting_each_windows_taps",
+    },
+    Mutant {
+        bug: "a parallel chunk of `add_` with alpha reads the wrong operand slice",
+        file: "ops/elementwise/cpu_assign.rs",
+        find: "chunk(out, &b[start..start + out.len()])",
+        replace: "chunk(out, &b[start / 2..start / 2 + out.len()])",
+        target: LIB,
+        test: "ops::elementwise::cpu_assign::tests::a_parallel_fused_update_pairs_every_element_with_its_own_operand",
+    },
+    Mutant {
+        bug: "batched products large enough for gemm to split: odd batches read the even one's B",
+        file: "ops/matmul/cpu.rs",
+        find: "one_matrix(dst, offs_a[i], offs_b[i], par)",
+        replace: "one_matrix(dst, offs_a[i], offs_b[i / 2 * 2], par)",
+        target: LIB,
+        test: "ops::matmul::cpu::tests::every_batch_of_a_batched_product_reads_its_own_operands",
+    },
+    Mutant {
+        bug: "small batched products, one per task: odd batches read the even one's B",
+        file: "ops/matmul/cpu.rs",
+        find: "one_matrix(dst, offs_a[i], offs_b[i], Parallelism::None)",
+        replace: "one_matrix(dst, offs_a[i], offs_b[i / 2 * 2], Parallelism::None)",
+        target: LIB,
+        test: "ops::matmul::cpu::tests::every_batch_of_a_batched_product_reads_its_own_operands",
+    },
+    Mutant {
+        bug: "Adam over a tensor longer than a chunk: gradient chunks out of step",
+        file: "ops/multi_tensor/cpu/adam.rs",
+        find: ".zip(g.chunks(CHUNK_ELEMS))",
+        replace: ".zip(g.chunks(CHUNK_ELEMS - 8))",
+        target: LIB,
+        test: CHUNKED_STEPS,
+    },
+    Mutant {
+        bug: "Adam over a tensor longer than a chunk: amsgrad's running-maximum chunks out of step",
+        file: "ops/multi_tensor/cpu/adam.rs",
+        find: "Some(x.chunks_mut(CHUNK_ELEMS))",
+        replace: "Some(x.chunks_mut(CHUNK_ELEMS - 8))",
+        target: LIB,
+        test: CHUNKED_STEPS,
+    },
+    Mutant {
+        bug: "SGD over a tensor longer than a chunk: gradient chunks out of step",
+        file: "ops/multi_tensor/cpu/sgd.rs",
+        find: ".zip(g.chunks(CHUNK_ELEMS))",
+        replace: ".zip(g.chunks(CHUNK_ELEMS - 8))",
+        target: LIB,
+        test: CHUNKED_STEPS,
+    },
+    Mutant {
+        bug: "SGD over a tensor longer than a chunk: momentum-buffer chunks out of step",
+        file: "ops/multi_tensor/cpu/sgd.rs",
+        find: "Some(b.chunks_mut(CHUNK_ELEMS))",
+        replace: "Some(b.chunks_mut(CHUNK_ELEMS - 8))",
+        target: LIB,
+        test: CHUNKED_STEPS,
+    },
+    Mutant {
+        bug: "a norm over more than four sub-blocks drops the rest",
+        file: "ops/multi_tensor/cpu/mod.rs",
+        find: "for block in s.chunks(SUB_BLOCK) {",
+        replace: "for block in s.chunks(SUB_BLOCK).take(4) {",
+        target: LIB,
+        test: "ops::multi_tensor::cpu::tests::norms_match_a_naive_sum_for_every_kind_and_odd_lengths",
+    },
+    Mutant {
+        bug: "layer norm's weight gradient skips the first row of every row block after the first",
+        file: "ops/norm/cpu/mod.rs",
+        find: "for row in block * ROW_BLOCK..",
+        replace: "for row in block * ROW_BLOCK + (block > 0) as usize..",
+        target: &["--test", "norm"],
+        test: "layer_norm_gradients_match_finite_differences",
+    },
+];
