@@ -206,4 +206,41 @@ mod tests {
             size += size / 7 / 512 * 512 + 512;
         }
     }
+
+    /// Blocks of one class above 2 MiB share a list in the order they were freed; the largest,
+    /// the best fit and the lowest-address tie are found by size, not by position in the list.
+    #[test]
+    fn a_shared_class_is_searched_by_size_and_address() {
+        use crate::stats::PoolKind;
+        let mb = 1usize << 20;
+        // One class (3 MiB up to 3 MiB + 128 KiB); its list holds them most recently freed first.
+        let sizes = [
+            3 * mb + (32 << 10),
+            3 * mb + (64 << 10),
+            3 * mb,
+            3 * mb + (64 << 10),
+        ];
+        assert!(sizes.iter().all(|&s| class_of(s) == class_of(3 * mb)));
+        let mut blocks: Vec<Block> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                Block::free((1 + i as u64) << 30, size, 0, NONE, PoolKind::Large, 0, 0)
+            })
+            .collect();
+        let mut index = FreeIndex::default();
+        for id in 0..blocks.len() as u32 {
+            index.insert(&mut blocks, id);
+        }
+        assert_eq!(index.largest(&blocks), 3 * mb + (64 << 10));
+        assert_eq!(index.best_fit(&blocks, 3 * mb), Some(2));
+        assert_eq!(index.best_fit(&blocks, 3 * mb + 512), Some(0));
+        // Two blocks of the largest size; the list visits block 3 first, the lower address
+        // (block 1) wins.
+        assert_eq!(index.best_fit(&blocks, 3 * mb + (33 << 10)), Some(1));
+        assert_eq!(index.best_fit(&blocks, 3 * mb + (65 << 10)), None);
+        index.remove(&mut blocks, 3);
+        index.remove(&mut blocks, 1);
+        assert_eq!(index.largest(&blocks), 3 * mb + (32 << 10));
+    }
 }

@@ -1,12 +1,15 @@
-//! The bugs `cargo xtask cpu-mutants` plants: each in a path kiln-device's CPU kernels take
-//! only above a size or for a kind of view, with the test meant to cover that path.
+//! The bugs `cargo xtask cpu-mutants` plants: each in a path kiln-device's CPU kernels (or the
+//! caching allocator's free-block index) take only above a size or for a kind of view, with the
+//! test meant to cover that path.
 
-/// One planted bug: `find` (exactly one occurrence in kiln-device's `src/<file>`) replaced by
-/// `replace`; `test` (run as `cargo test -p kiln-device <target> -- <test> --exact`) must fail.
+/// One planted bug: `find` (exactly one occurrence in `file`) replaced by `replace`; `test`
+/// (run as `cargo test -p <package> <target> -- <test> --exact`) must fail.
 pub struct Mutant {
     /// What the bug is.
     pub bug: &'static str,
-    /// The file, relative to kiln-device's `src/`.
+    /// The package the file belongs to.
+    pub package: &'static str,
+    /// The file, relative to the workspace root.
     pub file: &'static str,
     /// Text to replace.
     pub find: &'static str,
@@ -19,6 +22,8 @@ pub struct Mutant {
 }
 
 const LIB: &[&str] = &["--lib"];
+const DEVICE: &str = "kiln-device";
+const ALLOC: &str = "kiln-alloc-cache";
 const STRIDED: &str =
     "ops::strided::tests::parallel_chunks_of_strided_views_read_what_a_serial_walk_reads";
 const CHUNKED_STEPS: &str =
@@ -28,7 +33,8 @@ const CHUNKED_STEPS: &str =
 pub const MUTANTS: &[Mutant] = &[
     Mutant {
         bug: "a parallel chunk of a strided unary op starts its walk at the wrong element",
-        file: "ops/strided.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/strided.rs",
         find: "for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start)) {",
         replace: "for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start / 2)) {",
         target: LIB,
@@ -36,7 +42,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel chunk of a binary op with one strided operand starts its walk at the wrong element",
-        file: "ops/strided.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/strided.rs",
         find: ".zip(sa).zip(StridedIndex::new(lb, start)) {",
         replace: ".zip(sa).zip(StridedIndex::new(lb, start / 2)) {",
         target: LIB,
@@ -44,7 +51,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel chunk of a binary op with two strided operands starts its walk at the wrong element",
-        file: "ops/strided.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/strided.rs",
         find: "let ib = StridedIndex::new(lb, start);\n                for ((o, i), j)",
         replace: "let ib = StridedIndex::new(lb, start / 2);\n                for ((o, i), j)",
         target: LIB,
@@ -52,7 +60,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel chunk of an in-place binary op starts its walk at the wrong element",
-        file: "ops/strided.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/strided.rs",
         find: "for (o, j) in chunk.iter_mut().zip(StridedIndex::new(lb, start)) {",
         replace: "for (o, j) in chunk.iter_mut().zip(StridedIndex::new(lb, start / 2)) {",
         target: LIB,
@@ -60,7 +69,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel chunk of a ternary op starts its walk at the wrong element",
-        file: "ops/strided.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/strided.rs",
         find: "let ic = StridedIndex::new(lc, start);",
         replace: "let ic = StridedIndex::new(lc, start / 2);",
         target: LIB,
@@ -68,7 +78,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel block of reduction outputs is numbered from the wrong output",
-        file: "ops/reduce/cpu.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/reduce/cpu.rs",
         find: "for (o, slot) in (first..).zip(slots) {",
         replace: "for (o, slot) in ((first / 2)..).zip(slots) {",
         target: LIB,
@@ -76,7 +87,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel softmax skips its first row",
-        file: "ops/softmax/cpu.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/softmax/cpu.rs",
         find: "out.par_chunks_mut(d).for_each(row)",
         replace: "out.par_chunks_mut(d).skip(1).for_each(row)",
         target: LIB,
@@ -84,7 +96,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel top-k pairs each row with the next row's outputs",
-        file: "ops/topk/cpu.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/topk/cpu.rs",
         find: ".par_chunks(d)",
         replace: ".par_chunks(d).skip(1)",
         target: LIB,
@@ -92,7 +105,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel random fill numbers its draws backwards",
-        file: "ops/random/cpu.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/random/cpu.rs",
         find: "out.par_iter_mut().enumerate()",
         replace: "out.par_iter_mut().rev().enumerate()",
         target: LIB,
@@ -100,7 +114,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a bad max-pool index past the first piece is reported at the wrong position",
-        file: "ops/pool/cpu.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/pool/cpu.rs",
         find: ".map(|k| n * PIECE + k)",
         replace: ".map(|k| n + k)",
         target: &["--test", "pool"],
@@ -108,7 +123,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "max pooling by frame: the third block of a plane reads the second's rows",
-        file: "ops/pool/cpu_max.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/pool/cpu_max.rs",
         find: "let first_row = b * (block / out_w);",
         replace: "let first_row = b.min(1) * (block / out_w);",
         target: LIB,
@@ -116,7 +132,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "max pooling window by window skips each plane's first output",
-        file: "ops/pool/cpu_max.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/pool/cpu_max.rs",
         find: "for (k, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {",
         replace: "for (k, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate().skip(1) {",
         target: LIB,
@@ -124,7 +141,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a parallel chunk of `add_` with alpha reads the wrong operand slice",
-        file: "ops/elementwise/cpu_assign.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/elementwise/cpu_assign.rs",
         find: "chunk(out, &b[start..start + out.len()])",
         replace: "chunk(out, &b[start / 2..start / 2 + out.len()])",
         target: LIB,
@@ -132,7 +150,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "batched products large enough for gemm to split: odd batches read the even one's B",
-        file: "ops/matmul/cpu.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/matmul/cpu.rs",
         find: "one_matrix(dst, offs_a[i], offs_b[i], par)",
         replace: "one_matrix(dst, offs_a[i], offs_b[i / 2 * 2], par)",
         target: LIB,
@@ -140,7 +159,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "small batched products, one per task: odd batches read the even one's B",
-        file: "ops/matmul/cpu.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/matmul/cpu.rs",
         find: "one_matrix(dst, offs_a[i], offs_b[i], Parallelism::None)",
         replace: "one_matrix(dst, offs_a[i], offs_b[i / 2 * 2], Parallelism::None)",
         target: LIB,
@@ -148,7 +168,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "Adam over a tensor longer than a chunk: gradient chunks out of step",
-        file: "ops/multi_tensor/cpu/adam.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/multi_tensor/cpu/adam.rs",
         find: ".zip(g.chunks(CHUNK_ELEMS))",
         replace: ".zip(g.chunks(CHUNK_ELEMS - 8))",
         target: LIB,
@@ -156,7 +177,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "Adam over a tensor longer than a chunk: amsgrad's running-maximum chunks out of step",
-        file: "ops/multi_tensor/cpu/adam.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/multi_tensor/cpu/adam.rs",
         find: "Some(x.chunks_mut(CHUNK_ELEMS))",
         replace: "Some(x.chunks_mut(CHUNK_ELEMS - 8))",
         target: LIB,
@@ -164,7 +186,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "SGD over a tensor longer than a chunk: gradient chunks out of step",
-        file: "ops/multi_tensor/cpu/sgd.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/multi_tensor/cpu/sgd.rs",
         find: ".zip(g.chunks(CHUNK_ELEMS))",
         replace: ".zip(g.chunks(CHUNK_ELEMS - 8))",
         target: LIB,
@@ -172,7 +195,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "SGD over a tensor longer than a chunk: momentum-buffer chunks out of step",
-        file: "ops/multi_tensor/cpu/sgd.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/multi_tensor/cpu/sgd.rs",
         find: "Some(b.chunks_mut(CHUNK_ELEMS))",
         replace: "Some(b.chunks_mut(CHUNK_ELEMS - 8))",
         target: LIB,
@@ -180,7 +204,8 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "a norm over more than four sub-blocks drops the rest",
-        file: "ops/multi_tensor/cpu/mod.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/multi_tensor/cpu/mod.rs",
         find: "for block in s.chunks(SUB_BLOCK) {",
         replace: "for block in s.chunks(SUB_BLOCK).take(4) {",
         target: LIB,
@@ -188,10 +213,29 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         bug: "layer norm's weight gradient skips the first row of every row block after the first",
-        file: "ops/norm/cpu/mod.rs",
+        package: DEVICE,
+        file: "crates/device/src/ops/norm/cpu/mod.rs",
         find: "for row in block * ROW_BLOCK..",
         replace: "for row in block * ROW_BLOCK + (block > 0) as usize..",
         target: &["--test", "norm"],
         test: "layer_norm_gradients_match_finite_differences",
+    },
+    Mutant {
+        bug: "the largest free block of a shared size class is the last one listed, not the largest",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/free_index.rs",
+        find: "largest = largest.max(blocks[id as usize].size);",
+        replace: "largest = blocks[id as usize].size;",
+        target: LIB,
+        test: "free_index::tests::a_shared_class_is_searched_by_size_and_address",
+    },
+    Mutant {
+        bug: "a best fit in a shared size class ignores the lowest-address tie rule",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/free_index.rs",
+        find: "best.is_none_or(|(s, a, _)| (b.size, b.addr) < (s, a))",
+        replace: "best.is_none_or(|(s, _a, _)| b.size < s)",
+        target: LIB,
+        test: "free_index::tests::a_shared_class_is_searched_by_size_and_address",
     },
 ];

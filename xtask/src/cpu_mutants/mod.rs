@@ -1,7 +1,8 @@
 //! `cargo xtask cpu-mutants [--only TEXT]... [--list]`: plants known bugs in copies of
-//! kiln-device's CPU kernels, in the paths a kernel takes only above a size or for a kind of
-//! view (parallel chunks, strided walks, blocks and chunks of long tensors), and shows that the
-//! test meant to cover each path fails.
+//! kiln-device's CPU kernels (and the caching allocator's free-block index), in the paths taken
+//! only above a size or for a kind of view (parallel chunks, strided walks, blocks and chunks of
+//! long tensors, size classes shared by several sizes), and shows that the test meant to cover
+//! each path fails.
 //!
 //! A test whose input is too small or too plain for the path it means to test passes whatever
 //! that path computes; only planting a bug there shows the test can fail.
@@ -48,14 +49,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let root = crate::paths::workspace_root();
     let work = crate::paths::target_dir(&root).join("cpu-mutants");
     let copy = work.join("src");
-    let device = |root: &Path, file: &str| root.join("crates/device/src").join(file);
     for m in &chosen {
-        let text = read(&device(&root, m.file))?;
+        let text = read(&root.join(m.file))?;
         let n = text.matches(m.find).count();
         if n != 1 {
             return Err(format!(
-                "cpu-mutants: `{}` occurs {n} times in crates/device/src/{} (bug: {}): the list \
-                 must name text that occurs exactly once; update xtask/src/cpu_mutants/list.rs",
+                "cpu-mutants: `{}` occurs {n} times in {} (bug: {}): the list must name text \
+                 that occurs exactly once; update xtask/src/cpu_mutants/list.rs",
                 m.find, m.file, m.bug
             ));
         }
@@ -66,11 +66,14 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     }
     let target = work.join("target");
     eprintln!("cpu-mutants: every test on the unmutated copy first");
-    let mut tests: Vec<(&[&str], &str)> = chosen.iter().map(|m| (m.target, m.test)).collect();
+    let mut tests: Vec<(&str, &[&str], &str)> = chosen
+        .iter()
+        .map(|m| (m.package, m.target, m.test))
+        .collect();
     tests.sort();
     tests.dedup();
-    for (t, test) in &tests {
-        let (ok, log) = cargo_test(&copy, &target, t, test)?;
+    for (package, t, test) in &tests {
+        let (ok, log) = cargo_test(&copy, &target, package, t, test)?;
         if !ok || !log.contains(&format!("test {test} ... ok")) {
             return Err(format!(
                 "cpu-mutants: `{test}` ({}) did not pass on the unmutated copy:\n{}",
@@ -84,10 +87,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     println!("|---|---|---|---|");
     for (i, m) in chosen.iter().enumerate() {
         eprintln!("cpu-mutants: [{}/{}] {}", i + 1, chosen.len(), m.bug);
-        let file = device(&copy, m.file);
-        let clean = read(&device(&root, m.file))?;
+        let file = copy.join(m.file);
+        let clean = read(&root.join(m.file))?;
         write(&file, &clean.replacen(m.find, m.replace, 1))?;
-        let outcome = cargo_test(&copy, &target, m.target, m.test);
+        let outcome = cargo_test(&copy, &target, m.package, m.target, m.test);
         write(&file, &clean)?;
         let (_, log) = outcome?;
         let verdict = if log.contains(&format!("test {} ... FAILED", m.test)) {
@@ -118,17 +121,18 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     }
 }
 
-/// `cargo test -p kiln-device <target> -- <test> --exact` in the copy: (passed, output).
+/// `cargo test -p <package> <target> -- <test> --exact` in the copy: (passed, output).
 fn cargo_test(
     copy: &Path,
     target: &Path,
+    package: &str,
     t: &[&str],
     test: &str,
 ) -> Result<(bool, String), String> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(copy)
         .env("CARGO_TARGET_DIR", target)
-        .args(["test", "-p", "kiln-device"])
+        .args(["test", "-p", package])
         .args(t)
         .args(["--", test, "--exact"])
         .output()
