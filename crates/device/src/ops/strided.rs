@@ -235,28 +235,26 @@ mod tests {
             assert_eq!(map1(&src, layout, |x: f32| x), want, "map1, view {v}");
             for (w, other) in views.iter().enumerate() {
                 let src_b = source(other);
-                let want_b = serial(&src_b, other);
-                let mut out = vec![0f32; n];
-                map2((&src, layout), (&src_b, other), &mut out, |a, b| {
-                    a * 1e5 + b
-                });
-                let pairs: Vec<f32> = want.iter().zip(&want_b).map(|(a, b)| a * 1e5 + b).collect();
+                let pairs: Vec<(f32, f32)> =
+                    want.iter().copied().zip(serial(&src_b, other)).collect();
+                let mut out = vec![(0f32, 0f32); n];
+                map2((&src, layout), (&src_b, other), &mut out, |a, b| (a, b));
                 assert_eq!(out, pairs, "map2, views {v} and {w}");
-                let mut dst = want.clone();
-                map2_assign(&mut dst, (&src_b, other), |a, b| a * 1e5 + b);
+                let mut dst: Vec<(f32, f32)> = want.iter().map(|&a| (a, f32::NAN)).collect();
+                map2_assign(&mut dst, (&src_b, other), |(a, _), b| (a, b));
                 assert_eq!(dst, pairs, "map2_assign, views {v} and {w}");
             }
         }
         let [_, t, narrow, row] = &views;
         let (a, b, c) = (source(t), source(narrow), source(row));
-        let mut out = vec![0f32; n];
+        let mut out = vec![(0f32, 0f32, 0f32); n];
         map3((&a, t), (&b, narrow), (&c, row), &mut out, |x, y, z| {
-            x - y + z
+            (x, y, z)
         });
-        let want: Vec<f32> = (serial(&a, t).into_iter())
+        let want: Vec<(f32, f32, f32)> = (serial(&a, t).into_iter())
             .zip(serial(&b, narrow))
             .zip(serial(&c, row))
-            .map(|((x, y), z)| x - y + z)
+            .map(|((x, y), z)| (x, y, z))
             .collect();
         assert_eq!(out, want, "map3");
     }
