@@ -46,6 +46,10 @@ const SEEDS: &[(&str, &[u8])] = &[
         include_bytes!("fixtures/views_legacy.pth"),
     ),
     (
+        "views_zip64.pth",
+        include_bytes!("fixtures/views_zip64.pth"),
+    ),
+    (
         "small_convnet.pth",
         include_bytes!("fixtures/small_convnet.pth"),
     ),

@@ -35,6 +35,8 @@ const SMALL_ST: &[u8] = include_bytes!("fixtures/small_convnet.safetensors");
 const VIEWS_PTH: &[u8] = include_bytes!("fixtures/views.pth");
 const VIEWS_LEGACY_PTH: &[u8] = include_bytes!("fixtures/views_legacy.pth");
 const VIEWS_DEFLATED_PTH: &[u8] = include_bytes!("fixtures/views_deflated.pth");
+/// views.pth in the zip64 form of archives over 4 GiB (gen_pth.py's `zip64`).
+const VIEWS_ZIP64_PTH: &[u8] = include_bytes!("fixtures/views_zip64.pth");
 const VIEWS_ST: &[u8] = include_bytes!("fixtures/views.safetensors");
 
 /// gen_fixtures.py's `small_convnet`.
@@ -181,6 +183,7 @@ fn views_dtypes_and_shared_storages_match_safetensors_bit_for_bit() {
         ("views.pth", VIEWS_PTH),
         ("views_legacy.pth", VIEWS_LEGACY_PTH),
         ("views_deflated.pth", VIEWS_DEFLATED_PTH),
+        ("views_zip64.pth", VIEWS_ZIP64_PTH),
     ] {
         let pth = read_pth(bytes).unwrap();
         assert_same_tensors(&pth, &st);

@@ -1,6 +1,6 @@
 //! The bugs `cargo xtask cpu-mutants` plants: each in a path kiln-device's CPU kernels (or the
-//! caching allocator's free-block index) take only above a size or for a kind of view, with the
-//! test meant to cover that path.
+//! caching allocator's free-block index, or the `.pth` reader's zip64 records) take only above a
+//! size or for a kind of view, with the test meant to cover that path.
 
 /// One planted bug: `find` (exactly one occurrence in `file`) replaced by `replace`; `test`
 /// (run as `cargo test -p <package> <target> -- <test> --exact`) must fail.
@@ -24,6 +24,8 @@ pub struct Mutant {
 const LIB: &[&str] = &["--lib"];
 const DEVICE: &str = "kiln-device";
 const ALLOC: &str = "kiln-alloc-cache";
+const PTH: &[&str] = &["--test", "pth"];
+const PTH_VIEWS: &str = "views_dtypes_and_shared_storages_match_safetensors_bit_for_bit";
 const STRIDED: &str =
     "ops::strided::tests::parallel_chunks_of_strided_views_read_what_a_serial_walk_reads";
 const CHUNKED_STEPS: &str =
@@ -237,5 +239,23 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "best.is_none_or(|(s, _a, _)| b.size < s)",
         target: LIB,
         test: "free_index::tests::a_shared_class_is_searched_by_size_and_address",
+    },
+    Mutant {
+        bug: "a zip64 entry's saturated sizes read in swapped order (archives over 4 GiB)",
+        package: "kiln-models",
+        file: "crates/models/src/pth/zip.rs",
+        find: "take(&mut entry.uncompressed_size)?;\n            take(&mut entry.compressed_size)?;",
+        replace: "take(&mut entry.compressed_size)?;\n            take(&mut entry.uncompressed_size)?;",
+        target: PTH,
+        test: PTH_VIEWS,
+    },
+    Mutant {
+        bug: "the zip64 end record read from the wrong offset (archives of 65,535 entries or more)",
+        package: "kiln-models",
+        file: "crates/models/src/pth/zip.rs",
+        find: "slice(b, u64_at(loc, 8), 56, \"the zip64 end record\")",
+        replace: "slice(b, u64_at(loc, 4), 56, \"the zip64 end record\")",
+        target: PTH,
+        test: PTH_VIEWS,
     },
 ];
