@@ -1,8 +1,8 @@
 //! `cargo xtask cpu-mutants [--only TEXT]... [--list]`: plants known bugs in copies of
-//! kiln-device's CPU kernels (and the caching allocator's free-block index), in the paths taken
-//! only above a size or for a kind of view (parallel chunks, strided walks, blocks and chunks of
-//! long tensors, size classes shared by several sizes), and shows that the test meant to cover
-//! each path fails.
+//! kiln-device's CPU kernels (and of the caching allocator's free-block index and the `.pth`
+//! reader), in the paths taken only above a size or for a kind of input (parallel chunks,
+//! strided walks, blocks and chunks of long tensors, size classes shared by several sizes, zip64
+//! records), and shows that the test meant to cover each path fails.
 //!
 //! A test whose input is too small or too plain for the path it means to test passes whatever
 //! that path computes; only planting a bug there shows the test can fail.
