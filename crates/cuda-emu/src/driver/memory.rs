@@ -143,10 +143,14 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
     }
     drop(freeing);
     s.submit(Item::Control(Box::new(move || {
-        if let Some(set) = FREEING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        // Freed and unmarked under one hold of the lock: a second `cuMemFreeAsync` of the same
+        // pointer sees it either queued or gone, never live and unqueued (it was once accepted
+        // in that window and failed later on the stream).
+        let mut freeing = FREEING.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = free_now("cuMemFreeAsync", dptr);
+        if let Some(set) = freeing.as_mut() {
             set.remove(&dptr);
         }
-        let _ = free_now("cuMemFreeAsync", dptr);
     })));
     CUresult::CUDA_SUCCESS
 }
