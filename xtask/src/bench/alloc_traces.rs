@@ -82,7 +82,7 @@ pub(super) const FROM_PYTORCH: [(&str, &str); 8] = [
 
 /// The synthetic GPU-scale traces of `kiln_alloc_cache::synth` (tensors of 10-100 MiB, which
 /// the CPU recordings do not reach in a CI budget).
-const SYNTHETIC: [(&str, &str); 4] = [
+pub(super) const SYNTHETIC: [(&str, &str); 4] = [
     (
         "synthetic_mlp_step_b1024",
         include_str!("../../../crates/alloc-cache/traces/mlp_step_b1024.trace"),
