@@ -32,8 +32,9 @@ commands:
   emu-mutants  plant known bugs in copies of kiln's kernels and launchers; show the emulator
              catches each (emu-probe CASE [--bug]: the launcher cases it runs)
   cpu-mutants  plant known bugs in copies of size- and view-specific paths (CPU kernels, the
-             allocator's free-block index, the .pth reader's zip64 records); show the test meant
-             for each path fails (--only TEXT, --list)";
+             allocator's free-block index, the .pth reader's zip64 records) and of rules only
+             some settings reach (parameter groups, max_split_size, the data loader, backward);
+             show the test meant for each fails (--only TEXT, --list)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -186,3 +186,76 @@ fn a_request_that_rounding_would_waste_gets_a_segment_for_two() {
     }
     a.check_invariants().unwrap();
 }
+
+/// Each `max_split_size` rule at its exact boundary, where PyTorch's comparisons are `>=`: a
+/// cached block of exactly `max_split_size` is oversize (not cut for a smaller request); a
+/// request of exactly `max_split_size` is oversize too, and an oversize request does not take a
+/// block exactly 20 MiB larger; wholly free segments that would merge into exactly
+/// `max_split_size` are not merged for a smaller request; growth never makes a segment of
+/// exactly `max_split_size`.
+#[test]
+fn max_split_size_rules_hold_at_their_exact_boundaries() {
+    let limit = |mib: usize| AllocatorConfig {
+        max_split_size: Some(mib * MIB),
+        ..AllocatorConfig::default()
+    };
+    // A block of exactly max_split_size is not cut for a smaller request.
+    let (_sim, a) = sim_alloc(limit(40));
+    let block = a.allocate_raw(40 * MIB, S0).unwrap();
+    let addr = block.addr();
+    a.free_raw(block).unwrap();
+    let small = a.allocate_raw(10 * MIB, S0).unwrap();
+    assert_ne!(
+        small.addr(),
+        addr,
+        "a 40 MiB block is oversize at max_split_size 40 MiB"
+    );
+    a.free_raw(small).unwrap();
+    a.check_invariants().unwrap();
+
+    // A request of exactly max_split_size does not take a block 20 MiB larger; one 512 bytes
+    // larger does.
+    for (request, reused) in [(40 * MIB, false), (40 * MIB + 512, true)] {
+        let (_sim, a) = sim_alloc(limit(40));
+        let block = a.allocate_raw(60 * MIB, S0).unwrap();
+        let addr = block.addr();
+        a.free_raw(block).unwrap();
+        let x = a.allocate_raw(request, S0).unwrap();
+        assert_eq!(
+            x.addr() == addr,
+            reused,
+            "{request} bytes from a 60 MiB block"
+        );
+        a.free_raw(x).unwrap();
+        a.check_invariants().unwrap();
+    }
+
+    // Three free 12 MiB segments would merge into exactly max_split_size (36 MiB): not for a
+    // 30 MiB request, which gets a segment of its own.
+    let (_sim, a) = sim_alloc(limit(36));
+    let xs: Vec<_> = (0..3)
+        .map(|_| a.allocate_raw(12 * MIB, S0).unwrap())
+        .collect();
+    for x in xs {
+        a.free_raw(x).unwrap();
+    }
+    let y = a.allocate_raw(30 * MIB, S0).unwrap();
+    let s = a.memory_stats();
+    assert_eq!((s.num_device_free, s.num_device_alloc), (0, 4), "no merge");
+    a.free_raw(y).unwrap();
+    a.check_invariants().unwrap();
+
+    // With 400 MiB reserved, two 12 MiB copies fit 400 / 16 = 25 MiB, but a 24 MiB segment
+    // would be exactly max_split_size: the segment holds one copy.
+    let (_sim, a) = sim_alloc(limit(24));
+    let big = a.allocate_raw(400 * MIB, S0).unwrap();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        412 * MIB as i64
+    );
+    for r in [big, x] {
+        a.free_raw(r).unwrap();
+    }
+    a.check_invariants().unwrap();
+}

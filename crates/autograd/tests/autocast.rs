@@ -94,6 +94,37 @@ fn gradients_reach_f32_leaves_in_f32() {
     }
 }
 
+/// `x @ w` as a custom op whose backward calls `matmul` (as user-written backward code does).
+fn custom_product(x: &Tensor, w: &Tensor) -> Tensor {
+    let y = kiln_autograd::no_grad(|| x.matmul(w)).unwrap();
+    Tensor::record_op("CustomProductBackward", &[x], &y, |_| {
+        let w_t = w.save_for_backward().t().unwrap();
+        Box::new(move |g| Ok(vec![Some(g.matmul(&w_t)?)]))
+    })
+}
+
+/// Backward called inside an autocast scope runs in the dtypes the forward recorded (PyTorch's
+/// rule), user-written backward code included: a graph built in f32 outside the scope gets
+/// exactly the gradients it gets outside.
+#[test]
+fn backward_inside_an_autocast_scope_runs_in_the_forwards_dtypes() {
+    for dev in devices() {
+        let (x, w) = (randn(7, &[6, 5], dev), randn(8, &[5, 3], dev));
+        let rx = x.detach();
+        for t in [&x, &rx] {
+            t.set_requires_grad(true).unwrap();
+        }
+        let loss = custom_product(&x, &w).tanh().unwrap().sum_all().unwrap();
+        autocast(DType::BF16, || loss.backward()).unwrap().unwrap();
+        let reference = custom_product(&rx, &w).tanh().unwrap().sum_all().unwrap();
+        reference.backward().unwrap();
+        let (got, want) = (x.grad().unwrap(), rx.grad().unwrap());
+        assert_eq!(got.dtype(), DType::F32);
+        let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
+        assert_eq!(g, w, "the scope changed backward's arithmetic");
+    }
+}
+
 #[test]
 fn f64_is_never_cast_scopes_nest_and_bad_dtypes_are_refused() {
     let a = Generator::new(1)

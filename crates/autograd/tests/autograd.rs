@@ -98,6 +98,20 @@ fn detach_and_freezing_stop_gradients() {
     assert!(w.grad().is_none());
 }
 
+/// A leaf frozen after the forward (PyTorch's `w.requires_grad_(False)` between forward and
+/// backward) gets no gradient, as PyTorch's `AccumulateGrad` skips a leaf that no longer
+/// requires grad; the other leaves of the same graph still get theirs.
+#[test]
+fn a_leaf_frozen_after_the_forward_gets_no_gradient() {
+    let x = leaf(&[2.0, 3.0]);
+    let w = leaf(&[5.0, 7.0]);
+    let y = x.mul(&w).unwrap().mul(&w).unwrap().sum_all().unwrap();
+    w.set_requires_grad(false).unwrap();
+    y.backward().unwrap();
+    assert!(w.grad().is_none(), "frozen before backward: no gradient");
+    assert_eq!(grad(&x), vec![25.0, 49.0]);
+}
+
 #[test]
 fn backward_with_an_explicit_gradient() {
     let x = leaf(&[1.0, 2.0, 3.0]);

@@ -175,6 +175,45 @@ fn augmentation_changes_between_epochs_but_not_between_runs() {
     assert_eq!(e0, epoch(&mut augmented(2)));
 }
 
+/// Augmentation is drawn per sample: identical images in one epoch get their own crops and
+/// flips, each the one `Augment::apply` gives for that sample's index and epoch.
+#[test]
+fn samples_of_one_epoch_get_their_own_crop_and_flip() {
+    let n = 32;
+    let image: Vec<u8> = (0..18).map(|i| (i * 13 % 251) as u8).collect();
+    let pixels = image.iter().copied().cycle().take(n * 18).collect();
+    let ds = ImageDataset::new("same", [2, 3, 3], pixels, vec![0; n], vec!["a".into()]).unwrap();
+    let mut c = config(n, false, false);
+    c.augment = Augment {
+        crop_padding: 1,
+        flip_prob: 0.5,
+    };
+    let mut loader = DataLoader::new(Arc::new(ds), c.clone(), Device::Cpu).unwrap();
+    for epoch_index in 0..2 {
+        let batches = epoch(&mut loader);
+        let (indices, px, _) = &batches[0];
+        let mut distinct = std::collections::BTreeSet::new();
+        for (k, &i) in indices.iter().enumerate() {
+            let mut want = vec![0u8; 18];
+            c.augment
+                .apply(&image, [2, 3, 3], c.seed, epoch_index, i, &mut want)
+                .unwrap();
+            let got: Vec<u8> = px[k * 18..(k + 1) * 18]
+                .iter()
+                .map(|v| (v * 255.0).round() as u8)
+                .collect();
+            assert_eq!(got, want, "epoch {epoch_index}, sample {i}");
+            distinct.insert(got);
+        }
+        // 9 crops x 2 flips over 32 samples: far more than one.
+        assert!(
+            distinct.len() >= 6,
+            "{} distinct augmentations",
+            distinct.len()
+        );
+    }
+}
+
 #[test]
 fn resume_mid_epoch_continues_bit_identically() {
     for prefetch in [0, 2] {

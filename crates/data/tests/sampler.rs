@@ -143,3 +143,47 @@ fn a_loader_with_a_sampler_reads_its_shard_of_the_loaders_epoch() {
         .to_string();
     assert!(msg.contains("made for 9 samples"), "{msg}");
 }
+
+/// A shard that gives no batch is refused when the loader is built, not met as an empty epoch:
+/// with `drop_last` a shard smaller than a batch, and a shard of nothing (more ranks than
+/// samples with `drop_last`); without `drop_last` a short shard is one short batch.
+#[test]
+fn shards_that_give_no_batch_are_refused() {
+    let data = counting(10);
+    let config = |drop_last| DataLoaderConfig {
+        batch_size: 4,
+        drop_last,
+        ..Default::default()
+    };
+    let cpu = kiln_autograd::Device::Cpu;
+    // 10 samples over 4 ranks: shards of 3.
+    let sampler = DistributedSampler::new(10, 4, 1).unwrap().shuffle(false);
+    let msg = DataLoader::new(data.clone(), config(true), cpu)
+        .unwrap()
+        .with_sampler(sampler.clone())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("rank 1's shard has 3 samples, so batch_size 4"),
+        "{msg}"
+    );
+    let mut short = DataLoader::new(data.clone(), config(false), cpu)
+        .unwrap()
+        .with_sampler(sampler.clone())
+        .unwrap();
+    assert_eq!(short.len(), 1);
+    let got: Vec<Vec<usize>> = short.iter().map(|b| b.unwrap().indices).collect();
+    assert_eq!(got, vec![sampler.indices_for_epoch(0)]);
+    // 3 samples over 4 ranks with drop_last: nothing for anyone.
+    let few = counting(3);
+    let empty = DistributedSampler::new(3, 4, 0).unwrap().drop_last(true);
+    assert_eq!(empty.num_samples(), 0);
+    let msg = DataLoader::new(few, config(false), cpu)
+        .unwrap()
+        .with_sampler(empty)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("shard has 0 samples"), "{msg}");
+}

@@ -2,7 +2,10 @@
 //! kiln-device's CPU kernels (and of the caching allocator's free-block index and the `.pth`
 //! reader), in the paths taken only above a size or for a kind of input (parallel chunks,
 //! strided walks, blocks and chunks of long tensors, size classes shared by several sizes, zip64
-//! records), and shows that the test meant to cover each path fails.
+//! records), and in rules that only some settings reach (parameter groups' overrides and state
+//! dicts, `max_split_size` at its exact boundaries, the data loader's per-sample draws and
+//! shards, the backward engine's frozen leaves and autocast scope), and shows that the test
+//! meant to cover each fails.
 //!
 //! A test whose input is too small or too plain for the path it means to test passes whatever
 //! that path computes; only planting a bug there shows the test can fail.
