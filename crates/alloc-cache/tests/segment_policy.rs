@@ -13,6 +13,43 @@ fn sim_alloc(config: AllocatorConfig) -> (Arc<SimBackend>, CachingAllocator) {
     (sim, a)
 }
 
+fn with_max_split(mib: usize) -> AllocatorConfig {
+    AllocatorConfig {
+        max_split_size: Some(mib * MIB),
+        ..AllocatorConfig::default()
+    }
+}
+
+/// Three 12 MiB segments, all freed, then a 30 MiB request: the statistics after it and the
+/// request's block size.
+fn three_free_segments_then_30_mib(config: AllocatorConfig) -> (MemoryStats, usize) {
+    let (_sim, a) = sim_alloc(config);
+    let xs: Vec<_> = (0..3)
+        .map(|_| a.allocate_raw(12 * MIB, S0).unwrap())
+        .collect();
+    for x in xs {
+        a.free_raw(x).unwrap();
+    }
+    let y = a.allocate_raw(30 * MIB, S0).unwrap();
+    let (stats, size) = (a.memory_stats(), y.block_size());
+    a.free_raw(y).unwrap();
+    a.check_invariants().unwrap();
+    (stats, size)
+}
+
+/// Reserved bytes after a 12 MiB request made with `reserved_mib` already reserved (one block).
+fn reserved_after_12_mib(config: AllocatorConfig, reserved_mib: usize) -> i64 {
+    let (_sim, a) = sim_alloc(config);
+    let big = a.allocate_raw(reserved_mib * MIB, S0).unwrap();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let reserved = a.memory_stats().reserved_bytes.all.current;
+    for r in [big, x] {
+        a.free_raw(r).unwrap();
+    }
+    a.check_invariants().unwrap();
+    reserved
+}
+
 #[test]
 fn a_miss_merges_wholly_free_segments_instead_of_growing() {
     let (sim, a) = sim_alloc(AllocatorConfig::default());
@@ -75,25 +112,11 @@ fn merging_leaves_partly_used_segments_and_other_streams_alone() {
 
 #[test]
 fn merging_respects_max_split_size() {
-    let config = AllocatorConfig {
-        max_split_size: Some(32 * MIB),
-        ..AllocatorConfig::default()
-    };
-    let (_sim, a) = sim_alloc(config);
-    let xs: Vec<_> = (0..3)
-        .map(|_| a.allocate_raw(12 * MIB, S0).unwrap())
-        .collect();
-    for x in xs {
-        a.free_raw(x).unwrap();
-    }
     // A merged 36 MiB block could never be split for this 30 MiB request's successors, so the
     // segments stay as they are and a fresh one is made.
-    let y = a.allocate_raw(30 * MIB, S0).unwrap();
-    let s = a.memory_stats();
+    let (s, size) = three_free_segments_then_30_mib(with_max_split(32));
     assert_eq!((s.num_device_free, s.num_device_alloc), (0, 4));
-    assert_eq!(y.block_size(), 30 * MIB);
-    a.free_raw(y).unwrap();
-    a.check_invariants().unwrap();
+    assert_eq!(size, 30 * MIB);
 }
 
 #[test]
@@ -140,23 +163,12 @@ fn large_segments_hold_the_copies_of_a_request_that_fit_a_sixteenth_of_the_pool(
 
 #[test]
 fn growth_stays_below_max_split_size() {
-    let config = AllocatorConfig {
-        max_split_size: Some(24 * MIB),
-        ..AllocatorConfig::default()
-    };
-    let (_sim, a) = sim_alloc(config);
-    let big = a.allocate_raw(640 * MIB, S0).unwrap();
     // Three 12 MiB copies (36 MiB of 640 / 16 = 40 MiB) would make a block that max_split_size
     // forbids splitting.
-    let x = a.allocate_raw(12 * MIB, S0).unwrap();
     assert_eq!(
-        a.memory_stats().reserved_bytes.all.current,
+        reserved_after_12_mib(with_max_split(24), 640),
         652 * MIB as i64
     );
-    for r in [big, x] {
-        a.free_raw(r).unwrap();
-    }
-    a.check_invariants().unwrap();
 }
 
 #[test]
@@ -195,10 +207,7 @@ fn a_request_that_rounding_would_waste_gets_a_segment_for_two() {
 /// exactly `max_split_size`.
 #[test]
 fn max_split_size_rules_hold_at_their_exact_boundaries() {
-    let limit = |mib: usize| AllocatorConfig {
-        max_split_size: Some(mib * MIB),
-        ..AllocatorConfig::default()
-    };
+    let limit = with_max_split;
     // A block of exactly max_split_size is not cut for a smaller request.
     let (_sim, a) = sim_alloc(limit(40));
     let block = a.allocate_raw(40 * MIB, S0).unwrap();
@@ -232,30 +241,10 @@ fn max_split_size_rules_hold_at_their_exact_boundaries() {
 
     // Three free 12 MiB segments would merge into exactly max_split_size (36 MiB): not for a
     // 30 MiB request, which gets a segment of its own.
-    let (_sim, a) = sim_alloc(limit(36));
-    let xs: Vec<_> = (0..3)
-        .map(|_| a.allocate_raw(12 * MIB, S0).unwrap())
-        .collect();
-    for x in xs {
-        a.free_raw(x).unwrap();
-    }
-    let y = a.allocate_raw(30 * MIB, S0).unwrap();
-    let s = a.memory_stats();
+    let (s, _) = three_free_segments_then_30_mib(limit(36));
     assert_eq!((s.num_device_free, s.num_device_alloc), (0, 4), "no merge");
-    a.free_raw(y).unwrap();
-    a.check_invariants().unwrap();
 
     // With 400 MiB reserved, two 12 MiB copies fit 400 / 16 = 25 MiB, but a 24 MiB segment
     // would be exactly max_split_size: the segment holds one copy.
-    let (_sim, a) = sim_alloc(limit(24));
-    let big = a.allocate_raw(400 * MIB, S0).unwrap();
-    let x = a.allocate_raw(12 * MIB, S0).unwrap();
-    assert_eq!(
-        a.memory_stats().reserved_bytes.all.current,
-        412 * MIB as i64
-    );
-    for r in [big, x] {
-        a.free_raw(r).unwrap();
-    }
-    a.check_invariants().unwrap();
+    assert_eq!(reserved_after_12_mib(limit(24), 400), 412 * MIB as i64);
 }

@@ -60,23 +60,30 @@ fn bits(ps: &[Parameter]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Steps `[overridden group, plain group]` in one optimizer (`grouped`), and each group alone
-/// in an optimizer whose defaults are that group's options (`alone`), and compares bit for bit.
-fn check<O: Optimizer>(
+/// Steps `[overridden group, plain group]` in one optimizer built with `base` defaults, and
+/// each group alone in an optimizer whose defaults are that group's options (`overridden` for
+/// the first), and compares bit for bit; checks too that the override changed the result.
+fn check<O: Optimizer, D: Copy>(
     case: &str,
-    grouped: impl Fn(Vec<ParamGroup>) -> Result<O>,
-    alone_overridden: impl Fn(ParamGroup) -> Result<O>,
-    alone_plain: impl Fn(ParamGroup) -> Result<O>,
+    make: impl Fn(Vec<ParamGroup>, D) -> Result<O>,
+    base: D,
+    overridden: D,
     override_: impl Fn(ParamGroup) -> ParamGroup,
 ) {
     let ps = params();
-    let mut both = grouped(vec![override_(group(&ps[..2], "a")), group(&ps[2..], "b")]).unwrap();
-    run(&mut both, &ps, 0);
+    let groups = vec![override_(group(&ps[..2], "a")), group(&ps[2..], "b")];
+    run(&mut make(groups, base).unwrap(), &ps, 0);
     let refs = params();
-    let mut a = alone_overridden(group(&refs[..2], "a")).unwrap();
-    run(&mut a, &refs[..2], 0);
-    let mut b = alone_plain(group(&refs[2..], "b")).unwrap();
-    run(&mut b, &refs[2..], 2);
+    run(
+        &mut make(vec![group(&refs[..2], "a")], overridden).unwrap(),
+        &refs[..2],
+        0,
+    );
+    run(
+        &mut make(vec![group(&refs[2..], "b")], base).unwrap(),
+        &refs[2..],
+        2,
+    );
     assert_eq!(
         bits(&ps[..2]),
         bits(&refs[..2]),
@@ -87,10 +94,13 @@ fn check<O: Optimizer>(
         bits(&refs[2..]),
         "{case}: the group on the defaults"
     );
-    // The override made a difference: the groups' defaults alone give other values.
+    // The override made a difference: the defaults alone give other values.
     let other = params();
-    let mut plain = alone_plain(group(&other[..2], "a")).unwrap();
-    run(&mut plain, &other[..2], 0);
+    run(
+        &mut make(vec![group(&other[..2], "a")], base).unwrap(),
+        &other[..2],
+        0,
+    );
     assert_ne!(
         bits(&ps[..2]),
         bits(&other[..2]),
@@ -114,24 +124,20 @@ fn every_sgd_option_a_group_overrides_drives_that_groups_step() {
         ),
         ("maximize", |g| g.maximize(true), base.maximize(true)),
     ];
-    for (case, over, defaults) in cases {
-        check(
-            case,
-            |gs| Sgd::new(gs, base),
-            |g| Sgd::new(g, defaults),
-            |g| Sgd::new(g, base),
-            over,
-        );
+    for (case, over, overridden) in cases {
+        check(case, Sgd::new, base, overridden, over);
     }
 }
 
 #[test]
 fn every_adam_option_a_group_overrides_drives_that_groups_step() {
     type Case = (&'static str, fn(ParamGroup) -> ParamGroup, AdamOptions);
-    for (kind, base) in [
-        ("Adam", AdamOptions::default().lr(0.05)),
-        ("AdamW", AdamOptions::adamw().lr(0.05)),
-    ] {
+    type Make = fn(Vec<ParamGroup>, AdamOptions) -> Result<Adam>;
+    let adams: [(&str, Make, AdamOptions); 2] = [
+        ("Adam", Adam::new, AdamOptions::default().lr(0.05)),
+        ("AdamW", AdamW::new, AdamOptions::adamw().lr(0.05)),
+    ];
+    for (kind, make, base) in adams {
         let cases: [Case; 6] = [
             ("lr", |g| g.lr(0.2), base.lr(0.2)),
             ("betas", |g| g.betas((0.5, 0.75)), base.betas((0.5, 0.75))),
@@ -144,25 +150,8 @@ fn every_adam_option_a_group_overrides_drives_that_groups_step() {
             ("amsgrad", |g| g.amsgrad(true), base.amsgrad(true)),
             ("maximize", |g| g.maximize(true), base.maximize(true)),
         ];
-        for (case, over, defaults) in cases {
-            let case = format!("{kind} {case}");
-            if kind == "Adam" {
-                check(
-                    &case,
-                    |gs| Adam::new(gs, base),
-                    |g| Adam::new(g, defaults),
-                    |g| Adam::new(g, base),
-                    over,
-                );
-            } else {
-                check(
-                    &case,
-                    |gs| AdamW::new(gs, base),
-                    |g| AdamW::new(g, defaults),
-                    |g| AdamW::new(g, base),
-                    over,
-                );
-            }
+        for (case, over, overridden) in cases {
+            check(&format!("{kind} {case}"), make, base, overridden, over);
         }
     }
 }

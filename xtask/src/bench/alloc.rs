@@ -284,7 +284,7 @@ fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
         for mode in [ReplayMode::Default, ReplayMode::Expandable] {
             let capacity = kiln_alloc_cache::replay::DEFAULT_REPLAY_CAPACITY;
             let mut r = Replayer::new(mode, capacity).map_err(err)?;
-            let row = if steps.len() == 1 {
+            let (case, metric, later, reference) = if steps.len() == 1 {
                 r.run(&steps[0]).map_err(err)?;
                 let first = r.sim().calls().memory_calls();
                 for _ in 1..10 {
@@ -320,7 +320,6 @@ fn steady_state(rows: &mut Vec<Row>) -> Result<(), String> {
                     reference,
                 )
             };
-            let (case, metric, later, reference) = row;
             rows.push(Row::new(
                 GROUP,
                 case,
