@@ -33,8 +33,9 @@ commands:
              catches each (emu-probe CASE [--bug]: the launcher cases it runs)
   cpu-mutants  plant known bugs in copies of size- and view-specific paths (CPU kernels, the
              allocator's free-block index, the .pth reader's zip64 records) and of rules only
-             some settings reach (parameter groups, max_split_size, the data loader, backward);
-             show the test meant for each fails (--only TEXT, --list)";
+             some settings reach (parameter groups, the allocator's boundaries and plans, the
+             data loader, backward, DDP and ZeRO, checkpoints, schedulers, losses); show the
+             test meant for each fails (--only TEXT, --list)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -243,6 +243,62 @@ fn a_planned_block_used_on_another_stream_outlives_its_step_and_keeps_its_bin() 
     a.check_invariants().unwrap();
 }
 
+/// The plan holds for the stream it was recorded on: the planned size asked on another
+/// stream is a deviation (the cache serves it from that stream's pool), and so is a step that
+/// stops before its last planned allocation; at the next marker either drops the plan.
+#[test]
+fn another_stream_or_a_short_step_is_a_deviation() {
+    let (_, a) = sim_alloc(AllocatorConfig::default());
+    for _ in 0..3 {
+        a.mark_step().unwrap();
+        step(&a, [100, 1000, 600]);
+    }
+    a.mark_step().unwrap();
+    let base = a.snapshot().segments[0].address;
+    let x = a.allocate_raw(100, S0).unwrap();
+    assert_eq!(x.addr(), base + 1024);
+    let y = a.allocate_raw(1000, StreamId(7)).unwrap();
+    assert_eq!(y.stream(), StreamId(7));
+    assert!(
+        y.addr() >= base + 2 * MIB as u64,
+        "stream 7 gets a segment of its own, not stream 0's bin at {base:#x}: {:#x}",
+        y.addr()
+    );
+    a.free_raw(x).unwrap();
+    a.free_raw(y).unwrap();
+    a.check_invariants().unwrap();
+    a.mark_step().unwrap();
+    let (counts, bytes) = a.plan_counts();
+    assert_eq!(
+        (
+            counts.planned_steps,
+            counts.fallback_steps,
+            counts.arena_allocs,
+            bytes
+        ),
+        (1, 1, 4, 0)
+    );
+
+    // Planned again after two more repeats; this time the step ends after its first block.
+    for _ in 0..2 {
+        step(&a, [100, 1000, 600]);
+        a.mark_step().unwrap();
+    }
+    assert_eq!(a.plan_counts().1, 2048);
+    let x = a.allocate_raw(100, S0).unwrap();
+    assert_eq!(x.addr(), base + 1024);
+    a.free_raw(x).unwrap();
+    a.mark_step().unwrap();
+    let (counts, bytes) = a.plan_counts();
+    assert_eq!(
+        (counts.planned_steps, counts.fallback_steps, bytes),
+        (1, 2, 0)
+    );
+    // The bin went back: stream 0's segment is one free block again.
+    assert_eq!(a.memory_stats().inactive_split.all.current, 0);
+    a.check_invariants().unwrap();
+}
+
 #[test]
 fn planned_steps_is_a_setting() {
     let c = AllocatorConfig::parse("planned_steps:True,expandable_segments:True").unwrap();

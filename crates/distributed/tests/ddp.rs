@@ -385,9 +385,41 @@ fn buckets_start_all_reduces_before_backward_ends() {
     }
 }
 
+/// Each parameter's gradient after one backward over `x`, `y` (None where it has none).
+fn grads_of(model: &dyn Module) -> Vec<Option<Vec<f64>>> {
+    model
+        .named_parameters()
+        .iter()
+        .map(|(_, p)| p.grad().map(|g| g.to_vec_f64().unwrap()))
+        .collect()
+}
+
+fn assert_close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (a, b) in got.iter().zip(want) {
+        assert!((a - b).abs() <= TOL * (1.0 + b.abs()), "{what}: {a} vs {b}");
+    }
+}
+
+/// `0.bias` frozen after wrapping (still bucketed, but backward gives it no gradient) on the
+/// ranks in `frozen_on`. Without `find_unused_parameters` that is an error naming it; with it
+/// the rest is averaged as usual, `0.bias` gets the average where another rank used it
+/// (rank 0's gradient / 2) and keeps no gradient where no rank did (PyTorch's rule).
 #[test]
 fn unused_parameters_are_named_or_reduced_as_zeros_on_request() {
-    for find_unused in [false, true] {
+    let (x, y) = batch(0, 2 * B, &[4]);
+    let reference = |rows_of: Option<usize>| {
+        let model = mlp();
+        init(&model, 0.0);
+        let (x, y) = match rows_of {
+            Some(r) => (rows(&x, r, B), rows(&y, r, B)),
+            None => (x.clone(), y.clone()),
+        };
+        loss(&model.forward(&x).unwrap(), &y).backward().unwrap();
+        grads_of(&model)
+    };
+    let (whole, rank0) = (reference(None), reference(Some(0)));
+    for (find_unused, frozen_on) in [(false, &[0, 1][..]), (true, &[0, 1]), (true, &[1])] {
         let got = ThreadGroup::run(2, T, |g| {
             let rank = g.rank();
             let model = mlp();
@@ -397,22 +429,24 @@ fn unused_parameters_are_named_or_reduced_as_zeros_on_request() {
                 g,
                 DdpOptions::default().find_unused_parameters(find_unused),
             );
-            // Frozen after wrapping: still bucketed, but backward gives it no gradient.
-            ddp.module().named_parameters()[1]
-                .1
-                .set_requires_grad(false)
-                .unwrap();
-            let (x, y) = batch(0, 2 * B, &[4]);
+            if frozen_on.contains(&rank) {
+                ddp.module().named_parameters()[1]
+                    .1
+                    .set_requires_grad(false)
+                    .unwrap();
+            }
             let out = ddp.forward(&rows(&x, rank, B)).unwrap();
             let result = ddp.backward(&loss(&out, &rows(&y, rank, B)));
-            (result.map_err(|e| e.to_string()), ddp.last_stats().unused)
+            let grads = grads_of(ddp.module());
+            (
+                result.map_err(|e| e.to_string()),
+                ddp.last_stats().unused,
+                grads,
+            )
         })
         .unwrap();
-        for (rank, (result, unused)) in got.into_iter().enumerate() {
-            if find_unused {
-                result.unwrap();
-                assert_eq!(unused, ["0.bias"]);
-            } else {
+        for (rank, (result, unused, grads)) in got.into_iter().enumerate() {
+            if !find_unused {
                 let msg = result.unwrap_err();
                 assert!(
                     msg.starts_with(&format!("rank {rank}: DistributedDataParallel")),
@@ -423,6 +457,22 @@ fn unused_parameters_are_named_or_reduced_as_zeros_on_request() {
                     "{msg}"
                 );
                 assert!(msg.contains("find_unused_parameters(true)"), "{msg}");
+                continue;
+            }
+            result.unwrap();
+            let frozen_here = frozen_on.contains(&rank);
+            assert_eq!(unused, if frozen_here { &["0.bias"][..] } else { &[] });
+            for (i, g) in grads.iter().enumerate() {
+                let what = format!("rank {rank}, frozen on {frozen_on:?}, parameter {i}");
+                match (i, frozen_on.len()) {
+                    (1, 2) => assert!(g.is_none(), "{what}: no rank used it"),
+                    (1, _) => {
+                        let half: Vec<f64> =
+                            rank0[1].as_ref().unwrap().iter().map(|v| v / 2.0).collect();
+                        assert_close(g.as_ref().unwrap(), &half, &what);
+                    }
+                    _ => assert_close(g.as_ref().unwrap(), whole[i].as_ref().unwrap(), &what),
+                }
             }
         }
     }
@@ -507,4 +557,33 @@ fn a_forward_before_finish_and_a_peer_that_left_are_errors() {
     );
     let msg = got[0].1.as_ref().unwrap();
     assert!(msg.contains("rank 1 left the group"), "{msg}");
+}
+
+/// A second backward through one synced forward would add a gradient after its bucket was
+/// launched: the hook refuses it, backward fails, and `finish` gives the error naming the
+/// parameter (the first backward's all-reduces are waited for, not left running).
+#[test]
+fn a_second_backward_in_one_iteration_is_refused() {
+    let got = ThreadGroup::run(2, T, |g| {
+        let rank = g.rank();
+        let model = mlp();
+        init(&model, 0.0);
+        let ddp = wrap(model, g, DdpOptions::default());
+        let (x, y) = batch(0, 2 * B, &[4]);
+        let out = ddp.forward(&rows(&x, rank, B)).unwrap();
+        let l = loss(&out, &rows(&y, rank, B));
+        l.backward_with(None, true).unwrap();
+        let second = l.backward().map_err(|e| e.to_string());
+        (second.unwrap_err(), ddp.finish().unwrap_err().to_string())
+    })
+    .unwrap();
+    for (rank, (second, finish)) in got.iter().enumerate() {
+        for msg in [second, finish] {
+            assert!(
+                msg.contains("got a second gradient in one iteration"),
+                "rank {rank}: {msg}"
+            );
+        }
+        assert!(finish.starts_with(&format!("rank {rank}: ")), "{finish}");
+    }
 }

@@ -1,5 +1,6 @@
 //! `amp`: the recipe trains under autocast on the CPU — bf16 without loss scaling, f16 with a
-//! `GradScaler` — with finite, falling losses, while parameters and the checkpoint stay f32.
+//! `GradScaler` — with finite, falling losses and the true gradient norm clipped and logged,
+//! while parameters and the checkpoint stay f32.
 //! One test in this file: the recipe seeds kiln's process-wide generator, so two runs must not
 //! overlap in one process.
 
@@ -29,8 +30,10 @@ fn mean(v: &[f64]) -> f64 {
 fn amp_trains_on_the_cpu_with_f32_checkpoints() {
     let root = std::env::temp_dir().join(format!("kiln-amp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
+    let mut epoch_norms = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         let out = train(&config(root.join(format!("{dtype}")), dtype), &mut Quiet).unwrap();
+        epoch_norms.push((dtype, out.history[0].grad_norm));
         let losses = &out.batch_losses;
         // 96 / 16 = 6 batches per epoch, 2 epochs.
         assert_eq!(losses.len(), 12, "{dtype}");
@@ -57,6 +60,41 @@ fn amp_trains_on_the_cpu_with_f32_checkpoints() {
                 assert_eq!(t.dtype(), DType::F32, "{dtype}: {name}");
             }
         }
+    }
+    // The norm clipped and logged is the true gradient's (unscaled first): within a few percent
+    // of an f32 run's, not times f16's loss scale (2^16 at the start). Each epoch report's is
+    // the mean of its steps' logged norms.
+    let f32_config = TrainConfig {
+        amp: false,
+        ..config(root.join("f32"), DType::F32)
+    };
+    let f32_run = train(&f32_config, &mut Quiet).unwrap();
+    let want = f32_run.history[0].grad_norm;
+    for (dtype, norm) in &epoch_norms {
+        let ratio = norm / want;
+        println!("{dtype}: epoch-1 gradient norm {norm:.5} vs f32 {want:.5} (ratio {ratio:.4})");
+        assert!((0.9..1.1).contains(&ratio), "{dtype}: {norm} vs f32 {want}");
+    }
+    for dir in ["bfloat16", "float16", "f32"] {
+        let csv = std::fs::read_to_string(root.join(dir).join("metrics.csv")).unwrap();
+        let steps: Vec<f64> = csv
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                let step: usize = f.get(1)?.parse().ok()?;
+                (f.get(2) == Some(&"train/grad_norm") && step <= 6).then(|| f[3].parse().unwrap())
+            })
+            .collect();
+        assert_eq!(steps.len(), 6, "{dir}");
+        let report = match dir {
+            "f32" => want,
+            "bfloat16" => epoch_norms[0].1,
+            _ => epoch_norms[1].1,
+        };
+        assert!(
+            (mean(&steps) - report).abs() <= 1e-9 * report,
+            "{dir}: {steps:?} vs {report}"
+        );
     }
     let _ = std::fs::remove_dir_all(&root);
 }

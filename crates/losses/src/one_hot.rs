@@ -122,7 +122,8 @@ fn scatter_ones(labels: &Tensor, classes: usize) -> Result<Tensor> {
         return Err(crate::error::arg_err(
             "one_hot",
             format!(
-                "num_classes = {classes} makes an output of shape {out_shape:?}, too many int64                  elements to address; pass the real number of classes"
+                "num_classes = {classes} makes an output of shape {out_shape:?}, too many int64 \
+                 elements to address; pass the real number of classes"
             ),
         ));
     }

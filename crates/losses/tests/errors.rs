@@ -161,6 +161,18 @@ fn out_of_range_targets_name_the_first_bad_value_and_position() {
         "{e:?}"
     );
     assert!(msg.contains("position [0]"), "{msg}");
+    // The first value past the last class, in both losses.
+    let t = ints(&[1, 3], &[2]);
+    let (e, _) = err(nll_loss(&logits(&[2, 3]), &t, &Default::default()));
+    assert!(
+        matches!(e, Error::TargetOutOfRange { value: 3, ref position, classes: 3, .. } if position == &[1]),
+        "{e:?}"
+    );
+    let (e, _) = err(cross_entropy(&logits(&[2, 3]), &t, &Default::default()));
+    assert!(
+        matches!(e, Error::TargetOutOfRange { value: 3, ref position, classes: 3, .. } if position == &[1]),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -225,6 +237,16 @@ fn invalid_options_say_what_range_is_allowed() {
         msg.contains("label_smoothing must lie in [0, 1], got 1.5"),
         "{msg}"
     );
+    // 1.0 is allowed (as in PyTorch): the target is uniform, the loss -mean(log_softmax).
+    let opts = CrossEntropyOptions {
+        label_smoothing: 1.0,
+        ..Default::default()
+    };
+    let loss = cross_entropy(&logits(&[2, 3]), &t, &opts).unwrap();
+    // Both rows are [0, 0.1, 0.2] up to a shift, which log_softmax ignores.
+    let lse = [0.0f64, 0.1, 0.2].iter().map(|v| v.exp()).sum::<f64>().ln();
+    let got = loss.to_vec::<f32>().unwrap()[0] as f64;
+    assert!((got - (lse - 0.1)).abs() < 1e-6, "{got}");
     let x = logits(&[2, 2]);
     let (_, msg) = err(smooth_l1_loss(&x, &x, Reduction::Mean, -1.0));
     assert!(
@@ -243,6 +265,18 @@ fn invalid_options_say_what_range_is_allowed() {
         "{msg}"
     );
     assert!(msg.contains("binary_cross_entropy_with_logits"), "{msg}");
+    // A weight may broadcast to the input, never the input to a larger weight.
+    let q = Tensor::from_slice(&[0.5f32, 0.25], &[2], Device::Cpu).unwrap();
+    let w = logits(&[3, 2]);
+    let opts = BceOptions {
+        weight: Some(&w),
+        ..Default::default()
+    };
+    let (_, msg) = err(binary_cross_entropy(&q, &q, &opts));
+    assert!(
+        msg.contains("weight shape [3, 2] does not broadcast to input shape [2]"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -263,6 +297,31 @@ fn wrong_dtypes_say_how_to_convert() {
         msg.contains("class-probability targets must have the input's dtype float32"),
         "{msg}"
     );
+    let w64 = Tensor::ones(&[3], DType::F64, Device::Cpu).unwrap();
+    for r in [
+        cross_entropy(
+            &logits(&[2, 3]),
+            &ints(&[0, 1], &[2]),
+            &CrossEntropyOptions {
+                weight: Some(&w64),
+                ..Default::default()
+            },
+        ),
+        nll_loss(
+            &logits(&[2, 3]),
+            &ints(&[0, 1], &[2]),
+            &NllLossOptions {
+                weight: Some(&w64),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let (_, msg) = err(r);
+        assert!(
+            msg.contains("weight dtype float64 differs from the input's float32"),
+            "{msg}"
+        );
+    }
 }
 
 #[test]
@@ -274,6 +333,11 @@ fn one_hot_rejects_bad_labels_with_value_and_position() {
     );
     assert!(
         msg.contains("label -3 at position [1, 0] is negative"),
+        "{msg}"
+    );
+    let (_, msg) = err(one_hot(&ints(&[2, -1], &[2]), Some(3)));
+    assert!(
+        msg.contains("label -1 at position [1] is negative"),
         "{msg}"
     );
     let (_, msg) = err(one_hot(&ints(&[0, 4, 1], &[3]), Some(3)));

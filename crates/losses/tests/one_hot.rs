@@ -68,6 +68,11 @@ fn huge_class_counts_are_errors() {
     for classes in [1usize << 63, 1 << 61, usize::MAX] {
         let e = one_hot(&labels, Some(classes)).expect_err("no such output fits");
         assert!(e.to_string().starts_with("one_hot: num_classes"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("too many int64 elements to address; pass the real"),
+            "{e}"
+        );
     }
     let top = Tensor::from_vec(vec![i64::MAX], &[1], Device::Cpu).unwrap();
     let e = one_hot(&top, None).expect_err("i64::MAX + 1 classes");

@@ -78,7 +78,13 @@ fn strict_load_names_missing_unexpected_and_misshaped_keys() {
     ] {
         assert!(msg.contains(want), "{want:?} not in {msg}");
     }
-    // Nothing was copied by the failed strict load.
+    // Without strict the missing keys are no error: the refusal names only the shapes.
+    let msg = load_safetensors(&other, &path, false)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("2.weight: model has shape [3, 8]"), "{msg}");
+    assert!(!msg.contains("missing keys"), "{msg}");
+    // Nothing was copied by the failed loads.
     let before = other.named_parameters()[0].1.to_vec_f64().unwrap();
     assert_ne!(before, small.named_parameters()[0].1.to_vec_f64().unwrap());
     let bigger = mlp(&[4, 8], 0.0).unwrap();
@@ -365,6 +371,34 @@ fn stale_temp_files_of_killed_writes_are_removed_and_live_ones_kept() {
     for f in [&live, &other] {
         std::fs::remove_file(f).unwrap();
     }
+    // Another process's file is kept while that process runs, and is stale once it has exited.
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let writer = dir.join(format!(".stale.safetensors.tmp-{}", child.id()));
+    std::fs::write(&writer, b"being written").unwrap();
+    let kept = kiln_models::checkpoint::remove_stale_temp_files(&path);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(kept.unwrap().is_empty() && writer.exists());
+    let removed = kiln_models::checkpoint::remove_stale_temp_files(&path).unwrap();
+    assert_eq!(removed, vec![writer]);
+}
+
+/// Two tensors under one name would make the second silently win on load: refused on save,
+/// and nothing is written.
+#[test]
+fn a_name_given_twice_is_refused_on_save() {
+    let path = tmp("twice.safetensors");
+    let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2], kiln_autograd::Device::Cpu).unwrap();
+    let tensors = [("w".to_string(), t.clone()), ("w".to_string(), t)];
+    let err = kiln_models::checkpoint::save_tensors(&tensors, None, &path).unwrap_err();
+    assert!(
+        err.to_string().contains("the name \"w\" appears twice"),
+        "{err}"
+    );
+    assert!(!path.exists());
 }
 
 #[test]
@@ -379,6 +413,13 @@ fn truncated_files_say_truncated_with_the_byte_counts() {
         (
             20,
             format!("declares {header_len} bytes but only 12 follow"),
+        ),
+        (
+            8 + header_len - 1,
+            format!(
+                "declares {header_len} bytes but only {} follow",
+                header_len - 1
+            ),
         ),
         (
             8 + header_len + 100,

@@ -2,7 +2,7 @@
 
 mod common;
 
-use kiln_autograd::{manual_seed, DType, Device, Tensor};
+use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
 use kiln_models::models::{mlp, resnet18};
 use kiln_models::{max_batch_size, plan, summary, Error, Freeze, Layer, OptimizerKind};
 
@@ -27,6 +27,30 @@ fn a_frozen_backbone_gets_no_gradient() {
     assert!(s.to_string().contains("(40)"), "{s}");
     assert_eq!(m.unfreeze(|n| n.starts_with("0.")).unwrap(), 2);
     assert_eq!(m.trainable_parameters().len(), 4);
+}
+
+/// Freezing after a backward drops the gradients the frozen parameters hold (as
+/// `requires_grad_(False)` plus `zero_grad(set_to_none=True)` on them would): an optimizer
+/// given every parameter would otherwise keep stepping the frozen ones with a stale gradient.
+#[test]
+fn freezing_clears_the_gradients_already_held() {
+    manual_seed(3);
+    let m = mlp(&[4, 8, 2], 0.0).unwrap();
+    let x = Tensor::randn(&[5, 4], DType::F32, Device::Cpu).unwrap();
+    m.forward(&x)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let named = m.named_parameters();
+    assert!(named.iter().all(|(_, p)| p.grad().is_some()));
+    assert_eq!(m.freeze(|n| n.starts_with("0.")).unwrap(), 2);
+    for (name, p) in &named {
+        let frozen = name.starts_with("0.");
+        assert_eq!(p.grad().is_none(), frozen, "{name}");
+        assert_eq!(p.requires_grad(), !frozen, "{name}");
+    }
 }
 
 #[test]

@@ -133,6 +133,7 @@ fn plateau_counters_and_groups_are_validated() {
         ("min_lrs", json!([0.0]), "min_lrs.len()"),
         ("last_lr", json!([0.1]), "last_lr.len()"),
         ("threshold", json!(-1.0), "threshold"),
+        ("best", json!("nan"), "best"),
     ] {
         let e = p
             .load_state_dict(&patched(sd.clone(), &[key], value))

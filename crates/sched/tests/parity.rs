@@ -285,7 +285,7 @@ fn compare(name: &str, what: &str, expected: &Value, got: &[Vec<f64>]) -> usize 
 fn every_scheduler_matches_pytorch_for_1000_steps() {
     let fx = fixture();
     let cases = fx["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 34, "fixture case count");
+    assert_eq!(cases.len(), 36, "fixture case count");
     let mut kinds = std::collections::BTreeSet::new();
     let mut checked = 0;
     for case in cases {

@@ -236,6 +236,14 @@ fn invalid_settings_are_typed_errors_naming_the_parameter() {
         ..Default::default()
     };
     expect_invalid(OneCycleLR::new(&mut opt, 0.1, 100, o), "pct_start");
+    // 10% of 10 steps ends the warm-up at step 0: a phase zero steps long (0/0 in PyTorch).
+    let o = OneCycleOptions {
+        pct_start: 0.1,
+        cycle_momentum: false,
+        ..Default::default()
+    };
+    let msg = expect_invalid(OneCycleLR::new(&mut opt, 0.1, 10, o), "pct_start");
+    assert!(msg.contains("zero steps long"), "{msg}");
     let o = PlateauOptions {
         factor: 1.0,
         ..Default::default()
@@ -325,4 +333,104 @@ fn momentum_cycling_writes_the_optimizer() {
         (opt.group_lr(0) - 1.0).abs() < 1e-15
             && (opt.group_momentum(0).unwrap() - 0.85).abs() < 1e-15
     );
+}
+
+/// An optimizer that refuses learning rates below `floor` (as kiln's refuse negative ones).
+struct Floor {
+    groups: LrGroups,
+    floor: f64,
+}
+
+impl ParamGroupLr for Floor {
+    fn num_lr_groups(&self) -> usize {
+        self.groups.num_lr_groups()
+    }
+    fn group_lr(&self, group: usize) -> f64 {
+        self.groups.group_lr(group)
+    }
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<(), SchedError> {
+        if lr < self.floor {
+            return Err(SchedError::Refused {
+                group,
+                what: "lr",
+                value: lr,
+                reason: format!("below {}", self.floor),
+            });
+        }
+        self.groups.set_group_lr(group, lr)
+    }
+    fn group_initial_lr(&self, group: usize) -> Option<f64> {
+        self.groups.group_initial_lr(group)
+    }
+    fn set_group_initial_lr(&mut self, group: usize, lr: f64) -> Result<(), SchedError> {
+        self.groups.set_group_initial_lr(group, lr)
+    }
+}
+
+/// A single `min_lr` also covers a group added after the scheduler was built (PyTorch keeps
+/// `default_min_lr` for this); a cut the optimizer refuses leaves scheduler and optimizer as
+/// they were.
+#[test]
+fn plateau_covers_later_groups_and_undoes_a_refused_cut() {
+    let mut opt = LrGroups::new(&[1.0]);
+    let options = PlateauOptions {
+        patience: 0,
+        factor: 0.5,
+        min_lr: 0.3.into(),
+        ..Default::default()
+    };
+    let mut s = ReduceLROnPlateau::new(&mut opt, options.clone()).unwrap();
+    s.step(&mut opt, 1.0).unwrap();
+    opt.groups.push(opt.groups[0].clone());
+    s.step(&mut opt, 1.0).unwrap();
+    assert_eq!(opt.lrs(), vec![0.5, 0.5]);
+    s.step(&mut opt, 1.0).unwrap();
+    assert_eq!(
+        opt.lrs(),
+        vec![0.3, 0.3],
+        "the added group is cut and held at min_lr too"
+    );
+
+    let mut opt = Floor {
+        groups: LrGroups::new(&[1.0, 1.0]),
+        floor: 0.4,
+    };
+    let options = PlateauOptions {
+        min_lr: 0.0.into(),
+        ..options
+    };
+    let mut s = ReduceLROnPlateau::new(&mut opt, options).unwrap();
+    s.step(&mut opt, 1.0).unwrap();
+    s.step(&mut opt, 1.0).unwrap();
+    let before = s.state_dict();
+    let e = s.step(&mut opt, 1.0).unwrap_err();
+    assert!(matches!(e, SchedError::Refused { group: 0, .. }), "{e}");
+    assert_eq!(s.state_dict(), before, "the refused step is undone");
+    assert_eq!(opt.groups.lrs(), vec![0.5, 0.5]);
+}
+
+/// `step_to` an epoch that ends a cycle exactly restarts it (lr back at the base), with and
+/// without growing cycles; an epoch whose lr the optimizer refuses changes nothing.
+#[test]
+fn warm_restarts_step_to_a_cycle_end_restarts_and_a_refusal_changes_nothing() {
+    for (t_mult, epoch, next_len) in [(1, 10.0, 10.0), (2, 30.0, 40.0)] {
+        let mut opt = LrGroups::new(&[0.1]);
+        let mut s = CosineAnnealingWarmRestarts::new(&mut opt, 10, t_mult, 0.0).unwrap();
+        s.step_to(&mut opt, epoch).unwrap();
+        assert_eq!(opt.lrs(), vec![0.1], "T_mult {t_mult}");
+        // A quarter into the new cycle: lr = 0.1 * (1 + cos(pi / 4)) / 2.
+        s.step_to(&mut opt, epoch + next_len / 4.0).unwrap();
+        let want = 0.05 * (1.0 + std::f64::consts::FRAC_PI_4.cos());
+        assert!((opt.lrs()[0] - want).abs() < 1e-15, "T_mult {t_mult}");
+    }
+    let mut opt = Floor {
+        groups: LrGroups::new(&[0.1]),
+        floor: 0.05,
+    };
+    let mut s = CosineAnnealingWarmRestarts::new(&mut opt, 10, 1, 0.0).unwrap();
+    s.step_to(&mut opt, 2.0).unwrap();
+    let before = (s.state_dict(), opt.groups.lrs());
+    let e = s.step_to(&mut opt, 8.0).unwrap_err();
+    assert!(matches!(e, SchedError::Refused { .. }), "{e}");
+    assert_eq!((s.state_dict(), opt.groups.lrs()), before);
 }

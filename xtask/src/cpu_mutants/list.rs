@@ -1,9 +1,7 @@
-//! The bugs `cargo xtask cpu-mutants` plants: each in a path kiln-device's CPU kernels (or the
-//! caching allocator's free-block index, or the `.pth` reader's zip64 records) take only above a
-//! size or for a kind of view, or in a rule that only some settings reach (a parameter group's
-//! override, an option at its exact boundary, a state dict of several groups, a loader's
-//! per-sample draws, the backward engine's frozen leaves and autocast scope), with the test
-//! meant to cover it.
+//! The bugs `cargo xtask cpu-mutants` plants in paths taken only above a size or for a kind of
+//! view: kiln-device's CPU kernels, the caching allocator's free-block index and the `.pth`
+//! reader's zip64 records, each with the test meant to cover it. The rules only some settings
+//! reach are in `rules.rs`.
 
 /// One planted bug: `find` (exactly one occurrence in `file`) replaced by `replace`; `test`
 /// (run as `cargo test -p <package> <target> -- <test> --exact`) must fail.
@@ -28,14 +26,6 @@ const LIB: &[&str] = &["--lib"];
 const DEVICE: &str = "kiln-device";
 const ALLOC: &str = "kiln-alloc-cache";
 const PTH: &[&str] = &["--test", "pth"];
-const OPTIM: &str = "kiln-optim";
-const GROUPS: &[&str] = &["--test", "groups"];
-const SGD_GROUPS: &str = "every_sgd_option_a_group_overrides_drives_that_groups_step";
-const ADAM_GROUPS: &str = "every_adam_option_a_group_overrides_drives_that_groups_step";
-const GROUP_STATE: &str =
-    "a_state_dict_of_several_groups_restores_each_groups_options_and_initial_lr";
-const MAX_SPLIT: &str = "max_split_size_rules_hold_at_their_exact_boundaries";
-const SEGMENT_POLICY: &[&str] = &["--test", "segment_policy"];
 const PTH_VIEWS: &str = "views_dtypes_and_shared_storages_match_safetensors_bit_for_bit";
 const STRIDED: &str =
     "ops::strided::tests::parallel_chunks_of_strided_views_read_what_a_serial_walk_reads";
@@ -268,167 +258,5 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "slice(b, u64_at(loc, 4), 56, \"the zip64 end record\")",
         target: PTH,
         test: PTH_VIEWS,
-    },
-    Mutant {
-        bug: "a parameter group's momentum override is ignored (SGD)",
-        package: OPTIM,
-        file: "crates/optim/src/sgd.rs",
-        find: "momentum: g.momentum.unwrap_or(self.momentum)",
-        replace: "momentum: self.momentum",
-        target: GROUPS,
-        test: SGD_GROUPS,
-    },
-    Mutant {
-        bug: "a parameter group's nesterov override is ignored (SGD)",
-        package: OPTIM,
-        file: "crates/optim/src/sgd.rs",
-        find: "nesterov: g.nesterov.unwrap_or(self.nesterov)",
-        replace: "nesterov: self.nesterov",
-        target: GROUPS,
-        test: SGD_GROUPS,
-    },
-    Mutant {
-        bug: "a parameter group's betas override is ignored (Adam, AdamW)",
-        package: OPTIM,
-        file: "crates/optim/src/adam.rs",
-        find: "betas: g.betas.unwrap_or(self.betas)",
-        replace: "betas: self.betas",
-        target: GROUPS,
-        test: ADAM_GROUPS,
-    },
-    Mutant {
-        bug: "a parameter group's amsgrad override is ignored (Adam, AdamW)",
-        package: OPTIM,
-        file: "crates/optim/src/adam.rs",
-        find: "amsgrad: g.amsgrad.unwrap_or(self.amsgrad)",
-        replace: "amsgrad: self.amsgrad",
-        target: GROUPS,
-        test: ADAM_GROUPS,
-    },
-    Mutant {
-        bug: "zero_grad clears the first parameter group only",
-        package: OPTIM,
-        file: "crates/optim/src/optimizer.rs",
-        find: "for g in &self.groups {\n            for (_, p) in &g.params {\n                if set_to_none",
-        replace: "for g in self.groups.iter().take(1) {\n            for (_, p) in &g.params {\n                if set_to_none",
-        target: GROUPS,
-        test: "zero_grad_reaches_every_group",
-    },
-    Mutant {
-        bug: "a loaded state dict gives its groups' options to the groups in reverse order",
-        package: OPTIM,
-        file: "crates/optim/src/optimizer.rs",
-        find: "self.groups.iter_mut().zip(options)",
-        replace: "self.groups.iter_mut().zip(options.into_iter().rev())",
-        target: GROUPS,
-        test: GROUP_STATE,
-    },
-    Mutant {
-        bug: "a loaded state dict keeps the optimizer's initial lr instead of the saved one",
-        package: OPTIM,
-        file: "crates/optim/src/optimizer.rs",
-        find: "g.initial_lr = rec.initial_lr;",
-        replace: "g.initial_lr = g.initial_lr;",
-        target: GROUPS,
-        test: GROUP_STATE,
-    },
-    Mutant {
-        bug: "a state dict whose state list is longer or shorter than its groups is loaded",
-        package: OPTIM,
-        file: "crates/optim/src/optimizer.rs",
-        find: "if sizes != saved || sd.state.len() != sizes.iter().sum::<usize>() {",
-        replace: "if sizes != saved {",
-        target: GROUPS,
-        test: "a_state_dict_whose_state_list_does_not_match_its_groups_is_refused",
-    },
-    Mutant {
-        bug: "a cached block of exactly max_split_size is cut for a smaller request",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/allocator.rs",
-        find: "if (rounded < self.max_split && size >= self.max_split)",
-        replace: "if (rounded < self.max_split && size > self.max_split)",
-        target: SEGMENT_POLICY,
-        test: MAX_SPLIT,
-    },
-    Mutant {
-        bug: "an oversize request takes a cached block exactly 20 MiB larger",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/allocator.rs",
-        find: "size >= rounded + LARGE_SEGMENT)",
-        replace: "size > rounded + LARGE_SEGMENT)",
-        target: SEGMENT_POLICY,
-        test: MAX_SPLIT,
-    },
-    Mutant {
-        bug: "a request of exactly max_split_size is not treated as oversize",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/allocator.rs",
-        find: "|| (rounded >= self.max_split && size",
-        replace: "|| (rounded > self.max_split && size",
-        target: SEGMENT_POLICY,
-        test: MAX_SPLIT,
-    },
-    Mutant {
-        bug: "free segments are merged into a block of exactly max_split_size for a smaller request",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/segments.rs",
-        find: "(rounded < self.max_split && total >= self.max_split)",
-        replace: "(rounded < self.max_split && total > self.max_split)",
-        target: SEGMENT_POLICY,
-        test: MAX_SPLIT,
-    },
-    Mutant {
-        bug: "growth makes a segment of exactly max_split_size",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/segments.rs",
-        find: "if grown > base && grown < self.max_split {",
-        replace: "if grown > base && grown <= self.max_split {",
-        target: SEGMENT_POLICY,
-        test: MAX_SPLIT,
-    },
-    Mutant {
-        bug: "every sample of an epoch gets the same crop and flip",
-        package: "kiln-data",
-        file: "crates/data/src/loader.rs",
-        find: "aug.apply(src, shape, self.config.seed, epoch, i, &mut scratch)",
-        replace: "aug.apply(src, shape, self.config.seed, epoch, 0, &mut scratch)",
-        target: &["--test", "loader"],
-        test: "samples_of_one_epoch_get_their_own_crop_and_flip",
-    },
-    Mutant {
-        bug: "a sampler's shard smaller than a batch is accepted with drop_last (an empty epoch)",
-        package: "kiln-data",
-        file: "crates/data/src/loader.rs",
-        find: "if shard == 0 || (plan.config.drop_last && shard < plan.config.batch_size) {",
-        replace: "if shard == 0 {",
-        target: &["--test", "sampler"],
-        test: "shards_that_give_no_batch_are_refused",
-    },
-    Mutant {
-        bug: "a loader's batch is not counted as data in the allocation history",
-        package: "kiln-data",
-        file: "crates/data/src/loader.rs",
-        find: "let _data = kiln_device::AllocContext::category(kiln_device::MemoryCategory::Data);",
-        replace: "",
-        target: &["--test", "memory_category"],
-        test: "a_batch_is_counted_as_data",
-    },
-    Mutant {
-        bug: "a leaf frozen between forward and backward still gets a gradient",
-        package: "kiln-autograd",
-        file: "crates/autograd/src/autograd/engine.rs",
-        find: "if leaf.requires_grad() {",
-        replace: "if true {",
-        target: &["--test", "autograd"],
-        test: "a_leaf_frozen_after_the_forward_gets_no_gradient",
-    },
-    Mutant {
-        bug: "backward called inside an autocast scope runs user backward code in 16 bits",
-        package: "kiln-autograd",
-        file: "crates/autograd/src/autograd/engine.rs",
-        find: "let _no_autocast = crate::autocast::AutocastGuard::disabled();",
-        replace: "",
-        target: &["--test", "autocast"],
-        test: "backward_inside_an_autocast_scope_runs_in_the_forwards_dtypes",
     },
 ];

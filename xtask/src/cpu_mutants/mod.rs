@@ -2,10 +2,10 @@
 //! kiln-device's CPU kernels (and of the caching allocator's free-block index and the `.pth`
 //! reader), in the paths taken only above a size or for a kind of input (parallel chunks,
 //! strided walks, blocks and chunks of long tensors, size classes shared by several sizes, zip64
-//! records), and in rules that only some settings reach (parameter groups' overrides and state
-//! dicts, `max_split_size` at its exact boundaries, the data loader's per-sample draws and
-//! shards, the backward engine's frozen leaves and autocast scope), and shows that the test
-//! meant to cover each fails.
+//! records), and in rules that only some settings or inputs reach (`rules.rs`: parameter groups,
+//! the allocator's boundaries and planned steps, the data loader, the backward engine, DDP and
+//! ZeRO, freezing and checkpoint files, the schedulers' and losses' edges), and shows that the
+//! test meant to cover each fails.
 //!
 //! A test whose input is too small or too plain for the path it means to test passes whatever
 //! that path computes; only planting a bug there shows the test can fail.
@@ -18,8 +18,9 @@
 //! its test fail.
 
 mod list;
+mod rules;
 
-use list::{Mutant, MUTANTS};
+use list::Mutant;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -36,8 +37,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             other => return Err(format!("cpu-mutants: unknown argument `{other}`")),
         }
     }
-    let chosen: Vec<&Mutant> = MUTANTS
+    let chosen: Vec<&Mutant> = list::MUTANTS
         .iter()
+        .chain(rules::MUTANTS)
         .filter(|m| only.is_empty() || only.iter().any(|o| m.bug.contains(o.as_str())))
         .collect();
     if chosen.is_empty() {

@@ -107,5 +107,16 @@ mod tests {
                 (vec![1], vec![0], 4, DType::F64),
             ]
         );
+        // A bucket closes when it reaches the cap exactly (PyTorch's `>=`): 6 + 4 elements.
+        let params = vec![
+            param(5, DType::F32),
+            param(4, DType::F32),
+            param(6, DType::F32),
+        ];
+        let numels: Vec<usize> = assign_buckets(&params, 40)
+            .iter()
+            .map(|b| b.numel)
+            .collect();
+        assert_eq!(numels, [10, 5]);
     }
 }

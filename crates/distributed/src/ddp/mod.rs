@@ -36,7 +36,8 @@ pub struct DdpOptions {
     /// (default true). Off: every rank keeps its own statistics (BatchNorm per process).
     pub broadcast_buffers: bool,
     /// Reduce parameters that got no gradient in a backward as zeros instead of failing
-    /// (default false, which names them in an error).
+    /// (default false, which names them in an error); a parameter no rank has a gradient for
+    /// keeps `.grad()` at `None`, as in PyTorch.
     pub find_unused_parameters: bool,
 }
 

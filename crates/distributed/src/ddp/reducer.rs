@@ -12,6 +12,12 @@
 //!   for its work. `finish` waits the works in launch order and copies each parameter's slice
 //!   of its averaged buffer back into the parameter's `.grad()` tensor in place, so gradient
 //!   handles the caller holds stay valid.
+//! - With `find_unused_parameters`, a parameter without a gradient is reduced as zeros, and
+//!   `finish` sums over the ranks which parameters hold a gradient (one more all-reduce, after
+//!   the buckets', on every rank): a parameter no rank has a gradient for keeps `.grad()` at
+//!   `None`, as PyTorch leaves a globally unused parameter's gradient untouched (so an
+//!   optimizer skips it: no weight decay, no moment decay); one another rank used gets the
+//!   average.
 
 use super::bucket::Bucket;
 use crate::{Error, PendingWork, ProcessGroup, ReduceOp, Result};
@@ -28,7 +34,8 @@ pub struct SyncStats {
     pub started_before_last_hook: usize,
     /// Hooks that ran (parameters whose gradient backward produced).
     pub hooks: usize,
-    /// Parameters that got no gradient and were reduced as zeros (`find_unused_parameters`).
+    /// Parameters that got no gradient on this rank and were reduced as zeros
+    /// (`find_unused_parameters`); those no rank had a gradient for keep none.
     pub unused: Vec<String>,
     /// From the first hook to the last hook (the part of backward that produced gradients).
     pub hook_span: Duration,
@@ -203,6 +210,7 @@ impl Reducer {
         if self.hooks == 0 {
             return Ok(()); // a forward without backward (evaluation with grad mode on)
         }
+        let holds_grad: Vec<bool> = self.params.iter().map(|p| p.grad().is_some()).collect();
         let unused: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
         let unused_names: Vec<String> = unused.iter().map(|&i| self.names[i].clone()).collect();
         if !unused.is_empty() {
@@ -239,8 +247,12 @@ impl Reducer {
             flats.push(flat);
         }
         let exposed_wait = wait_start.elapsed();
+        let used_anywhere = match self.find_unused_parameters {
+            true => self.used_on_any_rank(&holds_grad)?,
+            false => vec![true; self.params.len()],
+        };
         for (b, flat) in flats.iter().enumerate() {
-            self.write_back(b, flat)?;
+            self.write_back(b, flat, &used_anywhere)?;
         }
         self.last_stats = SyncStats {
             buckets: flats.len(),
@@ -255,11 +267,32 @@ impl Reducer {
         Ok(())
     }
 
-    /// Copies bucket `b`'s averaged slices into its parameters' gradients.
-    fn write_back(&self, b: usize, flat: &Tensor) -> Result<()> {
+    /// Whether each parameter holds a gradient on at least one rank (`holds_grad` is this
+    /// rank's answer); a collective, so every rank calls it at the same point.
+    fn used_on_any_rank(&self, holds_grad: &[bool]) -> Result<Vec<bool>> {
+        let Some(first) = self.params.first() else {
+            return Ok(Vec::new());
+        };
+        let flags: Vec<f32> = holds_grad.iter().map(|&h| f32::from(u8::from(h))).collect();
+        let counts = Tensor::from_vec(flags, &[holds_grad.len()], kiln_autograd::Device::Cpu)?
+            .to_device(first.device())?;
+        no_grad(|| self.group.all_reduce(&counts, ReduceOp::Sum))?;
+        Ok(counts
+            .to_vec::<f32>()?
+            .into_iter()
+            .map(|c| c > 0.0)
+            .collect())
+    }
+
+    /// Copies bucket `b`'s averaged slices into its parameters' gradients, except into those
+    /// that no rank has a gradient for (`used_anywhere` false), which stay `None`.
+    fn write_back(&self, b: usize, flat: &Tensor, used_anywhere: &[bool]) -> Result<()> {
         let bucket = &self.buckets[b];
         no_grad(|| -> Result<()> {
             for (&p, &offset) in bucket.params.iter().zip(&bucket.offsets) {
+                if !used_anywhere[p] {
+                    continue;
+                }
                 let param = &self.params[p];
                 let slice = flat
                     .narrow(0, offset, param.numel())?
