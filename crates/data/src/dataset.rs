@@ -36,22 +36,23 @@ impl ImageDataset {
         labels: Vec<i64>,
         classes: Vec<String>,
     ) -> Result<Self> {
-        let per = shape.iter().product::<usize>();
+        let per = crate::image_io::image_len("ImageDataset::new", shape)?;
         if per == 0 {
             return Err(arg_err(
                 "ImageDataset::new",
                 format!("sample shape {shape:?} has a zero dimension; every C, H, W must be >= 1"),
             ));
         }
-        if pixels.len() != per * labels.len() {
+        let needed = per.checked_mul(labels.len());
+        if needed != Some(pixels.len()) {
+            let needs = needed.map_or("more than can be addressed".to_string(), |n| n.to_string());
             return Err(arg_err(
                 "ImageDataset::new",
                 format!(
-                    "{} pixel bytes for {} labels of shape {shape:?} (needs {}); pass one \
+                    "{} pixel bytes for {} labels of shape {shape:?} (needs {needs}); pass one \
                      C*H*W block per label",
                     pixels.len(),
-                    labels.len(),
-                    per * labels.len()
+                    labels.len()
                 ),
             ));
         }

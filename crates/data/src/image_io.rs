@@ -55,11 +55,11 @@ fn decode(path: &Path) -> Result<DynamicImage> {
 /// 3 RGB, 4 RGBA): `(pixels, [C, H, W])`.
 pub fn read_image(path: impl AsRef<Path>) -> Result<(Vec<u8>, [usize; 3])> {
     let img = decode(path.as_ref())?;
-    Ok(to_chw(&img, img.color().channel_count() as usize))
+    to_chw(&img, img.color().channel_count() as usize)
 }
 
 /// `img` as CHW bytes with `c` channels (1..=4), converting as the module docs say.
-fn to_chw(img: &DynamicImage, c: usize) -> (Vec<u8>, [usize; 3]) {
+fn to_chw(img: &DynamicImage, c: usize) -> Result<(Vec<u8>, [usize; 3])> {
     let (w, h) = (img.width() as usize, img.height() as usize);
     let src = img.color().channel_count() as usize;
     let hwc: Vec<u8> = match (src, c) {
@@ -85,19 +85,46 @@ fn to_chw(img: &DynamicImage, c: usize) -> (Vec<u8>, [usize; 3]) {
         (_, 3) => img.to_rgb8().into_raw(), // gray repeats; alpha dropped
         _ => img.to_rgba8().into_raw(),
     };
-    (hwc_to_chw(&hwc, [h, w, c]), [c, h, w])
+    Ok((hwc_to_chw(&hwc, [h, w, c])?, [c, h, w]))
 }
 
-/// Reorders HWC bytes (`shape` = `[H, W, C]`) to CHW.
-pub fn hwc_to_chw(hwc: &[u8], shape: [usize; 3]) -> Vec<u8> {
+/// The bytes of a `[C, H, W]` image of 8-bit pixels, or an error for `op` naming the shape
+/// when the product does not fit in `usize`.
+pub(crate) fn image_len(op: &'static str, [c, h, w]: [usize; 3]) -> Result<usize> {
+    c.checked_mul(h)
+        .and_then(|n| n.checked_mul(w))
+        .ok_or_else(|| {
+            crate::error::arg_err(
+                op,
+                format!(
+                    "a {c}x{h}x{w} image has more bytes than can be addressed; check the shape"
+                ),
+            )
+        })
+}
+
+/// Reorders HWC bytes (`shape` = `[H, W, C]`) to CHW. Errors when `hwc` does not hold exactly
+/// `H * W * C` bytes or `C` is 0.
+pub fn hwc_to_chw(hwc: &[u8], shape: [usize; 3]) -> Result<Vec<u8>> {
     let [h, w, c] = shape;
-    let mut out = vec![0u8; h * w * c];
+    let n = image_len("hwc_to_chw", [c, h, w])?;
+    if c == 0 || hwc.len() != n {
+        return Err(crate::error::arg_err(
+            "hwc_to_chw",
+            format!(
+                "{} bytes for an HWC image of shape [{h}, {w}, {c}] (needs {n}, with at least one \
+                 channel); pass HWC bytes of that shape",
+                hwc.len()
+            ),
+        ));
+    }
+    let mut out = vec![0u8; n];
     for (i, px) in hwc.chunks_exact(c).enumerate() {
         for (ch, &v) in px.iter().enumerate() {
             out[ch * h * w + i] = v;
         }
     }
-    out
+    Ok(out)
 }
 
 /// Reads a PNG or JPEG as the model's input: a `[C, H, W]` `F32` tensor on `device`, scaled to
@@ -177,7 +204,7 @@ pub fn load_image(
     if (h, w) != (eh, ew) {
         img = img.resize_exact(ew as u32, eh as u32, FilterType::Triangle);
     }
-    let (chw, _) = to_chw(&img, ec);
+    let (chw, _) = to_chw(&img, ec)?;
     let mut data = Vec::new();
     data.try_reserve_exact(chw.len())
         .map_err(|_| memory::overflow("load_image", &what, &fix))?;
@@ -201,13 +228,13 @@ pub fn save_png(path: impl AsRef<Path>, chw: &[u8], shape: [usize; 3]) -> Result
             ))
         }
     };
-    if chw.len() != c * h * w {
+    let n = image_len("save_png", shape)?;
+    if chw.len() != n {
         return Err(crate::error::arg_err(
             "save_png",
             format!(
-                "{} bytes for a {c}x{h}x{w} image (needs {}); pass CHW bytes of that shape",
-                chw.len(),
-                c * h * w
+                "{} bytes for a {c}x{h}x{w} image (needs {n}); pass CHW bytes of that shape",
+                chw.len()
             ),
         ));
     }
@@ -245,7 +272,8 @@ pub fn image_grid(
             "needs at least one image and one column",
         ));
     }
-    if let Some(i) = images.iter().position(|im| im.len() != c * h * w) {
+    let n = image_len("image_grid", shape)?;
+    if let Some(i) = images.iter().position(|im| im.len() != n) {
         return Err(crate::error::arg_err(
             "image_grid",
             format!("image {i} is not {c}x{h}x{w}; pass images of one shape"),

@@ -193,15 +193,15 @@ impl Augment {
     ) -> Result<()> {
         self.validate()?;
         let [c, h, w] = shape;
-        if src.len() != c * h * w || dst.len() != src.len() {
+        let n = crate::image_io::image_len("Augment::apply", shape)?;
+        if src.len() != n || dst.len() != n {
             return Err(arg_err(
                 "Augment::apply",
                 format!(
                     "src has {} bytes and dst {} for a {c}x{h}x{w} image; pass two buffers of \
-                     {} bytes",
+                     {n} bytes",
                     src.len(),
-                    dst.len(),
-                    c * h * w
+                    dst.len()
                 ),
             ));
         }

@@ -3,8 +3,8 @@
 
 use kiln_autograd::Device;
 use kiln_data::{
-    image_grid, load_image, synthetic, Augment, DataLoader, DataLoaderConfig, DataSource, Error,
-    ImageDataset, ImageOptions, LoaderState, Normalize, Split,
+    hwc_to_chw, image_grid, load_image, save_png, synthetic, Augment, DataLoader, DataLoaderConfig,
+    DataSource, Error, ImageDataset, ImageOptions, LoaderState, Normalize, Split,
 };
 use std::sync::Arc;
 
@@ -132,4 +132,54 @@ fn huge_prefetch_and_crop_padding_do_not_abort() {
         msg.contains("crop_padding") && msg.contains("uses 4"),
         "{msg}"
     );
+}
+
+/// Image shapes whose byte count overflows `usize` panicked (debug) or wrapped (release) in
+/// the CHW helpers; each is now an error naming the shape, and `hwc_to_chw` checks its input.
+#[test]
+fn image_shapes_that_overflow_are_errors() {
+    let huge = [usize::MAX / 2, 3, 1];
+    let e = Augment::cifar()
+        .apply(&[0; 3], huge, 0, 0, 0, &mut [0; 3])
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("more bytes than can be addressed"),
+        "{e}"
+    );
+    let e = image_grid(&[&[0u8; 3][..]], huge, 1, 0, 0).unwrap_err();
+    assert!(
+        e.to_string().contains("more bytes than can be addressed"),
+        "{e}"
+    );
+    let path = std::env::temp_dir().join(format!("kiln-huge-{}.png", std::process::id()));
+    let e = save_png(&path, &[0; 3], [3, usize::MAX / 2, 2]).unwrap_err();
+    assert!(
+        e.to_string().contains("more bytes than can be addressed"),
+        "{e}"
+    );
+    assert!(!path.exists());
+
+    assert_eq!(
+        hwc_to_chw(&[1, 2, 3, 4, 5, 6], [1, 2, 3]).unwrap(),
+        [1, 4, 2, 5, 3, 6]
+    );
+    for (bytes, shape) in [(&[0u8; 5][..], [1, 2, 3]), (&[][..], [2, 2, 0])] {
+        let e = hwc_to_chw(bytes, shape).unwrap_err().to_string();
+        assert!(e.contains("pass HWC bytes of that shape"), "{e}");
+    }
+    let e = hwc_to_chw(&[0; 4], [usize::MAX, 2, 2]).unwrap_err();
+    assert!(
+        e.to_string().contains("more bytes than can be addressed"),
+        "{e}"
+    );
+    let classes = vec!["a".to_string()];
+    let e = ImageDataset::new("d", huge, vec![0; 3], vec![0], classes.clone()).unwrap_err();
+    assert!(
+        e.to_string().contains("more bytes than can be addressed"),
+        "{e}"
+    );
+    let labels = vec![0; 1 << 20];
+    let e = ImageDataset::new("d", [1 << 20, 1 << 20, 1 << 20], vec![], labels, classes);
+    let e = e.unwrap_err().to_string();
+    assert!(e.contains("(needs more than can be addressed)"), "{e}");
 }
