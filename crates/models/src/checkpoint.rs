@@ -204,11 +204,27 @@ fn temp_prefix(file_name: &str) -> String {
     format!(".{file_name}.tmp-")
 }
 
-/// Whether process `pid` is gone, so a temporary file it left can only be stale. Where there
-/// is no `/proc` to ask, every other process's file is taken for stale.
+/// Whether process `pid` is gone, so a temporary file it left can only be stale. On Unix the
+/// kernel answers a null signal (`ESRCH`: no such process; `EPERM`: it runs, as another
+/// user); elsewhere no process is taken for gone, so no file is removed.
 fn process_gone(pid: u32) -> bool {
-    let proc_root = Path::new("/proc");
-    !proc_root.is_dir() || !proc_root.join(pid.to_string()).exists()
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return true; // beyond pid_t: no process can have it
+        };
+        if pid <= 0 {
+            return false; // 0 would address this process group, not one process
+        }
+        // SAFETY: signal 0 is never delivered; `kill` only checks that `pid` exists.
+        let status = unsafe { libc::kill(pid, 0) };
+        status != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        false
+    }
 }
 
 /// Removes the temporary files that killed [`save_tensors`] calls left beside `path`
