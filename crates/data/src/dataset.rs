@@ -36,7 +36,7 @@ impl ImageDataset {
         labels: Vec<i64>,
         classes: Vec<String>,
     ) -> Result<Self> {
-        let per = crate::image_io::image_len("ImageDataset::new", shape)?;
+        let per = crate::memory::image_len("ImageDataset::new", shape)?;
         if per == 0 {
             return Err(arg_err(
                 "ImageDataset::new",

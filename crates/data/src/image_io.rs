@@ -88,26 +88,11 @@ fn to_chw(img: &DynamicImage, c: usize) -> Result<(Vec<u8>, [usize; 3])> {
     Ok((hwc_to_chw(&hwc, [h, w, c])?, [c, h, w]))
 }
 
-/// The bytes of a `[C, H, W]` image of 8-bit pixels, or an error for `op` naming the shape
-/// when the product does not fit in `usize`.
-pub(crate) fn image_len(op: &'static str, [c, h, w]: [usize; 3]) -> Result<usize> {
-    c.checked_mul(h)
-        .and_then(|n| n.checked_mul(w))
-        .ok_or_else(|| {
-            crate::error::arg_err(
-                op,
-                format!(
-                    "a {c}x{h}x{w} image has more bytes than can be addressed; check the shape"
-                ),
-            )
-        })
-}
-
 /// Reorders HWC bytes (`shape` = `[H, W, C]`) to CHW. Errors when `hwc` does not hold exactly
 /// `H * W * C` bytes or `C` is 0.
 pub fn hwc_to_chw(hwc: &[u8], shape: [usize; 3]) -> Result<Vec<u8>> {
     let [h, w, c] = shape;
-    let n = image_len("hwc_to_chw", [c, h, w])?;
+    let n = memory::image_len("hwc_to_chw", [c, h, w])?;
     if c == 0 || hwc.len() != n {
         return Err(crate::error::arg_err(
             "hwc_to_chw",
@@ -228,7 +213,7 @@ pub fn save_png(path: impl AsRef<Path>, chw: &[u8], shape: [usize; 3]) -> Result
             ))
         }
     };
-    let n = image_len("save_png", shape)?;
+    let n = memory::image_len("save_png", shape)?;
     if chw.len() != n {
         return Err(crate::error::arg_err(
             "save_png",
@@ -272,7 +257,7 @@ pub fn image_grid(
             "needs at least one image and one column",
         ));
     }
-    let n = image_len("image_grid", shape)?;
+    let n = memory::image_len("image_grid", shape)?;
     if let Some(i) = images.iter().position(|im| im.len() != n) {
         return Err(crate::error::arg_err(
             "image_grid",

@@ -72,6 +72,21 @@ pub(crate) fn filled<T: Clone>(
     Ok(v)
 }
 
+/// The bytes of a `[C, H, W]` image of 8-bit pixels, or an error for `op` naming the shape
+/// when the product does not fit in `usize`.
+pub(crate) fn image_len(op: &'static str, [c, h, w]: [usize; 3]) -> Result<usize> {
+    c.checked_mul(h)
+        .and_then(|n| n.checked_mul(w))
+        .ok_or_else(|| {
+            crate::error::arg_err(
+                op,
+                format!(
+                    "a {c}x{h}x{w} image has more bytes than can be addressed; check the shape"
+                ),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

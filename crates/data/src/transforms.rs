@@ -193,7 +193,7 @@ impl Augment {
     ) -> Result<()> {
         self.validate()?;
         let [c, h, w] = shape;
-        let n = crate::image_io::image_len("Augment::apply", shape)?;
+        let n = crate::memory::image_len("Augment::apply", shape)?;
         if src.len() != n || dst.len() != n {
             return Err(arg_err(
                 "Augment::apply",
