@@ -1,6 +1,6 @@
 //! `amp`: the recipe trains under autocast on the CPU — bf16 without loss scaling, f16 with a
-//! `GradScaler` — with finite, falling losses and the true gradient norm clipped and logged,
-//! while parameters and the checkpoint stay f32.
+//! `GradScaler` — with finite, falling losses and the true gradient norm clipped and logged
+//! (and an accumulated step's the mean's), while parameters and the checkpoint stay f32.
 //! One test in this file: the recipe seeds kiln's process-wide generator, so two runs must not
 //! overlap in one process.
 
@@ -70,6 +70,19 @@ fn amp_trains_on_the_cpu_with_f32_checkpoints() {
     };
     let f32_run = train(&f32_config, &mut Quiet).unwrap();
     let want = f32_run.history[0].grad_norm;
+    // Two accumulated batches of 8 make one step over the mean of 16 samples' losses: a norm
+    // within a few percent of the batch-16 run's (BatchNorm's batch statistics differ), not
+    // twice it (each batch's loss not divided by its group's length).
+    let accum_config = TrainConfig {
+        batch_size: Some(8),
+        accum_steps: 2,
+        run_dir: root.join("accum"),
+        ..f32_config.clone()
+    };
+    let accum = train(&accum_config, &mut Quiet).unwrap();
+    let ratio = accum.history[0].grad_norm / want;
+    println!("accumulated 2 x 8: epoch-1 gradient norm ratio {ratio:.4} to batch 16");
+    assert!((0.9..1.1).contains(&ratio), "{ratio}");
     for (dtype, norm) in &epoch_norms {
         let ratio = norm / want;
         println!("{dtype}: epoch-1 gradient norm {norm:.5} vs f32 {want:.5} (ratio {ratio:.4})");

@@ -4,7 +4,7 @@
 //! backward engine's frozen leaves and autocast scope, DDP's bucket cap, second backward and
 //! unused parameters, ZeRO's `zero_grad`, freezing and checkpoint files, ReduceLROnPlateau,
 //! OneCycleLR and warm restarts at their edges, the losses' refusals, and the recipe's f16
-//! gradient norm; each with the test meant to cover it.
+//! and accumulated gradient norms; each with the test meant to cover it.
 
 use super::list::Mutant;
 
@@ -462,6 +462,15 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/kiln/src/recipe/epoch.rs",
         find: "grad_norm: norm_sum / norms.max(1) as f64,",
         replace: "grad_norm: norm_sum,",
+        target: AMP,
+        test: AMP_TEST,
+    },
+    Mutant {
+        bug: "the recipe's accumulated batches each add their whole loss, not its share",
+        package: "kiln",
+        file: "crates/kiln/src/recipe/epoch.rs",
+        find: "let share = loss.div_scalar(group_len as f64)?;",
+        replace: "let share = loss.div_scalar(1.0)?;",
         target: AMP,
         test: AMP_TEST,
     },
