@@ -1,6 +1,8 @@
 //! DistributedDataParallel over the threads backend: N training steps on world 2 and 3 equal a
 //! single-process run over the concatenated batches; no_sync accumulation; frozen and unused
-//! parameters; buckets started during backward; clipping on the reduced gradients.
+//! parameters (averaged where another rank used them, left without a gradient where none
+//! did); a second backward in one iteration refused; buckets started during backward; clipping
+//! on the reduced gradients.
 //!
 //! Tolerance: every rank ends bit-identical to every other (one reduction order, one optimizer
 //! arithmetic). Against the single-process run the gradients differ only by rounding: the

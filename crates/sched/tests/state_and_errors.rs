@@ -1,5 +1,6 @@
-//! Resuming from a state dict, typed errors for invalid settings, and ReduceLROnPlateau's
-//! NaN handling.
+//! Resuming from a state dict, typed errors for invalid settings, ReduceLROnPlateau's NaN
+//! handling and groups added later, steps an optimizer refuses (undone), and warm restarts at
+//! an exact cycle end.
 
 use kiln_sched::{
     ChainedScheduler, ConstantLR, CosineAnnealingLR, CosineAnnealingWarmRestarts, CyclicLR,
