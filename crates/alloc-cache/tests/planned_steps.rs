@@ -37,6 +37,19 @@ fn step(a: &CachingAllocator, sizes: [usize; 3]) -> [u64; 3] {
     [addrs[0], addrs[1], third]
 }
 
+/// An allocator after three `step`s of 100, 1000 and 600 B and the marker after them: the
+/// plan is active, its 2048 B bin at the start of the small segment, whose address is returned.
+fn planned_allocator() -> (Arc<SimBackend>, CachingAllocator, u64) {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    for _ in 0..3 {
+        a.mark_step().unwrap();
+        step(&a, [100, 1000, 600]);
+    }
+    a.mark_step().unwrap();
+    let base = a.snapshot().segments[0].address;
+    (sim, a, base)
+}
+
 #[test]
 fn packing_into_bins_uses_the_smallest_bin_with_room() {
     let trace = Trace::parse("a 1 100\na 2 1000\nf 1\na 3 600\nf 2\nf 3\n").unwrap();
@@ -117,13 +130,7 @@ fn a_repeating_step_is_planned_at_the_third_marker_and_served_without_calls() {
 
 #[test]
 fn a_deviating_step_falls_back_and_the_plan_is_dropped() {
-    let (_, a) = sim_alloc(AllocatorConfig::default());
-    for _ in 0..3 {
-        a.mark_step().unwrap();
-        step(&a, [100, 1000, 600]);
-    }
-    a.mark_step().unwrap();
-    let base = a.snapshot().segments[0].address;
+    let (_, a, base) = planned_allocator();
     let x = a.allocate_raw(100, S0).unwrap();
     assert_eq!(x.addr(), base + 1024);
     // 5000 B is not the plan's second request: the cache serves it (past the bin), and the
@@ -216,12 +223,7 @@ fn steps_that_change_shape_are_never_planned() {
 
 #[test]
 fn a_planned_block_used_on_another_stream_outlives_its_step_and_keeps_its_bin() {
-    let (sim, a) = sim_alloc(AllocatorConfig::default());
-    for _ in 0..3 {
-        a.mark_step().unwrap();
-        step(&a, [100, 1000, 600]);
-    }
-    a.mark_step().unwrap();
+    let (sim, a, _) = planned_allocator();
     let x = a.allocate_raw(100, S0).unwrap();
     let y = a.allocate_raw(1000, S0).unwrap();
     a.record_stream(&y, StreamId(7)).unwrap();
@@ -248,13 +250,7 @@ fn a_planned_block_used_on_another_stream_outlives_its_step_and_keeps_its_bin() 
 /// stops before its last planned allocation; at the next marker either drops the plan.
 #[test]
 fn another_stream_or_a_short_step_is_a_deviation() {
-    let (_, a) = sim_alloc(AllocatorConfig::default());
-    for _ in 0..3 {
-        a.mark_step().unwrap();
-        step(&a, [100, 1000, 600]);
-    }
-    a.mark_step().unwrap();
-    let base = a.snapshot().segments[0].address;
+    let (_, a, base) = planned_allocator();
     let x = a.allocate_raw(100, S0).unwrap();
     assert_eq!(x.addr(), base + 1024);
     let y = a.allocate_raw(1000, StreamId(7)).unwrap();

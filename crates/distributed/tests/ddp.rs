@@ -37,14 +37,20 @@ fn wrap(
     DistributedDataParallel::new(model, group, options).unwrap()
 }
 
+/// `make()`'s model holding the values every rank starts from (`init` with offset 0).
+fn initialised(make: fn() -> Sequential) -> Sequential {
+    let model = make();
+    init(&model, 0.0);
+    model
+}
+
 fn single_process(
     make: fn() -> Sequential,
     sample: &[usize],
     world: usize,
     opt: Opt,
 ) -> Vec<(String, Vec<f64>)> {
-    let model = make();
-    init(&model, 0.0);
+    let model = initialised(make);
     let mut o = optimizer(&model, opt);
     for step in 0..STEPS {
         let (x, y) = batch(step, world * B, sample);
@@ -129,8 +135,7 @@ fn mlp_training_equals_the_single_process_run_for_sgd_momentum_and_adamw() {
 /// statistics per rank, as each process computes them), the mean of the per-rank losses, and,
 /// as with `broadcast_buffers`, the running statistics rank 0's forward produced.
 fn single_process_per_rank_forwards(world: usize, opt: Opt) -> Vec<(String, Vec<f64>)> {
-    let model = conv_bn();
-    init(&model, 0.0);
+    let model = initialised(conv_bn);
     let mut o = optimizer(&model, opt);
     for step in 0..STEPS {
         let (x, y) = batch(step, world * B, &[2, 4, 4]);
@@ -230,9 +235,11 @@ fn conv_batchnorm_training_equals_per_rank_forwards_with_rank0_buffers() {
 fn broadcast_buffers_off_keeps_batchnorm_statistics_per_process() {
     let got = ThreadGroup::run(2, T, |g| {
         let rank = g.rank();
-        let model = conv_bn();
-        init(&model, 0.0);
-        let ddp = wrap(model, g, DdpOptions::default().broadcast_buffers(false));
+        let ddp = wrap(
+            initialised(conv_bn),
+            g,
+            DdpOptions::default().broadcast_buffers(false),
+        );
         let (x, y) = batch(0, 2 * B, &[2, 4, 4]);
         for _ in 0..2 {
             let out = ddp.forward(&rows(&x, rank, B)).unwrap();
@@ -257,8 +264,7 @@ fn no_sync_accumulation_equals_the_larger_batch() {
     const K: usize = 3; // micro-batches per step
     for world in [2, 3] {
         let want = {
-            let model = mlp();
-            init(&model, 0.0);
+            let model = initialised(mlp);
             let mut o = optimizer(&model, Opt::SgdMomentum);
             for step in 0..2 {
                 let (x, y) = batch(step, world * K * B, &[4]);
@@ -270,9 +276,7 @@ fn no_sync_accumulation_equals_the_larger_batch() {
         };
         let got = ThreadGroup::run(world, T, |g| {
             let rank = g.rank();
-            let model = mlp();
-            init(&model, 0.0);
-            let ddp = wrap(model, g, DdpOptions::default());
+            let ddp = wrap(initialised(mlp), g, DdpOptions::default());
             let mut o = optimizer(ddp.module(), Opt::SgdMomentum);
             for step in 0..2 {
                 let (x, y) = batch(step, world * K * B, &[4]);
@@ -363,11 +367,13 @@ fn frozen_parameters_are_not_bucketed_and_stay_untouched() {
 fn buckets_start_all_reduces_before_backward_ends() {
     let got = ThreadGroup::run(2, T, |g| {
         let rank = g.rank();
-        let model = mlp();
-        init(&model, 0.0);
         // 1e-4 MiB = 104 bytes: every parameter of this MLP but the output bias (3 floats = 12
         // bytes) and the next one closes its bucket alone.
-        let ddp = wrap(model, g, DdpOptions::default().bucket_cap_mb(1e-4));
+        let ddp = wrap(
+            initialised(mlp),
+            g,
+            DdpOptions::default().bucket_cap_mb(1e-4),
+        );
         let buckets: Vec<Vec<usize>> = ddp.buckets().iter().map(|b| b.params.clone()).collect();
         let (x, y) = batch(0, 2 * B, &[4]);
         let out = ddp.forward(&rows(&x, rank, B)).unwrap();
@@ -398,9 +404,9 @@ fn grads_of(model: &dyn Module) -> Vec<Option<Vec<f64>>> {
 
 fn assert_close(got: &[f64], want: &[f64], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
-    for (a, b) in got.iter().zip(want) {
-        assert!((a - b).abs() <= TOL * (1.0 + b.abs()), "{what}: {a} vs {b}");
-    }
+    let named = |v: &[f64]| [(what.to_string(), v.to_vec())];
+    let (worst, _) = max_rel_diff(&named(got), &named(want));
+    assert!(worst <= TOL, "{what}: {got:?} vs {want:?}");
 }
 
 /// `0.bias` frozen after wrapping (still bucketed, but backward gives it no gradient) on the
@@ -411,8 +417,7 @@ fn assert_close(got: &[f64], want: &[f64], what: &str) {
 fn unused_parameters_are_named_or_reduced_as_zeros_on_request() {
     let (x, y) = batch(0, 2 * B, &[4]);
     let reference = |rows_of: Option<usize>| {
-        let model = mlp();
-        init(&model, 0.0);
+        let model = initialised(mlp);
         let (x, y) = match rows_of {
             Some(r) => (rows(&x, r, B), rows(&y, r, B)),
             None => (x.clone(), y.clone()),
@@ -424,10 +429,8 @@ fn unused_parameters_are_named_or_reduced_as_zeros_on_request() {
     for (find_unused, frozen_on) in [(false, &[0, 1][..]), (true, &[0, 1]), (true, &[1])] {
         let got = ThreadGroup::run(2, T, |g| {
             let rank = g.rank();
-            let model = mlp();
-            init(&model, 0.0);
             let ddp = wrap(
-                model,
+                initialised(mlp),
                 g,
                 DdpOptions::default().find_unused_parameters(find_unused),
             );
@@ -484,17 +487,14 @@ fn unused_parameters_are_named_or_reduced_as_zeros_on_request() {
 fn clip_grad_norm_on_the_reduced_gradients_is_the_same_on_every_rank() {
     let world = 3;
     let want = {
-        let model = mlp();
-        init(&model, 0.0);
+        let model = initialised(mlp);
         let (x, y) = batch(0, world * B, &[4]);
         loss(&model.forward(&x).unwrap(), &y).backward().unwrap();
         kiln_optim::clip_grad_norm_(&model.named_parameters(), 0.1, 2.0, false).unwrap()
     };
     let got = ThreadGroup::run(world, T, |g| {
         let rank = g.rank();
-        let model = mlp();
-        init(&model, 0.0);
-        let ddp = wrap(model, g, DdpOptions::default());
+        let ddp = wrap(initialised(mlp), g, DdpOptions::default());
         let (x, y) = batch(0, world * B, &[4]);
         let out = ddp.forward(&rows(&x, rank, B)).unwrap();
         loss(&out, &rows(&y, rank, B)).backward().unwrap();
@@ -534,9 +534,7 @@ fn clip_grad_norm_on_the_reduced_gradients_is_the_same_on_every_rank() {
 fn a_forward_before_finish_and_a_peer_that_left_are_errors() {
     let got = ThreadGroup::run(2, Duration::from_secs(20), |g| {
         let rank = g.rank();
-        let model = mlp();
-        init(&model, 0.0);
-        let ddp = wrap(model, g, DdpOptions::default());
+        let ddp = wrap(initialised(mlp), g, DdpOptions::default());
         let (x, y) = batch(0, 2 * B, &[4]);
         let out = ddp.forward(&rows(&x, rank, B)).unwrap();
         loss(&out, &rows(&y, rank, B)).backward().unwrap();
@@ -568,9 +566,7 @@ fn a_forward_before_finish_and_a_peer_that_left_are_errors() {
 fn a_second_backward_in_one_iteration_is_refused() {
     let got = ThreadGroup::run(2, T, |g| {
         let rank = g.rank();
-        let model = mlp();
-        init(&model, 0.0);
-        let ddp = wrap(model, g, DdpOptions::default());
+        let ddp = wrap(initialised(mlp), g, DdpOptions::default());
         let (x, y) = batch(0, 2 * B, &[4]);
         let out = ddp.forward(&rows(&x, rank, B)).unwrap();
         let l = loss(&out, &rows(&y, rank, B));

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::tiny_config;
+use common::{logged, tiny_config};
 use kiln::device::DType;
 use kiln::models::checkpoint::load_tensors;
 use kiln::models::LayerExt;
@@ -89,14 +89,9 @@ fn amp_trains_on_the_cpu_with_f32_checkpoints() {
         assert!((0.9..1.1).contains(&ratio), "{dtype}: {norm} vs f32 {want}");
     }
     for dir in ["bfloat16", "float16", "f32"] {
-        let csv = std::fs::read_to_string(root.join(dir).join("metrics.csv")).unwrap();
-        let steps: Vec<f64> = csv
-            .lines()
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split(',').collect();
-                let step: usize = f.get(1)?.parse().ok()?;
-                (f.get(2) == Some(&"train/grad_norm") && step <= 6).then(|| f[3].parse().unwrap())
-            })
+        let steps: Vec<f64> = logged(&root.join(dir), "train/grad_norm")
+            .into_iter()
+            .filter_map(|(step, norm)| (step <= 6).then_some(norm))
             .collect();
         assert_eq!(steps.len(), 6, "{dir}");
         let report = match dir {

@@ -7,6 +7,9 @@
 //!
 //! One test per file: the recipe seeds kiln's process-wide generator.
 
+mod common;
+
+use common::logged;
 use kiln::data::DataSource;
 use kiln::models::LayerExt;
 use kiln::recipe::{train, Arch, Observer, PretrainedReport, Setup, TrainConfig};
@@ -139,15 +142,7 @@ fn fine_tune_keeps_the_frozen_backbone_then_trains_it_at_its_own_lr() {
 
     // metrics.csv: every step of the unfrozen epoch (but the last, at lr 0) logs the backbone's
     // lr as a tenth of the head's.
-    let csv = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
-    let lr_at = |tag: &str| -> HashMap<usize, f64> {
-        csv.lines()
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split(',').collect();
-                (f.get(2) == Some(&tag)).then(|| (f[1].parse().unwrap(), f[3].parse().unwrap()))
-            })
-            .collect()
-    };
+    let lr_at = |tag: &str| -> HashMap<usize, f64> { logged(&run_dir, tag).into_iter().collect() };
     let (backbone, head) = (lr_at("lr/backbone"), lr_at("lr/head"));
     assert_eq!(backbone.len(), 8);
     assert_eq!((backbone[&8], head[&8]), (0.0, 0.0));

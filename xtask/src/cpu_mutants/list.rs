@@ -22,9 +22,9 @@ pub struct Mutant {
     pub test: &'static str,
 }
 
-const LIB: &[&str] = &["--lib"];
+pub(super) const LIB: &[&str] = &["--lib"];
 const DEVICE: &str = "kiln-device";
-const ALLOC: &str = "kiln-alloc-cache";
+pub(super) const ALLOC: &str = "kiln-alloc-cache";
 const PTH: &[&str] = &["--test", "pth"];
 const PTH_VIEWS: &str = "views_dtypes_and_shared_storages_match_safetensors_bit_for_bit";
 const STRIDED: &str =

@@ -6,15 +6,13 @@
 //! OneCycleLR and warm restarts at their edges, the losses' refusals, and the recipe's f16
 //! and accumulated gradient norms; each with the test meant to cover it.
 
-use super::list::Mutant;
+use super::list::{Mutant, ALLOC, LIB};
 
-const ALLOC: &str = "kiln-alloc-cache";
 const OPTIM: &str = "kiln-optim";
 const DIST: &str = "kiln-distributed";
 const MODELS: &str = "kiln-models";
 const SCHED: &str = "kiln-sched";
 const LOSSES: &str = "kiln-losses";
-const LIB: &[&str] = &["--lib"];
 const GROUPS: &[&str] = &["--test", "groups"];
 const SGD_GROUPS: &str = "every_sgd_option_a_group_overrides_drives_that_groups_step";
 const ADAM_GROUPS: &str = "every_adam_option_a_group_overrides_drives_that_groups_step";

@@ -28,6 +28,18 @@ pub fn tiny_config(
     }
 }
 
+/// The `(step, value)` rows the run in `run_dir` logged under `tag` in its `metrics.csv`
+/// (`wall_time,step,tag,value` lines), in file order.
+pub fn logged(run_dir: &Path, tag: &str) -> Vec<(usize, f64)> {
+    let csv = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+    csv.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f.get(2) == Some(&tag)).then(|| (f[1].parse().unwrap(), f[3].parse().unwrap()))
+        })
+        .collect()
+}
+
 /// Every state-dict tensor of `model` as the bit patterns of its values (as f64), by name: two
 /// models are bit-identical when these are equal.
 pub fn bits(model: &kiln::models::models::ResNet) -> Vec<(String, Vec<u64>)> {
