@@ -6,7 +6,8 @@ optimizer, inputs; one warm-up call), prints one JSON line
 
     {"torch": "2.x", "threads": 2}        or        {"error": "..."}
 
-then answers each line it reads on standard input with one figure, measured afresh:
+(a `gpu_` case adds `"device": "<GPU name>"`), then answers each line it reads on standard input
+with one figure, measured afresh:
 
     {"value": 12.3, "unit": "ms"}         or        {"error": "..."}
 
@@ -15,7 +16,8 @@ the same case, so the two figures of each round are taken within seconds of each
 figure is measured the way the bench measures kiln's: one untimed warm-up call, then the median
 (steps, optimizer and clip cases) or the best (matmul) of the timed calls. The models are
 defined here (torchvision's ResNet-18 layout, a 784-512-256-10 MLP), so nothing but `torch` is
-needed.
+needed. The `gpu_` cases run on `cuda:0` and are timed as the bench's GPU cases are: warm-up
+calls, then the best of three rounds of calls between two synchronisations.
 
 Invariants: every case uses the same model, batch, loss, optimizer and options as the kiln case
 of the same name in xtask/src/bench/; nothing is downloaded; an error is a JSON line, never a
@@ -239,8 +241,121 @@ def clip_only(lens, reps):
     return lambda: adaptive_median_ms(reps, clip)
 
 
+def gpu_per_call(fn, round_s, reps=None):
+    """Seconds per call of `fn` on the GPU, as the bench's `per_call`: two warm-up calls (the
+    second timed), then the best of three rounds of calls between two synchronisations, `reps`
+    calls a round, or as many as fill `round_s` (1 to 200); a call slower than four rounds gets
+    one more timed call instead of three rounds."""
+    sync = torch.cuda.synchronize
+    fn()
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    warm = max(time.perf_counter() - start, 1e-7)
+    if reps is None:
+        reps = min(max(int(round_s / warm), 1), 200)
+        rounds = 1 if warm > 4 * round_s else 3
+    else:
+        rounds = 3
+    best = warm if rounds == 1 else float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - start) / reps)
+    return best
+
+
+def gpu_matmul(n, dtype, reps):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randn(n, n, generator=gen, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, generator=gen, device="cuda", dtype=dtype)
+    return lambda: 2.0 * n**3 / gpu_per_call(lambda: torch.matmul(a, b), 0, reps) / 1e9
+
+
+def gpu_resnet_step(batch, reps):
+    """The bench's GPU step: 224x224, 1000 classes, bf16 autocast, SGD momentum, no clip."""
+    torch.manual_seed(0)
+    model = ResNet18(1000, small_input=False).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = labels(batch, 1000).cuda()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return lambda: gpu_per_call(step, 0, reps) * 1e3
+
+
+def gpt2_small_lens():
+    """The bench's `gpt2-small` gradient set (its 148 parameter sizes)."""
+    d, v = 768, [50257 * 768, 1024 * 768]
+    for _ in range(12):
+        v += [d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]
+    return v + [d, d]
+
+
+GPU_SETS = {"resnet18": resnet18_lens, "gpt2": gpt2_small_lens, "2000x1000": lambda: [1000] * 2000}
+
+
+def gpu_params(lens):
+    """Parameters of 0.01 on cuda:0 with N(0, 0.1) gradients, as the bench's `device_params`."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    params = []
+    for n in lens:
+        p = torch.full((n,), 0.01, device="cuda", requires_grad=True)
+        p.grad = torch.randn(n, generator=gen, device="cuda") * 0.1
+        params.append(p)
+    return params
+
+
+def gpu_adamw(lens, round_s):
+    opt = torch.optim.AdamW(gpu_params(lens), lr=1e-4, weight_decay=0.01, fused=True)
+    return lambda: gpu_per_call(opt.step, round_s) * 1e3
+
+
+def gpu_clip(lens, round_s):
+    """clip_grad_norm_ as PyTorch runs it on CUDA (foreach; the norm stays a device tensor),
+    with max_norm 0.999 x the norm the gradients have at each call, as the bench's clip cases."""
+    params = gpu_params(lens)
+    bound = [float(torch.nn.utils.clip_grad_norm_(params, float("inf"))) * SHRINK]
+
+    def clip():
+        torch.nn.utils.clip_grad_norm_(params, bound[0])
+        bound[0] *= SHRINK
+
+    return lambda: gpu_per_call(clip, round_s) * 1e3
+
+
+def set_up_gpu(name, arg, quick):
+    """A `gpu_` case on cuda:0, set up: (a function measuring one figure, its unit)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False")
+    round_s = 0.01 if quick else 0.05
+    reps = 3 if quick else 20
+    if name == "gpu_matmul_f32":
+        return gpu_matmul(arg, torch.float32, reps), "GFLOP/s"
+    if name == "gpu_matmul_bf16":
+        return gpu_matmul(arg, torch.bfloat16, reps), "GFLOP/s"
+    if name == "gpu_resnet18_224_step_bf16":
+        return gpu_resnet_step(arg, 2 if quick else 10), "ms"
+    set_name = name.partition("/")[0]
+    for prefix, make in (("gpu_adamw_", gpu_adamw), ("gpu_clip_", gpu_clip)):
+        if set_name.startswith(prefix) and set_name[len(prefix):] in GPU_SETS:
+            return make(GPU_SETS[set_name[len(prefix):]](), round_s), "ms"
+    raise ValueError(f"unknown case `{name}`")
+
+
 def set_up(name, arg, quick):
     """Case `name` at `arg`, set up: (a function measuring one figure, its unit)."""
+    if name.startswith("gpu_"):
+        return set_up_gpu(name, arg, quick)
     steps = 1 if quick else 5
     reps = 1 if quick else 5
     if name == "resnet18_cifar_step":
@@ -288,7 +403,10 @@ def main(argv):
     except Exception as e:  # the bench reads the reason from this line
         say(failure(e))
         return
-    say({"torch": torch.__version__, "threads": torch.get_num_threads()})
+    ready = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    if name.startswith("gpu_"):
+        ready["device"] = torch.cuda.get_device_name(0)
+    say(ready)
     for _ in sys.stdin:
         try:
             say({"value": measure(), "unit": unit})

@@ -15,7 +15,10 @@
 //!   1, one in-place `mul_` per gradient, with no host wait. Like PyTorch's, that loop cannot
 //!   know on the host whether the coefficient is 1, so it multiplies when not clipping too. Its
 //!   ratio is `loop time / fused time`, the fused time being the norm-on-device variant (neither
-//!   waits for the device).
+//!   waits for the device);
+//! - with `--vs-torch`, PyTorch's `clip_grad_norm_` on the same device and gradients (its CUDA
+//!   default: foreach kernels, the norm a device tensor), timed the same way, against the f32
+//!   clipping case with the norm on the device (rows `... vs PyTorch`, `torch.rs`).
 //!
 //! Each fused case is timed twice: `clip_grad_norm_` (returns the total as `f64`, so every call
 //! waits for the device) and `clip_grad_norm_on_device` (returns a 0-d device tensor; calls
@@ -31,6 +34,7 @@
 
 use super::clip::{grad_sets, GradSet};
 use super::harness::{err, gpu_cases, Options, Row};
+use super::torch::{Figure, Pairs};
 use kiln_autograd::{no_grad, DType, Device, Generator, Parameter, Tensor};
 use std::time::Instant;
 
@@ -141,6 +145,17 @@ pub(super) fn device_params(
         .collect()
 }
 
+/// The PyTorch script's name of one of [`grad_sets`]' sets (its `gpu_clip_<name>` and
+/// `gpu_adamw_<name>` cases); `None` for a set of a test's own.
+pub(super) fn torch_set_name(set: &GradSet) -> Option<&'static str> {
+    match set.name {
+        n if n.starts_with("resnet18 ") => Some("resnet18"),
+        n if n.starts_with("gpt2-small ") => Some("gpt2"),
+        "2000 x 1000" => Some("2000x1000"),
+        _ => None,
+    }
+}
+
 /// PyTorch's `clip_grad_norm_(foreach=False)` in kiln tensor ops; never waits for the device.
 fn per_tensor_loop(params: &[(String, Parameter)], max_norm: f64) -> Result<(), String> {
     no_grad(|| {
@@ -176,6 +191,7 @@ fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         return Ok(());
     };
     let dev = Device::Cuda(0);
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
     for set in grad_sets() {
         let mut cases = vec![(DType::F32, true)];
         if set.name.starts_with("gpt2") {
@@ -189,13 +205,14 @@ fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
                 copy_bw,
                 device: dev,
             };
-            if let Err(e) = one_set(&set, &cases, &label, options, rows) {
+            if let Err(e) = one_set(&set, &cases, &label, options, rows, &mut pairs) {
                 eprintln!("bench clip: {label} failed: {e}");
                 rows.push(Row::failed(GROUP, label, &e));
             }
         }
         kiln_device::synchronize(dev).map_err(err)?;
     }
+    rows.extend(pairs.into_rows());
     Ok(())
 }
 
@@ -208,13 +225,16 @@ struct SetCases {
     device: Device,
 }
 
-/// The cases of one gradient set and dtype, as rows labelled `label`.
+/// The cases of one gradient set and dtype, as rows labelled `label`; with `--vs-torch`, the
+/// f32 clip with the norm on the device also against PyTorch's `clip_grad_norm_` on the same
+/// device (its CUDA default: foreach, the norm a device tensor), into `pairs`.
 fn one_set(
     set: &GradSet,
     cases: &SetCases,
     label: &str,
     options: &Options,
     rows: &mut Vec<Row>,
+    pairs: &mut Pairs,
 ) -> Result<(), String> {
     let &SetCases {
         dtype,
@@ -273,6 +293,24 @@ fn one_set(
                 .map_err(e)
         });
         record("fused (norm stays on device)", t_dev.clone());
+        if let (true, DType::F32, Some(name), Ok(t)) =
+            (clipping, dtype, torch_set_name(set), &t_dev)
+        {
+            pairs.add(
+                &format!("{label}: clip, fused (norm stays on device)"),
+                &format!("gpu_clip_{name}"),
+                Figure::Millis,
+                t * 1e3,
+                || {
+                    per_call(dev, options, || {
+                        kiln_optim::clip_grad_norm_on_device(&params, next_bound(), 2.0, false)
+                            .map(drop)
+                            .map_err(e)
+                    })
+                    .map(|t| t * 1e3)
+                },
+            )?;
+        }
         if with_loop {
             // The loop's row: its time; ratio loop time / fused time (norm on device, else f64).
             let fused = t_dev.or(t_wait);
@@ -371,7 +409,9 @@ mod tests {
                 device: Device::Cpu,
             };
             let mut rows = Vec::new();
-            one_set(&tiny_set(), &cases, "tiny", &options, &mut rows).unwrap();
+            let mut pairs = Pairs::new(GROUP, false, true);
+            one_set(&tiny_set(), &cases, "tiny", &options, &mut rows, &mut pairs).unwrap();
+            assert!(pairs.into_rows().is_empty());
             assert_eq!(rows.len(), want, "{dtype}");
             for r in &rows {
                 assert!(r.value > 0.0 && r.value.is_finite(), "{r:?}");
@@ -394,6 +434,12 @@ mod tests {
         // torchvision's ResNet18 and GPT-2 small (wte + wpe + 12 blocks + ln_f).
         assert_eq!(numel, [11_689_512, 124_439_808, 2_000_000]);
         assert_eq!(tensors, [62, 148, 2000]);
+        // Each set has its name in the PyTorch script's table of GPU sets.
+        let script = include_str!("../../torch_bench.py");
+        for set in &sets {
+            let name = torch_set_name(set).unwrap();
+            assert!(script.contains(&format!("\"{name}\": ")), "{name}");
+        }
         assert_eq!(traffic_bytes(Pass::ClipNoScale, numel[0], 4), 46_758_048);
         assert_eq!(
             traffic_bytes(Pass::ClipAndScale, numel[1], 4),

@@ -5,7 +5,9 @@
 //! `--vs-torch` also runs the `train`, `ops`, `optim` and `clip` CPU cases in PyTorch in the
 //! same run, in rounds alternating with kiln's (`torch.rs`; `$KILN_TORCH_PYTHON`, else
 //! `python3`), and adds kiln/PyTorch rows; without PyTorch those rows keep kiln's figure and say
-//! why PyTorch's is missing.
+//! why PyTorch's is missing. With `--gpu` / `--gpu-only` it does the same for the CUDA cases of
+//! `ops` (matmul, the ResNet18 step), `optim` (AdamW) and `clip` (f32 clipping), PyTorch running
+//! on the same GPU.
 //!
 //! A row is `{"group", "case", "metric", "value", "reference", "ratio"}`; `ratio` compares
 //! kiln's figure with the reference measured in the same run (or a stated target), oriented so

@@ -13,10 +13,15 @@
 //!   kiln's own bf16 matmul 4096³ rate in the same run (see [`resnet18`]); then the same step
 //!   with the convolutions' column budget raised to hold the whole batch (time and peak).
 //!
+//! With `--vs-torch`, the matmuls and the ResNet18 step (default column budget) also run in
+//! PyTorch on the same device, timed the same way, in rounds alternating with kiln's (rows
+//! `... vs PyTorch`, `torch.rs`; PyTorch's step uses cuDNN's convolutions).
+//!
 //! Timing: one warm-up, then `reps` launches between two stream synchronisations (kiln's ops
 //! queue asynchronously; only the synchronisation waits), best of three such rounds.
 
 use super::harness::{err, Options, Row};
+use super::torch::{Figure, Pairs};
 use kiln_autograd::{DType, Device, Generator, Tensor};
 use kiln_device::cuda::cudarc::cublas::{result as blas, sys, CudaBlas};
 use kiln_device::cuda::cudarc::driver::{result as driver, CudaStream, DevicePtr, DevicePtrMut};
@@ -53,18 +58,20 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         }
     };
     let mut measured = Vec::new();
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
     for dtype in [DType::F32, DType::BF16] {
         case(
             &format!("gpu_matmul_4096_{dtype}"),
-            matmul(&stream, dtype, reps, &mut measured),
+            matmul(&stream, dtype, reps, &mut measured, &mut pairs),
         );
     }
     case("gpu_bandwidth", bandwidth(&stream, reps, &mut measured));
     case(
         "gpu_resnet18_train_step_bf16",
-        resnet18(&stream, options, &mut measured),
+        resnet18(&stream, options, &mut measured, &mut pairs),
     );
     rows.extend(measured);
+    rows.extend(pairs.into_rows());
     Ok(())
 }
 
@@ -93,6 +100,7 @@ fn matmul(
     dtype: DType,
     reps: usize,
     rows: &mut Vec<Row>,
+    pairs: &mut Pairs,
 ) -> Result<(), String> {
     let n = 4096usize;
     let flops = 2.0 * (n as f64).powi(3);
@@ -100,15 +108,24 @@ fn matmul(
     let mut g = Generator::new(7);
     let a = g.normal(&[n, n], 0.0, 1.0, dtype, dev).map_err(err)?;
     let b = g.normal(&[n, n], 0.0, 1.0, dtype, dev).map_err(err)?;
-    let kiln = per_call(stream, reps, || {
-        std::hint::black_box(a.matmul(&b).map_err(err)?);
-        Ok(())
-    })?;
-    // Raw cuBLAS on plain buffers of the same sizes (values do not change the speed).
+    let time_kiln = || {
+        per_call(stream, reps, || {
+            std::hint::black_box(a.matmul(&b).map_err(err)?);
+            Ok(())
+        })
+    };
+    let kiln = time_kiln()?;
+    // Raw cuBLAS on plain buffers of the same sizes, holding random values as kiln's operands
+    // do: an H200 multiplies zeros faster than random data (about 894 against 788 TFLOP/s in
+    // bf16), so zero-filled operands would make a slower reference look like kiln's overhead.
     let bytes = n * n * if dtype == DType::F32 { 4 } else { 2 };
     let (x, y) = (
-        stream.alloc_zeros::<u8>(bytes).map_err(err)?,
-        stream.alloc_zeros::<u8>(bytes).map_err(err)?,
+        stream
+            .clone_htod(&random_operand(n * n, dtype, 1))
+            .map_err(err)?,
+        stream
+            .clone_htod(&random_operand(n * n, dtype, 2))
+            .map_err(err)?,
     );
     let mut z = stream.alloc_zeros::<u8>(bytes).map_err(err)?;
     let blas_handle = CudaBlas::new(stream.clone()).map_err(|e| format!("{e:?}"))?;
@@ -160,7 +177,33 @@ fn matmul(
         format!("raw cublasGemmEx {raw_tf:.1} TFLOP/s"),
         kiln_tf / raw_tf,
     ));
-    Ok(())
+    let short = if dtype == DType::F32 { "f32" } else { "bf16" };
+    pairs.add(
+        &format!("gpu_matmul_4096_{dtype}"),
+        &format!("gpu_matmul_{short}/{n}"),
+        Figure::Gflops,
+        flops / kiln / 1e9,
+        || time_kiln().map(|t| flops / t / 1e9),
+    )
+}
+
+/// `len` values uniform in [-1, 1) as the bytes of `dtype` (f32, else bf16 by truncation), from
+/// a fixed-seed generator: the raw GEMM's operands.
+fn random_operand(len: usize, dtype: DType, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut bytes = Vec::with_capacity(len * 4);
+    for _ in 0..len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let v = (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        if dtype == DType::F32 {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        } else {
+            bytes.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+        }
+    }
+    bytes
 }
 
 /// The device's copy bandwidth in bytes per second, read + write bytes counted: `reps`
@@ -260,6 +303,7 @@ fn resnet18(
     stream: &Arc<CudaStream>,
     options: &Options,
     rows: &mut Vec<Row>,
+    pairs: &mut Pairs,
 ) -> Result<(), String> {
     use kiln_losses::{cross_entropy, CrossEntropyOptions};
     use kiln_models::{Layer, LayerExt};
@@ -346,5 +390,44 @@ fn resnet18(
         ),
         whole_step / step,
     ));
-    Ok(())
+    pairs.add(
+        &format!("gpu resnet18 224x224 batch {batch} train step (bf16 autocast, SGD momentum)"),
+        &format!("gpu_resnet18_224_step_bf16/{batch}"),
+        Figure::Millis,
+        step * 1e3,
+        || {
+            timed(kiln_device::ops::conv::DEFAULT_CUDA_CONV_COLUMN_BUDGET)
+                .map(|(step, _)| step * 1e3)
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_gemm_operands_are_random_values_in_range() {
+        let f = random_operand(1000, DType::F32, 1);
+        let values: Vec<f32> = f
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(values.len(), 1000);
+        assert!(values.iter().all(|v| (-1.0..1.0).contains(v)));
+        // Not constant, and spread over both signs (a zero-filled operand is what this avoids).
+        let negative = values.iter().filter(|v| **v < 0.0).count();
+        assert!((400..600).contains(&negative), "{negative}");
+        // bf16: the same generator's values, truncated to their top 16 bits.
+        let h = random_operand(1000, DType::BF16, 1);
+        assert_eq!(h.len(), 2000);
+        for (v, b) in values.iter().zip(h.chunks_exact(2)) {
+            let bits = u16::from_le_bytes(b.try_into().unwrap());
+            assert_eq!(bits, (v.to_bits() >> 16) as u16);
+        }
+        assert_ne!(
+            random_operand(4, DType::F32, 2),
+            random_operand(4, DType::F32, 1)
+        );
+    }
 }

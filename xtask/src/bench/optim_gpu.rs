@@ -12,11 +12,15 @@
 //! step's table of buffer addresses), as a training loop pays it. Timing as in `clip_gpu`:
 //! warm-up steps (which also create the optimizer state), then rounds of steps between two
 //! synchronisations. A failing case prints why and adds a [`Row::failed`] row; the others still
-//! run.
+//! run. With `--vs-torch`, each AdamW step also against PyTorch's `AdamW(fused=True)` on the same
+//! device and sets, timed the same way (rows `... vs PyTorch`, `torch.rs`).
 
 use super::clip::{grad_sets, GradSet};
-use super::clip_gpu::{device_bandwidth, device_params, per_call, traffic_bytes, Pass};
+use super::clip_gpu::{
+    device_bandwidth, device_params, per_call, torch_set_name, traffic_bytes, Pass,
+};
 use super::harness::{gpu_cases, Options, Row};
+use super::torch::{Figure, Pairs};
 use kiln_autograd::{DType, Device};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
 
@@ -35,6 +39,7 @@ fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     };
     let copy_gbs = copy_bw / 1e9;
     let dev = Device::Cuda(0);
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
     for set in grad_sets() {
         let numel = set.numel() as u64;
         for pass in [Pass::AdamW, Pass::SgdMomentum] {
@@ -43,17 +48,30 @@ fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
                 _ => ("SGD momentum", "3 reads + 2 writes"),
             };
             let case = format!("gpu {}: {name} step, fused", set.name);
-            match step_time(&set, pass, dev, options) {
-                Ok(t) => {
+            let timed = optimizer(&set, pass, dev).and_then(|mut opt| {
+                let t = step_time(opt.as_mut(), dev, options)?;
+                Ok((opt, t))
+            });
+            match timed {
+                Ok((mut opt, t)) => {
                     let limit = traffic_bytes(pass, numel, 4) as f64 / copy_bw;
                     rows.push(Row::new(
                         GROUP,
-                        case,
+                        case.clone(),
                         "ms",
                         t * 1e3,
                         format!("bandwidth limit ({limit_name}) at device copy {copy_gbs:.0} GB/s"),
                         limit / t,
                     ));
+                    if let (Pass::AdamW, Some(name)) = (pass, torch_set_name(&set)) {
+                        pairs.add(
+                            &case,
+                            &format!("gpu_adamw_{name}"),
+                            Figure::Millis,
+                            t * 1e3,
+                            || step_time(opt.as_mut(), dev, options).map(|t| t * 1e3),
+                        )?;
+                    }
                 }
                 Err(err) => {
                     eprintln!("bench optim: {case} failed: {err}");
@@ -62,21 +80,28 @@ fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             }
         }
     }
+    rows.extend(pairs.into_rows());
     Ok(())
 }
 
-/// Seconds per fused step of `pass` (AdamW or SGD momentum) over `set` as f32 parameters and
+/// The fused optimizer of `pass` (AdamW or SGD momentum) over `set` as f32 parameters and
 /// gradients on `device` (cuda:0 in the benchmark; the unit test runs it on the CPU).
-fn step_time(set: &GradSet, pass: Pass, device: Device, options: &Options) -> Result<f64, String> {
+fn optimizer(set: &GradSet, pass: Pass, device: Device) -> Result<Box<dyn Optimizer>, String> {
     let e = |e: kiln_optim::Error| e.to_string();
     let group = vec![ParamGroup::new(device_params(set, DType::F32, device)?)];
-    let mut opt: Box<dyn Optimizer> = match pass {
+    Ok(match pass {
         Pass::AdamW => Box::new(
             AdamW::new(group, AdamOptions::adamw().lr(1e-4).weight_decay(0.01)).map_err(e)?,
         ),
         _ => Box::new(Sgd::new(group, SgdOptions::default().lr(1e-4).momentum(0.9)).map_err(e)?),
-    };
-    per_call(device, options, || opt.step().map_err(e))
+    })
+}
+
+/// Seconds per step of `opt` on `device`.
+fn step_time(opt: &mut dyn Optimizer, device: Device, options: &Options) -> Result<f64, String> {
+    per_call(device, options, || {
+        opt.step().map_err(|e: kiln_optim::Error| e.to_string())
+    })
 }
 
 #[cfg(test)]
@@ -94,7 +119,8 @@ mod tests {
             ..Options::default()
         };
         for pass in [Pass::AdamW, Pass::SgdMomentum] {
-            let t = step_time(&set, pass, Device::Cpu, &options).unwrap();
+            let mut opt = optimizer(&set, pass, Device::Cpu).unwrap();
+            let t = step_time(opt.as_mut(), Device::Cpu, &options).unwrap();
             assert!(t > 0.0 && t < 1.0, "{pass:?}: {t} s");
         }
     }

@@ -132,11 +132,14 @@ impl TorchCase {
             about: String::new(),
         };
         let ready = case.answer()?;
-        case.about = format!(
-            "PyTorch {} CPU, {} threads",
-            ready["torch"].as_str().unwrap_or("?"),
-            ready["threads"].as_u64().unwrap_or(0)
-        );
+        let version = ready["torch"].as_str().unwrap_or("?");
+        case.about = match ready["device"].as_str() {
+            Some(gpu) => format!("PyTorch {version} on {gpu}"),
+            None => format!(
+                "PyTorch {version} CPU, {} threads",
+                ready["threads"].as_u64().unwrap_or(0)
+            ),
+        };
         Ok(case)
     }
 

@@ -438,8 +438,11 @@ mod tests {
         assert!(RUN_SH.contains("gpu-bench.json"));
         // Only the CUDA cases of every group, with the report under $OUT (KILN_BENCH_OUT):
         // xtask's default target dir is the build machine's workspace path.
-        assert!(RUN_SH.contains("bench --gpu-only"));
-        assert!(RUN_SH.contains("KILN_BENCH_OUT=\"$OUT/bench\""));
+        assert!(RUN_SH.contains("bench --gpu-only --vs-torch"));
+        assert!(RUN_SH.contains("KILN_BENCH_OUT=\"$LOGS/bench\""));
+        assert!(RUN_SH.contains("LOGS=\"$OUT/logs\""));
+        // A skip passes, so the summary must show it: the NCCL tests' `skipping: ...` too.
+        assert!(RUN_SH.contains("grep -cE '^skipping[ :]'"));
         // NVRTC's folder precedes the driver's on LD_LIBRARY_PATH (cudarc tries the
         // unversioned name first, which a distribution's older NVRTC may own there).
         let at = |s: &str| RUN_SH.find(s).expect(s);
