@@ -103,3 +103,57 @@ fn resnet18_plan_and_max_batch_size() {
     );
     assert_eq!(m.type_name(), "ResNet");
 }
+
+#[test]
+fn attention_plans_what_its_backward_keeps() {
+    use kiln_models::layers::MultiheadAttention;
+    use kiln_models::Tracer;
+    manual_seed(3);
+    // MultiheadAttention(E = 8, 2 heads, dropout 0.1), one sample: a query of T = 3 positions
+    // over keys and values of S = 5, all f32 (4 B). Its backward keeps the three inputs (for
+    // the packed projection's weight gradient: 24 + 40 + 40 values), the projected q, k, v per
+    // head (2 x 3 x 4, 2 x 5 x 4 twice: 104), the attention probabilities (2 x 3 x 5 = 30),
+    // in training the dropout mask and the dropped probabilities (30 each), and the context
+    // that out_proj multiplies (3 x 8 = 24).
+    let (t, s) = (3, 5);
+    let saved = |mha: &MultiheadAttention| {
+        let mut tracer = Tracer::new();
+        let q = tracer.input(&[1, t, 8], DType::F32);
+        let k = tracer.input(&[1, s, 8], DType::F32);
+        let v = tracer.input(&[1, s, 8], DType::F32);
+        mha.trace_attend(&mut tracer, &q, &k, &v).unwrap();
+        tracer.saved_bytes()
+    };
+    let mut mha = MultiheadAttention::new(8, 2, 0.1).unwrap();
+    assert_eq!(saved(&mha), (104 + 104 + 30 + 60 + 24) * 4);
+    // Evaluation mode drops no probabilities: nothing for dropout.
+    mha.eval();
+    assert_eq!(saved(&mha), (104 + 104 + 30 + 24) * 4);
+    mha.train(true);
+    // A frozen out_proj needs no weight gradient, so the context is not kept for it.
+    assert_eq!(mha.freeze(|n| n.starts_with("out_proj")).unwrap(), 2);
+    assert_eq!(saved(&mha), (104 + 104 + 30 + 60) * 4);
+    // Nothing trainable and inputs without gradients: no backward, nothing kept.
+    mha.freeze(|_| true).unwrap();
+    assert_eq!(saved(&mha), 0);
+}
+
+#[test]
+fn optimizer_names_parse_as_the_cli_takes_them() {
+    for (name, kind, buffers) in [
+        ("sgd", OptimizerKind::Sgd, 0),
+        ("SGD-Momentum", OptimizerKind::SgdMomentum, 1),
+        ("momentum", OptimizerKind::SgdMomentum, 1),
+        ("adam", OptimizerKind::Adam, 2),
+        ("AdamW", OptimizerKind::AdamW, 2),
+    ] {
+        let parsed: OptimizerKind = name.parse().unwrap();
+        assert_eq!(parsed, kind, "{name}");
+        assert_eq!(parsed.state_buffers(), buffers, "{name}");
+    }
+    let e = "lamb".parse::<OptimizerKind>().unwrap_err().to_string();
+    assert!(
+        e.contains("unknown optimizer \"lamb\"; use sgd, sgd-momentum, adam or adamw"),
+        "{e}"
+    );
+}

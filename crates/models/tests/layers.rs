@@ -1,9 +1,10 @@
 //! Layer forward passes that run on kiln-autograd's core ops, against hand values and PyTorch.
 
 use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
-use kiln_models::layers::{AttentionMasks, Dropout, Linear, MultiheadAttention};
+use kiln_models::layers::{AttentionMasks, BatchNorm2d, Dropout, Linear, MultiheadAttention};
 use kiln_models::models::mlp;
-use kiln_models::{Error, Layer, LayerExt};
+use kiln_models::{set_batch_stats_reduce, BatchStatsReduce, Error, Layer, LayerExt};
+use std::sync::Arc;
 
 fn t(v: &[f32], shape: &[usize]) -> Tensor {
     Tensor::from_slice(v, shape, Device::Cpu).unwrap()
@@ -86,6 +87,8 @@ struct MhaFixture {
     key_padding_mask: Vec<bool>,
     plain: Vec<f32>,
     causal_and_padding: Vec<f32>,
+    float_mask: Vec<f32>,
+    float_masked: Vec<f32>,
 }
 
 fn close(got: &[f32], want: &[f32], tol: f32) {
@@ -93,6 +96,47 @@ fn close(got: &[f32], want: &[f32], tol: f32) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!((g - w).abs() <= tol, "element {i}: {g} vs {w}");
     }
+}
+
+#[test]
+fn a_key_padding_mask_or_keys_of_the_wrong_shape_are_refused() {
+    let mha = MultiheadAttention::new(4, 2, 0.0).unwrap();
+    let x = Tensor::zeros(&[2, 3, 4], DType::F32, Device::Cpu).unwrap();
+    let bool_of = |shape: &[usize]| {
+        Tensor::zeros(shape, DType::F32, Device::Cpu)
+            .unwrap()
+            .gt_scalar(0.5)
+            .unwrap()
+    };
+    let floats = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu).unwrap();
+    for (mask, what) in [
+        (bool_of(&[3, 2]), "bool [3, 2]"),
+        (bool_of(&[2, 3, 1]), "bool [2, 3, 1]"),
+        (floats, "float32 [2, 3]"),
+    ] {
+        let masks = AttentionMasks {
+            key_padding_mask: Some(&mask),
+            ..Default::default()
+        };
+        let e = mha.attend(&x, &x, &x, masks).unwrap_err().to_string();
+        assert!(
+            e.contains("key_padding_mask must be a bool [2, 3] tensor"),
+            "{what}: {e}"
+        );
+    }
+    // Keys and values of another batch size than the query's are refused by name, too.
+    let other_batch = Tensor::zeros(&[1, 3, 4], DType::F32, Device::Cpu).unwrap();
+    let e = mha
+        .attend(&x, &other_batch, &other_batch, AttentionMasks::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expected batch-first query [B, T, 4]"), "{e}");
+    // The right mask is taken.
+    let masks = AttentionMasks {
+        key_padding_mask: Some(&bool_of(&[2, 3])),
+        ..Default::default()
+    };
+    assert_eq!(mha.attend(&x, &x, &x, masks).unwrap().shape(), [2, 3, 4]);
 }
 
 #[test]
@@ -120,6 +164,14 @@ fn multihead_attention_matches_pytorch_with_causal_and_padding_masks() {
     };
     let y = mha.attend(&x, &x, &x, masks).unwrap();
     close(&y.to_vec::<f32>().unwrap(), &f.causal_and_padding, 1e-5);
+    // A float attn_mask is added to the scores.
+    let bias = t(&f.float_mask, &[tt, tt]);
+    let biased = AttentionMasks {
+        attn_mask: Some(&bias),
+        ..Default::default()
+    };
+    let z = mha.attend(&x, &x, &x, biased).unwrap();
+    close(&z.to_vec::<f32>().unwrap(), &f.float_masked, 1e-5);
     // Gradients reach the packed projection.
     y.sum_all().unwrap().backward().unwrap();
     assert!(mha.in_proj_weight.grad().is_some());
@@ -133,4 +185,82 @@ fn multihead_attention_matches_pytorch_with_causal_and_padding_masks() {
             "out_proj.bias"
         ]
     );
+}
+
+/// The batch-statistics reduction of a group of one: the sum over the participants is the
+/// local value.
+#[derive(Debug)]
+struct OneParticipant;
+
+impl BatchStatsReduce for OneParticipant {
+    fn sum(&self, local: &Tensor) -> kiln_models::Result<Tensor> {
+        Ok(local.clone())
+    }
+}
+
+#[test]
+fn batch_norm_reduced_over_one_participant_equals_the_plain_layer() {
+    manual_seed(5);
+    let plain = BatchNorm2d::new(3).unwrap();
+    let mut synced = BatchNorm2d::new(3).unwrap();
+    assert_eq!(
+        set_batch_stats_reduce(&mut synced, Some(Arc::new(OneParticipant))),
+        1
+    );
+    let values = |t: &Tensor| t.to_vec_f64().unwrap();
+    let close64 = |a: &[f64], b: &[f64], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "{what}: {x} vs {y}"
+            );
+        }
+    };
+    // Two training steps on [4, 3, 2, 2] inputs of mean 2 and spread 3: outputs and running
+    // statistics (the unbiased variance, blended with momentum 0.1) agree.
+    for _ in 0..2 {
+        let x = Tensor::randn(&[4, 3, 2, 2], DType::F32, Device::Cpu)
+            .unwrap()
+            .mul_scalar(3.0)
+            .unwrap()
+            .add_scalar(2.0)
+            .unwrap();
+        close64(
+            &values(&synced.forward(&x).unwrap()),
+            &values(&plain.forward(&x).unwrap()),
+            "output",
+        );
+    }
+    close64(
+        &values(&synced.running_mean),
+        &values(&plain.running_mean),
+        "mean",
+    );
+    close64(
+        &values(&synced.running_var),
+        &values(&plain.running_var),
+        "var",
+    );
+    // The statistics moved: 0.19 of the way to means near 2 and variances near 9.
+    assert!(values(&plain.running_mean).iter().all(|m| *m > 0.1));
+    assert!(values(&plain.running_var).iter().all(|v| *v > 1.5));
+    for bn in [&plain, &synced] {
+        assert_eq!(bn.num_batches_tracked.to_vec::<i64>().unwrap(), [2]);
+    }
+    // Evaluation counts no batch and moves no statistic.
+    let x = Tensor::randn(&[2, 3, 2, 2], DType::F32, Device::Cpu).unwrap();
+    for mut bn in [plain, synced] {
+        let (mean, var) = (values(&bn.running_mean), values(&bn.running_var));
+        bn.eval();
+        bn.forward(&x).unwrap();
+        assert_eq!(bn.num_batches_tracked.to_vec::<i64>().unwrap(), [2]);
+        assert_eq!(values(&bn.running_mean), mean);
+        assert_eq!(values(&bn.running_var), var);
+        // In training, one value per channel has no variance: refused, by both.
+        bn.train(true);
+        let one = Tensor::ones(&[1, 3, 1, 1], DType::F32, Device::Cpu).unwrap();
+        let e = bn.forward(&one).unwrap_err().to_string();
+        assert!(e.contains("more than 1 value per channel"), "{e}");
+    }
 }

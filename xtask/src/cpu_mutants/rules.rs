@@ -3,8 +3,10 @@
 //! boundaries and planned steps' deviations, the data loader's per-sample draws and shards, the
 //! backward engine's frozen leaves and autocast scope, DDP's bucket cap, second backward and
 //! unused parameters, ZeRO's `zero_grad`, freezing and checkpoint files, ReduceLROnPlateau,
-//! OneCycleLR and warm restarts at their edges, the losses' refusals, and the recipe's f16
-//! and accumulated gradient norms; each with the test meant to cover it.
+//! OneCycleLR and warm restarts at their edges, the losses' refusals, the recipe's f16 and
+//! accumulated gradient norms, and the layers' less travelled paths (attention's float mask and
+//! planned saves, synced and evaluated batch norm, pooling's padding, grouped convolutions,
+//! GELU's tanh form); each with the test meant to cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
@@ -28,6 +30,9 @@ const STATE_ERRORS: &[&str] = &["--test", "state_and_errors"];
 const ERRORS: &[&str] = &["--test", "errors"];
 const AMP: &[&str] = &["--test", "amp"];
 const AMP_TEST: &str = "amp_trains_on_the_cpu_with_f32_checkpoints";
+const FREEZE_PLAN: &[&str] = &["--test", "freeze_plan"];
+const LAYERS: &[&str] = &["--test", "layers"];
+const REFUSALS: &[&str] = &["--test", "refusals"];
 
 /// The planted bugs.
 pub const MUTANTS: &[Mutant] = &[
@@ -280,7 +285,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/models/src/freeze.rs",
         find: "p.set_grad(None)?;",
         replace: "",
-        target: &["--test", "freeze_plan"],
+        target: FREEZE_PLAN,
         test: "freezing_clears_the_gradients_already_held",
     },
     Mutant {
@@ -471,5 +476,77 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let share = loss.div_scalar(1.0)?;",
         target: AMP,
         test: AMP_TEST,
+    },
+    Mutant {
+        bug: "a float attn_mask is subtracted from the attention scores",
+        package: MODELS,
+        file: "crates/models/src/layers/attention.rs",
+        find: "scores.add(m)?",
+        replace: "scores.sub(m)?",
+        target: LAYERS,
+        test: "multihead_attention_matches_pytorch_with_causal_and_padding_masks",
+    },
+    Mutant {
+        bug: "attention's plan sizes the keys and values by the query's length",
+        package: MODELS,
+        file: "crates/models/src/layers/attention.rs",
+        find: "for l in [t, s, s]",
+        replace: "for l in [t, t, t]",
+        target: FREEZE_PLAN,
+        test: "attention_plans_what_its_backward_keeps",
+    },
+    Mutant {
+        bug: "attention's plan keeps dropout's tensors in evaluation mode",
+        package: MODELS,
+        file: "crates/models/src/layers/attention.rs",
+        find: "if self.training && self.dropout > 0.0",
+        replace: "if self.dropout > 0.0",
+        target: FREEZE_PLAN,
+        test: "attention_plans_what_its_backward_keeps",
+    },
+    Mutant {
+        bug: "synced batch norm keeps the biased variance as its running variance",
+        package: MODELS,
+        file: "crates/models/src/layers/norm.rs",
+        find: "total_count / (total_count - 1.0)",
+        replace: "1.0",
+        target: LAYERS,
+        test: "batch_norm_reduced_over_one_participant_equals_the_plain_layer",
+    },
+    Mutant {
+        bug: "batch norm counts batches in evaluation mode",
+        package: MODELS,
+        file: "crates/models/src/layers/norm.rs",
+        find: "if self.training {\n            let _g",
+        replace: "if true {\n            let _g",
+        target: LAYERS,
+        test: "batch_norm_reduced_over_one_participant_equals_the_plain_layer",
+    },
+    Mutant {
+        bug: "pooling takes padding up to the whole kernel (PyTorch: at most half)",
+        package: MODELS,
+        file: "crates/models/src/layers/pool.rs",
+        find: "padding > kernel / 2",
+        replace: "padding > kernel",
+        target: REFUSALS,
+        test: "pooling_refuses_padding_over_half_the_kernel_and_empty_planes",
+    },
+    Mutant {
+        bug: "a grouped convolution expects one group's channels as its input's",
+        package: MODELS,
+        file: "crates/models/src/layers/conv.rs",
+        find: "let in_ch = w[1] * self.config.groups;",
+        replace: "let in_ch = w[1];",
+        target: REFUSALS,
+        test: "a_grouped_dilated_convolution_checks_channels_and_its_dilated_kernel",
+    },
+    Mutant {
+        bug: "GELU(approximate='tanh') computes the exact GELU",
+        package: MODELS,
+        file: "crates/models/src/layers/activation.rs",
+        find: "Ok(if self.tanh { x.gelu_tanh()? } else { x.gelu()? })",
+        replace: "Ok(x.gelu()?)",
+        target: REFUSALS,
+        test: "gelu_tanh_is_the_approximation_and_gelu_the_exact_form",
     },
 ];
