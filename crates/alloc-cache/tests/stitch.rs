@@ -373,3 +373,59 @@ fn replay_stitched_reuses_the_gaps_memory_where_plain_expandable_maps_new_ones()
     assert_eq!(stitched.reserved_over_live, 1.0);
     assert_eq!(stitched.ooms, 0);
 }
+
+#[test]
+fn moved_pages_come_from_the_largest_gap_first_and_from_its_end() {
+    // A full 20 MiB device: gaps of 4 MiB (A) and 8 MiB (C) between kept blocks. A 10 MiB
+    // request (5 pages) is no new peak, so it first asks for new pages, gets out-of-memory and
+    // takes five of the gaps' six pages instead: C's four (the largest gap: fewest moves) and
+    // the last of A's two, so A's start is still a free 2 MiB block where it was.
+    let (sim, a) = sim_alloc(20 * MIB, stitching());
+    let gap_a = a.allocate_raw(4 * MIB, S0).unwrap();
+    let b = a.allocate_raw(4 * MIB, S0).unwrap();
+    let gap_c = a.allocate_raw(8 * MIB, S0).unwrap();
+    let d = a.allocate_raw(4 * MIB, S0).unwrap();
+    let (a_addr, c_addr) = (gap_a.addr(), gap_c.addr());
+    a.free_raw(gap_a).unwrap();
+    a.free_raw(gap_c).unwrap();
+    let remaps = sim.calls().remap;
+    let big = a.allocate_raw(10 * MIB, S0).unwrap();
+    assert_eq!(sim.calls().remap - remaps, 2, "one move per gap");
+    assert_eq!(sim.used_bytes(), 20 * MIB);
+    a.check_invariants().unwrap();
+    let small = a.allocate_raw(2 * MIB, S0).unwrap();
+    assert_eq!(
+        small.addr(),
+        a_addr,
+        "A's first page stayed (C at {c_addr:#x} gave all of its pages)"
+    );
+    a.check_invariants().unwrap();
+    for r in [b, d, big, small] {
+        a.free_raw(r).unwrap();
+    }
+}
+
+#[test]
+fn a_request_filling_a_hole_and_the_free_block_after_it_exactly_maps_only_the_hole() {
+    // x, a 4 MiB hole (y's pages given back), w (2 MiB, free and mapped), z: a 6 MiB request
+    // is exactly the hole plus w, so it maps the hole's two pages and takes w, not six new
+    // pages past z.
+    let (sim, a) = sim_alloc(1 << 30, AllocatorConfig::expandable());
+    let x = a.allocate_raw(4 * MIB, S0).unwrap();
+    let y = a.allocate_raw(4 * MIB, S0).unwrap();
+    let w = a.allocate_raw(2 * MIB, S0).unwrap();
+    let z = a.allocate_raw(4 * MIB, S0).unwrap();
+    let y_addr = y.addr();
+    a.free_raw(y).unwrap();
+    assert_eq!(a.empty_cache().unwrap(), 4 * MIB);
+    a.free_raw(w).unwrap();
+    let maps = sim.calls().map;
+    let r = a.allocate_raw(6 * MIB, S0).unwrap();
+    assert_eq!(r.addr(), y_addr);
+    assert_eq!(sim.calls().map - maps, 1);
+    assert_eq!(a.memory_stats().reserved_bytes.all.current, 14 * MIB as i64);
+    a.check_invariants().unwrap();
+    for b in [x, z, r] {
+        a.free_raw(b).unwrap();
+    }
+}

@@ -1,12 +1,13 @@
 //! The bugs `cargo xtask cpu-mutants` plants in rules that only some settings or inputs reach:
 //! a parameter group's overrides and state dicts, the caching allocator's `max_split_size`
-//! boundaries and planned steps' deviations, the data loader's per-sample draws and shards, the
-//! backward engine's frozen leaves and autocast scope, DDP's bucket cap, second backward and
-//! unused parameters, ZeRO's `zero_grad`, freezing and checkpoint files, ReduceLROnPlateau,
-//! OneCycleLR and warm restarts at their edges, the losses' refusals, the recipe's f16 and
-//! accumulated gradient norms, and the layers' less travelled paths (attention's float mask and
-//! planned saves, synced and evaluated batch norm, pooling's padding, grouped convolutions,
-//! GELU's tanh form); each with the test meant to cover it.
+//! boundaries, planned steps' deviations and stitching's choice of pages, the data loader's
+//! per-sample draws and shards, the backward engine's frozen leaves and autocast scope, DDP's
+//! bucket cap, second backward and unused parameters, ZeRO's `zero_grad`, freezing and
+//! checkpoint files, ReduceLROnPlateau, OneCycleLR and warm restarts at their edges, the
+//! losses' refusals, the recipe's f16 and accumulated gradient norms, and the layers' less
+//! travelled paths (attention's float mask and planned saves, synced and evaluated batch norm,
+//! pooling's padding, grouped convolutions, GELU's tanh form); each with the test meant to
+//! cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
@@ -33,6 +34,7 @@ const AMP_TEST: &str = "amp_trains_on_the_cpu_with_f32_checkpoints";
 const FREEZE_PLAN: &[&str] = &["--test", "freeze_plan"];
 const LAYERS: &[&str] = &["--test", "layers"];
 const REFUSALS: &[&str] = &["--test", "refusals"];
+const STITCH: &[&str] = &["--test", "stitch"];
 
 /// The planted bugs.
 pub const MUTANTS: &[Mutant] = &[
@@ -548,5 +550,23 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "Ok(x.gelu()?)",
         target: REFUSALS,
         test: "gelu_tanh_is_the_approximation_and_gelu_the_exact_form",
+    },
+    Mutant {
+        bug: "stitching moves the pages of the smallest gaps first (more moves)",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/stitch.rs",
+        find: "found.sort_by_key(|r| (std::cmp::Reverse(r.p1 - r.p0), r.seg, r.p0));",
+        replace: "found.sort_by_key(|r| (r.p1 - r.p0, r.seg, r.p0));",
+        target: STITCH,
+        test: "moved_pages_come_from_the_largest_gap_first_and_from_its_end",
+    },
+    Mutant {
+        bug: "a request exactly filling a hole and the free block after it grows the segment",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/stitch.rs",
+        find: "} else if need <= b.size + right.unwrap_or(0) {",
+        replace: "} else if need < b.size + right.unwrap_or(0) {",
+        target: STITCH,
+        test: "a_request_filling_a_hole_and_the_free_block_after_it_exactly_maps_only_the_hole",
     },
 ];
