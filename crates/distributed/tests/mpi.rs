@@ -16,10 +16,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SCENARIO: &str = "KILN_TEST_MPI_SCENARIO";
+/// Launches so far, numbering their Open MPI session folders.
+static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Runs `scenario` on two ranks under mpirun; returns (success, combined output, seconds).
 fn launch(scenario: &str, timeout_s: &str) -> (bool, String, f64) {
     let exe = std::env::current_exe().unwrap();
+    // Each launch gets its own Open MPI session folder: tests run in parallel, and two mpiruns
+    // creating the shared default (`$TMPDIR/ompi.<host>.<uid>`) at once can fail with "File
+    // exists" (seen in CI).
+    let session = std::env::temp_dir().join(format!(
+        "kiln-ompi-{}-{scenario}-{}",
+        std::process::id(),
+        SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&session).unwrap();
     let started = Instant::now();
     let out = Command::new("mpirun")
         .args(["-np", "2", "--oversubscribe"])
@@ -29,8 +40,11 @@ fn launch(scenario: &str, timeout_s: &str) -> (bool, String, f64) {
         .env("KILN_DIST_TIMEOUT", timeout_s)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_orte_tmpdir_base", &session)
+        .env("PRTE_MCA_prte_tmpdir_base", &session)
         .output()
         .expect("mpirun must be installed to test the mpi feature (apt-get install openmpi-bin)");
+    let _ = std::fs::remove_dir_all(&session);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -156,7 +156,9 @@ done
 TEST_TIMEOUT="${KILN_TEST_TIMEOUT_S:-120}"
 # KILN_SANITIZE=TOOL runs each test binary under `compute-sanitizer --tool TOOL` (memcheck,
 # racecheck, synccheck, initcheck) and skips the benchmarks; KILN_ONLY=A,B keeps the binaries
-# whose names contain A or B; KILN_SANITIZE_PRINT_LIMIT (20) caps the findings printed per binary.
+# whose names contain A or B (the benchmarks then run only when a part names them, as in
+# KILN_ONLY=xtask-bench, which runs the benchmarks alone);
+# KILN_SANITIZE_PRINT_LIMIT (20) caps the findings printed per binary.
 SANITIZE="${KILN_SANITIZE:-}"
 SANITIZER=()
 if [ -n "$SANITIZE" ]; then
