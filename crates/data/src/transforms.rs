@@ -301,6 +301,44 @@ mod tests {
     }
 
     #[test]
+    fn crops_reach_every_offset_of_the_padded_image() {
+        // 1x4x4 image 1..=16 padded by 1: the output's pixel (1, 1) is the source's
+        // (top, left), each offset in 0..=2 as torchvision's RandomCrop draws them.
+        let src: Vec<u8> = (1..=16).collect();
+        let mut offsets = std::collections::BTreeSet::new();
+        for index in 0..200 {
+            let mut dst = vec![0; 16];
+            Augment {
+                crop_padding: 1,
+                flip_prob: 0.0,
+            }
+            .apply(&src, [1, 4, 4], 9, 0, index, &mut dst)
+            .unwrap();
+            let v = usize::from(dst[5]) - 1;
+            offsets.insert((v / 4, v % 4));
+        }
+        let all: std::collections::BTreeSet<_> =
+            (0..3).flat_map(|t| (0..3).map(move |l| (t, l))).collect();
+        assert_eq!(offsets, all);
+    }
+
+    #[test]
+    fn a_constant_channel_normalises_to_zero() {
+        // Channel 1 is 200 in every pixel: its std is 0, which `from_dataset` raises to 1e-6.
+        let pixels: Vec<u8> = (0..4u8)
+            .flat_map(|i| [i * 50, i * 50 + 10, 200, 200])
+            .collect();
+        let ds =
+            ImageDataset::new("flat", [2, 1, 2], pixels, vec![0; 4], vec!["a".into()]).unwrap();
+        let n = Normalize::from_dataset(&ds).unwrap();
+        assert_eq!(n.std()[1], 1e-6);
+        assert!((n.mean()[1] - 200.0 / 255.0).abs() < 1e-6);
+        let mut out = Vec::new();
+        push_f32(&[0, 10, 200, 200], 2, Some(&n), &mut out);
+        assert_eq!(out[2..], [0.0, 0.0]);
+    }
+
+    #[test]
     fn augment_is_a_function_of_seed_epoch_and_index() {
         let src: Vec<u8> = (0..48).collect();
         let run = |seed, epoch, index| {

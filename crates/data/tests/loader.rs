@@ -212,6 +212,36 @@ fn samples_of_one_epoch_get_their_own_crop_and_flip() {
             distinct.len()
         );
     }
+    // Flipping alone (no crop) is still augmentation: every image comes mirrored.
+    c.augment = Augment {
+        crop_padding: 0,
+        flip_prob: 1.0,
+    };
+    let mut loader = DataLoader::new(
+        Arc::new(
+            ImageDataset::new(
+                "same",
+                [2, 3, 3],
+                image.repeat(n),
+                vec![0; n],
+                vec!["a".into()],
+            )
+            .unwrap(),
+        ),
+        c,
+        Device::Cpu,
+    )
+    .unwrap();
+    let mirrored: Vec<u8> = image
+        .chunks(3)
+        .flat_map(|row| row.iter().rev().copied())
+        .collect();
+    for (_, px, _) in epoch(&mut loader) {
+        for got in px.chunks(18) {
+            let got: Vec<u8> = got.iter().map(|v| (v * 255.0).round() as u8).collect();
+            assert_eq!(got, mirrored);
+        }
+    }
 }
 
 #[test]

@@ -1,13 +1,13 @@
 //! The bugs `cargo xtask cpu-mutants` plants in rules that only some settings or inputs reach:
 //! a parameter group's overrides and state dicts, the caching allocator's `max_split_size`
 //! boundaries, planned steps' deviations and stitching's choice of pages, the data loader's
-//! per-sample draws and shards, the backward engine's frozen leaves and autocast scope, DDP's
-//! bucket cap, second backward and unused parameters, ZeRO's `zero_grad`, freezing and
-//! checkpoint files, ReduceLROnPlateau, OneCycleLR and warm restarts at their edges, the
-//! losses' refusals, the recipe's f16 and accumulated gradient norms, and the layers' less
-//! travelled paths (attention's float mask and planned saves, synced and evaluated batch norm,
-//! pooling's padding, grouped convolutions, GELU's tanh form); each with the test meant to
-//! cover it.
+//! per-sample draws, shards and flip-only augmentation, the backward engine's frozen leaves and
+//! autocast scope, DDP's bucket cap, second backward and unused parameters, ZeRO's
+//! `zero_grad`, freezing and checkpoint files, ReduceLROnPlateau, OneCycleLR and warm restarts
+//! at their edges, the losses' refusals, the recipe's f16 and accumulated gradient norms, and
+//! the layers' less travelled paths (attention's float mask and planned saves, synced and
+//! evaluated batch norm, pooling's padding, grouped convolutions, GELU's tanh form); each with
+//! the test meant to cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
@@ -568,5 +568,14 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "} else if need < b.size + right.unwrap_or(0) {",
         target: STITCH,
         test: "a_request_filling_a_hole_and_the_free_block_after_it_exactly_maps_only_the_hole",
+    },
+    Mutant {
+        bug: "a flip-only augmentation counts as none, so the loader never flips",
+        package: "kiln-data",
+        file: "crates/data/src/transforms.rs",
+        find: "self.crop_padding == 0 && self.flip_prob <= 0.0",
+        replace: "self.crop_padding == 0",
+        target: &["--test", "loader"],
+        test: "samples_of_one_epoch_get_their_own_crop_and_flip",
     },
 ];
