@@ -2,12 +2,12 @@
 //! a parameter group's overrides and state dicts, the caching allocator's `max_split_size`
 //! boundaries, planned steps' deviations and stitching's choice of pages, the data loader's
 //! per-sample draws, shards and flip-only augmentation, the backward engine's frozen leaves and
-//! autocast scope, DDP's bucket cap, second backward and unused parameters, ZeRO's
-//! `zero_grad`, freezing and checkpoint files, ReduceLROnPlateau, OneCycleLR and warm restarts
-//! at their edges, the losses' refusals, the recipe's f16 and accumulated gradient norms, and
-//! the layers' less travelled paths (attention's float mask and planned saves, synced and
-//! evaluated batch norm, pooling's padding, grouped convolutions, GELU's tanh form); each with
-//! the test meant to cover it.
+//! autocast scope, GradScaler's count of clean steps, DDP's bucket cap, second backward and
+//! unused parameters, ZeRO's `zero_grad`, freezing and checkpoint files, ReduceLROnPlateau,
+//! OneCycleLR and warm restarts at their edges, the losses' refusals, the recipe's f16 and
+//! accumulated gradient norms, and the layers' less travelled paths (attention's float mask and
+//! planned saves, synced and evaluated batch norm, pooling's padding, grouped convolutions,
+//! GELU's tanh form); each with the test meant to cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
@@ -577,5 +577,14 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "self.crop_padding == 0",
         target: &["--test", "loader"],
         test: "samples_of_one_epoch_get_their_own_crop_and_flip",
+    },
+    Mutant {
+        bug: "GradScaler keeps counting clean steps through an overflow",
+        package: OPTIM,
+        file: "crates/optim/src/scaler.rs",
+        find: "self.growth_tracker = 0;\n        } else {",
+        replace: "self.growth_tracker = self.growth_tracker;\n        } else {",
+        target: &["--test", "scaler"],
+        test: "an_overflow_restarts_the_count_of_clean_steps",
     },
 ];
