@@ -345,10 +345,9 @@ def set_up_gpu(name, arg, quick):
         return gpu_matmul(arg, torch.bfloat16, reps), "GFLOP/s"
     if name == "gpu_resnet18_224_step_bf16":
         return gpu_resnet_step(arg, 2 if quick else 10), "ms"
-    set_name = name.partition("/")[0]
     for prefix, make in (("gpu_adamw_", gpu_adamw), ("gpu_clip_", gpu_clip)):
-        if set_name.startswith(prefix) and set_name[len(prefix):] in GPU_SETS:
-            return make(GPU_SETS[set_name[len(prefix):]](), round_s), "ms"
+        if name.startswith(prefix) and name[len(prefix):] in GPU_SETS:
+            return make(GPU_SETS[name[len(prefix):]](), round_s), "ms"
     raise ValueError(f"unknown case `{name}`")
 
 

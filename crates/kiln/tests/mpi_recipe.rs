@@ -26,10 +26,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const SCENARIO: &str = "KILN_TEST_MPI_RECIPE_SCENARIO";
-/// Launches so far, numbering their Open MPI session folders.
-static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const RUN_DIR: &str = "KILN_TEST_MPI_RECIPE_RUN_DIR";
 const BATCH: &str = "KILN_TEST_MPI_RECIPE_BATCH";
+/// Launches so far, numbering their Open MPI session folders.
+static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Runs `scenario` on `np` ranks under mpirun, training into `run_dir` with `batch` per rank;
 /// returns (success, combined output, seconds).

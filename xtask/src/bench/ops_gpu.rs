@@ -22,6 +22,7 @@
 
 use super::harness::{err, Options, Row};
 use super::torch::{Figure, Pairs};
+use kiln_alloc_cache::synth::SplitMix64;
 use kiln_autograd::{DType, Device, Generator, Tensor};
 use kiln_device::cuda::cudarc::cublas::{result as blas, sys, CudaBlas};
 use kiln_device::cuda::cudarc::driver::{result as driver, CudaStream, DevicePtr, DevicePtrMut};
@@ -190,13 +191,10 @@ fn matmul(
 /// `len` values uniform in [-1, 1) as the bytes of `dtype` (f32, else bf16 by truncation), from
 /// a fixed-seed generator: the raw GEMM's operands.
 fn random_operand(len: usize, dtype: DType, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = SplitMix64(seed);
     let mut bytes = Vec::with_capacity(len * 4);
     for _ in 0..len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let v = (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        let v = (rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
         if dtype == DType::F32 {
             bytes.extend_from_slice(&v.to_le_bytes());
         } else {

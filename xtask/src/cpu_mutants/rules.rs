@@ -35,6 +35,7 @@ const FREEZE_PLAN: &[&str] = &["--test", "freeze_plan"];
 const LAYERS: &[&str] = &["--test", "layers"];
 const REFUSALS: &[&str] = &["--test", "refusals"];
 const STITCH: &[&str] = &["--test", "stitch"];
+const LOADER: &[&str] = &["--test", "loader"];
 
 /// The planted bugs.
 pub const MUTANTS: &[Mutant] = &[
@@ -161,7 +162,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/data/src/loader.rs",
         find: "aug.apply(src, shape, self.config.seed, epoch, i, &mut scratch)",
         replace: "aug.apply(src, shape, self.config.seed, epoch, 0, &mut scratch)",
-        target: &["--test", "loader"],
+        target: LOADER,
         test: "samples_of_one_epoch_get_their_own_crop_and_flip",
     },
     Mutant {
@@ -575,7 +576,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/data/src/transforms.rs",
         find: "self.crop_padding == 0 && self.flip_prob <= 0.0",
         replace: "self.crop_padding == 0",
-        target: &["--test", "loader"],
+        target: LOADER,
         test: "samples_of_one_epoch_get_their_own_crop_and_flip",
     },
     Mutant {
