@@ -55,6 +55,7 @@ fn main() -> ExitCode {
         "record-traces" => record_traces::run(rest),
         "bench" => bench::run(rest),
         "bench-mpi-rank" => bench::distributed_mpi::rank_entry(rest),
+        bench::threads::CHILD_COMMAND => bench::threads::child_entry(rest),
         "memviz" => memviz::run(rest),
         "emu-suite" => emu::suite::run(rest),
         "emu-mutants" => emu::mutants::run(rest),

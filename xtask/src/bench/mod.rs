@@ -27,6 +27,7 @@ mod ops;
 mod ops_gpu;
 mod optim;
 mod optim_gpu;
+pub mod threads;
 mod torch;
 mod train;
 
@@ -46,6 +47,7 @@ const GROUPS: &[(&str, Group)] = &[
     ("optim", |options| cpu_then_gpu(options, optim::cpu_cases, optim_gpu::run)),
     ("ops", ops::run),
     ("train", train::run),
+    ("threads", threads::run),
     ("distributed", distributed::run),
 ];
 

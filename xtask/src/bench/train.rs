@@ -246,9 +246,9 @@ fn mlp_step(
 /// A ResNet-18 training case: image size (32: CIFAR stem and 10 classes; otherwise
 /// torchvision's stem and 1000 classes) and batch.
 #[derive(Debug, Clone, Copy)]
-struct Resnet {
-    size: usize,
-    batch: usize,
+pub(super) struct Resnet {
+    pub size: usize,
+    pub batch: usize,
 }
 
 impl Resnet {
@@ -304,7 +304,7 @@ fn train_step(
 }
 
 /// A model, its parameters, an SGD-momentum optimizer and one batch (inputs, labels).
-type Setup = (
+pub(super) type Setup = (
     ResNet,
     Vec<(String, kiln_autograd::Parameter)>,
     Sgd,
@@ -313,7 +313,7 @@ type Setup = (
 );
 
 /// The [`Setup`] of `r`.
-fn resnet_setup(r: Resnet) -> Result<Setup, String> {
+pub(super) fn resnet_setup(r: Resnet) -> Result<Setup, String> {
     let model = r.model()?;
     let params = model.named_parameters();
     let opt = Sgd::new(

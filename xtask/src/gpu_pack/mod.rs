@@ -10,8 +10,8 @@
 //! - the running `xtask` binary itself, the benchmark runner (`xtask bench --gpu-only`), in the
 //!   archive too;
 //! - `run.sh` (source: `xtask/src/gpu_pack/run.sh`), which finds the CUDA libraries, sets
-//!   `KILN_REQUIRE_CUDA=1` and runs the tests, then the benchmarks, writing logs and
-//!   `gpu-bench.json` to `$OUT`;
+//!   `KILN_REQUIRE_CUDA=1` and runs the tests, then the benchmarks, then the CPU's `threads`
+//!   group, writing logs, `gpu-bench.json` and `cpu-bench.json` to `$OUT`;
 //! - `MANIFEST.txt`: commit, date, toolchain and the list of binaries.
 //!
 //! Only the test binaries that hold GPU tests go in (those calling
@@ -436,6 +436,8 @@ mod tests {
         assert!(RUN_SH.starts_with("#!/usr/bin/env bash"));
         assert!(RUN_SH.contains("export KILN_REQUIRE_CUDA=1"));
         assert!(RUN_SH.contains("gpu-bench.json"));
+        // The CPU side runs the `threads` group by default.
+        assert!(RUN_SH.contains("KILN_CPU_BENCH-threads") && RUN_SH.contains("cpu-bench.json"));
         // Only the CUDA cases of every group, with the report under $OUT (KILN_BENCH_OUT):
         // xtask's default target dir is the build machine's workspace path.
         assert!(RUN_SH.contains("bench --gpu-only --vs-torch"));

@@ -13,7 +13,10 @@
 #      cases of every group (matmul vs cuBLAS, bandwidth, ResNet18 step, allocator hit vs
 #      cuMemAlloc, fused clip and optimizer steps vs copy bandwidth) and, where python3 has
 #      torch, the same matmul, step, AdamW and clip cases in PyTorch on the same GPU; none of the
-#      CPU cases; the report is copied to $OUT/gpu-bench.json and gpu-bench.md.
+#      CPU cases; the report is copied to $OUT/gpu-bench.json and gpu-bench.md;
+#   5. runs `xtask bench $KILN_CPU_BENCH --vs-torch` on the machine's CPU (default `threads`:
+#      the CPU training step at 1, 2, 4, ... threads up to the cores, next to PyTorch at the
+#      same count; KILN_CPU_BENCH= skips it), report in $OUT/cpu-bench.json and cpu-bench.md.
 # Output goes to $OUT (default ./gpu-out): env.txt, summary.txt, gpu-bench.{json,md} and
 # logs.tar.gz (every log), few files, so a runner that returns a handful of files gets them all.
 # Planned to finish in under 8 minutes: each test binary gets KILN_TEST_TIMEOUT_S (120 s), the
@@ -126,6 +129,7 @@ export KILN_KERNEL_CACHE="${KILN_KERNEL_CACHE:-${TMPDIR:-/tmp}/kiln-kernel-cache
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     echo "host: $(uname -a)"
+    echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
     echo "pack: $(cat "$HERE/MANIFEST.txt" 2>/dev/null | head -n 3 | tr '\n' ' ')"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     echo "KILN_CUDA_INCLUDE=${KILN_CUDA_INCLUDE:-<none found>}"
@@ -242,6 +246,31 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && wanted xtask-bench; then
         cp "$report" "$OUT/gpu-bench.json"
         find "$LOGS/bench" -name report.md -exec cp {} "$OUT/gpu-bench.md" \;
         log "PASS  xtask bench --gpu-only --vs-torch  (${secs}s)  -> gpu-bench.json, gpu-bench.md"
+    fi
+fi
+
+# The CPU side: a GPU machine usually has more cores than the development machine, and how
+# kiln's CPU step scales with them is measured nowhere else.
+CPU_BENCH="${KILN_CPU_BENCH-threads}"
+if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cpu-bench; then
+    budget="${KILN_RUN_BUDGET_S:-450}"
+    left=$((budget - ($(date +%s) - START)))
+    [ $left -lt 60 ] && left=60
+    mkdir -p "$LOGS/cpu-bench"
+    t0=$(date +%s)
+    # shellcheck disable=SC2086  # a list of group names
+    (cd "$LOGS/cpu-bench" && KILN_BENCH_OUT="$LOGS/cpu-bench" timeout "$left" "$BIN/xtask" bench ${CPU_BENCH//,/ } --vs-torch) \
+        >"$LOGS/cpu-bench.log" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - t0))
+    if [ $rc -ne 0 ] || [ ! -f "$LOGS/cpu-bench/report.json" ]; then
+        [ $rc -eq 124 ] && log "      CPU bench timed out after ${left}s"
+        log "FAIL  xtask bench $CPU_BENCH --vs-torch (CPU)  (rc $rc, ${secs}s)  -> logs/cpu-bench.log"
+        FAILS=$((FAILS + 1))
+    else
+        cp "$LOGS/cpu-bench/report.json" "$OUT/cpu-bench.json"
+        cp "$LOGS/cpu-bench/report.md" "$OUT/cpu-bench.md"
+        log "PASS  xtask bench $CPU_BENCH --vs-torch (CPU)  (${secs}s)  -> cpu-bench.json, cpu-bench.md"
     fi
 fi
 

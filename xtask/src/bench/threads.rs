@@ -1,0 +1,234 @@
+//! The `threads` benchmark group (issue 16): how the CPU training step scales with the thread
+//! count, split into its forward, backward and clip + optimizer parts, next to PyTorch at the
+//! same count with `--vs-torch`.
+//!
+//! The case is the `train` group's ResNet-18 CIFAR step (32x32, batch 32, quick: 4; SGD with
+//! momentum, `clip_grad_norm_(1.0)`). kiln's pool is built once per process, so each thread
+//! count runs in a child process (this xtask, `bench-threads-child N BATCH STEPS`, with
+//! `KILN_NUM_THREADS=N`) that builds the model, takes one warm-up step, times `STEPS` steps
+//! part by part and prints one JSON line; PyTorch's side (`threads_cifar_step/N` in
+//! `torch_bench.py`) calls `torch.set_num_threads(N)`. Counts: every power of two below the
+//! machine's cores, then the cores.
+//!
+//! Rows per count: the step time, with its three parts and the speed-up over one thread in
+//! the reference column (`ratio` = speed-up / threads, the parallel efficiency: 1 is perfect
+//! scaling), and with `--vs-torch` the kiln/PyTorch row of that count. A part that stops
+//! shrinking as threads are added is where the step stops scaling.
+
+use super::harness::{err, Options, Row};
+use super::torch::{Figure, Pairs};
+use super::train::{resnet_setup, Resnet};
+use kiln_losses::{cross_entropy, CrossEntropyOptions};
+use kiln_models::Layer;
+use kiln_optim::Optimizer;
+use std::process::Command;
+use std::time::Instant;
+
+const GROUP: &str = "threads";
+/// The hidden xtask subcommand a child process runs.
+pub const CHILD_COMMAND: &str = "bench-threads-child";
+
+/// Medians (ms) of one step's parts at one thread count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Split {
+    forward: f64,
+    backward: f64,
+    optimizer: f64,
+}
+
+impl Split {
+    fn total(self) -> f64 {
+        self.forward + self.backward + self.optimizer
+    }
+
+    fn to_json(self, threads: usize) -> String {
+        serde_json::json!({
+            "threads": threads,
+            "forward_ms": self.forward,
+            "backward_ms": self.backward,
+            "optimizer_ms": self.optimizer,
+        })
+        .to_string()
+    }
+
+    /// The split from a child's output: its last line that is a JSON object.
+    fn from_output(stdout: &str) -> Result<Split, String> {
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .ok_or_else(|| format!("no figures in the child's output: {stdout:?}"))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{line}: {e}"))?;
+        let part = |key: &str| {
+            v[key]
+                .as_f64()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| format!("no `{key}` in {line}"))
+        };
+        Ok(Split {
+            forward: part("forward_ms")?,
+            backward: part("backward_ms")?,
+            optimizer: part("optimizer_ms")?,
+        })
+    }
+}
+
+/// The thread counts measured on a machine of `cores` cores: the powers of two below it, then
+/// `cores` itself.
+fn thread_counts(cores: usize) -> Vec<usize> {
+    let cores = cores.max(1);
+    let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |n| n.checked_mul(2))
+        .take_while(|&n| n < cores)
+        .collect();
+    counts.push(cores);
+    counts
+}
+
+/// Runs every case of the group (CPU only).
+pub fn run(options: &Options) -> Result<Vec<Row>, String> {
+    if options.gpu_only {
+        return Ok(Vec::new());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (batch, steps) = if options.quick { (4, 1) } else { (32, 5) };
+    let mut rows = Vec::new();
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut one_thread = None;
+    for threads in thread_counts(cores) {
+        let split = child(threads, batch, steps)?;
+        let ms = split.total();
+        let speedup = *one_thread.get_or_insert(ms) / ms;
+        eprintln!(
+            "bench threads: {threads} thread(s): forward {:.1}, backward {:.1}, clip + step {:.1} ms",
+            split.forward, split.backward, split.optimizer
+        );
+        let case = format!("resnet18 32x32 batch {batch} step on {threads} thread(s)");
+        rows.push(Row::new(
+            GROUP,
+            &case,
+            "ms",
+            ms,
+            format!(
+                "forward {:.1} / backward {:.1} / clip + step {:.1} ms; speed-up over 1 thread \
+                 {speedup:.2} (ratio = speed-up / threads)",
+                split.forward, split.backward, split.optimizer
+            ),
+            speedup / threads as f64,
+        ));
+        let id = format!("threads_cifar_step/{threads}");
+        pairs.add(&format!("{case} ({id})"), &id, Figure::Millis, ms, || {
+            Ok(child(threads, batch, steps)?.total())
+        })?;
+    }
+    rows.extend(pairs.into_rows());
+    Ok(rows)
+}
+
+/// Runs the step at `threads` threads in a child process and reads its split.
+fn child(threads: usize, batch: usize, steps: usize) -> Result<Split, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the xtask binary: {e}"))?;
+    let out = Command::new(exe)
+        .args([CHILD_COMMAND, &threads.to_string(), &batch.to_string()])
+        .arg(steps.to_string())
+        .env("KILN_NUM_THREADS", threads.to_string())
+        .output()
+        .map_err(|e| format!("{CHILD_COMMAND}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "{CHILD_COMMAND} {threads} failed ({}): {stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Split::from_output(&stdout)
+}
+
+/// `xtask bench-threads-child THREADS BATCH STEPS`: the child's side (see the module doc).
+pub fn child_entry(args: &[String]) -> Result<(), String> {
+    let number = |i: usize, what: &str| -> Result<usize, String> {
+        let raw = args.get(i).ok_or_else(|| format!("missing {what}"))?;
+        raw.parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{what} must be a positive integer, not {raw:?}"))
+    };
+    let (threads, batch, steps) = (
+        number(0, "THREADS")?,
+        number(1, "BATCH")?,
+        number(2, "STEPS")?,
+    );
+    let pool = kiln_device::threads::num_threads();
+    if pool != threads {
+        return Err(format!(
+            "asked for {threads} threads, kiln's pool has {pool}: run through `cargo xtask \
+             bench threads`, which sets KILN_NUM_THREADS"
+        ));
+    }
+    kiln_autograd::manual_seed(0);
+    let (model, params, mut opt, x, y) = resnet_setup(Resnet { size: 32, batch })?;
+    let ce = CrossEntropyOptions::default();
+    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    for step in 0..=steps {
+        let start = Instant::now();
+        let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
+        let forward = start.elapsed();
+        loss.backward().map_err(err)?;
+        let backward = start.elapsed();
+        kiln_optim::clip_grad_norm_(&params, 1.0, 2.0, false).map_err(err)?;
+        opt.step().map_err(err)?;
+        opt.zero_grad(true).map_err(err)?;
+        if step > 0 {
+            // Step 0 is the warm-up.
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            parts[0].push(ms(forward));
+            parts[1].push(ms(backward - forward));
+            parts[2].push(ms(start.elapsed() - backward));
+        }
+    }
+    let [forward, backward, optimizer] = parts.map(|mut t| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    });
+    let split = Split {
+        forward,
+        backward,
+        optimizer,
+    };
+    println!("{}", split.to_json(threads));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_the_powers_of_two_below_the_cores_then_the_cores() {
+        assert_eq!(thread_counts(1), [1]);
+        assert_eq!(thread_counts(2), [1, 2]);
+        assert_eq!(thread_counts(12), [1, 2, 4, 8, 12]);
+        assert_eq!(thread_counts(16), [1, 2, 4, 8, 16]);
+        assert_eq!(thread_counts(0), [1]);
+    }
+
+    #[test]
+    fn a_childs_split_is_read_from_its_last_json_line() {
+        let split = Split {
+            forward: 1.5,
+            backward: 3.25,
+            optimizer: 0.5,
+        };
+        let out = format!("kiln: a warning\n{}\n", split.to_json(4));
+        assert_eq!(Split::from_output(&out), Ok(split));
+        assert_eq!(split.total(), 5.25);
+        assert!(Split::from_output("no figures\n")
+            .unwrap_err()
+            .contains("no figures"));
+        let negative = r#"{"forward_ms": -1, "backward_ms": 1, "optimizer_ms": 1}"#;
+        assert!(Split::from_output(negative)
+            .unwrap_err()
+            .contains("forward_ms"));
+    }
+}
