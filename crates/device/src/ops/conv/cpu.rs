@@ -162,7 +162,8 @@ pub fn conv2d_backward_input<T: KernelFloat>(
     input_grad::by_columns(geometry, grad_output, weight, grad_input)
 }
 /// Adds image `n`'s contribution to `grad_weight_t`, the weight gradient with each group's
-/// block transposed (`[C_in/groups * kH * kW, C_out/groups]`, groups one after another).
+/// block transposed (`[C_in/groups * kH * kW, C_out/groups]`, groups one after another), or
+/// writes it there when `add` is false (a slice's first image: its partial needs no zero-fill).
 ///
 /// This orientation, `col · doutᵀ` into a transposed block, is the one `gemm` runs fastest:
 /// `dout · colᵀ` makes it repack the wide column matrix transposed for every image (a third of
@@ -176,7 +177,7 @@ fn accumulate_weight_grad_t<T: KernelFloat>(
     grad_output: &[T],
     [col, padded]: [&mut [T]; 2],
     grad_weight_t: &mut [T],
-    parallelism: Parallelism,
+    (add, parallelism): (bool, Parallelism),
 ) {
     let dims = [b.col_rows, b.out_channels, b.col_cols];
     let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
@@ -195,7 +196,7 @@ fn accumulate_weight_grad_t<T: KernelFloat>(
             Stored::AsIs,
             gout,
             Stored::Transposed,
-            true,
+            add,
             parallelism,
         );
     }
@@ -244,10 +245,12 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         .into_par_iter()
         .map(|slice| {
             let _context = context.as_ref().map(AllocContext::enter);
-            let mut partial = HostBuffer::try_scratch(grad_weight.len(), T::ZERO)?;
+            // Written by the slice's first image, added to by the others.
+            let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
             let mut col = HostBuffer::for_overwrite(col_len)?;
             let mut padded = HostBuffer::for_overwrite(padded_len)?;
-            for n in slice * per_slice..((slice + 1) * per_slice).min(batch) {
+            let first = slice * per_slice;
+            for n in first..((slice + 1) * per_slice).min(batch) {
                 accumulate_weight_grad_t(
                     &b,
                     &p,
@@ -256,7 +259,7 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
                     grad_output,
                     [col.as_mut_slice(), padded.as_mut_slice()],
                     partial.as_mut_slice(),
-                    parallelism,
+                    (n > first, parallelism),
                 );
             }
             Ok(partial)

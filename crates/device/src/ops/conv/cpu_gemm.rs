@@ -217,9 +217,20 @@ impl ScratchFailure {
     }
 }
 
+/// Output channels one task of [`sum_transposed_partials`] sums: a partial's row holds them
+/// contiguously, so the task reads one cache line of f32 per row and partial.
+const SUM_BLOCK: usize = 16;
+
 /// `grad_weight[g][o][r] = Σ partial[g][r][o]` over `partials` in order: the per-slice weight
 /// gradients, each group's block stored transposed (`[rows, outs]`), summed and transposed into
 /// `[outs, rows]` per group.
+///
+/// A task takes a block of output channels (a divisor of `outs`, so never two groups) and walks
+/// the rows, reading each partial's contiguous run of those channels: every line of every
+/// partial is read by one task, once. (One task per channel, reading a value per row, would
+/// read each line once per channel in it, a cost that grows with the partials, i.e. with the
+/// threads, while the work it sums does not.) Each element's sum starts at zero and adds the
+/// partials in order, so the result does not depend on the blocks.
 pub(super) fn sum_transposed_partials<T: KernelFloat>(
     partials: &[HostBuffer<T>],
     rows: usize,
@@ -230,16 +241,62 @@ pub(super) fn sum_transposed_partials<T: KernelFloat>(
     if group == 0 {
         return; // No taps or no channels: an empty gradient.
     }
+    let block = gcd(outs, SUM_BLOCK);
     grad_weight
-        .par_chunks_mut(rows)
+        .par_chunks_mut(block * rows)
         .enumerate()
-        .for_each(|(go, gw_row)| {
-            let (g, o) = (go / outs, go % outs);
-            for (r, gw) in gw_row.iter_mut().enumerate() {
-                let at = g * group + r * outs + o;
-                *gw = partials
-                    .iter()
-                    .fold(T::ZERO, |sum, p| sum + p.as_slice()[at]);
+        .for_each(|(b, gw_rows)| {
+            let (g, o0) = (b * block / outs, b * block % outs);
+            let mut acc = [T::ZERO; SUM_BLOCK];
+            let acc = &mut acc[..block];
+            for r in 0..rows {
+                let at = g * group + r * outs + o0;
+                acc.fill(T::ZERO);
+                for p in partials {
+                    for (a, &v) in acc.iter_mut().zip(&p.as_slice()[at..][..block]) {
+                        *a += v;
+                    }
+                }
+                for (i, &a) in acc.iter().enumerate() {
+                    gw_rows[i * rows + r] = a;
+                }
             }
         });
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two groups of 20 output channels (blocks of 4, a divisor of 20, so no block spans two
+    /// groups) and three partials: each element is the in-order sum of its transposed entries.
+    #[test]
+    fn partials_are_summed_and_transposed_per_group() {
+        let (groups, rows, outs) = (2, 3, 20);
+        let len = groups * rows * outs;
+        let partials: Vec<HostBuffer<f64>> = (0..3)
+            .map(|p| {
+                let values = (0..len).map(|i| (i * 7 + p * 1000) as f64 * 0.5).collect();
+                HostBuffer::try_from_vec(values).unwrap()
+            })
+            .collect();
+        let mut grad_weight = vec![f64::NAN; len];
+        sum_transposed_partials(&partials, rows, outs, &mut grad_weight);
+        for g in 0..groups {
+            for o in 0..outs {
+                for r in 0..rows {
+                    let at = g * rows * outs + r * outs + o;
+                    let want: f64 = partials.iter().map(|p| p.as_slice()[at]).sum();
+                    assert_eq!(grad_weight[(g * outs + o) * rows + r], want, "{g} {o} {r}");
+                }
+            }
+        }
+    }
 }

@@ -267,13 +267,15 @@ pub(super) fn backward_weight<T: KernelFloat>(
         .into_par_iter()
         .map(|slice| -> Result<HostBuffer<T>> {
             let _context = context.as_ref().map(AllocContext::enter);
-            // Transposed per group: `[K, C_out/groups]`, summed into.
-            let mut partial = HostBuffer::try_scratch(grad_weight.len(), T::ZERO)?;
+            // Transposed per group: `[K, C_out/groups]`, written by the slice's first image
+            // and added to by the others.
+            let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
             let mut padded = HostBuffer::for_overwrite(d.padded.len)?;
             let mut col = HostBuffer::for_overwrite(d.k * d.n_ext)?;
             // The output gradient on the padded-row grid, zero in the junk columns.
             let mut gout = HostBuffer::try_scratch(g.out_channels * d.n_ext, T::ZERO)?;
-            for n in slice * per_slice..((slice + 1) * per_slice).min(g.batch) {
+            let first = slice * per_slice;
+            for n in first..((slice + 1) * per_slice).min(g.batch) {
                 d.padded
                     .fill(&input[n * in_image..][..in_image], &mut padded);
                 let planes = &grad_output[n * out_image..][..out_image];
@@ -290,7 +292,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
                     let part = &mut partial[group * group_weight..][..group_weight];
                     let dims = [d.k, d.group_out, d.n_ext];
                     let (asis, t) = (Stored::AsIs, Stored::Transposed);
-                    matmul_into(part, dims, &col, asis, go, t, true, parallelism);
+                    matmul_into(part, dims, &col, asis, go, t, n > first, parallelism);
                 }
             }
             Ok(partial)
