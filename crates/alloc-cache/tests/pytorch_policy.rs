@@ -125,3 +125,49 @@ fn replay_with_picks_the_policy() {
     assert_eq!(k.peak_live_bytes, 5 * MIB);
     assert!("tensorflow".parse::<ReplayPolicy>().is_err());
 }
+
+/// Each of PyTorch's size rules at its exact boundary (the cases on either side that tell `<`
+/// from `<=`), worked out by hand from `CUDACachingAllocator.cpp`'s documented rules.
+#[test]
+fn every_size_rule_holds_at_its_exact_boundary() {
+    let reserved = |text: &str, mode| run(text, mode, 80 << 30).reserved_bytes();
+    let default = ReplayMode::Default;
+    // Exactly 1 MiB is a small request: it shares a 2 MiB small segment with 0.5 MiB.
+    assert_eq!(
+        reserved(&format!("a 1 {MIB}\na 2 {}\n", MIB / 2), default),
+        2 * MIB
+    );
+    // Exactly 10 MiB gets a segment of its own size (rounded to 2 MiB), not 20 MiB.
+    assert_eq!(reserved(&format!("a 1 {}\n", 10 * MIB), default), 10 * MIB);
+    // A small block is split when exactly 512 B would remain, in both modes: the last 512 B
+    // request fits that rest.
+    let rest = format!("a 1 {MIB}\na 2 {}\na 3 512\n", MIB - 512);
+    for mode in [default, ReplayMode::Expandable] {
+        assert_eq!(reserved(&rest, mode), 2 * MIB, "{mode:?}");
+    }
+    // A zero-byte request takes no block and no segment.
+    let r = run("a 1 0\nf 1\n", default, 80 << 30).report();
+    assert_eq!((r.device_allocs, r.peak_reserved_bytes), (0, 0));
+}
+
+/// `max_split_size` at its boundaries (20 MiB here): a free block of exactly that size is not
+/// handed to a smaller request, and a request of at least that size takes no block 20 MiB or
+/// more larger than itself.
+#[test]
+fn the_max_split_size_rules_of_pytorchs_policy_hold_at_their_boundaries() {
+    let reserved = |text: &str| {
+        let trace = Trace::parse(text).unwrap();
+        let mut p = PyTorchPolicy::with_max_split(ReplayMode::Default, 80 << 30, Some(20 * MIB));
+        p.run(&trace).unwrap();
+        p.report().peak_reserved_bytes
+    };
+    // The freed 20 MiB block is oversize: 2 MiB needs a new 20 MiB segment.
+    let text = format!("a 1 {}\nf 1\na 2 {}\n", 20 * MIB, 2 * MIB);
+    assert_eq!(reserved(&text), 40 * MIB);
+    // 20 MiB may not take the freed 40 MiB block (exactly 20 MiB larger): its own segment.
+    let text = format!("a 1 {}\nf 1\na 2 {}\n", 40 * MIB, 20 * MIB);
+    assert_eq!(reserved(&text), 60 * MIB);
+    // Just under 20 MiB larger is taken.
+    let text = format!("a 1 {}\nf 1\na 2 {}\n", 40 * MIB, 20 * MIB + 512);
+    assert_eq!(reserved(&text), 40 * MIB);
+}

@@ -15,8 +15,8 @@
 
 use super::harness::{best_of, err, seconds, Options, Row};
 use super::torch::{Figure, Pairs};
-use kiln_autograd::{Conv2dParams, DType, Device, Generator};
-use kiln_device::ops::conv::{reference, Conv2dGeometry};
+use kiln_autograd::{Conv2dParams, DType, Device, Generator, Tensor};
+use kiln_device::ops::conv::{cpu, reference, Conv2dGeometry};
 use kiln_device::ops::matmul::matmul_reference;
 use kiln_device::Layout;
 use std::hint::black_box;
@@ -103,6 +103,36 @@ fn matmul(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Best-of-`reps` ms of each pass of kiln's CPU convolution alone (forward, input gradient,
+/// weight gradient), on the tensors' values in kiln's pool: which pass a shape's time goes to.
+fn pass_times(
+    g: &Conv2dGeometry,
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+    reps: usize,
+) -> Result<[f64; 3], String> {
+    let (x, w, grad) = (
+        x.to_vec::<f32>().map_err(err)?,
+        w.to_vec::<f32>().map_err(err)?,
+        grad.to_vec::<f32>().map_err(err)?,
+    );
+    let mut out = vec![0f32; grad.len()];
+    let mut gin = vec![0f32; x.len()];
+    let mut gw = vec![0f32; w.len()];
+    let time = |pass: &mut (dyn FnMut() -> kiln_device::Result<()> + Send)| {
+        best_of(reps, || {
+            kiln_device::threads::install(&mut *pass).map_err(err)
+        })
+        .map(|s| s * 1e3)
+    };
+    Ok([
+        time(&mut || cpu::conv2d_forward(g, &x, &w, None, &mut out))?,
+        time(&mut || cpu::conv2d_backward_input(g, &grad, &w, &mut gin))?,
+        time(&mut || cpu::conv2d_backward_weight(g, &x, &grad, &mut gw))?,
+    ])
 }
 
 /// One convolution shape of ResNet18 (CIFAR-style) at 32x32 input.
@@ -192,6 +222,8 @@ fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             Ok(())
         })?;
 
+        let passes = pass_times(&geometry, &x, &w, &grad, reps)?;
+
         // The reference on `reference_batch` images.
         let small = Conv2dGeometry::new(
             [reference_batch, c.in_channels, c.size, c.size],
@@ -234,7 +266,9 @@ fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             kiln_rate,
             format!(
                 "plain 7-loop conv fwd+bwd (batch {reference_batch}), same run: {ref_rate:.3} \
-                 GFLOP/s"
+                 GFLOP/s; kiln's passes alone: forward / input gradient / weight gradient \
+                 {:.2} / {:.2} / {:.2} ms",
+                passes[0], passes[1], passes[2]
             ),
             kiln_rate / ref_rate,
         ));

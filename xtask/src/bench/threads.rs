@@ -12,12 +12,14 @@
 //!
 //! Rows per count: the step time, with its three parts and the speed-up over one thread in
 //! the reference column (`ratio` = speed-up / threads, the parallel efficiency: 1 is perfect
-//! scaling), and with `--vs-torch` the kiln/PyTorch row of that count. A part that stops
-//! shrinking as threads are added is where the step stops scaling.
+//! scaling); the backward by node (`kiln_autograd::BackwardProfile` over the timed steps: the
+//! slowest node kinds, per step); and with `--vs-torch` the kiln/PyTorch row of that count. A
+//! part, or a node, that stops shrinking as threads are added is where the step stops scaling.
 
 use super::harness::{err, Options, Row};
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
+use kiln_autograd::BackwardProfile;
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::Layer;
 use kiln_optim::Optimizer;
@@ -28,27 +30,55 @@ const GROUP: &str = "threads";
 /// The hidden xtask subcommand a child process runs.
 pub const CHILD_COMMAND: &str = "bench-threads-child";
 
-/// Medians (ms) of one step's parts at one thread count.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Backward nodes listed by name in a row (the rest are summed as "others").
+const TOP_NODES: usize = 5;
+
+/// Medians (ms) of one step's parts at one thread count, and the backward's time by node.
+#[derive(Debug, Clone, PartialEq)]
 struct Split {
     forward: f64,
     backward: f64,
     optimizer: f64,
+    /// The backward's nodes by name (`kiln_autograd::BackwardProfile`), slowest first: name,
+    /// calls per step and ms per step (means over the timed steps).
+    nodes: Vec<(String, f64, f64)>,
 }
 
 impl Split {
-    fn total(self) -> f64 {
+    fn total(&self) -> f64 {
         self.forward + self.backward + self.optimizer
     }
 
-    fn to_json(self, threads: usize) -> String {
+    fn to_json(&self, threads: usize) -> String {
         serde_json::json!({
             "threads": threads,
             "forward_ms": self.forward,
             "backward_ms": self.backward,
             "optimizer_ms": self.optimizer,
+            "backward_nodes": self.nodes,
         })
         .to_string()
+    }
+
+    /// The slowest nodes and the rest, one line: `ConvolutionBackward 120.3 ms (20x), ...`.
+    fn nodes_line(&self) -> String {
+        let mut parts: Vec<String> = self
+            .nodes
+            .iter()
+            .take(TOP_NODES)
+            .map(|(name, calls, ms)| format!("{name} {ms:.1} ms ({calls:.0}x)"))
+            .collect();
+        let rest: f64 = self.nodes.iter().skip(TOP_NODES).map(|n| n.2).sum();
+        if self.nodes.len() > TOP_NODES {
+            parts.push(format!("others {rest:.1} ms"));
+        }
+        parts.join(", ")
+    }
+
+    /// ms per step inside nodes and the engine's sums (the rest of the backward is the
+    /// engine's bookkeeping).
+    fn nodes_ms(&self) -> f64 {
+        self.nodes.iter().map(|n| n.2).sum()
     }
 
     /// The split from a child's output: its last line that is a JSON object.
@@ -66,10 +96,20 @@ impl Split {
                 .filter(|x| x.is_finite() && *x >= 0.0)
                 .ok_or_else(|| format!("no `{key}` in {line}"))
         };
+        let nodes = v["backward_nodes"]
+            .as_array()
+            .ok_or_else(|| format!("no `backward_nodes` in {line}"))?
+            .iter()
+            .map(|n| match (n[0].as_str(), n[1].as_f64(), n[2].as_f64()) {
+                (Some(name), Some(calls), Some(ms)) => Ok((name.to_string(), calls, ms)),
+                _ => Err(format!("a backward node is not [name, calls, ms]: {n}")),
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Split {
             forward: part("forward_ms")?,
             backward: part("backward_ms")?,
             optimizer: part("optimizer_ms")?,
+            nodes,
         })
     }
 }
@@ -115,6 +155,19 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
                 split.forward, split.backward, split.optimizer
             ),
             speedup / threads as f64,
+        ));
+        eprintln!("bench threads: backward by node: {}", split.nodes_line());
+        rows.push(Row::new(
+            GROUP,
+            format!("{case}: backward by node"),
+            "ms",
+            split.nodes_ms(),
+            format!(
+                "{}; ratio = share of the backward ({:.1} ms) inside nodes and the engine's sums",
+                split.nodes_line(),
+                split.backward
+            ),
+            split.nodes_ms() / split.backward.max(f64::MIN_POSITIVE),
         ));
         let id = format!("threads_cifar_step/{threads}");
         pairs.add(&format!("{case} ({id})"), &id, Figure::Millis, ms, || {
@@ -170,7 +223,12 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
     let (model, params, mut opt, x, y) = resnet_setup(Resnet { size: 32, batch })?;
     let ce = CrossEntropyOptions::default();
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    let mut profile = None;
     for step in 0..=steps {
+        if step == 1 {
+            // After the warm-up step: the timed steps' backward by node.
+            profile = Some(BackwardProfile::start().map_err(err)?);
+        }
         let start = Instant::now();
         let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
         let forward = start.elapsed();
@@ -191,10 +249,21 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         t.sort_by(f64::total_cmp);
         t[t.len() / 2]
     });
+    let per_step = steps as f64;
+    let nodes = profile
+        .map(BackwardProfile::finish)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| {
+            let (calls, ms) = (t.calls as f64 / per_step, t.seconds * 1e3 / per_step);
+            (t.name.to_string(), calls, ms)
+        })
+        .collect();
     let split = Split {
         forward,
         backward,
         optimizer,
+        nodes,
     };
     println!("{}", split.to_json(threads));
     Ok(())
@@ -215,18 +284,31 @@ mod tests {
 
     #[test]
     fn a_childs_split_is_read_from_its_last_json_line() {
+        let nodes = (0..7)
+            .map(|i| (format!("Node{i}"), 2.0, 7.0 - i as f64))
+            .collect();
         let split = Split {
             forward: 1.5,
-            backward: 3.25,
+            backward: 30.0,
             optimizer: 0.5,
+            nodes,
         };
         let out = format!("kiln: a warning\n{}\n", split.to_json(4));
-        assert_eq!(Split::from_output(&out), Ok(split));
-        assert_eq!(split.total(), 5.25);
+        assert_eq!(Split::from_output(&out), Ok(split.clone()));
+        assert_eq!(split.total(), 32.0);
+        // The five slowest by name, the last two (2 + 1 ms) as the rest.
+        assert_eq!(split.nodes_ms(), 28.0);
+        let line = split.nodes_line();
+        assert!(
+            line.starts_with("Node0 7.0 ms (2x), Node1 6.0 ms (2x)"),
+            "{line}"
+        );
+        assert!(line.ends_with("Node4 3.0 ms (2x), others 3.0 ms"), "{line}");
         assert!(Split::from_output("no figures\n")
             .unwrap_err()
             .contains("no figures"));
-        let negative = r#"{"forward_ms": -1, "backward_ms": 1, "optimizer_ms": 1}"#;
+        let negative =
+            r#"{"forward_ms": -1, "backward_ms": 1, "optimizer_ms": 1, "backward_nodes": []}"#;
         assert!(Split::from_output(negative)
             .unwrap_err()
             .contains("forward_ms"));

@@ -4,8 +4,9 @@
 //! strided walks, blocks and chunks of long tensors, size classes shared by several sizes, zip64
 //! records), and in rules that only some settings or inputs reach (`rules.rs`: parameter groups,
 //! the allocator's boundaries and planned steps, the data loader, the backward engine, DDP and
-//! ZeRO, freezing and checkpoint files, the schedulers' and losses' edges), and shows that the
-//! test meant to cover each fails.
+//! ZeRO, freezing and checkpoint files, the schedulers' and losses' edges) or only a case sized
+//! to an exact boundary reaches (`boundaries.rs`: the model of PyTorch's allocator, the sum of
+//! the weight gradient's partials), and shows that the test meant to cover each fails.
 //!
 //! A test whose input is too small or too plain for the path it means to test passes whatever
 //! that path computes; only planting a bug there shows the test can fail.
@@ -17,6 +18,7 @@
 //! unmutated copy (else a failure proves nothing); the task fails unless every planted bug made
 //! its test fail.
 
+mod boundaries;
 mod list;
 mod rules;
 
@@ -40,6 +42,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let chosen: Vec<&Mutant> = list::MUTANTS
         .iter()
         .chain(rules::MUTANTS)
+        .chain(boundaries::MUTANTS)
         .filter(|m| only.is_empty() || only.iter().any(|o| m.bug.contains(o.as_str())))
         .collect();
     if chosen.is_empty() {

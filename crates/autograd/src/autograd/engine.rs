@@ -15,6 +15,7 @@
 
 use super::grad_mode::NoGradGuard;
 use super::graph::{Edge, Node};
+use super::profile::{self, BackwardProfile};
 use crate::tensor::{fmt_shape, Tensor};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -114,7 +115,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
         let grads = match buffers.remove(&key(&node)) {
             Some(g) => {
                 let _scope = super::attribution::backward_node(node.name);
-                node.run(&g, retain_graph)?
+                profile::timed(node.name, || node.run(&g, retain_graph))?
             }
             None => vec![None; node.edges.len()],
         };
@@ -127,7 +128,9 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                         if leaf.requires_grad() {
                             let summed = match leaf_buffers.remove(&k) {
                                 None => g,
-                                Some(prev) => prev.add(&g)?,
+                                Some(prev) => {
+                                    profile::timed(BackwardProfile::GRADIENT_SUM, || prev.add(&g))?
+                                }
                             };
                             leaf_buffers.insert(k, summed);
                         }
@@ -138,7 +141,9 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                     *count -= 1;
                     if *count == 0 {
                         if let Some(g) = leaf_buffers.remove(&k) {
-                            finish_leaf(leaf, g)?;
+                            profile::timed(BackwardProfile::ACCUMULATE_GRAD, || {
+                                finish_leaf(leaf, g)
+                            })?;
                         }
                     }
                 }
@@ -147,7 +152,9 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                     if let Some(g) = g {
                         let summed = match buffers.remove(&k) {
                             None => g,
-                            Some(prev) => prev.add(&g)?,
+                            Some(prev) => {
+                                profile::timed(BackwardProfile::GRADIENT_SUM, || prev.add(&g))?
+                            }
                         };
                         buffers.insert(k, summed);
                     }

@@ -4,3 +4,4 @@ pub(crate) mod attribution;
 pub(crate) mod engine;
 pub(crate) mod grad_mode;
 pub(crate) mod graph;
+pub(crate) mod profile;

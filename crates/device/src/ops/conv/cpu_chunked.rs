@@ -209,7 +209,8 @@ pub(super) fn forward<T: KernelFloat>(
 
 /// Input gradient over chunks of `chunk` images: each chunk's column-matrix gradient is folded
 /// back onto each image's padded gradient, whose interior is the image's input gradient.
-/// (Stride-1 convolutions never get here: their input gradient is a forward convolution.)
+/// Small planes of any stride come here (`cpu.rs` tries the chunks before the transposed
+/// forward that wide stride-1 planes take).
 pub(super) fn backward_input<T: KernelFloat>(
     g: &Conv2dGeometry,
     chunk: usize,

@@ -1,0 +1,52 @@
+//! The bugs `cargo xtask cpu-mutants` plants at exact size boundaries that only a case sized to
+//! them reaches: the model of PyTorch's allocator (the small pool's 1 MiB limit, the small
+//! pool's smallest split, `max_split_size`'s oversize blocks) and the CPU convolution's sum of
+//! per-thread weight gradients (blocks of output channels that must not span two groups); each
+//! with the test meant to cover it.
+
+use super::list::{Mutant, ALLOC, LIB};
+
+const POLICY: &[&str] = &["--test", "pytorch_policy"];
+const POLICY_SIZES: &str = "every_size_rule_holds_at_its_exact_boundary";
+const POLICY_MAX_SPLIT: &str =
+    "the_max_split_size_rules_of_pytorchs_policy_hold_at_their_boundaries";
+
+/// The planted bugs.
+pub const MUTANTS: &[Mutant] = &[
+    Mutant {
+        bug: "PyTorch's policy model sends a 1 MiB request to the large pool",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/pytorch_policy.rs",
+        find: "usize::from(size > SMALL_SIZE)",
+        replace: "usize::from(size >= SMALL_SIZE)",
+        target: POLICY,
+        test: POLICY_SIZES,
+    },
+    Mutant {
+        bug: "PyTorch's policy model keeps a 512 B rest of a small block unsplit",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/pytorch_policy.rs",
+        find: "remaining >= MIN_BLOCK\n",
+        replace: "remaining > MIN_BLOCK\n",
+        target: POLICY,
+        test: POLICY_SIZES,
+    },
+    Mutant {
+        bug: "PyTorch's policy model hands a block of exactly max_split_size to a smaller request",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/pytorch_policy.rs",
+        find: "(size < self.max_split && found >= self.max_split)",
+        replace: "(size < self.max_split && found > self.max_split)",
+        target: POLICY,
+        test: POLICY_MAX_SPLIT,
+    },
+    Mutant {
+        bug: "the weight gradient's partials are summed in blocks that span two groups",
+        package: "kiln-device",
+        file: "crates/device/src/ops/conv/cpu_gemm.rs",
+        find: "let block = gcd(outs, SUM_BLOCK);",
+        replace: "let block = SUM_BLOCK.min(outs);",
+        target: LIB,
+        test: "ops::conv::cpu_gemm::tests::partials_are_summed_and_transposed_per_group",
+    },
+];
