@@ -58,7 +58,7 @@ pub fn assert_same_bits(a: &[(String, Vec<u64>)], b: &[(String, Vec<u64>)]) {
     assert_eq!(a.len(), b.len());
     for ((na, va), (nb, vb)) in a.iter().zip(b) {
         assert_eq!(na, nb);
-        assert!(va == vb, "{na} differs after resume");
+        assert!(va == vb, "{na}: the bits differ");
     }
 }
 
