@@ -125,7 +125,8 @@ fn a_refusal_with_room_counted_names_the_outside_limit() {
         limit: 8 * MIB,
     };
     let a = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
-    let (report, text) = oom_text(&a, 16 * MIB);
+    // Past 15 MiB by one byte: the smallest reservation is whole 2 MiB pages, 16 MiB.
+    let (report, text) = oom_text(&a, 15 * MIB + 1);
     assert_eq!(report.min_reservation, 16 * MIB);
     assert!(
         text.contains(
@@ -137,4 +138,69 @@ fn a_refusal_with_room_counted_names_the_outside_limit() {
     assert!(text.contains("`ulimit -v`"), "{text}");
     assert!(!text.contains("expandable"), "{text}");
     assert!(!text.contains("reduce the batch size"), "{text}");
+}
+
+/// A report of an 8 MiB request on an 80 MiB device with nothing free anywhere: "live tensors".
+fn report() -> OomReport {
+    OomReport {
+        backend: "sim".into(),
+        requested: 8 * MIB,
+        rounded: 8 * MIB,
+        stream: S0,
+        pool: PoolKind::Large,
+        capacity: 80 * MIB,
+        backend_free: 0,
+        allocated: 80 * MIB,
+        reserved: 80 * MIB,
+        reserved_unallocated: 0,
+        largest_free_block: 0,
+        fragmentation: 0.0,
+        expandable_segments: false,
+        expandable_supported: true,
+        min_reservation: 8 * MIB,
+        top_live: Vec::new(),
+        history_recorded: false,
+        plan: None,
+    }
+}
+
+/// Each advice at the exact boundary that selects it (the cases that tell `<` from `<=`).
+#[test]
+fn each_advice_is_chosen_at_its_exact_boundary() {
+    let advice = |r: OomReport| {
+        let text = r.to_string();
+        text[text.find("advice: ").expect("an advice")..].to_string()
+    };
+    assert!(advice(report()).starts_with("advice: live tensors use the device"));
+    // A request of exactly the capacity is not "larger than all the memory".
+    let whole = OomReport {
+        requested: 80 * MIB,
+        rounded: 80 * MIB,
+        min_reservation: 80 * MIB,
+        ..report()
+    };
+    assert!(advice(whole).starts_with("advice: live tensors use the device"));
+    let larger = OomReport {
+        requested: 80 * MIB + 1,
+        rounded: 80 * MIB + 512,
+        min_reservation: 82 * MIB,
+        ..report()
+    };
+    assert!(advice(larger).starts_with("advice: this one request is larger than all the memory"));
+    // Exactly the smallest reservation counted free, yet refused: a limit outside kiln.
+    let counted = OomReport {
+        backend_free: 8 * MIB,
+        ..report()
+    };
+    assert!(advice(counted).starts_with("advice: the system refused to reserve 8388608 bytes"));
+    // Free memory adding up to exactly the request, in pieces: fragmentation.
+    let pieces = OomReport {
+        backend_free: 2 * MIB,
+        reserved_unallocated: 6 * MIB,
+        allocated: 74 * MIB,
+        ..report()
+    };
+    assert!(advice(pieces).starts_with(
+        "advice: enough memory is free in total but not in one piece: turn on expandable"
+    ));
 }

@@ -1,13 +1,15 @@
 //! The bugs `cargo xtask cpu-mutants` plants at exact size boundaries that only a case sized to
 //! them reaches: the model of PyTorch's allocator (the small pool's 1 MiB limit, the small
-//! pool's smallest split, `max_split_size`'s oversize blocks) and the CPU convolution's sum of
-//! per-thread weight gradients (blocks of output channels that must not span two groups); each
-//! with the test meant to cover it.
+//! pool's smallest split, `max_split_size`'s oversize blocks), the out-of-memory report's choice
+//! of advice, and the CPU convolution's sum of per-thread weight gradients (blocks of output
+//! channels that must not span two groups); each with the test meant to cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
 const POLICY: &[&str] = &["--test", "pytorch_policy"];
 const POLICY_SIZES: &str = "every_size_rule_holds_at_its_exact_boundary";
+const OOM_ADVICE: &[&str] = &["--test", "oom_advice"];
+const ADVICE_BOUNDARIES: &str = "each_advice_is_chosen_at_its_exact_boundary";
 const POLICY_MAX_SPLIT: &str =
     "the_max_split_size_rules_of_pytorchs_policy_hold_at_their_boundaries";
 
@@ -39,6 +41,24 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "(size < self.max_split && found > self.max_split)",
         target: POLICY,
         test: POLICY_MAX_SPLIT,
+    },
+    Mutant {
+        bug: "the out-of-memory advice blames an outside limit only above the smallest reservation",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/error.rs",
+        find: "if self.backend_free >= self.min_reservation {",
+        replace: "if self.backend_free > self.min_reservation {",
+        target: OOM_ADVICE,
+        test: ADVICE_BOUNDARIES,
+    },
+    Mutant {
+        bug: "the out-of-memory advice misses free pieces adding up to exactly the request",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/error.rs",
+        find: "self.reserved_unallocated.saturating_add(self.backend_free) >= self.rounded",
+        replace: "self.reserved_unallocated.saturating_add(self.backend_free) > self.rounded",
+        target: OOM_ADVICE,
+        test: ADVICE_BOUNDARIES,
     },
     Mutant {
         bug: "the weight gradient's partials are summed in blocks that span two groups",
