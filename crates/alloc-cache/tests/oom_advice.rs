@@ -204,3 +204,24 @@ fn each_advice_is_chosen_at_its_exact_boundary() {
         "advice: enough memory is free in total but not in one piece: turn on expandable"
     ));
 }
+
+/// The report names the stream that asked.
+#[test]
+fn the_report_names_the_requesting_stream() {
+    let a = CachingAllocator::new(
+        HostBackend::with_capacity(8 * MIB),
+        AllocatorConfig::default(),
+    )
+    .unwrap();
+    match a.allocate_raw(16 * MIB, StreamId(3)) {
+        Err(Error::OutOfMemory(report)) => {
+            assert_eq!(report.stream, StreamId(3));
+            let text = report.to_string();
+            assert!(
+                text.contains(&format!("on stream {}", StreamId(3))),
+                "{text}"
+            );
+        }
+        other => panic!("expected an OOM report, got {other:?}"),
+    }
+}
