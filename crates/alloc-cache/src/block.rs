@@ -322,27 +322,29 @@ impl State {
             self.pool_remove(next);
         }
         if merge_prev {
-            let p = self.blocks[prev as usize].clone();
+            let p = &self.blocks[prev as usize];
+            let (p_addr, p_size, p_prev, p_segment) = (p.addr, p.size, p.prev, p.segment);
             let b = &mut self.blocks[id as usize];
-            b.addr = p.addr;
-            b.size += p.size;
-            b.prev = p.prev;
-            if p.prev == NONE {
-                self.segment_mut(p.segment).head = id;
+            b.addr = p_addr;
+            b.size += p_size;
+            b.prev = p_prev;
+            if p_prev == NONE {
+                self.segment_mut(p_segment).head = id;
             } else {
-                self.blocks[p.prev as usize].next = id;
+                self.blocks[p_prev as usize].next = id;
             }
             self.kill_block(prev);
         }
         if merge_next {
-            let n = self.blocks[next as usize].clone();
+            let n = &self.blocks[next as usize];
+            let (n_size, n_next, n_segment) = (n.size, n.next, n.segment);
             let b = &mut self.blocks[id as usize];
-            b.size += n.size;
-            b.next = n.next;
-            if n.next == NONE {
-                self.segment_mut(n.segment).tail = id;
+            b.size += n_size;
+            b.next = n_next;
+            if n_next == NONE {
+                self.segment_mut(n_segment).tail = id;
             } else {
-                self.blocks[n.next as usize].prev = id;
+                self.blocks[n_next as usize].prev = id;
             }
             self.kill_block(next);
         }
