@@ -245,7 +245,10 @@ fn optimizer(config: &TrainConfig, model: &ResNet, batches: usize) -> Result<(Ad
     )?;
     let warmup_steps = ((total_steps as f64 * config.warmup_fraction) as usize).max(1);
     let warmup = LinearLR::new(&mut opt, 0.1, 1.0, warmup_steps)?;
-    let cosine = CosineAnnealingLR::new(&mut opt, total_steps.saturating_sub(warmup_steps), 0.0)?;
+    // A run of one optimizer step is all warm-up; the cosine (which never starts) still needs a
+    // length of at least 1.
+    let decay_steps = total_steps.saturating_sub(warmup_steps).max(1);
+    let cosine = CosineAnnealingLR::new(&mut opt, decay_steps, 0.0)?;
     let sched = SequentialLR::new(
         &mut opt,
         vec![Box::new(warmup), Box::new(cosine)],

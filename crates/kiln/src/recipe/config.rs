@@ -160,6 +160,19 @@ pub(super) fn check(config: &TrainConfig) -> Result<()> {
     if !(config.lr > 0.0 && config.max_grad_norm > 0.0) {
         return bad("lr and max-grad-norm must be positive".into());
     }
+    if !config.lr.is_finite() {
+        return bad(format!(
+            "--lr {}: pass a finite learning rate (the head's peak, e.g. 1e-3)",
+            config.lr
+        ));
+    }
+    if !(0.0..1.0).contains(&config.warmup_fraction) {
+        return bad(format!(
+            "warmup_fraction {}: the share of the optimizer steps spent warming up before the \
+             cosine decay; pass a value of at least 0 and below 1 (0.1 is the default)",
+            config.warmup_fraction
+        ));
+    }
     if config.sync_bn && config.distributed.is_none() {
         return bad(
             "--sync-bn shares BatchNorm's statistics between the ranks of a data-parallel run; \
