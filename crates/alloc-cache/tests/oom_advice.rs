@@ -9,7 +9,12 @@ const MIB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
 
 fn oom_text(a: &CachingAllocator, bytes: usize) -> (OomReport, String) {
-    match a.allocate_raw(bytes, S0) {
+    oom_text_on(a, bytes, S0)
+}
+
+/// [`oom_text`] for a request on `stream`.
+fn oom_text_on(a: &CachingAllocator, bytes: usize, stream: StreamId) -> (OomReport, String) {
+    match a.allocate_raw(bytes, stream) {
         Err(Error::OutOfMemory(report)) => {
             let text = report.to_string();
             (*report, text)
@@ -213,15 +218,10 @@ fn the_report_names_the_requesting_stream() {
         AllocatorConfig::default(),
     )
     .unwrap();
-    match a.allocate_raw(16 * MIB, StreamId(3)) {
-        Err(Error::OutOfMemory(report)) => {
-            assert_eq!(report.stream, StreamId(3));
-            let text = report.to_string();
-            assert!(
-                text.contains(&format!("on stream {}", StreamId(3))),
-                "{text}"
-            );
-        }
-        other => panic!("expected an OOM report, got {other:?}"),
-    }
+    let (report, text) = oom_text_on(&a, 16 * MIB, StreamId(3));
+    assert_eq!(report.stream, StreamId(3));
+    assert!(
+        text.contains(&format!("on stream {}", StreamId(3))),
+        "{text}"
+    );
 }

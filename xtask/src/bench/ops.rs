@@ -15,7 +15,7 @@
 
 use super::harness::{best_of, err, seconds, Options, Row};
 use super::torch::{Figure, Pairs};
-use kiln_autograd::{Conv2dParams, DType, Device, Generator, Tensor};
+use kiln_autograd::{Conv2dParams, DType, Device, Generator};
 use kiln_device::ops::conv::{cpu, reference, Conv2dGeometry};
 use kiln_device::ops::matmul::matmul_reference;
 use kiln_device::Layout;
@@ -106,19 +106,13 @@ fn matmul(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(
 }
 
 /// Best-of-`reps` ms of each pass of kiln's CPU convolution alone (forward, input gradient,
-/// weight gradient), on the tensors' values in kiln's pool: which pass a shape's time goes to.
+/// weight gradient), on the input, weight and output gradient's values (`[x, w, grad]`) in
+/// kiln's pool: which pass a shape's time goes to.
 fn pass_times(
     g: &Conv2dGeometry,
-    x: &Tensor,
-    w: &Tensor,
-    grad: &Tensor,
+    [x, w, grad]: [&[f32]; 3],
     reps: usize,
 ) -> Result<[f64; 3], String> {
-    let (x, w, grad) = (
-        x.to_vec::<f32>().map_err(err)?,
-        w.to_vec::<f32>().map_err(err)?,
-        grad.to_vec::<f32>().map_err(err)?,
-    );
     let mut out = vec![0f32; grad.len()];
     let mut gin = vec![0f32; x.len()];
     let mut gw = vec![0f32; w.len()];
@@ -222,7 +216,12 @@ fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
             Ok(())
         })?;
 
-        let passes = pass_times(&geometry, &x, &w, &grad, reps)?;
+        let (xv, wv, gv) = (
+            x.to_vec::<f32>().map_err(err)?,
+            w.to_vec::<f32>().map_err(err)?,
+            grad.to_vec::<f32>().map_err(err)?,
+        );
+        let passes = pass_times(&geometry, [&xv, &wv, &gv], reps)?;
 
         // The reference on `reference_batch` images.
         let small = Conv2dGeometry::new(
@@ -232,10 +231,7 @@ fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         )
         .map_err(err)?;
         let small_flops = 3.0 * 2.0 * small.forward_macs() as f64;
-        let xv = x.to_vec::<f32>().map_err(err)?;
         let xv = &xv[..small.input_shape().iter().product::<usize>()];
-        let wv = w.to_vec::<f32>().map_err(err)?;
-        let gv = grad.to_vec::<f32>().map_err(err)?;
         let gv = &gv[..small.output_shape().iter().product::<usize>()];
         let mut out = vec![0f32; gv.len()];
         let mut gin = vec![0f32; xv.len()];

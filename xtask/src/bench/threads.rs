@@ -139,21 +139,18 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         let split = child(threads, batch, steps)?;
         let ms = split.total();
         let speedup = *one_thread.get_or_insert(ms) / ms;
-        eprintln!(
-            "bench threads: {threads} thread(s): forward {:.1}, backward {:.1}, clip + step {:.1} ms",
+        let parts = format!(
+            "forward {:.1} / backward {:.1} / clip + step {:.1} ms",
             split.forward, split.backward, split.optimizer
         );
+        eprintln!("bench threads: {threads} thread(s): {parts}");
         let case = format!("resnet18 32x32 batch {batch} step on {threads} thread(s)");
         rows.push(Row::new(
             GROUP,
             &case,
             "ms",
             ms,
-            format!(
-                "forward {:.1} / backward {:.1} / clip + step {:.1} ms; speed-up over 1 thread \
-                 {speedup:.2} (ratio = speed-up / threads)",
-                split.forward, split.backward, split.optimizer
-            ),
+            format!("{parts}; speed-up over 1 thread {speedup:.2} (ratio = speed-up / threads)"),
             speedup / threads as f64,
         ));
         eprintln!("bench threads: backward by node: {}", split.nodes_line());
@@ -182,8 +179,8 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
 fn child(threads: usize, batch: usize, steps: usize) -> Result<Split, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the xtask binary: {e}"))?;
     let out = Command::new(exe)
-        .args([CHILD_COMMAND, &threads.to_string(), &batch.to_string()])
-        .arg(steps.to_string())
+        .arg(CHILD_COMMAND)
+        .args([threads, batch, steps].map(|n| n.to_string()))
         .env("KILN_NUM_THREADS", threads.to_string())
         .output()
         .map_err(|e| format!("{CHILD_COMMAND}: {e}"))?;

@@ -184,6 +184,11 @@ wanted() { # wanted NAME: KILN_ONLY unset, or NAME contains one of its comma-sep
     for part in "${parts[@]}"; do [[ -n "$part" && "$1" == *"$part"* ]] && return 0; done
     return 1
 }
+budget_left() { # seconds left of KILN_RUN_BUDGET_S (450) since the start, at least 60
+    local left=$(( ${KILN_RUN_BUDGET_S:-450} - ($(date +%s) - START) ))
+    [ $left -lt 60 ] && left=60
+    echo $left
+}
 # Logs go to $OUT/logs, packed into $OUT/logs.tar.gz at the end: $OUT keeps a handful of files.
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
@@ -221,9 +226,7 @@ for t in "$BIN"/tests/*; do
 done
 
 if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && wanted xtask-bench; then
-    budget="${KILN_RUN_BUDGET_S:-450}"
-    left=$((budget - ($(date +%s) - START)))
-    [ $left -lt 60 ] && left=60
+    left=$(budget_left)
     mkdir -p "$LOGS/bench"
     t0=$(date +%s)
     # --vs-torch: PyTorch's side of the matmul, ResNet18-step, AdamW and clip cases on the same
@@ -253,9 +256,7 @@ fi
 # kiln's CPU step scales with them is measured nowhere else.
 CPU_BENCH="${KILN_CPU_BENCH-threads}"
 if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cpu-bench; then
-    budget="${KILN_RUN_BUDGET_S:-450}"
-    left=$((budget - ($(date +%s) - START)))
-    [ $left -lt 60 ] && left=60
+    left=$(budget_left)
     mkdir -p "$LOGS/cpu-bench"
     t0=$(date +%s)
     # shellcheck disable=SC2086  # a list of group names
