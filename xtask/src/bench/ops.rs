@@ -123,9 +123,9 @@ fn pass_times(
         .map(|s| s * 1e3)
     };
     Ok([
-        time(&mut || cpu::conv2d_forward(g, &x, &w, None, &mut out))?,
-        time(&mut || cpu::conv2d_backward_input(g, &grad, &w, &mut gin))?,
-        time(&mut || cpu::conv2d_backward_weight(g, &x, &grad, &mut gw))?,
+        time(&mut || cpu::conv2d_forward(g, x, w, None, &mut out))?,
+        time(&mut || cpu::conv2d_backward_input(g, grad, w, &mut gin))?,
+        time(&mut || cpu::conv2d_backward_weight(g, x, grad, &mut gw))?,
     ])
 }
 
