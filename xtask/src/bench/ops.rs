@@ -108,7 +108,7 @@ fn matmul(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(
 /// Best-of-`reps` ms of each pass of kiln's CPU convolution alone (forward, input gradient,
 /// weight gradient), on the input, weight and output gradient's values (`[x, w, grad]`) in
 /// kiln's pool: which pass a shape's time goes to.
-fn pass_times(
+pub(super) fn pass_times(
     g: &Conv2dGeometry,
     [x, w, grad]: [&[f32]; 3],
     reps: usize,
@@ -130,23 +130,41 @@ fn pass_times(
 }
 
 /// One convolution shape of ResNet18 (CIFAR-style) at 32x32 input.
-struct ConvCase {
-    name: &'static str,
+pub(super) struct ConvCase {
+    pub name: &'static str,
     in_channels: usize,
     out_channels: usize,
     size: usize,
     kernel: usize,
     stride: usize,
+    /// How many of ResNet18's convolutions have this shape.
+    pub uses: usize,
 }
 
-const fn case(
-    name: &'static str,
-    in_channels: usize,
-    out_channels: usize,
-    size: usize,
-    kernel: usize,
-    stride: usize,
-) -> ConvCase {
+impl ConvCase {
+    /// The shape's geometry and parameters on a batch of `batch` images.
+    pub fn geometry(&self, batch: usize) -> Result<(Conv2dGeometry, Conv2dParams), String> {
+        let params = Conv2dParams {
+            stride: [self.stride; 2],
+            padding: [self.kernel / 2; 2],
+            ..Conv2dParams::default()
+        };
+        let input_shape = [batch, self.in_channels, self.size, self.size];
+        let weight_shape = [
+            self.out_channels,
+            self.in_channels,
+            self.kernel,
+            self.kernel,
+        ];
+        let geometry = Conv2dGeometry::new(input_shape, weight_shape, params).map_err(err)?;
+        Ok((geometry, params))
+    }
+}
+
+/// `(name, C_in, C_out, input size, kernel, stride, uses)`.
+type Shape = (&'static str, usize, usize, usize, usize, usize, usize);
+
+const fn case((name, in_channels, out_channels, size, kernel, stride, uses): Shape) -> ConvCase {
     ConvCase {
         name,
         in_channels,
@@ -154,29 +172,47 @@ const fn case(
         size,
         kernel,
         stride,
+        uses,
     }
 }
 
 /// Every distinct convolution of ResNet18 with a 3x3 stride-1 stem on 32x32 images.
-const RESNET18_CONVS: &[ConvCase] = &[
-    case("conv1_3to64_3x3_32px", 3, 64, 32, 3, 1),
-    case("layer1_64to64_3x3_32px", 64, 64, 32, 3, 1),
-    case("layer2.0.conv1_64to128_3x3s2_32px", 64, 128, 32, 3, 2),
-    case("layer2_128to128_3x3_16px", 128, 128, 16, 3, 1),
-    case("layer2.0.downsample_64to128_1x1s2_32px", 64, 128, 32, 1, 2),
-    case("layer3.0.conv1_128to256_3x3s2_16px", 128, 256, 16, 3, 2),
-    case("layer3_256to256_3x3_8px", 256, 256, 8, 3, 1),
-    case(
+pub(super) const RESNET18_CONVS: &[ConvCase] = &[
+    case(("conv1_3to64_3x3_32px", 3, 64, 32, 3, 1, 1)),
+    case(("layer1_64to64_3x3_32px", 64, 64, 32, 3, 1, 4)),
+    case(("layer2.0.conv1_64to128_3x3s2_32px", 64, 128, 32, 3, 2, 1)),
+    case(("layer2_128to128_3x3_16px", 128, 128, 16, 3, 1, 3)),
+    case((
+        "layer2.0.downsample_64to128_1x1s2_32px",
+        64,
+        128,
+        32,
+        1,
+        2,
+        1,
+    )),
+    case(("layer3.0.conv1_128to256_3x3s2_16px", 128, 256, 16, 3, 2, 1)),
+    case(("layer3_256to256_3x3_8px", 256, 256, 8, 3, 1, 3)),
+    case((
         "layer3.0.downsample_128to256_1x1s2_16px",
         128,
         256,
         16,
         1,
         2,
-    ),
-    case("layer4.0.conv1_256to512_3x3s2_8px", 256, 512, 8, 3, 2),
-    case("layer4_512to512_3x3_4px", 512, 512, 4, 3, 1),
-    case("layer4.0.downsample_256to512_1x1s2_8px", 256, 512, 8, 1, 2),
+        1,
+    )),
+    case(("layer4.0.conv1_256to512_3x3s2_8px", 256, 512, 8, 3, 2, 1)),
+    case(("layer4_512to512_3x3_4px", 512, 512, 4, 3, 1, 3)),
+    case((
+        "layer4.0.downsample_256to512_1x1s2_8px",
+        256,
+        512,
+        8,
+        1,
+        2,
+        1,
+    )),
 ];
 
 fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
@@ -186,14 +222,8 @@ fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     let mut generator = Generator::new(2);
     let (mut kiln_total, mut ref_seconds_total, mut flops_total) = (0.0, 0.0, 0.0);
     for c in RESNET18_CONVS {
-        let params = Conv2dParams {
-            stride: [c.stride; 2],
-            padding: [c.kernel / 2; 2],
-            ..Conv2dParams::default()
-        };
-        let input_shape = [batch, c.in_channels, c.size, c.size];
-        let weight_shape = [c.out_channels, c.in_channels, c.kernel, c.kernel];
-        let geometry = Conv2dGeometry::new(input_shape, weight_shape, params).map_err(err)?;
+        let (geometry, params) = c.geometry(batch)?;
+        let (input_shape, weight_shape) = (geometry.input_shape(), geometry.weight_shape());
         // Forward, input gradient and weight gradient each do the forward's multiply-adds.
         let flops = 3.0 * 2.0 * geometry.forward_macs() as f64;
         let x = generator
@@ -224,12 +254,7 @@ fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         let passes = pass_times(&geometry, [&xv, &wv, &gv], reps)?;
 
         // The reference on `reference_batch` images.
-        let small = Conv2dGeometry::new(
-            [reference_batch, c.in_channels, c.size, c.size],
-            weight_shape,
-            params,
-        )
-        .map_err(err)?;
+        let (small, _) = c.geometry(reference_batch)?;
         let small_flops = 3.0 * 2.0 * small.forward_macs() as f64;
         let xv = &xv[..small.input_shape().iter().product::<usize>()];
         let gv = &gv[..small.output_shape().iter().product::<usize>()];

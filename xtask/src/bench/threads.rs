@@ -13,10 +13,14 @@
 //! Rows per count: the step time, with its three parts and the speed-up over one thread in
 //! the reference column (`ratio` = speed-up / threads, the parallel efficiency: 1 is perfect
 //! scaling); the backward by node (`kiln_autograd::BackwardProfile` over the timed steps: the
-//! slowest node kinds, per step); and with `--vs-torch` the kiln/PyTorch row of that count. A
-//! part, or a node, that stops shrinking as threads are added is where the step stops scaling.
+//! slowest node kinds, per step); one row per convolution pass (forward, input gradient,
+//! weight gradient): each of the step's convolution shapes timed alone in the child's pool
+//! (`bench ops`' `pass_times`), times the number of the model's convolutions of that shape, the
+//! shapes listed; and with `--vs-torch` the kiln/PyTorch row of that count. A part, a node, a
+//! pass or a shape that stops shrinking as threads are added is where the step stops scaling.
 
 use super::harness::{err, Options, Row};
+use super::ops::{pass_times, RESNET18_CONVS};
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
 use kiln_autograd::BackwardProfile;
@@ -33,7 +37,11 @@ pub const CHILD_COMMAND: &str = "bench-threads-child";
 /// Backward nodes listed by name in a row (the rest are summed as "others").
 const TOP_NODES: usize = 5;
 
-/// Medians (ms) of one step's parts at one thread count, and the backward's time by node.
+/// The three passes of a convolution, in this order.
+const PASSES: [&str; 3] = ["forward", "input gradient", "weight gradient"];
+
+/// Medians (ms) of one step's parts at one thread count, the backward's time by node, and
+/// each convolution pass of the step's shapes timed alone.
 #[derive(Debug, Clone, PartialEq)]
 struct Split {
     forward: f64,
@@ -42,6 +50,9 @@ struct Split {
     /// The backward's nodes by name (`kiln_autograd::BackwardProfile`), slowest first: name,
     /// calls per step and ms per step (means over the timed steps).
     nodes: Vec<(String, f64, f64)>,
+    /// Per distinct convolution shape of the step: its name, how many of the model's
+    /// convolutions have it, and the best ms of each pass alone ([`PASSES`]).
+    conv: Vec<(String, usize, [f64; 3])>,
 }
 
 impl Split {
@@ -56,6 +67,7 @@ impl Split {
             "backward_ms": self.backward,
             "optimizer_ms": self.optimizer,
             "backward_nodes": self.nodes,
+            "conv_passes": self.conv,
         })
         .to_string()
     }
@@ -79,6 +91,23 @@ impl Split {
     /// engine's bookkeeping).
     fn nodes_ms(&self) -> f64 {
         self.nodes.iter().map(|n| n.2).sum()
+    }
+
+    /// ms per step of convolution pass `pass` ([`PASSES`]) over the model's convolutions.
+    fn pass_ms(&self, pass: usize) -> f64 {
+        self.conv
+            .iter()
+            .map(|(_, uses, ms)| *uses as f64 * ms[pass])
+            .sum()
+    }
+
+    /// Pass `pass` shape by shape, one line: `layer4_512to512_3x3_4px 3x 2.10 ms, ...`.
+    fn pass_line(&self, pass: usize) -> String {
+        let shapes = self.conv.iter();
+        let parts: Vec<String> = shapes
+            .map(|(name, uses, ms)| format!("{name} {uses}x {:.2} ms", ms[pass]))
+            .collect();
+        parts.join(", ")
     }
 
     /// The split from a child's output: its last line that is a JSON object.
@@ -105,11 +134,35 @@ impl Split {
                 _ => Err(format!("a backward node is not [name, calls, ms]: {n}")),
             })
             .collect::<Result<_, _>>()?;
+        let ms = |v: &serde_json::Value| v.as_f64().filter(|x| x.is_finite() && *x >= 0.0);
+        let conv = v["conv_passes"]
+            .as_array()
+            .ok_or_else(|| format!("no `conv_passes` in {line}"))?
+            .iter()
+            .map(|c| {
+                let uses = c[1].as_u64().and_then(|u| usize::try_from(u).ok());
+                match (
+                    c[0].as_str(),
+                    uses,
+                    ms(&c[2][0]),
+                    ms(&c[2][1]),
+                    ms(&c[2][2]),
+                ) {
+                    (Some(name), Some(uses), Some(f), Some(i), Some(w)) => {
+                        Ok((name.to_string(), uses, [f, i, w]))
+                    }
+                    _ => Err(format!(
+                        "a convolution is not [name, uses, [ms, ms, ms]]: {c}"
+                    )),
+                }
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Split {
             forward: part("forward_ms")?,
             backward: part("backward_ms")?,
             optimizer: part("optimizer_ms")?,
             nodes,
+            conv,
         })
     }
 }
@@ -134,11 +187,12 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     let (batch, steps) = if options.quick { (4, 1) } else { (32, 5) };
     let mut rows = Vec::new();
     let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
-    let mut one_thread = None;
+    let mut one_thread: Option<Split> = None;
     for threads in thread_counts(cores) {
         let split = child(threads, batch, steps)?;
+        let first = one_thread.get_or_insert_with(|| split.clone());
         let ms = split.total();
-        let speedup = *one_thread.get_or_insert(ms) / ms;
+        let speedup = first.total() / ms;
         let parts = format!(
             "forward {:.1} / backward {:.1} / clip + step {:.1} ms",
             split.forward, split.backward, split.optimizer
@@ -166,6 +220,22 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
             ),
             split.nodes_ms() / split.backward.max(f64::MIN_POSITIVE),
         ));
+        for (pass, name) in PASSES.iter().enumerate() {
+            let ms = split.pass_ms(pass);
+            let speedup = first.pass_ms(pass) / ms.max(f64::MIN_POSITIVE);
+            rows.push(Row::new(
+                GROUP,
+                format!("{case}: convolution {name}, each shape alone"),
+                "ms",
+                ms,
+                format!(
+                    "{}; ms per step = each shape's ms times its uses; ratio = speed-up over \
+                     1 thread / threads",
+                    split.pass_line(pass)
+                ),
+                speedup / threads as f64,
+            ));
+        }
         let id = format!("threads_cifar_step/{threads}");
         pairs.add(&format!("{case} ({id})"), &id, Figure::Millis, ms, || {
             Ok(child(threads, batch, steps)?.total())
@@ -261,9 +331,32 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         backward,
         optimizer,
         nodes,
+        conv: conv_passes(batch, steps.min(3))?,
     };
     println!("{}", split.to_json(threads));
     Ok(())
+}
+
+/// Each pass of each of the step's convolution shapes alone (`bench ops`' `pass_times`, best
+/// of `reps`), in this process's pool: which pass and shape stop scaling with the threads.
+fn conv_passes(batch: usize, reps: usize) -> Result<Vec<(String, usize, [f64; 3])>, String> {
+    let values = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (i * 7919 % 1000) as f32 * 1e-3 - 0.5)
+            .collect()
+    };
+    let len = |shape: [usize; 4]| shape.iter().product::<usize>();
+    RESNET18_CONVS
+        .iter()
+        .map(|c| {
+            let (g, _) = c.geometry(batch)?;
+            let x = values(len(g.input_shape()));
+            let w = values(len(g.weight_shape()));
+            let grad = values(len(g.output_shape()));
+            let ms = pass_times(&g, [&x, &w, &grad], reps)?;
+            Ok((c.name.to_string(), c.uses, ms))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -284,11 +377,16 @@ mod tests {
         let nodes = (0..7)
             .map(|i| (format!("Node{i}"), 2.0, 7.0 - i as f64))
             .collect();
+        let conv = vec![
+            ("wide".to_string(), 4, [1.0, 2.0, 3.0]),
+            ("deep".to_string(), 3, [0.5, 0.25, 2.5]),
+        ];
         let split = Split {
             forward: 1.5,
             backward: 30.0,
             optimizer: 0.5,
             nodes,
+            conv,
         };
         let out = format!("kiln: a warning\n{}\n", split.to_json(4));
         assert_eq!(Split::from_output(&out), Ok(split.clone()));
@@ -301,6 +399,12 @@ mod tests {
             "{line}"
         );
         assert!(line.ends_with("Node4 3.0 ms (2x), others 3.0 ms"), "{line}");
+        // Each pass over the model: every shape's ms times its uses.
+        assert_eq!(
+            [0, 1, 2].map(|p| split.pass_ms(p)),
+            [4.0 + 1.5, 8.0 + 0.75, 12.0 + 7.5]
+        );
+        assert_eq!(split.pass_line(2), "wide 4x 3.00 ms, deep 3x 2.50 ms");
         assert!(Split::from_output("no figures\n")
             .unwrap_err()
             .contains("no figures"));
@@ -309,5 +413,10 @@ mod tests {
         assert!(Split::from_output(negative)
             .unwrap_err()
             .contains("forward_ms"));
+        let json = split.to_json(4);
+        let bad_pass = json.replace("[0.5,0.25,2.5]", "[0.5,-1.0,2.5]");
+        assert_ne!(bad_pass, json, "{json}");
+        let e = Split::from_output(&bad_pass).unwrap_err();
+        assert!(e.contains("a convolution is not"), "{e}");
     }
 }

@@ -16,7 +16,9 @@
 #      CPU cases; the report is copied to $OUT/gpu-bench.json and gpu-bench.md;
 #   5. runs `xtask bench $KILN_CPU_BENCH --vs-torch` on the machine's CPU (default `threads`:
 #      the CPU training step at 1, 2, 4, ... threads up to the cores, next to PyTorch at the
-#      same count; KILN_CPU_BENCH= skips it), report in $OUT/cpu-bench.json and cpu-bench.md.
+#      same count; KILN_CPU_BENCH= skips it), report in $OUT/cpu-bench.json and cpu-bench.md;
+#   6. where `perf` exists, profiles that CPU step on every core (logs/cpu-perf.txt, its top
+#      symbols in summary.txt).
 # Output goes to $OUT (default ./gpu-out): env.txt, summary.txt, gpu-bench.{json,md} and
 # logs.tar.gz (every log), few files, so a runner that returns a handful of files gets them all.
 # Planned to finish in under 8 minutes: each test binary gets KILN_TEST_TIMEOUT_S (120 s), the
@@ -273,6 +275,26 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cp
         cp "$LOGS/cpu-bench/report.md" "$OUT/cpu-bench.md"
         log "PASS  xtask bench $CPU_BENCH --vs-torch (CPU)  (${secs}s)  -> cpu-bench.json, cpu-bench.md"
     fi
+fi
+
+# Where the CPU step's time goes at the machine's core count, when `perf` is there: a profile of
+# the `threads` group's child (a warm-up and 5 steps of batch 32, then each convolution pass
+# alone), flat by symbol over all threads (release builds keep no frame pointers). Optional:
+# without perf, or where the VM refuses it, a SKIP line, never a failure.
+if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cpu-perf; then
+    cores=$(nproc)
+    if ! command -v perf >/dev/null 2>&1; then
+        log "SKIP  perf profile of the CPU step: no perf on this machine"
+    elif KILN_NUM_THREADS=$cores timeout 120 perf record -F 499 -o "$LOGS/perf.data" \
+            "$BIN/xtask" bench-threads-child "$cores" 32 5 >"$LOGS/cpu-perf-child.log" 2>&1 \
+        && timeout 120 perf report -i "$LOGS/perf.data" --sort dso,symbol --stdio \
+            --percent-limit 0.2 >"$LOGS/cpu-perf.txt" 2>/dev/null; then
+        log "PASS  perf profile of the CPU step on $cores threads  -> logs/cpu-perf.txt; top symbols:"
+        grep -E '^ +[0-9.]+%' "$LOGS/cpu-perf.txt" | head -15 | tee -a "$OUT/summary.txt"
+    else
+        log "SKIP  perf profile of the CPU step: perf failed  -> logs/cpu-perf-child.log"
+    fi
+    rm -f "$LOGS/perf.data"
 fi
 
 log "done in $(($(date +%s) - START))s: $FAILS failure(s); logs in $OUT/logs.tar.gz"
