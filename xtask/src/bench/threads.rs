@@ -24,6 +24,7 @@ use super::ops::{pass_times, RESNET18_CONVS};
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
 use kiln_autograd::BackwardProfile;
+use kiln_device::ops::conv::WeightGradPath;
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::Layer;
 use kiln_optim::Optimizer;
@@ -229,9 +230,11 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
                 "ms",
                 ms,
                 format!(
-                    "{}; ms per step = each shape's ms times its uses; ratio = speed-up over \
-                     1 thread / threads",
-                    split.pass_line(pass)
+                    "{}; ms per step = each shape's ms times its uses; small-plane weight \
+                     gradient: {} (KILN_CONV_WEIGHT_GRAD); ratio = speed-up over 1 thread / \
+                     threads",
+                    split.pass_line(pass),
+                    weight_grad_name()
                 ),
                 speedup / threads as f64,
             ));
@@ -333,8 +336,28 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         nodes,
         conv: conv_passes(batch, steps.min(3))?,
     };
+    // One readable line for scripts (run.sh compares the small-plane weight gradients by it).
+    eprintln!(
+        "threads {threads} (small-plane weight gradient: {}): forward {:.1} / backward {:.1} / \
+         clip + step {:.1} ms; convolution passes alone: {:.1} / {:.1} / {:.1} ms",
+        weight_grad_name(),
+        split.forward,
+        split.backward,
+        split.optimizer,
+        split.pass_ms(0),
+        split.pass_ms(1),
+        split.pass_ms(2)
+    );
     println!("{}", split.to_json(threads));
     Ok(())
+}
+
+/// The small-plane weight gradient this process runs (`KILN_CONV_WEIGHT_GRAD`).
+fn weight_grad_name() -> &'static str {
+    match kiln_device::ops::conv::weight_grad_path() {
+        WeightGradPath::Chunks => "chunks",
+        WeightGradPath::Taps => "taps",
+    }
 }
 
 /// Each pass of each of the step's convolution shapes alone (`bench ops`' `pass_times`, best

@@ -18,7 +18,8 @@
 #      the CPU training step at 1, 2, 4, ... threads up to the cores, next to PyTorch at the
 #      same count; KILN_CPU_BENCH= skips it), report in $OUT/cpu-bench.json and cpu-bench.md;
 #   6. where `perf` exists, profiles that CPU step on every core (logs/cpu-perf.txt, its top
-#      symbols in summary.txt).
+#      symbols in summary.txt); then times the step's two small-plane weight gradients
+#      (KILN_CONV_WEIGHT_GRAD=chunks / taps) on every core, alternating, into summary.txt.
 # Output goes to $OUT (default ./gpu-out): env.txt, summary.txt, gpu-bench.{json,md} and
 # logs.tar.gz (every log), few files, so a runner that returns a handful of files gets them all.
 # Planned to finish in under 8 minutes: each test binary gets KILN_TEST_TIMEOUT_S (120 s), the
@@ -295,6 +296,21 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cp
         log "SKIP  perf profile of the CPU step: perf failed  -> logs/cpu-perf-child.log"
     fi
     rm -f "$LOGS/perf.data"
+fi
+
+# The two small-plane weight gradients (KILN_CONV_WEIGHT_GRAD: chunks, the default, and taps)
+# side by side on every core, alternating, two rounds: which one scales is measured only here.
+if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cpu-ab; then
+    cores=$(nproc)
+    log "      small-plane weight gradient, chunks vs taps, $cores threads (batch 32, 5 steps):"
+    for round in 1 2; do
+        for path in chunks taps; do
+            KILN_CONV_WEIGHT_GRAD=$path KILN_NUM_THREADS=$cores timeout 120 \
+                "$BIN/xtask" bench-threads-child "$cores" 32 5 >/dev/null 2>>"$LOGS/cpu-ab.log"
+            grep "small-plane weight gradient: $path" "$LOGS/cpu-ab.log" | tail -1 \
+                | tee -a "$OUT/summary.txt"
+        done
+    done
 fi
 
 log "done in $(($(date +%s) - START))s: $FAILS failure(s); logs in $OUT/logs.tar.gz"

@@ -12,7 +12,9 @@
 //! The input gradient of a stride-1 convolution on a wide plane is itself a forward convolution
 //! (of the output gradient with the rotated weight), so it takes the same paths; small planes
 //! (chunks) and strided ones fold the column-matrix gradient back onto a padded gradient
-//! (`cpu_input_grad.rs`; `padded.rs` also gives every path its bounds-free unfold). Each
+//! (`cpu_input_grad.rs`; `padded.rs` also gives every path its bounds-free unfold). The
+//! small-plane weight gradient has a second form, one kernel tap per product
+//! (`cpu_weight_taps.rs`, `KILN_CONV_WEIGHT_GRAD=taps`), until many cores decide. Each
 //! image is independent in the forward and input-gradient passes, so those run one rayon task
 //! per image (or chunk). When the batch is
 //! smaller than the thread pool, the images run one after the other and `gemm` itself is
@@ -43,6 +45,7 @@ use super::cpu_gemm::{
 };
 use super::cpu_input_grad as input_grad;
 use super::cpu_rows as rows;
+use super::cpu_weight_taps::{self as taps, weight_grad_path, WeightGradPath};
 use super::padded::Padded;
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
@@ -229,7 +232,14 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         return Ok(());
     }
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
-        return chunked::backward_weight(geometry, chunk, input, grad_output, grad_weight);
+        return match weight_grad_path() {
+            WeightGradPath::Chunks => {
+                chunked::backward_weight(geometry, chunk, input, grad_output, grad_weight)
+            }
+            WeightGradPath::Taps => {
+                taps::backward_weight(geometry, input, grad_output, grad_weight)
+            }
+        };
     }
     if rows::use_rows(geometry) {
         return rows::backward_weight(geometry, input, grad_output, grad_weight);

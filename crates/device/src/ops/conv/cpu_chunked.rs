@@ -65,19 +65,19 @@ pub(super) fn chunk_images(g: &Conv2dGeometry, threads: usize) -> Option<usize> 
 
 /// Sizes shared by the three passes.
 #[derive(Clone, Copy)]
-struct Dims {
+pub(super) struct Dims {
     /// Column-matrix rows `C_in * kH * kW`.
-    k: usize,
+    pub k: usize,
     /// Output positions per image.
-    l: usize,
-    c_out: usize,
+    pub l: usize,
+    pub c_out: usize,
     /// Elements of one input image.
-    in_image: usize,
+    pub in_image: usize,
     pointwise: bool,
 }
 
 impl Dims {
-    fn new(g: &Conv2dGeometry) -> Self {
+    pub(super) fn new(g: &Conv2dGeometry) -> Self {
         Self {
             k: g.col_rows(),
             l: g.col_cols(),
@@ -91,7 +91,7 @@ impl Dims {
 /// Runs `body(i, piece)` over the `size`-element pieces of `data`: on the pool when `parallel`
 /// (a chunk built by the weight gradient, which runs its chunks one after another), else in
 /// order on this thread (a chunk that already is one task of a parallel loop).
-fn for_each_piece<T: Send>(
+pub(super) fn for_each_piece<T: Send>(
     data: &mut [T],
     size: usize,
     parallel: bool,
@@ -138,7 +138,7 @@ fn gather_columns<T: KernelFloat>(
 
 /// Gathers `planes` (`count` images of `[C_out, L]`) into `[C_out, count * L]`, output channels
 /// in parallel when `parallel`.
-fn gather_planes<T: KernelFloat>(d: Dims, planes: &[T], out: &mut [T], parallel: bool) {
+pub(super) fn gather_planes<T: KernelFloat>(d: Dims, planes: &[T], out: &mut [T], parallel: bool) {
     let width = planes.len() / d.c_out;
     let count = width / d.l.max(1);
     for_each_piece(&mut out[..d.c_out * width], width, parallel, |o, row| {
@@ -406,7 +406,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
 
 /// Reorders each output channel's row of the weight gradient from taps-major
 /// (`[kH·kW][C_in]`) to the weight's order (`[C_in][kH·kW]`), through a per-thread copy.
-fn taps_major_to_weight_order<T: KernelFloat>(
+pub(super) fn taps_major_to_weight_order<T: KernelFloat>(
     g: &Conv2dGeometry,
     grad_weight: &mut [T],
 ) -> Result<()> {

@@ -106,13 +106,28 @@ pub(super) fn matmul_into<T: KernelFloat>(
     accumulate: bool,
     parallelism: Parallelism,
 ) {
-    assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
+    let operands = (lhs, lhs_stored, rhs, rhs_stored);
+    matmul_into_at(dst, [n, 1], [m, n, k], operands, accumulate, parallelism);
+}
+
+/// [`matmul_into`] for a `dst` whose element `(i, j)` is `dst[i * rs + j * cs]` (a block of a
+/// wider matrix).
+pub(super) fn matmul_into_at<T: KernelFloat>(
+    dst: &mut [T],
+    [rs, cs]: [usize; 2],
+    [m, n, k]: [usize; 3],
+    (lhs, lhs_stored, rhs, rhs_stored): (&[T], Stored, &[T], Stored),
+    accumulate: bool,
+    parallelism: Parallelism,
+) {
+    assert!(lhs.len() >= m * k && rhs.len() >= k * n);
     if m == 0 || n == 0 {
         return;
     }
+    assert!(dst.len() > (m - 1) * rs + (n - 1) * cs);
     if k == 0 {
         if !accumulate {
-            dst[..m * n].fill(T::ZERO);
+            (0..m).for_each(|i| (0..n).for_each(|j| dst[i * rs + j * cs] = T::ZERO));
         }
         return;
     }
@@ -125,7 +140,7 @@ pub(super) fn matmul_into<T: KernelFloat>(
         Stored::AsIs => (n as isize, 1),
         Stored::Transposed => (1, k as isize),
     };
-    // SAFETY: the assert above guarantees every element addressed through these strides lies
+    // SAFETY: the asserts above guarantee every element addressed through these strides lies
     // inside its slice; `T` is `f32` or `f64` (sealed), which `gemm` supports; `dst` does not
     // alias `lhs`/`rhs` (distinct borrows).
     unsafe {
@@ -134,8 +149,8 @@ pub(super) fn matmul_into<T: KernelFloat>(
             n,
             k,
             dst.as_mut_ptr(),
-            1,
-            n as isize,
+            cs as isize,
+            rs as isize,
             accumulate,
             lhs.as_ptr(),
             lhs_cs,

@@ -17,12 +17,14 @@ mod cpu_direct;
 mod cpu_gemm;
 mod cpu_input_grad;
 mod cpu_rows;
+mod cpu_weight_taps;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod padded;
 pub mod reference;
 mod workspace;
 
+pub use cpu_weight_taps::{weight_grad_path, WeightGradPath};
 pub use workspace::{
     cuda_conv2d_workspace, cuda_conv_column_budget, cuda_conv_images_per_chunk,
     set_cuda_conv_column_budget, ConvWorkspace, DEFAULT_CUDA_CONV_COLUMN_BUDGET,
