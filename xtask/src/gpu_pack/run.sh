@@ -187,8 +187,12 @@ wanted() { # wanted NAME: KILN_ONLY unset, or NAME contains one of its comma-sep
     for part in "${parts[@]}"; do [[ -n "$part" && "$1" == *"$part"* ]] && return 0; done
     return 1
 }
-budget_left() { # seconds left of KILN_RUN_BUDGET_S (450) since the start, at least 60
-    local left=$(( ${KILN_RUN_BUDGET_S:-450} - ($(date +%s) - START) ))
+budget_spare() { # seconds left of KILN_RUN_BUDGET_S (450) since the start (may be negative)
+    echo $(( ${KILN_RUN_BUDGET_S:-450} - ($(date +%s) - START) ))
+}
+budget_left() { # budget_spare, at least 60: what a required step still gets
+    local left
+    left=$(budget_spare)
     [ $left -lt 60 ] && left=60
     echo $left
 }
@@ -286,6 +290,8 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cp
     cores=$(nproc)
     if ! command -v perf >/dev/null 2>&1; then
         log "SKIP  perf profile of the CPU step: no perf on this machine"
+    elif [ "$(budget_spare)" -lt 60 ]; then
+        log "SKIP  perf profile of the CPU step: under 60 s of KILN_RUN_BUDGET_S left"
     elif KILN_NUM_THREADS=$cores timeout 120 perf record -F 499 -o "$LOGS/perf.data" \
             "$BIN/xtask" bench-threads-child "$cores" 32 5 >"$LOGS/cpu-perf-child.log" 2>&1 \
         && timeout 120 perf report -i "$LOGS/perf.data" --sort dso,symbol --stdio \
@@ -305,7 +311,11 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cp
     log "      small-plane weight gradient, chunks vs taps, $cores threads (batch 32, 5 steps):"
     for round in 1 2; do
         for path in chunks taps; do
-            KILN_CONV_WEIGHT_GRAD=$path KILN_NUM_THREADS=$cores timeout 120 \
+            if [ "$(budget_spare)" -lt 30 ]; then
+                log "SKIP  $path round $round: under 30 s of KILN_RUN_BUDGET_S left"
+                continue
+            fi
+            KILN_CONV_WEIGHT_GRAD=$path KILN_NUM_THREADS=$cores timeout 60 \
                 "$BIN/xtask" bench-threads-child "$cores" 32 5 >/dev/null 2>>"$LOGS/cpu-ab.log"
             grep "small-plane weight gradient: $path" "$LOGS/cpu-ab.log" | tail -1 \
                 | tee -a "$OUT/summary.txt"
