@@ -139,6 +139,8 @@
 //! release), does one bitmap lookup and list removal (plus a list insertion when it splits) and
 //! a few integer statistic updates; a free is a slab index (the handle carries it, no hash
 //! lookup), up to two list removals for coalescing and one insertion. Nothing on it allocates.
+//! Blocks are plain `Copy` records: the streams `record_stream` adds live in a side map that
+//! the free of a block consults only while some block has any.
 
 use crate::backend::{MemoryBackend, StreamId};
 use crate::block::{pool_index, BlockState, State};
@@ -386,15 +388,19 @@ impl CachingAllocator {
         }
         st.clock += 1;
         let (addr, block_size) = (st.blocks[id as usize].addr, st.blocks[id as usize].size);
-        if st.blocks[id as usize].stream_uses.is_empty() {
+        let uses = if st.stream_uses.is_empty() {
+            None
+        } else {
+            st.stream_uses.remove(&id)
+        };
+        let Some(uses) = uses else {
             st.free_block(id);
             if st.history.is_some() {
                 st.history_free(addr, block_size, true);
             }
             return Ok(());
-        }
+        };
         // Used on other streams: wait for their work before reuse.
-        let uses = std::mem::take(&mut st.blocks[id as usize].stream_uses);
         let mut events = Vec::with_capacity(uses.len());
         for s in &uses {
             match self.backend.record_event(*s) {
@@ -403,7 +409,7 @@ impl CachingAllocator {
                     for e in events {
                         self.backend.destroy_event(e);
                     }
-                    st.blocks[id as usize].stream_uses = uses;
+                    st.stream_uses.insert(id, uses);
                     return Err(err.into());
                 }
             }
@@ -445,9 +451,11 @@ impl CachingAllocator {
     pub fn record_stream(&self, raw: &RawAllocation, stream: StreamId) -> Result<()> {
         let mut st = self.lock();
         let id = self.validate(&st, raw)?;
-        let b = &mut st.blocks[id as usize];
-        if stream != raw.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream != raw.stream {
+            let uses = st.stream_uses.entry(id).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
         }
         Ok(())
     }

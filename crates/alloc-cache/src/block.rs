@@ -144,6 +144,9 @@ pub(crate) struct State {
     pub streams: Vec<StreamPools>,
     pub stats: MemoryStats,
     pub pending: Vec<(EventId, u32)>,
+    /// The other streams each allocated block was used on (`record_stream`), by block; empty,
+    /// the hit path's only test, while no block has any.
+    pub stream_uses: std::collections::HashMap<u32, Vec<StreamId>>,
     pub clock: u64,
     pub next_alloc_id: u64,
     pub recorder: Option<TraceRecorder>,
@@ -198,7 +201,6 @@ impl State {
     pub fn kill_block(&mut self, id: u32) {
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Dead;
-        b.stream_uses = Vec::new();
         self.free_block_slots.push(id);
     }
 
@@ -257,7 +259,6 @@ impl State {
             alloc_id: 0,
             free_prev: NONE,
             free_next: NONE,
-            stream_uses: Vec::new(),
         };
         let (next, segment) = (b.next, b.segment);
         let rest = self.new_block(remainder);
@@ -353,7 +354,6 @@ impl State {
         b.state = BlockState::Free;
         b.requested = 0;
         b.freed_at = clock;
-        b.stream_uses.clear();
         self.pool_insert(id);
         let after = self.contribution(id);
         before.apply_change(after, &mut self.stats, pool);

@@ -5,7 +5,6 @@
 //! address order; `free_prev`/`free_next` are meaningful only while the block is free; [`NONE`]
 //! ends every list.
 
-use crate::backend::StreamId;
 use crate::stats::PoolKind;
 
 /// Sentinel for "no block" in the intrusive links.
@@ -39,7 +38,7 @@ pub(crate) enum BlockState {
     Dead,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Block {
     pub addr: u64,
     pub size: usize,
@@ -56,7 +55,6 @@ pub(crate) struct Block {
     /// Links of the free-index class list (meaningful while free).
     pub free_prev: u32,
     pub free_next: u32,
-    pub stream_uses: Vec<StreamId>,
 }
 
 impl Block {
@@ -85,7 +83,6 @@ impl Block {
             alloc_id: 0,
             free_prev: NONE,
             free_next: NONE,
-            stream_uses: Vec::new(),
         }
     }
 }

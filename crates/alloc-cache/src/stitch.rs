@@ -300,7 +300,7 @@ impl CachingAllocator {
 
     /// Takes block `id` out of its segment's list (its slot dies).
     fn unlink(&self, st: &mut State, id: u32) {
-        let b = st.blocks[id as usize].clone();
+        let b = st.blocks[id as usize];
         if b.prev == NONE {
             st.segment_mut(b.segment).head = b.next;
         } else {
@@ -333,7 +333,7 @@ impl CachingAllocator {
         q1: usize,
         state: BlockState,
     ) -> u32 {
-        let b = st.blocks[id as usize].clone();
+        let b = st.blocks[id as usize];
         let seg = b.segment;
         let base = st.segment(seg).base;
         let (h0, h1) = (
@@ -394,7 +394,7 @@ impl CachingAllocator {
             st.blocks[hole as usize].size += st.blocks[next as usize].size;
             self.unlink(st, next);
         }
-        let h = st.blocks[hole as usize].clone();
+        let h = st.blocks[hole as usize];
         if h.next != NONE {
             return;
         }

@@ -66,7 +66,6 @@ impl State {
         b.state = BlockState::Free;
         b.requested = 0;
         b.freed_at = clock;
-        b.stream_uses.clear();
         let after = self.contribution(id);
         before.apply_change(after, &mut self.stats, PoolKind::Large);
         let Some(entry) = self.stitched.blocks.iter_mut().find(|s| s.block == id) else {
@@ -331,7 +330,7 @@ impl CachingAllocator {
             return Ok(false);
         };
         let s = st.stitched.blocks.swap_remove(i);
-        let b = st.blocks[s.block as usize].clone();
+        let b = st.blocks[s.block as usize];
         let mut at = b.addr;
         for r in &s.runs {
             let bytes = (r.p1 - r.p0) * self.page;

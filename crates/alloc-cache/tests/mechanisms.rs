@@ -308,7 +308,10 @@ fn blocks_stay_on_their_stream_and_wait_for_recorded_streams() {
         "freeing never synchronises"
     );
     a.free_raw(y).unwrap();
+    // z took x's block again: x's other stream does not outlive x, so z's free waits for none.
     a.free_raw(z).unwrap();
+    assert!(sim.live_events().is_empty(), "z was never used on stream 2");
+    assert_eq!(a.memory_stats().active.all.current, 0);
     ok(&a);
 }
 
