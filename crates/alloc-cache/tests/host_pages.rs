@@ -73,14 +73,23 @@ fn a_refused_call_changes_nothing() {
     assert!(b.map(at(1), 2 * page).is_err());
     b.map(at(2), 2 * page).unwrap();
     write(at(2), 2 * page, 0x43);
-    // A range that is no whole number of pages names the page.
-    let e = b.map(at(6) + 4096, page).unwrap_err().to_string();
-    assert!(e.contains(&format!("{page} byte page")), "{e}");
+    // A range that is no whole number of pages (its start, or its length) names the page.
+    for (addr, bytes) in [(at(6) + 4096, page), (at(6), page + 4096)] {
+        let e = b.map(addr, bytes).unwrap_err().to_string();
+        assert!(e.contains(&format!("{page} byte page")), "{e}");
+    }
     // Moving onto a mapped page, or unmapping a range with an unmapped page: refused whole.
     assert!(unsafe { b.remap(at(0), at(2), page) }.is_err());
     assert!(unsafe { b.unmap(at(3), 2 * page) }.is_err());
     assert!(b.map_alias(at(3), at(8), 2 * page).is_err());
     assert!(unsafe { b.unmap_alias(at(0), page) }.is_err());
+    // Mapping or moving onto an alias page: refused, the alias still shows its memory.
+    b.map_alias(at(0), at(10), page).unwrap();
+    assert!(b.map(at(10), page).is_err());
+    assert!(unsafe { b.remap(at(2), at(10), page) }.is_err());
+    assert!(b.map_alias(at(2), at(10), page).is_err());
+    assert!(holds(at(10), page, 0x42));
+    unsafe { b.unmap_alias(at(10), page) }.unwrap();
     assert!(holds(at(0), 2 * page, 0x42) && holds(at(2), 2 * page, 0x43));
     assert_eq!(b.free_bytes(), CAPACITY - 4 * page);
     b.map(at(4), page).unwrap();

@@ -1,8 +1,10 @@
 //! The bugs `cargo xtask cpu-mutants` plants at exact size boundaries that only a case sized to
 //! them reaches: the model of PyTorch's allocator (the small pool's 1 MiB limit, the small
 //! pool's smallest split, `max_split_size`'s oversize blocks), the out-of-memory report's choice
-//! of advice, and the CPU convolution's sum of per-thread weight gradients (blocks of output
-//! channels that must not span two groups); each with the test meant to cover it.
+//! of advice, the CPU convolution's sum of per-thread weight gradients (blocks of output
+//! channels that must not span two groups) and its tap-by-tap weight gradient's taps of a
+//! non-square kernel, and the host page mapping's refusals (a length that is no whole number
+//! of pages, a page that is an alias); each with the test meant to cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
@@ -10,6 +12,9 @@ const POLICY: &[&str] = &["--test", "pytorch_policy"];
 const POLICY_SIZES: &str = "every_size_rule_holds_at_its_exact_boundary";
 const OOM_ADVICE: &[&str] = &["--test", "oom_advice"];
 const ADVICE_BOUNDARIES: &str = "each_advice_is_chosen_at_its_exact_boundary";
+const HOST_PAGES: &[&str] = &["--test", "host_pages"];
+const HOST_REFUSALS: &str = "a_refused_call_changes_nothing";
+const HOST_PAGES_FILE: &str = "crates/alloc-cache/src/backend/host_pages.rs";
 const POLICY_MAX_SPLIT: &str =
     "the_max_split_size_rules_of_pytorchs_policy_hold_at_their_boundaries";
 
@@ -68,5 +73,33 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let block = SUM_BLOCK.min(outs);",
         target: LIB,
         test: "ops::conv::cpu_gemm::tests::partials_are_summed_and_transposed_per_group",
+    },
+    Mutant {
+        bug: "the tap-by-tap weight gradient walks a non-square kernel's taps transposed",
+        package: "kiln-device",
+        file: "crates/device/src/ops/conv/cpu_weight_taps.rs",
+        find: "gather_tap(g, [t / kw, t % kw], nhwc, cols);",
+        replace: "gather_tap(g, [t % kh, t / kh], nhwc, cols);",
+        target: LIB,
+        test:
+            "ops::conv::cpu_weight_taps::tests::tap_by_tap_weight_gradient_equals_the_plain_loops",
+    },
+    Mutant {
+        bug: "the host page mapping accepts a length that is no whole number of pages",
+        package: ALLOC,
+        file: HOST_PAGES_FILE,
+        find: "!bytes.is_multiple_of(page)",
+        replace: "false",
+        target: HOST_PAGES,
+        test: HOST_REFUSALS,
+    },
+    Mutant {
+        bug: "the host page mapping maps over a page that is an alias",
+        package: ALLOC,
+        file: HOST_PAGES_FILE,
+        find: ".find(|a| self.mapped.contains_key(a) || self.aliases.contains_key(a))",
+        replace: ".find(|a| self.mapped.contains_key(a))",
+        target: HOST_PAGES,
+        test: HOST_REFUSALS,
     },
 ];

@@ -443,3 +443,18 @@ impl HostPages {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::slot_runs;
+
+    /// One `mmap` per run of consecutive slots: runs split where the next slot is not one more.
+    #[test]
+    fn runs_are_the_consecutive_stretches() {
+        let runs = |slots: &[usize]| slot_runs(slots).collect::<Vec<_>>();
+        assert_eq!(runs(&[3, 4, 5, 9, 10, 2]), [(0, 3), (3, 2), (5, 1)]);
+        assert_eq!(runs(&[7]), [(0, 1)]);
+        assert_eq!(runs(&[5, 5]), [(0, 1), (1, 1)]);
+        assert!(runs(&[]).is_empty());
+    }
+}
