@@ -190,7 +190,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
     let mut one_thread: Option<Split> = None;
     for threads in thread_counts(cores) {
-        let split = child(threads, batch, steps)?;
+        let split = child(threads, batch, steps, Passes::Timed)?;
         let first = one_thread.get_or_insert_with(|| split.clone());
         let ms = split.total();
         let speedup = first.total() / ms;
@@ -241,7 +241,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         }
         let id = format!("threads_cifar_step/{threads}");
         pairs.add(&format!("{case} ({id})"), &id, Figure::Millis, ms, || {
-            Ok(child(threads, batch, steps)?.total())
+            Ok(child(threads, batch, steps, Passes::Skipped)?.total())
         })?;
     }
     rows.extend(pairs.into_rows());
@@ -249,11 +249,23 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
 }
 
 /// Runs the step at `threads` threads in a child process and reads its split.
-fn child(threads: usize, batch: usize, steps: usize) -> Result<Split, String> {
+/// Whether a child also times each convolution pass alone (the rows' child does; the rounds
+/// against PyTorch only need the step).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Passes {
+    Timed,
+    Skipped,
+}
+
+/// The child's optional fourth argument that skips the passes.
+const NO_PASSES: &str = "--no-passes";
+
+fn child(threads: usize, batch: usize, steps: usize, passes: Passes) -> Result<Split, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the xtask binary: {e}"))?;
     let out = Command::new(exe)
         .arg(CHILD_COMMAND)
         .args([threads, batch, steps].map(|n| n.to_string()))
+        .args((passes == Passes::Skipped).then_some(NO_PASSES))
         .env("KILN_NUM_THREADS", threads.to_string())
         .output()
         .map_err(|e| format!("{CHILD_COMMAND}: {e}"))?;
@@ -268,7 +280,8 @@ fn child(threads: usize, batch: usize, steps: usize) -> Result<Split, String> {
     Split::from_output(&stdout)
 }
 
-/// `xtask bench-threads-child THREADS BATCH STEPS`: the child's side (see the module doc).
+/// `xtask bench-threads-child THREADS BATCH STEPS [--no-passes]`: the child's side (see the
+/// module doc).
 pub fn child_entry(args: &[String]) -> Result<(), String> {
     let number = |i: usize, what: &str| -> Result<usize, String> {
         let raw = args.get(i).ok_or_else(|| format!("missing {what}"))?;
@@ -282,6 +295,11 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         number(1, "BATCH")?,
         number(2, "STEPS")?,
     );
+    let passes = match args.get(3).map(String::as_str) {
+        None => Passes::Timed,
+        Some(NO_PASSES) => Passes::Skipped,
+        Some(other) => return Err(format!("unknown argument {other:?}; expected {NO_PASSES}")),
+    };
     let pool = kiln_device::threads::num_threads();
     if pool != threads {
         return Err(format!(
@@ -334,19 +352,28 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         backward,
         optimizer,
         nodes,
-        conv: conv_passes(batch, steps.min(3))?,
+        conv: match passes {
+            Passes::Timed => conv_passes(batch, steps.min(3))?,
+            Passes::Skipped => Vec::new(),
+        },
     };
     // One readable line for scripts (run.sh compares the small-plane weight gradients by it).
+    let passes_part = match passes {
+        Passes::Timed => format!(
+            "; convolution passes alone: {:.1} / {:.1} / {:.1} ms",
+            split.pass_ms(0),
+            split.pass_ms(1),
+            split.pass_ms(2)
+        ),
+        Passes::Skipped => String::new(),
+    };
     eprintln!(
         "threads {threads} (small-plane weight gradient: {}): forward {:.1} / backward {:.1} / \
-         clip + step {:.1} ms; convolution passes alone: {:.1} / {:.1} / {:.1} ms",
+         clip + step {:.1} ms{passes_part}",
         weight_grad_name(),
         split.forward,
         split.backward,
         split.optimizer,
-        split.pass_ms(0),
-        split.pass_ms(1),
-        split.pass_ms(2)
     );
     println!("{}", split.to_json(threads));
     Ok(())
