@@ -439,7 +439,7 @@ mod tests {
         // The CPU side runs the `threads` group by default.
         assert!(RUN_SH.contains("KILN_CPU_BENCH-threads") && RUN_SH.contains("cpu-bench.json"));
         // Then a profile of the child at every core, optional (perf may be missing).
-        assert!(RUN_SH.contains("bench-threads-child \"$cores\" 32 5"));
+        assert!(RUN_SH.contains("bench-threads-child \"$cores\" 32 10 --no-passes"));
         assert!(RUN_SH.contains("SKIP  perf profile of the CPU step: no perf"));
         // Only the CUDA cases of every group, with the report under $OUT (KILN_BENCH_OUT):
         // xtask's default target dir is the build machine's workspace path.

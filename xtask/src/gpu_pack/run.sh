@@ -283,9 +283,9 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cp
 fi
 
 # Where the CPU step's time goes at the machine's core count, when `perf` is there: a profile of
-# the `threads` group's child (a warm-up and 5 steps of batch 32, then each convolution pass
-# alone), flat by symbol over all threads (release builds keep no frame pointers). Optional:
-# without perf, or where the VM refuses it, a SKIP line, never a failure.
+# the `threads` group's child (a warm-up and 10 steps of batch 32, so that the steady steps
+# dominate the model's set-up), flat by symbol over all threads (release builds keep no frame
+# pointers). Optional: without perf, or where the VM refuses it, a SKIP line, never a failure.
 if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cpu-perf; then
     cores=$(nproc)
     if ! command -v perf >/dev/null 2>&1; then
@@ -293,7 +293,8 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && [ -n "$CPU_BENCH" ] && wanted cp
     elif [ "$(budget_spare)" -lt 60 ]; then
         log "SKIP  perf profile of the CPU step: under 60 s of KILN_RUN_BUDGET_S left"
     elif KILN_NUM_THREADS=$cores timeout 120 perf record -F 499 -o "$LOGS/perf.data" \
-            "$BIN/xtask" bench-threads-child "$cores" 32 5 >"$LOGS/cpu-perf-child.log" 2>&1 \
+            "$BIN/xtask" bench-threads-child "$cores" 32 10 --no-passes \
+            >"$LOGS/cpu-perf-child.log" 2>&1 \
         && timeout 120 perf report -i "$LOGS/perf.data" --sort dso,symbol --stdio \
             --percent-limit 0.2 >"$LOGS/cpu-perf.txt" 2>/dev/null; then
         log "PASS  perf profile of the CPU step on $cores threads  -> logs/cpu-perf.txt; top symbols:"
