@@ -225,6 +225,41 @@ mod tests {
         }
     }
 
+    /// The chunks and the order of every sum follow from the geometry: the same bits on 1, 2,
+    /// 3 and 8 threads (a layer4-like shape, several chunks, `gemm` split over the pool).
+    #[test]
+    fn the_gradient_has_the_same_bits_on_any_number_of_threads() {
+        let params = Conv2dParams {
+            padding: [1, 1],
+            ..Conv2dParams::default()
+        };
+        let g = Conv2dGeometry::new([12, 64, 4, 4], [96, 64, 3, 3], params).unwrap();
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0 - 1.0)
+                .collect()
+        };
+        let len = |s: [usize; 4]| s.iter().product::<usize>();
+        let x = values(len(g.input_shape()), 1);
+        let go = values(len(g.output_shape()), 2);
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut gw = vec![f32::NAN; len(g.weight_shape())];
+            pool.install(|| backward_weight_in_chunks(&g, 5, &x, &go, &mut gw))
+                .unwrap();
+            gw
+        };
+        let one = on(1);
+        assert!(one.iter().all(|v| v.is_finite()));
+        for threads in [2, 3, 8] {
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&on(threads)), bits(&one), "{threads} threads");
+        }
+    }
+
     #[test]
     fn chunks_fill_a_fixed_budget_evened_over_the_batch() {
         let g = |input, weight, stride| {
