@@ -48,8 +48,8 @@ pub fn weight_grad_path() -> WeightGradPath {
     static CHOSEN: OnceLock<WeightGradPath> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
         // Not UTF-8: shown lossily and warned about, never taken as unset.
-        let raw = std::env::var_os("KILN_CONV_WEIGHT_GRAD")
-            .map(|v| v.to_string_lossy().into_owned());
+        let raw =
+            std::env::var_os("KILN_CONV_WEIGHT_GRAD").map(|v| v.to_string_lossy().into_owned());
         let (path, warning) = parse_path(raw.as_deref());
         if let Some(w) = warning {
             eprintln!("{w}");
