@@ -1,7 +1,7 @@
 //! The small-plane weight gradient one kernel tap at a time: an alternative to
 //! `cpu_chunked::backward_weight`, chosen with `KILN_CONV_WEIGHT_GRAD=taps` (issue 16: which
-//! of the two scales better on many cores is to be measured there; on two cores they are
-//! within the noise of each other).
+//! of the two scales better on many cores is to be measured there; on two cores this one is
+//! 1-2 % slower, and slower still on a pool oversubscribing them, docs/CPU.md, session 26).
 //!
 //! The chunked weight gradient multiplies the output gradient of a chunk of images by the
 //! chunk's whole column matrix (`[G·L, kH·kW·C_in]`), so its chunks are small (the column
