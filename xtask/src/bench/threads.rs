@@ -24,7 +24,6 @@ use super::ops::{pass_times, RESNET18_CONVS};
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
 use kiln_autograd::BackwardProfile;
-use kiln_device::ops::conv::WeightGradPath;
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::Layer;
 use kiln_optim::Optimizer;
@@ -381,10 +380,7 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
 
 /// The small-plane weight gradient this process runs (`KILN_CONV_WEIGHT_GRAD`).
 fn weight_grad_name() -> &'static str {
-    match kiln_device::ops::conv::weight_grad_path() {
-        WeightGradPath::Chunks => "chunks",
-        WeightGradPath::Taps => "taps",
-    }
+    kiln_device::ops::conv::weight_grad_path().name()
 }
 
 /// Each pass of each of the step's convolution shapes alone (`bench ops`' `pass_times`, best

@@ -28,7 +28,7 @@
 //! weight's layout at the end. Its scratch is the other passes' (same chunk, the same column
 //! elements) but for `pad_w` more pixels per padded image.
 
-use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
+use super::cpu_gemm::{matmul_into, pool_parallelism, ScratchFailure, Stored};
 use super::padded::{fold_add, too_large, unfold, Padded};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
@@ -363,10 +363,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let mut cols = HostBuffer::for_overwrite(cols_len)?;
     let mut gathered = HostBuffer::for_overwrite(d.c_out * chunk * d.l)?;
     let threads = rayon::current_num_threads();
-    let parallelism = match threads {
-        0 | 1 => Parallelism::None,
-        n => Parallelism::Rayon(n),
-    };
+    let parallelism = pool_parallelism();
     let mut start = 0;
     while start < g.batch {
         let count = chunk.min(g.batch - start);

@@ -172,11 +172,19 @@ pub(super) fn matmul_into_at<T: KernelFloat>(
 /// (its images then run one after another, each product split over the pool), else none (the
 /// images run in parallel).
 pub(super) fn gemm_parallelism(batch: usize) -> Parallelism {
-    let threads = rayon::current_num_threads();
-    if threads <= 1 || batch >= threads {
+    if batch >= rayon::current_num_threads() {
         Parallelism::None
     } else {
-        Parallelism::Rayon(threads)
+        pool_parallelism()
+    }
+}
+
+/// `gemm` parallelism that splits each product over the whole pool (none on one thread): for
+/// passes whose products run one after another.
+pub(super) fn pool_parallelism() -> Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
     }
 }
 

@@ -21,13 +21,12 @@
 //! on the threads; scratch comes from the caching allocator, taken fallibly, sizes checked.
 
 use super::cpu_chunked::{for_each_piece, gather_planes, taps_major_to_weight_order, Dims};
-use super::cpu_gemm::{matmul_into_at, Stored};
+use super::cpu_gemm::{matmul_into_at, pool_parallelism, Stored};
 use super::padded::too_large;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use gemm::Parallelism;
 
 /// Scratch elements one chunk holds at most (1 MiB of f32), whatever the number of threads.
 const WEIGHT_CHUNK_ELEMS: usize = 1 << 18;
@@ -39,6 +38,16 @@ pub enum WeightGradPath {
     Chunks,
     /// This file's: one tap's column matrix per product.
     Taps,
+}
+
+impl WeightGradPath {
+    /// The value of `KILN_CONV_WEIGHT_GRAD` that chooses this path.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightGradPath::Chunks => "chunks",
+            WeightGradPath::Taps => "taps",
+        }
+    }
 }
 
 /// The small-plane weight gradient this process runs, from `KILN_CONV_WEIGHT_GRAD` (`chunks`,
@@ -152,10 +161,7 @@ fn backward_weight_in_chunks<T: KernelFloat>(
     let mut nhwc = HostBuffer::for_overwrite(len(chunk, d.in_image)?)?;
     let mut cols = HostBuffer::for_overwrite(len(width_most, c_in)?)?;
     let mut gathered = HostBuffer::for_overwrite(len(width_most, d.c_out)?)?;
-    let parallelism = match rayon::current_num_threads() {
-        0 | 1 => Parallelism::None,
-        n => Parallelism::Rayon(n),
-    };
+    let parallelism = pool_parallelism();
     let [kh, kw] = g.kernel_size;
     let mut start = 0;
     while start < g.batch {
@@ -185,46 +191,33 @@ fn backward_weight_in_chunks<T: KernelFloat>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::conv::reference::{assert_passes_match_loops, TestPasses};
+    use crate::ops::conv::reference::{assert_passes_match_loops, on_pools_of_1_and_3, TestPasses};
     use crate::ops::conv::{cpu, Conv2dParams};
 
     /// ResNet's small-plane shapes and a dilated, unevenly padded 3x2 kernel, in chunks of
-    /// one, two (a short last chunk) and the whole batch, on 1 and 2 threads: the gradient
+    /// one, two (a short last chunk) and the whole batch, on 1 and 3 threads: the gradient
     /// equals the plain loops (the other passes are `cpu.rs`', for the helper's sake).
     #[test]
     fn tap_by_tap_weight_gradient_equals_the_plain_loops() {
         let cases = [
-            ([5, 6, 4, 4], [7, 6, 3, 3], 1, [1, 1], [1, 1]),
-            ([5, 6, 8, 8], [4, 6, 3, 3], 2, [1, 1], [1, 1]),
-            ([7, 6, 8, 8], [5, 6, 1, 1], 2, [1, 1], [0, 0]),
-            ([4, 5, 6, 5], [3, 5, 3, 2], 1, [2, 1], [2, 1]),
+            ([5, 6, 4, 4], [7, 6, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ([5, 6, 8, 8], [4, 6, 3, 3], [2, 2], [1, 1], [1, 1], 1),
+            ([7, 6, 8, 8], [5, 6, 1, 1], [2, 2], [0, 0], [1, 1], 1),
+            ([4, 5, 6, 5], [3, 5, 3, 2], [1, 1], [2, 1], [2, 1], 1),
         ];
-        for threads in [1, 2] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            for (input_shape, weight_shape, stride, dilation, padding) in cases {
-                let params = Conv2dParams {
-                    stride: [stride; 2],
-                    dilation,
-                    padding,
-                    ..Conv2dParams::default()
+        on_pools_of_1_and_3(&cases, |threads, pool, g| {
+            for chunk in [1, 2, g.batch] {
+                let what = format!("{g:?} in chunks of {chunk} on {threads} thread(s)");
+                let passes = TestPasses {
+                    forward: &|(x, b), w, out| cpu::conv2d_forward(g, x, w, Some(b), out),
+                    backward_input: &|go, w, gin| cpu::conv2d_backward_input(g, go, w, gin),
+                    backward_weight: &|x, go, gw| {
+                        pool.install(|| backward_weight_in_chunks(g, chunk, x, go, gw))
+                    },
                 };
-                let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
-                for chunk in [1, 2, g.batch] {
-                    let what = format!("{g:?} in chunks of {chunk} on {threads} thread(s)");
-                    let passes = TestPasses {
-                        forward: &|(x, b), w, out| cpu::conv2d_forward(&g, x, w, Some(b), out),
-                        backward_input: &|go, w, gin| cpu::conv2d_backward_input(&g, go, w, gin),
-                        backward_weight: &|x, go, gw| {
-                            pool.install(|| backward_weight_in_chunks(&g, chunk, x, go, gw))
-                        },
-                    };
-                    assert_passes_match_loops(&what, &g, passes);
-                }
+                assert_passes_match_loops(&what, g, passes);
             }
-        }
+        });
     }
 
     /// The chunks and the order of every sum follow from the geometry: the same bits on 1, 2,
@@ -288,6 +281,9 @@ mod tests {
         assert_eq!(parse_path(Some("taps")), (WeightGradPath::Taps, None));
         assert_eq!(parse_path(Some(" TAPS ")), (WeightGradPath::Taps, None));
         assert_eq!(parse_path(Some("chunks")), (WeightGradPath::Chunks, None));
+        for path in [WeightGradPath::Chunks, WeightGradPath::Taps] {
+            assert_eq!(parse_path(Some(path.name())), (path, None));
+        }
         let (path, warning) = parse_path(Some("tap"));
         assert_eq!(path, WeightGradPath::Chunks);
         let warning = warning.expect("a warning");
