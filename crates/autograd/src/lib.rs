@@ -28,7 +28,7 @@ pub use autocast::{autocast, autocast_dtype, AutocastGuard};
 pub use autograd::grad_mode::{
     enable_grad, is_grad_enabled, no_grad, EnableGradGuard, NoGradGuard,
 };
-pub use autograd::profile::{BackwardProfile, NodeTime};
+pub use autograd::profile::{NodeTime, OpProfile, OpTimes};
 pub use cpu_pool::on_cpu_pool;
 pub use custom_op::CustomBackward;
 pub use error::{Error, Result};

@@ -60,7 +60,7 @@ pub use status::{cuda_status, CudaStatus, CudaUnavailable};
 #[cfg(feature = "cuda")]
 pub use storage::{cuda_stream, CudaStorage};
 pub use storage::{CpuStorage, HostBuffer, Storage};
-pub use sync::{eager_checks, set_eager_checks, synchronize, EAGER_CHECKS_VAR};
+pub use sync::{eager_checks, set_eager_checks, synchronize, wait_idle, EAGER_CHECKS_VAR};
 pub use visibility::{set_visible_devices, VisibleDevices};
 
 /// Every trait of the backend seam, for method syntax on storages: `use kiln_device::prelude::*`.

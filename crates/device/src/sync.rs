@@ -71,6 +71,29 @@ pub fn synchronize(device: Device) -> Result<()> {
     }
 }
 
+/// Waits until every op queued on `device` has finished, like [`synchronize`], but leaves a bad
+/// index found by a deferred check to be reported by the program's next [`synchronize`] (or
+/// copy to the host): for timers and profilers, which wait without taking the program's
+/// errors. A no-op on the CPU.
+pub fn wait_idle(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            crate::cuda_stream(ordinal)?
+                .synchronize()
+                .map_err(|e| crate::Error::Cuda {
+                    op: "wait_idle",
+                    msg: e.to_string(),
+                })
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(crate::Error::CudaUnavailable(
+            "kiln-device was built without its `cuda` feature; rebuild with it".into(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +101,7 @@ mod tests {
     #[test]
     fn the_cpu_needs_no_wait() {
         assert!(synchronize(Device::Cpu).is_ok());
+        assert!(wait_idle(Device::Cpu).is_ok());
     }
 
     #[test]

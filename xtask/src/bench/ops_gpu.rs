@@ -11,7 +11,9 @@
 //! - ResNet18 training step at 224x224 (batch 256, quick: 32) under bf16 autocast with SGD
 //!   momentum, the model moved with `LayerExt::to_device`: ms per step and TFLOP/s against
 //!   kiln's own bf16 matmul 4096³ rate in the same run (see [`resnet18`]); then the same step
-//!   with the convolutions' column budget raised to hold the whole batch (time and peak).
+//!   with the convolutions' column budget raised to hold the whole batch (time and peak); then
+//!   where the step's time goes ([`breakdown`]): its parts, each waited for, and one step under
+//!   a synchronized `OpProfile`, by forward op and backward node kind.
 //!
 //! With `--vs-torch`, the matmuls and the ResNet18 step (default column budget) also run in
 //! PyTorch on the same device, timed the same way, in rounds alternating with kiln's (rows
@@ -397,7 +399,101 @@ fn resnet18(
             timed(kiln_device::ops::conv::DEFAULT_CUDA_CONV_COLUMN_BUDGET)
                 .map(|(step, _)| step * 1e3)
         },
-    )
+    )?;
+    let case = format!("gpu resnet18 224x224 batch {batch} train step");
+    let mut step_once = || -> Result<[Instant; 4], String> {
+        let wait = || kiln_device::synchronize(dev).map_err(err);
+        wait()?;
+        let start = Instant::now();
+        let loss = kiln_autograd::autocast(DType::BF16, || {
+            cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)
+        })
+        .map_err(err)??;
+        wait()?;
+        let forward = Instant::now();
+        loss.backward().map_err(err)?;
+        wait()?;
+        let backward = Instant::now();
+        opt.step().map_err(err)?;
+        opt.zero_grad(true).map_err(err)?;
+        wait()?;
+        Ok([start, forward, backward, Instant::now()])
+    };
+    breakdown(&case, dev, step, reps.min(3), &mut step_once, rows)
+}
+
+/// Where a GPU step's time goes, as rows: its parts (forward + loss, backward, optimizer), each
+/// waited for, medians of `rounds` steps of `step_once` (which returns the instants between
+/// them); then one step under a synchronized `OpProfile`, by op and node kind.
+fn breakdown(
+    case: &str,
+    dev: Device,
+    step: f64,
+    rounds: usize,
+    step_once: &mut dyn FnMut() -> Result<[Instant; 4], String>,
+    rows: &mut Vec<Row>,
+) -> Result<(), String> {
+    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..rounds.max(1) {
+        let t = step_once()?;
+        for (i, part) in parts.iter_mut().enumerate() {
+            part.push((t[i + 1] - t[i]).as_secs_f64() * 1e3);
+        }
+    }
+    let [forward, backward, optimizer] = parts.map(|mut t| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    });
+    let profile = kiln_autograd::OpProfile::start_synchronized(dev).map_err(err)?;
+    step_once()?;
+    let times = profile.finish();
+    rows.push(Row::new(
+        GROUP,
+        format!("{case}: parts, each waited for"),
+        "ms",
+        forward + backward + optimizer,
+        format!(
+            "forward + loss {forward:.1} / backward {backward:.1} / optimizer step + zero_grad \
+             {optimizer:.1} ms (medians); ratio = sum / step time {:.1} ms",
+            step * 1e3
+        ),
+        (forward + backward + optimizer) / (step * 1e3),
+    ));
+    for (what, list, part) in [
+        ("forward by op", &times.forward, forward),
+        ("backward by node", &times.backward, backward),
+    ] {
+        let (line, ms) = by_name_line(list);
+        eprintln!("bench ops: {case} {what}: {line}");
+        rows.push(Row::new(
+            GROUP,
+            format!("{case}: {what}, each waited for"),
+            "ms",
+            ms,
+            format!("{line}; ratio = share of the part ({part:.1} ms)"),
+            ms / part.max(f64::MIN_POSITIVE),
+        ));
+    }
+    Ok(())
+}
+
+/// Op or node kinds listed by name in a breakdown row (the rest are summed as "others").
+const TOP_KINDS: usize = 8;
+
+/// The slowest kinds of a profile list and the rest, one line (`Convolution 41.2 ms (20x),
+/// ...`), and the list's total ms.
+fn by_name_line(list: &[kiln_autograd::NodeTime]) -> (String, f64) {
+    let mut parts: Vec<String> = list
+        .iter()
+        .take(TOP_KINDS)
+        .map(|t| format!("{} {:.1} ms ({}x)", t.name, t.seconds * 1e3, t.calls))
+        .collect();
+    if list.len() > TOP_KINDS {
+        let rest: f64 = list.iter().skip(TOP_KINDS).map(|t| t.seconds).sum();
+        parts.push(format!("others {:.1} ms", rest * 1e3));
+    }
+    let total: f64 = list.iter().map(|t| t.seconds).sum();
+    (parts.join(", "), total * 1e3)
 }
 
 #[cfg(test)]
@@ -427,5 +523,64 @@ mod tests {
             random_operand(4, DType::F32, 2),
             random_operand(4, DType::F32, 1)
         );
+    }
+
+    #[test]
+    fn a_breakdown_reports_a_steps_parts_ops_and_nodes() {
+        // A CPU step stands in for the GPU's: waiting on the CPU is a no-op.
+        let x = Tensor::randn(&[2, 3, 8, 8], DType::F32, Device::Cpu).unwrap();
+        let w = Tensor::randn(&[4, 3, 3, 3], DType::F32, Device::Cpu).unwrap();
+        w.set_requires_grad(true).unwrap();
+        let mut step_once = || -> Result<[Instant; 4], String> {
+            let start = Instant::now();
+            let y = x.conv2d(&w, None, Default::default()).map_err(err)?;
+            let loss = y.relu().map_err(err)?.sum(&[], false).map_err(err)?;
+            let forward = Instant::now();
+            loss.backward().map_err(err)?;
+            let backward = Instant::now();
+            w.set_grad(None).map_err(err)?;
+            Ok([start, forward, backward, Instant::now()])
+        };
+        let mut rows = Vec::new();
+        breakdown("tiny", Device::Cpu, 1.0, 2, &mut step_once, &mut rows).unwrap();
+        assert_eq!(rows.len(), 3);
+        let json = serde_json::to_string(&rows).unwrap();
+        assert!(json.contains("tiny: parts, each waited for"), "{json}");
+        // One profiled step: each op and node once.
+        assert!(json.contains("Convolution"), "{json}");
+        assert!(json.contains("Relu") && json.contains("Sum"), "{json}");
+        assert!(json.contains("ConvolutionBackward"), "{json}");
+        assert!(json.contains("AccumulateGrad"), "{json}");
+    }
+
+    #[test]
+    fn a_breakdown_line_lists_the_slowest_kinds_and_sums_the_rest() {
+        let names = [
+            "Convolution",
+            "NativeBatchNorm",
+            "Relu",
+            "Add",
+            "MaxPool2DWithIndices",
+            "Mm",
+            "ToDtype",
+            "Sum",
+            "Mean",
+            "View",
+        ];
+        let list: Vec<kiln_autograd::NodeTime> = names
+            .iter()
+            .enumerate()
+            .map(|(i, &name)| kiln_autograd::NodeTime {
+                name,
+                calls: i as u64 + 1,
+                seconds: (10 - i) as f64 * 1e-3,
+            })
+            .collect();
+        let (line, ms) = by_name_line(&list);
+        assert!((ms - 55.0).abs() < 1e-9, "{ms}");
+        assert!(line.starts_with("Convolution 10.0 ms (1x), NativeBatchNorm 9.0 ms (2x)"));
+        // The eighth is listed, the last two (2 + 1 ms) are the rest.
+        assert!(line.ends_with("Sum 3.0 ms (8x), others 3.0 ms"), "{line}");
+        assert_eq!(by_name_line(&[]), (String::new(), 0.0));
     }
 }

@@ -12,8 +12,8 @@
 //!
 //! Rows per count: the step time, with its three parts and the speed-up over one thread in
 //! the reference column (`ratio` = speed-up / threads, the parallel efficiency: 1 is perfect
-//! scaling); the backward by node (`kiln_autograd::BackwardProfile` over the timed steps: the
-//! slowest node kinds, per step); one row per convolution pass (forward, input gradient,
+//! scaling); the forward by op and the backward by node (`kiln_autograd::OpProfile` over the
+//! timed steps: the slowest op and node kinds, per step); one row per convolution pass (forward, input gradient,
 //! weight gradient): each of the step's convolution shapes timed alone in the child's pool
 //! (`bench ops`' `pass_times`), times the number of the model's convolutions of that shape, the
 //! shapes listed; and with `--vs-torch` the kiln/PyTorch row of that count. A part, a node, a
@@ -23,7 +23,7 @@ use super::harness::{err, Options, Row};
 use super::ops::{pass_times, RESNET18_CONVS};
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
-use kiln_autograd::BackwardProfile;
+use kiln_autograd::OpProfile;
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::Layer;
 use kiln_optim::Optimizer;
@@ -34,8 +34,11 @@ const GROUP: &str = "threads";
 /// The hidden xtask subcommand a child process runs.
 pub const CHILD_COMMAND: &str = "bench-threads-child";
 
-/// Backward nodes listed by name in a row (the rest are summed as "others").
+/// Forward ops and backward nodes listed by name in a row (the rest are summed as "others").
 const TOP_NODES: usize = 5;
+
+/// Op or node kinds by name, slowest first: name, calls per step and ms per step.
+type ByName = Vec<(String, f64, f64)>;
 
 /// The three passes of a convolution, in this order.
 const PASSES: [&str; 3] = ["forward", "input gradient", "weight gradient"];
@@ -47,9 +50,11 @@ struct Split {
     forward: f64,
     backward: f64,
     optimizer: f64,
-    /// The backward's nodes by name (`kiln_autograd::BackwardProfile`), slowest first: name,
-    /// calls per step and ms per step (means over the timed steps).
-    nodes: Vec<(String, f64, f64)>,
+    /// The forward's ops by name (`kiln_autograd::OpProfile`, self time), means over the timed
+    /// steps.
+    ops: ByName,
+    /// The backward's nodes by name, means over the timed steps.
+    nodes: ByName,
     /// Per distinct convolution shape of the step: its name, how many of the model's
     /// convolutions have it, and the best ms of each pass alone ([`PASSES`]).
     conv: Vec<(String, usize, [f64; 3])>,
@@ -66,31 +71,31 @@ impl Split {
             "forward_ms": self.forward,
             "backward_ms": self.backward,
             "optimizer_ms": self.optimizer,
+            "forward_ops": self.ops,
             "backward_nodes": self.nodes,
             "conv_passes": self.conv,
         })
         .to_string()
     }
 
-    /// The slowest nodes and the rest, one line: `ConvolutionBackward 120.3 ms (20x), ...`.
-    fn nodes_line(&self) -> String {
-        let mut parts: Vec<String> = self
-            .nodes
+    /// The slowest kinds and the rest, one line: `ConvolutionBackward 120.3 ms (20x), ...`.
+    fn line(list: &ByName) -> String {
+        let mut parts: Vec<String> = list
             .iter()
             .take(TOP_NODES)
             .map(|(name, calls, ms)| format!("{name} {ms:.1} ms ({calls:.0}x)"))
             .collect();
-        let rest: f64 = self.nodes.iter().skip(TOP_NODES).map(|n| n.2).sum();
-        if self.nodes.len() > TOP_NODES {
+        let rest: f64 = list.iter().skip(TOP_NODES).map(|n| n.2).sum();
+        if list.len() > TOP_NODES {
             parts.push(format!("others {rest:.1} ms"));
         }
         parts.join(", ")
     }
 
-    /// ms per step inside nodes and the engine's sums (the rest of the backward is the
-    /// engine's bookkeeping).
-    fn nodes_ms(&self) -> f64 {
-        self.nodes.iter().map(|n| n.2).sum()
+    /// ms per step inside the listed kinds (the rest of the forward is what no op times: views,
+    /// layers' glue; of the backward, the engine's bookkeeping).
+    fn sum_ms(list: &ByName) -> f64 {
+        list.iter().map(|n| n.2).sum()
     }
 
     /// ms per step of convolution pass `pass` ([`PASSES`]) over the model's convolutions.
@@ -125,15 +130,17 @@ impl Split {
                 .filter(|x| x.is_finite() && *x >= 0.0)
                 .ok_or_else(|| format!("no `{key}` in {line}"))
         };
-        let nodes = v["backward_nodes"]
-            .as_array()
-            .ok_or_else(|| format!("no `backward_nodes` in {line}"))?
-            .iter()
-            .map(|n| match (n[0].as_str(), n[1].as_f64(), n[2].as_f64()) {
-                (Some(name), Some(calls), Some(ms)) => Ok((name.to_string(), calls, ms)),
-                _ => Err(format!("a backward node is not [name, calls, ms]: {n}")),
-            })
-            .collect::<Result<_, _>>()?;
+        let by_name = |key: &str| -> Result<ByName, String> {
+            v[key]
+                .as_array()
+                .ok_or_else(|| format!("no `{key}` in {line}"))?
+                .iter()
+                .map(|n| match (n[0].as_str(), n[1].as_f64(), n[2].as_f64()) {
+                    (Some(name), Some(calls), Some(ms)) => Ok((name.to_string(), calls, ms)),
+                    _ => Err(format!("an entry of `{key}` is not [name, calls, ms]: {n}")),
+                })
+                .collect()
+        };
         let ms = |v: &serde_json::Value| v.as_f64().filter(|x| x.is_finite() && *x >= 0.0);
         let conv = v["conv_passes"]
             .as_array()
@@ -161,7 +168,8 @@ impl Split {
             forward: part("forward_ms")?,
             backward: part("backward_ms")?,
             optimizer: part("optimizer_ms")?,
-            nodes,
+            ops: by_name("forward_ops")?,
+            nodes: by_name("backward_nodes")?,
             conv,
         })
     }
@@ -207,19 +215,21 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
             format!("{parts}; speed-up over 1 thread {speedup:.2} (ratio = speed-up / threads)"),
             speedup / threads as f64,
         ));
-        eprintln!("bench threads: backward by node: {}", split.nodes_line());
-        rows.push(Row::new(
-            GROUP,
-            format!("{case}: backward by node"),
-            "ms",
-            split.nodes_ms(),
-            format!(
-                "{}; ratio = share of the backward ({:.1} ms) inside nodes and the engine's sums",
-                split.nodes_line(),
-                split.backward
-            ),
-            split.nodes_ms() / split.backward.max(f64::MIN_POSITIVE),
-        ));
+        for (what, list, part) in [
+            ("forward by op", &split.ops, split.forward),
+            ("backward by node", &split.nodes, split.backward),
+        ] {
+            let (line, ms) = (Split::line(list), Split::sum_ms(list));
+            eprintln!("bench threads: {what}: {line}");
+            rows.push(Row::new(
+                GROUP,
+                format!("{case}: {what}"),
+                "ms",
+                ms,
+                format!("{line}; ratio = share of the part ({part:.1} ms) listed"),
+                ms / part.max(f64::MIN_POSITIVE),
+            ));
+        }
         for (pass, name) in PASSES.iter().enumerate() {
             let ms = split.pass_ms(pass);
             let speedup = first.pass_ms(pass) / ms.max(f64::MIN_POSITIVE);
@@ -313,8 +323,8 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
     let mut profile = None;
     for step in 0..=steps {
         if step == 1 {
-            // After the warm-up step: the timed steps' backward by node.
-            profile = Some(BackwardProfile::start().map_err(err)?);
+            // After the warm-up step: the timed steps' ops and nodes.
+            profile = Some(OpProfile::start().map_err(err)?);
         }
         let start = Instant::now();
         let loss = cross_entropy(&model.forward(&x).map_err(err)?, &y, &ce).map_err(err)?;
@@ -336,21 +346,25 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         t.sort_by(f64::total_cmp);
         t[t.len() / 2]
     });
-    let per_step = steps as f64;
-    let nodes = profile
-        .map(BackwardProfile::finish)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|t| {
-            let (calls, ms) = (t.calls as f64 / per_step, t.seconds * 1e3 / per_step);
-            (t.name.to_string(), calls, ms)
-        })
-        .collect();
+    let times = profile.map(OpProfile::finish).unwrap_or_default();
+    let per_step = |list: Vec<kiln_autograd::NodeTime>| -> ByName {
+        let steps = steps as f64;
+        list.into_iter()
+            .map(|t| {
+                (
+                    t.name.to_string(),
+                    t.calls as f64 / steps,
+                    t.seconds * 1e3 / steps,
+                )
+            })
+            .collect()
+    };
     let split = Split {
         forward,
         backward,
         optimizer,
-        nodes,
+        ops: per_step(times.forward),
+        nodes: per_step(times.backward),
         conv: match passes {
             Passes::Timed => conv_passes(batch, steps.min(3))?,
             Passes::Skipped => Vec::new(),
@@ -423,6 +437,7 @@ mod tests {
         let nodes = (0..7)
             .map(|i| (format!("Node{i}"), 2.0, 7.0 - i as f64))
             .collect();
+        let ops = vec![("Convolution".to_string(), 20.0, 1.25)];
         let conv = vec![
             ("wide".to_string(), 4, [1.0, 2.0, 3.0]),
             ("deep".to_string(), 3, [0.5, 0.25, 2.5]),
@@ -431,6 +446,7 @@ mod tests {
             forward: 1.5,
             backward: 30.0,
             optimizer: 0.5,
+            ops,
             nodes,
             conv,
         };
@@ -438,8 +454,10 @@ mod tests {
         assert_eq!(Split::from_output(&out), Ok(split.clone()));
         assert_eq!(split.total(), 32.0);
         // The five slowest by name, the last two (2 + 1 ms) as the rest.
-        assert_eq!(split.nodes_ms(), 28.0);
-        let line = split.nodes_line();
+        assert_eq!(Split::sum_ms(&split.nodes), 28.0);
+        assert_eq!(Split::sum_ms(&split.ops), 1.25);
+        assert_eq!(Split::line(&split.ops), "Convolution 1.2 ms (20x)");
+        let line = Split::line(&split.nodes);
         assert!(
             line.starts_with("Node0 7.0 ms (2x), Node1 6.0 ms (2x)"),
             "{line}"
@@ -454,8 +472,8 @@ mod tests {
         assert!(Split::from_output("no figures\n")
             .unwrap_err()
             .contains("no figures"));
-        let negative =
-            r#"{"forward_ms": -1, "backward_ms": 1, "optimizer_ms": 1, "backward_nodes": []}"#;
+        let negative = r#"{"forward_ms": -1, "backward_ms": 1, "optimizer_ms": 1,
+            "forward_ops": [], "backward_nodes": []}"#;
         assert!(Split::from_output(negative)
             .unwrap_err()
             .contains("forward_ms"));
@@ -464,5 +482,9 @@ mod tests {
         assert_ne!(bad_pass, json, "{json}");
         let e = Split::from_output(&bad_pass).unwrap_err();
         assert!(e.contains("a convolution is not"), "{e}");
+        let bad_op = json.replace(r#"["Convolution",20.0,1.25]"#, r#"["Convolution",20.0]"#);
+        assert_ne!(bad_op, json, "{json}");
+        let e = Split::from_output(&bad_op).unwrap_err();
+        assert!(e.contains("an entry of `forward_ops`"), "{e}");
     }
 }

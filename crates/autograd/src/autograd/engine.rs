@@ -15,7 +15,7 @@
 
 use super::grad_mode::NoGradGuard;
 use super::graph::{Edge, Node};
-use super::profile::{self, BackwardProfile};
+use super::profile::{self, OpProfile};
 use crate::tensor::{fmt_shape, Tensor};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -129,7 +129,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                             let summed = match leaf_buffers.remove(&k) {
                                 None => g,
                                 Some(prev) => {
-                                    profile::timed(BackwardProfile::GRADIENT_SUM, || prev.add(&g))?
+                                    profile::timed(OpProfile::GRADIENT_SUM, || prev.add(&g))?
                                 }
                             };
                             leaf_buffers.insert(k, summed);
@@ -141,9 +141,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                     *count -= 1;
                     if *count == 0 {
                         if let Some(g) = leaf_buffers.remove(&k) {
-                            profile::timed(BackwardProfile::ACCUMULATE_GRAD, || {
-                                finish_leaf(leaf, g)
-                            })?;
+                            profile::timed(OpProfile::ACCUMULATE_GRAD, || finish_leaf(leaf, g))?;
                         }
                     }
                 }
@@ -152,9 +150,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                     if let Some(g) = g {
                         let summed = match buffers.remove(&k) {
                             None => g,
-                            Some(prev) => {
-                                profile::timed(BackwardProfile::GRADIENT_SUM, || prev.add(&g))?
-                            }
+                            Some(prev) => profile::timed(OpProfile::GRADIENT_SUM, || prev.add(&g))?,
                         };
                         buffers.insert(k, summed);
                     }

@@ -122,7 +122,7 @@ impl Tensor {
 
     /// 2-D max pooling over `[N, C, H, W]` or `[C, H, W]`.
     pub fn max_pool2d(&self, params: MaxPool2dParams) -> Result<Tensor> {
-        self.pool2d("max_pool2d", |shape| {
+        self.pool2d("max_pool2d", "MaxPool2DWithIndicesBackward", |shape| {
             Ok(Pool2d::Max(
                 MaxPool2dGeometry::new(shape, params).map_err(kiln_device::Error::from)?,
             ))
@@ -131,7 +131,7 @@ impl Tensor {
 
     /// 2-D average pooling over `[N, C, H, W]` or `[C, H, W]`.
     pub fn avg_pool2d(&self, params: AvgPool2dParams) -> Result<Tensor> {
-        self.pool2d("avg_pool2d", |shape| {
+        self.pool2d("avg_pool2d", "AvgPool2DBackward", |shape| {
             Ok(Pool2d::Avg(
                 AvgPool2dGeometry::new(shape, params).map_err(kiln_device::Error::from)?,
             ))
@@ -140,23 +140,32 @@ impl Tensor {
 
     /// Adaptive average pooling of `[N, C, H, W]` or `[C, H, W]` to `output_size` `[H_out, W_out]`.
     pub fn adaptive_avg_pool2d(&self, output_size: [usize; 2]) -> Result<Tensor> {
-        self.pool2d("adaptive_avg_pool2d", |shape| {
-            Ok(Pool2d::AdaptiveAvg(
-                AdaptiveAvgPool2dGeometry::new(shape, output_size)
-                    .map_err(kiln_device::Error::from)?,
-            ))
-        })
+        self.pool2d(
+            "adaptive_avg_pool2d",
+            "AdaptiveAvgPool2DBackward",
+            |shape| {
+                Ok(Pool2d::AdaptiveAvg(
+                    AdaptiveAvgPool2dGeometry::new(shape, output_size)
+                        .map_err(kiln_device::Error::from)?,
+                ))
+            },
+        )
     }
 
+    /// Pooling op `op` (its name in errors) recording node `name`.
     fn pool2d(
         &self,
         op: &'static str,
+        name: &'static str,
         geometry: impl FnOnce([usize; 4]) -> Result<Pool2d>,
     ) -> Result<Tensor> {
-        let _op = crate::autograd::attribution::forward_op(op);
+        let _op = crate::autograd::attribution::forward_op(name);
         self.check_float(op)?;
         if self.rank() == 3 {
-            return self.unsqueeze(0)?.pool2d(op, geometry)?.squeeze_dim(0);
+            return self
+                .unsqueeze(0)?
+                .pool2d(op, name, geometry)?
+                .squeeze_dim(0);
         }
         let shape = dims4(op, "input", "[N, C, H, W] (or 3-D [C, H, W])", self)?;
         let pool = geometry(shape)?;
@@ -168,11 +177,6 @@ impl Tensor {
         };
         let out = Tensor::from_storage(storage, &out_shape, None);
         let indices = indices.map(|s| grad_tensor(s, &out_shape));
-        let name = match pool {
-            Pool2d::Max(_) => "MaxPool2DWithIndicesBackward",
-            Pool2d::Avg(_) => "AvgPool2DBackward",
-            Pool2d::AdaptiveAvg(_) => "AdaptiveAvgPool2DBackward",
-        };
         let node = Tensor::grad_node(name, &[self], |_| {
             let input_shape = shape;
             Box::new(move |g| {
