@@ -293,6 +293,50 @@ def gpu_resnet_step(batch, reps):
     return lambda: gpu_per_call(step, 0, reps) * 1e3
 
 
+# ResNet18's distinct convolutions at 224x224, as the bench's `RESNET18_224_CONVS`:
+# (C_in, C_out, input size, kernel, stride, uses in the model); padding is kernel // 2.
+RESNET18_224_CONVS = [
+    (3, 64, 224, 7, 2, 1),
+    (64, 64, 56, 3, 1, 4),
+    (64, 128, 56, 3, 2, 1),
+    (128, 128, 28, 3, 1, 3),
+    (64, 128, 56, 1, 2, 1),
+    (128, 256, 28, 3, 2, 1),
+    (256, 256, 14, 3, 1, 3),
+    (128, 256, 28, 1, 2, 1),
+    (256, 512, 14, 3, 2, 1),
+    (512, 512, 7, 3, 1, 3),
+    (256, 512, 14, 1, 2, 1),
+]
+
+
+def gpu_conv_passes(batch, reps):
+    """ms of ResNet18's convolutions pass by pass alone in bf16 (cuDNN): each shape's forward,
+    input gradient and weight gradient timed as the bench's `per_call`, times its uses."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    cases = []
+    for cin, cout, size, k, stride, uses in RESNET18_224_CONVS:
+        def normal(*shape):
+            return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+        x, w = normal(batch, cin, size, size), normal(cout, cin, k, k)
+        g = normal(*F.conv2d(x, w, stride=stride, padding=k // 2).shape)
+        cases.append((x, w, g, stride, k // 2, uses))
+
+    def total():
+        ms = 0.0
+        for x, w, g, stride, pad, uses in cases:
+            passes = (
+                lambda: F.conv2d(x, w, stride=stride, padding=pad),
+                lambda: torch.nn.grad.conv2d_input(x.shape, w, g, stride=stride, padding=pad),
+                lambda: torch.nn.grad.conv2d_weight(x, w.shape, g, stride=stride, padding=pad),
+            )
+            ms += uses * sum(gpu_per_call(p, 0, reps) for p in passes) * 1e3
+        return ms
+
+    return total
+
+
 def gpt2_small_lens():
     """The bench's `gpt2-small` gradient set (its 148 parameter sizes)."""
     d, v = 768, [50257 * 768, 1024 * 768]
@@ -345,6 +389,8 @@ def set_up_gpu(name, arg, quick):
         return gpu_matmul(arg, torch.bfloat16, reps), "GFLOP/s"
     if name == "gpu_resnet18_224_step_bf16":
         return gpu_resnet_step(arg, 2 if quick else 10), "ms"
+    if name == "gpu_conv_passes_bf16":
+        return gpu_conv_passes(arg, 2 if quick else 10), "ms"
     for prefix, make in (("gpu_adamw_", gpu_adamw), ("gpu_clip_", gpu_clip)):
         if name.startswith(prefix) and name[len(prefix):] in GPU_SETS:
             return make(GPU_SETS[name[len(prefix):]](), round_s), "ms"

@@ -25,6 +25,7 @@ mod distributed_parts;
 mod harness;
 mod ops;
 mod ops_gpu;
+mod ops_gpu_conv;
 mod optim;
 mod optim_gpu;
 pub mod threads;

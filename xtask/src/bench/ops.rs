@@ -215,6 +215,45 @@ pub(super) const RESNET18_CONVS: &[ConvCase] = &[
     )),
 ];
 
+/// Every distinct convolution of ResNet18 with its 7x7 stride-2 stem on 224x224 images.
+pub(super) const RESNET18_224_CONVS: &[ConvCase] = &[
+    case(("conv1_3to64_7x7s2_224px", 3, 64, 224, 7, 2, 1)),
+    case(("layer1_64to64_3x3_56px", 64, 64, 56, 3, 1, 4)),
+    case(("layer2.0.conv1_64to128_3x3s2_56px", 64, 128, 56, 3, 2, 1)),
+    case(("layer2_128to128_3x3_28px", 128, 128, 28, 3, 1, 3)),
+    case((
+        "layer2.0.downsample_64to128_1x1s2_56px",
+        64,
+        128,
+        56,
+        1,
+        2,
+        1,
+    )),
+    case(("layer3.0.conv1_128to256_3x3s2_28px", 128, 256, 28, 3, 2, 1)),
+    case(("layer3_256to256_3x3_14px", 256, 256, 14, 3, 1, 3)),
+    case((
+        "layer3.0.downsample_128to256_1x1s2_28px",
+        128,
+        256,
+        28,
+        1,
+        2,
+        1,
+    )),
+    case(("layer4.0.conv1_256to512_3x3s2_14px", 256, 512, 14, 3, 2, 1)),
+    case(("layer4_512to512_3x3_7px", 512, 512, 7, 3, 1, 3)),
+    case((
+        "layer4.0.downsample_256to512_1x1s2_14px",
+        256,
+        512,
+        14,
+        1,
+        2,
+        1,
+    )),
+];
+
 fn conv2d(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     let batch = 32;
     let reference_batch = if options.quick { 1 } else { 2 };

@@ -13,7 +13,8 @@
 //!   kiln's own bf16 matmul 4096³ rate in the same run (see [`resnet18`]); then the same step
 //!   with the convolutions' column budget raised to hold the whole batch (time and peak); then
 //!   where the step's time goes ([`breakdown`]): its parts, each waited for, and one step under
-//!   a synchronized `OpProfile`, by forward op and backward node kind.
+//!   a synchronized `OpProfile`, by forward op and backward node kind; then each of its
+//!   convolution shapes pass by pass (`ops_gpu_conv.rs`).
 //!
 //! With `--vs-torch`, the matmuls and the ResNet18 step (default column budget) also run in
 //! PyTorch on the same device, timed the same way, in rounds alternating with kiln's (rows
@@ -23,6 +24,8 @@
 //! queue asynchronously; only the synchronisation waits), best of three such rounds.
 
 use super::harness::{err, Options, Row};
+use super::ops::RESNET18_224_CONVS;
+use super::ops_gpu_conv::{conv_pass_rows, per_call_with};
 use super::torch::{Figure, Pairs};
 use kiln_alloc_cache::synth::SplitMix64;
 use kiln_autograd::{DType, Device, Generator, Tensor};
@@ -82,20 +85,9 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
 fn per_call(
     stream: &Arc<CudaStream>,
     reps: usize,
-    mut f: impl FnMut() -> Result<(), String>,
+    f: impl FnMut() -> Result<(), String>,
 ) -> Result<f64, String> {
-    f()?;
-    stream.synchronize().map_err(err)?;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let start = Instant::now();
-        for _ in 0..reps {
-            f()?;
-        }
-        stream.synchronize().map_err(err)?;
-        best = best.min(start.elapsed().as_secs_f64() / reps as f64);
-    }
-    Ok(best)
+    per_call_with(|| stream.synchronize().map_err(err), reps, f)
 }
 
 fn matmul(
@@ -419,7 +411,9 @@ fn resnet18(
         wait()?;
         Ok([start, forward, backward, Instant::now()])
     };
-    breakdown(&case, dev, step, reps.min(3), &mut step_once, rows)
+    breakdown(&case, dev, step, reps.min(3), &mut step_once, rows)?;
+    let convs = RESNET18_224_CONVS;
+    conv_pass_rows(convs, dev, DType::BF16, batch, reps, mm_tf, rows, pairs)
 }
 
 /// Where a GPU step's time goes, as rows: its parts (forward + loss, backward, optimizer), each

@@ -256,8 +256,9 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && wanted xtask-bench; then
         cp "$report" "$OUT/gpu-bench.json"
         find "$LOGS/bench" -name report.md -exec cp {} "$OUT/gpu-bench.md" \;
         log "PASS  xtask bench --gpu-only --vs-torch  (${secs}s)  -> gpu-bench.json, gpu-bench.md"
-        # Where the ResNet step's time goes (forward by op, backward by node), for a first look.
-        grep -E '^bench ops: gpu .*(by op|by node):' "$LOGS/bench.log" | sed 's/^/      /' \
+        # Where the ResNet step's time goes (forward by op, backward by node, the convolutions'
+        # passes alone), for a first look.
+        grep -E '^bench ops: gpu .*(by op|by node|passes alone)' "$LOGS/bench.log" | sed 's/^/      /' \
             | tee -a "$OUT/summary.txt"
     fi
 fi
