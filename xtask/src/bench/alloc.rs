@@ -38,8 +38,8 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
 }
 
 /// `--gpu`: a cache-hit pair through kiln's allocator on `CudaBackend` against a
-/// `cuMemAlloc`+`cuMemFree` pair, for 1 KiB and 4 MiB, on cuda:0. Without a device it says why
-/// and reports no row.
+/// `cuMemAlloc`+`cuMemFree` pair, for 1 KiB and 4 MiB, on cuda:0, with the same hit through the
+/// host backend on the same machine beside it. Without a device it says why and reports no row.
 fn gpu_hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     use kiln_device::cuda::cudarc::driver::result;
     use kiln_device::cuda::CudaBackend;
@@ -58,9 +58,16 @@ fn gpu_hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String>
     } else {
         (50_000, 200)
     };
+    // The same pairs through the host backend on this machine: whether a slower hit here is
+    // the machine's or the CUDA backend's.
+    let host = Arc::new(
+        CachingAllocator::new(HostBackend::new(), AllocatorConfig::default()).map_err(err)?,
+    );
     for (label, size) in [("1KiB", 1024usize), ("4MiB", 4 * MIB)] {
         let (neighbour, p50, p99) = hit_pairs(&alloc, size, samples)?;
         drop(neighbour);
+        let (host_neighbour, host50, _) = hit_pairs(&host, size, samples)?;
+        drop(host_neighbour);
         // Driver pairs are slow (tens of microseconds): time each one on its own.
         let mut t = Vec::with_capacity(driver_samples);
         for _ in 0..driver_samples {
@@ -80,7 +87,10 @@ fn gpu_hit_latency(options: &Options, rows: &mut Vec<Row>) -> Result<(), String>
             &case,
             "p50_ns",
             p50,
-            format!("cuMemAlloc+cuMemFree p50 {driver50:.0} ns"),
+            format!(
+                "cuMemAlloc+cuMemFree p50 {driver50:.0} ns; the same hit through the host \
+                 backend here {host50:.0} ns"
+            ),
             driver50 / p50,
         ));
         rows.push(Row::new(
