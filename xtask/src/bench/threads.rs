@@ -1,6 +1,6 @@
 //! The `threads` benchmark group (issue 16): how the CPU training step scales with the thread
-//! count, split into its forward, backward and clip + optimizer parts, next to PyTorch at the
-//! same count with `--vs-torch`.
+//! count, split into its forward, backward and clip + optimizer parts (the clip also alone),
+//! next to PyTorch at the same count with `--vs-torch`.
 //!
 //! The case is the `train` group's ResNet-18 CIFAR step (32x32, batch 32, quick: 4; SGD with
 //! momentum, `clip_grad_norm_(1.0)`). kiln's pool is built once per process, so each thread
@@ -49,7 +49,10 @@ const PASSES: [&str; 3] = ["forward", "input gradient", "weight gradient"];
 struct Split {
     forward: f64,
     backward: f64,
+    /// `clip_grad_norm_`, the optimizer step and `zero_grad` together.
     optimizer: f64,
+    /// `clip_grad_norm_` alone (its median; part of `optimizer`).
+    clip: f64,
     /// The forward's ops by name (`kiln_autograd::OpProfile`, self time), means over the timed
     /// steps.
     ops: ByName,
@@ -71,6 +74,7 @@ impl Split {
             "forward_ms": self.forward,
             "backward_ms": self.backward,
             "optimizer_ms": self.optimizer,
+            "clip_ms": self.clip,
             "forward_ops": self.ops,
             "backward_nodes": self.nodes,
             "conv_passes": self.conv,
@@ -168,6 +172,7 @@ impl Split {
             forward: part("forward_ms")?,
             backward: part("backward_ms")?,
             optimizer: part("optimizer_ms")?,
+            clip: part("clip_ms")?,
             ops: by_name("forward_ops")?,
             nodes: by_name("backward_nodes")?,
             conv,
@@ -202,8 +207,8 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         let ms = split.total();
         let speedup = first.total() / ms;
         let parts = format!(
-            "forward {:.1} / backward {:.1} / clip + step {:.1} ms",
-            split.forward, split.backward, split.optimizer
+            "forward {:.1} / backward {:.1} / clip + step {:.1} ms (the clip {:.1})",
+            split.forward, split.backward, split.optimizer, split.clip
         );
         eprintln!("bench threads: {threads} thread(s): {parts}");
         let case = format!("resnet18 32x32 batch {batch} step on {threads} thread(s)");
@@ -319,7 +324,7 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
     kiln_autograd::manual_seed(0);
     let (model, params, mut opt, x, y) = resnet_setup(Resnet { size: 32, batch })?;
     let ce = CrossEntropyOptions::default();
-    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    let mut parts = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let mut profile = None;
     for step in 0..=steps {
         if step == 1 {
@@ -332,6 +337,7 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         loss.backward().map_err(err)?;
         let backward = start.elapsed();
         kiln_optim::clip_grad_norm_(&params, 1.0, 2.0, false).map_err(err)?;
+        let clipped = start.elapsed();
         opt.step().map_err(err)?;
         opt.zero_grad(true).map_err(err)?;
         if step > 0 {
@@ -340,9 +346,10 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
             parts[0].push(ms(forward));
             parts[1].push(ms(backward - forward));
             parts[2].push(ms(start.elapsed() - backward));
+            parts[3].push(ms(clipped - backward));
         }
     }
-    let [forward, backward, optimizer] = parts.map(|mut t| {
+    let [forward, backward, optimizer, clip] = parts.map(|mut t| {
         t.sort_by(f64::total_cmp);
         t[t.len() / 2]
     });
@@ -363,6 +370,7 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         forward,
         backward,
         optimizer,
+        clip,
         ops: per_step(times.forward),
         nodes: per_step(times.backward),
         conv: match passes {
@@ -446,6 +454,7 @@ mod tests {
             forward: 1.5,
             backward: 30.0,
             optimizer: 0.5,
+            clip: 0.25,
             ops,
             nodes,
             conv,
@@ -472,7 +481,7 @@ mod tests {
         assert!(Split::from_output("no figures\n")
             .unwrap_err()
             .contains("no figures"));
-        let negative = r#"{"forward_ms": -1, "backward_ms": 1, "optimizer_ms": 1,
+        let negative = r#"{"forward_ms": -1, "backward_ms": 1, "optimizer_ms": 1, "clip_ms": 1,
             "forward_ops": [], "backward_nodes": []}"#;
         assert!(Split::from_output(negative)
             .unwrap_err()
