@@ -67,6 +67,21 @@ fn a_profile_counts_every_op_node_and_sum_of_one_step() {
     assert_eq!(empty.finish(), Default::default());
     // A dropped profile stops recording too.
     drop(OpProfile::start().unwrap());
+    // A device that cannot be waited for is refused by name, and nothing records.
+    if let Some(reason) = kiln_device::cuda_status().reason() {
+        let e = OpProfile::start_synchronized(Device::Cuda(0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.to_lowercase().contains("cuda"), "{e} ({reason})");
+    }
+    let e = OpProfile::start_synchronized(Device::Cuda(4096))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("4096") || e.to_lowercase().contains("cuda"),
+        "{e}"
+    );
+    drop(OpProfile::start().unwrap());
     // Waiting on the CPU changes nothing but the name.
     let profile = OpProfile::start_synchronized(Device::Cpu).unwrap();
     build().backward().unwrap();

@@ -107,8 +107,10 @@ impl OpProfile {
 
     /// Starts recording, waiting for `device`'s queued work at the start and end of every op
     /// and node, so that on CUDA each time is the device's (see the module doc). On the CPU it
-    /// is [`OpProfile::start`]. An error if another profile is recording.
+    /// is [`OpProfile::start`]. An error if another profile is recording, or if `device` cannot
+    /// be waited for (no CUDA, no such device: the error names it).
     pub fn start_synchronized(device: Device) -> Result<Self> {
+        kiln_device::wait_idle(device)?;
         Self::begin(Some(device))
     }
 
