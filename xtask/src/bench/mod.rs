@@ -19,6 +19,7 @@ mod alloc;
 mod alloc_traces;
 mod clip;
 mod clip_gpu;
+mod conv_shapes;
 mod distributed;
 pub mod distributed_mpi;
 mod distributed_parts;

@@ -23,8 +23,8 @@
 //! Timing: one warm-up, then `reps` launches between two stream synchronisations (kiln's ops
 //! queue asynchronously; only the synchronisation waits), best of three such rounds.
 
+use super::conv_shapes::RESNET18_224_CONVS;
 use super::harness::{err, Options, Row};
-use super::ops::RESNET18_224_CONVS;
 use super::ops_gpu_conv::{conv_pass_rows, per_call_with};
 use super::torch::{Figure, Pairs};
 use kiln_alloc_cache::synth::SplitMix64;

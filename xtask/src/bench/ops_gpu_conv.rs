@@ -12,8 +12,8 @@
 //! (`gpu_conv_passes_bf16` in `torch_bench.py`: `F.conv2d` and `torch.nn.grad`'s input and
 //! weight gradients, cuDNN's passes) in rounds alternating with kiln's.
 
+use super::conv_shapes::ConvCase;
 use super::harness::{err, Row};
-use super::ops::ConvCase;
 use super::torch::{Figure, Pairs};
 use kiln_autograd::{DType, Device, Generator, Tensor};
 use kiln_device::ops::conv::{Conv2dGeometry, ConvOps};
@@ -186,7 +186,7 @@ pub(super) fn conv_pass_rows(
 
 #[cfg(test)]
 mod tests {
-    use super::super::ops::RESNET18_224_CONVS;
+    use super::super::conv_shapes::RESNET18_224_CONVS;
     use super::*;
 
     #[test]

@@ -19,8 +19,9 @@
 //! shapes listed; and with `--vs-torch` the kiln/PyTorch row of that count. A part, a node, a
 //! pass or a shape that stops shrinking as threads are added is where the step stops scaling.
 
+use super::conv_shapes::RESNET18_CONVS;
 use super::harness::{err, Options, Row};
-use super::ops::{pass_times, RESNET18_CONVS};
+use super::ops::pass_times;
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
 use kiln_autograd::OpProfile;
