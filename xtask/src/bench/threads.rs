@@ -13,11 +13,12 @@
 //! Rows per count: the step time, with its three parts and the speed-up over one thread in
 //! the reference column (`ratio` = speed-up / threads, the parallel efficiency: 1 is perfect
 //! scaling); the forward by op and the backward by node (`kiln_autograd::OpProfile` over the
-//! timed steps: the slowest op and node kinds, per step); one row per convolution pass (forward, input gradient,
-//! weight gradient): each of the step's convolution shapes timed alone in the child's pool
-//! (`bench ops`' `pass_times`), times the number of the model's convolutions of that shape, the
-//! shapes listed; and with `--vs-torch` the kiln/PyTorch row of that count. A part, a node, a
-//! pass or a shape that stops shrinking as threads are added is where the step stops scaling.
+//! timed steps: the slowest op and node kinds, per step); one row per convolution pass
+//! (forward, input gradient, weight gradient): each of the step's convolution shapes timed
+//! alone in the child's pool (`bench ops`' `pass_times`), times the number of the model's
+//! convolutions of that shape, the shapes listed; and with `--vs-torch` the kiln/PyTorch row of
+//! that count. A part, an op, a node, a pass or a shape that stops shrinking as threads are
+//! added is where the step stops scaling.
 
 use super::conv_shapes::RESNET18_CONVS;
 use super::harness::{err, Options, Row};
