@@ -10,10 +10,12 @@
 #      and runs each test binary (KILN_ONLY=A,B: those whose names contain A or B), logging to
 #      $OUT/logs/test-<name>.log; KILN_SANITIZE=TOOL runs them under compute-sanitizer;
 #   4. runs `xtask bench --gpu-only --vs-torch` (when this build has a bench command): the CUDA
-#      cases of every group (matmul vs cuBLAS, bandwidth, ResNet18 step, allocator hit vs
-#      cuMemAlloc, fused clip and optimizer steps vs copy bandwidth) and, where python3 has
-#      torch, the same matmul, step, AdamW and clip cases in PyTorch on the same GPU; none of the
-#      CPU cases; the report is copied to $OUT/gpu-bench.json and gpu-bench.md;
+#      cases of every group (matmul vs cuBLAS, bandwidth, ResNet18 step and where its time
+#      goes, allocator hit vs cuMemAlloc, fused clip and optimizer steps vs copy bandwidth)
+#      and, where python3 has torch, the same matmul, step, convolution, AdamW and clip cases in
+#      PyTorch on the same GPU; none of the CPU cases; the report is copied to
+#      $OUT/gpu-bench.json and gpu-bench.md (also when a case failed), the step's breakdown
+#      lines to summary.txt;
 #   5. runs `xtask bench $KILN_CPU_BENCH --vs-torch` on the machine's CPU (default `threads`:
 #      the CPU training step at 1, 2, 4, ... threads up to the cores, next to PyTorch at the
 #      same count; KILN_CPU_BENCH= skips it), report in $OUT/cpu-bench.json and cpu-bench.md;
@@ -243,6 +245,12 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && wanted xtask-bench; then
     rc=$?
     secs=$(($(date +%s) - t0))
     report="$(find "$LOGS/bench" -name report.json 2>/dev/null | head -n 1)"
+    # A bench with a failed case still writes its report (the failed rows say why, the others
+    # keep their figures): copy it either way.
+    if [ -n "$report" ]; then
+        cp "$report" "$OUT/gpu-bench.json"
+        find "$LOGS/bench" -name report.md -exec cp {} "$OUT/gpu-bench.md" \;
+    fi
     if grep -q 'unknown command `bench`' "$LOGS/bench.log"; then
         log "SKIP  bench: this build's xtask has no bench command yet"
     elif [ $rc -ne 0 ]; then
@@ -253,14 +261,12 @@ if [ -x "$BIN/xtask" ] && [ -z "$SANITIZE" ] && wanted xtask-bench; then
         log "FAIL  xtask bench --gpu-only wrote no report.json  -> logs/bench.log"
         FAILS=$((FAILS + 1))
     else
-        cp "$report" "$OUT/gpu-bench.json"
-        find "$LOGS/bench" -name report.md -exec cp {} "$OUT/gpu-bench.md" \;
         log "PASS  xtask bench --gpu-only --vs-torch  (${secs}s)  -> gpu-bench.json, gpu-bench.md"
-        # Where the ResNet step's time goes (forward by op, backward by node, the convolutions'
-        # passes alone), for a first look.
-        grep -E '^bench ops: gpu .*(by op|by node|passes alone)' "$LOGS/bench.log" | sed 's/^/      /' \
-            | tee -a "$OUT/summary.txt"
     fi
+    # Where the ResNet step's time goes (forward by op, backward by node, the convolutions'
+    # passes alone), for a first look.
+    grep -E '^bench ops: gpu .*(by op|by node|passes alone)' "$LOGS/bench.log" | sed 's/^/      /' \
+        | tee -a "$OUT/summary.txt"
 fi
 
 # The CPU side: a GPU machine usually has more cores than the development machine, and how
