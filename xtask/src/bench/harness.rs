@@ -202,6 +202,40 @@ pub fn gpu_cases(
     }
 }
 
+/// Op or node kinds by name, slowest first: name, calls per step and ms per step.
+pub type ByName = Vec<(String, f64, f64)>;
+
+/// A `kiln_autograd::OpProfile` list recorded over `steps` steps, as calls and ms per step.
+pub fn per_step(list: Vec<kiln_autograd::NodeTime>, steps: usize) -> ByName {
+    let steps = steps.max(1) as f64;
+    list.into_iter()
+        .map(|t| {
+            let name = t.name.to_string();
+            (name, t.calls as f64 / steps, t.seconds * 1e3 / steps)
+        })
+        .collect()
+}
+
+/// The `top` slowest kinds and the rest, one line: `ConvolutionBackward 120.3 ms (20x), ...,
+/// others 3.0 ms`.
+pub fn kinds_line(list: &ByName, top: usize) -> String {
+    let mut parts: Vec<String> = list
+        .iter()
+        .take(top)
+        .map(|(name, calls, ms)| format!("{name} {ms:.1} ms ({calls:.0}x)"))
+        .collect();
+    if list.len() > top {
+        let rest: f64 = list.iter().skip(top).map(|n| n.2).sum();
+        parts.push(format!("others {rest:.1} ms"));
+    }
+    parts.join(", ")
+}
+
+/// ms per step inside the listed kinds.
+pub fn kinds_ms(list: &ByName) -> f64 {
+    list.iter().map(|n| n.2).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

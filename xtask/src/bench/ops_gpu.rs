@@ -24,7 +24,7 @@
 //! queue asynchronously; only the synchronisation waits), best of three such rounds.
 
 use super::conv_shapes::RESNET18_224_CONVS;
-use super::harness::{err, Options, Row};
+use super::harness::{err, kinds_line, kinds_ms, per_step, Options, Row};
 use super::ops_gpu_conv::{conv_pass_rows, per_call_with};
 use super::torch::{Figure, Pairs};
 use kiln_alloc_cache::synth::SplitMix64;
@@ -454,8 +454,8 @@ fn breakdown(
         (forward + backward + optimizer) / (step * 1e3),
     ));
     for (what, list, part) in [
-        ("forward by op", &times.forward, forward),
-        ("backward by node", &times.backward, backward),
+        ("forward by op", times.forward, forward),
+        ("backward by node", times.backward, backward),
     ] {
         let (line, ms) = by_name_line(list);
         eprintln!("bench ops: {case} {what}: {line}");
@@ -474,20 +474,11 @@ fn breakdown(
 /// Op or node kinds listed by name in a breakdown row (the rest are summed as "others").
 const TOP_KINDS: usize = 8;
 
-/// The slowest kinds of a profile list and the rest, one line (`Convolution 41.2 ms (20x),
+/// The slowest kinds of one profiled step and the rest, one line (`Convolution 41.2 ms (20x),
 /// ...`), and the list's total ms.
-fn by_name_line(list: &[kiln_autograd::NodeTime]) -> (String, f64) {
-    let mut parts: Vec<String> = list
-        .iter()
-        .take(TOP_KINDS)
-        .map(|t| format!("{} {:.1} ms ({}x)", t.name, t.seconds * 1e3, t.calls))
-        .collect();
-    if list.len() > TOP_KINDS {
-        let rest: f64 = list.iter().skip(TOP_KINDS).map(|t| t.seconds).sum();
-        parts.push(format!("others {:.1} ms", rest * 1e3));
-    }
-    let total: f64 = list.iter().map(|t| t.seconds).sum();
-    (parts.join(", "), total * 1e3)
+fn by_name_line(list: Vec<kiln_autograd::NodeTime>) -> (String, f64) {
+    let kinds = per_step(list, 1);
+    (kinds_line(&kinds, TOP_KINDS), kinds_ms(&kinds))
 }
 
 #[cfg(test)]
@@ -570,11 +561,11 @@ mod tests {
                 seconds: (10 - i) as f64 * 1e-3,
             })
             .collect();
-        let (line, ms) = by_name_line(&list);
+        let (line, ms) = by_name_line(list);
         assert!((ms - 55.0).abs() < 1e-9, "{ms}");
         assert!(line.starts_with("Convolution 10.0 ms (1x), NativeBatchNorm 9.0 ms (2x)"));
         // The eighth is listed, the last two (2 + 1 ms) are the rest.
         assert!(line.ends_with("Sum 3.0 ms (8x), others 3.0 ms"), "{line}");
-        assert_eq!(by_name_line(&[]), (String::new(), 0.0));
+        assert_eq!(by_name_line(Vec::new()), (String::new(), 0.0));
     }
 }

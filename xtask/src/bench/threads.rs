@@ -21,7 +21,7 @@
 //! added is where the step stops scaling.
 
 use super::conv_shapes::RESNET18_CONVS;
-use super::harness::{err, Options, Row};
+use super::harness::{err, kinds_line, kinds_ms, per_step, ByName, Options, Row};
 use super::ops::pass_times;
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
@@ -38,9 +38,6 @@ pub const CHILD_COMMAND: &str = "bench-threads-child";
 
 /// Forward ops and backward nodes listed by name in a row (the rest are summed as "others").
 const TOP_NODES: usize = 5;
-
-/// Op or node kinds by name, slowest first: name, calls per step and ms per step.
-type ByName = Vec<(String, f64, f64)>;
 
 /// The three passes of a convolution, in this order.
 const PASSES: [&str; 3] = ["forward", "input gradient", "weight gradient"];
@@ -82,26 +79,6 @@ impl Split {
             "conv_passes": self.conv,
         })
         .to_string()
-    }
-
-    /// The slowest kinds and the rest, one line: `ConvolutionBackward 120.3 ms (20x), ...`.
-    fn line(list: &ByName) -> String {
-        let mut parts: Vec<String> = list
-            .iter()
-            .take(TOP_NODES)
-            .map(|(name, calls, ms)| format!("{name} {ms:.1} ms ({calls:.0}x)"))
-            .collect();
-        let rest: f64 = list.iter().skip(TOP_NODES).map(|n| n.2).sum();
-        if list.len() > TOP_NODES {
-            parts.push(format!("others {rest:.1} ms"));
-        }
-        parts.join(", ")
-    }
-
-    /// ms per step inside the listed kinds (the rest of the forward is what no op times: views,
-    /// layers' glue; of the backward, the engine's bookkeeping).
-    fn sum_ms(list: &ByName) -> f64 {
-        list.iter().map(|n| n.2).sum()
     }
 
     /// ms per step of convolution pass `pass` ([`PASSES`]) over the model's convolutions.
@@ -226,7 +203,9 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
             ("forward by op", &split.ops, split.forward),
             ("backward by node", &split.nodes, split.backward),
         ] {
-            let (line, ms) = (Split::line(list), Split::sum_ms(list));
+            // The rest of the forward is what no op times (views, layers' glue); of the
+            // backward, the engine's bookkeeping.
+            let (line, ms) = (kinds_line(list, TOP_NODES), kinds_ms(list));
             eprintln!("bench threads: {what}: {line}");
             rows.push(Row::new(
                 GROUP,
@@ -356,25 +335,13 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         t[t.len() / 2]
     });
     let times = profile.map(OpProfile::finish).unwrap_or_default();
-    let per_step = |list: Vec<kiln_autograd::NodeTime>| -> ByName {
-        let steps = steps as f64;
-        list.into_iter()
-            .map(|t| {
-                (
-                    t.name.to_string(),
-                    t.calls as f64 / steps,
-                    t.seconds * 1e3 / steps,
-                )
-            })
-            .collect()
-    };
     let split = Split {
         forward,
         backward,
         optimizer,
         clip,
-        ops: per_step(times.forward),
-        nodes: per_step(times.backward),
+        ops: per_step(times.forward, steps),
+        nodes: per_step(times.backward, steps),
         conv: match passes {
             Passes::Timed => conv_passes(batch, steps.min(3))?,
             Passes::Skipped => Vec::new(),
@@ -465,10 +432,13 @@ mod tests {
         assert_eq!(Split::from_output(&out), Ok(split.clone()));
         assert_eq!(split.total(), 32.0);
         // The five slowest by name, the last two (2 + 1 ms) as the rest.
-        assert_eq!(Split::sum_ms(&split.nodes), 28.0);
-        assert_eq!(Split::sum_ms(&split.ops), 1.25);
-        assert_eq!(Split::line(&split.ops), "Convolution 1.2 ms (20x)");
-        let line = Split::line(&split.nodes);
+        assert_eq!(kinds_ms(&split.nodes), 28.0);
+        assert_eq!(kinds_ms(&split.ops), 1.25);
+        assert_eq!(
+            kinds_line(&split.ops, TOP_NODES),
+            "Convolution 1.2 ms (20x)"
+        );
+        let line = kinds_line(&split.nodes, TOP_NODES);
         assert!(
             line.starts_with("Node0 7.0 ms (2x), Node1 6.0 ms (2x)"),
             "{line}"
