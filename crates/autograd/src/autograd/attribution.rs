@@ -18,8 +18,7 @@ pub(crate) struct ForwardScope {
 /// The scope of a forward op whose node is named `node_name` (`MmBackward` -> `Mm`).
 #[inline]
 pub(crate) fn forward_op(node_name: &'static str) -> ForwardScope {
-    let name = node_name.strip_suffix("Backward").unwrap_or(node_name);
-    let timer = forward_timer(name);
+    let timer = forward_timer(node_name);
     if !AllocContext::is_recording_anywhere() {
         return ForwardScope {
             _timer: timer,
@@ -31,6 +30,7 @@ pub(crate) fn forward_op(node_name: &'static str) -> ForwardScope {
     } else {
         MemoryCategory::Temporary
     };
+    let name = node_name.strip_suffix("Backward").unwrap_or(node_name);
     ForwardScope {
         _timer: timer,
         _context: AllocContext::op(name, implied),

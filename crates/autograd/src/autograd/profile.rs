@@ -224,13 +224,15 @@ pub(crate) struct ForwardTimer {
     timing: bool,
 }
 
-/// The timer of forward op `name` (its node's name without `Backward`): inactive while nothing
-/// records, inside a backward section, or directly inside an op of the same name.
+/// The timer of the forward op whose node is `node_name` (recorded under the name without
+/// `Backward`): inactive while nothing records, inside a backward section, or directly inside
+/// an op of the same name.
 #[inline]
-pub(crate) fn forward_timer(name: &'static str) -> ForwardTimer {
+pub(crate) fn forward_timer(node_name: &'static str) -> ForwardTimer {
     if !RECORDING.load(Ordering::Relaxed) || IN_BACKWARD.get() > 0 {
         return ForwardTimer { timing: false };
     }
+    let name = node_name.strip_suffix("Backward").unwrap_or(node_name);
     let generation = GENERATION.load(Ordering::Acquire);
     let again = FRAMES.with(|f| f.borrow().last().is_some_and(|top| top.name == name));
     if again {
