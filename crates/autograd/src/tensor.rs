@@ -231,12 +231,22 @@ impl Tensor {
 
     /// Write access to the storage, bumping its version (for in-place ops).
     pub(crate) fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
-        self.0.storage.version.fetch_add(1, Ordering::AcqRel);
+        self.bump_version();
+        self.storage_lock_write()
+    }
+
+    /// The buffer's write lock, without marking it changed.
+    pub(crate) fn storage_lock_write(&self) -> RwLockWriteGuard<'_, Storage> {
         self.0
             .storage
             .data
             .write()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the buffer changed: saved-tensor checks compare this version.
+    pub(crate) fn bump_version(&self) {
+        self.0.storage.version.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A detached handle to save for backward; the node records the storage version it saw.

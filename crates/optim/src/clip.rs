@@ -22,7 +22,7 @@
 //! [`Parameter`]s (`parameters()`, named `param[i]` in errors): see [`ParamEntry`].
 
 use crate::group::ParamEntry;
-use crate::operands::{with_operands, with_operands_mut};
+use crate::operands::{with_operands, with_operands_maybe_mut, with_operands_mut, Wrote};
 use crate::{arg_err, Error, Result};
 use kiln_autograd::{DType, Device, Parameter, Tensor};
 use kiln_device::ops::multi_tensor::{self, GlobalNorm, NormKind};
@@ -252,7 +252,10 @@ pub fn clip_coef_for<P: ParamEntry>(
 }
 
 /// The norm pass and, unless the coefficient is known to be `>= 1` on the host, the scale pass
-/// (on a device the scale kernel reads the coefficient there and skips itself). For CPU
+/// (on a device the scale kernel reads the coefficient there and skips itself), over one set
+/// of write guards: each gradient's buffer is locked once for both passes (a list of
+/// thousands of small gradients spent a tenth of a clip locking them a second time), and
+/// marked changed only when the scale pass ran. For CPU
 /// gradients both run in one hand-over to kiln's pool, so the scale pass starts in place
 /// instead of waking the pool a second time. A non-finite total under `error_if_nonfinite`
 /// leaves the gradients alone and is reported by [`checked_global_norm`], which names the
@@ -267,26 +270,22 @@ fn clip_by_global_norm(
 ) -> Result<GlobalNorm> {
     check_empty_for_inf("clip_grad_norm_", names, grads, kind)?;
     let device = grads.first().map_or(Device::Cpu, Tensor::device);
-    let (norm, refused) = kiln_autograd::on_cpu_pool(device, || -> Result<(GlobalNorm, bool)> {
-        let norm = with_operands(grads, |ops| {
-            Ok(multi_tensor::global_norm(
+    let (norm, refused) = kiln_autograd::on_cpu_pool(device, || {
+        with_operands_maybe_mut(grads, |ops| {
+            let (norm, refused) = multi_tensor::clip_by_global_norm_(
                 "clip_grad_norm_",
                 ops,
                 kind,
                 max_norm,
-            )?)
-        })?;
-        let refused = error_if_nonfinite && !norm.total()?.is_finite();
-        if !refused && !norm.host_coef().is_some_and(|coef| coef >= 1.0) {
-            with_operands_mut(grads, |ops| {
-                Ok(multi_tensor::scale_by_clip_coef_(
-                    "clip_grad_norm_",
-                    ops,
-                    &norm,
-                )?)
-            })?;
-        }
-        Ok((norm, refused))
+                error_if_nonfinite,
+            )?;
+            let wrote = if refused || norm.host_coef().is_some_and(|coef| coef >= 1.0) {
+                Wrote::No
+            } else {
+                Wrote::Yes
+            };
+            Ok(((norm, refused), wrote))
+        })
     })?;
     if refused {
         return checked_global_norm(names, grads, kind, norm_type, max_norm, true);

@@ -66,6 +66,26 @@ pub(crate) fn with_operands_mut<R>(
     tensors: &[Tensor],
     f: impl FnOnce(&mut [OperandMut<'_>]) -> Result<R>,
 ) -> Result<R> {
+    with_operands_maybe_mut(tensors, |ops| Ok((f(ops)?, Wrote::Yes)))
+}
+
+/// Whether a pass over write operands wrote them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wrote {
+    /// The tensors changed: their versions are bumped, dense copies written back.
+    Yes,
+    /// Nothing was written: versions stay, copies are dropped.
+    No,
+}
+
+/// [`with_operands_mut`] for a pass that may turn out to write nothing (a clip whose
+/// coefficient is 1): the buffers are locked for writing without marking them changed, and
+/// only when `f` reports [`Wrote::Yes`] (or fails part-way) are their versions bumped and the
+/// dense copies written back, so an untouched list reads as untouched to saved-tensor checks.
+pub(crate) fn with_operands_maybe_mut<R>(
+    tensors: &[Tensor],
+    f: impl FnOnce(&mut [OperandMut<'_>]) -> Result<(R, Wrote)>,
+) -> Result<R> {
     let alone = unshared(tensors);
     let mut copies: Vec<(usize, Tensor)> = Vec::new();
     let mut work: Vec<Cow<'_, Tensor>> = Vec::with_capacity(tensors.len());
@@ -78,24 +98,31 @@ pub(crate) fn with_operands_mut<R>(
             work.push(Cow::Owned(c));
         }
     }
-    let result = kiln_autograd::no_grad(|| -> Result<R> {
+    let outcome = kiln_autograd::no_grad(|| -> Result<Result<(R, Wrote)>> {
         let mut guards = work
             .iter()
-            .map(|t| t.storage_write())
+            .map(|t| t.storage_write_unmarked())
             .collect::<Result<Vec<_>, _>>()?;
         let mut operands: Vec<OperandMut<'_>> = guards
             .iter_mut()
             .zip(&work)
             .map(|(g, t)| (&mut **g, t.layout()))
             .collect();
-        f(&mut operands)
+        Ok(f(&mut operands))
     })?;
-    kiln_autograd::no_grad(|| -> Result<()> {
-        for (i, c) in copies {
-            tensors[i].copy_(&c)?;
-        }
-        Ok(())
-    })?;
+    // A pass that failed may have written part of the list: count it as written.
+    if !matches!(outcome, Ok((_, Wrote::No))) {
+        work.iter().for_each(|t| t.mark_written());
+    }
+    let (result, wrote) = outcome?;
+    if wrote == Wrote::Yes {
+        kiln_autograd::no_grad(|| -> Result<()> {
+            for (i, c) in copies {
+                tensors[i].copy_(&c)?;
+            }
+            Ok(())
+        })?;
+    }
     Ok(result)
 }
 

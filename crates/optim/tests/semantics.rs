@@ -241,6 +241,11 @@ fn clip_skips_the_scale_pass_when_not_clipping_and_names_nonfinite_params() {
         "no write when coef >= 1"
     );
     assert_eq!(clip_grad_norm_(&ps, 1.0, 2.0, false).unwrap(), 5.0);
+    assert_eq!(
+        a.grad().unwrap().version(),
+        version + 1,
+        "one write when scaling"
+    );
     let scaled = a.grad().unwrap().to_vec::<f32>().unwrap()[0];
     assert_eq!(scaled, 3.0 * (1.0 / (5.0 + 1e-6)) as f32);
     assert_eq!(
@@ -301,7 +306,12 @@ fn clipping_reaches_strided_views_and_shared_buffers_and_half_types() {
         ("r".into(), r.clone()),
         ("h".into(), h.clone()),
     ];
+    // Not clipping leaves the copied (strided, shared) gradients' buffers unmarked too.
+    let versions = (base.version(), flat.version());
+    clip_grad_norm_(&ps, 1e9, 2.0, false).unwrap();
+    assert_eq!((base.version(), flat.version()), versions);
     let total = clip_grad_norm_(&ps, 1.0, 2.0, false).unwrap();
+    assert!(base.version() > versions.0 && flat.version() > versions.1);
     let want = (91.0f64 + 2.0 + 82.0 + 4.0 * 90_000.0).sqrt();
     assert!((total - want).abs() < 1e-9 * want, "{total} vs {want}");
     let coef = (1.0 / (want + 1e-6)) as f32;

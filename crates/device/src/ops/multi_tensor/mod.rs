@@ -8,7 +8,8 @@
 //! [`MultiTensorOps`] is this family's trait: every op over lists of operands, implemented once
 //! per device (`CpuStorage` in `cpu.rs` with its kernels in `cpu/`, `CudaStorage` in `cuda.rs`
 //! launching `multi_tensor.cu`). Callers (kiln-optim) use the device-agnostic functions of
-//! `dispatch/mod.rs` ([`global_norm`], [`scale_by_clip_coef_`], [`scale_`], [`clamp_`],
+//! `dispatch/mod.rs` ([`global_norm`], [`scale_by_clip_coef_`], [`clip_by_global_norm_`],
+//! [`scale_`], [`clamp_`],
 //! [`unscale_and_check_`], [`adam_step`], [`sgd_step`], [`per_tensor_norms`]) over
 //! `(&Storage, &Layout)` operands; they never name a device. That file is the family's only
 //! dispatch on `Storage` variants: it checks that every operand of a list is on one device (a
@@ -39,7 +40,7 @@
 //! identity, so skipping it changes no bit; a NaN coefficient still scales, as PyTorch does).
 //! Half-precision inputs (`f16`, `bf16`) are widened as they are read and accumulated in `f64`
 //! on the CPU (`f32` on CUDA), never in their own precision. `f32` inputs of the 1- and 2-norms
-//! (the hot path) accumulate in 16 `f32` lanes over sub-blocks of 256 elements (16 terms per
+//! (the hot path) accumulate in 64 `f32` lanes over sub-blocks of 1,024 elements (16 terms per
 //! lane) that are then added into an `f64` total, which keeps full SIMD width and `f32`
 //! accuracy however long the tensor is. On CUDA the norm kernel reads a device-side table of
 //! `(pointer, length, dtype)` and its last block to finish writes the total norm and the clip
@@ -58,8 +59,8 @@ mod dispatch;
 mod norm;
 
 pub use dispatch::{
-    adam_step, clamp_, global_norm, per_tensor_norms, scale_, scale_by_clip_coef_, sgd_step,
-    unscale_and_check_, FoundInf, GlobalNorm,
+    adam_step, clamp_, clip_by_global_norm_, global_norm, per_tensor_norms, scale_,
+    scale_by_clip_coef_, sgd_step, unscale_and_check_, FoundInf, GlobalNorm,
 };
 pub use norm::{clip_coef, nan_max, nan_min, NormKind};
 
@@ -198,6 +199,26 @@ pub trait MultiTensorOps: Sized {
         tensors: &mut [OperandMut<'_, Self>],
         norm: &Self::Norm,
     ) -> Result<()>;
+    /// `clip_grad_norm_`'s two passes over one list: its global norm, then the scale by the
+    /// clip coefficient (skipped as by [`scale_by_clip_coef_`](Self::scale_by_clip_coef_), and
+    /// also when `refuse_nonfinite` and the total is NaN or infinite, which the returned flag
+    /// says). The default runs the two ops; a device may prepare the list once for both.
+    fn clip_by_global_norm_(
+        op: &'static str,
+        tensors: &mut [OperandMut<'_, Self>],
+        kind: NormKind,
+        max_norm: f64,
+        refuse_nonfinite: bool,
+    ) -> Result<(Self::Norm, bool)> {
+        let read: Vec<Operand<'_, Self>> = tensors.iter().map(|(s, l)| (&**s, *l)).collect();
+        let norm = Self::global_norm(op, &read, kind, max_norm)?;
+        drop(read);
+        if refuse_nonfinite && !Self::norm_total(&norm)?.is_finite() {
+            return Ok((norm, true));
+        }
+        Self::scale_by_clip_coef_(op, tensors, &norm)?;
+        Ok((norm, false))
+    }
     /// Multiplies every element by `coef`.
     fn scale_(op: &'static str, tensors: &mut [OperandMut<'_, Self>], coef: f64) -> Result<()>;
     /// Clamps every element to `[-limit, limit]` (NaN stays NaN).

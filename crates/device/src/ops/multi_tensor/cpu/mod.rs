@@ -94,21 +94,14 @@ const SUM_LANES: usize = 64;
 const SUB_BLOCK: usize = SUM_LANES * 16;
 
 /// Sum of `x*x` (`SQUARE`) or `|x|` of `f32` data: 64 `f32` lanes over sub-blocks of 1,024
-/// elements, each sub-block's lanes folded into eight `f64` sums (lane `i` into sum `i % 8`)
-/// and those added in a fixed tree. A slice shorter than 64 elements takes the same fold
-/// without the lanes: each of its lanes would hold one term, and adding a lane of zero to a sum
-/// changes no bit (the terms are never `-0`).
+/// elements, each sub-block's lanes folded into eight `f64` sums (lane `i` into sum `i % 8`,
+/// in lane order) and those added in a fixed tree. A sub-block's last partial row (all of a
+/// slice shorter than 64 elements) is padded with zeros to a full row: adding a term of zero to
+/// a sum changes no bit (the sums start at `+0` and every term is `+0` or more, or NaN).
 #[inline(always)]
 fn sum_f32_body<const SQUARE: bool>(s: &[f32]) -> f64 {
     let term = |x: f32| if SQUARE { x * x } else { x.abs() };
     let tree = |f: [f64; 8]| ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
-    if s.len() < SUM_LANES {
-        let mut folded = [0f64; 8];
-        for (i, x) in s.iter().enumerate() {
-            folded[i % 8] += f64::from(term(*x));
-        }
-        return tree(folded);
-    }
     let mut total = 0f64;
     for block in s.chunks(SUB_BLOCK) {
         let mut acc = [0f32; SUM_LANES];
@@ -118,13 +111,24 @@ fn sum_f32_body<const SQUARE: bool>(s: &[f32]) -> f64 {
                 acc[i] += term(row[i]);
             }
         }
-        for (i, x) in rows.remainder().iter().enumerate() {
-            acc[i] += term(*x);
+        // The partial row as one full vector row (a scalar loop over it through the stack
+        // cost as much as the full rows of a 1,000-element gradient, and a slice of a few
+        // dozen elements sums faster this way than in a scalar fold).
+        let rest = rows.remainder();
+        if !rest.is_empty() {
+            let mut row = [0f32; SUM_LANES];
+            row[..rest.len()].copy_from_slice(rest);
+            for i in 0..SUM_LANES {
+                acc[i] += term(row[i]);
+            }
         }
-        // Lanes a short last block did not reach hold zeros, which change no sum.
+        // Row by row of eight lanes: the same additions, in the same order, as lane `i` into
+        // sum `i % 8`, written so that each row is one vector add.
         let mut folded = [0f64; 8];
-        for (i, a) in acc.iter().enumerate() {
-            folded[i % 8] += f64::from(*a);
+        for row in acc.chunks_exact(8) {
+            for k in 0..8 {
+                folded[k] += f64::from(row[k]);
+            }
         }
         total += tree(folded);
     }
@@ -140,15 +144,6 @@ simd_dispatch! {
 /// Sum of `x*x` (`square`) or `|x|` of `f32` data at full SIMD width (see [`sum_f32_body`]):
 /// the partial sums of the `f32` 2- and 1-norms.
 pub fn sum_f32_blocked(s: &[f32], square: bool) -> f64 {
-    // A slice shorter than the lanes takes the scalar fold, the same on every path: calling a
-    // vector build for it costs more than the sum (its 64-lane stack frame).
-    if s.len() < SUM_LANES {
-        return if square {
-            sum_f32_body::<true>(s)
-        } else {
-            sum_f32_body::<false>(s)
-        };
-    }
     let isa = simd::isa();
     if square {
         sum_f32_lanes::<true>(isa, s)
@@ -341,6 +336,16 @@ pub fn unscale_and_check_(tensors: Vec<FloatSliceMut<'_>>, inv_scale: f32) -> bo
         .reduce(|| false, |a, b| a | b)
 }
 
+/// The per-tensor norms, their total and the clip coefficient for `max_norm`.
+fn host_norm(per_tensor: Vec<f64>, kind: NormKind, max_norm: f64) -> HostNorm {
+    let total = kind.norm_of(&per_tensor);
+    HostNorm {
+        per_tensor,
+        total,
+        coef: clip_coef(max_norm, total),
+    }
+}
+
 fn views<'a>(op: &'static str, tensors: &[Operand<'a, CpuStorage>]) -> Result<Vec<FloatSlice<'a>>> {
     tensors
         .iter()
@@ -400,12 +405,7 @@ impl MultiTensorOps for CpuStorage {
         max_norm: f64,
     ) -> Result<HostNorm> {
         let per_tensor = Self::per_tensor_norms(op, tensors, kind)?;
-        let total = kind.norm_of(&per_tensor);
-        Ok(HostNorm {
-            per_tensor,
-            total,
-            coef: clip_coef(max_norm, total),
-        })
+        Ok(host_norm(per_tensor, kind, max_norm))
     }
 
     fn norm_total(norm: &HostNorm) -> Result<f64> {
@@ -439,6 +439,28 @@ impl MultiTensorOps for CpuStorage {
             return Ok(());
         }
         Self::scale_(op, tensors, norm.coef)
+    }
+
+    /// One set of views for both passes (checking and viewing thousands of small tensors a
+    /// second time for the scale pass was a tenth of a clip).
+    fn clip_by_global_norm_(
+        op: &'static str,
+        tensors: &mut [OperandMut<'_, Self>],
+        kind: NormKind,
+        max_norm: f64,
+        refuse_nonfinite: bool,
+    ) -> Result<(HostNorm, bool)> {
+        let views = views_mut(op, tensors)?;
+        let read: Vec<FloatSlice<'_>> = views.iter().map(FloatSliceMut::as_read).collect();
+        let norm = host_norm(pool(|| per_tensor_norms(&read, kind)), kind, max_norm);
+        drop(read);
+        let refused = refuse_nonfinite && !norm.total.is_finite();
+        // As `scale_by_clip_coef_`: a coefficient of 1 or more skips, a NaN one scales.
+        let skip = refused || norm.coef >= 1.0;
+        if !skip {
+            pool(|| scale_(views, norm.coef));
+        }
+        Ok((norm, refused))
     }
 
     fn scale_(op: &'static str, tensors: &mut [OperandMut<'_, Self>], coef: f64) -> Result<()> {

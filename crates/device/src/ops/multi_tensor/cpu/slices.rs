@@ -54,6 +54,18 @@ macro_rules! slice_common {
 slice_common!(FloatSlice);
 slice_common!(FloatSliceMut);
 
+impl FloatSliceMut<'_> {
+    /// The same elements, read-only.
+    pub fn as_read(&self) -> FloatSlice<'_> {
+        match self {
+            FloatSliceMut::F32(s) => FloatSlice::F32(s),
+            FloatSliceMut::F64(s) => FloatSlice::F64(s),
+            FloatSliceMut::F16(s) => FloatSlice::F16(s),
+            FloatSliceMut::BF16(s) => FloatSlice::BF16(s),
+        }
+    }
+}
+
 impl<'a> FloatSliceMut<'a> {
     /// Splits into consecutive pieces of at most `chunk_elems` elements (none when empty).
     pub fn into_chunks(self, chunk_elems: usize) -> Vec<FloatSliceMut<'a>> {

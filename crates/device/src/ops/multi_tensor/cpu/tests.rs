@@ -152,7 +152,7 @@ fn scale_clamp_and_unscale_touch_every_element_once() {
 
 /// The `f32` sums and the scale map give the same bits on the portable build and on every
 /// instruction set this CPU has, at lengths around the lane count and the sub-block, and a
-/// slice shorter than the lanes (its own fold) sums as it would inside the lanes.
+/// slice shorter than the lanes (one padded row) sums as it does padded by hand.
 #[test]
 fn every_instruction_set_gives_the_same_bits() {
     let isas: Vec<Option<crate::ops::simd::Isa>> = std::iter::once(None)
@@ -176,7 +176,7 @@ fn every_instruction_set_gives_the_same_bits() {
             assert!(scaled.iter().zip(&data).all(|(s, x)| *s == x * 0.3f32));
         }
     }
-    // 63 elements take the short fold; padded with a zero to 64 they take the lanes.
+    // 63 elements are one padded row; padded with a zero by hand they are one full row.
     let short = pseudo_random(63, 11);
     let mut padded = short.clone();
     padded.push(0.0);
@@ -186,6 +186,48 @@ fn every_instruction_set_gives_the_same_bits() {
     );
     if crate::ops::simd::available().is_empty() {
         eprintln!("only the portable build is checked: no AVX-512F or AVX2 + FMA here");
+    }
+}
+
+/// The documented order, written as plainly as possible: per sub-block of 1,024 elements,
+/// element `j` into `f32` lane `j % 64`, lane `i` into `f64` sum `i % 8` in lane order, the
+/// eight sums in a tree, the sub-blocks' trees added in order. The vector body (its padded
+/// last row, its row-wise fold) must give these bits.
+#[test]
+fn the_sum_follows_the_documented_order() {
+    fn reference(s: &[f32], square: bool) -> f64 {
+        let term = |x: f32| if square { x * x } else { x.abs() };
+        let mut total = 0f64;
+        for block in s.chunks(1024) {
+            let mut acc = [0f32; 64];
+            for (j, x) in block.iter().enumerate() {
+                acc[j % 64] += term(*x);
+            }
+            let mut f = [0f64; 8];
+            for (i, a) in acc.iter().enumerate() {
+                f[i % 8] += f64::from(*a);
+            }
+            total += ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+        }
+        total
+    }
+    for n in [5usize, 63, 64, 100, 1000, 1024, 1090, 2047, 4100] {
+        // Magnitudes from 2^-30 to 2^29, so that the f64 additions round and their order shows.
+        let data: Vec<f32> = pseudo_random(n, 3 + n as u64)
+            .iter()
+            .enumerate()
+            .map(|(j, x)| x * 2f32.powi((j * 37 % 60) as i32 - 30))
+            .collect();
+        assert_eq!(
+            sum_f32_body::<true>(&data).to_bits(),
+            reference(&data, true).to_bits(),
+            "squares, {n} elements"
+        );
+        assert_eq!(
+            sum_f32_body::<false>(&data).to_bits(),
+            reference(&data, false).to_bits(),
+            "absolute values, {n} elements"
+        );
     }
 }
 

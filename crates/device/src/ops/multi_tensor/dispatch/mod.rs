@@ -343,6 +343,38 @@ pub fn scale_by_clip_coef_(
     }
 }
 
+/// Clips `tensors` in place by their global norm of `kind` to at most `max_norm`:
+/// `clip_grad_norm_`'s norm pass, then its scale pass unless the coefficient is 1 or more (or,
+/// with `refuse_nonfinite`, the total is NaN or infinite), with the list checked and prepared
+/// once for both. Returns the norm and whether a non-finite total left the list alone.
+pub fn clip_by_global_norm_(
+    op: &'static str,
+    tensors: &mut [OperandMut<'_>],
+    kind: NormKind,
+    max_norm: f64,
+    refuse_nonfinite: bool,
+) -> Result<(GlobalNorm, bool)> {
+    let device = one_device(op, writes(tensors))?;
+    let (at, refused) = match device {
+        Device::Cpu => {
+            let ops = &mut cpu(op).all_mut(tensors)?;
+            let (n, refused) =
+                CpuStorage::clip_by_global_norm_(op, ops, kind, max_norm, refuse_nonfinite)?;
+            (NormAt::Host(n), refused)
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => {
+            let ops = &mut cuda(op, device).all_mut(tensors)?;
+            let (n, refused) =
+                CudaStorage::clip_by_global_norm_(op, ops, kind, max_norm, refuse_nonfinite)?;
+            (NormAt::Cuda(n), refused)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return Err(no_cuda(op, device)),
+    };
+    Ok((GlobalNorm { device, at }, refused))
+}
+
 /// Multiplies every element by `coef` (rounded to `f32` for `f32`/`f16`/`bf16` tensors, as
 /// PyTorch multiplies by a coefficient of the tensor's dtype).
 pub fn scale_(op: &'static str, tensors: &mut [OperandMut<'_>], coef: f64) -> Result<()> {

@@ -36,6 +36,43 @@ fn host_lists_get_the_norm_the_coefficient_and_the_scale() {
     assert_eq!(empty.total().unwrap(), 0.0);
 }
 
+/// The fused clip gives the bits of the norm op followed by the scale op, skips the scale for a
+/// coefficient of 1 or more, and with `refuse_nonfinite` leaves a list of non-finite total
+/// alone (without it, an infinite total scales by zero, as PyTorch does).
+#[test]
+fn the_fused_clip_equals_the_norm_then_the_scale() {
+    let data: [&[f32]; 3] = [&[3.0, -0.5, 1.25], &[0.0, 4.0], &[-2.0; 70]];
+    let clip = |max_norm: f64, refuse: bool, data: &[&[f32]]| {
+        let mut lists: Vec<(Storage, Layout)> = data.iter().map(|v| f32s(v)).collect();
+        let mut ops: Vec<OperandMut<'_>> = lists.iter_mut().map(|(s, l)| (s, &*l)).collect();
+        let (norm, refused) =
+            clip_by_global_norm_("t", &mut ops, NormKind::Two, max_norm, refuse).unwrap();
+        let total = norm.total().unwrap();
+        let out: Vec<Vec<f32>> = lists.iter().map(|(s, _)| values(s)).collect();
+        (total, refused, out)
+    };
+    for max_norm in [0.5, 1e9] {
+        let mut lists: Vec<(Storage, Layout)> = data.iter().map(|v| f32s(v)).collect();
+        let read: Vec<Operand<'_>> = lists.iter().map(|(s, l)| (s, l)).collect();
+        let norm = global_norm("t", &read, NormKind::Two, max_norm).unwrap();
+        let mut ops: Vec<OperandMut<'_>> = lists.iter_mut().map(|(s, l)| (s, &*l)).collect();
+        scale_by_clip_coef_("t", &mut ops, &norm).unwrap();
+        let want: Vec<Vec<f32>> = lists.iter().map(|(s, _)| values(s)).collect();
+        let (total, refused, got) = clip(max_norm, false, &data);
+        assert_eq!((total, refused), (norm.total().unwrap(), false));
+        assert_eq!(got, want, "max_norm {max_norm}");
+    }
+    let unscaled: Vec<Vec<f32>> = data.iter().map(|v| v.to_vec()).collect();
+    assert_eq!(clip(1e9, false, &data).2, unscaled);
+    let inf: [&[f32]; 2] = [&[1.0, f32::INFINITY], &[2.0]];
+    let (total, refused, out) = clip(1.0, true, &inf);
+    assert_eq!((total, refused), (f64::INFINITY, true));
+    assert_eq!(out, vec![vec![1.0, f32::INFINITY], vec![2.0]]);
+    let (_, refused, out) = clip(1.0, false, &inf);
+    assert!(!refused);
+    assert_eq!(out[1], vec![0.0]);
+}
+
 #[test]
 fn strided_operands_and_wrong_dtypes_are_typed_errors() {
     let (a, _) = f32s(&[1.0, 2.0, 3.0, 4.0]);
