@@ -9,7 +9,7 @@ use crate::config::AllocatorConfig;
 use crate::error::{Error, Result};
 use crate::handle::RawAllocation;
 use crate::trace::{Trace, TraceEvent};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 pub use crate::replay_report::{ReplayMode, ReplayReport};
@@ -49,6 +49,9 @@ pub struct Replayer {
     sim: Arc<SimBackend>,
     allocator: CachingAllocator,
     live: HashMap<u64, RawAllocation>,
+    /// Ids whose allocation ran out of memory and whose free has not come yet (kept across
+    /// [`run`](Self::run) calls: a step's batch can be freed in the next step).
+    failed: HashSet<u64>,
     live_bytes: usize,
     peak_live: usize,
     events: usize,
@@ -87,6 +90,7 @@ impl Replayer {
             sim,
             allocator,
             live: HashMap::new(),
+            failed: HashSet::new(),
             live_bytes: 0,
             peak_live: 0,
             events: 0,
@@ -94,9 +98,9 @@ impl Replayer {
     }
 
     /// Replays every event; an allocation that runs out of memory is counted (in `ooms`) and
-    /// its later free skipped. Fails only if the allocator reports a non-memory error.
+    /// its later free skipped, in this call or a later one. Fails only if the allocator reports
+    /// a non-memory error.
     pub fn run(&mut self, trace: &Trace) -> Result<()> {
-        let mut failed = std::collections::HashSet::new();
         for e in &trace.events {
             self.events += 1;
             match *e {
@@ -114,7 +118,7 @@ impl Replayer {
                             self.peak_live = self.peak_live.max(self.live_bytes);
                         }
                         Err(Error::OutOfMemory(_)) => {
-                            failed.insert(id);
+                            self.failed.insert(id);
                         }
                         Err(e) => return Err(e),
                     }
@@ -123,7 +127,7 @@ impl Replayer {
                     if let Some(raw) = self.live.remove(&id) {
                         self.live_bytes -= raw.size();
                         self.allocator.free_raw(raw)?;
-                    } else if !failed.remove(&id) {
+                    } else if !self.failed.remove(&id) {
                         return Err(Error::TraceParse {
                             line: 0,
                             message: format!("free of unknown id {id}"),

@@ -155,6 +155,14 @@ fn replay_counts_ooms_and_skips_their_frees() {
         30 << 20,
         "whole 2 MiB pages for 28.6 MiB"
     );
+    // Step by step: an allocation that failed in one step may be freed in the next (a batch
+    // kept alive into the next step), and that free is skipped too.
+    let text = "# step 1\na 1 30000000\na 2 30000000\n# step 2\nf 2\nf 1\n";
+    let mut r = Replayer::new(ReplayMode::Default, 40 << 20).unwrap();
+    r.run_steps(text).unwrap();
+    assert_eq!((r.report().ooms, r.report().events), (1, 4));
+    r.run_steps(text).unwrap();
+    assert_eq!(r.report().ooms, 2);
 }
 
 #[test]
