@@ -182,35 +182,8 @@ fn adam_body<T: StepFloat, const L2: bool, const DECAY: bool>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{canonical_bits as bits, special_values as values};
     use super::*;
-
-    /// Values that exercise every rounding case: ordinary, tiny (subnormal squares), huge
-    /// (overflowing squares), zero, negative zero, infinities and NaN.
-    fn values(seed: u32, n: usize) -> Vec<f32> {
-        let special = [
-            0.0,
-            -0.0,
-            1e-30,
-            -3e-39,
-            3e38,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-        ];
-        let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                if i % 37 == 0 {
-                    special[(x as usize) % special.len()]
-                } else {
-                    (x as f32 / u32::MAX as f32 - 0.5) * 2f32.powi((x % 24) as i32 - 12)
-                }
-            })
-            .collect()
-    }
 
     /// Runs one chunk through `step` from the same start; the parameters and moments after.
     fn run(step: impl Fn(&AdamConsts<f32>, AdamChunk<'_, f32>), amsgrad: bool) -> [Vec<u32>; 4] {
@@ -243,19 +216,6 @@ mod tests {
                 k,
             },
         );
-        // Every NaN as one pattern: which operand's NaN an instruction passes on (its sign and
-        // payload) may differ between the scalar and the vector code of the same loop.
-        let bits = |s: &[f32]| {
-            s.iter()
-                .map(|f| {
-                    if f.is_nan() {
-                        f32::NAN.to_bits()
-                    } else {
-                        f.to_bits()
-                    }
-                })
-                .collect::<Vec<u32>>()
-        };
         [bits(&p), bits(&m), bits(&v), bits(&x)]
     }
 

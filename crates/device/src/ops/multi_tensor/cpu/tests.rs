@@ -18,6 +18,48 @@ fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Values that exercise every rounding case of the optimizer steps: ordinary, tiny (subnormal
+/// squares), huge (overflowing squares), zero, negative zero, infinities and NaN.
+pub(super) fn special_values(seed: u32, n: usize) -> Vec<f32> {
+    let special = [
+        0.0,
+        -0.0,
+        1e-30,
+        -3e-39,
+        3e38,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            if i % 37 == 0 {
+                special[(x as usize) % special.len()]
+            } else {
+                (x as f32 / u32::MAX as f32 - 0.5) * 2f32.powi((x % 24) as i32 - 12)
+            }
+        })
+        .collect()
+}
+
+/// The bits of `s` with every NaN as one pattern: which operand's NaN an instruction passes on
+/// (its sign and payload) may differ between the scalar and the vector code of the same loop.
+pub(super) fn canonical_bits(s: &[f32]) -> Vec<u32> {
+    s.iter()
+        .map(|f| {
+            if f.is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                f.to_bits()
+            }
+        })
+        .collect()
+}
+
 fn naive_norm(xs: &[f64], p: f64) -> f64 {
     xs.iter()
         .map(|x| x.abs().powf(p))
