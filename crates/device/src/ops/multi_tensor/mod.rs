@@ -9,14 +9,13 @@
 //! per device (`CpuStorage` in `cpu.rs` with its kernels in `cpu/`, `CudaStorage` in `cuda.rs`
 //! launching `multi_tensor.cu`). Callers (kiln-optim) use the device-agnostic functions of
 //! `dispatch/mod.rs` ([`global_norm`], [`scale_by_clip_coef_`], [`clip_by_global_norm_`],
-//! [`scale_`], [`clamp_`],
-//! [`unscale_and_check_`], [`adam_step`], [`sgd_step`], [`per_tensor_norms`]) over
-//! `(&Storage, &Layout)` operands; they never name a device. That file is the family's only
-//! dispatch on `Storage` variants: it checks that every operand of a list is on one device (a
-//! mixed list is [`Error::DeviceMismatch`](crate::Error::DeviceMismatch) naming the op, never a
-//! panic) and hands the list to that device's implementation. Operands must be contiguous views
-//! of their buffers (a strided view is a typed error); distinct `&mut` operands are distinct
-//! buffers by construction.
+//! [`scale_`], [`clamp_`], [`unscale_and_check_`], [`adam_step`], [`sgd_step`],
+//! [`per_tensor_norms`]) over `(&Storage, &Layout)` operands; they never name a device. That
+//! file is the family's only dispatch on `Storage` variants: it checks that every operand of a
+//! list is on one device (a mixed list is [`Error::DeviceMismatch`](crate::Error::DeviceMismatch)
+//! naming the op, never a panic) and hands the list to that device's implementation. Operands
+//! must be contiguous views of their buffers (a strided view is a typed error); distinct `&mut`
+//! operands are distinct buffers by construction.
 //!
 //! # Design
 //!
