@@ -367,6 +367,13 @@ fn pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     crate::threads::install(f)
 }
 
+/// The dtype every parameter of a step has, if they all have one (`None` for a mixed or empty
+/// list).
+fn one_param_dtype<'a>(mut params: impl Iterator<Item = &'a CpuStorage>) -> Option<DType> {
+    let first = params.next()?.dtype();
+    params.all(|st| st.dtype() == first).then_some(first)
+}
+
 /// Checks that every parameter of a step is f32 or f64.
 fn check_step_dtypes<'a>(
     op: &'static str,
@@ -493,7 +500,15 @@ impl MultiTensorOps for CpuStorage {
         list: &mut [AdamOperands<'_, Self>],
         hyper: &AdamHyper,
     ) -> Result<()> {
-        // f32 parameters first, then f64, each in one pass (as the list's order within a dtype).
+        // f32 parameters first, then f64, each in one pass (as the list's order within a dtype);
+        // a list of one dtype (the usual case) goes as it is, without a copy of its operands.
+        if let Some(dtype) = one_param_dtype(list.iter().map(|o| &*o.param.0)) {
+            check_step_dtypes(op, list.iter().map(|o| &*o.param.0))?;
+            return match dtype {
+                DType::F64 => adam::adam_pass::<f64>(op, list, hyper),
+                _ => adam::adam_pass::<f32>(op, list, hyper),
+            };
+        }
         let (mut f32s, mut f64s): (Vec<_>, Vec<_>) = list
             .iter_mut()
             .map(|o| AdamOperands {
@@ -515,6 +530,13 @@ impl MultiTensorOps for CpuStorage {
         list: &mut [SgdOperands<'_, Self>],
         hyper: &SgdHyper,
     ) -> Result<()> {
+        if let Some(dtype) = one_param_dtype(list.iter().map(|o| &*o.param.0)) {
+            check_step_dtypes(op, list.iter().map(|o| &*o.param.0))?;
+            return match dtype {
+                DType::F64 => sgd::sgd_pass::<f64>(op, list, hyper),
+                _ => sgd::sgd_pass::<f32>(op, list, hyper),
+            };
+        }
         let (mut f32s, mut f64s): (Vec<_>, Vec<_>) = list
             .iter_mut()
             .map(|o| SgdOperands {

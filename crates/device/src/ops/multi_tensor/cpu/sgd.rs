@@ -45,7 +45,13 @@ pub(super) fn sgd_pass<T: StepFloat>(
     list: &mut [SgdOperands<'_, CpuStorage>],
     o: &SgdHyper,
 ) -> crate::Result<()> {
-    let mut chunks: Vec<SgdChunk<'_, T>> = Vec::new();
+    // Sized up front: a list of thousands of parameters grew this vector by doubling, and its
+    // reallocations (past the system allocator's mmap threshold) faulted fresh pages every step.
+    let n_chunks = list
+        .iter()
+        .map(|w| w.param.1.numel().div_ceil(CHUNK_ELEMS))
+        .sum();
+    let mut chunks: Vec<SgdChunk<'_, T>> = Vec::with_capacity(n_chunks);
     for w in list.iter_mut() {
         let len = w.param.1.numel();
         let p = typed_mut::<T>(op, (&mut *w.param.0, w.param.1))?;

@@ -380,3 +380,117 @@ fn long_tensors_cut_into_chunks_update_as_tensors_of_one_chunk() {
     // And the step moved every parameter.
     assert!(chunked[0].iter().zip(&data[0]).all(|(a, b)| a != b));
 }
+
+/// A list of f32 and f64 parameters steps each parameter as a list of its dtype alone would
+/// (an all-f32 or all-f64 list goes to its pass as it is, a mixed one is split by dtype), and
+/// a parameter of another dtype is refused by name of the op.
+#[test]
+fn mixed_dtype_lists_step_each_parameter_as_its_own_dtype_would() {
+    let layout = Layout::contiguous(&[7]);
+    let f32s = |seed| CpuStorage::from_vec(pseudo_random(7, seed));
+    let f64s = |seed| {
+        CpuStorage::from_vec(
+            pseudo_random(7, seed)
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect(),
+        )
+    };
+    let hyper = SgdHyper {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 1e-2,
+        nesterov: false,
+        maximize: false,
+        grad_scale: 1.0,
+    };
+    // (param, grad, buffer) per parameter, f32 ones at even places and f64 ones at odd places.
+    let make = || -> Vec<[CpuStorage; 3]> {
+        (0..4u64)
+            .map(|i| {
+                if i.is_multiple_of(2) {
+                    [f32s(i), f32s(10 + i), f32s(20 + i)]
+                } else {
+                    [f64s(i), f64s(10 + i), f64s(20 + i)]
+                }
+            })
+            .collect()
+    };
+    let step = |bufs: &mut [[CpuStorage; 3]]| {
+        let mut list: Vec<SgdOperands<'_, CpuStorage>> = bufs
+            .iter_mut()
+            .map(|[p, g, b]| SgdOperands {
+                param: (p, &layout),
+                grad: (&*g, &layout),
+                momentum_buffer: Some((b, &layout)),
+                first_momentum_step: false,
+            })
+            .collect();
+        CpuStorage::sgd_step("SGD", &mut list, &hyper)
+    };
+    let mut mixed = make();
+    step(&mut mixed).unwrap();
+    let mut alone = make();
+    for one in alone.chunks_mut(1) {
+        step(one).unwrap();
+    }
+    for (m, a) in mixed.iter().zip(&alone) {
+        assert_eq!(m[0], a[0]);
+        assert_eq!(m[2], a[2]);
+    }
+    // The same for Adam, with the moments as state.
+    let adam = |bufs: &mut [[CpuStorage; 3]], v: &mut [CpuStorage]| {
+        let scalars = AdamStepScalars {
+            step_size: 1e-3,
+            bias_correction2_sqrt: 0.5,
+        };
+        let mut list: Vec<AdamOperands<'_, CpuStorage>> = bufs
+            .iter_mut()
+            .zip(v.iter_mut())
+            .map(|([p, g, m], v)| AdamOperands {
+                param: (p, &layout),
+                grad: (&*g, &layout),
+                exp_avg: (m, &layout),
+                exp_avg_sq: (v, &layout),
+                max_exp_avg_sq: None,
+                scalars,
+            })
+            .collect();
+        let hyper = AdamHyper {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: true,
+            maximize: false,
+            grad_scale: 1.0,
+        };
+        CpuStorage::adam_step("AdamW", &mut list, &hyper)
+    };
+    let squares = |i: u64| {
+        if i.is_multiple_of(2) {
+            CpuStorage::from_vec(vec![0.25f32; 7])
+        } else {
+            CpuStorage::from_vec(vec![0.25f64; 7])
+        }
+    };
+    let (mut mixed, mut mixed_v) = (make(), (0..4).map(squares).collect::<Vec<_>>());
+    adam(&mut mixed, &mut mixed_v).unwrap();
+    let (mut alone, mut alone_v) = (make(), (0..4).map(squares).collect::<Vec<_>>());
+    for (one, v) in alone.chunks_mut(1).zip(alone_v.chunks_mut(1)) {
+        adam(one, v).unwrap();
+    }
+    assert_eq!((mixed, mixed_v), (alone, alone_v));
+    // Half-precision parameters are refused, alone or in a list.
+    let mut half = vec![[
+        CpuStorage::from_vec(vec![half::f16::ONE; 7]),
+        CpuStorage::from_vec(vec![half::f16::ONE; 7]),
+        CpuStorage::from_vec(vec![half::f16::ONE; 7]),
+    ]];
+    assert!(matches!(
+        step(&mut half),
+        Err(Error::UnsupportedDType { op: "SGD", .. })
+    ));
+}
