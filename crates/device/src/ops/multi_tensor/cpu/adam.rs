@@ -51,9 +51,11 @@ pub(super) fn adam_pass<T: StepFloat>(
 ) -> crate::Result<()> {
     // Sized up front: a list of thousands of parameters grew this vector by doubling, and its
     // reallocations (past the system allocator's mmap threshold) faulted fresh pages every step.
+    // Counted from the buffers' real lengths, not only the layouts (checked below), so a layout
+    // that claims more than its buffer holds gets its error, not a huge reservation.
     let n_chunks = list
         .iter()
-        .map(|w| w.param.1.numel().div_ceil(CHUNK_ELEMS))
+        .map(|w| w.param.1.numel().min(w.param.0.len()).div_ceil(CHUNK_ELEMS))
         .sum();
     let mut chunks: Vec<AdamChunk<'_, T>> = Vec::with_capacity(n_chunks);
     for w in list.iter_mut() {

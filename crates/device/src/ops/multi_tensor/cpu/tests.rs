@@ -494,3 +494,38 @@ fn mixed_dtype_lists_step_each_parameter_as_its_own_dtype_would() {
         Err(Error::UnsupportedDType { op: "SGD", .. })
     ));
 }
+
+/// A parameter whose layout claims far more elements than its buffer holds is a typed error of
+/// the step, never a huge reservation or a panic.
+#[test]
+fn a_layout_past_its_buffer_is_an_error_not_a_reservation() {
+    let huge = Layout::new(vec![1 << 60], vec![1], 0);
+    let (mut p, g, mut b) = (
+        CpuStorage::from_vec(vec![1f32; 2]),
+        CpuStorage::from_vec(vec![1f32; 2]),
+        CpuStorage::from_vec(vec![1f32; 2]),
+    );
+    let mut list = [SgdOperands {
+        param: (&mut p, &huge),
+        grad: (&g, &huge),
+        momentum_buffer: Some((&mut b, &huge)),
+        first_momentum_step: false,
+    }];
+    let hyper = SgdHyper {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 0.0,
+        nesterov: false,
+        maximize: false,
+        grad_scale: 1.0,
+    };
+    let err = CpuStorage::sgd_step("SGD", &mut list, &hyper).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Kernel(crate::ops::KernelError::BufferLength { .. })
+        ),
+        "{err}"
+    );
+}
