@@ -16,9 +16,8 @@
 //! bitwise independent of the thread count and of how chunks are batched into tasks.
 
 use super::slices::{same_len, typed, typed_mut, StepFloat};
-use crate::ops::multi_tensor::{
-    batch_ranges, AdamHyper, AdamOperands, AdamStepScalars, CHUNK_ELEMS,
-};
+use super::tasks::{chunk_count, into_tasks};
+use crate::ops::multi_tensor::{AdamHyper, AdamOperands, AdamStepScalars, CHUNK_ELEMS};
 use crate::ops::simd::{self, simd_dispatch};
 use crate::CpuStorage;
 use rayon::prelude::*;
@@ -49,14 +48,7 @@ pub(super) fn adam_pass<T: StepFloat>(
     list: &mut [AdamOperands<'_, CpuStorage>],
     o: &AdamHyper,
 ) -> crate::Result<()> {
-    // Sized up front: a list of thousands of parameters grew this vector by doubling, and its
-    // reallocations (past the system allocator's mmap threshold) faulted fresh pages every step.
-    // Counted from the buffers' real lengths, not only the layouts (checked below), so a layout
-    // that claims more than its buffer holds gets its error, not a huge reservation.
-    let n_chunks = list
-        .iter()
-        .map(|w| w.param.1.numel().min(w.param.0.len()).div_ceil(CHUNK_ELEMS))
-        .sum();
+    let n_chunks = chunk_count(list.iter().map(|w| (&*w.param.0, w.param.1)));
     let mut chunks: Vec<AdamChunk<'_, T>> = Vec::with_capacity(n_chunks);
     for w in list.iter_mut() {
         let len = w.param.1.numel();
@@ -105,12 +97,7 @@ pub(super) fn adam_pass<T: StepFloat>(
     };
     let has_wd = o.weight_decay != 0.0;
     let (l2, decay) = (has_wd && !o.decoupled, has_wd && o.decoupled);
-    let tasks = batch_ranges(chunks.iter().map(|c| c.p.len()), CHUNK_ELEMS);
-    let mut it = chunks.into_iter();
-    let batches: Vec<Vec<AdamChunk<'_, T>>> = tasks
-        .into_iter()
-        .map(|r| it.by_ref().take(r.len()).collect())
-        .collect();
+    let batches = into_tasks(chunks, |c| c.p.len());
     let isa = simd::isa();
     crate::threads::install(|| {
         batches

@@ -16,8 +16,10 @@
 mod adam;
 mod sgd;
 mod slices;
+mod tasks;
 
 pub use slices::{FloatSlice, FloatSliceMut};
+use tasks::into_tasks;
 
 use super::{
     batch_ranges, clip_coef, plan_chunks, AdamHyper, AdamOperands, Chunk, HostNorm, MultiTensorOps,
@@ -211,12 +213,7 @@ fn chunks_of<'a>(tensors: Vec<FloatSliceMut<'a>>) -> Vec<Vec<FloatSliceMut<'a>>>
             chunks.extend(t.into_chunks(CHUNK_ELEMS));
         }
     }
-    let ranges = batch_ranges(chunks.iter().map(FloatSliceMut::len), CHUNK_ELEMS);
-    let mut it = chunks.into_iter();
-    ranges
-        .into_iter()
-        .map(|r| it.by_ref().take(r.len()).collect())
-        .collect()
+    into_tasks(chunks, FloatSliceMut::len)
 }
 
 /// An elementwise map of [`map_all`], in `f32` and in `f64`. A trait with `#[inline(always)]`

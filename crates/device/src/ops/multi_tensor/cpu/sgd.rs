@@ -15,7 +15,8 @@
 //! in (the per-element loop has no branch, so it vectorises like the Adam step's).
 
 use super::slices::{same_len, typed, typed_mut, StepFloat};
-use crate::ops::multi_tensor::{batch_ranges, SgdHyper, SgdOperands, CHUNK_ELEMS};
+use super::tasks::{chunk_count, into_tasks};
+use crate::ops::multi_tensor::{SgdHyper, SgdOperands, CHUNK_ELEMS};
 use crate::ops::simd::{self, simd_dispatch};
 use crate::CpuStorage;
 use rayon::prelude::*;
@@ -45,14 +46,7 @@ pub(super) fn sgd_pass<T: StepFloat>(
     list: &mut [SgdOperands<'_, CpuStorage>],
     o: &SgdHyper,
 ) -> crate::Result<()> {
-    // Sized up front: a list of thousands of parameters grew this vector by doubling, and its
-    // reallocations (past the system allocator's mmap threshold) faulted fresh pages every step.
-    // Counted from the buffers' real lengths, not only the layouts (checked below), so a layout
-    // that claims more than its buffer holds gets its error, not a huge reservation.
-    let n_chunks = list
-        .iter()
-        .map(|w| w.param.1.numel().min(w.param.0.len()).div_ceil(CHUNK_ELEMS))
-        .sum();
+    let n_chunks = chunk_count(list.iter().map(|w| (&*w.param.0, w.param.1)));
     let mut chunks: Vec<SgdChunk<'_, T>> = Vec::with_capacity(n_chunks);
     for w in list.iter_mut() {
         let len = w.param.1.numel();
@@ -89,12 +83,7 @@ pub(super) fn sgd_pass<T: StepFloat>(
         lr: T::c(-o.lr),
     };
     let (wd, nesterov) = (o.weight_decay != 0.0, o.nesterov);
-    let tasks = batch_ranges(chunks.iter().map(|c| c.p.len()), CHUNK_ELEMS);
-    let mut it = chunks.into_iter();
-    let batches: Vec<Vec<SgdChunk<'_, T>>> = tasks
-        .into_iter()
-        .map(|r| it.by_ref().take(r.len()).collect())
-        .collect();
+    let batches = into_tasks(chunks, |c| c.p.len());
     let isa = simd::isa();
     crate::threads::install(|| {
         batches
