@@ -500,7 +500,8 @@ impl MultiTensorOps for CpuStorage {
         // f32 parameters first, then f64, each in one pass (as the list's order within a dtype);
         // a list of one dtype (the usual case) goes as it is, without a copy of its operands.
         if let Some(dtype) = one_param_dtype(list.iter().map(|o| &*o.param.0)) {
-            check_step_dtypes(op, list.iter().map(|o| &*o.param.0))?;
+            // One dtype for all: checking the first parameter checks them all.
+            check_step_dtypes(op, list.iter().take(1).map(|o| &*o.param.0))?;
             return match dtype {
                 DType::F64 => adam::adam_pass::<f64>(op, list, hyper),
                 _ => adam::adam_pass::<f32>(op, list, hyper),
@@ -528,7 +529,8 @@ impl MultiTensorOps for CpuStorage {
         hyper: &SgdHyper,
     ) -> Result<()> {
         if let Some(dtype) = one_param_dtype(list.iter().map(|o| &*o.param.0)) {
-            check_step_dtypes(op, list.iter().map(|o| &*o.param.0))?;
+            // One dtype for all: checking the first parameter checks them all.
+            check_step_dtypes(op, list.iter().take(1).map(|o| &*o.param.0))?;
             return match dtype {
                 DType::F64 => sgd::sgd_pass::<f64>(op, list, hyper),
                 _ => sgd::sgd_pass::<f32>(op, list, hyper),
