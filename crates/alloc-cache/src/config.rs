@@ -32,10 +32,11 @@ pub struct AllocatorConfig {
     /// move only when the backend is out of memory.
     pub page_stitching: bool,
     /// Planned steps (`planner.rs`): with [`CachingAllocator::mark_step`] called at the start of
-    /// every training step, once two steps in a row made the same requests and freed every
-    /// block they allocated, the step is packed offline into one arena and the following steps
-    /// are served from it (no search, no backend call); a step that deviates falls back to the
-    /// cache without failing, and the plan is dropped at its end.
+    /// every training step, the first step's blocks that it freed again are packed offline
+    /// into the cache's free blocks (and one new segment for those with no room, reserved when
+    /// first asked for) and the following steps are served from that plan (no search); a step
+    /// that deviates falls back to the cache without failing and the plan is dropped at its
+    /// end, and once two steps in a row make the same requests they are planned again.
     ///
     /// [`CachingAllocator::mark_step`]: crate::CachingAllocator::mark_step
     pub planned_steps: bool,

@@ -10,7 +10,7 @@
 //!   [`pytorch_policy`] replays it under a model of PyTorch's allocator for comparison.
 //! - [`planned`]: one steady step packed offline into an arena or into given bins (interval
 //!   packing); with `planned_steps` and [`CachingAllocator::mark_step`], the allocator records
-//!   a steady loop, packs it into its own free memory and serves the following steps from it,
+//!   a loop's step, packs it into its own free memory and serves the following steps from it,
 //!   falling back to the cache when a step deviates (design notes in `planner.rs`).
 //! - [`snapshot_pickle`] / [`snapshot_read`]: the allocation history and segments as the
 //!   pickle PyTorch's memory_viz opens, and back ([`pickle`] is the codec).

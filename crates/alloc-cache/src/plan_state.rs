@@ -41,6 +41,21 @@ pub(crate) struct Active {
     pub(crate) dropped: bool,
     /// Planned blocks live now: address -> end.
     pub(crate) live: BTreeMap<u64, u64>,
+    /// The bin for the blocks no free block had room for, if any.
+    pub(crate) spare: Option<Spare>,
+}
+
+/// A bin of new memory for the planned blocks no free block had room for: reserved (one
+/// fixed segment of `bytes`) when the step first asks for one of them, so a step that leaves
+/// the plan before then reserves nothing for it.
+#[derive(Debug)]
+pub(crate) struct Spare {
+    /// The segment's size (whole large-segment rounding units).
+    pub(crate) bytes: usize,
+    /// Offset in the spare bin of each allocation of the step placed there.
+    pub(crate) offsets: Vec<Option<usize>>,
+    /// Its base address once reserved.
+    pub(crate) base: Option<u64>,
 }
 
 /// Planned-steps state, behind the allocator's lock.
@@ -57,6 +72,8 @@ pub(crate) struct Planner {
     pub(crate) active: Option<Active>,
     /// Steps and allocations served so far.
     pub(crate) counts: PlannedCounts,
+    /// Whether a packable step was recorded before (the first one is planned at once).
+    pub(crate) recorded_before: bool,
 }
 
 impl Planner {

@@ -1,23 +1,30 @@
 //! Planned steps inside the allocator (`planned_steps:True`, with
-//! [`CachingAllocator::mark_step`] called at the start of every training step): a steady loop
+//! [`CachingAllocator::mark_step`] called at the start of every training step): a loop's step
 //! is recorded once, packed offline into the cache's own free memory (interval packing into
 //! bins, [`BinPlan::pack`]) and then served from it, each allocation at its planned address with
-//! no search and no backend call.
+//! no search.
 //!
 //! - **Recording.** While no plan is active, every allocation and free between two markers is
-//!   recorded. When a step's requests (sizes and stream, in order) equal those of the step
-//!   recorded before it, the loop is steady and the plan starts. The blocks the step allocated
-//!   and freed again are packed; those it left live (a batch that a Python-style loop frees
-//!   only when the next step assigns the next one, a logged loss kept for good) are left to
-//!   the cache in every step. All of the packed blocks' memory is free at that marker, so the
-//!   free blocks of the stream are the bins: the step is packed into them, and those that
-//!   receive blocks leave the pools (state `Arena`). No memory is reserved for the plan.
-//!   With expandable segments, a step the bins cannot hold whole, or one with blocks left to
-//!   the cache, is not planned: the bins would keep whole free pages from being remapped for
-//!   the requests the cache serves.
+//!   recorded. The first packable step recorded is planned at once: a loop's second step
+//!   repeats its first but for what the first leaves live at its end (the optimizer's state),
+//!   and the second step is where a loop reaches its peak, after that state took free blocks
+//!   the activations had left. After a plan is dropped, a step is planned when its requests
+//!   (sizes and stream, in order) equal those of the step recorded before it. The blocks the
+//!   step allocated and freed again are packed; those it left live (a batch that a
+//!   Python-style loop frees only when the next step assigns the next one, a logged loss kept
+//!   for good, the optimizer's state) are left to the cache in every step. All of the packed
+//!   blocks' memory is free at that marker, so the free blocks of the stream are the bins: the
+//!   step is packed into them, and those that receive blocks leave the pools (state `Arena`).
+//!   With fixed segments, the blocks no bin has room for are packed into one *spare* bin: a
+//!   new segment just large enough for them, reserved when the step first asks for one of
+//!   them (a step that leaves the plan before then reserves nothing; a backend that refuses
+//!   it sends them to the cache). With expandable segments, a step the bins cannot hold
+//!   whole, or one with blocks left to the cache, is not planned: the bins would keep whole
+//!   free pages from being remapped for the requests the cache serves.
 //! - **Serving.** The i-th allocation of a planned step that asks for the planned size on the
 //!   planned stream, and whose planned range overlaps no planned block still live, is placed
-//!   there; one that no bin had room for goes through the cache. Anything else is a
+//!   there (in the spare bin, reserved then if it is the first); one the plan leaves to the
+//!   cache goes through the cache. Anything else is a
 //!   deviation: that allocation and the rest of the step go through the cache, as without a
 //!   plan; blocks already placed stay where they are.
 //! - **Dropping.** At the marker after a deviating or incomplete step, or when a planned block
@@ -35,9 +42,13 @@ use crate::backend::StreamId;
 use crate::block::{Block, BlockState, State, NONE};
 use crate::error::Result;
 use crate::handle::RawAllocation;
+use crate::plan_state::Spare;
 use crate::plan_state::{Active, PlannedCounts, RecordedStep};
 use crate::planned::BinPlan;
+use crate::sizes::ROUND_LARGE;
 use crate::slab::ARENA_SEGMENT;
+use crate::stats::PoolKind;
+use crate::trace::Trace;
 use std::collections::BTreeMap;
 
 impl State {
@@ -137,7 +148,12 @@ impl CachingAllocator {
         }
         let i = a.next;
         let bytes = crate::round_size(size);
-        let place = a.places.get(i).copied().flatten();
+        let asked = a.requests.get(i) == Some(&size) && a.stream == stream;
+        let mut place = a.places.get(i).copied().flatten();
+        if asked && place.is_none() {
+            place = self.spare_place(st, i, stream);
+        }
+        let a = st.planner.as_mut()?.active.as_mut()?;
         let clash = place.is_some_and(|(addr, _)| {
             let end = addr + bytes as u64;
             a.live
@@ -145,7 +161,7 @@ impl CachingAllocator {
                 .next_back()
                 .is_some_and(|(_, &e)| e > addr)
         });
-        if a.requests.get(i) != Some(&size) || a.stream != stream || clash {
+        if !asked || clash {
             // The rest of the step goes to the cache, which gets the idle bins back.
             a.deviated = true;
             st.yield_plan();
@@ -176,9 +192,43 @@ impl CachingAllocator {
         })
     }
 
+    /// Where allocation `i` of the step goes in the spare bin, reserving the bin (one fixed
+    /// segment) when this is the first of its blocks the step asks for; `None` when the plan
+    /// has no spare place for it or the backend refuses the segment (then the spare bin is
+    /// given up, and its blocks go to the cache).
+    fn spare_place(&self, st: &mut State, i: usize, stream: StreamId) -> Option<(u64, PoolKind)> {
+        let spare = st.planner.as_mut()?.active.as_mut()?.spare.as_mut()?;
+        let offset = spare.offsets.get(i).copied().flatten()?;
+        let base = match spare.base {
+            Some(base) => base,
+            None => {
+                let bytes = spare.bytes;
+                let si = st.stream_index(stream);
+                let Ok(id) = self.reserve_fixed(st, si, PoolKind::Large, bytes) else {
+                    if let Some(a) = st.planner.as_mut().and_then(|p| p.active.as_mut()) {
+                        a.spare = None;
+                    }
+                    return None;
+                };
+                st.pool_insert(id);
+                st.take_bin(id, bytes);
+                let base = st.blocks[id as usize].addr;
+                let a = st.planner.as_mut()?.active.as_mut()?;
+                a.bins.push(id);
+                if let Some(s) = a.spare.as_mut() {
+                    s.base = Some(base);
+                }
+                base
+            }
+        };
+        Some((base + offset as u64, PoolKind::Large))
+    }
+
     /// Marks the start of a training step (a no-op unless `planned_steps` is on): closes the
-    /// step before it, plans the loop once two packable steps in a row made the same requests,
-    /// and drops the plan after a step that deviated from it. Makes no backend call.
+    /// step before it, plans the loop from the first packable step recorded (and, after a plan
+    /// was dropped, once two packable steps in a row made the same requests), and drops the
+    /// plan after a step that deviated from it. Makes no backend call (a plan's spare bin is
+    /// reserved when its step first needs it).
     pub fn mark_step(&self) -> Result<()> {
         if !self.config.planned_steps {
             return Ok(());
@@ -209,7 +259,8 @@ impl CachingAllocator {
             p.previous = None;
             return Ok(());
         }
-        if p.previous.as_ref() != Some(&step.requests) {
+        let first = !std::mem::replace(&mut p.recorded_before, true);
+        if !first && p.previous.as_ref() != Some(&step.requests) {
             p.previous = Some(step.requests);
             return Ok(());
         }
@@ -286,6 +337,7 @@ impl CachingAllocator {
             // remapped for them, and those requests would map new pages every step.
             return;
         }
+        let spare = spare_bin(step, &sizes, &mut plan);
         // Bytes of each bin up to the end of its last planned block.
         let mut used = vec![0usize; free.len()];
         let mut planned = plan.places.iter().zip(&plan.requests);
@@ -305,9 +357,21 @@ impl CachingAllocator {
             .filter(|&b| used[b] > 0)
             .map(|b| free[b])
             .collect();
-        if bins.is_empty() {
+        if bins.is_empty() && spare.is_none() {
             return;
         }
+        // Offsets in the spare bin, per allocation of the step (those left to the cache: none).
+        let spare = spare.map(|(bytes, offsets)| {
+            let mut offsets = offsets.into_iter();
+            Spare {
+                bytes,
+                offsets: inside
+                    .iter()
+                    .map(|&i| if i { offsets.next().flatten() } else { None })
+                    .collect(),
+                base: None,
+            }
+        });
         for (bin, &bytes) in free.iter().zip(&used) {
             if bytes > 0 {
                 st.take_bin(*bin, bytes);
@@ -322,6 +386,7 @@ impl CachingAllocator {
             deviated: false,
             dropped: false,
             live: BTreeMap::new(),
+            spare,
         };
         if let Some(p) = st.planner.as_mut() {
             p.active = Some(active);
@@ -372,4 +437,42 @@ impl CachingAllocator {
         let disjoint = spans.windows(2).all(|w| w[0].1 <= w[1].0);
         (!inside || !disjoint).then(|| "planned blocks overlap or leave their bins".into())
     }
+}
+
+/// The spare bin of a fixed-segment plan whose packing left blocks without room: the step
+/// packed again with one more bin of unbounded size, which takes only what no free block can
+/// hold (the packer tries the smallest bins first). Returns its size, rounded up to whole
+/// [`ROUND_LARGE`] units, and each packed block's offset in it (in `plan`'s order), and moves
+/// `plan` to that packing; `None` when every block found room (or the step cannot be packed).
+fn spare_bin(
+    step: &Trace,
+    bins: &[usize],
+    plan: &mut BinPlan,
+) -> Option<(usize, Vec<Option<usize>>)> {
+    if plan.places.iter().all(Option::is_some) {
+        return None;
+    }
+    let spare = bins.len();
+    let mut with_spare = bins.to_vec();
+    with_spare.push(usize::MAX / 4);
+    let packed = BinPlan::pack(step, &with_spare).ok()?;
+    let offsets: Vec<Option<usize>> = packed
+        .places
+        .iter()
+        .map(|p| p.filter(|&(b, _)| b == spare).map(|(_, offset)| offset))
+        .collect();
+    let end = offsets
+        .iter()
+        .zip(&packed.requests)
+        .filter_map(|(o, &bytes)| o.map(|o| o + crate::round_size(bytes)))
+        .max()?;
+    let mut places = packed.places;
+    for p in &mut places {
+        if p.is_some_and(|(b, _)| b == spare) {
+            *p = None;
+        }
+    }
+    plan.places = places;
+    plan.requests = packed.requests;
+    Some((end.checked_next_multiple_of(ROUND_LARGE)?, offsets))
 }

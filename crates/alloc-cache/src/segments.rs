@@ -247,7 +247,7 @@ impl CachingAllocator {
     }
 
     /// A new fixed segment of exactly `size` bytes, as one free block (out of the pool).
-    fn reserve_fixed(
+    pub(crate) fn reserve_fixed(
         &self,
         st: &mut State,
         si: u16,

@@ -2,7 +2,7 @@
 //! packed into the cache's own free memory and served from it without search or backend call;
 //! deviations fall back to the cache without failing; statistics stay true throughout.
 
-use kiln_alloc_cache::planned::{steps_of, BinPlan};
+use kiln_alloc_cache::planned::BinPlan;
 use kiln_alloc_cache::synth::SplitMix64;
 use kiln_alloc_cache::*;
 use std::sync::Arc;
@@ -37,11 +37,12 @@ fn step(a: &CachingAllocator, sizes: [usize; 3]) -> [u64; 3] {
     [addrs[0], addrs[1], third]
 }
 
-/// An allocator after three `step`s of 100, 1000 and 600 B and the marker after them: the
-/// plan is active, its 2048 B bin at the start of the small segment, whose address is returned.
+/// An allocator after two `step`s of 100, 1000 and 600 B and the marker after each: the plan
+/// made from the first is active and served the second, its 2048 B bin at the start of the
+/// small segment, whose address is returned.
 fn planned_allocator() -> (Arc<SimBackend>, CachingAllocator, u64) {
     let (sim, a) = sim_alloc(AllocatorConfig::default());
-    for _ in 0..3 {
+    for _ in 0..2 {
         a.mark_step().unwrap();
         step(&a, [100, 1000, 600]);
     }
@@ -75,13 +76,10 @@ fn packing_into_bins_uses_the_smallest_bin_with_room() {
 }
 
 #[test]
-fn a_repeating_step_is_planned_at_the_third_marker_and_served_without_calls() {
+fn a_loop_is_planned_from_its_first_step_and_served_without_calls() {
     let (sim, a) = sim_alloc(AllocatorConfig::default());
     a.mark_step().unwrap();
     let first = step(&a, [100, 1000, 600]);
-    a.mark_step().unwrap();
-    assert_eq!(step(&a, [100, 1000, 600]), first);
-    assert_eq!(a.plan_counts().1, 0, "one step recorded is not a loop");
     a.mark_step().unwrap();
     // The small segment (2 MiB) was the only free block: 2048 B of it are the plan's bin.
     assert_eq!(a.plan_counts().1, 2048);
@@ -155,6 +153,121 @@ fn a_deviating_step_falls_back_and_the_plan_is_dropped() {
     a.check_invariants().unwrap();
 }
 
+/// Step 1 of a loop: two 12 MiB activations live together, then the optimizer's 12 MiB state
+/// (kept). Each activation has a segment of its own and the state takes the first one's, so
+/// at the next marker the one free block (12 MiB) holds one activation: the plan puts the
+/// other in a spare bin. Returns the allocator, the backend, the state and the addresses of
+/// the two segments (the state's, the free one).
+fn first_step_with_state() -> (Arc<SimBackend>, CachingAllocator, RawAllocation, [u64; 2]) {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    a.mark_step().unwrap();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    let addrs = [x.addr(), y.addr()];
+    a.free_raw(x).unwrap();
+    a.free_raw(y).unwrap();
+    let state = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(state.addr(), addrs[0]);
+    a.mark_step().unwrap();
+    a.check_invariants().unwrap();
+    (sim, a, state, addrs)
+}
+
+/// The spare bin is one segment, reserved when the step first asks for a block in it, not at
+/// the marker; the step's blocks are placed without search, and the plan's peak is its peak
+/// of live bytes.
+#[test]
+fn blocks_without_room_share_one_spare_segment_reserved_when_first_asked() {
+    let (sim, a, state, [_, free]) = first_step_with_state();
+    let calls = sim.calls().memory_calls();
+    assert_eq!(calls, 2, "two 12 MiB segments");
+    assert_eq!(
+        a.plan_counts().1,
+        12 * MIB,
+        "the free segment is the plan's bin"
+    );
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(
+        x.addr(),
+        free,
+        "the largest block first, in the smallest bin with room"
+    );
+    assert_eq!(
+        sim.calls().memory_calls(),
+        calls,
+        "the spare is not reserved yet"
+    );
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(
+        sim.calls().memory_calls(),
+        calls + 1,
+        "one segment for the spare bin"
+    );
+    assert_eq!(a.plan_counts().0.arena_allocs, 2, "both placed by the plan");
+    let spare = a
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| (s.address, s.total_size))
+        .max()
+        .unwrap();
+    assert_eq!((y.addr(), spare.1), (spare.0, 12 * MIB));
+    let s = a.memory_stats();
+    assert_eq!(
+        s.reserved_bytes.all.peak,
+        36 * MIB as i64,
+        "peak live: 36 MiB"
+    );
+    assert_eq!(s.allocated_bytes.all.current, 36 * MIB as i64);
+    a.check_invariants().unwrap();
+    a.free_raw(x).unwrap();
+    a.free_raw(y).unwrap();
+    // Step 2 made no state: the plan is left at the marker, and its bins (the spare too) go
+    // back to the cache, which serves the next steps from them without a call.
+    a.mark_step().unwrap();
+    assert_eq!(a.plan_counts().0.fallback_steps, 1);
+    assert_eq!(a.memory_stats().inactive_split.all.current, 0);
+    for _ in 0..3 {
+        let x = a.allocate_raw(12 * MIB, S0).unwrap();
+        let y = a.allocate_raw(12 * MIB, S0).unwrap();
+        a.free_raw(x).unwrap();
+        a.free_raw(y).unwrap();
+        a.mark_step().unwrap();
+    }
+    assert_eq!(sim.calls().memory_calls(), calls + 1);
+    a.free_raw(state).unwrap();
+    a.check_invariants().unwrap();
+}
+
+/// A step that leaves the plan before asking for a block of its spare bin reserves nothing for
+/// it: the cache serves the rest of the step as it would without a plan.
+#[test]
+fn a_step_leaving_the_plan_before_its_spare_blocks_reserves_no_spare() {
+    let (sim, a, state, [_, free]) = first_step_with_state();
+    let calls = sim.calls().memory_calls();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(x.addr(), free);
+    // 20 MiB is not the plan's second request: the cache gets a segment for it (the idle
+    // bins went back first), and nothing else is reserved.
+    let y = a.allocate_raw(20 * MIB, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), calls + 1);
+    assert_eq!(
+        a.memory_stats().reserved_bytes.all.current,
+        (24 + 20) * MIB as i64
+    );
+    a.check_invariants().unwrap();
+    for r in [x, y, state] {
+        a.free_raw(r).unwrap();
+    }
+    a.mark_step().unwrap();
+    let (counts, bytes) = a.plan_counts();
+    assert_eq!(
+        (counts.fallback_steps, counts.arena_allocs, bytes),
+        (1, 1, 0)
+    );
+    a.check_invariants().unwrap();
+}
+
 /// A Python training loop frees step N's batch only when step N+1 assigns the next one, and a
 /// loop may keep a block for good (a logged loss): those blocks outlive their step, so the
 /// cache serves them while the rest of the step is planned (default mode), at the same
@@ -187,10 +300,10 @@ fn blocks_that_outlive_their_step_are_left_to_the_cache() {
         if expandable {
             assert_eq!(counts, planned::PlannedCounts::default());
         } else {
-            // Steps 0 and 1 recorded, 2-6 served from the plan.
-            assert_eq!((counts.planned_steps, counts.fallback_steps), (5, 0));
-            assert_eq!(counts.arena_allocs, 5 * 3);
-            assert!(addrs[2..].iter().all(|x| *x == addrs[2]), "{addrs:x?}");
+            // Step 0 recorded, 1-6 served from the plan made from it.
+            assert_eq!((counts.planned_steps, counts.fallback_steps), (6, 0));
+            assert_eq!(counts.arena_allocs, 6 * 3);
+            assert!(addrs[1..].iter().all(|x| *x == addrs[1]), "{addrs:x?}");
             assert_eq!(calls, 0);
         }
         a.check_invariants().unwrap();
@@ -202,15 +315,24 @@ fn blocks_that_outlive_their_step_are_left_to_the_cache() {
     }
 }
 
+/// The plan made from the first step is left at the second step's first request, and no step
+/// repeats the one before it after that, so nothing is planned again.
 #[test]
-fn steps_that_change_shape_are_never_planned() {
-    let (_, a) = sim_alloc(AllocatorConfig::default());
+fn steps_that_change_shape_fall_back_once_and_are_not_planned_again() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
     for (i, n) in [100, 200, 300, 400].into_iter().enumerate() {
         a.mark_step().unwrap();
         step(&a, [n, 1000 + i, 600]);
     }
     a.mark_step().unwrap();
-    assert_eq!(a.plan_counts(), (planned::PlannedCounts::default(), 0));
+    let fell_back = planned::PlannedCounts {
+        fallback_steps: 1,
+        ..Default::default()
+    };
+    assert_eq!(a.plan_counts(), (fell_back, 0));
+    // One small segment served every step: the plan reserved nothing.
+    assert_eq!(sim.calls().memory_calls(), 1);
+    assert_eq!(a.memory_stats().inactive_split.all.current, 0);
     // Without `planned_steps`, markers change nothing.
     let sim = Arc::new(SimBackend::new(1 << 30));
     let plain = CachingAllocator::new(Arc::clone(&sim), AllocatorConfig::default()).unwrap();
@@ -301,102 +423,6 @@ fn planned_steps_is_a_setting() {
     assert!(c.planned_steps && c.expandable_segments);
     let e = AllocatorConfig::parse("planned_steps:often").unwrap_err();
     assert!(e.to_string().contains("expected True or False"), "{e}");
-}
-
-/// The recorded fixed-shape runs: steps 2 and 3 repeat, so steps 4-6 are planned; they make no
-/// backend call, and the run's peak and tight-capacity failures are those of the same mode
-/// without planning (the plan reserves nothing). With page stitching, `vit_adamw_gpu`'s step
-/// does not fit the free blocks at the marker, so it is not planned at all: a plan of the bins
-/// that fit would leave the rest to map new pages every step (it raised the peak from 1.011 to
-/// 1.037 of peak live). PyTorch's recorded runs keep each batch into the next step, which the
-/// cache serves: planned in default mode, not with expandable segments.
-#[test]
-fn recorded_runs_are_planned_from_step_4_at_no_cost() {
-    let stitching = AllocatorConfig {
-        page_stitching: true,
-        ..AllocatorConfig::expandable()
-    };
-    for (name, text, planned_with_stitching) in [
-        (
-            "resnet18_sgd",
-            include_str!("../traces/resnet18_sgd.trace"),
-            true,
-        ),
-        ("vit_adamw", include_str!("../traces/vit_adamw.trace"), true),
-        (
-            "resnet18_sgd_gpu",
-            include_str!("../traces/resnet18_sgd_gpu.trace"),
-            true,
-        ),
-        (
-            "vit_adamw_gpu",
-            include_str!("../traces/vit_adamw_gpu.trace"),
-            false,
-        ),
-        // PyTorch's runs free each batch in the next step: planned in default mode only.
-        (
-            "torch_resnet18_sgd",
-            include_str!("../traces/torch_resnet18_sgd.trace"),
-            false,
-        ),
-        (
-            "torch_vit_adamw",
-            include_str!("../traces/torch_vit_adamw.trace"),
-            false,
-        ),
-        (
-            "torch_resnet18_sgd_gpu",
-            include_str!("../traces/torch_resnet18_sgd_gpu.trace"),
-            false,
-        ),
-        (
-            "torch_vit_adamw_gpu",
-            include_str!("../traces/torch_vit_adamw_gpu.trace"),
-            false,
-        ),
-    ] {
-        let steps = steps_of(text).unwrap();
-        for config in [AllocatorConfig::default(), stitching.clone()] {
-            let planned_here = planned_with_stitching || !config.page_stitching;
-            let live = Trace::parse(text).unwrap().peak_live_bytes();
-            let capacity = ((live as f64 * 1.05) as usize).div_ceil(2 * MIB) * 2 * MIB;
-            let mut figures = Vec::new();
-            for plan in [false, true] {
-                let config = AllocatorConfig {
-                    planned_steps: plan,
-                    ..config.clone()
-                };
-                let mut r = Replayer::with_config(config.clone(), 80 << 30).unwrap();
-                let mut calls_from_step_4 = 0;
-                for (i, s) in steps.iter().enumerate() {
-                    r.allocator().mark_step().unwrap();
-                    let before = r.sim().calls().memory_calls();
-                    r.run(s).unwrap();
-                    if i >= 4 {
-                        calls_from_step_4 += r.sim().calls().memory_calls() - before;
-                    }
-                    r.allocator().check_invariants().unwrap();
-                }
-                let mut tight = Replayer::with_config(config, capacity).unwrap();
-                tight.run_steps(text).unwrap();
-                figures.push((r.report(), calls_from_step_4, tight.report().ooms));
-                let (counts, _) = r.allocator().plan_counts();
-                if plan {
-                    // Steps 4 and 5 counted at the marker after them; step 6 has none.
-                    let expected = if planned_here { (2, 0) } else { (0, 0) };
-                    assert_eq!(
-                        (counts.planned_steps, counts.fallback_steps),
-                        expected,
-                        "{name}"
-                    );
-                    if planned_here {
-                        assert_eq!(calls_from_step_4, 0, "{name}");
-                    }
-                }
-            }
-            assert_eq!(figures[0], figures[1], "{name} {config:?}");
-        }
-    }
 }
 
 /// Seeded random loops: a step template repeated with random deviations (another size, an

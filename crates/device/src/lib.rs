@@ -33,7 +33,7 @@ pub use layout::{
 };
 pub use memory::dump_snapshot;
 pub use memory::{
-    allocator, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
+    allocator, empty_cache, mark_step, max_memory_allocated, max_memory_reserved, memory_allocated,
     memory_history, memory_reserved, memory_snapshot, memory_stats, memory_summary,
     reattribute_storage, record_memory_history, reset_peak_memory_stats, set_memory_plan,
 };

@@ -185,6 +185,14 @@ pub fn reset_peak_memory_stats(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// Marks the start of a training step on `device`'s allocator (PyTorch has no counterpart):
+/// with `planned_steps:True` in `KILN_ALLOC_CONF` the allocator plans the loop's steps from
+/// what it records between markers (see `kiln_alloc_cache`'s `planner`); without it this does
+/// nothing. Call it once per optimizer step, before the step's first allocation.
+pub fn mark_step(device: Device) -> Result<()> {
+    Ok(allocator(device)?.mark_step()?)
+}
+
 /// Returns every cached, unused segment of `device` to the system or driver and says how many
 /// bytes it released. Memory held by live tensors stays; on CUDA this may wait for work queued
 /// on other streams that still uses cached blocks.

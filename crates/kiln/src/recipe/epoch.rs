@@ -159,6 +159,10 @@ impl Trainer {
             // (the last group of an epoch may be shorter), so a step sees the group's mean.
             let group_start = i - i % config.accum_steps;
             let group_len = config.accum_steps.min(batches - group_start);
+            if i == group_start {
+                // Planned steps (`planned_steps:True` in KILN_ALLOC_CONF) start here.
+                kiln_device::mark_step(device)?;
+            }
             self.memory.before_batch(config, epoch, i, batches)?;
             let sync = i + 1 == group_start + group_len;
             let value = forward_backward(
