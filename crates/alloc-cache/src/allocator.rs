@@ -290,14 +290,20 @@ impl CachingAllocator {
             self.process_events(&mut st)?;
         }
         st.clock += 1;
-        if st.planner.is_some() {
+        // Planned steps follow the thread that marks them; other threads (a loader's, a
+        // kernel's workers) allocate from the cache, their order between steps being no one's.
+        let planning = st
+            .planner
+            .as_ref()
+            .is_some_and(|p| p.thread == crate::plan_state::current_thread());
+        if planning {
             if let Some(raw) = self.planned_alloc(&mut st, size, stream) {
                 return Ok(raw);
             }
         }
         let si = st.stream_index(stream);
         let id = self.take_block(&mut st, si, rounded, size, true)?;
-        if st.planner.is_some() {
+        if planning {
             let (alloc_id, addr) = (st.blocks[id as usize].alloc_id, st.blocks[id as usize].addr);
             if let Some(p) = st.planner.as_mut() {
                 p.record_alloc(alloc_id, size, stream, addr);

@@ -2,8 +2,9 @@
 //! is being recorded, and the plan being served. A leaf module, so the allocator's state can
 //! hold it without the logic's dependencies.
 //!
-//! Invariants: `recording` holds events only while no plan is active; `Active::places` has one
-//! entry per request; `Active::live` holds exactly the planned blocks allocated or pending.
+//! Invariants: `recording` holds events only while no plan is active, and allocations only of
+//! the thread that marks the steps; `Active::places` has one entry per request; `Active::live`
+//! holds exactly the planned blocks allocated or pending.
 
 use crate::backend::StreamId;
 use crate::stats::PoolKind;
@@ -74,6 +75,20 @@ pub(crate) struct Planner {
     pub(crate) counts: PlannedCounts,
     /// Whether a packable step was recorded before (the first one is planned at once).
     pub(crate) recorded_before: bool,
+    /// The thread that marked the last step ([`current_thread`]): only its allocations are
+    /// recorded and planned.
+    pub(crate) thread: u64,
+}
+
+/// A number for the calling thread, unique in the process (0 is no thread): what
+/// [`Planner::thread`] compares, where `std::thread::current()` would take a reference count.
+pub(crate) fn current_thread() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    ID.with(|id| *id)
 }
 
 impl Planner {

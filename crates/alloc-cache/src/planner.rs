@@ -5,7 +5,9 @@
 //! no search.
 //!
 //! - **Recording.** While no plan is active, every allocation and free between two markers is
-//!   recorded. The first packable step recorded is planned at once: a loop's second step
+//!   recorded, allocations only from the thread that marks the steps: other threads (a data
+//!   loader's prefetching, a kernel's workers taking scratch) allocate in an order that
+//!   changes from step to step, so the cache serves them and no plan waits on them. The first packable step recorded is planned at once: a loop's second step
 //!   repeats its first but for what the first leaves live at its end (the optimizer's state),
 //!   and the second step is where a loop reaches its peak, after that state took free blocks
 //!   the activations had left. After a plan is dropped, a step is planned when its requests
@@ -236,6 +238,7 @@ impl CachingAllocator {
         let mut st = self.lock();
         let ooms = st.stats.num_ooms;
         let p = st.planner.get_or_insert_with(Box::default);
+        p.thread = crate::plan_state::current_thread();
         if let Some(a) = p.active.as_mut() {
             let kept = !a.deviated && a.next == a.requests.len() && a.live.is_empty();
             if kept && !a.dropped {

@@ -268,6 +268,50 @@ fn a_step_leaving_the_plan_before_its_spare_blocks_reserves_no_spare() {
     a.check_invariants().unwrap();
 }
 
+/// Another thread's allocations inside a step (a loader prefetching the next batch, a kernel's
+/// workers taking scratch) come in an order of their own: the cache serves them, and they are
+/// neither recorded nor a deviation, so the marking thread's steps are planned whatever the
+/// other thread asks for.
+#[test]
+fn other_threads_allocate_from_the_cache_without_disturbing_the_plan() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    let mut calls_after_step_1 = 0;
+    for i in 0..6usize {
+        a.mark_step().unwrap();
+        let before = sim.calls().memory_calls();
+        let x = a.allocate_raw(100, S0).unwrap();
+        // A size that changes every step, between the marking thread's first two requests.
+        let other = std::thread::scope(|s| {
+            s.spawn(|| a.allocate_raw(4096 * (i + 1), S0).unwrap())
+                .join()
+                .unwrap()
+        });
+        let y = a.allocate_raw(1000, S0).unwrap();
+        a.free_raw(other).unwrap();
+        a.free_raw(x).unwrap();
+        let z = a.allocate_raw(600, S0).unwrap();
+        a.free_raw(y).unwrap();
+        a.free_raw(z).unwrap();
+        a.check_invariants().unwrap();
+        if i >= 1 {
+            calls_after_step_1 += sim.calls().memory_calls() - before;
+        }
+    }
+    a.mark_step().unwrap();
+    let (counts, bytes) = a.plan_counts();
+    // Step 0 recorded, 1-5 served from the plan made from it.
+    assert_eq!(
+        (
+            counts.planned_steps,
+            counts.fallback_steps,
+            counts.arena_allocs
+        ),
+        (5, 0, 15)
+    );
+    assert_eq!(bytes, 2048);
+    assert_eq!(calls_after_step_1, 0);
+}
+
 /// A Python training loop frees step N's batch only when step N+1 assigns the next one, and a
 /// loop may keep a block for good (a logged loss): those blocks outlive their step, so the
 /// cache serves them while the rest of the step is planned (default mode), at the same

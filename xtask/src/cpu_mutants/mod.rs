@@ -3,8 +3,9 @@
 //! reader), in the paths taken only above a size or for a kind of input (parallel chunks,
 //! strided walks, blocks and chunks of long tensors, size classes shared by several sizes, zip64
 //! records), and in rules that only some settings or inputs reach (`rules.rs`: parameter groups,
-//! the allocator's boundaries and planned steps, the data loader, the backward engine, DDP and
-//! ZeRO, freezing and checkpoint files, the schedulers' and losses' edges) or only a case sized
+//! the allocator's boundaries, the data loader, the backward engine, DDP and ZeRO, freezing and
+//! checkpoint files, the schedulers' and losses' edges; `planned.rs`: the allocator's planned
+//! steps) or only a case sized
 //! to an exact boundary reaches (`boundaries.rs`: the model of PyTorch's allocator, the sum of
 //! the weight gradient's partials), and shows that the test meant to cover each fails.
 //!
@@ -20,6 +21,7 @@
 
 mod boundaries;
 mod list;
+mod planned;
 mod rules;
 
 use list::Mutant;
@@ -42,6 +44,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let chosen: Vec<&Mutant> = list::MUTANTS
         .iter()
         .chain(rules::MUTANTS)
+        .chain(planned::MUTANTS)
         .chain(boundaries::MUTANTS)
         .filter(|m| only.is_empty() || only.iter().any(|o| m.bug.contains(o.as_str())))
         .collect();

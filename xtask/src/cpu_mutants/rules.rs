@@ -1,6 +1,6 @@
 //! The bugs `cargo xtask cpu-mutants` plants in rules that only some settings or inputs reach:
 //! a parameter group's overrides and state dicts, the caching allocator's `max_split_size`
-//! boundaries, planned steps' deviations and stitching's choice of pages, the data loader's
+//! boundaries and stitching's choice of pages (planned steps' rules: `planned.rs`), the data loader's
 //! per-sample draws, shards and flip-only augmentation, the backward engine's frozen leaves and
 //! autocast scope, GradScaler's count of clean steps, DDP's bucket cap, second backward and
 //! unused parameters, ZeRO's `zero_grad`, freezing and checkpoint files, ReduceLROnPlateau,
@@ -23,7 +23,6 @@ const GROUP_STATE: &str =
     "a_state_dict_of_several_groups_restores_each_groups_options_and_initial_lr";
 const MAX_SPLIT: &str = "max_split_size_rules_hold_at_their_exact_boundaries";
 const SEGMENT_POLICY: &[&str] = &["--test", "segment_policy"];
-const PLANNED: &[&str] = &["--test", "planned_steps"];
 const DDP: &[&str] = &["--test", "ddp"];
 const CHECKPOINT: &[&str] = &["--test", "checkpoint"];
 const PARITY: &[&str] = &["--test", "parity"];
@@ -200,51 +199,6 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "",
         target: &["--test", "autocast"],
         test: "backward_inside_an_autocast_scope_runs_in_the_forwards_dtypes",
-    },
-    Mutant {
-        bug: "the planned size asked on another stream is served from the plan's bin",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/planner.rs",
-        find: "let asked = a.requests.get(i) == Some(&size) && a.stream == stream;",
-        replace: "let asked = a.requests.get(i) == Some(&size);",
-        target: PLANNED,
-        test: "another_stream_or_a_short_step_is_a_deviation",
-    },
-    Mutant {
-        bug: "a loop is planned only once two steps repeat, not from its first step",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/planner.rs",
-        find: "let first = !std::mem::replace(&mut p.recorded_before, true);",
-        replace: "let first = !std::mem::replace(&mut p.recorded_before, true) && false;",
-        target: PLANNED,
-        test: "a_loop_is_planned_from_its_first_step_and_served_without_calls",
-    },
-    Mutant {
-        bug: "blocks no free block has room for get no spare bin",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/planner.rs",
-        find: "    if plan.places.iter().all(Option::is_some) {\n        return None;",
-        replace: "    if true {\n        return None;",
-        target: PLANNED,
-        test: "blocks_without_room_share_one_spare_segment_reserved_when_first_asked",
-    },
-    Mutant {
-        bug: "a planned step that stops early keeps its plan",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/planner.rs",
-        find: "let kept = !a.deviated && a.next == a.requests.len() && a.live.is_empty();",
-        replace: "let kept = !a.deviated && a.live.is_empty();",
-        target: PLANNED,
-        test: "another_stream_or_a_short_step_is_a_deviation",
-    },
-    Mutant {
-        bug: "a plan dropped at a marker keeps its bins out of the pools",
-        package: ALLOC,
-        file: "crates/alloc-cache/src/planner.rs",
-        find: "let release = a.live.is_empty();",
-        replace: "let release = false;",
-        target: PLANNED,
-        test: "another_stream_or_a_short_step_is_a_deviation",
     },
     Mutant {
         bug: "a DDP bucket that reaches the cap exactly stays open",

@@ -1,0 +1,66 @@
+//! The bugs `cargo xtask cpu-mutants` plants in the rules of the allocator's planned steps
+//! that only some loops reach: a loop planned from its first step, the spare bin of blocks
+//! without room, other threads' allocations, and the deviations (another stream, a step that
+//! stops early, a plan dropped at a marker); each with the test meant to cover it.
+
+use super::list::{Mutant, ALLOC};
+
+const PLANNED: &[&str] = &["--test", "planned_steps"];
+
+/// The planted bugs.
+pub const MUTANTS: &[Mutant] = &[
+    Mutant {
+        bug: "the planned size asked on another stream is served from the plan's bin",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "let asked = a.requests.get(i) == Some(&size) && a.stream == stream;",
+        replace: "let asked = a.requests.get(i) == Some(&size);",
+        target: PLANNED,
+        test: "another_stream_or_a_short_step_is_a_deviation",
+    },
+    Mutant {
+        bug: "a loop is planned only once two steps repeat, not from its first step",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "let first = !std::mem::replace(&mut p.recorded_before, true);",
+        replace: "let first = !std::mem::replace(&mut p.recorded_before, true) && false;",
+        target: PLANNED,
+        test: "a_loop_is_planned_from_its_first_step_and_served_without_calls",
+    },
+    Mutant {
+        bug: "planned steps record and place other threads' allocations too",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/allocator.rs",
+        find: ".is_some_and(|p| p.thread == crate::plan_state::current_thread());",
+        replace: ".is_some();",
+        target: PLANNED,
+        test: "other_threads_allocate_from_the_cache_without_disturbing_the_plan",
+    },
+    Mutant {
+        bug: "blocks no free block has room for get no spare bin",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "    if plan.places.iter().all(Option::is_some) {\n        return None;",
+        replace: "    if true {\n        return None;",
+        target: PLANNED,
+        test: "blocks_without_room_share_one_spare_segment_reserved_when_first_asked",
+    },
+    Mutant {
+        bug: "a planned step that stops early keeps its plan",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "let kept = !a.deviated && a.next == a.requests.len() && a.live.is_empty();",
+        replace: "let kept = !a.deviated && a.live.is_empty();",
+        target: PLANNED,
+        test: "another_stream_or_a_short_step_is_a_deviation",
+    },
+    Mutant {
+        bug: "a plan dropped at a marker keeps its bins out of the pools",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "let release = a.live.is_empty();",
+        replace: "let release = false;",
+        target: PLANNED,
+        test: "another_stream_or_a_short_step_is_a_deviation",
+    },
+];
