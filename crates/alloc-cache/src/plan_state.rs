@@ -44,6 +44,54 @@ pub(crate) struct Active {
     pub(crate) live: BTreeMap<u64, u64>,
     /// The bin for the blocks no free block had room for, if any.
     pub(crate) spare: Option<Spare>,
+    /// One past the index of the last allocation the plan places (0 when it places none): a
+    /// step that got that far has used the whole plan.
+    pub(crate) last_placed: usize,
+}
+
+/// Where a request that is not the plan's next one goes ([`Active::realign`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Realign {
+    /// It is the plan's request at this index: the ones before it, all served by the cache
+    /// (state the recorded step made, which this step does not), are skipped.
+    At(usize),
+    /// No block the plan placed is left in the step: the cache serves it and the plan goes on.
+    Extra,
+    /// A deviation.
+    Deviate,
+}
+
+impl Active {
+    /// Whether the plan leaves allocation `k` to the cache (it outlived the recorded step).
+    pub(crate) fn cached(&self, k: usize) -> bool {
+        self.places[k].is_none() && self.spare.as_ref().is_none_or(|s| s.offsets[k].is_none())
+    }
+
+    /// One past the index of the last allocation the plan places (0 when it places none).
+    pub(crate) fn find_last_placed(&self) -> usize {
+        (0..self.requests.len())
+            .rev()
+            .find(|&k| !self.cached(k))
+            .map_or(0, |k| k + 1)
+    }
+
+    /// Where a request of `size` goes when allocation `i` of the plan asks for another size:
+    /// at the first later allocation of that size when only allocations the cache serves lie
+    /// between (the recorded step made them and this step does not: the optimizer's state,
+    /// made in the first step only), or, past the last placed allocation, to the cache.
+    pub(crate) fn realign(&self, i: usize, size: usize) -> Realign {
+        let mut k = i;
+        while k < self.requests.len() && self.requests[k] != size && self.cached(k) {
+            k += 1;
+        }
+        if self.requests.get(k) == Some(&size) {
+            Realign::At(k)
+        } else if i >= self.last_placed {
+            Realign::Extra
+        } else {
+            Realign::Deviate
+        }
+    }
 }
 
 /// A bin of new memory for the planned blocks no free block had room for: reserved (one

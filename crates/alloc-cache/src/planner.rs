@@ -9,9 +9,9 @@
 //!   loader's prefetching, a kernel's workers taking scratch) allocate in an order that
 //!   changes from step to step, so the cache serves them and no plan waits on them. The
 //!   first packable step recorded is planned at once: a loop's second step repeats its first
-//!   but for what the first leaves live at its end (the optimizer's state), and the second
-//!   step is where a loop reaches its peak, after that state took free blocks the activations
-//!   had left. After a plan is dropped, a step is planned when its requests (sizes and
+//!   but for what the first leaves live (the optimizer's state, skipped when serving), and the
+//!   second step is where a loop reaches its peak, after that state took free blocks the
+//!   activations had left. After a plan is dropped, a step is planned when its requests (sizes and
 //!   stream, in order) equal those of the step recorded before it. The blocks the step
 //!   allocated and freed again are packed; those it left live (a batch that a Python-style
 //!   loop frees only when the next step assigns the next one, a logged loss kept for good,
@@ -27,12 +27,17 @@
 //! - **Serving.** The i-th allocation of a planned step that asks for the planned size on the
 //!   planned stream, and whose planned range overlaps no planned block still live, is placed
 //!   there (in the spare bin, reserved then if it is the first); one the plan leaves to the
-//!   cache goes through the cache, as do other threads' allocations. Anything else is a
+//!   cache goes through the cache, as do other threads' allocations. A request of another size
+//!   is matched to the next planned request of its size when only requests the plan leaves to
+//!   the cache lie between (what the recorded step made and later steps do not: the
+//!   optimizer's state, made in the first step only, is skipped so); past the plan's last
+//!   placed allocation it goes to the cache (a value logged now and then). Anything else is a
 //!   deviation: that allocation and the rest of the step go through the cache, as without a
 //!   plan; blocks already placed stay where they are.
-//! - **Dropping.** At the marker after a deviating or incomplete step, or when a planned block
-//!   outlives its step, the plan is dropped: the bins go back to the pools once their last
-//!   block is freed, and recording starts again.
+//! - **Dropping.** At the marker after a deviating step, a step that stopped before the plan's
+//!   last placed allocation, or when a planned block outlives its step, the plan is dropped:
+//!   the bins go back to the pools once their last block is freed, and recording starts
+//!   again.
 //!
 //! Invariants: two planned blocks live at once never overlap and each lies inside its bin
 //! (checked on every placement, not assumed from the plan); a planned block is a block of
@@ -46,7 +51,7 @@ use crate::block::{Block, BlockState, State, NONE};
 use crate::error::Result;
 use crate::handle::RawAllocation;
 use crate::plan_state::Spare;
-use crate::plan_state::{Active, PlannedCounts, RecordedStep};
+use crate::plan_state::{Active, PlannedCounts, Realign, RecordedStep};
 use crate::planned::BinPlan;
 use crate::sizes::ROUND_LARGE;
 use crate::slab::ARENA_SEGMENT;
@@ -149,7 +154,16 @@ impl CachingAllocator {
         if a.deviated || a.dropped {
             return None;
         }
-        let i = a.next;
+        let mut i = a.next;
+        if a.stream == stream && a.requests.get(i) != Some(&size) {
+            match a.realign(i, size) {
+                Realign::At(k) => i = k,
+                // Past the plan's last placed block: the cache serves it, the plan stays.
+                Realign::Extra => return None,
+                Realign::Deviate => {}
+            }
+            a.next = i;
+        }
         let bytes = crate::round_size(size);
         let asked = a.requests.get(i) == Some(&size) && a.stream == stream;
         let mut place = a.places.get(i).copied().flatten();
@@ -241,7 +255,7 @@ impl CachingAllocator {
         let p = st.planner.get_or_insert_with(Box::default);
         p.thread = crate::plan_state::current_thread();
         if let Some(a) = p.active.as_mut() {
-            let kept = !a.deviated && a.next == a.requests.len() && a.live.is_empty();
+            let kept = !a.deviated && a.next >= a.last_placed && a.live.is_empty();
             if kept && !a.dropped {
                 a.next = 0;
                 p.counts.planned_steps += 1;
@@ -381,7 +395,7 @@ impl CachingAllocator {
                 st.take_bin(*bin, bytes);
             }
         }
-        let active = Active {
+        let mut active = Active {
             requests: requests.iter().map(|r| r.0).collect(),
             stream,
             places,
@@ -391,7 +405,9 @@ impl CachingAllocator {
             dropped: false,
             live: BTreeMap::new(),
             spare,
+            last_placed: 0,
         };
+        active.last_placed = active.find_last_placed();
         if let Some(p) = st.planner.as_mut() {
             p.active = Some(active);
         }

@@ -153,121 +153,6 @@ fn a_deviating_step_falls_back_and_the_plan_is_dropped() {
     a.check_invariants().unwrap();
 }
 
-/// Step 1 of a loop: two 12 MiB activations live together, then the optimizer's 12 MiB state
-/// (kept). Each activation has a segment of its own and the state takes the first one's, so
-/// at the next marker the one free block (12 MiB) holds one activation: the plan puts the
-/// other in a spare bin. Returns the allocator, the backend, the state and the addresses of
-/// the two segments (the state's, the free one).
-fn first_step_with_state() -> (Arc<SimBackend>, CachingAllocator, RawAllocation, [u64; 2]) {
-    let (sim, a) = sim_alloc(AllocatorConfig::default());
-    a.mark_step().unwrap();
-    let x = a.allocate_raw(12 * MIB, S0).unwrap();
-    let y = a.allocate_raw(12 * MIB, S0).unwrap();
-    let addrs = [x.addr(), y.addr()];
-    a.free_raw(x).unwrap();
-    a.free_raw(y).unwrap();
-    let state = a.allocate_raw(12 * MIB, S0).unwrap();
-    assert_eq!(state.addr(), addrs[0]);
-    a.mark_step().unwrap();
-    a.check_invariants().unwrap();
-    (sim, a, state, addrs)
-}
-
-/// The spare bin is one segment, reserved when the step first asks for a block in it, not at
-/// the marker; the step's blocks are placed without search, and the plan's peak is its peak
-/// of live bytes.
-#[test]
-fn blocks_without_room_share_one_spare_segment_reserved_when_first_asked() {
-    let (sim, a, state, [_, free]) = first_step_with_state();
-    let calls = sim.calls().memory_calls();
-    assert_eq!(calls, 2, "two 12 MiB segments");
-    assert_eq!(
-        a.plan_counts().1,
-        12 * MIB,
-        "the free segment is the plan's bin"
-    );
-    let x = a.allocate_raw(12 * MIB, S0).unwrap();
-    assert_eq!(
-        x.addr(),
-        free,
-        "the largest block first, in the smallest bin with room"
-    );
-    assert_eq!(
-        sim.calls().memory_calls(),
-        calls,
-        "the spare is not reserved yet"
-    );
-    let y = a.allocate_raw(12 * MIB, S0).unwrap();
-    assert_eq!(
-        sim.calls().memory_calls(),
-        calls + 1,
-        "one segment for the spare bin"
-    );
-    assert_eq!(a.plan_counts().0.arena_allocs, 2, "both placed by the plan");
-    let spare = a
-        .snapshot()
-        .segments
-        .iter()
-        .map(|s| (s.address, s.total_size))
-        .max()
-        .unwrap();
-    assert_eq!((y.addr(), spare.1), (spare.0, 12 * MIB));
-    let s = a.memory_stats();
-    assert_eq!(
-        s.reserved_bytes.all.peak,
-        36 * MIB as i64,
-        "peak live: 36 MiB"
-    );
-    assert_eq!(s.allocated_bytes.all.current, 36 * MIB as i64);
-    a.check_invariants().unwrap();
-    a.free_raw(x).unwrap();
-    a.free_raw(y).unwrap();
-    // Step 2 made no state: the plan is left at the marker, and its bins (the spare too) go
-    // back to the cache, which serves the next steps from them without a call.
-    a.mark_step().unwrap();
-    assert_eq!(a.plan_counts().0.fallback_steps, 1);
-    assert_eq!(a.memory_stats().inactive_split.all.current, 0);
-    for _ in 0..3 {
-        let x = a.allocate_raw(12 * MIB, S0).unwrap();
-        let y = a.allocate_raw(12 * MIB, S0).unwrap();
-        a.free_raw(x).unwrap();
-        a.free_raw(y).unwrap();
-        a.mark_step().unwrap();
-    }
-    assert_eq!(sim.calls().memory_calls(), calls + 1);
-    a.free_raw(state).unwrap();
-    a.check_invariants().unwrap();
-}
-
-/// A step that leaves the plan before asking for a block of its spare bin reserves nothing for
-/// it: the cache serves the rest of the step as it would without a plan.
-#[test]
-fn a_step_leaving_the_plan_before_its_spare_blocks_reserves_no_spare() {
-    let (sim, a, state, [_, free]) = first_step_with_state();
-    let calls = sim.calls().memory_calls();
-    let x = a.allocate_raw(12 * MIB, S0).unwrap();
-    assert_eq!(x.addr(), free);
-    // 20 MiB is not the plan's second request: the cache gets a segment for it (the idle
-    // bins went back first), and nothing else is reserved.
-    let y = a.allocate_raw(20 * MIB, S0).unwrap();
-    assert_eq!(sim.calls().memory_calls(), calls + 1);
-    assert_eq!(
-        a.memory_stats().reserved_bytes.all.current,
-        (24 + 20) * MIB as i64
-    );
-    a.check_invariants().unwrap();
-    for r in [x, y, state] {
-        a.free_raw(r).unwrap();
-    }
-    a.mark_step().unwrap();
-    let (counts, bytes) = a.plan_counts();
-    assert_eq!(
-        (counts.fallback_steps, counts.arena_allocs, bytes),
-        (1, 1, 0)
-    );
-    a.check_invariants().unwrap();
-}
-
 /// Another thread's allocations inside a step (a loader prefetching the next batch, a kernel's
 /// workers taking scratch) come in an order of their own: the cache serves them, and they are
 /// neither recorded nor a deviation, so the marking thread's steps are planned whatever the
@@ -310,6 +195,55 @@ fn other_threads_allocate_from_the_cache_without_disturbing_the_plan() {
     );
     assert_eq!(bytes, 2048);
     assert_eq!(calls_after_step_1, 0);
+}
+
+/// Step 1 makes state in the middle of the step (kept, as an optimizer's or a lazily built
+/// buffer's): later steps do not ask for it, and the plan skips its request; a request the
+/// plan does not know, once every placed block was asked for, goes to the cache without
+/// leaving the plan; one before that, which no skip explains, leaves it.
+#[test]
+fn requests_made_only_in_the_recorded_step_are_skipped_and_extra_ones_at_the_end_served() {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    a.mark_step().unwrap();
+    let x = a.allocate_raw(100, S0).unwrap();
+    let state = a.allocate_raw(300, S0).unwrap();
+    let y = a.allocate_raw(1000, S0).unwrap();
+    a.free_raw(x).unwrap();
+    a.free_raw(y).unwrap();
+    a.mark_step().unwrap();
+    let calls = sim.calls().memory_calls();
+    let mut places = Vec::new();
+    for extra in [false, true, false] {
+        let x = a.allocate_raw(100, S0).unwrap();
+        let y = a.allocate_raw(1000, S0).unwrap();
+        places.push([x.addr(), y.addr()]);
+        a.free_raw(x).unwrap();
+        a.free_raw(y).unwrap();
+        if extra {
+            let logged = a.allocate_raw(4000, S0).unwrap();
+            a.free_raw(logged).unwrap();
+        }
+        a.check_invariants().unwrap();
+        a.mark_step().unwrap();
+    }
+    assert!(places.iter().all(|p| *p == places[0]), "{places:x?}");
+    let (counts, _) = a.plan_counts();
+    assert_eq!(
+        (
+            counts.planned_steps,
+            counts.fallback_steps,
+            counts.arena_allocs
+        ),
+        (3, 0, 6)
+    );
+    assert_eq!(sim.calls().memory_calls(), calls);
+    // 4000 B first is no skip of requests the cache served: the step leaves the plan.
+    let w = a.allocate_raw(4000, S0).unwrap();
+    a.free_raw(w).unwrap();
+    a.mark_step().unwrap();
+    assert_eq!(a.plan_counts().0.fallback_steps, 1);
+    a.free_raw(state).unwrap();
+    a.check_invariants().unwrap();
 }
 
 /// A Python training loop frees step N's batch only when step N+1 assigns the next one, and a

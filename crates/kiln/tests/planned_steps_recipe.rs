@@ -66,20 +66,24 @@ fn a_planned_recipe_run_trains_the_same_and_is_served_from_plans() {
         [0, 0, 0],
         "markers do nothing without the setting"
     );
-    // Epoch 1: step 1 is recorded and planned at once; step 2 leaves that plan where step 1
-    // made the optimizer's state; steps 3 and 4 repeat, so steps 5-9 are served whole; step 10
-    // also validates (a deviation, counted when it happens). Epoch 2 unfreezes the backbone:
-    // step 11 is recorded and makes the backbone's optimizer state, 12 and 13 repeat, 14-19
-    // are served whole, and step 20 validates again. The loader's prefetching and the
-    // kernels' workers allocate on other threads, which the plan leaves to the cache: were
-    // they recorded, their order would change every step and no step would repeat.
+    // Step 1 is recorded and planned at once, and the plan serves every later step: the
+    // requests step 1 alone made (the optimizer's state) are skipped, and what comes after the
+    // plan's last block (validation at an epoch's end, the unfrozen backbone's state) goes to
+    // the cache. Each marker counts the step before it: steps 2-19. On the CPU the forward and
+    // backward passes run on a pool thread (`on_cpu_pool`) and the kernels' workers take
+    // scratch, all left to the cache, so the plan holds the main thread's blocks only; on
+    // CUDA the passes allocate on the marking thread.
     let [served, fell_back, placed] = planned_counts;
     assert_eq!(
         [served, fell_back],
-        [11, 3],
+        [18, 0],
         "steps served and fallen back ({placed} blocks placed)"
     );
-    assert!(placed >= 11, "{placed} blocks placed");
+    // Steps 2-20 placed the same blocks each.
+    assert!(
+        placed > 0 && placed % (served + 1) == 0,
+        "{placed} blocks placed"
+    );
 }
 
 /// The child: trains the tiny recipe run and prints the result line.

@@ -1,11 +1,14 @@
 //! The bugs `cargo xtask cpu-mutants` plants in the rules of the allocator's planned steps
 //! that only some loops reach: a loop planned from its first step, the spare bin of blocks
-//! without room, other threads' allocations, and the deviations (another stream, a step that
-//! stops early, a plan dropped at a marker); each with the test meant to cover it.
+//! without room, other threads' allocations, requests made only in the recorded step or only
+//! after it, and the deviations (another stream, a step that stops early, a plan dropped at a
+//! marker); each with the test meant to cover it.
 
 use super::list::{Mutant, ALLOC};
 
 const PLANNED: &[&str] = &["--test", "planned_steps"];
+const REALIGN: &str =
+    "requests_made_only_in_the_recorded_step_are_skipped_and_extra_ones_at_the_end_served";
 
 /// The planted bugs.
 pub const MUTANTS: &[Mutant] = &[
@@ -42,14 +45,14 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/alloc-cache/src/planner.rs",
         find: "    if plan.places.iter().all(Option::is_some) {\n        return None;",
         replace: "    if true {\n        return None;",
-        target: PLANNED,
+        target: &["--test", "planned_spare"],
         test: "blocks_without_room_share_one_spare_segment_reserved_when_first_asked",
     },
     Mutant {
         bug: "a planned step that stops early keeps its plan",
         package: ALLOC,
         file: "crates/alloc-cache/src/planner.rs",
-        find: "let kept = !a.deviated && a.next == a.requests.len() && a.live.is_empty();",
+        find: "let kept = !a.deviated && a.next >= a.last_placed && a.live.is_empty();",
         replace: "let kept = !a.deviated && a.live.is_empty();",
         target: PLANNED,
         test: "another_stream_or_a_short_step_is_a_deviation",
@@ -62,5 +65,23 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let release = false;",
         target: PLANNED,
         test: "another_stream_or_a_short_step_is_a_deviation",
+    },
+    Mutant {
+        bug: "a request made only in the recorded step is not skipped: the step leaves the plan",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/plan_state.rs",
+        find: "while k < self.requests.len() && self.requests[k] != size && self.cached(k) {",
+        replace: "while false {",
+        target: PLANNED,
+        test: REALIGN,
+    },
+    Mutant {
+        bug: "a request past the plan's last placed block leaves the plan",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/plan_state.rs",
+        find: "} else if i >= self.last_placed {",
+        replace: "} else if false {",
+        target: PLANNED,
+        test: REALIGN,
     },
 ];
