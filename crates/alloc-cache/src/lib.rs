@@ -43,6 +43,7 @@ mod lock;
 mod oom_context;
 mod page_runs;
 pub mod pickle;
+mod plan_dissolve;
 mod plan_state;
 pub mod planned;
 mod planner;

@@ -37,7 +37,8 @@
 //! - **Dropping.** At the marker after a deviating step, a step that stopped before the plan's
 //!   last placed allocation, or when a planned block outlives its step, the plan is dropped:
 //!   the bins go back to the pools once their last block is freed, and recording starts
-//!   again.
+//!   again. When the cache runs short, the plan is dropped and every bin goes back at once,
+//!   one still holding planned blocks dissolved around them (`plan_dissolve.rs`).
 //!
 //! Invariants: two planned blocks live at once never overlap and each lies inside its bin
 //! (checked on every placement, not assumed from the plan); a planned block is a block of
@@ -96,9 +97,9 @@ impl State {
         self.free_block(bin);
     }
 
-    /// Memory pressure (a miss about to release the cache): drops the active plan and returns
-    /// every bin holding no live planned block to its pool at once (the others follow with
-    /// their last block). Whether any bin went back.
+    /// A deviation: drops the active plan and returns every bin holding no live planned block
+    /// to its pool at once (the others follow with their last block, or are dissolved if the
+    /// cache runs short first, `plan_dissolve.rs`). Whether any bin went back.
     pub(crate) fn yield_plan(&mut self) -> bool {
         let Some(p) = self.planner.as_mut() else {
             return false;

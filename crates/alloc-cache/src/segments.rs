@@ -90,8 +90,9 @@ impl CachingAllocator {
         if let Some(id) = self.find_any_fit(st, si, rounded)? {
             return Ok(id);
         }
-        // A plan holding bins yields them first (no backend call).
-        let yielded = st.yield_plan();
+        // A plan holding bins gives them back first, dissolved around its live blocks (no
+        // backend call).
+        let yielded = st.dissolve_plan();
         if self.release_cached(st, Release::All)? > 0 || yielded {
             st.stats.num_alloc_retries += 1;
             if let Some(id) = self.find_fit(st, si, pool, rounded) {

@@ -1,8 +1,9 @@
 //! The bugs `cargo xtask cpu-mutants` plants in the rules of the allocator's planned steps
 //! that only some loops reach: a loop planned from its first step, the spare bin of blocks
 //! without room, other threads' allocations, requests made only in the recorded step or only
-//! after it, and the deviations (another stream, a step that stops early, a plan dropped at a
-//! marker); each with the test meant to cover it.
+//! after it, the bins given back when the cache runs short, and the deviations (another
+//! stream, a step that stops early, a plan dropped at a marker); each with the test meant to
+//! cover it.
 
 use super::list::{Mutant, ALLOC};
 
@@ -83,5 +84,14 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "} else if false {",
         target: PLANNED,
         test: REALIGN,
+    },
+    Mutant {
+        bug: "a plan short of memory keeps the bins holding live planned blocks whole",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/segments.rs",
+        find: "let yielded = st.dissolve_plan();",
+        replace: "let yielded = st.yield_plan();",
+        target: &["--test", "planned_pressure"],
+        test: "a_plan_gives_the_free_parts_of_its_bins_back_when_the_cache_runs_short",
     },
 ];
