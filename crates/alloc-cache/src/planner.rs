@@ -87,13 +87,9 @@ impl State {
         }
     }
 
+    /// Bin `bin` back to its pool: it counted as nothing while a bin (state `Arena`), so
+    /// freeing it counts it as cached only, never as an allocation.
     fn release_bin(&mut self, bin: u32) {
-        let before = self.contribution(bin);
-        let b = &mut self.blocks[bin as usize];
-        b.state = BlockState::Allocated;
-        b.requested = b.size;
-        let pool = b.pool;
-        before.apply_change(self.contribution(bin), &mut self.stats, pool);
         self.free_block(bin);
     }
 

@@ -149,7 +149,15 @@ fn a_deviating_step_falls_back_and_the_plan_is_dropped() {
     );
     // The bin went back: the small segment is one free block again.
     assert_eq!(a.largest_free_block(), 2 * MIB);
-    assert_eq!(a.memory_stats().inactive_split.all.current, 0);
+    let s = a.memory_stats();
+    assert_eq!(s.inactive_split.all.current, 0);
+    // Nine blocks were handed out (two steps of three, then x, y and z), and a bin going back
+    // is none of them.
+    assert_eq!(
+        (s.allocation.all.allocated, s.allocated_bytes.all.allocated),
+        (9, 2 * (512 + 1024 + 1024) + 512 + 5120 + 1024)
+    );
+    assert_eq!(s.allocated_bytes.all.peak, 512 + 5120 + 1024);
     a.check_invariants().unwrap();
 }
 
