@@ -11,19 +11,19 @@
 //!   first packable step recorded is planned at once: a loop's second step repeats its first
 //!   but for what the first leaves live (the optimizer's state, skipped when serving), and the
 //!   second step is where a loop reaches its peak, after that state took free blocks the
-//!   activations had left. After a plan is dropped, a step is planned when its requests (sizes and
-//!   stream, in order) equal those of the step recorded before it. The blocks the step
-//!   allocated and freed again are packed; those it left live (a batch that a Python-style
-//!   loop frees only when the next step assigns the next one, a logged loss kept for good,
-//!   the optimizer's state) are left to the cache in every step. All of the packed blocks'
-//!   memory is free at that marker, so the free blocks of the stream are the bins: the step is
-//!   packed into them, and those that receive blocks leave the pools (state `Arena`). With
-//!   fixed segments, the blocks no bin has room for are packed into one *spare* bin: a new
-//!   segment just large enough for them, reserved when the step first asks for one of them (a
-//!   step that leaves the plan before then reserves nothing; a backend that refuses it sends
-//!   them to the cache). With expandable segments, a step the bins cannot hold whole, or one
-//!   with blocks left to the cache, is not planned: the bins would keep whole free pages from
-//!   being remapped for the requests the cache serves.
+//!   activations had left. After a plan is dropped, a step is planned when its requests
+//!   (sizes and stream, in order) equal those of the step recorded before it. The blocks the
+//!   step allocated and freed again are packed; those it left live (a batch that a
+//!   Python-style loop frees only when the next step assigns the next one, a logged loss kept
+//!   for good, the optimizer's state) are left to the cache in every step. All of the packed
+//!   blocks' memory is free at that marker, so the free blocks of the stream are the bins: the
+//!   step is packed into them, and those that receive blocks leave the pools (state `Arena`).
+//!   With fixed segments, the blocks no bin has room for are packed into one *spare* bin: a
+//!   new segment just large enough for them, reserved when the step first asks for one of
+//!   them (a step that leaves the plan before then reserves nothing; a backend that refuses
+//!   it sends them to the cache). With expandable segments, a step the bins cannot hold
+//!   whole, or one with blocks left to the cache, is not planned: the bins would keep whole
+//!   free pages from being remapped for the requests the cache serves.
 //! - **Serving.** The i-th allocation of a planned step that asks for the planned size on the
 //!   planned stream, and whose planned range overlaps no planned block still live, is placed
 //!   there (in the spare bin, reserved then if it is the first); one the plan leaves to the
@@ -51,8 +51,7 @@ use crate::backend::StreamId;
 use crate::block::{Block, BlockState, State, NONE};
 use crate::error::Result;
 use crate::handle::RawAllocation;
-use crate::plan_state::Spare;
-use crate::plan_state::{Active, PlannedCounts, Realign, RecordedStep};
+use crate::plan_state::{Active, PlannedCounts, Realign, RecordedStep, Spare};
 use crate::planned::BinPlan;
 use crate::sizes::ROUND_LARGE;
 use crate::slab::ARENA_SEGMENT;
