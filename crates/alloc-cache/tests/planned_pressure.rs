@@ -4,17 +4,10 @@
 
 use kiln_alloc_cache::synth::SplitMix64;
 use kiln_alloc_cache::*;
-use std::sync::Arc;
 
-const S0: StreamId = StreamId::DEFAULT;
-const MIB: usize = 1 << 20;
+mod planned_common;
 
-fn planned(config: AllocatorConfig) -> AllocatorConfig {
-    AllocatorConfig {
-        planned_steps: true,
-        ..config
-    }
-}
+use planned_common::{planned_on, MIB, S0};
 
 /// When the cache runs short, the plan gives its bins back at once, a bin still holding planned
 /// blocks dissolved around them: the 16 MiB request is served from the free part of the bin
@@ -22,8 +15,7 @@ fn planned(config: AllocatorConfig) -> AllocatorConfig {
 /// planned block keeps its address and is freed as any block.
 #[test]
 fn a_plan_gives_the_free_parts_of_its_bins_back_when_the_cache_runs_short() {
-    let sim = Arc::new(SimBackend::new(24 * MIB).with_page_granularity(2 * MIB));
-    let a = CachingAllocator::new(Arc::clone(&sim), planned(AllocatorConfig::default())).unwrap();
+    let (_, a) = planned_on(24 * MIB, AllocatorConfig::default());
     a.mark_step().unwrap();
     let big = a.allocate_raw(24 * MIB, S0).unwrap();
     let base = big.addr();
@@ -68,9 +60,7 @@ fn a_plan_gives_the_free_parts_of_its_bins_back_when_the_cache_runs_short() {
 fn random_loops_on_a_tight_device_keep_memory_disjoint_and_statistics_true() {
     let mut pressed = 0;
     for seed in 0..8 {
-        let sim = Arc::new(SimBackend::new(64 * MIB).with_page_granularity(2 * MIB));
-        let a =
-            CachingAllocator::new(Arc::clone(&sim), planned(AllocatorConfig::default())).unwrap();
+        let (_, a) = planned_on(64 * MIB, AllocatorConfig::default());
         let mut rng = SplitMix64(seed);
         let template: Vec<usize> = (0..16)
             .map(|_| rng.range(MIB as u64, 8 * MIB as u64) as usize)

@@ -4,18 +4,9 @@
 use kiln_alloc_cache::*;
 use std::sync::Arc;
 
-const S0: StreamId = StreamId::DEFAULT;
-const MIB: usize = 1 << 20;
+mod planned_common;
 
-fn sim_alloc(config: AllocatorConfig) -> (Arc<SimBackend>, CachingAllocator) {
-    let sim = Arc::new(SimBackend::new(1 << 30).with_page_granularity(2 * MIB));
-    let config = AllocatorConfig {
-        planned_steps: true,
-        ..config
-    };
-    let a = CachingAllocator::new(Arc::clone(&sim), config).unwrap();
-    (sim, a)
-}
+use planned_common::{sim_alloc, MIB, S0};
 
 /// Step 1 of a loop: two 12 MiB activations live together, then the optimizer's 12 MiB state
 /// (kept). Each activation has a segment of its own and the state takes the first one's, so

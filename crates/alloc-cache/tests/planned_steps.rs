@@ -7,21 +7,9 @@ use kiln_alloc_cache::synth::SplitMix64;
 use kiln_alloc_cache::*;
 use std::sync::Arc;
 
-const S0: StreamId = StreamId::DEFAULT;
-const MIB: usize = 1 << 20;
+mod planned_common;
 
-fn planned(config: AllocatorConfig) -> AllocatorConfig {
-    AllocatorConfig {
-        planned_steps: true,
-        ..config
-    }
-}
-
-fn sim_alloc(config: AllocatorConfig) -> (Arc<SimBackend>, CachingAllocator) {
-    let sim = Arc::new(SimBackend::new(1 << 30).with_page_granularity(2 * MIB));
-    let a = CachingAllocator::new(Arc::clone(&sim), planned(config)).unwrap();
-    (sim, a)
-}
+use planned_common::{sim_alloc, MIB, S0};
 
 /// One step: 100 B, 1000 B, free the first, 600 B, free the other two. Returns the addresses.
 fn step(a: &CachingAllocator, sizes: [usize; 3]) -> [u64; 3] {
