@@ -34,6 +34,12 @@
 //!
 //! The runs are single-threaded (`KILN_NUM_THREADS=1` is required, so the order of allocations
 //! cannot depend on thread scheduling).
+//!
+//! `--peaks` trains the same runs without recording, on any number of threads, and prints each
+//! run's peak reserved over peak allocated bytes of the CPU allocator and its planned-steps
+//! counts instead of writing a trace: every step starts with `kiln_device::mark_step`, so
+//! `KILN_ALLOC_CONF=planned_steps:True` measures planned steps in a real run, where the
+//! passes run on the CPU pool and the kernels' workers take scratch of their own.
 
 use kiln_alloc_cache::{compact_recording, synth::SplitMix64, TraceRecorder};
 use kiln_autograd::{manual_seed, DType, Device, Generator, Module, Tensor};
@@ -44,9 +50,12 @@ use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
 use std::path::PathBuf;
 use std::time::Instant;
 
-const USAGE: &str = "usage: cargo xtask record-traces [--out DIR] [--only NAME] [--seed N]
+const USAGE: &str =
+    "usage: cargo xtask record-traces [--out DIR] [--only NAME] [--seed N] [--peaks]
   records every run of RUNS (default DIR: crates/alloc-cache/traces; seed 2026), or only NAME;
-  needs KILN_NUM_THREADS=1; the GPU-scale runs (*_gpu) take minutes each";
+  needs KILN_NUM_THREADS=1; the GPU-scale runs (*_gpu) take minutes each;
+  --peaks: trains them on any number of threads without recording and prints each run's peak
+  reserved / peak allocated and planned-steps counts (KILN_ALLOC_CONF applies)";
 
 const CPU: Device = Device::Cpu;
 
@@ -181,6 +190,7 @@ pub fn run(args: &[String]) -> Res<()> {
     let mut out = crate::paths::workspace_root().join("crates/alloc-cache/traces");
     let mut only: Option<String> = None;
     let mut seed = 2026u64;
+    let mut peaks = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| {
@@ -196,6 +206,7 @@ pub fn run(args: &[String]) -> Res<()> {
                     .parse()
                     .map_err(|_| format!("--seed needs a non-negative integer\n{USAGE}"))?
             }
+            "--peaks" => peaks = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -203,7 +214,7 @@ pub fn run(args: &[String]) -> Res<()> {
             other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
         }
     }
-    if std::env::var("KILN_NUM_THREADS").as_deref() != Ok("1") {
+    if !peaks && std::env::var("KILN_NUM_THREADS").as_deref() != Ok("1") {
         return Err(format!(
             "set KILN_NUM_THREADS=1 so the allocation order cannot depend on thread scheduling\n{USAGE}"
         ));
@@ -220,7 +231,11 @@ pub fn run(args: &[String]) -> Res<()> {
             continue;
         }
         let start = Instant::now();
-        let text = record(name, seed)?;
+        let text = record(name, seed, !peaks)?;
+        if peaks {
+            println!("{name}: {text}");
+            continue;
+        }
         let path = out.join(format!("{name}.trace"));
         std::fs::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
         eprintln!(
@@ -233,19 +248,32 @@ pub fn run(args: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// The allocator every CPU tensor uses, with a fresh recorder whose first lines say `header`.
+/// The allocator every CPU tensor uses, with a fresh recorder whose first lines say `header`
+/// (none when only the peaks are measured).
 struct Recording {
     allocator: &'static kiln_alloc_cache::CachingAllocator,
+    record: bool,
 }
 
 impl Recording {
-    fn start(header: &str) -> Res<Self> {
+    fn start(header: &str, record: bool) -> Res<Self> {
         let allocator = kiln_device::allocator(CPU).map_err(err)?;
         allocator.empty_cache().map_err(err)?;
-        let mut recorder = TraceRecorder::new();
-        recorder.comment(header);
-        allocator.set_trace_recorder(Some(recorder));
-        Ok(Self { allocator })
+        allocator.reset_peak_stats();
+        if record {
+            let mut recorder = TraceRecorder::new();
+            recorder.comment(header);
+            allocator.set_trace_recorder(Some(recorder));
+        }
+        Ok(Self { allocator, record })
+    }
+
+    /// Marks the start of step `text` (`step N ...`) for planned steps and writes `# text` at
+    /// this point of the recording.
+    fn step(&self, text: &str) -> Res<()> {
+        kiln_device::mark_step(CPU).map_err(err)?;
+        self.comment(text);
+        Ok(())
     }
 
     /// Writes `# text` at this point of the recording.
@@ -259,7 +287,24 @@ impl Recording {
     /// Stops recording while the model and optimizer are still alive (the order in which
     /// their tensors would be dropped is not fixed); [`compact_recording`] frees what is live at
     /// the end, in id order.
+    /// With `--peaks`, the run's peaks and planned-steps counts instead.
     fn finish(self) -> Res<String> {
+        if !self.record {
+            // The last step is counted at a marker.
+            kiln_device::mark_step(CPU).map_err(err)?;
+            let stats = self.allocator.memory_stats();
+            let reserved = stats.reserved_bytes.all.peak;
+            let allocated = stats.allocated_bytes.all.peak;
+            let (counts, _) = self.allocator.plan_counts();
+            return Ok(format!(
+                "peak reserved {reserved} B / peak allocated {allocated} B = {:.3}; planned \
+                 steps {}, fallen back {}, blocks placed {}",
+                reserved as f64 / allocated.max(1) as f64,
+                counts.planned_steps,
+                counts.fallback_steps,
+                counts.arena_allocs
+            ));
+        }
         self.comment("end of training: what is still live (model, optimizer state) is freed here");
         let r = self
             .allocator
@@ -336,7 +381,8 @@ fn kind_of(name: &str) -> Option<Kind> {
     RUNS.iter().find(|(n, _)| *n == name).map(|&(_, k)| k)
 }
 
-fn record(name: &str, seed: u64) -> Res<String> {
+/// Records run `name` (its trace), or with `record` false measures its peaks (a line).
+fn record(name: &str, seed: u64, record: bool) -> Res<String> {
     let kind = kind_of(name).ok_or_else(|| format!("no run named {name}"))?;
     manual_seed(seed);
     let mut g = Generator::new(seed);
@@ -346,7 +392,7 @@ fn record(name: &str, seed: u64) -> Res<String> {
          record-traces --only {name} --seed {seed}`\nrequested bytes per allocation; ids are \
          renumbered (a freed id is reused)"
     );
-    let rec = Recording::start(&header)?;
+    let rec = Recording::start(&header, record)?;
     match kind {
         Kind::ResNetSgd { side, batch, steps } => {
             let model = resnet18(10).map_err(err)?;
@@ -356,7 +402,7 @@ fn record(name: &str, seed: u64) -> Res<String> {
             )
             .map_err(err)?;
             for step in 1..=steps {
-                rec.comment(&format!("step {step} batch {batch}"));
+                rec.step(&format!("step {step} batch {batch}"))?;
                 let (x, y) = (images(&mut g, batch, side)?, labels(&mut rng, batch, 10)?);
                 train_step(&model, &mut opt, &x, &y, 10)?;
             }
@@ -377,7 +423,7 @@ fn record(name: &str, seed: u64) -> Res<String> {
             .map_err(err)?;
             for step in 1..=steps {
                 let t = rng.range(lo, hi) as usize;
-                rec.comment(&format!("step {step} batch {batch} seq {t}"));
+                rec.step(&format!("step {step} batch {batch} seq {t}"))?;
                 let ids: Vec<i64> = (0..batch * t)
                     .map(|_| rng.range(0, vocab as u64 - 1) as i64)
                     .collect();
@@ -412,7 +458,7 @@ fn record(name: &str, seed: u64) -> Res<String> {
                 }
                 let batch = batches[rng.range(0, 2) as usize];
                 let phase = if step < 4 { "frozen" } else { "unfrozen" };
-                rec.comment(&format!("step {step} batch {batch} backbone {phase}"));
+                rec.step(&format!("step {step} batch {batch} backbone {phase}"))?;
                 let (x, y) = (images(&mut g, batch, side)?, labels(&mut rng, batch, 10)?);
                 train_step(&model, &mut opt, &x, &y, 10)?;
             }
@@ -431,7 +477,7 @@ fn record(name: &str, seed: u64) -> Res<String> {
             )
             .map_err(err)?;
             for step in 1..=steps {
-                rec.comment(&format!("step {step} batch {batch}"));
+                rec.step(&format!("step {step} batch {batch}"))?;
                 let (x, y) = (
                     images(&mut g, batch, side)?,
                     labels(&mut rng, batch, classes)?,

@@ -290,8 +290,9 @@ impl CachingAllocator {
             self.process_events(&mut st)?;
         }
         st.clock += 1;
-        // Planned steps follow the thread that marks them; other threads (a loader's, a
-        // kernel's workers) allocate from the cache, their order between steps being no one's.
+        // Planned steps follow the thread that marks them (or one acting for it); other
+        // threads (a loader's, a kernel's parallel tasks) allocate from the cache, their order
+        // between steps being no one's.
         let planning = st
             .planner
             .as_ref()

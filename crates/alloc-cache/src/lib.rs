@@ -80,6 +80,7 @@ pub use history::{
     AllocContext, Attribution, CategoryBytes, LiveBlock, MemoryCategory, MemoryEvent,
     MemoryEventKind, PlanPrediction,
 };
+pub use plan_state::{StepThread, StepThreadGuard};
 pub use recorded::MemoryHistory;
 pub use replay::{
     replay, replay_stitched, replay_with, ReplayMode, ReplayPolicy, ReplayReport, Replayer,

@@ -3,7 +3,7 @@
 //! hold it without the logic's dependencies.
 //!
 //! Invariants: `recording` holds events only while no plan is active, and allocations only of
-//! the thread that marks the steps; `Active::places` has one entry per request; `Active::live`
+//! the thread that marks the steps (or of a thread that entered its [`StepThread`]); `Active::places` has one entry per request; `Active::live`
 //! holds exactly the planned blocks allocated or pending.
 
 use crate::backend::StreamId;
@@ -130,13 +130,57 @@ pub(crate) struct Planner {
 
 /// A number for the calling thread, unique in the process (0 is no thread): what
 /// [`Planner::thread`] compares, where `std::thread::current()` would take a reference count.
+/// While a [`StepThread`] is entered on this thread, the number of the thread it was taken on.
 pub(crate) fn current_thread() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
         static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
-    ID.with(|id| *id)
+    match ACTING_FOR.with(std::cell::Cell::get) {
+        0 => ID.with(|id| *id),
+        acting => acting,
+    }
+}
+
+thread_local! {
+    /// The thread this one allocates for while a [`StepThread`] is entered (0: itself).
+    static ACTING_FOR: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Which thread's allocations planned steps follow, carried onto another thread: a pass that a
+/// thread hands whole to a worker (kiln's CPU passes run on its pool) then allocates as that
+/// thread for planned steps, so the pass's blocks are recorded and planned with the thread's
+/// own. Only the entered closure's own allocations count; work the worker picks up from others
+/// while it waits inside the closure counts too, so it must not allocate through the planned
+/// allocator in an order that changes from step to step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepThread(u64);
+
+impl StepThread {
+    /// No thread: allocations made while it is entered are never a planned step's (kernel
+    /// scratch taken inside parallel tasks, whose order changes from step to step).
+    pub const OUTSIDE: StepThread = StepThread(u64::MAX);
+
+    /// The calling thread (or the thread it acts for).
+    pub fn current() -> StepThread {
+        StepThread(current_thread())
+    }
+
+    /// Makes the calling thread allocate as this one for planned steps until the guard drops.
+    pub fn enter(self) -> StepThreadGuard {
+        StepThreadGuard(ACTING_FOR.with(|c| c.replace(self.0)))
+    }
+}
+
+/// Restores the thread's own identity for planned steps when dropped ([`StepThread::enter`]).
+#[derive(Debug)]
+pub struct StepThreadGuard(u64);
+
+impl Drop for StepThreadGuard {
+    fn drop(&mut self) {
+        ACTING_FOR.with(|c| c.set(self.0));
+    }
 }
 
 impl Planner {

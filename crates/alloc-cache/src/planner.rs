@@ -5,9 +5,11 @@
 //! no search.
 //!
 //! - **Recording.** While no plan is active, every allocation and free between two markers is
-//!   recorded, allocations only from the thread that marks the steps: other threads (a data
-//!   loader's prefetching, a kernel's workers taking scratch) allocate in an order that
-//!   changes from step to step, so the cache serves them and no plan waits on them. The
+//!   recorded, allocations only from the thread that marks the steps, or from a thread acting
+//!   for it ([`StepThread`](crate::StepThread): kiln's CPU passes run on a pool thread that
+//!   enters it): other threads (a data loader's prefetching, a kernel's parallel tasks taking
+//!   scratch under [`StepThread::OUTSIDE`](crate::StepThread::OUTSIDE)) allocate in an order
+//!   that changes from step to step, so the cache serves them and no plan waits on them. The
 //!   first packable step recorded is planned at once: a loop's second step repeats its first
 //!   but for what the first leaves live (the optimizer's state, skipped when serving), and the
 //!   second step is where a loop reaches its peak, after that state took free blocks the

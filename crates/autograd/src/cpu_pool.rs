@@ -8,8 +8,9 @@
 //! runs in place. [`on_cpu_pool`] hands a whole closure over once, with the calling thread's
 //! per-thread state carried in.
 //!
-//! Invariants: the closure sees the caller's grad mode and autocast dtype (and, while an
-//! allocation history records, the caller's allocation context); the pool thread's own state is
+//! Invariants: the closure sees the caller's grad mode and autocast dtype, allocates for the
+//! caller's planned steps (`kiln_alloc_cache::StepThread`) and, while an allocation history
+//! records, in the caller's allocation context; the pool thread's own state is
 //! restored when the closure ends, by guards, so also when it panics (the panic then reaches
 //! the caller, as `install` resumes it there). A pass on another device, one started on a pool
 //! thread, and any pass while an `OpByOp` is held (thread ranks, which block in collectives) run
@@ -39,8 +40,8 @@ impl Drop for Restore {
 }
 
 /// Runs `f`, a pass over tensors on `device`, and returns its result: for the CPU, on a thread
-/// of kiln's CPU pool with this thread's grad mode, autocast dtype and allocation context
-/// (`kiln_device::threads::install` carries the last); in place for another device, on a pool
+/// of kiln's CPU pool with this thread's grad mode, autocast dtype, planned-steps thread and
+/// allocation context (`kiln_device::threads::install` carries the last two); in place for another device, on a pool
 /// thread, or while ranks running as threads hold passes off the pool
 /// (`kiln_device::threads::OpByOp`).
 pub fn on_cpu_pool<R: Send>(device: Device, f: impl FnOnce() -> R + Send) -> R {

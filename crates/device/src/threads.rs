@@ -57,8 +57,12 @@ pub fn resolve_num_threads(raw: Option<&str>, cores: usize) -> (Option<usize>, O
 
 /// Runs `f` in kiln's CPU pool with the calling thread's allocation context (op, module path,
 /// category) carried in, so what the kernel allocates on the pool's threads is attributed to
-/// the op that ran it when an allocation history is recorded. Costs one relaxed atomic load
-/// when nothing records.
+/// the op that ran it when an allocation history is recorded (one relaxed atomic load when
+/// nothing records), and with the calling thread's [`StepThread`] entered, so what `f` itself
+/// allocates belongs to the caller's planned steps (a kernel's parallel tasks keep their
+/// scratch out of them).
+///
+/// [`StepThread`]: kiln_alloc_cache::StepThread
 ///
 /// Only a `dyn` call crosses into rayon, so its job machinery is compiled once rather than once
 /// per kernel closure (copies of it were a large share of this crate's build time).
@@ -77,8 +81,10 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 fn install_erased(f: &mut (dyn FnMut() + Send)) {
     let context = kiln_alloc_cache::AllocContext::is_recording_anywhere()
         .then(kiln_alloc_cache::AllocContext::current);
+    let step_thread = kiln_alloc_cache::StepThread::current();
     cpu_pool().install(move || {
         let _context = context.as_ref().map(kiln_alloc_cache::AllocContext::enter);
+        let _step_thread = step_thread.enter();
         f()
     })
 }
@@ -145,6 +151,23 @@ pub fn num_threads() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_allocates_for_the_calling_thread_planned_steps() {
+        use kiln_alloc_cache::StepThread;
+        let caller = StepThread::current();
+        let (on_pool, there) = install(|| {
+            (
+                cpu_pool().current_thread_index().is_some(),
+                StepThread::current(),
+            )
+        });
+        assert!(on_pool);
+        assert_eq!(there, caller);
+        // What the pool thread is after the closure: its own again.
+        let after = cpu_pool().install(StepThread::current);
+        assert_ne!(after, caller);
+    }
 
     #[test]
     fn parses_thread_counts() {

@@ -66,23 +66,25 @@ fn a_planned_recipe_run_trains_the_same_and_is_served_from_plans() {
         [0, 0, 0],
         "markers do nothing without the setting"
     );
-    // Step 1 is recorded and planned at once, and the plan serves every later step: the
-    // requests step 1 alone made (the optimizer's state) are skipped, and what comes after the
-    // plan's last block (validation at an epoch's end, the unfrozen backbone's state) goes to
-    // the cache. Each marker counts the step before it: steps 2-19. On the CPU the forward and
-    // backward passes run on a pool thread (`on_cpu_pool`) and the kernels' workers take
-    // scratch, all left to the cache, so the plan holds the main thread's blocks only; on
-    // CUDA the passes allocate on the marking thread.
+    // Step 1 is recorded and planned at once, and the plan serves steps 2-10 (the requests
+    // step 1 alone made, the optimizer's state, are skipped). Step 11 unfreezes the backbone:
+    // its batch-norm layers now keep what they save for the backward pass, so a block the
+    // plan placed over a freed one is still live and the step falls back. Steps 12 and 13
+    // repeat (recorded), and the plan made from them serves steps 14-20. Each marker counts
+    // the step before it, so step 20 is served but not counted: 9 + 6 served, one fallback.
     let [served, fell_back, placed] = planned_counts;
     assert_eq!(
         [served, fell_back],
-        [18, 0],
+        [15, 1],
         "steps served and fallen back ({placed} blocks placed)"
     );
-    // Steps 2-20 placed the same blocks each.
+    // The forward and backward passes run on a pool thread (`on_cpu_pool`), which allocates
+    // for the marking thread, so the plans hold the passes' blocks too: over a hundred per
+    // step, where the training loop's own (loss, metrics, optimizer) are ten.
     assert!(
-        placed > 0 && placed % (served + 1) == 0,
-        "{placed} blocks placed"
+        placed > 100 * (served + 1),
+        "{placed} blocks placed in {} steps",
+        served + 1
     );
 }
 

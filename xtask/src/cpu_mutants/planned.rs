@@ -2,10 +2,11 @@
 //! that only some loops reach: a loop planned from its first step, the spare bin of blocks
 //! without room, other threads' allocations, requests made only in the recorded step or only
 //! after it, the bins given back when the cache runs short, and the deviations (another
-//! stream, a step that stops early, a plan dropped at a marker); each with the test meant to
-//! cover it.
+//! stream, a step that stops early, a plan dropped at a marker), and the thread a CPU pass
+//! runs on allocating for the thread that marks the steps; each with the test meant to cover
+//! it.
 
-use super::list::{Mutant, ALLOC};
+use super::list::{Mutant, ALLOC, LIB};
 
 const PLANNED: &[&str] = &["--test", "planned_steps"];
 const REALIGN: &str =
@@ -93,5 +94,32 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let yielded = st.yield_plan();",
         target: &["--test", "planned_pressure"],
         test: "a_plan_gives_the_free_parts_of_its_bins_back_when_the_cache_runs_short",
+    },
+    Mutant {
+        bug: "a thread that entered the marking thread's StepThread allocates as itself",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/plan_state.rs",
+        find: "    match ACTING_FOR.with(std::cell::Cell::get) {\n        0 =>",
+        replace: "    match ACTING_FOR.with(std::cell::Cell::get) {\n        _ =>",
+        target: &["--test", "planned_step_thread"],
+        test: "a_pass_run_on_another_thread_is_planned_when_it_carries_the_marking_thread",
+    },
+    Mutant {
+        bug: "the pool runs a CPU pass without the caller's planned-steps thread",
+        package: "kiln-device",
+        file: "crates/device/src/threads.rs",
+        find: "let _step_thread = step_thread.enter();",
+        replace: "let _step_thread = step_thread;",
+        target: LIB,
+        test: "threads::tests::the_pool_allocates_for_the_calling_thread_planned_steps",
+    },
+    Mutant {
+        bug: "a convolution task's scratch counts as the pass's planned steps",
+        package: "kiln-device",
+        file: "crates/device/src/ops/conv/cpu_gemm.rs",
+        find: "StepThread::OUTSIDE.enter(),",
+        replace: "StepThread::current().enter(),",
+        target: LIB,
+        test: "ops::conv::cpu_gemm::tests::tasks_take_their_scratch_outside_planned_steps",
     },
 ];

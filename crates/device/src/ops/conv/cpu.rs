@@ -40,8 +40,8 @@ use rayon::prelude::*;
 use super::cpu_chunked::{self as chunked, chunk_images};
 use super::cpu_direct as direct;
 use super::cpu_gemm::{
-    caller_context, gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices,
-    Blocks, ScratchFailure, Stored,
+    gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices, Blocks,
+    ScratchFailure, Stored, TaskContext,
 };
 use super::cpu_input_grad as input_grad;
 use super::cpu_rows as rows;
@@ -51,7 +51,6 @@ use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
-use kiln_alloc_cache::AllocContext;
 
 /// Forward convolution: `output = conv2d(input, weight) + bias`.
 ///
@@ -250,11 +249,11 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     let padded_len = if b.pointwise { 0 } else { p.len };
     let batch = geometry.batch;
     let (slices, per_slice, parallelism) = weight_grad_slices(batch);
-    let context = caller_context();
+    let context = TaskContext::of_caller();
     let partials = (0..slices)
         .into_par_iter()
         .map(|slice| {
-            let _context = context.as_ref().map(AllocContext::enter);
+            let _context = context.enter();
             // Written by the slice's first image, added to by the others.
             let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
             let mut col = HostBuffer::for_overwrite(col_len)?;

@@ -12,7 +12,7 @@ use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::{Error, Result};
 use gemm::Parallelism;
-use kiln_alloc_cache::AllocContext;
+use kiln_alloc_cache::{AllocContext, ContextGuard, StepThread, StepThreadGuard};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -201,26 +201,45 @@ pub(super) fn weight_grad_slices(batch: usize) -> (usize, usize, Parallelism) {
     }
 }
 
-/// The calling thread's allocation context when an allocation history is being recorded, to
-/// carry into rayon's worker threads (their scratch is then attributed to the op that asked for
-/// it instead of to nobody); `None`, at no cost, when nothing records.
-pub(super) fn caller_context() -> Option<AllocContext> {
-    AllocContext::is_recording_anywhere().then(AllocContext::current)
+/// What a rayon task of a convolution carries from the op that started it: the caller's
+/// allocation context when an allocation history is being recorded (the task's scratch is then
+/// attributed to the op that asked for it instead of to nobody; `None`, at no cost, when nothing
+/// records). Entered, it also keeps the task's scratch out of planned steps: which thread runs
+/// which task, and so how many scratch buffers the pass's own thread takes, changes from step
+/// to step.
+pub(super) struct TaskContext(Option<AllocContext>);
+
+/// The guards [`TaskContext::enter`] holds.
+pub(super) type TaskGuards = (Option<ContextGuard>, StepThreadGuard);
+
+impl TaskContext {
+    /// The calling thread's context, to carry into the op's tasks.
+    pub(super) fn of_caller() -> Self {
+        TaskContext(AllocContext::is_recording_anywhere().then(AllocContext::current))
+    }
+
+    /// Enters it on the task's thread until the guards drop.
+    pub(super) fn enter(&self) -> TaskGuards {
+        (
+            self.0.as_ref().map(AllocContext::enter),
+            StepThread::OUTSIDE.enter(),
+        )
+    }
 }
 
 /// Per-thread scratch for a rayon loop whose init cannot fail: the first allocation error is
 /// kept here and returned once the loop is over (the output it was filling is discarded).
-pub(super) struct ScratchFailure(Mutex<Option<Error>>, Option<AllocContext>);
+pub(super) struct ScratchFailure(Mutex<Option<Error>>, TaskContext);
 
 impl ScratchFailure {
     pub(super) fn new() -> Self {
-        Self(Mutex::new(None), caller_context())
+        Self(Mutex::new(None), TaskContext::of_caller())
     }
 
     /// An unfilled scratch buffer of `len` elements that the loop body rewrites before reading
     /// ([`HostBuffer::for_overwrite`]), or `None` after recording why there is none.
     pub(super) fn take<T: KernelFloat>(&self, len: usize) -> Option<HostBuffer<T>> {
-        let _context = self.1.as_ref().map(AllocContext::enter);
+        let _context = self.1.enter();
         match HostBuffer::for_overwrite(len) {
             Ok(buf) => Some(buf),
             Err(e) => {
@@ -297,6 +316,19 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A task's scratch is outside planned steps while its guards live, and the thread is its
+    /// own again afterwards.
+    #[test]
+    fn tasks_take_their_scratch_outside_planned_steps() {
+        let own = StepThread::current();
+        let task = TaskContext::of_caller();
+        {
+            let _guards = task.enter();
+            assert_eq!(StepThread::current(), StepThread::OUTSIDE);
+        }
+        assert_eq!(StepThread::current(), own);
+    }
 
     /// Two groups of 20 output channels (blocks of 4, a divisor of 20, so no block spans two
     /// groups) and three partials: each element is the in-order sum of its transposed entries.

@@ -33,8 +33,8 @@
 //! splits each product instead.
 
 use super::cpu_gemm::{
-    caller_context, gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices,
-    ScratchFailure, Stored,
+    gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices, ScratchFailure,
+    Stored, TaskContext,
 };
 use super::padded::{taps, too_large, Padded};
 use super::Conv2dGeometry;
@@ -42,7 +42,6 @@ use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
 use gemm::Parallelism;
-use kiln_alloc_cache::AllocContext;
 use rayon::prelude::*;
 
 /// Whether the padded-row layout fits `g`: a kernel wider than one tap or some padding (a
@@ -262,11 +261,11 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let out_image = d.out_image(g);
     let (slices, per_slice, parallelism) = weight_grad_slices(g.batch);
     let group_weight = d.group_out * d.k;
-    let context = caller_context();
+    let context = TaskContext::of_caller();
     let partials = (0..slices)
         .into_par_iter()
         .map(|slice| -> Result<HostBuffer<T>> {
-            let _context = context.as_ref().map(AllocContext::enter);
+            let _context = context.enter();
             // Transposed per group: `[K, C_out/groups]`, written by the slice's first image
             // and added to by the others.
             let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
