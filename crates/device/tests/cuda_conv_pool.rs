@@ -154,6 +154,7 @@ fn pooling_forward_and_backward_match_cpu_in_every_float_dtype() {
     let pools = [
         Pool2d::Max(MaxPool2dGeometry::new(xs, maxp).unwrap()),
         Pool2d::Max(MaxPool2dGeometry::new(xs, max_overlap).unwrap()),
+        Pool2d::MaxValues(MaxPool2dGeometry::new(xs, max_overlap).unwrap()),
         Pool2d::Avg(AvgPool2dGeometry::new(xs, avgp).unwrap()),
         Pool2d::Avg(AvgPool2dGeometry::new(xs, avg_pad).unwrap()),
         Pool2d::Avg(AvgPool2dGeometry::new(xs, avg_div).unwrap()),
@@ -173,7 +174,18 @@ fn pooling_forward_and_backward_match_cpu_in_every_float_dtype() {
             if let (Some(wi), Some(gi)) = (&want_idx, &got_idx) {
                 assert_near(&format!("{what} indices"), wi, gi, DType::I64, (0.0, 0.0));
             }
+            assert_eq!(want_idx.is_some(), got_idx.is_some(), "{what}");
+            assert_eq!(got_idx.is_some(), matches!(pool, Pool2d::Max(_)), "{what}");
             let os: Vec<usize> = match pool {
+                Pool2d::MaxValues(g) => {
+                    // No indices kept, so no backward: an error on both devices.
+                    let ol = Layout::contiguous(&g.shape.output_shape());
+                    let go = values(want.len(), dtype, 2);
+                    let (gor, gog) = (reference_input(&go), gpu(dev, &go));
+                    assert!(gor.pool2d_backward(&ol, None, pool).is_err(), "{what}");
+                    assert!(gog.pool2d_backward(&ol, None, pool).is_err(), "{what}");
+                    continue;
+                }
                 Pool2d::Max(g) => g.shape.output_shape().to_vec(),
                 Pool2d::Avg(g) => g.shape.output_shape().to_vec(),
                 Pool2d::AdaptiveAvg(g) => g.shape.output_shape().to_vec(),

@@ -121,11 +121,18 @@ impl Tensor {
     }
 
     /// 2-D max pooling over `[N, C, H, W]` or `[C, H, W]`.
+    ///
+    /// Without a backward to follow (`no_grad`, or `self` needs no gradient) no indices are
+    /// computed or kept.
     pub fn max_pool2d(&self, params: MaxPool2dParams) -> Result<Tensor> {
+        let backward = crate::is_grad_enabled() && self.requires_grad();
         self.pool2d("max_pool2d", "MaxPool2DWithIndicesBackward", |shape| {
-            Ok(Pool2d::Max(
-                MaxPool2dGeometry::new(shape, params).map_err(kiln_device::Error::from)?,
-            ))
+            let g = MaxPool2dGeometry::new(shape, params).map_err(kiln_device::Error::from)?;
+            Ok(if backward {
+                Pool2d::Max(g)
+            } else {
+                Pool2d::MaxValues(g)
+            })
         })
     }
 
@@ -171,7 +178,7 @@ impl Tensor {
         let pool = geometry(shape)?;
         let (storage, indices) = self.storage().pool2d(self.layout(), &pool)?;
         let out_shape = match &pool {
-            Pool2d::Max(g) => g.shape.output_shape(),
+            Pool2d::Max(g) | Pool2d::MaxValues(g) => g.shape.output_shape(),
             Pool2d::Avg(g) => g.shape.output_shape(),
             Pool2d::AdaptiveAvg(g) => g.shape.output_shape(),
         };

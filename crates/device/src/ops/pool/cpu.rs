@@ -16,7 +16,7 @@ use super::{AdaptiveAvgPool2dGeometry, AvgPool2dGeometry, MaxPool2dGeometry, Poo
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
 
-pub use super::cpu_max::max_pool2d_forward;
+pub use super::cpu_max::{max_pool2d_forward, max_pool2d_values};
 
 /// Checks the lengths of the input-side and output-side buffers of a pooling call.
 fn check_pool_buffers<T>(
@@ -304,6 +304,11 @@ impl PoolOps for CpuStorage {
                     in_pool(|| max_pool2d_forward(g, &input, &mut out, &mut idx))?;
                     Ok((wrap(out), Some(wrap(idx))))
                 }
+                Pool2d::MaxValues(g) => {
+                    let mut out = for_overwrite::<T>(&g.shape.output_shape())?;
+                    in_pool(|| max_pool2d_values(g, &input, &mut out))?;
+                    Ok((wrap(out), None))
+                }
                 Pool2d::Avg(g) => {
                     let mut out = for_overwrite::<T>(&g.shape.output_shape())?;
                     in_pool(|| avg_pool2d_forward(g, &input, &mut out))?;
@@ -328,6 +333,7 @@ impl PoolOps for CpuStorage {
         float_kernel!(OP, self.dtype(), T => {
             let go = dense::<T>(OP, (self, layout))?;
             match pool {
+                Pool2d::MaxValues(_) => Err(no_values_backward()),
                 Pool2d::Max(g) => {
                     let Some(indices) = indices else {
                         return Err(Error::LengthMismatch {
@@ -354,6 +360,16 @@ impl PoolOps for CpuStorage {
                 }
             }
         })
+    }
+}
+
+/// The error of a backward through [`Pool2d::MaxValues`], which keeps no indices.
+pub(crate) fn no_values_backward() -> Error {
+    Error::LengthMismatch {
+        op: "max_pool2d_backward",
+        what: "got Pool2d::MaxValues, which keeps no indices; run the forward as Pool2d::Max \
+               (kiln's autograd does whenever the input needs a gradient)"
+            .into(),
     }
 }
 

@@ -13,6 +13,8 @@
 //! window). Windows made mostly of padding (a frame more than four times its plane, as a large
 //! kernel over a small plane makes) are instead visited tap by tap inside the input, with the
 //! same rules, so no geometry the pooling accepts allocates more than a few planes.
+//! [`max_pool2d_values`] (no backward will read indices) makes the same comparisons and keeps
+//! no winners, so its maxima are those of [`max_pool2d_forward`] bit for bit.
 
 use super::{MaxPool2dGeometry, MaxPool2dParams, PoolShape};
 use crate::ops::kernel_error::{check_len, KernelError};
@@ -82,6 +84,19 @@ simd_dispatch! {
         => max_taps_body[T];
 }
 
+simd_dispatch! {
+    /// [`max_taps`] without the winners: `taps[j]` replaces `out[j]` where it is larger or NaN.
+    fn max_values[T: KernelFloat](out: &mut [T], taps: &[T]) => max_values_body[T];
+}
+
+#[inline(always)]
+fn max_values_body<T: KernelFloat>(out: &mut [T], taps: &[T]) {
+    for (out, &v) in out.iter_mut().zip(taps) {
+        let better = (v > *out) | v.is_nan();
+        *out = if better { v } else { *out };
+    }
+}
+
 #[inline(always)]
 fn max_taps_body<T: KernelFloat>(out: &mut [T], won: &mut [i32], taps: &[T], tap: i32) {
     for ((out, won), &v) in out.iter_mut().zip(won.iter_mut()).zip(taps) {
@@ -146,11 +161,36 @@ pub fn max_pool2d_forward<T: KernelFloat>(
     output: &mut [T],
     indices: &mut [i64],
 ) -> Result<(), KernelError> {
+    check_len(
+        "max_pool2d",
+        "indices",
+        indices,
+        &geometry.shape.output_shape(),
+    )?;
+    forward(geometry, input, output, Some(indices))
+}
+
+/// `max_pool2d` forward without indices, for a pass no backward will follow (`no_grad`, an
+/// input that needs no gradient): the maxima of [`max_pool2d_forward`], with no winner kept
+/// per output and no `i64` written.
+pub fn max_pool2d_values<T: KernelFloat>(
+    geometry: &MaxPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), KernelError> {
+    forward(geometry, input, output, None)
+}
+
+fn forward<T: KernelFloat>(
+    geometry: &MaxPool2dGeometry,
+    input: &[T],
+    output: &mut [T],
+    indices: Option<&mut [i64]>,
+) -> Result<(), KernelError> {
     const OP: &str = "max_pool2d";
     let shape = &geometry.shape;
     check_len(OP, "input", input, &shape.input_shape())?;
     check_len(OP, "output", output, &shape.output_shape())?;
-    check_len(OP, "indices", indices, &shape.output_shape())?;
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
     if out_plane == 0 || in_plane == 0 {
         return Ok(());
@@ -178,39 +218,49 @@ fn by_window<T: KernelFloat>(
     geometry: &MaxPool2dGeometry,
     input: &[T],
     output: &mut [T],
-    indices: &mut [i64],
+    indices: Option<&mut [i64]>,
 ) {
     let (shape, p) = (&geometry.shape, &geometry.params);
     let ([in_h, in_w], out_w) = (shape.input_size, shape.output_size[1]);
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    output
-        .par_chunks_mut(out_plane)
-        .zip(indices.par_chunks_mut(out_plane))
-        .enumerate()
-        .for_each(|(plane, (out, idx))| {
-            let src = &input[plane * in_plane..][..in_plane];
-            for (k, (out, idx)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {
-                let (top, left) = (window_start(p, 0, k / out_w), window_start(p, 1, k % out_w));
-                let (h_lo, h_hi) = tap_range(top, p.kernel_size[0], p.dilation[0], in_h);
-                let (w_lo, w_hi) = tap_range(left, p.kernel_size[1], p.dilation[1], in_w);
-                let at = |th: usize, tw: usize| {
-                    let h = top + (th * p.dilation[0]) as i64;
-                    h * in_w as i64 + left + (tw * p.dilation[1]) as i64
-                };
-                // The geometry guarantees each window a tap inside the input.
-                let (mut best, mut best_at) = (T::NEG_INFINITY, at(h_lo, w_lo));
-                for th in h_lo..h_hi {
-                    for tw in w_lo..w_hi {
-                        let k = at(th, tw);
-                        let v = src[k as usize];
-                        if (v > best) | v.is_nan() {
-                            (best, best_at) = (v, k);
-                        }
+    let each_plane = |plane: usize, out: &mut [T], mut idx: Option<&mut [i64]>| {
+        let src = &input[plane * in_plane..][..in_plane];
+        for (o, out) in out.iter_mut().enumerate() {
+            let (top, left) = (window_start(p, 0, o / out_w), window_start(p, 1, o % out_w));
+            let (h_lo, h_hi) = tap_range(top, p.kernel_size[0], p.dilation[0], in_h);
+            let (w_lo, w_hi) = tap_range(left, p.kernel_size[1], p.dilation[1], in_w);
+            let at = |th: usize, tw: usize| {
+                let h = top + (th * p.dilation[0]) as i64;
+                h * in_w as i64 + left + (tw * p.dilation[1]) as i64
+            };
+            // The geometry guarantees each window a tap inside the input.
+            let (mut best, mut best_at) = (T::NEG_INFINITY, at(h_lo, w_lo));
+            for th in h_lo..h_hi {
+                for tw in w_lo..w_hi {
+                    let k = at(th, tw);
+                    let v = src[k as usize];
+                    if (v > best) | v.is_nan() {
+                        (best, best_at) = (v, k);
                     }
                 }
-                (*out, *idx) = (best, best_at);
             }
-        });
+            *out = best;
+            if let Some(idx) = idx.as_deref_mut() {
+                idx[o] = best_at;
+            }
+        }
+    };
+    match indices {
+        Some(indices) => output
+            .par_chunks_mut(out_plane)
+            .zip(indices.par_chunks_mut(out_plane))
+            .enumerate()
+            .for_each(|(plane, (out, idx))| each_plane(plane, out, Some(idx))),
+        None => output
+            .par_chunks_mut(out_plane)
+            .enumerate()
+            .for_each(|(plane, out)| each_plane(plane, out, None)),
+    }
 }
 
 /// Every window inside `frame`, a tap at a time over blocks of outputs (the module's rules).
@@ -219,7 +269,7 @@ fn by_frame<T: KernelFloat>(
     frame: &Frame,
     input: &[T],
     output: &mut [T],
-    indices: &mut [i64],
+    indices: Option<&mut [i64]>,
 ) {
     let (shape, p) = (&geometry.shape, &geometry.params);
     let [in_h, in_w] = shape.input_size;
@@ -244,49 +294,68 @@ fn by_frame<T: KernelFloat>(
     let block = (BLOCK_OUTPUTS / out_w).max(1) * out_w;
     let row_step = p.stride[0] * frame.cols;
     let isa = simd::isa();
-    output
-        .par_chunks_mut(out_plane)
-        .zip(indices.par_chunks_mut(out_plane))
-        .enumerate()
-        .for_each_init(
-            || {
-                let padded = vec![T::NEG_INFINITY; frame.rows * frame.cols];
-                (padded, vec![T::NEG_INFINITY; block], vec![-1i32; block])
-            },
-            |(padded, gathered, won), (plane, (out, idx))| {
-                frame.fill(padded, &input[plane * in_plane..][..in_plane], [in_h, in_w]);
-                let blocks = out.chunks_mut(block).zip(idx.chunks_mut(block));
-                for (b, (out, idx)) in blocks.enumerate() {
-                    let first_row = b * (block / out_w);
-                    let (gathered, won) = (&mut gathered[..out.len()], &mut won[..out.len()]);
-                    out.fill(T::NEG_INFINITY);
-                    won.fill(-1);
-                    let rows = &padded[first_row * row_step..];
-                    for (t, &(at, _)) in taps.iter().enumerate() {
-                        gather_tap(isa, gathered, out_w, &rows[at..], row_step, p.stride[1]);
-                        max_taps(isa, out, won, gathered, t as i32);
-                    }
-                    let idx_rows = idx.chunks_exact_mut(out_w).zip(won.chunks_exact(out_w));
-                    for (r, (idx, won)) in idx_rows.enumerate() {
-                        let oh = first_row + r;
-                        let top = window_start(p, 0, oh);
-                        for (ow, (i, &t)) in idx.iter_mut().zip(won).enumerate() {
-                            let left = window_start(p, 1, ow);
-                            *i = match taps.get(t as usize) {
-                                Some(&(_, offset)) if t >= 0 => top * in_w as i64 + left + offset,
-                                _ => first_rows[oh] * in_w as i64 + first_cols[ow],
-                            };
-                        }
-                    }
+    type Scratch<T> = (Vec<T>, Vec<T>, Vec<i32>);
+    let scratch = || -> Scratch<T> {
+        let padded = vec![T::NEG_INFINITY; frame.rows * frame.cols];
+        (padded, vec![T::NEG_INFINITY; block], vec![-1i32; block])
+    };
+    let each_plane = |(padded, gathered, won): &mut Scratch<T>,
+                      plane: usize,
+                      out: &mut [T],
+                      mut idx: Option<&mut [i64]>| {
+        frame.fill(padded, &input[plane * in_plane..][..in_plane], [in_h, in_w]);
+        for (b, out) in out.chunks_mut(block).enumerate() {
+            let first_row = b * (block / out_w);
+            let (gathered, won) = (&mut gathered[..out.len()], &mut won[..out.len()]);
+            out.fill(T::NEG_INFINITY);
+            let rows = &padded[first_row * row_step..];
+            let Some(idx) = idx.as_deref_mut() else {
+                for &(at, _) in &taps {
+                    gather_tap(isa, gathered, out_w, &rows[at..], row_step, p.stride[1]);
+                    max_values(isa, out, gathered);
                 }
-            },
-        );
+                continue;
+            };
+            won.fill(-1);
+            for (t, &(at, _)) in taps.iter().enumerate() {
+                gather_tap(isa, gathered, out_w, &rows[at..], row_step, p.stride[1]);
+                max_taps(isa, out, won, gathered, t as i32);
+            }
+            let idx = &mut idx[b * block..][..out.len()];
+            let idx_rows = idx.chunks_exact_mut(out_w).zip(won.chunks_exact(out_w));
+            for (r, (idx, won)) in idx_rows.enumerate() {
+                let oh = first_row + r;
+                let top = window_start(p, 0, oh);
+                for (ow, (i, &t)) in idx.iter_mut().zip(won).enumerate() {
+                    let left = window_start(p, 1, ow);
+                    *i = match taps.get(t as usize) {
+                        Some(&(_, offset)) if t >= 0 => top * in_w as i64 + left + offset,
+                        _ => first_rows[oh] * in_w as i64 + first_cols[ow],
+                    };
+                }
+            }
+        }
+    };
+    match indices {
+        Some(indices) => output
+            .par_chunks_mut(out_plane)
+            .zip(indices.par_chunks_mut(out_plane))
+            .enumerate()
+            .for_each_init(scratch, |s, (plane, (out, idx))| {
+                each_plane(s, plane, out, Some(idx))
+            }),
+        None => output
+            .par_chunks_mut(out_plane)
+            .enumerate()
+            .for_each_init(scratch, |s, (plane, out)| each_plane(s, plane, out, None)),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
-        gather_tap, gather_tap_body, max_pool2d_forward, max_taps, max_taps_body, tap_range,
+        gather_tap, gather_tap_body, max_pool2d_forward, max_pool2d_values, max_taps,
+        max_taps_body, max_values, tap_range,
     };
     use crate::ops::pool::{MaxPool2dGeometry, MaxPool2dParams};
     use crate::ops::simd::{available, isa};
@@ -385,6 +454,15 @@ mod tests {
             .collect();
         for ((name, _), r) in paths.iter().zip(&results) {
             assert_eq!(r, &results[0], "{name}");
+        }
+        // Without winners, every path keeps the same maxima.
+        for each in std::iter::once(None).chain(available().into_iter().map(Some)) {
+            let mut out = vec![f32::NEG_INFINITY; n];
+            for row in &rows {
+                max_values(each, &mut out, row);
+            }
+            let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(bits, results[0].0, "{each:?} without winners");
         }
         // The rules themselves, on the baseline: a column's winner is the last NaN's row, else
         // the first row holding the column's maximum, else (all minus infinity) none.
@@ -493,6 +571,11 @@ mod tests {
             max_pool2d_forward(&g, &input, &mut out, &mut idx).unwrap();
             let got = (out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), idx);
             assert_eq!(got, reference(&g, &input), "case {k}");
+            // Without indices: the same maxima, bit for bit.
+            let mut values = vec![7.5f32; n];
+            max_pool2d_values(&g, &input, &mut values).unwrap();
+            let values: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(values, got.0, "case {k} without indices");
         }
     }
 

@@ -56,7 +56,7 @@ unsafe impl DeviceRepr for PoolArgs {}
 
 fn shape_of(pool: &Pool2d) -> &PoolShape {
     match pool {
-        Pool2d::Max(g) => &g.shape,
+        Pool2d::Max(g) | Pool2d::MaxValues(g) => &g.shape,
         Pool2d::Avg(g) => &g.shape,
         Pool2d::AdaptiveAvg(g) => &g.shape,
     }
@@ -78,7 +78,7 @@ fn pool_args(pool: &Pool2d) -> PoolArgs {
         (a.ph, a.pw, a.dh, a.dw) = (u(p[0]), u(p[1]), u(d[0]), u(d[1]));
     };
     match pool {
-        Pool2d::Max(g) => {
+        Pool2d::Max(g) | Pool2d::MaxValues(g) => {
             let p = g.params;
             set(&mut a, p.kernel_size, p.stride, p.padding, p.dilation);
         }
@@ -95,7 +95,7 @@ fn pool_args(pool: &Pool2d) -> PoolArgs {
 
 fn name(pool: &Pool2d) -> &'static str {
     match pool {
-        Pool2d::Max(_) => "max_pool",
+        Pool2d::Max(_) | Pool2d::MaxValues(_) => "max_pool",
         Pool2d::Avg(_) => "avg_pool",
         Pool2d::AdaptiveAvg(_) => "adaptive_avg_pool",
     }
@@ -164,6 +164,10 @@ impl PoolOps for CudaStorage {
     /// Pooling forward; max pooling also returns its `I64` indices.
     fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)> {
         const OP: &str = "pool2d";
+        if let Pool2d::MaxValues(g) = pool {
+            // pool.cu's max kernel writes its indices; they are dropped here.
+            return Ok((self.pool2d(layout, &Pool2d::Max(*g))?.0, None));
+        }
         let dt = check_dtype(self.dtype())?;
         let s = shape_of(pool);
         let x = dense(OP, (self, layout), &s.input_shape())?;
@@ -204,6 +208,9 @@ impl PoolOps for CudaStorage {
         pool: &Pool2d,
     ) -> Result<Self> {
         const OP: &str = "pool2d_backward";
+        if let Pool2d::MaxValues(_) = pool {
+            return Err(super::cpu::no_values_backward());
+        }
         let dt = check_dtype(self.dtype())?;
         let s = shape_of(pool);
         let go = dense(OP, (self, layout), &s.output_shape())?;

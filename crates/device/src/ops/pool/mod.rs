@@ -1,4 +1,5 @@
-//! 2-D pooling: `max_pool2d` (with indices for backward), `avg_pool2d`, `adaptive_avg_pool2d`.
+//! 2-D pooling: `max_pool2d` (with indices for backward, or without when no backward follows),
+//! `avg_pool2d`, `adaptive_avg_pool2d`.
 //!
 //! Layouts are PyTorch's, contiguous: input `[N, C, H, W]`, output `[N, C, H_out, W_out]`;
 //! max-pooling indices are `i64` offsets into the input plane (`h * W + w`), exactly as
@@ -33,6 +34,10 @@ use crate::{Layout, Result};
 pub enum Pool2d {
     /// `max_pool2d`; its forward also returns the `I64` argmax indices backward needs.
     Max(MaxPool2dGeometry),
+    /// `max_pool2d` with no backward to follow (`no_grad`, or an input that needs no
+    /// gradient): the same values, no indices. The CPU keeps no winners at all (PyTorch's CPU
+    /// `max_pool2d` does the same); CUDA computes the indices and drops them. Has no backward.
+    MaxValues(MaxPool2dGeometry),
     /// `avg_pool2d`.
     Avg(AvgPool2dGeometry),
     /// `adaptive_avg_pool2d`.
@@ -44,7 +49,8 @@ pass_through!(ref Pool2d);
 seam_trait! {
     /// 2-D pooling over `[N, C, H, W]`.
     pub trait PoolOps: BufferOps {
-        /// A 2-D pooling of `self`; `Pool2d::Max` also returns its `I64` indices.
+        /// A 2-D pooling of `self`; `Pool2d::Max` also returns its `I64` indices
+        /// (`Pool2d::MaxValues` none).
         fn pool2d(&self, layout: &Layout, pool: &Pool2d) -> Result<(Self, Option<Self>)>;
         /// Gradient of a 2-D pooling from `self` = the output gradient (`indices` for max
         /// pooling).
