@@ -1,7 +1,8 @@
 //! The `alloc` benchmark group (issue 3): cache-hit latency, steady-state backend calls,
 //! fragmentation of the shipped traces (recorded from kiln's and PyTorch's CPU training runs,
-//! and the synthetic GPU-scale ones) next to the model of PyTorch's allocator, and host
-//! allocate-touch-free through the cache versus the system allocator.
+//! and the synthetic GPU-scale ones) next to the model of PyTorch's allocator, kiln's runs
+//! trained for real in child processes (`alloc_real.rs`), and host allocate-touch-free through
+//! the cache versus the system allocator.
 
 use super::alloc_traces::{read_traces, FROM_PYTORCH, RECORDED, SYNTHETIC};
 use super::harness::{err, Options, Row};
@@ -27,6 +28,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         history_overhead(options, &mut rows)?;
         steady_state(&mut rows)?;
         planned_steps(&mut rows)?;
+        super::alloc_real::real_runs(options, &mut rows)?;
         fragmentation(&mut rows)?;
         tight_capacity(&mut rows)?;
         host_touch(options, &mut rows)?;

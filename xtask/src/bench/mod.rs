@@ -16,6 +16,7 @@
 //! `harness.rs`, which imports no group, so groups depend on it and never on this file.
 
 mod alloc;
+mod alloc_real;
 mod alloc_traces;
 mod clip;
 mod clip_gpu;
