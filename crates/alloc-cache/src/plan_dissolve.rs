@@ -20,7 +20,17 @@ impl State {
         let Some(mut a) = p.active.take() else {
             return false;
         };
-        p.counts.fallback_steps += u64::from(!a.dropped);
+        // The step under way is counted as at a marker: served whole (`empty_cache` after its
+        // last planned block) as planned, cut short (memory ran out inside it) as fallen back;
+        // one that has not asked for anything yet, as neither.
+        let idle = a.live.is_empty() && !a.deviated;
+        if !a.dropped && !(idle && a.next == 0) {
+            if idle && a.next >= a.last_placed {
+                p.counts.planned_steps += 1;
+            } else {
+                p.counts.fallback_steps += 1;
+            }
+        }
         let bins = std::mem::take(&mut a.bins);
         for &bin in &bins {
             let (addr, end) = {

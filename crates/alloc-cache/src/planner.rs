@@ -39,8 +39,9 @@
 //! - **Dropping.** At the marker after a deviating step, a step that stopped before the plan's
 //!   last placed allocation, or when a planned block outlives its step, the plan is dropped:
 //!   the bins go back to the pools once their last block is freed, and recording starts
-//!   again. When the cache runs short, the plan is dropped and every bin goes back at once,
-//!   one still holding planned blocks dissolved around them (`plan_dissolve.rs`).
+//!   again. When the cache runs short, or is emptied (`empty_cache`, `trim_to` short of its
+//!   target), the plan is dropped and every bin goes back at once, one still holding planned
+//!   blocks dissolved around them (`plan_dissolve.rs`).
 //!
 //! Invariants: two planned blocks live at once never overlap and each lies inside its bin
 //! (checked on every placement, not assumed from the plan); a planned block is a block of

@@ -361,22 +361,31 @@ impl CachingAllocator {
 
     /// Returns every cached free segment (and the free pages at the end of expandable segments)
     /// to the backend, after waiting for outstanding stream events. Returns the bytes released.
+    /// A planned-steps plan is dropped first and its bins given back (dissolved around planned
+    /// blocks still live): memory the plan keeps for the next step is cached memory too, and
+    /// the loop is planned again once two steps in a row repeat.
     pub fn empty_cache(&self) -> Result<usize> {
         self.with_state(|st| {
             self.synchronize_pending(st)?;
+            st.dissolve_plan();
             self.release_cached(st, Release::All)
         })
     }
 
     /// Releases cached memory, largest pieces first, until at most `max_reserved` bytes stay
-    /// reserved (or nothing releasable is left); waits on stream events only if that is needed.
-    /// Returns the bytes released.
+    /// reserved (or nothing releasable is left); waits on stream events, and drops a
+    /// planned-steps plan to give its bins back, only if that is needed. Returns the bytes
+    /// released.
     pub fn trim_to(&self, max_reserved: usize) -> Result<usize> {
         self.with_state(|st| {
             let mut released = self.release_cached(st, Release::LargestFirst(max_reserved))?;
             if st.stats.reserved_bytes.all.current as usize > max_reserved && !st.pending.is_empty()
             {
                 self.synchronize_pending(st)?;
+                released += self.release_cached(st, Release::LargestFirst(max_reserved))?;
+            }
+            // Still above: the bins a planned-steps plan keeps are cached memory too.
+            if st.stats.reserved_bytes.all.current as usize > max_reserved && st.dissolve_plan() {
                 released += self.release_cached(st, Release::LargestFirst(max_reserved))?;
             }
             Ok(released)

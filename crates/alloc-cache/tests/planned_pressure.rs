@@ -1,6 +1,7 @@
-//! Planned steps when memory runs short: the plan gives its bins back at once, a bin still
-//! holding planned blocks dissolved around them, and random loops on a tight device keep
-//! memory disjoint and statistics true through it.
+//! Planned steps when memory runs short or is given back: the plan gives its bins back at
+//! once, a bin still holding planned blocks dissolved around them; `empty_cache` and
+//! `trim_to` release the bins' memory; random loops on a tight device keep memory disjoint
+//! and statistics true through it.
 
 use kiln_alloc_cache::synth::SplitMix64;
 use kiln_alloc_cache::*;
@@ -51,6 +52,64 @@ fn a_plan_gives_the_free_parts_of_its_bins_back_when_the_cache_runs_short() {
     a.check_invariants().unwrap();
     assert_eq!(a.largest_free_block(), 24 * MIB);
     assert_eq!(a.memory_stats().allocated_bytes.all.current, 0);
+}
+
+/// One step of 24 MiB and 4 MiB, each freed at once.
+fn step(a: &CachingAllocator) {
+    let big = a.allocate_raw(24 * MIB, S0).unwrap();
+    a.free_raw(big).unwrap();
+    let small = a.allocate_raw(4 * MIB, S0).unwrap();
+    a.free_raw(small).unwrap();
+}
+
+/// What the plan keeps for the next step is cached memory: `empty_cache` drops the plan and
+/// releases its bins' segment (PyTorch users call it to hand memory back, as kiln's recipe does
+/// after validation), and `trim_to` does when nothing else gets it under its target. The step
+/// under way is counted as at a marker: served whole, as planned; not begun, as neither. The
+/// loop is planned again once two steps repeat.
+#[test]
+fn emptying_the_cache_or_trimming_it_releases_the_plan_s_bins() {
+    for trim in [false, true] {
+        let (sim, a) = planned_on(1 << 30, AllocatorConfig::default());
+        // Step 1 recorded and planned at once; step 2 served from the plan.
+        for _ in 0..2 {
+            a.mark_step().unwrap();
+            step(&a);
+        }
+        if trim {
+            // Step 2 counted at its marker; step 3 has not begun.
+            a.mark_step().unwrap();
+        }
+        assert_eq!(a.plan_counts().1, 24 * MIB, "the segment is the plan's bin");
+        let released = if trim {
+            a.trim_to(0).unwrap()
+        } else {
+            a.empty_cache().unwrap()
+        };
+        assert_eq!(released, 24 * MIB, "trim {trim}");
+        assert_eq!(
+            a.memory_stats().reserved_bytes.all.current,
+            0,
+            "trim {trim}"
+        );
+        assert_eq!(sim.used_bytes(), 0, "trim {trim}");
+        let (counts, bins) = a.plan_counts();
+        assert_eq!(
+            (counts.planned_steps, counts.fallback_steps, bins),
+            (1, 0, 0)
+        );
+        a.check_invariants().unwrap();
+        if !trim {
+            a.mark_step().unwrap();
+        }
+        // Two steps repeat: planned again, the third served.
+        for _ in 0..3 {
+            step(&a);
+            a.mark_step().unwrap();
+        }
+        assert_eq!(a.plan_counts().0.planned_steps, 2, "trim {trim}");
+        a.check_invariants().unwrap();
+    }
 }
 
 /// Seeded loops of a step template with random deviations on a device a little larger than

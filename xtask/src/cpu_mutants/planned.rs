@@ -1,10 +1,10 @@
 //! The bugs `cargo xtask cpu-mutants` plants in the rules of the allocator's planned steps
 //! that only some loops reach: a loop planned from its first step, the spare bin of blocks
 //! without room, other threads' allocations, requests made only in the recorded step or only
-//! after it, the bins given back when the cache runs short, and the deviations (another
-//! stream, a step that stops early, a plan dropped at a marker), and the thread a CPU pass
-//! runs on allocating for the thread that marks the steps; each with the test meant to cover
-//! it.
+//! after it, the bins given back when the cache runs short or is emptied, the deviations
+//! (another stream, a step that stops early, a plan dropped at a marker), and the thread a CPU
+//! pass runs on allocating for the thread that marks the steps; each with the test meant to
+//! cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
@@ -94,6 +94,15 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let yielded = st.yield_plan();",
         target: &["--test", "planned_pressure"],
         test: "a_plan_gives_the_free_parts_of_its_bins_back_when_the_cache_runs_short",
+    },
+    Mutant {
+        bug: "empty_cache keeps the bins of a planned-steps plan",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/segments.rs",
+        find: "            st.dissolve_plan();\n            self.release_cached(st, Release::All)",
+        replace: "            self.release_cached(st, Release::All)",
+        target: &["--test", "planned_pressure"],
+        test: "emptying_the_cache_or_trimming_it_releases_the_plan_s_bins",
     },
     Mutant {
         bug: "a thread that entered the marking thread's StepThread allocates as itself",
