@@ -24,7 +24,8 @@ impl State {
         // last planned block) as planned, cut short (memory ran out inside it) as fallen back;
         // one that has not asked for anything yet, as neither.
         let idle = a.live.is_empty() && !a.deviated;
-        if !a.dropped && !(idle && a.next == 0) {
+        let begun = !idle || a.next > 0;
+        if !a.dropped && begun {
             if idle && a.next >= a.last_placed {
                 p.counts.planned_steps += 1;
             } else {

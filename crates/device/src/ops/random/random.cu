@@ -11,8 +11,9 @@
 // 24 bits (53 for f64) of the block; normals are Box-Muller (cosine branch) in double over two
 // 53-bit uniforms. Additions and products use explicitly rounded intrinsics (__dadd_rn,
 // __dmul_rn) so NVRTC cannot contract them into FMAs: the integer work and the uniforms are
-// bit-identical to the CPU; normals differ from the CPU only where CUDA's double log/cos differ
-// from the host libm's in the last bit. Values are stored with the CPU's `from_f64` rules.
+// bit-identical to the CPU; normals differ from the CPU's in the last bits of a double (the CPU
+// computes ln and cos(2 pi u) with its own branch-free series, normal_math.rs), more where the
+// cosine is near zero, since here 2 pi u is rounded before cos. Values are stored with the CPU's `from_f64` rules.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
