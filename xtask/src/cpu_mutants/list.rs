@@ -107,11 +107,11 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::topk::cpu::tests::every_row_of_a_parallel_top_k_matches_a_sorted_row",
     },
     Mutant {
-        bug: "a parallel random fill numbers its draws backwards",
+        bug: "a parallel random fill numbers its parts backwards",
         package: DEVICE,
         file: "crates/device/src/ops/random/cpu.rs",
-        find: "out.par_iter_mut().enumerate()",
-        replace: "out.par_iter_mut().rev().enumerate()",
+        find: "out.par_chunks_mut(CHUNK).enumerate()",
+        replace: "out.par_chunks_mut(CHUNK).rev().enumerate()",
         target: LIB,
         test: "ops::random::cpu::tests::a_parallel_fill_gives_element_i_draw_offset_plus_i",
     },
@@ -134,7 +134,7 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::pool::cpu_max::tests::forward_matches_visiting_each_windows_taps",
     },
     Mutant {
-        bug: "a block of eight normal draws starts at the wrong counter",
+        bug: "a block of eight random draws starts at the wrong counter",
         package: DEVICE,
         file: "crates/device/src/ops/random/cpu.rs",
         find: "let start = first.wrapping_add((c * LANES) as u64);",
