@@ -3,8 +3,9 @@
 //! hold it without the logic's dependencies.
 //!
 //! Invariants: `recording` holds events only while no plan is active, and allocations only of
-//! the thread that marks the steps (or of a thread that entered its [`StepThread`]); `Active::places` has one entry per request; `Active::live`
-//! holds exactly the planned blocks allocated or pending.
+//! the thread that marks the steps (or of a thread that entered its [`StepThread`]);
+//! `Active::places` has one entry per request; `Active::live` holds exactly the planned blocks
+//! allocated or pending.
 
 use crate::backend::StreamId;
 use crate::stats::PoolKind;
@@ -151,9 +152,9 @@ thread_local! {
 /// Which thread's allocations planned steps follow, carried onto another thread: a pass that a
 /// thread hands whole to a worker (kiln's CPU passes run on its pool) then allocates as that
 /// thread for planned steps, so the pass's blocks are recorded and planned with the thread's
-/// own. Only the entered closure's own allocations count; work the worker picks up from others
-/// while it waits inside the closure counts too, so it must not allocate through the planned
-/// allocator in an order that changes from step to step.
+/// own. Everything the worker allocates while it is entered counts, including work it picks
+/// up from other tasks while it waits: work whose allocations come in an order that changes
+/// from step to step enters [`StepThread::OUTSIDE`] for them (kiln's convolution tasks do).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepThread(u64);
 
