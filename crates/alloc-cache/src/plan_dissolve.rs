@@ -23,10 +23,9 @@ impl State {
         // The step under way is counted as at a marker: served whole (`empty_cache` after its
         // last planned block) as planned, cut short (memory ran out inside it) as fallen back;
         // one that has not asked for anything yet, as neither.
-        let idle = a.live.is_empty() && !a.deviated;
-        let begun = !idle || a.next > 0;
+        let begun = a.next > 0 || a.deviated || !a.live.is_empty();
         if !a.dropped && begun {
-            if idle && a.next >= a.last_placed {
+            if a.served_whole() {
                 p.counts.planned_steps += 1;
             } else {
                 p.counts.fallback_steps += 1;

@@ -68,6 +68,13 @@ impl Active {
         self.places[k].is_none() && self.spare.as_ref().is_none_or(|s| s.offsets[k].is_none())
     }
 
+    /// Whether the step under way has used the whole plan and left it intact: no deviation,
+    /// every placed block asked for, none still live. How a step is counted when the plan ends
+    /// it (at a marker, or dropped between steps) as served rather than fallen back.
+    pub(crate) fn served_whole(&self) -> bool {
+        !self.deviated && self.next >= self.last_placed && self.live.is_empty()
+    }
+
     /// One past the index of the last allocation the plan places (0 when it places none).
     pub(crate) fn find_last_placed(&self) -> usize {
         (0..self.requests.len())

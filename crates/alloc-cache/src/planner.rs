@@ -254,8 +254,7 @@ impl CachingAllocator {
         let p = st.planner.get_or_insert_with(Box::default);
         p.thread = crate::plan_state::current_thread();
         if let Some(a) = p.active.as_mut() {
-            let kept = !a.deviated && a.next >= a.last_placed && a.live.is_empty();
-            if kept && !a.dropped {
+            if a.served_whole() && !a.dropped {
                 a.next = 0;
                 p.counts.planned_steps += 1;
                 return Ok(());

@@ -53,9 +53,9 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         bug: "a planned step that stops early keeps its plan",
         package: ALLOC,
-        file: "crates/alloc-cache/src/planner.rs",
-        find: "let kept = !a.deviated && a.next >= a.last_placed && a.live.is_empty();",
-        replace: "let kept = !a.deviated && a.live.is_empty();",
+        file: "crates/alloc-cache/src/plan_state.rs",
+        find: "!self.deviated && self.next >= self.last_placed && self.live.is_empty()",
+        replace: "!self.deviated && self.live.is_empty()",
         target: PLANNED,
         test: "another_stream_or_a_short_step_is_a_deviation",
     },
