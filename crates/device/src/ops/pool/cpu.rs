@@ -333,7 +333,7 @@ impl PoolOps for CpuStorage {
         float_kernel!(OP, self.dtype(), T => {
             let go = dense::<T>(OP, (self, layout))?;
             match pool {
-                Pool2d::MaxValues(_) => Err(no_values_backward()),
+                Pool2d::MaxValues(_) => Err(super::no_values_backward()),
                 Pool2d::Max(g) => {
                     let Some(indices) = indices else {
                         return Err(Error::LengthMismatch {
@@ -360,16 +360,6 @@ impl PoolOps for CpuStorage {
                 }
             }
         })
-    }
-}
-
-/// The error of a backward through [`Pool2d::MaxValues`], which keeps no indices.
-pub(crate) fn no_values_backward() -> Error {
-    Error::LengthMismatch {
-        op: "max_pool2d_backward",
-        what: "got Pool2d::MaxValues, which keeps no indices; run the forward as Pool2d::Max \
-               (kiln's autograd does whenever the input needs a gradient)"
-            .into(),
     }
 }
 

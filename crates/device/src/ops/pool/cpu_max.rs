@@ -161,12 +161,8 @@ pub fn max_pool2d_forward<T: KernelFloat>(
     output: &mut [T],
     indices: &mut [i64],
 ) -> Result<(), KernelError> {
-    check_len(
-        "max_pool2d",
-        "indices",
-        indices,
-        &geometry.shape.output_shape(),
-    )?;
+    let shape = geometry.shape.output_shape();
+    check_len("max_pool2d", "indices", indices, &shape)?;
     forward(geometry, input, output, Some(indices))
 }
 
@@ -223,7 +219,7 @@ fn by_window<T: KernelFloat>(
     let (shape, p) = (&geometry.shape, &geometry.params);
     let ([in_h, in_w], out_w) = (shape.input_size, shape.output_size[1]);
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    let each_plane = |plane: usize, out: &mut [T], mut idx: Option<&mut [i64]>| {
+    let each_plane = |_: &mut (), plane: usize, out: &mut [T], mut idx: Option<&mut [i64]>| {
         let src = &input[plane * in_plane..][..in_plane];
         for (o, out) in out.iter_mut().enumerate() {
             let (top, left) = (window_start(p, 0, o / out_w), window_start(p, 1, o % out_w));
@@ -250,16 +246,30 @@ fn by_window<T: KernelFloat>(
             }
         }
     };
+    by_plane(output, indices, out_plane, || (), each_plane);
+}
+
+/// Runs `each(scratch, plane, out, idx)` for every plane of `output` (and of `indices`, when
+/// kept) in parallel, with one `scratch()` per rayon task.
+fn by_plane<T: KernelFloat, S>(
+    output: &mut [T],
+    indices: Option<&mut [i64]>,
+    out_plane: usize,
+    scratch: impl Fn() -> S + Sync + Send,
+    each: impl Fn(&mut S, usize, &mut [T], Option<&mut [i64]>) + Sync + Send,
+) {
     match indices {
         Some(indices) => output
             .par_chunks_mut(out_plane)
             .zip(indices.par_chunks_mut(out_plane))
             .enumerate()
-            .for_each(|(plane, (out, idx))| each_plane(plane, out, Some(idx))),
+            .for_each_init(scratch, |s, (plane, (out, idx))| {
+                each(s, plane, out, Some(idx))
+            }),
         None => output
             .par_chunks_mut(out_plane)
             .enumerate()
-            .for_each(|(plane, out)| each_plane(plane, out, None)),
+            .for_each_init(scratch, |s, (plane, out)| each(s, plane, out, None)),
     }
 }
 
@@ -336,19 +346,7 @@ fn by_frame<T: KernelFloat>(
             }
         }
     };
-    match indices {
-        Some(indices) => output
-            .par_chunks_mut(out_plane)
-            .zip(indices.par_chunks_mut(out_plane))
-            .enumerate()
-            .for_each_init(scratch, |s, (plane, (out, idx))| {
-                each_plane(s, plane, out, Some(idx))
-            }),
-        None => output
-            .par_chunks_mut(out_plane)
-            .enumerate()
-            .for_each_init(scratch, |s, (plane, out)| each_plane(s, plane, out, None)),
-    }
+    by_plane(output, indices, out_plane, scratch, each_plane);
 }
 
 #[cfg(test)]

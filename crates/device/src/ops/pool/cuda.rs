@@ -209,7 +209,7 @@ impl PoolOps for CudaStorage {
     ) -> Result<Self> {
         const OP: &str = "pool2d_backward";
         if let Pool2d::MaxValues(_) = pool {
-            return Err(super::cpu::no_values_backward());
+            return Err(super::no_values_backward());
         }
         let dt = check_dtype(self.dtype())?;
         let s = shape_of(pool);

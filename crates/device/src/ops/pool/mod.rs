@@ -27,7 +27,7 @@ pub mod cuda;
 use super::kernel_error::{check_nonzero, KernelError};
 use crate::ops::buffer::BufferOps;
 use crate::seam::{pass_through, seam_trait, Strided};
-use crate::{Layout, Result};
+use crate::{Error, Layout, Result};
 
 /// A 2-D pooling op and its validated geometry (input `[N, C, H, W]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,16 @@ seam_trait! {
             indices: Option<Strided<'_, Self>>,
             pool: &Pool2d,
         ) -> Result<Self>;
+    }
+}
+
+/// The error of a backward through [`Pool2d::MaxValues`], which keeps no indices.
+pub(crate) fn no_values_backward() -> Error {
+    Error::LengthMismatch {
+        op: "max_pool2d_backward",
+        what: "got Pool2d::MaxValues, which keeps no indices; run the forward as Pool2d::Max \
+               (kiln's autograd does whenever the input needs a gradient)"
+            .into(),
     }
 }
 
