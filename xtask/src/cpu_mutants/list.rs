@@ -29,6 +29,7 @@ const PTH: &[&str] = &["--test", "pth"];
 const PTH_VIEWS: &str = "views_dtypes_and_shared_storages_match_safetensors_bit_for_bit";
 const STRIDED: &str =
     "ops::strided::tests::parallel_chunks_of_strided_views_read_what_a_serial_walk_reads";
+const DIRECT_PRODUCT: &str = "ops::conv::cpu_direct::tests::product_equals_the_sums_of_its_taps";
 const CHUNKED_STEPS: &str =
     "ops::multi_tensor::cpu::tests::long_tensors_cut_into_chunks_update_as_tensors_of_one_chunk";
 
@@ -276,5 +277,32 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "slice(b, u64_at(loc, 4), 56, \"the zip64 end record\")",
         target: PTH,
         test: PTH_VIEWS,
+    },
+    Mutant {
+        bug: "a channel of a padded image filled on the pool reads another channel",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/padded.rs",
+        find: "let pieces = planes.par_chunks_mut(self.plane.max(1));",
+        replace: "let pieces = planes.par_chunks_mut(self.plane.max(1)).rev();",
+        target: LIB,
+        test: "ops::conv::padded::tests::fill_writes_every_padded_pixel_where_taps_read_it",
+    },
+    Mutant {
+        bug: "the direct convolution's product on the pool skips its first block of channels",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_direct.rs",
+        find: "blocks.into_par_iter().with_min_len(min_len).for_each(tiles);",
+        replace: "blocks.into_par_iter().with_min_len(min_len).skip(1).for_each(tiles);",
+        target: LIB,
+        test: DIRECT_PRODUCT,
+    },
+    Mutant {
+        bug: "a strip of the direct convolution ending in three vectors computes two",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_direct.rs",
+        find: "3 => tile::<{ 3 * NARROW }>(isa, dst, rows, w, src, starts),",
+        replace: "3 => tile::<{ 2 * NARROW }>(isa, dst, rows, w, src, starts),",
+        target: LIB,
+        test: DIRECT_PRODUCT,
     },
 ];

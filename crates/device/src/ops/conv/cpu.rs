@@ -91,6 +91,7 @@ pub fn conv2d_forward<T: KernelFloat>(
     let padded_len = if b.pointwise { 0 } else { p.len };
     let failure = ScratchFailure::new();
     let parallelism = gemm_parallelism(geometry.batch);
+    let split = !matches!(parallelism, Parallelism::None);
     let dims = [b.out_channels, b.col_cols, b.col_rows];
     output
         .par_chunks_mut(b.groups * b.out_group)
@@ -103,7 +104,7 @@ pub fn conv2d_forward<T: KernelFloat>(
                 };
                 let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
                 if !b.pointwise {
-                    p.fill(in_image, padded);
+                    p.fill_on(in_image, padded, split);
                 }
                 for g in 0..b.groups {
                     let col = b.columns((&p, parallelism), in_image, padded, g, col);
@@ -185,7 +186,7 @@ fn accumulate_weight_grad_t<T: KernelFloat>(
     let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
     let gout_image = &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
     if !b.pointwise {
-        p.fill(in_image, padded);
+        p.fill_on(in_image, padded, !matches!(parallelism, Parallelism::None));
     }
     for g in 0..b.groups {
         let col = b.columns((p, parallelism), in_image, padded, g, col);

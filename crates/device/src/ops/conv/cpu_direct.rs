@@ -5,17 +5,18 @@
 //! `cpu_rows.rs` multiplies the weight `[C_out/groups, K]` by a column matrix whose row `r` is
 //! the padded image from `start(r)` on, `N'` elements: it first copies those rows out, then
 //! `gemm` packs them again. Here the product is computed in tiles of [`ROWS`] output channels
-//! by [`WIDE`] positions (AVX-512) or 16 (AVX2, and the last tiles of a strip), each tile
-//! accumulating `K` rank-1 updates in registers: for tap `r`, consecutive values of the padded
-//! image from `start(r) + p0` times the tile's [`ROWS`] weights of column `r` (packed once per
-//! call, [`PackedWeight`]). No copy of the input is made besides the padded image itself.
+//! by [`WIDE`] positions (AVX-512; a strip's last tile as many 16-lane vectors as its positions
+//! need) or 16 (AVX2), each tile accumulating `K` rank-1 updates in registers: for tap `r`,
+//! consecutive values of the padded image from `start(r) + p0` times the tile's [`ROWS`]
+//! weights of column `r` (packed once per call, [`PackedWeight`]). No copy of the input is made
+//! besides the padded image itself.
 //! [`forward`] runs it where the padded-row path serves (`cpu.rs` tries it before
 //! `cpu_rows.rs`'s column matrix): per image the padded image, per group the product and its
 //! copy into the output planes.
 //!
 //! Layout of the product: strips of [`WIDE`] positions, one after another, each holding its
-//! `C_out/groups` rows of [`WIDE`] values (`[strip][channel][WIDE]`), so every strip is one
-//! contiguous block that one task writes. The last strip's positions past `N'` (up to
+//! `C_out/groups` rows of [`WIDE`] values (`[strip][channel][WIDE]`), so every strip's block
+//! of [`ROWS`] channels is one contiguous piece that one task writes. The last strip's positions past `N'` (up to
 //! [`SLACK`] - 1 of them) are junk like the row ends: they read the padded image's slack,
 //! which the caller extends by [`SLACK`] zeros, and are never copied out.
 //!
@@ -44,6 +45,8 @@ pub(super) const ROWS: usize = 6;
 pub(super) const WIDE: usize = 64;
 /// Positions per tile at the end of a strip: one 16-lane vector.
 const NARROW: usize = 16;
+/// Fewest multiply-adds a parallel task of [`product`] takes (a few microseconds' work).
+const MIN_TASK_FMAS: usize = 1 << 18;
 /// Zeros the caller adds after the padded image's slack, for the last strip's junk reads.
 pub(super) const SLACK: usize = NARROW;
 
@@ -100,7 +103,8 @@ pub(super) fn product_at(channels: usize, o: usize, p: usize) -> usize {
 
 /// `product[o][p] = Σ_r weight[o][r] · padded[starts[r] + p]` for `p < n` (see the module doc
 /// for the product's layout). `padded` must hold `starts[r] + n + SLACK - 1` elements for
-/// every `r`. Strips run in parallel on the pool when `parallel`.
+/// every `r`. Strips, in blocks of [`ROWS`] channels, run in parallel on the pool when
+/// `parallel`.
 pub(super) fn product(
     weight: &PackedWeight,
     padded: &[f32],
@@ -122,29 +126,43 @@ pub(super) fn product(
         return;
     }
     let isa = simd::isa();
-    let strip = |(s, block): (usize, &mut [f32])| {
+    // One row of tiles: channels `b·ROWS..` of strip `s`, `dst` their `rows · WIDE` values.
+    let tiles = |(s, b, dst): (usize, usize, &mut [f32])| {
         let p0 = s * WIDE;
         let width = (n - p0).min(WIDE);
-        for b in 0..channels.div_ceil(ROWS) {
-            let rows = ROWS.min(channels - b * ROWS);
-            let dst = &mut block[b * ROWS * WIDE..][..rows * WIDE];
-            let w = weight.block(b);
-            if width == WIDE && isa == Some(Isa::Avx512) {
-                tile::<WIDE>(isa, dst, rows, w, &padded[p0..], starts);
-            } else {
-                for q in (0..width).step_by(NARROW) {
-                    tile::<NARROW>(isa, &mut dst[q..], rows, w, &padded[p0 + q..], starts);
-                }
+        let rows = dst.len() / WIDE;
+        let w = weight.block(b);
+        let src = &padded[p0..];
+        if isa == Some(Isa::Avx512) {
+            // One tile as wide as the strip's positions, rounded up to whole vectors.
+            match width.div_ceil(NARROW) {
+                4 => tile::<WIDE>(isa, dst, rows, w, src, starts),
+                3 => tile::<{ 3 * NARROW }>(isa, dst, rows, w, src, starts),
+                2 => tile::<{ 2 * NARROW }>(isa, dst, rows, w, src, starts),
+                _ => tile::<NARROW>(isa, dst, rows, w, src, starts),
+            }
+        } else {
+            for q in (0..width).step_by(NARROW) {
+                tile::<NARROW>(isa, &mut dst[q..], rows, w, &src[q..], starts);
             }
         }
     };
     let out = &mut out[..product_len(channels, n)];
+    let blocks = out
+        .chunks_mut(channels * WIDE)
+        .enumerate()
+        .flat_map(|(s, strip)| {
+            let rows = strip.chunks_mut(ROWS * WIDE).enumerate();
+            rows.map(move |(b, dst)| (s, b, dst))
+        });
     if parallel {
-        out.par_chunks_mut(channels * WIDE)
-            .enumerate()
-            .for_each(strip);
+        // By strip and block of channels, so that a plane of a few strips (a deep stage at
+        // batch 1) still fills the pool; each task at least `MIN_TASK_FMAS` multiply-adds.
+        let min_len = MIN_TASK_FMAS.div_ceil(ROWS * WIDE * starts.len());
+        let blocks: Vec<_> = blocks.collect();
+        blocks.into_par_iter().with_min_len(min_len).for_each(tiles);
     } else {
-        out.chunks_mut(channels * WIDE).enumerate().for_each(strip);
+        blocks.for_each(tiles);
     }
 }
 
@@ -237,7 +255,8 @@ fn forward_f32(
             return;
         };
         // Also zeroes the extra slack: `fill` zeroes everything after the last channel.
-        d.padded.fill(&input[n * in_image..][..in_image], padded);
+        d.padded
+            .fill_on(&input[n * in_image..][..in_image], padded, split);
         for group in 0..d.groups {
             product(
                 &packed[group],
@@ -296,8 +315,9 @@ mod tests {
     }
 
     /// The product against sums in f64, for channel counts that are and are not a multiple of
-    /// the tile's, and lengths that end inside a wide tile, inside a narrow one, or exactly at
-    /// one; taps that read overlapping windows (as a convolution's do); serial and parallel.
+    /// the tile's, and lengths whose last strip ends inside one, two, three or four vectors, or
+    /// exactly at one; taps that read overlapping windows (as a convolution's do); serial and
+    /// parallel (strips split by blocks of channels).
     #[test]
     fn product_equals_the_sums_of_its_taps() {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -305,7 +325,7 @@ mod tests {
             .build()
             .unwrap();
         for channels in [6, 7, 13] {
-            for n in [1usize, 15, 16, 17, 63, 64, 65, 130, 200] {
+            for n in [1usize, 15, 16, 17, 40, 63, 64, 65, 100, 130, 200] {
                 let starts: Vec<usize> = (0..11).map(|r| (r * 5) % 23 + r / 3).collect();
                 let k = starts.len();
                 let reach = starts.iter().max().unwrap() + n.div_ceil(NARROW) * NARROW;
@@ -334,7 +354,7 @@ mod tests {
     }
 
     /// Every build of the kernel this CPU runs gives the same bits as the portable loop, in
-    /// wide and narrow tiles: the same fused multiply-adds in the same order (infinities and
+    /// tiles of one to four vectors: the same fused multiply-adds in the same order (infinities and
     /// NaN included, NaN by class).
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
@@ -365,6 +385,26 @@ mod tests {
                 tile::<NARROW>(Some(isa), &mut narrow[q..], ROWS, &w, &src[q..], &starts);
             }
             assert_eq!(bits(&narrow), bits(&portable), "{isa:?}, narrow tiles");
+            // The tiles of two and three vectors that end a strip.
+            let mut halves = vec![0.0f32; ROWS * WIDE];
+            for q in [0, 2 * NARROW] {
+                let (dst, from) = (&mut halves[q..], &src[q..]);
+                tile::<{ 2 * NARROW }>(Some(isa), dst, ROWS, &w, from, &starts);
+            }
+            assert_eq!(
+                bits(&halves),
+                bits(&portable),
+                "{isa:?}, tiles of 2 vectors"
+            );
+            let mut three = vec![0.0f32; ROWS * WIDE];
+            tile::<{ 3 * NARROW }>(Some(isa), &mut three, ROWS, &w, &src, &starts);
+            let at = 3 * NARROW;
+            tile::<NARROW>(Some(isa), &mut three[at..], ROWS, &w, &src[at..], &starts);
+            assert_eq!(
+                bits(&three),
+                bits(&portable),
+                "{isa:?}, tiles of 3 and 1 vectors"
+            );
         }
     }
 

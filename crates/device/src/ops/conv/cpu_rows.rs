@@ -159,7 +159,8 @@ pub(super) fn forward<T: KernelFloat>(
         let Some([padded, col, product]) = scratch.as_mut() else {
             return;
         };
-        d.padded.fill(&input[n * in_image..][..in_image], padded);
+        d.padded
+            .fill_on(&input[n * in_image..][..in_image], padded, split);
         for group in 0..d.groups {
             unfold((g, &d), padded, group, col, [split, false]);
             let w = &weight[group * d.group_out * d.k..][..d.group_out * d.k];
@@ -275,8 +276,9 @@ pub(super) fn backward_weight<T: KernelFloat>(
             let mut gout = HostBuffer::try_scratch(g.out_channels * d.n_ext, T::ZERO)?;
             let first = slice * per_slice;
             for n in first..((slice + 1) * per_slice).min(g.batch) {
+                let split = !matches!(parallelism, Parallelism::None);
                 d.padded
-                    .fill(&input[n * in_image..][..in_image], &mut padded);
+                    .fill_on(&input[n * in_image..][..in_image], &mut padded, split);
                 let planes = &grad_output[n * out_image..][..out_image];
                 for (o, plane) in planes.chunks(out_h * out_w).enumerate() {
                     for (oh, row) in plane.chunks(out_w).enumerate() {

@@ -98,65 +98,82 @@ impl Padded {
         (x0..x1, (x0 * sw + b).saturating_sub(pw))
     }
 
-    /// Calls `row(values, image_row, at)` for every row of every phase plane of every channel,
-    /// in layout order: `at` is where the row starts in the padded buffer, `values` which of its
+    /// Calls `row(values, image_row, at)` for every row of every phase plane of channel `c`, in
+    /// layout order: `at` is where the row starts in the channel's plane, `values` which of its
     /// elements hold image values ([`Self::phase_span`]) and `image_row` where the first of them
     /// is in the image (`None` for a row of zeros).
-    fn each_phase_row(&self, mut row: impl FnMut(Range<usize>, Option<usize>, usize)) {
+    fn each_phase_row(&self, c: usize, mut row: impl FnMut(Range<usize>, Option<usize>, usize)) {
         let ([sh, sw], ph) = (self.stride, self.pad[0]);
         let rows = self.phase_plane / self.pitch.max(1);
         let mut at = 0;
-        for c in 0..self.channels {
-            for phase in 0..sh * sw {
-                let (a, b) = (phase / sw, phase % sw);
-                let (values, first) = self.phase_span(b);
-                for y in 0..rows {
-                    let padded_row = y * sh + a;
-                    let shown = padded_row >= ph && padded_row - ph < self.h && !values.is_empty();
-                    let image_row = shown.then(|| (c * self.h + padded_row - ph) * self.w + first);
-                    row(values.clone(), image_row, at);
-                    at += self.pitch;
-                }
+        for phase in 0..sh * sw {
+            let (a, b) = (phase / sw, phase % sw);
+            let (values, first) = self.phase_span(b);
+            for y in 0..rows {
+                let padded_row = y * sh + a;
+                let shown = padded_row >= ph && padded_row - ph < self.h && !values.is_empty();
+                let image_row = shown.then(|| (c * self.h + padded_row - ph) * self.w + first);
+                row(values.clone(), image_row, at);
+                at += self.pitch;
             }
         }
     }
 
     /// Copies one image `[C_in, H, W]` into `padded` (`len` elements), zeros around it.
     pub(super) fn fill<T: KernelFloat>(&self, image: &[T], padded: &mut [T]) {
-        if self.h * self.w == 0 {
-            padded[..self.len].fill(T::ZERO);
-            return;
-        }
+        self.fill_on(image, padded, false);
+    }
+
+    /// [`Self::fill`], its channels on the pool when `parallel` (an image whose other work is
+    /// spread over the pool too: a batch smaller than the pool).
+    pub(super) fn fill_on<T: KernelFloat>(&self, image: &[T], padded: &mut [T], parallel: bool) {
         let body = self.channels * self.plane;
+        let (planes, slack) = padded[..self.len].split_at_mut(body);
+        slack.fill(T::ZERO);
+        if self.h * self.w == 0 {
+            planes.fill(T::ZERO);
+        } else if parallel {
+            let pieces = planes.par_chunks_mut(self.plane.max(1));
+            pieces
+                .enumerate()
+                .for_each(|(c, plane)| self.fill_channel(c, image, plane));
+        } else {
+            let pieces = planes.chunks_mut(self.plane.max(1));
+            pieces
+                .enumerate()
+                .for_each(|(c, plane)| self.fill_channel(c, image, plane));
+        }
+    }
+
+    /// Channel `c` of [`Self::fill`]: its `plane` elements (every phase plane) from the image.
+    fn fill_channel<T: KernelFloat>(&self, c: usize, image: &[T], dst: &mut [T]) {
         if self.stride == [1, 1] {
+            let source = &image[c * self.h * self.w..][..self.h * self.w];
             let [ph, pw] = self.pad;
             let interior = ph * self.pitch..(ph + self.h) * self.pitch;
-            for (c, dst) in padded[..body].chunks_mut(self.plane).enumerate() {
-                dst[..interior.start].fill(T::ZERO);
-                dst[interior.end..].fill(T::ZERO);
-                let rows = dst[interior.clone()].chunks_mut(self.pitch);
-                for (row, src) in rows.zip(image[c * self.h * self.w..].chunks(self.w)) {
-                    row[..pw].fill(T::ZERO);
-                    row[pw..].copy_from_slice(src);
-                }
+            dst[..interior.start].fill(T::ZERO);
+            dst[interior.end..].fill(T::ZERO);
+            let rows = dst[interior].chunks_mut(self.pitch);
+            for (row, src) in rows.zip(source.chunks(self.w)) {
+                row[..pw].fill(T::ZERO);
+                row[pw..].copy_from_slice(src);
             }
-        } else {
-            let sw = self.stride[1];
-            self.each_phase_row(|values, image_row, at| {
-                let row = &mut padded[at..][..self.pitch];
-                let Some(start) = image_row else {
-                    row.fill(T::ZERO);
-                    return;
-                };
-                row[..values.start].fill(T::ZERO);
-                row[values.end..].fill(T::ZERO);
-                let src = &image[start..];
-                for (k, d) in row[values].iter_mut().enumerate() {
-                    *d = src[k * sw];
-                }
-            });
+            return;
         }
-        padded[body..self.len].fill(T::ZERO);
+        let sw = self.stride[1];
+        self.each_phase_row(c, |values, image_row, at| {
+            let row = &mut dst[at..][..self.pitch];
+            let Some(start) = image_row else {
+                row.fill(T::ZERO);
+                return;
+            };
+            row[..values.start].fill(T::ZERO);
+            row[values.end..].fill(T::ZERO);
+            let src = &image[start..];
+            for (k, d) in row[values].iter_mut().enumerate() {
+                *d = src[k * sw];
+            }
+        });
     }
 
     /// Copies the interior of a padded buffer back into one image `[C_in, H, W]`.
@@ -175,17 +192,17 @@ impl Padded {
             return;
         }
         let sw = self.stride[1];
-        self.each_phase_row(|values, image_row, at| {
-            if let Some(start) = image_row {
-                let dst = &mut image[start..];
-                for (k, &s) in padded[at + values.start..at + values.end]
-                    .iter()
-                    .enumerate()
-                {
-                    dst[k * sw] = s;
+        for c in 0..self.channels {
+            let plane = &padded[c * self.plane..][..self.plane];
+            self.each_phase_row(c, |values, image_row, at| {
+                if let Some(start) = image_row {
+                    let dst = &mut image[start..];
+                    for (k, &s) in plane[at + values.start..at + values.end].iter().enumerate() {
+                        dst[k * sw] = s;
+                    }
                 }
-            }
-        });
+            });
+        }
     }
 }
 
@@ -294,9 +311,14 @@ mod tests {
     /// Every element of the layout, at stride 1 and over phases (strides up to 3, uneven ones,
     /// padding wider than a phase, an image narrower than the stride): `fill` writes the padded
     /// pixel the module doc's addressing names (the image value, or zero), zeros the rest and
-    /// the slack, and `unpad` gives the image back.
+    /// the slack, and `unpad` gives the image back; filled channel by channel on a pool of three
+    /// threads (`fill_on`, as a batch smaller than the pool does), the same.
     #[test]
     fn fill_writes_every_padded_pixel_where_taps_read_it() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
         let cases = [
             ([2, 5, 7], [3, 3], [1, 1], [1, 1]),
             ([2, 5, 7], [3, 3], [2, 2], [1, 1]),
@@ -305,7 +327,8 @@ mod tests {
             ([2, 4, 1], [3, 3], [2, 3], [2, 1]),
             ([1, 6, 6], [1, 1], [2, 2], [0, 0]),
         ];
-        for ([c_in, h, w], kernel, stride, padding) in cases {
+        let each_fill = cases.iter().flat_map(|case| [(case, false), (case, true)]);
+        for (&([c_in, h, w], kernel, stride, padding), parallel) in each_fill {
             let params = Conv2dParams {
                 stride,
                 padding,
@@ -316,7 +339,7 @@ mod tests {
             let p = Padded::new(&g).unwrap();
             let image: Vec<f64> = (0..p.image_len()).map(|i| i as f64 + 1.0).collect();
             let mut padded = vec![f64::NAN; p.len];
-            p.fill(&image, &mut padded);
+            pool.install(|| p.fill_on(&image, &mut padded, parallel));
             let mut seen = vec![false; p.len];
             let [sh, sw] = stride;
             let [ph, pw] = padding;
@@ -335,7 +358,8 @@ mod tests {
                         } else {
                             0.0
                         };
-                        let what = format!("{g:?}: channel {c}, padded pixel ({y}, {x})");
+                        let what =
+                            format!("{g:?} ({parallel}): channel {c}, padded pixel ({y}, {x})");
                         assert_eq!(padded[at], want, "{what}");
                         seen[at] = true;
                     }
