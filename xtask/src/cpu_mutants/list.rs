@@ -305,4 +305,13 @@ pub const MUTANTS: &[Mutant] = &[
         target: LIB,
         test: DIRECT_PRODUCT,
     },
+    Mutant {
+        bug: "the padded-row weight gradient's output gradient, copied on the pool, lands in another channel's grid",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_rows.rs",
+        find: "planes.par_chunks(plane_len).zip(grids).for_each(to_grid);",
+        replace: "planes.par_chunks(plane_len).rev().zip(grids).for_each(to_grid);",
+        target: LIB,
+        test: "ops::conv::cpu_rows::tests::padded_rows_equal_the_plain_loops_on_wide_planes",
+    },
 ];

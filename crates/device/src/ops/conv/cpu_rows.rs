@@ -261,6 +261,8 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let (out_h, out_w) = (g.output_size[0], d.out_w);
     let out_image = d.out_image(g);
     let (slices, per_slice, parallelism) = weight_grad_slices(g.batch);
+    // One slice whose products `gemm` splits: its copies go on the pool too.
+    let split = !matches!(parallelism, Parallelism::None);
     let group_weight = d.group_out * d.k;
     let context = TaskContext::of_caller();
     let partials = (0..slices)
@@ -276,19 +278,26 @@ pub(super) fn backward_weight<T: KernelFloat>(
             let mut gout = HostBuffer::try_scratch(g.out_channels * d.n_ext, T::ZERO)?;
             let first = slice * per_slice;
             for n in first..((slice + 1) * per_slice).min(g.batch) {
-                let split = !matches!(parallelism, Parallelism::None);
                 d.padded
                     .fill_on(&input[n * in_image..][..in_image], &mut padded, split);
                 let planes = &grad_output[n * out_image..][..out_image];
-                for (o, plane) in planes.chunks(out_h * out_w).enumerate() {
-                    for (oh, row) in plane.chunks(out_w).enumerate() {
-                        gout[o * d.n_ext + oh * d.padded.pitch..][..out_w].copy_from_slice(row);
+                let to_grid = |(plane, grid): (&[T], &mut [T])| {
+                    for (row, to) in plane.chunks(out_w).zip(grid.chunks_mut(d.padded.pitch)) {
+                        to[..out_w].copy_from_slice(row);
                     }
+                };
+                let plane_len = (out_h * out_w).max(1);
+                if split {
+                    let grids = gout.par_chunks_mut(d.n_ext.max(1));
+                    planes.par_chunks(plane_len).zip(grids).for_each(to_grid);
+                } else {
+                    let grids = gout.chunks_mut(d.n_ext.max(1));
+                    planes.chunks(plane_len).zip(grids).for_each(to_grid);
                 }
                 for group in 0..d.groups {
                     // Junk columns can read real inputs (past a row's end); zeroed, an
                     // infinite input there cannot turn their zero products into NaN.
-                    unfold((g, &d), &padded, group, &mut col, [false, true]);
+                    unfold((g, &d), &padded, group, &mut col, [split, true]);
                     let go = &gout[group * d.group_out * d.n_ext..][..d.group_out * d.n_ext];
                     let part = &mut partial[group * group_weight..][..group_weight];
                     let dims = [d.k, d.group_out, d.n_ext];
