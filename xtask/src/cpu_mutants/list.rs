@@ -314,4 +314,13 @@ pub const MUTANTS: &[Mutant] = &[
         target: LIB,
         test: "ops::conv::cpu_rows::tests::padded_rows_equal_the_plain_loops_on_wide_planes",
     },
+    Mutant {
+        bug: "chunks of small planes that leave threads idle keep their products on one thread",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_chunked.rs",
+        find: "threads if chunks >= threads => Parallelism::None,",
+        replace: "threads if chunks >= threads.min(1) => Parallelism::None,",
+        target: LIB,
+        test: "ops::conv::cpu_chunked::tests::large_planes_grouped_convolutions_and_single_images_stay_per_image",
+    },
 ];

@@ -18,7 +18,8 @@
 //! taken fallibly (an allocation failure is returned, never a panic), and a chunk's column
 //! buffer holds at most [`MAX_COL_ELEMS`] elements, so chunking takes at most that (plus the
 //! chunk's output-sized matrix) per thread. Chunks run in parallel, one per pool thread at a
-//! time, each GEMM single-threaded, in the forward and input-gradient passes. The weight
+//! time, in the forward and input-gradient passes, each GEMM single-threaded when the chunks
+//! fill the pool and split over each chunk's share of it when they do not. The weight
 //! gradient runs its chunks one after another in batch order, each chunk's matrices gathered
 //! on the pool and `gemm` splitting each product (the whole weight gradient) over the pool:
 //! no per-thread partial gradient (up to 9 MiB each in layer4), and the sum's order does not
@@ -61,6 +62,17 @@ pub(super) fn chunk_images(g: &Conv2dGeometry, threads: usize) -> Option<usize> 
     let threads = threads.max(1);
     let busiest = |chunk: usize| (g.batch.div_ceil(chunk).div_ceil(threads) * chunk).min(g.batch);
     (2..=cap).rev().min_by_key(|&chunk| busiest(chunk))
+}
+
+/// The `gemm` parallelism of each chunk's product in the forward and input-gradient passes:
+/// none when the chunks fill the pool, else each product split over its share of the threads
+/// (two images on two threads make one chunk, which would otherwise leave a thread idle).
+fn chunk_parallelism(g: &Conv2dGeometry, chunk: usize) -> Parallelism {
+    let chunks = g.batch.div_ceil(chunk.max(1));
+    match rayon::current_num_threads() {
+        threads if chunks >= threads => Parallelism::None,
+        threads => Parallelism::Rayon(threads.div_ceil(chunks.max(1))),
+    }
 }
 
 /// Sizes shared by the three passes.
@@ -161,6 +173,7 @@ pub(super) fn forward<T: KernelFloat>(
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
     let padded_len = if d.pointwise { 0 } else { p.len };
+    let parallelism = chunk_parallelism(g, chunk);
     output
         .par_chunks_mut(chunk * d.c_out * d.l)
         .enumerate()
@@ -183,16 +196,7 @@ pub(super) fn forward<T: KernelFloat>(
                 let product = &mut product.as_mut_slice()[..d.c_out * width];
                 let dims = [d.c_out, width, d.k];
                 let (w, asis) = (Stored::AsIs, Stored::AsIs);
-                matmul_into(
-                    product,
-                    dims,
-                    weight,
-                    w,
-                    col,
-                    asis,
-                    false,
-                    Parallelism::None,
-                );
+                matmul_into(product, dims, weight, w, col, asis, false, parallelism);
                 for (i, image) in out.chunks_mut(d.c_out * d.l).enumerate() {
                     for (o, plane) in image.chunks_mut(d.l).enumerate() {
                         let src = &product[o * width + i * d.l..][..d.l];
@@ -221,6 +225,7 @@ pub(super) fn backward_input<T: KernelFloat>(
     let d = Dims::new(g);
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
+    let parallelism = chunk_parallelism(g, chunk);
     grad_input
         .par_chunks_mut(chunk * d.in_image)
         .enumerate()
@@ -243,16 +248,7 @@ pub(super) fn backward_input<T: KernelFloat>(
                 let col = &mut col.as_mut_slice()[..d.k * width];
                 let dims = [d.k, width, d.c_out];
                 let (wt, asis) = (Stored::Transposed, Stored::AsIs);
-                matmul_into(
-                    col,
-                    dims,
-                    weight,
-                    wt,
-                    gathered,
-                    asis,
-                    false,
-                    Parallelism::None,
-                );
+                matmul_into(col, dims, weight, wt, gathered, asis, false, parallelism);
                 for (i, gin_image) in gin.chunks_mut(d.in_image).enumerate() {
                     padded_grad.fill(T::ZERO);
                     fold_add(g, &p, col, 0, [width, i * d.l], padded_grad);
@@ -438,8 +434,9 @@ mod tests {
     use crate::ops::conv::Conv2dParams;
 
     /// ResNet's small-plane shapes (3x3 stride 1 and 2, the 1x1 stride-2 downsample, a 1x1
-    /// stride-1 pointwise one), with a batch that leaves a short last chunk, on 1 and 2
-    /// threads: every pass equals the plain loops.
+    /// stride-1 pointwise one), with a batch that leaves a short last chunk, on 1, 2 and 4
+    /// threads (on 4, fewer chunks than threads: their products split): every pass equals the
+    /// plain loops.
     #[test]
     fn chunked_passes_equal_the_plain_loops_on_small_planes() {
         let cases = [
@@ -455,7 +452,7 @@ mod tests {
             .map(|(x, w, s, p)| (x, w, s, [1, 1], [p, p]))
             .into_iter()
             .chain(spread);
-        for threads in [1, 2] {
+        for threads in [1, 2, 4] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
@@ -469,7 +466,8 @@ mod tests {
                 };
                 let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
                 let chunk = chunk_images(&g, threads).expect("small planes are chunked");
-                // On 2 threads the last chunk is short (5 or 7 images, or 3 in chunks of 2).
+                // On 2 and 4 threads the last chunk is short (5 or 7 images, or 3 in chunks of
+                // 2).
                 assert!(chunk >= 2 && (threads == 1 || chunk < g.batch), "{chunk}");
                 let what = format!("{g:?} on {threads} thread(s)");
                 let passes = TestPasses {
@@ -519,5 +517,17 @@ mod tests {
         // one of them 18.
         let mid = g([32, 256, 8, 8], [256, 256, 3, 3], 1);
         assert_eq!(chunk_images(&mid, 2), Some(2));
+        // Chunks that fill the pool run their products on one thread each; two images on two
+        // threads make one chunk, whose products take both threads.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let pair = g([2, 512, 4, 4], [512, 512, 3, 3], 1);
+        assert_eq!(chunk_images(&pair, 2), Some(2));
+        pool.install(|| {
+            assert!(matches!(chunk_parallelism(&pair, 2), Parallelism::Rayon(2)));
+            assert!(matches!(chunk_parallelism(&deep, 4), Parallelism::None));
+        });
     }
 }
