@@ -409,6 +409,10 @@ def set_up(name, arg, quick):
         # The `threads` group: the CIFAR step at `arg` threads (kiln's batch: 4 quick, else 32).
         torch.set_num_threads(arg)
         return resnet_step(32, 4 if quick else 32, steps, 10), "ms"
+    if name == "threads_eval":
+        # The `threads` group: the batch-1 eval at `arg` threads.
+        torch.set_num_threads(arg)
+        return resnet_eval(1, 3 if quick else 20), "ms"
     if name == "resnet18_cifar_step_contended":
         return contended(resnet_step(32, arg, 1 if quick else 3, 10)), "ms"
     if name == "resnet18_224_step":

@@ -18,14 +18,17 @@
 //! alone in the child's pool (`bench ops`' `pass_times`), times the number of the model's
 //! convolutions of that shape, the shapes listed; and with `--vs-torch` the kiln/PyTorch row of
 //! that count. A part, an op, a node, a pass or a shape that stops shrinking as threads are
-//! added is where the step stops scaling.
+//! added is where the step stops scaling. Each count also times the `train` group's batch-1
+//! eval (ResNet-18 at 224x224 under `no_grad`: a batch smaller than the pool, whose every op
+//! must spread one image over the threads), against PyTorch's (`threads_eval/N`) with
+//! `--vs-torch`.
 
 use super::conv_shapes::RESNET18_CONVS;
-use super::harness::{err, kinds_line, kinds_ms, per_step, ByName, Options, Row};
+use super::harness::{err, kinds_line, kinds_ms, median_of, per_step, ByName, Options, Row};
 use super::ops::pass_times;
 use super::torch::{Figure, Pairs};
 use super::train::{resnet_setup, Resnet};
-use kiln_autograd::OpProfile;
+use kiln_autograd::{no_grad, DType, Device, Module, OpProfile, Tensor};
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::Layer;
 use kiln_optim::Optimizer;
@@ -52,6 +55,8 @@ struct Split {
     optimizer: f64,
     /// `clip_grad_norm_` alone (its median; part of `optimizer`).
     clip: f64,
+    /// The batch-1 eval's median ([`eval_ms`]).
+    eval: f64,
     /// The forward's ops by name (`kiln_autograd::OpProfile`, self time), means over the timed
     /// steps.
     ops: ByName,
@@ -74,6 +79,7 @@ impl Split {
             "backward_ms": self.backward,
             "optimizer_ms": self.optimizer,
             "clip_ms": self.clip,
+            "eval_ms": self.eval,
             "forward_ops": self.ops,
             "backward_nodes": self.nodes,
             "conv_passes": self.conv,
@@ -100,19 +106,8 @@ impl Split {
 
     /// The split from a child's output: its last line that is a JSON object.
     fn from_output(stdout: &str) -> Result<Split, String> {
-        let line = stdout
-            .lines()
-            .rev()
-            .find(|l| l.trim_start().starts_with('{'))
-            .ok_or_else(|| format!("no figures in the child's output: {stdout:?}"))?;
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("{line}: {e}"))?;
-        let part = |key: &str| {
-            v[key]
-                .as_f64()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| format!("no `{key}` in {line}"))
-        };
+        let (line, v) = last_json(stdout)?;
+        let part = |key: &str| figure(&v, line, key);
         let by_name = |key: &str| -> Result<ByName, String> {
             v[key]
                 .as_array()
@@ -152,11 +147,31 @@ impl Split {
             backward: part("backward_ms")?,
             optimizer: part("optimizer_ms")?,
             clip: part("clip_ms")?,
+            eval: part("eval_ms")?,
             ops: by_name("forward_ops")?,
             nodes: by_name("backward_nodes")?,
             conv,
         })
     }
+}
+
+/// A child's last output line that is a JSON object, parsed.
+fn last_json(stdout: &str) -> Result<(&str, serde_json::Value), String> {
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| format!("no figures in the child's output: {stdout:?}"))?;
+    let v = serde_json::from_str(line).map_err(|e| format!("{line}: {e}"))?;
+    Ok((line, v))
+}
+
+/// Figure `key` of a child's JSON `line`: a finite time, not negative.
+fn figure(v: &serde_json::Value, line: &str, key: &str) -> Result<f64, String> {
+    v[key]
+        .as_f64()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or_else(|| format!("no `{key}` in {line}"))
 }
 
 /// The thread counts measured on a machine of `cores` cores: the powers of two below it, then
@@ -238,29 +253,75 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         pairs.add(&format!("{case} ({id})"), &id, Figure::Millis, ms, || {
             Ok(child(threads, batch, steps, Passes::Skipped)?.total())
         })?;
+        let eval = format!("resnet18 224x224 batch 1 eval on {threads} thread(s)");
+        let speedup = first.eval / split.eval.max(f64::MIN_POSITIVE);
+        rows.push(Row::new(
+            GROUP,
+            &eval,
+            "ms",
+            split.eval,
+            format!(
+                "no_grad forward, median; speed-up over 1 thread {speedup:.2} (ratio = \
+                 speed-up / threads)"
+            ),
+            speedup / threads as f64,
+        ));
+        let id = format!("threads_eval/{threads}");
+        pairs.add(
+            &format!("{eval} ({id})"),
+            &id,
+            Figure::Millis,
+            split.eval,
+            || eval_child(threads, steps),
+        )?;
     }
     rows.extend(pairs.into_rows());
     Ok(rows)
 }
 
-/// Runs the step at `threads` threads in a child process and reads its split.
-/// Whether a child also times each convolution pass alone (the rows' child does; the rounds
-/// against PyTorch only need the step).
+/// What a child times besides the step: each convolution pass alone too (the rows' child),
+/// nothing more (the rounds against PyTorch only need the step), or only the batch-1 eval (its
+/// rounds).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Passes {
     Timed,
     Skipped,
+    EvalOnly,
 }
 
 /// The child's optional fourth argument that skips the passes.
 const NO_PASSES: &str = "--no-passes";
+/// The child's optional fourth argument that times the batch-1 eval alone.
+const EVAL_ONLY: &str = "--eval-only";
 
+/// Runs the step at `threads` threads in a child process and reads its split.
 fn child(threads: usize, batch: usize, steps: usize, passes: Passes) -> Result<Split, String> {
+    Split::from_output(&child_output(threads, [batch, steps], passes)?)
+}
+
+/// Times the batch-1 eval alone at `threads` threads in a child process: its median ms.
+fn eval_child(threads: usize, steps: usize) -> Result<f64, String> {
+    let stdout = child_output(threads, [1, steps], Passes::EvalOnly)?;
+    let (line, v) = last_json(&stdout)?;
+    figure(&v, line, "eval_ms")
+}
+
+/// A child's standard output, or what went wrong.
+fn child_output(
+    threads: usize,
+    [batch, steps]: [usize; 2],
+    passes: Passes,
+) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the xtask binary: {e}"))?;
+    let flag = match passes {
+        Passes::Timed => None,
+        Passes::Skipped => Some(NO_PASSES),
+        Passes::EvalOnly => Some(EVAL_ONLY),
+    };
     let out = Command::new(exe)
         .arg(CHILD_COMMAND)
         .args([threads, batch, steps].map(|n| n.to_string()))
-        .args((passes == Passes::Skipped).then_some(NO_PASSES))
+        .args(flag)
         .env("KILN_NUM_THREADS", threads.to_string())
         .output()
         .map_err(|e| format!("{CHILD_COMMAND}: {e}"))?;
@@ -272,7 +333,22 @@ fn child(threads: usize, batch: usize, steps: usize, passes: Passes) -> Result<S
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    Split::from_output(&stdout)
+    Ok(stdout.into_owned())
+}
+
+/// ResNet-18's batch-1 eval at 224x224 under `no_grad` (the `train` group's case) in this
+/// process's pool: median ms of `runs` forwards after one warm-up.
+fn eval_ms(runs: usize) -> Result<f64, String> {
+    let mut model = Resnet {
+        size: 224,
+        batch: 1,
+    }
+    .model()?;
+    model.eval();
+    let x = Tensor::randn(&[1, 3, 224, 224], DType::F32, Device::Cpu).map_err(err)?;
+    let mut forward = || no_grad(|| model.forward(&x).map(drop)).map_err(err);
+    forward()?;
+    Ok(median_of(runs, &mut forward)? * 1e3)
 }
 
 /// `xtask bench-threads-child THREADS BATCH STEPS [--no-passes]`: the child's side (see the
@@ -293,7 +369,12 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
     let passes = match args.get(3).map(String::as_str) {
         None => Passes::Timed,
         Some(NO_PASSES) => Passes::Skipped,
-        Some(other) => return Err(format!("unknown argument {other:?}; expected {NO_PASSES}")),
+        Some(EVAL_ONLY) => Passes::EvalOnly,
+        Some(other) => {
+            return Err(format!(
+                "unknown argument {other:?}; expected {NO_PASSES} or {EVAL_ONLY}"
+            ))
+        }
     };
     let pool = kiln_device::threads::num_threads();
     if pool != threads {
@@ -303,6 +384,16 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         ));
     }
     kiln_autograd::manual_seed(0);
+    let eval_runs = (2 * steps).max(3);
+    if passes == Passes::EvalOnly {
+        let ms = eval_ms(eval_runs)?;
+        eprintln!("threads {threads}: batch-1 eval {ms:.2} ms");
+        println!(
+            "{}",
+            serde_json::json!({ "threads": threads, "eval_ms": ms })
+        );
+        return Ok(());
+    }
     let (model, params, mut opt, x, y) = resnet_setup(Resnet { size: 32, batch })?;
     let ce = CrossEntropyOptions::default();
     let mut parts = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
@@ -344,8 +435,9 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
         nodes: per_step(times.backward, steps),
         conv: match passes {
             Passes::Timed => conv_passes(batch, steps.min(3))?,
-            Passes::Skipped => Vec::new(),
+            Passes::Skipped | Passes::EvalOnly => Vec::new(),
         },
+        eval: eval_ms(eval_runs)?,
     };
     // One readable line for scripts (run.sh compares the small-plane weight gradients by it).
     let passes_part = match passes {
@@ -355,7 +447,7 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
             split.pass_ms(1),
             split.pass_ms(2)
         ),
-        Passes::Skipped => String::new(),
+        Passes::Skipped | Passes::EvalOnly => String::new(),
     };
     eprintln!(
         "threads {threads} (small-plane weight gradient: {}): forward {:.1} / backward {:.1} / \
@@ -424,6 +516,7 @@ mod tests {
             backward: 30.0,
             optimizer: 0.5,
             clip: 0.25,
+            eval: 12.5,
             ops,
             nodes,
             conv,

@@ -264,7 +264,7 @@ impl Resnet {
         }
     }
 
-    fn model(self) -> Result<ResNet, String> {
+    pub(super) fn model(self) -> Result<ResNet, String> {
         ResNet::new(ResNetConfig {
             block: BlockKind::Basic,
             layers: [2, 2, 2, 2],
