@@ -323,4 +323,22 @@ pub const MUTANTS: &[Mutant] = &[
         target: LIB,
         test: "ops::conv::cpu_chunked::tests::large_planes_grouped_convolutions_and_single_images_stay_per_image",
     },
+    Mutant {
+        bug: "a fold on the pool leaves out each channel's last tap",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/padded.rs",
+        find: "for r in c * per_channel..(c + 1) * per_channel {",
+        replace: "for r in c * per_channel..(c + 1) * per_channel - 1 {",
+        target: LIB,
+        test: "ops::conv::padded::tests::a_fold_on_the_pool_gives_unpad_the_serial_folds_bits",
+    },
+    Mutant {
+        bug: "an image unpadded on the pool takes its channels in reverse",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/padded.rs",
+        find: "image.par_chunks_mut(plane_len).enumerate().for_each(one);",
+        replace: "image.par_chunks_mut(plane_len).rev().enumerate().for_each(one);",
+        target: LIB,
+        test: "ops::conv::padded::tests::fill_writes_every_padded_pixel_where_taps_read_it",
+    },
 ];

@@ -30,7 +30,7 @@
 //! elements) but for `pad_w` more pixels per padded image.
 
 use super::cpu_gemm::{matmul_into, pool_parallelism, ScratchFailure, Stored};
-use super::padded::{fold_add, too_large, unfold, Padded};
+use super::padded::{fold_add_on, too_large, unfold, zero_on, Padded};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -249,10 +249,11 @@ pub(super) fn backward_input<T: KernelFloat>(
                 let dims = [d.k, width, d.c_out];
                 let (wt, asis) = (Stored::Transposed, Stored::AsIs);
                 matmul_into(col, dims, weight, wt, gathered, asis, false, parallelism);
+                let split = !matches!(parallelism, Parallelism::None);
                 for (i, gin_image) in gin.chunks_mut(d.in_image).enumerate() {
-                    padded_grad.fill(T::ZERO);
-                    fold_add(g, &p, col, 0, [width, i * d.l], padded_grad);
-                    p.unpad(padded_grad, gin_image);
+                    zero_on(padded_grad, split);
+                    fold_add_on((g, &p), col, 0, [width, i * d.l], padded_grad, split);
+                    p.unpad_on(padded_grad, gin_image, split);
                 }
             },
         );

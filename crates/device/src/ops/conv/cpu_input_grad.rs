@@ -10,11 +10,12 @@
 //! overwritten, never accumulated into.
 
 use super::cpu_gemm::{gemm_parallelism, matmul_into, Blocks, ScratchFailure, Stored};
-use super::padded::{fold_add, too_large, Padded};
+use super::padded::{fold_add_on, too_large, zero_on, Padded};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
+use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// The input gradient by columns: for each image and group, the GEMM of the weight
@@ -33,6 +34,8 @@ pub(super) fn by_columns<T: KernelFloat>(
     let p = Padded::new(geometry)?;
     let failure = ScratchFailure::new();
     let parallelism = gemm_parallelism(geometry.batch);
+    // Images fewer than the threads: each image's copies and sums go on the pool too.
+    let split = !matches!(parallelism, Parallelism::None);
     let dims = [b.col_rows, b.col_cols, b.out_channels];
     grad_input
         .par_chunks_mut(b.groups * b.in_group)
@@ -45,7 +48,7 @@ pub(super) fn by_columns<T: KernelFloat>(
                 };
                 let gout_image =
                     &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
-                padded_grad.fill(T::ZERO);
+                zero_on(padded_grad, split);
                 for g in 0..b.groups {
                     let w = &weight[g * b.weight_group..][..b.weight_group];
                     let gout = &gout_image[g * b.out_group..][..b.out_group];
@@ -59,9 +62,10 @@ pub(super) fn by_columns<T: KernelFloat>(
                         false,
                         parallelism,
                     );
-                    fold_add(geometry, &p, col, g, [b.col_cols, 0], padded_grad);
+                    let at = [b.col_cols, 0];
+                    fold_add_on((geometry, &p), col, g, at, padded_grad, split);
                 }
-                p.unpad(padded_grad, gin_image);
+                p.unpad_on(padded_grad, gin_image, split);
             },
         );
     failure.into_result()

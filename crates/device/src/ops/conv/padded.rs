@@ -21,7 +21,7 @@
 //!
 //! Invariants: [`Padded::fill`] writes every element of the buffer; [`unfold`] writes every
 //! entry of its column-matrix rows; [`fold_add`] only adds, so the padded gradient must start
-//! at zero, and [`Padded::unpad`] then reads its interior (what lands on padding is dropped).
+//! at zero, and [`Padded::unpad_on`] then reads its interior (what lands on padding is dropped).
 //! [`taps`] plus `oh·P + ow` is the only addressing any path uses.
 
 use super::Conv2dGeometry;
@@ -98,11 +98,11 @@ impl Padded {
         (x0..x1, (x0 * sw + b).saturating_sub(pw))
     }
 
-    /// Calls `row(values, image_row, at)` for every row of every phase plane of channel `c`, in
+    /// Calls `row(values, image_row, at)` for every row of every phase plane of one channel, in
     /// layout order: `at` is where the row starts in the channel's plane, `values` which of its
     /// elements hold image values ([`Self::phase_span`]) and `image_row` where the first of them
-    /// is in the image (`None` for a row of zeros).
-    fn each_phase_row(&self, c: usize, mut row: impl FnMut(Range<usize>, Option<usize>, usize)) {
+    /// is in the channel's image plane (`None` for a row of zeros).
+    fn each_phase_row(&self, mut row: impl FnMut(Range<usize>, Option<usize>, usize)) {
         let ([sh, sw], ph) = (self.stride, self.pad[0]);
         let rows = self.phase_plane / self.pitch.max(1);
         let mut at = 0;
@@ -112,7 +112,7 @@ impl Padded {
             for y in 0..rows {
                 let padded_row = y * sh + a;
                 let shown = padded_row >= ph && padded_row - ph < self.h && !values.is_empty();
-                let image_row = shown.then(|| (c * self.h + padded_row - ph) * self.w + first);
+                let image_row = shown.then(|| (padded_row - ph) * self.w + first);
                 row(values.clone(), image_row, at);
                 at += self.pitch;
             }
@@ -147,8 +147,8 @@ impl Padded {
 
     /// Channel `c` of [`Self::fill`]: its `plane` elements (every phase plane) from the image.
     fn fill_channel<T: KernelFloat>(&self, c: usize, image: &[T], dst: &mut [T]) {
+        let source = &image[c * self.h * self.w..][..self.h * self.w];
         if self.stride == [1, 1] {
-            let source = &image[c * self.h * self.w..][..self.h * self.w];
             let [ph, pw] = self.pad;
             let interior = ph * self.pitch..(ph + self.h) * self.pitch;
             dst[..interior.start].fill(T::ZERO);
@@ -161,7 +161,7 @@ impl Padded {
             return;
         }
         let sw = self.stride[1];
-        self.each_phase_row(c, |values, image_row, at| {
+        self.each_phase_row(|values, image_row, at| {
             let row = &mut dst[at..][..self.pitch];
             let Some(start) = image_row else {
                 row.fill(T::ZERO);
@@ -169,40 +169,50 @@ impl Padded {
             };
             row[..values.start].fill(T::ZERO);
             row[values.end..].fill(T::ZERO);
-            let src = &image[start..];
+            let src = &source[start..];
             for (k, d) in row[values].iter_mut().enumerate() {
                 *d = src[k * sw];
             }
         });
     }
 
-    /// Copies the interior of a padded buffer back into one image `[C_in, H, W]`.
-    pub(super) fn unpad<T: KernelFloat>(&self, padded: &[T], image: &mut [T]) {
-        if self.h * self.w == 0 {
+    /// Copies the interior of a padded buffer back into one image `[C_in, H, W]`, its channels
+    /// on the pool when `parallel` (as [`Self::fill_on`]).
+    pub(super) fn unpad_on<T: KernelFloat>(&self, padded: &[T], image: &mut [T], parallel: bool) {
+        let plane_len = self.h * self.w;
+        if plane_len == 0 {
             return;
         }
+        let image = &mut image[..self.channels * plane_len];
+        let one = |(c, dst): (usize, &mut [T])| {
+            self.unpad_channel(&padded[c * self.plane..][..self.plane], dst);
+        };
+        if parallel {
+            image.par_chunks_mut(plane_len).enumerate().for_each(one);
+        } else {
+            image.chunks_mut(plane_len).enumerate().for_each(one);
+        }
+    }
+
+    /// One channel of [`Self::unpad_on`]: its padded `plane` into its image plane `dst`.
+    fn unpad_channel<T: KernelFloat>(&self, plane: &[T], dst: &mut [T]) {
         if self.stride == [1, 1] {
             let [ph, pw] = self.pad;
-            for (c, dst) in image.chunks_mut(self.h * self.w).enumerate() {
-                let src = &padded[c * self.plane + ph * self.pitch..];
-                for (row, from) in dst.chunks_mut(self.w).zip(src.chunks(self.pitch)) {
-                    row.copy_from_slice(&from[pw..pw + self.w]);
-                }
+            let src = &plane[ph * self.pitch..];
+            for (row, from) in dst.chunks_mut(self.w).zip(src.chunks(self.pitch)) {
+                row.copy_from_slice(&from[pw..pw + self.w]);
             }
             return;
         }
         let sw = self.stride[1];
-        for c in 0..self.channels {
-            let plane = &padded[c * self.plane..][..self.plane];
-            self.each_phase_row(c, |values, image_row, at| {
-                if let Some(start) = image_row {
-                    let dst = &mut image[start..];
-                    for (k, &s) in plane[at + values.start..at + values.end].iter().enumerate() {
-                        dst[k * sw] = s;
-                    }
+        self.each_phase_row(|values, image_row, at| {
+            if let Some(start) = image_row {
+                let dst = &mut dst[start..];
+                for (k, &s) in plane[at + values.start..at + values.end].iter().enumerate() {
+                    dst[k * sw] = s;
                 }
-            });
-        }
+            }
+        });
     }
 }
 
@@ -294,6 +304,59 @@ pub(super) fn fold_add<T: KernelFloat>(
     }
 }
 
+/// [`fold_add`] with `group`'s channels on the pool when `parallel` (a batch smaller than the
+/// pool, whose images run one after another). A tap's row of outputs can run past its channel's
+/// plane only onto the next channel's padding (the zero runs the layout shares between rows),
+/// which [`Padded::unpad_on`] drops: each channel's task leaves those adds out, so the channels'
+/// planes are disjoint, and every element `unpad` reads gets the same adds in the same order
+/// as from [`fold_add`].
+pub(super) fn fold_add_on<T: KernelFloat>(
+    (g, p): (&Conv2dGeometry, &Padded),
+    col: &[T],
+    group: usize,
+    [stride, offset]: [usize; 2],
+    padded_grad: &mut [T],
+    parallel: bool,
+) {
+    if !parallel {
+        return fold_add(g, p, col, group, [stride, offset], padded_grad);
+    }
+    let [out_h, out_w] = g.output_size;
+    let channels = g.in_channels / g.params.groups;
+    let per_channel = g.kernel_size[0] * g.kernel_size[1];
+    let starts: Vec<usize> = taps(g, p, group).collect();
+    let first = group * channels * p.plane;
+    let planes = &mut padded_grad[first..][..channels * p.plane];
+    planes
+        .par_chunks_mut(p.plane.max(1))
+        .enumerate()
+        .for_each(|(c, plane)| {
+            let base = first + c * p.plane;
+            for r in c * per_channel..(c + 1) * per_channel {
+                let src = &col[r * stride + offset..][..out_h * out_w];
+                for (oh, src) in src.chunks(out_w.max(1)).enumerate() {
+                    let len = plane.len();
+                    let at = (starts[r] + oh * p.pitch - base).min(len);
+                    let dst = &mut plane[at..][..src.len().min(len - at)];
+                    dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+                }
+            }
+        });
+}
+
+/// Zeroes `buffer` (a padded gradient before [`fold_add_on`]), in parallel pieces when
+/// `parallel`.
+pub(super) fn zero_on<T: KernelFloat>(buffer: &mut [T], parallel: bool) {
+    if parallel {
+        let piece = buffer.len().div_ceil(rayon::current_num_threads().max(1));
+        buffer
+            .par_chunks_mut(piece.max(1))
+            .for_each(|b| b.fill(T::ZERO));
+    } else {
+        buffer.fill(T::ZERO);
+    }
+}
+
 /// The allocator's size error for a column matrix whose element count overflows `usize`.
 pub(super) fn too_large() -> Error {
     Error::Alloc(kiln_alloc_cache::Error::InvalidSize {
@@ -369,8 +432,58 @@ mod tests {
                 assert!(seen[i] || *v == 0.0, "{g:?}: element {i} is {v}, not zero");
             }
             let mut back = vec![f64::NAN; image.len()];
-            p.unpad(&padded, &mut back);
-            assert_eq!(back, image, "{g:?}: unpad gives the image back");
+            pool.install(|| p.unpad_on(&padded, &mut back, parallel));
+            assert_eq!(
+                back, image,
+                "{g:?} ({parallel}): unpad gives the image back"
+            );
+        }
+    }
+
+    /// Folded channel by channel on a pool of three (`fold_add_on`, as a batch smaller than the
+    /// pool does), every element `unpad` reads gets the serial fold's bits: stride 1 with rows
+    /// that run past their channel's plane, phases, an uneven stride and padding, two groups,
+    /// a 1x1 stride-2 kernel.
+    #[test]
+    fn a_fold_on_the_pool_gives_unpad_the_serial_folds_bits() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let cases = [
+            ([2, 5, 7], [3, 3], [1, 1], [1, 1], 1),
+            ([2, 5, 7], [3, 3], [2, 2], [1, 1], 1),
+            ([3, 9, 11], [7, 7], [2, 2], [3, 3], 1),
+            ([1, 8, 10], [3, 5], [3, 2], [0, 2], 1),
+            ([4, 6, 6], [3, 3], [1, 1], [2, 2], 2),
+            ([4, 8, 8], [1, 1], [2, 2], [0, 0], 2),
+        ];
+        for ([c_in, h, w], kernel, stride, padding, groups) in cases {
+            let params = Conv2dParams {
+                stride,
+                padding,
+                groups,
+                ..Conv2dParams::default()
+            };
+            let weight = [groups, c_in / groups, kernel[0], kernel[1]];
+            let g = Conv2dGeometry::new([1, c_in, h, w], weight, params).unwrap();
+            let p = Padded::new(&g).unwrap();
+            let (rows, cols) = (g.col_rows(), g.col_cols());
+            // Sums of these in another order would round differently.
+            let col: Vec<f32> = (0..rows * cols)
+                .map(|i| (i * 7919 % 1000) as f32 * 1.37e-3 - 0.5)
+                .collect();
+            let (mut serial, mut pooled) = (vec![0.0f32; p.len], vec![0.0f32; p.len]);
+            for group in 0..groups {
+                fold_add(&g, &p, &col, group, [cols, 0], &mut serial);
+                pool.install(|| fold_add_on((&g, &p), &col, group, [cols, 0], &mut pooled, true));
+            }
+            let (mut want, mut got) = (vec![f32::NAN; p.image_len()], vec![0.0; p.image_len()]);
+            p.unpad_on(&serial, &mut want, false);
+            p.unpad_on(&pooled, &mut got, false);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{g:?}");
+            assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0));
         }
     }
 }
