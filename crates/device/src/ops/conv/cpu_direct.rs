@@ -16,9 +16,10 @@
 //!
 //! Layout of the product: strips of [`WIDE`] positions, one after another, each holding its
 //! `C_out/groups` rows of [`WIDE`] values (`[strip][channel][WIDE]`), so every strip's block
-//! of [`ROWS`] channels is one contiguous piece that one task writes. The last strip's positions past `N'` (up to
-//! [`SLACK`] - 1 of them) are junk like the row ends: they read the padded image's slack,
-//! which the caller extends by [`SLACK`] zeros, and are never copied out.
+//! of [`ROWS`] channels is one contiguous piece that one task writes. The last strip's
+//! positions past `N'` (up to [`SLACK`] - 1 of them) are junk like the row ends: they read the
+//! padded image's slack, which the caller extends by [`SLACK`] zeros, and are never copied
+//! out.
 //!
 //! Invariants: every position `< N'` of every channel is written; each output is the sum over
 //! taps in order `r = 0, 1, ..` of fused multiply-adds, so the result does not depend on the
@@ -354,8 +355,8 @@ mod tests {
     }
 
     /// Every build of the kernel this CPU runs gives the same bits as the portable loop, in
-    /// tiles of one to four vectors: the same fused multiply-adds in the same order (infinities and
-    /// NaN included, NaN by class).
+    /// tiles of one to four vectors: the same fused multiply-adds in the same order
+    /// (infinities and NaN included, NaN by class).
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
         let isas = simd::available();
