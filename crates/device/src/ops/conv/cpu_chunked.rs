@@ -31,6 +31,7 @@
 
 use super::cpu_gemm::{matmul_into, pool_parallelism, ScratchFailure, Stored};
 use super::padded::{fold_add_on, too_large, unfold, zero_on, Padded};
+use super::pieces::for_each_piece;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -97,27 +98,6 @@ impl Dims {
             in_image: g.in_channels * g.input_size[0] * g.input_size[1],
             pointwise: g.is_pointwise(),
         }
-    }
-}
-
-/// Runs `body(i, piece)` over the `size`-element pieces of `data`: on the pool when `parallel`
-/// (a chunk built by the weight gradient, which runs its chunks one after another), else in
-/// order on this thread (a chunk that already is one task of a parallel loop).
-pub(super) fn for_each_piece<T: Send>(
-    data: &mut [T],
-    size: usize,
-    parallel: bool,
-    body: impl Fn(usize, &mut [T]) + Sync + Send,
-) {
-    let size = size.max(1);
-    if parallel {
-        data.par_chunks_mut(size)
-            .enumerate()
-            .for_each(|(i, piece)| body(i, piece));
-    } else {
-        data.chunks_mut(size)
-            .enumerate()
-            .for_each(|(i, piece)| body(i, piece));
     }
 }
 

@@ -37,6 +37,7 @@ use super::cpu_gemm::{
     Stored, TaskContext,
 };
 use super::padded::{taps, too_large, Padded};
+use super::pieces::for_each_piece;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -281,19 +282,13 @@ pub(super) fn backward_weight<T: KernelFloat>(
                 d.padded
                     .fill_on(&input[n * in_image..][..in_image], &mut padded, split);
                 let planes = &grad_output[n * out_image..][..out_image];
-                let to_grid = |(plane, grid): (&[T], &mut [T])| {
+                let plane_len = out_h * out_w;
+                for_each_piece(&mut gout[..], d.n_ext, split, |o, grid| {
+                    let plane = &planes[o * plane_len..][..plane_len];
                     for (row, to) in plane.chunks(out_w).zip(grid.chunks_mut(d.padded.pitch)) {
                         to[..out_w].copy_from_slice(row);
                     }
-                };
-                let plane_len = (out_h * out_w).max(1);
-                if split {
-                    let grids = gout.par_chunks_mut(d.n_ext.max(1));
-                    planes.par_chunks(plane_len).zip(grids).for_each(to_grid);
-                } else {
-                    let grids = gout.chunks_mut(d.n_ext.max(1));
-                    planes.chunks(plane_len).zip(grids).for_each(to_grid);
-                }
+                });
                 for group in 0..d.groups {
                     // Junk columns can read real inputs (past a row's end); zeroed, an
                     // infinite input there cannot turn their zero products into NaN.

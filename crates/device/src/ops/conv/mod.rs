@@ -21,6 +21,7 @@ mod cpu_weight_taps;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod padded;
+mod pieces;
 pub mod reference;
 mod workspace;
 

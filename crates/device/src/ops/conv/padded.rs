@@ -20,10 +20,11 @@
 //! output row of one tap is `W_out` consecutive elements, and output rows are `P` apart.
 //!
 //! Invariants: [`Padded::fill`] writes every element of the buffer; [`unfold`] writes every
-//! entry of its column-matrix rows; [`fold_add`] only adds, so the padded gradient must start
+//! entry of its column-matrix rows; [`fold_add_on`] only adds, so the padded gradient must start
 //! at zero, and [`Padded::unpad_on`] then reads its interior (what lands on padding is dropped).
 //! [`taps`] plus `oh·P + ow` is the only addressing any path uses.
 
+use super::pieces::for_each_piece;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::{Error, Result};
@@ -132,16 +133,10 @@ impl Padded {
         slack.fill(T::ZERO);
         if self.h * self.w == 0 {
             planes.fill(T::ZERO);
-        } else if parallel {
-            let pieces = planes.par_chunks_mut(self.plane.max(1));
-            pieces
-                .enumerate()
-                .for_each(|(c, plane)| self.fill_channel(c, image, plane));
         } else {
-            let pieces = planes.chunks_mut(self.plane.max(1));
-            pieces
-                .enumerate()
-                .for_each(|(c, plane)| self.fill_channel(c, image, plane));
+            for_each_piece(planes, self.plane, parallel, |c, plane| {
+                self.fill_channel(c, image, plane)
+            });
         }
     }
 
@@ -184,14 +179,9 @@ impl Padded {
             return;
         }
         let image = &mut image[..self.channels * plane_len];
-        let one = |(c, dst): (usize, &mut [T])| {
-            self.unpad_channel(&padded[c * self.plane..][..self.plane], dst);
-        };
-        if parallel {
-            image.par_chunks_mut(plane_len).enumerate().for_each(one);
-        } else {
-            image.chunks_mut(plane_len).enumerate().for_each(one);
-        }
+        for_each_piece(image, plane_len, parallel, |c, dst| {
+            self.unpad_channel(&padded[c * self.plane..][..self.plane], dst)
+        });
     }
 
     /// One channel of [`Self::unpad_on`]: its padded `plane` into its image plane `dst`.
@@ -285,31 +275,12 @@ pub(super) fn unfold_image<T: KernelFloat>(
 }
 
 /// Adds every entry of `group`'s column matrix (laid out as [`unfold`] writes it) onto the
-/// padded-gradient element it was read from.
-pub(super) fn fold_add<T: KernelFloat>(
-    g: &Conv2dGeometry,
-    p: &Padded,
-    col: &[T],
-    group: usize,
-    [stride, offset]: [usize; 2],
-    padded_grad: &mut [T],
-) {
-    let [out_h, out_w] = g.output_size;
-    for (r, start) in taps(g, p, group).enumerate() {
-        let src = &col[r * stride + offset..][..out_h * out_w];
-        for (oh, src) in src.chunks(out_w).enumerate() {
-            let dst = &mut padded_grad[start + oh * p.pitch..][..out_w];
-            dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
-        }
-    }
-}
-
-/// [`fold_add`] with `group`'s channels on the pool when `parallel` (a batch smaller than the
-/// pool, whose images run one after another). A tap's row of outputs can run past its channel's
-/// plane only onto the next channel's padding (the zero runs the layout shares between rows),
-/// which [`Padded::unpad_on`] drops: each channel's task leaves those adds out, so the channels'
-/// planes are disjoint, and every element `unpad` reads gets the same adds in the same order
-/// as from [`fold_add`].
+/// padded-gradient element it was read from, the group's channels on the pool when `parallel`
+/// (a batch smaller than the pool, whose images run one after another). A tap's row of outputs
+/// can run past its channel's plane only onto the next channel's padding (the zero runs the
+/// layout shares between rows), which [`Padded::unpad_on`] drops: each channel leaves those
+/// adds out, so the channels' planes are disjoint, and every element `unpad_on` reads gets the
+/// adds of its channel's taps in order.
 pub(super) fn fold_add_on<T: KernelFloat>(
     (g, p): (&Conv2dGeometry, &Padded),
     col: &[T],
@@ -318,30 +289,24 @@ pub(super) fn fold_add_on<T: KernelFloat>(
     padded_grad: &mut [T],
     parallel: bool,
 ) {
-    if !parallel {
-        return fold_add(g, p, col, group, [stride, offset], padded_grad);
-    }
     let [out_h, out_w] = g.output_size;
     let channels = g.in_channels / g.params.groups;
     let per_channel = g.kernel_size[0] * g.kernel_size[1];
     let starts: Vec<usize> = taps(g, p, group).collect();
     let first = group * channels * p.plane;
     let planes = &mut padded_grad[first..][..channels * p.plane];
-    planes
-        .par_chunks_mut(p.plane.max(1))
-        .enumerate()
-        .for_each(|(c, plane)| {
-            let base = first + c * p.plane;
-            for r in c * per_channel..(c + 1) * per_channel {
-                let src = &col[r * stride + offset..][..out_h * out_w];
-                for (oh, src) in src.chunks(out_w.max(1)).enumerate() {
-                    let len = plane.len();
-                    let at = (starts[r] + oh * p.pitch - base).min(len);
-                    let dst = &mut plane[at..][..src.len().min(len - at)];
-                    dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
-                }
+    for_each_piece(planes, p.plane, parallel, |c, plane| {
+        let base = first + c * p.plane;
+        for r in c * per_channel..(c + 1) * per_channel {
+            let src = &col[r * stride + offset..][..out_h * out_w];
+            for (oh, src) in src.chunks(out_w.max(1)).enumerate() {
+                let len = plane.len();
+                let at = (starts[r] + oh * p.pitch - base).min(len);
+                let dst = &mut plane[at..][..src.len().min(len - at)];
+                dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
             }
-        });
+        }
+    });
 }
 
 /// Zeroes `buffer` (a padded gradient before [`fold_add_on`]), in parallel pieces when
@@ -440,10 +405,10 @@ mod tests {
         }
     }
 
-    /// Folded channel by channel on a pool of three (`fold_add_on`, as a batch smaller than the
-    /// pool does), every element `unpad` reads gets the serial fold's bits: stride 1 with rows
-    /// that run past their channel's plane, phases, an uneven stride and padding, two groups,
-    /// a 1x1 stride-2 kernel.
+    /// Folded channel by channel (`fold_add_on`), in order and on a pool of three (as a batch
+    /// smaller than the pool does), every element `unpad` reads gets the plain fold's bits:
+    /// stride 1 with rows that run past their channel's plane, phases, an uneven stride and
+    /// padding, two groups, a 1x1 stride-2 kernel.
     #[test]
     fn a_fold_on_the_pool_gives_unpad_the_serial_folds_bits() {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -473,16 +438,31 @@ mod tests {
             let col: Vec<f32> = (0..rows * cols)
                 .map(|i| (i * 7919 % 1000) as f32 * 1.37e-3 - 0.5)
                 .collect();
-            let (mut serial, mut pooled) = (vec![0.0f32; p.len], vec![0.0f32; p.len]);
+            let mut serial = vec![0.0f32; p.len];
+            let mut by_channel = [vec![0.0f32; p.len], vec![0.0f32; p.len]];
             for group in 0..groups {
-                fold_add(&g, &p, &col, group, [cols, 0], &mut serial);
-                pool.install(|| fold_add_on((&g, &p), &col, group, [cols, 0], &mut pooled, true));
+                // The plain fold: every tap's rows added in order, spills onto the next
+                // channel's padding included.
+                for (r, start) in taps(&g, &p, group).enumerate() {
+                    let src = &col[r * cols..][..cols];
+                    for (oh, src) in src.chunks(g.output_size[1]).enumerate() {
+                        let dst = &mut serial[start + oh * p.pitch..][..src.len()];
+                        dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+                    }
+                }
+                for (folded, parallel) in by_channel.iter_mut().zip([false, true]) {
+                    let at = [cols, 0];
+                    pool.install(|| fold_add_on((&g, &p), &col, group, at, folded, parallel));
+                }
             }
-            let (mut want, mut got) = (vec![f32::NAN; p.image_len()], vec![0.0; p.image_len()]);
+            let mut want = vec![f32::NAN; p.image_len()];
             p.unpad_on(&serial, &mut want, false);
-            p.unpad_on(&pooled, &mut got, false);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "{g:?}");
+            for (folded, parallel) in by_channel.iter().zip([false, true]) {
+                let mut got = vec![0.0; p.image_len()];
+                p.unpad_on(folded, &mut got, false);
+                assert_eq!(bits(&got), bits(&want), "{g:?}, on the pool: {parallel}");
+            }
             assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0));
         }
     }
