@@ -55,7 +55,8 @@ struct Split {
     optimizer: f64,
     /// `clip_grad_norm_` alone (its median; part of `optimizer`).
     clip: f64,
-    /// The batch-1 eval's median ([`eval_ms`]).
+    /// The batch-1 eval's median ([`eval_ms`]; the rows' child only, 0 in the rounds' children,
+    /// which time the step alone).
     eval: f64,
     /// The forward's ops by name (`kiln_autograd::OpProfile`, self time), means over the timed
     /// steps.
@@ -279,9 +280,9 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-/// What a child times besides the step: each convolution pass alone too (the rows' child),
-/// nothing more (the rounds against PyTorch only need the step), or only the batch-1 eval (its
-/// rounds).
+/// What a child times besides the step: each convolution pass alone and the batch-1 eval too
+/// (the rows' child), nothing more (the rounds against PyTorch only need the step), or only the
+/// batch-1 eval (its rounds).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Passes {
     Timed,
@@ -437,7 +438,10 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
             Passes::Timed => conv_passes(batch, steps.min(3))?,
             Passes::Skipped | Passes::EvalOnly => Vec::new(),
         },
-        eval: eval_ms(eval_runs)?,
+        eval: match passes {
+            Passes::Timed => eval_ms(eval_runs)?,
+            Passes::Skipped | Passes::EvalOnly => 0.0,
+        },
     };
     // One readable line for scripts (run.sh compares the small-plane weight gradients by it).
     let passes_part = match passes {
