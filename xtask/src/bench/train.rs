@@ -9,8 +9,8 @@
 //! - `resnet18` with torchvision's stem on 224x224 images, batch 8 (quick: 1), 1000 classes, SGD
 //!   with momentum.
 //!
-//! Two more cases time without memory rows: ResNet-18 (224x224, 1000 classes) batch-1
-//! inference in eval mode under `no_grad`, and the CIFAR step while a busy competing process
+//! More cases time without memory rows: ResNet-18 (224x224, 1000 classes) inference in eval
+//! mode under `no_grad` at batch 1 and 3, and the CIFAR step while a busy competing process
 //! (a shell loop) spins on one core, against the same step without it (`ratio` = quiet time /
 //! contended time). With `--vs-torch` each case also gets a row against PyTorch's same case,
 //! measured in the same run (`torch.rs`).
@@ -74,7 +74,9 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         batch: big_batch,
     };
     resnet_step(options, big, matmul_rate, &mut rows, &mut pairs)?;
-    resnet_eval(options, &mut rows, &mut pairs)?;
+    for batch in [1, 3] {
+        resnet_eval(options, batch, &mut rows, &mut pairs)?;
+    }
     contended_step(options, cifar, cifar_ms, &mut rows, &mut pairs)?;
     rows.extend(pairs.into_rows());
     if options.gpu {
@@ -362,32 +364,38 @@ fn resnet_step(
     Ok(ms)
 }
 
-/// ResNet-18 (224x224, 1000 classes) batch-1 forward in eval mode under `no_grad`: median ms.
-fn resnet_eval(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(), String> {
+/// ResNet-18 (224x224, 1000 classes) forward in eval mode under `no_grad` at `batch`: median
+/// ms. Batch 1 spreads each image over the pool; batch 3 on two threads leaves one image past
+/// the pool's whole round (and is smaller than larger pools).
+fn resnet_eval(
+    options: &Options,
+    batch: usize,
+    rows: &mut Vec<Row>,
+    pairs: &mut Pairs,
+) -> Result<(), String> {
     fresh_start()?;
-    let r = Resnet {
-        size: 224,
-        batch: 1,
-    };
+    let r = Resnet { size: 224, batch };
     let mut model = r.model()?;
     model.eval();
-    let x = Tensor::randn(&[1, 3, 224, 224], DType::F32, CPU).map_err(err)?;
+    let x = Tensor::randn(&[batch, 3, 224, 224], DType::F32, CPU).map_err(err)?;
     let runs = if options.quick { 3 } else { 20 };
     let mut forward = || no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err));
     let ms = median_of(runs, &mut forward)? * 1e3;
-    eprintln!("bench train: resnet18 224x224 batch 1 eval: {ms:.2} ms");
+    eprintln!("bench train: resnet18 224x224 batch {batch} eval: {ms:.2} ms");
     rows.push(Row::new(
         GROUP,
-        "resnet18 (ImageNet stem) 224x224, batch 1, eval under no_grad: forward time",
+        &format!(
+            "resnet18 (ImageNet stem) 224x224, batch {batch}, eval under no_grad: forward time"
+        ),
         "ms",
         ms,
         "images per second (ratio = images/s)",
-        1e3 / ms,
+        batch as f64 * 1e3 / ms,
     ));
-    let id = "resnet18_224_eval/1";
+    let id = format!("resnet18_224_eval/{batch}");
     pairs.add(
-        &format!("resnet18 224x224 batch 1 eval ({id})"),
-        id,
+        &format!("resnet18 224x224 batch {batch} eval ({id})"),
+        &id,
         Figure::Millis,
         ms,
         || Ok(median_of(runs, &mut forward)? * 1e3),

@@ -16,10 +16,11 @@
 //! small-plane weight gradient has a second form, one kernel tap per product
 //! (`cpu_weight_taps.rs`, `KILN_CONV_WEIGHT_GRAD=taps`), until many cores decide. Each
 //! image is independent in the forward and input-gradient passes, so those run one rayon task
-//! per image (or chunk). When the batch is
-//! smaller than the thread pool, the images run one after the other and `gemm` itself is
-//! parallelised instead. The weight gradient sums over the batch: the batch is cut into one
-//! contiguous slice per thread, every slice accumulates into a private partial gradient (stored
+//! per image (or chunk), as far as the images fill whole rounds of the pool; the images left (a
+//! batch smaller than the pool, or a few past its whole rounds) run one after the other with
+//! `gemm` itself parallelised instead (`pieces.rs`). The weight gradient sums over the batch:
+//! the batch is cut into one contiguous slice per thread (and one split slice for the images
+//! left), every slice accumulates into a private partial gradient (stored
 //! transposed, the orientation `gemm` runs fastest), and the partials are transposed and added
 //! in slice order, so the result does not depend on scheduling.
 //!
@@ -40,13 +41,13 @@ use rayon::prelude::*;
 use super::cpu_chunked::{self as chunked, chunk_images};
 use super::cpu_direct as direct;
 use super::cpu_gemm::{
-    gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices, Blocks,
-    ScratchFailure, Stored, TaskContext,
+    matmul_into, sum_transposed_partials, Blocks, ScratchFailure, Stored, TaskContext,
 };
 use super::cpu_input_grad as input_grad;
 use super::cpu_rows as rows;
 use super::cpu_weight_taps::{self as taps, weight_grad_path, WeightGradPath};
 use super::padded::Padded;
+use super::pieces::{for_each_image, image_parallelism, weight_grad_partials};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
@@ -90,44 +91,42 @@ pub fn conv2d_forward<T: KernelFloat>(
     let p = Padded::new(geometry)?;
     let padded_len = if b.pointwise { 0 } else { p.len };
     let failure = ScratchFailure::new();
-    let parallelism = gemm_parallelism(geometry.batch);
-    let split = !matches!(parallelism, Parallelism::None);
     let dims = [b.out_channels, b.col_cols, b.col_rows];
-    output
-        .par_chunks_mut(b.groups * b.out_group)
-        .enumerate()
-        .for_each_init(
-            || Some((failure.take::<T>(col_len)?, failure.take::<T>(padded_len)?)),
-            |scratch, (n, out_image)| {
-                let Some((col, padded)) = scratch.as_mut() else {
-                    return;
-                };
-                let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
-                if !b.pointwise {
-                    p.fill_on(in_image, padded, split);
+    for_each_image(
+        output,
+        b.groups * b.out_group,
+        || Some((failure.take::<T>(col_len)?, failure.take::<T>(padded_len)?)),
+        |scratch, n, out_image, split| {
+            let Some((col, padded)) = scratch.as_mut() else {
+                return;
+            };
+            let parallelism = image_parallelism(split);
+            let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
+            if !b.pointwise {
+                p.fill_on(in_image, padded, split);
+            }
+            for g in 0..b.groups {
+                let col = b.columns((&p, parallelism), in_image, padded, g, col);
+                let w = &weight[g * b.weight_group..][..b.weight_group];
+                let out = &mut out_image[g * b.out_group..][..b.out_group];
+                matmul_into(
+                    out,
+                    dims,
+                    w,
+                    Stored::AsIs,
+                    col,
+                    Stored::AsIs,
+                    false,
+                    parallelism,
+                );
+            }
+            if let Some(bias) = bias {
+                for (plane, &bias) in out_image.chunks_mut(b.col_cols).zip(bias) {
+                    plane.iter_mut().for_each(|v| *v += bias);
                 }
-                for g in 0..b.groups {
-                    let col = b.columns((&p, parallelism), in_image, padded, g, col);
-                    let w = &weight[g * b.weight_group..][..b.weight_group];
-                    let out = &mut out_image[g * b.out_group..][..b.out_group];
-                    matmul_into(
-                        out,
-                        dims,
-                        w,
-                        Stored::AsIs,
-                        col,
-                        Stored::AsIs,
-                        false,
-                        parallelism,
-                    );
-                }
-                if let Some(bias) = bias {
-                    for (plane, &bias) in out_image.chunks_mut(b.col_cols).zip(bias) {
-                        plane.iter_mut().for_each(|v| *v += bias);
-                    }
-                }
-            },
-        );
+            }
+        },
+    );
     failure.into_result()
 }
 
@@ -249,32 +248,28 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     let p = Padded::new(geometry)?;
     let padded_len = if b.pointwise { 0 } else { p.len };
     let batch = geometry.batch;
-    let (slices, per_slice, parallelism) = weight_grad_slices(batch);
     let context = TaskContext::of_caller();
-    let partials = (0..slices)
-        .into_par_iter()
-        .map(|slice| {
-            let _context = context.enter();
-            // Written by the slice's first image, added to by the others.
-            let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
-            let mut col = HostBuffer::for_overwrite(col_len)?;
-            let mut padded = HostBuffer::for_overwrite(padded_len)?;
-            let first = slice * per_slice;
-            for n in first..((slice + 1) * per_slice).min(batch) {
-                accumulate_weight_grad_t(
-                    &b,
-                    &p,
-                    n,
-                    input,
-                    grad_output,
-                    [col.as_mut_slice(), padded.as_mut_slice()],
-                    partial.as_mut_slice(),
-                    (n > first, parallelism),
-                );
-            }
-            Ok(partial)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let partials = weight_grad_partials(batch, |images, parallelism| -> Result<HostBuffer<T>> {
+        let _context = context.enter();
+        // Written by the slice's first image, added to by the others.
+        let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
+        let mut col = HostBuffer::for_overwrite(col_len)?;
+        let mut padded = HostBuffer::for_overwrite(padded_len)?;
+        let first = images.start;
+        for n in images {
+            accumulate_weight_grad_t(
+                &b,
+                &p,
+                n,
+                input,
+                grad_output,
+                [col.as_mut_slice(), padded.as_mut_slice()],
+                partial.as_mut_slice(),
+                (n > first, parallelism),
+            );
+        }
+        Ok(partial)
+    })?;
     sum_transposed_partials(&partials, b.col_rows, b.out_channels, grad_weight);
     Ok(())
 }

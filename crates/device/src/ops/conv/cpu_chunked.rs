@@ -29,9 +29,9 @@
 //! weight's layout at the end. Its scratch is the other passes' (same chunk, the same column
 //! elements) but for `pad_w` more pixels per padded image.
 
-use super::cpu_gemm::{matmul_into, pool_parallelism, ScratchFailure, Stored};
+use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
 use super::padded::{fold_add_on, too_large, unfold, zero_on, Padded};
-use super::pieces::for_each_piece;
+use super::pieces::{for_each_chunk, for_each_piece, pool_parallelism};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -65,17 +65,6 @@ pub(super) fn chunk_images(g: &Conv2dGeometry, threads: usize) -> Option<usize> 
     (2..=cap).rev().min_by_key(|&chunk| busiest(chunk))
 }
 
-/// The `gemm` parallelism of each chunk's product in the forward and input-gradient passes:
-/// none when the chunks fill the pool, else each product split over its share of the threads
-/// (two images on two threads make one chunk, which would otherwise leave a thread idle).
-fn chunk_parallelism(g: &Conv2dGeometry, chunk: usize) -> Parallelism {
-    let chunks = g.batch.div_ceil(chunk.max(1));
-    match rayon::current_num_threads() {
-        threads if chunks >= threads => Parallelism::None,
-        threads => Parallelism::Rayon(threads.div_ceil(chunks.max(1))),
-    }
-}
-
 /// Sizes shared by the three passes.
 #[derive(Clone, Copy)]
 pub(super) struct Dims {
@@ -103,27 +92,41 @@ impl Dims {
 
 /// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
 /// images) into `col`: each image in turn is copied into its padded form in `padded` (one
-/// padded image), then unfolded into its columns.
+/// padded image), then unfolded into its columns; the copies by channel and by block of rows
+/// on the pool when `split` (the chunk runs alone).
 fn gather_columns<T: KernelFloat>(
     (g, d, p): (&Conv2dGeometry, Dims, &Padded),
     images: &[T],
     padded: &mut [T],
     col: &mut [T],
+    split: bool,
 ) {
     let count = images.len() / d.in_image;
     let width = count * d.l;
     let col = &mut col[..d.k * width];
+    // Blocks of rows: four per thread when split, so that uneven rows still balance.
+    let rows = match split {
+        true => d.k.div_ceil(4 * rayon::current_num_threads()).max(1),
+        false => d.k.max(1),
+    };
     for i in 0..count {
         let image = &images[i * d.in_image..][..d.in_image];
         if d.pointwise {
             // K = C_in and L = H * W: the image's rows are the column rows.
-            for (r, dst) in col.chunks_mut(width).enumerate() {
-                dst[i * d.l..][..d.l].copy_from_slice(&image[r * d.l..][..d.l]);
-            }
+            for_each_piece(col, rows * width, split, |b, block| {
+                for (j, dst) in block.chunks_mut(width).enumerate() {
+                    let r = b * rows + j;
+                    dst[i * d.l..][..d.l].copy_from_slice(&image[r * d.l..][..d.l]);
+                }
+            });
         } else {
             let padded = &mut padded[..p.len];
-            p.fill(image, padded);
-            unfold(g, p, padded, (0, 0..d.k), col, [width, i * d.l]);
+            p.fill_on(image, padded, split);
+            let padded = &*padded;
+            for_each_piece(col, rows * width, split, |b, block| {
+                let taps = b * rows..(b * rows + block.len() / width);
+                unfold(g, p, padded, (0, taps), block, [width, i * d.l]);
+            });
         }
     }
 }
@@ -153,41 +156,45 @@ pub(super) fn forward<T: KernelFloat>(
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
     let padded_len = if d.pointwise { 0 } else { p.len };
-    let parallelism = chunk_parallelism(g, chunk);
-    output
-        .par_chunks_mut(chunk * d.c_out * d.l)
-        .enumerate()
-        .for_each_init(
-            || {
-                let col = failure.take::<T>(d.k * chunk * d.l)?;
-                let padded = failure.take::<T>(padded_len)?;
-                let product = failure.take::<T>(d.c_out * chunk * d.l)?;
-                Some((col, padded, product))
-            },
-            |scratch, (c, out)| {
-                let Some((col, padded, product)) = scratch.as_mut() else {
-                    return;
-                };
-                let count = out.len() / (d.c_out * d.l);
-                let images = &input[c * chunk * d.in_image..][..count * d.in_image];
-                let width = count * d.l;
-                let col = &mut col.as_mut_slice()[..d.k * width];
-                gather_columns((g, d, &p), images, padded, col);
-                let product = &mut product.as_mut_slice()[..d.c_out * width];
-                let dims = [d.c_out, width, d.k];
-                let (w, asis) = (Stored::AsIs, Stored::AsIs);
-                matmul_into(product, dims, weight, w, col, asis, false, parallelism);
-                for (i, image) in out.chunks_mut(d.c_out * d.l).enumerate() {
-                    for (o, plane) in image.chunks_mut(d.l).enumerate() {
-                        let src = &product[o * width + i * d.l..][..d.l];
-                        match bias {
-                            Some(b) => plane.iter_mut().zip(src).for_each(|(p, &s)| *p = s + b[o]),
-                            None => plane.copy_from_slice(src),
-                        }
-                    }
+    let scratch = || {
+        let col = failure.take::<T>(d.k * chunk * d.l)?;
+        let padded = failure.take::<T>(padded_len)?;
+        let product = failure.take::<T>(d.c_out * chunk * d.l)?;
+        Some((col, padded, product))
+    };
+    let image = d.c_out * d.l;
+    for_each_chunk(
+        output,
+        image,
+        chunk,
+        scratch,
+        |scratch, first, out, parallelism| {
+            let Some((col, padded, product)) = scratch.as_mut() else {
+                return;
+            };
+            // A chunk that runs alone, or beside fewer chunks than threads: its copies go on the
+            // pool too.
+            let split = !matches!(parallelism, Parallelism::None);
+            let count = out.len() / image;
+            let images = &input[first * d.in_image..][..count * d.in_image];
+            let width = count * d.l;
+            let col = &mut col.as_mut_slice()[..d.k * width];
+            gather_columns((g, d, &p), images, padded, col, split);
+            let product = &mut product.as_mut_slice()[..d.c_out * width];
+            let dims = [d.c_out, width, d.k];
+            let (w, asis) = (Stored::AsIs, Stored::AsIs);
+            matmul_into(product, dims, weight, w, col, asis, false, parallelism);
+            let product = &*product;
+            for_each_piece(out, d.l, split, |plane_index, plane| {
+                let (i, o) = (plane_index / d.c_out, plane_index % d.c_out);
+                let src = &product[o * width + i * d.l..][..d.l];
+                match bias {
+                    Some(b) => plane.iter_mut().zip(src).for_each(|(p, &s)| *p = s + b[o]),
+                    None => plane.copy_from_slice(src),
                 }
-            },
-        );
+            });
+        },
+    );
     failure.into_result()
 }
 
@@ -205,38 +212,41 @@ pub(super) fn backward_input<T: KernelFloat>(
     let d = Dims::new(g);
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
-    let parallelism = chunk_parallelism(g, chunk);
-    grad_input
-        .par_chunks_mut(chunk * d.in_image)
-        .enumerate()
-        .for_each_init(
-            || {
-                let gathered = failure.take::<T>(d.c_out * chunk * d.l)?;
-                let col = failure.take::<T>(d.k * chunk * d.l)?;
-                let padded_grad = failure.take::<T>(p.len)?;
-                Some((gathered, col, padded_grad))
-            },
-            |scratch, (c, gin)| {
-                let Some((gathered, col, padded_grad)) = scratch.as_mut() else {
-                    return;
-                };
-                let count = gin.len() / d.in_image;
-                let width = count * d.l;
-                let planes = &grad_output[c * chunk * d.c_out * d.l..][..count * d.c_out * d.l];
-                let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
-                gather_planes(d, planes, gathered, false);
-                let col = &mut col.as_mut_slice()[..d.k * width];
-                let dims = [d.k, width, d.c_out];
-                let (wt, asis) = (Stored::Transposed, Stored::AsIs);
-                matmul_into(col, dims, weight, wt, gathered, asis, false, parallelism);
-                let split = !matches!(parallelism, Parallelism::None);
-                for (i, gin_image) in gin.chunks_mut(d.in_image).enumerate() {
-                    zero_on(padded_grad, split);
-                    fold_add_on((g, &p), col, 0, [width, i * d.l], padded_grad, split);
-                    p.unpad_on(padded_grad, gin_image, split);
-                }
-            },
-        );
+    let scratch = || {
+        let gathered = failure.take::<T>(d.c_out * chunk * d.l)?;
+        let col = failure.take::<T>(d.k * chunk * d.l)?;
+        let padded_grad = failure.take::<T>(p.len)?;
+        Some((gathered, col, padded_grad))
+    };
+    let image = d.in_image;
+    for_each_chunk(
+        grad_input,
+        image,
+        chunk,
+        scratch,
+        |scratch, first, gin, parallelism| {
+            let Some((gathered, col, padded_grad)) = scratch.as_mut() else {
+                return;
+            };
+            // A chunk that runs alone, or beside fewer chunks than threads: its copies and sums go
+            // on the pool too.
+            let split = !matches!(parallelism, Parallelism::None);
+            let count = gin.len() / image;
+            let width = count * d.l;
+            let planes = &grad_output[first * d.c_out * d.l..][..count * d.c_out * d.l];
+            let gathered = &mut gathered.as_mut_slice()[..d.c_out * width];
+            gather_planes(d, planes, gathered, split);
+            let col = &mut col.as_mut_slice()[..d.k * width];
+            let dims = [d.k, width, d.c_out];
+            let (wt, asis) = (Stored::Transposed, Stored::AsIs);
+            matmul_into(col, dims, weight, wt, gathered, asis, false, parallelism);
+            for (i, gin_image) in gin.chunks_mut(image).enumerate() {
+                zero_on(padded_grad, split);
+                fold_add_on((g, &p), col, 0, [width, i * d.l], padded_grad, split);
+                p.unpad_on(padded_grad, gin_image, split);
+            }
+        },
+    );
     failure.into_result()
 }
 
@@ -415,9 +425,10 @@ mod tests {
     use crate::ops::conv::Conv2dParams;
 
     /// ResNet's small-plane shapes (3x3 stride 1 and 2, the 1x1 stride-2 downsample, a 1x1
-    /// stride-1 pointwise one), with a batch that leaves a short last chunk, on 1, 2 and 4
-    /// threads (on 4, fewer chunks than threads: their products split): every pass equals the
-    /// plain loops.
+    /// stride-1 pointwise one), on 1, 2 and 4 threads, with batches of 3 to 7: chunks of
+    /// different lengths, an image past the pool's whole rounds (5 and 7 images on 2 threads,
+    /// 5 on 4; split over the pool, copies included), fewer chunks than threads (3 images on
+    /// 4: their products split): every pass equals the plain loops.
     #[test]
     fn chunked_passes_equal_the_plain_loops_on_small_planes() {
         let cases = [
@@ -447,8 +458,7 @@ mod tests {
                 };
                 let g = Conv2dGeometry::new(input_shape, weight_shape, params).unwrap();
                 let chunk = chunk_images(&g, threads).expect("small planes are chunked");
-                // On 2 and 4 threads the last chunk is short (5 or 7 images, or 3 in chunks of
-                // 2).
+                // On 2 and 4 threads the chunks are smaller than the batch.
                 assert!(chunk >= 2 && (threads == 1 || chunk < g.batch), "{chunk}");
                 let what = format!("{g:?} on {threads} thread(s)");
                 let passes = TestPasses {
@@ -498,17 +508,9 @@ mod tests {
         // one of them 18.
         let mid = g([32, 256, 8, 8], [256, 256, 3, 3], 1);
         assert_eq!(chunk_images(&mid, 2), Some(2));
-        // Chunks that fill the pool run their products on one thread each; two images on two
-        // threads make one chunk, whose products take both threads.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        // Two images on two threads make one chunk (whose products then take both threads,
+        // `pieces.rs`).
         let pair = g([2, 512, 4, 4], [512, 512, 3, 3], 1);
         assert_eq!(chunk_images(&pair, 2), Some(2));
-        pool.install(|| {
-            assert!(matches!(chunk_parallelism(&pair, 2), Parallelism::Rayon(2)));
-            assert!(matches!(chunk_parallelism(&deep, 4), Parallelism::None));
-        });
     }
 }

@@ -28,15 +28,15 @@
 //! (`simd.rs`; elsewhere `cpu_rows.rs` keeps its column matrix and `gemm`), and only for at least
 //! [`ROWS`] output channels per group.
 
-use super::cpu_gemm::{gemm_parallelism, ScratchFailure};
-use super::cpu_rows::{copy_out, each_image, Rows};
+use super::cpu_gemm::ScratchFailure;
+use super::cpu_rows::{copy_out, Rows};
 use super::padded::{taps, too_large};
+use super::pieces::for_each_image;
 use super::Conv2dGeometry;
 use crate::ops::simd::{self, simd_dispatch, Isa};
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use gemm::Parallelism;
 use rayon::prelude::*;
 use std::any::TypeId;
 
@@ -250,40 +250,40 @@ fn forward_f32(
     let in_image = d.padded.image_len();
     let pitch = d.padded.pitch;
     let failure = ScratchFailure::new();
-    let split = !matches!(gemm_parallelism(g.batch), Parallelism::None);
-    let one_image = |scratch: &mut Option<[HostBuffer<f32>; 2]>, n: usize, out: &mut [f32]| {
-        let Some([padded, strips]) = scratch.as_mut() else {
-            return;
-        };
-        // Also zeroes the extra slack: `fill` zeroes everything after the last channel.
-        d.padded
-            .fill_on(&input[n * in_image..][..in_image], padded, split);
-        for group in 0..d.groups {
-            product(
-                &packed[group],
-                padded,
-                &starts[group],
-                d.n_ext,
-                strips,
-                split,
-            );
-            let strips = &strips[..];
-            // A row of outputs may cross from one strip of the product to the next.
-            let runs = |o: usize, oh: usize, ow: usize| {
-                let p = oh * pitch + ow;
-                let len = (WIDE - p % WIDE).min(d.out_w - ow);
-                &strips[product_at(d.group_out, o, p)..][..len]
+    let one_image =
+        |scratch: &mut Option<[HostBuffer<f32>; 2]>, n: usize, out: &mut [f32], split: bool| {
+            let Some([padded, strips]) = scratch.as_mut() else {
+                return;
             };
-            copy_out(g, d.group_out, group, bias, split, out, runs);
-        }
-    };
+            // Also zeroes the extra slack: `fill` zeroes everything after the last channel.
+            d.padded
+                .fill_on(&input[n * in_image..][..in_image], padded, split);
+            for group in 0..d.groups {
+                product(
+                    &packed[group],
+                    padded,
+                    &starts[group],
+                    d.n_ext,
+                    strips,
+                    split,
+                );
+                let strips = &strips[..];
+                // A row of outputs may cross from one strip of the product to the next.
+                let runs = |o: usize, oh: usize, ow: usize| {
+                    let p = oh * pitch + ow;
+                    let len = (WIDE - p % WIDE).min(d.out_w - ow);
+                    &strips[product_at(d.group_out, o, p)..][..len]
+                };
+                copy_out(g, d.group_out, group, bias, split, out, runs);
+            }
+        };
     let scratch = || -> Option<[HostBuffer<f32>; 2]> {
         Some([
             failure.take::<f32>(padded_len)?,
             failure.take::<f32>(product_len)?,
         ])
     };
-    each_image(output, d.out_image(g), split, scratch, one_image);
+    for_each_image(output, d.out_image(g), scratch, one_image);
     failure.into_result()
 }
 
@@ -412,13 +412,15 @@ mod tests {
     /// In f32 on a CPU with AVX-512F or AVX2 + FMA, the forward (and the stride-1 input
     /// gradient, itself a forward) runs without a column matrix (`cpu_direct.rs`): ResNet's 3x3
     /// convolution with channels that fill one tile and a partial one, two groups of six with
-    /// uneven padding and dilation, with and without bias, batches of one and of several, on 1
-    /// and 3 threads, all equal the plain loops (in f64) to f32 precision.
+    /// uneven padding and dilation, with and without bias, batches of one and of several (four
+    /// on three threads: one image past the whole round, split over the pool), on 1 and 3
+    /// threads, all equal the plain loops (in f64) to f32 precision.
     #[test]
     fn direct_forward_in_f32_equals_the_plain_loops() {
         let cases = [
             ([1, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([3, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ([4, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([3, 4, 9, 20], [12, 2, 3, 2], [1, 1], [2, 1], [1, 2], 2),
             // Strided, over the padded image's phases.
             ([2, 3, 21, 60], [7, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1),

@@ -168,39 +168,6 @@ pub(super) fn matmul_into_at<T: KernelFloat>(
     }
 }
 
-/// `gemm` parallelism for a batch of `batch` images: the pool when the batch cannot fill it
-/// (its images then run one after another, each product split over the pool), else none (the
-/// images run in parallel).
-pub(super) fn gemm_parallelism(batch: usize) -> Parallelism {
-    if batch >= rayon::current_num_threads() {
-        Parallelism::None
-    } else {
-        pool_parallelism()
-    }
-}
-
-/// `gemm` parallelism that splits each product over the whole pool (none on one thread): for
-/// passes whose products run one after another.
-pub(super) fn pool_parallelism() -> Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => Parallelism::None,
-        n => Parallelism::Rayon(n),
-    }
-}
-
-/// How a weight gradient sums `batch` images: `(slices, images per slice, gemm parallelism)`,
-/// one contiguous slice per thread when the batch fills the pool, else one slice whose products
-/// `gemm` splits.
-pub(super) fn weight_grad_slices(batch: usize) -> (usize, usize, Parallelism) {
-    match gemm_parallelism(batch) {
-        Parallelism::None => {
-            let per_slice = batch.div_ceil(rayon::current_num_threads().max(1)).max(1);
-            (batch.div_ceil(per_slice), per_slice, Parallelism::None)
-        }
-        split => (1, batch.max(1), split),
-    }
-}
-
 /// What a rayon task of a convolution carries from the op that started it: the caller's
 /// allocation context when an allocation history is being recorded (the task's scratch is then
 /// attributed to the op that asked for it instead of to nobody; `None`, at no cost, when nothing

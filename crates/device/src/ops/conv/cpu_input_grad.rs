@@ -6,16 +6,17 @@
 //! - any geometry ([`by_columns`]): a GEMM per image and group into the column matrix, folded
 //!   back onto a padded gradient whose interior is copied out.
 //!
-//! Every image is independent, so the images run one rayon task each; the output is
-//! overwritten, never accumulated into.
+//! Every image is independent, so the images run one rayon task each (those past the pool's
+//! whole rounds split over it instead, `pieces.rs`); the output is overwritten, never
+//! accumulated into.
 
-use super::cpu_gemm::{gemm_parallelism, matmul_into, Blocks, ScratchFailure, Stored};
+use super::cpu_gemm::{matmul_into, Blocks, ScratchFailure, Stored};
 use super::padded::{fold_add_on, too_large, zero_on, Padded};
+use super::pieces::{for_each_image, image_parallelism};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// The input gradient by columns: for each image and group, the GEMM of the weight
@@ -33,41 +34,38 @@ pub(super) fn by_columns<T: KernelFloat>(
     let col_len = b.col_rows.checked_mul(b.col_cols).ok_or_else(too_large)?;
     let p = Padded::new(geometry)?;
     let failure = ScratchFailure::new();
-    let parallelism = gemm_parallelism(geometry.batch);
-    // Images fewer than the threads: each image's copies and sums go on the pool too.
-    let split = !matches!(parallelism, Parallelism::None);
     let dims = [b.col_rows, b.col_cols, b.out_channels];
-    grad_input
-        .par_chunks_mut(b.groups * b.in_group)
-        .enumerate()
-        .for_each_init(
-            || Some((failure.take::<T>(col_len)?, failure.take::<T>(p.len)?)),
-            |scratch, (n, gin_image)| {
-                let Some((col, padded_grad)) = scratch.as_mut() else {
-                    return;
-                };
-                let gout_image =
-                    &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
-                zero_on(padded_grad, split);
-                for g in 0..b.groups {
-                    let w = &weight[g * b.weight_group..][..b.weight_group];
-                    let gout = &gout_image[g * b.out_group..][..b.out_group];
-                    matmul_into(
-                        col,
-                        dims,
-                        w,
-                        Stored::Transposed,
-                        gout,
-                        Stored::AsIs,
-                        false,
-                        parallelism,
-                    );
-                    let at = [b.col_cols, 0];
-                    fold_add_on((geometry, &p), col, g, at, padded_grad, split);
-                }
-                p.unpad_on(padded_grad, gin_image, split);
-            },
-        );
+    for_each_image(
+        grad_input,
+        b.groups * b.in_group,
+        || Some((failure.take::<T>(col_len)?, failure.take::<T>(p.len)?)),
+        |scratch, n, gin_image, split| {
+            let Some((col, padded_grad)) = scratch.as_mut() else {
+                return;
+            };
+            // An image split over the pool: its copies and sums go on the pool too.
+            let parallelism = image_parallelism(split);
+            let gout_image = &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
+            zero_on(padded_grad, split);
+            for g in 0..b.groups {
+                let w = &weight[g * b.weight_group..][..b.weight_group];
+                let gout = &gout_image[g * b.out_group..][..b.out_group];
+                matmul_into(
+                    col,
+                    dims,
+                    w,
+                    Stored::Transposed,
+                    gout,
+                    Stored::AsIs,
+                    false,
+                    parallelism,
+                );
+                let at = [b.col_cols, 0];
+                fold_add_on((geometry, &p), col, g, at, padded_grad, split);
+            }
+            p.unpad_on(padded_grad, gin_image, split);
+        },
+    );
     failure.into_result()
 }
 

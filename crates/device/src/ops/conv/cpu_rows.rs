@@ -29,15 +29,13 @@
 //! results equal the per-image path's up to the order of float sums (the junk columns add exact
 //! zeros); scratch comes from the caching allocator, taken fallibly; images run in parallel (one
 //! task per image in the forward, one contiguous slice of images per thread in the weight
-//! gradient, slices summed in order) unless the batch is smaller than the pool, when `gemm`
-//! splits each product instead.
+//! gradient, slices summed in order) as far as they fill whole rounds of the pool, and the
+//! images left (a batch smaller than the pool, or a few past its whole rounds) one after
+//! another with `gemm` splitting each product instead (`pieces.rs`).
 
-use super::cpu_gemm::{
-    gemm_parallelism, matmul_into, sum_transposed_partials, weight_grad_slices, ScratchFailure,
-    Stored, TaskContext,
-};
+use super::cpu_gemm::{matmul_into, sum_transposed_partials, ScratchFailure, Stored, TaskContext};
 use super::padded::{taps, too_large, Padded};
-use super::pieces::for_each_piece;
+use super::pieces::{for_each_image, for_each_piece, image_parallelism, weight_grad_partials};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -154,12 +152,11 @@ pub(super) fn forward<T: KernelFloat>(
     let in_image = d.padded.image_len();
     let out_w = d.out_w;
     let failure = ScratchFailure::new();
-    let parallelism = gemm_parallelism(g.batch);
-    let split = !matches!(parallelism, Parallelism::None);
-    let one_image = |scratch: &mut Option<[HostBuffer<T>; 3]>, n: usize, out: &mut [T]| {
+    let one_image = |scratch: &mut Option<[HostBuffer<T>; 3]>, n: usize, out: &mut [T], split| {
         let Some([padded, col, product]) = scratch.as_mut() else {
             return;
         };
+        let parallelism = image_parallelism(split);
         d.padded
             .fill_on(&input[n * in_image..][..in_image], padded, split);
         for group in 0..d.groups {
@@ -182,7 +179,7 @@ pub(super) fn forward<T: KernelFloat>(
             failure.take::<T>(d.group_out * d.n_ext)?,
         ])
     };
-    each_image(output, d.out_image(g), split, scratch, one_image);
+    for_each_image(output, d.out_image(g), scratch, one_image);
     failure.into_result()
 }
 
@@ -227,29 +224,6 @@ pub(super) fn copy_out<'a, T: KernelFloat>(
     }
 }
 
-/// Runs `one_image(scratch, n, out)` for every image `n` of `output` (blocks of `out_image`
-/// elements): one after another with one scratch when `split` (each image's work is spread over
-/// the pool instead), else in parallel, with one scratch per rayon task.
-pub(super) fn each_image<T: Send, S>(
-    output: &mut [T],
-    out_image: usize,
-    split: bool,
-    scratch: impl Fn() -> S + Sync + Send,
-    one_image: impl Fn(&mut S, usize, &mut [T]) + Sync + Send,
-) {
-    if split {
-        let mut s = scratch();
-        for (n, out) in output.chunks_mut(out_image).enumerate() {
-            one_image(&mut s, n, out);
-        }
-    } else {
-        output
-            .par_chunks_mut(out_image)
-            .enumerate()
-            .for_each_init(scratch, |s, (n, out)| one_image(s, n, out));
-    }
-}
-
 /// Weight gradient ([`use_rows`]), summed over the batch into `grad_weight`.
 pub(super) fn backward_weight<T: KernelFloat>(
     g: &Conv2dGeometry,
@@ -261,48 +235,44 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let in_image = d.padded.image_len();
     let (out_h, out_w) = (g.output_size[0], d.out_w);
     let out_image = d.out_image(g);
-    let (slices, per_slice, parallelism) = weight_grad_slices(g.batch);
-    // One slice whose products `gemm` splits: its copies go on the pool too.
-    let split = !matches!(parallelism, Parallelism::None);
     let group_weight = d.group_out * d.k;
     let context = TaskContext::of_caller();
-    let partials = (0..slices)
-        .into_par_iter()
-        .map(|slice| -> Result<HostBuffer<T>> {
-            let _context = context.enter();
-            // Transposed per group: `[K, C_out/groups]`, written by the slice's first image
-            // and added to by the others.
-            let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
-            let mut padded = HostBuffer::for_overwrite(d.padded.len)?;
-            let mut col = HostBuffer::for_overwrite(d.k * d.n_ext)?;
-            // The output gradient on the padded-row grid, zero in the junk columns.
-            let mut gout = HostBuffer::try_scratch(g.out_channels * d.n_ext, T::ZERO)?;
-            let first = slice * per_slice;
-            for n in first..((slice + 1) * per_slice).min(g.batch) {
-                d.padded
-                    .fill_on(&input[n * in_image..][..in_image], &mut padded, split);
-                let planes = &grad_output[n * out_image..][..out_image];
-                let plane_len = out_h * out_w;
-                for_each_piece(&mut gout[..], d.n_ext, split, |o, grid| {
-                    let plane = &planes[o * plane_len..][..plane_len];
-                    for (row, to) in plane.chunks(out_w).zip(grid.chunks_mut(d.padded.pitch)) {
-                        to[..out_w].copy_from_slice(row);
-                    }
-                });
-                for group in 0..d.groups {
-                    // Junk columns can read real inputs (past a row's end); zeroed, an
-                    // infinite input there cannot turn their zero products into NaN.
-                    unfold((g, &d), &padded, group, &mut col, [split, true]);
-                    let go = &gout[group * d.group_out * d.n_ext..][..d.group_out * d.n_ext];
-                    let part = &mut partial[group * group_weight..][..group_weight];
-                    let dims = [d.k, d.group_out, d.n_ext];
-                    let (asis, t) = (Stored::AsIs, Stored::Transposed);
-                    matmul_into(part, dims, &col, asis, go, t, n > first, parallelism);
+    let partials = weight_grad_partials(g.batch, |images, parallelism| -> Result<HostBuffer<T>> {
+        let _context = context.enter();
+        // A slice whose products `gemm` splits: its copies go on the pool too.
+        let split = !matches!(parallelism, Parallelism::None);
+        // Transposed per group: `[K, C_out/groups]`, written by the slice's first image
+        // and added to by the others.
+        let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;
+        let mut padded = HostBuffer::for_overwrite(d.padded.len)?;
+        let mut col = HostBuffer::for_overwrite(d.k * d.n_ext)?;
+        // The output gradient on the padded-row grid, zero in the junk columns.
+        let mut gout = HostBuffer::try_scratch(g.out_channels * d.n_ext, T::ZERO)?;
+        let first = images.start;
+        for n in images {
+            d.padded
+                .fill_on(&input[n * in_image..][..in_image], &mut padded, split);
+            let planes = &grad_output[n * out_image..][..out_image];
+            let plane_len = out_h * out_w;
+            for_each_piece(&mut gout[..], d.n_ext, split, |o, grid| {
+                let plane = &planes[o * plane_len..][..plane_len];
+                for (row, to) in plane.chunks(out_w).zip(grid.chunks_mut(d.padded.pitch)) {
+                    to[..out_w].copy_from_slice(row);
                 }
+            });
+            for group in 0..d.groups {
+                // Junk columns can read real inputs (past a row's end); zeroed, an
+                // infinite input there cannot turn their zero products into NaN.
+                unfold((g, &d), &padded, group, &mut col, [split, true]);
+                let go = &gout[group * d.group_out * d.n_ext..][..d.group_out * d.n_ext];
+                let part = &mut partial[group * group_weight..][..group_weight];
+                let dims = [d.k, d.group_out, d.n_ext];
+                let (asis, t) = (Stored::AsIs, Stored::Transposed);
+                matmul_into(part, dims, &col, asis, go, t, n > first, parallelism);
             }
-            Ok(partial)
-        })
-        .collect::<Result<Vec<_>>>()?;
+        }
+        Ok(partial)
+    })?;
     sum_transposed_partials(&partials, d.k, d.group_out, grad_weight);
     Ok(())
 }
@@ -318,7 +288,8 @@ mod tests {
 
     /// Wide planes take the padded-row layout (ResNet's 3x3 "same" convolution, uneven padding
     /// and dilation, two groups, a 2x2 kernel without padding), with batches of one (gemm split
-    /// over the pool) and of several images (images in parallel, uneven weight-gradient slices),
+    /// over the pool) and of several images (images in parallel, uneven weight-gradient slices;
+    /// four on three threads leave one image past the whole round, split over the pool),
     /// on 1 and 3 threads: forward and weight gradient through the rows, the input gradient
     /// through the transposed forward, all equal the plain loops (every stride-1 case is too
     /// wide, or grouped, or a single image, to be chunked). Strided ones fit the layout over the
@@ -335,6 +306,7 @@ mod tests {
             // convolution, unequal strides, dilation with groups, an uneven kernel and padding.
             ([2, 3, 21, 60], [4, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1),
             ([3, 4, 17, 36], [5, 4, 3, 3], [2, 2], [1, 1], [1, 1], 1),
+            ([4, 4, 17, 36], [5, 4, 3, 3], [2, 2], [1, 1], [1, 1], 1),
             ([2, 4, 9, 40], [6, 4, 3, 3], [2, 3], [1, 1], [1, 1], 1),
             ([2, 4, 15, 34], [6, 2, 3, 3], [2, 2], [2, 2], [2, 2], 2),
             ([1, 3, 18, 41], [4, 3, 4, 5], [3, 2], [0, 2], [1, 1], 1),

@@ -19,7 +19,7 @@
 //! s_h, ow + j·dil_w / s_w)` of phase `(i·dil_h % s_h, j·dil_w % s_w)`: in either layout an
 //! output row of one tap is `W_out` consecutive elements, and output rows are `P` apart.
 //!
-//! Invariants: [`Padded::fill`] writes every element of the buffer; [`unfold`] writes every
+//! Invariants: [`Padded::fill_on`] writes every element of the buffer; [`unfold`] writes every
 //! entry of its column-matrix rows; [`fold_add_on`] only adds, so the padded gradient must start
 //! at zero, and [`Padded::unpad_on`] then reads its interior (what lands on padding is dropped).
 //! [`taps`] plus `oh·P + ow` is the only addressing any path uses.
@@ -120,13 +120,9 @@ impl Padded {
         }
     }
 
-    /// Copies one image `[C_in, H, W]` into `padded` (`len` elements), zeros around it.
-    pub(super) fn fill<T: KernelFloat>(&self, image: &[T], padded: &mut [T]) {
-        self.fill_on(image, padded, false);
-    }
-
-    /// [`Self::fill`], its channels on the pool when `parallel` (an image whose other work is
-    /// spread over the pool too: a batch smaller than the pool).
+    /// Copies one image `[C_in, H, W]` into `padded` (`len` elements), zeros around it; its
+    /// channels on the pool when `parallel` (an image or chunk whose other work is spread over
+    /// the pool too).
     pub(super) fn fill_on<T: KernelFloat>(&self, image: &[T], padded: &mut [T], parallel: bool) {
         let body = self.channels * self.plane;
         let (planes, slack) = padded[..self.len].split_at_mut(body);
@@ -140,7 +136,7 @@ impl Padded {
         }
     }
 
-    /// Channel `c` of [`Self::fill`]: its `plane` elements (every phase plane) from the image.
+    /// Channel `c` of [`Self::fill_on`]: its `plane` elements (every phase plane) from the image.
     fn fill_channel<T: KernelFloat>(&self, c: usize, image: &[T], dst: &mut [T]) {
         let source = &image[c * self.h * self.w..][..self.h * self.w];
         if self.stride == [1, 1] {
