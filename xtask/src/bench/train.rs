@@ -384,7 +384,7 @@ fn resnet_eval(
     eprintln!("bench train: resnet18 224x224 batch {batch} eval: {ms:.2} ms");
     rows.push(Row::new(
         GROUP,
-        &format!(
+        format!(
             "resnet18 (ImageNet stem) 224x224, batch {batch}, eval under no_grad: forward time"
         ),
         "ms",
