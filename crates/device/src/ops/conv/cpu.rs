@@ -47,7 +47,7 @@ use super::cpu_input_grad as input_grad;
 use super::cpu_rows as rows;
 use super::cpu_weight_taps::{self as taps, weight_grad_path, WeightGradPath};
 use super::padded::Padded;
-use super::pieces::{for_each_image, image_parallelism, weight_grad_partials};
+use super::pieces::{for_each_image, image_parallelism, is_split, weight_grad_partials};
 use super::Conv2dGeometry;
 use crate::ops::kernel_error::{check_len, KernelError};
 use crate::ops::KernelFloat;
@@ -185,7 +185,7 @@ fn accumulate_weight_grad_t<T: KernelFloat>(
     let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
     let gout_image = &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
     if !b.pointwise {
-        p.fill_on(in_image, padded, !matches!(parallelism, Parallelism::None));
+        p.fill_on(in_image, padded, is_split(parallelism));
     }
     for g in 0..b.groups {
         let col = b.columns((p, parallelism), in_image, padded, g, col);

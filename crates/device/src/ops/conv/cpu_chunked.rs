@@ -31,12 +31,11 @@
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
 use super::padded::{fold_add_on, too_large, unfold, zero_on, Padded};
-use super::pieces::{for_each_chunk, for_each_piece, pool_parallelism};
+use super::pieces::{for_each_chunk, for_each_piece, is_split, pool_parallelism};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// A chunk's GEMMs aim at this many columns.
@@ -174,7 +173,7 @@ pub(super) fn forward<T: KernelFloat>(
             };
             // A chunk that runs alone, or beside fewer chunks than threads: its copies go on the
             // pool too.
-            let split = !matches!(parallelism, Parallelism::None);
+            let split = is_split(parallelism);
             let count = out.len() / image;
             let images = &input[first * d.in_image..][..count * d.in_image];
             let width = count * d.l;
@@ -230,7 +229,7 @@ pub(super) fn backward_input<T: KernelFloat>(
             };
             // A chunk that runs alone, or beside fewer chunks than threads: its copies and sums go
             // on the pool too.
-            let split = !matches!(parallelism, Parallelism::None);
+            let split = is_split(parallelism);
             let count = gin.len() / image;
             let width = count * d.l;
             let planes = &grad_output[first * d.c_out * d.l..][..count * d.c_out * d.l];

@@ -7,6 +7,7 @@
 //! loop, so a failed scratch allocation is an error, never a panic.
 
 use super::padded::{too_large, unfold_image, Padded};
+use super::pieces::is_split;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -80,7 +81,7 @@ impl<'a> Blocks<'a> {
         if self.pointwise {
             return &image[g * self.in_group..][..self.in_group];
         }
-        let parallel = !matches!(parallelism, Parallelism::None);
+        let parallel = is_split(parallelism);
         unfold_image(self.geometry, p, padded, g, col, parallel);
         col
     }

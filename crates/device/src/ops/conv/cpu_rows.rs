@@ -35,12 +35,13 @@
 
 use super::cpu_gemm::{matmul_into, sum_transposed_partials, ScratchFailure, Stored, TaskContext};
 use super::padded::{taps, too_large, Padded};
-use super::pieces::{for_each_image, for_each_piece, image_parallelism, weight_grad_partials};
+use super::pieces::{
+    for_each_image, for_each_piece, image_parallelism, is_split, weight_grad_partials,
+};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// Whether the padded-row layout fits `g`: a kernel wider than one tap or some padding (a
@@ -240,7 +241,7 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let partials = weight_grad_partials(g.batch, |images, parallelism| -> Result<HostBuffer<T>> {
         let _context = context.enter();
         // A slice whose products `gemm` splits: its copies go on the pool too.
-        let split = !matches!(parallelism, Parallelism::None);
+        let split = is_split(parallelism);
         // Transposed per group: `[K, C_out/groups]`, written by the slice's first image
         // and added to by the others.
         let mut partial = HostBuffer::for_overwrite(grad_weight.len())?;

@@ -40,6 +40,12 @@ pub(super) fn image_parallelism(split: bool) -> Parallelism {
     }
 }
 
+/// Whether `parallelism` spreads a product over the pool: the image's or chunk's other work
+/// (its copies and sums) then goes on the pool too.
+pub(super) fn is_split(parallelism: Parallelism) -> bool {
+    !matches!(parallelism, Parallelism::None)
+}
+
 /// `gemm` parallelism that splits each product over the whole pool (none on one thread): for
 /// passes whose products run one after another.
 pub(super) fn pool_parallelism() -> Parallelism {
@@ -322,7 +328,7 @@ mod tests {
         for (batch, threads, expected) in cases {
             let slices = on_pool(threads, || {
                 weight_grad_partials(batch, |images, parallelism| {
-                    Ok((images, !matches!(parallelism, Parallelism::None)))
+                    Ok((images, is_split(parallelism)))
                 })
             })
             .unwrap();
