@@ -413,6 +413,10 @@ def set_up(name, arg, quick):
         # The `threads` group: the batch-1 eval at `arg` threads.
         torch.set_num_threads(arg)
         return resnet_eval(1, 3 if quick else 20), "ms"
+    if name == "threads_eval_odd":
+        # The `threads` group: the eval at batch `arg` + 1 on `arg` threads.
+        torch.set_num_threads(arg)
+        return resnet_eval(arg + 1, 3 if quick else 20), "ms"
     if name == "resnet18_cifar_step_contended":
         return contended(resnet_step(32, arg, 1 if quick else 3, 10)), "ms"
     if name == "resnet18_224_step":

@@ -21,7 +21,8 @@
 //! added is where the step stops scaling. Each count also times the `train` group's batch-1
 //! eval (ResNet-18 at 224x224 under `no_grad`: a batch smaller than the pool, whose every op
 //! must spread one image over the threads), against PyTorch's (`threads_eval/N`) with
-//! `--vs-torch`.
+//! `--vs-torch`, and the same eval at batch N + 1 (one image past the pool's whole round,
+//! `threads_eval_odd/N`).
 
 use super::conv_shapes::RESNET18_CONVS;
 use super::harness::{err, kinds_line, kinds_ms, median_of, per_step, ByName, Options, Row};
@@ -55,9 +56,9 @@ struct Split {
     optimizer: f64,
     /// `clip_grad_norm_` alone (its median; part of `optimizer`).
     clip: f64,
-    /// The batch-1 eval's median ([`eval_ms`]; the rows' child only, 0 in the rounds' children,
-    /// which time the step alone).
-    eval: f64,
+    /// The eval's medians at batch 1 and at batch threads + 1 ([`eval_ms`]; the rows' child
+    /// only, 0 in the rounds' children, which time the step alone).
+    eval: [f64; 2],
     /// The forward's ops by name (`kiln_autograd::OpProfile`, self time), means over the timed
     /// steps.
     ops: ByName,
@@ -80,7 +81,8 @@ impl Split {
             "backward_ms": self.backward,
             "optimizer_ms": self.optimizer,
             "clip_ms": self.clip,
-            "eval_ms": self.eval,
+            "eval_ms": self.eval[0],
+            "eval_odd_ms": self.eval[1],
             "forward_ops": self.ops,
             "backward_nodes": self.nodes,
             "conv_passes": self.conv,
@@ -148,7 +150,7 @@ impl Split {
             backward: part("backward_ms")?,
             optimizer: part("optimizer_ms")?,
             clip: part("clip_ms")?,
-            eval: part("eval_ms")?,
+            eval: [part("eval_ms")?, part("eval_odd_ms")?],
             ops: by_name("forward_ops")?,
             nodes: by_name("backward_nodes")?,
             conv,
@@ -254,27 +256,31 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         pairs.add(&format!("{case} ({id})"), &id, Figure::Millis, ms, || {
             Ok(child(threads, batch, steps, Passes::Skipped)?.total())
         })?;
-        let eval = format!("resnet18 224x224 batch 1 eval on {threads} thread(s)");
-        let speedup = first.eval / split.eval.max(f64::MIN_POSITIVE);
-        rows.push(Row::new(
-            GROUP,
-            &eval,
-            "ms",
-            split.eval,
-            format!(
-                "no_grad forward, median; speed-up over 1 thread {speedup:.2} (ratio = \
-                 speed-up / threads)"
-            ),
-            speedup / threads as f64,
-        ));
-        let id = format!("threads_eval/{threads}");
-        pairs.add(
-            &format!("{eval} ({id})"),
-            &id,
-            Figure::Millis,
-            split.eval,
-            || eval_child(threads, steps),
-        )?;
+        for (i, (batch, id)) in [(1, "threads_eval"), (threads + 1, "threads_eval_odd")]
+            .into_iter()
+            .enumerate()
+        {
+            let eval = format!("resnet18 224x224 batch {batch} eval on {threads} thread(s)");
+            // Per image: one thread ran batch 1 and batch 2.
+            let per_image = |ms: f64, images: usize| ms / images as f64;
+            let speedup = per_image(first.eval[i], 1 + i)
+                / per_image(split.eval[i], batch).max(f64::MIN_POSITIVE);
+            rows.push(Row::new(
+                GROUP,
+                &eval,
+                "ms",
+                split.eval[i],
+                format!(
+                    "no_grad forward, median; per-image speed-up over 1 thread {speedup:.2} \
+                     (ratio = speed-up / threads)"
+                ),
+                speedup / threads as f64,
+            ));
+            let id = format!("{id}/{threads}");
+            let ms = split.eval[i];
+            let round = || eval_child(threads, batch, steps);
+            pairs.add(&format!("{eval} ({id})"), &id, Figure::Millis, ms, round)?;
+        }
     }
     rows.extend(pairs.into_rows());
     Ok(rows)
@@ -300,9 +306,9 @@ fn child(threads: usize, batch: usize, steps: usize, passes: Passes) -> Result<S
     Split::from_output(&child_output(threads, [batch, steps], passes)?)
 }
 
-/// Times the batch-1 eval alone at `threads` threads in a child process: its median ms.
-fn eval_child(threads: usize, steps: usize) -> Result<f64, String> {
-    let stdout = child_output(threads, [1, steps], Passes::EvalOnly)?;
+/// Times the eval at `batch` alone at `threads` threads in a child process: its median ms.
+fn eval_child(threads: usize, batch: usize, steps: usize) -> Result<f64, String> {
+    let stdout = child_output(threads, [batch, steps], Passes::EvalOnly)?;
     let (line, v) = last_json(&stdout)?;
     figure(&v, line, "eval_ms")
 }
@@ -337,16 +343,12 @@ fn child_output(
     Ok(stdout.into_owned())
 }
 
-/// ResNet-18's batch-1 eval at 224x224 under `no_grad` (the `train` group's case) in this
+/// ResNet-18's eval at 224x224 under `no_grad` at `batch` (the `train` group's case) in this
 /// process's pool: median ms of `runs` forwards after one warm-up.
-fn eval_ms(runs: usize) -> Result<f64, String> {
-    let mut model = Resnet {
-        size: 224,
-        batch: 1,
-    }
-    .model()?;
+fn eval_ms(batch: usize, runs: usize) -> Result<f64, String> {
+    let mut model = Resnet { size: 224, batch }.model()?;
     model.eval();
-    let x = Tensor::randn(&[1, 3, 224, 224], DType::F32, Device::Cpu).map_err(err)?;
+    let x = Tensor::randn(&[batch, 3, 224, 224], DType::F32, Device::Cpu).map_err(err)?;
     let mut forward = || no_grad(|| model.forward(&x).map(drop)).map_err(err);
     forward()?;
     Ok(median_of(runs, &mut forward)? * 1e3)
@@ -387,8 +389,8 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
     kiln_autograd::manual_seed(0);
     let eval_runs = (2 * steps).max(3);
     if passes == Passes::EvalOnly {
-        let ms = eval_ms(eval_runs)?;
-        eprintln!("threads {threads}: batch-1 eval {ms:.2} ms");
+        let ms = eval_ms(batch, eval_runs)?;
+        eprintln!("threads {threads}: batch-{batch} eval {ms:.2} ms");
         println!(
             "{}",
             serde_json::json!({ "threads": threads, "eval_ms": ms })
@@ -439,8 +441,8 @@ pub fn child_entry(args: &[String]) -> Result<(), String> {
             Passes::Skipped | Passes::EvalOnly => Vec::new(),
         },
         eval: match passes {
-            Passes::Timed => eval_ms(eval_runs)?,
-            Passes::Skipped | Passes::EvalOnly => 0.0,
+            Passes::Timed => [eval_ms(1, eval_runs)?, eval_ms(threads + 1, eval_runs)?],
+            Passes::Skipped | Passes::EvalOnly => [0.0; 2],
         },
     };
     // One readable line for scripts (run.sh compares the small-plane weight gradients by it).
@@ -520,7 +522,7 @@ mod tests {
             backward: 30.0,
             optimizer: 0.5,
             clip: 0.25,
-            eval: 12.5,
+            eval: [12.5, 40.0],
             ops,
             nodes,
             conv,
