@@ -351,6 +351,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::conv::cpu_rows::tests::padded_rows_equal_the_plain_loops_on_wide_planes",
     },
     Mutant {
+        bug: "chunks of small planes are sized to balance the whole batch, not its whole rounds",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_chunked.rs",
+        find: "let batch = chunked_images_in_parallel(g.batch, threads);",
+        replace: "let batch = g.batch;",
+        target: LIB,
+        test: "ops::conv::cpu_chunked::tests::large_planes_grouped_convolutions_and_single_images_stay_per_image",
+    },
+    Mutant {
         bug: "a chunk's column matrix gathered on the pool takes every block's rows from the first taps",
         package: DEVICE,
         file: "crates/device/src/ops/conv/cpu_chunked.rs",

@@ -31,7 +31,9 @@
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
 use super::padded::{fold_add_on, too_large, unfold, zero_on, Padded};
-use super::pieces::{for_each_chunk, for_each_piece, is_split, pool_parallelism};
+use super::pieces::{
+    chunked_images_in_parallel, for_each_chunk, for_each_piece, is_split, pool_parallelism,
+};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -50,17 +52,21 @@ pub(super) const MAX_COL_ELEMS: usize = 1 << 19;
 /// Up to [`TARGET_COLS`] columns and [`MAX_COL_ELEMS`] column-matrix elements per chunk, the
 /// chunk size is the one whose busiest thread gets the fewest images (chunks go to the threads
 /// whole: 32 images in chunks of 7 leave one thread 21 images and the other 11, chunks of 4
-/// give both 16); among equally balanced sizes, the largest.
+/// give both 16); among equally balanced sizes, the largest. The images counted are those the
+/// forward and input gradient run one chunk per task ([`chunked_images_in_parallel`]; the
+/// images past the pool's whole rounds are split over it): 33 images on two threads count as
+/// 32.
 pub(super) fn chunk_images(g: &Conv2dGeometry, threads: usize) -> Option<usize> {
     let l = g.col_cols();
     // No input channels: nothing to gather (and no image size to count a chunk's images by).
     if g.params.groups != 1 || l == 0 || l >= TARGET_COLS || g.batch < 2 || g.in_channels == 0 {
         return None;
     }
-    let by_memory = MAX_COL_ELEMS / (g.col_rows() * l).max(1);
-    let cap = TARGET_COLS.div_ceil(l).min(by_memory).min(g.batch);
     let threads = threads.max(1);
-    let busiest = |chunk: usize| (g.batch.div_ceil(chunk).div_ceil(threads) * chunk).min(g.batch);
+    let batch = chunked_images_in_parallel(g.batch, threads);
+    let by_memory = MAX_COL_ELEMS / (g.col_rows() * l).max(1);
+    let cap = TARGET_COLS.div_ceil(l).min(by_memory).min(batch);
+    let busiest = |chunk: usize| (batch.div_ceil(chunk).div_ceil(threads) * chunk).min(batch);
     (2..=cap).rev().min_by_key(|&chunk| busiest(chunk))
 }
 
@@ -507,6 +513,10 @@ mod tests {
         // one of them 18.
         let mid = g([32, 256, 8, 8], [256, 256, 3, 3], 1);
         assert_eq!(chunk_images(&mid, 2), Some(2));
+        // 33 images: the 32 of the whole rounds balance in chunks of 2 (3 would give one thread
+        // 18 of them), the last is split over the pool.
+        let odd = g([33, 256, 8, 8], [256, 256, 3, 3], 1);
+        assert_eq!(chunk_images(&odd, 2), Some(2));
         // Two images on two threads make one chunk (whose products then take both threads,
         // `pieces.rs`).
         let pair = g([2, 512, 4, 4], [512, 512, 3, 3], 1);

@@ -40,6 +40,16 @@ pub(super) fn image_parallelism(split: bool) -> Parallelism {
     }
 }
 
+/// How many of `batch` images [`for_each_chunk`] runs in chunks one task each on a pool of
+/// `threads`: all of them when the batch is smaller than the pool (the chunks then share the
+/// threads), else [`images_in_parallel`].
+pub(super) fn chunked_images_in_parallel(batch: usize, threads: usize) -> usize {
+    match batch < threads.max(1) {
+        true => batch,
+        false => images_in_parallel(batch, threads),
+    }
+}
+
 /// Whether `parallelism` spreads a product over the pool: the image's or chunk's other work
 /// (its copies and sums) then goes on the pool too.
 pub(super) fn is_split(parallelism: Parallelism) -> bool {
@@ -101,10 +111,7 @@ pub(super) fn for_each_chunk<T: Send, S>(
     }
     let batch = output.len() / image;
     let threads = rayon::current_num_threads().max(1);
-    let parallel = match batch < threads {
-        true => batch,
-        false => images_in_parallel(batch, threads),
-    };
+    let parallel = chunked_images_in_parallel(batch, threads);
     let chunks = parallel.div_ceil(chunk);
     let shared = match chunks < threads {
         true => Parallelism::Rayon(threads.div_ceil(chunks.max(1))),
