@@ -3,10 +3,10 @@
 //! own copies, sums and products split over the pool when it runs alone (a batch smaller than
 //! the pool, or the images left over past the whole rounds).
 //!
-//! Invariants: every image and every piece is visited once with its index; which thread runs
-//! which image or piece is the only thing the split changes (each image's arithmetic is the
-//! same either way, so the outputs of the forward and input-gradient passes do not depend on
-//! it); the images run in parallel come first, the split ones after them in order.
+//! Invariants: every image and every piece is visited once with its index; the images run one
+//! task each come first, the split ones after them in batch order; what the split changes is
+//! which thread runs which image or piece, which images share a chunk's product, and how the
+//! weight gradient's images are sliced into partials (so the order of its float sums).
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -16,8 +16,9 @@ use std::ops::Range;
 /// ones: none when the batch is smaller than the pool (every image is split over it); else
 /// whole rounds of the pool, and the images past them (`batch % threads`) split over the pool
 /// one after another when they would fill at most half of one more round (a third image on two
-/// threads then takes half an image's time instead of a whole one; a split image reaches at
-/// least half the pool's speed, so this never loses), else in parallel with the others.
+/// threads then takes about half an image's time instead of a whole one; the rule breaks even
+/// where a split image runs at half the pool's speed, and batch-1 images ran at 0.8-0.9 of it
+/// on two threads), else in parallel with the others.
 pub(super) fn images_in_parallel(batch: usize, threads: usize) -> usize {
     let threads = threads.max(1);
     if batch < threads {
@@ -95,8 +96,7 @@ pub(super) fn for_each_image<T: Send, S>(
 
 /// Runs `body(scratch, first, out, parallelism)` over the images of `output` (`image`
 /// elements each) in chunks of at most `chunk` images, `first` being a chunk's first image.
-/// The images [`images_in_parallel`] runs in parallel (all of them when the batch is smaller
-/// than the pool) go in chunks of `chunk`, one rayon task each with one scratch per task, each
+/// The images [`chunked_images_in_parallel`] counts go in chunks of `chunk`, one rayon task each with one scratch per task, each
 /// chunk's products split over its share of the pool when the chunks do not fill it; the
 /// images left go in chunks one after another with one scratch, each split over the pool.
 pub(super) fn for_each_chunk<T: Send, S>(
