@@ -286,9 +286,9 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-/// What a child times besides the step: each convolution pass alone and the batch-1 eval too
-/// (the rows' child), nothing more (the rounds against PyTorch only need the step), or only the
-/// batch-1 eval (its rounds).
+/// What a child times besides the step: each convolution pass alone and the evals at batch 1
+/// and threads + 1 too (the rows' child), nothing more (the rounds against PyTorch only need
+/// the step), or only the eval at its BATCH, without the step (the evals' rounds).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Passes {
     Timed,
@@ -298,7 +298,7 @@ enum Passes {
 
 /// The child's optional fourth argument that skips the passes.
 const NO_PASSES: &str = "--no-passes";
-/// The child's optional fourth argument that times the batch-1 eval alone.
+/// The child's optional fourth argument that times the eval at BATCH alone.
 const EVAL_ONLY: &str = "--eval-only";
 
 /// Runs the step at `threads` threads in a child process and reads its split.
@@ -354,8 +354,8 @@ fn eval_ms(batch: usize, runs: usize) -> Result<f64, String> {
     Ok(median_of(runs, &mut forward)? * 1e3)
 }
 
-/// `xtask bench-threads-child THREADS BATCH STEPS [--no-passes]`: the child's side (see the
-/// module doc).
+/// `xtask bench-threads-child THREADS BATCH STEPS [--no-passes | --eval-only]`: the child's
+/// side (see the module doc).
 pub fn child_entry(args: &[String]) -> Result<(), String> {
     let number = |i: usize, what: &str| -> Result<usize, String> {
         let raw = args.get(i).ok_or_else(|| format!("missing {what}"))?;
