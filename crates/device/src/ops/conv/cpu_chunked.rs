@@ -30,7 +30,7 @@
 //! elements) but for `pad_w` more pixels per padded image.
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
-use super::padded::{fold_add_on, too_large, unfold, zero_on, Padded};
+use super::padded::{fold_add_on, too_large, unfold_on, zero_on, Padded};
 use super::pieces::{
     chunked_images_in_parallel, for_each_chunk, for_each_piece, is_split, pool_parallelism,
 };
@@ -98,7 +98,7 @@ impl Dims {
 /// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
 /// images) into `col`: each image in turn is copied into its padded form in `padded` (one
 /// padded image), then unfolded into its columns; the copies by channel and by block of rows
-/// on the pool when `split` (the chunk runs alone).
+/// on the pool when `split` (the chunk runs alone, [`unfold_on`]).
 fn gather_columns<T: KernelFloat>(
     (g, d, p): (&Conv2dGeometry, Dims, &Padded),
     images: &[T],
@@ -127,11 +127,7 @@ fn gather_columns<T: KernelFloat>(
         } else {
             let padded = &mut padded[..p.len];
             p.fill_on(image, padded, split);
-            let padded = &*padded;
-            for_each_piece(col, rows * width, split, |b, block| {
-                let taps = b * rows..(b * rows + block.len() / width);
-                unfold(g, p, padded, (0, taps), block, [width, i * d.l]);
-            });
+            unfold_on((g, p), padded, 0, col, [width, i * d.l], split);
         }
     }
 }

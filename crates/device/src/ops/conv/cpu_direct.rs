@@ -255,7 +255,7 @@ fn forward_f32(
             let Some([padded, strips]) = scratch.as_mut() else {
                 return;
             };
-            // Also zeroes the extra slack: `fill` zeroes everything after the last channel.
+            // Also zeroes the extra slack: `fill_on` zeroes everything after the last channel.
             d.padded
                 .fill_on(&input[n * in_image..][..in_image], padded, split);
             for group in 0..d.groups {

@@ -6,7 +6,7 @@
 //! calls `gemm`; [`ScratchFailure`] keeps the first allocation error and reports it after the
 //! loop, so a failed scratch allocation is an error, never a panic.
 
-use super::padded::{too_large, unfold_image, Padded};
+use super::padded::{too_large, unfold_on, Padded};
 use super::pieces::is_split;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
@@ -81,8 +81,15 @@ impl<'a> Blocks<'a> {
         if self.pointwise {
             return &image[g * self.in_group..][..self.in_group];
         }
-        let parallel = is_split(parallelism);
-        unfold_image(self.geometry, p, padded, g, col, parallel);
+        let l = self.col_cols;
+        unfold_on(
+            (self.geometry, p),
+            padded,
+            g,
+            col,
+            [l, 0],
+            is_split(parallelism),
+        );
         col
     }
 }

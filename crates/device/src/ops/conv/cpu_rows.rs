@@ -200,7 +200,7 @@ pub(super) fn copy_out<'a, T: KernelFloat>(
     let [out_h, out_w] = g.output_size;
     let plane_len = out_h * out_w;
     let planes = &mut out[group * group_out * plane_len..][..group_out * plane_len];
-    let one_plane = |(o, plane): (usize, &mut [T])| {
+    let one_plane = |o: usize, plane: &mut [T]| {
         let b = bias.map_or(T::ZERO, |b| b[group * group_out + o]);
         for (oh, row) in plane.chunks_mut(out_w).enumerate() {
             let mut ow = 0;
@@ -215,14 +215,7 @@ pub(super) fn copy_out<'a, T: KernelFloat>(
             }
         }
     };
-    if split {
-        planes
-            .par_chunks_mut(plane_len)
-            .enumerate()
-            .for_each(one_plane);
-    } else {
-        planes.chunks_mut(plane_len).enumerate().for_each(one_plane);
-    }
+    for_each_piece(planes, plane_len, split, one_plane);
 }
 
 /// Weight gradient ([`use_rows`]), summed over the batch into `grad_weight`.

@@ -23,8 +23,7 @@
 use super::cpu_chunked::{gather_planes, taps_major_to_weight_order, Dims};
 use super::cpu_gemm::{matmul_into_at, Stored};
 use super::padded::too_large;
-use super::pieces::for_each_piece;
-use super::pieces::pool_parallelism;
+use super::pieces::{for_each_piece, pool_parallelism};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;

@@ -28,7 +28,6 @@ use super::pieces::for_each_piece;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::{Error, Result};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// The padded-image sizes of one convolution.
@@ -244,30 +243,35 @@ pub(super) fn unfold<T: KernelFloat>(
     }
 }
 
-/// All of `group`'s column matrix of one image into `col` (rows of `H_out · W_out`, [`unfold`]
-/// with offset 0), in blocks of rows on the pool when `parallel` (a batch too small to fill the
-/// pool, whose images run one after another).
-pub(super) fn unfold_image<T: KernelFloat>(
-    g: &Conv2dGeometry,
-    p: &Padded,
+/// All of `group`'s column matrix of one image into `col` ([`unfold`]: row `r` starts at
+/// `r · stride + offset`), in blocks of rows on the pool when `parallel` (an image or chunk
+/// that runs alone: a batch too small to fill the pool, or the images past its whole rounds;
+/// four blocks per thread, so that uneven rows still balance).
+pub(super) fn unfold_on<T: KernelFloat>(
+    (g, p): (&Conv2dGeometry, &Padded),
     padded: &[T],
     group: usize,
     col: &mut [T],
+    [stride, offset]: [usize; 2],
     parallel: bool,
 ) {
     let k = g.in_channels / g.params.groups * g.kernel_size[0] * g.kernel_size[1];
-    let l = g.output_size[0] * g.output_size[1];
-    if !parallel || k == 0 || l == 0 {
-        return unfold(g, p, padded, (group, 0..k), col, [l, 0]);
+    if k == 0 || stride == 0 {
+        return;
     }
-    let block = k.div_ceil(4 * rayon::current_num_threads());
-    col[..k * l]
-        .par_chunks_mut(block * l)
-        .enumerate()
-        .for_each(|(b, rows)| {
-            let range = b * block..b * block + rows.len() / l;
-            unfold(g, p, padded, (group, range), rows, [l, 0]);
-        });
+    let block = match parallel {
+        true => k.div_ceil(4 * rayon::current_num_threads()),
+        false => k,
+    };
+    for_each_piece(
+        &mut col[..k * stride],
+        block * stride,
+        parallel,
+        |b, rows| {
+            let range = b * block..b * block + rows.len() / stride;
+            unfold(g, p, padded, (group, range), rows, [stride, offset]);
+        },
+    );
 }
 
 /// Adds every entry of `group`'s column matrix (laid out as [`unfold`] writes it) onto the
@@ -308,14 +312,11 @@ pub(super) fn fold_add_on<T: KernelFloat>(
 /// Zeroes `buffer` (a padded gradient before [`fold_add_on`]), in parallel pieces when
 /// `parallel`.
 pub(super) fn zero_on<T: KernelFloat>(buffer: &mut [T], parallel: bool) {
-    if parallel {
-        let piece = buffer.len().div_ceil(rayon::current_num_threads().max(1));
-        buffer
-            .par_chunks_mut(piece.max(1))
-            .for_each(|b| b.fill(T::ZERO));
-    } else {
-        buffer.fill(T::ZERO);
-    }
+    let piece = match parallel {
+        true => buffer.len().div_ceil(rayon::current_num_threads().max(1)),
+        false => buffer.len(),
+    };
+    for_each_piece(buffer, piece, parallel, |_, b| b.fill(T::ZERO));
 }
 
 /// The allocator's size error for a column matrix whose element count overflows `usize`.
