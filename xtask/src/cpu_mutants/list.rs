@@ -306,6 +306,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: DIRECT_PRODUCT,
     },
     Mutant {
+        bug: "the direct convolution's tile reads each channel's weights from the next row",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_direct.rs",
+        find: "(b * ROWS + o).min(last)",
+        replace: "(b * ROWS + o + 1).min(last)",
+        target: LIB,
+        test: DIRECT_PRODUCT,
+    },
+    Mutant {
         bug: "the padded-row weight gradient's output gradient lands in another channel's grid",
         package: DEVICE,
         file: "crates/device/src/ops/conv/cpu_rows.rs",

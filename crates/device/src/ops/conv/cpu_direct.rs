@@ -8,8 +8,8 @@
 //! by [`WIDE`] positions (AVX-512; a strip's last tile as many 16-lane vectors as its positions
 //! need) or 16 (AVX2), each tile accumulating `K` rank-1 updates in registers: for tap `r`,
 //! consecutive values of the padded image from `start(r) + p0` times the tile's [`ROWS`]
-//! weights of column `r` (packed once per call, [`PackedWeight`]). No copy of the input is made
-//! besides the padded image itself.
+//! weights of column `r`, read in place from the weight's rows ([`WeightRows`]). Nothing is
+//! copied besides the padded image itself: neither the input nor the weight.
 //! [`forward`] runs it where the padded-row path serves (`cpu.rs` tries it before
 //! `cpu_rows.rs`'s column matrix): per image the padded image, per group the product and its
 //! copy into the output planes.
@@ -51,39 +51,28 @@ const MIN_TASK_FMAS: usize = 1 << 18;
 /// Zeros the caller adds after the padded image's slack, for the last strip's junk reads.
 pub(super) const SLACK: usize = NARROW;
 
-/// One group's weights `[C_out/groups, K]` in tiles: block `b` holds, for every tap `r`, the
-/// [`ROWS`] weights of channels `b·ROWS..` (zeros past the last channel).
-pub(super) struct PackedWeight {
-    data: HostBuffer<f32>,
+/// One group's weights `[C_out/groups, K]`, read in place: block `b` is the rows of channels
+/// `b·ROWS..` (the last row repeated past the last channel; those rows' sums are never stored).
+pub(super) struct WeightRows<'a> {
+    data: &'a [f32],
     k: usize,
     channels: usize,
 }
 
-impl PackedWeight {
-    /// Packs `weight` (`channels` rows of `k` taps), blocks in parallel on the pool (at batch 1
-    /// the packing is a visible share of a forward).
-    pub(super) fn new(weight: &[f32], channels: usize, k: usize) -> Result<Self> {
-        let blocks = channels.div_ceil(ROWS);
-        let mut data = HostBuffer::for_overwrite(blocks * k * ROWS)?;
-        // (With no taps there is nothing to pack; `max(1)` keeps the chunk size legal.)
-        data.par_chunks_mut((k * ROWS).max(1))
-            .enumerate()
-            .for_each(|(b, block)| {
-                let present = ROWS.min(channels - b * ROWS);
-                let rows: [&[f32]; ROWS] =
-                    std::array::from_fn(|o| &weight[(b * ROWS + o.min(present - 1)) * k..][..k]);
-                for (r, dst) in block.chunks_exact_mut(ROWS).enumerate() {
-                    for (o, (d, row)) in dst.iter_mut().zip(&rows).enumerate() {
-                        // Channels past the last are zeros (their row index is clamped above).
-                        *d = if o < present { row[r] } else { 0.0 };
-                    }
-                }
-            });
-        Ok(Self { data, k, channels })
+impl<'a> WeightRows<'a> {
+    /// `weight` as `channels` rows of `k` taps.
+    pub(super) fn new(weight: &'a [f32], channels: usize, k: usize) -> Self {
+        assert!(channels > 0 && weight.len() >= channels * k);
+        Self {
+            data: weight,
+            k,
+            channels,
+        }
     }
 
-    fn block(&self, b: usize) -> &[f32] {
-        &self.data[b * self.k * ROWS..][..self.k * ROWS]
+    fn block(&self, b: usize) -> [&'a [f32]; ROWS] {
+        let last = self.channels - 1;
+        std::array::from_fn(|o| &self.data[(b * ROWS + o).min(last) * self.k..][..self.k])
     }
 }
 
@@ -107,7 +96,7 @@ pub(super) fn product_at(channels: usize, o: usize, p: usize) -> usize {
 /// every `r`. Strips, in blocks of [`ROWS`] channels, run in parallel on the pool when
 /// `parallel`.
 pub(super) fn product(
-    weight: &PackedWeight,
+    weight: &WeightRows,
     padded: &[f32],
     starts: &[usize],
     n: usize,
@@ -132,7 +121,7 @@ pub(super) fn product(
         let p0 = s * WIDE;
         let width = (n - p0).min(WIDE);
         let rows = dst.len() / WIDE;
-        let w = weight.block(b);
+        let w = &weight.block(b);
         let src = &padded[p0..];
         if isa == Some(Isa::Avx512) {
             // One tile as wide as the strip's positions, rounded up to whole vectors.
@@ -173,7 +162,7 @@ simd_dispatch! {
     fn tile[const L: usize](
         dst: &mut [f32],
         rows: usize,
-        w: &[f32],
+        w: &[&[f32]; ROWS],
         src: &[f32],
         starts: &[usize],
     ) => tile_body[L];
@@ -186,16 +175,25 @@ simd_dispatch! {
 fn tile_body<const L: usize>(
     dst: &mut [f32],
     rows: usize,
-    w: &[f32],
+    w: &[&[f32]; ROWS],
     src: &[f32],
     starts: &[usize],
 ) {
+    // The six rows zipped with the taps (not indexed), so the loop carries no bounds checks.
+    let [w0, w1, w2, w3, w4, w5] = w;
+    let taps = starts
+        .iter()
+        .zip(*w0)
+        .zip(*w1)
+        .zip(*w2)
+        .zip(*w3)
+        .zip(*w4)
+        .zip(*w5);
     let mut acc = [[0.0f32; L]; ROWS];
-    for (&start, wr) in starts.iter().zip(w.chunks_exact(ROWS)) {
-        let a: &[f32; L] = src[start..start + L].try_into().expect("L elements");
-        let wr: &[f32; ROWS] = wr.try_into().expect("ROWS weights");
-        for (acc_o, &w_o) in acc.iter_mut().zip(wr) {
-            for (v, &x) in acc_o.iter_mut().zip(a) {
+    for ((((((&start, &x0), &x1), &x2), &x3), &x4), &x5) in taps {
+        let a: [f32; L] = src[start..start + L].try_into().expect("L elements");
+        for (acc_o, w_o) in acc.iter_mut().zip([x0, x1, x2, x3, x4, x5]) {
+            for (v, &x) in acc_o.iter_mut().zip(&a) {
                 *v = x.mul_add(w_o, *v);
             }
         }
@@ -236,12 +234,12 @@ fn forward_f32(
     output: &mut [f32],
 ) -> Result<()> {
     let group_weight = d.group_out * d.k;
-    let packed = (0..d.groups)
+    let rows: Vec<_> = (0..d.groups)
         .map(|group| {
             let w = &weight[group * group_weight..][..group_weight];
-            PackedWeight::new(w, d.group_out, d.k)
+            WeightRows::new(w, d.group_out, d.k)
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect();
     let starts: Vec<Vec<usize>> = (0..d.groups)
         .map(|group| taps(g, &d.padded, group).collect())
         .collect();
@@ -259,14 +257,7 @@ fn forward_f32(
             d.padded
                 .fill_on(&input[n * in_image..][..in_image], padded, split);
             for group in 0..d.groups {
-                product(
-                    &packed[group],
-                    padded,
-                    &starts[group],
-                    d.n_ext,
-                    strips,
-                    split,
-                );
+                product(&rows[group], padded, &starts[group], d.n_ext, strips, split);
                 let strips = &strips[..];
                 // A row of outputs may cross from one strip of the product to the next.
                 let runs = |o: usize, oh: usize, ow: usize| {
@@ -332,10 +323,10 @@ mod tests {
                 let reach = starts.iter().max().unwrap() + n.div_ceil(NARROW) * NARROW;
                 let src = values(reach, channels + n);
                 let w = values(channels * k, 7);
-                let packed = PackedWeight::new(&w, channels, k).unwrap();
+                let rows = WeightRows::new(&w, channels, k);
                 for parallel in [false, true] {
                     let mut out = vec![f32::NAN; product_len(channels, n)];
-                    pool.install(|| product(&packed, &src, &starts, n, &mut out, parallel));
+                    pool.install(|| product(&rows, &src, &starts, n, &mut out, parallel));
                     for o in 0..channels {
                         for p in 0..n {
                             let want: f64 = (0..k)
@@ -367,7 +358,9 @@ mod tests {
         let mut src = values(200, 3);
         src[40] = f32::INFINITY;
         src[77] = f32::NAN;
-        let w = values(ROWS * starts.len(), 4);
+        let k = starts.len();
+        let values_w = values(ROWS * k, 4);
+        let w: [&[f32]; ROWS] = std::array::from_fn(|o| &values_w[o * k..][..k]);
         // NaN compares by class only: its sign and payload may differ between paths.
         let bits = |v: &[f32]| {
             v.iter()
