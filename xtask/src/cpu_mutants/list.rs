@@ -315,6 +315,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: DIRECT_PRODUCT,
     },
     Mutant {
+        bug: "the direct convolution takes planes whose junk doubles the work",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_direct.rs",
+        find: "const MOST_COMPUTED: [usize; 2] = [4, 3];",
+        replace: "const MOST_COMPUTED: [usize; 2] = [2, 1];",
+        target: LIB,
+        test: "ops::conv::cpu_direct::tests::fits_where_the_computed_positions_stay_within_a_third_more",
+    },
+    Mutant {
         bug: "the padded-row weight gradient's output gradient lands in another channel's grid",
         package: DEVICE,
         file: "crates/device/src/ops/conv/cpu_rows.rs",

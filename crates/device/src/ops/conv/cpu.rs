@@ -78,7 +78,7 @@ pub fn conv2d_forward<T: KernelFloat>(
     if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
         return chunked::forward(geometry, chunk, input, weight, bias, output);
     }
-    if rows::rows_fit(geometry) {
+    if direct::fits(geometry) {
         if let Some(done) = direct::forward(geometry, input, weight, bias, output) {
             return done;
         }

@@ -29,7 +29,9 @@
 //! [`ROWS`] output channels per group.
 
 use super::cpu_gemm::ScratchFailure;
-use super::cpu_rows::{copy_out, Rows};
+#[cfg(doc)]
+use super::cpu_rows::rows_fit;
+use super::cpu_rows::{copy_out, layout, Rows};
 use super::padded::{taps, too_large};
 use super::pieces::for_each_image;
 use super::Conv2dGeometry;
@@ -50,6 +52,29 @@ const NARROW: usize = 16;
 const MIN_TASK_FMAS: usize = 1 << 18;
 /// Zeros the caller adds after the padded image's slack, for the last strip's junk reads.
 pub(super) const SLACK: usize = NARROW;
+/// Most positions the kernel may compute per output it keeps, as `[numerator, denominator]`
+/// ([`fits`]).
+const MOST_COMPUTED: [usize; 2] = [4, 3];
+
+/// Whether the direct forward serves `g` where no chunk of images does (the caller asks
+/// `cpu_chunked.rs` first): the padded-row layout applies ([`layout`]) and the positions the
+/// kernel computes (`H_out·P`, rounded up to whole vectors) come to at most [`MOST_COMPUTED`]
+/// of the outputs. Looser than the column-matrix path's bound ([`rows_fit`]): here the
+/// alternative is the per-image im2col and `gemm`, which copies the column matrix and packs the
+/// whole weight on every call, and a deep stage's 7x7 plane at batch 1 (64 positions for 49
+/// outputs) measured faster here than there.
+pub(super) fn fits(g: &Conv2dGeometry) -> bool {
+    let [most, per] = MOST_COMPUTED;
+    layout(g).is_some_and(|d| {
+        let computed = d.n_ext.checked_next_multiple_of(NARROW);
+        let outputs = d.out_w.checked_mul(g.output_size[0]);
+        let bound = |c: usize, o: usize| Some(c.checked_mul(per)? <= o.checked_mul(most)?);
+        computed
+            .zip(outputs)
+            .and_then(|(c, o)| bound(c, o))
+            .unwrap_or(false)
+    })
+}
 
 /// One group's weights `[C_out/groups, K]`, read in place: block `b` is the rows of channels
 /// `b·ROWS..` (the last row repeated past the last channel; those rows' sums are never stored).
@@ -298,6 +323,7 @@ mod tests {
     use crate::ops::conv::cpu::{conv2d_backward_input, conv2d_forward};
     use crate::ops::conv::cpu_rows::rows_fit;
     use crate::ops::conv::reference::{self, on_pools_of_1_and_3, test_values};
+    use crate::ops::conv::Conv2dParams;
 
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -343,6 +369,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The direct forward takes the padded-row layout where the column-matrix path's bound
+    /// does not (ResNet's 7x7 planes, at stride 1 and 2: 64 positions for 49 outputs, 4/3 being
+    /// 65.3), but not 3x3 or 4x4 planes (16 positions for 9 outputs, 32 for 16), pointwise
+    /// convolutions, or padding wider than the kernel's reach.
+    #[test]
+    fn fits_where_the_computed_positions_stay_within_a_third_more() {
+        let g = |size: usize, kernel: usize, stride: usize, padding: usize| {
+            let params = Conv2dParams {
+                stride: [stride; 2],
+                padding: [padding; 2],
+                ..Conv2dParams::default()
+            };
+            Conv2dGeometry::new([1, 8, size, size], [8, 8, kernel, kernel], params).unwrap()
+        };
+        assert!(fits(&g(7, 3, 1, 1)) && !rows_fit(&g(7, 3, 1, 1)));
+        assert!(fits(&g(14, 3, 2, 1)) && !rows_fit(&g(14, 3, 2, 1)));
+        assert!(fits(&g(14, 3, 1, 1)) && rows_fit(&g(14, 3, 1, 1)));
+        assert!(!fits(&g(3, 3, 1, 1)));
+        assert!(!fits(&g(4, 3, 1, 1)));
+        assert!(!fits(&g(8, 1, 1, 0)));
+        assert!(!fits(&g(14, 3, 1, 3)));
     }
 
     /// Every build of the kernel this CPU runs gives the same bits as the portable loop, in
@@ -414,11 +463,15 @@ mod tests {
             ([1, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([3, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([4, 7, 17, 18], [13, 7, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            // ResNet's deepest stage at batch 1: a 7x7 plane, 64 positions for 49 outputs.
+            ([1, 9, 7, 7], [13, 9, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([3, 4, 9, 20], [12, 2, 3, 2], [1, 1], [2, 1], [1, 2], 2),
             // Strided, over the padded image's phases.
             ([2, 3, 21, 60], [7, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1),
             ([3, 4, 17, 36], [13, 4, 3, 3], [2, 2], [1, 1], [1, 1], 1),
             ([2, 4, 15, 34], [12, 2, 3, 3], [2, 2], [2, 2], [2, 2], 2),
+            // And its first convolution: 14x14 to 7x7.
+            ([1, 5, 14, 14], [7, 5, 3, 3], [2, 2], [1, 1], [1, 1], 1),
         ];
         if crate::ops::simd::isa().is_none() {
             eprintln!("the direct forward is not run here: this CPU has neither AVX-512F nor AVX2");
@@ -426,7 +479,7 @@ mod tests {
         let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
         let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         on_pools_of_1_and_3(&cases, |threads, pool, g| {
-            assert!(rows_fit(g) && g.out_channels / g.params.groups >= ROWS);
+            assert!(fits(g) && g.out_channels / g.params.groups >= ROWS);
             let n = |s: [usize; 4]| s.iter().product::<usize>();
             let (x, w) = (
                 test_values(n(g.input_shape()), 1),

@@ -44,16 +44,23 @@ use crate::storage::HostBuffer;
 use crate::Result;
 use rayon::prelude::*;
 
-/// Whether the padded-row layout fits `g`: a kernel wider than one tap or some padding (a
-/// pointwise convolution needs no column matrix at all), at stride 1 padding no wider than the
-/// kernel's reach (the shared zero run), and junk columns adding at most an eighth to the
-/// products. Where it fits, the f32 forward runs without a column matrix (`cpu_direct.rs`).
+/// Whether the padded-row layout fits `g`: [`layout`] applies and junk columns add at most an
+/// eighth to the products. Where it fits, the f32 forward runs without a column matrix
+/// (`cpu_direct.rs`, whose own bound, [`super::cpu_direct::fits`], is looser).
 pub(super) fn rows_fit(g: &Conv2dGeometry) -> bool {
+    layout(g).is_some_and(|d| d.padded.pitch * 8 <= d.out_w * 9)
+}
+
+/// The padded-row sizes of `g` where the layout applies at all, whatever its junk costs: a
+/// kernel wider than one tap or some padding (a pointwise convolution needs no column matrix),
+/// at stride 1 padding no wider than the kernel's reach (the shared zero run), and some output.
+pub(super) fn layout(g: &Conv2dGeometry) -> Option<Rows> {
     let reach = g.params.dilation[1] * (g.kernel_size[1] - 1);
     let one_zero_run = g.params.stride != [1, 1] || g.params.padding[1] <= reach;
-    !g.is_pointwise()
-        && one_zero_run
-        && Rows::new(g).is_ok_and(|d| d.out_w > 0 && d.padded.pitch * 8 <= d.out_w * 9)
+    if g.is_pointwise() || !one_zero_run {
+        return None;
+    }
+    Rows::new(g).ok().filter(|d| d.out_w > 0)
 }
 
 /// Whether this file's column-matrix passes serve `g`: stride 1 where the layout fits. A
