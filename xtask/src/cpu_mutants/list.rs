@@ -315,6 +315,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: DIRECT_PRODUCT,
     },
     Mutant {
+        bug: "with AVX2 the direct convolution ends a strip in a half tile too wide for it",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_direct.rs",
+        find: "if width - q <= HALF {",
+        replace: "if width - q <= NARROW {",
+        target: LIB,
+        test: DIRECT_PRODUCT,
+    },
+    Mutant {
         bug: "the direct convolution takes planes whose junk doubles the work",
         package: DEVICE,
         file: "crates/device/src/ops/conv/cpu_direct.rs",

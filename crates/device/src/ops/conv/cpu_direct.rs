@@ -6,7 +6,7 @@
 //! the padded image from `start(r)` on, `N'` elements: it first copies those rows out, then
 //! `gemm` packs them again. Here the product is computed in tiles of [`ROWS`] output channels
 //! by [`WIDE`] positions (AVX-512; a strip's last tile as many 16-lane vectors as its positions
-//! need) or 16 (AVX2), each tile accumulating `K` rank-1 updates in registers: for tap `r`,
+//! need) or 16 (AVX2; 8 where at most 8 positions of a strip remain), each tile accumulating `K` rank-1 updates in registers: for tap `r`,
 //! consecutive values of the padded image from `start(r) + p0` times the tile's [`ROWS`]
 //! weights of column `r`, read in place from the weight's rows ([`WeightRows`]). Nothing is
 //! copied besides the padded image itself: neither the input nor the weight.
@@ -48,6 +48,9 @@ pub(super) const ROWS: usize = 6;
 pub(super) const WIDE: usize = 64;
 /// Positions per tile at the end of a strip: one 16-lane vector.
 const NARROW: usize = 16;
+/// Positions of the last tile of a strip with AVX2 when at most this many remain: one 8-lane
+/// vector, where a [`NARROW`] tile would spend a second vector instruction on junk.
+const HALF: usize = 8;
 /// Fewest multiply-adds a parallel task of [`product`] takes (a few microseconds' work).
 const MIN_TASK_FMAS: usize = 1 << 18;
 /// Zeros the caller adds after the padded image's slack, for the last strip's junk reads.
@@ -119,8 +122,9 @@ pub(super) fn product_at(channels: usize, o: usize, p: usize) -> usize {
 /// `product[o][p] = Σ_r weight[o][r] · padded[starts[r] + p]` for `p < n` (see the module doc
 /// for the product's layout). `padded` must hold `starts[r] + n + SLACK - 1` elements for
 /// every `r`. Strips, in blocks of [`ROWS`] channels, run in parallel on the pool when
-/// `parallel`.
+/// `parallel`. `isa` (from `simd.rs`) picks the build and the tile widths.
 pub(super) fn product(
+    isa: Option<Isa>,
     weight: &WeightRows,
     padded: &[f32],
     starts: &[usize],
@@ -140,7 +144,6 @@ pub(super) fn product(
         out[..product_len(channels, n)].fill(0.0);
         return;
     }
-    let isa = simd::isa();
     // One row of tiles: channels `b·ROWS..` of strip `s`, `dst` their `rows · WIDE` values.
     let tiles = |(s, b, dst): (usize, usize, &mut [f32])| {
         let p0 = s * WIDE;
@@ -158,7 +161,12 @@ pub(super) fn product(
             }
         } else {
             for q in (0..width).step_by(NARROW) {
-                tile::<NARROW>(isa, &mut dst[q..], rows, w, &src[q..], starts);
+                let (dst, src) = (&mut dst[q..], &src[q..]);
+                if width - q <= HALF {
+                    tile::<HALF>(isa, dst, rows, w, src, starts);
+                } else {
+                    tile::<NARROW>(isa, dst, rows, w, src, starts);
+                }
             }
         }
     };
@@ -282,7 +290,15 @@ fn forward_f32(
             d.padded
                 .fill_on(&input[n * in_image..][..in_image], padded, split);
             for group in 0..d.groups {
-                product(&rows[group], padded, &starts[group], d.n_ext, strips, split);
+                product(
+                    simd::isa(),
+                    &rows[group],
+                    padded,
+                    &starts[group],
+                    d.n_ext,
+                    strips,
+                    split,
+                );
                 let strips = &strips[..];
                 // A row of outputs may cross from one strip of the product to the next.
                 let runs = |o: usize, oh: usize, ow: usize| {
@@ -332,18 +348,25 @@ mod tests {
             .collect()
     }
 
-    /// The product against sums in f64, for channel counts that are and are not a multiple of
-    /// the tile's, and lengths whose last strip ends inside one, two, three or four vectors, or
-    /// exactly at one; taps that read overlapping windows (as a convolution's do); serial and
-    /// parallel (strips split by blocks of channels).
+    /// The product against sums in f64, with every instruction set this CPU has, for channel
+    /// counts that are and are not a multiple of the tile's, and lengths whose last strip ends
+    /// inside one, two, three or four vectors, or exactly at one (with AVX2, inside or exactly at
+    /// the half tile of 8); taps that read overlapping windows (as a convolution's do); serial
+    /// and parallel (strips split by blocks of channels).
     #[test]
     fn product_equals_the_sums_of_its_taps() {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(3)
             .build()
             .unwrap();
-        for channels in [6, 7, 13] {
-            for n in [1usize, 15, 16, 17, 40, 63, 64, 65, 100, 130, 200] {
+        let isas = simd::available();
+        if isas.is_empty() {
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 with FMA");
+        }
+        for (isa, channels) in isas.into_iter().flat_map(|i| [(i, 6), (i, 7), (i, 13)]) {
+            for n in [
+                1usize, 8, 9, 15, 16, 17, 24, 40, 56, 63, 64, 65, 100, 130, 200, 210,
+            ] {
                 let starts: Vec<usize> = (0..11).map(|r| (r * 5) % 23 + r / 3).collect();
                 let k = starts.len();
                 let reach = starts.iter().max().unwrap() + n.div_ceil(NARROW) * NARROW;
@@ -352,7 +375,8 @@ mod tests {
                 let rows = WeightRows::new(&w, channels, k);
                 for parallel in [false, true] {
                     let mut out = vec![f32::NAN; product_len(channels, n)];
-                    pool.install(|| product(&rows, &src, &starts, n, &mut out, parallel));
+                    let isa = Some(isa);
+                    pool.install(|| product(isa, &rows, &src, &starts, n, &mut out, parallel));
                     for o in 0..channels {
                         for p in 0..n {
                             let want: f64 = (0..k)
@@ -361,8 +385,8 @@ mod tests {
                             let got = out[product_at(channels, o, p)] as f64;
                             assert!(
                                 (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                                "channels {channels}, n {n}, parallel {parallel}: [{o}][{p}] = \
-                                 {got}, want {want}"
+                                "{isa:?}, channels {channels}, n {n}, parallel {parallel}: \
+                                 [{o}][{p}] = {got}, want {want}"
                             );
                         }
                     }
@@ -428,6 +452,18 @@ mod tests {
                 tile::<NARROW>(Some(isa), &mut narrow[q..], ROWS, &w, &src[q..], &starts);
             }
             assert_eq!(bits(&narrow), bits(&portable), "{isa:?}, narrow tiles");
+            let mut halves_of_8 = vec![0.0f32; ROWS * WIDE];
+            for q in (0..WIDE).step_by(HALF) {
+                tile::<HALF>(
+                    Some(isa),
+                    &mut halves_of_8[q..],
+                    ROWS,
+                    &w,
+                    &src[q..],
+                    &starts,
+                );
+            }
+            assert_eq!(bits(&halves_of_8), bits(&portable), "{isa:?}, tiles of 8");
             // The tiles of two and three vectors that end a strip.
             let mut halves = vec![0.0f32; ROWS * WIDE];
             for q in [0, 2 * NARROW] {
