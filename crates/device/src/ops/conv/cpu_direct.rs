@@ -6,13 +6,14 @@
 //! the padded image from `start(r)` on, `N'` elements: it first copies those rows out, then
 //! `gemm` packs them again. Here the product is computed in tiles of [`ROWS`] output channels
 //! by [`WIDE`] positions (AVX-512; a strip's last tile as many 16-lane vectors as its positions
-//! need) or 16 (AVX2; 8 where at most 8 positions of a strip remain), each tile accumulating `K` rank-1 updates in registers: for tap `r`,
-//! consecutive values of the padded image from `start(r) + p0` times the tile's [`ROWS`]
-//! weights of column `r`, read in place from the weight's rows ([`WeightRows`]). Nothing is
-//! copied besides the padded image itself: neither the input nor the weight.
-//! [`forward`] runs it where the padded-row path serves (`cpu.rs` tries it before
-//! `cpu_rows.rs`'s column matrix): per image the padded image, per group the product and its
-//! copy into the output planes.
+//! need) or 16 (AVX2; 8 where at most 8 positions of a strip remain), each tile accumulating
+//! `K` rank-1 updates in registers: for tap `r`, consecutive values of the padded image from
+//! `start(r) + p0` times the tile's [`ROWS`] weights of column `r`, read in place from the
+//! weight's rows ([`WeightRows`]). Nothing is copied besides the padded image itself: neither
+//! the input nor the weight.
+//! [`forward`] runs it where [`fits`] says (`cpu.rs` tries it after the chunks of small planes
+//! and before `cpu_rows.rs`'s column matrix): per image the padded image, per group the product
+//! and its copy into the output planes.
 //!
 //! Layout of the product: strips of [`WIDE`] positions, one after another, each holding its
 //! `C_out/groups` rows of [`WIDE`] values (`[strip][channel][WIDE]`), so every strip's block
