@@ -28,8 +28,8 @@ use super::conv_shapes::RESNET18_CONVS;
 use super::harness::{err, kinds_line, kinds_ms, median_of, per_step, ByName, Options, Row};
 use super::ops::pass_times;
 use super::torch::{Figure, Pairs};
-use super::train::{resnet_setup, Resnet};
-use kiln_autograd::{no_grad, DType, Device, Module, OpProfile, Tensor};
+use super::train::{eval_forward, eval_setup, resnet_setup, Resnet};
+use kiln_autograd::OpProfile;
 use kiln_losses::{cross_entropy, CrossEntropyOptions};
 use kiln_models::Layer;
 use kiln_optim::Optimizer;
@@ -343,15 +343,11 @@ fn child_output(
     Ok(stdout.into_owned())
 }
 
-/// ResNet-18's eval at 224x224 under `no_grad` at `batch` (the `train` group's case) in this
-/// process's pool: median ms of `runs` forwards after one warm-up.
+/// ResNet-18's eval at 224x224 under `no_grad` at `batch` (the `train` group's case, the same
+/// model and forward) in this process's pool: median ms of `runs` forwards after one warm-up.
 fn eval_ms(batch: usize, runs: usize) -> Result<f64, String> {
-    let mut model = Resnet { size: 224, batch }.model()?;
-    model.eval();
-    let x = Tensor::randn(&[batch, 3, 224, 224], DType::F32, Device::Cpu).map_err(err)?;
-    let mut forward = || no_grad(|| model.forward(&x).map(drop)).map_err(err);
-    forward()?;
-    Ok(median_of(runs, &mut forward)? * 1e3)
+    let (model, x) = eval_setup(batch)?;
+    Ok(median_of(runs, || eval_forward(&model, &x))? * 1e3)
 }
 
 /// `xtask bench-threads-child THREADS BATCH STEPS [--no-passes | --eval-only]`: the child's

@@ -364,6 +364,20 @@ fn resnet_step(
     Ok(ms)
 }
 
+/// ResNet-18 at 224x224 (1000 classes) in eval mode and a random input of `batch` images: the
+/// eval cases of this group and of the `threads` group's children.
+pub(super) fn eval_setup(batch: usize) -> Result<(ResNet, Tensor), String> {
+    let mut model = Resnet { size: 224, batch }.model()?;
+    model.eval();
+    let x = Tensor::randn(&[batch, 3, 224, 224], DType::F32, CPU).map_err(err)?;
+    Ok((model, x))
+}
+
+/// One forward of `model` on `x` under `no_grad`, its output dropped.
+pub(super) fn eval_forward(model: &ResNet, x: &Tensor) -> Result<(), String> {
+    no_grad(|| black_box(model.forward(x)).map(drop).map_err(err))
+}
+
 /// ResNet-18 (224x224, 1000 classes) forward in eval mode under `no_grad` at `batch`: median
 /// ms. Batch 1 spreads each image over the pool; batch 3 on two threads leaves one image past
 /// the pool's whole round (and is smaller than larger pools).
@@ -374,12 +388,9 @@ fn resnet_eval(
     pairs: &mut Pairs,
 ) -> Result<(), String> {
     fresh_start()?;
-    let r = Resnet { size: 224, batch };
-    let mut model = r.model()?;
-    model.eval();
-    let x = Tensor::randn(&[batch, 3, 224, 224], DType::F32, CPU).map_err(err)?;
+    let (model, x) = eval_setup(batch)?;
     let runs = if options.quick { 3 } else { 20 };
-    let mut forward = || no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err));
+    let mut forward = || eval_forward(&model, &x);
     let ms = median_of(runs, &mut forward)? * 1e3;
     eprintln!("bench train: resnet18 224x224 batch {batch} eval: {ms:.2} ms");
     rows.push(Row::new(
