@@ -70,13 +70,16 @@ const MOST_COMPUTED: [usize; 2] = [4, 3];
 pub(super) fn fits(g: &Conv2dGeometry) -> bool {
     let [most, per] = MOST_COMPUTED;
     layout(g).is_some_and(|d| {
-        let computed = d.n_ext.checked_next_multiple_of(NARROW);
-        let outputs = d.out_w.checked_mul(g.output_size[0]);
-        let bound = |c: usize, o: usize| Some(c.checked_mul(per)? <= o.checked_mul(most)?);
-        computed
-            .zip(outputs)
-            .and_then(|(c, o)| bound(c, o))
-            .unwrap_or(false)
+        // Sizes past `usize` do not fit.
+        let computed = d
+            .n_ext
+            .checked_next_multiple_of(NARROW)
+            .and_then(|c| c.checked_mul(per));
+        let allowed = d
+            .out_w
+            .checked_mul(g.output_size[0])
+            .and_then(|o| o.checked_mul(most));
+        matches!((computed, allowed), (Some(c), Some(a)) if c <= a)
     })
 }
 
