@@ -40,10 +40,12 @@ fn adam_traffic_bandwidth(options: &Options) -> Result<f64, String> {
                 .zip(v.par_chunks_mut(CHUNK))
                 .for_each(|(((p, g), m), v)| {
                     let lanes = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
+                    // Each value read once and stored once: a load after a store to another
+                    // array (blocks share their address bits below 4 KiB) waits on it.
                     for (((p, &g), m), v) in lanes {
-                        *m = *m * 0.9 + g;
-                        *v = *v * 0.999 + g * g;
-                        *p = *p * 0.9999 - *m * 1e-4;
+                        let (mn, vn) = (*m * 0.9 + g, *v * 0.999 + g * g);
+                        (*m, *v) = (mn, vn);
+                        *p = *p * 0.9999 - mn * 1e-4;
                     }
                 });
             black_box((&p, &m, &v));

@@ -126,9 +126,11 @@ fn sgd_body<T: StepFloat, const WD: bool, const NESTEROV: bool>(
             d
         }
     };
-    let step = |p: &mut T, d: T, b: T| {
+    // The new parameter from the old one, the gradient and the new buffer value (computed from
+    // locals, so nothing is loaded again after a store: see `adam_body`).
+    let step = |p: T, d: T, b: T| {
         let d = if NESTEROV { d + b * c.mom } else { b };
-        *p += d * c.lr;
+        p + d * c.lr
     };
     match buf {
         None => {
@@ -139,16 +141,17 @@ fn sgd_body<T: StepFloat, const WD: bool, const NESTEROV: bool>(
         // The buffer's first step takes the gradient as it is.
         Some(b) if first => {
             for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
-                let d = grad(*p, g);
+                let (p0, d) = (*p, grad(*p, g));
                 *b = d;
-                step(p, d, *b);
+                *p = step(p0, d, d);
             }
         }
         Some(b) => {
             for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
-                let d = grad(*p, g);
-                *b = *b * c.mom + d * c.damp;
-                step(p, d, *b);
+                let (p0, d) = (*p, grad(*p, g));
+                let bn = *b * c.mom + d * c.damp;
+                *b = bn;
+                *p = step(p0, d, bn);
             }
         }
     }
