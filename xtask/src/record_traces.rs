@@ -21,7 +21,7 @@
 //!
 //! Those four peak at 127-353 MiB, where one 2 MiB page or 20 MiB segment is a large share of
 //! the peak. Their GPU-scale twins train the same way at GPU-training sizes (peaks of 2.8-3.3
-//! GiB; 1-2.5 min each in release on one thread):
+//! GiB; 1.5-3.5 min each in release on one thread):
 //! - `resnet18_sgd_gpu`: 224x224 images, batch 128;
 //! - `gpt_varlen_adamw_gpu`: a 4-layer GPT (width 256, 8 heads, vocabulary 16384), batch 8, a
 //!   sequence length drawn from 256..=1024 each step;

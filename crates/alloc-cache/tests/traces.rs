@@ -350,7 +350,7 @@ fn compact_recording_drops_foreign_frees_renumbers_and_closes() {
 const RECORDED_BOUNDS: [(&str, f64, f64); 4] = [
     ("resnet18_sgd", 1.12, 1.05),
     ("gpt_varlen_adamw", 1.05, 1.135),
-    ("finetune_resnet18_varbatch", 1.06, 1.06),
+    ("finetune_resnet18_varbatch", 1.06, 1.075),
     ("vit_adamw", 1.14, 1.075),
 ];
 
