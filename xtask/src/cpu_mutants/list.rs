@@ -387,6 +387,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::conv::cpu_chunked::tests::large_planes_grouped_convolutions_and_single_images_stay_per_image",
     },
     Mutant {
+        bug: "the input gradient's weight, transposed once, takes each band's values from band 0",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_chunked.rs",
+        find: "let first = band * BAND;",
+        replace: "let first = band * 0;",
+        target: LIB,
+        test: "ops::conv::cpu_chunked::tests::chunked_passes_equal_the_plain_loops_on_small_planes",
+    },
+    Mutant {
         bug: "a column matrix unfolded on the pool takes every block's rows from the first taps",
         package: DEVICE,
         file: "crates/device/src/ops/conv/padded.rs",

@@ -17,13 +17,14 @@
 //! per-image path's up to the order of float sums; scratch comes from the caching allocator,
 //! taken fallibly (an allocation failure is returned, never a panic), and a chunk's column
 //! buffer holds at most [`MAX_COL_ELEMS`] elements, so chunking takes at most that (plus the
-//! chunk's output-sized matrix) per thread. Chunks run in parallel, one per pool thread at a
-//! time, in the forward and input-gradient passes, each GEMM single-threaded when the chunks
-//! fill the pool and split over each chunk's share of it when they do not. The weight
-//! gradient runs its chunks one after another in batch order, each chunk's matrices gathered
-//! on the pool and `gemm` splitting each product (the whole weight gradient) over the pool:
-//! no per-thread partial gradient (up to 9 MiB each in layer4), and the sum's order does not
-//! depend on scheduling. Its column matrix is pixel-major (`[G * L, kH * kW * C_in]`, each
+//! chunk's output-sized matrix) per thread, and the input gradient of a large weight one
+//! transposed copy of it per call ([`TRANSPOSE_ONCE_ELEMS`]). Chunks run in parallel, one per
+//! pool thread at a time, in the forward and input-gradient passes, each GEMM single-threaded
+//! when the chunks fill the pool and split over each chunk's share of it when they do not.
+//! The weight gradient runs its chunks one after another in batch order, each chunk's matrices
+//! gathered on the pool and `gemm` splitting each product (the whole weight gradient) over the
+//! pool: no per-thread partial gradient (up to 9 MiB each in layer4), and the sum's order does
+//! not depend on scheduling. Its column matrix is pixel-major (`[G * L, kH * kW * C_in]`, each
 //! row one output position's taps, gathered from a pixel-major copy of the images), which
 //! `gemm` packs with contiguous reads; the taps-major gradient this gives is reordered to the
 //! weight's layout at the end. Its scratch is the other passes' (same chunk, the same column
@@ -199,6 +200,14 @@ pub(super) fn forward<T: KernelFloat>(
     failure.into_result()
 }
 
+/// Weights of at least this many elements (1 MiB of `f32`, past a core's L2 cache) are
+/// transposed once per input-gradient call. Each chunk's product reads the weight transposed,
+/// and `gemm` packs a transposed operand with strided reads, once per chunk: a weight that
+/// does not stay in cache is then read from memory line by line once per chunk (layer4's
+/// 9 MiB weight, several times per pass at batch 32). A contiguous transposed copy, made once,
+/// is packed with contiguous reads. Below this size the copy costs about what it saves.
+const TRANSPOSE_ONCE_ELEMS: usize = 1 << 18;
+
 /// Input gradient over chunks of `chunk` images: each chunk's column-matrix gradient is folded
 /// back onto each image's padded gradient, whose interior is the image's input gradient.
 /// Small planes of any stride come here (`cpu.rs` tries the chunks before the transposed
@@ -210,7 +219,52 @@ pub(super) fn backward_input<T: KernelFloat>(
     weight: &[T],
     grad_input: &mut [T],
 ) -> Result<()> {
+    let transpose_once = weight.len() >= TRANSPOSE_ONCE_ELEMS;
+    backward_input_with(g, chunk, grad_output, weight, grad_input, transpose_once)
+}
+
+/// `weight` (`[C_out, K]`) transposed into a new `[K, C_out]` buffer from the allocator, on the
+/// pool: each task writes a band of `BAND` rows, reading `BAND` contiguous values of each
+/// weight row in turn.
+fn transposed_weight<T: KernelFloat>(d: Dims, weight: &[T]) -> Result<HostBuffer<T>> {
+    const BAND: usize = 16;
+    let mut out = HostBuffer::<T>::for_overwrite(weight.len())?;
+    let rows_len = BAND * d.c_out;
+    out.as_mut_slice()
+        .par_chunks_mut(rows_len)
+        .enumerate()
+        .for_each(|(band, rows)| {
+            let first = band * BAND;
+            let width = rows.len() / d.c_out;
+            for (c, w_row) in weight.chunks_exact(d.k).enumerate() {
+                for (i, &v) in w_row[first..first + width].iter().enumerate() {
+                    rows[i * d.c_out + c] = v;
+                }
+            }
+        });
+    Ok(out)
+}
+
+/// [`backward_input`], with the weight transposed once up front or read transposed by each
+/// chunk's product.
+fn backward_input_with<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    chunk: usize,
+    grad_output: &[T],
+    weight: &[T],
+    grad_input: &mut [T],
+    transpose_once: bool,
+) -> Result<()> {
     let d = Dims::new(g);
+    let weight_t = if transpose_once && d.c_out > 0 && d.k > 0 {
+        Some(transposed_weight(d, weight)?)
+    } else {
+        None
+    };
+    let (a, a_stored) = match &weight_t {
+        Some(w) => (w.as_slice(), Stored::AsIs),
+        None => (weight, Stored::Transposed),
+    };
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
     let scratch = || {
@@ -239,8 +293,16 @@ pub(super) fn backward_input<T: KernelFloat>(
             gather_planes(d, planes, gathered, split);
             let col = &mut col.as_mut_slice()[..d.k * width];
             let dims = [d.k, width, d.c_out];
-            let (wt, asis) = (Stored::Transposed, Stored::AsIs);
-            matmul_into(col, dims, weight, wt, gathered, asis, false, parallelism);
+            matmul_into(
+                col,
+                dims,
+                a,
+                a_stored,
+                gathered,
+                Stored::AsIs,
+                false,
+                parallelism,
+            );
             for (i, gin_image) in gin.chunks_mut(image).enumerate() {
                 zero_on(padded_grad, split);
                 fold_add_on((g, &p), col, 0, [width, i * d.l], padded_grad, split);
@@ -429,7 +491,8 @@ mod tests {
     /// stride-1 pointwise one), on 1, 2 and 4 threads, with batches of 3 to 7: chunks of
     /// different lengths, an image past the pool's whole rounds (5 and 7 images on 2 threads,
     /// 5 on 4; split over the pool, copies included), fewer chunks than threads (3 images on
-    /// 4: their products split): every pass equals the plain loops.
+    /// 4: their products split): every pass equals the plain loops, the input gradient with and
+    /// without the weight transposed once.
     #[test]
     fn chunked_passes_equal_the_plain_loops_on_small_planes() {
         let cases = [
@@ -461,19 +524,25 @@ mod tests {
                 let chunk = chunk_images(&g, threads).expect("small planes are chunked");
                 // On 2 and 4 threads the chunks are smaller than the batch.
                 assert!(chunk >= 2 && (threads == 1 || chunk < g.batch), "{chunk}");
-                let what = format!("{g:?} on {threads} thread(s)");
-                let passes = TestPasses {
-                    forward: &|(x, b), w, out| {
-                        pool.install(|| forward(&g, chunk, x, w, Some(b), out))
-                    },
-                    backward_input: &|go, w, gin| {
-                        pool.install(|| backward_input(&g, chunk, go, w, gin))
-                    },
-                    backward_weight: &|x, go, gw| {
-                        pool.install(|| backward_weight(&g, chunk, x, go, gw))
-                    },
-                };
-                assert_passes_match_loops(&what, &g, passes);
+                // The input gradient both with the weight transposed once and read transposed
+                // by each chunk's product (the size rule picks the second for these weights).
+                for transpose_once in [false, true] {
+                    let what = format!("{g:?} on {threads} thread(s), {transpose_once}");
+                    let passes = TestPasses {
+                        forward: &|(x, b), w, out| {
+                            pool.install(|| forward(&g, chunk, x, w, Some(b), out))
+                        },
+                        backward_input: &|go, w, gin| {
+                            pool.install(|| {
+                                backward_input_with(&g, chunk, go, w, gin, transpose_once)
+                            })
+                        },
+                        backward_weight: &|x, go, gw| {
+                            pool.install(|| backward_weight(&g, chunk, x, go, gw))
+                        },
+                    };
+                    assert_passes_match_loops(&what, &g, passes);
+                }
             }
         }
     }
