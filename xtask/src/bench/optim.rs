@@ -44,8 +44,8 @@ fn adam_traffic_bandwidth(options: &Options) -> Result<f64, String> {
                     // array (blocks share their address bits below 4 KiB) waits on it.
                     for (((p, &g), m), v) in lanes {
                         let (mn, vn) = (*m * 0.9 + g, *v * 0.999 + g * g);
-                        (*m, *v) = (mn, vn);
-                        *p = *p * 0.9999 - mn * 1e-4;
+                        let pn = *p * 0.9999 - mn * 1e-4;
+                        (*m, *v, *p) = (mn, vn, pn);
                     }
                 });
             black_box((&p, &m, &v));
