@@ -229,7 +229,8 @@ pub(super) fn backward_input<T: KernelFloat>(
 fn transposed_weight<T: KernelFloat>(d: Dims, weight: &[T]) -> Result<HostBuffer<T>> {
     const BAND: usize = 16;
     let mut out = HostBuffer::<T>::for_overwrite(weight.len())?;
-    let rows_len = BAND * d.c_out;
+    // Past `usize` only for a weight larger than memory; a chunk past the end is the whole.
+    let rows_len = BAND.saturating_mul(d.c_out);
     out.as_mut_slice()
         .par_chunks_mut(rows_len)
         .enumerate()
