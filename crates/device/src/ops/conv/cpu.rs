@@ -39,6 +39,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
+use super::cpu_chunked_weight as chunked_weight;
 use super::cpu_direct as direct;
 use super::cpu_gemm::{
     matmul_into, sum_transposed_partials, Blocks, ScratchFailure, Stored, TaskContext,
@@ -230,10 +231,12 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
         grad_weight.fill(T::ZERO);
         return Ok(());
     }
-    if let Some(chunk) = chunk_images(geometry, rayon::current_num_threads()) {
+    let threads = rayon::current_num_threads();
+    if let Some(chunk) = chunk_images(geometry, threads) {
         return match weight_grad_path() {
             WeightGradPath::Chunks => {
-                chunked::backward_weight(geometry, chunk, input, grad_output, grad_weight)
+                let chunk = chunked_weight::weight_grad_chunk(geometry, chunk, threads)?;
+                chunked_weight::backward_weight(geometry, chunk, input, grad_output, grad_weight)
             }
             WeightGradPath::Taps => {
                 taps::backward_weight(geometry, input, grad_output, grad_weight)

@@ -1,12 +1,13 @@
 //! The small-plane weight gradient one kernel tap at a time: an alternative to
-//! `cpu_chunked::backward_weight`, chosen with `KILN_CONV_WEIGHT_GRAD=taps` (issue 16: which
-//! of the two scales better on many cores is to be measured there; on two cores this one is
-//! 1-2 % slower, and slower still on a pool oversubscribing them, docs/CPU.md, session 26).
+//! `cpu_chunked_weight::backward_weight`, chosen with `KILN_CONV_WEIGHT_GRAD=taps` (issue 16:
+//! which of the two scales better on many cores is to be measured there; on two cores this one
+//! is 1-2 % slower, and slower still on a pool oversubscribing them, docs/CPU.md, session 26).
 //!
 //! The chunked weight gradient multiplies the output gradient of a chunk of images by the
-//! chunk's whole column matrix (`[G·L, kH·kW·C_in]`), so its chunks are small (the column
-//! matrix is nine times the images for a 3x3 kernel) and each chunk reads and writes the whole
-//! gradient once: 16 passes over layer4's 9 MiB gradient at batch 32 on 16 threads. Here a
+//! chunk's whole column matrix (`[G·L, kH·kW·C_in]`, nine times the images for a 3x3 kernel),
+//! in chunks that fit what the input gradient's chunks hold on the pool, and each chunk reads
+//! and writes the whole gradient once (layer4 at batch 32: 5 passes over its 9 MiB gradient on
+//! two threads, 2 on 16; 8 and 16 before session 35 sized them on their own). Here a
 //! chunk's images are copied pixel-major once (`[G, H, W, C_in]`), and for each tap `t` the
 //! column matrix of that tap alone (`[G·L, C_in]`, row `p` the pixel output position `p` meets
 //! at that tap: `C_in` contiguous values, or zeros on the padding) is multiplied into the
@@ -20,7 +21,8 @@
 //! first chunk overwrites, the others add); the sum's order depends on the geometry alone, not
 //! on the threads; scratch comes from the caching allocator, taken fallibly, sizes checked.
 
-use super::cpu_chunked::{gather_planes, taps_major_to_weight_order, Dims};
+use super::cpu_chunked::{gather_planes, Dims};
+use super::cpu_chunked_weight::taps_major_to_weight_order;
 use super::cpu_gemm::{matmul_into_at, Stored};
 use super::padded::too_large;
 use super::pieces::{for_each_piece, pool_parallelism};
@@ -35,7 +37,8 @@ const WEIGHT_CHUNK_ELEMS: usize = 1 << 18;
 /// Which small-plane weight gradient runs (`KILN_CONV_WEIGHT_GRAD`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightGradPath {
-    /// `cpu_chunked::backward_weight`: the chunk's whole column matrix per product (default).
+    /// `cpu_chunked_weight::backward_weight`: the chunk's whole column matrix per product
+    /// (default).
     Chunks,
     /// This file's: one tap's column matrix per product.
     Taps,

@@ -13,6 +13,7 @@
 
 pub mod cpu;
 mod cpu_chunked;
+mod cpu_chunked_weight;
 mod cpu_direct;
 mod cpu_gemm;
 mod cpu_input_grad;

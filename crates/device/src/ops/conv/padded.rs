@@ -292,21 +292,46 @@ pub(super) fn fold_add_on<T: KernelFloat>(
     let [out_h, out_w] = g.output_size;
     let channels = g.in_channels / g.params.groups;
     let per_channel = g.kernel_size[0] * g.kernel_size[1];
-    let starts: Vec<usize> = taps(g, p, group).collect();
     let first = group * channels * p.plane;
+    // Where each tap of a channel starts inside the channel's plane: the same for every channel.
+    let starts: Vec<usize> = taps(g, p, group)
+        .take(per_channel)
+        .map(|start| start - first)
+        .collect();
     let planes = &mut padded_grad[first..][..channels * p.plane];
     for_each_piece(planes, p.plane, parallel, |c, plane| {
-        let base = first + c * p.plane;
-        for r in c * per_channel..(c + 1) * per_channel {
+        for (j, &start) in starts.iter().enumerate() {
+            let r = c * per_channel + j;
             let src = &col[r * stride + offset..][..out_h * out_w];
             for (oh, src) in src.chunks(out_w.max(1)).enumerate() {
                 let len = plane.len();
-                let at = (starts[r] + oh * p.pitch - base).min(len);
-                let dst = &mut plane[at..][..src.len().min(len - at)];
-                dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+                let at = (start + oh * p.pitch).min(len);
+                add_row(&mut plane[at..][..src.len().min(len - at)], src);
             }
         }
     });
+}
+
+/// `dst += src` element by element (`dst` may be the shorter). The rows of ResNet's deep
+/// stages on small images (4 and 8 outputs wide) take fixed-size forms that compile to a few
+/// whole-vector adds; a general loop runs them as scalar adds.
+#[inline(always)]
+fn add_row<T: KernelFloat>(dst: &mut [T], src: &[T]) {
+    #[inline(always)]
+    fn fixed<T: KernelFloat, const N: usize>(dst: &mut [T], src: &[T]) -> bool {
+        let (Ok(dst), Ok(src)) = (<&mut [T; N]>::try_from(dst), <&[T; N]>::try_from(src)) else {
+            return false;
+        };
+        let mut sum = *dst;
+        for i in 0..N {
+            sum[i] += src[i];
+        }
+        *dst = sum;
+        true
+    }
+    if !(fixed::<T, 4>(dst, src) || fixed::<T, 8>(dst, src)) {
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+    }
 }
 
 /// Zeroes `buffer` (a padded gradient before [`fold_add_on`]), in parallel pieces when
