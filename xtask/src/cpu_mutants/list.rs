@@ -441,6 +441,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::conv::cpu_chunked_weight::tests::weight_gradient_chunks_fit_what_the_input_gradient_holds",
     },
     Mutant {
+        bug: "the weight gradient's products may hold fewer images than the other passes' chunks",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_chunked_weight.rs",
+        find: "(budget / per_image).max(chunk).clamp(",
+        replace: "(budget / per_image).clamp(",
+        target: LIB,
+        test: "ops::conv::cpu_chunked_weight::tests::weight_gradient_chunks_fit_what_the_input_gradient_holds",
+    },
+    Mutant {
         bug: "an unpadded channel is copied from another channel's plane",
         package: DEVICE,
         file: "crates/device/src/ops/conv/padded.rs",

@@ -99,14 +99,15 @@ impl PixelMajor {
 /// chunks of `chunk` images on a pool of `threads`: as many as keep its scratch (columns,
 /// pixel-major images and gathered output gradient) within what the input gradient's chunks
 /// take on the pool at once (each its column and output-gradient matrices and a padded image),
-/// evened out over the batch; at least one.
+/// and at least `chunk`, evened out over the batch.
 ///
 /// Its products run one after another, each split over the pool, and each reads and writes the
 /// whole gradient (9 MiB in layer4) for a depth of only its chunk's columns, so fewer, deeper
-/// products are faster (layer4 at batch 32 on two threads: 8 products of 4 images before, 5 of
-/// 7 now). The input gradient's copy of the weight ([`TRANSPOSE_ONCE_ELEMS`]) is as large as
-/// the weight gradient, so with this budget the weight gradient's pass holds no more memory
-/// than the input gradient's pass before it.
+/// products are faster (layer4 at batch 32 on two threads: 8 products of 4 images with the
+/// other passes' chunks, 5 of 7 with these). The input gradient's transposed copy of a large
+/// weight (`cpu_chunked.rs`) is as large as the weight gradient, so within this budget the
+/// weight gradient's pass holds no more memory than the input gradient's before it; and never
+/// more products, nor more scratch, than the other passes' chunks would give it.
 pub(super) fn weight_grad_chunk(g: &Conv2dGeometry, chunk: usize, threads: usize) -> Result<usize> {
     let d = Dims::new(g);
     let (p, pm) = (Padded::new(g)?, PixelMajor::new(g)?);
@@ -117,7 +118,7 @@ pub(super) fn weight_grad_chunk(g: &Conv2dGeometry, chunk: usize, threads: usize
         .saturating_add(p.len)
         .saturating_mul(at_once);
     let per_image = matrices.saturating_add(pm.image).max(1);
-    let most = (budget / per_image).clamp(1, g.batch.max(1));
+    let most = (budget / per_image).max(chunk).clamp(1, g.batch.max(1));
     Ok(g.batch.div_ceil(g.batch.div_ceil(most)).max(1))
 }
 
@@ -238,18 +239,22 @@ mod tests {
         // layer4: an image's column and output matrices are (4608 + 512) x 16 elements, its
         // pixel-major copy 31 pixels of 512 channels, the input gradient's padded one 30 x 512 +
         // 2; the input gradient holds two chunks of 4 at once on two threads, room for 7 images
-        // here: 5 products of 7 (the last of 4). One thread: one chunk of 7, room for 6.
+        // here: 5 products of 7 (the last of 4). One thread: one chunk of 7, room for 6, and
+        // never fewer images than the other passes' chunks.
         let deep = g([32, 512, 4, 4]);
         let padded = Padded::new(&deep).unwrap().len;
         let pixel_major = PixelMajor::new(&deep).unwrap().image;
         assert_eq!((padded, pixel_major), (30 * 512 + 2, 31 * 512));
         assert_eq!((2 * (4 * 81_920 + padded)) / (81_920 + pixel_major), 7);
         assert_eq!(weight_grad_chunk(&deep, 4, 2).unwrap(), 7);
-        assert_eq!(weight_grad_chunk(&deep, 7, 1).unwrap(), 6);
+        assert_eq!(weight_grad_chunk(&deep, 7, 1).unwrap(), 7);
         // layer3: (2304 + 256) x 64 and 91 x 256 per image, two chunks of 2 at once: room for 3,
         // 11 products.
         assert_eq!(weight_grad_chunk(&g([32, 256, 8, 8]), 2, 2).unwrap(), 3);
-        // Two images in one chunk take one thread's share: room for one image per product.
-        assert_eq!(weight_grad_chunk(&g([2, 512, 4, 4]), 2, 2).unwrap(), 1);
+        // Six images on four threads run three chunks of 2 at once: room for 5, so 2 products
+        // of 3 (a chunk per thread would have room for 7, one product of all 6).
+        assert_eq!(weight_grad_chunk(&g([6, 512, 4, 4]), 2, 4).unwrap(), 3);
+        // Two images in one chunk: room for one, but never fewer than the chunk's.
+        assert_eq!(weight_grad_chunk(&g([2, 512, 4, 4]), 2, 2).unwrap(), 2);
     }
 }
