@@ -149,7 +149,8 @@ pub(super) fn backward_weight<T: KernelFloat>(
     let pixels_len = chunk.checked_mul(pm.image).ok_or_else(too_large)?;
     let mut pixels = HostBuffer::for_overwrite(pixels_len)?;
     let mut cols = HostBuffer::for_overwrite(cols_len)?;
-    let mut gathered = HostBuffer::for_overwrite(d.c_out * chunk * d.l)?;
+    let gathered_len = d.c_out.checked_mul(chunk).and_then(|n| n.checked_mul(d.l));
+    let mut gathered = HostBuffer::for_overwrite(gathered_len.ok_or_else(too_large)?)?;
     let threads = rayon::current_num_threads();
     let parallelism = pool_parallelism();
     let mut start = 0;
