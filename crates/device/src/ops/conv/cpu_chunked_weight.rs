@@ -17,7 +17,7 @@
 use super::cpu_chunked::{gather_planes, Dims};
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
 use super::padded::{too_large, Padded};
-use super::pieces::{for_each_piece, pool_parallelism};
+use super::pieces::{evened_chunk, for_each_piece, pool_parallelism};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -118,8 +118,7 @@ pub(super) fn weight_grad_chunk(g: &Conv2dGeometry, chunk: usize, threads: usize
         .saturating_add(p.len)
         .saturating_mul(at_once);
     let per_image = matrices.saturating_add(pm.image).max(1);
-    let most = (budget / per_image).max(chunk).clamp(1, g.batch.max(1));
-    Ok(g.batch.div_ceil(g.batch.div_ceil(most)).max(1))
+    Ok(evened_chunk(g.batch, (budget / per_image).max(chunk)))
 }
 
 /// Weight gradient (summed over the batch), chunk by chunk in batch order, over a pixel-major

@@ -25,7 +25,7 @@ use super::cpu_chunked::{gather_planes, Dims};
 use super::cpu_chunked_weight::taps_major_to_weight_order;
 use super::cpu_gemm::{matmul_into_at, Stored};
 use super::padded::too_large;
-use super::pieces::{for_each_piece, pool_parallelism};
+use super::pieces::{evened_chunk, for_each_piece, pool_parallelism};
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -97,8 +97,7 @@ fn chunk_images(g: &Conv2dGeometry) -> usize {
         .saturating_add(l)
         .saturating_mul(c_in)
         .saturating_add(l.saturating_mul(c_out));
-    let most = (WEIGHT_CHUNK_ELEMS / per_image.max(1)).clamp(1, g.batch.max(1));
-    g.batch.div_ceil(g.batch.div_ceil(most)).max(1)
+    evened_chunk(g.batch, WEIGHT_CHUNK_ELEMS / per_image.max(1))
 }
 
 /// Copies `images` (`[N, C_in, H, W]`) pixel-major into `nhwc` (`[N, H, W, C_in]`), one rayon

@@ -32,6 +32,19 @@ pub(super) fn images_in_parallel(batch: usize, threads: usize) -> usize {
     }
 }
 
+/// Images per chunk for a pass that runs `batch` images one chunk after another, at most
+/// `most` per chunk (clamped to `1..=batch`): as few chunks as that allows, as even as that
+/// many chunks can be. 32 images at most 10 per chunk need 4 chunks and get 8 each (not 10,
+/// 10, 10 and 2); at most 7, 5 chunks of 7 (the last of 4).
+pub(super) fn evened_chunk(batch: usize, most: usize) -> usize {
+    let most = most.clamp(1, batch.max(1));
+    match batch.div_ceil(most) {
+        // No images: a chunk of one (nothing to divide among no chunks).
+        0 => 1,
+        chunks => batch.div_ceil(chunks),
+    }
+}
+
 /// `gemm` parallelism of one image's products: the whole pool when the image is `split` over
 /// it (none on one thread), else none (the image is one task of a parallel loop).
 pub(super) fn image_parallelism(split: bool) -> Parallelism {
@@ -195,6 +208,25 @@ mod tests {
             .build()
             .unwrap();
         pool.install(f)
+    }
+
+    /// As few chunks as the cap allows, as even as they can be; the cap clamped to the batch.
+    #[test]
+    fn evened_chunks_are_the_fewest_and_as_even_as_they_can_be() {
+        // (batch, most, chunk)
+        let cases = [
+            (32, 10, 8),
+            (32, 7, 7),
+            (32, 32, 32),
+            (32, 100, 32),
+            (32, 0, 1),
+            (7, 3, 3),
+        ];
+        for (batch, most, chunk) in cases {
+            assert_eq!(evened_chunk(batch, most), chunk, "{batch} at most {most}");
+        }
+        // No images: a chunk of one, not a division by zero.
+        assert_eq!(evened_chunk(0, 5), 1);
     }
 
     /// Whole rounds of the pool in parallel; the images past them split while they fill at
