@@ -11,6 +11,8 @@
 //! this tensor is allocated, except for a right operand that shares this tensor's buffer (copied
 //! out first) or has another dtype (computed out of place, with the usual promotion).
 //! `add_scaled_` on floats is one fused kernel (`add_scaled_into`, rounded once).
+//! `add_owned`, backward's sum of two gradients, updates in place only a tensor no other handle,
+//! view or saved copy can reach.
 
 use crate::autograd::grad_mode::{is_grad_enabled, no_grad};
 use crate::error::shape_err;
@@ -19,6 +21,7 @@ use crate::tensor::{fmt_shape, Tensor};
 use crate::{Error, Result};
 use kiln_device::prelude::*;
 use kiln_device::{BinaryOp, Layout, Storage};
+use std::sync::Arc;
 
 impl Tensor {
     /// Writes `value` (broadcast to this tensor's shape) into this tensor's buffer.
@@ -154,6 +157,27 @@ impl Tensor {
         }
         let scaled = no_grad(|| other.mul_scalar(alpha))?;
         self.update("add_", &scaled, BinaryOp::Add, || self.add(&scaled))
+    }
+
+    /// `self + other`, added into `self`'s buffer when this handle is the only one to it and to
+    /// its storage (no other tensor, view or saved copy can see the change), `self` is dense
+    /// (not an expanded view, whose elements share places), no graph is being built, and the
+    /// sum keeps `self`'s dtype and shape; otherwise a new tensor, as `add`. The
+    /// elements are the same either way; this saves a third buffer of the sum's size (and its
+    /// writes) where backward sums the gradients of two paths or adds into a leaf's `.grad`.
+    pub(crate) fn add_owned(self, other: &Tensor) -> Result<Tensor> {
+        let shared = Arc::strong_count(&self.0) > 1 || Arc::strong_count(self.storage_arc()) > 1;
+        if !shared
+            && self.is_contiguous()
+            && !is_grad_enabled()
+            && self.dtype() == other.dtype()
+            && self.shape() == other.shape()
+        {
+            self.add_(other)?;
+            Ok(self)
+        } else {
+            self.add(other)
+        }
     }
 
     /// `self -= other`, in place.

@@ -401,20 +401,8 @@ impl Tensor {
         let g = g.contiguous()?;
         let sum = match slot.take() {
             None => g,
-            // Nobody else holds the old gradient or a view of its buffer, and no graph is being
-            // built: add into it, as PyTorch's AccumulateGrad does, instead of holding a third
-            // gradient-sized buffer while the sum is made.
-            Some(old)
-                if !is_grad_enabled()
-                    && Arc::strong_count(&old.0) == 1
-                    && Arc::strong_count(old.storage_arc()) == 1
-                    && old.dtype() == g.dtype()
-                    && old.shape() == g.shape() =>
-            {
-                old.add_(&g)?;
-                old
-            }
-            Some(old) => old.add(&g)?,
+            // As PyTorch's AccumulateGrad: into the old gradient when nobody else can see it.
+            Some(old) => old.add_owned(&g)?,
         };
         kiln_device::reattribute_storage(&sum.storage(), kiln_device::MemoryCategory::Gradient);
         *slot = Some(sum);

@@ -5,7 +5,10 @@
 //! running the node only when all of its consumers have run (a node whose count reaches zero is
 //! ready). Each node drops its saved tensors right after it runs (unless `retain_graph`), and each
 //! gradient buffer is dropped once consumed, so memory held by the graph falls as backward
-//! proceeds. Gradients are computed with grad mode off (no higher-order graphs).
+//! proceeds. Gradients are computed with grad mode off (no higher-order graphs). A buffer that
+//! already holds a gradient takes the next one by adding into its own memory when no other
+//! handle, view or saved copy can see that memory (`Tensor::add_owned`), and into a new buffer
+//! otherwise, so a sum never changes a tensor anyone else holds.
 //!
 //! Leaves are counted like nodes: the gradients a leaf gets along each of its edges are summed
 //! first, and once its last edge was processed the sum is added into `.grad()` and the leaf's
@@ -129,7 +132,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                             let summed = match leaf_buffers.remove(&k) {
                                 None => g,
                                 Some(prev) => {
-                                    profile::timed(OpProfile::GRADIENT_SUM, || prev.add(&g))?
+                                    profile::timed(OpProfile::GRADIENT_SUM, || prev.add_owned(&g))?
                                 }
                             };
                             leaf_buffers.insert(k, summed);
@@ -150,7 +153,9 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                     if let Some(g) = g {
                         let summed = match buffers.remove(&k) {
                             None => g,
-                            Some(prev) => profile::timed(OpProfile::GRADIENT_SUM, || prev.add(&g))?,
+                            Some(prev) => {
+                                profile::timed(OpProfile::GRADIENT_SUM, || prev.add_owned(&g))?
+                            }
                         };
                         buffers.insert(k, summed);
                     }

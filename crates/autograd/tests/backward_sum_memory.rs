@@ -1,0 +1,99 @@
+//! Where backward sums the gradients of two paths, it adds into the first one's buffer when
+//! nothing else holds it, and makes a new buffer when something does (a custom op's backward
+//! that kept its result, a view of it). Measured with the CPU caching allocator's statistics:
+//! its own test binary, since that allocator is process-wide.
+
+use kiln_autograd::{DType, Device, Tensor};
+use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
+use std::sync::{Arc, Mutex};
+
+const N: usize = 1 << 20; // 4 MiB of f32 per gradient
+const BYTES: usize = N * 4;
+
+/// `h * factor`, through a custom op when `spy` is given, whose backward keeps a handle to the
+/// gradient it returns.
+fn scaled(h: &Tensor, factor: f64, spy: Option<&Arc<Mutex<Vec<Tensor>>>>) -> Tensor {
+    let Some(kept) = spy else {
+        return h.mul_scalar(factor).unwrap();
+    };
+    let kept = Arc::clone(kept);
+    let out = kiln_autograd::no_grad(|| h.mul_scalar(factor)).unwrap();
+    Tensor::record_op("KeepBackward", &[h], &out, move |_| {
+        Box::new(move |g| {
+            let scaled = g.mul_scalar(factor)?;
+            kept.lock().unwrap().push(scaled.clone());
+            Ok(vec![Some(scaled)])
+        })
+    })
+}
+
+/// `(h * 3 + h * 5).sum()`, `h = x * 2`, with the two products' gradients meeting at `h`: the
+/// growth of allocated bytes over backward (from the forward's end), and `x`'s gradient.
+fn meeting_paths(spy: Option<&Arc<Mutex<Vec<Tensor>>>>) -> (usize, Vec<f32>) {
+    let cpu = Device::Cpu;
+    let x = Tensor::full(&[N], 1.0, DType::F32, cpu).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let h = x.mul_scalar(2.0).unwrap();
+    let (a, b) = (scaled(&h, 3.0, spy), scaled(&h, 5.0, spy));
+    let loss = a.add(&b).unwrap().sum_all().unwrap();
+    reset_peak_memory_stats(cpu).unwrap();
+    let base = memory_allocated(cpu).unwrap();
+    loss.backward().unwrap();
+    let grew = max_memory_allocated(cpu).unwrap() - base;
+    (grew, x.grad().unwrap().to_vec::<f32>().unwrap())
+}
+
+#[test]
+fn a_sum_of_two_paths_goes_into_an_unshared_buffer_and_never_into_a_shared_one() {
+    // In place: at the sum, the two products' gradients (3g, 5g) are alive; the sum takes no
+    // third buffer. Then h's backward makes 2 * 8g and the leaf keeps it as its gradient.
+    let (grew, grad) = meeting_paths(None);
+    assert!(grad.iter().all(|&v| v == 16.0), "{:?}", &grad[..4]);
+    // Backward's buffers at their most: the two products' gradients (sum_all's gradient is
+    // an expanded scalar), the sum taking the first one's place; x's gradient replaces them.
+    assert!(
+        grew <= 2 * BYTES + 4096,
+        "backward grew allocated bytes by {grew}, more than two {BYTES}-byte gradients"
+    );
+    // Both products kept by a custom op: whichever gradient arrives first, the sum is a new
+    // buffer and the kept gradients are unchanged.
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let (grew_kept, grad) = meeting_paths(Some(&kept));
+    assert!(grad.iter().all(|&v| v == 16.0), "{:?}", &grad[..4]);
+    let mut seen: Vec<Vec<f32>> = kept
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_vec::<f32>().unwrap())
+        .collect();
+    seen.sort_by(|p, q| p[0].total_cmp(&q[0]));
+    assert_eq!(seen.len(), 2);
+    for (values, want) in seen.iter().zip([3.0, 5.0]) {
+        assert!(
+            values.iter().all(|&v| v == want),
+            "a gradient a custom op kept was changed by the sum: {:?}, not {want}",
+            &values[..4]
+        );
+    }
+    // ... which costs the third buffer the unshared case saved.
+    assert!(
+        grew_kept + 4096 >= grew + BYTES,
+        "kept: {grew_kept} bytes, unshared: {grew}"
+    );
+}
+
+#[test]
+fn expanded_gradients_meeting_are_summed_into_a_new_buffer() {
+    // Each sum's backward hands on its gradient as an expanded scalar (stride 0): adding into
+    // such a view in place would be refused (its elements share one place in memory).
+    let x = Tensor::full(&[4, 3], 1.0, DType::F32, Device::Cpu).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let h = x.mul_scalar(2.0).unwrap();
+    let loss = h
+        .sum_all()
+        .unwrap()
+        .add(&h.sum_all().unwrap().mul_scalar(3.0).unwrap())
+        .unwrap();
+    loss.backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![8.0; 12]);
+}
