@@ -11,8 +11,9 @@
 //! this tensor is allocated, except for a right operand that shares this tensor's buffer (copied
 //! out first) or has another dtype (computed out of place, with the usual promotion).
 //! `add_scaled_` on floats is one fused kernel (`add_scaled_into`, rounded once).
-//! `add_owned`, backward's sum of two gradients, updates in place only a tensor no other handle,
-//! view or saved copy can reach.
+//! `add_owned` (backward's sum of two gradients) and `binary_in_place` (its elementwise rules,
+//! such as ReLU's) update in place only a tensor no other handle, view or saved copy can reach
+//! (`updatable_alone_with`).
 
 use crate::autograd::grad_mode::{is_grad_enabled, no_grad};
 use crate::error::shape_err;
@@ -159,25 +160,39 @@ impl Tensor {
         self.update("add_", &scaled, BinaryOp::Add, || self.add(&scaled))
     }
 
-    /// `self + other`, added into `self`'s buffer when this handle is the only one to it and to
-    /// its storage (no other tensor, view or saved copy can see the change), `self` is dense
-    /// (not an expanded view, whose elements share places), no graph is being built, and the
-    /// sum keeps `self`'s dtype and shape; otherwise a new tensor, as `add`. The
-    /// elements are the same either way; this saves a third buffer of the sum's size (and its
-    /// writes) where backward sums the gradients of two paths or adds into a leaf's `.grad`.
-    pub(crate) fn add_owned(self, other: &Tensor) -> Result<Tensor> {
+    /// True when an elementwise result of `self` and `other` can be written into `self`'s
+    /// buffer without anyone seeing it: this handle is the only one to it and to its storage (no
+    /// other tensor, view or saved copy), `self` is dense (not an expanded view, whose elements
+    /// share places), no graph is being built, and `other` has `self`'s dtype and shape. What
+    /// backward's sums and elementwise rules check before reusing the incoming gradient.
+    pub(crate) fn updatable_alone_with(&self, other: &Tensor) -> bool {
         let shared = Arc::strong_count(&self.0) > 1 || Arc::strong_count(self.storage_arc()) > 1;
-        if !shared
+        !shared
             && self.is_contiguous()
             && !is_grad_enabled()
             && self.dtype() == other.dtype()
             && self.shape() == other.shape()
-        {
+    }
+
+    /// `self + other`, added into `self`'s buffer when [`Tensor::updatable_alone_with`] allows,
+    /// otherwise a new tensor, as `add`. The elements are the same either way; this saves a
+    /// third buffer of the sum's size (and its writes) where backward sums the gradients of two
+    /// paths or adds into a leaf's `.grad`.
+    pub(crate) fn add_owned(self, other: &Tensor) -> Result<Tensor> {
+        if self.updatable_alone_with(other) {
             self.add_(other)?;
             Ok(self)
         } else {
             self.add(other)
         }
+    }
+
+    /// `self = op(self, other)` in place through the in-place kernel, for a backward rule that
+    /// checked [`Tensor::updatable_alone_with`] first.
+    pub(crate) fn binary_in_place(&self, other: &Tensor, op: BinaryOp) -> Result<()> {
+        self.write_from(op.name(), other, |src, layout, dst, dst_layout| {
+            src.binary_into(layout, dst, dst_layout, op)
+        })
     }
 
     /// `self -= other`, in place.

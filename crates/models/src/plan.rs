@@ -13,7 +13,8 @@
 //!   keep nothing for their weight gradient. Traces at batch 1 and 2 split this into a
 //!   per-sample part and a batch-independent part (BatchNorm statistics);
 //! - the input batch, and the gradients in flight at the layer being differentiated: its output
-//!   gradient, one temporary of that size (ReLU's mask, for instance) and its input gradient.
+//!   gradient and its input gradient (one tensor for ReLU and GELU, whose backward writes the
+//!   input gradient over the output gradient it reads).
 //!
 //! These are not all at their largest at once: backward meets the layers in reverse, producing
 //! each layer's weight gradients and freeing what it saved as it goes. The plan replays the
@@ -359,13 +360,20 @@ fn plan_traced(
             i64::try_from(b).map_err(|_| too_big("the step needs more than i64::MAX bytes".into()))
         };
         for (i, e) in events.iter().enumerate() {
-            // Forward: what is saved so far, the call's input, its output and the temporary it
-            // holds next to it (Linear's matmul result before the bias is added), with its
-            // kernels' scratch.
+            // Forward: what is saved so far, the call's input and its output (each unless it
+            // is among the saved values already) and the temporary it holds next to them
+            // (Linear's matmul result before the bias is added), with its kernels' scratch.
+            let unsaved = |bytes: usize, saved: bool| if saved { 0 } else { bytes };
             live.push((
                 as_i64(sum(
-                    sum(t.saved_bytes_alive_at(i), e.input_bytes)?,
-                    sum(e.output_bytes, e.forward_temp_bytes)?,
+                    sum(
+                        t.saved_bytes_alive_at(i),
+                        unsaved(e.input_bytes, e.input_saved),
+                    )?,
+                    sum(
+                        unsaved(e.output_bytes, e.output_saved),
+                        e.forward_temp_bytes,
+                    )?,
                 )?)?,
                 as_i64(e.forward_scratch_bytes)?,
                 e.scratch_batch_limit,
@@ -377,8 +385,12 @@ fn plan_traced(
             }
             grads = sum(grads, e.grad_bytes)?;
             // Backward: the output gradient arriving and the input gradient made from it (the
-            // activation backwards are one fused op: no third tensor of that size).
-            let in_flight = sum(e.output_bytes, e.input_bytes)?;
+            // activation backwards are one fused op: no third tensor of that size; ReLU's and
+            // GELU's write over the arriving gradient: one tensor).
+            let in_flight = match e.input_grad_in_place {
+                true => e.output_bytes.max(e.input_bytes),
+                false => sum(e.output_bytes, e.input_bytes)?,
+            };
             largest_in_flight = largest_in_flight.max(in_flight);
             let tensors = as_i64(sum(sum(t.saved_bytes_alive_at(i), grads)?, in_flight)?)?;
             live.push((tensors, 0, usize::MAX));

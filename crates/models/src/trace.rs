@@ -125,6 +125,16 @@ pub struct BackwardEvent {
     /// The batch size from which the kernel scratch stops growing (kernels that work through
     /// the batch in chunks of this many samples); `usize::MAX` when it grows with every sample.
     pub scratch_batch_limit: usize,
+    /// True when the call's input is among the values saved for backward by then (by this call
+    /// or an earlier one): the forward's live bytes count it once, as saved.
+    pub input_saved: bool,
+    /// True when the call's output is saved for backward by the call itself (ReLU keeps its
+    /// output): counted once, as saved.
+    pub output_saved: bool,
+    /// True when the call's backward writes its input gradient over the output gradient it
+    /// reads (ReLU, GELU: kiln-autograd's activation rules take a gradient no one else holds),
+    /// so one tensor of that size is in flight, not two.
+    pub input_grad_in_place: bool,
 }
 
 /// Records layer calls and saved activations during a shape-only forward.
@@ -149,6 +159,8 @@ pub struct Tracer {
     backward_scratch_bytes: Vec<i64>,
     /// Set by the leaf layer being traced: its [`BackwardEvent::scratch_batch_limit`].
     scratch_batch_limit: usize,
+    /// Set by the leaf layer being traced: its [`BackwardEvent::input_grad_in_place`].
+    input_grad_in_place: bool,
     /// The device whose kernels' scratch layers report; `None` for tensors only.
     device: Option<kiln_device::Device>,
 }
@@ -252,6 +264,12 @@ impl Tracer {
         self.scratch_batch_limit = self.scratch_batch_limit.min(batch_limit);
     }
 
+    /// Notes that the backward of the leaf layer being traced writes its input gradient over its
+    /// output gradient (see [`BackwardEvent::input_grad_in_place`]).
+    pub fn input_grad_in_place(&mut self) {
+        self.input_grad_in_place = true;
+    }
+
     /// Marks `act` as kept alive for backward (counted once however many ops keep it).
     pub fn save(&mut self, act: &Act) {
         self.saved.insert(act.id, act.bytes());
@@ -311,11 +329,15 @@ impl Tracer {
         self.forward_scratch_bytes = 0;
         self.backward_scratch_bytes.clear();
         self.scratch_batch_limit = usize::MAX;
+        self.input_grad_in_place = false;
         let out = layer.trace(self, x);
         let forward_temp_bytes = std::mem::take(&mut self.forward_temp_bytes);
         let forward_scratch_bytes = std::mem::take(&mut self.forward_scratch_bytes);
         let backward_scratch_bytes = std::mem::take(&mut self.backward_scratch_bytes);
         let scratch_batch_limit = std::mem::replace(&mut self.scratch_batch_limit, usize::MAX);
+        let input_grad_in_place = std::mem::take(&mut self.input_grad_in_place);
+        let input_saved = self.saved.contains_key(&x.id);
+        let output_saved = out.as_ref().is_ok_and(|o| self.saved.contains_key(&o.id));
         self.depth -= 1;
         if let (true, Ok(o)) = (is_leaf, &out) {
             let grad_bytes = layer
@@ -333,6 +355,9 @@ impl Tracer {
                 forward_scratch_bytes,
                 backward_scratch_bytes,
                 scratch_batch_limit,
+                input_saved,
+                output_saved,
+                input_grad_in_place,
             });
         }
         if depth > 0 {

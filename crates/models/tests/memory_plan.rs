@@ -43,9 +43,11 @@ fn predicted_peak_is_within_ten_percent_of_max_memory_allocated() {
     let drop = 100.0 * (1.0 - frozen as f64 / full as f64);
     let ratio = frozen_plan.peak_allocated_bytes(batch) as f64 / frozen as f64;
     println!("frozen backbone at batch {batch}: peak {full} B -> {frozen} B ({drop:.1}% less); plan ratio {ratio:.3}");
-    // About a fifth (20.5% when measured): the frozen step keeps no backbone gradients and
-    // backward stops at the head. (It was over 30% while relu's backward made a mask and then
-    // a product, a third activation-sized tensor that only the full step's backward held.)
-    assert!(drop > 15.0, "{drop}");
+    // The full step's peak is now its forward (the second Linear's matmul result next to its
+    // input): since ReLU's backward writes over the gradient it reads, no moment of backward
+    // holds more. Frozen, the first Linear keeps no input for a weight gradient, so that
+    // moment holds one batch of inputs less (6.2% when measured). (The drop was 20.5% while
+    // backward set the peak, over 30% while relu's backward made a mask and then a product.)
+    assert!(drop > 4.0, "{drop}");
     assert!((0.9..=1.1).contains(&ratio), "frozen: ratio {ratio:.3}");
 }

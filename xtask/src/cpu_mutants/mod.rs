@@ -19,6 +19,7 @@
 //! unmutated copy (else a failure proves nothing); the task fails unless every planted bug made
 //! its test fail.
 
+mod backward;
 mod boundaries;
 mod list;
 mod planned;
@@ -44,6 +45,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let chosen: Vec<&Mutant> = list::MUTANTS
         .iter()
         .chain(rules::MUTANTS)
+        .chain(backward::MUTANTS)
         .chain(planned::MUTANTS)
         .chain(boundaries::MUTANTS)
         .filter(|m| only.is_empty() || only.iter().any(|o| m.bug.contains(o.as_str())))

@@ -172,6 +172,11 @@ impl Tensor {
     /// recording. `saved` is converted to the gradient's dtype first where they differ.
     fn binary_raw(&self, saved: &Tensor, op: BinaryOp) -> Result<Tensor> {
         let saved = saved.to_dtype(self.dtype())?;
+        // The incoming gradient, when backward holds its only handle, takes the result in place.
+        if self.updatable_alone_with(&saved) {
+            self.binary_in_place(&saved, op)?;
+            return Ok(self.clone());
+        }
         let storage = self
             .storage()
             .binary(self.layout(), &saved.storage(), saved.layout(), op)?;

@@ -44,10 +44,11 @@ impl Layer for ReLU {
     }
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
         let out = tracer.output(&[x], x.shape(), x.dtype(), false);
-        // The gradient mask is read from the output.
+        // The gradient mask is read from the output; the input gradient replaces the output's.
         if x.requires_grad() {
             tracer.save(&out);
         }
+        tracer.input_grad_in_place();
         Ok(out)
     }
     layer_casts!();
@@ -98,6 +99,8 @@ impl Layer for GELU {
         if x.requires_grad() {
             tracer.save(x);
         }
+        // The input gradient replaces the output's.
+        tracer.input_grad_in_place();
         Ok(tracer.output(&[x], x.shape(), x.dtype(), false))
     }
     layer_casts!();

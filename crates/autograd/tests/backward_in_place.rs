@@ -1,7 +1,8 @@
-//! Where backward sums the gradients of two paths, it adds into the first one's buffer when
-//! nothing else holds it, and makes a new buffer when something does (a custom op's backward
-//! that kept its result, a view of it). Measured with the CPU caching allocator's statistics:
-//! its own test binary, since that allocator is process-wide.
+//! Backward reuses the incoming gradient's buffer where nothing else holds it: the sum of two
+//! paths' gradients goes into the first one's, and an activation's rule (ReLU's) writes its
+//! result over the gradient it reads; where something does hold it (a custom op's backward that
+//! kept its result, a view of it) the result is a new buffer. Measured with the CPU caching
+//! allocator's statistics: its own test binary, since that allocator is process-wide.
 
 use kiln_autograd::{DType, Device, Tensor};
 use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};
@@ -9,6 +10,9 @@ use std::sync::{Arc, Mutex};
 
 const N: usize = 1 << 20; // 4 MiB of f32 per gradient
 const BYTES: usize = N * 4;
+
+/// The allocator's statistics are process-wide: one measuring test at a time.
+static ALLOCATOR: Mutex<()> = Mutex::new(());
 
 /// `h * factor`, through a custom op when `spy` is given, whose backward keeps a handle to the
 /// gradient it returns.
@@ -45,6 +49,7 @@ fn meeting_paths(spy: Option<&Arc<Mutex<Vec<Tensor>>>>) -> (usize, Vec<f32>) {
 
 #[test]
 fn a_sum_of_two_paths_goes_into_an_unshared_buffer_and_never_into_a_shared_one() {
+    let _alone = ALLOCATOR.lock().unwrap_or_else(|p| p.into_inner());
     // In place: at the sum, the two products' gradients (3g, 5g) are alive; the sum takes no
     // third buffer. Then h's backward makes 2 * 8g and the leaf keeps it as its gradient.
     let (grew, grad) = meeting_paths(None);
@@ -84,6 +89,7 @@ fn a_sum_of_two_paths_goes_into_an_unshared_buffer_and_never_into_a_shared_one()
 
 #[test]
 fn expanded_gradients_meeting_are_summed_into_a_new_buffer() {
+    let _alone = ALLOCATOR.lock().unwrap_or_else(|p| p.into_inner());
     // Each sum's backward hands on its gradient as an expanded scalar (stride 0): adding into
     // such a view in place would be refused (its elements share one place in memory).
     let x = Tensor::full(&[4, 3], 1.0, DType::F32, Device::Cpu).unwrap();
@@ -96,4 +102,55 @@ fn expanded_gradients_meeting_are_summed_into_a_new_buffer() {
         .unwrap();
     loss.backward().unwrap();
     assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![8.0; 12]);
+}
+
+/// `relu(x) * 3`, summed: the growth of allocated bytes over backward and `x`'s gradient. With
+/// `keep`, a custom op between the ReLU and the product keeps a handle to the gradient it hands
+/// to the ReLU.
+fn relu_chain(keep: Option<&Arc<Mutex<Vec<Tensor>>>>) -> (usize, Vec<f32>) {
+    let cpu = Device::Cpu;
+    let values: Vec<f32> = (0..N).map(|i| (i % 7) as f32 - 2.5).collect();
+    let x = Tensor::from_vec(values, &[N], cpu).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let r = match keep {
+        Some(_) => scaled(&x.relu().unwrap(), 1.0, keep),
+        None => x.relu().unwrap(),
+    };
+    let loss = r.mul_scalar(3.0).unwrap().sum_all().unwrap();
+    reset_peak_memory_stats(cpu).unwrap();
+    let base = memory_allocated(cpu).unwrap();
+    loss.backward().unwrap();
+    let grew = max_memory_allocated(cpu).unwrap() - base;
+    (grew, x.grad().unwrap().to_vec::<f32>().unwrap())
+}
+
+#[test]
+fn relu_backward_writes_over_a_gradient_nobody_else_holds() {
+    let _alone = ALLOCATOR.lock().unwrap_or_else(|p| p.into_inner());
+    // d/dx = 3 where x = i % 7 - 2.5 > 0, else 0.
+    let want = |i: usize| if i % 7 >= 3 { 3.0 } else { 0.0 };
+    let (grew, grad) = relu_chain(None);
+    assert!(grad.iter().enumerate().all(|(i, &g)| g == want(i)));
+    // The product's gradient (3 everywhere) becomes the ReLU's, then x's: one gradient-sized
+    // buffer in all.
+    assert!(
+        grew <= BYTES + 4096,
+        "backward grew allocated bytes by {grew}, more than one {BYTES}-byte gradient"
+    );
+    // A gradient something else holds is read, not written over.
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let (grew_kept, grad) = relu_chain(Some(&kept));
+    assert!(grad.iter().enumerate().all(|(i, &g)| g == want(i)));
+    let kept = kept.lock().unwrap();
+    assert_eq!(kept.len(), 1);
+    let seen = kept[0].to_vec::<f32>().unwrap();
+    assert!(
+        seen.iter().all(|&v| v == 3.0),
+        "ReLU's backward changed a gradient a custom op kept: {:?}",
+        &seen[..8]
+    );
+    assert!(
+        grew_kept + 4096 >= grew + BYTES,
+        "kept: {grew_kept} bytes, unshared: {grew}"
+    );
 }
