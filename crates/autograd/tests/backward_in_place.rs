@@ -14,6 +14,16 @@ const BYTES: usize = N * 4;
 /// The allocator's statistics are process-wide: one measuring test at a time.
 static ALLOCATOR: Mutex<()> = Mutex::new(());
 
+/// Runs `loss.backward()`: the growth of allocated bytes over it (from the forward's end), and
+/// the gradient of `x`.
+fn backward_growth(loss: &Tensor, x: &Tensor) -> (usize, Vec<f32>) {
+    reset_peak_memory_stats(Device::Cpu).unwrap();
+    let base = memory_allocated(Device::Cpu).unwrap();
+    loss.backward().unwrap();
+    let grew = max_memory_allocated(Device::Cpu).unwrap() - base;
+    (grew, x.grad().unwrap().to_vec::<f32>().unwrap())
+}
+
 /// `h * factor`, through a custom op when `spy` is given, whose backward keeps a handle to the
 /// gradient it returns.
 fn scaled(h: &Tensor, factor: f64, spy: Option<&Arc<Mutex<Vec<Tensor>>>>) -> Tensor {
@@ -40,11 +50,7 @@ fn meeting_paths(spy: Option<&Arc<Mutex<Vec<Tensor>>>>) -> (usize, Vec<f32>) {
     let h = x.mul_scalar(2.0).unwrap();
     let (a, b) = (scaled(&h, 3.0, spy), scaled(&h, 5.0, spy));
     let loss = a.add(&b).unwrap().sum_all().unwrap();
-    reset_peak_memory_stats(cpu).unwrap();
-    let base = memory_allocated(cpu).unwrap();
-    loss.backward().unwrap();
-    let grew = max_memory_allocated(cpu).unwrap() - base;
-    (grew, x.grad().unwrap().to_vec::<f32>().unwrap())
+    backward_growth(&loss, &x)
 }
 
 #[test]
@@ -117,11 +123,7 @@ fn relu_chain(keep: Option<&Arc<Mutex<Vec<Tensor>>>>) -> (usize, Vec<f32>) {
         None => x.relu().unwrap(),
     };
     let loss = r.mul_scalar(3.0).unwrap().sum_all().unwrap();
-    reset_peak_memory_stats(cpu).unwrap();
-    let base = memory_allocated(cpu).unwrap();
-    loss.backward().unwrap();
-    let grew = max_memory_allocated(cpu).unwrap() - base;
-    (grew, x.grad().unwrap().to_vec::<f32>().unwrap())
+    backward_growth(&loss, &x)
 }
 
 #[test]
