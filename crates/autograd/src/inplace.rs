@@ -44,9 +44,7 @@ impl Tensor {
         if rhs.dtype() != self.dtype() {
             return self.assign(name, &no_grad(fallback)?);
         }
-        self.write_from(name, rhs, |src, layout, dst, dst_layout| {
-            src.binary_into(layout, dst, dst_layout, op)
-        })
+        self.binary_in_place(name, rhs, op)
     }
 
     /// The checks every in-place update makes, then `write(source, its layout broadcast to this
@@ -187,10 +185,16 @@ impl Tensor {
         }
     }
 
-    /// `self = op(self, other)` in place through the in-place kernel, for a backward rule that
-    /// checked [`Tensor::updatable_alone_with`] first.
-    pub(crate) fn binary_in_place(&self, other: &Tensor, op: BinaryOp) -> Result<()> {
-        self.write_from(op.name(), other, |src, layout, dst, dst_layout| {
+    /// `self = op(self, other)` in place through the in-place kernel (`other` of `self`'s
+    /// dtype), errors naming `name`: the arithmetic updates' common path, and a backward rule's
+    /// once it checked [`Tensor::updatable_alone_with`].
+    pub(crate) fn binary_in_place(
+        &self,
+        name: &'static str,
+        other: &Tensor,
+        op: BinaryOp,
+    ) -> Result<()> {
+        self.write_from(name, other, |src, layout, dst, dst_layout| {
             src.binary_into(layout, dst, dst_layout, op)
         })
     }

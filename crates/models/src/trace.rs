@@ -336,8 +336,6 @@ impl Tracer {
         let backward_scratch_bytes = std::mem::take(&mut self.backward_scratch_bytes);
         let scratch_batch_limit = std::mem::replace(&mut self.scratch_batch_limit, usize::MAX);
         let input_grad_in_place = std::mem::take(&mut self.input_grad_in_place);
-        let input_saved = self.saved.contains_key(&x.id);
-        let output_saved = out.as_ref().is_ok_and(|o| self.saved.contains_key(&o.id));
         self.depth -= 1;
         if let (true, Ok(o)) = (is_leaf, &out) {
             let grad_bytes = layer
@@ -355,8 +353,8 @@ impl Tracer {
                 forward_scratch_bytes,
                 backward_scratch_bytes,
                 scratch_batch_limit,
-                input_saved,
-                output_saved,
+                input_saved: self.saved.contains_key(&x.id),
+                output_saved: self.saved.contains_key(&o.id),
                 input_grad_in_place,
             });
         }

@@ -174,7 +174,7 @@ impl Tensor {
         let saved = saved.to_dtype(self.dtype())?;
         // The incoming gradient, when backward holds its only handle, takes the result in place.
         if self.updatable_alone_with(&saved) {
-            self.binary_in_place(&saved, op)?;
+            self.binary_in_place(op.name(), &saved, op)?;
             return Ok(self.clone());
         }
         let storage = self
