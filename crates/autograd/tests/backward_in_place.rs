@@ -1,6 +1,6 @@
 //! Backward reuses the incoming gradient's buffer where nothing else holds it: the sum of two
-//! paths' gradients goes into the first one's, and an activation's rule (ReLU's) writes its
-//! result over the gradient it reads; where something does hold it (a custom op's backward that
+//! paths' gradients goes into the first one's, and an elementwise rule (ReLU's, sigmoid's,
+//! tanh's, exp's, log's) writes its result over the gradient it reads; where something does hold it (a custom op's backward that
 //! kept its result, a view of it) the result is a new buffer. Measured with the CPU caching
 //! allocator's statistics: its own test binary, since that allocator is process-wide.
 
@@ -155,4 +155,41 @@ fn relu_backward_writes_over_a_gradient_nobody_else_holds() {
         grew_kept + 4096 >= grew + BYTES,
         "kept: {grew_kept} bytes, unshared: {grew}"
     );
+}
+
+#[test]
+fn sigmoid_tanh_exp_and_log_backward_write_over_the_gradient() {
+    let _alone = ALLOCATOR.lock().unwrap_or_else(|p| p.into_inner());
+    type Forward = fn(&Tensor) -> Tensor;
+    type Rule = fn(f32, f32) -> f32;
+    // Each rule from the forward's input x and output y, for an incoming gradient of 3, in
+    // the order PyTorch's kernels compute it (sigmoid: g * (1 - y) * y; tanh: g * (1 - y * y)).
+    let cases: [(&str, Forward, Rule); 4] = [
+        (
+            "sigmoid",
+            |x| x.sigmoid().unwrap(),
+            |_, y| 3.0 * (1.0 - y) * y,
+        ),
+        ("tanh", |x| x.tanh().unwrap(), |_, y| 3.0 * (1.0 - y * y)),
+        ("exp", |x| x.exp().unwrap(), |_, y| 3.0 * y),
+        ("log", |x| x.log().unwrap(), |x, _| 3.0 / x),
+    ];
+    for (name, forward, rule) in cases {
+        let values: Vec<f32> = (0..N).map(|i| 0.25 + (i % 7) as f32 * 0.5).collect();
+        let x = Tensor::from_vec(values.clone(), &[N], Device::Cpu).unwrap();
+        x.set_requires_grad(true).unwrap();
+        let y = forward(&x);
+        let ys = y.to_vec::<f32>().unwrap();
+        let loss = y.mul_scalar(3.0).unwrap().sum_all().unwrap();
+        let (grew, grad) = backward_growth(&loss, &x);
+        for (i, &g) in grad.iter().enumerate().step_by(997) {
+            let want = rule(values[i], ys[i]);
+            assert_eq!(g.to_bits(), want.to_bits(), "{name} at {i}: {g} != {want}");
+        }
+        // The product's gradient becomes the activation's, then x's: one buffer in all.
+        assert!(
+            grew <= BYTES + 4096,
+            "{name}: backward grew allocated bytes by {grew}, more than one {BYTES}-byte gradient"
+        );
+    }
 }

@@ -268,6 +268,8 @@ fn binary_ops_comparisons_and_where_broadcast_like_cpu() {
         BinaryOp::GeluErfBackward,
         BinaryOp::GeluTanhBackward,
         BinaryOp::SiluBackward,
+        BinaryOp::SigmoidBackward,
+        BinaryOp::TanhBackward,
     ];
     let cmps = [
         CmpOp::Eq,

@@ -4,7 +4,8 @@
 //! - [`Layer`]: a `Module` with `forward` on tensors and `trace`, a shape-only forward that
 //!   [`summary()`] and [`plan()`] run without allocating any tensor data.
 //! - [`layers`]: `Linear`, `Conv2d`, `BatchNorm2d`, `LayerNorm`, `Embedding`, `Dropout`, `ReLU`,
-//!   `GELU`, pooling, `Flatten`, `Sequential`, `MultiheadAttention`, `TransformerEncoderLayer`.
+//!   `Sigmoid`, `Tanh`, `SiLU`, `GELU`, pooling, `Flatten`, `Sequential`, `MultiheadAttention`,
+//!   `TransformerEncoderLayer`.
 //! - [`models`]: ResNet-18/34/50, ViT, a GPT-style decoder and an MLP, with PyTorch's names, so
 //!   [`checkpoint`] files load in torchvision with `strict=True` and back.
 //! - [`freeze`]: select trainable parameters by name.

@@ -1,15 +1,17 @@
 //! The bugs `cargo xtask cpu-mutants` plants in the backward engine's rules that only some
 //! graphs reach: a leaf frozen after the forward, backward inside an autocast scope, and the
-//! reuse of a gradient's buffer (sums of two paths and ReLU's rule writing in place only where
-//! no other handle, view or saved copy reaches the gradient, never into an expanded view), and
-//! the memory plan's model of them (one gradient in flight at ReLU, the forward counting an
-//! input already saved once); each with the test meant to cover it.
+//! reuse of a gradient's buffer (sums of two paths and the elementwise rules writing in place
+//! only where no other handle, view or saved copy reaches the gradient, never into an expanded
+//! view; sigmoid's and tanh's fused rules in PyTorch's order), and the memory plan's model of
+//! them (one gradient in flight at ReLU, the forward counting an input already saved once);
+//! each with the test meant to cover it.
 
 use super::list::Mutant;
 
 const MODELS: &str = "kiln-models";
 const HISTORY: &[&str] = &["--test", "memory_history"];
 const PLAN_BY_HISTORY: &str = "a_training_step_is_attributed_and_matches_the_plan";
+const ELEMENTWISE_RULES: &str = "sigmoid_tanh_exp_and_log_backward_write_over_the_gradient";
 const BACKWARD_SUM: &str =
     "a_sum_of_two_paths_goes_into_an_unshared_buffer_and_never_into_a_shared_one";
 
@@ -70,11 +72,29 @@ pub const MUTANTS: &[Mutant] = &[
         test: "relu_backward_writes_over_a_gradient_nobody_else_holds",
     },
     Mutant {
-        bug: "the memory plan holds two gradients in flight at ReLU",
+        bug: "sigmoid's backward multiplies in another order than PyTorch's kernel",
+        package: "kiln-autograd",
+        file: "crates/device/src/ops/elementwise/cpu.rs",
+        find: "to.apply(|g: F, y: F| g * (one - y) * y)",
+        replace: "to.apply(|g: F, y: F| g * ((one - y) * y))",
+        target: &["--test", "backward_in_place"],
+        test: ELEMENTWISE_RULES,
+    },
+    Mutant {
+        bug: "tanh's backward goes back to three ops and two temporaries",
+        package: "kiln-autograd",
+        file: "crates/autograd/src/ops/unary.rs",
+        find: "g.binary_raw(y, BinaryOp::TanhBackward)",
+        replace: "g.mul(&y.mul(y)?.rsub_scalar(1.0)?)",
+        target: &["--test", "backward_in_place"],
+        test: ELEMENTWISE_RULES,
+    },
+    Mutant {
+        bug: "the memory plan holds two gradients in flight at elementwise activations",
         package: MODELS,
         file: "crates/models/src/layers/activation.rs",
-        find: "        // The gradient mask is read from the output; the input gradient replaces the output's.\n        if x.requires_grad() {\n            tracer.save(&out);\n        }\n        tracer.input_grad_in_place();",
-        replace: "        if x.requires_grad() {\n            tracer.save(&out);\n        }",
+        find: "    tracer.input_grad_in_place();\n    out\n}",
+        replace: "    out\n}",
         target: HISTORY,
         test: PLAN_BY_HISTORY,
     },

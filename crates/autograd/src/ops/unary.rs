@@ -60,12 +60,16 @@ impl Tensor {
 
     /// `e^x`.
     pub fn exp(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Exp, "ExpBackward", Save::Output, |y, g| g.mul(y))
+        self.unary_op(UnaryOp::Exp, "ExpBackward", Save::Output, |y, g| {
+            g.binary_raw(y, BinaryOp::Mul)
+        })
     }
 
     /// Natural logarithm.
     pub fn log(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Log, "LogBackward", Save::Input, |x, g| g.div(x))
+        self.unary_op(UnaryOp::Log, "LogBackward", Save::Input, |x, g| {
+            g.binary_raw(x, BinaryOp::Div)
+        })
     }
 
     /// Square root.
@@ -113,14 +117,14 @@ impl Tensor {
     /// Logistic sigmoid.
     pub fn sigmoid(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::Sigmoid, "SigmoidBackward", Save::Output, |y, g| {
-            g.mul(&y.mul(&y.rsub_scalar(1.0)?)?)
+            g.binary_raw(y, BinaryOp::SigmoidBackward)
         })
     }
 
     /// Hyperbolic tangent.
     pub fn tanh(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::Tanh, "TanhBackward", Save::Output, |y, g| {
-            g.mul(&y.mul(y)?.rsub_scalar(1.0)?)
+            g.binary_raw(y, BinaryOp::TanhBackward)
         })
     }
 
@@ -167,9 +171,9 @@ impl Tensor {
         })
     }
 
-    /// A fused activation backward (`op` one of the `BinaryOp::*Backward`s): the gradient `self`
-    /// and the saved tensor `saved` (same shape) in one pass, the kernel alone without
-    /// recording. `saved` is converted to the gradient's dtype first where they differ.
+    /// An elementwise backward rule (`op` one of the `BinaryOp::*Backward`s, or `Mul` / `Div` for
+    /// `exp` / `log`): the gradient `self` and the saved tensor `saved` (same shape) in one pass,
+    /// the kernel alone without recording. `saved` is converted to the gradient's dtype first where they differ.
     fn binary_raw(&self, saved: &Tensor, op: BinaryOp) -> Result<Tensor> {
         let saved = saved.to_dtype(self.dtype())?;
         // The incoming gradient, when backward holds its only handle, takes the result in place.

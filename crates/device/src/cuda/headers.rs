@@ -80,7 +80,7 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("#define "))
             .count();
-        assert_eq!(defines, 16 + 11 + 6);
+        assert_eq!(defines, 16 + 13 + 6);
         for (line, code) in [
             (
                 "#define BINARY_GELU_TANH_BACKWARD ",

@@ -1,4 +1,5 @@
-//! Parameter-free layers: `ReLU`, `GELU`, `Dropout`, `Flatten`, `Identity`.
+//! Parameter-free layers: the activations (`ReLU`, `Sigmoid`, `Tanh`, `SiLU`, `GELU`),
+//! `Dropout`, `Flatten`, `Identity`.
 
 use crate::error::input_err;
 use crate::functional;
@@ -14,45 +15,96 @@ macro_rules! stateless_module {
     };
 }
 
-/// `max(x, 0)` (`torch.nn.ReLU`; kiln has no in-place variant, so its output is a new tensor).
-#[derive(Debug)]
-pub struct ReLU {
-    training: bool,
+/// Which tensor an elementwise activation's backward reads.
+#[derive(Clone, Copy)]
+enum Saves {
+    Input,
+    Output,
 }
 
-impl ReLU {
-    /// A ReLU.
-    pub fn new() -> Self {
-        ReLU { training: true }
+/// The trace of an elementwise activation: an output of the input's shape, the tensor its
+/// backward reads saved, and its input gradient written over the output's (kiln-autograd's
+/// elementwise rules take a gradient no one else holds), so one gradient is in flight.
+fn trace_elementwise(tracer: &mut Tracer, x: &Act, saves: Saves) -> Act {
+    let out = tracer.output(&[x], x.shape(), x.dtype(), false);
+    if x.requires_grad() {
+        tracer.save(match saves {
+            Saves::Input => x,
+            Saves::Output => &out,
+        });
     }
+    tracer.input_grad_in_place();
+    out
 }
 
-impl Default for ReLU {
-    fn default() -> Self {
-        ReLU::new()
-    }
-}
-
-stateless_module!(ReLU);
-
-impl Layer for ReLU {
-    fn type_name(&self) -> &'static str {
-        "ReLU"
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.relu()?)
-    }
-    fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
-        let out = tracer.output(&[x], x.shape(), x.dtype(), false);
-        // The gradient mask is read from the output; the input gradient replaces the output's.
-        if x.requires_grad() {
-            tracer.save(&out);
+/// A parameter-free elementwise activation layer calling `Tensor::$forward`, whose backward
+/// reads the tensor `$saves` names.
+macro_rules! activation_layer {
+    ($(#[$doc:meta])* $name:ident, $forward:ident, $saves:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name {
+            training: bool,
         }
-        tracer.input_grad_in_place();
-        Ok(out)
-    }
-    layer_casts!();
+
+        impl $name {
+            /// The layer (it has no parameters or settings).
+            pub fn new() -> Self {
+                $name { training: true }
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name::new()
+            }
+        }
+
+        stateless_module!($name);
+
+        impl Layer for $name {
+            fn type_name(&self) -> &'static str {
+                stringify!($name)
+            }
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                Ok(x.$forward()?)
+            }
+            fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
+                Ok(trace_elementwise(tracer, x, $saves))
+            }
+            layer_casts!();
+        }
+    };
 }
+
+activation_layer!(
+    /// `max(x, 0)` (`torch.nn.ReLU`; kiln has no in-place variant, so its output is a new
+    /// tensor). Its backward reads the output's sign.
+    ReLU,
+    relu,
+    Saves::Output
+);
+
+activation_layer!(
+    /// `1 / (1 + e^-x)` (`torch.nn.Sigmoid`); its backward reads the output.
+    Sigmoid,
+    sigmoid,
+    Saves::Output
+);
+
+activation_layer!(
+    /// `tanh(x)` (`torch.nn.Tanh`); its backward reads the output.
+    Tanh,
+    tanh,
+    Saves::Output
+);
+
+activation_layer!(
+    /// `x * sigmoid(x)` (`torch.nn.SiLU`, also called swish); its backward reads the input.
+    SiLU,
+    silu,
+    Saves::Input
+);
 
 /// The exact (erf) GELU, or its tanh approximation (`torch.nn.GELU(approximate=...)`).
 #[derive(Debug)]
@@ -96,12 +148,7 @@ impl Layer for GELU {
         Ok(if self.tanh { x.gelu_tanh()? } else { x.gelu()? })
     }
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
-        if x.requires_grad() {
-            tracer.save(x);
-        }
-        // The input gradient replaces the output's.
-        tracer.input_grad_in_place();
-        Ok(tracer.output(&[x], x.shape(), x.dtype(), false))
+        Ok(trace_elementwise(tracer, x, Saves::Input))
     }
     layer_casts!();
 }

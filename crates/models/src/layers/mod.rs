@@ -10,7 +10,7 @@ mod pool;
 mod sequential;
 mod transformer;
 
-pub use activation::{Dropout, Flatten, Identity, ReLU, GELU};
+pub use activation::{Dropout, Flatten, Identity, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use attention::{AttentionMasks, MultiheadAttention};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use embedding::Embedding;

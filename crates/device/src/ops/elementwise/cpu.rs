@@ -176,6 +176,8 @@ fn float_binary<F: KernelFloat>(op: BinaryOp, to: impl ApplyBinary<F>) {
             let s = sigmoid(x);
             g * (s * (one + x * (one - s)))
         }),
+        BinaryOp::SigmoidBackward => to.apply(|g: F, y: F| g * (one - y) * y),
+        BinaryOp::TanhBackward => to.apply(|g: F, y: F| g * (one - y * y)),
     }
 }
 
@@ -194,7 +196,9 @@ fn int_binary(op: BinaryOp, to: impl ApplyBinary<i64>) -> Option<()> {
         | BinaryOp::ReluBackward
         | BinaryOp::GeluErfBackward
         | BinaryOp::GeluTanhBackward
-        | BinaryOp::SiluBackward => return None,
+        | BinaryOp::SiluBackward
+        | BinaryOp::SigmoidBackward
+        | BinaryOp::TanhBackward => return None,
     }
     Some(())
 }

@@ -234,6 +234,8 @@ template <typename C> __device__ __forceinline__ C binary_float(unsigned op, C a
     case BINARY_GELU_ERF_BACKWARD: return a * gelu_erf_grad(b);
     case BINARY_GELU_TANH_BACKWARD: return a * gelu_tanh_grad(b);
     case BINARY_SILU_BACKWARD: return a * silu_grad(b);
+    case BINARY_SIGMOID_BACKWARD: return a * ((C)1 - b) * b;
+    case BINARY_TANH_BACKWARD: return a * ((C)1 - b * b);
     default: return a;
     }
 }

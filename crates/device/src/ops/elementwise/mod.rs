@@ -124,6 +124,10 @@ op_tables! {
         GeluTanhBackward = 9, GELU_TANH_BACKWARD, "gelu_backward";
         /// `a * silu'(b)`
         SiluBackward = 10, SILU_BACKWARD, "silu_backward";
+        /// sigmoid's backward from its output `b`: `a * (1 - b) * b`, in PyTorch's order
+        SigmoidBackward = 11, SIGMOID_BACKWARD, "sigmoid_backward";
+        /// tanh's backward from its output `b`: `a * (1 - b * b)`
+        TanhBackward = 12, TANH_BACKWARD, "tanh_backward";
     }
 
     /// Elementwise comparisons; the result has dtype `Bool`.
@@ -153,6 +157,8 @@ impl BinaryOp {
                 | BinaryOp::GeluErfBackward
                 | BinaryOp::GeluTanhBackward
                 | BinaryOp::SiluBackward
+                | BinaryOp::SigmoidBackward
+                | BinaryOp::TanhBackward
         )
     }
 }
