@@ -13,8 +13,8 @@
 //!   keep nothing for their weight gradient. Traces at batch 1 and 2 split this into a
 //!   per-sample part and a batch-independent part (BatchNorm statistics);
 //! - the input batch, and the gradients in flight at the layer being differentiated: its output
-//!   gradient and its input gradient (one tensor for ReLU and GELU, whose backward writes the
-//!   input gradient over the output gradient it reads).
+//!   gradient and its input gradient (one tensor for the activations, ReLU, GELU, SiLU, sigmoid
+//!   and tanh, whose backward writes the input gradient over the output gradient it reads).
 //!
 //! These are not all at their largest at once: backward meets the layers in reverse, producing
 //! each layer's weight gradients and freeing what it saved as it goes. The plan replays the
@@ -385,8 +385,8 @@ fn plan_traced(
             }
             grads = sum(grads, e.grad_bytes)?;
             // Backward: the output gradient arriving and the input gradient made from it (the
-            // activation backwards are one fused op: no third tensor of that size; ReLU's and
-            // GELU's write over the arriving gradient: one tensor).
+            // activation backwards are one fused op: no third tensor of that size, and they
+            // write over the arriving gradient: one tensor).
             let in_flight = match e.input_grad_in_place {
                 true => e.output_bytes.max(e.input_bytes),
                 false => sum(e.output_bytes, e.input_bytes)?,

@@ -132,8 +132,8 @@ pub struct BackwardEvent {
     /// output): counted once, as saved.
     pub output_saved: bool,
     /// True when the call's backward writes its input gradient over the output gradient it
-    /// reads (ReLU, GELU: kiln-autograd's activation rules take a gradient no one else holds),
-    /// so one tensor of that size is in flight, not two.
+    /// reads (the activations: kiln-autograd's elementwise rules take a gradient no one else
+    /// holds), so one tensor of that size is in flight, not two.
     pub input_grad_in_place: bool,
 }
 
