@@ -24,7 +24,7 @@
 //! The weight gradient has chunks and a column matrix of its own (`cpu_chunked_weight.rs`).
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
-use super::padded::{fold_add_on, unfold_on, zero_on, Padded};
+use super::padded::{copy_rows, fold_add_on, unfold_on, zero_on, Padded};
 use super::pieces::{chunked_images_in_parallel, for_each_chunk, for_each_piece, is_split};
 use super::Conv2dGeometry;
 use crate::ops::simd::prefetch_read;
@@ -114,7 +114,7 @@ fn gather_columns<T: KernelFloat>(
             for_each_piece(col, rows * width, split, |b, block| {
                 for (j, dst) in block.chunks_mut(width).enumerate() {
                     let r = b * rows + j;
-                    dst[i * d.l..][..d.l].copy_from_slice(&image[r * d.l..][..d.l]);
+                    copy_rows((&mut dst[i * d.l..], d.l), (&image[r * d.l..], d.l), d.l, 1);
                 }
             });
         } else {
@@ -131,9 +131,8 @@ pub(super) fn gather_planes<T: KernelFloat>(d: Dims, planes: &[T], out: &mut [T]
     let width = planes.len() / d.c_out;
     let count = width / d.l.max(1);
     for_each_piece(&mut out[..d.c_out * width], width, parallel, |o, row| {
-        for i in 0..count {
-            row[i * d.l..][..d.l].copy_from_slice(&planes[(i * d.c_out + o) * d.l..][..d.l]);
-        }
+        let stride = d.c_out * d.l;
+        copy_rows((row, d.l), (&planes[o * d.l..], stride), d.l, count);
     });
 }
 
@@ -184,7 +183,7 @@ pub(super) fn forward<T: KernelFloat>(
                 let src = &product[o * width + i * d.l..][..d.l];
                 match bias {
                     Some(b) => plane.iter_mut().zip(src).for_each(|(p, &s)| *p = s + b[o]),
-                    None => plane.copy_from_slice(src),
+                    None => copy_rows((plane, d.l), (src, d.l), d.l, 1),
                 }
             });
         },
@@ -336,6 +335,9 @@ mod tests {
             ([5, 6, 8, 8], [4, 6, 3, 3], 2, 1),
             ([7, 6, 8, 8], [5, 6, 1, 1], 2, 0),
             ([3, 6, 5, 3], [4, 6, 1, 1], 1, 0),
+            // Rows 8 and 7 wide at stride 1 (the fixed-width row copies of `padded.rs`).
+            ([5, 4, 8, 8], [5, 4, 3, 3], 1, 1),
+            ([5, 4, 7, 7], [3, 4, 3, 3], 1, 1),
         ];
         // (dilation, padding): a dilated, unevenly padded 3x2 kernel, whose taps the
         // pixel-major weight gradient indexes differently from the column matrix.
