@@ -468,6 +468,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::conv::padded::tests::copy_rows_moves_each_row_and_nothing_between",
     },
     Mutant {
+        bug: "a subsampling 1x1 convolution reads its plane's first columns, not every stride-th",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/padded.rs",
+        find: "row.iter_mut().enumerate().for_each(|(x, v)| *v = src[x * sw]);",
+        replace: "row.iter_mut().enumerate().for_each(|(x, v)| *v = src[x]);",
+        target: LIB,
+        test: "ops::conv::cpu_chunked::tests::chunked_passes_equal_the_plain_loops_on_small_planes",
+    },
+    Mutant {
         bug: "an unpadded channel is copied from another channel's plane",
         package: DEVICE,
         file: "crates/device/src/ops/conv/padded.rs",

@@ -7,7 +7,9 @@
 //!   on a CPU with AVX-512F or AVX2, the same product without a column matrix
 //!   (`cpu_direct.rs`), which also runs strided forwards over the padded image's phases;
 //! - anything else: one GEMM per image and group (this file); 1x1 convolutions with stride 1
-//!   and no padding use the input block as the column matrix.
+//!   and no padding use the input block as the column matrix, and strided ones without padding
+//!   (ResNet's downsampling shortcuts) gather their columns straight from the image, here and
+//!   in chunks, with no padded copy of every phase of the stride.
 //!
 //! The input gradient of a stride-1 convolution on a wide plane is itself a forward convolution
 //! (of the output gradient with the rotated weight), so it takes the same paths; small planes
@@ -90,7 +92,11 @@ pub fn conv2d_forward<T: KernelFloat>(
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
     let p = Padded::new(geometry)?;
-    let padded_len = if b.pointwise { 0 } else { p.len };
+    let padded_len = if b.pointwise || b.subsampled {
+        0
+    } else {
+        p.len
+    };
     let failure = ScratchFailure::new();
     let dims = [b.out_channels, b.col_cols, b.col_rows];
     for_each_image(
@@ -103,7 +109,7 @@ pub fn conv2d_forward<T: KernelFloat>(
             };
             let parallelism = image_parallelism(split);
             let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
-            if !b.pointwise {
+            if !b.pointwise && !b.subsampled {
                 p.fill_on(in_image, padded, split);
             }
             for g in 0..b.groups {
@@ -185,7 +191,7 @@ fn accumulate_weight_grad_t<T: KernelFloat>(
     let dims = [b.col_rows, b.out_channels, b.col_cols];
     let in_image = &input[n * b.groups * b.in_group..][..b.groups * b.in_group];
     let gout_image = &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
-    if !b.pointwise {
+    if !b.pointwise && !b.subsampled {
         p.fill_on(in_image, padded, is_split(parallelism));
     }
     for g in 0..b.groups {
@@ -249,7 +255,11 @@ pub fn conv2d_backward_weight<T: KernelFloat>(
     let b = Blocks::new(geometry);
     let col_len = b.col_len()?;
     let p = Padded::new(geometry)?;
-    let padded_len = if b.pointwise { 0 } else { p.len };
+    let padded_len = if b.pointwise || b.subsampled {
+        0
+    } else {
+        p.len
+    };
     let batch = geometry.batch;
     let context = TaskContext::of_caller();
     let partials = weight_grad_partials(batch, |images, parallelism| -> Result<HostBuffer<T>> {

@@ -24,7 +24,7 @@
 //! The weight gradient has chunks and a column matrix of its own (`cpu_chunked_weight.rs`).
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
-use super::padded::{copy_rows, fold_add_on, unfold_on, zero_on, Padded};
+use super::padded::{copy_rows, fold_add_on, subsample_plane, unfold_on, zero_on, Padded};
 use super::pieces::{chunked_images_in_parallel, for_each_chunk, for_each_piece, is_split};
 use super::Conv2dGeometry;
 use crate::ops::simd::prefetch_read;
@@ -74,6 +74,9 @@ pub(super) struct Dims {
     /// Elements of one input image.
     pub in_image: usize,
     pointwise: bool,
+    /// See [`Conv2dGeometry::is_subsampling`]: the column rows are the input planes read at
+    /// the stride, gathered without a padded copy.
+    subsampled: bool,
 }
 
 impl Dims {
@@ -84,6 +87,7 @@ impl Dims {
             c_out: g.out_channels,
             in_image: g.in_channels * g.input_size[0] * g.input_size[1],
             pointwise: g.is_pointwise(),
+            subsampled: g.is_subsampling(),
         }
     }
 }
@@ -91,7 +95,10 @@ impl Dims {
 /// Writes the chunk's column matrix `[K, images * L]` of `images` (`images.len() / in_image`
 /// images) into `col`: each image in turn is copied into its padded form in `padded` (one
 /// padded image), then unfolded into its columns; the copies by channel and by block of rows
-/// on the pool when `split` (the chunk runs alone, [`unfold_on`]).
+/// on the pool when `split` (the chunk runs alone, [`unfold_on`]). A pointwise convolution's
+/// rows are the image's planes, and a subsampling one's those planes at its stride, copied
+/// straight from the image (the padded copy would hold every phase of the stride, of which
+/// the kernel reads one).
 fn gather_columns<T: KernelFloat>(
     (g, d, p): (&Conv2dGeometry, Dims, &Padded),
     images: &[T],
@@ -115,6 +122,13 @@ fn gather_columns<T: KernelFloat>(
                 for (j, dst) in block.chunks_mut(width).enumerate() {
                     let r = b * rows + j;
                     copy_rows((&mut dst[i * d.l..], d.l), (&image[r * d.l..], d.l), d.l, 1);
+                }
+            });
+        } else if d.subsampled {
+            // K = C_in: row r is plane r read at the stride.
+            for_each_piece(col, rows * width, split, |b, block| {
+                for (j, dst) in block.chunks_mut(width).enumerate() {
+                    subsample_plane(g, image, b * rows + j, &mut dst[i * d.l..][..d.l]);
                 }
             });
         } else {
@@ -148,7 +162,11 @@ pub(super) fn forward<T: KernelFloat>(
     let d = Dims::new(g);
     let p = Padded::new(g)?;
     let failure = ScratchFailure::new();
-    let padded_len = if d.pointwise { 0 } else { p.len };
+    let padded_len = if d.pointwise || d.subsampled {
+        0
+    } else {
+        p.len
+    };
     let scratch = || {
         let col = failure.take::<T>(d.k * chunk * d.l)?;
         let padded = failure.take::<T>(padded_len)?;

@@ -6,7 +6,7 @@
 //! calls `gemm`; [`ScratchFailure`] keeps the first allocation error and reports it after the
 //! loop, so a failed scratch allocation is an error, never a panic.
 
-use super::padded::{too_large, unfold_on, Padded};
+use super::padded::{subsample_plane, too_large, unfold_on, Padded};
 use super::pieces::is_split;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
@@ -23,6 +23,9 @@ pub(super) struct Blocks<'a> {
     geometry: &'a Conv2dGeometry,
     /// See [`Conv2dGeometry::is_pointwise`].
     pub(super) pointwise: bool,
+    /// See [`Conv2dGeometry::is_subsampling`] (the forward gathers its columns from the image,
+    /// with no padded copy).
+    pub(super) subsampled: bool,
     pub(super) groups: usize,
     /// `C_in/groups * H * W`.
     pub(super) in_group: usize,
@@ -46,6 +49,7 @@ impl<'a> Blocks<'a> {
         Self {
             geometry: g,
             pointwise: g.is_pointwise(),
+            subsampled: g.is_subsampling(),
             groups,
             in_group: g.in_channels / groups * g.input_size[0] * g.input_size[1],
             out_group: out_channels * col_cols,
@@ -68,8 +72,9 @@ impl<'a> Blocks<'a> {
     }
 
     /// Group `g`'s column matrix of one image: the input block itself for a pointwise
-    /// convolution, else unfolded from the image's padded copy into `col` (on the pool when
-    /// `gemm` is: a batch too small to fill it).
+    /// convolution, its planes read at the stride for a subsampling one, else unfolded from the
+    /// image's padded copy into `col` (on the pool when `gemm` is: a batch too small to fill
+    /// it).
     pub(super) fn columns<'s, T: KernelFloat>(
         &self,
         (p, parallelism): (&Padded, Parallelism),
@@ -82,6 +87,13 @@ impl<'a> Blocks<'a> {
             return &image[g * self.in_group..][..self.in_group];
         }
         let l = self.col_cols;
+        if self.subsampled {
+            let channels = self.geometry.in_channels / self.groups;
+            for (c, row) in col[..channels * l].chunks_mut(l.max(1)).enumerate() {
+                subsample_plane(self.geometry, image, g * channels + c, row);
+            }
+            return col;
+        }
         unfold_on(
             (self.geometry, p),
             padded,

@@ -228,4 +228,10 @@ impl Conv2dGeometry {
     fn is_pointwise(&self) -> bool {
         self.kernel_size == [1, 1] && self.params.stride == [1, 1] && self.params.padding == [0, 0]
     }
+
+    /// A 1x1 kernel without padding at a stride above 1 (ResNet's downsampling shortcuts): its
+    /// column matrix is the input subsampled at the stride.
+    fn is_subsampling(&self) -> bool {
+        self.kernel_size == [1, 1] && self.params.padding == [0, 0] && self.params.stride != [1, 1]
+    }
 }

@@ -379,6 +379,19 @@ pub(super) fn copy_rows<T: Copy>(
     }
 }
 
+/// Row `c` of a subsampling 1x1 convolution's column matrix (no padding, a stride above 1):
+/// plane `c` of `image` read at the stride, into `dst` (`H_out * W_out` elements).
+pub(super) fn subsample_plane<T: Copy>(g: &Conv2dGeometry, image: &[T], c: usize, dst: &mut [T]) {
+    let ([h, w], [sh, sw]) = (g.input_size, g.params.stride);
+    let plane = &image[c * h * w..][..h * w];
+    for (y, row) in dst.chunks_mut(g.output_size[1].max(1)).enumerate() {
+        let src = &plane[y * sh * w..];
+        row.iter_mut()
+            .enumerate()
+            .for_each(|(x, v)| *v = src[x * sw]);
+    }
+}
+
 /// Zeroes `buffer` (a padded gradient before [`fold_add_on`]), in parallel pieces when
 /// `parallel`.
 pub(super) fn zero_on<T: KernelFloat>(buffer: &mut [T], parallel: bool) {
