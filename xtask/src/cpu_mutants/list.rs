@@ -477,6 +477,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::conv::cpu_chunked::tests::chunked_passes_equal_the_plain_loops_on_small_planes",
     },
     Mutant {
+        bug: "a subsampling 1x1 convolution's input gradient lands on the plane's first columns",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/padded.rs",
+        find: "dst[x * sw] = T::ZERO + v",
+        replace: "dst[x] = T::ZERO + v",
+        target: LIB,
+        test: "ops::conv::cpu_chunked::tests::chunked_passes_equal_the_plain_loops_on_small_planes",
+    },
+    Mutant {
         bug: "an unpadded channel is copied from another channel's plane",
         package: DEVICE,
         file: "crates/device/src/ops/conv/padded.rs",

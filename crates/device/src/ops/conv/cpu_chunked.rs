@@ -24,7 +24,9 @@
 //! The weight gradient has chunks and a column matrix of its own (`cpu_chunked_weight.rs`).
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
-use super::padded::{copy_rows, fold_add_on, subsample_plane, unfold_on, zero_on, Padded};
+use super::padded::{
+    copy_rows, fold_add_on, subsample_plane, unfold_on, unsample_plane, zero_on, Padded,
+};
 use super::pieces::{chunked_images_in_parallel, for_each_chunk, for_each_piece, is_split};
 use super::Conv2dGeometry;
 use crate::ops::simd::prefetch_read;
@@ -290,7 +292,7 @@ fn backward_input_with<T: KernelFloat>(
     let scratch = || {
         let gathered = failure.take::<T>(d.c_out * chunk * d.l)?;
         let col = failure.take::<T>(d.k * chunk * d.l)?;
-        let padded_grad = failure.take::<T>(p.len)?;
+        let padded_grad = failure.take::<T>(if d.subsampled { 0 } else { p.len })?;
         Some((gathered, col, padded_grad))
     };
     let image = d.in_image;
@@ -324,6 +326,13 @@ fn backward_input_with<T: KernelFloat>(
                 parallelism,
             );
             for (i, gin_image) in gin.chunks_mut(image).enumerate() {
+                if d.subsampled {
+                    let plane = image / d.k.max(1);
+                    for_each_piece(gin_image, plane, split, |c, plane| {
+                        unsample_plane(g, &col[c * width + i * d.l..][..d.l], plane)
+                    });
+                    continue;
+                }
                 zero_on(padded_grad, split);
                 fold_add_on((g, &p), col, 0, [width, i * d.l], padded_grad, split);
                 p.unpad_on(padded_grad, gin_image, split);

@@ -392,6 +392,21 @@ pub(super) fn subsample_plane<T: Copy>(g: &Conv2dGeometry, image: &[T], c: usize
     }
 }
 
+/// The input gradient's plane of a subsampling 1x1 convolution from row `c` of its column
+/// gradient (`col_row`, `H_out * W_out` elements): zero but where the stride reads, each of
+/// those read once (so no sums). `0 + v` as the fold onto a zeroed gradient computes, so a
+/// negative zero comes out as the other paths give it.
+pub(super) fn unsample_plane<T: KernelFloat>(g: &Conv2dGeometry, col_row: &[T], plane: &mut [T]) {
+    let ([_, w], [sh, sw]) = (g.input_size, g.params.stride);
+    plane.fill(T::ZERO);
+    for (y, row) in col_row.chunks(g.output_size[1].max(1)).enumerate() {
+        let dst = &mut plane[y * sh * w..];
+        row.iter()
+            .enumerate()
+            .for_each(|(x, &v)| dst[x * sw] = T::ZERO + v);
+    }
+}
+
 /// Zeroes `buffer` (a padded gradient before [`fold_add_on`]), in parallel pieces when
 /// `parallel`.
 pub(super) fn zero_on<T: KernelFloat>(buffer: &mut [T], parallel: bool) {
