@@ -15,8 +15,8 @@ and exits at the end of its input. The bench alternates these rounds with its ow
 the same case, so the two figures of each round are taken within seconds of each other. A
 figure is measured the way the bench measures kiln's: one untimed warm-up call, then the median
 (steps, optimizer and clip cases) or the best (matmul) of the timed calls. The models are
-defined here (torchvision's ResNet-18 layout, a 784-512-256-10 MLP), so nothing but `torch` is
-needed. The `gpu_` cases run on `cuda:0` and are timed as the bench's GPU cases are: warm-up
+defined here (torchvision's ResNet-18 layout, the train example's narrower CIFAR ResNet, a
+784-512-256-10 MLP), so nothing but `torch` is needed. The `gpu_` cases run on `cuda:0` and are timed as the bench's GPU cases are: warm-up
 calls, then the best of three rounds of calls between two synchronisations.
 
 Invariants: every case uses the same model, batch, loss, optimizer and options as the kiln case
@@ -79,22 +79,25 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    def __init__(self, num_classes, small_input):
+    """torchvision's ResNet-18 layout; `width` and `blocks` per stage make the train example's
+    smaller CIFAR ResNet (16, 1)."""
+
+    def __init__(self, num_classes, small_input, width=64, blocks=2):
         super().__init__()
         if small_input:
-            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
             self.maxpool = nn.Identity()
         else:
-            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
             self.maxpool = nn.MaxPool2d(3, 2, 1)
-        self.bn1 = nn.BatchNorm2d(64)
-        layers, cin = [], 64
-        for i, planes in enumerate([64, 128, 256, 512]):
-            for b in range(2):
+        self.bn1 = nn.BatchNorm2d(width)
+        layers, cin = [], width
+        for i, planes in enumerate([width, 2 * width, 4 * width, 8 * width]):
+            for b in range(blocks):
                 layers.append(BasicBlock(cin, planes, 2 if b == 0 and i > 0 else 1))
                 cin = planes
         self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(512, num_classes)
+        self.fc = nn.Linear(8 * width, num_classes)
 
     def forward(self, x):
         x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
@@ -128,6 +131,31 @@ def resnet_step(size, batch, steps, classes):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, 3, size, size)
     return clipped_step(model, opt, x, labels(batch, classes), steps)
+
+
+def small_resnet(train):
+    """The train example's CIFAR ResNet (width 16, one block per stage, 10 classes)."""
+    torch.manual_seed(0)
+    model = ResNet18(10, small_input=True, width=16, blocks=1)
+    return model if train else model.eval()
+
+
+def small_resnet_step(batch, steps):
+    model = small_resnet(True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, 32, 32)
+    return clipped_step(model, opt, x, labels(batch, 10), steps)
+
+
+def small_resnet_eval(batch, runs):
+    model, x = small_resnet(False), torch.randn(batch, 3, 32, 32)
+
+    def forward():
+        with torch.no_grad():
+            model(x)
+
+    forward()
+    return lambda: median_ms(runs, forward)
 
 
 def spinner():
@@ -421,6 +449,10 @@ def set_up(name, arg, quick):
         return contended(resnet_step(32, arg, 1 if quick else 3, 10)), "ms"
     if name == "resnet18_224_step":
         return resnet_step(224, arg, steps, 1000), "ms"
+    if name == "small_resnet_step":
+        return small_resnet_step(arg, steps), "ms"
+    if name == "small_resnet_eval":
+        return small_resnet_eval(arg, 3 if quick else 20), "ms"
     if name == "resnet18_224_eval":
         return resnet_eval(arg, 3 if quick else 20), "ms"
     if name == "matmul":

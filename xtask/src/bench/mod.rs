@@ -33,6 +33,7 @@ mod optim_gpu;
 pub mod threads;
 mod torch;
 mod train;
+mod train_small;
 
 use harness::{cpu_then_gpu, Options, Row, FAILED};
 use std::fmt::Write as _;

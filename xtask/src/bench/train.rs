@@ -45,7 +45,7 @@ use kiln_models::{plan, summary, Layer, OptimizerKind};
 use kiln_optim::{AdamOptions, AdamW, Optimizer, ParamGroup, Sgd, SgdOptions};
 use std::hint::black_box;
 
-const GROUP: &str = "train";
+pub(super) const GROUP: &str = "train";
 const CPU: Device = Device::Cpu;
 
 /// Runs every case of the group.
@@ -78,6 +78,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         resnet_eval(options, batch, &mut rows, &mut pairs)?;
     }
     contended_step(options, cifar, cifar_ms, &mut rows, &mut pairs)?;
+    super::train_small::rows(options, &mut rows, &mut pairs)?;
     rows.extend(pairs.into_rows());
     if options.gpu {
         eprintln!(
@@ -107,7 +108,7 @@ fn matmul_gflops(options: &Options) -> Result<f64, String> {
 }
 
 /// Class-index targets in `[0, classes)` (a fixed pattern; the step time does not depend on it).
-fn labels(batch: usize, classes: usize) -> Result<Tensor, String> {
+pub(super) fn labels(batch: usize, classes: usize) -> Result<Tensor, String> {
     let v: Vec<i64> = (0..batch).map(|i| ((i * 7 + 3) % classes) as i64).collect();
     Tensor::from_vec(v, &[batch], CPU).map_err(err)
 }
@@ -195,7 +196,7 @@ fn measure(
 
 /// Seeds kiln's generator with 0 and empties the CPU cache; returns the bytes still allocated,
 /// the base a case's peaks are measured above.
-fn fresh_start() -> Result<usize, String> {
+pub(super) fn fresh_start() -> Result<usize, String> {
     manual_seed(0);
     empty_cache(CPU).map_err(err)?;
     memory_allocated(CPU).map_err(err)
@@ -290,7 +291,7 @@ impl Resnet {
 }
 
 /// One training step of `model` on `x`, `y` (see the module doc).
-fn train_step(
+pub(super) fn train_step(
     model: &ResNet,
     params: &[(String, kiln_autograd::Parameter)],
     opt: &mut Sgd,

@@ -1,0 +1,96 @@
+//! The `train` group's cases for the train example's model: the CIFAR ResNet of width 16 with
+//! one block per stage (`cargo run --release --example train`'s default), a training step (SGD
+//! momentum + clip, as the ResNet-18 cases) and an eval forward at batch 128. Its channels
+//! (16 to 128) are few next to the batch, so the convolutions' copies (padding, im2col, the
+//! chunked path's gathers) weigh more than in ResNet-18; with `--vs-torch`, both figures get
+//! rows against PyTorch's same model (`torch_bench.py`'s `small_resnet_*`).
+
+use super::harness::{err, median_of, Options, Row};
+use super::torch::{Figure, Pairs};
+use super::train::{fresh_start, labels, train_step, GROUP};
+use kiln_autograd::{no_grad, DType, Device, Module, Tensor};
+use kiln_models::models::{BlockKind, ResNet, ResNetConfig, ResNetDims};
+use kiln_models::Layer;
+use kiln_optim::{ParamGroup, Sgd, SgdOptions};
+use std::hint::black_box;
+
+const CPU: Device = Device::Cpu;
+const NAME: &str = "CIFAR ResNet, width 16, one block per stage (the train example's)";
+
+fn small_resnet() -> Result<ResNet, String> {
+    let config = ResNetConfig {
+        block: BlockKind::Basic,
+        layers: [1, 1, 1, 1],
+        num_classes: 10,
+        small_input: true,
+    };
+    let dims = ResNetDims {
+        width: 16,
+        in_channels: 3,
+    };
+    ResNet::with_dims(config, dims).map_err(err)
+}
+
+/// The step and eval rows at `batch` (8 with `--quick`, else 128).
+pub(super) fn rows(
+    options: &Options,
+    rows: &mut Vec<Row>,
+    pairs: &mut Pairs,
+) -> Result<(), String> {
+    let batch = if options.quick { 8 } else { 128 };
+    let runs = if options.quick { 2 } else { 10 };
+    fresh_start()?;
+    let model = small_resnet()?;
+    let params = model.named_parameters();
+    let mut opt = Sgd::new(
+        vec![ParamGroup::new(params.clone())],
+        SgdOptions::default().lr(0.01).momentum(0.9),
+    )
+    .map_err(err)?;
+    let x = Tensor::randn(&[batch, 3, 32, 32], DType::F32, CPU).map_err(err)?;
+    let y = labels(batch, 10)?;
+    let mut step = || train_step(&model, &params, &mut opt, &x, &y);
+    step()?; // warm-up
+    let ms = median_of(runs, &mut step)? * 1e3;
+    eprintln!("bench train: {NAME}, batch {batch}: {ms:.1} ms/step");
+    rows.push(Row::new(
+        GROUP,
+        format!("{NAME} 32x32, batch {batch}, SGD momentum + clip: step time"),
+        "ms",
+        ms,
+        "images per second (ratio = images/s)",
+        batch as f64 * 1e3 / ms,
+    ));
+    let id = format!("small_resnet_step/{batch}");
+    pairs.add(
+        &format!("train example's ResNet step ({id})"),
+        &id,
+        Figure::Millis,
+        ms,
+        || Ok(median_of(runs, &mut step)? * 1e3),
+    )?;
+
+    fresh_start()?;
+    let mut model = small_resnet()?;
+    model.eval();
+    let mut forward = || no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err));
+    forward()?; // warm-up
+    let ms = median_of(runs, &mut forward)? * 1e3;
+    eprintln!("bench train: {NAME}, batch {batch} eval: {ms:.2} ms");
+    rows.push(Row::new(
+        GROUP,
+        format!("{NAME} 32x32, batch {batch}, eval under no_grad: forward time"),
+        "ms",
+        ms,
+        "images per second (ratio = images/s)",
+        batch as f64 * 1e3 / ms,
+    ));
+    let id = format!("small_resnet_eval/{batch}");
+    pairs.add(
+        &format!("train example's ResNet eval ({id})"),
+        &id,
+        Figure::Millis,
+        ms,
+        || Ok(median_of(runs, &mut forward)? * 1e3),
+    )
+}
