@@ -50,7 +50,7 @@ const GROUPS: &[(&str, Group)] = &[
     ("clip", |options| cpu_then_gpu(options, clip::cpu_cases, clip_gpu::run)),
     ("optim", |options| cpu_then_gpu(options, optim::cpu_cases, optim_gpu::run)),
     ("ops", ops::run),
-    ("train", train::run),
+    ("train", |options| Ok([train::run(options)?, train_small::run(options)?].concat())),
     ("threads", threads::run),
     ("distributed", distributed::run),
 ];

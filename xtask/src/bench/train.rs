@@ -78,7 +78,6 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         resnet_eval(options, batch, &mut rows, &mut pairs)?;
     }
     contended_step(options, cifar, cifar_ms, &mut rows, &mut pairs)?;
-    super::train_small::rows(options, &mut rows, &mut pairs)?;
     rows.extend(pairs.into_rows());
     if options.gpu {
         eprintln!(

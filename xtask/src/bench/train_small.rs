@@ -3,7 +3,9 @@
 //! momentum + clip, as the ResNet-18 cases) and an eval forward at batch 128. Its channels
 //! (16 to 128) are few next to the batch, so the convolutions' copies (padding, im2col, the
 //! chunked path's gathers) weigh more than in ResNet-18; with `--vs-torch`, both figures get
-//! rows against PyTorch's same model (`torch_bench.py`'s `small_resnet_*`).
+//! rows against PyTorch's same model (`torch_bench.py`'s `small_resnet_*`, in a PyTorch process
+//! of their own). A file apart from `train.rs`, whose helpers it uses; `mod.rs` runs both as the
+//! `train` group.
 
 use super::harness::{err, median_of, Options, Row};
 use super::torch::{Figure, Pairs};
@@ -31,12 +33,20 @@ fn small_resnet() -> Result<ResNet, String> {
     ResNet::with_dims(config, dims).map_err(err)
 }
 
+/// The `train` group's cases after `train::run`'s (see `mod.rs`).
+pub(super) fn run(options: &Options) -> Result<Vec<Row>, String> {
+    if options.gpu_only {
+        return Ok(Vec::new());
+    }
+    let mut rows = Vec::new();
+    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    step_and_eval(options, &mut rows, &mut pairs)?;
+    rows.extend(pairs.into_rows());
+    Ok(rows)
+}
+
 /// The step and eval rows at `batch` (8 with `--quick`, else 128).
-pub(super) fn rows(
-    options: &Options,
-    rows: &mut Vec<Row>,
-    pairs: &mut Pairs,
-) -> Result<(), String> {
+fn step_and_eval(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(), String> {
     let batch = if options.quick { 8 } else { 128 };
     let runs = if options.quick { 2 } else { 10 };
     fresh_start()?;
