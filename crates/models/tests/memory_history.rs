@@ -315,18 +315,9 @@ fn an_sgd_momentum_step_matches_the_plan_at_small_batches() {
 /// making new buffers (sigmoid's and tanh's did, through two temporaries) measure 0.73x.
 #[test]
 fn an_mlp_of_sigmoid_tanh_and_silu_matches_the_plan() {
-    use kiln_models::layers::{Linear, Sequential, SiLU, Sigmoid, Tanh};
     let _only = CPU_HISTORY.lock().unwrap_or_else(|e| e.into_inner());
     manual_seed(0);
-    let linear = |i, o| Linear::new(i, o, true).unwrap();
-    let model = Sequential::new()
-        .push(linear(128, 512))
-        .push(Tanh::new())
-        .push(linear(512, 512))
-        .push(SiLU::new())
-        .push(linear(512, 512))
-        .push(Sigmoid::new())
-        .push(linear(512, 10));
+    let model = common::activations_mlp();
     let mut opt = kiln_optim::Sgd::new(
         vec![ParamGroup::from_module(&model)],
         kiln_optim::SgdOptions::default().lr(0.01).momentum(0.9),

@@ -1,22 +1,15 @@
 //! torchinfo parity of `summary` (figures printed by torchinfo 1.8 for torchvision's models).
 
+mod common;
+
 use kiln_autograd::{manual_seed, Module};
 use kiln_models::models::{resnet18, resnet34, resnet50};
 use kiln_models::summary;
 
 #[test]
 fn an_mlp_of_tanh_silu_and_sigmoid_matches_torchinfo() {
-    use kiln_models::layers::{Linear, Sequential, SiLU, Sigmoid, Tanh};
     manual_seed(0);
-    let linear = |i, o| Linear::new(i, o, true).unwrap();
-    let m = Sequential::new()
-        .push(linear(128, 512))
-        .push(Tanh::new())
-        .push(linear(512, 512))
-        .push(SiLU::new())
-        .push(linear(512, 512))
-        .push(Sigmoid::new())
-        .push(linear(512, 10));
+    let m = common::activations_mlp();
     let text = summary(&m, &[32, 128]).unwrap().to_string();
     // As torchinfo printed it for the same nn.Sequential (fixtures/gen_torchinfo.py).
     let want = include_str!("fixtures/activations_mlp_torchinfo.txt");

@@ -49,6 +49,12 @@ pub(super) fn run(options: &Options) -> Result<Vec<Row>, String> {
 fn step_and_eval(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> Result<(), String> {
     let batch = if options.quick { 8 } else { 128 };
     let runs = if options.quick { 2 } else { 10 };
+    let mut out = Timed {
+        rows,
+        pairs,
+        batch,
+        runs,
+    };
     fresh_start()?;
     let model = small_resnet()?;
     let params = model.named_parameters();
@@ -59,48 +65,52 @@ fn step_and_eval(options: &Options, rows: &mut Vec<Row>, pairs: &mut Pairs) -> R
     .map_err(err)?;
     let x = Tensor::randn(&[batch, 3, 32, 32], DType::F32, CPU).map_err(err)?;
     let y = labels(batch, 10)?;
-    let mut step = || train_step(&model, &params, &mut opt, &x, &y);
-    step()?; // warm-up
-    let ms = median_of(runs, &mut step)? * 1e3;
-    eprintln!("bench train: {NAME}, batch {batch}: {ms:.1} ms/step");
-    rows.push(Row::new(
-        GROUP,
-        format!("{NAME} 32x32, batch {batch}, SGD momentum + clip: step time"),
-        "ms",
-        ms,
-        "images per second (ratio = images/s)",
-        batch as f64 * 1e3 / ms,
-    ));
-    let id = format!("small_resnet_step/{batch}");
-    pairs.add(
-        &format!("train example's ResNet step ({id})"),
-        &id,
-        Figure::Millis,
-        ms,
-        || Ok(median_of(runs, &mut step)? * 1e3),
-    )?;
+    let step = || train_step(&model, &params, &mut opt, &x, &y);
+    out.case("step", "SGD momentum + clip: step time", step)?;
 
     fresh_start()?;
     let mut model = small_resnet()?;
     model.eval();
-    let mut forward = || no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err));
-    forward()?; // warm-up
-    let ms = median_of(runs, &mut forward)? * 1e3;
-    eprintln!("bench train: {NAME}, batch {batch} eval: {ms:.2} ms");
-    rows.push(Row::new(
-        GROUP,
-        format!("{NAME} 32x32, batch {batch}, eval under no_grad: forward time"),
-        "ms",
-        ms,
-        "images per second (ratio = images/s)",
-        batch as f64 * 1e3 / ms,
-    ));
-    let id = format!("small_resnet_eval/{batch}");
-    pairs.add(
-        &format!("train example's ResNet eval ({id})"),
-        &id,
-        Figure::Millis,
-        ms,
-        || Ok(median_of(runs, &mut forward)? * 1e3),
-    )
+    let forward = || no_grad(|| black_box(model.forward(&x)).map(drop).map_err(err));
+    out.case("eval", "eval under no_grad: forward time", forward)
+}
+
+/// Where the cases' figures go, and how they are taken.
+struct Timed<'a> {
+    rows: &'a mut Vec<Row>,
+    pairs: &'a mut Pairs,
+    batch: usize,
+    runs: usize,
+}
+
+impl Timed<'_> {
+    /// `run` once to warm up, then its median ms over `runs` calls: a row, and with
+    /// `--vs-torch` one against `torch_bench.py`'s `small_resnet_{what}`.
+    fn case(
+        &mut self,
+        what: &str,
+        label: &str,
+        mut run: impl FnMut() -> Result<(), String>,
+    ) -> Result<(), String> {
+        let (batch, runs) = (self.batch, self.runs);
+        run()?;
+        let ms = median_of(runs, &mut run)? * 1e3;
+        eprintln!("bench train: {NAME}, batch {batch}, {what}: {ms:.2} ms");
+        self.rows.push(Row::new(
+            GROUP,
+            format!("{NAME} 32x32, batch {batch}, {label}"),
+            "ms",
+            ms,
+            "images per second (ratio = images/s)",
+            batch as f64 * 1e3 / ms,
+        ));
+        let id = format!("small_resnet_{what}/{batch}");
+        self.pairs.add(
+            &format!("train example's ResNet {what} ({id})"),
+            &id,
+            Figure::Millis,
+            ms,
+            || Ok(median_of(runs, &mut run)? * 1e3),
+        )
+    }
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by kiln-models' integration tests: a training step with kiln-optim's
-//! SGD-momentum (for the memory-plan tests, which measure what a real step allocates) and the
-//! check that only a trainable head receives gradients.
+//! SGD-momentum (for the memory-plan tests, which measure what a real step allocates), the
+//! check that only a trainable head receives gradients, and an MLP of the activations whose
+//! backward writes in place.
 #![allow(dead_code)]
 
 use kiln_autograd::Tensor;
@@ -8,6 +9,21 @@ use kiln_device::{max_memory_allocated, reset_peak_memory_stats, Device};
 use kiln_models::models::{BlockKind, ResNet, ResNetConfig};
 use kiln_models::Layer;
 use kiln_optim::{Optimizer, ParamGroup, Sgd, SgdOptions};
+
+/// `nn.Sequential(Linear(128, 512), Tanh(), Linear(512, 512), SiLU(), Linear(512, 512),
+/// Sigmoid(), Linear(512, 10))`: the summary's torchinfo fixture and the memory plan's test.
+pub fn activations_mlp() -> kiln_models::layers::Sequential {
+    use kiln_models::layers::{Linear, Sequential, SiLU, Sigmoid, Tanh};
+    let linear = |i, o| Linear::new(i, o, true).unwrap();
+    Sequential::new()
+        .push(linear(128, 512))
+        .push(Tanh::new())
+        .push(linear(512, 512))
+        .push(SiLU::new())
+        .push(linear(512, 512))
+        .push(Sigmoid::new())
+        .push(linear(512, 10))
+}
 
 /// torchvision's `ResNet(BasicBlock, [1, 1, 1, 1], num_classes)`, with the small-input (CIFAR)
 /// stem when `small_input`: the smallest ResNet the tests train, plan and load.
