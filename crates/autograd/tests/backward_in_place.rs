@@ -1,8 +1,9 @@
 //! Backward reuses the incoming gradient's buffer where nothing else holds it: the sum of two
 //! paths' gradients goes into the first one's, and an elementwise rule (ReLU's, sigmoid's,
-//! tanh's, exp's, log's) writes its result over the gradient it reads; where something does hold it (a custom op's backward that
-//! kept its result, a view of it) the result is a new buffer. Measured with the CPU caching
-//! allocator's statistics: its own test binary, since that allocator is process-wide.
+//! tanh's, exp's, log's) writes its result over the gradient it reads; where something does
+//! hold it (a custom op's backward that kept its result, a view of it) the result is a new
+//! buffer. Measured with the CPU caching allocator's statistics: its own test binary, since
+//! that allocator is process-wide.
 
 use kiln_autograd::{DType, Device, Tensor};
 use kiln_device::{max_memory_allocated, memory_allocated, reset_peak_memory_stats};

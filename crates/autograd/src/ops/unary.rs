@@ -173,7 +173,8 @@ impl Tensor {
 
     /// An elementwise backward rule (`op` one of the `BinaryOp::*Backward`s, or `Mul` / `Div` for
     /// `exp` / `log`): the gradient `self` and the saved tensor `saved` (same shape) in one pass,
-    /// the kernel alone without recording. `saved` is converted to the gradient's dtype first where they differ.
+    /// the kernel alone without recording. `saved` is converted to the gradient's dtype first
+    /// where they differ.
     fn binary_raw(&self, saved: &Tensor, op: BinaryOp) -> Result<Tensor> {
         let saved = saved.to_dtype(self.dtype())?;
         // The incoming gradient, when backward holds its only handle, takes the result in place.
