@@ -16,8 +16,9 @@ the same case, so the two figures of each round are taken within seconds of each
 figure is measured the way the bench measures kiln's: one untimed warm-up call, then the median
 (steps, optimizer and clip cases) or the best (matmul) of the timed calls. The models are
 defined here (torchvision's ResNet-18 layout, the train example's narrower CIFAR ResNet, a
-784-512-256-10 MLP), so nothing but `torch` is needed. The `gpu_` cases run on `cuda:0` and are timed as the bench's GPU cases are: warm-up
-calls, then the best of three rounds of calls between two synchronisations.
+784-512-256-10 MLP), so nothing but `torch` is needed. The `gpu_` cases run on `cuda:0` and
+are timed as the bench's GPU cases are: warm-up calls, then the best of three rounds of calls
+between two synchronisations.
 
 Invariants: every case uses the same model, batch, loss, optimizer and options as the kiln case
 of the same name in xtask/src/bench/; nothing is downloaded; an error is a JSON line, never a
