@@ -121,6 +121,18 @@ fn random_configs() -> Vec<([usize; 4], [usize; 4], Conv2dParams)> {
             ..Default::default()
         },
     ));
+    // Strided 1x1 convolutions without padding (ResNet's shortcuts), which read one phase of
+    // the stride straight from the image: per image (289 and 294 output positions, even and
+    // odd input widths, two groups), in chunks of images (198 positions), and one image.
+    let subsampling = |stride, groups| Conv2dParams {
+        stride,
+        groups,
+        ..Default::default()
+    };
+    configs.push(([3, 4, 33, 34], [6, 2, 1, 1], subsampling([2, 2], 2)));
+    configs.push(([4, 3, 40, 41], [2, 3, 1, 1], subsampling([3, 2], 1)));
+    configs.push(([2, 3, 35, 31], [5, 3, 1, 1], subsampling([2, 3], 1)));
+    configs.push(([1, 3, 9, 9], [4, 3, 1, 1], subsampling([2, 2], 1)));
     configs
 }
 

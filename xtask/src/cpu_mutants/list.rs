@@ -30,6 +30,8 @@ const PTH_VIEWS: &str = "views_dtypes_and_shared_storages_match_safetensors_bit_
 const STRIDED: &str =
     "ops::strided::tests::parallel_chunks_of_strided_views_read_what_a_serial_walk_reads";
 const DIRECT_PRODUCT: &str = "ops::conv::cpu_direct::tests::product_equals_the_sums_of_its_taps";
+const CONV2D: &[&str] = &["--test", "conv2d"];
+const CONV2D_LOOPS: &str = "conv2d_matches_plain_loops_on_random_configs_single_thread";
 const CHUNKED_STEPS: &str =
     "ops::multi_tensor::cpu::tests::long_tensors_cut_into_chunks_update_as_tensors_of_one_chunk";
 
@@ -468,22 +470,49 @@ pub const MUTANTS: &[Mutant] = &[
         test: "ops::conv::padded::tests::copy_rows_moves_each_row_and_nothing_between",
     },
     Mutant {
-        bug: "a subsampling 1x1 convolution reads its plane's first columns, not every stride-th",
+        bug: "a subsampling 1x1 convolution at stride 2 reads the second element of each pair",
         package: DEVICE,
-        file: "crates/device/src/ops/conv/padded.rs",
-        find: "row.iter_mut().enumerate().for_each(|(x, v)| *v = src[x * sw]);",
-        replace: "row.iter_mut().enumerate().for_each(|(x, v)| *v = src[x]);",
+        file: "crates/device/src/ops/conv/subsample.rs",
+        find: ".for_each(|(v, pair)| *v = pair[0]);",
+        replace: ".for_each(|(v, pair)| *v = pair[1]);",
         target: LIB,
         test: "ops::conv::cpu_chunked::tests::chunked_passes_equal_the_plain_loops_on_small_planes",
     },
     Mutant {
-        bug: "a subsampling 1x1 convolution's input gradient lands on the plane's first columns",
+        bug: "a subsampling 1x1 convolution at stride 2 reads each row's last output from its start",
         package: DEVICE,
-        file: "crates/device/src/ops/conv/padded.rs",
-        find: "dst[x * sw] = T::ZERO + v",
-        replace: "dst[x] = T::ZERO + v",
+        file: "crates/device/src/ops/conv/subsample.rs",
+        find: "*last = src[2 * head.len()];",
+        replace: "*last = src[0];",
+        target: CONV2D,
+        test: CONV2D_LOOPS,
+    },
+    Mutant {
+        bug: "a subsampling 1x1 convolution at stride 3 reads its plane's first columns",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/subsample.rs",
+        find: ".zip(src.iter().step_by(sw))",
+        replace: ".zip(src.iter())",
+        target: CONV2D,
+        test: CONV2D_LOOPS,
+    },
+    Mutant {
+        bug: "a subsampling 1x1 convolution's input gradient lands on the odd columns",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/subsample.rs",
+        find: "pair.copy_from_slice(&[T::ZERO + v, T::ZERO])",
+        replace: "pair.copy_from_slice(&[T::ZERO, T::ZERO + v])",
         target: LIB,
         test: "ops::conv::cpu_chunked::tests::chunked_passes_equal_the_plain_loops_on_small_planes",
+    },
+    Mutant {
+        bug: "a subsampling 1x1 convolution's per-image input gradient gives every plane row 0's",
+        package: DEVICE,
+        file: "crates/device/src/ops/conv/cpu_input_grad.rs",
+        find: "unsample_plane(geometry, &col[c * b.col_cols..][..b.col_cols], plane)",
+        replace: "unsample_plane(geometry, &col[..b.col_cols], plane)",
+        target: CONV2D,
+        test: CONV2D_LOOPS,
     },
     Mutant {
         bug: "an unpadded channel is copied from another channel's plane",

@@ -14,7 +14,8 @@
 //! The input gradient of a stride-1 convolution on a wide plane is itself a forward convolution
 //! (of the output gradient with the rotated weight), so it takes the same paths; small planes
 //! (chunks) and strided ones fold the column-matrix gradient back onto a padded gradient
-//! (`cpu_input_grad.rs`; `padded.rs` also gives every path its bounds-free unfold). The
+//! (`cpu_input_grad.rs`; `padded.rs` also gives every path its bounds-free unfold), but for
+//! the strided 1x1 ones without padding, which write it straight into the image. The
 //! small-plane weight gradient has a second form, one kernel tap per product
 //! (`cpu_weight_taps.rs`, `KILN_CONV_WEIGHT_GRAD=taps`), until many cores decide. Each
 //! image is independent in the forward and input-gradient passes, so those run one rayon task

@@ -24,10 +24,9 @@
 //! The weight gradient has chunks and a column matrix of its own (`cpu_chunked_weight.rs`).
 
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
-use super::padded::{
-    copy_rows, fold_add_on, subsample_plane, unfold_on, unsample_plane, zero_on, Padded,
-};
+use super::padded::{copy_rows, fold_add_on, unfold_on, zero_on, Padded};
 use super::pieces::{chunked_images_in_parallel, for_each_chunk, for_each_piece, is_split};
+use super::subsample::{subsample_plane, unsample_plane};
 use super::Conv2dGeometry;
 use crate::ops::simd::prefetch_read;
 use crate::ops::KernelFloat;

@@ -69,6 +69,12 @@ const MOST_COMPUTED: [usize; 2] = [4, 3];
 /// outputs) measured faster here than there.
 pub(super) fn fits(g: &Conv2dGeometry) -> bool {
     let [most, per] = MOST_COMPUTED;
+    // A strided 1x1 convolution without padding reads one phase of the stride: the per-image
+    // path gathers it straight from the image, where this one would pad every phase first
+    // (ResNet's downsampling shortcuts ran twice as long here).
+    if g.is_subsampling() {
+        return false;
+    }
     layout(g).is_some_and(|d| {
         // Sizes past `usize` do not fit.
         let computed = d
@@ -402,7 +408,8 @@ mod tests {
     /// The direct forward takes the padded-row layout where the column-matrix path's bound
     /// does not (ResNet's 7x7 planes, at stride 1 and 2: 64 positions for 49 outputs, 4/3 being
     /// 65.3), but not 3x3 or 4x4 planes (16 positions for 9 outputs, 32 for 16), pointwise
-    /// convolutions, or padding wider than the kernel's reach.
+    /// convolutions, strided 1x1 ones without padding (read from the image by the per-image
+    /// path), or padding wider than the kernel's reach.
     #[test]
     fn fits_where_the_computed_positions_stay_within_a_third_more() {
         let g = |size: usize, kernel: usize, stride: usize, padding: usize| {
@@ -419,6 +426,7 @@ mod tests {
         assert!(!fits(&g(3, 3, 1, 1)));
         assert!(!fits(&g(4, 3, 1, 1)));
         assert!(!fits(&g(8, 1, 1, 0)));
+        assert!(!fits(&g(56, 1, 2, 0)) && !fits(&g(14, 1, 2, 0)));
         assert!(!fits(&g(14, 3, 1, 3)));
     }
 

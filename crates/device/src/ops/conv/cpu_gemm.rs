@@ -6,8 +6,9 @@
 //! calls `gemm`; [`ScratchFailure`] keeps the first allocation error and reports it after the
 //! loop, so a failed scratch allocation is an error, never a panic.
 
-use super::padded::{subsample_plane, too_large, unfold_on, Padded};
+use super::padded::{too_large, unfold_on, Padded};
 use super::pieces::is_split;
+use super::subsample::subsample_plane;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;

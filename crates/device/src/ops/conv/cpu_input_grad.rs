@@ -4,7 +4,9 @@
 //!   gradient with the rotated weight ([`transposed_geometry`], [`rotate_weight`]), which takes
 //!   the forward's own paths;
 //! - any geometry ([`by_columns`]): a GEMM per image and group into the column matrix, folded
-//!   back onto a padded gradient whose interior is copied out.
+//!   back onto a padded gradient whose interior is copied out; a strided 1x1 convolution
+//!   without padding (ResNet's downsampling shortcuts) writes its column rows straight into
+//!   the image's zeroed planes at the stride instead, with no padded gradient.
 //!
 //! Every image is independent, so the images run one rayon task each (those past the pool's
 //! whole rounds split over it instead, `pieces.rs`); the output is overwritten, never
@@ -12,7 +14,8 @@
 
 use super::cpu_gemm::{matmul_into, Blocks, ScratchFailure, Stored};
 use super::padded::{fold_add_on, too_large, zero_on, Padded};
-use super::pieces::{for_each_image, image_parallelism};
+use super::pieces::{for_each_image, for_each_piece, image_parallelism};
+use super::subsample::unsample_plane;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -33,12 +36,15 @@ pub(super) fn by_columns<T: KernelFloat>(
     let b = Blocks::new(geometry);
     let col_len = b.col_rows.checked_mul(b.col_cols).ok_or_else(too_large)?;
     let p = Padded::new(geometry)?;
+    // A subsampling convolution's column rows are its input planes read at the stride.
+    let padded_len = if b.subsampled { 0 } else { p.len };
+    let plane = geometry.input_size[0] * geometry.input_size[1];
     let failure = ScratchFailure::new();
     let dims = [b.col_rows, b.col_cols, b.out_channels];
     for_each_image(
         grad_input,
         b.groups * b.in_group,
-        || Some((failure.take::<T>(col_len)?, failure.take::<T>(p.len)?)),
+        || Some((failure.take::<T>(col_len)?, failure.take::<T>(padded_len)?)),
         |scratch, n, gin_image, split| {
             let Some((col, padded_grad)) = scratch.as_mut() else {
                 return;
@@ -46,7 +52,9 @@ pub(super) fn by_columns<T: KernelFloat>(
             // An image split over the pool: its copies and sums go on the pool too.
             let parallelism = image_parallelism(split);
             let gout_image = &grad_output[n * b.groups * b.out_group..][..b.groups * b.out_group];
-            zero_on(padded_grad, split);
+            if !b.subsampled {
+                zero_on(padded_grad, split);
+            }
             for g in 0..b.groups {
                 let w = &weight[g * b.weight_group..][..b.weight_group];
                 let gout = &gout_image[g * b.out_group..][..b.out_group];
@@ -60,10 +68,20 @@ pub(super) fn by_columns<T: KernelFloat>(
                     false,
                     parallelism,
                 );
+                if b.subsampled {
+                    // Each input element is read by at most one output: no sums.
+                    let planes = &mut gin_image[g * b.in_group..][..b.in_group];
+                    for_each_piece(planes, plane, split, |c, plane| {
+                        unsample_plane(geometry, &col[c * b.col_cols..][..b.col_cols], plane)
+                    });
+                    continue;
+                }
                 let at = [b.col_cols, 0];
                 fold_add_on((geometry, &p), col, g, at, padded_grad, split);
             }
-            p.unpad_on(padded_grad, gin_image, split);
+            if !b.subsampled {
+                p.unpad_on(padded_grad, gin_image, split);
+            }
         },
     );
     failure.into_result()

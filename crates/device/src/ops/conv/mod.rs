@@ -24,6 +24,7 @@ pub mod cuda;
 mod padded;
 mod pieces;
 pub mod reference;
+mod subsample;
 mod workspace;
 
 pub use cpu_weight_taps::{weight_grad_path, WeightGradPath};

@@ -379,34 +379,6 @@ pub(super) fn copy_rows<T: Copy>(
     }
 }
 
-/// Row `c` of a subsampling 1x1 convolution's column matrix (no padding, a stride above 1):
-/// plane `c` of `image` read at the stride, into `dst` (`H_out * W_out` elements).
-pub(super) fn subsample_plane<T: Copy>(g: &Conv2dGeometry, image: &[T], c: usize, dst: &mut [T]) {
-    let ([h, w], [sh, sw]) = (g.input_size, g.params.stride);
-    let plane = &image[c * h * w..][..h * w];
-    for (y, row) in dst.chunks_mut(g.output_size[1].max(1)).enumerate() {
-        let src = &plane[y * sh * w..];
-        row.iter_mut()
-            .enumerate()
-            .for_each(|(x, v)| *v = src[x * sw]);
-    }
-}
-
-/// The input gradient's plane of a subsampling 1x1 convolution from row `c` of its column
-/// gradient (`col_row`, `H_out * W_out` elements): zero but where the stride reads, each of
-/// those read once (so no sums). `0 + v` as the fold onto a zeroed gradient computes, so a
-/// negative zero comes out as the other paths give it.
-pub(super) fn unsample_plane<T: KernelFloat>(g: &Conv2dGeometry, col_row: &[T], plane: &mut [T]) {
-    let ([_, w], [sh, sw]) = (g.input_size, g.params.stride);
-    plane.fill(T::ZERO);
-    for (y, row) in col_row.chunks(g.output_size[1].max(1)).enumerate() {
-        let dst = &mut plane[y * sh * w..];
-        row.iter()
-            .enumerate()
-            .for_each(|(x, &v)| dst[x * sw] = T::ZERO + v);
-    }
-}
-
 /// Zeroes `buffer` (a padded gradient before [`fold_add_on`]), in parallel pieces when
 /// `parallel`.
 pub(super) fn zero_on<T: KernelFloat>(buffer: &mut [T], parallel: bool) {
