@@ -37,6 +37,17 @@ fn step(model: &dyn Layer, opt: &mut dyn Optimizer, x: &Tensor) {
     opt.step().unwrap();
 }
 
+/// The history of a step recorded after a step that is not: the first creates the
+/// optimizer's state (and warms the allocator), as a training loop's later steps find them.
+fn recorded_step(model: &dyn Layer, opt: &mut dyn Optimizer, x: &Tensor) -> MemoryHistory {
+    step(model, opt, x);
+    record_memory_history(CPU, true, 1_000_000).unwrap();
+    step(model, opt, x);
+    let h = memory_history(CPU).unwrap();
+    record_memory_history(CPU, false, 1).unwrap();
+    h
+}
+
 fn assert_sums_exact(h: &MemoryHistory) {
     for (i, (e, c)) in h.events.iter().zip(h.category_bytes()).enumerate() {
         assert_eq!(c.total(), e.allocated_after, "event {i}: {e:?}");
@@ -193,11 +204,7 @@ fn a_training_step_is_attributed_and_matches_the_plan() {
     // and 1.14x at batch 64.
     for batch in [8usize, 64, 2048] {
         let x = Tensor::randn(&[batch, 128], DType::F32, CPU).unwrap();
-        step(&model, &mut opt, &x);
-        record_memory_history(CPU, true, 1_000_000).unwrap();
-        step(&model, &mut opt, &x);
-        let h = memory_history(CPU).unwrap();
-        record_memory_history(CPU, false, 1).unwrap();
+        let h = recorded_step(&model, &mut opt, &x);
         let (_, peak) = h.peak().unwrap();
         // All of it: the plan counts the input batch too.
         within(
@@ -296,11 +303,8 @@ fn an_sgd_momentum_step_matches_the_plan_at_small_batches() {
     let p = plan(&model, &[1024], DType::F32, OptimizerKind::SgdMomentum).unwrap();
     for batch in [1usize, 8, 64] {
         let x = Tensor::randn(&[batch, 1024], DType::F32, CPU).unwrap();
-        step(&model, &mut opt, &x); // the momentum buffers exist from here on
-        record_memory_history(CPU, true, 1_000_000).unwrap();
-        step(&model, &mut opt, &x);
-        let h = memory_history(CPU).unwrap();
-        record_memory_history(CPU, false, 1).unwrap();
+        // The momentum buffers exist from the unrecorded step on.
+        let h = recorded_step(&model, &mut opt, &x);
         let (_, peak) = h.peak().unwrap();
         let (predicted, measured) = (p.peak_allocated_bytes(batch), peak.total());
         let r = predicted as f64 / measured as f64;
@@ -326,11 +330,7 @@ fn an_mlp_of_sigmoid_tanh_and_silu_matches_the_plan() {
     let p = plan(&model, &[128], DType::F32, OptimizerKind::SgdMomentum).unwrap();
     let batch = 2048;
     let x = Tensor::randn(&[batch, 128], DType::F32, CPU).unwrap();
-    step(&model, &mut opt, &x); // the momentum buffers exist from here on
-    record_memory_history(CPU, true, 1_000_000).unwrap();
-    step(&model, &mut opt, &x);
-    let h = memory_history(CPU).unwrap();
-    record_memory_history(CPU, false, 1).unwrap();
+    let h = recorded_step(&model, &mut opt, &x);
     assert_sums_exact(&h);
     let (_, peak) = h.peak().unwrap();
     let (predicted, measured) = (p.peak_allocated_bytes(batch), peak.total());
