@@ -5,11 +5,16 @@
 //! Invariants: a refused call still yields a pair ([`queued`]: the invalid signature and the
 //! error), so the rank takes part in the signature exchange and its peers fail with it instead
 //! of waiting; the checks and the signature of each collective are written once here, so both
-//! transports refuse the same arguments with the same messages.
+//! transports refuse the same arguments with the same messages. Both transports also share
+//! their communication thread's handle ([`CommThread`]: dropping it closes the queue, then
+//! waits for the thread) and the collectives of their `ProcessGroup` impls
+//! ([`queued_process_group`]).
 
 use crate::signature::{check_avg, check_pair, check_root, Kind, Signature};
 use crate::{Error, ReduceOp, Result};
 use kiln_autograd::Tensor;
+use std::sync::{mpsc, Mutex};
+use std::thread::JoinHandle;
 
 /// A collective with its tensors.
 pub(crate) enum Op {
@@ -112,3 +117,104 @@ impl<F: Fn(&'static str, &Tensor) -> Result<()>> LocalChecks<F> {
         (Signature::barrier(), Op::Barrier)
     }
 }
+
+/// A transport's communication thread and the queue of jobs it serves, in order.
+///
+/// Dropping it closes the queue, so the thread stops once it has finished the jobs already
+/// queued (and then releases what it owns: MPI finalises, NCCL's communicator is destroyed), and
+/// waits for it. A group holds it as its first field, so this happens before the rest of the
+/// group is dropped.
+pub(crate) struct CommThread<J> {
+    jobs: Mutex<Option<mpsc::Sender<J>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<J> CommThread<J> {
+    /// The handle on `thread`, which serves the jobs sent into `jobs`.
+    pub(crate) fn new(jobs: mpsc::Sender<J>, thread: JoinHandle<()>) -> Self {
+        CommThread {
+            jobs: Mutex::new(Some(jobs)),
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    /// Queues `job`; `false` when the thread has stopped (it panicked, or its queue is closed).
+    pub(crate) fn send(&self, job: J) -> bool {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+    }
+}
+
+impl<J> Drop for CommThread<J> {
+    fn drop(&mut self) {
+        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A queued transport's `ProcessGroup` impl, written once: the group's `rank`, `world_size` and
+/// `local_rank` fields, its backend, and the collectives, each checked by the group's
+/// `checks()` ([`LocalChecks`]), then started (`start`, returning its work) or run to completion
+/// (`run`), both methods of the group taking the collective's name and the checked call.
+macro_rules! queued_process_group {
+    ($group:ty, $backend:expr) => {
+        impl $crate::ProcessGroup for $group {
+            fn rank(&self) -> usize {
+                self.rank
+            }
+
+            fn world_size(&self) -> usize {
+                self.world_size
+            }
+
+            fn local_rank(&self) -> usize {
+                self.local_rank
+            }
+
+            fn backend(&self) -> $crate::BackendKind {
+                $backend
+            }
+
+            fn start_all_reduce(
+                &self,
+                tensor: &::kiln_autograd::Tensor,
+                op: $crate::ReduceOp,
+            ) -> $crate::Result<Box<dyn $crate::PendingWork>> {
+                self.start("all_reduce", self.checks().all_reduce(tensor, op))
+            }
+
+            fn broadcast(
+                &self,
+                tensor: &::kiln_autograd::Tensor,
+                root: usize,
+            ) -> $crate::Result<()> {
+                self.run("broadcast", self.checks().broadcast(tensor, root))
+            }
+
+            fn all_gather(
+                &self,
+                input: &::kiln_autograd::Tensor,
+                output: &::kiln_autograd::Tensor,
+            ) -> $crate::Result<()> {
+                self.run("all_gather", self.checks().all_gather(input, output))
+            }
+
+            fn reduce_scatter(
+                &self,
+                input: &::kiln_autograd::Tensor,
+                output: &::kiln_autograd::Tensor,
+                op: $crate::ReduceOp,
+            ) -> $crate::Result<()> {
+                let checked = self.checks().reduce_scatter(input, output, op);
+                self.run("reduce_scatter", checked)
+            }
+
+            fn barrier(&self) -> $crate::Result<()> {
+                self.run("barrier", Ok(self.checks().barrier()))
+            }
+        }
+    };
+}
+pub(crate) use queued_process_group;

@@ -16,15 +16,13 @@
 //! - A tensor is copied out of its buffer before the call and written back after it, under the
 //!   buffer's lock, so a failed collective leaves the tensor as it was.
 
-use crate::collective::{queued, LocalChecks, Op};
+use crate::collective::{queued, queued_process_group, CommThread, LocalChecks, Op};
 use crate::env::{LaunchEnv, Launcher};
 use crate::signature::{check_tensor, Signature};
-use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
+use crate::{BackendKind, Error, PendingWork, Result};
 use ::mpi::traits::*;
 use kiln_autograd::{DType, Device, Tensor};
 use std::sync::mpsc;
-use std::sync::Mutex;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 mod transfer;
@@ -42,11 +40,11 @@ struct Job {
 
 /// One process's handle on the MPI job's world communicator.
 pub struct MpiGroup {
+    /// First, so the thread stops (and finalises MPI) before anything else goes.
+    thread: CommThread<Job>,
     rank: usize,
     world_size: usize,
     local_rank: usize,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for MpiGroup {
@@ -77,11 +75,10 @@ impl MpiGroup {
             )));
         }
         Ok(MpiGroup {
+            thread: CommThread::new(jobs_tx, thread),
             rank,
             world_size,
             local_rank: env.local_rank,
-            jobs: Mutex::new(Some(jobs_tx)),
-            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -99,9 +96,7 @@ impl MpiGroup {
             op,
             done,
         };
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        let sent = jobs.as_ref().map(|tx| tx.send(job).is_ok());
-        if sent != Some(true) {
+        if !self.thread.send(job) {
             return Err(self.collective_err(name, "the MPI communication thread has stopped"));
         }
         Ok(result)
@@ -116,14 +111,26 @@ impl MpiGroup {
         }
     }
 
-    fn run(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<()> {
-        MpiWork {
+    /// Queues a collective; its work.
+    fn started(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<MpiWork> {
+        Ok(MpiWork {
             result: self.submit(name, checked)?,
             name,
             rank: self.rank,
             world_size: self.world_size,
-        }
-        .finish()
+        })
+    }
+
+    fn start(
+        &self,
+        name: &'static str,
+        checked: Result<(Signature, Op)>,
+    ) -> Result<Box<dyn PendingWork>> {
+        Ok(Box::new(self.started(name, checked)?))
+    }
+
+    fn run(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<()> {
+        self.started(name, checked)?.finish()
     }
 
     /// This transport's checks: CPU tensors of the dtypes MPI carries here.
@@ -163,58 +170,7 @@ impl PendingWork for MpiWork {
     }
 }
 
-impl ProcessGroup for MpiGroup {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world_size
-    }
-    fn local_rank(&self) -> usize {
-        self.local_rank
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Mpi
-    }
-
-    fn start_all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Box<dyn PendingWork>> {
-        let name = "all_reduce";
-        Ok(Box::new(MpiWork {
-            result: self.submit(name, self.checks().all_reduce(tensor, op))?,
-            name,
-            rank: self.rank,
-            world_size: self.world_size,
-        }))
-    }
-
-    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<()> {
-        self.run("broadcast", self.checks().broadcast(tensor, root))
-    }
-
-    fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<()> {
-        self.run("all_gather", self.checks().all_gather(input, output))
-    }
-
-    fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
-        let checked = self.checks().reduce_scatter(input, output, op);
-        self.run("reduce_scatter", checked)
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.run("barrier", Ok(self.checks().barrier()))
-    }
-}
-
-impl Drop for MpiGroup {
-    fn drop(&mut self) {
-        // Closing the queue stops the thread once it finished what is queued; it then
-        // finalises MPI (or, after a timeout, leaves it for mpirun to clean up).
-        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
-}
+queued_process_group!(MpiGroup, BackendKind::Mpi);
 
 /// The communication thread: initialises MPI, reports rank and size, runs the jobs in order.
 fn serve(

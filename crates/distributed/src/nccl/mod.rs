@@ -19,16 +19,15 @@
 mod comm;
 mod thread;
 
-use crate::collective::{queued, LocalChecks, Op};
+use crate::collective::{queued, queued_process_group, CommThread, LocalChecks, Op};
 use crate::env::LaunchEnv;
 use crate::signature::{check_tensor, Signature};
-use crate::{BackendKind, Error, PendingWork, ProcessGroup, ReduceOp, Result};
+use crate::{BackendKind, Error, PendingWork, Result};
 use comm::Comm;
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 use kiln_autograd::{DType, Device, Tensor};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use thread::Job;
 
@@ -37,6 +36,8 @@ const NCCL_DTYPES: [DType; 5] = [DType::F32, DType::F64, DType::I64, DType::F16,
 
 /// One process's handle on an NCCL communicator.
 pub struct NcclGroup {
+    /// First, so the thread stops before anything else goes (the MPI group last).
+    thread: CommThread<Job>,
     rank: usize,
     world_size: usize,
     local_rank: usize,
@@ -44,8 +45,6 @@ pub struct NcclGroup {
     compute: Arc<CudaStream>,
     comm: Arc<Comm>,
     timeout: Duration,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
     /// The MPI group the unique id went through; kept so MPI is finalised after NCCL.
     #[cfg(feature = "mpi")]
     _mpi: Option<crate::mpi::MpiGroup>,
@@ -120,7 +119,7 @@ fn share_bytes(
     };
     let n = words.len();
     let t = Tensor::from_vec(words, &[n], Device::Cpu)?;
-    mpi.broadcast(&t, 0)?;
+    crate::ProcessGroup::broadcast(&mpi, &t, 0)?;
     let bytes: Vec<u8> = t
         .to_vec::<i64>()?
         .into_iter()
@@ -174,6 +173,7 @@ impl NcclGroup {
         #[cfg(not(feature = "mpi"))]
         let () = keep;
         Ok(NcclGroup {
+            thread: CommThread::new(jobs_tx, handle),
             rank: env.rank,
             world_size: env.world_size,
             local_rank: env.local_rank,
@@ -181,8 +181,6 @@ impl NcclGroup {
             compute,
             comm,
             timeout,
-            jobs: Mutex::new(Some(jobs_tx)),
-            thread: Mutex::new(Some(handle)),
             #[cfg(feature = "mpi")]
             _mpi: keep,
         })
@@ -218,8 +216,7 @@ impl NcclGroup {
             ready,
             done,
         };
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if jobs.as_ref().map(|tx| tx.send(job).is_ok()) != Some(true) {
+        if !self.thread.send(job) {
             return Err(self.err(name, "the NCCL communication thread has stopped".into()));
         }
         Ok(NcclWork {
@@ -240,6 +237,14 @@ impl NcclGroup {
             op,
             msg,
         }
+    }
+
+    fn start(
+        &self,
+        name: &'static str,
+        checked: Result<(Signature, Op)>,
+    ) -> Result<Box<dyn PendingWork>> {
+        Ok(Box::new(self.submit(name, checked)?))
     }
 
     fn run(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<()> {
@@ -324,48 +329,4 @@ impl Drop for NcclWork {
     }
 }
 
-impl ProcessGroup for NcclGroup {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world_size
-    }
-    fn local_rank(&self) -> usize {
-        self.local_rank
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Nccl
-    }
-
-    fn start_all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Box<dyn PendingWork>> {
-        let checked = self.checks().all_reduce(tensor, op);
-        Ok(Box::new(self.submit("all_reduce", checked)?))
-    }
-
-    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<()> {
-        self.run("broadcast", self.checks().broadcast(tensor, root))
-    }
-
-    fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<()> {
-        self.run("all_gather", self.checks().all_gather(input, output))
-    }
-
-    fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
-        let checked = self.checks().reduce_scatter(input, output, op);
-        self.run("reduce_scatter", checked)
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.run("barrier", Ok(self.checks().barrier()))
-    }
-}
-
-impl Drop for NcclGroup {
-    fn drop(&mut self) {
-        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
-}
+queued_process_group!(NcclGroup, BackendKind::Nccl);
