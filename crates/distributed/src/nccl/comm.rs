@@ -9,11 +9,11 @@
 
 use crate::env::LaunchEnv;
 use crate::{Error, Result};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaEvent};
 use cudarc::nccl::sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A communicator handle on its way from the init thread.
 struct Joined(sys::ncclComm_t);
@@ -158,6 +158,48 @@ impl Comm {
 
     pub(crate) fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Polls `event` (the end of `op`'s work on a stream) every `poll` until it completes. An
+    /// asynchronous error of the communicator fails the wait ([`Comm::failure`]); so does a
+    /// device error, and the deadline ([`Error::Timeout`], quoting `timeout`, printed on stderr
+    /// at once), both after aborting the communicator. The errors name `rank` of `world_size`.
+    pub(crate) fn await_event(
+        &self,
+        (rank, world_size, op): (usize, usize, &'static str),
+        event: &CudaEvent,
+        (deadline, timeout): (Instant, Duration),
+        poll: Duration,
+    ) -> Result<()> {
+        loop {
+            if let Some(code) = self.async_error() {
+                return Err(self.failure(rank, world_size, op, code));
+            }
+            match event.try_is_complete() {
+                Ok(true) => return Ok(()),
+                Ok(false) if Instant::now() < deadline => std::thread::sleep(poll),
+                Ok(false) => {
+                    self.abort();
+                    let e = Error::Timeout {
+                        rank,
+                        world_size,
+                        op,
+                        seconds: timeout.as_secs_f64(),
+                    };
+                    eprintln!("kiln-distributed: {e}");
+                    return Err(e);
+                }
+                Err(e) => {
+                    self.abort();
+                    return Err(Error::Collective {
+                        rank,
+                        world_size,
+                        op,
+                        msg: format!("the device reported {e}"),
+                    });
+                }
+            }
+        }
     }
 }
 

@@ -278,39 +278,10 @@ impl NcclWork {
             })
         })?;
         let deadline = Instant::now() + self.timeout;
-        loop {
-            if let Some(code) = self.comm.async_error() {
-                return Err(self
-                    .comm
-                    .failure(self.rank, self.world_size, self.name, code));
-            }
-            match event.try_is_complete() {
-                Ok(true) => break,
-                Ok(false) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_micros(100))
-                }
-                Ok(false) => {
-                    self.comm.abort();
-                    let e = Error::Timeout {
-                        rank: self.rank,
-                        world_size: self.world_size,
-                        op: self.name,
-                        seconds: self.timeout.as_secs_f64(),
-                    };
-                    eprintln!("kiln-distributed: {e}");
-                    return Err(e);
-                }
-                Err(e) => {
-                    self.comm.abort();
-                    return Err(Error::Collective {
-                        rank: self.rank,
-                        world_size: self.world_size,
-                        op: self.name,
-                        msg: format!("the collective failed on the device: {e}"),
-                    });
-                }
-            }
-        }
+        let who = (self.rank, self.world_size, self.name);
+        let poll = Duration::from_micros(100);
+        self.comm
+            .await_event(who, &event, (deadline, self.timeout), poll)?;
         self.tensors.clear();
         Ok(())
     }

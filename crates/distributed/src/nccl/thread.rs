@@ -140,36 +140,6 @@ impl Worker {
         })
     }
 
-    /// Polls `event` until it completes, or aborts and fails at the deadline.
-    fn complete(&self, op: &'static str, event: &CudaEvent, deadline: Instant) -> Result<()> {
-        loop {
-            if let Some(code) = self.comm.async_error() {
-                return Err(self.comm.failure(self.rank, self.world_size, op, code));
-            }
-            match event.try_is_complete() {
-                Ok(true) => return Ok(()),
-                Ok(false) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_micros(50))
-                }
-                Ok(false) => {
-                    self.comm.abort();
-                    let e = Error::Timeout {
-                        rank: self.rank,
-                        world_size: self.world_size,
-                        op,
-                        seconds: self.timeout.as_secs_f64(),
-                    };
-                    eprintln!("kiln-distributed: {e}");
-                    return Err(e);
-                }
-                Err(e) => {
-                    self.comm.abort();
-                    return Err(self.err(op, format!("the device reported {e}")));
-                }
-            }
-        }
-    }
-
     fn record(&self, op: &'static str) -> Result<CudaEvent> {
         self.stream
             .record_event(None)
@@ -203,7 +173,10 @@ impl Worker {
             self.check(op, r)?;
         }
         let event = self.record(op)?;
-        self.complete(op, &event, deadline)?;
+        let who = (self.rank, self.world_size, op);
+        let poll = Duration::from_micros(50);
+        self.comm
+            .await_event(who, &event, (deadline, self.timeout), poll)?;
         self.stream
             .clone_dtoh(&self.sig_recv)
             .map_err(|e| self.err(op, format!("reading the signatures: {e}")))
