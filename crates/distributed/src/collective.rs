@@ -156,8 +156,8 @@ impl<J> Drop for CommThread<J> {
 
 /// A queued transport's `ProcessGroup` impl, written once: the group's `rank`, `world_size` and
 /// `local_rank` fields, its backend, and the collectives, each checked by the group's
-/// `checks()` ([`LocalChecks`]), then started (`start`, returning its work) or run to completion
-/// (`run`), both methods of the group taking the collective's name and the checked call.
+/// `checks()` ([`LocalChecks`]), then queued by its `started(name, checked)`, which returns the
+/// collective's work: handed back by `start_all_reduce`, waited for by the others.
 macro_rules! queued_process_group {
     ($group:ty, $backend:expr) => {
         impl $crate::ProcessGroup for $group {
@@ -182,7 +182,8 @@ macro_rules! queued_process_group {
                 tensor: &::kiln_autograd::Tensor,
                 op: $crate::ReduceOp,
             ) -> $crate::Result<Box<dyn $crate::PendingWork>> {
-                self.start("all_reduce", self.checks().all_reduce(tensor, op))
+                let work = self.started("all_reduce", self.checks().all_reduce(tensor, op))?;
+                Ok(Box::new(work))
             }
 
             fn broadcast(
@@ -190,7 +191,8 @@ macro_rules! queued_process_group {
                 tensor: &::kiln_autograd::Tensor,
                 root: usize,
             ) -> $crate::Result<()> {
-                self.run("broadcast", self.checks().broadcast(tensor, root))
+                let work = self.started("broadcast", self.checks().broadcast(tensor, root))?;
+                $crate::PendingWork::wait(Box::new(work))
             }
 
             fn all_gather(
@@ -198,7 +200,8 @@ macro_rules! queued_process_group {
                 input: &::kiln_autograd::Tensor,
                 output: &::kiln_autograd::Tensor,
             ) -> $crate::Result<()> {
-                self.run("all_gather", self.checks().all_gather(input, output))
+                let work = self.started("all_gather", self.checks().all_gather(input, output))?;
+                $crate::PendingWork::wait(Box::new(work))
             }
 
             fn reduce_scatter(
@@ -208,11 +211,13 @@ macro_rules! queued_process_group {
                 op: $crate::ReduceOp,
             ) -> $crate::Result<()> {
                 let checked = self.checks().reduce_scatter(input, output, op);
-                self.run("reduce_scatter", checked)
+                let work = self.started("reduce_scatter", checked)?;
+                $crate::PendingWork::wait(Box::new(work))
             }
 
             fn barrier(&self) -> $crate::Result<()> {
-                self.run("barrier", Ok(self.checks().barrier()))
+                let work = self.started("barrier", Ok(self.checks().barrier()))?;
+                $crate::PendingWork::wait(Box::new(work))
             }
         }
     };

@@ -82,26 +82,6 @@ impl MpiGroup {
         })
     }
 
-    /// Queues a collective and returns the channel its result arrives on.
-    fn submit(
-        &self,
-        name: &'static str,
-        checked: Result<(Signature, Op)>,
-    ) -> Result<mpsc::Receiver<Result<()>>> {
-        let (signature, op) = queued(checked);
-        let (done, result) = mpsc::channel();
-        let job = Job {
-            name,
-            signature,
-            op,
-            done,
-        };
-        if !self.thread.send(job) {
-            return Err(self.collective_err(name, "the MPI communication thread has stopped"));
-        }
-        Ok(result)
-    }
-
     fn collective_err(&self, op: &'static str, msg: &str) -> Error {
         Error::Collective {
             rank: self.rank,
@@ -113,24 +93,23 @@ impl MpiGroup {
 
     /// Queues a collective; its work.
     fn started(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<MpiWork> {
+        let (signature, op) = queued(checked);
+        let (done, result) = mpsc::channel();
+        let job = Job {
+            name,
+            signature,
+            op,
+            done,
+        };
+        if !self.thread.send(job) {
+            return Err(self.collective_err(name, "the MPI communication thread has stopped"));
+        }
         Ok(MpiWork {
-            result: self.submit(name, checked)?,
+            result,
             name,
             rank: self.rank,
             world_size: self.world_size,
         })
-    }
-
-    fn start(
-        &self,
-        name: &'static str,
-        checked: Result<(Signature, Op)>,
-    ) -> Result<Box<dyn PendingWork>> {
-        Ok(Box::new(self.started(name, checked)?))
-    }
-
-    fn run(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<()> {
-        self.started(name, checked)?.finish()
     }
 
     /// This transport's checks: CPU tensors of the dtypes MPI carries here.

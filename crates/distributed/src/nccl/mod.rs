@@ -200,7 +200,8 @@ impl NcclGroup {
         }
     }
 
-    fn submit(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<NcclWork> {
+    /// Queues a collective; its work.
+    fn started(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<NcclWork> {
         let (signature, op) = queued(checked);
         let tensors = op.tensors();
         // The device point the collective must wait for: what was queued on the compute stream.
@@ -237,18 +238,6 @@ impl NcclGroup {
             op,
             msg,
         }
-    }
-
-    fn start(
-        &self,
-        name: &'static str,
-        checked: Result<(Signature, Op)>,
-    ) -> Result<Box<dyn PendingWork>> {
-        Ok(Box::new(self.submit(name, checked)?))
-    }
-
-    fn run(&self, name: &'static str, checked: Result<(Signature, Op)>) -> Result<()> {
-        Box::new(self.submit(name, checked)?).wait()
     }
 }
 
