@@ -13,7 +13,7 @@
 use crate::signature::{check_avg, check_pair, check_root, Kind, Signature};
 use crate::{Error, ReduceOp, Result};
 use kiln_autograd::Tensor;
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 /// A collective with its tensors.
@@ -121,34 +121,32 @@ impl<F: Fn(&'static str, &Tensor) -> Result<()>> LocalChecks<F> {
 /// A transport's communication thread and the queue of jobs it serves, in order.
 ///
 /// Dropping it closes the queue, so the thread stops once it has finished the jobs already
-/// queued (and then releases what it owns: MPI finalises, NCCL's communicator is destroyed), and
-/// waits for it. A group holds it as its first field, so this happens before the rest of the
-/// group is dropped.
+/// queued (and releases what it owns), and waits for it. A group holds it as its first field,
+/// so this happens before the rest of the group is dropped.
 pub(crate) struct CommThread<J> {
-    jobs: Mutex<Option<mpsc::Sender<J>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    jobs: Option<mpsc::Sender<J>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl<J> CommThread<J> {
     /// The handle on `thread`, which serves the jobs sent into `jobs`.
     pub(crate) fn new(jobs: mpsc::Sender<J>, thread: JoinHandle<()>) -> Self {
         CommThread {
-            jobs: Mutex::new(Some(jobs)),
-            thread: Mutex::new(Some(thread)),
+            jobs: Some(jobs),
+            thread: Some(thread),
         }
     }
 
-    /// Queues `job`; `false` when the thread has stopped (it panicked, or its queue is closed).
+    /// Queues `job`; `false` when the thread has stopped (it panicked or returned).
     pub(crate) fn send(&self, job: J) -> bool {
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+        self.jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok())
     }
 }
 
 impl<J> Drop for CommThread<J> {
     fn drop(&mut self) {
-        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }

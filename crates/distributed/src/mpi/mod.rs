@@ -40,7 +40,8 @@ struct Job {
 
 /// One process's handle on the MPI job's world communicator.
 pub struct MpiGroup {
-    /// First, so the thread stops (and finalises MPI) before anything else goes.
+    /// First, so the thread stops before anything else goes: it finalises MPI (or, after a
+    /// timeout, leaves that to `mpirun`).
     thread: CommThread<Job>,
     rank: usize,
     world_size: usize,
