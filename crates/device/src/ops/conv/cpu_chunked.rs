@@ -26,7 +26,7 @@
 use super::cpu_gemm::{matmul_into, ScratchFailure, Stored};
 use super::padded::{copy_rows, fold_add_on, unfold_on, zero_on, Padded};
 use super::pieces::{chunked_images_in_parallel, for_each_chunk, for_each_piece, is_split};
-use super::subsample::{subsample_plane, unsample_plane};
+use super::subsample::{subsample_plane, unsample_planes};
 use super::Conv2dGeometry;
 use crate::ops::simd::prefetch_read;
 use crate::ops::KernelFloat;
@@ -326,10 +326,7 @@ fn backward_input_with<T: KernelFloat>(
             );
             for (i, gin_image) in gin.chunks_mut(image).enumerate() {
                 if d.subsampled {
-                    let plane = image / d.k.max(1);
-                    for_each_piece(gin_image, plane, split, |c, plane| {
-                        unsample_plane(g, &col[c * width + i * d.l..][..d.l], plane)
-                    });
+                    unsample_planes(g, col, [width, i * d.l], gin_image, split);
                     continue;
                 }
                 zero_on(padded_grad, split);

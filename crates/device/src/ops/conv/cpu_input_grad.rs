@@ -14,8 +14,8 @@
 
 use super::cpu_gemm::{matmul_into, Blocks, ScratchFailure, Stored};
 use super::padded::{fold_add_on, too_large, zero_on, Padded};
-use super::pieces::{for_each_image, for_each_piece, image_parallelism};
-use super::subsample::unsample_plane;
+use super::pieces::{for_each_image, image_parallelism};
+use super::subsample::unsample_planes;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
@@ -38,7 +38,6 @@ pub(super) fn by_columns<T: KernelFloat>(
     let p = Padded::new(geometry)?;
     // A subsampling convolution's column rows are its input planes read at the stride.
     let padded_len = if b.subsampled { 0 } else { p.len };
-    let plane = geometry.input_size[0] * geometry.input_size[1];
     let failure = ScratchFailure::new();
     let dims = [b.col_rows, b.col_cols, b.out_channels];
     for_each_image(
@@ -71,9 +70,7 @@ pub(super) fn by_columns<T: KernelFloat>(
                 if b.subsampled {
                     // Each input element is read by at most one output: no sums.
                     let planes = &mut gin_image[g * b.in_group..][..b.in_group];
-                    for_each_piece(planes, plane, split, |c, plane| {
-                        unsample_plane(geometry, &col[c * b.col_cols..][..b.col_cols], plane)
-                    });
+                    unsample_planes(geometry, col, [b.col_cols, 0], planes, split);
                     continue;
                 }
                 let at = [b.col_cols, 0];

@@ -1,13 +1,14 @@
 //! The strided 1x1 convolutions without padding (ResNet's downsampling shortcuts) read one
 //! phase of their stride straight from the image, so they need none of `padded.rs`'s copies:
 //! a column row is an input plane read at the stride ([`subsample_plane`]), and the input
-//! gradient's plane is that row written back at the stride over zeros ([`unsample_plane`]).
+//! gradient's plane is that row written back at the stride over zeros ([`unsample_planes`]).
 //!
 //! Invariants: each input element is read by at most one output (the kernel is 1x1 and the
 //! stride at least 1), so the gradient is written, never summed; every element of a column row
 //! and of a gradient plane is written; at stride 2, the shortcuts' stride, whole pairs move so
 //! the loops vectorise, with the values an element-by-element walk gives.
 
+use super::pieces::for_each_piece;
 use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 
@@ -41,7 +42,7 @@ pub(super) fn subsample_plane<T: Copy>(g: &Conv2dGeometry, image: &[T], c: usize
 /// gradient (`col_row`, `H_out * W_out` elements): zero but where the stride reads, each of
 /// those read once (so no sums). `0 + v` as the fold onto a zeroed gradient computes, so a
 /// negative zero comes out as the other paths give it.
-pub(super) fn unsample_plane<T: KernelFloat>(g: &Conv2dGeometry, col_row: &[T], plane: &mut [T]) {
+fn unsample_plane<T: KernelFloat>(g: &Conv2dGeometry, col_row: &[T], plane: &mut [T]) {
     let ([_, w], [sh, sw]) = (g.input_size, g.params.stride);
     plane.fill(T::ZERO);
     for (y, row) in col_row.chunks(g.output_size[1].max(1)).enumerate() {
@@ -62,4 +63,22 @@ pub(super) fn unsample_plane<T: KernelFloat>(g: &Conv2dGeometry, col_row: &[T], 
                 .for_each(|(&v, d)| *d = T::ZERO + v),
         }
     }
+}
+
+/// The input gradient's planes of one image (`planes`: all of them, or one group's) from a
+/// column gradient: plane `c` from the `H_out * W_out` values at `col[c * pitch + at..]`
+/// ([`unsample_plane`]), the planes on the pool when `split`. What both the per-image path
+/// (`pitch` one image's columns) and the chunked one (a chunk's, `at` the image's first) write.
+pub(super) fn unsample_planes<T: KernelFloat>(
+    g: &Conv2dGeometry,
+    col: &[T],
+    [pitch, at]: [usize; 2],
+    planes: &mut [T],
+    split: bool,
+) {
+    let plane = g.input_size[0] * g.input_size[1];
+    let l = g.output_size[0] * g.output_size[1];
+    for_each_piece(planes, plane, split, |c, plane| {
+        unsample_plane(g, &col[c * pitch + at..][..l], plane)
+    });
 }
