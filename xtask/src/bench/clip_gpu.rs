@@ -191,7 +191,7 @@ fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         return Ok(());
     };
     let dev = Device::Cuda(0);
-    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut pairs = Pairs::new(GROUP, options);
     for set in grad_sets() {
         let mut cases = vec![(DType::F32, true)];
         if set.name.starts_with("gpt2") {
@@ -409,7 +409,7 @@ mod tests {
                 device: Device::Cpu,
             };
             let mut rows = Vec::new();
-            let mut pairs = Pairs::new(GROUP, false, true);
+            let mut pairs = Pairs::new(GROUP, &options);
             one_set(&tiny_set(), &cases, "tiny", &options, &mut rows, &mut pairs).unwrap();
             assert!(pairs.into_rows().is_empty());
             assert_eq!(rows.len(), want, "{dtype}");

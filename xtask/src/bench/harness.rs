@@ -79,6 +79,9 @@ pub struct Options {
     pub gpu_only: bool,
     /// Also run the CPU cases in PyTorch in the same run and add kiln/PyTorch rows.
     pub vs_torch: bool,
+    /// Run PyTorch's interpreters with glibc keeping freed memory (`torch.rs`,
+    /// [`TORCH_STEADY_MALLOC`](super::torch::TORCH_STEADY_MALLOC)).
+    pub torch_steady_malloc: bool,
 }
 
 /// An error of any crate as the bench's `String` error.

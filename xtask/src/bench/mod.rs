@@ -1,5 +1,5 @@
-//! `cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only] [--vs-torch]`: runs benchmark
-//! groups, prints a table and writes `report.json` (an array of rows) and `report.md` to
+//! `cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only] [--vs-torch
+//! [--torch-steady-malloc]]`: runs benchmark groups, prints a table and writes `report.json` (an array of rows) and `report.md` to
 //! `$KILN_BENCH_OUT`, or to `target/kiln-bench/` when it is unset. `--gpu-only` runs just the
 //! CUDA cases of every group (what the GPU machine of `cargo xtask gpu-pack` runs).
 //! `--vs-torch` also runs the `train`, `ops`, `optim` and `clip` CPU cases in PyTorch in the
@@ -7,7 +7,9 @@
 //! `python3`), and adds kiln/PyTorch rows; without PyTorch those rows keep kiln's figure and say
 //! why PyTorch's is missing. With `--gpu` / `--gpu-only` it does the same for the CUDA cases of
 //! `ops` (matmul, the ResNet18 step), `optim` (AdamW) and `clip` (f32 clipping), PyTorch running
-//! on the same GPU.
+//! on the same GPU. `--torch-steady-malloc` runs the CPU cases' interpreters with glibc's
+//! allocator keeping the memory PyTorch frees (fixed mmap and trim thresholds), as a tuned PyTorch
+//! setup would with jemalloc or tcmalloc; the reference column says so.
 //!
 //! A row is `{"group", "case", "metric", "value", "reference", "ratio"}`; `ratio` compares
 //! kiln's figure with the reference measured in the same run (or a stated target), oriented so
@@ -55,8 +57,8 @@ const GROUPS: &[(&str, Group)] = &[
     ("distributed", distributed::run),
 ];
 
-const USAGE: &str =
-    "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only] [--vs-torch]";
+const USAGE: &str = "usage: cargo xtask bench [GROUP ...] [--quick] [--gpu | --gpu-only] \
+                     [--vs-torch [--torch-steady-malloc]]";
 
 /// Runs the subcommand.
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -67,6 +69,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--quick" => options.quick = true,
             "--gpu" => options.gpu = true,
             "--vs-torch" => options.vs_torch = true,
+            "--torch-steady-malloc" => options.torch_steady_malloc = true,
             "--gpu-only" => {
                 options.gpu = true;
                 options.gpu_only = true;
@@ -85,6 +88,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 }
             },
         }
+    }
+    if options.torch_steady_malloc && !options.vs_torch {
+        return Err(format!(
+            "--torch-steady-malloc sets up PyTorch's side, which only --vs-torch runs: add \
+             --vs-torch\n{USAGE}"
+        ));
     }
     if options.gpu && kiln_device::testing::cuda_required() {
         // The GPU run (run.sh sets KILN_REQUIRE_CUDA=1): GPU cases that skip would pass for
@@ -189,5 +198,11 @@ mod tests {
         assert!(json["value"].is_null() && json["ratio"].is_null(), "{json}");
         assert_eq!(json["reference"], "error: no memory");
         assert!(markdown(&[Row::failed("clip", "gpu x", "e")]).contains("| failed | NaN |"));
+    }
+
+    #[test]
+    fn steady_malloc_without_vs_torch_is_refused_before_any_group_runs() {
+        let err = run(&["alloc".into(), "--torch-steady-malloc".into()]).unwrap_err();
+        assert!(err.contains("add --vs-torch"), "{err}");
     }
 }

@@ -34,7 +34,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         kiln_device::threads::num_threads()
     );
     if !options.gpu_only {
-        let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+        let mut pairs = Pairs::new(GROUP, options);
         matmul(options, &mut rows, &mut pairs)?;
         conv2d(options, &mut rows)?;
         rows.extend(pairs.into_rows());

@@ -64,7 +64,7 @@ pub fn run(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
         }
     };
     let mut measured = Vec::new();
-    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut pairs = Pairs::new(GROUP, options);
     for dtype in [DType::F32, DType::BF16] {
         case(
             &format!("gpu_matmul_4096_{dtype}"),

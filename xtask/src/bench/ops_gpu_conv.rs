@@ -220,7 +220,13 @@ mod tests {
         // On the CPU at a tiny size: the rows' arithmetic, not a speed.
         let cases = &RESNET18_224_CONVS[6..8];
         let mut rows = Vec::new();
-        let mut pairs = Pairs::new(GROUP, false, true);
+        let mut pairs = Pairs::new(
+            GROUP,
+            &super::super::harness::Options {
+                quick: true,
+                ..Default::default()
+            },
+        );
         conv_pass_rows(
             cases,
             Device::Cpu,

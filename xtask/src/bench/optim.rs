@@ -70,7 +70,7 @@ pub(super) fn cpu_cases(options: &Options) -> Result<Vec<Row>, String> {
     )];
     let reps = if options.quick { 1 } else { 5 };
     let e = |e: kiln_optim::Error| e.to_string();
-    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut pairs = Pairs::new(GROUP, options);
     for set in grad_sets() {
         let params = params_with_grads(&set)?;
         let mut opt = AdamW::new(

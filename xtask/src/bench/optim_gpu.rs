@@ -39,7 +39,7 @@ fn run_cases(options: &Options, rows: &mut Vec<Row>) -> Result<(), String> {
     };
     let copy_gbs = copy_bw / 1e9;
     let dev = Device::Cuda(0);
-    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut pairs = Pairs::new(GROUP, options);
     for set in grad_sets() {
         let numel = set.numel() as u64;
         for pass in [Pass::AdamW, Pass::SgdMomentum] {

@@ -196,7 +196,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (batch, steps) = if options.quick { (4, 1) } else { (32, 5) };
     let mut rows = Vec::new();
-    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut pairs = Pairs::new(GROUP, options);
     let mut one_thread: Option<Split> = None;
     for threads in thread_counts(cores) {
         let split = child(threads, batch, steps, Passes::Timed)?;

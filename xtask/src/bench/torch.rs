@@ -17,7 +17,7 @@
 //! PyTorch's); a missing PyTorch figure never fails the run, and a PyTorch interpreter never
 //! outlives its case.
 
-use super::harness::Row;
+use super::harness::{Options, Row};
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -28,6 +28,17 @@ use std::time::Duration;
 const SCRIPT: &str = include_str!("../../torch_bench.py");
 /// The variable naming the Python interpreter with `torch`.
 pub const PYTHON_VAR: &str = "KILN_TORCH_PYTHON";
+/// glibc's settings for `--torch-steady-malloc`. PyTorch's CPU tensors come from `malloc`, and
+/// glibc serves a block above its mmap threshold with a fresh mapping that it unmaps on free;
+/// the threshold grows only as such blocks are freed, and the heap's top is trimmed back to the
+/// system. A training loop then pays page faults for its activations step after step (the train
+/// example's eval: 59-64 ms a pass instead of 46-53). Fixed thresholds (32 MiB, glibc's most
+/// for the mmap threshold on 64-bit; 1 GiB) keep the freed memory for the next step, which is
+/// what PyTorch's performance guide gets from jemalloc or tcmalloc.
+pub const TORCH_STEADY_MALLOC: [(&str, &str); 2] = [
+    ("MALLOC_MMAP_THRESHOLD_", "33554432"),
+    ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
+];
 /// Rounds of a pair outside `--quick` (one with it): each is one kiln figure and one PyTorch
 /// figure, and the row's ratio is their median.
 const ROUNDS: usize = 3;
@@ -88,12 +99,21 @@ struct TorchCase {
 }
 
 impl TorchCase {
-    /// Starts `python` on case `id` and waits until it is set up.
-    fn start(python: &str, id: &str, quick: bool, timeout: Duration) -> Result<Self, String> {
+    /// Starts `python` on case `id` and waits until it is set up; with `steady_malloc`, glibc
+    /// set as [`TORCH_STEADY_MALLOC`] says.
+    fn start(
+        python: &str,
+        id: &str,
+        (quick, steady_malloc): (bool, bool),
+        timeout: Duration,
+    ) -> Result<Self, String> {
         let mut cmd = Command::new(python);
         cmd.arg("-c").arg(SCRIPT);
         if quick {
             cmd.arg("--quick");
+        }
+        if steady_malloc {
+            cmd.envs(TORCH_STEADY_MALLOC);
         }
         let mut child = cmd
             .arg(id)
@@ -136,8 +156,13 @@ impl TorchCase {
         case.about = match ready["device"].as_str() {
             Some(gpu) => format!("PyTorch {version} on {gpu}"),
             None => format!(
-                "PyTorch {version} CPU, {} threads",
-                ready["threads"].as_u64().unwrap_or(0)
+                "PyTorch {version} CPU, {} threads{}",
+                ready["threads"].as_u64().unwrap_or(0),
+                if steady_malloc {
+                    ", glibc keeping freed memory"
+                } else {
+                    ""
+                }
             ),
         };
         Ok(case)
@@ -272,6 +297,8 @@ pub struct Pairs {
     group: &'static str,
     enabled: bool,
     quick: bool,
+    /// `--torch-steady-malloc`.
+    steady_malloc: bool,
     python: String,
     /// See [`ANSWER_TIMEOUT`].
     timeout: Duration,
@@ -279,13 +306,14 @@ pub struct Pairs {
 }
 
 impl Pairs {
-    /// Pairs for `group`; `enabled` is `--vs-torch`, `quick` picks the script's short timings
-    /// and one round per pair.
-    pub fn new(group: &'static str, enabled: bool, quick: bool) -> Self {
+    /// Pairs for `group`, run when `--vs-torch` is on; `--quick` picks the script's short
+    /// timings and one round per pair.
+    pub fn new(group: &'static str, options: &Options) -> Self {
         Self {
             group,
-            enabled,
-            quick,
+            enabled: options.vs_torch,
+            quick: options.quick,
+            steady_malloc: options.torch_steady_malloc,
             python: python(),
             timeout: ANSWER_TIMEOUT,
             rows: Vec::new(),
@@ -313,7 +341,12 @@ impl Pairs {
             self.python
         );
         let mut kiln = Vec::new();
-        let torch = match TorchCase::start(&self.python, id, self.quick, self.timeout) {
+        let torch = match TorchCase::start(
+            &self.python,
+            id,
+            (self.quick, self.steady_malloc),
+            self.timeout,
+        ) {
             Err(why) => Err(why),
             Ok(mut t) => {
                 let mut figures = Vec::new();
@@ -377,6 +410,15 @@ impl Drop for Spinner {
 mod tests {
     use super::*;
 
+    /// The options of a `--quick` run, with `--vs-torch` when `vs_torch`.
+    fn quick(vs_torch: bool) -> Options {
+        Options {
+            quick: true,
+            vs_torch,
+            ..Options::default()
+        }
+    }
+
     #[test]
     fn ratios_favour_kiln_above_one_and_are_the_median_of_rounds() {
         let about = "PyTorch 2.5 CPU, 2 threads";
@@ -425,7 +467,7 @@ mod tests {
     /// and add no row.
     #[test]
     fn pairs_without_vs_torch_add_no_rows() {
-        let mut pairs = Pairs::new("train", false, true);
+        let mut pairs = Pairs::new("train", &quick(false));
         let never = || -> Result<f64, String> { panic!("measured without --vs-torch") };
         pairs
             .add("step", "resnet18_cifar_step/4", Figure::Millis, 5.0, never)
@@ -438,7 +480,7 @@ mod tests {
 
     #[test]
     fn without_python_every_row_says_why_and_keeps_kilns_figure() {
-        let mut pairs = Pairs::new("train", true, true);
+        let mut pairs = Pairs::new("train", &quick(true));
         pairs.python = "/nonexistent/python-for-kiln".into();
         pairs
             .add("step", "a", Figure::Millis, 5.0, || Ok(7.0))
@@ -464,11 +506,11 @@ mod tests {
     /// a hang or a panic (`sh -c SCRIPT ... id` runs the script text as a shell command).
     #[test]
     fn an_interpreter_without_an_answer_is_a_reason() {
-        let err = TorchCase::start("true", "a", true, ANSWER_TIMEOUT)
+        let err = TorchCase::start("true", "a", (true, false), ANSWER_TIMEOUT)
             .err()
             .unwrap();
         assert!(err.contains("ended without a figure"), "{err}");
-        let mut pairs = Pairs::new("train", true, true);
+        let mut pairs = Pairs::new("train", &quick(true));
         pairs.python = "echo".into();
         pairs
             .add("step", "a", Figure::Millis, 5.0, || Ok(7.0))
@@ -481,20 +523,58 @@ mod tests {
         );
     }
 
+    /// A stand-in interpreter: a shell script of `body` in a fresh directory (removed by the
+    /// caller); the directory and the script's path.
+    #[cfg(unix)]
+    fn stand_in(name: &str, body: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("kiln-torch-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("python");
+        std::fs::write(&script, format!("#!/bin/sh\n{body}")).unwrap();
+        let mut perms = std::fs::metadata(&script).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&script, perms).unwrap();
+        (dir, script)
+    }
+
+    /// `--torch-steady-malloc` reaches the interpreter's environment, and the row says so (the
+    /// stand-in reports the two variables as its torch version, then answers 14 ms a round).
+    #[cfg(unix)]
+    #[test]
+    fn steady_malloc_sets_the_interpreters_glibc_and_says_so() {
+        let body = concat!(
+            r#"echo "{\"torch\": \"$MALLOC_MMAP_THRESHOLD_/$MALLOC_TRIM_THRESHOLD_\", \"threads\": 2}""#,
+            "\nwhile read line; do echo '{\"value\": 14.0}'; done\n",
+        );
+        let (dir, script) = stand_in("malloc", body);
+        for steady in [false, true] {
+            let options = Options {
+                torch_steady_malloc: steady,
+                ..quick(true)
+            };
+            let mut pairs = Pairs::new("train", &options);
+            pairs.python = script.display().to_string();
+            pairs
+                .add("step", "a", Figure::Millis, 5.0, || Ok(7.0))
+                .unwrap();
+            let rows = pairs.into_rows();
+            let r = &rows[0];
+            assert_eq!(r.ratio, 2.0, "{}", r.reference);
+            let values = "PyTorch 33554432/1073741824 CPU, 2 threads, glibc keeping freed memory";
+            assert_eq!(r.reference.contains(values), steady, "{}", r.reference);
+            assert_eq!(r.reference.contains("glibc"), steady, "{}", r.reference);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// An interpreter that never answers is ended after the timeout, and its row says so (`sh
     /// -c SCRIPT ...` fails on the Python text, so the stand-in is a script that just waits).
     #[cfg(unix)]
     #[test]
     fn an_interpreter_that_never_answers_is_ended() {
-        let dir = std::env::temp_dir().join(format!("kiln-torch-hang-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = dir.join("python");
-        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
-        let mut perms = std::fs::metadata(&script).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-        std::fs::set_permissions(&script, perms).unwrap();
+        let (dir, script) = stand_in("hang", "exec sleep 30\n");
         let started = std::time::Instant::now();
-        let mut pairs = Pairs::new("train", true, true);
+        let mut pairs = Pairs::new("train", &quick(true));
         pairs.python = script.display().to_string();
         pairs.timeout = Duration::from_millis(300);
         pairs

@@ -62,7 +62,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
     } else {
         (128, 32, 8)
     };
-    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut pairs = Pairs::new(GROUP, options);
     mlp_step(options, mlp_batch, matmul_rate, &mut rows, &mut pairs)?;
     let cifar = Resnet {
         size: 32,

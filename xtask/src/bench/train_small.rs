@@ -39,7 +39,7 @@ pub(super) fn run(options: &Options) -> Result<Vec<Row>, String> {
         return Ok(Vec::new());
     }
     let mut rows = Vec::new();
-    let mut pairs = Pairs::new(GROUP, options.vs_torch, options.quick);
+    let mut pairs = Pairs::new(GROUP, options);
     step_and_eval(options, &mut rows, &mut pairs)?;
     rows.extend(pairs.into_rows());
     Ok(rows)
