@@ -11,9 +11,11 @@
 //! this tensor is allocated, except for a right operand that shares this tensor's buffer (copied
 //! out first) or has another dtype (computed out of place, with the usual promotion).
 //! `add_scaled_` on floats is one fused kernel (`add_scaled_into`, rounded once).
-//! `add_owned` (backward's sum of two gradients) and `binary_in_place` (its elementwise rules,
-//! such as ReLU's) update in place only a tensor no other handle, view or saved copy can reach
-//! (`updatable_alone_with`).
+//! Backward's elementwise rules (such as ReLU's, through `binary_in_place`) update in place
+//! only a gradient no other handle, view or saved copy can reach (`updatable_alone_with`); the
+//! `into_*` ops (`Tensor::into_relu`, `Tensor::into_add`, through `reusable_alone` and
+//! `write_owned`) do the same for a tensor the caller gives up, recording the op as the
+//! out-of-place one would.
 
 use crate::autograd::grad_mode::{is_grad_enabled, no_grad};
 use crate::error::shape_err;
@@ -158,31 +160,50 @@ impl Tensor {
         self.update("add_", &scaled, BinaryOp::Add, || self.add(&scaled))
     }
 
+    /// `max(self, 0)` in place (PyTorch's `relu_`): the same values as [`Tensor::relu`] (NaN
+    /// stays NaN, `-0.0` becomes `0.0`), written into this tensor's buffer.
+    pub fn relu_(&self) -> Result<()> {
+        let zero = self.scalar_like(0.0)?;
+        self.binary_in_place("relu_", &zero, BinaryOp::Maximum)
+    }
+
     /// True when an elementwise result of `self` and `other` can be written into `self`'s
-    /// buffer without anyone seeing it: this handle is the only one to it and to its storage (no
-    /// other tensor, view or saved copy), `self` is dense (not an expanded view, whose elements
-    /// share places), no graph is being built, and `other` has `self`'s dtype and shape. What
-    /// backward's sums and elementwise rules check before reusing the incoming gradient.
+    /// buffer without anyone seeing it: `self` is [held alone](Tensor::held_alone), no graph is
+    /// being built, and `other` has `self`'s dtype and shape. What backward's elementwise rules
+    /// check before reusing the incoming gradient.
     pub(crate) fn updatable_alone_with(&self, other: &Tensor) -> bool {
-        let shared = Arc::strong_count(&self.0) > 1 || Arc::strong_count(self.storage_arc()) > 1;
-        !shared
-            && self.is_contiguous()
+        self.held_alone()
             && !is_grad_enabled()
             && self.dtype() == other.dtype()
             && self.shape() == other.shape()
     }
 
-    /// `self + other`, added into `self`'s buffer when [`Tensor::updatable_alone_with`] allows,
-    /// otherwise a new tensor, as `add`. The elements are the same either way; this saves a
-    /// third buffer of the sum's size (and its writes) where backward sums the gradients of two
-    /// paths or adds into a leaf's `.grad`.
-    pub(crate) fn add_owned(self, other: &Tensor) -> Result<Tensor> {
-        if self.updatable_alone_with(other) {
-            self.add_(other)?;
-            Ok(self)
-        } else {
-            self.add(other)
-        }
+    /// This handle is the only one to the tensor and to its storage (no other tensor, view or
+    /// saved copy), and the tensor is dense (not an expanded view, whose elements share places).
+    fn held_alone(&self) -> bool {
+        let shared = Arc::strong_count(&self.0) > 1 || Arc::strong_count(self.storage_arc()) > 1;
+        !shared && self.is_contiguous()
+    }
+
+    /// True when the caller, giving this handle up, gives up the buffer with it: it is [held
+    /// alone](Tensor::held_alone), and it is not a leaf that requires grad while a graph is
+    /// built (PyTorch refuses to update such a leaf in place too). What the `into_*` ops check
+    /// before writing their result over it.
+    pub(crate) fn reusable_alone(&self) -> bool {
+        let recorded_leaf =
+            is_grad_enabled() && self.requires_grad() && self.grad_fn_node().is_none();
+        self.held_alone() && !recorded_leaf
+    }
+
+    /// `self = op(self, other)` (`other` broadcast, of `self`'s dtype, in another buffer) through
+    /// the in-place kernel, without the checks of the public updates: for the `into_*` ops once
+    /// [`Tensor::reusable_alone`] holds, which record the op themselves.
+    pub(crate) fn write_owned(&self, other: &Tensor, op: BinaryOp) -> Result<()> {
+        let layout = other.layout().broadcast_to(self.shape());
+        let src = other.storage();
+        let mut dst = self.storage_mut();
+        src.binary_into(&layout, &mut dst, self.layout(), op)?;
+        Ok(())
     }
 
     /// `self = op(self, other)` in place through the in-place kernel (`other` of `self`'s

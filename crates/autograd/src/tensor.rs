@@ -402,7 +402,7 @@ impl Tensor {
         let sum = match slot.take() {
             None => g,
             // As PyTorch's AccumulateGrad: into the old gradient when nobody else can see it.
-            Some(old) => old.add_owned(&g)?,
+            Some(old) => old.into_add(&g)?,
         };
         kiln_device::reattribute_storage(&sum.storage(), kiln_device::MemoryCategory::Gradient);
         *slot = Some(sum);

@@ -266,3 +266,122 @@ fn gradients_accumulate_in_place_unless_someone_holds_them() {
     assert_eq!(now.to_vec::<f64>().unwrap(), vec![3., 30.]);
     assert_ne!(now.storage_key(), key);
 }
+
+#[test]
+fn relu_in_place_gives_relus_bits_on_every_dtype_and_view() {
+    let v = [
+        -2.5,
+        -0.0,
+        0.0,
+        3.0,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e-310,
+        -1e-40,
+    ];
+    for dtype in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+        let x = t(&v, &[3, 3]).to_dtype(dtype).unwrap();
+        let want = x.relu().unwrap();
+        x.relu_().unwrap();
+        assert_eq!(bits(&x), bits(&want), "{dtype}");
+        assert_eq!(x.version(), 1, "{dtype}");
+        // -0.0 becomes +0.0, as relu makes it.
+        assert_eq!(bits(&x)[1], 0, "{dtype}");
+        // Through a transposed view: every element of the base, once.
+        let base = t(&v, &[3, 3]).to_dtype(dtype).unwrap();
+        base.t().unwrap().relu_().unwrap();
+        assert_eq!(bits(&base), bits(&want), "{dtype}, transposed");
+    }
+    let i = Tensor::from_vec(vec![-3i64, 0, 5], &[3], Device::Cpu).unwrap();
+    let want = i.relu().unwrap().to_vec::<i64>().unwrap();
+    i.relu_().unwrap();
+    assert_eq!(i.to_vec::<i64>().unwrap(), want);
+    assert_eq!(want, vec![0, 0, 5]);
+}
+
+#[test]
+fn relu_in_place_refuses_under_grad_and_a_saved_input_notices() {
+    let p = Parameter::new(t(&[-1., 2.], &[2])).unwrap();
+    let e = p.relu_().unwrap_err().to_string();
+    assert!(e.contains("relu_") && e.contains("no_grad"), "{e}");
+    let x = t(&[-1., 1.], &[2]);
+    let y = p.mul(&x).unwrap().sum_all().unwrap(); // MulBackward saved x
+    x.relu_().unwrap();
+    let e = y.backward().unwrap_err().to_string();
+    assert!(e.contains("modified in place"), "{e}");
+}
+
+#[test]
+fn owned_relu_and_add_reuse_a_buffer_only_when_no_one_else_sees_it() {
+    let v = [-1., 2., -3., 4.];
+    let relu = [0., 2., 0., 4.];
+    no_grad(|| {
+        // Alone: the result is the input's buffer.
+        let x = t(&v, &[2, 2]);
+        let key = x.storage_key();
+        let y = x.into_relu().unwrap();
+        assert_eq!(
+            (y.storage_key(), y.to_vec::<f64>().unwrap()),
+            (key, relu.to_vec())
+        );
+        // A kept handle, or a view of another tensor: a new buffer, the other unchanged.
+        let x = t(&v, &[2, 2]);
+        let kept = x.clone();
+        let y = x.into_relu().unwrap();
+        assert_ne!(y.storage_key(), kept.storage_key());
+        assert_eq!(kept.to_vec::<f64>().unwrap(), v.to_vec());
+        let base = t(&v, &[4]);
+        let y = base.reshape(&[2, 2]).unwrap().into_relu().unwrap();
+        assert_ne!(y.storage_key(), base.storage_key());
+        assert_eq!(base.to_vec::<f64>().unwrap(), v.to_vec());
+        assert_eq!(y.to_vec::<f64>().unwrap(), relu.to_vec());
+        // The sum: in place for an operand of the same shape, a new tensor for a broadcast one.
+        let x = t(&v, &[2, 2]);
+        let key = x.storage_key();
+        let s = x.into_add(&t(&[1., 1., 1., 1.], &[2, 2])).unwrap();
+        assert_eq!(
+            (s.storage_key(), s.to_vec::<f64>().unwrap()),
+            (key, vec![0., 3., -2., 5.])
+        );
+        let row = t(&[10., 20.], &[1, 2]);
+        let s = t(&v, &[1, 4])
+            .reshape(&[2, 2])
+            .unwrap()
+            .into_add(&row)
+            .unwrap();
+        assert_eq!(s.to_vec::<f64>().unwrap(), vec![9., 22., 7., 24.]);
+        Ok::<(), kiln_autograd::Error>(())
+    })
+    .unwrap();
+    // Recording a graph: a result no one else holds is still reused (mul saved its inputs,
+    // not its output; relu's node reads its output), and the sum after it is not (relu saved
+    // that output); relu's and add's gradients either way.
+    let p = Parameter::new(t(&v, &[4])).unwrap();
+    let h = p.mul_scalar(1.0).unwrap();
+    let key = h.storage_key();
+    let r = h.into_relu().unwrap();
+    assert_eq!(r.storage_key(), key);
+    let y = r.into_add(&p).unwrap();
+    assert_ne!(y.storage_key(), key);
+    assert_eq!(y.to_vec::<f64>().unwrap(), vec![-1., 4., -3., 8.]);
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(
+        p.grad().unwrap().to_vec::<f64>().unwrap(),
+        vec![1., 2., 1., 2.]
+    );
+    // A leaf that requires grad, and a tensor a node saved (exp keeps its output), are not.
+    let leaf = t(&v, &[4]).set_requires_grad(true).unwrap();
+    let key = leaf.storage_key();
+    let y = leaf.into_relu().unwrap();
+    assert_ne!(y.storage_key(), key);
+    assert!(y.requires_grad());
+    let q = Parameter::new(t(&[0.5, -0.5], &[2])).unwrap();
+    let e = q.exp().unwrap();
+    let key = e.storage_key();
+    let y = e.into_relu().unwrap();
+    assert_ne!(y.storage_key(), key);
+    y.sum_all().unwrap().backward().unwrap();
+    let want: Vec<f64> = [0.5f64, -0.5].iter().map(|x| x.exp()).collect();
+    assert_eq!(q.grad().unwrap().to_vec::<f64>().unwrap(), want);
+}

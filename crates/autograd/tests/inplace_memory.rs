@@ -65,4 +65,13 @@ fn in_place_arithmetic_allocates_no_tensor_sized_buffer() {
     assert!(x.to_vec::<f32>().unwrap().iter().all(|&v| v == 2.75));
     let back = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
     assert!(back.iter().all(|&v| v == 3.0));
+    // An inference pass's ReLU and residual sum over a tensor no one else holds: in place,
+    // only ReLU's 0-d zero allocated.
+    let act = Tensor::full(&[n], -1.5, DType::F32, cpu).unwrap();
+    reset_peak_memory_stats(cpu).unwrap();
+    let base = memory_allocated(cpu).unwrap();
+    let out = kiln_autograd::no_grad(|| act.into_add(&ones)?.into_relu()).unwrap();
+    let owned = max_memory_allocated(cpu).unwrap() - base;
+    assert!(owned <= 512, "into_add + into_relu allocated {owned} bytes");
+    assert!(out.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
 }

@@ -106,7 +106,8 @@ fn copy_into_writes_through_strided_destinations() {
 }
 
 /// In-place binary ops: a destination of every dtype, contiguous and strided (columns 1..4 of
-/// rows 1..4 of a [5, 8] buffer), updated by a transposed right operand and by a broadcast row,
+/// rows 1..4 of a [5, 8] buffer), updated by a transposed right operand, a broadcast row and a
+/// broadcast scalar,
 /// on both backends; what the CPU refuses (integer `Pow`, the activation backwards on
 /// integers) CUDA refuses too, leaving the destination as it was. The fused `add_scaled_into`
 /// gives the same bits on both.
@@ -131,6 +132,8 @@ fn binary_into_updates_destinations_in_place_like_cpu() {
     let rhs_layouts = [
         Layout::contiguous(&[4, 3]).transpose(0, 1),
         Layout::contiguous(&[4]).broadcast_to(&[3, 4]),
+        // One value everywhere (`relu_` as `Maximum` with 0, `mul_scalar_`).
+        Layout::contiguous(&[1]).broadcast_to(&[3, 4]),
     ];
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64] {
         let (rc, rg) = both(dev, &values(12, dtype));

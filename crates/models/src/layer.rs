@@ -37,6 +37,13 @@ pub trait Layer: Module + Send + Sync {
     /// Runs the layer on `x`.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
+    /// [`Layer::forward`] of an input the caller gives up, which an elementwise layer may
+    /// overwrite with its result where nothing else can see it (ReLU under `no_grad`, as
+    /// PyTorch's `inplace=True`). The same values as `forward`, which it calls by default.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        self.forward(&x)
+    }
+
     /// The shape-only forward: same sub-layer calls as `forward`, each through `tracer.call`.
     fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act>;
 

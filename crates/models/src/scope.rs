@@ -16,6 +16,13 @@ pub(crate) fn forward_in(name: &str, layer: &dyn Layer, x: &Tensor) -> Result<Te
     layer.forward(x)
 }
 
+/// Runs `layer.forward_owned(x)` as the child module `name` of the current module path (the
+/// layer may write its result over `x`, which the caller gives up).
+pub(crate) fn forward_owned_in(name: &str, layer: &dyn Layer, x: Tensor) -> Result<Tensor> {
+    let _module = AllocContext::module(name);
+    layer.forward_owned(x)
+}
+
 /// Enters the child module `name` until the guard drops (for children called through other
 /// methods than `forward`).
 pub(crate) fn module(name: &str) -> ContextGuard {

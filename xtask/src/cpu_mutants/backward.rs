@@ -2,7 +2,8 @@
 //! graphs reach: a leaf frozen after the forward, backward inside an autocast scope, and the
 //! reuse of a gradient's buffer (sums of two paths and the elementwise rules writing in place
 //! only where no other handle, view or saved copy reaches the gradient, never into an expanded
-//! view; sigmoid's and tanh's fused rules in PyTorch's order), and the memory plan's model of
+//! view; sigmoid's and tanh's fused rules in PyTorch's order; the owned `into_relu` and
+//! `into_add` writing over a tensor only where no one else sees it), and the memory plan's model of
 //! them (one gradient in flight at ReLU, the forward counting an input already saved once);
 //! each with the test meant to cover it.
 
@@ -12,6 +13,7 @@ const MODELS: &str = "kiln-models";
 const HISTORY: &[&str] = &["--test", "memory_history"];
 const PLAN_BY_HISTORY: &str = "a_training_step_is_attributed_and_matches_the_plan";
 const ELEMENTWISE_RULES: &str = "sigmoid_tanh_exp_and_log_backward_write_over_the_gradient";
+const OWNED_OPS: &str = "owned_relu_and_add_reuse_a_buffer_only_when_no_one_else_sees_it";
 const BACKWARD_SUM: &str =
     "a_sum_of_two_paths_goes_into_an_unshared_buffer_and_never_into_a_shared_one";
 
@@ -57,10 +59,28 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "backward sums two paths' gradients into a third buffer",
         package: "kiln-autograd",
         file: "crates/autograd/src/autograd/engine.rs",
-        find: "profile::timed(OpProfile::GRADIENT_SUM, || prev.add_owned(&g))?\n                            }",
+        find: "profile::timed(OpProfile::GRADIENT_SUM, || prev.into_add(&g))?\n                            }",
         replace: "profile::timed(OpProfile::GRADIENT_SUM, || prev.add(&g))?\n                            }",
         target: &["--test", "backward_in_place"],
         test: BACKWARD_SUM,
+    },
+    Mutant {
+        bug: "an owned ReLU writes over a tensor someone else still holds",
+        package: "kiln-autograd",
+        file: "crates/autograd/src/ops/unary.rs",
+        find: "if !self.reusable_alone() {\n            return self.relu();",
+        replace: "if false {\n            return self.relu();",
+        target: &["--test", "inplace"],
+        test: OWNED_OPS,
+    },
+    Mutant {
+        bug: "an owned op writes over a leaf that requires grad while a graph is built",
+        package: "kiln-autograd",
+        file: "crates/autograd/src/inplace.rs",
+        find: "self.held_alone() && !recorded_leaf",
+        replace: "self.held_alone()",
+        target: &["--test", "inplace"],
+        test: OWNED_OPS,
     },
     Mutant {
         bug: "ReLU's backward writes its result into a new buffer",

@@ -7,7 +7,7 @@
 //! gradient buffer is dropped once consumed, so memory held by the graph falls as backward
 //! proceeds. Gradients are computed with grad mode off (no higher-order graphs). A buffer that
 //! already holds a gradient takes the next one by adding into its own memory when no other
-//! handle, view or saved copy can see that memory (`Tensor::add_owned`), and into a new buffer
+//! handle, view or saved copy can see that memory (`Tensor::into_add`), and into a new buffer
 //! otherwise, so a sum never changes a tensor anyone else holds.
 //!
 //! Leaves are counted like nodes: the gradients a leaf gets along each of its edges are summed
@@ -132,7 +132,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                             let summed = match leaf_buffers.remove(&k) {
                                 None => g,
                                 Some(prev) => {
-                                    profile::timed(OpProfile::GRADIENT_SUM, || prev.add_owned(&g))?
+                                    profile::timed(OpProfile::GRADIENT_SUM, || prev.into_add(&g))?
                                 }
                             };
                             leaf_buffers.insert(k, summed);
@@ -154,7 +154,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
                         let summed = match buffers.remove(&k) {
                             None => g,
                             Some(prev) => {
-                                profile::timed(OpProfile::GRADIENT_SUM, || prev.add_owned(&g))?
+                                profile::timed(OpProfile::GRADIENT_SUM, || prev.into_add(&g))?
                             }
                         };
                         buffers.insert(k, summed);

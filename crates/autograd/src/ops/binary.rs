@@ -74,6 +74,11 @@ const INPUTS: [bool; 3] = [true, true, false];
 
 type PairGrad = fn(&Saved, &Tensor, [bool; 2]) -> Result<[Option<Tensor>; 2]>;
 
+/// A sum's backward: the gradient, to both operands.
+fn add_grad(_: &Saved, g: &Tensor, _: [bool; 2]) -> Result<[Option<Tensor>; 2]> {
+    Ok([Some(g.clone()), Some(g.clone())])
+}
+
 impl Tensor {
     fn binary_op(
         &self,
@@ -98,9 +103,23 @@ impl Tensor {
             a.binary(&la, &b, &lb, op)?
         };
         let out = Tensor::from_storage(storage, &shape, None);
+        Ok(self.with_pair_node(rhs, &out, name, save, grad))
+    }
+
+    /// `out` (the op of this tensor and `rhs`, made without history) re-issued with the op's
+    /// node: `grad` as its backward, over the tensors `save` names, each gradient summed back
+    /// to its operand's shape.
+    fn with_pair_node(
+        &self,
+        rhs: &Tensor,
+        out: &Tensor,
+        name: &'static str,
+        save: [bool; 3],
+        grad: PairGrad,
+    ) -> Tensor {
         let node = Tensor::grad_node(name, &[self, rhs], |needs| {
             let keep = |i: usize, t: &Tensor| save[i].then(|| t.saved());
-            let saved = Saved([keep(0, self), keep(1, rhs), keep(2, &out)]);
+            let saved = Saved([keep(0, self), keep(1, rhs), keep(2, out)]);
             let (sa, sb) = (self.shape().to_vec(), rhs.shape().to_vec());
             Box::new(move |g| {
                 let [ga, gb] = grad(&saved, g, [needs[0], needs[1]])?;
@@ -110,18 +129,28 @@ impl Tensor {
                 ])
             })
         });
-        Ok(Tensor::with_node(&out, node))
+        Tensor::with_node(out, node)
     }
 
     /// `self + rhs` (broadcasting).
     pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.binary_op(
-            rhs,
-            BinaryOp::Add,
-            ("AddBackward", "add"),
-            NONE,
-            |_, g, _| Ok([Some(g.clone()), Some(g.clone())]),
-        )
+        self.binary_op(rhs, BinaryOp::Add, ("AddBackward", "add"), NONE, add_grad)
+    }
+
+    /// `self + rhs` for a `self` the caller gives up: added into its buffer where nothing else
+    /// can see it ([`Tensor::reusable_alone`]) and `rhs` has its shape and dtype (a residual
+    /// connection's sum, backward's sum of two gradients), a new tensor as `add` makes
+    /// otherwise. The values and the recorded backward are `add`'s either way.
+    pub fn into_add(self, rhs: &Tensor) -> Result<Tensor> {
+        let same = rhs.shape() == self.shape() && rhs.dtype() == self.dtype();
+        if !same || !self.reusable_alone() {
+            return self.add(rhs);
+        }
+        let _op = crate::autograd::attribution::forward_op("AddBackward");
+        self.check_same_kind("add", rhs)?;
+        self.write_owned(rhs, BinaryOp::Add)?;
+        let out = self.detach();
+        Ok(self.with_pair_node(rhs, &out, "AddBackward", NONE, add_grad))
     }
 
     /// `self - rhs` (broadcasting).

@@ -16,6 +16,12 @@ enum Save {
 
 type UnaryGrad = fn(&Tensor, &Tensor) -> Result<Tensor>;
 
+/// ReLU's backward from its output `y`: `g` where `y > 0`, else 0 (PyTorch's
+/// `threshold_backward`).
+fn relu_grad(y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    g.binary_raw(y, BinaryOp::ReluBackward)
+}
+
 impl Tensor {
     /// Runs `op` and records `grad(saved, g)` as its backward.
     fn unary_op(
@@ -28,6 +34,18 @@ impl Tensor {
         let _op = crate::autograd::attribution::forward_op(name);
         let storage = self.storage().unary(self.layout(), op)?;
         let out = Tensor::from_storage(storage, self.shape(), None);
+        Ok(self.with_unary_node(&out, name, save, grad))
+    }
+
+    /// `out` (this tensor's image under a unary op, made without history) re-issued with the
+    /// op's node: `grad(saved, g)` as its backward, over the tensor `save` names.
+    fn with_unary_node(
+        &self,
+        out: &Tensor,
+        name: &'static str,
+        save: Save,
+        grad: UnaryGrad,
+    ) -> Tensor {
         let node = Tensor::grad_node(name, &[self], |_| {
             let saved = match save {
                 Save::Nothing => None,
@@ -39,7 +57,7 @@ impl Tensor {
                 Ok(vec![Some(grad(s, g)?)])
             })
         });
-        Ok(Tensor::with_node(&out, node))
+        Tensor::with_node(out, node)
     }
 
     /// `out` (made without history) re-issued with `node` as its grad_fn.
@@ -95,9 +113,22 @@ impl Tensor {
 
     /// `max(x, 0)`.
     pub fn relu(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Relu, "ReluBackward", Save::Output, |y, g| {
-            g.binary_raw(y, BinaryOp::ReluBackward)
-        })
+        self.unary_op(UnaryOp::Relu, "ReluBackward", Save::Output, relu_grad)
+    }
+
+    /// [`Tensor::relu`] of a tensor the caller gives up: written over its buffer where nothing
+    /// else can see it ([`Tensor::reusable_alone`]: no other handle, view or saved copy), as
+    /// PyTorch's `inplace=True` does, and a new tensor otherwise. The values and the recorded
+    /// backward are `relu`'s either way (its backward reads the output, never the input).
+    pub fn into_relu(self) -> Result<Tensor> {
+        if !self.reusable_alone() {
+            return self.relu();
+        }
+        let _op = crate::autograd::attribution::forward_op("ReluBackward");
+        // `max(x, 0)` is relu bit for bit (NaN stays NaN, -0 becomes +0) on every backend.
+        self.write_owned(&self.scalar_like(0.0)?, BinaryOp::Maximum)?;
+        let out = self.detach();
+        Ok(self.with_unary_node(&out, "ReluBackward", Save::Output, relu_grad))
     }
 
     /// GELU, exact form `x * Φ(x)` (PyTorch's default `approximate='none'`).

@@ -121,6 +121,13 @@ pub fn map2_assign<T: Copy + Send + Sync, B: Copy + Sync>(
     f: impl Fn(T, B) -> T + Sync,
 ) {
     debug_assert_eq!(dst.len(), lb.numel());
+    // One value broadcast to every element (an in-place op with a scalar): no index walk.
+    if lb.strides().iter().all(|&st| st == 0) {
+        if let Some(&y) = b.get(lb.offset()) {
+            fill_chunks(dst, |_, chunk| chunk.iter_mut().for_each(|o| *o = f(*o, y)));
+            return;
+        }
+    }
     let cb = lb.contiguous_offset();
     fill_chunks(dst, |start, chunk| match cb {
         Some(ob) => {

@@ -38,9 +38,10 @@ fn trace_elementwise(tracer: &mut Tracer, x: &Act, saves: Saves) -> Act {
 }
 
 /// A parameter-free elementwise activation layer calling `Tensor::$forward`, whose backward
-/// reads the tensor `$saves` names.
+/// reads the tensor `$saves` names; with `owned = $owned`, `Tensor::$owned` serves an input
+/// the caller gives up ([`Layer::forward_owned`]).
 macro_rules! activation_layer {
-    ($(#[$doc:meta])* $name:ident, $forward:ident, $saves:expr) => {
+    ($(#[$doc:meta])* $name:ident, $forward:ident, $saves:expr $(, owned = $owned:ident)?) => {
         $(#[$doc])*
         #[derive(Debug)]
         pub struct $name {
@@ -69,6 +70,11 @@ macro_rules! activation_layer {
             fn forward(&self, x: &Tensor) -> Result<Tensor> {
                 Ok(x.$forward()?)
             }
+            $(
+                fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+                    Ok(x.$owned()?)
+                }
+            )?
             fn trace(&self, tracer: &mut Tracer, x: &Act) -> Result<Act> {
                 Ok(trace_elementwise(tracer, x, $saves))
             }
@@ -78,11 +84,14 @@ macro_rules! activation_layer {
 }
 
 activation_layer!(
-    /// `max(x, 0)` (`torch.nn.ReLU`; kiln has no in-place variant, so its output is a new
-    /// tensor). Its backward reads the output's sign.
+    /// `max(x, 0)` (`torch.nn.ReLU`). Its backward reads the output's sign. Given its input
+    /// ([`Layer::forward_owned`]: the residual blocks and [`crate::Sequential`] do) it writes
+    /// over it where nothing else can see it and no graph is built ([`Tensor::into_relu`]), as
+    /// `inplace=True` does in PyTorch; a new tensor otherwise.
     ReLU,
     relu,
-    Saves::Output
+    Saves::Output,
+    owned = into_relu
 );
 
 activation_layer!(

@@ -92,11 +92,18 @@ impl Layer for Sequential {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_owned(x.clone())
+    }
+
+    /// Each layer is handed the previous one's output, which it may write over
+    /// ([`Layer::forward_owned`]); the first gets `x`, which stays the caller's if it kept a
+    /// handle.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
         // The whole pass on kiln's CPU pool, not op by op.
         kiln_autograd::on_cpu_pool(x.device(), || {
-            let mut h = x.clone();
+            let mut h = x;
             for (name, l) in &self.items {
-                h = crate::scope::forward_in(name, l.as_ref(), &h)?;
+                h = crate::scope::forward_owned_in(name, l.as_ref(), h)?;
             }
             Ok(h)
         })

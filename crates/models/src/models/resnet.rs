@@ -52,21 +52,21 @@ fn residual_forward(
     downsample: Option<&Sequential>,
     x: &Tensor,
 ) -> Result<Tensor> {
-    use crate::scope::forward_in;
+    use crate::scope::{forward_in, forward_owned_in};
     let mut out = x.clone();
     for (i, (conv, bn)) in pairs.iter().enumerate() {
         out = forward_in(CONV_NAMES[i], *conv, &out)?;
         out = forward_in(NORM_NAMES[i], *bn, &out)?;
         if i + 1 < pairs.len() {
-            out = forward_in("relu", relu, &out)?;
+            out = forward_owned_in("relu", relu, out)?;
         }
     }
     let identity = match downsample {
         Some(d) => forward_in("downsample", d, x)?,
         None => x.clone(),
     };
-    let sum = out.add(&identity)?;
-    forward_in("relu", relu, &sum)
+    let sum = out.into_add(&identity)?;
+    forward_owned_in("relu", relu, sum)
 }
 
 /// [`residual_forward`] for the tracer; pair `i` is traced as `conv{i+1}` and `bn{i+1}`.
@@ -473,17 +473,17 @@ impl Layer for ResNet {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        use crate::scope::forward_in;
+        use crate::scope::{forward_in, forward_owned_in};
         // The whole pass on kiln's CPU pool, not op by op.
         kiln_autograd::on_cpu_pool(x.device(), || {
             let h = forward_in("conv1", &self.conv1, x)?;
             let h = forward_in("bn1", &self.bn1, &h)?;
-            let mut h = forward_in("relu", &self.relu, &h)?;
+            let mut h = forward_owned_in("relu", &self.relu, h)?;
             if let Some(m) = &self.maxpool {
                 h = forward_in("maxpool", m, &h)?;
             }
             for (name, s) in STAGE_NAMES.iter().zip(&self.stages) {
-                h = forward_in(name, s, &h)?;
+                h = forward_owned_in(name, s, h)?;
             }
             let h = forward_in("avgpool", &self.avgpool, &h)?.flatten(1, -1)?;
             forward_in("fc", &self.fc, &h)
