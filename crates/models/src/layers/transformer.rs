@@ -105,9 +105,10 @@ impl TransformerEncoderLayer {
         })
     }
 
-    fn activate(&self, x: &Tensor) -> Result<Tensor> {
+    /// The activation of `x`, which it may write over (ReLU: `into_relu`).
+    fn activate(&self, x: Tensor) -> Result<Tensor> {
         Ok(match self.config.activation {
-            Activation::Relu => x.relu()?,
+            Activation::Relu => x.into_relu()?,
             Activation::Gelu => x.gelu()?,
             Activation::GeluTanh => x.gelu_tanh()?,
         })
@@ -128,7 +129,7 @@ impl TransformerEncoderLayer {
 
     fn feed_forward_block(&self, x: &Tensor) -> Result<Tensor> {
         use crate::scope::forward_in;
-        let h = self.activate(&forward_in("linear1", &self.linear1, x)?)?;
+        let h = self.activate(forward_in("linear1", &self.linear1, x)?)?;
         let h = forward_in("dropout", &self.dropout, &h)?;
         let h = forward_in("linear2", &self.linear2, &h)?;
         forward_in("dropout2", &self.dropout2, &h)
@@ -138,14 +139,16 @@ impl TransformerEncoderLayer {
     pub fn forward_masked(&self, x: &Tensor, masks: AttentionMasks<'_>) -> Result<Tensor> {
         use crate::scope::forward_in;
         if self.config.norm_first {
+            // Each block's output is added to (the sum written over it where no one else
+            // holds it; `b + x` is `x + b` bit for bit).
             let n = forward_in("norm1", &self.norm1, x)?;
-            let x = x.add(&self.attention_block(&n, masks)?)?;
+            let x = self.attention_block(&n, masks)?.into_add(x)?;
             let n = forward_in("norm2", &self.norm2, &x)?;
-            Ok(x.add(&self.feed_forward_block(&n)?)?)
+            Ok(self.feed_forward_block(&n)?.into_add(&x)?)
         } else {
-            let s = x.add(&self.attention_block(x, masks)?)?;
+            let s = self.attention_block(x, masks)?.into_add(x)?;
             let x = forward_in("norm1", &self.norm1, &s)?;
-            let s = x.add(&self.feed_forward_block(&x)?)?;
+            let s = self.feed_forward_block(&x)?.into_add(&x)?;
             forward_in("norm2", &self.norm2, &s)
         }
     }
