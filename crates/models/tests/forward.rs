@@ -126,6 +126,35 @@ fn torchvision_resnet_architecture_gives_torchvisions_logits() {
     check_logits(&mut m, "resnet_tiny_formula");
 }
 
+/// ReLU and the residual sums write over what they are handed, never over what the caller still
+/// holds: the input is unchanged, and the logits under `no_grad` (every ReLU and sum in place)
+/// are those of a pass recording a graph, bit for bit.
+#[test]
+fn in_place_activations_never_touch_what_the_caller_holds() {
+    let mut m = common::tiny_resnet(10, false);
+    formula_fill(&m);
+    m.eval();
+    let x = fixed_input(&read_logits("resnet_tiny_formula").input_shape);
+    let before = x.to_vec::<f32>().unwrap();
+    let recorded = m.forward(&x).unwrap();
+    assert!(recorded.requires_grad());
+    let inference = kiln_autograd::no_grad(|| m.forward(&x)).unwrap();
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    assert_eq!(bits(&recorded), bits(&inference));
+    assert_eq!(x.to_vec::<f32>().unwrap(), before);
+    // A Sequential whose first layer is a ReLU gets the caller's tensor.
+    let s = Sequential::new().push(ReLU::new()).push(ReLU::new());
+    let y = kiln_autograd::no_grad(|| s.forward(&x)).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), before);
+    assert_eq!(bits(&y), bits(&x.relu().unwrap()));
+}
+
 #[test]
 fn full_resnet18_checkpoint_from_torchvision_when_generated() {
     let path = format!("{FIXTURES}/resnet18.safetensors");
