@@ -40,10 +40,12 @@ pub struct OpCase {
     other: Vec<f64>,
 }
 
-const UNARY: [&str; 8] = [
-    "neg", "abs", "exp", "relu", "sigmoid", "tanh", "square", "sqrt",
+/// `into_relu` and `into_add` are `relu` and `add` on an input handed over (written over it
+/// when it is contiguous and shapes allow, computed as the plain op otherwise).
+const UNARY: [&str; 9] = [
+    "neg", "abs", "exp", "relu", "into_relu", "sigmoid", "tanh", "square", "sqrt",
 ];
-const BINARY: [&str; 5] = ["add", "sub", "mul", "maximum", "minimum"];
+const BINARY: [&str; 6] = ["add", "into_add", "sub", "mul", "maximum", "minimum"];
 
 fn value(rng: &mut Rng) -> f64 {
     (rng.below(49) as f64 - 24.0) / 8.0
@@ -205,7 +207,7 @@ fn unary(name: &str, x: f64) -> f64 {
         "neg" => -x,
         "abs" => x.abs(),
         "exp" => x.exp(),
-        "relu" => x.max(0.0),
+        "relu" | "into_relu" => x.max(0.0),
         "sigmoid" => 1.0 / (1.0 + (-x).exp()),
         "tanh" => x.tanh(),
         "square" => x * x,
@@ -222,7 +224,7 @@ fn expected(case: &OpCase) -> Option<Nd> {
         Op::Binary(name, s) => {
             let b = Nd::new(s, case.other.clone());
             r::binary(x, &b, |p, q| match *name {
-                "add" => p + q,
+                "add" | "into_add" => p + q,
                 "sub" => p - q,
                 "mul" => p * q,
                 "maximum" => p.max(q),
@@ -271,6 +273,7 @@ fn actual(case: &OpCase) -> kiln::autograd::Result<Tensor> {
             "abs" => x.abs(),
             "exp" => x.exp(),
             "relu" => x.relu(),
+            "into_relu" => x.into_relu(),
             "sigmoid" => x.sigmoid(),
             "tanh" => x.tanh(),
             "square" => x.square(),
@@ -280,6 +283,7 @@ fn actual(case: &OpCase) -> kiln::autograd::Result<Tensor> {
             let b = other(s);
             match *name {
                 "add" => x.add(&b),
+                "into_add" => x.into_add(&b),
                 "sub" => x.sub(&b),
                 "mul" => x.mul(&b),
                 "maximum" => x.maximum(&b),
