@@ -163,8 +163,23 @@ impl Tensor {
     /// `max(self, 0)` in place (PyTorch's `relu_`): the same values as [`Tensor::relu`] (NaN
     /// stays NaN, `-0.0` becomes `0.0`), written into this tensor's buffer.
     pub fn relu_(&self) -> Result<()> {
+        if !self.relu_in_place_supported() {
+            return Err(crate::error::dtype_err(
+                "relu_",
+                format!(
+                    "dtype {} is not supported; convert with to_dtype(DType::F32) first",
+                    self.dtype()
+                ),
+            ));
+        }
         let zero = self.scalar_like(0.0)?;
         self.binary_in_place("relu_", &zero, BinaryOp::Maximum)
+    }
+
+    /// The dtypes `relu` computes (floats and `i64`), which the in-place kernel's `max(x, 0)`
+    /// takes too.
+    pub(crate) fn relu_in_place_supported(&self) -> bool {
+        self.dtype().is_float() || self.dtype() == kiln_device::DType::I64
     }
 
     /// True when an elementwise result of `self` and `other` can be written into `self`'s

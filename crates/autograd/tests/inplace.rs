@@ -293,6 +293,14 @@ fn relu_in_place_gives_relus_bits_on_every_dtype_and_view() {
         base.t().unwrap().relu_().unwrap();
         assert_eq!(bits(&base), bits(&want), "{dtype}, transposed");
     }
+    // The dtypes relu refuses, refused by name.
+    for dtype in [DType::Bool, DType::U8] {
+        let x = Tensor::zeros(&[2], dtype, Device::Cpu).unwrap();
+        let e = x.relu_().unwrap_err().to_string();
+        assert!(e.contains("relu_") && e.contains("to_dtype"), "{e}");
+        let e = x.into_relu().unwrap_err().to_string();
+        assert!(e.starts_with("relu") && e.contains("to_dtype"), "{e}");
+    }
     let i = Tensor::from_vec(vec![-3i64, 0, 5], &[3], Device::Cpu).unwrap();
     let want = i.relu().unwrap().to_vec::<i64>().unwrap();
     i.relu_().unwrap();

@@ -38,8 +38,8 @@ pub trait Layer: Module + Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
     /// [`Layer::forward`] of an input the caller gives up, which an elementwise layer may
-    /// overwrite with its result where nothing else can see it (ReLU under `no_grad`, as
-    /// PyTorch's `inplace=True`). The same values as `forward`, which it calls by default.
+    /// overwrite with its result where nothing else can see it (ReLU, as PyTorch's
+    /// `inplace=True`). The same values as `forward`, which it calls by default.
     fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
         self.forward(&x)
     }

@@ -121,7 +121,7 @@ impl Tensor {
     /// PyTorch's `inplace=True` does, and a new tensor otherwise. The values and the recorded
     /// backward are `relu`'s either way (its backward reads the output, never the input).
     pub fn into_relu(self) -> Result<Tensor> {
-        if !self.reusable_alone() {
+        if !self.reusable_alone() || !self.relu_in_place_supported() {
             return self.relu();
         }
         let _op = crate::autograd::attribution::forward_op("ReluBackward");

@@ -42,6 +42,7 @@ pub struct OpCase {
 
 /// `into_relu` and `into_add` are `relu` and `add` on an input handed over (written over it
 /// when it is contiguous and shapes allow, computed as the plain op otherwise).
+#[rustfmt::skip]
 const UNARY: [&str; 9] = [
     "neg", "abs", "exp", "relu", "into_relu", "sigmoid", "tanh", "square", "sqrt",
 ];
