@@ -294,7 +294,9 @@ fn relu_in_place_gives_relus_bits_on_every_dtype_and_view() {
         assert_eq!(bits(&base), bits(&want), "{dtype}, transposed");
     }
     // Long enough to be split into parallel chunks (each reads the one broadcast zero).
-    let long: Vec<f64> = (0..300_001).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
+    let long: Vec<f64> = (0..300_001)
+        .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0)
+        .collect();
     let x = t(&long, &[long.len()]);
     let want = x.relu().unwrap();
     x.relu_().unwrap();

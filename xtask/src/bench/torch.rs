@@ -31,10 +31,10 @@ pub const PYTHON_VAR: &str = "KILN_TORCH_PYTHON";
 /// glibc's settings for `--torch-steady-malloc`. PyTorch's CPU tensors come from `malloc`, and
 /// glibc serves a block above its mmap threshold with a fresh mapping that it unmaps on free;
 /// the threshold grows only as such blocks are freed, and the heap's top is trimmed back to the
-/// system. A training loop then pays page faults for its activations step after step (the train
-/// example's eval: 59-64 ms a pass instead of 46-53). Fixed thresholds (32 MiB, glibc's most
-/// for the mmap threshold on 64-bit; 1 GiB) keep the freed memory for the next step, which is
-/// what PyTorch's performance guide gets from jemalloc or tcmalloc.
+/// system. A training loop then pays page faults for its activations step after step
+/// (docs/CPU.md, "Session 39"). Fixed thresholds (32 MiB, glibc's most for the mmap threshold
+/// on 64-bit; 1 GiB) keep the freed memory for the next step, which is what PyTorch's
+/// performance guide gets from jemalloc or tcmalloc.
 pub const TORCH_STEADY_MALLOC: [(&str, &str); 2] = [
     ("MALLOC_MMAP_THRESHOLD_", "33554432"),
     ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
