@@ -135,10 +135,12 @@ impl Layer for EncoderBlock {
         let x = forward_in("ln_1", &self.ln_1, input)?;
         let x = forward_in("self_attention", &self.self_attention, &x)?;
         let x = forward_in("dropout", &self.dropout, &x)?;
-        let x = x.add(input)?;
+        // The residual sums go into the block's own output where no one else holds it (`b + x`
+        // is `x + b` bit for bit).
+        let x = x.into_add(input)?;
         let y = forward_in("ln_2", &self.ln_2, &x)?;
         let y = forward_in("mlp", &self.mlp, &y)?;
-        Ok(x.add(&y)?)
+        Ok(y.into_add(&x)?)
     }
 
     fn trace(&self, t: &mut Tracer, input: &Act) -> Result<Act> {
