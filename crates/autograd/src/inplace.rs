@@ -164,13 +164,13 @@ impl Tensor {
     /// stays NaN, `-0.0` becomes `0.0`), written into this tensor's buffer.
     pub fn relu_(&self) -> Result<()> {
         if !self.relu_in_place_supported() {
-            return Err(crate::error::dtype_err(
-                "relu_",
-                format!(
-                    "dtype {} is not supported; convert with to_dtype(DType::F32) first",
-                    self.dtype()
-                ),
-            ));
+            // relu's refusal (the device's unsupported-dtype error), under this op's name.
+            return Err(kiln_device::Error::UnsupportedDType {
+                op: "relu_",
+                dtype: self.dtype(),
+                hint: kiln_device::ops::FLOAT_HINT,
+            }
+            .into());
         }
         let zero = self.scalar_like(0.0)?;
         self.binary_in_place("relu_", &zero, BinaryOp::Maximum)

@@ -57,8 +57,9 @@ pub(crate) fn unsupported(op: &'static str, dtype: DType, hint: &'static str) ->
     Error::UnsupportedDType { op, dtype, hint }
 }
 
-/// The hint of a float-only op given another dtype.
-pub(crate) const FLOAT_HINT: &str = "convert with to_dtype(DType::F32) first";
+/// The hint of a float-only op given another dtype (also what kiln-autograd's ops that check
+/// a dtype before reaching a kernel say).
+pub const FLOAT_HINT: &str = "convert with to_dtype(DType::F32) first";
 
 /// A dtype-mismatch error unless `a` and `b` have one dtype.
 pub(crate) fn same_dtype(op: &'static str, a: &CpuStorage, b: &CpuStorage) -> Result<()> {

@@ -30,5 +30,6 @@ pub mod softmax;
 mod strided;
 pub mod topk;
 
+pub use cpu_dispatch::FLOAT_HINT;
 pub use kernel_error::KernelError;
 pub use kernel_float::KernelFloat;
