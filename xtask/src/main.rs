@@ -13,6 +13,7 @@ mod memviz;
 mod paths;
 mod record_traces;
 mod replay;
+mod trace_check;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
@@ -22,7 +23,8 @@ commands:
   gpu-pack   build test and bench binaries into target/gpu-pack/ for a GPU machine
   replay     replay an allocation trace through the simulated backend (--policy kiln|pytorch)
   record-traces  record the shipped allocation traces from real CPU training runs
-             (KILN_NUM_THREADS=1 cargo xtask record-traces [--only NAME])
+             (KILN_NUM_THREADS=1 KILN_CPU_CAPABILITY=avx2 cargo xtask record-traces
+             [--only NAME] [--check: fail where a shipped file differs from a new recording])
   bench      run benchmark groups and write target/kiln-bench/report.{json,md}
   memviz     draw kiln's memory picture of a snapshot pickle: cargo xtask memviz SNAPSHOT [-o OUT.svg]
   emu        run a command with the CUDA emulator (kiln-cuda-emu) in place of NVIDIA's libraries:

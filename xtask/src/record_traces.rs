@@ -33,7 +33,14 @@
 //! a GPU library's workspace; the traces are kiln's CPU allocations, not a GPU run's.
 //!
 //! The runs are single-threaded (`KILN_NUM_THREADS=1` is required, so the order of allocations
-//! cannot depend on thread scheduling).
+//! cannot depend on thread scheduling) and use the AVX2 loops (`KILN_CPU_CAPABILITY=avx2` is
+//! required: the convolutions' scratch depends on the instruction set, so an AVX-512 machine
+//! would record other sizes; a CPU without AVX2 cannot record them).
+//!
+//! `--check` records the runs again in memory (the four CPU-scale ones, or `--only NAME`) and
+//! fails, naming the first line that differs, when a shipped file is not what the code
+//! allocates now: a change of the models, autograd or the CPU kernels' scratch has left the
+//! traces of record, and the figures quoted from them, behind. CI runs it.
 //!
 //! `--peaks` trains the same runs without recording, on any number of threads, and prints each
 //! run's peak reserved over peak allocated bytes of the CPU allocator and its planned-steps
@@ -51,9 +58,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 const USAGE: &str =
-    "usage: cargo xtask record-traces [--out DIR] [--only NAME] [--seed N] [--peaks]
+    "usage: cargo xtask record-traces [--out DIR] [--only NAME] [--seed N] [--check] [--peaks]
   records every run of RUNS (default DIR: crates/alloc-cache/traces; seed 2026), or only NAME;
-  needs KILN_NUM_THREADS=1; the GPU-scale runs (*_gpu) take minutes each;
+  needs KILN_NUM_THREADS=1 and KILN_CPU_CAPABILITY=avx2; the GPU-scale runs (*_gpu) take
+  minutes each;
+  --check: records the CPU-scale runs (or only NAME) in memory and fails where a file in DIR
+  differs;
   --peaks: trains them on any number of threads without recording and prints each run's peak
   reserved / peak allocated and planned-steps counts (KILN_ALLOC_CONF applies)";
 
@@ -191,6 +201,7 @@ pub fn run(args: &[String]) -> Res<()> {
     let mut only: Option<String> = None;
     let mut seed = 2026u64;
     let mut peaks = false;
+    let mut check = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| {
@@ -207,6 +218,7 @@ pub fn run(args: &[String]) -> Res<()> {
                     .map_err(|_| format!("--seed needs a non-negative integer\n{USAGE}"))?
             }
             "--peaks" => peaks = true,
+            "--check" => check = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -214,16 +226,44 @@ pub fn run(args: &[String]) -> Res<()> {
             other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
         }
     }
-    if !peaks && std::env::var("KILN_NUM_THREADS").as_deref() != Ok("1") {
-        return Err(format!(
-            "set KILN_NUM_THREADS=1 so the allocation order cannot depend on thread scheduling\n{USAGE}"
-        ));
+    if peaks && check {
+        return Err(format!("--peaks and --check do not go together\n{USAGE}"));
+    }
+    if !peaks {
+        if std::env::var("KILN_NUM_THREADS").as_deref() != Ok("1") {
+            return Err(format!(
+                "set KILN_NUM_THREADS=1 so the allocation order cannot depend on thread scheduling\n{USAGE}"
+            ));
+        }
+        if std::env::var("KILN_CPU_CAPABILITY").as_deref() != Ok("avx2") {
+            return Err(format!(
+                "set KILN_CPU_CAPABILITY=avx2: the traces of record use the AVX2 loops, whose \
+                 convolution scratch differs from AVX-512's and the portable loops'\n{USAGE}"
+            ));
+        }
+        if !crate::trace_check::has_avx2() {
+            let why = "this CPU has no AVX2 with FMA, and the traces of record use the AVX2 \
+                       loops (their convolution scratch differs from the portable loops')";
+            if check {
+                println!("record-traces --check skipped: {why}");
+                return Ok(());
+            }
+            return Err(format!("{why}: record them on an x86-64 CPU with AVX2"));
+        }
     }
     if let Some(name) = &only {
         if kind_of(name).is_none() {
             let names: Vec<&str> = RUNS.iter().map(|(n, _)| *n).collect();
             return Err(format!("--only {name}: not a run; runs are {names:?}"));
         }
+    }
+    if check {
+        // The CPU-scale runs, or only the one named.
+        let names = RUNS.iter().map(|(n, _)| *n).filter(|n| match &only {
+            Some(o) => o == n,
+            None => !n.ends_with("_gpu"),
+        });
+        return crate::trace_check::check_runs(&out, names, |name| record(name, seed, true));
     }
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     for (name, _) in RUNS {
@@ -388,8 +428,8 @@ fn record(name: &str, seed: u64, record: bool) -> Res<String> {
     let mut g = Generator::new(seed);
     let mut rng = SplitMix64(seed);
     let header = format!(
-        "kiln training run `{name}` on the CPU, recorded by `KILN_NUM_THREADS=1 cargo xtask \
-         record-traces --only {name} --seed {seed}`\nrequested bytes per allocation; ids are \
+        "kiln training run `{name}` on the CPU, recorded by `KILN_NUM_THREADS=1 \
+         KILN_CPU_CAPABILITY=avx2 cargo xtask record-traces --only {name} --seed {seed}`\nrequested bytes per allocation; ids are \
          renumbered (a freed id is reused)"
     );
     let rec = Recording::start(&header, record)?;
@@ -486,5 +526,18 @@ fn record(name: &str, seed: u64, record: bool) -> Res<String> {
             }
             rec.finish()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn check_and_peaks_do_not_go_together() {
+        let args = ["--check".to_string(), "--peaks".to_string()];
+        let e = super::run(&args).unwrap_err();
+        assert!(
+            e.starts_with("--peaks and --check do not go together"),
+            "{e}"
+        );
     }
 }

@@ -119,7 +119,7 @@
 //! back to the cache, and a loop whose steps repeat is planned again. Blocks no free block can
 //! hold share one new segment, reserved when the step first asks for one of them. Planning the
 //! second step, where a loop peaks after the optimizer's state took the free blocks the first
-//! step's activations left, lowers that peak (kiln's recorded ResNet-18 run: 1.111 -> 1.046 of
+//! step's activations left, lowers that peak (kiln's recorded ResNet-18 run: 1.072 -> 1.020 of
 //! peak live); later, the plan removes the search.
 //!
 //! **Streams.** A block belongs to the stream it was allocated on and is reused only there.
