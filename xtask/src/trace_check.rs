@@ -75,6 +75,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn check_runs_names_every_stale_file_and_passes_equal_ones() {
+        let dir = std::env::temp_dir().join(format!("kiln-trace-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.trace"), "# a\na 1 8\nf 1\n").unwrap();
+        std::fs::write(dir.join("b.trace"), "# b\na 1 8\nf 1\n").unwrap();
+        let same = |name: &str| Ok(format!("# {name}\na 1 8\nf 1\n"));
+        assert_eq!(check_runs(&dir, ["a", "b"], same), Ok(()));
+        let b_grew = |name: &str| {
+            Ok(match name {
+                "b" => "# b\na 1 16\nf 1\n".to_string(),
+                _ => format!("# {name}\na 1 8\nf 1\n"),
+            })
+        };
+        let e = check_runs(&dir, ["a", "b"], b_grew).unwrap_err();
+        assert!(
+            e.contains("b.trace: line 2: file `a 1 8`, now `a 1 16`"),
+            "{e}"
+        );
+        assert!(!e.contains("a.trace"), "{e}");
+        assert!(e.contains("cargo xtask record-traces"), "{e}");
+        // A run without a shipped file, and a recording that fails, are errors too.
+        let e = check_runs(&dir, ["c"], same).unwrap_err();
+        assert!(e.contains("c.trace"), "{e}");
+        let e = check_runs(&dir, ["a"], |_| Err("no allocator".to_string())).unwrap_err();
+        assert_eq!(e, "no allocator");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn first_difference_names_the_line_and_both_texts() {
         assert_eq!(first_difference("# h\na 1 8\n", "# h\na 1 8\n"), None);
         assert_eq!(
