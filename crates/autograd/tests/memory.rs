@@ -173,5 +173,11 @@ fn cpu_tensor_memory_through_the_caching_allocator() {
     new_tensor_counts_its_rounded_size(base);
     mlp_memory_with_and_without_grad(base);
     peaks_and_reset(base);
-    empty_cache_returns_cached_bytes(base);
+    // The segment sizes below are the default configuration's (fixed segments).
+    match std::env::var("KILN_ALLOC_CONF") {
+        Ok(conf) if !conf.trim().is_empty() => {
+            eprintln!("empty_cache's segment figures skipped: KILN_ALLOC_CONF={conf:?} is set")
+        }
+        _ => empty_cache_returns_cached_bytes(base),
+    }
 }
