@@ -27,8 +27,13 @@ pub(crate) fn check_runs<'a>(
     let mut stale = Vec::new();
     for name in names {
         let path = dir.join(format!("{name}.trace"));
-        let shipped =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let shipped = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "{}: {e}; record it with `KILN_NUM_THREADS=1 KILN_CPU_CAPABILITY=avx2 cargo \
+                 xtask record-traces --only {name}`",
+                path.display()
+            )
+        })?;
         let start = Instant::now();
         let now = record(name)?;
         match first_difference(&shipped, &now) {
@@ -97,7 +102,10 @@ mod tests {
         assert!(e.contains("cargo xtask record-traces"), "{e}");
         // A run without a shipped file, and a recording that fails, are errors too.
         let e = check_runs(&dir, ["c"], same).unwrap_err();
-        assert!(e.contains("c.trace"), "{e}");
+        assert!(
+            e.contains("c.trace") && e.contains("record-traces --only c"),
+            "{e}"
+        );
         let e = check_runs(&dir, ["a"], |_| Err("no allocator".to_string())).unwrap_err();
         assert_eq!(e, "no allocator");
         std::fs::remove_dir_all(&dir).unwrap();
