@@ -241,7 +241,7 @@ pub fn run(args: &[String]) -> Res<()> {
                  convolution scratch differs from AVX-512's and the portable loops'\n{USAGE}"
             ));
         }
-        if !crate::trace_check::has_avx2() {
+        if kiln_device::ops::cpu_capability() != "avx2" {
             let why = "this CPU has no AVX2 with FMA, and the traces of record use the AVX2 \
                        loops (their convolution scratch differs from the portable loops')";
             if check {

@@ -7,16 +7,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-/// Whether this CPU runs kiln's AVX2 loops (AVX2 with FMA; `kiln_device`'s own test).
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// `--check`: records each run of `names` again with `record` and compares it with its file
 /// in `dir` (`NAME.trace`), line by line.
 pub(crate) fn check_runs<'a>(

@@ -33,3 +33,4 @@ pub mod topk;
 pub use cpu_dispatch::FLOAT_HINT;
 pub use kernel_error::KernelError;
 pub use kernel_float::KernelFloat;
+pub use simd::cpu_capability;

@@ -63,6 +63,22 @@ pub(crate) fn isa() -> Option<Isa> {
     })
 }
 
+/// The instruction set kiln's hand-vectorised CPU loops run with in this process, named as
+/// `KILN_CPU_CAPABILITY` names it: `"avx512"`, `"avx2"` or `"default"` (the portable build).
+/// What a CPU kernel's own scratch can depend on (`cargo xtask record-traces` needs `"avx2"`).
+pub fn cpu_capability() -> &'static str {
+    capability_name(isa())
+}
+
+/// The `KILN_CPU_CAPABILITY` value that selects `isa`.
+fn capability_name(isa: Option<Isa>) -> &'static str {
+    match isa {
+        Some(Isa::Avx512) => "avx512",
+        Some(Isa::Avx2) => "avx2",
+        None => "default",
+    }
+}
+
 /// The instruction set to run from a raw `KILN_CPU_CAPABILITY` value on a CPU that has
 /// `detected` (best first): `(isa, warning)`. Unset: the best detected. `avx512` / `avx2`: the
 /// best detected at or below it. `default`: none. Anything else: the best detected, with a
@@ -180,6 +196,17 @@ pub(crate) use simd_dispatch;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_capability_names_what_kiln_cpu_capability_accepts() {
+        // Each name, given as KILN_CPU_CAPABILITY on a CPU with everything, selects the
+        // instruction set it names, with no warning.
+        for name in ["avx512", "avx2", "default"] {
+            let (isa, warning) = resolve_capability(Some(name), &Isa::ALL);
+            assert_eq!((capability_name(isa), warning), (name, None));
+        }
+        assert_eq!(cpu_capability(), capability_name(isa()));
+    }
 
     #[inline(always)]
     fn dot_body<const N: usize>(a: &[f32; N], b: &[f32; N]) -> f32 {
