@@ -338,11 +338,14 @@ impl Recording {
             let (counts, _) = self.allocator.plan_counts();
             return Ok(format!(
                 "peak reserved {reserved} B / peak allocated {allocated} B = {:.3}; planned \
-                 steps {}, fallen back {}, blocks placed {}",
+                 steps {}, fallen back {}, blocks placed {}, scratch blocks lent {}, \
+                 displaced {}",
                 reserved as f64 / allocated.max(1) as f64,
                 counts.planned_steps,
                 counts.fallback_steps,
-                counts.arena_allocs
+                counts.arena_allocs,
+                counts.lent_allocs,
+                counts.displaced_allocs
             ));
         }
         self.comment("end of training: what is still live (model, optimizer state) is freed here");

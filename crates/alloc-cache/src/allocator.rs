@@ -342,6 +342,13 @@ impl CachingAllocator {
         let pool = pool_for(rounded);
         let id = match self.find_fit(st, si, pool, rounded) {
             Some(id) => id,
+            None if st.planner.is_some() => {
+                // Kernel scratch may borrow idle space of a planned step's bins first.
+                if let Some(id) = self.lend_from_plan(st, si, pool, rounded, size) {
+                    return Ok(id);
+                }
+                self.allocate_miss(st, si, pool, rounded, size, report_oom)?
+            }
             None => self.allocate_miss(st, si, pool, rounded, size, report_oom)?,
         };
         let split = self.should_split(st, id, rounded);

@@ -44,6 +44,7 @@ mod oom_context;
 mod page_runs;
 pub mod pickle;
 mod plan_dissolve;
+mod plan_lend;
 mod plan_state;
 pub mod planned;
 mod planner;

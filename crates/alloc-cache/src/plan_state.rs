@@ -5,12 +5,13 @@
 //! Invariants: `recording` holds events only while no plan is active, and allocations only of
 //! the thread that marks the steps (or of a thread that entered its [`StepThread`]);
 //! `Active::places` has one entry per request; `Active::live` holds exactly the planned blocks
-//! allocated or pending.
+//! and the lent blocks (`plan_lend.rs`) allocated or pending; `Active::lent` is the subset of
+//! `live` that was lent.
 
 use crate::backend::StreamId;
 use crate::stats::PoolKind;
 use crate::trace::{Trace, TraceEvent};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 /// What planned steps did so far ([`crate::CachingAllocator::plan_counts`]) or what a
 /// [`PlannedReplayer`](crate::planned::PlannedReplayer) did.
@@ -22,6 +23,11 @@ pub struct PlannedCounts {
     pub fallback_steps: u64,
     /// Allocations served from the plan (or arena).
     pub arena_allocs: u64,
+    /// Scratch blocks (allocated under [`StepThread::OUTSIDE`]) lent a stretch of a bin that
+    /// no planned block held at the time, where the cache had no free block for them.
+    pub lent_allocs: u64,
+    /// Planned allocations the cache served because a lent block still held their place.
+    pub displaced_allocs: u64,
 }
 
 /// The plan being served.
@@ -41,8 +47,10 @@ pub(crate) struct Active {
     pub(crate) deviated: bool,
     /// Dropped: no more placements; the bins go back once `live` is empty.
     pub(crate) dropped: bool,
-    /// Planned blocks live now: address -> end.
+    /// Planned and lent blocks live now: address -> end.
     pub(crate) live: BTreeMap<u64, u64>,
+    /// The addresses in `live` of blocks lent to scratch (`plan_lend.rs`), not planned.
+    pub(crate) lent: BTreeSet<u64>,
     /// The bin for the blocks no free block had room for, if any.
     pub(crate) spare: Option<Spare>,
     /// One past the index of the last allocation the plan places (0 when it places none): a
@@ -69,10 +77,10 @@ impl Active {
     }
 
     /// Whether the step under way has used the whole plan and left it intact: no deviation,
-    /// every placed block asked for, none still live. How a step is counted when the plan ends
+    /// every placed block asked for, none still live (lent blocks do not count). How a step is counted when the plan ends
     /// it (at a marker, or dropped between steps) as served rather than fallen back.
     pub(crate) fn served_whole(&self) -> bool {
-        !self.deviated && self.next >= self.last_placed && self.live.is_empty()
+        !self.deviated && self.next >= self.last_placed && self.live.len() == self.lent.len()
     }
 
     /// One past the index of the last allocation the plan places (0 when it places none).

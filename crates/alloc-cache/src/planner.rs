@@ -36,6 +36,13 @@
 //!   placed allocation it goes to the cache (a value logged now and then). Anything else is a
 //!   deviation: that allocation and the rest of the step go through the cache, as without a
 //!   plan; blocks already placed stay where they are.
+//! - **Lending.** Kernel scratch taken under [`StepThread::OUTSIDE`](crate::StepThread::OUTSIDE)
+//!   (freed inside the op that took it) that finds no free block in the cache is lent a
+//!   stretch of a bin that no planned or lent block holds at the time, before the cache maps
+//!   new memory for it (`plan_lend.rs`): the stretch whose next planned use is furthest ahead
+//!   in the step. A planned allocation whose place a lent block still holds is served by the
+//!   cache, and the plan goes on. Without this, scratch that grows with the thread count
+//!   (one piece per task in flight) mapped new segments beside bins that sat idle.
 //! - **Dropping.** At the marker after a deviating step, a step that stopped before the plan's
 //!   last placed allocation, or when a planned block outlives its step, the plan is dropped:
 //!   the bins go back to the pools once their last block is freed, and recording starts
@@ -74,6 +81,7 @@ impl State {
             return;
         };
         a.live.remove(&addr);
+        a.lent.remove(&addr);
         if a.dropped && a.live.is_empty() {
             self.release_bins();
         }
@@ -170,13 +178,19 @@ impl CachingAllocator {
             place = self.spare_place(st, i, stream);
         }
         let a = st.planner.as_mut()?.active.as_mut()?;
-        let clash = place.is_some_and(|(addr, _)| {
-            let end = addr + bytes as u64;
-            a.live
-                .range(..end)
-                .next_back()
-                .is_some_and(|(_, &e)| e > addr)
-        });
+        // The live blocks overlapping the place (disjoint, so their ends rise with their
+        // starts): a planned one is a clash, a lent one only displaces this allocation.
+        let (mut clash, mut displaced) = (false, false);
+        if let Some((addr, _)) = place {
+            let over = a.live.range(..addr + bytes as u64).rev();
+            for (start, _) in over.take_while(|(_, &e)| e > addr) {
+                if a.lent.contains(start) {
+                    displaced = true;
+                } else {
+                    clash = true;
+                }
+            }
+        }
         if !asked || clash {
             // The rest of the step goes to the cache, which gets the idle bins back.
             a.deviated = true;
@@ -184,6 +198,13 @@ impl CachingAllocator {
             return None;
         }
         a.next += 1;
+        if displaced {
+            // The cache serves it; the plan goes on with the next allocation.
+            if let Some(p) = st.planner.as_mut() {
+                p.counts.displaced_allocs += 1;
+            }
+            return None;
+        }
         let (addr, pool) = place?;
         let end = addr + bytes as u64;
         a.live.insert(addr, end);
@@ -402,6 +423,7 @@ impl CachingAllocator {
             deviated: false,
             dropped: false,
             live: BTreeMap::new(),
+            lent: Default::default(),
             spare,
             last_placed: 0,
         };

@@ -204,9 +204,15 @@ impl CachingAllocator {
         if self.config.expandable_segments {
             return self.grow_expandable(st, si, pool, rounded);
         }
-        let padded = self.fixed_segment_size(st, pool, rounded);
         // Devices hand out whole 2 MiB pages anyway, so the fallback is rounded to them.
         let exact = rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        // Scratch beside a plan's bins gets no padding: more scratch borrows the bins
+        // (`plan_lend.rs`; padded copies took ResNet-18's planned real run from 1.045 to 1.136).
+        let padded = if pool == PoolKind::Large && crate::plan_lend::serving_scratch(st) {
+            exact
+        } else {
+            self.fixed_segment_size(st, pool, rounded)
+        };
         match self.reserve_fixed(st, si, pool, padded) {
             Err(e) if is_oom(&e) && padded > exact => self.reserve_fixed(st, si, pool, exact),
             other => other,

@@ -1,13 +1,38 @@
 //! When the process runs out of kernel memory mappings (`vm.max_map_count`), mapping host pages
 //! fails with an error that names the limit and both fixes (larger pages, a higher limit)
-//! instead of reporting the memory as exhausted, and unmapping pages makes room again. A test
-//! binary of its own: it uses up the process's mappings.
+//! instead of reporting the memory as exhausted, and unmapping pages makes room again, even
+//! where the last page mapped took the count one past the limit (the kernel then refuses every
+//! `mmap`, even one that would merge mappings). A test binary of its own: it uses up the
+//! process's mappings.
 #![cfg(target_os = "linux")]
 
 use kiln_alloc_cache::*;
 
+/// Runs the check twice: as the process stands, and with one more mapping of its own, so that
+/// both counts of mappings left when the limit is hit (a mapped page between two gaps takes
+/// two) are tested whatever the binary itself maps.
 #[test]
 fn running_out_of_mappings_names_the_limit_and_the_fixes() {
+    out_of_mappings_and_back();
+    let extra = 4096;
+    // SAFETY: a fresh private mapping of our own, unmapped below.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            extra,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(at, libc::MAP_FAILED);
+    out_of_mappings_and_back();
+    // SAFETY: the mapping made above, no longer used.
+    assert_eq!(unsafe { libc::munmap(at, extra) }, 0);
+}
+
+fn out_of_mappings_and_back() {
     let limit: usize = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|s| s.trim().parse().ok())

@@ -3,12 +3,13 @@
 //! without room, other threads' allocations, requests made only in the recorded step or only
 //! after it, the bins given back when the cache runs short or is emptied, the deviations
 //! (another stream, a step that stops early, a plan dropped at a marker), and the thread a CPU
-//! pass runs on allocating for the thread that marks the steps; each with the test meant to
-//! cover it.
+//! pass runs on allocating for the thread that marks the steps, and the plan's idle space lent
+//! to kernel scratch; each with the test meant to cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
 const PLANNED: &[&str] = &["--test", "planned_steps"];
+const LENDING: &[&str] = &["--test", "planned_lending"];
 const REALIGN: &str =
     "requests_made_only_in_the_recorded_step_are_skipped_and_extra_ones_at_the_end_served";
 
@@ -54,8 +55,9 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "a planned step that stops early keeps its plan",
         package: ALLOC,
         file: "crates/alloc-cache/src/plan_state.rs",
-        find: "!self.deviated && self.next >= self.last_placed && self.live.is_empty()",
-        replace: "!self.deviated && self.live.is_empty()",
+        find:
+            "!self.deviated && self.next >= self.last_placed && self.live.len() == self.lent.len()",
+        replace: "!self.deviated && self.live.len() == self.lent.len()",
         target: PLANNED,
         test: "another_stream_or_a_short_step_is_a_deviation",
     },
@@ -103,6 +105,52 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "            self.release_cached(st, Release::All)",
         target: &["--test", "planned_pressure"],
         test: "emptying_the_cache_or_trimming_it_releases_the_plan_s_bins",
+    },
+    Mutant {
+        bug: "scratch beside a plan is never lent the plan's idle bin space",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/plan_lend.rs",
+        find: "if !serving_scratch(st) {",
+        replace: "if true {",
+        target: LENDING,
+        test: "scratch_borrows_a_bin_that_no_planned_block_holds_and_maps_nothing",
+    },
+    Mutant {
+        bug: "threads other than kernel scratch borrow the plan's bins too",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/plan_lend.rs",
+        find: "        && StepThread::current() == StepThread::OUTSIDE",
+        replace: "",
+        target: LENDING,
+        test: "another_thread_that_is_not_scratch_borrows_nothing",
+    },
+    Mutant {
+        bug: "scratch is lent the stretch whose next planned use comes first",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/plan_lend.rs",
+        find: "is_none_or(|(k, _)| key > *k)",
+        replace: "is_none_or(|(k, _)| key < *k)",
+        target: LENDING,
+        test: "scratch_goes_where_the_next_planned_use_is_furthest_ahead",
+    },
+    Mutant {
+        bug: "a planned block whose place a lent block holds makes the step deviate",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "if a.lent.contains(start) {",
+        replace: "if false {",
+        target: LENDING,
+        test:
+            "a_planned_block_whose_place_a_lent_block_holds_goes_to_the_cache_and_the_plan_goes_on",
+    },
+    Mutant {
+        bug: "scratch beside a plan gets a segment padded with copies of itself",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/segments.rs",
+        find: "pool == PoolKind::Large && crate::plan_lend::serving_scratch(st)",
+        replace: "pool == PoolKind::Large && crate::plan_lend::serving_scratch(st) && false",
+        target: LENDING,
+        test: "scratch_no_bin_can_hold_gets_a_segment_of_its_own_size_not_padded_copies",
     },
     Mutant {
         bug: "a thread that entered the marking thread's StepThread allocates as itself",

@@ -17,7 +17,9 @@
 //! address of `mapped` at most, plus as many alias addresses as `alias_count` says; a slot with
 //! aliases is neither unmapped nor moved; a slot is either mapped or in `free_slots` or past the
 //! file's end; addresses and lengths are multiples of `page`; a call that fails leaves every
-//! page as it was.
+//! page as it was; a `lost` page (unmapped at the kernel's limit on mappings, then found taken
+//! by another mapping) is neither mapped nor an alias, is never mapped again, and is not
+//! unmapped when its reservation is released.
 
 use super::BackendError;
 use std::collections::{BTreeSet, HashMap};
@@ -40,6 +42,8 @@ struct Slots {
     aliases: HashMap<u64, usize>,
     /// Alias addresses of each slot that has any.
     alias_count: HashMap<usize, usize>,
+    /// Page addresses of reservations that another mapping may hold now (`protect_none`).
+    lost: BTreeSet<u64>,
 }
 
 /// The memfd slots behind mapped host pages.
@@ -49,7 +53,11 @@ pub(super) struct HostPages {
 }
 
 fn os_error(call: &str, bytes: usize) -> BackendError {
-    let e = std::io::Error::last_os_error();
+    os_error_from(std::io::Error::last_os_error(), call, bytes)
+}
+
+/// [`os_error`] for an error already taken from `errno`.
+fn os_error_from(e: std::io::Error, call: &str, bytes: usize) -> BackendError {
     if e.raw_os_error() == Some(libc::ENOMEM) && call.starts_with("mmap") {
         if let Some((count, limit)) = mapping_count_at_limit() {
             return BackendError::Driver(format!(
@@ -91,25 +99,34 @@ fn mapping_count_at_limit() -> Option<(usize, usize)> {
     (count.saturating_add(8) >= limit).then_some((count, limit))
 }
 
-/// Puts an inaccessible, unbacked mapping over `[addr, addr + bytes)`.
-fn protect_none(addr: u64, bytes: usize) -> Result<(), BackendError> {
-    // SAFETY: replaces pages of a reservation of ours (the allocator passes only such ranges).
+/// An inaccessible, unbacked mapping at `[addr, addr + bytes)`: over what is there
+/// (`MAP_FIXED`), or (`replace` false) only where nothing is. Whether it is there.
+fn reserve_at(addr: u64, bytes: usize, replace: bool) -> bool {
+    let fixed = if replace {
+        libc::MAP_FIXED
+    } else {
+        libc::MAP_FIXED_NOREPLACE
+    };
+    // SAFETY: over pages of a reservation of ours (the allocator passes only such ranges), or
+    // where nothing is mapped.
     let got = unsafe {
         libc::mmap(
             addr as usize as *mut libc::c_void,
             bytes,
             libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | fixed,
             -1,
             0,
         )
     };
-    if got == libc::MAP_FAILED {
-        return Err(os_error("mmap(PROT_NONE)", bytes));
+    if got != libc::MAP_FAILED && got as usize as u64 != addr {
+        // A kernel older than `MAP_FIXED_NOREPLACE` took the address as a hint.
+        // SAFETY: the mapping just made, elsewhere.
+        unsafe { libc::munmap(got, bytes) };
+        return false;
     }
-    Ok(())
+    got != libc::MAP_FAILED
 }
-
 /// The runs of consecutive slots in `slots` (in order), as (index of the first, length).
 fn slot_runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut i = 0;
@@ -127,6 +144,30 @@ fn slot_runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
 }
 
 impl Slots {
+    /// Puts an inaccessible, unbacked mapping over `[addr, addr + bytes)`. At the kernel's
+    /// limit on mappings an `mmap` is refused even where it would merge mappings and lower
+    /// their count: then the range is unmapped (no split, when it is whole mappings, as a
+    /// mapped run is) and reserved again, without replacing what another thread may have
+    /// mapped there in between; such pages are `lost` (refused from then on) and the call
+    /// still succeeds, the memory being unmapped either way.
+    fn protect_none(&mut self, addr: u64, bytes: usize) -> Result<(), BackendError> {
+        if reserve_at(addr, bytes, true) {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        // SAFETY: pages of a reservation of ours, given back and reserved again below.
+        if e.raw_os_error() != Some(libc::ENOMEM)
+            || unsafe { libc::munmap(addr as usize as *mut libc::c_void, bytes) } != 0
+        {
+            return Err(os_error_from(e, "mmap(PROT_NONE)", bytes));
+        }
+        if !reserve_at(addr, bytes, false) {
+            let pages = (addr..addr + bytes as u64).step_by(self.page);
+            self.lost.extend(pages);
+        }
+        Ok(())
+    }
+
     fn check(&self, addr: u64, bytes: usize) -> Result<usize, BackendError> {
         let page = self.page;
         if bytes == 0 || !addr.is_multiple_of(page as u64) || !bytes.is_multiple_of(page) {
@@ -195,7 +236,7 @@ impl Slots {
 
     /// Maps `slots[i]` read-write at page `i` from `addr`, one call per run of consecutive
     /// slots; on a failure, the whole range is made inaccessible again.
-    fn map_slots(&self, addr: u64, slots: &[usize]) -> Result<(), BackendError> {
+    fn map_slots(&mut self, addr: u64, slots: &[usize]) -> Result<(), BackendError> {
         for (i, n) in slot_runs(slots) {
             let at = self.page_at(addr, i);
             // SAFETY: replaces pages of a reservation of ours with pages of our memfd.
@@ -211,7 +252,7 @@ impl Slots {
             };
             if got == libc::MAP_FAILED {
                 let e = os_error("mmap(memfd)", n * self.page);
-                protect_none(addr, slots.len() * self.page)?;
+                self.protect_none(addr, slots.len() * self.page)?;
                 return Err(e);
             }
         }
@@ -260,6 +301,16 @@ impl Slots {
 
     /// An error unless all `pages` pages from `addr` are neither mapped nor aliases.
     fn check_vacant(&self, addr: u64, pages: usize, what: &str) -> Result<(), BackendError> {
+        let lost = (0..pages)
+            .map(|i| self.page_at(addr, i))
+            .find(|a| self.lost.contains(a));
+        if let Some(at) = lost {
+            return Err(BackendError::Driver(format!(
+                "host: {what}: page {at:#x} was unmapped at the kernel's limit on mappings and \
+                 may belong to another mapping now; free this segment and raise the limit \
+                 (sysctl -w vm.max_map_count=...) or use larger host pages (host_page_kb)"
+            )));
+        }
         match (0..pages)
             .map(|i| self.page_at(addr, i))
             .find(|a| self.mapped.contains_key(a) || self.aliases.contains_key(a))
@@ -285,6 +336,7 @@ impl HostPages {
                 mapped: HashMap::new(),
                 aliases: HashMap::new(),
                 alias_count: HashMap::new(),
+                lost: BTreeSet::new(),
             }),
         }
     }
@@ -326,7 +378,7 @@ impl HostPages {
                 "host: page {at:#x} is no alias"
             )));
         }
-        protect_none(addr, bytes)?;
+        s.protect_none(addr, bytes)?;
         for i in 0..pages {
             let at = s.page_at(addr, i);
             if let Some(slot) = s.aliases.remove(&at) {
@@ -383,10 +435,22 @@ impl HostPages {
 
     /// Releases a reservation (its pages are unmapped already).
     pub fn release_address_space(&self, addr: u64, bytes: usize) -> Result<(), BackendError> {
-        self.lock().check(addr, bytes)?;
-        // SAFETY: the caller passes exactly a reservation of ours.
-        if unsafe { libc::munmap(addr as usize as *mut libc::c_void, bytes) } != 0 {
-            return Err(os_error("munmap", bytes));
+        let mut s = self.lock();
+        s.check(addr, bytes)?;
+        let end = addr + bytes as u64;
+        let lost: Vec<u64> = s.lost.range(addr..end).copied().collect();
+        // The pieces between lost pages (another mapping's, perhaps), each unmapped.
+        let mut cursor = addr;
+        for at in lost.iter().copied().chain([end]) {
+            let len = (at - cursor) as usize;
+            // SAFETY: the caller passes a reservation of ours; lost pages are left alone.
+            if len > 0 && unsafe { libc::munmap(cursor as usize as *mut libc::c_void, len) } != 0 {
+                return Err(os_error("munmap", len));
+            }
+            cursor = at + s.page as u64;
+        }
+        for at in lost {
+            s.lost.remove(&at);
         }
         Ok(())
     }
@@ -413,7 +477,7 @@ impl HostPages {
         let mut s = self.lock();
         let pages = s.check(addr, bytes)?;
         let slots = s.mapped_slots(addr, pages, true, "unmap")?;
-        protect_none(addr, bytes)?;
+        s.protect_none(addr, bytes)?;
         for i in 0..pages {
             let at = s.page_at(addr, i);
             s.mapped.remove(&at);
@@ -430,9 +494,9 @@ impl HostPages {
         let slots = s.mapped_slots(from, pages, true, "remap source")?;
         s.check_vacant(to, pages, "remap target")?;
         s.map_slots(to, &slots)?;
-        if let Err(e) = protect_none(from, bytes) {
+        if let Err(e) = s.protect_none(from, bytes) {
             // The memory stays where it was; the second mapping goes.
-            protect_none(to, bytes)?;
+            s.protect_none(to, bytes)?;
             return Err(e);
         }
         for (i, slot) in slots.into_iter().enumerate() {

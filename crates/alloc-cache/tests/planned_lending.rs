@@ -1,0 +1,225 @@
+//! A planned step lends the idle space of its bins to kernel scratch taken under
+//! [`StepThread::OUTSIDE`] when the cache has no free block for it, instead of mapping new
+//! memory beside bins that sit idle; a planned allocation whose place a lent block still holds
+//! is served by the cache without leaving the plan.
+
+use kiln_alloc_cache::planned::PlannedCounts;
+use kiln_alloc_cache::*;
+
+mod planned_common;
+
+use planned_common::{sim_alloc, MIB, S0};
+
+/// Scratch of `bytes` taken as a kernel's parallel task takes it.
+fn scratch(a: &CachingAllocator, bytes: usize) -> RawAllocation {
+    let _outside = StepThread::OUTSIDE.enter();
+    a.allocate_raw(bytes, S0).unwrap()
+}
+
+/// An allocator whose plan serves the step `x` (12 MiB), `y` (12 MiB), free `x`, `z` (12
+/// MiB), free `y`, free `z`, recorded from one step: two 12 MiB segments, both bins, and no
+/// free block left in the cache.
+fn planned_two_bins() -> (std::sync::Arc<SimBackend>, CachingAllocator) {
+    let (sim, a) = sim_alloc(AllocatorConfig::default());
+    a.mark_step().unwrap();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(x).unwrap();
+    let z = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(y).unwrap();
+    a.free_raw(z).unwrap();
+    a.mark_step().unwrap();
+    assert_eq!(
+        a.plan_counts().1,
+        24 * MIB,
+        "both segments are the plan's bins"
+    );
+    assert_eq!(sim.calls().memory_calls(), 2);
+    (sim, a)
+}
+
+fn counts(a: &CachingAllocator) -> PlannedCounts {
+    a.plan_counts().0
+}
+
+#[test]
+fn scratch_borrows_a_bin_that_no_planned_block_holds_and_maps_nothing() {
+    let (sim, a) = planned_two_bins();
+    for _ in 0..3 {
+        let x = a.allocate_raw(12 * MIB, S0).unwrap();
+        // x holds one bin; the other is idle until y: the scratch goes there.
+        let s = scratch(&a, 10 * MIB);
+        a.check_invariants().unwrap();
+        let stats = a.memory_stats();
+        assert_eq!(stats.allocated_bytes.all.current, 22 * MIB as i64);
+        assert_eq!(stats.active_bytes.all.current, 22 * MIB as i64);
+        a.free_raw(s).unwrap();
+        let y = a.allocate_raw(12 * MIB, S0).unwrap();
+        a.free_raw(x).unwrap();
+        let z = a.allocate_raw(12 * MIB, S0).unwrap();
+        a.free_raw(y).unwrap();
+        a.free_raw(z).unwrap();
+        a.check_invariants().unwrap();
+        a.mark_step().unwrap();
+    }
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps, c.arena_allocs),
+        (3, 0, 9)
+    );
+    assert_eq!((c.lent_allocs, c.displaced_allocs), (3, 0));
+    assert_eq!(
+        sim.calls().memory_calls(),
+        2,
+        "no new memory for the scratch"
+    );
+    let stats = a.memory_stats();
+    assert_eq!(stats.reserved_bytes.all.peak, 24 * MIB as i64);
+    assert_eq!(stats.allocated_bytes.all.current, 0);
+}
+
+#[test]
+fn a_planned_block_whose_place_a_lent_block_holds_goes_to_the_cache_and_the_plan_goes_on() {
+    let (sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let s = scratch(&a, 10 * MIB);
+    // y's place is the scratch's until it is freed: the cache maps a segment for y.
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert!(y.addr() + 12 * MIB as u64 <= s.addr() || s.addr() + 10 * MIB as u64 <= y.addr());
+    assert_eq!(sim.calls().memory_calls(), 3);
+    a.free_raw(s).unwrap();
+    a.free_raw(x).unwrap();
+    let z = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(y).unwrap();
+    a.free_raw(z).unwrap();
+    a.check_invariants().unwrap();
+    a.mark_step().unwrap();
+    let c = counts(&a);
+    assert_eq!((c.planned_steps, c.fallback_steps), (1, 0));
+    assert_eq!(
+        (c.arena_allocs, c.lent_allocs, c.displaced_allocs),
+        (2, 1, 1)
+    );
+    // The next step is served whole from the plan again (y's segment is cache, not bin).
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(x).unwrap();
+    a.free_raw(y).unwrap();
+    let z = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(z).unwrap();
+    a.mark_step().unwrap();
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps, c.arena_allocs),
+        (2, 0, 5)
+    );
+    assert_eq!(sim.calls().memory_calls(), 3);
+}
+
+#[test]
+fn scratch_goes_where_the_next_planned_use_is_furthest_ahead() {
+    let (_sim, a) = sim_alloc(AllocatorConfig::default());
+    // Three 12 MiB blocks live together: three segments, three bins.
+    let step = |a: &CachingAllocator| {
+        let blocks: Vec<_> = (0..3)
+            .map(|_| a.allocate_raw(12 * MIB, S0).unwrap())
+            .collect();
+        let addrs: Vec<u64> = blocks.iter().map(|b| b.addr()).collect();
+        for b in blocks {
+            a.free_raw(b).unwrap();
+        }
+        addrs
+    };
+    a.mark_step().unwrap();
+    step(&a);
+    a.mark_step().unwrap();
+    // Before the step's first allocation every bin is idle: the one used last is lent.
+    let s = scratch(&a, 4 * MIB);
+    let lent = s.addr();
+    a.free_raw(s).unwrap();
+    let addrs = step(&a);
+    a.mark_step().unwrap();
+    assert!(
+        (addrs[2]..addrs[2] + 12 * MIB as u64).contains(&lent),
+        "scratch at {lent:#x}, planned blocks at {addrs:x?}"
+    );
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.lent_allocs, c.displaced_allocs),
+        (1, 1, 0)
+    );
+}
+
+#[test]
+fn another_thread_that_is_not_scratch_borrows_nothing() {
+    let (sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    // A loader's thread: its batch may outlive the step, so the cache serves it.
+    let batch =
+        std::thread::scope(|t| t.spawn(|| a.allocate_raw(10 * MIB, S0).unwrap()).join()).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 3);
+    a.free_raw(batch).unwrap();
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(x).unwrap();
+    let z = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(y).unwrap();
+    a.free_raw(z).unwrap();
+    a.mark_step().unwrap();
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.lent_allocs, c.displaced_allocs),
+        (1, 0, 0)
+    );
+}
+
+#[test]
+fn a_lent_block_outliving_a_dropped_plan_keeps_the_bins_until_it_is_freed() {
+    let (sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let s = scratch(&a, 10 * MIB);
+    // Another shape: the step deviates (the cache maps a segment for it) and the plan is
+    // dropped; its bins wait for their last block, the scratch.
+    let other = a.allocate_raw(5 * MIB, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 3);
+    a.free_raw(x).unwrap();
+    a.free_raw(other).unwrap();
+    a.mark_step().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(
+        a.memory_stats().allocated_bytes.all.current,
+        10 * MIB as i64
+    );
+    a.free_raw(s).unwrap();
+    a.check_invariants().unwrap();
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps, c.lent_allocs),
+        (0, 1, 1)
+    );
+    // Both bins are back in the pools: two 12 MiB blocks need no new memory.
+    let p = a.allocate_raw(12 * MIB, S0).unwrap();
+    let q = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 3);
+    a.free_raw(p).unwrap();
+    a.free_raw(q).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn scratch_no_bin_can_hold_gets_a_segment_of_its_own_size_not_padded_copies() {
+    let (_sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    // Both bins are full: the scratch's 3 MiB, rounded to whole 2 MiB pages.
+    let s = scratch(&a, 3 * MIB);
+    let reserved = |a: &CachingAllocator| a.memory_stats().reserved_bytes.all.current;
+    assert_eq!(reserved(&a), (24 + 4) * MIB as i64);
+    // Not scratch: the cache's usual segment of six copies.
+    let other =
+        std::thread::scope(|t| t.spawn(|| a.allocate_raw(3 * MIB, S0).unwrap()).join()).unwrap();
+    assert_eq!(reserved(&a), (24 + 4 + 18) * MIB as i64);
+    for b in [s, other, x, y] {
+        a.free_raw(b).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
