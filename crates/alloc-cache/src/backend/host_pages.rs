@@ -510,7 +510,61 @@ impl HostPages {
 
 #[cfg(test)]
 mod tests {
-    use super::slot_runs;
+    use super::{slot_runs, HostPages};
+
+    /// Whether `[addr, addr + bytes)` is mapped at all (`mincore` fails with `ENOMEM` where not).
+    fn is_mapped(addr: u64, bytes: usize) -> bool {
+        let mut residency = vec![0u8; bytes.div_ceil(4096)];
+        // SAFETY: only asks the kernel about the range; `residency` has a byte per page.
+        unsafe {
+            libc::mincore(
+                addr as usize as *mut libc::c_void,
+                bytes,
+                residency.as_mut_ptr(),
+            ) == 0
+        }
+    }
+
+    /// A page lost at the mapping limit (another mapping took it between unmapping and
+    /// reserving it again, `Slots::protect_none`) is refused from then on, and releasing its
+    /// reservation leaves that other mapping alone.
+    #[test]
+    fn a_lost_page_is_refused_and_left_to_its_new_owner() {
+        let page = 4096;
+        let pages = HostPages::new(page);
+        let base = pages.reserve_address_space(4 * page).unwrap();
+        pages.map(base, page).unwrap();
+        let lost = base + page as u64;
+        // Another mapping takes page 1, as another thread's mmap could in between.
+        // SAFETY: a page of our own reservation, then a mapping of our own where it was.
+        let other = unsafe {
+            assert_eq!(libc::munmap(lost as usize as *mut libc::c_void, page), 0);
+            libc::mmap(
+                lost as usize as *mut libc::c_void,
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(other as usize as u64, lost);
+        pages.lock().lost.insert(lost);
+        for e in [
+            pages.map(lost, page).unwrap_err(),
+            pages.remap(base, lost, page).unwrap_err(),
+            pages.map_alias(base, lost, page).unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("limit on mappings"), "{e}");
+        }
+        pages.unmap(base, page).unwrap();
+        pages.release_address_space(base, 4 * page).unwrap();
+        assert!(is_mapped(lost, page), "the other mapping was unmapped");
+        assert!(!is_mapped(base, page) && !is_mapped(lost + page as u64, 2 * page));
+        assert!(pages.lock().lost.is_empty());
+        // SAFETY: the mapping made above.
+        assert_eq!(unsafe { libc::munmap(other, page) }, 0);
+    }
 
     /// One `mmap` per run of consecutive slots: runs split where the next slot is not one more.
     #[test]
