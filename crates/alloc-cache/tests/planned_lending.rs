@@ -23,11 +23,7 @@ fn planned_two_bins() -> (std::sync::Arc<SimBackend>, CachingAllocator) {
     let (sim, a) = sim_alloc(AllocatorConfig::default());
     a.mark_step().unwrap();
     let x = a.allocate_raw(12 * MIB, S0).unwrap();
-    let y = a.allocate_raw(12 * MIB, S0).unwrap();
-    a.free_raw(x).unwrap();
-    let z = a.allocate_raw(12 * MIB, S0).unwrap();
-    a.free_raw(y).unwrap();
-    a.free_raw(z).unwrap();
+    finish_step(&a, x);
     a.mark_step().unwrap();
     assert_eq!(
         a.plan_counts().1,
@@ -36,6 +32,15 @@ fn planned_two_bins() -> (std::sync::Arc<SimBackend>, CachingAllocator) {
     );
     assert_eq!(sim.calls().memory_calls(), 2);
     (sim, a)
+}
+
+/// The rest of the step of [`planned_two_bins`] after its first block `x`.
+fn finish_step(a: &CachingAllocator, x: RawAllocation) {
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(x).unwrap();
+    let z = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(y).unwrap();
+    a.free_raw(z).unwrap();
 }
 
 fn counts(a: &CachingAllocator) -> PlannedCounts {
@@ -54,11 +59,7 @@ fn scratch_borrows_a_bin_that_no_planned_block_holds_and_maps_nothing() {
         assert_eq!(stats.allocated_bytes.all.current, 22 * MIB as i64);
         assert_eq!(stats.active_bytes.all.current, 22 * MIB as i64);
         a.free_raw(s).unwrap();
-        let y = a.allocate_raw(12 * MIB, S0).unwrap();
-        a.free_raw(x).unwrap();
-        let z = a.allocate_raw(12 * MIB, S0).unwrap();
-        a.free_raw(y).unwrap();
-        a.free_raw(z).unwrap();
+        finish_step(&a, x);
         a.check_invariants().unwrap();
         a.mark_step().unwrap();
     }
@@ -159,11 +160,7 @@ fn another_thread_that_is_not_scratch_borrows_nothing() {
         std::thread::scope(|t| t.spawn(|| a.allocate_raw(10 * MIB, S0).unwrap()).join()).unwrap();
     assert_eq!(sim.calls().memory_calls(), 3);
     a.free_raw(batch).unwrap();
-    let y = a.allocate_raw(12 * MIB, S0).unwrap();
-    a.free_raw(x).unwrap();
-    let z = a.allocate_raw(12 * MIB, S0).unwrap();
-    a.free_raw(y).unwrap();
-    a.free_raw(z).unwrap();
+    finish_step(&a, x);
     a.mark_step().unwrap();
     let c = counts(&a);
     assert_eq!(
