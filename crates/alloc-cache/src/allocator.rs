@@ -340,17 +340,34 @@ impl CachingAllocator {
         report_oom: bool,
     ) -> Result<u32> {
         let pool = pool_for(rounded);
-        let id = match self.find_fit(st, si, pool, rounded) {
-            Some(id) => id,
-            None if st.planner.is_some() => {
-                // Kernel scratch may borrow idle space of a planned step's bins first.
-                if let Some(id) = self.lend_from_plan(st, si, pool, rounded, size) {
-                    return Ok(id);
-                }
-                self.allocate_miss(st, si, pool, rounded, size, report_oom)?
-            }
-            None => self.allocate_miss(st, si, pool, rounded, size, report_oom)?,
+        let Some(id) = self.find_fit(st, si, pool, rounded) else {
+            return self.take_block_missed(st, si, pool, rounded, size, report_oom);
         };
+        let split = self.should_split(st, id, rounded);
+        st.take(id, rounded, size, split);
+        Ok(id)
+    }
+
+    /// [`take_block`](Self::take_block) when its pool has no fitting block: kernel scratch
+    /// may borrow idle space of a planned step's bins, else the slow paths of a miss. Kept
+    /// out of line, so that a hit runs none of it.
+    #[cold]
+    #[inline(never)]
+    fn take_block_missed(
+        &self,
+        st: &mut State,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+        size: usize,
+        report_oom: bool,
+    ) -> Result<u32> {
+        if st.planner.is_some() {
+            if let Some(id) = self.lend_from_plan(st, si, pool, rounded, size) {
+                return Ok(id);
+            }
+        }
+        let id = self.allocate_miss(st, si, pool, rounded, size, report_oom)?;
         let split = self.should_split(st, id, rounded);
         st.take(id, rounded, size, split);
         Ok(id)
