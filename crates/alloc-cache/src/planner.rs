@@ -50,8 +50,8 @@
 //!   target), the plan is dropped and every bin goes back at once, one still holding planned
 //!   blocks dissolved around them (`plan_dissolve.rs`).
 //!
-//! Invariants: two planned blocks live at once never overlap and each lies inside its bin
-//! (checked on every placement, not assumed from the plan); a planned block is a block of
+//! Invariants: two planned or lent blocks live at once never overlap and each lies inside its
+//! bin (checked on every placement, not assumed from the plan); a planned block is a block of
 //! segment [`ARENA_SEGMENT`] (no neighbours, in no pool); statistics stay true: a planned block
 //! counts in `allocated_bytes`, `active` and `allocation` (of its bin's pool) while live, the
 //! bins themselves only in `reserved_bytes` (they are neither allocated nor cached-free).
