@@ -22,8 +22,8 @@ impl State {
         };
         // The step under way is counted as at a marker: served whole (`empty_cache` after its
         // last planned block) as planned, cut short (memory ran out inside it) as fallen back;
-        // one that has not asked for anything yet, as neither.
-        let begun = a.next > 0 || a.deviated || !a.live.is_empty();
+        // one that has not asked for anything yet (scratch lent meanwhile aside), as neither.
+        let begun = a.next > 0 || a.deviated || a.live.len() > a.lent.len();
         if !a.dropped && begun {
             if a.served_whole() {
                 p.counts.planned_steps += 1;

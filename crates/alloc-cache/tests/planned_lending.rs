@@ -220,3 +220,21 @@ fn scratch_no_bin_can_hold_gets_a_segment_of_its_own_size_not_padded_copies() {
     }
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn emptying_the_cache_while_only_scratch_is_lent_counts_no_step() {
+    let (_sim, a) = planned_two_bins();
+    // The step has asked for nothing yet; only scratch holds bin space.
+    let s = scratch(&a, 10 * MIB);
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps, c.lent_allocs),
+        (0, 0, 1)
+    );
+    // The lent block became an ordinary block of its segment and frees as one.
+    a.free_raw(s).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.memory_stats().allocated_bytes.all.current, 0);
+}
