@@ -77,8 +77,9 @@ impl Active {
     }
 
     /// Whether the step under way has used the whole plan and left it intact: no deviation,
-    /// every placed block asked for, none still live (lent blocks do not count). How a step is counted when the plan ends
-    /// it (at a marker, or dropped between steps) as served rather than fallen back.
+    /// every placed block asked for, none still live (lent blocks do not count). How a step is
+    /// counted when the plan ends it (at a marker, or dropped between steps) as served rather
+    /// than fallen back.
     pub(crate) fn served_whole(&self) -> bool {
         !self.deviated && self.next >= self.last_placed && self.live.len() == self.lent.len()
     }

@@ -127,6 +127,7 @@ fn reserve_at(addr: u64, bytes: usize, replace: bool) -> bool {
     }
     got != libc::MAP_FAILED
 }
+
 /// The runs of consecutive slots in `slots` (in order), as (index of the first, length).
 fn slot_runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut i = 0;
