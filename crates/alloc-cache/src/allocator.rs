@@ -362,10 +362,8 @@ impl CachingAllocator {
         size: usize,
         report_oom: bool,
     ) -> Result<u32> {
-        if st.planner.is_some() {
-            if let Some(id) = self.lend_from_plan(st, si, pool, rounded, size) {
-                return Ok(id);
-            }
+        if let Some(id) = self.lend_from_plan(st, si, pool, rounded, size) {
+            return Ok(id);
         }
         let id = self.allocate_miss(st, si, pool, rounded, size, report_oom)?;
         let split = self.should_split(st, id, rounded);

@@ -14,9 +14,8 @@
 //! (`planner.rs`), so no two live blocks ever overlap.
 
 use crate::allocator::CachingAllocator;
-use crate::block::{Block, BlockState, State, NONE};
+use crate::block::{BlockState, State};
 use crate::plan_state::{Active, StepThread};
-use crate::slab::ARENA_SEGMENT;
 use crate::stats::PoolKind;
 use std::cmp::Reverse;
 
@@ -44,15 +43,10 @@ impl CachingAllocator {
             .map(|b| (b.addr, b.addr + b.size as u64))
             .collect();
         let addr = pick_stretch(a, &bins, rounded)?;
-        let end = addr + rounded as u64;
-        let block = Block::free(addr, rounded, ARENA_SEGMENT, NONE, pool, si, st.clock);
-        let id = st.new_block(block);
-        st.take(id, rounded, size, false);
+        let id = st.take_arena_block(addr, rounded, size, pool, si);
         let p = st.planner.as_mut()?;
         p.counts.lent_allocs += 1;
-        let a = p.active.as_mut()?;
-        a.live.insert(addr, end);
-        a.lent.insert(addr);
+        p.active.as_mut()?.lent.insert(addr);
         Some(id)
     }
 }

@@ -70,6 +70,25 @@ use crate::trace::Trace;
 use std::collections::BTreeMap;
 
 impl State {
+    /// A block of `bytes` at `addr` inside a bin of the active plan, taken for a request of
+    /// `size` and recorded as live: a planned block, or one lent to scratch (`plan_lend.rs`).
+    pub(crate) fn take_arena_block(
+        &mut self,
+        addr: u64,
+        bytes: usize,
+        size: usize,
+        pool: PoolKind,
+        si: u16,
+    ) -> u32 {
+        let block = Block::free(addr, bytes, ARENA_SEGMENT, NONE, pool, si, self.clock);
+        let id = self.new_block(block);
+        self.take(id, bytes, size, false);
+        if let Some(a) = self.planner.as_mut().and_then(|p| p.active.as_mut()) {
+            a.live.insert(addr, addr + bytes as u64);
+        }
+        id
+    }
+
     /// Frees planned block `id` (allocated or pending); when the plan was dropped and this was
     /// its last block, the bins go back to the pools.
     pub(crate) fn free_arena_block(&mut self, id: u32) {
@@ -206,12 +225,8 @@ impl CachingAllocator {
             return None;
         }
         let (addr, pool) = place?;
-        let end = addr + bytes as u64;
-        a.live.insert(addr, end);
         let si = st.stream_index(stream);
-        let block = Block::free(addr, bytes, ARENA_SEGMENT, NONE, pool, si, st.clock);
-        let id = st.new_block(block);
-        st.take(id, bytes, size, false);
+        let id = st.take_arena_block(addr, bytes, size, pool, si);
         if let Some(p) = st.planner.as_mut() {
             p.counts.arena_allocs += 1;
         }

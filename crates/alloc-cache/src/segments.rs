@@ -204,15 +204,9 @@ impl CachingAllocator {
         if self.config.expandable_segments {
             return self.grow_expandable(st, si, pool, rounded);
         }
+        let padded = self.fixed_segment_size(st, pool, rounded);
         // Devices hand out whole 2 MiB pages anyway, so the fallback is rounded to them.
         let exact = rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
-        // Scratch beside a plan's bins gets no padding: more scratch borrows the bins
-        // (`plan_lend.rs`; padded copies took ResNet-18's planned real run from 1.045 to 1.136).
-        let padded = if pool == PoolKind::Large && crate::plan_lend::serving_scratch(st) {
-            exact
-        } else {
-            self.fixed_segment_size(st, pool, rounded)
-        };
         match self.reserve_fixed(st, si, pool, padded) {
             Err(e) if is_oom(&e) && padded > exact => self.reserve_fixed(st, si, pool, exact),
             other => other,
@@ -224,8 +218,13 @@ impl CachingAllocator {
     /// requests of at least [`MIN_LARGE_ALLOC`] the largest whole number of such requests
     /// that fits in `1 / GROWTH_DIVISOR` of the large pool's reserved bytes (two when rounding
     /// one would waste more than `1 / PAIR_ROUNDING_WASTE` of it), when that is more and
-    /// `max_split_size` does not forbid splitting it.
+    /// `max_split_size` does not forbid splitting it. Kernel scratch beside a planned step's
+    /// bins gets no padding, the request rounded up to [`ROUND_LARGE`]: more scratch borrows the
+    /// bins (`plan_lend.rs`; padded copies took ResNet-18's planned real run from 1.045 to 1.136).
     pub(crate) fn fixed_segment_size(&self, st: &State, pool: PoolKind, rounded: usize) -> usize {
+        if pool == PoolKind::Large && crate::plan_lend::serving_scratch(st) {
+            return rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        }
         let base = segment_size_for(rounded);
         if pool == PoolKind::Large && rounded < MIN_LARGE_ALLOC {
             let stats = &st.stats;
