@@ -349,7 +349,8 @@ impl CachingAllocator {
     }
 
     /// [`take_block`](Self::take_block) when its pool has no fitting block: kernel scratch
-    /// may borrow idle space of a planned step's bins, else the slow paths of a miss. Kept
+    /// may borrow idle space of a planned step's bins, a plan past its step's last block gives
+    /// its idle bins back, else the slow paths of a miss. Kept
     /// out of line, so that a hit runs none of it.
     #[cold]
     #[inline(never)]
@@ -365,7 +366,15 @@ impl CachingAllocator {
         if let Some(id) = self.lend_from_plan(st, si, pool, rounded, size) {
             return Ok(id);
         }
-        let id = self.allocate_miss(st, si, pool, rounded, size, report_oom)?;
+        // A plan past its step's last block gives its idle bins back before memory is mapped.
+        let refit = match st.yield_plan_past_its_step() {
+            true => self.find_fit(st, si, pool, rounded),
+            false => None,
+        };
+        let id = match refit {
+            Some(id) => id,
+            None => self.allocate_miss(st, si, pool, rounded, size, report_oom)?,
+        };
         let split = self.should_split(st, id, rounded);
         st.take(id, rounded, size, split);
         Ok(id)

@@ -45,6 +45,9 @@ pub(crate) struct Active {
     pub(crate) next: usize,
     /// The current step left the plan.
     pub(crate) deviated: bool,
+    /// The current step asked for more than the plan holds, past its last placed block (work
+    /// the recorded step did not make, such as an evaluation after the loop's steps).
+    pub(crate) beyond: bool,
     /// Dropped: no more placements; the bins go back once `live` is empty.
     pub(crate) dropped: bool,
     /// Planned and lent blocks live now: address -> end.

@@ -46,7 +46,9 @@
 //! - **Dropping.** At the marker after a deviating step, a step that stopped before the plan's
 //!   last placed allocation, or when a planned block outlives its step, the plan is dropped:
 //!   the bins go back to the pools once their last block is freed, and recording starts
-//!   again. When the cache runs short, or is emptied (`empty_cache`, `trim_to` short of its
+//!   again. A step that asked for more than the plan holds (work past its last placed block,
+//!   such as an evaluation after the loop's steps) drops it when the marking thread misses in
+//!   the cache: the idle bins go back at once, before the cache maps memory beside them. When the cache runs short, or is emptied (`empty_cache`, `trim_to` short of its
 //!   target), the plan is dropped and every bin goes back at once, one still holding planned
 //!   blocks dissolved around them (`plan_dissolve.rs`).
 //!
@@ -150,6 +152,30 @@ impl State {
         !idle.is_empty()
     }
 
+    /// A miss of the marking thread after its step asked for more than the plan holds (work
+    /// past the last placed block, such as an evaluation after the loop's steps): the plan has
+    /// nothing more to serve before the next marker, so it is dropped and its idle bins go back
+    /// to the pools before the cache maps new memory beside them. The step counts as served
+    /// when no planned block is live. Whether any bin went back.
+    pub(crate) fn yield_plan_past_its_step(&mut self) -> bool {
+        let Some(p) = self.planner.as_mut() else {
+            return false;
+        };
+        let Some(a) = p.active.as_mut() else {
+            return false;
+        };
+        if !a.beyond || a.dropped || a.deviated || p.thread != crate::plan_state::current_thread() {
+            return false;
+        }
+        if a.served_whole() {
+            p.counts.planned_steps += 1;
+        } else {
+            p.counts.fallback_steps += 1;
+        }
+        a.dropped = true;
+        self.yield_plan()
+    }
+
     /// Takes the first `used` bytes of free block `id` out of its pool as a bin of the plan;
     /// the rest stays free.
     fn take_bin(&mut self, id: u32, used: usize) {
@@ -185,7 +211,10 @@ impl CachingAllocator {
             match a.realign(i, size) {
                 Realign::At(k) => i = k,
                 // Past the plan's last placed block: the cache serves it, the plan stays.
-                Realign::Extra => return None,
+                Realign::Extra => {
+                    a.beyond = true;
+                    return None;
+                }
                 Realign::Deviate => {}
             }
             a.next = i;
@@ -292,6 +321,7 @@ impl CachingAllocator {
         if let Some(a) = p.active.as_mut() {
             if a.served_whole() && !a.dropped {
                 a.next = 0;
+                a.beyond = false;
                 p.counts.planned_steps += 1;
                 return Ok(());
             }
@@ -436,6 +466,7 @@ impl CachingAllocator {
             bins,
             next: 0,
             deviated: false,
+            beyond: false,
             dropped: false,
             live: BTreeMap::new(),
             lent: Default::default(),

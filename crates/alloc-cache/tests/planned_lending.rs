@@ -1,7 +1,9 @@
 //! A planned step lends the idle space of its bins to kernel scratch taken under
 //! [`StepThread::OUTSIDE`] when the cache has no free block for it, instead of mapping new
 //! memory beside bins that sit idle; a planned allocation whose place a lent block still holds
-//! is served by the cache without leaving the plan.
+//! is served by the cache without leaving the plan. Once a step has been served past its last
+//! planned block, work the recorded step did not make (an evaluation after the loop's steps)
+//! that finds no free block gets the idle bins back instead of new memory.
 
 use kiln_alloc_cache::planned::PlannedCounts;
 use kiln_alloc_cache::*;
@@ -237,4 +239,97 @@ fn emptying_the_cache_while_only_scratch_is_lent_counts_no_step() {
     a.free_raw(s).unwrap();
     a.check_invariants().unwrap();
     assert_eq!(a.memory_stats().allocated_bytes.all.current, 0);
+}
+
+#[test]
+fn work_after_the_last_planned_block_gets_the_idle_bins_not_new_memory() {
+    let (sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    finish_step(&a, x);
+    // An evaluation before the next marker: nothing free in the cache, both bins idle.
+    let eval: Vec<_> = (0..2)
+        .map(|_| a.allocate_raw(10 * MIB, S0).unwrap())
+        .collect();
+    a.check_invariants().unwrap();
+    assert_eq!(
+        sim.calls().memory_calls(),
+        2,
+        "no new memory for the evaluation"
+    );
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps),
+        (1, 0),
+        "the step was served whole"
+    );
+    for b in eval {
+        a.free_raw(b).unwrap();
+    }
+    a.mark_step().unwrap();
+    // Recording starts again: two steps alike are planned, and the plan serves the next.
+    for _ in 0..4 {
+        let x = a.allocate_raw(12 * MIB, S0).unwrap();
+        finish_step(&a, x);
+        a.mark_step().unwrap();
+    }
+    a.check_invariants().unwrap();
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps, c.arena_allocs),
+        (3, 0, 9)
+    );
+    assert_eq!(sim.calls().memory_calls(), 2);
+    assert_eq!(a.memory_stats().reserved_bytes.all.peak, 24 * MIB as i64);
+}
+
+#[test]
+fn work_after_the_step_waits_for_a_bin_that_a_planned_block_still_holds() {
+    let (sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    let y = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(x).unwrap();
+    let z = a.allocate_raw(12 * MIB, S0).unwrap();
+    a.free_raw(y).unwrap();
+    // z, the plan's last block, is still live in one bin: only the other goes back.
+    let eval = a.allocate_raw(10 * MIB, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 2);
+    let other = a.allocate_raw(10 * MIB, S0).unwrap();
+    assert_eq!(
+        sim.calls().memory_calls(),
+        3,
+        "z's bin is not the cache's yet"
+    );
+    a.check_invariants().unwrap();
+    let c = counts(&a);
+    assert_eq!((c.planned_steps, c.fallback_steps), (0, 1));
+    // Freeing z gives its bin back whole.
+    a.free_raw(z).unwrap();
+    a.check_invariants().unwrap();
+    let again = a.allocate_raw(12 * MIB, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 3);
+    for b in [eval, other, again] {
+        a.free_raw(b).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn another_thread_missing_after_the_step_leaves_the_plan_alone() {
+    let (sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    finish_step(&a, x);
+    // A loader's thread prefetching the next batch: the cache maps memory, the plan stays.
+    let batch =
+        std::thread::scope(|t| t.spawn(|| a.allocate_raw(10 * MIB, S0).unwrap()).join()).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 3);
+    a.mark_step().unwrap();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    finish_step(&a, x);
+    a.mark_step().unwrap();
+    a.free_raw(batch).unwrap();
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps, c.arena_allocs),
+        (2, 0, 6)
+    );
 }

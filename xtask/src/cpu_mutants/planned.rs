@@ -2,9 +2,10 @@
 //! that only some loops reach: a loop planned from its first step, the spare bin of blocks
 //! without room, other threads' allocations, requests made only in the recorded step or only
 //! after it, the bins given back when the cache runs short or is emptied, the deviations
-//! (another stream, a step that stops early, a plan dropped at a marker), and the thread a CPU
-//! pass runs on allocating for the thread that marks the steps, and the plan's idle space lent
-//! to kernel scratch; each with the test meant to cover it.
+//! (another stream, a step that stops early, a plan dropped at a marker), the thread a CPU pass
+//! runs on allocating for the thread that marks the steps, the plan's idle space lent to
+//! kernel scratch, and its bins given back to work after the step; each with the test meant
+//! to cover it.
 
 use super::list::{Mutant, ALLOC, LIB};
 
@@ -151,6 +152,33 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "pool == PoolKind::Large && crate::plan_lend::serving_scratch(st) && false",
         target: LENDING,
         test: "scratch_no_bin_can_hold_gets_a_segment_of_its_own_size_not_padded_copies",
+    },
+    Mutant {
+        bug: "work after a planned step maps new memory beside the plan's idle bins",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/allocator.rs",
+        find: "let refit = match st.yield_plan_past_its_step() {",
+        replace: "let refit = match false {",
+        target: LENDING,
+        test: "work_after_the_last_planned_block_gets_the_idle_bins_not_new_memory",
+    },
+    Mutant {
+        bug: "a step served whole counts as fallen back when work after it takes the bins",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "        if a.served_whole() {\n            p.counts.planned_steps += 1;",
+        replace: "        if false {\n            p.counts.planned_steps += 1;",
+        target: LENDING,
+        test: "work_after_the_last_planned_block_gets_the_idle_bins_not_new_memory",
+    },
+    Mutant {
+        bug: "another thread's miss after a planned step drops the plan",
+        package: ALLOC,
+        file: "crates/alloc-cache/src/planner.rs",
+        find: "|| p.thread != crate::plan_state::current_thread()",
+        replace: "|| false",
+        target: LENDING,
+        test: "another_thread_missing_after_the_step_leaves_the_plan_alone",
     },
     Mutant {
         bug: "a thread that entered the marking thread's StepThread allocates as itself",
