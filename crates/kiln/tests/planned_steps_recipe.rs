@@ -1,7 +1,9 @@
 //! The training recipe marks the start of every optimizer step on its device's allocator, so
 //! `planned_steps:True` in `KILN_ALLOC_CONF` plans its loop: the same run with and without it
 //! (each in a child process, since the CPU allocator reads the setting once per process) logs
-//! bit-identical losses, and only the planned one serves allocations from plans.
+//! bit-identical losses, only the planned one serves allocations from plans, and the plan costs
+//! no memory: each epoch's validation runs after its last step, past what the plan holds, and
+//! takes the plan's idle bins rather than memory beside them.
 
 mod common;
 
@@ -13,10 +15,11 @@ use std::process::Command;
 const RUN_DIR: &str = "KILN_TEST_PLANNED_RECIPE_DIR";
 
 /// The child's one result line: its batch losses as bit patterns, then the allocator's
-/// planned steps, fallback steps and planned allocations.
+/// planned steps, fallback steps and planned allocations, and the last epoch's peak reserved
+/// bytes.
 const RESULT: &str = "PLANNED-RECIPE-RESULT";
 
-fn run_child(planned: bool) -> (Vec<u64>, [u64; 3]) {
+fn run_child(planned: bool) -> (Vec<u64>, [u64; 4]) {
     let dir = std::env::temp_dir().join(format!(
         "kiln-planned-recipe-{planned}-{}",
         std::process::id()
@@ -50,8 +53,11 @@ fn run_child(planned: bool) -> (Vec<u64>, [u64; 3]) {
         .split_whitespace()
         .map(|f| u64::from_str_radix(f, 16).unwrap())
         .collect();
-    let (losses, counts) = fields.split_at(fields.len() - 3);
-    (losses.to_vec(), [counts[0], counts[1], counts[2]])
+    let (losses, counts) = fields.split_at(fields.len() - 4);
+    (
+        losses.to_vec(),
+        [counts[0], counts[1], counts[2], counts[3]],
+    )
 }
 
 #[test]
@@ -62,7 +68,7 @@ fn a_planned_recipe_run_trains_the_same_and_is_served_from_plans() {
     assert_eq!(plain.len(), 20);
     assert_eq!(planned, plain, "placement must not change a value");
     assert_eq!(
-        plain_counts,
+        plain_counts[..3],
         [0, 0, 0],
         "markers do nothing without the setting"
     );
@@ -72,7 +78,7 @@ fn a_planned_recipe_run_trains_the_same_and_is_served_from_plans() {
     // served whole, as planned. Step 11 unfreezes the backbone and makes its optimizer state;
     // steps 12 and 13 repeat (recorded), and the plan made from them serves steps 14-20. So
     // 9 + 7 steps served, none fallen back.
-    let [served, fell_back, placed] = planned_counts;
+    let [served, fell_back, placed, reserved] = planned_counts;
     assert_eq!(
         [served, fell_back],
         [16, 0],
@@ -85,6 +91,13 @@ fn a_planned_recipe_run_trains_the_same_and_is_served_from_plans() {
         placed > 100 * (served + 1),
         "{placed} blocks placed in {} steps",
         served + 1
+    );
+    // Without a plan the run reserves 4 MiB at its peak; with the validation beside the
+    // plan's bins it took 6.
+    assert!(
+        reserved <= plain_counts[3],
+        "planned peak reserved {reserved} bytes, without a plan {}",
+        plain_counts[3]
     );
 }
 
@@ -103,10 +116,12 @@ fn planned_recipe_child() {
         .iter()
         .map(|l| format!("{:x}", l.to_bits()))
         .collect();
+    let reserved = kiln::device::max_memory_reserved(Device::Cpu).unwrap() as u64;
     for c in [
         counts.planned_steps,
         counts.fallback_steps,
         counts.arena_allocs,
+        reserved,
     ] {
         fields.push(format!("{c:x}"));
     }
