@@ -367,7 +367,7 @@ impl CachingAllocator {
             return Ok(id);
         }
         // A plan past its step's last block gives its idle bins back before memory is mapped.
-        let refit = match st.yield_plan_past_its_step() {
+        let refit = match st.yield_plan_past_its_step(si, pool, rounded) {
             true => self.find_fit(st, si, pool, rounded),
             false => None,
         };

@@ -48,7 +48,8 @@
 //!   the bins go back to the pools once their last block is freed, and recording starts
 //!   again. A step that asked for more than the plan holds (work past its last placed block,
 //!   such as an evaluation after the loop's steps) drops it when the marking thread misses in
-//!   the cache: the idle bins go back at once, before the cache maps memory beside them. When the cache runs short, or is emptied (`empty_cache`, `trim_to` short of its
+//!   the cache for a request an idle bin could hold: the idle bins go back at once, before the
+//!   cache maps memory beside them. When the cache runs short, or is emptied (`empty_cache`, `trim_to` short of its
 //!   target), the plan is dropped and every bin goes back at once, one still holding planned
 //!   blocks dissolved around them (`plan_dissolve.rs`).
 //!
@@ -152,12 +153,19 @@ impl State {
         !idle.is_empty()
     }
 
-    /// A miss of the marking thread after its step asked for more than the plan holds (work
-    /// past the last placed block, such as an evaluation after the loop's steps): the plan has
-    /// nothing more to serve before the next marker, so it is dropped and its idle bins go back
-    /// to the pools before the cache maps new memory beside them. The step counts as served
-    /// when no planned block is live. Whether any bin went back.
-    pub(crate) fn yield_plan_past_its_step(&mut self) -> bool {
+    /// A miss of `rounded` bytes in `pool` of stream `si` by the marking thread after its step
+    /// asked for more than the plan holds (work past the last placed block, such as an
+    /// evaluation after the loop's steps): the plan has nothing more to serve before the next
+    /// marker, so when an idle bin of that pool and stream could hold the request, the plan is
+    /// dropped and its idle bins go back to the pools before the cache maps new memory beside
+    /// them. The step counts as served when no planned block is live. Whether any bin went
+    /// back.
+    pub(crate) fn yield_plan_past_its_step(
+        &mut self,
+        si: u16,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> bool {
         let Some(p) = self.planner.as_mut() else {
             return false;
         };
@@ -165,6 +173,20 @@ impl State {
             return false;
         };
         if !a.beyond || a.dropped || a.deviated || p.thread != crate::plan_state::current_thread() {
+            return false;
+        }
+        let blocks = &self.blocks;
+        let fits = a.bins.iter().any(|&bin| {
+            let b = &blocks[bin as usize];
+            b.pool == pool
+                && b.stream == si
+                && b.size >= rounded
+                && a.live
+                    .range(b.addr..b.addr + b.size as u64)
+                    .next()
+                    .is_none()
+        });
+        if !fits {
             return false;
         }
         if a.served_whole() {

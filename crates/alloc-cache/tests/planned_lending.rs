@@ -318,15 +318,46 @@ fn another_thread_missing_after_the_step_leaves_the_plan_alone() {
     let (sim, a) = planned_two_bins();
     let x = a.allocate_raw(12 * MIB, S0).unwrap();
     finish_step(&a, x);
-    // A loader's thread prefetching the next batch: the cache maps memory, the plan stays.
+    // The marking thread logs a value past the plan (the small pool, where the plan has no
+    // bin: the cache maps it a segment)...
+    let logged = a.allocate_raw(4 << 10, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 3);
+    // ...then a loader's thread prefetches the next batch: the cache maps memory, the plan
+    // stays.
     let batch =
         std::thread::scope(|t| t.spawn(|| a.allocate_raw(10 * MIB, S0).unwrap()).join()).unwrap();
-    assert_eq!(sim.calls().memory_calls(), 3);
+    assert_eq!(sim.calls().memory_calls(), 4);
     a.mark_step().unwrap();
     let x = a.allocate_raw(12 * MIB, S0).unwrap();
     finish_step(&a, x);
     a.mark_step().unwrap();
     a.free_raw(batch).unwrap();
+    a.free_raw(logged).unwrap();
+    let c = counts(&a);
+    assert_eq!(
+        (c.planned_steps, c.fallback_steps, c.arena_allocs),
+        (2, 0, 6)
+    );
+}
+
+#[test]
+fn work_after_the_step_that_no_idle_bin_could_hold_leaves_the_plan_alone() {
+    let (sim, a) = planned_two_bins();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    finish_step(&a, x);
+    // A logged value: the small pool, where the plan has no bin. The cache maps it a segment.
+    let logged = a.allocate_raw(4 << 10, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 3);
+    // Larger than either bin: they could not hold it either.
+    let big = a.allocate_raw(14 * MIB, S0).unwrap();
+    assert_eq!(sim.calls().memory_calls(), 4);
+    a.free_raw(big).unwrap();
+    a.mark_step().unwrap();
+    let x = a.allocate_raw(12 * MIB, S0).unwrap();
+    finish_step(&a, x);
+    a.mark_step().unwrap();
+    a.free_raw(logged).unwrap();
+    a.check_invariants().unwrap();
     let c = counts(&a);
     assert_eq!(
         (c.planned_steps, c.fallback_steps, c.arena_allocs),
