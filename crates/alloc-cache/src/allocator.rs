@@ -350,8 +350,8 @@ impl CachingAllocator {
 
     /// [`take_block`](Self::take_block) when its pool has no fitting block: kernel scratch
     /// may borrow idle space of a planned step's bins, a plan past its step's last block gives
-    /// its idle bins back, else the slow paths of a miss. Kept
-    /// out of line, so that a hit runs none of it.
+    /// its idle bins back, else the slow paths of a miss. Kept out of line, so that a hit runs
+    /// none of it.
     #[cold]
     #[inline(never)]
     fn take_block_missed(

@@ -49,9 +49,9 @@
 //!   again. A step that asked for more than the plan holds (work past its last placed block,
 //!   such as an evaluation after the loop's steps) drops it when the marking thread misses in
 //!   the cache for a request an idle bin could hold: the idle bins go back at once, before the
-//!   cache maps memory beside them. When the cache runs short, or is emptied (`empty_cache`, `trim_to` short of its
-//!   target), the plan is dropped and every bin goes back at once, one still holding planned
-//!   blocks dissolved around them (`plan_dissolve.rs`).
+//!   cache maps memory beside them. When the cache runs short, or is emptied (`empty_cache`,
+//!   `trim_to` short of its target), the plan is dropped and every bin goes back at once, one
+//!   still holding planned blocks dissolved around them (`plan_dissolve.rs`).
 //!
 //! Invariants: two planned or lent blocks live at once never overlap and each lies inside its
 //! bin (checked on every placement, not assumed from the plan); a planned block is a block of
