@@ -3,7 +3,8 @@
 //! memory beside bins that sit idle; a planned allocation whose place a lent block still holds
 //! is served by the cache without leaving the plan. Once a step has been served past its last
 //! planned block, work the recorded step did not make (an evaluation after the loop's steps)
-//! that finds no free block gets the idle bins back instead of new memory.
+//! that finds no free block, but would fit an idle bin, gets the idle bins back instead of new
+//! memory.
 
 use kiln_alloc_cache::planned::PlannedCounts;
 use kiln_alloc_cache::*;
