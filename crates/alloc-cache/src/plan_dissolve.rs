@@ -25,19 +25,12 @@ impl State {
         // one that has not asked for anything yet (scratch lent meanwhile aside), as neither.
         let begun = a.next > 0 || a.deviated || a.live.len() > a.lent.len();
         if !a.dropped && begun {
-            if a.served_whole() {
-                p.counts.planned_steps += 1;
-            } else {
-                p.counts.fallback_steps += 1;
-            }
+            a.count_step(&mut p.counts);
         }
         let bins = std::mem::take(&mut a.bins);
         for &bin in &bins {
-            let (addr, end) = {
-                let b = &self.blocks[bin as usize];
-                (b.addr, b.addr + b.size as u64)
-            };
-            if a.live.range(addr..end).next().is_some() {
+            let b = &self.blocks[bin as usize];
+            if a.holds_live(b.addr, b.size) {
                 self.dissolve_bin(bin);
             } else {
                 self.free_block(bin);

@@ -87,6 +87,22 @@ impl Active {
         !self.deviated && self.next >= self.last_placed && self.live.len() == self.lent.len()
     }
 
+    /// Counts the step under way in `counts` as the plan ends it: planned when it was served
+    /// whole ([`served_whole`](Self::served_whole)), fallen back otherwise.
+    pub(crate) fn count_step(&self, counts: &mut PlannedCounts) {
+        if self.served_whole() {
+            counts.planned_steps += 1;
+        } else {
+            counts.fallback_steps += 1;
+        }
+    }
+
+    /// Whether a planned or lent block lives in the `bytes` from `addr` (a bin's range): the
+    /// bin is busy, not idle.
+    pub(crate) fn holds_live(&self, addr: u64, bytes: usize) -> bool {
+        self.live.range(addr..addr + bytes as u64).next().is_some()
+    }
+
     /// One past the index of the last allocation the plan places (0 when it places none).
     pub(crate) fn find_last_placed(&self) -> usize {
         (0..self.requests.len())

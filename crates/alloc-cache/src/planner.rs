@@ -137,11 +137,10 @@ impl State {
         };
         p.counts.fallback_steps += u64::from(!a.dropped);
         a.dropped = true;
-        let live = &a.live;
         let blocks = &self.blocks;
         let (busy, idle): (Vec<u32>, Vec<u32>) = a.bins.iter().partition(|&&bin| {
             let b = &blocks[bin as usize];
-            live.range(b.addr..b.addr + b.size as u64).next().is_some()
+            a.holds_live(b.addr, b.size)
         });
         a.bins = busy;
         if a.bins.is_empty() {
@@ -178,22 +177,12 @@ impl State {
         let blocks = &self.blocks;
         let fits = a.bins.iter().any(|&bin| {
             let b = &blocks[bin as usize];
-            b.pool == pool
-                && b.stream == si
-                && b.size >= rounded
-                && a.live
-                    .range(b.addr..b.addr + b.size as u64)
-                    .next()
-                    .is_none()
+            b.pool == pool && b.stream == si && b.size >= rounded && !a.holds_live(b.addr, b.size)
         });
         if !fits {
             return false;
         }
-        if a.served_whole() {
-            p.counts.planned_steps += 1;
-        } else {
-            p.counts.fallback_steps += 1;
-        }
+        a.count_step(&mut p.counts);
         a.dropped = true;
         self.yield_plan()
     }

@@ -165,9 +165,9 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         bug: "a step served whole counts as fallen back when work after it takes the bins",
         package: ALLOC,
-        file: "crates/alloc-cache/src/planner.rs",
-        find: "        if a.served_whole() {\n            p.counts.planned_steps += 1;",
-        replace: "        if false {\n            p.counts.planned_steps += 1;",
+        file: "crates/alloc-cache/src/plan_state.rs",
+        find: "        if self.served_whole() {\n            counts.planned_steps += 1;",
+        replace: "        if false {\n            counts.planned_steps += 1;",
         target: LENDING,
         test: "work_after_the_last_planned_block_gets_the_idle_bins_not_new_memory",
     },
