@@ -35,7 +35,13 @@ impl TensorRecord {
     /// a value count that does not fit the shape, or a NaN/infinite value, is an error naming
     /// `what` (a moment like that would turn every parameter into NaN at the next step).
     pub fn to_tensor_like(&self, like: &Tensor, what: &str) -> Result<Tensor> {
-        let want: usize = self.shape.iter().product();
+        let Some(want) = self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
+            return Err(Error::StateDict(format!(
+                "{what}: saved shape {:?} has more elements than any memory holds (their count \
+                 overflows); the state dict is edited or corrupt, load an intact one",
+                self.shape
+            )));
+        };
         if self.data.len() != want {
             return Err(Error::StateDict(format!(
                 "{what}: saved shape {:?} needs {want} values but {} are stored; the state dict \

@@ -1,5 +1,5 @@
-//! Hostile state dicts: a negative second moment, a NaN moment or a value count that does not
-//! fit the shape is refused by `load_state_dict`, naming the parameter and the field, and the
+//! Hostile state dicts: a negative second moment, a NaN moment, a value count that does not
+//! fit the shape or a shape whose element count overflows is refused by `load_state_dict`, naming the parameter and the field, and the
 //! optimizer keeps the state it had.
 
 use kiln_autograd::{Device, Parameter, Tensor};
@@ -23,6 +23,13 @@ fn edited(field: &str, edit: impl Fn(&mut Vec<f64>)) -> StateDict {
     let (_, mut sd) = stepped();
     let rec = sd.state[0].as_mut().unwrap();
     edit(&mut rec.buffers.get_mut(field).unwrap().data);
+    sd
+}
+
+fn reshaped(field: &str, shape: &[usize]) -> StateDict {
+    let (_, mut sd) = stepped();
+    let rec = sd.state[0].as_mut().unwrap();
+    rec.buffers.get_mut(field).unwrap().shape = shape.to_vec();
     sd
 }
 
@@ -53,6 +60,13 @@ fn bad_moments_are_refused_naming_the_parameter_and_field() {
             "exp_avg",
             edited("exp_avg", |d| d.truncate(1)),
             "needs 2 values but 1",
+        ),
+        // A shape whose element count overflows `usize` (found by the checkpoint fuzz suite:
+        // a debug-build panic computing the count).
+        (
+            "exp_avg",
+            reshaped("exp_avg", &[2, usize::MAX, 2]),
+            "overflows",
         ),
     ];
     for (field, sd, why) in cases {

@@ -200,9 +200,17 @@ fn check_config_fits(
             "conv1.weight is {found:?}, the config needs {stem:?}"
         ));
     }
-    let head = vec![config.num_classes, config.features()];
-    if let Some(found) = shape("model.fc.weight").filter(|s| *s != head) {
-        wrong.push(format!("fc.weight is {found:?}, the config needs {head:?}"));
+    match config.features() {
+        Some(features) => {
+            let head = vec![config.num_classes, features];
+            if let Some(found) = shape("model.fc.weight").filter(|s| *s != head) {
+                wrong.push(format!("fc.weight is {found:?}, the config needs {head:?}"));
+            }
+        }
+        None => wrong.push(format!(
+            "width {} is past any network's size (fc's input, 8 x width, overflows)",
+            config.width
+        )),
     }
     for (stage, &want) in config.blocks.iter().enumerate() {
         let prefix = format!("model.layer{}.", stage + 1);

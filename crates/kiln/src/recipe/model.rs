@@ -136,9 +136,10 @@ impl ModelConfig {
         [self.in_channels, self.image_size[0], self.image_size[1]]
     }
 
-    /// Input features of `fc`: the last stage's output channels.
-    pub fn features(&self) -> usize {
-        self.width * 8 * self.arch.expansion()
+    /// Input features of `fc`: the last stage's output channels (`None` when that overflows
+    /// `usize`, which only a hostile width can make).
+    pub fn features(&self) -> Option<usize> {
+        self.width.checked_mul(8 * self.arch.expansion())
     }
 
     /// Builds the network, weights drawn from kiln's default generator (seed it with
