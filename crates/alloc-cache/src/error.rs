@@ -86,6 +86,10 @@ pub struct OomReport {
     /// the backend counted at least this much free and still refused it, a limit outside the
     /// allocator (a process memory limit, the system's overcommit policy) said no.
     pub min_reservation: usize,
+    /// Address space the request's pool asked for to start its expandable segment (the
+    /// capacity with headroom), or 0 when it already had one or segments are fixed: a refusal
+    /// then says that the address space, not the memory, was refused (`ulimit -v`).
+    pub address_space: usize,
     /// The largest live blocks at the failure with what allocated them (empty when the
     /// allocation history was not being recorded).
     pub top_live: Vec<crate::history::LiveBlock>,
@@ -138,6 +142,22 @@ impl fmt::Display for OomReport {
                  wrong unit), or split the work into pieces that fit.",
                 b(self.capacity),
                 self.requested
+            );
+        }
+        if self.address_space > 0 && self.backend_free >= self.min_reservation {
+            return write!(
+                f,
+                "the system refused to reserve {} bytes of address space for the {} pool's \
+                 expandable segment (the capacity with headroom, so that holes never run it out \
+                 of addresses; none of it is memory until pages are mapped): a process \
+                 address-space limit (`ulimit -v`) is below that; raise it (`ulimit -v \
+                 unlimited`), or turn expandable_segments off (fixed segments take address \
+                 space only for the memory they hold).",
+                self.address_space,
+                match self.pool {
+                    PoolKind::Small => "small",
+                    PoolKind::Large => "large",
+                }
             );
         }
         if self.backend_free >= self.min_reservation {

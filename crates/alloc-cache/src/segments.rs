@@ -434,6 +434,13 @@ impl CachingAllocator {
             min_reservation: rounded
                 .checked_next_multiple_of(crate::sizes::ROUND_LARGE)
                 .unwrap_or(usize::MAX),
+            // No expandable segment yet for this pool: the miss began by reserving one.
+            address_space: match self.config.expandable_segments
+                && st.streams[si as usize].expandable[crate::block::pool_index(pool)] == NONE
+            {
+                true => self.address_space_bytes(),
+                false => 0,
+            },
             top_live: st
                 .history
                 .as_ref()

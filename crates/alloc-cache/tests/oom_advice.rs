@@ -163,6 +163,7 @@ fn report() -> OomReport {
         expandable_segments: false,
         expandable_supported: true,
         min_reservation: 8 * MIB,
+        address_space: 0,
         top_live: Vec::new(),
         history_recorded: false,
         plan: None,
@@ -198,6 +199,25 @@ fn each_advice_is_chosen_at_its_exact_boundary() {
         ..report()
     };
     assert!(advice(counted).starts_with("advice: the system refused to reserve 8388608 bytes"));
+    // The same refusal where the pool had no expandable segment yet: its address space.
+    let no_segment = OomReport {
+        backend_free: 8 * MIB,
+        expandable_segments: true,
+        address_space: 160 * MIB,
+        ..report()
+    };
+    assert!(advice(no_segment).starts_with(
+        "advice: the system refused to reserve 167772160 bytes of address space for the large \
+         pool's expandable segment"
+    ));
+    // ... and where memory ran short, not addresses, the advice stays the memory's.
+    let short = OomReport {
+        backend_free: 8 * MIB - 1,
+        expandable_segments: true,
+        address_space: 160 * MIB,
+        ..report()
+    };
+    assert!(!advice(short).contains("address space"));
     // Free memory adding up to exactly the request, in pieces: fragmentation.
     let pieces = OomReport {
         backend_free: 2 * MIB,
