@@ -1,10 +1,10 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
-//! kiln-models, kiln-autograd, kiln-device and kiln-alloc-cache, and random op calls checked
-//! against an f64 reference. Each target runs a fixed number of cases from a fixed
-//! seed (the same cases on every run), fails on any panic (caught per case) or wrong result
-//! (checked against a reference where one exists), and exits the process on a case running
-//! past the harness's time limit. Run it alone, under a memory limit, so an allocation sized
+//! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
+//! random op calls checked against an f64 reference. Each target runs a fixed number of cases
+//! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
+//! wrong result (checked against a reference where one exists), and exits the process on a
+//! case running past the harness's time limit. Run it alone, under a memory limit, so an allocation sized
 //! from input that slips through aborts instead of swapping:
 //!
 //! ```text
@@ -22,6 +22,7 @@ mod optim;
 mod parsers;
 mod reference;
 mod sched;
+mod snapshots;
 
 #[test]
 fn fuzz_scheduler_state_dicts() {
@@ -81,4 +82,14 @@ fn fuzz_optimizer_state_dicts() {
 #[test]
 fn fuzz_grad_scaler_states() {
     optim::grad_scaler_states(0x5eed_000c, 600);
+}
+
+#[test]
+fn fuzz_memory_snapshot_pickles() {
+    snapshots::snapshot_pickles(0x5eed_000d, 1500);
+}
+
+#[test]
+fn fuzz_allocator_settings() {
+    parsers::allocator_settings(0x5eed_000e, 600);
 }

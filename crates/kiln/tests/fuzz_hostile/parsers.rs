@@ -1,9 +1,14 @@
 //! String parsers and size arguments: `CUDA_VISIBLE_DEVICES`, `KILN_NUM_THREADS`, memory sizes,
 //! `--data`, `--optimizer`, allocation traces (replayed on hostile capacities), memory-plan
-//! budgets and summary shapes, each checked against a reference where there is one.
+//! budgets and summary shapes, `KILN_ALLOC_CONF` settings (used by an allocator), each checked
+//! against a reference where there is one.
 
 use crate::harness::{run, Outcome, Rng};
-use kiln::alloc::{replay, ReplayMode, Trace};
+use kiln::alloc::Error as AllocError;
+use kiln::alloc::{
+    replay, AllocatorConfig, CachingAllocator, HostBackend, ReplayMode, StreamId, Trace,
+    DEFAULT_HOST_PAGE,
+};
 use kiln::autograd::DType;
 use kiln::data::DataSource;
 use kiln::device::threads::{resolve_num_threads, MAX_THREADS_PER_CORE};
@@ -169,6 +174,98 @@ pub fn budgets(seed: u64, cases: usize) {
     };
     run(
         "memory-plan budgets and summary batches",
+        seed,
+        cases,
+        generate,
+        check,
+    );
+}
+
+/// `KILN_ALLOC_CONF` texts: parsed, and when accepted, used by a host allocator for three
+/// steps of allocations (planned steps, expandable pages and stitching included), checked
+/// against its own statistics: every block holds its request, and freeing all of them leaves
+/// nothing allocated.
+pub fn allocator_settings(seed: u64, cases: usize) {
+    let pieces = [
+        "expandable_segments:",
+        "page_stitching:",
+        "planned_steps:",
+        "max_split_size_mb:",
+        "roundup_power2_divisions:",
+        "garbage_collection_threshold:",
+        "host_page_kb:",
+        "True",
+        "False",
+        "1",
+        "0.8",
+        "4",
+        "64",
+        "2048",
+        "21",
+        ":",
+        ",",
+    ];
+    let generate = |rng: &mut Rng| {
+        let mut text = match rng.chance(0.5) {
+            true => hostile_text(rng, &pieces),
+            false => String::new(),
+        };
+        // Then well-formed settings, so that many texts reach the allocator.
+        for _ in 0..rng.below(4) {
+            let key = rng.pick(&pieces[..7]);
+            let value = rng.pick(&pieces[7..15]);
+            text = format!("{text},{key}{value}");
+        }
+        text
+    };
+    let sizes = [0, 1, 700, 300 << 10, 3 << 20, 25 << 20];
+    let check = |text: &String| {
+        let config = match AllocatorConfig::parse(text) {
+            Ok(c) => c,
+            Err(e) => return Outcome::from(Err::<(), _>(e)),
+        };
+        // The CPU device's allocator, built as kiln-device builds it from the same settings.
+        let backend = match config.expandable_segments {
+            true => HostBackend::new()
+                .with_page_mapping_of(config.host_page.unwrap_or(DEFAULT_HOST_PAGE))
+                .unwrap(),
+            false => HostBackend::new(),
+        };
+        let alloc = CachingAllocator::new(backend, config).unwrap();
+        for _ in 0..3 {
+            let mut live = Vec::new();
+            for &size in &sizes {
+                let raw = match alloc.allocate_raw(size, StreamId::DEFAULT) {
+                    Ok(raw) => raw,
+                    // Under `ulimit -v` (CI's fuzz step) the address space of an expandable
+                    // segment is refused, and the report must say that, not "memory".
+                    Err(AllocError::OutOfMemory(r)) if r.address_space > 0 => {
+                        assert!(r.to_string().contains("`ulimit -v`"), "{text:?}");
+                        return Outcome::Refused;
+                    }
+                    Err(e) => panic!("{text:?}: {size} bytes: {e}"),
+                };
+                assert!(raw.block_size() >= size, "{text:?}: {size} got {raw:?}");
+                live.push(raw);
+            }
+            let held: usize = live.iter().map(|r| r.block_size()).sum();
+            let stats = alloc.memory_stats();
+            assert_eq!(stats.allocated_bytes.all.current, held as i64, "{text:?}");
+            for raw in live {
+                alloc.free_raw(raw).unwrap();
+            }
+            assert_eq!(
+                alloc.memory_stats().allocated_bytes.all.current,
+                0,
+                "{text:?}"
+            );
+            alloc.mark_step().unwrap();
+        }
+        alloc.empty_cache().unwrap();
+        Outcome::Accepted
+    };
+    run(
+        "allocator settings (KILN_ALLOC_CONF)",
         seed,
         cases,
         generate,
