@@ -78,3 +78,43 @@ fn memory_sizes_parse_or_say_what_is_wrong() {
         assert!(msg.contains(says) && msg.contains("24GiB"), "{bad}: {msg}");
     }
 }
+
+/// A ResNet whose blocks' weights no memory holds is refused before its first block is made
+/// (a depth of 2^40 was built block by block for hours), naming the depth, the width and the
+/// fix; a width whose sizes overflow `usize` too; the largest normal one still builds.
+#[test]
+fn a_resnet_no_memory_holds_is_refused_before_it_is_built() {
+    use kiln_models::models::{BlockKind, ResNet, ResNetConfig, ResNetDims};
+    let config = |layers| ResNetConfig {
+        block: BlockKind::Basic,
+        layers,
+        num_classes: 10,
+        small_input: true,
+    };
+    let dims = |width| ResNetDims {
+        width,
+        in_channels: 3,
+    };
+    let started = std::time::Instant::now();
+    let msg = ResNet::with_dims(config([1 << 40, 1, 1, 1]), dims(4))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("blocks per stage [1099511627776, 1, 1, 1]")
+            && msg.contains("more than this machine's memory")
+            && msg.contains("fewer blocks or a smaller width"),
+        "{msg}"
+    );
+    let msg = ResNet::with_dims(config([1, 1, 1, 1]), dims(1 << 40))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("more than 2^64 bytes"), "{msg}");
+    assert!(
+        started.elapsed().as_secs() < 5,
+        "refusing took {:?}",
+        started.elapsed()
+    );
+    assert!(ResNet::with_dims(config([2, 2, 2, 2]), dims(64)).is_ok());
+}

@@ -225,7 +225,13 @@ fn loaders(
 /// of the run (`batches` per epoch, `accum_steps` batches a step).
 fn optimizer(config: &TrainConfig, model: &ResNet, batches: usize) -> Result<(Adam, SequentialLR)> {
     let steps_per_epoch = batches.div_ceil(config.accum_steps);
-    let total_steps = steps_per_epoch * config.epochs;
+    let total_steps = steps_per_epoch.checked_mul(config.epochs).ok_or_else(|| {
+        Error::Config(format!(
+            "--epochs {} of {steps_per_epoch} optimizer steps each is more steps than the \
+             schedule can count; pass fewer --epochs",
+            config.epochs
+        ))
+    })?;
 
     // Two parameter groups from the start: backbone (small lr) and head (large lr), one weight
     // decay. While the backbone is frozen its parameters get no gradient, so AdamW skips them
