@@ -26,6 +26,7 @@
 
 pub mod checkpoint;
 mod error;
+mod fits;
 pub mod freeze;
 pub mod functional;
 pub mod init;

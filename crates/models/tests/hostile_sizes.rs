@@ -79,12 +79,15 @@ fn memory_sizes_parse_or_say_what_is_wrong() {
     }
 }
 
-/// A ResNet whose blocks' weights no memory holds is refused before its first block is made
-/// (a depth of 2^40 was built block by block for hours), naming the depth, the width and the
-/// fix; a width whose sizes overflow `usize` too; the largest normal one still builds.
+/// A ResNet, GPT or ViT whose blocks' weights no memory holds is refused before its first
+/// block is made (a depth of 2^40 was built block by block for hours), naming the depth, the
+/// width and the fix; a width whose sizes overflow `usize` too (a debug-build panic in the GPT
+/// and the ViT before); normal ones still build.
 #[test]
-fn a_resnet_no_memory_holds_is_refused_before_it_is_built() {
-    use kiln_models::models::{BlockKind, ResNet, ResNetConfig, ResNetDims};
+fn a_model_no_memory_holds_is_refused_before_it_is_built() {
+    use kiln_models::models::{
+        BlockKind, Gpt, GptConfig, ResNet, ResNetConfig, ResNetDims, VisionTransformer, VitConfig,
+    };
     let config = |layers| ResNetConfig {
         block: BlockKind::Basic,
         layers,
@@ -111,10 +114,39 @@ fn a_resnet_no_memory_holds_is_refused_before_it_is_built() {
         .unwrap()
         .to_string();
     assert!(msg.contains("more than 2^64 bytes"), "{msg}");
+    let gpt = |n_layer, n_embd| {
+        Gpt::new(GptConfig {
+            n_layer,
+            n_embd,
+            ..GptConfig::tiny()
+        })
+    };
+    let msg = gpt(1 << 40, 16).err().unwrap().to_string();
+    assert!(
+        msg.contains("n_layer 1099511627776, n_embd 16") && msg.contains("fewer layers"),
+        "{msg}"
+    );
+    let msg = gpt(2, usize::MAX / 2).err().unwrap().to_string();
+    assert!(msg.contains("more than 2^64 bytes"), "{msg}");
+    let vit = |num_layers, hidden_dim| {
+        VisionTransformer::new(VitConfig {
+            num_layers,
+            hidden_dim,
+            ..VitConfig::tiny(10)
+        })
+    };
+    let msg = vit(1 << 40, 16).err().unwrap().to_string();
+    assert!(
+        msg.contains("num_layers 1099511627776, hidden_dim 16") && msg.contains("fewer layers"),
+        "{msg}"
+    );
+    let msg = vit(2, usize::MAX / 2).err().unwrap().to_string();
+    assert!(msg.contains("more than 2^64 bytes"), "{msg}");
     assert!(
         started.elapsed().as_secs() < 5,
         "refusing took {:?}",
         started.elapsed()
     );
     assert!(ResNet::with_dims(config([2, 2, 2, 2]), dims(64)).is_ok());
+    assert!(gpt(2, 16).is_ok() && vit(2, 16).is_ok());
 }

@@ -5,6 +5,7 @@
 //! GPT-2 does.
 
 use crate::error::{config_err, input_err};
+use crate::fits::{check_weights_fit, f32_bytes};
 use crate::init;
 use crate::layers::{
     Activation, Dropout, Embedding, LayerNorm, Linear, Sequential, TransformerEncoderLayer,
@@ -57,6 +58,16 @@ impl GptConfig {
     }
 }
 
+/// Bytes of the f32 weights of every block's attention (`4 d^2`) and feed-forward (`8 d^2`)
+/// matrices, both embeddings and the head: a lower bound on the parameters (`None`: it
+/// overflows).
+fn weight_bytes(c: &GptConfig) -> Option<usize> {
+    let d = c.n_embd;
+    let blocks = f32_bytes(d.checked_mul(d)?, 12)?.checked_mul(c.n_layer)?;
+    let rows = c.vocab_size.checked_mul(2)?.checked_add(c.block_size)?;
+    blocks.checked_add(f32_bytes(rows, d)?)
+}
+
 /// The decoder-only Transformer; `forward` takes `i64` token ids `[B, T]` and returns logits
 /// `[B, T, vocab_size]`.
 #[derive(Debug)]
@@ -87,6 +98,15 @@ impl Gpt {
                 "vocab_size, block_size and n_layer must be positive",
             ));
         }
+        check_weights_fit(
+            "Gpt",
+            weight_bytes(&c),
+            format!(
+                "n_layer {}, n_embd {}, vocab_size {} and block_size {}",
+                c.n_layer, c.n_embd, c.vocab_size, c.block_size
+            ),
+            "use fewer layers, a smaller width or a smaller vocabulary",
+        )?;
         let mut h = Sequential::new();
         for _ in 0..c.n_layer {
             let block = TransformerEncoderLayer::new(TransformerEncoderLayerConfig {

@@ -9,6 +9,7 @@
 //! grayscale or RGB networks); names follow the same rules whatever the dimensions.
 
 use crate::error::config_err;
+use crate::fits::{check_weights_fit, f32_bytes};
 use crate::init;
 use crate::layers::{
     AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Linear, MaxPool2d, ReLU, Sequential,
@@ -390,7 +391,15 @@ impl ResNet {
                 ),
             ));
         }
-        check_fits_memory(&config, &dims)?;
+        check_weights_fit(
+            "ResNet",
+            stage_weight_bytes(&config, &dims),
+            format!(
+                "width {} and blocks per stage {:?}",
+                dims.width, config.layers
+            ),
+            "use fewer blocks or a smaller width",
+        )?;
         let (conv1, maxpool) = if config.small_input {
             (conv(dims.in_channels, dims.width, 3, 1)?, None)
         } else {
@@ -406,7 +415,7 @@ impl ResNet {
         let mut in_ch = dims.width;
         let mut stages = Vec::with_capacity(STAGE_NAMES.len());
         for (i, &n) in config.layers.iter().enumerate() {
-            // In range: `check_fits_memory` computed it checked.
+            // In range: `stage_weight_bytes` computed it checked.
             let planes = dims.width << i;
             let mut stage = Sequential::new();
             for b in 0..n {
@@ -436,8 +445,7 @@ impl ResNet {
 }
 
 /// Bytes of the f32 weights of every block's 3x3 `planes -> planes` convolution (both block
-/// kinds have one): a lower bound on the network's parameters, known before anything is made.
-/// `None` when it overflows `usize`.
+/// kinds have one): a lower bound on the network's parameters. `None` when it overflows.
 fn stage_weight_bytes(config: &ResNetConfig, dims: &ResNetDims) -> Option<usize> {
     config
         .layers
@@ -445,34 +453,9 @@ fn stage_weight_bytes(config: &ResNetConfig, dims: &ResNetDims) -> Option<usize>
         .enumerate()
         .try_fold(0usize, |total, (i, &n)| {
             let planes = dims.width.checked_mul(1 << i)?;
-            let per_block = planes.checked_mul(planes)?.checked_mul(9 * 4)?;
+            let per_block = f32_bytes(planes.checked_mul(planes)?, 9)?;
             total.checked_add(per_block.checked_mul(n)?)
         })
-}
-
-/// Refuses a depth or width whose weights no memory of this machine holds, before the first
-/// block is made (the blocks are made one by one, so without it a huge depth would build for
-/// hours before memory ran out).
-fn check_fits_memory(config: &ResNetConfig, dims: &ResNetDims) -> Result<()> {
-    let memory = kiln_device::Device::Cpu
-        .memory_info()
-        .ok()
-        .and_then(|m| usize::try_from(m.total).ok());
-    let needed = stage_weight_bytes(config, dims);
-    if needed.is_some_and(|b| memory.is_none_or(|m| b <= m)) {
-        return Ok(());
-    }
-    let needed = needed.map_or("more than 2^64 bytes".to_string(), |b| format!("{b} bytes"));
-    let memory = memory.map_or(String::new(), |m| format!(" ({m} bytes)"));
-    Err(config_err(
-        "ResNet",
-        format!(
-            "width {} and blocks per stage {:?} need {needed} for the residual blocks' weights \
-             alone, more than this machine's memory{memory}; use fewer blocks or a smaller \
-             width",
-            dims.width, config.layers
-        ),
-    ))
 }
 
 /// ResNet-18 (`BasicBlock`, `[2, 2, 2, 2]`).

@@ -9,6 +9,7 @@
 //! LayerNorms use `eps = 1e-6`.
 
 use crate::error::{config_err, input_err};
+use crate::fits::{check_weights_fit, f32_bytes};
 use crate::init;
 use crate::layers::{
     Conv2d, Conv2dConfig, Dropout, LayerNorm, Linear, MultiheadAttention, Sequential, GELU,
@@ -236,6 +237,23 @@ impl Layer for Encoder {
     layer_casts!();
 }
 
+/// Bytes of the f32 weights of every block's attention (`4 d^2`) and MLP (`2 d mlp_dim`)
+/// matrices, the position embedding and the patch projection: a lower bound on the
+/// parameters (`None`: it overflows). `patch_size` must be positive.
+fn weight_bytes(c: &VitConfig) -> Option<usize> {
+    let d = c.hidden_dim;
+    let attention = d.checked_mul(d)?.checked_mul(4)?;
+    let mlp = d.checked_mul(c.mlp_dim)?.checked_mul(2)?;
+    let blocks = attention.checked_add(mlp)?.checked_mul(c.num_layers)?;
+    let side = c.image_size / c.patch_size;
+    let seq = side.checked_mul(side)?.checked_add(1)?;
+    let projection = c.patch_size.checked_mul(c.patch_size)?.checked_mul(3)?;
+    f32_bytes(
+        blocks.checked_add(seq.checked_add(projection)?.checked_mul(d)?)?,
+        1,
+    )
+}
+
 /// torchvision's `VisionTransformer`.
 #[derive(Debug)]
 pub struct VisionTransformer {
@@ -267,8 +285,22 @@ impl VisionTransformer {
                 ),
             ));
         }
+        check_weights_fit(
+            "VisionTransformer",
+            weight_bytes(&c),
+            format!(
+                "num_layers {}, hidden_dim {}, mlp_dim {} and {} patches of side {}",
+                c.num_layers,
+                c.hidden_dim,
+                c.mlp_dim,
+                c.image_size / c.patch_size,
+                c.patch_size
+            ),
+            "use fewer layers, smaller widths or larger patches",
+        )?;
         let d = c.hidden_dim;
         let p = c.patch_size;
+        // In range: `weight_bytes` computed it checked.
         let seq = (c.image_size / p).pow(2) + 1;
         let conv_proj = Conv2d::from_parts(
             init::normal(&[d, 3, p, p], 0.0, (1.0 / (3 * p * p) as f64).sqrt())?,
