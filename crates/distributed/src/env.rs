@@ -265,17 +265,19 @@ pub fn process_vars() -> BTreeMap<String, String> {
     std::env::vars().collect()
 }
 
-/// The collective timeout from [`TIMEOUT_VAR`] in `vars` (seconds, a positive number),
-/// [`DEFAULT_TIMEOUT`] when unset.
+/// The collective timeout from [`TIMEOUT_VAR`] in `vars` (seconds, from a millisecond to
+/// 1e9: a shorter one, such as `1e-300`, would be a timeout of zero that fails every
+/// collective at once), [`DEFAULT_TIMEOUT`] when unset.
 pub fn timeout_from_vars(vars: &BTreeMap<String, String>) -> Result<Duration> {
     let Some(text) = vars.get(TIMEOUT_VAR) else {
         return Ok(DEFAULT_TIMEOUT);
     };
     match text.trim().parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Duration::from_secs_f64(s)),
+        Ok(s) if (1e-3..=1e9).contains(&s) => Ok(Duration::from_secs_f64(s)),
         _ => Err(env_err(format!(
-            "{TIMEOUT_VAR}={text:?} is not a positive number of seconds; set it to how long a \
-             collective may wait for its peers, such as 300, or unset it for the default of {} s",
+            "{TIMEOUT_VAR}={text:?} is not a number of seconds from 0.001 to 1e9; set it to how \
+             long a collective may wait for its peers, such as 300, or unset it for the default \
+             of {} s",
             DEFAULT_TIMEOUT.as_secs()
         ))),
     }
@@ -470,7 +472,12 @@ mod tests {
             timeout_from_vars(&vars(&[(TIMEOUT_VAR, "2.5")])).unwrap(),
             Duration::from_millis(2500)
         );
-        for bad in ["0", "-3", "soon", "inf", "NaN"] {
+        assert_eq!(
+            timeout_from_vars(&vars(&[(TIMEOUT_VAR, "0.001")])).unwrap(),
+            Duration::from_millis(1)
+        );
+        // 1e-300 seconds was accepted as a zero timeout (found by fuzz_hostile).
+        for bad in ["0", "-3", "soon", "inf", "NaN", "1e-300", "0.0009"] {
             let msg = timeout_from_vars(&vars(&[(TIMEOUT_VAR, bad)]))
                 .unwrap_err()
                 .to_string();
