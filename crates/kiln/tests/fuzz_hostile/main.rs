@@ -93,3 +93,8 @@ fn fuzz_memory_snapshot_pickles() {
 fn fuzz_allocator_settings() {
     parsers::allocator_settings(0x5eed_000e, 600);
 }
+
+#[test]
+fn fuzz_launch_environments() {
+    parsers::launch_environments(0x5eed_000f, 2000);
+}

@@ -1,7 +1,8 @@
 //! String parsers and size arguments: `CUDA_VISIBLE_DEVICES`, `KILN_NUM_THREADS`, memory sizes,
 //! `--data`, `--optimizer`, allocation traces (replayed on hostile capacities), memory-plan
-//! budgets and summary shapes, `KILN_ALLOC_CONF` settings (used by an allocator), each checked
-//! against a reference where there is one.
+//! budgets and summary shapes, `KILN_ALLOC_CONF` settings (used by an allocator), launch
+//! environments (torchrun, MPI and Slurm variables), each checked against a reference where
+//! there is one.
 
 use crate::harness::{run, Outcome, Rng};
 use kiln::alloc::Error as AllocError;
@@ -14,8 +15,11 @@ use kiln::data::DataSource;
 use kiln::device::threads::{resolve_num_threads, MAX_THREADS_PER_CORE};
 use kiln::device::visibility::parse_selectors;
 use kiln::device::VisibleDevices;
+use kiln::distributed::env::timeout_from_vars;
+use kiln::distributed::{LaunchEnv, Launcher};
 use kiln::models::models::mlp;
 use kiln::models::{parse_memory_size, plan, summary, OptimizerKind};
+use std::collections::BTreeMap;
 
 /// A string from hostile pieces: digits, signs, separators, units, non-ASCII, long numbers.
 fn hostile_text(rng: &mut Rng, pieces: &[&str]) -> String {
@@ -271,4 +275,59 @@ pub fn allocator_settings(seed: u64, cases: usize) {
         generate,
         check,
     );
+}
+
+/// Launch environments: any subset of the variables torchrun, Open MPI, PMI and Slurm set,
+/// and `MASTER_ADDR` / `MASTER_PORT` / `KILN_DIST_TIMEOUT`, with hostile values. An accepted
+/// environment keeps `LaunchEnv`'s invariants (`rank < world_size`, `local_rank < world_size`,
+/// no launcher at all is rank 0 of 1), and a timeout is positive.
+pub fn launch_environments(seed: u64, cases: usize) {
+    let names = [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "MPI_LOCALRANKID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        kiln::distributed::env::TIMEOUT_VAR,
+    ];
+    let pieces = [
+        "0", "1", "2", "3", "-1", "65535", "65536", "0.5", "1e3", "1e-300", "inf", "nan",
+    ];
+    let generate = |rng: &mut Rng| {
+        (0..rng.below(8))
+            .map(|_| {
+                let value = match rng.chance(0.6) {
+                    true => rng.pick(&pieces).to_string(),
+                    false => hostile_text(rng, &pieces),
+                };
+                (rng.pick(&names).to_string(), value)
+            })
+            .collect::<BTreeMap<String, String>>()
+    };
+    let check = |vars: &BTreeMap<String, String>| {
+        if let Ok(t) = timeout_from_vars(vars) {
+            assert!(!t.is_zero(), "{vars:?}: timeout {t:?}");
+        }
+        let env = LaunchEnv::from_vars(vars);
+        if let Ok(env) = &env {
+            assert!(
+                env.rank < env.world_size && env.local_rank < env.world_size,
+                "{vars:?}: {env:?}"
+            );
+            if env.launcher == Launcher::Single {
+                assert_eq!((env.rank, env.world_size), (0, 1), "{vars:?}");
+            }
+        }
+        Outcome::from(env)
+    };
+    run("launch environments", seed, cases, generate, check);
 }
