@@ -16,6 +16,7 @@
 //! every seed; CI sets neither.
 
 mod data;
+mod events;
 mod harness;
 mod ops;
 mod optim;
@@ -97,4 +98,9 @@ fn fuzz_allocator_settings() {
 #[test]
 fn fuzz_launch_environments() {
     parsers::launch_environments(0x5eed_000f, 2000);
+}
+
+#[test]
+fn fuzz_tensorboard_event_files() {
+    events::tensorboard_events(0x5eed_0010, 1500);
 }
