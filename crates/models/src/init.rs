@@ -9,10 +9,19 @@ use crate::Result;
 use kiln_autograd::{DType, Device, Parameter, Tensor};
 
 /// `fan_in` and `fan_out` of a weight shape (PyTorch's `_calculate_fan_in_and_fan_out`).
+/// Saturating: a shape whose element count overflows `usize` is refused when its tensor is
+/// made, so its fans only bound an init that never happens.
 pub fn fans(shape: &[usize]) -> (usize, usize) {
-    let receptive: usize = shape.iter().skip(2).product();
-    let fan_in = shape.get(1).copied().unwrap_or(1) * receptive;
-    let fan_out = shape.first().copied().unwrap_or(1) * receptive;
+    let receptive = shape
+        .iter()
+        .skip(2)
+        .fold(1usize, |n, &d| n.saturating_mul(d));
+    let fan_in = shape.get(1).copied().unwrap_or(1).saturating_mul(receptive);
+    let fan_out = shape
+        .first()
+        .copied()
+        .unwrap_or(1)
+        .saturating_mul(receptive);
     (fan_in, fan_out)
 }
 

@@ -408,13 +408,19 @@ pub(crate) fn dense_opt<'a, T: HostElement>(
 /// A zero-filled output of `shape` in a block of the CPU allocator, for a kernel that
 /// accumulates into it.
 pub(crate) fn zeros<T: HostElement>(shape: &[usize]) -> Result<HostBuffer<T>> {
-    HostBuffer::filled(shape.iter().product(), T::zero())
+    HostBuffer::filled(output_numel(shape)?, T::zero())
+}
+
+/// The element count of an output of `shape`, checked: a shape computed from hostile settings
+/// (a huge padding) must be an error, not a wrapped count.
+fn output_numel(shape: &[usize]) -> Result<usize> {
+    crate::layout::checked_size("allocate an output", "its element count", shape)
 }
 
 /// An unfilled output of `shape` in a block of the CPU allocator, for a kernel that writes every
 /// element ([`HostBuffer::for_overwrite`]).
 pub(crate) fn for_overwrite<T: HostElement>(shape: &[usize]) -> Result<HostBuffer<T>> {
-    HostBuffer::for_overwrite(shape.iter().product())
+    HostBuffer::for_overwrite(output_numel(shape)?)
 }
 
 /// The storage variant holding `buf`.

@@ -189,8 +189,23 @@ impl Conv2d {
         let mut out = vec![x[0], w[0], 0, 0];
         for a in 0..2 {
             let c = &self.config;
-            let span = c.dilation[a] * (w[2 + a] - 1) + 1;
-            let padded = x[2 + a] + 2 * c.padding[a];
+            // Checked: hostile settings must not wrap into a small, wrong output.
+            let span = c.dilation[a]
+                .checked_mul(w[2 + a] - 1)
+                .and_then(|s| s.checked_add(1));
+            let padded = c.padding[a]
+                .checked_mul(2)
+                .and_then(|p| p.checked_add(x[2 + a]));
+            let (Some(span), Some(padded)) = (span, padded) else {
+                return Err(input_err(
+                    "Conv2d",
+                    format!(
+                        "padding {:?} or dilation {:?} of a {}x{} kernel makes a size past \
+                         usize::MAX; use the padding and dilation the model means",
+                        c.padding, c.dilation, w[2], w[3]
+                    ),
+                ));
+            };
             if padded < span {
                 return Err(input_err(
                     "Conv2d",

@@ -151,10 +151,35 @@ impl Conv2dGeometry {
                 expected,
             });
         }
+        if in_h == 0 || in_w == 0 {
+            return Err(KernelError::InvalidShape {
+                op: OP,
+                shape: input_shape.to_vec(),
+                rule: "an input plane is empty (height or width 0), so there is nothing to \
+                       convolve; pass images of at least one pixel (an empty batch, N = 0, is \
+                       allowed)"
+                    .into(),
+            });
+        }
         let mut output_size = [0; 2];
         for axis in 0..2 {
-            let window = params.dilation[axis] * ([k_h, k_w][axis] - 1) + 1;
-            let padded_input = [in_h, in_w][axis] + 2 * params.padding[axis];
+            let window = params.dilation[axis]
+                .checked_mul([k_h, k_w][axis] - 1)
+                .and_then(|w| w.checked_add(1));
+            let padded_input = params.padding[axis]
+                .checked_mul(2)
+                .and_then(|p| p.checked_add([in_h, in_w][axis]));
+            let (Some(window), Some(padded_input)) = (window, padded_input) else {
+                return Err(KernelError::InvalidShape {
+                    op: OP,
+                    shape: input_shape.to_vec(),
+                    rule: format!(
+                        "padding {:?} or dilation {:?} of a {k_h}x{k_w} kernel makes a size past \
+                         usize::MAX; use the padding and dilation the model means",
+                        params.padding, params.dilation
+                    ),
+                });
+            };
             if window > padded_input {
                 return Err(KernelError::WindowLargerThanInput {
                     op: OP,
