@@ -18,6 +18,7 @@
 mod data;
 mod events;
 mod harness;
+mod layers;
 mod ops;
 mod optim;
 mod parsers;
@@ -103,4 +104,9 @@ fn fuzz_launch_environments() {
 #[test]
 fn fuzz_tensorboard_event_files() {
     events::tensorboard_events(0x5eed_0010, 1500);
+}
+
+#[test]
+fn fuzz_layer_hyper_parameters() {
+    layers::layer_configs(0x5eed_0011, 2000);
 }
