@@ -52,8 +52,14 @@ impl MultiheadAttention {
                 ),
             ));
         }
-        let in_proj_weight = init::xavier_uniform(&[3 * embed_dim, embed_dim])?;
-        let in_proj_bias = init::constant(&[3 * embed_dim], 0.0)?;
+        let qkv = embed_dim.checked_mul(3).ok_or_else(|| {
+            config_err(
+                "MultiheadAttention",
+                format!("embed_dim {embed_dim} is past any tensor's size (3 x it overflows)"),
+            )
+        })?;
+        let in_proj_weight = init::xavier_uniform(&[qkv, embed_dim])?;
+        let in_proj_bias = init::constant(&[qkv], 0.0)?;
         let out_proj = Linear::new(embed_dim, embed_dim, true)?;
         if let Some(b) = &out_proj.bias {
             init::fill_(b, 0.0)?;
