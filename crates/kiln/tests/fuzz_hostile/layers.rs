@@ -6,7 +6,10 @@
 
 use crate::harness::{run, Outcome, Rng};
 use kiln::autograd::{DType, Device, Tensor};
-use kiln::models::layers::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};
+use kiln::models::layers::{
+    AvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Dropout, Embedding, LayerNorm, Linear, MaxPool2d,
+    MultiheadAttention,
+};
 use kiln::models::Layer;
 
 #[derive(Debug)]
@@ -124,4 +127,121 @@ pub fn layer_configs(seed: u64, cases: usize) {
         Outcome::from(backward)
     };
     run("layer hyper-parameters", seed, cases, generate, check);
+}
+
+/// The element count of `shape`, saturating (hostile shapes overflow).
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().fold(1usize, |n, &d| n.saturating_mul(d))
+}
+
+/// One of the other layers with a size, a second size and a float setting, and its input.
+#[derive(Debug)]
+pub struct OtherLayerCase {
+    kind: usize,
+    size: usize,
+    other: usize,
+    setting: f64,
+    input: Vec<usize>,
+    /// Embedding ids (a hostile one among them sometimes).
+    ids: Vec<i64>,
+}
+
+/// `Linear`, `Embedding`, `LayerNorm`, `BatchNorm2d`, `MultiheadAttention` and `Dropout` with
+/// hostile sizes and settings, forward (and backward where it runs) on a small input: the
+/// output shape is the layer's documented one.
+pub fn other_layers(seed: u64, cases: usize) {
+    let pick = |rng: &mut Rng, usual: &[usize], hostile: &[usize]| match rng.chance(0.85) {
+        true => rng.pick(usual),
+        false => rng.pick(hostile),
+    };
+    let generate = |rng: &mut Rng| {
+        let size = pick(rng, &[1, 2, 4, 6], &[0, usize::MAX / 2, usize::MAX]);
+        let other = pick(rng, &[1, 2, 3], &[0, 1 << 40]);
+        let last = pick(rng, &[size], &[size.wrapping_add(1), 0]);
+        let input = match rng.below(3) {
+            0 => vec![pick(rng, &[2, 1], &[0]), last],
+            1 => vec![pick(rng, &[2], &[0]), pick(rng, &[3, 1], &[0]), last],
+            _ => vec![2, last, pick(rng, &[2, 1], &[0]), 2],
+        };
+        OtherLayerCase {
+            kind: rng.below(6),
+            size,
+            other,
+            setting: rng.pick(&[0.0, 0.1, 0.5, 1e-5, 1.0, -0.5, f64::NAN, f64::INFINITY]),
+            ids: (0..numel(&input).min(8))
+                .map(|_| match rng.chance(0.9) {
+                    true => rng.below(2) as i64,
+                    false => rng.pick(&[-1, i64::MAX, size as i64]),
+                })
+                .collect(),
+            input,
+        }
+    };
+    let check = |c: &OtherLayerCase| {
+        // An input as large as a hostile size is refused when made.
+        let x = match Tensor::zeros(&c.input, DType::F32, Device::Cpu) {
+            Ok(x) => x.set_requires_grad(true).unwrap(),
+            Err(e) => return Outcome::from(Err::<(), _>(e)),
+        };
+        let with_last = |last: usize| {
+            let mut s = c.input.clone();
+            *s.last_mut().unwrap() = last;
+            s
+        };
+        let (result, want) = match c.kind {
+            0 => (
+                Linear::new(c.size, c.other, true).and_then(|l| l.forward(&x)),
+                with_last(c.other),
+            ),
+            1 => {
+                if numel(&c.input) != c.ids.len() {
+                    return Outcome::Refused;
+                }
+                let ids = Tensor::from_vec(c.ids.clone(), &c.input, Device::Cpu).unwrap();
+                let mut want = c.input.clone();
+                want.push(c.other);
+                let y = Embedding::new(c.size, c.other).and_then(|l| l.forward(&ids));
+                // Every id must index a row: an id out of range must be refused.
+                if y.is_ok() {
+                    assert!(
+                        c.ids.iter().all(|&i| i >= 0 && (i as usize) < c.size),
+                        "{c:?}"
+                    );
+                }
+                (y, want)
+            }
+            2 => (
+                LayerNorm::new(&[c.size], c.setting).and_then(|l| l.forward(&x)),
+                c.input.clone(),
+            ),
+            3 => (
+                BatchNorm2d::new(c.size).and_then(|l| l.forward(&x)),
+                c.input.clone(),
+            ),
+            4 => (
+                MultiheadAttention::new(c.size, c.other, 0.0).and_then(|l| l.forward(&x)),
+                c.input.clone(),
+            ),
+            _ => (
+                Dropout::new(c.setting).and_then(|l| l.forward(&x)),
+                c.input.clone(),
+            ),
+        };
+        let Ok(y) = result else {
+            return Outcome::Refused;
+        };
+        assert_eq!(y.shape(), &want[..], "{c:?}");
+        if y.requires_grad() {
+            let backward = y.sum_all().and_then(|loss| loss.backward());
+            return Outcome::from(backward);
+        }
+        Outcome::Accepted
+    };
+    run(
+        "other layers' sizes and settings",
+        seed,
+        cases,
+        generate,
+        check,
+    );
 }

@@ -110,3 +110,8 @@ fn fuzz_tensorboard_event_files() {
 fn fuzz_layer_hyper_parameters() {
     layers::layer_configs(0x5eed_0011, 2000);
 }
+
+#[test]
+fn fuzz_other_layers() {
+    layers::other_layers(0x5eed_0012, 2000);
+}
