@@ -208,7 +208,8 @@ fn check_config_fits(
             }
         }
         None => wrong.push(format!(
-            "width {} is past any network's size (fc's input, 8 x width, overflows)",
+            "width {} is past any network's size (fc's input, 8 x width x the block's \
+             expansion, overflows)",
             config.width
         )),
     }
