@@ -36,7 +36,8 @@ fn hostile_config(rng: &mut Rng, run_dir: &Path) -> TrainConfig {
     let mut c = common::tiny_config(run_dir.to_path_buf(), 7, (32, 16));
     c.blocks = [1, 1, 1, 1];
     c.epochs = or_hostile(rng, 2, &[0, 1, 3, usize::MAX]);
-    c.stop_after = Some(or_hostile(rng, 1, &[0, usize::MAX]).min(1));
+    // Never `None` or more than 1: a valid run must stay one epoch long.
+    c.stop_after = or_hostile(rng, Some(1), &[Some(0)]);
     c.batch_size = or_hostile(
         rng,
         Some(16),
