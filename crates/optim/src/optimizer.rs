@@ -17,6 +17,9 @@ use kiln_autograd::{Parameter, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
+/// The largest step count a loaded state may hold (f64 counts exactly up to it).
+const MAX_LOADED_STEP: u64 = 1 << 53;
+
 /// What every optimizer offers: a step, gradient clearing, per-group hyper-parameters (the
 /// accessors learning-rate schedulers drive) and state dicts.
 pub trait Optimizer {
@@ -479,6 +482,15 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
             let mut loaded = Vec::with_capacity(g.params.len());
             for ((n, p), rec) in g.params.iter().zip(records.by_ref()) {
                 loaded.push(match rec {
+                    // Every algorithm counts its steps in a `u64` it adds one to per step.
+                    Some(rec) if rec.step > MAX_LOADED_STEP => {
+                        return Err(Error::StateDict(format!(
+                            "parameter `{n}`: step count {} is past 2^53, more steps than any \
+                             run takes (a count that could overflow at the next step); the \
+                             state dict is corrupt, load an intact one",
+                            rec.step
+                        )));
+                    }
                     Some(rec) => {
                         let _state = optimizer_state();
                         Some(self.algorithm.load_state(rec, p).map_err(|e| match e {

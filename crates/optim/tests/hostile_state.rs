@@ -1,5 +1,6 @@
 //! Hostile state dicts: a negative second moment, a NaN moment, a value count that does not
-//! fit the shape or a shape whose element count overflows is refused by `load_state_dict`, naming the parameter and the field, and the
+//! fit the shape, a shape whose element count overflows or a step count the next step would
+//! overflow is refused by `load_state_dict`, naming the parameter and the field, and the
 //! optimizer keeps the state it had.
 
 use kiln_autograd::{Device, Parameter, Tensor};
@@ -80,6 +81,25 @@ fn bad_moments_are_refused_naming_the_parameter_and_field() {
             "a refused load changed the state"
         );
     }
+    // A step count that the next step would overflow (found by the checkpoint fuzz suite: a
+    // debug-build panic in the step, and in release a count wrapped to 0, whose bias
+    // correction divides by zero).
+    let (mut opt, good) = stepped();
+    let mut sd = good.clone();
+    sd.state[0].as_mut().unwrap().step = u64::MAX;
+    let err = opt.load_state_dict(&sd).unwrap_err().to_string();
+    assert!(
+        err.contains("parameter `w`: step count") && err.contains("past 2^53"),
+        "{err}"
+    );
+    assert_eq!(
+        opt.state_dict().unwrap(),
+        good,
+        "a refused load changed the state"
+    );
+    sd.state[0].as_mut().unwrap().step = 1 << 53;
+    opt.load_state_dict(&sd).unwrap();
+    opt.step().unwrap();
     let (mut opt, good) = stepped();
     opt.load_state_dict(&good).unwrap();
 }
