@@ -13,6 +13,9 @@ mod common;
 #[allow(dead_code)]
 #[path = "fuzz_hostile/harness.rs"]
 mod harness;
+#[allow(dead_code)]
+#[path = "fuzz_hostile/json_mutation.rs"]
+mod json_mutation;
 
 use harness::{run, Outcome, Rng};
 use kiln::autograd::{DType, Device, Tensor};
@@ -89,36 +92,6 @@ fn hostile_value(rng: &mut Rng) -> Value {
     ])
 }
 
-/// The paths (object keys and array indices) of every node under `v`.
-fn nodes(v: &Value, at: &mut Vec<Value>, out: &mut Vec<Vec<Value>>) {
-    out.push(at.clone());
-    match v {
-        Value::Object(m) => {
-            for (k, c) in m {
-                at.push(Value::from(k.as_str()));
-                nodes(c, at, out);
-                at.pop();
-            }
-        }
-        Value::Array(a) => {
-            for (i, c) in a.iter().enumerate() {
-                at.push(Value::from(i));
-                nodes(c, at, out);
-                at.pop();
-            }
-        }
-        _ => {}
-    }
-}
-
-/// The node at `path` under `v`, if the earlier changes of the case left one there.
-fn node_mut<'a>(v: &'a mut Value, path: &[Value]) -> Option<&'a mut Value> {
-    path.iter().try_fold(v, |v, key| match key {
-        Value::String(k) => v.as_object_mut()?.get_mut(k.as_str()),
-        _ => v.as_array_mut()?.get_mut(key.as_u64()? as usize),
-    })
-}
-
 /// One change to the checkpoint, drawn against the base file's structure.
 #[derive(Debug, Clone)]
 enum Mutation {
@@ -179,7 +152,7 @@ fn draw(rng: &mut Rng, base: &Parts, size: usize) -> Mutation {
             let text = base.metadata[&key].as_str().unwrap();
             let parsed: Value = serde_json::from_str(text).unwrap();
             let mut all = Vec::new();
-            nodes(&parsed, &mut Vec::new(), &mut all);
+            json_mutation::paths(&parsed, &mut Vec::new(), &mut all);
             let path = all[rng.below(all.len())].clone();
             match rng.chance(0.8) {
                 true => Mutation::MetaNode {
@@ -267,12 +240,12 @@ fn apply(base: &Parts, ms: &[Mutation]) -> Vec<u8> {
     for m in ms {
         match m {
             Mutation::MetaNode { key, path, value } => edit_meta(&mut p, key, |v| {
-                if let Some(node) = node_mut(v, path) {
+                if let Some(node) = json_mutation::at(v, path) {
                     *node = value.clone();
                 }
             }),
             Mutation::MetaArray { key, path, len } => edit_meta(&mut p, key, |v| {
-                if let Some(Value::Array(a)) = node_mut(v, path) {
+                if let Some(Value::Array(a)) = json_mutation::at(v, path) {
                     match a.last().cloned() {
                         Some(last) if *len > a.len() => a.resize(*len, last),
                         _ => a.truncate(*len),

@@ -18,6 +18,7 @@
 mod data;
 mod events;
 mod harness;
+mod json_mutation;
 mod layers;
 mod ops;
 mod optim;

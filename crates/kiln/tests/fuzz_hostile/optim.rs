@@ -1,14 +1,14 @@
 //! Optimizer and loss-scaler state dicts: a valid state of SGD (momentum, Nesterov), Adam
 //! (amsgrad) or AdamW after a few steps, or of a GradScaler after a few updates, turned into
-//! JSON, mutated (the scheduler target's mutations: hostile numbers, cut or grown lists,
-//! swapped types), read back and loaded into a fresh object of the same kind, then stepped. A
+//! JSON, mutated (`json_mutation`, as the scheduler target's: hostile numbers, cut or grown
+//! lists, swapped types), read back and loaded into a fresh object of the same kind, then stepped. A
 //! load may refuse; nothing may panic, a refused load must leave the object as it was, and an
 //! accepted one must leave it usable: steps from finite gradients keep finite parameters while
 //! every loaded number is moderate, and a scaler's scale stays finite and its growth tracker
 //! below its interval.
 
 use crate::harness::{run, Outcome, Rng};
-use crate::sched::mutate;
+use crate::json_mutation::mutate;
 use kiln::autograd::{Device, Parameter, Tensor};
 use kiln::optim::{
     Adam, AdamOptions, AdamW, GradScaler, GradScalerOptions, GradScalerState, Optimizer,

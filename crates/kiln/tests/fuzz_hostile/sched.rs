@@ -4,6 +4,7 @@
 //! panic, and a refused load must leave the scheduler as it was.
 
 use crate::harness::{run, Outcome, Rng};
+use crate::json_mutation::mutate;
 use kiln::autograd::{Device, Parameter, Tensor};
 use kiln::optim::{AdamOptions, AdamW, ParamGroup};
 use kiln::sched::{
@@ -12,7 +13,7 @@ use kiln::sched::{
     MetricScheduler, MultiStepLR, MultiplicativeLR, OneCycleLR, OneCycleOptions, ParamGroupLr,
     PlateauOptions, PolynomialLR, ReduceLROnPlateau, SequentialLR, StepLR,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 const KINDS: [&str; 16] = [
     "StepLR",
@@ -135,87 +136,6 @@ fn adamw() -> kiln::optim::Adam {
         AdamOptions::adamw(),
     )
     .unwrap()
-}
-
-/// Values that break naive code: zeros, signs, extremes, non-numbers, wrong types.
-fn hostile_value(rng: &mut Rng) -> Value {
-    match rng.below(20) {
-        0 => json!(0),
-        1 => json!(-1),
-        2 => json!(1e308),
-        3 => json!(-1e308),
-        4 => json!(5e-324),
-        5 => json!(i64::MAX),
-        6 => json!(i64::MIN),
-        7 => json!(u64::MAX),
-        8 => json!((1u64 << 53) + 1),
-        9 => json!("nan"),
-        10 => json!("inf"),
-        11 => json!("-inf"),
-        12 => Value::Null,
-        13 => json!([]),
-        14 => json!([0.1]),
-        15 => json!([0.1, 0.2, 0.3]),
-        16 => json!(true),
-        17 => json!({}),
-        18 => json!(-0.0),
-        _ => json!(rng.next_u64() as f64 / u64::MAX as f64 * 4.0 - 2.0),
-    }
-}
-
-/// Paths to every value in `v` (object keys and array indices).
-fn paths(v: &Value, prefix: &mut Vec<Value>, out: &mut Vec<Vec<Value>>) {
-    out.push(prefix.clone());
-    match v {
-        Value::Object(map) => {
-            for (k, child) in map {
-                prefix.push(json!(k));
-                paths(child, prefix, out);
-                prefix.pop();
-            }
-        }
-        Value::Array(items) => {
-            for (i, child) in items.iter().enumerate() {
-                prefix.push(json!(i));
-                paths(child, prefix, out);
-                prefix.pop();
-            }
-        }
-        _ => {}
-    }
-}
-
-fn at<'a>(v: &'a mut Value, path: &[Value]) -> &'a mut Value {
-    path.iter().fold(v, |v, key| match key {
-        Value::String(k) => &mut v[k.as_str()],
-        key => &mut v[key.as_u64().unwrap() as usize],
-    })
-}
-
-/// One to three mutations: replace a value, scale a number, cut or grow a list.
-pub fn mutate(state: &mut Value, rng: &mut Rng) {
-    for _ in 0..1 + rng.below(3) {
-        let mut all = Vec::new();
-        paths(state, &mut Vec::new(), &mut all);
-        // Skip the root and the scheduler tag most of the time, so most cases reach the checks.
-        let path = rng.pick(&all[1..]);
-        let target = at(state, &path);
-        match (rng.below(4), &mut *target) {
-            (0, Value::Number(n)) => {
-                let x = n.as_f64().unwrap_or(1.0) * rng.pick(&[-1.0, 0.0, 1e300, 1e-300, 2.0]);
-                *target = json!(x);
-            }
-            (1, Value::Array(items)) if !items.is_empty() => {
-                if rng.chance(0.5) {
-                    items.truncate(rng.below(items.len()));
-                } else {
-                    let first = items[0].clone();
-                    items.push(first);
-                }
-            }
-            _ => *target = hostile_value(rng),
-        }
-    }
 }
 
 #[derive(Debug)]
