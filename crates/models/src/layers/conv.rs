@@ -7,6 +7,8 @@ use crate::layer::any_trainable;
 use crate::trace::{Act, Tracer};
 use crate::{layer_casts, module_tree, Layer, Result};
 use kiln_autograd::{Module, Parameter, Tensor};
+use kiln_device::ops::conv::{Conv2dGeometry, Conv2dParams};
+use kiln_device::ops::KernelError;
 
 /// Options of a [`Conv2d`] beyond channels and kernel size (PyTorch's defaults: stride 1,
 /// padding 0, dilation 1, groups 1, with bias).
@@ -145,18 +147,11 @@ impl Conv2d {
     /// Reports the CUDA kernels' scratch for this call to `tracer` (the CPU's depends on the
     /// thread count and is not modelled).
     fn trace_cuda_workspace(&self, tracer: &mut Tracer, x: &Act, out: &Act) -> Result<()> {
-        let c = &self.config;
         let geometry = |shape: &[usize]| -> Option<[usize; 4]> { shape.try_into().ok() };
         let (Some(xs), Some(ws)) = (geometry(x.shape()), geometry(self.weight.shape())) else {
             return Ok(());
         };
-        let params = kiln_device::ops::conv::Conv2dParams {
-            stride: c.stride,
-            padding: c.padding,
-            dilation: c.dilation,
-            groups: c.groups,
-        };
-        let workspace = kiln_device::ops::conv::Conv2dGeometry::new(xs, ws, params)
+        let workspace = Conv2dGeometry::new(xs, ws, self.params())
             .map_err(kiln_device::Error::from)
             .and_then(|g| {
                 let mask = kiln_device::GradMask {
@@ -176,49 +171,45 @@ impl Conv2d {
         Ok(())
     }
 
-    /// Output shape for an input shape, or a message naming the mismatch.
+    /// The device's convolution parameters for this layer's settings.
+    fn params(&self) -> Conv2dParams {
+        let c = &self.config;
+        Conv2dParams {
+            stride: c.stride,
+            padding: c.padding,
+            dilation: c.dilation,
+            groups: c.groups,
+        }
+    }
+
+    /// Output shape for an input shape, or a message naming the mismatch. The sizes are kiln-
+    /// device's (`Conv2dGeometry`, the one validation every convolution goes through), so a
+    /// shape traced here is the shape the forward makes or refuses.
     pub fn output_shape(&self, x: &[usize]) -> Result<Vec<usize>> {
         let w = self.weight.shape();
         let in_ch = w[1] * self.config.groups;
-        if x.len() != 4 || x[1] != in_ch {
+        let shapes = <[usize; 4]>::try_from(x)
+            .ok()
+            .filter(|xs| xs[1] == in_ch)
+            .zip(<[usize; 4]>::try_from(w).ok());
+        let Some((xs, ws)) = shapes else {
             return Err(input_err(
                 "Conv2d",
                 format!("expected a [N, {in_ch}, H, W] input, got {x:?}"),
             ));
+        };
+        match Conv2dGeometry::new(xs, ws, self.params()) {
+            Ok(g) => Ok(g.output_shape().to_vec()),
+            Err(KernelError::WindowLargerThanInput { window, .. }) => Err(input_err(
+                "Conv2d",
+                format!(
+                    "input {x:?} with padding {:?} is smaller than the dilated kernel ({window}); \
+                     use a larger input or more padding",
+                    self.config.padding
+                ),
+            )),
+            Err(e) => Err(input_err("Conv2d", format!("input {x:?}: {e}"))),
         }
-        let mut out = vec![x[0], w[0], 0, 0];
-        for a in 0..2 {
-            let c = &self.config;
-            // Checked: hostile settings must not wrap into a small, wrong output.
-            let span = c.dilation[a]
-                .checked_mul(w[2 + a] - 1)
-                .and_then(|s| s.checked_add(1));
-            let padded = c.padding[a]
-                .checked_mul(2)
-                .and_then(|p| p.checked_add(x[2 + a]));
-            let (Some(span), Some(padded)) = (span, padded) else {
-                return Err(input_err(
-                    "Conv2d",
-                    format!(
-                        "padding {:?} or dilation {:?} of a {}x{} kernel makes a size past \
-                         usize::MAX; use the padding and dilation the model means",
-                        c.padding, c.dilation, w[2], w[3]
-                    ),
-                ));
-            };
-            if padded < span {
-                return Err(input_err(
-                    "Conv2d",
-                    format!(
-                        "input {x:?} with padding {:?} is smaller than the dilated kernel ({span}); \
-                         use a larger input or more padding",
-                        c.padding
-                    ),
-                ));
-            }
-            out[2 + a] = (padded - span) / c.stride[a] + 1;
-        }
-        Ok(out)
     }
 }
 
