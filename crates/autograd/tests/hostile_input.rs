@@ -215,3 +215,20 @@ fn a_huge_pooling_window_over_one_pixel_runs_forward_and_backward() {
     y.sum(&[], false).unwrap().backward().unwrap();
     assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
 }
+
+/// The gradient of `sum_all` over an empty tensor is an expanded (stride-0) view of no elements;
+/// backward rules that write into their incoming gradient must take it, since it shares no
+/// written place. Before, `exp(t) * (t - x)` over `[4, 4, 0]` refused it as "an expanded view".
+#[test]
+fn backward_through_empty_tensors_takes_their_expanded_gradients() {
+    for shape in [[4usize, 4, 0], [3, 0, 3]] {
+        let x = Tensor::zeros(&shape, DType::F64, Device::Cpu).unwrap();
+        x.set_requires_grad(true).unwrap();
+        let t = Tensor::zeros(&shape, DType::F64, Device::Cpu).unwrap();
+        t.set_requires_grad(true).unwrap();
+        let loss = t.exp().unwrap().mul(&t.sub(&x).unwrap()).unwrap();
+        loss.sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().shape(), &shape);
+        assert_eq!(t.grad().unwrap().shape(), &shape);
+    }
+}

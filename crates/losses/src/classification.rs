@@ -273,19 +273,23 @@ pub fn nll_loss(input: &Tensor, target: &Tensor, options: &NllLossOptions<'_>) -
     } else {
         check_label_dtype(OP, target)?;
     }
-    // Everything below runs on the input's device: ignored positions gather class 0 and get
-    // weight 0, so the loss is -w[y] * input[n, y, d] with w[y] = 0 where y == ignore_index.
+    // Everything below runs on the input's device: ignored positions gather class 0, and both
+    // what they gather and their weight are then replaced by 0 (not multiplied by it, so a NaN
+    // or infinity in class 0 or in w[0] cannot reach an ignored position's loss or the mean's
+    // denominator). The loss is -w[y] * input[n, y, d].
     let labels = target.to_dtype(DType::I64)?;
-    let kept = labels.ne_scalar(ignore as f64)?;
-    let safe = labels.masked_fill(&kept.logical_not()?, 0.0)?;
-    let picked = input.gather(1, &safe.unsqueeze(1)?)?.squeeze_dim(1)?;
-    let kept = kept.to_dtype(input.dtype())?;
+    let ignored = labels.eq_scalar(ignore as f64)?;
+    let safe = labels.masked_fill(&ignored, 0.0)?;
+    let picked = input
+        .gather(1, &safe.unsqueeze(1)?)?
+        .squeeze_dim(1)?
+        .masked_fill(&ignored, 0.0)?;
     let weights = match options.weight {
         Some(w) => w
             .index_select(0, &safe.flatten(0, -1)?)?
             .reshape_to(safe.shape())?
-            .mul(&kept)?,
-        None => kept,
+            .masked_fill(&ignored, 0.0)?,
+        None => ignored.logical_not()?.to_dtype(input.dtype())?,
     };
     let losses = picked.mul(&weights)?.neg()?;
     Ok(match options.reduction {

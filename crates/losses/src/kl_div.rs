@@ -1,9 +1,10 @@
 //! `kl_div`: PyTorch's pointwise KL divergence `target · (log target - input)` with the input in
 //! log space, composed from tensor ops.
 //!
-//! `target · log target` is PyTorch's `xlogy(target, target)`: 0 where the target is 0. It is
-//! computed as `target · log(where(target > 0, target, 1))`, so neither the value nor the
-//! gradient sees `log 0`.
+//! `target · log target` is PyTorch's `xlogy(target, target)`: 0 where the target is 0, NaN where
+//! it is negative (not a probability) or NaN. It is computed as
+//! `target · log(where(target == 0, 1, target))`, so neither the value nor the gradient sees
+//! `log 0`.
 
 use crate::targets::check_elementwise_target;
 use crate::Result;
@@ -35,8 +36,8 @@ pub fn kl_div(
     let pointwise = if log_target {
         target.exp()?.mul(&target.sub(input)?)?
     } else {
-        let positive = target.gt_scalar(0.0)?;
-        let safe = Tensor::where_(&positive, target, &target.ones_like()?)?;
+        let zero = target.eq_scalar(0.0)?;
+        let safe = Tensor::where_(&zero, &target.ones_like()?, target)?;
         target.mul(&safe.log()?)?.sub(&target.mul(input)?)?
     };
     Ok(match reduction {

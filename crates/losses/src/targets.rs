@@ -56,11 +56,20 @@ pub(crate) fn check_logits(op: &'static str, input: &Tensor, what: &str) -> Resu
             ),
         ));
     }
-    Ok(if input.rank() == 1 {
-        input.shape()[0]
-    } else {
-        input.shape()[1]
-    })
+    let class_dim = usize::from(input.rank() > 1);
+    let classes = input.shape()[class_dim];
+    if classes == 0 {
+        // PyTorch returns 0 (or NaN with label smoothing) when every target is ignored; any
+        // other target is out of range. Neither is a loss worth training on.
+        return Err(shape_err(
+            op,
+            format!(
+                "the input ({what}) of shape {:?} has no classes: its class dim {class_dim} is                  empty; pass one score per class (at least one class)",
+                input.shape()
+            ),
+        ));
+    }
+    Ok(classes)
 }
 
 /// Classifies the targets of a class-index loss, or explains the mix-up. `probabilities`: the

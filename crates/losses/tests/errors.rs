@@ -357,3 +357,19 @@ fn one_hot_rejects_bad_labels_with_value_and_position() {
         "{msg}"
     );
 }
+
+#[test]
+fn an_input_without_classes_is_refused_by_both_class_losses() {
+    // PyTorch returns 0 for [2, 0] logits when every target is ignored (NaN with smoothing).
+    for (shape, labels) in [
+        (&[2usize, 0][..], &[-100i64, -100][..]),
+        (&[0][..], &[-100][..]),
+    ] {
+        let t = ints(labels, &shape[..shape.len() - 1]);
+        let (_, msg) = err(cross_entropy(&logits(shape), &t, &Default::default()));
+        assert!(msg.contains("has no classes: its class dim"), "{msg}");
+        assert!(msg.contains("at least one class"), "{msg}");
+        let (_, msg) = err(nll_loss(&logits(shape), &t, &Default::default()));
+        assert!(msg.contains("has no classes"), "{msg}");
+    }
+}

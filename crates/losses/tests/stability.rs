@@ -125,3 +125,94 @@ fn half_precision_logits_run_in_f32_and_round_once() {
         assert_eq!(x.grad().unwrap().dtype(), dtype);
     }
 }
+
+/// Cross-entropy with class weights `[NaN, 1, 0.5]` (class 0 named by no target) over logits
+/// `[N, 3, D]` on `device`: every loss and gradient must equal the formula's without class 0's
+/// weight, `w_y (lse - z_y)` and `w_y (softmax - onehot(y))`, plain (`D = 1`) and spatial
+/// (`D = 2`, the class-major sweep). Before, the NaN reached every position through the
+/// smoothing sum's `0 · NaN`. With a probability target whose class-0 share is 0, likewise.
+fn weight_of_an_unnamed_class_stays_out_on(device: Device) {
+    let w = Tensor::from_slice(&[f64::NAN, 1.0, 0.5], &[3], device).unwrap();
+    let z = [0.5, -1.0, 2.0, 1.5, 0.25, -0.5];
+    for (shape, labels) in [(&[2usize, 3][..], [2i64, 1]), (&[1, 3, 2][..], [2, 1])] {
+        let x = Tensor::from_slice(&z, shape, device).unwrap();
+        x.set_requires_grad(true).unwrap();
+        let mut tshape = shape.to_vec();
+        tshape.remove(1);
+        let t = Tensor::from_slice(&labels, &tshape, device).unwrap();
+        let options = CrossEntropyOptions {
+            weight: Some(&w),
+            reduction: Reduction::None,
+            ..Default::default()
+        };
+        let loss = cross_entropy(&x, &t, &options).unwrap();
+        loss.sum_all().unwrap().backward().unwrap();
+        let (got, grad) = (loss.to_vec::<f64>().unwrap(), x.grad().unwrap());
+        let grad = grad.to_vec::<f64>().unwrap();
+        // Row r's logits: [N, 3] rows are contiguous; [1, 3, 2] rows are strided by 2.
+        let spatial = shape.len() == 3;
+        let at = |r: usize, k: usize| if spatial { k * 2 + r } else { r * 3 + k };
+        for (r, &y) in labels.iter().enumerate() {
+            let row: Vec<f64> = (0..3).map(|k| z[at(r, k)]).collect();
+            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+            let wy = [f64::NAN, 1.0, 0.5][y as usize];
+            assert!(
+                (got[r] - wy * (lse - row[y as usize])).abs() < 1e-12,
+                "{shape:?}: {got:?}"
+            );
+            for k in 0..3 {
+                let want = wy * ((row[k] - lse).exp() - f64::from(k == y as usize));
+                assert!((grad[at(r, k)] - want).abs() < 1e-12, "{shape:?}: {grad:?}");
+            }
+        }
+    }
+    let x = Tensor::from_slice(&z[..3], &[1, 3], device).unwrap();
+    let q = Tensor::from_slice(&[0.0, 0.25, 0.75], &[1, 3], device).unwrap();
+    let options = CrossEntropyOptions {
+        weight: Some(&w),
+        ..Default::default()
+    };
+    let loss = cross_entropy(&x, &q, &options).unwrap().item().unwrap();
+    let lse = z[..3].iter().map(|v| v.exp()).sum::<f64>().ln();
+    let want = 0.25 * (lse - z[1]) + 0.75 * 0.5 * (lse - z[2]);
+    assert!((loss - want).abs() < 1e-12, "{loss} vs {want}");
+}
+
+#[test]
+fn the_weight_of_a_class_no_target_names_stays_out_of_the_loss() {
+    weight_of_an_unnamed_class_stays_out_on(Device::Cpu);
+}
+
+#[test]
+fn the_weight_of_a_class_no_target_names_stays_out_of_the_loss_on_cuda() {
+    if let Some(cuda) = kiln_device::testing::cuda_device_or_skip() {
+        weight_of_an_unnamed_class_stays_out_on(cuda);
+    }
+}
+
+/// PyTorch values: an ignored position of `nll_loss` is 0 and adds no weight, whatever class 0
+/// holds (it gathers class 0 only as a stand-in); `kl_div`'s `xlogy(t, t)` is NaN for a
+/// negative target (not a probability) and 0 for a zero one.
+#[test]
+fn ignored_positions_and_negative_kl_targets_follow_pytorch() {
+    let x = Tensor::from_slice(&[f64::NAN, 0.5, 0.1, 0.2], &[2, 2], Device::Cpu).unwrap();
+    let y = Tensor::from_slice(&[-100i64, 1], &[2], Device::Cpu).unwrap();
+    let w = Tensor::from_slice(&[f64::NAN, 2.0], &[2], Device::Cpu).unwrap();
+    let with = |reduction| NllLossOptions {
+        weight: Some(&w),
+        reduction,
+        ..Default::default()
+    };
+    let none = nll_loss(&x, &y, &with(Reduction::None)).unwrap();
+    assert_eq!(none.to_vec::<f64>().unwrap(), [0.0, -0.4]);
+    let mean = nll_loss(&x, &y, &with(Reduction::Mean)).unwrap();
+    assert!((mean.item().unwrap() + 0.2).abs() < 1e-15);
+
+    let input = Tensor::from_slice(&[0.5, -1.0, -2.0], &[3], Device::Cpu).unwrap();
+    let target = Tensor::from_slice(&[-0.5, 0.0, 0.5], &[3], Device::Cpu).unwrap();
+    let kl = kl_div(&input, &target, KlDivReduction::None, false).unwrap();
+    let kl = kl.to_vec::<f64>().unwrap();
+    assert!(kl[0].is_nan(), "{kl:?}");
+    assert_eq!(kl[1], 0.0);
+    assert!((kl[2] - 0.5 * (0.5f64.ln() + 2.0)).abs() < 1e-15, "{kl:?}");
+}

@@ -148,7 +148,12 @@ pub fn run<I: Debug>(
         match catch_unwind(AssertUnwindSafe(|| check(&input))) {
             Ok(Outcome::Accepted) => report.accepted += 1,
             Ok(Outcome::Refused) => report.refused += 1,
-            Err(_) => report.panics.push((case, format!("{input:?}"))),
+            Err(_) => {
+                // Printed under the panic's message, so a hunt with many panics shows each
+                // message with its input (the summary below lists only the first few).
+                eprintln!("fuzz {target}: the input of case {case}: {input:?}");
+                report.panics.push((case, format!("{input:?}")))
+            }
         }
         *current.lock().unwrap_or_else(|p| p.into_inner()) = None;
         report.cases += 1;

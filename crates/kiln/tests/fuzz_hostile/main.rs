@@ -1,7 +1,7 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
 //! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
-//! random op calls checked against an f64 reference. Each target runs a fixed number of cases
+//! random op calls and kiln-losses calls checked against f64 references. Each target runs a fixed number of cases
 //! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
 //! wrong result (checked against a reference where one exists), and exits the process on a
 //! case running past the harness's time limit. Run it alone, under a memory limit, so an allocation sized
@@ -20,6 +20,8 @@ mod events;
 mod harness;
 mod json_mutation;
 mod layers;
+mod loss_reference;
+mod losses;
 mod ops;
 mod optim;
 mod parsers;
@@ -115,4 +117,9 @@ fn fuzz_layer_hyper_parameters() {
 #[test]
 fn fuzz_other_layers() {
     layers::other_layers(0x5eed_0012, 2000);
+}
+
+#[test]
+fn fuzz_loss_calls() {
+    losses::loss_calls(0x5eed_0013, 2000);
 }

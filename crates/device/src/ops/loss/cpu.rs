@@ -30,6 +30,17 @@ pub enum Targets<'a, T> {
     Probabilities(&'a [T]),
 }
 
+/// A class's coefficient `q_k · w_k`: 0 when its target share `q_k` is 0, whatever its weight,
+/// so a NaN or infinite weight of a class the target does not name cannot reach the loss (as in
+/// PyTorch). A zero coefficient then adds nothing, even where the logit is -inf (masked).
+fn share(q: f64, w: f64) -> f64 {
+    if q == 0.0 {
+        0.0
+    } else {
+        q * w
+    }
+}
+
 /// Fused softmax-cross-entropy on contiguous `[N, C, D]` `logits`: writes the per-position
 /// losses (`[N, D]`) and, when given, the per-position gradient (`[N, C, D]`); returns the
 /// denominator of `reduction='mean'`.
@@ -110,8 +121,8 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
                 }
                 let qwk = match label {
                     // Index targets: only the smoothing part runs over all classes.
-                    Some(_) => smooth * w_of(k),
-                    None => q(k) * w_of(k),
+                    Some(_) => share(smooth, w_of(k)),
+                    None => share(q(k), w_of(k)),
                 };
                 if qwk != 0.0 {
                     qwz += qwk * zk;
@@ -120,8 +131,11 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
             }
             if let Some(y) = label {
                 let wy = w_of(y);
-                qwz += (1.0 - eps) * wy * z(y);
-                qw += (1.0 - eps) * wy;
+                let qwy = share(1.0 - eps, wy);
+                if qwy != 0.0 {
+                    qwz += qwy * z(y);
+                    qw += qwy;
+                }
                 denom += wy;
             } else {
                 denom += 1.0;
@@ -132,7 +146,7 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
             if let Some(g) = grad_block.as_deref_mut() {
                 for k in 0..c {
                     let p = (z(k) - lse).exp();
-                    g[k * d + j] = T::from_f64(p * qw - q(k) * w_of(k));
+                    g[k * d + j] = T::from_f64(p * qw - share(q(k), w_of(k)));
                 }
             }
         }
@@ -216,8 +230,8 @@ impl<T: KernelFloat> Block<'_, T> {
                     sum[j] += (z - max[j]).exp();
                 }
                 let qwk = match probs {
-                    Some(p) => ((1.0 - eps) * p[k * d + j].to_f64() + smooth) * wk,
-                    None => smooth * wk,
+                    Some(p) => share((1.0 - eps) * p[k * d + j].to_f64() + smooth, wk),
+                    None => share(smooth, wk),
                 };
                 if qwk != 0.0 {
                     qwz[j] += qwk * z;
@@ -238,8 +252,11 @@ impl<T: KernelFloat> Block<'_, T> {
                 Some(l) => {
                     let y = l[j] as usize;
                     let wy = w_of(y);
-                    qwz[j] += (1.0 - eps) * wy * x[y * d + j].to_f64();
-                    qw[j] += (1.0 - eps) * wy;
+                    let qwy = share(1.0 - eps, wy);
+                    if qwy != 0.0 {
+                        qwz[j] += qwy * x[y * d + j].to_f64();
+                        qw[j] += qwy;
+                    }
                     denom += wy;
                 }
                 None => denom += 1.0,
@@ -257,7 +274,7 @@ impl<T: KernelFloat> Block<'_, T> {
                         T::ZERO
                     } else {
                         let p = (row[j].to_f64() - max[j]).exp();
-                        T::from_f64(p * qw[j] - q_of(k, j) * wk)
+                        T::from_f64(p * qw[j] - share(q_of(k, j), wk))
                     };
                 }
             }

@@ -28,6 +28,11 @@ typedef unsigned long long u64;
 #define KILN_NEG_INF __longlong_as_double(0xfff0000000000000LL)
 #define KILN_NAN __longlong_as_double(0x7ff8000000000000LL)
 
+// A class's coefficient q_k * w_k: 0 when its target share q_k is 0, whatever its weight (a NaN
+// or infinite weight of a class the target does not name must not reach the loss, as in
+// PyTorch). A zero coefficient then adds nothing, even where the logit is -inf (masked).
+__device__ __forceinline__ double share(double q, double w) { return q == 0.0 ? 0.0 : q * w; }
+
 // Running (max, sum of exp(z - max)) pairs; max = -inf means "nothing seen".
 struct MaxSum {
     double max;
@@ -116,17 +121,19 @@ __device__ void xent_index(const T* __restrict__ logits, const long long* __rest
         for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
             const double z = (double)logits[base + k * d];
             ms = push(ms, z);
-            if (smooth != 0.0) {
-                const double qwk = smooth * (double)weight[k];
+            const double qwk = share(smooth, (double)weight[k]);
+            if (qwk != 0.0) {
                 qwz += qwk * z;
                 qw += qwk;
             }
         }
         block_reduce(ms, qwz, qw);
         const double wy = (double)weight[y];
-        const double zy = (double)logits[base + (u64)y * d];
-        qwz += (1.0 - eps) * wy * zy;
-        qw += (1.0 - eps) * wy;
+        const double qwy = share(1.0 - eps, wy);
+        if (qwy != 0.0) {
+            qwz += qwy * (double)logits[base + (u64)y * d];
+            qw += qwy;
+        }
         const double lse = ms.max + log(ms.sum);
         if (threadIdx.x == 0) {
             losses[pos] = (T)(qw * lse - qwz);
@@ -136,7 +143,7 @@ __device__ void xent_index(const T* __restrict__ logits, const long long* __rest
             for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
                 const double q = smooth + ((long long)k == y ? 1.0 - eps : 0.0);
                 const double p = exp((double)logits[base + k * d] - lse);
-                grad[base + k * d] = (T)(p * qw - q * (double)weight[k]);
+                grad[base + k * d] = (T)(p * qw - share(q, (double)weight[k]));
             }
         }
     }
@@ -156,8 +163,8 @@ __device__ void xent_prob(const T* __restrict__ logits, const T* __restrict__ ta
         for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
             const double z = (double)logits[base + k * d];
             ms = push(ms, z);
-            const double qwk = ((1.0 - eps) * (double)targets[base + k * d] + smooth) *
-                               (double)weight[k];
+            const double qwk =
+                share((1.0 - eps) * (double)targets[base + k * d] + smooth, (double)weight[k]);
             if (qwk != 0.0) {  // 0 * -inf must not turn a masked class into NaN
                 qwz += qwk * z;
                 qw += qwk;
@@ -170,7 +177,7 @@ __device__ void xent_prob(const T* __restrict__ logits, const T* __restrict__ ta
             for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
                 const double q = (1.0 - eps) * (double)targets[base + k * d] + smooth;
                 const double p = exp((double)logits[base + k * d] - lse);
-                grad[base + k * d] = (T)(p * qw - q * (double)weight[k]);
+                grad[base + k * d] = (T)(p * qw - share(q, (double)weight[k]));
             }
         }
     }

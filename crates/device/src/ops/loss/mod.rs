@@ -13,6 +13,12 @@
 //! term of `cross_entropy_loss_label_smoothing`. Its gradient is
 //! `∂loss/∂z_j = softmax_j · S - q_j w_j` with `S = Σ_c q_c w_c`.
 //!
+//! A class with `q_c = 0` has coefficient `q_c w_c = 0` whatever its weight, so a NaN or infinite
+//! weight of a class the target does not name never reaches the loss or the gradient (PyTorch
+//! agrees); and a zero coefficient adds nothing even where `z_c = -inf` (a masked class), where
+//! PyTorch's `0 · -inf` gives NaN. Operands so large that `q w z` overflows `f64` (beyond about
+//! 1e154 in an `F64` call) give NaN where PyTorch's step-by-step sum may stay finite.
+//!
 //! The kernel makes one streaming pass over a row for the statistics (running maximum with the
 //! rescaled running sum of `e^{z - max}`, the "online softmax", plus `Σ q w z` and `Σ q w`), then
 //! one pass that writes the gradient; nothing of size `N·C` is stored but the gradient itself.
