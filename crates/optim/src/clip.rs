@@ -90,25 +90,29 @@ fn tensor_name(i: usize) -> String {
     format!("tensor[{i}]")
 }
 
-/// Refuses the infinity norms of a tensor with no elements, as PyTorch does: the largest (or
-/// smallest) absolute value of nothing is undefined.
+/// Refuses the norms that have no value for a tensor with no elements, as PyTorch does: the
+/// infinity norms (the largest or smallest absolute value of nothing) and the negative-`p`
+/// norms (`(sum |x|^p)^(1/p)` of nothing is `0^(1/p)`, the identity-less `1/0`).
 fn check_empty_for_inf(
     op: &'static str,
     names: Names<'_>,
     tensors: &[Tensor],
     kind: NormKind,
 ) -> Result<()> {
-    if !matches!(kind, NormKind::Inf | NormKind::NegInf) {
-        return Ok(());
-    }
+    let which = match kind {
+        NormKind::Inf => "infinity".to_string(),
+        NormKind::NegInf => "-infinity".to_string(),
+        NormKind::P(p) if p < 0.0 => format!("{p}"),
+        _ => return Ok(()),
+    };
     match tensors.iter().position(|t| t.numel() == 0) {
         None => Ok(()),
         Some(i) => Err(arg_err(
             op,
             format!(
-                "{} has no elements, and the infinity norm of an empty tensor is undefined (max \
-                 and min have no identity; PyTorch raises too); leave that parameter out, or \
-                 pass a finite norm_type such as 2.0",
+                "{} has no elements, and the {which} norm of an empty tensor is undefined (it \
+                 has no identity; PyTorch raises too); leave that parameter out, or pass a \
+                 norm_type >= 0 such as 2.0",
                 names(i)
             ),
         )),

@@ -3,8 +3,8 @@
 
 use kiln_autograd::{no_grad, DType, Device, Parameter, Tensor};
 use kiln_optim::{
-    AdamOptions, AdamW, GradScaler, GradScalerOptions, Optimizer, ParamGroup, Sgd, SgdOptions,
-    StateDict,
+    Adam, AdamOptions, AdamW, GradScaler, GradScalerOptions, Optimizer, ParamGroup, Sgd,
+    SgdOptions, StateDict,
 };
 
 mod common;
@@ -372,5 +372,45 @@ fn adamw_on_a_cuda_device_follows_the_cpu_step_for_step() {
             .iter()
             .zip(&g)
             .all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + a.abs())));
+    }
+}
+
+/// PyTorch's `exp_avg.lerp_(grad, 1 - beta1)` computes `grad - (grad - m) * beta1` for weights
+/// of 0.5 or more, so with beta1 = 0 the first moment is the gradient bit for bit, whatever came
+/// before. The one form `m + w * (grad - m)` rounded `-0.884 + (1.02e-4 + 0.884)` to 1.0198e-4
+/// in f32 (0.02 % off), and the step with it.
+fn beta1_zero_keeps_the_gradient_as_the_first_moment_on(device: Device) {
+    let steps = [[0.8843f32, -1.7], [1.02005e-4, 3.1e-5], [-2.5e-6, 1.5]];
+    for decoupled in [false, true] {
+        let p = Tensor::from_vec(vec![1.0f32, -2.0], &[2], Device::Cpu).unwrap();
+        let p = Parameter::new(p.to_device(device).unwrap()).unwrap();
+        let o = AdamOptions::default().betas((0.0, 0.9)).weight_decay(0.0);
+        let groups = vec![ParamGroup::new(vec![("p".into(), p.clone())])];
+        let mut opt: Box<dyn Optimizer> = if decoupled {
+            Box::new(AdamW::new(groups, o).unwrap())
+        } else {
+            Box::new(Adam::new(groups, o).unwrap())
+        };
+        for g in steps {
+            let t = Tensor::from_vec(g.to_vec(), &[2], Device::Cpu).unwrap();
+            p.set_grad(Some(t.to_device(device).unwrap())).unwrap();
+            opt.step().unwrap();
+            let state = opt.state_dict().unwrap();
+            let m = &state.state[0].as_ref().unwrap().buffers["exp_avg"].data;
+            let want: Vec<f64> = g.iter().map(|&x| f64::from(x)).collect();
+            assert_eq!(m, &want, "{device:?}");
+        }
+    }
+}
+
+#[test]
+fn adam_with_beta1_zero_keeps_the_gradient_as_its_first_moment() {
+    beta1_zero_keeps_the_gradient_as_the_first_moment_on(Device::Cpu);
+}
+
+#[test]
+fn adam_with_beta1_zero_keeps_the_gradient_as_its_first_moment_on_cuda() {
+    if let Some(cuda) = kiln_device::testing::cuda_device_or_skip() {
+        beta1_zero_keeps_the_gradient_as_the_first_moment_on(cuda);
     }
 }

@@ -1,6 +1,7 @@
 //! Two papercuts: bare parameter lists (`module.parameters()`) go to the clip functions and the
-//! optimizers without naming them first, and the infinity norm of an empty gradient is refused
-//! as PyTorch 2.15 refuses it, while an empty list (or no gradients) totals 0 as there.
+//! optimizers without naming them first, and the infinity and negative norms of an empty
+//! gradient are refused as PyTorch 2.15 refuses them, while an empty list (or no gradients)
+//! totals 0 as there.
 
 use kiln_autograd::{DType, Device, Parameter, Tensor};
 use kiln_optim::{
@@ -94,11 +95,17 @@ fn optimizers_take_bare_parameter_lists_and_groups_convert_from_them() {
 }
 
 #[test]
-fn the_infinity_norm_of_an_empty_gradient_is_refused_as_in_pytorch() {
+fn the_infinity_and_negative_norms_of_an_empty_gradient_are_refused_as_in_pytorch() {
     // PyTorch 2.15: clip_grad_norm_([p(2), p(0)], 1.0, norm_type=inf) raises "cannot compute
     // the infinity norm on an empty tensor because the operation does not have an identity"
-    // (-inf: the same from linalg.vector_norm), foreach or not.
-    for norm_type in [f64::INFINITY, f64::NEG_INFINITY] {
+    // (-inf and any negative p: the same from linalg.vector_norm, whose sum of |x|^p over
+    // nothing would be raised to 1/p < 0), foreach or not.
+    for (norm_type, which) in [
+        (f64::INFINITY, "infinity"),
+        (f64::NEG_INFINITY, "-infinity"),
+        (-0.5, "-0.5"),
+        (-2.0, "-2"),
+    ] {
         let ps = vec![
             param_with_grad(&[0.0, 0.0], &[3.0, 3.0]),
             param_with_grad(&[], &[]),
@@ -113,7 +120,10 @@ fn the_infinity_norm_of_an_empty_gradient_is_refused_as_in_pytorch() {
             assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
             let msg = err.to_string();
             assert!(msg.contains("param[1] has no elements"), "{msg}");
-            assert!(msg.contains("infinity norm of an empty tensor"), "{msg}");
+            assert!(
+                msg.contains(&format!("the {which} norm of an empty tensor")),
+                "{msg}"
+            );
         }
         // Refused before anything was scaled.
         assert_eq!(grads(&ps), vec![vec![3.0, 3.0], vec![]]);

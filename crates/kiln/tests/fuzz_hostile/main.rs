@@ -1,11 +1,12 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
 //! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
-//! random op calls and kiln-losses calls checked against f64 references. Each target runs a fixed number of cases
-//! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
-//! wrong result (checked against a reference where one exists), and exits the process on a
-//! case running past the harness's time limit. Run it alone, under a memory limit, so an allocation sized
-//! from input that slips through aborts instead of swapping:
+//! random op calls, kiln-losses calls and optimizer runs checked against f64 references. Each
+//! target runs a fixed number of cases from a fixed seed (the same cases on every run), fails
+//! on any panic (caught per case) or wrong result (checked against a reference where one
+//! exists), and exits the process on a case running past the harness's time limit. Run it
+//! alone, under a memory limit, so an allocation sized from input that slips through aborts
+//! instead of swapping:
 //!
 //! ```text
 //! (ulimit -v 8000000; cargo test -p kiln --test fuzz_hostile -- --nocapture)
@@ -24,6 +25,8 @@ mod loss_reference;
 mod losses;
 mod ops;
 mod optim;
+mod optim_reference;
+mod optim_runs;
 mod parsers;
 mod reference;
 mod sched;
@@ -122,4 +125,9 @@ fn fuzz_other_layers() {
 #[test]
 fn fuzz_loss_calls() {
     losses::loss_calls(0x5eed_0013, 2000);
+}
+
+#[test]
+fn fuzz_optimizer_runs() {
+    optim_runs::optimizer_runs(0x5eed_0014, 1500);
 }

@@ -217,7 +217,9 @@ extern "C" __global__ void kiln_mt_adam_f32(const KilnMtAdamTensor* tensors,
             if (decoupled) pi = pi * decay;
             if (l2) d = d + pi * weight_decay;
             float mi = m[i];
-            mi = mi + beta1_weight * (d - mi);
+            // PyTorch's lerp: the second form for a weight of 0.5 or more (exact at 1).
+            mi = fabsf(beta1_weight) < 0.5f ? mi + beta1_weight * (d - mi)
+                                            : d - (d - mi) * (1.0f - beta1_weight);
             float vi = v[i] * beta2 + beta2_weight * d * d;
             float second = vi;
             if (vmax != nullptr) {

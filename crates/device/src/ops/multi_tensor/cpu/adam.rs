@@ -4,7 +4,8 @@
 //! ```text
 //! g = grad * grad_scale (negated when maximize)
 //! Adam:  g += weight_decay * p            AdamW:  p *= 1 - lr * weight_decay
-//! m = m + (1 - beta1) * (g - m)           (lerp)
+//! m = lerp(m, g, w), w = 1 - beta1         (PyTorch's two forms: m + w * (g - m) when |w| < 0.5,
+//!                                          else g - (g - m) * (1 - w), exact at w = 1)
 //! v = beta2 * v + (1 - beta2) * g * g
 //! vmax = max(vmax, v)                     (amsgrad; the denominator then uses vmax)
 //! denom = sqrt(v) / sqrt(1 - beta2^t) + eps
@@ -34,6 +35,8 @@ struct AdamChunk<'a, T> {
 /// The per-step constants of the update, rounded to the parameter dtype.
 struct AdamConsts<T> {
     b1w: T,
+    /// `1 - b1w`, rounded in `T` as PyTorch's lerp computes it.
+    b1c: T,
     b2: T,
     b2w: T,
     eps: T,
@@ -81,8 +84,13 @@ pub(super) fn adam_pass<T: StepFloat>(
             });
         }
     }
+    let b1w = T::c(1.0 - o.beta1);
+    // PyTorch's lerp takes its second form for a weight of 0.5 or more (beta1 <= 0.5), which
+    // is exact where the first cancels (beta1 = 0: m becomes the gradient itself).
+    let small_weight = b1w.to_f64().abs() < 0.5;
     let c = AdamConsts {
-        b1w: T::c(1.0 - o.beta1),
+        b1w,
+        b1c: T::c(1.0) - b1w,
         b2: T::c(o.beta2),
         b2w: T::c(1.0 - o.beta2),
         eps: T::c(o.eps),
@@ -103,10 +111,13 @@ pub(super) fn adam_pass<T: StepFloat>(
         batches
             .into_par_iter()
             .flatten_iter()
-            .for_each(|ch| match (l2, decay) {
-                (true, _) => adam_chunk::<T, true, false>(isa, &c, ch),
-                (false, true) => adam_chunk::<T, false, true>(isa, &c, ch),
-                (false, false) => adam_chunk::<T, false, false>(isa, &c, ch),
+            .for_each(|ch| match (l2, decay, small_weight) {
+                (true, _, true) => adam_chunk::<T, true, false, true>(isa, &c, ch),
+                (false, true, true) => adam_chunk::<T, false, true, true>(isa, &c, ch),
+                (false, false, true) => adam_chunk::<T, false, false, true>(isa, &c, ch),
+                (true, _, false) => adam_chunk::<T, true, false, false>(isa, &c, ch),
+                (false, true, false) => adam_chunk::<T, false, true, false>(isa, &c, ch),
+                (false, false, false) => adam_chunk::<T, false, false, false>(isa, &c, ch),
             });
     });
     Ok(())
@@ -119,14 +130,15 @@ simd_dispatch! {
     /// and divisions per element (none is fused: Rust never contracts a multiply and an add),
     /// so the results are bitwise the same on every path, but for the sign and payload of a NaN
     /// (a NaN stays a NaN).
-    fn adam_chunk[T: StepFloat, const L2: bool, const DECAY: bool](
+    fn adam_chunk[T: StepFloat, const L2: bool, const DECAY: bool, const SMALL: bool](
         c: &AdamConsts<T>,
         ch: AdamChunk<'_, T>,
-    ) => adam_body[T, L2, DECAY];
+    ) => adam_body[T, L2, DECAY, SMALL];
 }
 
 /// The update of one chunk; `L2` adds weight decay to the gradient (Adam), `DECAY` shrinks the
-/// parameter first (AdamW). Branch-free per element so the loop vectorises.
+/// parameter first (AdamW), `SMALL` picks the first moment's lerp form (`|1 - beta1| < 0.5`).
+/// Branch-free per element so the loop vectorises.
 ///
 /// Each element's values are read once into locals and the results stored once at the end.
 /// The chunk's slices come out of a struct, so the compiler cannot know they never overlap:
@@ -134,7 +146,7 @@ simd_dispatch! {
 /// store, and on a Zen 2 CPU those loads waited on the stores before them (the allocator's
 /// blocks share their address bits below 4 KiB), which halved the step's speed.
 #[inline(always)]
-fn adam_body<T: StepFloat, const L2: bool, const DECAY: bool>(
+fn adam_body<T: StepFloat, const L2: bool, const DECAY: bool, const SMALL: bool>(
     c: &AdamConsts<T>,
     ch: AdamChunk<'_, T>,
 ) {
@@ -154,7 +166,12 @@ fn adam_body<T: StepFloat, const L2: bool, const DECAY: bool>(
         if L2 {
             d += p * c.wd;
         }
-        (p, m + c.b1w * (d - m), v * c.b2 + c.b2w * d * d)
+        let m = if SMALL {
+            m + c.b1w * (d - m)
+        } else {
+            d - (d - m) * c.b1c
+        };
+        (p, m, v * c.b2 + c.b2w * d * d)
     };
     match vmax {
         None => {
@@ -184,14 +201,20 @@ mod tests {
     use super::super::tests::{canonical_bits as bits, special_values as values};
     use super::*;
 
-    /// Runs one chunk through `step` from the same start; the parameters and moments after.
-    fn run(step: impl Fn(&AdamConsts<f32>, AdamChunk<'_, f32>), amsgrad: bool) -> [Vec<u32>; 4] {
+    /// Runs one chunk through `step` from the same start (first-moment weight `b1w`); the
+    /// parameters and moments after.
+    fn run(
+        step: impl Fn(&AdamConsts<f32>, AdamChunk<'_, f32>),
+        amsgrad: bool,
+        b1w: f32,
+    ) -> [Vec<u32>; 4] {
         // An odd length, so every path also runs its scalar tail.
         let n = 1000 + 13;
         let (mut p, g, mut m, mut v) = (values(1, n), values(2, n), values(3, n), values(4, n));
         let mut x = values(5, n);
         let c = AdamConsts {
-            b1w: 0.1,
+            b1w,
+            b1c: 1.0 - b1w,
             b2: 0.999,
             b2w: 0.001,
             eps: 1e-8,
@@ -218,21 +241,52 @@ mod tests {
         [bits(&p), bits(&m), bits(&v), bits(&x)]
     }
 
+    /// The three weight-decay variants with lerp form `SMALL`: the plain function for `None`,
+    /// else dispatched to the instruction set given.
+    fn variants<const SMALL: bool>(
+        isa: Option<Option<simd::Isa>>,
+        amsgrad: bool,
+    ) -> Vec<[Vec<u32>; 4]> {
+        let b1w = if SMALL { 0.1 } else { 0.7 };
+        match isa {
+            None => vec![
+                run(adam_body::<f32, false, true, SMALL>, amsgrad, b1w),
+                run(adam_body::<f32, true, false, SMALL>, amsgrad, b1w),
+                run(adam_body::<f32, false, false, SMALL>, amsgrad, b1w),
+            ],
+            Some(isa) => vec![
+                run(
+                    |c, ch| adam_chunk::<f32, false, true, SMALL>(isa, c, ch),
+                    amsgrad,
+                    b1w,
+                ),
+                run(
+                    |c, ch| adam_chunk::<f32, true, false, SMALL>(isa, c, ch),
+                    amsgrad,
+                    b1w,
+                ),
+                run(
+                    |c, ch| adam_chunk::<f32, false, false, SMALL>(isa, c, ch),
+                    amsgrad,
+                    b1w,
+                ),
+            ],
+        }
+    }
+
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
         for amsgrad in [false, true] {
             let base = [
-                run(adam_body::<f32, false, true>, amsgrad),
-                run(adam_body::<f32, true, false>, amsgrad),
-                run(adam_body::<f32, false, false>, amsgrad),
+                variants::<true>(None, amsgrad),
+                variants::<false>(None, amsgrad),
             ];
-            // The best instruction set, then each one this CPU has, on all three variants.
+            // The best instruction set, then each one this CPU has, on all six variants.
             let isas = std::iter::once(simd::isa()).chain(simd::available().into_iter().map(Some));
             for isa in isas {
                 let dispatched = [
-                    run(|c, ch| adam_chunk::<f32, false, true>(isa, c, ch), amsgrad),
-                    run(|c, ch| adam_chunk::<f32, true, false>(isa, c, ch), amsgrad),
-                    run(|c, ch| adam_chunk::<f32, false, false>(isa, c, ch), amsgrad),
+                    variants::<true>(Some(isa), amsgrad),
+                    variants::<false>(Some(isa), amsgrad),
                 ];
                 assert_eq!(base, dispatched, "{isa:?}, amsgrad {amsgrad}");
             }
