@@ -5,7 +5,9 @@
 //! not), permute, transpose, narrow, select, reshape (with -1), softmax, log_softmax and
 //! index_select (indices in and out of range). Where PyTorch raises, kiln must return an
 //! error; where it does not, kiln must return the reference's shape and values (f64: 1e-12,
-//! f32: 1e-5 relative). A panic, a missing error or a wrong value fails the case.
+//! f32: 1e-5 relative), and in f64 the gradients of a weighted sum of the output with respect
+//! to both operands must equal the reference's central differences (where the op is
+//! differentiable there). A panic, a missing error or a wrong value fails the case.
 
 use crate::harness::{run, Outcome, Rng};
 use crate::reference::{self as r, Nd};
@@ -29,7 +31,7 @@ pub enum Op {
     IndexSelect(isize, Vec<i64>),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct OpCase {
     dtype: DType,
     input: Nd,
@@ -266,8 +268,22 @@ fn expected(case: &OpCase) -> Option<Nd> {
 }
 
 fn actual(case: &OpCase) -> kiln::autograd::Result<Tensor> {
-    let x = input_tensor(case);
-    let other = |s: &[usize]| tensor(&Nd::new(s, case.other.clone()), case.dtype);
+    let other = match &case.op {
+        Op::Binary(_, s) | Op::Matmul(s) => {
+            Some(tensor(&Nd::new(s, case.other.clone()), case.dtype))
+        }
+        _ => None,
+    };
+    apply(case, input_tensor(case), other.as_ref())
+}
+
+/// The case's op on `x` (and the second operand `other` of a binary op or matmul).
+fn apply(case: &OpCase, x: Tensor, other: Option<&Tensor>) -> kiln::autograd::Result<Tensor> {
+    let other = |_: &[usize]| {
+        other
+            .expect("binary ops and matmul have a second operand")
+            .clone()
+    };
     match &case.op {
         Op::Unary(name) => match *name {
             "neg" => x.neg(),
@@ -332,7 +348,128 @@ fn check(case: &OpCase) -> Outcome {
                 let same = (g.is_nan() && e.is_nan()) || (g - e).abs() <= tol * e.abs().max(1.0);
                 assert!(same, "element {i}: kiln {g}, reference {e}");
             }
+            if case.dtype == DType::F64 && w.data.iter().all(|v| v.is_finite()) {
+                check_gradients(case);
+            }
             Outcome::Accepted
+        }
+    }
+}
+
+/// The weight of output element `i` in the scalar whose gradient is checked: varied (so a
+/// gradient sent to the wrong element shows) and the same on every run.
+fn weight(i: usize) -> f64 {
+    ((i * 7919) % 17) as f64 / 8.0 - 1.0
+}
+
+/// `Σ weight(i) · op(x, other)_i` by the reference.
+fn weighted_sum(case: &OpCase) -> f64 {
+    let out = expected(case).expect("a valid call stays valid");
+    out.data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| weight(i) * v)
+        .sum()
+}
+
+/// Whether the reference is differentiable at the case's point, so central differences give
+/// PyTorch's gradient: no input at a kink of abs / relu / sqrt(|x|) (x = 0), and no slice of an
+/// amax whose maximum is shared (PyTorch splits the gradient among the ties; a difference
+/// quotient gives 1/2). Ties of maximum / minimum need no exception: both give 1/2.
+fn smooth_at(case: &OpCase) -> bool {
+    match &case.op {
+        Op::Unary(name) if ["abs", "relu", "into_relu", "sqrt"].contains(name) => {
+            case.input.data.iter().all(|&v| v != 0.0)
+        }
+        Op::Amax(..) => {
+            // At a shared maximum, raising one of the tied elements moves its slice's max and
+            // lowering it does not; everywhere else both move it or neither does.
+            let base = expected(case).map(|n| n.data);
+            let moves = |i: usize, delta: f64| {
+                let mut c = case.clone();
+                c.input.data[i] += delta;
+                expected(&c).map(|n| n.data) != base
+            };
+            (0..case.input.data.len()).all(|i| moves(i, 1e-3) == moves(i, -1e-3))
+        }
+        _ => true,
+    }
+}
+
+/// kiln's gradients of `Σ weight(i) · op(x, other)_i` (f64) equal the reference's central
+/// differences, for the input (through the strided view when the case has one) and for a
+/// binary op's or matmul's second operand.
+fn check_gradients(case: &OpCase) {
+    if !smooth_at(case) {
+        return;
+    }
+    let x = &case.input;
+    let rev: Vec<isize> = (0..x.rank() as isize).rev().collect();
+    let strided = case.strided && x.rank() >= 2;
+    let leaf = match strided {
+        true => tensor(&r::permute(x, &rev).unwrap(), DType::F64),
+        false => tensor(x, DType::F64),
+    };
+    let leaf = leaf.set_requires_grad(true).unwrap();
+    let input = if strided {
+        leaf.permute(&rev).unwrap()
+    } else {
+        leaf.clone()
+    };
+    let other = match &case.op {
+        Op::Binary(_, s) | Op::Matmul(s) => Some(
+            tensor(&Nd::new(s, case.other.clone()), DType::F64)
+                .set_requires_grad(true)
+                .unwrap(),
+        ),
+        _ => None,
+    };
+    let out = apply(case, input, other.as_ref()).expect("the same call again");
+    let n = out.numel();
+    let w = Tensor::from_vec((0..n).map(weight).collect(), out.shape(), Device::Cpu).unwrap();
+    out.mul(&w)
+        .and_then(|y| y.sum_all())
+        .and_then(|l| l.backward())
+        .expect("backward");
+    let h = 1e-6;
+    let differences = |of_other: bool| -> Vec<f64> {
+        let len = if of_other {
+            case.other.len()
+        } else {
+            x.data.len()
+        };
+        (0..len)
+            .map(|k| {
+                let at = |delta: f64| {
+                    let mut c = case.clone();
+                    match of_other {
+                        true => c.other[k] += delta,
+                        false => c.input.data[k] += delta,
+                    }
+                    weighted_sum(&c)
+                };
+                (at(h) - at(-h)) / (2.0 * h)
+            })
+            .collect()
+    };
+    let mut grads = vec![(false, leaf, strided)];
+    if let Some(o) = other {
+        grads.push((true, o, false));
+    }
+    for (of_other, t, through_view) in grads {
+        let g = t.grad().expect("a gradient after backward");
+        let g = if through_view {
+            g.permute(&rev).unwrap()
+        } else {
+            g
+        };
+        let got = g.to_vec_f64().unwrap();
+        for (k, (&g, &f)) in got.iter().zip(&differences(of_other)).enumerate() {
+            let which = if of_other { "other" } else { "input" };
+            assert!(
+                (g - f).abs() <= 1e-6 * (1.0 + f.abs()),
+                "d/d{which}[{k}]: kiln {g}, differences {f}"
+            );
         }
     }
 }
