@@ -1,12 +1,12 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
 //! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
-//! random op calls, convolution and pooling calls, kiln-losses calls and optimizer runs checked
-//! against f64 references. Each target runs a fixed number of cases from a fixed seed (the
-//! same cases on every run), fails on any panic (caught per case) or wrong result (checked
-//! against a reference where one exists), and exits the process on a case running past the
-//! harness's time limit. Run it alone, under a memory limit, so an allocation sized from input
-//! that slips through aborts instead of swapping:
+//! random op calls, convolution, pooling and normalisation calls, kiln-losses calls and
+//! optimizer runs checked against f64 references. Each target runs a fixed number of cases
+//! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
+//! wrong result (checked against a reference where one exists), and exits the process on a
+//! case running past the harness's time limit. Run it alone, under a memory limit, so an
+//! allocation sized from input that slips through aborts instead of swapping:
 //!
 //! ```text
 //! (ulimit -v 8000000; cargo test -p kiln --test fuzz_hostile -- --nocapture)
@@ -24,6 +24,7 @@ mod json_mutation;
 mod layers;
 mod loss_reference;
 mod losses;
+mod norms;
 mod ops;
 mod optim;
 mod optim_reference;
@@ -136,4 +137,9 @@ fn fuzz_optimizer_runs() {
 #[test]
 fn fuzz_conv_and_pool_calls() {
     conv_pool::conv_and_pool_calls(0x5eed_0015, 1500);
+}
+
+#[test]
+fn fuzz_norm_calls() {
+    norms::norm_calls(0x5eed_0016, 1500);
 }
