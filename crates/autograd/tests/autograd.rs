@@ -294,3 +294,48 @@ fn a_very_long_graph_backprops_and_drops_without_overflowing_the_stack() {
     assert_eq!(grad(&x), vec![1.0]);
     drop(y);
 }
+
+/// PyTorch 2.15's subgradients where the functions have none: `clamp` passes the gradient only
+/// strictly inside `(min, max)` (0 at either bound; kiln's composition from `maximum` /
+/// `minimum` gave 1/2 there), and `std` of a constant slice has gradient 0 (its `std_backward`
+/// masks `g / (2 std)`; `sqrt`'s chain rule gave NaN). Values from PyTorch 2.15, f64.
+#[test]
+fn clamp_bounds_and_constant_std_take_pytorchs_subgradients() {
+    let x = Tensor::from_vec(vec![0.0f64, 0.5, 1.0, -1.0, 2.0], &[5], Device::Cpu).unwrap();
+    let x = x.set_requires_grad(true).unwrap();
+    x.clamp(0.0, 1.0)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(
+        x.grad().unwrap().to_vec::<f64>().unwrap(),
+        [0.0, 1.0, 0.0, 0.0, 0.0]
+    );
+
+    let v = vec![2.0f64, 2.0, 2.0, 1.0, 3.0, 2.0];
+    let d = Tensor::from_vec(v, &[2, 3], Device::Cpu).unwrap();
+    let d = d.set_requires_grad(true).unwrap();
+    let std = d.std(&[1], 1, false).unwrap();
+    assert_eq!(std.to_vec::<f64>().unwrap(), [0.0, 1.0]);
+    std.sum_all().unwrap().backward().unwrap();
+    let g = d.grad().unwrap().to_vec::<f64>().unwrap();
+    assert_eq!(g, [0.0, 0.0, 0.0, -0.5, 0.5, 0.0]);
+}
+
+/// `logsumexp` over an empty dim is -inf (the log of an empty sum), as PyTorch's; it was
+/// refused, since its shift by the maximum has no maximum there.
+#[test]
+fn logsumexp_over_an_empty_dim_is_minus_infinity() {
+    let x = Tensor::zeros(&[0, 3], DType::F64, Device::Cpu).unwrap();
+    let x = x.set_requires_grad(true).unwrap();
+    let y = x.logsumexp(&[0], true).unwrap();
+    assert_eq!(y.shape(), &[1, 3]);
+    assert_eq!(y.to_vec::<f64>().unwrap(), [f64::NEG_INFINITY; 3]);
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().shape(), &[0, 3]);
+    let z = Tensor::zeros(&[2, 0], DType::F64, Device::Cpu).unwrap();
+    let z = z.logsumexp(&[-1], false).unwrap();
+    assert_eq!(z.to_vec::<f64>().unwrap(), [f64::NEG_INFINITY; 2]);
+}

@@ -293,9 +293,19 @@ impl Tensor {
         self.minimum(&self.scalar_like(v)?)
     }
 
-    /// Clamps into `[min, max]`.
+    /// Clamps into `[min, max]` (`max` wins where `min > max`). The gradient passes only where
+    /// `min < self < max`, strictly, as PyTorch 2.15's does: an element at either bound gets 0
+    /// (composed from `maximum` / `minimum`, whose ties split, it got 1/2).
     pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
-        self.maximum_scalar(min)?.minimum_scalar(max)
+        let out =
+            crate::autograd::grad_mode::no_grad(|| self.maximum_scalar(min)?.minimum_scalar(max))?;
+        Ok(Tensor::record_op("ClampBackward", &[self], &out, |_| {
+            let x = self.save_for_backward();
+            Box::new(move |g| {
+                let inside = x.gt_scalar(min)?.logical_and(&x.lt_scalar(max)?)?;
+                Ok(vec![Some(g.mul(&inside.to_dtype(g.dtype())?)?)])
+            })
+        }))
     }
 
     // ----- comparisons (results are Bool, no gradient) -----

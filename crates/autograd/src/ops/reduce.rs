@@ -248,18 +248,37 @@ impl Tensor {
         centered.square()?.sum(dims, keepdim)?.div_scalar(denom)
     }
 
-    /// Standard deviation: `sqrt(var)`.
+    /// Standard deviation: `sqrt(var)`. Where it is 0 (a constant slice) the gradient is 0, as
+    /// PyTorch's `std_backward` masks it, not `0 / 0` (sqrt's own derivative there is infinite).
     pub fn std(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.var(dims, correction, keepdim)?.sqrt()
+        let var = self.var(dims, correction, keepdim)?;
+        let out = no_grad(|| var.sqrt())?;
+        Ok(Tensor::record_op("StdBackward", &[&var], &out, |_| {
+            let std = out.save_for_backward();
+            Box::new(move |g| {
+                let zero = std.eq_scalar(0.0)?;
+                Ok(vec![Some(
+                    g.div(&std.mul_scalar(2.0)?)?.masked_fill(&zero, 0.0)?,
+                )])
+            })
+        }))
     }
 
-    /// `log(sum(exp(x)))` over `dims`, computed stably (the max is subtracted first).
+    /// `log(sum(exp(x)))` over `dims`, computed stably (the max is subtracted first); -inf over
+    /// an empty dim (the log of an empty sum), as in PyTorch.
     pub fn logsumexp(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         self.check_float("logsumexp")?;
         if let Some(wide) = crate::autocast::to_f32(self)? {
             return wide.logsumexp(dims, keepdim);
         }
+        let d = resolve_dims("logsumexp", dims, self.rank())?;
         let m = no_grad(|| -> Result<Tensor> {
+            if d.iter().any(|&i| self.shape()[i] == 0) {
+                // No maximum to shift by: the shift is 0 and the sum of nothing is 0.
+                let mut kept = self.shape().to_vec();
+                d.iter().for_each(|&i| kept[i] = 1);
+                return Tensor::zeros(&kept, self.dtype(), self.device());
+            }
             let m = self.amax(dims, true)?;
             let infinite = m.abs()?.eq_scalar(f64::INFINITY)?;
             m.masked_fill(&infinite, 0.0)
@@ -268,7 +287,6 @@ impl Tensor {
         if keepdim {
             return Ok(out);
         }
-        let d = resolve_dims("logsumexp", dims, self.rank())?;
         out.reshape_to(&drop_shape(self.shape(), &d))
     }
 

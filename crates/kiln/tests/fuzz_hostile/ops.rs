@@ -1,13 +1,13 @@
 //! Random op calls against the f64 reference ([`crate::reference`]): random shapes (rank 0-4,
 //! sizes 0-4, sometimes a permuted, non-contiguous input), f32 or f64, and random ops through
 //! the public `Tensor` API: elementwise unary and binary (broadcast, sometimes incompatible),
-//! sum / mean / amax over random dims (negative, out of range, repeated), matmul (matching or
-//! not), permute, transpose, narrow, select, reshape (with -1), softmax, log_softmax and
-//! index_select (indices in and out of range). Where PyTorch raises, kiln must return an
+//! sum / mean / amax / amin / logsumexp / var / std over random dims (negative, out of range,
+//! repeated), matmul (matching or not), permute, transpose, narrow, select, reshape (with -1),
+//! softmax, log_softmax, index_select (indices in and out of range), clamp, tril and triu. Where PyTorch raises, kiln must return an
 //! error; where it does not, kiln must return the reference's shape and values (f64: 1e-12,
 //! f32: 1e-5 relative), and in f64 the gradients of a weighted sum of the output with respect
-//! to both operands must equal the reference's central differences (where the op is
-//! differentiable there). A panic, a missing error or a wrong value fails the case.
+//! to both operands must equal the reference's central differences, or PyTorch's subgradient
+//! at a kink (`input_gradient`). A panic, a missing error or a wrong value fails the case.
 
 use crate::harness::{run, Outcome, Rng};
 use crate::reference::{self as r, Nd};
@@ -29,6 +29,13 @@ pub enum Op {
     Softmax(isize),
     LogSoftmax(isize),
     IndexSelect(isize, Vec<i64>),
+    Amin(Vec<isize>, bool),
+    LogSumExp(Vec<isize>, bool),
+    /// `var` (`std` when the flag is set) over dims with a correction.
+    Var(Vec<isize>, usize, bool, bool),
+    Clamp(f64, f64),
+    /// `tril` (`triu` when the flag is set) with a diagonal offset.
+    Triangle(i64, bool),
 }
 
 #[derive(Debug, Clone)]
@@ -45,10 +52,14 @@ pub struct OpCase {
 /// `into_relu` and `into_add` are `relu` and `add` on an input handed over (written over it
 /// when it is contiguous and shapes allow, computed as the plain op otherwise).
 #[rustfmt::skip]
-const UNARY: [&str; 9] = [
+const UNARY: [&str; 17] = [
     "neg", "abs", "exp", "relu", "into_relu", "sigmoid", "tanh", "square", "sqrt",
+    "log", "rsqrt", "recip", "erf", "gelu", "gelu_tanh", "silu", "sign",
 ];
-const BINARY: [&str; 6] = ["add", "into_add", "sub", "mul", "maximum", "minimum"];
+#[rustfmt::skip]
+const BINARY: [&str; 8] = [
+    "add", "into_add", "sub", "mul", "maximum", "minimum", "div", "pow",
+];
 
 fn value(rng: &mut Rng) -> f64 {
     (rng.below(49) as f64 - 24.0) / 8.0
@@ -91,9 +102,10 @@ fn other_shape(rng: &mut Rng, s: &[usize]) -> Vec<usize> {
 
 fn generate(rng: &mut Rng) -> OpCase {
     let dtype = rng.pick(&[DType::F32, DType::F64]);
-    let kind = rng.below(14);
+    let kind = rng.below(20);
     let in_shape = match kind {
-        0 | 1 | 11 => shape(rng, 0),
+        0 | 1 | 11 | 17 => shape(rng, 0),
+        18 => shape(rng, 2),
         5 => {
             if rng.chance(0.5) {
                 shape(rng, 2)[..2].to_vec()
@@ -166,6 +178,11 @@ fn generate(rng: &mut Rng) -> OpCase {
         }
         11 => Op::Softmax(dim(rng, rank)),
         12 => Op::LogSoftmax(dim(rng, rank)),
+        14 => Op::Amin(dims(rng), rng.chance(0.5)),
+        15 => Op::LogSumExp(dims(rng), rng.chance(0.5)),
+        16 => Op::Var(dims(rng), rng.below(3), rng.chance(0.5), rng.chance(0.5)),
+        17 => Op::Clamp(value(rng), value(rng)),
+        18 => Op::Triangle(rng.below(7) as i64 - 3, rng.chance(0.5)),
         _ => {
             let d = dim(rng, rank);
             Op::IndexSelect(
@@ -214,6 +231,19 @@ fn unary(name: &str, x: f64) -> f64 {
         "sigmoid" => 1.0 / (1.0 + (-x).exp()),
         "tanh" => x.tanh(),
         "square" => x * x,
+        "log" => x.ln(),
+        "rsqrt" => 1.0 / x.sqrt(),
+        "recip" => 1.0 / x,
+        "erf" => r::erf(x),
+        "gelu" => 0.5 * x * (1.0 + r::erf(x / std::f64::consts::SQRT_2)),
+        "gelu_tanh" => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+        }
+        "silu" => x / (1.0 + (-x).exp()),
+        // PyTorch's sign: 0 at 0 (Rust's signum gives 1).
+        "sign" if x == 0.0 => 0.0,
+        "sign" => x.signum(),
         _ => x.abs().sqrt(),
     }
 }
@@ -231,7 +261,9 @@ fn expected(case: &OpCase) -> Option<Nd> {
                 "sub" => p - q,
                 "mul" => p * q,
                 "maximum" => p.max(q),
-                _ => p.min(q),
+                "minimum" => p.min(q),
+                "div" => p / q,
+                _ => p.powf(q),
             })
         }
         Op::Sum(d, k) => Some(r::reduce(x, &r::wrap_dims(d, x.rank())?, *k, |v| {
@@ -264,6 +296,38 @@ fn expected(case: &OpCase) -> Option<Nd> {
         Op::Softmax(d) => r::softmax(x, *d, false),
         Op::LogSoftmax(d) => r::softmax(x, *d, true),
         Op::IndexSelect(d, idx) => r::index_select(x, *d, idx),
+        Op::Amin(d, k) => {
+            let dims = r::wrap_dims(d, x.rank())?;
+            if dims.iter().any(|&i| x.shape[i] == 0) {
+                return None;
+            }
+            Some(r::reduce(x, &dims, *k, |v| {
+                v.iter().cloned().fold(f64::MAX, f64::min)
+            }))
+        }
+        Op::LogSumExp(d, k) => Some(r::reduce(x, &r::wrap_dims(d, x.rank())?, *k, |v| {
+            let m = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            if m == f64::NEG_INFINITY {
+                return m;
+            }
+            m + v.iter().map(|a| (a - m).exp()).sum::<f64>().ln()
+        })),
+        Op::Var(d, correction, std, k) => {
+            let dims = r::wrap_dims(d, x.rank())?;
+            Some(r::reduce(x, &dims, *k, |v| {
+                let (n, m) = (v.len() as f64, mean(v));
+                // PyTorch divides by max(0, n - correction).
+                let dof = (n - *correction as f64).max(0.0);
+                let var = v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / dof;
+                if *std {
+                    var.sqrt()
+                } else {
+                    var
+                }
+            }))
+        }
+        Op::Clamp(lo, hi) => Some(x.map(|v| v.max(*lo).min(*hi))),
+        Op::Triangle(diag, upper) => r::triangle(x, *diag, *upper),
     }
 }
 
@@ -294,6 +358,14 @@ fn apply(case: &OpCase, x: Tensor, other: Option<&Tensor>) -> kiln::autograd::Re
             "sigmoid" => x.sigmoid(),
             "tanh" => x.tanh(),
             "square" => x.square(),
+            "log" => x.log(),
+            "rsqrt" => x.rsqrt(),
+            "recip" => x.recip(),
+            "erf" => x.erf(),
+            "gelu" => x.gelu(),
+            "gelu_tanh" => x.gelu_tanh(),
+            "silu" => x.silu(),
+            "sign" => x.sign(),
             _ => x.abs()?.sqrt(),
         },
         Op::Binary(name, s) => {
@@ -304,7 +376,9 @@ fn apply(case: &OpCase, x: Tensor, other: Option<&Tensor>) -> kiln::autograd::Re
                 "sub" => x.sub(&b),
                 "mul" => x.mul(&b),
                 "maximum" => x.maximum(&b),
-                _ => x.minimum(&b),
+                "minimum" => x.minimum(&b),
+                "div" => x.div(&b),
+                _ => x.pow(&b),
             }
         }
         Op::Sum(d, k) => x.sum(d, *k),
@@ -322,6 +396,13 @@ fn apply(case: &OpCase, x: Tensor, other: Option<&Tensor>) -> kiln::autograd::Re
             let index = Tensor::from_vec(idx.clone(), &[idx.len()], Device::Cpu)?;
             x.index_select(*d, &index)
         }
+        Op::Amin(d, k) => x.amin(d, *k),
+        Op::LogSumExp(d, k) => x.logsumexp(d, *k),
+        Op::Var(d, c, false, k) => x.var(d, *c, *k),
+        Op::Var(d, c, true, k) => x.std(d, *c, *k),
+        Op::Clamp(lo, hi) => x.clamp(*lo, *hi),
+        Op::Triangle(diag, false) => x.tril(*diag),
+        Op::Triangle(diag, true) => x.triu(*diag),
     }
 }
 
@@ -345,7 +426,8 @@ fn check(case: &OpCase) -> Outcome {
                 1e-5
             };
             for (i, (&g, &e)) in got.iter().zip(&w.data).enumerate() {
-                let same = (g.is_nan() && e.is_nan()) || (g - e).abs() <= tol * e.abs().max(1.0);
+                let same =
+                    g == e || (g.is_nan() && e.is_nan()) || (g - e).abs() <= tol * e.abs().max(1.0);
                 assert!(same, "element {i}: kiln {g}, reference {e}");
             }
             if case.dtype == DType::F64 && w.data.iter().all(|v| v.is_finite()) {
@@ -372,27 +454,42 @@ fn weighted_sum(case: &OpCase) -> f64 {
         .sum()
 }
 
-/// Whether the reference is differentiable at the case's point, so central differences give
-/// PyTorch's gradient: no input at a kink of abs / relu / sqrt(|x|) (x = 0), and no slice of an
-/// amax whose maximum is shared (PyTorch splits the gradient among the ties; a difference
-/// quotient gives 1/2). Ties of maximum / minimum need no exception: both give 1/2.
-fn smooth_at(case: &OpCase) -> bool {
+/// Whether the case's gradient can be checked: central differences give PyTorch's gradient
+/// wherever the op is smooth, and [`input_gradient`] writes PyTorch's subgradient at the kinks
+/// it knows. Left out: `sqrt(|x|)` at 0 (PyTorch's `0 · inf` is NaN), and `pow` with a base at
+/// or below 0 (the gradient with respect to the exponent is NaN there).
+fn checkable(case: &OpCase) -> bool {
     match &case.op {
-        Op::Unary(name) if ["abs", "relu", "into_relu", "sqrt"].contains(name) => {
-            case.input.data.iter().all(|&v| v != 0.0)
-        }
-        Op::Amax(..) => {
-            // At a shared maximum, raising one of the tied elements moves its slice's max and
-            // lowering it does not; everywhere else both move it or neither does.
-            let base = expected(case).map(|n| n.data);
-            let moves = |i: usize, delta: f64| {
-                let mut c = case.clone();
-                c.input.data[i] += delta;
-                expected(&c).map(|n| n.data) != base
-            };
-            (0..case.input.data.len()).all(|i| moves(i, 1e-3) == moves(i, -1e-3))
-        }
+        Op::Unary("sqrt") => case.input.data.iter().all(|&v| v != 0.0),
+        Op::Binary("pow", _) => case.input.data.iter().all(|&v| v > 0.0),
         _ => true,
+    }
+}
+
+/// PyTorch's gradient of `Σ weight(i) · op(x, other)_i` with respect to the input: central
+/// differences (`differences`), except at kinks, where PyTorch defines it: `abs`, `relu` and
+/// `sign` give 0 at 0; `clamp` passes it only strictly inside `(min, max)`; `amax` / `amin`
+/// split it evenly among tied extremes.
+fn input_gradient(case: &OpCase, differences: Vec<f64>) -> Vec<f64> {
+    let x = &case.input;
+    match &case.op {
+        Op::Amax(d, _) | Op::Amin(d, _) => {
+            let dims = r::wrap_dims(d, x.rank()).expect("a valid call");
+            r::extreme_gradient(x, &dims, matches!(case.op, Op::Amin(..)), weight)
+        }
+        Op::Unary(name) if ["abs", "relu", "into_relu", "sign"].contains(name) => x
+            .data
+            .iter()
+            .zip(differences)
+            .map(|(&v, f)| if v == 0.0 { 0.0 } else { f })
+            .collect(),
+        Op::Clamp(lo, hi) => x
+            .data
+            .iter()
+            .zip(differences)
+            .map(|(&v, f)| if v == *lo || v == *hi { 0.0 } else { f })
+            .collect(),
+        _ => differences,
     }
 }
 
@@ -400,7 +497,7 @@ fn smooth_at(case: &OpCase) -> bool {
 /// differences, for the input (through the strided view when the case has one) and for a
 /// binary op's or matmul's second operand.
 fn check_gradients(case: &OpCase) {
-    if !smooth_at(case) {
+    if !checkable(case) {
         return;
     }
     let x = &case.input;
@@ -464,7 +561,11 @@ fn check_gradients(case: &OpCase) {
             g
         };
         let got = g.to_vec_f64().unwrap();
-        for (k, (&g, &f)) in got.iter().zip(&differences(of_other)).enumerate() {
+        let want = match of_other {
+            true => differences(true),
+            false => input_gradient(case, differences(false)),
+        };
+        for (k, (&g, &f)) in got.iter().zip(&want).enumerate() {
             let which = if of_other { "other" } else { "input" };
             assert!(
                 (g - f).abs() <= 1e-6 * (1.0 + f.abs()),

@@ -20,7 +20,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// Every multi-index of `shape`, in row-major order.
-fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
+pub fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
     let n: usize = shape.iter().product();
     let st = strides(shape);
     (0..n)
@@ -277,4 +277,73 @@ pub fn index_select(x: &Nd, dim: isize, index: &[i64]) -> Option<Nd> {
         idx[d] = index[o[d]] as usize;
         x.get(&idx)
     }))
+}
+
+/// `erf` by its Taylor series (the test's values lie in [-3, 3], where 80 terms reach f64's
+/// precision to a few ulps).
+pub fn erf(x: f64) -> f64 {
+    let (mut term, mut sum) = (x, x);
+    for n in 1..80 {
+        term *= -x * x / n as f64;
+        sum += term / (2 * n + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+/// `tril` (`upper`: `triu`) of the last two dims, keeping `j - i <= diag` (`>= diag`); `None`
+/// below two dims, where PyTorch raises.
+pub fn triangle(x: &Nd, diag: i64, upper: bool) -> Option<Nd> {
+    let r = x.rank();
+    if r < 2 {
+        return None;
+    }
+    Some(Nd::from_fn(&x.shape, |i| {
+        let off = i[r - 1] as i64 - i[r - 2] as i64;
+        let keep = if upper { off >= diag } else { off <= diag };
+        if keep {
+            x.get(i)
+        } else {
+            0.0
+        }
+    }))
+}
+
+/// The gradient of `Σ w_o · extreme(x over dims)_o` (`amax`, or `amin` when `min`) that PyTorch
+/// gives: each output's weight split evenly among the elements that reach its extreme.
+pub fn extreme_gradient(x: &Nd, dims: &[usize], min: bool, w: impl Fn(usize) -> f64) -> Vec<f64> {
+    let pick = |v: &[f64]| {
+        let f = if min { f64::min } else { f64::max };
+        v.iter().cloned().reduce(f).unwrap_or(f64::NAN)
+    };
+    let kept = reduce(x, dims, true, pick);
+    let kept_strides = strides(&kept.shape);
+    let slot = |i: &[usize]| -> usize {
+        i.iter()
+            .enumerate()
+            .map(|(d, &v)| {
+                if dims.contains(&d) {
+                    0
+                } else {
+                    v * kept_strides[d]
+                }
+            })
+            .sum()
+    };
+    let all = indices(&x.shape);
+    let mut ties = vec![0usize; kept.data.len()];
+    for i in &all {
+        if x.get(i) == kept.data[slot(i)] {
+            ties[slot(i)] += 1;
+        }
+    }
+    all.iter()
+        .map(|i| {
+            let o = slot(i);
+            if x.get(i) == kept.data[o] {
+                w(o) / ties[o] as f64
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
