@@ -64,7 +64,8 @@ pub(crate) fn check_logits(op: &'static str, input: &Tensor, what: &str) -> Resu
         return Err(shape_err(
             op,
             format!(
-                "the input ({what}) of shape {:?} has no classes: its class dim {class_dim} is                  empty; pass one score per class (at least one class)",
+                "the input ({what}) of shape {:?} has no classes: its class dim {class_dim} is \
+                 empty; pass one score per class (at least one class)",
                 input.shape()
             ),
         ));

@@ -368,6 +368,7 @@ fn an_input_without_classes_is_refused_by_both_class_losses() {
         let t = ints(labels, &shape[..shape.len() - 1]);
         let (_, msg) = err(cross_entropy(&logits(shape), &t, &Default::default()));
         assert!(msg.contains("has no classes: its class dim"), "{msg}");
+        assert!(msg.contains(" is empty; pass one score per class"), "{msg}");
         assert!(msg.contains("at least one class"), "{msg}");
         let (_, msg) = err(nll_loss(&logits(shape), &t, &Default::default()));
         assert!(msg.contains("has no classes"), "{msg}");

@@ -93,7 +93,7 @@ fn tensor_name(i: usize) -> String {
 /// Refuses the norms that have no value for a tensor with no elements, as PyTorch does: the
 /// infinity norms (the largest or smallest absolute value of nothing) and the negative-`p`
 /// norms (`(sum |x|^p)^(1/p)` of nothing is `0^(1/p)`, the identity-less `1/0`).
-fn check_empty_for_inf(
+fn check_norm_of_empty(
     op: &'static str,
     names: Names<'_>,
     tensors: &[Tensor],
@@ -122,7 +122,7 @@ fn check_empty_for_inf(
 /// The norm of each tensor, in one fused pass (host tensors).
 pub fn per_tensor_norms(tensors: &[Tensor], norm_type: f64) -> Result<Vec<f64>> {
     let kind = norm_kind("get_total_norm", norm_type)?;
-    check_empty_for_inf("get_total_norm", &tensor_name, tensors, kind)?;
+    check_norm_of_empty("get_total_norm", &tensor_name, tensors, kind)?;
     with_operands(tensors, |ops| {
         Ok(multi_tensor::per_tensor_norms("get_total_norm", ops, kind)?)
     })
@@ -145,7 +145,7 @@ fn total_norm_named(
     if tensors.is_empty() {
         return Ok(0.0);
     }
-    check_empty_for_inf("clip_grad_norm_", names, tensors, kind)?;
+    check_norm_of_empty("clip_grad_norm_", names, tensors, kind)?;
     let norm = checked_global_norm(
         names,
         tensors,
@@ -272,7 +272,7 @@ fn clip_by_global_norm(
     max_norm: f64,
     error_if_nonfinite: bool,
 ) -> Result<GlobalNorm> {
-    check_empty_for_inf("clip_grad_norm_", names, grads, kind)?;
+    check_norm_of_empty("clip_grad_norm_", names, grads, kind)?;
     let device = grads.first().map_or(Device::Cpu, Tensor::device);
     let (norm, refused) = kiln_autograd::on_cpu_pool(device, || {
         with_operands_maybe_mut(grads, |ops| {
