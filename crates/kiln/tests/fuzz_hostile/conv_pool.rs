@@ -15,7 +15,8 @@
 //! returns an empty tensor). An input plane with a zero side is refused by both.
 
 use crate::harness::{run, Outcome, Rng};
-use kiln::autograd::{AvgPool2dParams, Conv2dParams, DType, Device, MaxPool2dParams, Tensor};
+use crate::numeric::{assert_close, float_tensor, upstream};
+use kiln::autograd::{AvgPool2dParams, Conv2dParams, Device, MaxPool2dParams, Tensor};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Kind {
@@ -59,11 +60,6 @@ struct Reference {
     gx: Vec<f64>,
     gw: Vec<f64>,
     gb: Vec<f64>,
-}
-
-/// The upstream gradient `G` at output element `i`: varied and the same on every run.
-fn upstream(i: usize) -> f64 {
-    ((i * 7919) % 13) as f64 / 6.0 - 1.0
 }
 
 /// PyTorch's pooling output side (`pooling_output_shape`, floor division of a signed
@@ -398,26 +394,10 @@ fn generate(rng: &mut Rng) -> ConvPoolCase {
     }
 }
 
-fn tensor(v: &[f64], shape: &[usize], f32: bool) -> Tensor {
-    let t = Tensor::from_vec(v.to_vec(), shape, Device::Cpu).unwrap();
-    let t = t
-        .to_dtype(if f32 { DType::F32 } else { DType::F64 })
-        .unwrap();
-    t.set_requires_grad(true).unwrap()
-}
-
-fn close(what: &str, got: &[f64], want: &[f64], f32: bool) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
-    let tol = if f32 { 1e-4 } else { 1e-10 } * scale;
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol, "{what}[{i}]: kiln {g}, reference {w}");
-    }
-}
-
 fn check(case: &ConvPoolCase) -> Outcome {
     let want = reference(case);
-    let x = tensor(&case.x, &case.input, case.f32);
+    let tol = if case.f32 { 1e-4 } else { 1e-10 };
+    let x = float_tensor(&case.x, &case.input, case.f32, true);
     let (k, s, p, d) = (case.kernel, case.stride, case.padding, case.dilation);
     let mut params = vec![];
     let got = match case.kind {
@@ -427,8 +407,8 @@ fn check(case: &ConvPoolCase) -> Outcome {
             weight_in,
             bias,
         } => {
-            let w = tensor(&case.w, &[out_ch, weight_in, k[0], k[1]], case.f32);
-            let b = bias.then(|| tensor(&case.b, &[out_ch], case.f32));
+            let w = float_tensor(&case.w, &[out_ch, weight_in, k[0], k[1]], case.f32, true);
+            let b = bias.then(|| float_tensor(&case.b, &[out_ch], case.f32, true));
             let conv = Conv2dParams {
                 stride: s,
                 padding: p,
@@ -467,7 +447,7 @@ fn check(case: &ConvPoolCase) -> Outcome {
         (Some(r), Err(e)) => panic!("kiln refused a valid call (reference {:?}): {e}", r.shape),
         (Some(r), Ok(out)) => {
             assert_eq!(out.shape(), &r.shape[..], "output shape");
-            close("output", &out.to_vec_f64().unwrap(), &r.out, case.f32);
+            assert_close("output", &out.to_vec_f64().unwrap(), &r.out, tol);
             let n = out.numel();
             let g: Vec<f64> = (0..n).map(upstream).collect();
             let g = Tensor::from_vec(g, out.shape(), Device::Cpu).unwrap();
@@ -480,12 +460,12 @@ fn check(case: &ConvPoolCase) -> Outcome {
         }
     };
     let grad = |t: &Tensor| t.grad().expect("a gradient").to_vec_f64().unwrap();
-    close("d/dinput", &grad(&x), &want.gx, case.f32);
+    assert_close("d/dinput", &grad(&x), &want.gx, tol);
     if let Some(w) = params.first() {
-        close("d/dweight", &grad(w), &want.gw, case.f32);
+        assert_close("d/dweight", &grad(w), &want.gw, tol);
     }
     if let Some(b) = params.get(1) {
-        close("d/dbias", &grad(b), &want.gb, case.f32);
+        assert_close("d/dbias", &grad(b), &want.gb, tol);
     }
     Outcome::Accepted
 }

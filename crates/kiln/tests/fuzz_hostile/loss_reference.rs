@@ -130,6 +130,12 @@ fn index_targets(case: &LossCase, positions: &[usize]) -> Option<Vec<f64>> {
     (t.kind.is_index() && t.shape == positions).then(|| t.values.clone())
 }
 
+/// Whether every label is `ignore` or a class in `[0, classes)`.
+fn labels_valid(labels: &[f64], ignore: i64, classes: usize) -> bool {
+    let valid = |y: f64| y == ignore as f64 || (y >= 0.0 && y < classes as f64);
+    labels.iter().all(|&y| valid(y))
+}
+
 /// Class weights `[C]` of the input's kind, or all ones; `None` when the weight is refused.
 fn class_weights(case: &LossCase, classes: usize) -> Option<Vec<f64>> {
     match &case.weight {
@@ -165,11 +171,8 @@ fn cross_entropy(case: &LossCase, ignore: i64, eps: f64) -> Expected {
     if labels.is_none() && !probabilities {
         return Expected::Refused;
     }
-    if let Some(l) = &labels {
-        let bad = |y: f64| y != ignore as f64 && !(y >= 0.0 && y < c as f64);
-        if l.iter().any(|&y| bad(y)) {
-            return Expected::Refused;
-        }
+    if labels.as_ref().is_some_and(|l| !labels_valid(l, ignore, c)) {
+        return Expected::Refused;
     }
     let at = |i: usize, k: usize, j: usize| i * c * d + k * d + j;
     let (mut losses, mut denominator) = (Vec::with_capacity(n * d), 0.0);
@@ -220,8 +223,7 @@ fn nll(case: &LossCase, ignore: i64) -> Expected {
     let (Some(labels), Some(w)) = (index_targets(case, &positions), class_weights(case, c)) else {
         return Expected::Refused;
     };
-    let bad = |y: f64| y != ignore as f64 && !(y >= 0.0 && y < c as f64);
-    if labels.iter().any(|&y| bad(y)) {
+    if !labels_valid(&labels, ignore, c) {
         return Expected::Refused;
     }
     let (mut losses, mut denominator) = (Vec::with_capacity(n * d), 0.0);

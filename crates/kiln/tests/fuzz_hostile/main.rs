@@ -25,6 +25,7 @@ mod layers;
 mod loss_reference;
 mod losses;
 mod norms;
+mod numeric;
 mod ops;
 mod optim;
 mod optim_reference;

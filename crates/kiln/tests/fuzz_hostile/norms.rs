@@ -15,7 +15,8 @@
 //! the running statistics alone).
 
 use crate::harness::{run, Outcome, Rng};
-use kiln::autograd::{BatchNormOptions, DType, Device, Tensor};
+use crate::numeric::{assert_close, float_tensor, round_to, upstream};
+use kiln::autograd::{BatchNormOptions, Device, Tensor};
 
 #[derive(Debug, Clone)]
 pub struct NormCase {
@@ -36,18 +37,6 @@ pub struct NormCase {
 
 /// Output, then (batch norm, training) the running statistics after the update.
 type Expected = (Vec<f64>, Option<(Vec<f64>, Vec<f64>)>);
-
-fn upstream(i: usize) -> f64 {
-    ((i * 7919) % 13) as f64 / 6.0 - 1.0
-}
-
-fn round(f32: bool, v: f64) -> f64 {
-    if f32 {
-        v as f32 as f64
-    } else {
-        v
-    }
-}
 
 /// Mean and biased variance of `v`.
 fn moments(v: &[f64]) -> (f64, f64) {
@@ -143,7 +132,7 @@ fn generate(rng: &mut Rng) -> NormCase {
         })
         .collect();
     let value = |rng: &mut Rng, lo: f64, hi: f64| {
-        round(
+        round_to(
             f32,
             lo + (hi - lo) * rng.below(1 << 20) as f64 / (1 << 20) as f64,
         )
@@ -199,29 +188,6 @@ fn generate(rng: &mut Rng) -> NormCase {
     }
 }
 
-fn tensor(v: &[f64], shape: &[usize], f32: bool, grad: bool) -> Tensor {
-    let t = Tensor::from_vec(v.to_vec(), shape, Device::Cpu).unwrap();
-    let t = t
-        .to_dtype(if f32 { DType::F32 } else { DType::F64 })
-        .unwrap();
-    t.set_requires_grad(grad).unwrap()
-}
-
-fn close(what: &str, got: &[f64], want: &[f64], f32: bool) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let finite = want.iter().filter(|v| v.is_finite());
-    let scale = finite.fold(1.0f64, |m, v| m.max(v.abs()));
-    let tol = if f32 { 1e-4 } else { 1e-9 } * scale;
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = if w.is_finite() {
-            (g - w).abs() <= tol
-        } else {
-            !g.is_finite()
-        };
-        assert!(ok, "{what}[{i}]: kiln {g}, reference {w}");
-    }
-}
-
 /// The case's op on kiln tensors; the output and the running statistics it updated.
 fn call(
     case: &NormCase,
@@ -245,8 +211,8 @@ fn call(
     let running = case.running.as_ref().map(|(m, v)| {
         let c = [case.shape[1]];
         [
-            tensor(m, &c, case.f32, false),
-            tensor(v, &c, case.f32, false),
+            float_tensor(m, &c, case.f32, false),
+            float_tensor(v, &c, case.f32, false),
         ]
     });
     let options = BatchNormOptions {
@@ -298,9 +264,11 @@ fn check(case: &NormCase) -> Outcome {
         true => case.shape[case.shape.len() - case.trailing.clamp(1, case.shape.len())..].to_vec(),
         false => vec![case.shape[1]],
     };
-    let x = tensor(&case.x, &case.shape, case.f32, true);
-    let params = [&case.weight, &case.bias]
-        .map(|p| p.as_ref().map(|v| tensor(v, &params_shape, case.f32, true)));
+    let x = float_tensor(&case.x, &case.shape, case.f32, true);
+    let params = [&case.weight, &case.bias].map(|p| {
+        p.as_ref()
+            .map(|v| float_tensor(v, &params_shape, case.f32, true))
+    });
     let (got, running) = call(case, &x, &params);
     let (out, want) = match (want, got) {
         (None, Err(_)) => return Outcome::Refused,
@@ -309,10 +277,11 @@ fn check(case: &NormCase) -> Outcome {
         (Some(w), Ok(t)) => (t, w),
     };
     assert_eq!(out.shape(), &case.shape[..], "output shape");
-    close("output", &out.to_vec_f64().unwrap(), &want.0, case.f32);
+    let tol = if case.f32 { 1e-4 } else { 1e-9 };
+    assert_close("output", &out.to_vec_f64().unwrap(), &want.0, tol);
     if let (Some([m, v]), Some((wm, wv))) = (&running, &want.1) {
-        close("running_mean", &m.to_vec_f64().unwrap(), wm, case.f32);
-        close("running_var", &v.to_vec_f64().unwrap(), wv, case.f32);
+        assert_close("running_mean", &m.to_vec_f64().unwrap(), wm, tol);
+        assert_close("running_var", &v.to_vec_f64().unwrap(), wv, tol);
     }
     let g: Vec<f64> = (0..out.numel()).map(upstream).collect();
     let g = Tensor::from_vec(g, out.shape(), Device::Cpu)

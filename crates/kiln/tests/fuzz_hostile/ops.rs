@@ -10,6 +10,7 @@
 //! at a kink (`input_gradient`). A panic, a missing error or a wrong value fails the case.
 
 use crate::harness::{run, Outcome, Rng};
+use crate::numeric::upstream;
 use crate::reference::{self as r, Nd};
 use kiln::autograd::{DType, Device, Tensor};
 
@@ -438,19 +439,13 @@ fn check(case: &OpCase) -> Outcome {
     }
 }
 
-/// The weight of output element `i` in the scalar whose gradient is checked: varied (so a
-/// gradient sent to the wrong element shows) and the same on every run.
-fn weight(i: usize) -> f64 {
-    ((i * 7919) % 17) as f64 / 8.0 - 1.0
-}
-
-/// `Σ weight(i) · op(x, other)_i` by the reference.
+/// `Σ upstream(i) · op(x, other)_i` by the reference.
 fn weighted_sum(case: &OpCase) -> f64 {
     let out = expected(case).expect("a valid call stays valid");
     out.data
         .iter()
         .enumerate()
-        .map(|(i, v)| weight(i) * v)
+        .map(|(i, v)| upstream(i) * v)
         .sum()
 }
 
@@ -466,7 +461,7 @@ fn checkable(case: &OpCase) -> bool {
     }
 }
 
-/// PyTorch's gradient of `Σ weight(i) · op(x, other)_i` with respect to the input: central
+/// PyTorch's gradient of `Σ upstream(i) · op(x, other)_i` with respect to the input: central
 /// differences (`differences`), except at kinks, where PyTorch defines it: `abs`, `relu` and
 /// `sign` give 0 at 0; `clamp` passes it only strictly inside `(min, max)`; `amax` / `amin`
 /// split it evenly among tied extremes.
@@ -475,7 +470,7 @@ fn input_gradient(case: &OpCase, differences: Vec<f64>) -> Vec<f64> {
     match &case.op {
         Op::Amax(d, _) | Op::Amin(d, _) => {
             let dims = r::wrap_dims(d, x.rank()).expect("a valid call");
-            r::extreme_gradient(x, &dims, matches!(case.op, Op::Amin(..)), weight)
+            r::extreme_gradient(x, &dims, matches!(case.op, Op::Amin(..)), upstream)
         }
         Op::Unary(name) if ["abs", "relu", "into_relu", "sign"].contains(name) => x
             .data
@@ -493,7 +488,7 @@ fn input_gradient(case: &OpCase, differences: Vec<f64>) -> Vec<f64> {
     }
 }
 
-/// kiln's gradients of `Σ weight(i) · op(x, other)_i` (f64) equal the reference's central
+/// kiln's gradients of `Σ upstream(i) · op(x, other)_i` (f64) equal the reference's central
 /// differences, for the input (through the strided view when the case has one) and for a
 /// binary op's or matmul's second operand.
 fn check_gradients(case: &OpCase) {
@@ -523,7 +518,7 @@ fn check_gradients(case: &OpCase) {
     };
     let out = apply(case, input, other.as_ref()).expect("the same call again");
     let n = out.numel();
-    let w = Tensor::from_vec((0..n).map(weight).collect(), out.shape(), Device::Cpu).unwrap();
+    let w = Tensor::from_vec((0..n).map(upstream).collect(), out.shape(), Device::Cpu).unwrap();
     out.mul(&w)
         .and_then(|y| y.sum_all())
         .and_then(|l| l.backward())

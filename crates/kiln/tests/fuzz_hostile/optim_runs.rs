@@ -12,8 +12,9 @@
 //! f32 1e-4 of the larger of 1, the value and the parameter before the step).
 
 use crate::harness::{run, Outcome, Rng};
+use crate::numeric::{float_tensor, round_to};
 use crate::optim_reference::{self as r, Algo, Clip, Hyper, Overrides, State};
-use kiln::autograd::{DType, Device, Parameter, Tensor};
+use kiln::autograd::Parameter;
 use kiln::optim::{clip_coef_for, clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, AdamW};
 use kiln::optim::{Optimizer, ParamGroup, Sgd, SgdOptions};
 
@@ -205,20 +206,6 @@ fn generate(rng: &mut Rng) -> OptimRun {
     }
 }
 
-fn round(f32: bool, v: f64) -> f64 {
-    if f32 {
-        v as f32 as f64
-    } else {
-        v
-    }
-}
-
-fn tensor(values: &[f64], shape: &[usize], f32: bool) -> Tensor {
-    let t = Tensor::from_vec(values.to_vec(), shape, Device::Cpu).unwrap();
-    t.to_dtype(if f32 { DType::F32 } else { DType::F64 })
-        .unwrap()
-}
-
 fn group(params: Vec<(String, Parameter)>, o: &Overrides) -> ParamGroup {
     let mut g = ParamGroup::new(params);
     macro_rules! set {
@@ -247,7 +234,7 @@ fn build(run: &OptimRun) -> (Option<Box<dyn Optimizer>>, Vec<Parameter>) {
         for p in specs {
             let param = match p.again {
                 Some(k) => flat[k].clone(),
-                None => Parameter::new(tensor(&p.values, &p.shape, run.f32)).unwrap(),
+                None => Parameter::new(float_tensor(&p.values, &p.shape, run.f32, false)).unwrap(),
             };
             if p.frozen {
                 param.tensor().set_requires_grad(false).unwrap();
@@ -330,7 +317,7 @@ fn clip_both(
     let present: Vec<&[f64]> = grads.iter().flatten().map(|g| &g[..]).collect();
     let scale_all = |grads: &mut [Option<Vec<f64>>], f: &dyn Fn(f64) -> f64| {
         for g in grads.iter_mut().flatten() {
-            g.iter_mut().for_each(|x| *x = round(f32, f(*x)));
+            g.iter_mut().for_each(|x| *x = round_to(f32, f(*x)));
         }
     };
     match clip {
@@ -409,7 +396,9 @@ fn check(run: &OptimRun) -> Outcome {
         }
         let mut grads = step.grads.clone();
         for (p, g) in flat.iter().zip(&grads) {
-            let g = g.as_ref().map(|g| tensor(g, p.tensor().shape(), run.f32));
+            let g = g
+                .as_ref()
+                .map(|g| float_tensor(g, p.tensor().shape(), run.f32, false));
             p.tensor().set_grad(g).unwrap();
         }
         // A refused clip must leave the gradients as they were: the step then reads them.
@@ -425,7 +414,9 @@ fn check(run: &OptimRun) -> Outcome {
                 let Some(g) = &grads[i] else { continue };
                 let g: Vec<f64> = g.iter().map(|x| x * scale).collect();
                 r::step(run.algo, h, &mut params[i], &g, &mut states[i]);
-                params[i].iter_mut().for_each(|v| *v = round(run.f32, *v));
+                params[i]
+                    .iter_mut()
+                    .for_each(|v| *v = round_to(run.f32, *v));
             }
         }
         for (i, p) in flat.iter().enumerate() {
