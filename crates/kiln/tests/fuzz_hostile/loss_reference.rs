@@ -136,6 +136,16 @@ fn labels_valid(labels: &[f64], ignore: i64, classes: usize) -> bool {
     labels.iter().all(|&y| valid(y))
 }
 
+/// The class of a position's label, its weight added to the mean's denominator; `None` for an
+/// ignored position (loss 0, nothing added), PyTorch's rule for both class-index losses.
+fn kept_label(label: f64, ignore: i64, w: &[f64], denominator: &mut f64) -> Option<usize> {
+    if label == ignore as f64 {
+        return None;
+    }
+    *denominator += w[label as usize];
+    Some(label as usize)
+}
+
 /// Class weights `[C]` of the input's kind, or all ones; `None` when the weight is refused.
 fn class_weights(case: &LossCase, classes: usize) -> Option<Vec<f64>> {
     match &case.weight {
@@ -194,13 +204,10 @@ fn cross_entropy(case: &LossCase, ignore: i64, eps: f64) -> Expected {
             };
             let loss = match &labels {
                 Some(l) => {
-                    let y = l[i * d + j];
-                    if y == ignore as f64 {
+                    let Some(y) = kept_label(l[i * d + j], ignore, &w, &mut denominator) else {
                         losses.push(0.0);
                         continue;
-                    }
-                    let y = y as usize;
-                    denominator += w[y];
+                    };
                     let smoothing: f64 = (0..c).map(|k| term(eps / c as f64, w[k], lp[k])).sum();
                     term(1.0 - eps, w[y], lp[y]) + smoothing
                 }
@@ -229,13 +236,10 @@ fn nll(case: &LossCase, ignore: i64) -> Expected {
     let (mut losses, mut denominator) = (Vec::with_capacity(n * d), 0.0);
     for i in 0..n {
         for j in 0..d {
-            let y = labels[i * d + j];
-            if y == ignore as f64 {
+            let Some(y) = kept_label(labels[i * d + j], ignore, &w, &mut denominator) else {
                 losses.push(0.0);
                 continue;
-            }
-            let y = y as usize;
-            denominator += w[y];
+            };
             losses.push(-w[y] * x.values[i * c * d + y * d + j]);
         }
     }

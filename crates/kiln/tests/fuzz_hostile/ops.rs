@@ -333,22 +333,21 @@ fn expected(case: &OpCase) -> Option<Nd> {
 }
 
 fn actual(case: &OpCase) -> kiln::autograd::Result<Tensor> {
-    let other = match &case.op {
-        Op::Binary(_, s) | Op::Matmul(s) => {
-            Some(tensor(&Nd::new(s, case.other.clone()), case.dtype))
-        }
-        _ => None,
-    };
+    let other = other_operand(case, case.dtype);
     apply(case, input_tensor(case), other.as_ref())
+}
+
+/// The second operand of a binary op or matmul, as a `dtype` tensor; `None` for other ops.
+fn other_operand(case: &OpCase, dtype: DType) -> Option<Tensor> {
+    match &case.op {
+        Op::Binary(_, s) | Op::Matmul(s) => Some(tensor(&Nd::new(s, case.other.clone()), dtype)),
+        _ => None,
+    }
 }
 
 /// The case's op on `x` (and the second operand `other` of a binary op or matmul).
 fn apply(case: &OpCase, x: Tensor, other: Option<&Tensor>) -> kiln::autograd::Result<Tensor> {
-    let other = |_: &[usize]| {
-        other
-            .expect("binary ops and matmul have a second operand")
-            .clone()
-    };
+    let other = || other.expect("binary ops and matmul have a second operand");
     match &case.op {
         Op::Unary(name) => match *name {
             "neg" => x.neg(),
@@ -369,23 +368,23 @@ fn apply(case: &OpCase, x: Tensor, other: Option<&Tensor>) -> kiln::autograd::Re
             "sign" => x.sign(),
             _ => x.abs()?.sqrt(),
         },
-        Op::Binary(name, s) => {
-            let b = other(s);
+        Op::Binary(name, _) => {
+            let b = other();
             match *name {
-                "add" => x.add(&b),
-                "into_add" => x.into_add(&b),
-                "sub" => x.sub(&b),
-                "mul" => x.mul(&b),
-                "maximum" => x.maximum(&b),
-                "minimum" => x.minimum(&b),
-                "div" => x.div(&b),
-                _ => x.pow(&b),
+                "add" => x.add(b),
+                "into_add" => x.into_add(b),
+                "sub" => x.sub(b),
+                "mul" => x.mul(b),
+                "maximum" => x.maximum(b),
+                "minimum" => x.minimum(b),
+                "div" => x.div(b),
+                _ => x.pow(b),
             }
         }
         Op::Sum(d, k) => x.sum(d, *k),
         Op::Mean(d, k) => x.mean(d, *k),
         Op::Amax(d, k) => x.amax(d, *k),
-        Op::Matmul(s) => x.matmul(&other(s)),
+        Op::Matmul(_) => x.matmul(other()),
         Op::Permute(p) => x.permute(p),
         Op::Transpose(a, b) => x.transpose(*a, *b),
         Op::Narrow(d, s, l) => x.narrow(*d, *s, *l),
@@ -508,14 +507,7 @@ fn check_gradients(case: &OpCase) {
     } else {
         leaf.clone()
     };
-    let other = match &case.op {
-        Op::Binary(_, s) | Op::Matmul(s) => Some(
-            tensor(&Nd::new(s, case.other.clone()), DType::F64)
-                .set_requires_grad(true)
-                .unwrap(),
-        ),
-        _ => None,
-    };
+    let other = other_operand(case, DType::F64).map(|t| t.set_requires_grad(true).unwrap());
     let out = apply(case, input, other.as_ref()).expect("the same call again");
     let n = out.numel();
     let w = Tensor::from_vec((0..n).map(upstream).collect(), out.shape(), Device::Cpu).unwrap();
