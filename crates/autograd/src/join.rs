@@ -8,36 +8,49 @@ use kiln_device::prelude::*;
 use kiln_device::{Layout, Storage};
 
 impl Tensor {
-    /// Concatenation along `dim`; all other dims must match.
+    /// Concatenation along `dim`; all other dims must match. As in PyTorch, 1-D empty tensors
+    /// (shape `[0]`, the legacy `torch.tensor([])`) are skipped, whatever the others' rank, so a
+    /// running concatenation may start from one; when every tensor is one, the result is one.
     pub fn cat(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
         let _op = crate::autograd::attribution::forward_op("CatBackward");
         let Some(first) = tensors.first() else {
             return Err(arg_err("cat", "expects at least one tensor"));
         };
-        if first.rank() == 0 {
+        if let Some(i) = tensors.iter().position(|t| t.rank() == 0) {
             return Err(shape_err(
                 "cat",
-                "cannot concatenate 0-d tensors; unsqueeze them or use stack",
+                format!("tensor {i} is 0-d and cannot be concatenated; unsqueeze it or use stack"),
             ));
         }
-        let d = resolve_dim("cat", dim, first.rank())?;
-        let mut shape = first.shape().to_vec();
-        shape[d] = 0;
-        for (i, t) in tensors.iter().enumerate() {
+        for t in tensors {
             first.check_same_kind("cat", t)?;
-            let same_rank = t.rank() == first.rank();
+        }
+        let skipped = |t: &Tensor| t.shape() == [0];
+        // The tensor the others are measured against: the first one not skipped (any of them
+        // when all are skipped, with `dim` then unused, as in PyTorch).
+        let (lead, d, all_skipped) = match tensors.iter().position(|t| !skipped(t)) {
+            Some(i) => (i, resolve_dim("cat", dim, tensors[i].rank())?, false),
+            None => (0, 0, true),
+        };
+        let lead_shape = tensors[lead].shape();
+        let kept = |t: &Tensor| all_skipped || !skipped(t);
+        let mut shape = lead_shape.to_vec();
+        shape[d] = 0;
+        for (i, t) in tensors.iter().enumerate().filter(|(_, t)| kept(t)) {
+            let same_rank = t.rank() == lead_shape.len();
             if !same_rank
                 || t.shape()
                     .iter()
                     .enumerate()
-                    .any(|(j, &s)| j != d && s != first.shape()[j])
+                    .any(|(j, &s)| j != d && s != lead_shape[j])
             {
                 return Err(shape_err(
                     "cat",
                     format!(
-                        "tensor {i} has shape {} but tensor 0 has {}: all dims except dim {dim} must match",
+                        "tensor {i} has shape {} but tensor {lead} has {}: all dims except dim \
+                         {dim} must match",
                         fmt_shape(t.shape()),
-                        fmt_shape(first.shape())
+                        fmt_shape(lead_shape)
                     ),
                 ));
             }
@@ -50,10 +63,12 @@ impl Tensor {
         let mut sizes = Vec::with_capacity(tensors.len());
         let mut start = 0;
         for t in tensors {
-            let len = t.shape()[d];
-            t.storage()
-                .copy_into(t.layout(), &mut out, &full.narrow(d, start, len))?;
-            sizes.push(len);
+            let len = if kept(t) { t.shape()[d] } else { 0 };
+            if kept(t) {
+                t.storage()
+                    .copy_into(t.layout(), &mut out, &full.narrow(d, start, len))?;
+            }
+            sizes.push(kept(t).then_some(len));
             start += len;
         }
         let inputs: Vec<&Tensor> = tensors.iter().collect();
@@ -62,12 +77,11 @@ impl Tensor {
                 let mut grads = Vec::with_capacity(sizes.len());
                 let mut start = 0;
                 for (&len, &need) in sizes.iter().zip(&needs) {
-                    grads.push(if need {
-                        Some(g.narrow(d as isize, start, len)?)
-                    } else {
-                        None
+                    grads.push(match len {
+                        Some(len) if need => Some(g.narrow(d as isize, start, len)?),
+                        _ => None,
                     });
-                    start += len;
+                    start += len.unwrap_or(0);
                 }
                 Ok(grads)
             })

@@ -440,19 +440,11 @@ impl Tensor {
         Ok(Tensor::with_node(&out, node))
     }
 
-    /// `value` where `mask` is true, else `self` (`mask` broadcasts to `self`'s shape).
+    /// `value` where `mask` is true, else `self`; as PyTorch's out-of-place `masked_fill`, the
+    /// mask and `self` broadcast together (a mask larger than `self` gives a larger output).
     pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
-        let shape = broadcast_shapes("masked_fill", self.shape(), mask.shape())?;
-        if shape != self.shape() {
-            return Err(shape_err(
-                "masked_fill",
-                format!(
-                    "mask of shape {} must broadcast to the tensor's shape {}",
-                    fmt_shape(mask.shape()),
-                    fmt_shape(self.shape())
-                ),
-            ));
-        }
+        mask.check_bool("masked_fill")?;
+        broadcast_shapes("masked_fill", self.shape(), mask.shape())?;
         Tensor::where_(mask, &self.scalar_like(value)?, self)
     }
 

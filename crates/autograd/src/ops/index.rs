@@ -13,9 +13,10 @@
 
 use crate::error::{arg_err, dtype_err, shape_err};
 use crate::ops::conv_pool::grad_tensor;
-use crate::tensor::{fmt_shape, resolve_dim, Tensor};
+use crate::tensor::{checked_numel, fmt_shape, resolve_dim, Tensor};
 use crate::{DType, Result};
 use kiln_device::prelude::*;
+use kiln_device::{Layout, Storage};
 
 impl Tensor {
     /// Requires `index` to be an `I64` tensor on this tensor's device.
@@ -137,11 +138,20 @@ impl Tensor {
 
     /// `gather(dim, index)`: `out[i][j][k] = self[i][index[i][j][k]][k]` (for `dim = 1`); the
     /// output has the index's shape.
+    /// As in PyTorch, a 0-d tensor or index counts as one element of rank 1, and an empty index
+    /// gives an empty output without the shape checks.
     pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
         let _op = crate::autograd::attribution::forward_op("GatherBackward");
         const OP: &str = "gather";
         self.check_index(OP, index)?;
         let d = resolve_dim(OP, dim, self.rank())?;
+        if index.numel() == 0 {
+            let out = Tensor::zeros(index.shape(), self.dtype(), self.device())?;
+            return Ok(Tensor::with_node(&out, zero_gradient(self)));
+        }
+        if let Some([x, i]) = as_rank_one(&[self, index]) {
+            return x.gather(0, &i)?.reshape_to(index.shape());
+        }
         let storage = {
             let (x, i) = (self.storage(), index.storage());
             x.gather(self.layout(), d, (&i, index.layout()))?
@@ -169,6 +179,18 @@ impl Tensor {
     /// Functional `scatter_add(dim, index, src)`: a copy of `self` with `src` added at `index`.
     pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         self.scatter_impl("scatter_add", dim, index, src, true)
+    }
+
+    /// A copy of `self` in a new buffer, whose gradient passes to `self` unchanged.
+    fn fresh_copy(&self, op: &'static str) -> Result<Tensor> {
+        let n = checked_numel(op, self.shape())?;
+        let mut out = Storage::full(self.device(), n, 0.0, self.dtype())?;
+        let layout = Layout::contiguous(self.shape());
+        self.storage().copy_into(self.layout(), &mut out, &layout)?;
+        let node = Tensor::grad_node("CloneBackward", &[self], |_| {
+            Box::new(|g| Ok(vec![Some(g.clone())]))
+        });
+        Ok(Tensor::from_storage(out, self.shape(), node))
     }
 
     /// The seam call of a scatter, without graph recording.
@@ -204,6 +226,15 @@ impl Tensor {
         self.check_index(op, index)?;
         self.check_same_kind(op, src)?;
         let d = resolve_dim(op, dim, self.rank())?;
+        if index.numel() == 0 {
+            // Nothing written: a copy of `self`, whatever `src`'s and the index's shapes.
+            return self.fresh_copy(op);
+        }
+        if let Some([x, i, s]) = as_rank_one(&[self, index, src]) {
+            return x
+                .scatter_impl(op, 0, &i, &s, accumulate)?
+                .reshape_to(self.shape());
+        }
         let out = self.scatter_raw(d, index, src, accumulate)?;
         let name = if accumulate {
             "ScatterAddBackward"
@@ -232,6 +263,29 @@ impl Tensor {
         });
         Ok(Tensor::with_node(&out, node))
     }
+}
+
+/// The tensors reshaped to `[1]` where 0-d, when at least one is 0-d and the others are 1-D or
+/// 0-d (PyTorch's rank rule for `gather` and `scatter`); `None` otherwise.
+fn as_rank_one<const N: usize>(tensors: &[&Tensor; N]) -> Option<[Tensor; N]> {
+    let scalar = tensors.iter().any(|t| t.rank() == 0);
+    if !scalar || tensors.iter().any(|t| t.rank() > 1) {
+        return None;
+    }
+    let one = |t: &Tensor| match t.rank() {
+        0 => t.reshape_to(&[1]).ok(),
+        _ => Some(t.clone()),
+    };
+    let out: Option<Vec<Tensor>> = tensors.iter().map(|t| one(t)).collect();
+    out?.try_into().ok()
+}
+
+/// A graph node that hands `input` a zero gradient (an output that reads none of it).
+fn zero_gradient(input: &Tensor) -> Option<std::sync::Arc<crate::autograd::graph::Node>> {
+    Tensor::grad_node("GatherBackward", &[input], |_| {
+        let (shape, dtype, device) = (input.shape().to_vec(), input.dtype(), input.device());
+        Box::new(move |_| Ok(vec![Some(Tensor::zeros(&shape, dtype, device)?)]))
+    })
 }
 
 /// `t` extended with zeros at the end of each dim to `shape` (every dim of `t` <= `shape`).

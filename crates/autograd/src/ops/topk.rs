@@ -15,8 +15,8 @@ impl Tensor {
     /// as PyTorch's `torch.topk(x, k, dim, largest, sorted)`: both of `self`'s shape with `dim`
     /// of size `k`. kiln always returns them sorted, best first, which `sorted = false` (any
     /// order, in PyTorch) also allows; equal values come in index order, NaN ranks above every
-    /// number. `k` past the size of `dim` is an error naming both; bool and `U8` tensors have
-    /// no order here (convert them first).
+    /// number. `k` past the size of `dim` is an error naming both, and so is any `k` but 1 on a
+    /// 0-d tensor; bool and `U8` tensors have no order here (convert them first).
     pub fn topk(
         &self,
         k: usize,
@@ -27,6 +27,13 @@ impl Tensor {
         let _ = sorted; // always sorted: a valid answer for either flag
         let d = resolve_dim("topk", dim, self.rank())?;
         if self.rank() == 0 {
+            if k != 1 {
+                // PyTorch returns the element for k = 0 too: more than asked for.
+                return Err(shape_err(
+                    "topk",
+                    format!("a 0-d tensor holds one element, so k must be 1, got {k}"),
+                ));
+            }
             let (v, i) = self.unsqueeze(0)?.topk(k, 0, largest, sorted)?;
             return Ok((v.squeeze_dim(0)?, i.squeeze_dim(0)?));
         }

@@ -11,7 +11,8 @@ pub struct Nd {
     pub data: Vec<f64>,
 }
 
-fn strides(shape: &[usize]) -> Vec<usize> {
+/// Row-major strides of `shape`.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1];

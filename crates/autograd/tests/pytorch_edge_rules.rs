@@ -1,0 +1,188 @@
+//! PyTorch 2.15's rules at the edges of indexing and joining, values and gradients, on every
+//! device (the fuzz suite's indexing target found each one missing): `gather` / `scatter` with
+//! a 0-d tensor or index (one element of rank 1) or an empty index (no shape checks);
+//! out-of-place `masked_fill` broadcasting the tensor with the mask; `cat` skipping 1-D empty
+//! tensors; `topk` of a 0-d tensor taking only `k = 1`. Expected values are PyTorch's on the
+//! same calls.
+
+mod common;
+
+use common::devices;
+use kiln_autograd::{DType, Device, Tensor};
+
+fn floats(values: &[f32], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_vec(values.to_vec(), shape, device).unwrap()
+}
+
+fn leaf(values: &[f32], shape: &[usize], device: Device) -> Tensor {
+    floats(values, shape, device)
+        .set_requires_grad(true)
+        .unwrap()
+}
+
+fn index(values: &[i64], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_vec(values.to_vec(), shape, device).unwrap()
+}
+
+fn mask(values: &[bool], shape: &[usize], device: Device) -> Tensor {
+    let v: Vec<f32> = values.iter().map(|&b| b as u8 as f32).collect();
+    floats(&v, shape, device).gt_scalar(0.5).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+fn grad(t: &Tensor) -> Vec<f32> {
+    values(&t.grad().expect("a gradient"))
+}
+
+/// `Σ w ⊙ y` with `w = 1, 2, 3, ...`, backward.
+fn backward_weighted(y: &Tensor) {
+    let w: Vec<f32> = (1..=y.numel()).map(|i| i as f32).collect();
+    let w = floats(&w, y.shape(), y.device());
+    y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+}
+
+#[test]
+fn gather_and_scatter_read_a_0d_tensor_as_one_element() {
+    for dev in devices() {
+        // torch.tensor(5.).gather(0, torch.tensor(0)) == tensor(5.); with index [0, 0]: [5, 5].
+        let x = leaf(&[5.0], &[], dev);
+        let y = x.gather(0, &index(&[0], &[], dev)).unwrap();
+        assert_eq!((y.shape(), values(&y)), (&[] as &[usize], vec![5.0]));
+        let y = x.gather(-1, &index(&[0, 0], &[2], dev)).unwrap();
+        assert_eq!((y.shape(), values(&y)), (&[2usize][..], vec![5.0, 5.0]));
+        backward_weighted(&y);
+        assert_eq!(grad(&x), vec![3.0]);
+        // torch.arange(3.).gather(0, torch.tensor(2)) == tensor(2.)
+        let y = floats(&[0.0, 1.0, 2.0], &[3], dev)
+            .gather(0, &index(&[2], &[], dev))
+            .unwrap();
+        assert_eq!((y.shape(), values(&y)), (&[] as &[usize], vec![2.0]));
+        // torch.zeros(3).scatter(0, torch.tensor(2), torch.tensor(5.)) == [0, 0, 5]
+        let (x, src) = (leaf(&[0.0; 3], &[3], dev), leaf(&[5.0], &[], dev));
+        let y = x.scatter(0, &index(&[2], &[], dev), &src).unwrap();
+        assert_eq!(
+            (y.shape(), values(&y)),
+            (&[3usize][..], vec![0.0, 0.0, 5.0])
+        );
+        backward_weighted(&y);
+        assert_eq!((grad(&x), grad(&src)), (vec![1.0, 2.0, 0.0], vec![3.0]));
+        // torch.tensor(1.).scatter_add(0, torch.tensor([0, 0]), torch.tensor([2., 3.])) == 6
+        let y = floats(&[1.0], &[], dev)
+            .scatter_add(
+                0,
+                &index(&[0, 0], &[2], dev),
+                &floats(&[2.0, 3.0], &[2], dev),
+            )
+            .unwrap();
+        assert_eq!((y.shape(), values(&y)), (&[] as &[usize], vec![6.0]));
+        // A 0-d tensor against a 2-D index is still a rank mismatch.
+        let e = floats(&[1.0], &[], dev)
+            .gather(0, &index(&[0], &[1, 1], dev))
+            .unwrap_err();
+        assert!(e.to_string().contains("gather"), "{e}");
+    }
+}
+
+#[test]
+fn an_empty_index_skips_the_shape_checks() {
+    for dev in devices() {
+        let x = leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], dev);
+        // torch.zeros(2, 3).gather(1, torch.zeros(9, 0, dtype=torch.long)): shape [9, 0];
+        // an index of another rank too (shape [0]).
+        let y = x.gather(1, &index(&[], &[9, 0], dev)).unwrap();
+        assert_eq!(y.shape(), &[9, 0]);
+        assert_eq!(x.gather(1, &index(&[], &[0], dev)).unwrap().shape(), &[0]);
+        y.sum_all().unwrap().backward().unwrap();
+        assert_eq!(grad(&x), vec![0.0; 6]);
+        // torch.zeros(2, 3).scatter(1, torch.zeros(0, 0, dtype=torch.long), torch.ones(3)):
+        // a copy of self, src's rank and size unchecked; the copy is its own buffer.
+        let src = leaf(&[9.0; 3], &[3], dev);
+        let y = x.scatter(1, &index(&[], &[0, 0], dev), &src).unwrap();
+        assert_eq!(values(&y), values(&x));
+        backward_weighted(&y);
+        assert_eq!(grad(&x), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert!(src.grad().is_none_or(|g| values(&g) == vec![0.0; 3]));
+        // The dim is still checked: dim 5 of a 2-D tensor.
+        let e = x.gather(5, &index(&[], &[0], dev)).unwrap_err();
+        assert!(e.to_string().contains("dim 5 is out of range"), "{e}");
+        let e = x.scatter_add(-3, &index(&[], &[0], dev), &src).unwrap_err();
+        assert!(e.to_string().contains("dim -3 is out of range"), "{e}");
+    }
+}
+
+#[test]
+fn masked_fill_broadcasts_the_tensor_with_the_mask() {
+    for dev in devices() {
+        // torch.ones(3).masked_fill(torch.tensor([[True], [False]]), 0.) ==
+        // [[0, 0, 0], [1, 1, 1]]
+        let x = leaf(&[1.0, 2.0, 3.0], &[3], dev);
+        let y = x
+            .masked_fill(&mask(&[true, false], &[2, 1], dev), 0.0)
+            .unwrap();
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(values(&y), vec![0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
+        // The gradient sums over the broadcast rows that were not filled: weights 4, 5, 6.
+        backward_weighted(&y);
+        assert_eq!(grad(&x), vec![4.0, 5.0, 6.0]);
+        // A 0-d tensor under a [1] mask: torch.tensor(1.).masked_fill(torch.tensor([True]), 3.)
+        let y = floats(&[1.0], &[], dev)
+            .masked_fill(&mask(&[true], &[1], dev), 3.0)
+            .unwrap();
+        assert_eq!((y.shape(), values(&y)), (&[1usize][..], vec![3.0]));
+    }
+}
+
+#[test]
+fn cat_skips_1d_empty_tensors() {
+    for dev in devices() {
+        // torch.cat([torch.tensor([]), x, torch.tensor([])], 1) == x for a [2, 2] x, and the
+        // gradient reaches x.
+        let empty = leaf(&[], &[0], dev);
+        let x = leaf(&[1.0, 2.0, 3.0, 4.0], &[2, 2], dev);
+        let y = Tensor::cat(&[empty.clone(), x.clone(), empty.clone()], 1).unwrap();
+        assert_eq!((y.shape(), values(&y)), (&[2usize, 2][..], values(&x)));
+        backward_weighted(&y);
+        assert_eq!(grad(&x), vec![1.0, 2.0, 3.0, 4.0]);
+        // Only empty ones: the result is one, whatever the dim (torch.cat([e, e], 3)).
+        let y = Tensor::cat(&[empty.clone(), empty.clone()], 3).unwrap();
+        assert_eq!(y.shape(), &[0]);
+        // A [0, 2] tensor is not skipped: its other dims must match.
+        let e = Tensor::cat(&[floats(&[], &[0, 3], dev), x.clone()], 0).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("tensor 1 has shape [2, 2] but tensor 0 has [0, 3]"),
+            "{e}"
+        );
+        // The dim is checked against the first tensor not skipped, and a 0-d one anywhere is
+        // named.
+        let e = Tensor::cat(&[empty.clone(), x.clone()], 2).unwrap_err();
+        assert!(e.to_string().contains("dim 2 is out of range"), "{e}");
+        let e = Tensor::cat(&[empty.clone(), floats(&[1.0], &[], dev)], 0).unwrap_err();
+        assert!(e.to_string().contains("tensor 1 is 0-d"), "{e}");
+    }
+}
+
+#[test]
+fn topk_of_a_0d_tensor_takes_k_1_only() {
+    let x = Tensor::from_vec(vec![4.0f64], &[], Device::Cpu).unwrap();
+    let (v, i) = x.topk(1, 0, true, true).unwrap();
+    assert_eq!(
+        (v.item().unwrap(), i.to_vec::<i64>().unwrap()),
+        (4.0, vec![0])
+    );
+    // PyTorch returns the element for k = 0 as well; kiln refuses rather than hand back more
+    // than was asked for.
+    let e = x.topk(0, 0, true, true).unwrap_err().to_string();
+    assert!(
+        e.contains("a 0-d tensor holds one element, so k must be 1, got 0"),
+        "{e}"
+    );
+    assert!(x
+        .to_dtype(DType::F32)
+        .unwrap()
+        .topk(2, -1, false, true)
+        .is_err());
+}
