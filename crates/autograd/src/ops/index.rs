@@ -13,10 +13,9 @@
 
 use crate::error::{arg_err, dtype_err, shape_err};
 use crate::ops::conv_pool::grad_tensor;
-use crate::tensor::{checked_numel, fmt_shape, resolve_dim, Tensor};
+use crate::tensor::{fmt_shape, resolve_dim, Tensor};
 use crate::{DType, Result};
 use kiln_device::prelude::*;
-use kiln_device::{Layout, Storage};
 
 impl Tensor {
     /// Requires `index` to be an `I64` tensor on this tensor's device.
@@ -181,18 +180,6 @@ impl Tensor {
         self.scatter_impl("scatter_add", dim, index, src, true)
     }
 
-    /// A copy of `self` in a new buffer, whose gradient passes to `self` unchanged.
-    fn fresh_copy(&self, op: &'static str) -> Result<Tensor> {
-        let n = checked_numel(op, self.shape())?;
-        let mut out = Storage::full(self.device(), n, 0.0, self.dtype())?;
-        let layout = Layout::contiguous(self.shape());
-        self.storage().copy_into(self.layout(), &mut out, &layout)?;
-        let node = Tensor::grad_node("CloneBackward", &[self], |_| {
-            Box::new(|g| Ok(vec![Some(g.clone())]))
-        });
-        Ok(Tensor::from_storage(out, self.shape(), node))
-    }
-
     /// The seam call of a scatter, without graph recording.
     fn scatter_raw(
         &self,
@@ -228,7 +215,7 @@ impl Tensor {
         let d = resolve_dim(op, dim, self.rank())?;
         if index.numel() == 0 {
             // Nothing written: a copy of `self`, whatever `src`'s and the index's shapes.
-            return self.fresh_copy(op);
+            return self.copy_data();
         }
         if let Some([x, i, s]) = as_rank_one(&[self, index, src]) {
             return x
