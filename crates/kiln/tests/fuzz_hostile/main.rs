@@ -1,8 +1,9 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
 //! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
-//! random op calls, indexing and joining calls, convolution, pooling and normalisation calls,
-//! kiln-losses calls and optimizer runs checked against f64 references. Each target runs a fixed number of cases
+//! random op calls, indexing and joining calls, multi-head attention calls, convolution,
+//! pooling and normalisation calls, kiln-losses calls and optimizer runs checked against f64
+//! references. Each target runs a fixed number of cases
 //! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
 //! wrong result (checked against a reference where one exists), and exits the process on a
 //! case running past the harness's time limit. Run it alone, under a memory limit, so an
@@ -16,6 +17,7 @@
 //! local hunt, `KILN_FUZZ_SCALE=N` multiplies every case count and `KILN_FUZZ_SEED=K` moves
 //! every seed; CI sets neither.
 
+mod attention;
 mod conv_pool;
 mod data;
 mod events;
@@ -150,4 +152,9 @@ fn fuzz_norm_calls() {
 #[test]
 fn fuzz_index_calls() {
     indexing::index_calls(0x5eed_0017, 4000);
+}
+
+#[test]
+fn fuzz_attention_calls() {
+    attention::attention_calls(0x5eed_0018, 2000);
 }

@@ -3,7 +3,13 @@
 //! Parameters follow PyTorch's packed layout and names: `in_proj_weight` `[3E, E]` (query, key
 //! and value rows stacked, xavier-uniform), `in_proj_bias` `[3E]` (zeros), and the child
 //! `out_proj` (a `Linear`, bias zeroed). Masks follow PyTorch's conventions: in a boolean mask
-//! `true` means "do not attend"; a float `attn_mask` is added to the scores.
+//! `true` means "do not attend"; a float `attn_mask` is added to the scores; a 3-D `attn_mask`
+//! is PyTorch's `[B * num_heads, T, S]`, batch-major.
+//!
+//! Invariant: a query position whose every key is masked attends to nothing (weights 0, so its
+//! output is `out_proj`'s bias) instead of NaN, as PyTorch's `scaled_dot_product_attention`
+//! path (the one its Transformer layers take) does; its `need_weights=True` path gives NaN,
+//! which would reach every gradient of the batch.
 
 use crate::error::{config_err, input_err};
 use crate::functional;
@@ -17,7 +23,8 @@ use kiln_autograd::{DType, Module, Parameter, Tensor};
 /// Masks for one attention call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AttentionMasks<'a> {
-    /// `[T, S]` (or broadcastable to `[B, H, T, S]`): bool (`true` = blocked) or float (added).
+    /// Bool (`true` = blocked) or float (added to the scores): `[T, S]`, PyTorch's
+    /// `[B * H, T, S]`, or `[B, H, T, S]`; sizes of 1 broadcast, except in a 3-D mask.
     pub attn_mask: Option<&'a Tensor>,
     /// `[B, S]` bool, `true` at padding positions of the keys.
     pub key_padding_mask: Option<&'a Tensor>,
@@ -139,6 +146,7 @@ impl MultiheadAttention {
             scores = scores.masked_fill(&later, f64::NEG_INFINITY)?;
         }
         if let Some(m) = masks.attn_mask {
+            let m = &self.attn_mask_as_4d(m, [bs, t, s])?;
             scores = if m.dtype() == DType::Bool {
                 scores.masked_fill(m, f64::NEG_INFINITY)?
             } else {
@@ -159,13 +167,58 @@ impl MultiheadAttention {
             }
             scores = scores.masked_fill(&m.reshape_to(&[bs, 1, 1, s])?, f64::NEG_INFINITY)?;
         }
-        let attn = functional::dropout(&scores.softmax(-1)?, self.dropout, self.training)?;
+        let probs = if masks.attn_mask.is_some() || masks.key_padding_mask.is_some() {
+            safe_softmax(&scores)?
+        } else {
+            // Causal masking alone leaves every query its first key.
+            scores.softmax(-1)?
+        };
+        let attn = functional::dropout(&probs, self.dropout, self.training)?;
         let ctx = attn
             .matmul(&v)?
             .permute(&[0, 2, 1, 3])?
             .contiguous()?
             .reshape_to(&[bs, t, e])?;
         self.out_proj.forward(&ctx)
+    }
+
+    /// `mask` as `[B, H, T, S]` or a shape that broadcasts to it: a 3-D mask must be PyTorch's
+    /// `[B * H, T, S]` (read batch-major); other ranks broadcast without enlarging the scores.
+    fn attn_mask_as_4d(&self, mask: &Tensor, [bs, t, s]: [usize; 3]) -> Result<Tensor> {
+        let h = self.num_heads;
+        let full = [bs, h, t, s];
+        let shape = mask.shape();
+        if shape.len() == 3 {
+            let want = [bs * h, t, s];
+            if shape != want {
+                return Err(input_err(
+                    "MultiheadAttention",
+                    format!(
+                        "a 3-D attn_mask is PyTorch's [B * num_heads, T, S] = {want:?}, got \
+                         {shape:?}; for one mask per head shared by the batch pass \
+                         [1, {h}, {t}, {s}]"
+                    ),
+                ));
+            }
+            return Ok(mask.reshape_to(&full)?);
+        }
+        let fits = shape.len() <= 4
+            && shape
+                .iter()
+                .rev()
+                .zip(full.iter().rev())
+                .all(|(&m, &f)| m == f || m == 1);
+        if !fits {
+            return Err(input_err(
+                "MultiheadAttention",
+                format!(
+                    "attn_mask of shape {shape:?} does not fit the scores [B, num_heads, T, S] = \
+                     {full:?}: pass [T, S] = [{t}, {s}], [B * num_heads, T, S] or \
+                     [B, num_heads, T, S] (sizes of 1 broadcast, except in a 3-D mask)"
+                ),
+            ));
+        }
+        Ok(mask.clone())
     }
 
     /// Shape-only `attend` (self-attention when `key`/`value` are `query`).
@@ -208,6 +261,19 @@ impl MultiheadAttention {
         let trainable = any_trainable(std::iter::once(w).chain(&self.out_proj.bias));
         tracer.output(&[ctx], ctx.shape(), ctx.dtype(), trainable)
     }
+}
+
+/// Softmax over the last dim, with weights 0 in a row whose every score is -inf (PyTorch's
+/// `_safe_softmax`). The row's scores are set to 0 before the softmax, so its backward sees no
+/// NaN and the row passes no gradient.
+fn safe_softmax(scores: &Tensor) -> Result<Tensor> {
+    if scores.shape().last() == Some(&0) {
+        return Ok(scores.softmax(-1)?);
+    }
+    let blocked =
+        kiln_autograd::no_grad(|| scores.amax(&[-1], true)?.eq_scalar(f64::NEG_INFINITY))?;
+    let open = scores.masked_fill(&blocked, 0.0)?;
+    Ok(open.softmax(-1)?.masked_fill(&blocked, 0.0)?)
 }
 
 impl Module for MultiheadAttention {
