@@ -2,13 +2,13 @@
 //! device (the fuzz suite's indexing target found each one missing): `gather` / `scatter` with
 //! a 0-d tensor or index (one element of rank 1) or an empty index (no shape checks);
 //! out-of-place `masked_fill` broadcasting the tensor with the mask; `cat` skipping 1-D empty
-//! tensors; `topk` of a 0-d tensor taking only `k = 1`. Expected values are PyTorch's on the
-//! same calls.
+//! tensors; `topk` of a 0-d tensor taking only `k = 1`; training `batch_norm` passing an input
+//! with no elements through. Expected values are PyTorch's on the same calls.
 
 mod common;
 
 use common::devices;
-use kiln_autograd::{DType, Device, Tensor};
+use kiln_autograd::{BatchNormOptions, DType, Device, Tensor};
 
 fn floats(values: &[f32], shape: &[usize], device: Device) -> Tensor {
     Tensor::from_vec(values.to_vec(), shape, device).unwrap()
@@ -185,4 +185,45 @@ fn topk_of_a_0d_tensor_takes_k_1_only() {
         .unwrap()
         .topk(2, -1, false, true)
         .is_err());
+}
+
+#[test]
+fn training_batch_norm_passes_an_empty_batch_through() {
+    for dev in devices() {
+        // F.batch_norm(torch.zeros(0, 3, 4, 4), rm, rv, w, b, training=True): an empty output,
+        // rm and rv untouched, zero gradients for w and b; [2, 3, 0] likewise.
+        let (rm, rv) = (floats(&[1.0; 3], &[3], dev), floats(&[2.0; 3], &[3], dev));
+        let (w, b) = (leaf(&[1.0; 3], &[3], dev), leaf(&[0.0; 3], &[3], dev));
+        for shape in [&[0, 3, 4, 4][..], &[2, 3, 0]] {
+            let x = leaf(&[], shape, dev);
+            let y = x
+                .batch_norm(
+                    Some(&rm),
+                    Some(&rv),
+                    Some(&w),
+                    Some(&b),
+                    BatchNormOptions::default(),
+                )
+                .unwrap();
+            assert_eq!(y.shape(), shape);
+            y.sum_all().unwrap().backward().unwrap();
+            assert_eq!((values(&rm), values(&rv)), (vec![1.0; 3], vec![2.0; 3]));
+            assert_eq!((grad(&w), grad(&b)), (vec![0.0; 3], vec![0.0; 3]));
+            assert_eq!(x.grad().unwrap().shape(), shape);
+        }
+        // One value per channel still has no variance.
+        let e = floats(&[1.0, 2.0, 3.0], &[1, 3], dev)
+            .batch_norm(
+                Some(&rm),
+                Some(&rv),
+                None,
+                None,
+                BatchNormOptions::default(),
+            )
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("more than 1 value per channel"),
+            "{e}"
+        );
+    }
 }

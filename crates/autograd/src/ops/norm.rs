@@ -100,12 +100,32 @@ fn check_batch_norm_dtypes(x: &Tensor, params: [(&str, Option<&Tensor>); 4]) -> 
 }
 
 impl Tensor {
+    /// Training batch norm of an input with no elements, as PyTorch: an empty output, running
+    /// statistics untouched, zero gradients for the weight and bias.
+    fn empty_batch_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>) -> Result<Tensor> {
+        let out = Tensor::zeros(self.shape(), self.dtype(), self.device())?;
+        let inputs: Vec<&Tensor> = std::iter::once(self).chain(weight).chain(bias).collect();
+        let node = Tensor::grad_node("NativeBatchNormBackward", &inputs, |_| {
+            let like: Vec<_> = inputs
+                .iter()
+                .map(|t| (t.shape().to_vec(), t.dtype(), t.device()))
+                .collect();
+            Box::new(move |_| {
+                like.iter()
+                    .map(|(shape, dtype, device)| Ok(Some(Tensor::zeros(shape, *dtype, *device)?)))
+                    .collect()
+            })
+        });
+        Ok(Tensor::with_node(&out, node))
+    }
+
     /// Batch normalisation of `[N, C, ...]` over every dim but `C` (PyTorch's
     /// `F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)`).
     ///
     /// Training normalises with the batch mean and biased variance and, when running statistics
-    /// are given, updates them in place (unbiased variance). Evaluation needs them and
-    /// normalises with them.
+    /// are given, updates them in place (unbiased variance); an input with no elements passes
+    /// through empty and leaves them alone, as in PyTorch. Evaluation needs them and normalises
+    /// with them.
     ///
     /// An F16/BF16 input may come with F32 weight, bias and running statistics (PyTorch's mixed
     /// case, what autocast produces): the op computes in f32 and the output has the input's
@@ -164,6 +184,9 @@ impl Tensor {
             ));
         }
         let eps = options.eps;
+        if options.training && self.numel() == 0 {
+            return self.empty_batch_norm(weight, bias);
+        }
         let saved_stats;
         let storage = if options.training {
             if let Some((m, v)) = running {

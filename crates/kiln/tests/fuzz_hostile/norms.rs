@@ -11,8 +11,7 @@
 //! differences where the output is finite.
 //!
 //! The reference follows kiln where it refuses what PyTorch's functional API takes: a NaN or
-//! negative `eps`, and training on an empty batch (PyTorch returns an empty output and leaves
-//! the running statistics alone).
+//! negative `eps`.
 
 use crate::harness::{run, Outcome, Rng};
 use crate::numeric::{assert_close, float_tensor, round_to, upstream};
@@ -55,8 +54,11 @@ fn batch_norm(case: &NormCase) -> Option<Expected> {
     if case.eps.is_nan() || case.eps < 0.0 || (!case.training && case.running.is_none()) {
         return None;
     }
-    // PyTorch: "Expected more than 1 value per channel when training" (for 1; kiln also for
-    // an empty batch, which PyTorch passes through, leaving the running statistics alone).
+    // PyTorch passes an input with no elements through, leaving the running statistics alone;
+    // "Expected more than 1 value per channel when training" for one value.
+    if case.training && case.x.is_empty() {
+        return Some((Vec::new(), case.running.clone()));
+    }
     if case.training && m < 2 {
         return None;
     }

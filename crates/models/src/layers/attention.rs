@@ -18,7 +18,7 @@ use crate::layer::any_trainable;
 use crate::layers::Linear;
 use crate::trace::{Act, Tracer};
 use crate::{layer_casts, module_tree, Layer, Result};
-use kiln_autograd::{DType, Module, Parameter, Tensor};
+use kiln_autograd::{broadcast_shapes, DType, Module, Parameter, Tensor};
 
 /// Masks for one attention call.
 #[derive(Debug, Clone, Copy, Default)]
@@ -202,12 +202,7 @@ impl MultiheadAttention {
             }
             return Ok(mask.reshape_to(&full)?);
         }
-        let fits = shape.len() <= 4
-            && shape
-                .iter()
-                .rev()
-                .zip(full.iter().rev())
-                .all(|(&m, &f)| m == f || m == 1);
+        let fits = broadcast_shapes("MultiheadAttention", shape, &full).is_ok_and(|s| s == full);
         if !fits {
             return Err(input_err(
                 "MultiheadAttention",
