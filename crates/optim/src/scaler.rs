@@ -173,8 +173,9 @@ impl GradScaler {
         Ok(loss.mul_scalar(f64::from(self.scale))?)
     }
 
-    /// Divides every gradient of `optimizer` by the scale and records whether any was NaN or
-    /// infinite, in one fused pass. At most once per optimizer between `update`s.
+    /// Divides every gradient of `optimizer` by the scale and records whether any is NaN or
+    /// infinite after it (one the unscale overflowed included), in one fused pass. At most once
+    /// per optimizer between `update`s; a call that finds no gradient records nothing.
     pub fn unscale_(&mut self, optimizer: &mut dyn Optimizer) -> Result<()> {
         if !self.options.enabled {
             return Ok(());
@@ -212,13 +213,19 @@ impl GradScaler {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.per_optimizer
-            .insert(key(optimizer), Stage::Unscaled { found_inf });
+        // No gradient, no check: nothing is recorded, so `step` refuses and `update` does not
+        // count this as a clean step.
+        if !found_inf.is_empty() {
+            self.per_optimizer
+                .insert(key(optimizer), Stage::Unscaled { found_inf });
+        }
         Ok(())
     }
 
     /// Steps `optimizer` unless its gradients held inf/NaN (unscaling first if `unscale_` was
-    /// not called). Returns whether the step was taken.
+    /// not called). Returns whether the step was taken. An optimizer none of whose parameters
+    /// has a gradient is an error, as in PyTorch (stepping it would do nothing, and `update`
+    /// would count a step nothing checked).
     pub fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<bool> {
         if !self.options.enabled {
             optimizer.step()?;
@@ -234,10 +241,15 @@ impl GradScaler {
         if !self.per_optimizer.contains_key(&k) {
             self.unscale_(optimizer)?;
         }
-        let found_inf = match self.per_optimizer.get(&k) {
-            Some(stage) => stage.found_inf()?,
-            None => false,
+        let Some(stage) = self.per_optimizer.get(&k) else {
+            return Err(arg_err(
+                "step",
+                "no parameter of this optimizer has a gradient, so there is nothing to check or \
+                 step; call backward on scaler.scale(loss) first (PyTorch: \"No inf checks were \
+                 recorded for this optimizer\")",
+            ));
         };
+        let found_inf = stage.found_inf()?;
         if !found_inf {
             optimizer.step()?;
         }

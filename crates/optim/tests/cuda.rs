@@ -1,5 +1,5 @@
 //! CUDA paths against the CPU: fused SGD steps, GradScaler's fused unscale-and-check (with and
-//! without an injected inf) and `clip_grad_norm_on_device`. Each test skips (printing why) when
+//! without an injected inf, and with a gradient the unscale overflows) and `clip_grad_norm_on_device`. Each test skips (printing why) when
 //! no CUDA device is usable, and fails instead under `KILN_REQUIRE_CUDA=1`.
 
 use kiln_autograd::{Device, Parameter, Tensor};
@@ -152,6 +152,30 @@ fn grad_scaler_on_a_cuda_device_matches_the_cpu_and_skips_on_inf() {
     gpu[2].set_grad(Some(t.to_device(dev).unwrap())).unwrap();
     sg.unscale_(&mut og).unwrap();
     assert!(!sg.step(&mut og).unwrap());
+    sg.update().unwrap();
+
+    // A finite gradient the unscale overflows (a scale below 1) is caught as well, on both.
+    let opts = GradScalerOptions {
+        init_scale: 0.25,
+        ..GradScalerOptions::default()
+    };
+    let (mut sc, mut sg) = (
+        GradScaler::new(opts).unwrap(),
+        GradScaler::new(opts).unwrap(),
+    );
+    set_grads(&cpu, &gpu, dev, 3, 1.0);
+    for p in [&cpu[1], &gpu[1]] {
+        let mut v = grad_values(p);
+        v[70_000] = f32::MAX / 2.0;
+        let t = Tensor::from_vec(v, &[p.numel()], Device::Cpu).unwrap();
+        p.set_grad(Some(t.to_device(p.device()).unwrap())).unwrap();
+    }
+    assert!(!sc.step(&mut oc).unwrap());
+    assert!(!sg.step(&mut og).unwrap());
+    assert_eq!(grad_values(&gpu[1])[70_000], f32::INFINITY);
+    for (c, g) in cpu.iter().zip(&gpu) {
+        assert_eq!(grad_values(c), grad_values(g));
+    }
 }
 
 #[test]

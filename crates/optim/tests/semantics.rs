@@ -263,6 +263,53 @@ fn grad_scaler_unscales_skips_nonfinite_steps_and_adapts_the_scale() {
 }
 
 #[test]
+fn grad_scaler_catches_an_unscale_overflow_and_refuses_a_step_without_gradients() {
+    let p = param(&[1.0, 2.0]);
+    let mut opt = Sgd::new(
+        vec![ParamGroup::new(named(&[&p], "w"))],
+        SgdOptions::default().lr(1.0),
+    )
+    .unwrap();
+    let mut scaler = GradScaler::new(GradScalerOptions {
+        init_scale: 0.25,
+        ..Default::default()
+    })
+    .unwrap();
+    // 2e38 is finite, 2e38 / 0.25 is not: PyTorch checks the gradient before unscaling and
+    // steps with an infinite one; kiln checks what the step would use and skips it.
+    grad(&p, &[2e38, 1.0]);
+    assert!(!scaler.step(&mut opt).unwrap());
+    assert_eq!(
+        p.grad().unwrap().to_vec::<f32>().unwrap(),
+        vec![f32::INFINITY, 4.0]
+    );
+    assert_eq!(
+        p.to_vec::<f32>().unwrap(),
+        vec![1.0, 2.0],
+        "the step was skipped"
+    );
+    scaler.update().unwrap();
+    assert_eq!(scaler.get_scale(), 0.125);
+    // No gradient at all: nothing to check or step (PyTorch raises here too), the scale and
+    // the growth tracker stay, and the next step with gradients goes on normally.
+    p.set_grad(None).unwrap();
+    scaler.unscale_(&mut opt).unwrap();
+    let e = scaler.step(&mut opt).unwrap_err().to_string();
+    assert!(
+        e.contains("no parameter of this optimizer has a gradient") && e.contains("backward"),
+        "{e}"
+    );
+    let e = scaler.update().unwrap_err().to_string();
+    assert!(e.contains("no inf checks were recorded"), "{e}");
+    assert_eq!((scaler.get_scale(), scaler.growth_tracker()), (0.125, 0));
+    grad(&p, &[0.125, 0.25]);
+    assert!(scaler.step(&mut opt).unwrap());
+    assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.0, 0.0]);
+    scaler.update().unwrap();
+    assert_eq!(scaler.growth_tracker(), 1);
+}
+
+#[test]
 fn unsupported_parameters_get_a_message_with_the_fix() {
     let h = Parameter::new(Tensor::zeros(&[2], DType::F16, Device::Cpu).unwrap()).unwrap();
     h.set_grad(Some(Tensor::zeros(&[2], DType::F16, Device::Cpu).unwrap()))

@@ -304,36 +304,38 @@ extern "C" __global__ void kiln_mt_sgd_f32(const KilnMtSgdTensor* tensors,
 //
 // Every element is multiplied in place by `inv_scale` (f64 tensors by its widened value, half
 // types computed in f32 and rounded back, as on the CPU); a value that is NaN or infinite
-// *before* scaling marks the block, and one thread of each marked block stores 1 to
-// `found_inf`. The caller zeroes the flag before the launch and reads it once afterwards; only
-// 1s are ever written, so the plain stores of different blocks need no atomics.
+// *after* scaling, as stored, marks the block (every value non-finite before, and a finite one
+// the unscale overflowed), and one thread of each marked block stores 1 to `found_inf`. The
+// caller zeroes the flag before the launch and reads it once afterwards; only 1s are ever
+// written, so the plain stores of different blocks need no atomics.
 
 __device__ __forceinline__ bool kiln_mt_unscale_one(const KilnMtTensor& t, unsigned long long i,
                                                     float inv_scale) {
     switch (t.dtype) {
         case 0: {
             float* p = reinterpret_cast<float*>(t.ptr);
-            const float x = p[i];
-            p[i] = __fmul_rn(x, inv_scale);
-            return !isfinite(x);
+            const float y = __fmul_rn(p[i], inv_scale);
+            p[i] = y;
+            return !isfinite(y);
         }
         case 1: {
             double* p = reinterpret_cast<double*>(t.ptr);
-            const double x = p[i];
-            p[i] = __dmul_rn(x, (double)inv_scale);
-            return !isfinite(x);
+            const double y = __dmul_rn(p[i], (double)inv_scale);
+            p[i] = y;
+            return !isfinite(y);
         }
         case 2: {
             __half* p = reinterpret_cast<__half*>(t.ptr);
-            const float x = __half2float(p[i]);
-            p[i] = __float2half(__fmul_rn(x, inv_scale));
-            return !isfinite(x);
+            const __half y = __float2half(__fmul_rn(__half2float(p[i]), inv_scale));
+            p[i] = y;
+            return !isfinite(__half2float(y));
         }
         default: {
             __nv_bfloat16* p = reinterpret_cast<__nv_bfloat16*>(t.ptr);
-            const float x = __bfloat162float(p[i]);
-            p[i] = __float2bfloat16(__fmul_rn(x, inv_scale));
-            return !isfinite(x);
+            const __nv_bfloat16 y =
+                __float2bfloat16(__fmul_rn(__bfloat162float(p[i]), inv_scale));
+            p[i] = y;
+            return !isfinite(__bfloat162float(y));
         }
     }
 }

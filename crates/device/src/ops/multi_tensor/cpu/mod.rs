@@ -302,13 +302,16 @@ pub fn clamp_(tensors: Vec<FloatSliceMut<'_>>, limit: f64) {
 }
 
 /// AMP's fused unscale: multiplies every element by `inv_scale` (an `f32`, as PyTorch keeps the
-/// scale) and reports whether any element *before* scaling was NaN or infinite, in one pass.
+/// scale) and reports whether any element is NaN or infinite *after* scaling, as stored, in one
+/// pass. That is every element that was non-finite before (`inv_scale` is finite and nonzero)
+/// and also a finite one the unscale overflowed (a scale below 1), which PyTorch's check of the
+/// input misses and lets the step take as an infinite gradient.
 pub fn unscale_and_check_(tensors: Vec<FloatSliceMut<'_>>, inv_scale: f32) -> bool {
     fn run<T: Copy>(s: &mut [T], finite: impl Fn(T) -> bool, f: impl Fn(T) -> T) -> bool {
         let mut bad = false;
         for x in s.iter_mut() {
-            bad |= !finite(*x);
             *x = f(*x);
+            bad |= !finite(*x);
         }
         bad
     }

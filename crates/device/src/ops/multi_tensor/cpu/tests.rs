@@ -189,6 +189,12 @@ fn scale_clamp_and_unscale_touch_every_element_once() {
         0.5
     ));
     assert_eq!(bad[0], bf16::from_f32(4.0));
+    // Finite before, infinite after (a scale below 1): flagged, in f32 and in f16.
+    let mut big = vec![f32::MAX, 1.0];
+    let mut half = vec![f16::from_f32(60000.0)];
+    assert!(unscale_and_check_(vec![FloatSliceMut::F32(&mut big)], 2.0));
+    assert!(unscale_and_check_(vec![FloatSliceMut::F16(&mut half)], 2.0));
+    assert_eq!((big[0], half[0]), (f32::INFINITY, f16::INFINITY));
     assert_eq!(clip_coef(2.0, 1.0), 1.0);
 }
 
