@@ -293,13 +293,19 @@ impl GradScaler {
         Ok(())
     }
 
-    /// Sets the scale directly (PyTorch's `update(new_scale)`).
+    /// Sets the scale directly (PyTorch's `update(new_scale)`), checked as `init_scale` is.
     pub fn set_scale(&mut self, scale: f64) -> Result<()> {
-        let ok = scale > 0.0 && scale.is_finite();
-        if !ok {
+        // Kept as f32: beyond its range the scale would become inf (every gradient unscaled to
+        // 0, every step taken) or 0 (every gradient unscaled to inf or NaN).
+        let as_f32 = scale as f32;
+        if !(scale > 0.0 && as_f32.is_finite() && as_f32 > 0.0) {
             return Err(arg_err(
                 "set_scale",
-                format!("scale {scale} must be positive and finite"),
+                format!(
+                    "scale {scale} must be positive and within f32's range ({:e} to {:e})",
+                    f32::from_bits(1),
+                    f32::MAX
+                ),
             ));
         }
         self.scale = scale as f32;

@@ -307,6 +307,12 @@ fn grad_scaler_catches_an_unscale_overflow_and_refuses_a_step_without_gradients(
     assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.0, 0.0]);
     scaler.update().unwrap();
     assert_eq!(scaler.growth_tracker(), 1);
+    // set_scale takes what init_scale takes: 1e39 is inf as f32, 1e-46 is 0.
+    for bad in [1e39, 1e-46, 0.0, f64::NAN] {
+        let e = scaler.set_scale(bad).unwrap_err().to_string();
+        assert!(e.contains("must be positive and within f32's range"), "{e}");
+    }
+    assert_eq!(scaler.get_scale(), 0.125);
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
 //! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
 //! random op calls, indexing and joining calls, multi-head attention calls, convolution,
-//! pooling and normalisation calls, kiln-losses calls and optimizer runs checked against f64
-//! references. Each target runs a fixed number of cases
+//! pooling and normalisation calls, kiln-losses calls, optimizer runs and `GradScaler` flows
+//! checked against references. Each target runs a fixed number of cases
 //! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
 //! wrong result (checked against a reference where one exists), and exits the process on a
 //! case running past the harness's time limit. Run it alone, under a memory limit, so an
@@ -36,6 +36,7 @@ mod optim_reference;
 mod optim_runs;
 mod parsers;
 mod reference;
+mod scaler_flows;
 mod sched;
 mod snapshots;
 
@@ -157,4 +158,9 @@ fn fuzz_index_calls() {
 #[test]
 fn fuzz_attention_calls() {
     attention::attention_calls(0x5eed_0018, 2000);
+}
+
+#[test]
+fn fuzz_grad_scaler_flows() {
+    scaler_flows::scaler_flows(0x5eed_0019, 2000);
 }
