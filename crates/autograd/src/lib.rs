@@ -40,3 +40,4 @@ pub use module::{Module, Parameter};
 pub use ops::{broadcast_shapes, BatchNormOptions};
 pub use random::{manual_seed, Generator};
 pub use tensor::Tensor;
+pub use view::MAX_EMPTY_CHUNKS;

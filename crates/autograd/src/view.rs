@@ -71,6 +71,10 @@ pub(crate) fn embed_grad(
     Ok(Tensor::from_storage(out, shape, None))
 }
 
+/// The most pieces [`Tensor::chunk`] makes of an empty dim (each an empty tensor): a hostile
+/// count must not allocate that many handles.
+pub const MAX_EMPTY_CHUNKS: usize = 1 << 16;
+
 impl Tensor {
     /// The same elements as `shape` (one dim may be -1) without copying; an error when the
     /// layout does not allow it (use [`Tensor::reshape`] or [`Tensor::contiguous`] then).
@@ -304,15 +308,15 @@ impl Tensor {
         Ok(self.view_with(self.layout().broadcast_to(shape), node))
     }
 
-    /// Dims `start..=end` merged into one.
+    /// Dims `start..=end` merged into one. A 0-d tensor becomes `[1]` (its dims are 0 or -1).
     pub fn flatten(&self, start: isize, end: isize) -> Result<Tensor> {
-        if self.rank() == 0 {
-            return self.reshape_to(&[1]);
-        }
         let (s, e) = (
             resolve_dim("flatten", start, self.rank())?,
             resolve_dim("flatten", end, self.rank())?,
         );
+        if self.rank() == 0 {
+            return self.reshape_to(&[1]);
+        }
         if s > e {
             return Err(arg_err(
                 "flatten",
@@ -325,24 +329,55 @@ impl Tensor {
         self.reshape_to(&shape)
     }
 
-    /// `chunks` nearly equal pieces along `dim` (the last may be smaller), as views.
+    /// The dim a split runs along: `dim` resolved, on a tensor of at least one dim.
+    fn split_dim(&self, op: &'static str, dim: isize) -> Result<usize> {
+        if self.rank() == 0 {
+            return Err(shape_err(
+                op,
+                "a 0-d tensor has no dim to split; unsqueeze it to [1] first",
+            ));
+        }
+        resolve_dim(op, dim, self.rank())
+    }
+
+    /// `chunks` nearly equal pieces along `dim`, as views: PyTorch's `chunk`, pieces of
+    /// `ceil(size / chunks)` (the last may be smaller, and there may be fewer than `chunks`);
+    /// an empty dim gives `chunks` empty pieces (at most [`MAX_EMPTY_CHUNKS`]).
     pub fn chunk(&self, chunks: usize, dim: isize) -> Result<Vec<Tensor>> {
         if chunks == 0 {
             return Err(arg_err("chunk", "chunks must be at least 1"));
         }
-        let d = resolve_dim("chunk", dim, self.rank())?;
+        let d = self.split_dim("chunk", dim)?;
         let size = self.shape()[d];
-        let step = size.div_ceil(chunks).max(1);
-        self.split(step, dim)
+        if size > 0 {
+            return self.split(size.div_ceil(chunks), dim);
+        }
+        if chunks > MAX_EMPTY_CHUNKS {
+            return Err(arg_err(
+                "chunk",
+                format!(
+                    "{chunks} chunks of an empty dim would be {chunks} empty tensors (at most \
+                     {MAX_EMPTY_CHUNKS}); ask for fewer"
+                ),
+            ));
+        }
+        self.split_sizes(&vec![0; chunks], dim)
     }
 
-    /// Pieces of `size` along `dim` (the last may be smaller), as views.
+    /// Pieces of `size` along `dim` (the last may be smaller), as views; an empty dim gives one
+    /// empty piece, and only an empty dim takes a size of 0 (as in PyTorch).
     pub fn split(&self, size: usize, dim: isize) -> Result<Vec<Tensor>> {
-        if size == 0 {
-            return Err(arg_err("split", "split size must be at least 1"));
-        }
-        let d = resolve_dim("split", dim, self.rank())?;
+        let d = self.split_dim("split", dim)?;
         let total = self.shape()[d];
+        if total == 0 {
+            return Ok(vec![self.narrow(d as isize, 0, 0)?]);
+        }
+        if size == 0 {
+            return Err(arg_err(
+                "split",
+                format!("split size must be at least 1 for dim {dim} of size {total}"),
+            ));
+        }
         (0..total)
             .step_by(size)
             .map(|start| self.narrow(d as isize, start, size.min(total - start)))
@@ -351,13 +386,17 @@ impl Tensor {
 
     /// Pieces with the given sizes along `dim` (they must add up to the dim's size).
     pub fn split_sizes(&self, sizes: &[usize], dim: isize) -> Result<Vec<Tensor>> {
-        let d = resolve_dim("split_sizes", dim, self.rank())?;
-        let total: usize = sizes.iter().sum();
-        if total != self.shape()[d] {
+        let d = self.split_dim("split_sizes", dim)?;
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if total != Some(self.shape()[d]) {
+            let sum = match total {
+                Some(t) => t.to_string(),
+                None => "more than usize::MAX".to_string(),
+            };
             return Err(shape_err(
                 "split_sizes",
                 format!(
-                    "sizes {sizes:?} add up to {total} but dim {dim} has size {}",
+                    "sizes {sizes:?} add up to {sum} but dim {dim} has size {}",
                     self.shape()[d]
                 ),
             ));

@@ -3,7 +3,10 @@
 //! a 0-d tensor or index (one element of rank 1) or an empty index (no shape checks);
 //! out-of-place `masked_fill` broadcasting the tensor with the mask; `cat` skipping 1-D empty
 //! tensors; `topk` of a 0-d tensor taking only `k = 1`; training `batch_norm` passing an input
-//! with no elements through. Expected values are PyTorch's on the same calls.
+//! with no elements through; `chunk` / `split` / `split_sizes` of empty dims and 0-d tensors;
+//! the gradients PyTorch defines where a formula gives NaN or ties (`clamp_min` / `clamp_max`,
+//! `pow` with exponent 0, `max()` with NaN, `norm` with zero or NaN elements). Expected values
+//! are PyTorch's on the same calls.
 
 mod common;
 
@@ -224,6 +227,134 @@ fn training_batch_norm_passes_an_empty_batch_through() {
         assert!(
             e.to_string().contains("more than 1 value per channel"),
             "{e}"
+        );
+    }
+}
+
+#[test]
+fn splits_of_empty_dims_and_0d_tensors() {
+    let shapes = |v: Vec<Tensor>| v.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>();
+    let empty = Tensor::zeros(&[0, 2], DType::F32, Device::Cpu).unwrap();
+    // torch.ones(0, 2).chunk(3) is three [0, 2] pieces; .split(2) and .split(0) one.
+    assert_eq!(shapes(empty.chunk(3, 0).unwrap()), vec![vec![0, 2]; 3]);
+    assert_eq!(shapes(empty.split(2, 0).unwrap()), vec![vec![0, 2]]);
+    assert_eq!(shapes(empty.split(0, 0).unwrap()), vec![vec![0, 2]]);
+    // torch.ones(6).chunk(4) is three pieces of 2.
+    let six = Tensor::zeros(&[6], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(shapes(six.chunk(4, 0).unwrap()), vec![vec![2]; 3]);
+    let e = six.split(0, 0).unwrap_err().to_string();
+    assert!(
+        e.contains("split size must be at least 1 for dim 0 of size 6"),
+        "{e}"
+    );
+    // A hostile count of empty chunks is refused, not allocated.
+    let e = empty.chunk(usize::MAX, 0).unwrap_err().to_string();
+    assert!(e.contains("empty tensors (at most 65536)"), "{e}");
+    // 0-d tensors have no dim to split (these indexed an empty shape and panicked).
+    let scalar = Tensor::zeros(&[], DType::F32, Device::Cpu).unwrap();
+    for e in [
+        scalar.chunk(1, 0).unwrap_err(),
+        scalar.split(1, 0).unwrap_err(),
+        scalar.split_sizes(&[1], -1).unwrap_err(),
+    ] {
+        assert!(
+            e.to_string().contains("a 0-d tensor has no dim to split"),
+            "{e}"
+        );
+    }
+    // Sizes whose sum overflows are refused (the sum panicked in debug builds).
+    let e = six
+        .split_sizes(&[usize::MAX, 7], 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("add up to more than usize::MAX"), "{e}");
+    // flatten of a 0-d tensor still checks its dims: 0 and -1 only.
+    assert_eq!(scalar.flatten(-1, 0).unwrap().shape(), &[1]);
+    assert!(scalar.flatten(5, 7).is_err());
+}
+
+/// Values and the gradient of their sum.
+type Outputs = (Vec<f64>, Vec<f64>);
+
+/// `(values, gradient of sum(y))` of `f` on an f64 leaf holding `v`.
+fn value_and_grad(v: &[f64], f: impl Fn(&Tensor) -> Tensor) -> Outputs {
+    let x = Tensor::from_vec(v.to_vec(), &[v.len()], Device::Cpu)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let y = f(&x);
+    y.sum_all().unwrap().backward().unwrap();
+    (
+        y.to_vec_f64().unwrap(),
+        x.grad().unwrap().to_vec_f64().unwrap(),
+    )
+}
+
+fn same(got: &[f64], want: &[f64]) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()))
+}
+
+#[test]
+fn gradients_where_the_formulas_give_nan_or_ties_are_pytorchs() {
+    let nan = f64::NAN;
+    let cases: Vec<(&str, Outputs, Outputs)> = vec![
+        // x.clamp_min(2.) at [2, 1, 3, nan]: [2, 2, 3, nan], gradient [0, 0, 1, 0].
+        (
+            "clamp_min",
+            value_and_grad(&[2.0, 1.0, 3.0, nan], |x| x.maximum_scalar(2.0).unwrap()),
+            (vec![2.0, 2.0, 3.0, nan], vec![0.0, 0.0, 1.0, 0.0]),
+        ),
+        (
+            "clamp_max",
+            value_and_grad(&[2.0, 1.0, 3.0], |x| x.minimum_scalar(2.0).unwrap()),
+            (vec![2.0, 1.0, 2.0], vec![0.0, 1.0, 0.0]),
+        ),
+        // x.pow(0.) at [0, nan, inf]: ones, gradient 0 (the formula gives 0 * inf or NaN).
+        (
+            "pow 0",
+            value_and_grad(&[0.0, nan, f64::INFINITY], |x| x.pow_scalar(0.0).unwrap()),
+            (vec![1.0; 3], vec![0.0; 3]),
+        ),
+        // x.max() at [nan, 1, nan]: nan, the gradient split between the NaNs.
+        (
+            "max()",
+            value_and_grad(&[nan, 1.0, nan], |x| x.max_all().unwrap()),
+            (vec![nan], vec![0.5, 0.0, 0.5]),
+        ),
+        // x.norm(0.5) at [0, -2, 1]: the zero element gets 0, not 0 * inf.
+        (
+            "norm 0.5",
+            value_and_grad(&[0.0, -2.0, 1.0], |x| x.norm(0.5, &[], false).unwrap()),
+            (
+                vec![(2f64.sqrt() + 1.0).powi(2)],
+                vec![0.0, -(1.0 + 0.5f64.sqrt()), 1.0 + 2f64.sqrt()],
+            ),
+        ),
+        // x.norm(1) at [-1, nan, 2]: nan, gradient [-1, 0, 1].
+        (
+            "norm 1",
+            value_and_grad(&[-1.0, nan, 2.0], |x| x.norm(1.0, &[], false).unwrap()),
+            (vec![nan], vec![-1.0, 0.0, 1.0]),
+        ),
+        // x.norm(inf) at [-1, nan, -1]: nan, gradient 0.
+        (
+            "norm inf",
+            value_and_grad(&[-1.0, nan, -1.0], |x| {
+                x.norm(f64::INFINITY, &[], false).unwrap()
+            }),
+            (vec![nan], vec![0.0; 3]),
+        ),
+    ];
+    for (name, (v, g), (want_v, want_g)) in cases {
+        assert!(same(&v, &want_v), "{name}: value {v:?}, PyTorch {want_v:?}");
+        let close = g.iter().zip(&want_g).all(|(a, b)| (a - b).abs() < 1e-12);
+        assert!(
+            close && g.len() == want_g.len(),
+            "{name}: gradient {g:?}, PyTorch {want_g:?}"
         );
     }
 }

@@ -209,8 +209,14 @@ impl Tensor {
             |s, g, n| {
                 let (a, b, y) = (s.a()?, s.b()?, s.y()?);
                 let ga = if n[0] {
-                    // d/da a^b = b * a^(b-1)
-                    Some(g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)?)
+                    // d/da a^b = b * a^(b-1), taken as 0 where b == 0 (PyTorch's rule: a^0 is
+                    // constant, even at a = 0, NaN or inf, where the formula gives NaN)
+                    let raw = g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)?;
+                    Some(Tensor::where_(
+                        &b.eq_scalar(0.0)?,
+                        &raw.zeros_like()?,
+                        &raw,
+                    )?)
                 } else {
                     None
                 };
@@ -283,14 +289,31 @@ impl Tensor {
         self.pow(&self.scalar_like(v)?)
     }
 
-    /// `max(self, v)` elementwise (PyTorch's `clamp_min`).
+    /// `max(self, v)` elementwise (PyTorch's `clamp_min`; NaN on either side gives NaN). The
+    /// gradient passes only where `self > v`, strictly, as PyTorch's: 0 at a tie.
     pub fn maximum_scalar(&self, v: f64) -> Result<Tensor> {
-        self.maximum(&self.scalar_like(v)?)
+        self.clamp_one_side("ClampMinBackward", v, CmpOp::Gt)
     }
 
-    /// `min(self, v)` elementwise (PyTorch's `clamp_max`).
+    /// `min(self, v)` elementwise (PyTorch's `clamp_max`; NaN on either side gives NaN). The
+    /// gradient passes only where `self < v`, strictly, as PyTorch's: 0 at a tie.
     pub fn minimum_scalar(&self, v: f64) -> Result<Tensor> {
-        self.minimum(&self.scalar_like(v)?)
+        self.clamp_one_side("ClampMaxBackward", v, CmpOp::Lt)
+    }
+
+    fn clamp_one_side(&self, name: &'static str, v: f64, keep: CmpOp) -> Result<Tensor> {
+        let bound = self.scalar_like(v)?;
+        let out = crate::autograd::grad_mode::no_grad(|| match keep {
+            CmpOp::Gt => self.maximum(&bound),
+            _ => self.minimum(&bound),
+        })?;
+        Ok(Tensor::record_op(name, &[self], &out, |_| {
+            let x = self.save_for_backward();
+            Box::new(move |g| {
+                let inside = x.compare(&bound, keep, "clamp")?;
+                Ok(vec![Some(Tensor::where_(&inside, g, &g.zeros_like()?)?)])
+            })
+        }))
     }
 
     /// Clamps into `[min, max]` (`max` wins where `min > max`). The gradient passes only where
@@ -303,7 +326,7 @@ impl Tensor {
             let x = self.save_for_backward();
             Box::new(move |g| {
                 let inside = x.gt_scalar(min)?.logical_and(&x.lt_scalar(max)?)?;
-                Ok(vec![Some(g.mul(&inside.to_dtype(g.dtype())?)?)])
+                Ok(vec![Some(Tensor::where_(&inside, g, &g.zeros_like()?)?)])
             })
         }))
     }
@@ -379,6 +402,14 @@ impl Tensor {
         rhs.check_bool("logical_and")?;
         let f = Tensor::zeros(&[], DType::Bool, self.device())?;
         Tensor::where_(self, rhs, &f)
+    }
+
+    /// Elementwise OR of two Bool tensors.
+    pub fn logical_or(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.check_bool("logical_or")?;
+        rhs.check_bool("logical_or")?;
+        let t = Tensor::ones(&[], DType::Bool, self.device())?;
+        Tensor::where_(self, &t, rhs)
     }
 
     /// Elementwise NOT of a Bool tensor.

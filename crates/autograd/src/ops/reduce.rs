@@ -152,14 +152,32 @@ impl Tensor {
         self.extreme("amin", dims, keepdim, false)
     }
 
-    /// Maximum of every element, as a 0-d tensor.
+    /// Maximum of every element, as a 0-d tensor (PyTorch's `max()`): NaN if any element is;
+    /// the gradient is shared evenly by the elements equal to it, the NaNs when it is NaN
+    /// (`amax` over every dim gives NaN gradients there, as PyTorch's `amax`).
     pub fn max_all(&self) -> Result<Tensor> {
-        self.amax(&[], false)
+        self.extreme_all("MaxBackward", true)
     }
 
-    /// Minimum of every element, as a 0-d tensor.
+    /// Minimum of every element, as a 0-d tensor (PyTorch's `min()`; see [`Tensor::max_all`]).
     pub fn min_all(&self) -> Result<Tensor> {
-        self.amin(&[], false)
+        self.extreme_all("MinBackward", false)
+    }
+
+    fn extreme_all(&self, name: &'static str, largest: bool) -> Result<Tensor> {
+        let out = no_grad(|| match largest {
+            true => self.amax(&[], false),
+            false => self.amin(&[], false),
+        })?;
+        Ok(Tensor::record_op(name, &[self], &out, |_| {
+            let (x, y) = (self.save_for_backward(), out.save_for_backward());
+            Box::new(move |g| {
+                let nan = |t: &Tensor| t.ne(t);
+                let hit = x.eq(&y)?.logical_or(&nan(&x)?.logical_and(&nan(&y)?)?)?;
+                let share = g.div(&hit.to_dtype(g.dtype())?.sum_all()?)?;
+                Ok(vec![Some(Tensor::where_(&hit, &share, &g.zeros_like()?)?)])
+            })
+        }))
     }
 
     fn extreme_dim(
@@ -322,15 +340,23 @@ impl Tensor {
             let dims_i: Vec<isize> = d.iter().map(|&i| i as isize).collect();
             Box::new(move |g| {
                 let sign = x.sign()?;
+                // PyTorch's rules where the formulas give NaN: 0 at a zero norm, at a zero
+                // element (|x|^(p-1) is infinite for p < 1), for p = 1 at a NaN element, and
+                // for p = inf in a slice whose norm no element equals (a NaN norm).
                 let local = if p == f64::INFINITY {
-                    let hit = x.abs()?.eq(&yk)?.to_dtype(x.dtype())?;
-                    sign.mul(&hit)?.div(&hit.sum(&dims_i, true)?)?
+                    let hit = x.abs()?.eq(&yk)?;
+                    let count = hit
+                        .to_dtype(x.dtype())?
+                        .sum(&dims_i, true)?
+                        .maximum_scalar(1.0)?;
+                    Tensor::where_(&hit, &sign.div(&count)?, &sign.zeros_like()?)?
                 } else if p == 1.0 {
-                    sign
+                    sign.masked_fill(&x.ne(&x)?, 0.0)?
                 } else {
                     // d||x||_p / dx = sign(x) |x|^(p-1) / ||x||^(p-1)
                     sign.mul(&x.abs()?.pow_scalar(p - 1.0)?)?
                         .div(&yk.pow_scalar(p - 1.0)?)?
+                        .masked_fill(&x.eq_scalar(0.0)?, 0.0)?
                 };
                 let zero_norm = yk.eq_scalar(0.0)?;
                 let local = local.masked_fill(&zero_norm.expand(x.shape())?, 0.0)?;

@@ -12,7 +12,7 @@
 
 use crate::harness::{run, Outcome, Rng};
 use crate::index_reference::{self as r, BoolNd, Expected, FloatNd, IntNd};
-use crate::numeric::{assert_close, float_tensor, upstream};
+use crate::numeric::{assert_close, grad_as_seen, leaf_and_view, upstream};
 use kiln::autograd::{Device, Tensor};
 
 #[derive(Debug, Clone)]
@@ -235,37 +235,14 @@ fn bool_tensor(b: &BoolNd) -> Tensor {
     t.gt_scalar(0.5).unwrap()
 }
 
-/// The float operands as leaves that require grad, and operand 0 as the op sees it (through a
-/// reversed-dims view when the case is strided).
+/// The float operands as leaves that require grad, and as the op sees them (operand 0 through
+/// a reversed-dims view when the case is strided).
 fn operands(case: &IndexCase) -> (Vec<Tensor>, Vec<Tensor>) {
-    let leaves: Vec<Tensor> = case
-        .operands
+    case.operands
         .iter()
         .enumerate()
-        .map(|(k, o)| {
-            if k == 0 && strided(case) {
-                let rev: Vec<isize> = (0..o.shape.len() as isize).rev().collect();
-                let moved = crate::reference::permute(
-                    &crate::reference::Nd::new(&o.shape, o.data.clone()),
-                    &rev,
-                )
-                .unwrap();
-                float_tensor(&moved.data, &moved.shape, case.f32, true)
-            } else {
-                float_tensor(&o.data, &o.shape, case.f32, true)
-            }
-        })
-        .collect();
-    let mut seen = leaves.clone();
-    if strided(case) {
-        let rev: Vec<isize> = (0..seen[0].rank() as isize).rev().collect();
-        seen[0] = seen[0].permute(&rev).unwrap();
-    }
-    (leaves, seen)
-}
-
-fn strided(case: &IndexCase) -> bool {
-    case.strided && case.operands[0].shape.len() >= 2
+        .map(|(k, o)| leaf_and_view(&o.data, &o.shape, case.f32, k == 0 && case.strided))
+        .unzip()
 }
 
 /// kiln's values (`None` for `argmax`) and indices (`topk`, `argmax`).
@@ -337,14 +314,7 @@ fn check_values(case: &IndexCase, want: &r::Linear, got: &Tensor, leaves: &[Tens
         .expect("backward");
     for (k, (leaf, o)) in leaves.iter().zip(&case.operands).enumerate() {
         let want = want.gradient(k, o.data.len(), upstream);
-        let got = match leaf.grad() {
-            None => vec![0.0; o.data.len()],
-            Some(g) if k == 0 && strided(case) => {
-                let rev: Vec<isize> = (0..g.rank() as isize).rev().collect();
-                g.permute(&rev).unwrap().to_vec_f64().unwrap()
-            }
-            Some(g) => g.to_vec_f64().unwrap(),
-        };
+        let got = grad_as_seen(leaf, o.data.len(), k == 0 && case.strided);
         assert_close(&format!("d/d operand {k}"), &got, &want, tol);
     }
 }

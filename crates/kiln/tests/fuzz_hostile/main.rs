@@ -1,9 +1,9 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
 //! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
-//! random op calls, indexing and joining calls, multi-head attention calls, convolution,
-//! pooling and normalisation calls, kiln-losses calls, optimizer runs and `GradScaler` flows
-//! checked against references. Each target runs a fixed number of cases
+//! random op calls, indexing and joining calls, reductions and views, multi-head attention
+//! calls, convolution, pooling and normalisation calls, kiln-losses calls, optimizer runs and
+//! `GradScaler` flows checked against references. Each target runs a fixed number of cases
 //! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
 //! wrong result (checked against a reference where one exists), and exits the process on a
 //! case running past the harness's time limit. Run it alone, under a memory limit, so an
@@ -35,6 +35,8 @@ mod optim;
 mod optim_reference;
 mod optim_runs;
 mod parsers;
+mod reduce_reference;
+mod reduce_views;
 mod reference;
 mod scaler_flows;
 mod sched;
@@ -163,4 +165,9 @@ fn fuzz_attention_calls() {
 #[test]
 fn fuzz_grad_scaler_flows() {
     scaler_flows::scaler_flows(0x5eed_0019, 2000);
+}
+
+#[test]
+fn fuzz_reduction_and_view_calls() {
+    reduce_views::reduce_and_view_calls(0x5eed_001a, 6000);
 }

@@ -1,6 +1,6 @@
 //! What the reference-checked targets share: the fixed upstream gradient of their gradient
-//! checks, rounding a reference's operand to f32, making a float leaf, and comparing a result
-//! with its reference.
+//! checks, rounding a reference's operand to f32, making a float leaf (or a non-contiguous view
+//! of one) and reading its gradient, and comparing a result with its reference.
 
 use kiln::autograd::{DType, Device, Tensor};
 
@@ -40,5 +40,39 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
             !g.is_finite()
         };
         assert!(ok, "{what}[{i}]: kiln {g}, reference {w}");
+    }
+}
+
+/// A float leaf holding `values` of `shape` and the tensor an op sees: the leaf itself, or
+/// (`strided`, rank 2 or more) a reversed-dims view of a leaf that stores the transposed data,
+/// so the op reads the same logical values through other strides. The leaf's gradient is in
+/// its own (reversed) layout; [`grad_as_seen`] reads it back in `shape`'s order.
+pub fn leaf_and_view(
+    values: &[f64],
+    shape: &[usize],
+    f32: bool,
+    strided: bool,
+) -> (Tensor, Tensor) {
+    if !strided || shape.len() < 2 {
+        let t = float_tensor(values, shape, f32, true);
+        return (t.clone(), t);
+    }
+    let rev: Vec<isize> = (0..shape.len() as isize).rev().collect();
+    let logical = float_tensor(values, shape, f32, false);
+    let stored = logical.permute(&rev).unwrap().contiguous().unwrap();
+    let leaf = stored.set_requires_grad(true).unwrap();
+    let view = leaf.permute(&rev).unwrap();
+    (leaf, view)
+}
+
+/// The gradient of a leaf made by [`leaf_and_view`], in the logical order (zeros if none).
+pub fn grad_as_seen(leaf: &Tensor, len: usize, strided: bool) -> Vec<f64> {
+    match leaf.grad() {
+        None => vec![0.0; len],
+        Some(g) if strided && g.rank() >= 2 => {
+            let rev: Vec<isize> = (0..g.rank() as isize).rev().collect();
+            g.permute(&rev).unwrap().to_vec_f64().unwrap()
+        }
+        Some(g) => g.to_vec_f64().unwrap(),
     }
 }
