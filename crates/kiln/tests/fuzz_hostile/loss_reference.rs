@@ -17,6 +17,7 @@
 //!   its log-probability is -inf (a masked logit): PyTorch multiplies and returns NaN. (A class
 //!   with `q_c = 0` has coefficient 0 whatever its weight, in both.)
 
+use crate::numeric::round_to;
 use crate::reference::broadcast_shape;
 
 /// A loss and its own options.
@@ -246,9 +247,11 @@ fn nll(case: &LossCase, ignore: i64) -> Expected {
     reduce(case.reduce, positions, losses, denominator)
 }
 
-/// A BCE weight or pos_weight broadcast to the input's shape, or `None` when it does not
-/// broadcast to exactly that shape.
-fn broadcast_to(w: &Operand, shape: &[usize]) -> Option<Vec<f64>> {
+/// A BCE weight or pos_weight broadcast to the input's shape and read in the input's dtype
+/// (an f64 weight of an f32 input is rounded to f32, 1e308 to inf, as kiln and PyTorch compute
+/// in f32), or `None` when it does not broadcast to exactly that shape.
+fn broadcast_to(w: &Operand, input: &Operand) -> Option<Vec<f64>> {
+    let shape = &input.shape[..];
     if broadcast_shape(&w.shape, shape)? != shape || !w.kind.is_float() {
         return None;
     }
@@ -268,7 +271,7 @@ fn broadcast_to(w: &Operand, shape: &[usize]) -> Option<Vec<f64>> {
                 stride *= size;
             }
         }
-        out.push(w.values[src]);
+        out.push(round_to(input.kind == Kind::F32, w.values[src]));
     }
     Some(out)
 }
@@ -297,11 +300,11 @@ fn bce(case: &LossCase, logits: bool) -> Expected {
     let shape = &case.input.shape;
     let ones = || vec![1.0; shape.iter().product()];
     let w = match &case.weight {
-        Some(w) => broadcast_to(w, shape),
+        Some(w) => broadcast_to(w, &case.input),
         None => Some(ones()),
     };
     let pw = match (&case.pos_weight, logits) {
-        (Some(p), true) => broadcast_to(p, shape),
+        (Some(p), true) => broadcast_to(p, &case.input),
         _ => Some(ones()),
     };
     let (Some(w), Some(pw)) = (w, pw) else {
