@@ -18,7 +18,7 @@
 //! maximum. Where kiln deliberately differs: `topk` of a 0-d tensor with `k = 0` is refused
 //! (PyTorch returns the element anyway).
 
-use crate::reference::{broadcast_shape, indices, strides, wrap};
+use crate::reference::{broadcast_shape, flat, indices, lines, wrap};
 
 /// An integer tensor (indices), row-major.
 #[derive(Debug, Clone)]
@@ -102,10 +102,6 @@ impl Linear {
 pub struct Expected {
     pub values: Option<Linear>,
     pub indices: Option<IntNd>,
-}
-
-fn flat(shape: &[usize], idx: &[usize]) -> usize {
-    strides(shape).iter().zip(idx).map(|(s, i)| s * i).sum()
 }
 
 /// `shape`, with a 0-d shape read as `[1]` (PyTorch's `ensure_nonempty_dim`).
@@ -229,26 +225,6 @@ fn better(a: f64, b: f64, largest: bool) -> bool {
         _ if largest => a > b,
         _ => a < b,
     }
-}
-
-/// The lines of `x` along `d` (`x` read as `[1]` when 0-d): each is the flat positions of one
-/// line, and `out_at(line, k)` the flat output position of its `k`-th pick.
-fn lines(shape: &[usize], d: usize) -> Vec<Vec<usize>> {
-    let xs = nonempty(shape);
-    let mut outer = xs.clone();
-    outer[d] = 1;
-    indices(&outer)
-        .iter()
-        .map(|at| {
-            (0..xs[d])
-                .map(|k| {
-                    let mut i = at.clone();
-                    i[d] = k;
-                    flat(&xs, &i)
-                })
-                .collect()
-        })
-        .collect()
 }
 
 pub fn topk(x: &FloatNd, k: usize, dim: isize, largest: bool) -> Option<Expected> {

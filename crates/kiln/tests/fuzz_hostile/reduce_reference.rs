@@ -6,7 +6,7 @@
 //! docs.
 
 use crate::numeric::upstream;
-use crate::reference::{broadcast_shape, indices, strides, wrap, wrap_dims, Nd};
+use crate::reference::{broadcast_shape, flat, indices, lines, wrap, wrap_dims, Nd};
 use kiln::autograd::MAX_EMPTY_CHUNKS;
 
 #[derive(Debug, Clone)]
@@ -51,10 +51,6 @@ pub struct Expected {
     pub grad: Option<Vec<f64>>,
 }
 
-fn flat(shape: &[usize], at: &[usize]) -> usize {
-    strides(shape).iter().zip(at).map(|(s, i)| s * i).sum()
-}
-
 /// Output `i` copies input `from[i]`: values, and the gradient summed back.
 fn copies(x: &Nd, shapes: Vec<Vec<usize>>, from: Vec<usize>) -> Expected {
     let mut grad = vec![0.0; x.data.len()];
@@ -67,29 +63,6 @@ fn copies(x: &Nd, shapes: Vec<Vec<usize>>, from: Vec<usize>) -> Expected {
         indices: None,
         grad: Some(grad),
     }
-}
-
-/// The lines of `x` along `d` (a 0-d `x` is one line of one), each as its flat positions.
-fn lines(shape: &[usize], d: usize) -> Vec<Vec<usize>> {
-    let s = if shape.is_empty() {
-        vec![1]
-    } else {
-        shape.to_vec()
-    };
-    let mut outer = s.clone();
-    outer[d] = 1;
-    indices(&outer)
-        .iter()
-        .map(|at| {
-            (0..s[d])
-                .map(|k| {
-                    let mut i = at.clone();
-                    i[d] = k;
-                    flat(&s, &i)
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// `a` is picked over `b` by max (min when `min`): NaN first, then the extreme, first on ties.

@@ -34,6 +34,36 @@ pub fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// The row-major position of multi-index `at` in `shape`.
+pub fn flat(shape: &[usize], at: &[usize]) -> usize {
+    strides(shape).iter().zip(at).map(|(s, i)| s * i).sum()
+}
+
+/// The lines of a tensor of `shape` along dim `d` (a 0-d tensor is one line of one element),
+/// each as the row-major positions of its elements in order, the lines in row-major order of
+/// the other dims.
+pub fn lines(shape: &[usize], d: usize) -> Vec<Vec<usize>> {
+    let s = if shape.is_empty() {
+        vec![1]
+    } else {
+        shape.to_vec()
+    };
+    let mut outer = s.clone();
+    outer[d] = 1;
+    indices(&outer)
+        .iter()
+        .map(|at| {
+            (0..s[d])
+                .map(|k| {
+                    let mut i = at.clone();
+                    i[d] = k;
+                    flat(&s, &i)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 impl Nd {
     pub fn new(shape: &[usize], data: Vec<f64>) -> Nd {
         assert_eq!(shape.iter().product::<usize>(), data.len());
