@@ -167,15 +167,18 @@ impl MultiheadAttention {
             }
             scores = scores.masked_fill(&m.reshape_to(&[bs, 1, 1, s])?, f64::NEG_INFINITY)?;
         }
-        let probs = if masks.attn_mask.is_some() || masks.key_padding_mask.is_some() {
-            safe_softmax(&scores)?
-        } else {
-            // Causal masking alone leaves every query its first key.
-            scores.softmax(-1)?
+        // Causal masking alone leaves every query its first key; other masks may block a row.
+        let masked = masks.attn_mask.is_some() || masks.key_padding_mask.is_some();
+        let (probs, blocked) = match masked {
+            true => softmax_of_open_rows(&scores)?,
+            false => (scores.softmax(-1)?, None),
         };
         let attn = functional::dropout(&probs, self.dropout, self.training)?;
-        let ctx = attn
-            .matmul(&v)?
+        let mut ctx = attn.matmul(&v)?;
+        if let Some(blocked) = blocked {
+            ctx = ctx.masked_fill(&blocked, 0.0)?;
+        }
+        let ctx = ctx
             .permute(&[0, 2, 1, 3])?
             .contiguous()?
             .reshape_to(&[bs, t, e])?;
@@ -258,17 +261,20 @@ impl MultiheadAttention {
     }
 }
 
-/// Softmax over the last dim, with weights 0 in a row whose every score is -inf (PyTorch's
-/// `_safe_softmax`). The row's scores are set to 0 before the softmax, so its backward sees no
-/// NaN and the row passes no gradient.
-fn safe_softmax(scores: &Tensor) -> Result<Tensor> {
+/// Softmax over the last dim of `scores` `[B, H, T, S]` with the rows whose every score is
+/// -inf (blocked rows) set to 0 first, so they come out uniform instead of NaN, and those rows
+/// as `[B, H, T, 1]` (`None` when there are no keys). The caller zeroes the blocked rows of the
+/// attention output (PyTorch's `_safe_softmax` gives them weights 0): the gradient there is 0,
+/// so the softmax's backward passes none to them, and no tensor of the scores' size is kept
+/// beyond the softmax output that a plain softmax keeps too.
+fn softmax_of_open_rows(scores: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
     if scores.shape().last() == Some(&0) {
-        return Ok(scores.softmax(-1)?);
+        return Ok((scores.softmax(-1)?, None));
     }
     let blocked =
         kiln_autograd::no_grad(|| scores.amax(&[-1], true)?.eq_scalar(f64::NEG_INFINITY))?;
     let open = scores.masked_fill(&blocked, 0.0)?;
-    Ok(open.softmax(-1)?.masked_fill(&blocked, 0.0)?)
+    Ok((open.softmax(-1)?, Some(blocked)))
 }
 
 impl Module for MultiheadAttention {
