@@ -18,7 +18,7 @@
 //! maximum. Where kiln deliberately differs: `topk` of a 0-d tensor with `k = 0` is refused
 //! (PyTorch returns the element anyway).
 
-use crate::reference::{broadcast_shape, flat, indices, lines, wrap};
+use crate::reference::{broadcast_shape, flat, indices, lines, wrap, Nd};
 
 /// An integer tensor (indices), row-major.
 #[derive(Debug, Clone)]
@@ -32,13 +32,6 @@ pub struct IntNd {
 pub struct BoolNd {
     pub shape: Vec<usize>,
     pub data: Vec<bool>,
-}
-
-/// A float operand, row-major.
-#[derive(Debug, Clone)]
-pub struct FloatNd {
-    pub shape: Vec<usize>,
-    pub data: Vec<f64>,
 }
 
 /// Output element `i` is `Σ operands[o][j]` over `terms[i]`'s `(o, j)`, or `constant[i]` where
@@ -65,7 +58,7 @@ impl Linear {
     }
 
     /// The output's values.
-    pub fn values(&self, operands: &[FloatNd]) -> Vec<f64> {
+    pub fn values(&self, operands: &[Nd]) -> Vec<f64> {
         self.terms
             .iter()
             .zip(&self.constant)
@@ -118,7 +111,7 @@ fn position(i: i64, size: usize) -> Option<usize> {
     (i >= 0 && (i as u64) < size as u64).then_some(i as usize)
 }
 
-pub fn gather(x: &FloatNd, dim: isize, index: &IntNd) -> Option<Expected> {
+pub fn gather(x: &Nd, dim: isize, index: &IntNd) -> Option<Expected> {
     let d = wrap(dim, x.shape.len())?;
     let mut out = Linear::new(&index.shape);
     if !index.data.is_empty() {
@@ -139,13 +132,7 @@ pub fn gather(x: &FloatNd, dim: isize, index: &IntNd) -> Option<Expected> {
 }
 
 /// `scatter` (`add`: `scatter_add`) of operand 1 (`src`) into operand 0 (`x`).
-pub fn scatter(
-    x: &FloatNd,
-    dim: isize,
-    index: &IntNd,
-    src: &FloatNd,
-    add: bool,
-) -> Option<Expected> {
+pub fn scatter(x: &Nd, dim: isize, index: &IntNd, src: &Nd, add: bool) -> Option<Expected> {
     let d = wrap(dim, x.shape.len())?;
     let mut out = Linear::new(&x.shape);
     for (i, t) in out.terms.iter_mut().enumerate() {
@@ -188,7 +175,7 @@ pub fn scatter(
 }
 
 /// `F.embedding(indices, weight, padding_idx)` with the weight as operand 0.
-pub fn embedding(weight: &FloatNd, index: &IntNd, padding: Option<i64>) -> Option<Expected> {
+pub fn embedding(weight: &Nd, index: &IntNd, padding: Option<i64>) -> Option<Expected> {
     let [num, width] = weight.shape[..] else {
         return None;
     };
@@ -227,7 +214,7 @@ fn better(a: f64, b: f64, largest: bool) -> bool {
     }
 }
 
-pub fn topk(x: &FloatNd, k: usize, dim: isize, largest: bool) -> Option<Expected> {
+pub fn topk(x: &Nd, k: usize, dim: isize, largest: bool) -> Option<Expected> {
     let d = wrap(dim, x.shape.len())?;
     let xs = nonempty(&x.shape);
     if k > xs[d] || (x.shape.is_empty() && k == 0) {
@@ -263,7 +250,7 @@ pub fn topk(x: &FloatNd, k: usize, dim: isize, largest: bool) -> Option<Expected
     })
 }
 
-pub fn argmax(x: &FloatNd, dim: isize, keepdim: bool) -> Option<Expected> {
+pub fn argmax(x: &Nd, dim: isize, keepdim: bool) -> Option<Expected> {
     let d = wrap(dim, x.shape.len())?;
     let xs = nonempty(&x.shape);
     if xs[d] == 0 {
@@ -304,7 +291,7 @@ fn broadcast_flat(from: &[usize], shape: &[usize], out: &[usize]) -> usize {
     flat(from, &at)
 }
 
-pub fn masked_fill(x: &FloatNd, mask: &BoolNd, value: f64) -> Option<Expected> {
+pub fn masked_fill(x: &Nd, mask: &BoolNd, value: f64) -> Option<Expected> {
     let shape = broadcast_shape(&x.shape, &mask.shape)?;
     let mut out = Linear::new(&shape);
     for (i, at) in indices(&shape).iter().enumerate() {
@@ -321,7 +308,7 @@ pub fn masked_fill(x: &FloatNd, mask: &BoolNd, value: f64) -> Option<Expected> {
 }
 
 /// `where(cond, x, other)`: operand 0 where `cond`, else operand 1.
-pub fn where_(cond: &BoolNd, x: &FloatNd, other: &FloatNd) -> Option<Expected> {
+pub fn where_(cond: &BoolNd, x: &Nd, other: &Nd) -> Option<Expected> {
     let shape = broadcast_shape(&broadcast_shape(&x.shape, &other.shape)?, &cond.shape)?;
     let mut out = Linear::new(&shape);
     for (i, at) in indices(&shape).iter().enumerate() {
@@ -337,7 +324,7 @@ pub fn where_(cond: &BoolNd, x: &FloatNd, other: &FloatNd) -> Option<Expected> {
 }
 
 /// `cat(operands, dim)` (`stack`: `stack(operands, dim)`).
-pub fn join(parts: &[FloatNd], dim: isize, stack: bool) -> Option<Expected> {
+pub fn join(parts: &[Nd], dim: isize, stack: bool) -> Option<Expected> {
     let first = parts.first()?;
     if stack {
         if parts.iter().any(|p| p.shape != first.shape) {
@@ -346,9 +333,9 @@ pub fn join(parts: &[FloatNd], dim: isize, stack: bool) -> Option<Expected> {
         let d = wrap(dim, first.shape.len() + 1)?;
         let mut shape = first.shape.clone();
         shape.insert(d, 1);
-        let unsqueezed: Vec<FloatNd> = parts
+        let unsqueezed: Vec<Nd> = parts
             .iter()
-            .map(|p| FloatNd {
+            .map(|p| Nd {
                 shape: shape.clone(),
                 data: p.data.clone(),
             })
@@ -358,7 +345,7 @@ pub fn join(parts: &[FloatNd], dim: isize, stack: bool) -> Option<Expected> {
     if parts.iter().any(|p| p.shape.is_empty()) {
         return None;
     }
-    let legacy = |p: &FloatNd| p.shape == [0];
+    let legacy = |p: &Nd| p.shape == [0];
     let kept: Vec<usize> = (0..parts.len()).filter(|&i| !legacy(&parts[i])).collect();
     let Some(&lead) = kept.first() else {
         return Some(Expected {

@@ -11,8 +11,9 @@
 //! respect to every float operand must equal PyTorch's (a missing gradient counts as zeros).
 
 use crate::harness::{run, Outcome, Rng};
-use crate::index_reference::{self as r, BoolNd, Expected, FloatNd, IntNd};
+use crate::index_reference::{self as r, BoolNd, Expected, IntNd};
 use crate::numeric::{assert_close, grad_as_seen, leaf_and_view, upstream};
+use crate::reference::Nd;
 use kiln::autograd::{Device, Tensor};
 
 #[derive(Debug, Clone)]
@@ -34,7 +35,7 @@ pub enum IndexOp {
 #[derive(Debug, Clone)]
 pub struct IndexCase {
     f32: bool,
-    operands: Vec<FloatNd>,
+    operands: Vec<Nd>,
     /// Operand 0 is a reversed-dims view of a contiguous tensor.
     strided: bool,
     op: IndexOp,
@@ -62,9 +63,9 @@ fn shape(rng: &mut Rng) -> Vec<usize> {
         .collect()
 }
 
-fn floats(rng: &mut Rng, shape: &[usize]) -> FloatNd {
+fn floats(rng: &mut Rng, shape: &[usize]) -> Nd {
     let n = shape.iter().product();
-    FloatNd {
+    Nd {
         shape: shape.to_vec(),
         data: (0..n).map(|_| value(rng)).collect(),
     }
