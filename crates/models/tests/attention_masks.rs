@@ -62,8 +62,14 @@ fn fixture() -> (Fixture, MultiheadAttention) {
     (f, mha)
 }
 
-/// Attends with `masks`, backward of `sum(out * w)`, and compares with PyTorch's outputs.
-fn check(f: &Fixture, mha: &MultiheadAttention, masks: AttentionMasks<'_>, want: &Outputs) {
+/// Attends with `masks`, backward of `sum(out * w)`, and compares with PyTorch's outputs;
+/// returns kiln's output.
+fn check(
+    f: &Fixture,
+    mha: &MultiheadAttention,
+    masks: AttentionMasks<'_>,
+    want: &Outputs,
+) -> Vec<f32> {
     let x = t(&f.x, &f.shape).set_requires_grad(true).unwrap();
     let out = mha.attend(&x, &x, &x, masks).unwrap();
     close("output", &out, &want.out);
@@ -75,6 +81,7 @@ fn check(f: &Fixture, mha: &MultiheadAttention, masks: AttentionMasks<'_>, want:
         &mha.in_proj_weight.grad().unwrap(),
         &want.grad_in_proj_weight,
     );
+    out.to_vec::<f32>().unwrap()
 }
 
 #[test]
@@ -97,11 +104,13 @@ fn a_batch_element_with_every_key_padded_gets_the_output_bias_and_no_gradient() 
         key_padding_mask: Some(&pad),
         ..Default::default()
     };
-    check(&f, &mha, masks, &f.padded);
-    // The second batch element's rows are the bias exactly (PyTorch's output agrees).
+    let out = check(&f, &mha, masks, &f.padded);
+    // kiln's rows of the second batch element are the bias exactly, as PyTorch's are.
     let e = f.shape[2];
-    for row in f.padded.out[f.shape[1] * e..].chunks(e) {
-        assert_eq!(row, &f.out_proj_bias[..]);
+    for rows in [&out, &f.padded.out] {
+        for row in rows[f.shape[1] * e..].chunks(e) {
+            assert_eq!(row, &f.out_proj_bias[..]);
+        }
     }
 }
 
