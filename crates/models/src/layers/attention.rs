@@ -168,20 +168,29 @@ impl MultiheadAttention {
             scores = scores.masked_fill(&m.reshape_to(&[bs, 1, 1, s])?, f64::NEG_INFINITY)?;
         }
         // Causal masking alone leaves every query its first key; other masks may block a row.
+        // The blocks below drop each intermediate as soon as the next step has it, as one
+        // chained expression would (a binding would hold its buffer to the end of `attend`).
         let masked = masks.attn_mask.is_some() || masks.key_padding_mask.is_some();
-        let (probs, blocked) = match masked {
-            true => softmax_of_open_rows(&scores)?,
-            false => (scores.softmax(-1)?, None),
+        let (attn, blocked) = {
+            let (probs, blocked) = match masked {
+                true => softmax_of_open_rows(&scores)?,
+                false => (scores.softmax(-1)?, None),
+            };
+            (
+                functional::dropout(&probs, self.dropout, self.training)?,
+                blocked,
+            )
         };
-        let attn = functional::dropout(&probs, self.dropout, self.training)?;
-        let mut ctx = attn.matmul(&v)?;
-        if let Some(blocked) = blocked {
-            ctx = ctx.masked_fill(&blocked, 0.0)?;
+        let ctx = {
+            let ctx = attn.matmul(&v)?;
+            match blocked {
+                Some(blocked) => ctx.masked_fill(&blocked, 0.0)?,
+                None => ctx,
+            }
         }
-        let ctx = ctx
-            .permute(&[0, 2, 1, 3])?
-            .contiguous()?
-            .reshape_to(&[bs, t, e])?;
+        .permute(&[0, 2, 1, 3])?
+        .contiguous()?
+        .reshape_to(&[bs, t, e])?;
         self.out_proj.forward(&ctx)
     }
 
