@@ -137,6 +137,7 @@ impl Tensor {
 
     /// `gather(dim, index)`: `out[i][j][k] = self[i][index[i][j][k]][k]` (for `dim = 1`); the
     /// output has the index's shape.
+    ///
     /// As in PyTorch, a 0-d tensor or index counts as one element of rank 1, and an empty index
     /// gives an empty output without the shape checks.
     pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
@@ -171,11 +172,15 @@ impl Tensor {
     /// Functional `scatter(dim, index, src)`: a copy of `self` with
     /// `out[i][index[i][j][k]][k] = src[i][j][k]` (for `dim = 1`); with repeated indices the
     /// last write (row-major order) wins.
+    ///
+    /// As in PyTorch (and [`Tensor::gather`]), a 0-d tensor, index or `src` counts as one
+    /// element of rank 1, and an empty index gives a copy of `self` without the shape checks.
     pub fn scatter(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         self.scatter_impl("scatter", dim, index, src, false)
     }
 
-    /// Functional `scatter_add(dim, index, src)`: a copy of `self` with `src` added at `index`.
+    /// Functional `scatter_add(dim, index, src)`: a copy of `self` with `src` added at `index`
+    /// (shapes as in [`Tensor::scatter`]).
     pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         self.scatter_impl("scatter_add", dim, index, src, true)
     }
