@@ -10,7 +10,7 @@
 //! at a kink (`input_gradient`). A panic, a missing error or a wrong value fails the case.
 
 use crate::harness::{run, Outcome, Rng};
-use crate::numeric::upstream;
+use crate::numeric::{grad_as_seen, leaf_and_view, upstream};
 use crate::reference::{self as r, Nd};
 use kiln::autograd::{DType, Device, Tensor};
 
@@ -495,18 +495,7 @@ fn check_gradients(case: &OpCase) {
         return;
     }
     let x = &case.input;
-    let rev: Vec<isize> = (0..x.rank() as isize).rev().collect();
-    let strided = case.strided && x.rank() >= 2;
-    let leaf = match strided {
-        true => tensor(&r::permute(x, &rev).unwrap(), DType::F64),
-        false => tensor(x, DType::F64),
-    };
-    let leaf = leaf.set_requires_grad(true).unwrap();
-    let input = if strided {
-        leaf.permute(&rev).unwrap()
-    } else {
-        leaf.clone()
-    };
+    let (leaf, input) = leaf_and_view(&x.data, &x.shape, false, case.strided);
     let other = other_operand(case, DType::F64).map(|t| t.set_requires_grad(true).unwrap());
     let out = apply(case, input, other.as_ref()).expect("the same call again");
     let n = out.numel();
@@ -536,22 +525,17 @@ fn check_gradients(case: &OpCase) {
             })
             .collect()
     };
-    let mut grads = vec![(false, leaf, strided)];
+    let mut grads = vec![(false, grad_as_seen(&leaf, x.data.len(), case.strided))];
     if let Some(o) = other {
-        grads.push((true, o, false));
+        let g = o.grad().expect("a gradient after backward");
+        grads.push((true, g.to_vec_f64().unwrap()));
     }
-    for (of_other, t, through_view) in grads {
-        let g = t.grad().expect("a gradient after backward");
-        let g = if through_view {
-            g.permute(&rev).unwrap()
-        } else {
-            g
-        };
-        let got = g.to_vec_f64().unwrap();
+    for (of_other, got) in grads {
         let want = match of_other {
             true => differences(true),
             false => input_gradient(case, differences(false)),
         };
+        assert_eq!(got.len(), want.len(), "gradient length");
         for (k, (&g, &f)) in got.iter().zip(&want).enumerate() {
             let which = if of_other { "other" } else { "input" };
             assert!(
