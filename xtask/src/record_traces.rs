@@ -19,8 +19,8 @@
 //!   {8, 12, 16} each step, SGD with momentum;
 //! - `vit_adamw`: a 6-layer ViT (width 192, patch 8, 64x64 images), batch 16, AdamW.
 //!
-//! Those four peak at 127-353 MiB, where one 2 MiB page or 20 MiB segment is a large share of
-//! the peak. Their GPU-scale twins train the same way at GPU-training sizes (peaks of 2.8-3.3
+//! Those four peak at 123-321 MiB, where one 2 MiB page or 20 MiB segment is a large share of
+//! the peak. Their GPU-scale twins train the same way at GPU-training sizes (peaks of 2.4-2.8
 //! GiB; 1.5-3.5 min each in release on one thread):
 //! - `resnet18_sgd_gpu`: 224x224 images, batch 128;
 //! - `gpt_varlen_adamw_gpu`: a 4-layer GPT (width 256, 8 heads, vocabulary 16384), batch 8, a
@@ -117,7 +117,7 @@ const VIT_GPU: VitConfig = VitConfig {
     num_classes: 100,
 };
 
-/// The runs, in the order they are recorded: the four CPU-scale runs (peaks of 127-353 MiB),
+/// The runs, in the order they are recorded: the four CPU-scale runs (peaks of 123-321 MiB),
 /// then their GPU-scale twins (`*_gpu`: the same training at GPU-training sizes, peaks of
 /// several GiB, so 2 MiB pages and 20 MiB segments are small against the tensors).
 const RUNS: [(&str, Kind); 8] = [

@@ -346,13 +346,15 @@ fn compact_recording_drops_foreign_frees_renumbers_and_closes() {
 /// measured figures plus a little room. Before the policy changes of the small pool (up to
 /// 1 MiB) and of segment sizing they were 1.243 / 1.124, 1.157 / 1.225, 1.256 / 1.104 and
 /// 1.273 / 1.085 (on the recordings made before session 7's convolution and matmul changes).
-/// The recordings of session 40 (after in-place ReLUs and residual sums) measure 1.072 / 1.033,
-/// 1.043 / 1.117, 1.136 / 1.054 and 1.132 / 1.132.
+/// The recordings of session 40 (after in-place ReLUs and residual sums) measured 1.072 / 1.033,
+/// 1.043 / 1.117, 1.136 / 1.054 and 1.132 / 1.132; session 46's GPT and ViT recordings (a
+/// product or quotient keeps only what a gradient reads, so their peak of live bytes fell by
+/// 9% and 4%) measure 1.052 / 1.139 and 1.126 / 1.061.
 const RECORDED_BOUNDS: [(&str, f64, f64); 4] = [
     ("resnet18_sgd", 1.076, 1.037),
-    ("gpt_varlen_adamw", 1.047, 1.121),
+    ("gpt_varlen_adamw", 1.056, 1.143),
     ("finetune_resnet18_varbatch", 1.14, 1.058),
-    ("vit_adamw", 1.136, 1.136),
+    ("vit_adamw", 1.13, 1.065),
 ];
 
 /// The recorded traces and modes where the model of PyTorch's policy reserves less than kiln:
@@ -410,15 +412,18 @@ fn recorded_fixed_shape_runs_replayed_ten_times_call_the_backend_only_in_the_fir
 
 /// Upper bounds on `reserved_over_live` of the GPU-scale recordings (default, expandable,
 /// expandable with page stitching): the measured figures plus a little room. They are 1.070 /
-/// 1.004 / 1.004, 1.060 / 1.039 / 1.009, 1.058 / 1.005 / 1.002 and 1.096 / 1.024 / 1.012; the
-/// model of PyTorch's policy gives 1.269 / 1.006, 1.112 / 1.009, 1.352 / 1.013 and 1.085 / 1.025.
+/// 1.004 / 1.004, 1.125 / 1.078 / 1.007, 1.058 / 1.005 / 1.002 and 1.087 / 1.031 / 1.012; the
+/// model of PyTorch's policy gives 1.269 / 1.006, 1.074 / 1.102, 1.352 / 1.013 and 1.089 / 1.029.
+/// (Session 46's GPT and ViT recordings, whose peaks of live bytes fell by 22% and 12% when
+/// products and quotients stopped keeping what no gradient reads, moved the GPT's default from
+/// 1.060 to 1.125 while its peak reserved fell from 3567 to 2956 MiB.)
 /// (Before session 40's recordings, kiln's default on the ResNet and fine-tune runs was 1.058
 /// and 1.021: the runs' placement is chaotic, and in-place ReLUs moved it.)
 const GPU_SCALE_BOUNDS: [(&str, [f64; 3]); 4] = [
     ("resnet18_sgd_gpu", [1.074, 1.008, 1.008]),
-    ("gpt_varlen_adamw_gpu", [1.064, 1.043, 1.013]),
+    ("gpt_varlen_adamw_gpu", [1.129, 1.082, 1.011]),
     ("finetune_resnet18_varbatch_gpu", [1.062, 1.009, 1.006]),
-    ("vit_adamw_gpu", [1.1, 1.028, 1.016]),
+    ("vit_adamw_gpu", [1.091, 1.035, 1.016]),
 ];
 
 #[test]
@@ -426,7 +431,7 @@ fn gpu_scale_recordings_stay_within_their_measured_bounds() {
     for (name, bounds) in GPU_SCALE_BOUNDS {
         let text = RECORDED.iter().find(|(n, ..)| *n == name).unwrap().1;
         let trace = Trace::parse(text).unwrap();
-        // Several GiB at the peak: GPU-training scale, not the CPU runs' 127-353 MiB.
+        // Several GiB at the peak: GPU-training scale, not the CPU runs' 123-321 MiB.
         assert!(trace.peak_live_bytes() > 2 << 30, "{name}");
         common::assert_within_bounds(name, &trace, bounds);
     }

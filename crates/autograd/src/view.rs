@@ -236,7 +236,7 @@ impl Tensor {
     pub fn narrow(&self, dim: isize, start: usize, length: usize) -> Result<Tensor> {
         let d = resolve_dim("narrow", dim, self.rank())?;
         let size = self.shape().get(d).copied().unwrap_or(1);
-        if start + length > size {
+        if start.checked_add(length).is_none_or(|end| end > size) {
             return Err(arg_err(
                 "narrow",
                 format!(

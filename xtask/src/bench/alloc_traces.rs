@@ -5,7 +5,7 @@
 use kiln_alloc_cache::Trace;
 
 /// The traces recorded from kiln's own CPU training runs (`cargo xtask record-traces`): the
-/// figures of record, at CPU scale and at GPU-training scale (`*_gpu`, peaks of 2.8-3.3 GiB).
+/// figures of record, at CPU scale and at GPU-training scale (`*_gpu`, peaks of 2.4-2.8 GiB).
 pub(super) const RECORDED: [(&str, &str); 8] = [
     (
         "resnet18_sgd",

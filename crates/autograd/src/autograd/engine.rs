@@ -10,6 +10,11 @@
 //! handle, view or saved copy can see that memory (`Tensor::into_add`), and into a new buffer
 //! otherwise, so a sum never changes a tensor anyone else holds.
 //!
+//! Before any node runs, the walk that counts consumers checks every reachable node: one a
+//! backward without `retain_graph` already ran, or one whose saved tensors were modified in
+//! place since, refuses the whole backward, so a refused backward changes no `.grad()`
+//! (PyTorch refuses when it reaches such a node, after accumulating what ran before it).
+//!
 //! Leaves are counted like nodes: the gradients a leaf gets along each of its edges are summed
 //! first, and once its last edge was processed the sum is added into `.grad()` and the leaf's
 //! post-accumulate-grad hooks run (`crate::hooks`), so each reached leaf is accumulated, and its
@@ -28,13 +33,16 @@ fn key(node: &Arc<Node>) -> *const Node {
     Arc::as_ptr(node)
 }
 
-/// Consumer counts of every node reachable from `root`, and of every leaf (by its id).
-fn dependencies(root: &Arc<Node>) -> (HashMap<*const Node, usize>, HashMap<u64, usize>) {
+/// Consumer counts of every node reachable from `root`, and of every leaf (by its id); an
+/// error, before anything ran, when a reachable node cannot run (`Node::check_runnable`).
+type Dependencies = (HashMap<*const Node, usize>, HashMap<u64, usize>);
+fn dependencies(root: &Arc<Node>) -> Result<Dependencies> {
     let mut deps: HashMap<*const Node, usize> = HashMap::new();
     let mut leaf_deps: HashMap<u64, usize> = HashMap::new();
     let mut stack = vec![root.clone()];
     deps.insert(key(root), 0);
     while let Some(node) = stack.pop() {
+        node.check_runnable()?;
         for edge in node.edges.iter().flatten() {
             match edge {
                 Edge::Node(next) => {
@@ -48,7 +56,7 @@ fn dependencies(root: &Arc<Node>) -> (HashMap<*const Node, usize>, HashMap<u64, 
             }
         }
     }
-    (deps, leaf_deps)
+    Ok((deps, leaf_deps))
 }
 
 /// Adds a leaf's final gradient of this backward into `.grad()` and runs its hooks.
@@ -109,7 +117,7 @@ fn run_backward_here(root: &Tensor, gradient: Option<&Tensor>, retain_graph: boo
     let Some(root_node) = root.grad_fn_node() else {
         return finish_leaf(root, grad);
     };
-    let (mut deps, mut leaf_deps) = dependencies(&root_node);
+    let (mut deps, mut leaf_deps) = dependencies(&root_node)?;
     let mut buffers: HashMap<*const Node, Tensor> = HashMap::new();
     let mut leaf_buffers: HashMap<u64, Tensor> = HashMap::new();
     buffers.insert(key(&root_node), grad);

@@ -93,17 +93,43 @@ impl Node {
         }
     }
 
+    /// Refuses a node a backward cannot run: one a backward without `retain_graph` already
+    /// ran (its saved tensors are gone), or one that saved a tensor modified in place since.
+    /// The engine checks every node it will reach before running any, so a refused backward
+    /// leaves every `.grad()` as it was.
+    pub(crate) fn check_runnable(&self) -> Result<()> {
+        let slot = self.backward.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            return Err(self.freed_error());
+        }
+        self.check_saved_versions()
+    }
+
+    fn freed_error(&self) -> Error {
+        Error::Autograd(format!(
+            "backward: trying to backward through {} a second time, but its saved tensors were \
+             already freed by the first backward; pass retain_graph = true to the first \
+             backward_with call if you need to backward twice",
+            self.name
+        ))
+    }
+
     /// Runs the backward closure; drops it (and its saved tensors) unless `retain_graph`.
     pub(crate) fn run(&self, grad: &Tensor, retain_graph: bool) -> Result<Vec<Option<Tensor>>> {
         let mut slot = self.backward.lock().unwrap_or_else(|p| p.into_inner());
         let Some(f) = slot.as_ref() else {
-            return Err(Error::Autograd(format!(
-                "backward: trying to backward through {} a second time, but its saved tensors were \
-                 already freed by the first backward; pass retain_graph = true to the first \
-                 backward_with call if you need to backward twice",
-                self.name
-            )));
+            return Err(self.freed_error());
         };
+        self.check_saved_versions()?;
+        let grads = f(grad)?;
+        if !retain_graph {
+            *slot = None;
+        }
+        Ok(grads)
+    }
+
+    /// Refuses when a tensor this node saved was modified in place after it was saved.
+    fn check_saved_versions(&self) -> Result<()> {
         for (cell, seen) in &self.saved {
             if let Some(cell) = cell.upgrade() {
                 let now = cell.version();
@@ -117,10 +143,6 @@ impl Node {
                 }
             }
         }
-        let grads = f(grad)?;
-        if !retain_graph {
-            *slot = None;
-        }
-        Ok(grads)
+        Ok(())
     }
 }

@@ -68,9 +68,17 @@ impl Saved {
     }
 }
 
-/// Which of (lhs, rhs, output) a backward needs.
-const NONE: [bool; 3] = [false, false, false];
-const INPUTS: [bool; 3] = [true, true, false];
+/// Which of (lhs, rhs, output) a backward keeps, given which operands need a gradient
+/// (PyTorch's rule: a tensor is saved only when a gradient that will be computed reads it, so
+/// `x * mask` with a `mask` that needs none keeps `mask` alone, not `x`).
+type SaveRule = fn([bool; 2]) -> [bool; 3];
+
+/// Keeps nothing (sums and differences).
+const NONE: SaveRule = |_| [false, false, false];
+/// Keeps both operands, whichever gradient is computed (ties and extremes read both).
+const INPUTS: SaveRule = |_| [true, true, false];
+/// A product's: each operand's gradient reads the other operand.
+const CROSS: SaveRule = |n| [n[1], n[0], false];
 
 type PairGrad = fn(&Saved, &Tensor, [bool; 2]) -> Result<[Option<Tensor>; 2]>;
 
@@ -85,7 +93,7 @@ impl Tensor {
         rhs: &Tensor,
         op: BinaryOp,
         (name, lower): (&'static str, &'static str),
-        save: [bool; 3],
+        save: SaveRule,
         grad: PairGrad,
     ) -> Result<Tensor> {
         let _op = crate::autograd::attribution::forward_op(name);
@@ -114,10 +122,11 @@ impl Tensor {
         rhs: &Tensor,
         out: &Tensor,
         name: &'static str,
-        save: [bool; 3],
+        save: SaveRule,
         grad: PairGrad,
     ) -> Tensor {
         let node = Tensor::grad_node(name, &[self, rhs], |needs| {
+            let save = save([needs[0], needs[1]]);
             let keep = |i: usize, t: &Tensor| save[i].then(|| t.saved());
             let saved = Saved([keep(0, self), keep(1, rhs), keep(2, out)]);
             let (sa, sb) = (self.shape().to_vec(), rhs.shape().to_vec());
@@ -170,7 +179,7 @@ impl Tensor {
             rhs,
             BinaryOp::Mul,
             ("MulBackward", "mul"),
-            INPUTS,
+            CROSS,
             |s, g, n| {
                 Ok([
                     if n[0] { Some(g.mul(s.b()?)?) } else { None },
@@ -186,15 +195,17 @@ impl Tensor {
             rhs,
             BinaryOp::Div,
             ("DivBackward", "div"),
-            [false, true, true],
+            |n| [n[1], true, false],
             |s, g, n| {
-                let ga = g.div(s.b()?)?;
+                let b = s.b()?;
+                let ga = if n[0] { Some(g.div(b)?) } else { None };
+                // d/db a/b = -a / b², as PyTorch computes it: -g · ((a / b) / b)
                 let gb = if n[1] {
-                    Some(ga.mul(s.y()?)?.neg()?)
+                    Some(g.mul(&s.a()?.div(b)?.div(b)?)?.neg()?)
                 } else {
                     None
                 };
-                Ok([if n[0] { Some(ga) } else { None }, gb])
+                Ok([ga, gb])
             },
         )
     }
@@ -205,9 +216,9 @@ impl Tensor {
             rhs,
             BinaryOp::Pow,
             ("PowBackward", "pow"),
-            [true, true, true],
+            |n| [true, true, n[1]],
             |s, g, n| {
-                let (a, b, y) = (s.a()?, s.b()?, s.y()?);
+                let (a, b) = (s.a()?, s.b()?);
                 let ga = if n[0] {
                     // d/da a^b = b * a^(b-1), taken as 0 where b == 0 (PyTorch's rule: a^0 is
                     // constant, even at a = 0, NaN or inf, where the formula gives NaN)
@@ -222,7 +233,7 @@ impl Tensor {
                 };
                 let gb = if n[1] {
                     // d/db a^b = a^b * ln a, taken as 0 where a == 0 and b >= 0 (PyTorch's rule)
-                    let raw = g.mul(&y.mul(&a.log()?)?)?;
+                    let raw = g.mul(&s.y()?.mul(&a.log()?)?)?;
                     let zero_base = a.eq_scalar(0.0)?.logical_and(&b.ge_scalar(0.0)?)?;
                     Some(Tensor::where_(&zero_base, &raw.zeros_like()?, &raw)?)
                 } else {

@@ -6,7 +6,7 @@
 use crate::error::shape_err;
 use crate::ops::broadcast_shapes;
 use crate::tensor::{fmt_shape, Tensor};
-use crate::Result;
+use crate::{Error, Result};
 use kiln_device::prelude::*;
 
 impl Tensor {
@@ -85,8 +85,12 @@ impl Tensor {
         };
         let out = Tensor::from_storage(storage, &shape, None);
         let node = Tensor::grad_node("MmBackward", &[self, rhs], |needs| {
-            let (a, b) = (self.saved(), rhs.saved());
-            let (a_t, b_t) = (is_transposed(&a), is_transposed(&b));
+            // Each operand's gradient reads only the other operand, so an operand is kept only
+            // when the other one needs a gradient (PyTorch's rule: `x @ w` with a frozen `w`
+            // keeps `w`, not the activation `x`).
+            let (a_t, b_t) = (is_transposed(self), is_transposed(rhs));
+            let a = needs[1].then(|| self.saved());
+            let b = needs[0].then(|| rhs.saved());
             Box::new(move |g| {
                 // Each gradient is computed in its operand's layout: for an operand that is a
                 // transposed view (Linear's `weight.t()`), as the transpose of the product
@@ -94,19 +98,26 @@ impl Tensor {
                 // transposed view `.grad` would have to copy.
                 let ga = match (needs[0], a_t) {
                     (false, _) => None,
-                    (true, false) => Some(g.bmm(&b.transpose(-1, -2)?)?),
-                    (true, true) => Some(b.bmm(&g.transpose(-1, -2)?)?.transpose(-1, -2)?),
+                    (true, false) => Some(g.bmm(&kept(&b)?.transpose(-1, -2)?)?),
+                    (true, true) => Some(kept(&b)?.bmm(&g.transpose(-1, -2)?)?.transpose(-1, -2)?),
                 };
                 let gb = match (needs[1], b_t) {
                     (false, _) => None,
-                    (true, false) => Some(a.transpose(-1, -2)?.bmm(g)?),
-                    (true, true) => Some(g.transpose(-1, -2)?.bmm(&a)?.transpose(-1, -2)?),
+                    (true, false) => Some(kept(&a)?.transpose(-1, -2)?.bmm(g)?),
+                    (true, true) => Some(g.transpose(-1, -2)?.bmm(kept(&a)?)?.transpose(-1, -2)?),
                 };
                 Ok(vec![ga, gb])
             })
         });
         Ok(Tensor::with_node(&out, node))
     }
+}
+
+/// An operand `MmBackward` kept (it keeps each one only when the other needs a gradient).
+fn kept(t: &Option<Tensor>) -> Result<&Tensor> {
+    t.as_ref().ok_or_else(|| {
+        Error::Autograd("internal: MmBackward read an operand it did not keep".into())
+    })
 }
 
 /// Whether the last two dims of `t` are a transposed contiguous matrix (column-major: unit
