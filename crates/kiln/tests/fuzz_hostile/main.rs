@@ -1,7 +1,8 @@
 //! The seeded, bounded fuzz suite for issue 18 ("no panic, abort or hang on any input"):
 //! generated hostile inputs through the public API of kiln-sched, kiln-optim, kiln-data,
 //! kiln-models, kiln-autograd, kiln-device, kiln-alloc-cache and kiln's memory picture, and
-//! random op calls, indexing and joining calls, reductions and views, multi-head attention
+//! random op calls, autograd programs with shared buffers and in-place updates, indexing and
+//! joining calls, reductions and views, multi-head attention
 //! calls, convolution, pooling and normalisation calls, kiln-losses calls, optimizer runs and
 //! `GradScaler` flows checked against references. Each target runs a fixed number of cases
 //! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
@@ -21,6 +22,8 @@ mod attention;
 mod conv_pool;
 mod data;
 mod events;
+mod graph_programs;
+mod graph_reference;
 mod harness;
 mod index_reference;
 mod indexing;
@@ -170,4 +173,9 @@ fn fuzz_grad_scaler_flows() {
 #[test]
 fn fuzz_reduction_and_view_calls() {
     reduce_views::reduce_and_view_calls(0x5eed_001a, 6000);
+}
+
+#[test]
+fn fuzz_autograd_programs() {
+    graph_programs::graph_programs(0x5eed_001b, 3000);
 }
