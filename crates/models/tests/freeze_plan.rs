@@ -3,6 +3,7 @@
 mod common;
 
 use kiln_autograd::{manual_seed, DType, Device, Module, Tensor};
+use kiln_models::layers::{LayerNorm, Linear, Sequential};
 use kiln_models::models::{mlp, resnet18};
 use kiln_models::{max_batch_size, plan, summary, Error, Freeze, Layer, OptimizerKind};
 
@@ -155,5 +156,25 @@ fn optimizer_names_parse_as_the_cli_takes_them() {
     assert!(
         e.contains("unknown optimizer \"lamb\"; use sgd, sgd-momentum, adam or adamw"),
         "{e}"
+    );
+}
+
+#[test]
+fn a_frozen_linear_after_trainable_layers_keeps_no_input() {
+    manual_seed(3);
+    // LayerNorm keeps its input, not its output; the middle Linear's input (the LayerNorm's
+    // output, 8 floats per sample) is kept only for that Linear's weight gradient, so freezing
+    // the weight drops it from the plan (as autograd drops it: x @ frozen_w keeps no x).
+    let m = Sequential::new()
+        .push(Linear::new(4, 8, true).unwrap())
+        .push(LayerNorm::new(&[8], 1e-5).unwrap())
+        .push(Linear::new(8, 8, true).unwrap())
+        .push(Linear::new(8, 2, true).unwrap());
+    let full = plan(&m, &[4], DType::F32, OptimizerKind::Sgd).unwrap();
+    assert_eq!(m.freeze(|n| n.starts_with("2.")).unwrap(), 2);
+    let frozen = plan(&m, &[4], DType::F32, OptimizerKind::Sgd).unwrap();
+    assert_eq!(
+        full.saved_activation_bytes_per_sample - frozen.saved_activation_bytes_per_sample,
+        8 * 4
     );
 }

@@ -237,7 +237,8 @@ impl MultiheadAttention {
         if !ctx.requires_grad() {
             return Ok(self.trace_out_proj(tracer, &ctx));
         }
-        if trainable {
+        if self.in_proj_weight.requires_grad() {
+            // Only the projection weight's gradient reads the inputs.
             for x in [q, k, v] {
                 tracer.save(x);
             }

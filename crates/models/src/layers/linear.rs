@@ -96,8 +96,9 @@ impl Layer for Linear {
         let shape = self.check(x.shape())?;
         let trainable = any_trainable(std::iter::once(&self.weight).chain(&self.bias));
         let out = tracer.output(&[x], &shape, x.dtype(), trainable);
-        if out.requires_grad() {
-            // kiln's backward keeps the input whenever the op is recorded.
+        if out.requires_grad() && self.weight.requires_grad() {
+            // Only the weight's gradient reads the input, so a frozen weight's matmul keeps
+            // none (PyTorch's rule, and kiln's).
             tracer.save(x);
         }
         if self.bias.is_some() {
