@@ -24,6 +24,7 @@ mod data;
 mod events;
 mod graph_programs;
 mod graph_reference;
+mod graph_steps;
 mod harness;
 mod index_reference;
 mod indexing;
