@@ -1,5 +1,5 @@
 //! The snapshot PyTorch's memory_viz opens: a [`MemorySnapshot`] and the recorded
-//! [`MemoryEvent`]s in the layout of `torch.cuda.memory._snapshot()`, pickled as
+//! [`MemoryEvent`](crate::MemoryEvent)s in the layout of `torch.cuda.memory._snapshot()`, pickled as
 //! `torch.cuda.memory._dump_snapshot` writes it.
 //!
 //! Layout (the keys PyTorch's C++ snapshot, `torch/cuda/_memory_viz.py` and `MemoryViz.js` read):

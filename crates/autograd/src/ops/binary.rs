@@ -147,7 +147,8 @@ impl Tensor {
     }
 
     /// `self + rhs` for a `self` the caller gives up: added into its buffer where nothing else
-    /// can see it ([`Tensor::reusable_alone`]) and `rhs` has its shape and dtype (a residual
+    /// can see it (no other handle, view or saved copy, and not a leaf that requires grad
+    /// while a graph is recorded) and `rhs` has its shape and dtype (a residual
     /// connection's sum, backward's sum of two gradients), a new tensor as `add` makes
     /// otherwise. The values and the recorded backward are `add`'s either way.
     pub fn into_add(self, rhs: &Tensor) -> Result<Tensor> {

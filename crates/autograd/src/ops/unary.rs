@@ -117,7 +117,8 @@ impl Tensor {
     }
 
     /// [`Tensor::relu`] of a tensor the caller gives up: written over its buffer where nothing
-    /// else can see it ([`Tensor::reusable_alone`]: no other handle, view or saved copy), as
+    /// else can see it (no other handle, view or saved copy, and not a leaf that requires grad
+    /// while a graph is recorded), as
     /// PyTorch's `inplace=True` does, and a new tensor otherwise. The values and the recorded
     /// backward are `relu`'s either way (its backward reads the output, never the input).
     pub fn into_relu(self) -> Result<Tensor> {

@@ -1,7 +1,7 @@
 //! Compiled modules and kernel launches: a module is the shared object the emulator's NVRTC
 //! built ([`crate::nvrtc`]), `dlopen`ed; a kernel's arguments are copied by its real signature
 //! (the descriptor the compiler driver appended to the module); a launch runs every block on
-//! the launching thread and a pool of helpers ([`pool`]), each block's threads as fibers
+//! the launching thread and a pool of helpers (`pool`), each block's threads as fibers
 //! (include/kiln_emu_fiber.h).
 //!
 //! Invariants:

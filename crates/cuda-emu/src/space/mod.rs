@@ -2,18 +2,18 @@
 //!
 //! Invariants:
 //! - Each emulated device (driver ordinal `d`) owns the span `[SPAN_BASE + d * SPAN_BYTES,
-//!   SPAN_BASE + (d + 1) * SPAN_BYTES)`, reserved at [`init`] with `PROT_NONE` and
+//!   SPAN_BASE + (d + 1) * SPAN_BYTES)`, reserved at `init` with `PROT_NONE` and
 //!   `MAP_NORESERVE`, so nothing else in the process is ever placed there and every address in it
 //!   faults unless made accessible below.
-//! - A `cuMemAlloc` allocation ([`alloc`]) is readable and writable only while it is live; its
+//! - A `cuMemAlloc` allocation (`alloc`) is readable and writable only while it is live; its
 //!   end (its size rounded up to 256 bytes) abuts an inaccessible guard page and its start is
-//!   256-byte aligned. [`free`] makes its pages inaccessible again and discards their contents.
+//!   256-byte aligned. `free` makes its pages inaccessible again and discards their contents.
 //! - VMM memory is accessible exactly while a physical allocation is mapped into a reservation
-//!   ([`reserve`]) and access was granted; the driver publishes and withdraws such ranges with
-//!   [`publish_mapping`] / [`withdraw_mapping`].
+//!   (`reserve`) and access was granted; the driver publishes and withdraws such ranges with
+//!   `publish_mapping` / `withdraw_mapping`.
 //! - The registry of live ranges is the single source of truth for [`check_device_range`]; the
 //!   emulator's own code dereferences a device address only after that check passed.
-//! - Bytes charged against a device's capacity ([`charge`]) never exceed [`capacity`].
+//! - Bytes charged against a device's capacity (`charge`) never exceed `capacity`.
 
 mod registry;
 mod span;

@@ -27,7 +27,7 @@ impl std::fmt::Debug for Distributed {
     }
 }
 
-/// Every knob of [`train`]; [`TrainConfig::default`] is the example's defaults.
+/// Every knob of [`train`](super::train); [`TrainConfig::default`] is the example's defaults.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
     /// Epochs of the whole schedule.

@@ -31,7 +31,7 @@ pub struct EpochReport {
     pub seconds: f64,
 }
 
-/// What [`train`] decided before the first step.
+/// What [`train`](super::train) decided before the first step.
 #[derive(Debug, Clone)]
 pub struct Setup {
     /// The model summary (torchinfo's table).

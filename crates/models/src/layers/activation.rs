@@ -85,7 +85,7 @@ macro_rules! activation_layer {
 
 activation_layer!(
     /// `max(x, 0)` (`torch.nn.ReLU`). Its backward reads the output's sign. Given its input
-    /// ([`Layer::forward_owned`]: the residual blocks and [`crate::Sequential`] do) it writes
+    /// ([`Layer::forward_owned`]: the residual blocks and [`crate::layers::Sequential`] do) it writes
     /// over it where nothing else can see it ([`Tensor::into_relu`]), as `inplace=True` does
     /// in PyTorch; a new tensor otherwise.
     ReLU,
