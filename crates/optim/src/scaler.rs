@@ -118,8 +118,19 @@ impl Default for GradScaler {
     }
 }
 
+/// The scales a scaler keeps, for messages: from `1 / f32::MAX` (below it the unscale's
+/// `1 / scale` is inf in f32, so every gradient unscales to inf or NaN) to `f32::MAX`.
+const SCALE_RANGE: &str = "2.9e-39 = 1 / f32::MAX to 3.4e38 = f32::MAX";
+
+/// True when `scale` is positive, finite as an f32, and its reciprocal in f32 is finite too.
+fn usable_scale(scale: f64) -> bool {
+    let s = scale as f32;
+    scale > 0.0 && s.is_finite() && ((1.0 / f64::from(s)) as f32).is_finite()
+}
+
 impl GradScaler {
-    /// A scaler with `options` (checked: factors positive, growth > 1, backoff < 1).
+    /// A scaler with `options` (checked: growth > 1, backoff in (0, 1), an `init_scale` that
+    /// [`GradScaler::set_scale`] takes, and a `growth_interval` of at least 1).
     pub fn new(options: GradScalerOptions) -> Result<Self> {
         let o = &options;
         let factors_ok = o.growth_factor > 1.0 && o.backoff_factor > 0.0 && o.backoff_factor < 1.0;
@@ -132,15 +143,14 @@ impl GradScaler {
                 ),
             ));
         }
-        // The scale is kept as f32: a finite f64 beyond f32's range (or below its smallest
-        // value) would become inf (or 0).
-        let as_f32 = o.init_scale as f32;
-        let scale_ok = o.init_scale > 0.0 && as_f32.is_finite() && as_f32 > 0.0;
-        if !scale_ok || o.growth_interval == 0 {
+        if !usable_scale(o.init_scale) || o.growth_interval == 0 {
             return Err(arg_err(
                 "GradScaler",
-                "init_scale must be a positive number within f32's range and growth_interval at \
-                 least 1",
+                format!(
+                    "init_scale {} must be a positive number within f32's range ({SCALE_RANGE}) \
+                     and growth_interval {} at least 1",
+                    o.init_scale, o.growth_interval
+                ),
             ));
         }
         Ok(GradScaler {
@@ -258,7 +268,12 @@ impl GradScaler {
     }
 
     /// Adjusts the scale after a step: backoff when any optimizer saw inf/NaN, growth after
-    /// `growth_interval` clean steps in a row (PyTorch's `_amp_update_scale_`).
+    /// `growth_interval` clean steps in a row (PyTorch's `_amp_update_scale_`). A growth that
+    /// would overflow f32 keeps the scale. A backoff below `1 / f32::MAX` is refused (the
+    /// step's record is consumed, the scale and growth tracker kept): there `1 / scale` is inf
+    /// in f32, so every later step would be skipped without a word (PyTorch's scale goes on
+    /// down to 0, a silent stall), and gradients non-finite even at such a scale point at a NaN
+    /// or inf in the model, not at the scale.
     pub fn update(&mut self) -> Result<()> {
         if !self.options.enabled {
             return Ok(());
@@ -275,7 +290,23 @@ impl GradScaler {
             found_inf |= stage.found_inf()?;
         }
         if found_inf {
-            self.scale = (f64::from(self.scale) * self.options.backoff_factor) as f32;
+            let backed = (f64::from(self.scale) * self.options.backoff_factor) as f32;
+            if !usable_scale(f64::from(backed)) {
+                self.per_optimizer.clear();
+                return Err(Error::InvalidArgument {
+                    op: "update",
+                    msg: format!(
+                        "the scale {:e} would back off out of f32's usable range \
+                         ({SCALE_RANGE}): the gradients were inf or NaN even at this scale, so \
+                         they are non-finite whatever the scale (below the range, unscaling by \
+                         1 / scale overflows f32 and every later step would be skipped without \
+                         a word, as PyTorch's scale goes on down to 0); look for a NaN or inf in \
+                         the loss, the model's output or a parameter",
+                        self.scale
+                    ),
+                });
+            }
+            self.scale = backed;
             self.growth_tracker = 0;
         } else {
             let successful = self.growth_tracker + 1;
@@ -293,19 +324,13 @@ impl GradScaler {
         Ok(())
     }
 
-    /// Sets the scale directly (PyTorch's `update(new_scale)`), checked as `init_scale` is.
+    /// Sets the scale directly (PyTorch's `update(new_scale)`), checked as `init_scale` is:
+    /// positive, finite in f32, and at least `1 / f32::MAX`, so that `1 / scale` is finite.
     pub fn set_scale(&mut self, scale: f64) -> Result<()> {
-        // Kept as f32: beyond its range the scale would become inf (every gradient unscaled to
-        // 0, every step taken) or 0 (every gradient unscaled to inf or NaN).
-        let as_f32 = scale as f32;
-        if !(scale > 0.0 && as_f32.is_finite() && as_f32 > 0.0) {
+        if !usable_scale(scale) {
             return Err(arg_err(
                 "set_scale",
-                format!(
-                    "scale {scale} must be positive and within f32's range ({:e} to {:e})",
-                    f32::from_bits(1),
-                    f32::MAX
-                ),
+                format!("scale {scale} must be positive and within f32's range ({SCALE_RANGE})"),
             ));
         }
         self.scale = scale as f32;

@@ -316,6 +316,53 @@ fn grad_scaler_catches_an_unscale_overflow_and_refuses_a_step_without_gradients(
 }
 
 #[test]
+fn grad_scaler_refuses_to_back_its_scale_off_below_a_usable_one() {
+    let p = param(&[1.0, 2.0]);
+    let mut opt = Sgd::new(
+        vec![ParamGroup::new(named(&[&p], "w"))],
+        SgdOptions::default().lr(1.0),
+    )
+    .unwrap();
+    let mut scaler = GradScaler::new(GradScalerOptions::default()).unwrap();
+    // NaN gradients at every scale: 2^16 halves down to 2^-127 in 143 updates; the 144th is
+    // refused and keeps the scale, since at 2^-128 the unscale's 1 / scale is inf in f32 and
+    // every later step would be skipped (PyTorch's scale goes on down to 0 without a word).
+    let mut updates = 0;
+    let e = loop {
+        grad(&p, &[f32::NAN, 1.0]);
+        assert!(!scaler.step(&mut opt).unwrap());
+        match scaler.update() {
+            Ok(()) => updates += 1,
+            Err(e) => break e.to_string(),
+        }
+        assert!(updates <= 143, "the scale reached {}", scaler.get_scale());
+    };
+    assert_eq!(updates, 143);
+    assert_eq!(scaler.get_scale(), 2f64.powi(-127));
+    assert!(
+        e.contains("would back off out of f32's usable range") && e.contains("look for a NaN"),
+        "{e}"
+    );
+    assert_eq!(p.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    // The record was consumed: finite gradients then step and count as usual.
+    grad(&p, &[0.0, 0.0]);
+    assert!(scaler.step(&mut opt).unwrap());
+    scaler.update().unwrap();
+    assert_eq!(
+        (scaler.get_scale(), scaler.growth_tracker()),
+        (2f64.powi(-127), 1)
+    );
+    // The same floor for the options and set_scale: 2^-128 refused, 2^-127 taken.
+    assert!(scaler.set_scale(2f64.powi(-128)).is_err());
+    scaler.set_scale(2f64.powi(-127)).unwrap();
+    let tiny = GradScalerOptions {
+        init_scale: 2f64.powi(-128),
+        ..Default::default()
+    };
+    assert!(GradScaler::new(tiny).is_err());
+}
+
+#[test]
 fn unsupported_parameters_get_a_message_with_the_fix() {
     let h = Parameter::new(Tensor::zeros(&[2], DType::F16, Device::Cpu).unwrap()).unwrap();
     h.set_grad(Some(Tensor::zeros(&[2], DType::F16, Device::Cpu).unwrap()))

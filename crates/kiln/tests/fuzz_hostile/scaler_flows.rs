@@ -13,7 +13,10 @@
 //! backoff in (0, 1); interval at least 1), and so must `set_scale`'s scale (PyTorch takes
 //! any); the unscale flags a gradient that is non-finite after it (PyTorch looks before it and
 //! steps with one the unscale overflowed); an `unscale_` that finds no gradient records nothing
-//! (PyTorch records an empty check, and a second `unscale_` is then refused).
+//! (PyTorch records an empty check, and a second `unscale_` is then refused). Scales below
+//! `1 / f32::MAX`, where the unscale's `1 / scale` is inf in f32, are refused by the options,
+//! by `set_scale` and by an `update` whose backoff would reach one (it keeps the scale; PyTorch
+//! backs off on down to 0 and skips every later step).
 
 use crate::harness::{run, Outcome, Rng};
 use crate::numeric::{float_tensor, round_to};
@@ -50,6 +53,8 @@ fn hostile_scale(rng: &mut Rng) -> f64 {
             1e39,
             1e-46,
             1e-45,
+            2.9e-39,
+            3e-39,
             2f64.powi(127),
             f32::MAX as f64,
         ]),
@@ -153,8 +158,11 @@ enum Answer {
     Scaled(f32),
 }
 
+/// A scale kiln keeps: positive, finite in f32, and with a finite reciprocal in f32 (from
+/// `1 / f32::MAX` up), so the unscale's `1 / scale` is finite.
 fn valid_scale(v: f64) -> bool {
-    v > 0.0 && (v as f32).is_finite() && v as f32 > 0.0
+    let s = v as f32;
+    v > 0.0 && s.is_finite() && ((1.0 / f64::from(s)) as f32).is_finite()
 }
 
 fn valid(o: &GradScalerOptions) -> bool {
@@ -247,7 +255,11 @@ impl Model {
                 };
                 let o = &case.options;
                 if found {
-                    self.scale = (f64::from(self.scale) * o.backoff_factor) as f32;
+                    let backed = (f64::from(self.scale) * o.backoff_factor) as f32;
+                    if !valid_scale(f64::from(backed)) {
+                        return Answer::Refused;
+                    }
+                    self.scale = backed;
                     self.tracker = 0;
                 } else if self.tracker + 1 == o.growth_interval {
                     let grown = (f64::from(self.scale) * o.growth_factor) as f32;
