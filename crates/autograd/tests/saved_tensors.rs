@@ -2,7 +2,9 @@
 //! reads (PyTorch's rule), so an in-place update of a tensor no gradient reads does not stop a
 //! backward, and an activation multiplied by a constant or a mask is not held until backward.
 //! The outcomes (`Ok` and the gradient, or the in-place refusal) are PyTorch 2.15's for the
-//! same programs.
+//! same programs, except where a test says kiln's rule differs: a refused backward changes no
+//! gradient (PyTorch's has accumulated what ran before the node it refuses), and a second
+//! backward through a freed op is refused even when it saved nothing.
 
 use kiln_autograd::{no_grad, Device, Tensor};
 
@@ -171,6 +173,15 @@ fn a_refused_backward_changes_no_gradient() {
     );
     assert_eq!(values(&b.grad().unwrap()), [1., 1.]);
     assert_eq!(values(&a.grad().unwrap()), [1f64.exp(), 2f64.exp()]);
+    // ...even when the freed op saved nothing (PyTorch runs a sum again)
+    let sum = a.add(&b).unwrap();
+    assert_eq!(backward(&sum), None);
+    let e = backward(&sum).expect("refused");
+    assert!(
+        e.contains("AddBackward") && e.contains("second time"),
+        "{e}"
+    );
+    assert_eq!(values(&b.grad().unwrap()), [2., 2.]);
 }
 
 #[test]
