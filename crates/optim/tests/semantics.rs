@@ -207,14 +207,21 @@ fn a_resumed_run_continues_bit_identically() {
         .is_err());
 }
 
-#[test]
-fn grad_scaler_unscales_skips_nonfinite_steps_and_adapts_the_scale() {
+/// The GradScaler tests' subject: a parameter `[1, 2]` and plain SGD with lr 1 over it, so a
+/// taken step subtracts the unscaled gradient exactly.
+fn scaled_sgd() -> (Parameter, Sgd) {
     let p = param(&[1.0, 2.0]);
-    let mut opt = Sgd::new(
+    let opt = Sgd::new(
         vec![ParamGroup::new(named(&[&p], "w"))],
         SgdOptions::default().lr(1.0),
     )
     .unwrap();
+    (p, opt)
+}
+
+#[test]
+fn grad_scaler_unscales_skips_nonfinite_steps_and_adapts_the_scale() {
+    let (p, mut opt) = scaled_sgd();
     let mut scaler = GradScaler::new(GradScalerOptions {
         init_scale: 8.0,
         growth_interval: 2,
@@ -264,12 +271,7 @@ fn grad_scaler_unscales_skips_nonfinite_steps_and_adapts_the_scale() {
 
 #[test]
 fn grad_scaler_catches_an_unscale_overflow_and_refuses_a_step_without_gradients() {
-    let p = param(&[1.0, 2.0]);
-    let mut opt = Sgd::new(
-        vec![ParamGroup::new(named(&[&p], "w"))],
-        SgdOptions::default().lr(1.0),
-    )
-    .unwrap();
+    let (p, mut opt) = scaled_sgd();
     let mut scaler = GradScaler::new(GradScalerOptions {
         init_scale: 0.25,
         ..Default::default()
@@ -317,12 +319,7 @@ fn grad_scaler_catches_an_unscale_overflow_and_refuses_a_step_without_gradients(
 
 #[test]
 fn grad_scaler_refuses_to_back_its_scale_off_below_a_usable_one() {
-    let p = param(&[1.0, 2.0]);
-    let mut opt = Sgd::new(
-        vec![ParamGroup::new(named(&[&p], "w"))],
-        SgdOptions::default().lr(1.0),
-    )
-    .unwrap();
+    let (p, mut opt) = scaled_sgd();
     let mut scaler = GradScaler::new(GradScalerOptions::default()).unwrap();
     // NaN gradients at every scale: 2^16 halves down to 2^-127 in 143 updates; the 144th is
     // refused and keeps the scale, since at 2^-128 the unscale's 1 / scale is inf in f32 and
