@@ -37,6 +37,13 @@ impl State {
         same[pick % same.len()]
     }
 
+    /// kiln's tensor `x`, its slot left holding a placeholder, so the caller holds the only
+    /// handle the program had (what an owned op such as `into_relu` is given).
+    fn give_up(&mut self, x: usize) -> Tensor {
+        let placeholder = Tensor::scalar(0.0, DType::F64, Device::Cpu).unwrap();
+        std::mem::replace(&mut self.kiln[x], placeholder)
+    }
+
     fn push(&mut self, t: Tensor, r: RTensor) {
         self.kiln.push(t);
         self.model.push(r);
@@ -326,8 +333,7 @@ fn execute(s: &mut State, step: &Step) -> bool {
                 return false;
             }
             if !s.model[x].requires_grad {
-                s.graph.grads.push(None);
-                let id = s.graph.grads.len() - 1;
+                let id = s.graph.new_leaf();
                 (s.model[x].requires_grad, s.model[x].leaf) = (true, Some(id));
                 s.leaves.push((s.kiln[x].clone(), id));
             }
@@ -338,10 +344,7 @@ fn execute(s: &mut State, step: &Step) -> bool {
             let (r, v) = (s.model[x].clone(), s.graph.values(&s.model[x]));
             let out: Vec<f64> = v.iter().map(|&a| relu(a)).collect();
             let rule = Rule::Relu { out: out.clone() };
-            let owned = std::mem::replace(
-                &mut s.kiln[x],
-                Tensor::scalar(0.0, DType::F64, Device::Cpu).unwrap(),
-            );
+            let owned = s.give_up(x);
             s.kiln[x] = owned.into_relu().expect("relu of a float tensor");
             s.model[x] = s.graph.record(
                 true,
@@ -359,10 +362,7 @@ fn execute(s: &mut State, step: &Step) -> bool {
             let y = s.partner(x, y);
             let rt = binary_model(s, x, y, BinaryKind::Add, false);
             let rhs = s.kiln[y].clone();
-            let owned = std::mem::replace(
-                &mut s.kiln[x],
-                Tensor::scalar(0.0, DType::F64, Device::Cpu).unwrap(),
-            );
+            let owned = s.give_up(x);
             s.kiln[x] = owned
                 .into_add(&rhs)
                 .expect("a sum of two tensors of one shape");

@@ -130,10 +130,7 @@ impl Graph {
     /// A tensor over a new buffer holding `data`.
     pub fn fresh(&mut self, data: Vec<f64>, requires_grad: bool, node: Option<usize>) -> RTensor {
         self.buffers.push(Buffer { data, version: 0 });
-        let leaf = (requires_grad && node.is_none()).then(|| {
-            self.grads.push(None);
-            self.grads.len() - 1
-        });
+        let leaf = (requires_grad && node.is_none()).then(|| self.new_leaf());
         RTensor {
             buffer: self.buffers.len() - 1,
             offset: 0,
@@ -142,6 +139,12 @@ impl Graph {
             node,
             leaf,
         }
+    }
+
+    /// A new leaf that requires grad, with no gradient yet: its index in [`Graph::grads`].
+    pub fn new_leaf(&mut self) -> usize {
+        self.grads.push(None);
+        self.grads.len() - 1
     }
 
     /// Where `t`'s gradient goes when an op reads it.
