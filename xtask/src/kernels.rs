@@ -10,14 +10,15 @@
 //! 3. re-executes itself with `LD_LIBRARY_PATH` naming the wheel's `lib/` folder: cudarc loads
 //!    `libnvrtc.so.13` with `dlopen`, and libnvrtc in turn `dlopen`s `libnvrtc-builtins.so.13.0`
 //!    by bare name, so the folder must be on the loader's path, which is read at process start;
-//! 4. compiles each file to PTX for `compute_80` and `compute_90` with exactly
+//! 4. compiles each file (several at once, one per core) to PTX for `compute_80` and `compute_90` with exactly
 //!    [`kiln_device::nvrtc_options`] (the runtime's options) plus `--include-path` for
 //!    `cuda_fp16.h` / `cuda_bf16.h`, then assembles the PTX with `ptxas -arch=sm_80` / `sm_90`,
 //!    which catches register and resource errors NVRTC does not;
-//! 5. prints one line per file and fails (non-zero exit) with the NVRTC log or ptxas output of
+//! 5. prints one line per file, in path order, and fails (non-zero exit) with the NVRTC log or ptxas output of
 //!    every failure; warnings count as failures, as with `clippy -D warnings`. PTX and cubins
 //!    are left in `target/kiln-kernels/` for inspection.
 
+use rayon::prelude::*;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,14 +79,23 @@ pub fn run(args: &[String]) -> Result<(), String> {
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
 
+    // Files compile in parallel (NVRTC's compile is thread-safe; each file writes its own
+    // outputs) and are reported in path order.
+    let checked: Vec<(String, Result<usize, String>)> = files
+        .par_iter()
+        .map(|file| {
+            let rel = file
+                .strip_prefix(&root)
+                .unwrap_or(file)
+                .display()
+                .to_string();
+            let result = check_file(file, &rel, &tools, &out_dir);
+            (rel, result)
+        })
+        .collect();
     let mut failures = Vec::new();
-    for file in &files {
-        let rel = file
-            .strip_prefix(&root)
-            .unwrap_or(file)
-            .display()
-            .to_string();
-        match check_file(file, &rel, &tools, &out_dir) {
+    for (rel, result) in checked {
+        match result {
             Ok(kernels) => {
                 let archs: Vec<String> = ARCHS.iter().map(|(a, b)| format!("sm_{a}{b}")).collect();
                 let plural = if kernels == 1 { "" } else { "s" };
