@@ -89,8 +89,8 @@ pub fn binary_cross_entropy(
             return Err(arg_err(
                 OP,
                 format!(
-                    "every input element must be a probability in [0, 1], got values in [{lo}, \
-                     {hi}]; apply sigmoid first, or pass the logits to \
+                    "every input element must be a probability in [0, 1], got values in [{lo:?}, \
+                     {hi:?}]; apply sigmoid first, or pass the logits to \
                      binary_cross_entropy_with_logits (more stable)"
                 ),
             ));

@@ -121,7 +121,7 @@ pub fn cross_entropy(
     if !(0.0..=1.0).contains(&eps) {
         return Err(arg_err(
             OP,
-            format!("label_smoothing must lie in [0, 1], got {eps}; pass e.g. 0.1"),
+            format!("label_smoothing must lie in [0, 1], got {eps:?}; pass e.g. 0.1"),
         ));
     }
     if input.rank() == 1 {

@@ -500,7 +500,7 @@ pub fn parse_memory_size(text: &str) -> Result<usize> {
     // `usize::MAX as f64` is 2^64 (rounded up), the first size that does not fit.
     if bytes >= usize::MAX as f64 {
         return Err(bad(format!(
-            "{value} {unit} is more than the {} bytes a usize can count",
+            "{value:?} {unit} is more than the {} bytes a usize can count",
             usize::MAX
         )));
     }

@@ -107,7 +107,7 @@ impl GroupOptions for AdamOptions {
             if v.is_nan() || v < 0.0 {
                 Err(arg_err(
                     "Adam",
-                    format!("invalid {what} {v}; it must be >= 0"),
+                    format!("invalid {what} {v:?}; it must be >= 0"),
                 ))
             } else {
                 Ok(())
@@ -120,7 +120,7 @@ impl GroupOptions for AdamOptions {
             if !(0.0..1.0).contains(&b) {
                 return Err(arg_err(
                     "Adam",
-                    format!("invalid beta parameter at index {i}: {b}; betas must be in [0, 1)"),
+                    format!("invalid beta parameter at index {i}: {b:?}; betas must be in [0, 1)"),
                 ));
             }
         }

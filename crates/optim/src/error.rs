@@ -17,7 +17,7 @@ pub enum Error {
     ParamGroup(String),
     /// A non-finite total gradient norm with `error_if_nonfinite = true`.
     #[error(
-        "clip_grad_norm_: the total norm of order {norm_type} of the gradients is non-finite \
+        "clip_grad_norm_: the total norm of order {norm_type:?} of the gradients is non-finite \
          ({total}); the first parameter with a non-finite gradient norm is `{name}`. Fix the \
          cause (learning rate, loss scaling, bad input), or pass error_if_nonfinite = false to \
          scale by the non-finite norm anyway as PyTorch does"

@@ -362,7 +362,7 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
         if !lr.is_finite() {
             return Err(crate::arg_err(
                 "set_lr",
-                format!("invalid learning rate {lr}; pass a finite lr"),
+                format!("invalid learning rate {lr:?}; pass a finite lr"),
             ));
         }
         self.group_mut(group)?.options.set_lr(lr);
@@ -412,7 +412,7 @@ impl<A: Algorithm> Optimizer for GroupedOptimizer<A> {
         if lr.is_nan() || lr < 0.0 {
             return Err(crate::arg_err(
                 "set_initial_lr",
-                format!("invalid learning rate {lr}; pass lr >= 0"),
+                format!("invalid learning rate {lr:?}; pass lr >= 0"),
             ));
         }
         self.group_mut(group)?.initial_lr = Some(lr);

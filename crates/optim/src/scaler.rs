@@ -138,7 +138,7 @@ impl GradScaler {
             return Err(arg_err(
                 "GradScaler",
                 format!(
-                    "growth_factor {} must be > 1 and backoff_factor {} in (0, 1)",
+                    "growth_factor {:?} must be > 1 and backoff_factor {:?} in (0, 1)",
                     o.growth_factor, o.backoff_factor
                 ),
             ));
@@ -330,7 +330,7 @@ impl GradScaler {
         if !usable_scale(scale) {
             return Err(arg_err(
                 "set_scale",
-                format!("scale {scale} must be positive and within f32's range ({SCALE_RANGE})"),
+                format!("scale {scale:?} must be positive and within f32's range ({SCALE_RANGE})"),
             ));
         }
         self.scale = scale as f32;

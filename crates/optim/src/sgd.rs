@@ -93,7 +93,7 @@ impl GroupOptions for SgdOptions {
     }
     fn validate(&self) -> Result<()> {
         let bad =
-            |what: &str, v: f64| arg_err("SGD", format!("invalid {what} {v}; it must be >= 0"));
+            |what: &str, v: f64| arg_err("SGD", format!("invalid {what} {v:?}; it must be >= 0"));
         if self.lr.is_nan() || self.lr < 0.0 {
             return Err(bad("learning rate", self.lr));
         }

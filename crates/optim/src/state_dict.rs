@@ -52,7 +52,7 @@ impl TensorRecord {
         }
         if let Some(i) = self.data.iter().position(|v| !v.is_finite()) {
             return Err(Error::StateDict(format!(
-                "{what}: value {i} is {}; a non-finite optimizer state would make the parameters \
+                "{what}: value {i} is {:?}; a non-finite optimizer state would make the parameters \
                  NaN, load a state dict saved before training diverged",
                 self.data[i]
             )));
@@ -77,7 +77,7 @@ impl TensorRecord {
         let t = self.to_tensor_like(like, what)?;
         if let Some(i) = self.data.iter().position(|v| *v < 0.0) {
             return Err(Error::StateDict(format!(
-                "{what}: value {i} is {}, but a second moment is never negative; load a state \
+                "{what}: value {i} is {:?}, but a second moment is never negative; load a state \
                  dict saved by this optimizer, unedited",
                 self.data[i]
             )));

@@ -83,7 +83,7 @@ fn a_backoff_factor_of_one_and_calls_out_of_order_are_refused() {
     })
     .unwrap_err()
     .to_string();
-    assert!(e.contains("backoff_factor 1 in (0, 1)"), "{e}");
+    assert!(e.contains("backoff_factor 1.0 in (0, 1)"), "{e}");
     let (p, mut opt) = sgd();
     let mut scaler = GradScaler::default();
     // update() with nothing recorded since the last one.

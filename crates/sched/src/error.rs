@@ -98,7 +98,7 @@ pub enum SchedError {
     },
     /// The optimizer refused a value a scheduler wrote into a parameter group (kiln's
     /// optimizers take only lr >= 0, for instance); the step was undone.
-    #[error("parameter group {group}: the optimizer refused {what} = {value}: {reason}")]
+    #[error("parameter group {group}: the optimizer refused {what} = {value:?}: {reason}")]
     Refused {
         /// The group index.
         group: usize,
@@ -112,7 +112,7 @@ pub enum SchedError {
     /// A step computed a non-finite learning rate (a decay factor or lambda that overflows or
     /// is NaN); the step was undone. PyTorch would write it and train on garbage.
     #[error(
-        "{scheduler}: the schedule computed lr = {value} for parameter group {group}: a factor \
+        "{scheduler}: the schedule computed lr = {value:?} for parameter group {group}: a factor \
          overflowed or is not a number; use a finite gamma / lambda / max_lr (the step was undone)"
     )]
     NonFiniteLr {
@@ -168,7 +168,36 @@ pub(crate) fn invalid(
     SchedError::InvalidParameter {
         scheduler,
         parameter,
-        value: value.to_string(),
+        value: shown(value),
         fix: fix.into(),
+    }
+}
+
+/// A rejected value as the error prints it: as `Display` writes it, except a float whose
+/// `Display` runs long (every digit of 1e300, every leading zero of 1e-300), which is written
+/// in its shortest form with an exponent (`1e300`), as Python prints it.
+pub(crate) fn shown(value: impl std::fmt::Display) -> String {
+    let text = value.to_string();
+    match text.parse::<f64>() {
+        Ok(v) if text.len() > 24 && v.is_finite() => format!("{v:?}"),
+        _ => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn long_floats_are_shown_with_an_exponent_and_everything_else_as_displayed() {
+        assert_eq!(shown(1e300), "1e300");
+        assert_eq!(shown(-1e-300), "-1e-300");
+        assert_eq!(shown(f64::MAX), "1.7976931348623157e308");
+        assert_eq!(shown(0.5), "0.5");
+        assert_eq!(shown(2.0), "2");
+        assert_eq!(shown(f64::NAN), "NaN");
+        assert_eq!(shown(u64::MAX), "18446744073709551615");
+        assert_eq!(shown(-7i64), "-7");
+        assert_eq!(shown("[0.1, 0.2]"), "[0.1, 0.2]");
     }
 }

@@ -45,7 +45,7 @@ impl Check {
         SchedError::InvalidState {
             scheduler: self.0,
             field: field.to_string(),
-            value: value.to_string(),
+            value: crate::error::shown(value),
             expected: expected.to_string(),
         }
     }

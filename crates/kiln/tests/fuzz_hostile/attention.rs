@@ -21,7 +21,7 @@
 //! - the `key_padding_mask` is bool (PyTorch also adds a float one);
 //! - inputs are batched `[B, L, E]` (PyTorch also takes unbatched `[L, E]`).
 
-use crate::harness::{run, Outcome, Rng};
+use crate::harness::{refused, run, Outcome, Rng};
 use crate::numeric::{assert_close, upstream};
 use crate::reference::broadcast_shape;
 use kiln::autograd::{DType, Device, Module, NoGradGuard, Tensor};
@@ -337,7 +337,7 @@ fn operands_mut(case: &mut AttentionCase) -> Vec<&mut Vec<f64>> {
 fn check(case: &AttentionCase) -> Outcome {
     let (got, leaves) = actual(case);
     let y = match (reference(case), got) {
-        (None, Err(_)) => return Outcome::Refused,
+        (None, Err(e)) => return refused(e),
         (None, Ok(y)) => panic!("the reference refuses, kiln returned {:?}", y.shape()),
         (Some(_), Err(e)) => panic!("kiln refused a valid call: {e}"),
         (Some(want), Ok(y)) => {

@@ -1,7 +1,7 @@
 //! Data: loader states and configurations, and mutated IDX (MNIST), CIFAR-10 and PNG bytes,
 //! through the public loaders. Every case must end in `Ok` or a typed error.
 
-use crate::harness::{run, Outcome, Rng};
+use crate::harness::{refused, run, Outcome, Rng};
 use kiln::autograd::Device;
 use kiln::data::{
     cifar10, load_image, mnist, read_image, save_png, Augment, DataLoader, DataLoaderConfig,
@@ -198,10 +198,10 @@ pub fn loader_states(seed: u64, cases: usize) {
         };
         let mut loader = match DataLoader::new(ds.clone(), config, Device::Cpu) {
             Ok(loader) => loader,
-            Err(_) => return Outcome::Refused,
+            Err(e) => return refused(e),
         };
-        if loader.set_state(l.state).is_err() {
-            return Outcome::Refused;
+        if let Err(e) = loader.set_state(l.state) {
+            return refused(e);
         }
         for batch in loader.iter().take(5) {
             if batch.is_err() {

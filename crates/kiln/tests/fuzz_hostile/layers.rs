@@ -4,7 +4,7 @@
 //! output shape PyTorch's formula gives (computed here in `u128`, so it cannot overflow), and
 //! the input's gradient the input's shape; every case must end in `Ok` or a typed error.
 
-use crate::harness::{run, Outcome, Rng};
+use crate::harness::{refused, run, Outcome, Rng};
 use kiln::autograd::{DType, Device, Tensor};
 use kiln::models::layers::{
     AvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Dropout, Embedding, LayerNorm, Linear, MaxPool2d,
@@ -114,8 +114,9 @@ pub fn layer_configs(seed: u64, cases: usize) {
                 (result, want)
             }
         };
-        let Ok(y) = result else {
-            return Outcome::Refused;
+        let y = match result {
+            Ok(y) => y,
+            Err(e) => return refused(e),
         };
         assert_eq!(Some(y.shape().to_vec()), want, "{c:?}");
         // Backward through the same geometry: the input's gradient has the input's shape.
@@ -227,8 +228,9 @@ pub fn other_layers(seed: u64, cases: usize) {
                 c.input.clone(),
             ),
         };
-        let Ok(y) = result else {
-            return Outcome::Refused;
+        let y = match result {
+            Ok(y) => y,
+            Err(e) => return refused(e),
         };
         assert_eq!(y.shape(), &want[..], "{c:?}");
         if y.requires_grad() {

@@ -12,7 +12,7 @@
 //! float target) needs a gradient, backward must succeed, and for the smooth losses with
 //! moderate f64 operands the gradients must equal the reference's central differences.
 
-use crate::harness::{run, Outcome, Rng};
+use crate::harness::{refused, run, Outcome, Rng};
 use crate::loss_reference::{expected, Expected, Kind, Loss, LossCase, Operand, Reduce};
 use kiln::autograd::{DType, Device, Tensor};
 use kiln::losses::{self as l, BceOptions, BceWithLogitsOptions, CrossEntropyOptions};
@@ -472,7 +472,7 @@ fn check(case: &LossCase) -> Outcome {
     let target = target.set_requires_grad(grad_target).unwrap();
     let got = call(case, &input, &target);
     let values = match (want, got) {
-        (Expected::Refused, Err(_)) => return Outcome::Refused,
+        (Expected::Refused, Err(e)) => return refused(e),
         (Expected::Refused, Ok(t)) => panic!("the reference refuses; kiln gave {:?}", t.shape()),
         (Expected::Value { shape, .. }, Err(e)) => {
             panic!("kiln refused a valid call (reference shape {shape:?}): {e}")

@@ -7,7 +7,7 @@
 //! every loaded number is moderate, and a scaler's scale stays finite and its growth tracker
 //! below its interval.
 
-use crate::harness::{run, Outcome, Rng};
+use crate::harness::{refused, run, Outcome, Rng};
 use crate::json_mutation::mutate;
 use kiln::autograd::{Device, Parameter, Tensor};
 use kiln::optim::{
@@ -94,13 +94,13 @@ pub fn optimizer_state_dicts(seed: u64, cases: usize) {
         let mut opt = make(case.kind);
         step(opt.as_mut());
         let before = opt.state_dict().unwrap();
-        if opt.load_state_dict(&sd).is_err() {
+        if let Err(e) = opt.load_state_dict(&sd) {
             assert_eq!(
                 opt.state_dict().unwrap(),
                 before,
                 "a refused load changed the optimizer"
             );
-            return Outcome::Refused;
+            return refused(e);
         }
         let bounded = moderate(&case.state);
         for _ in 0..3 {
@@ -150,13 +150,13 @@ pub fn grad_scaler_states(seed: u64, cases: usize) {
         };
         let mut scaler = GradScaler::new(GradScalerOptions::default()).unwrap();
         let before = scaler.state_dict();
-        if scaler.load_state_dict(&state).is_err() {
+        if let Err(e) = scaler.load_state_dict(&state) {
             assert_eq!(
                 scaler.state_dict(),
                 before,
                 "a refused load changed the scaler"
             );
-            return Outcome::Refused;
+            return refused(e);
         }
         let mut opt = make("AdamW");
         for &inf in &case.found_inf {

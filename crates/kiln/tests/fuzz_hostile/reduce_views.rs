@@ -17,7 +17,7 @@
 //! Where kiln deliberately differs: `norm` takes only a positive `p` (PyTorch's `p = 0` counts
 //! nonzeros, a negative `p` is a harmonic-like mean); `expand` takes no -1.
 
-use crate::harness::{run, Outcome, Rng};
+use crate::harness::{refused, run, Outcome, Rng};
 use crate::numeric::{assert_close, float_tensor, grad_as_seen, leaf_and_view, upstream};
 use crate::reduce_reference::{expected, Case, Op};
 use crate::reference::Nd;
@@ -184,7 +184,7 @@ fn actual(case: &Case, x: &Tensor) -> kiln::autograd::Result<Got> {
 fn check(case: &Case) -> Outcome {
     let (leaf, x) = leaf_and_view(&case.x.data, &case.x.shape, case.f32, case.strided);
     let (want, (outputs, picks)) = match (expected(case), actual(case, &x)) {
-        (None, Err(_)) => return Outcome::Refused,
+        (None, Err(e)) => return refused(e),
         (None, Ok((o, _))) => panic!(
             "PyTorch raises here, kiln returned shapes {:?}",
             o.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>()

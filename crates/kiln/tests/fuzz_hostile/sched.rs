@@ -3,7 +3,7 @@
 //! of the same kind on `LrGroups` or a real AdamW, then stepped. Loading may refuse; nothing may
 //! panic, and a refused load must leave the scheduler as it was.
 
-use crate::harness::{run, Outcome, Rng};
+use crate::harness::{assert_readable, refused, run, Outcome, Rng};
 use crate::json_mutation::mutate;
 use kiln::autograd::{Device, Parameter, Tensor};
 use kiln::optim::{AdamOptions, AdamW, ParamGroup};
@@ -47,11 +47,16 @@ impl Sched {
             Sched::Metric(s) => s.state_dict(),
         }
     }
+    /// Loads `v`; a refusal's message is checked with [`assert_readable`].
     fn load(&mut self, v: &Value) -> bool {
-        match self {
-            Sched::Step(s) => s.load_state_dict(v).is_ok(),
-            Sched::Metric(s) => s.load_state_dict(v).is_ok(),
+        let result = match self {
+            Sched::Step(s) => s.load_state_dict(v),
+            Sched::Metric(s) => s.load_state_dict(v),
+        };
+        if let Err(e) = &result {
+            assert_readable(&e.to_string());
         }
+        result.is_ok()
     }
     fn step(&mut self, opt: &mut dyn ParamGroupLr, metric: f64) -> bool {
         match self {
@@ -321,8 +326,9 @@ pub fn constructors(seed: u64, cases: usize) {
             };
             Ok(Sched::Step(s))
         })();
-        let Ok(mut s) = built else {
-            return Outcome::Refused;
+        let mut s = match built {
+            Ok(s) => s,
+            Err(e) => return refused(e),
         };
         for i in 0..30 {
             s.step(opt, [1.0, f, f64::NAN][i % 3]);
