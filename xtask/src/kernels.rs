@@ -10,13 +10,13 @@
 //! 3. re-executes itself with `LD_LIBRARY_PATH` naming the wheel's `lib/` folder: cudarc loads
 //!    `libnvrtc.so.13` with `dlopen`, and libnvrtc in turn `dlopen`s `libnvrtc-builtins.so.13.0`
 //!    by bare name, so the folder must be on the loader's path, which is read at process start;
-//! 4. compiles each file (several at once, one per core) to PTX for `compute_80` and `compute_90` with exactly
-//!    [`kiln_device::nvrtc_options`] (the runtime's options) plus `--include-path` for
-//!    `cuda_fp16.h` / `cuda_bf16.h`, then assembles the PTX with `ptxas -arch=sm_80` / `sm_90`,
-//!    which catches register and resource errors NVRTC does not;
-//! 5. prints one line per file, in path order, and fails (non-zero exit) with the NVRTC log or ptxas output of
-//!    every failure; warnings count as failures, as with `clippy -D warnings`. PTX and cubins
-//!    are left in `target/kiln-kernels/` for inspection.
+//! 4. compiles each file (several at once, one per core) to PTX for `compute_80` and
+//!    `compute_90` with exactly [`kiln_device::nvrtc_options`] (the runtime's options) plus
+//!    `--include-path` for `cuda_fp16.h` / `cuda_bf16.h`, then assembles the PTX with
+//!    `ptxas -arch=sm_80` / `sm_90`, which catches register and resource errors NVRTC does not;
+//! 5. prints one line per file, in path order, and fails (non-zero exit) with the NVRTC log or
+//!    ptxas output of every failure; warnings count as failures, as with `clippy -D warnings`.
+//!    PTX and cubins are left in `target/kiln-kernels/` for inspection.
 
 use rayon::prelude::*;
 use std::ffi::CString;

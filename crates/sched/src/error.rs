@@ -175,7 +175,7 @@ pub(crate) fn invalid(
 
 /// A rejected value as the error prints it: as `Display` writes it, except a float whose
 /// `Display` runs long (every digit of 1e300, every leading zero of 1e-300), which is written
-/// in its shortest form with an exponent (`1e300`), as Python prints it.
+/// in its shortest form with an exponent (`1e300`; Python writes `1e+300`).
 pub(crate) fn shown(value: impl std::fmt::Display) -> String {
     let text = value.to_string();
     match text.parse::<f64>() {
