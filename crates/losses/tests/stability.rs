@@ -1,5 +1,6 @@
-//! Numerical behaviour of the fused cross-entropy: logits of magnitude 1e4 in f32, the mean's
-//! denominators with weights and ignored targets, and no gradient work without a graph.
+//! Numerical behaviour of the fused cross-entropy: logits of magnitude 1e4 in f32 and up to
+//! 1e200 in f64, the mean's denominators with weights and ignored targets, and no gradient work
+//! without a graph.
 
 use kiln_autograd::{no_grad, DType, Device, Tensor};
 use kiln_losses::*;
@@ -187,6 +188,76 @@ fn the_weight_of_a_class_no_target_names_stays_out_of_the_loss() {
 fn the_weight_of_a_class_no_target_names_stays_out_of_the_loss_on_cuda() {
     if let Some(cuda) = kiln_device::testing::cuda_device_or_skip() {
         weight_of_an_unnamed_class_stays_out_on(cuda);
+    }
+}
+
+/// Logits so large that `max + ln(sum)` rounds back to `max` (beyond about 1e16 in f64), and
+/// weights so large that any `q·w·z` product overflows, on `device`; the values are PyTorch
+/// 2.15's. Before, kiln gave 0 for `ln 2` and a zero gradient (case 2) and NaN for case 1.
+fn huge_logits_on(device: Device) {
+    let none = |weight| CrossEntropyOptions {
+        weight,
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let check = |got: &[f64], want: &[f64], what: &str| {
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 1e-12 * w.abs().max(1.0),
+                "{what}: {got:?} vs {want:?}"
+            );
+        }
+    };
+    // 1. [1, 2] logits 1e200 with weights 1e200, target 0: loss 1e200·ln 2.
+    let x = Tensor::from_slice(&[1e200f64, 1e200], &[1, 2], device).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let w = Tensor::from_slice(&[1e200f64, 1e200], &[2], device).unwrap();
+    let t = Tensor::from_slice(&[0i64], &[1], device).unwrap();
+    let loss = cross_entropy(&x, &t, &none(Some(&w))).unwrap();
+    loss.sum_all().unwrap().backward().unwrap();
+    check(
+        &loss.to_vec::<f64>().unwrap(),
+        &[1e200 * 2f64.ln()],
+        "1e200 loss",
+    );
+    check(
+        &x.grad().unwrap().to_vec::<f64>().unwrap(),
+        &[-5e199, 5e199],
+        "1e200 grad",
+    );
+    // 2. [1, 2, 2] logits 1e17 (the class-major sweep), targets [[0, 1]]: ln 2 at each.
+    let x = Tensor::from_slice(&[1e17f64; 4], &[1, 2, 2], device).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let t = Tensor::from_slice(&[0i64, 1], &[1, 2], device).unwrap();
+    let loss = cross_entropy(&x, &t, &none(None)).unwrap();
+    loss.sum_all().unwrap().backward().unwrap();
+    check(&loss.to_vec::<f64>().unwrap(), &[2f64.ln(); 2], "1e17 loss");
+    let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+    check(&g, &[-0.5, 0.5, 0.5, -0.5], "1e17 grad");
+    // 3. 600 classes 1e17 + 64k, a uniform probability target (many CUDA threads, each with a
+    // different running max): loss = mean of (max - z) = 64 · 599 / 2 = 19168 to 1e-27.
+    let z: Vec<f64> = (0..600).map(|k| 1e17 + 64.0 * k as f64).collect();
+    let x = Tensor::from_slice(&z, &[1, 600], device).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let q = Tensor::from_slice(&[1.0f64 / 600.0; 600], &[1, 600], device).unwrap();
+    let loss = cross_entropy(&x, &q, &none(None)).unwrap();
+    loss.sum_all().unwrap().backward().unwrap();
+    check(&loss.to_vec::<f64>().unwrap(), &[19168.0], "600-class loss");
+    let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+    let (e64, q) = ((-64f64).exp(), 1.0 / 600.0);
+    let want = [e64 * e64 - q, e64 - q, 1.0 - e64 - q];
+    check(&[g[597], g[598], g[599]], &want, "600-class grad");
+}
+
+#[test]
+fn huge_logits_and_weights_give_pytorchs_losses_and_gradients() {
+    huge_logits_on(Device::Cpu);
+}
+
+#[test]
+fn huge_logits_and_weights_give_pytorchs_losses_and_gradients_on_cuda() {
+    if let Some(cuda) = kiln_device::testing::cuda_device_or_skip() {
+        huge_logits_on(cuda);
     }
 }
 

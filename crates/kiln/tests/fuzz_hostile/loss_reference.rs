@@ -156,16 +156,21 @@ fn class_weights(case: &LossCase, classes: usize) -> Option<Vec<f64>> {
     }
 }
 
-/// `log_softmax` of one position's logits, as PyTorch computes it (max-shifted).
-fn log_softmax(z: &[f64]) -> Vec<f64> {
+/// Half of `log_softmax` of one position's logits, max-shifted as PyTorch computes it
+/// (`(v - max) - ln(sum)`, never `v - (max + ln(sum))`, where `ln(sum)` would round away beside a
+/// max beyond 1e16), with every difference taken at half scale so that logits at f64's limits
+/// (`-1e300` beside `f64::MAX`) do not overflow where the loss itself is finite.
+fn half_log_softmax(z: &[f64]) -> Vec<f64> {
     let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let max = if z.iter().any(|v| v.is_nan()) {
         f64::NAN
     } else {
         max
     };
-    let lse = max + z.iter().map(|&v| (v - max).exp()).sum::<f64>().ln();
-    z.iter().map(|&v| v - lse).collect()
+    let log_sum = z.iter().map(|&v| (v - max).exp()).sum::<f64>().ln();
+    z.iter()
+        .map(|&v| (v / 2.0 - max / 2.0) - log_sum / 2.0)
+        .collect()
 }
 
 fn cross_entropy(case: &LossCase, ignore: i64, eps: f64) -> Expected {
@@ -190,7 +195,7 @@ fn cross_entropy(case: &LossCase, ignore: i64, eps: f64) -> Expected {
     for i in 0..n {
         for j in 0..d {
             let z: Vec<f64> = (0..c).map(|k| x.values[at(i, k, j)]).collect();
-            let lp = log_softmax(&z);
+            let half_lp = half_log_softmax(&z);
             // A NaN logit makes the whole row NaN, even a class with coefficient 0 (in kiln its
             // log-sum-exp is NaN, in PyTorch every log-probability).
             let nan_row = z.iter().any(|v| v.is_nan());
@@ -209,17 +214,19 @@ fn cross_entropy(case: &LossCase, ignore: i64, eps: f64) -> Expected {
                         losses.push(0.0);
                         continue;
                     };
-                    let smoothing: f64 = (0..c).map(|k| term(eps / c as f64, w[k], lp[k])).sum();
-                    term(1.0 - eps, w[y], lp[y]) + smoothing
+                    let smoothing: f64 =
+                        (0..c).map(|k| term(eps / c as f64, w[k], half_lp[k])).sum();
+                    term(1.0 - eps, w[y], half_lp[y]) + smoothing
                 }
                 None => {
                     denominator += 1.0;
                     let q =
                         |k: usize| (1.0 - eps) * case.target.values[at(i, k, j)] + eps / c as f64;
-                    (0..c).map(|k| term(q(k), w[k], lp[k])).sum()
+                    (0..c).map(|k| term(q(k), w[k], half_lp[k])).sum()
                 }
             };
-            losses.push(if nan_row { f64::NAN } else { loss });
+            // The sum of half terms, doubled once: it overflows only where the loss does.
+            losses.push(if nan_row { f64::NAN } else { 2.0 * loss });
         }
     }
     reduce(case.reduce, positions, losses, denominator)

@@ -41,6 +41,17 @@ fn share(q: f64, w: f64) -> f64 {
     }
 }
 
+/// `z - max`, a logit's distance below its row's running maximum, for the shifted sum
+/// `Σ q w (z - max)`: a masked (-inf) logit stays -inf even before any finite maximum is seen,
+/// where the plain difference would be NaN.
+fn below(z: f64, max: f64) -> f64 {
+    if z == f64::NEG_INFINITY {
+        z
+    } else {
+        z - max
+    }
+}
+
 /// Fused softmax-cross-entropy on contiguous `[N, C, D]` `logits`: writes the per-position
 /// losses (`[N, D]`) and, when given, the per-position gradient (`[N, C, D]`); returns the
 /// denominator of `reduction='mean'`.
@@ -107,12 +118,16 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
                 (_, Some(y)) => smooth + if k == y { 1.0 - eps } else { 0.0 },
                 _ => unreachable!("index targets always have a label"),
             };
-            // Pass 1: online max / sum of exp, and the q·w weighted sums.
+            // Pass 1: online max / sum of exp, S = Σ q w, and the shifted sum Σ q w (z - max)
+            // against the running max (moved by (old - new) · S when the max rises).
             let (mut max, mut sum) = (f64::NEG_INFINITY, 0.0f64);
-            let (mut qwz, mut qw) = (0.0f64, 0.0f64);
+            let (mut shifted, mut qw) = (0.0f64, 0.0f64);
             for k in 0..c {
                 let zk = z(k);
                 if zk > max {
+                    if qw != 0.0 {
+                        shifted += (max - zk) * qw;
+                    }
                     sum = sum * (max - zk).exp() + 1.0;
                     max = zk;
                 } else if zk != f64::NEG_INFINITY {
@@ -125,7 +140,7 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
                     None => share(q(k), w_of(k)),
                 };
                 if qwk != 0.0 {
-                    qwz += qwk * zk;
+                    shifted += qwk * below(zk, max);
                     qw += qwk;
                 }
             }
@@ -133,19 +148,21 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
                 let wy = w_of(y);
                 let qwy = share(1.0 - eps, wy);
                 if qwy != 0.0 {
-                    qwz += qwy * z(y);
+                    shifted += qwy * below(z(y), max);
                     qw += qwy;
                 }
                 denom += wy;
             } else {
                 denom += 1.0;
             }
-            let lse = max + sum.ln();
-            *loss = T::from_f64(qw * lse - qwz);
+            // Σ q w (lse - z) = S · ln(sum) - Σ q w (z - max): two sums of like sign, and
+            // ln(sum) is never added to `max` (beyond 1e16 it would round away).
+            let log_sum = sum.ln();
+            *loss = T::from_f64(qw * log_sum - shifted);
             // Pass 2: gradient softmax_k * S - q_k w_k with S = Σ q w.
             if let Some(g) = grad_block.as_deref_mut() {
                 for k in 0..c {
-                    let p = (z(k) - lse).exp();
+                    let p = ((z(k) - max) - log_sum).exp();
                     g[k * d + j] = T::from_f64(p * qw - share(q(k), w_of(k)));
                 }
             }
@@ -215,15 +232,19 @@ impl<T: KernelFloat> Block<'_, T> {
             (None, Some(l)) => smooth + if l[j] == k as i64 { 1.0 - eps } else { 0.0 },
             (None, None) => unreachable!("a call has index or probability targets"),
         };
-        // Pass 1, class-major: online max / sum of exp, and the q·w sums (for index targets only
-        // the smoothing part here; the label's share is added per position below).
+        // Pass 1, class-major: online max / sum of exp, and the q·w sums, the shifted one moved
+        // as the max rises (for index targets only the smoothing part here; the label's share is
+        // added per position below).
         let (mut max, mut sum) = (vec![f64::NEG_INFINITY; d], vec![0.0f64; d]);
-        let (mut qwz, mut qw) = (vec![0.0f64; d], vec![0.0f64; d]);
+        let (mut shifted, mut qw) = (vec![0.0f64; d], vec![0.0f64; d]);
         for k in 0..c {
             let wk = w_of(k);
             for (j, v) in x[k * d..][..d].iter().enumerate() {
                 let z = v.to_f64();
                 if z > max[j] {
+                    if qw[j] != 0.0 {
+                        shifted[j] += (max[j] - z) * qw[j];
+                    }
                     sum[j] = sum[j] * (max[j] - z).exp() + 1.0;
                     max[j] = z;
                 } else if z != f64::NEG_INFINITY {
@@ -234,12 +255,12 @@ impl<T: KernelFloat> Block<'_, T> {
                     None => share(smooth, wk),
                 };
                 if qwk != 0.0 {
-                    qwz[j] += qwk * z;
+                    shifted[j] += qwk * below(z, max[j]);
                     qw[j] += qwk;
                 }
             }
         }
-        // Per position: the label's share, the log-sum-exp (kept in `max`), the loss.
+        // Per position: the label's share, the loss, and ln(sum) (kept in `sum`).
         let mut denom = 0.0;
         let mut ignored = vec![false; d];
         for j in 0..d {
@@ -254,15 +275,15 @@ impl<T: KernelFloat> Block<'_, T> {
                     let wy = w_of(y);
                     let qwy = share(1.0 - eps, wy);
                     if qwy != 0.0 {
-                        qwz[j] += qwy * x[y * d + j].to_f64();
+                        shifted[j] += qwy * below(x[y * d + j].to_f64(), max[j]);
                         qw[j] += qwy;
                     }
                     denom += wy;
                 }
                 None => denom += 1.0,
             }
-            max[j] += sum[j].ln();
-            losses[j] = T::from_f64(qw[j] * max[j] - qwz[j]);
+            sum[j] = sum[j].ln();
+            losses[j] = T::from_f64(qw[j] * sum[j] - shifted[j]);
         }
         // Pass 2, class-major: the gradient softmax · S - q w.
         if let Some(g) = grad {
@@ -273,7 +294,7 @@ impl<T: KernelFloat> Block<'_, T> {
                     *out = if ignored[j] {
                         T::ZERO
                     } else {
-                        let p = (row[j].to_f64() - max[j]).exp();
+                        let p = ((row[j].to_f64() - max[j]) - sum[j]).exp();
                         T::from_f64(p * qw[j] - share(q_of(k, j), wk))
                     };
                 }
@@ -485,6 +506,70 @@ mod tests {
             let lse = (0..3).map(|k| z(k).exp()).sum::<f64>().ln();
             assert!((l1[p] - (lse - z(y as usize))).abs() < 1e-14);
         }
+    }
+
+    /// Runs one f64 call with weights; returns (losses, gradient).
+    fn run_f64(
+        s: &CrossEntropySpec,
+        logits: &[f64],
+        targets: Targets<'_, f64>,
+        weight: &[f64],
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (mut l, mut g) = (vec![0.0; s.shape.positions()], vec![0.0; logits.len()]);
+        softmax_cross_entropy(s, logits, targets, Some(weight), &mut l, Some(&mut g)).unwrap();
+        (l, g)
+    }
+
+    #[test]
+    fn huge_logits_and_weights_give_the_finite_loss() {
+        // Every q·w·z product here overflows f64; the loss Σ q w (lse - z) = w·ln 2 does not,
+        // and ln 2 is below half an ulp of 1e200, so lse must never be formed as max + ln(sum)
+        // (PyTorch 2.15: loss 6.9315e199, gradient -5e199 / 5e199 for target 0).
+        let (big, ln2) = (1e200f64, 2f64.ln());
+        for d in [1, 2] {
+            let logits = vec![big; 2 * d];
+            let labels: Vec<i64> = (0..d as i64).collect();
+            let probs: Vec<f64> = [0.25, 0.75].iter().flat_map(|&q| vec![q; d]).collect();
+            let cases = [
+                (TargetKind::Indices, Targets::Indices(&labels)),
+                (TargetKind::Probabilities, Targets::Probabilities(&probs)),
+            ];
+            for (kind, targets) in cases {
+                let (l, g) = run_f64(&spec(1, 2, d, kind), &logits, targets, &[big, big]);
+                for (j, loss) in l.iter().enumerate() {
+                    assert!((loss / (big * ln2) - 1.0).abs() < 1e-12, "d {d}: {loss}");
+                    // Gradient softmax · S - q w = (0.5 - q) · big.
+                    for k in 0..2 {
+                        let q = match targets {
+                            Targets::Indices(t) => f64::from(u8::from(t[j] == k as i64)),
+                            Targets::Probabilities(p) => p[k * d + j],
+                        };
+                        let want = (0.5 - q) * big;
+                        assert!(
+                            (g[k * d + j] - want).abs() <= 1e-12 * big,
+                            "d {d}: {} vs {want}",
+                            g[k * d + j]
+                        );
+                    }
+                }
+            }
+        }
+        // A rising maximum moves the shifted sum: with target [1, 0] the whole loss is that
+        // move, w · (z1 - z0) = 1e110 · 1e190, while w · z1 overflows.
+        let z = [1e200, 1.000_000_000_1e200];
+        let w = 1e110;
+        let (l, _) = run_f64(
+            &spec(1, 2, 1, TargetKind::Probabilities),
+            &z,
+            Targets::Probabilities(&[1.0, 0.0]),
+            &[w, w],
+        );
+        let want = w * (z[1] - z[0]);
+        assert!(
+            want.is_finite() && (l[0] / want - 1.0).abs() < 1e-12,
+            "{}",
+            l[0]
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //
 // The math and the [N, C, D] view are described in mod.rs. On the GPU one thread block owns one
 // position (n, d) at a time (grid-stride over positions): each thread runs the online softmax
-// statistics (running max, rescaled running sum of exp) plus the q*w weighted sums over its
+// statistics (running max, rescaled running sum of exp) plus the q*w sums over its
 // strided share of the C classes, the block combines them (warp shuffles, then one value per
 // warp through shared memory), thread 0 writes the loss, and every thread writes the gradient of
 // its classes. Statistics are double, like the CPU kernel, so the two agree to rounding.
@@ -33,63 +33,87 @@ typedef unsigned long long u64;
 // PyTorch). A zero coefficient then adds nothing, even where the logit is -inf (masked).
 __device__ __forceinline__ double share(double q, double w) { return q == 0.0 ? 0.0 : q * w; }
 
-// Running (max, sum of exp(z - max)) pairs; max = -inf means "nothing seen".
-struct MaxSum {
+// A thread's (or a block's) statistics of a row: the running max, the rescaled running sum of
+// exp(z - max), S = sum of q*w, and the shifted sum of q*w*(z - max) against that max (moved by
+// (old - new) * S when the max rises). max = -inf means "no finite logit seen"; a masked (-inf)
+// logit with a nonzero coefficient makes `shifted` -inf (an infinite loss).
+struct Stats {
     double max;
     double sum;
+    double qw;
+    double shifted;
 };
 
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-    if (b.max == KILN_NEG_INF) return a;
-    if (a.max == KILN_NEG_INF) return b;
-    if (isnan(a.max) || isnan(b.max)) return MaxSum{KILN_NAN, KILN_NAN};
+// z - max, with a masked logit kept at -inf even while max is still -inf.
+__device__ __forceinline__ double below(double z, double max) {
+    return z == KILN_NEG_INF ? z : z - max;
+}
+
+// `shifted` moved from the old max to m (no move when nothing weighs or the max is unchanged,
+// which also keeps -inf - -inf and inf - inf out).
+__device__ __forceinline__ double moved(Stats a, double m) {
+    return (a.qw == 0.0 || a.max == m) ? a.shifted : a.shifted + (a.max - m) * a.qw;
+}
+
+__device__ __forceinline__ Stats combine(Stats a, Stats b) {
+    const double qw = a.qw + b.qw;
+    if (isnan(a.max) || isnan(b.max)) return Stats{KILN_NAN, KILN_NAN, qw, KILN_NAN};
+    if (b.max == KILN_NEG_INF) return Stats{a.max, a.sum, qw, a.shifted + moved(b, a.max)};
+    if (a.max == KILN_NEG_INF) return Stats{b.max, b.sum, qw, moved(a, b.max) + b.shifted};
     const double m = fmax(a.max, b.max);
-    return MaxSum{m, a.sum * exp(a.max - m) + b.sum * exp(b.max - m)};
+    return Stats{m, a.sum * exp(a.max - m) + b.sum * exp(b.max - m), qw,
+                 moved(a, m) + moved(b, m)};
 }
 
-__device__ __forceinline__ MaxSum push(MaxSum a, double z) {
-    if (isnan(z)) return MaxSum{z, z};
-    if (z == KILN_NEG_INF) return a;  // masked class: adds nothing
-    if (z > a.max) return MaxSum{z, a.sum * exp(a.max - z) + 1.0};
-    return MaxSum{a.max, a.sum + exp(z - a.max)};
+// One class: logit z with coefficient qwk (0 adds nothing to S or the shifted sum).
+__device__ __forceinline__ Stats push(Stats a, double z, double qwk) {
+    if (isnan(z)) return Stats{z, z, a.qw + qwk, z};
+    if (z > a.max) {
+        a.shifted = moved(a, z);
+        a.sum = a.sum * exp(a.max - z) + 1.0;
+        a.max = z;
+    } else if (z != KILN_NEG_INF) {  // masked classes add nothing to the sum
+        a.sum += exp(z - a.max);
+    }
+    if (qwk != 0.0) {
+        a.shifted += qwk * below(z, a.max);
+        a.qw += qwk;
+    }
+    return a;
 }
 
-// Block-wide reduction of (max, sum) and two plain sums; every thread gets the results.
-__device__ __forceinline__ void block_reduce(MaxSum& ms, double& s1, double& s2) {
-    __shared__ double sh_max[KILN_WARPS], sh_sum[KILN_WARPS], sh_s1[KILN_WARPS], sh_s2[KILN_WARPS];
+// Block-wide reduction of the statistics; every thread gets the block's.
+__device__ __forceinline__ Stats block_reduce(Stats st) {
+    __shared__ double sh_max[KILN_WARPS], sh_sum[KILN_WARPS], sh_qw[KILN_WARPS],
+        sh_shifted[KILN_WARPS];
     for (int off = 16; off > 0; off >>= 1) {
-        MaxSum other{__shfl_down_sync(0xffffffffu, ms.max, off),
-                     __shfl_down_sync(0xffffffffu, ms.sum, off)};
-        ms = combine(ms, other);
-        s1 += __shfl_down_sync(0xffffffffu, s1, off);
-        s2 += __shfl_down_sync(0xffffffffu, s2, off);
+        Stats other{__shfl_down_sync(0xffffffffu, st.max, off),
+                    __shfl_down_sync(0xffffffffu, st.sum, off),
+                    __shfl_down_sync(0xffffffffu, st.qw, off),
+                    __shfl_down_sync(0xffffffffu, st.shifted, off)};
+        st = combine(st, other);
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) {
-        sh_max[warp] = ms.max;
-        sh_sum[warp] = ms.sum;
-        sh_s1[warp] = s1;
-        sh_s2[warp] = s2;
+        sh_max[warp] = st.max;
+        sh_sum[warp] = st.sum;
+        sh_qw[warp] = st.qw;
+        sh_shifted[warp] = st.shifted;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        MaxSum all{sh_max[0], sh_sum[0]};
-        double a = sh_s1[0], b = sh_s2[0];
-        for (int w = 1; w < KILN_WARPS; ++w) {
-            all = combine(all, MaxSum{sh_max[w], sh_sum[w]});
-            a += sh_s1[w];
-            b += sh_s2[w];
-        }
+        Stats all{sh_max[0], sh_sum[0], sh_qw[0], sh_shifted[0]};
+        for (int w = 1; w < KILN_WARPS; ++w)
+            all = combine(all, Stats{sh_max[w], sh_sum[w], sh_qw[w], sh_shifted[w]});
         sh_max[0] = all.max;
         sh_sum[0] = all.sum;
-        sh_s1[0] = a;
-        sh_s2[0] = b;
+        sh_qw[0] = all.qw;
+        sh_shifted[0] = all.shifted;
     }
     __syncthreads();
-    ms = MaxSum{sh_max[0], sh_sum[0]};
-    s1 = sh_s1[0];
-    s2 = sh_s2[0];
+    st = Stats{sh_max[0], sh_sum[0], sh_qw[0], sh_shifted[0]};
     __syncthreads();  // the shared slots are reused by the next position
+    return st;
 }
 
 template <typename T>
@@ -116,34 +140,28 @@ __device__ void xent_index(const T* __restrict__ logits, const long long* __rest
                 for (u64 k = threadIdx.x; k < c; k += blockDim.x) grad[base + k * d] = (T)KILN_NAN;
             continue;
         }
-        MaxSum ms{KILN_NEG_INF, 0.0};
-        double qwz = 0.0, qw = 0.0;
-        for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
-            const double z = (double)logits[base + k * d];
-            ms = push(ms, z);
-            const double qwk = share(smooth, (double)weight[k]);
-            if (qwk != 0.0) {
-                qwz += qwk * z;
-                qw += qwk;
-            }
-        }
-        block_reduce(ms, qwz, qw);
+        Stats st{KILN_NEG_INF, 0.0, 0.0, 0.0};
+        for (u64 k = threadIdx.x; k < c; k += blockDim.x)
+            st = push(st, (double)logits[base + k * d], share(smooth, (double)weight[k]));
+        st = block_reduce(st);
         const double wy = (double)weight[y];
         const double qwy = share(1.0 - eps, wy);
         if (qwy != 0.0) {
-            qwz += qwy * (double)logits[base + (u64)y * d];
-            qw += qwy;
+            st.shifted += qwy * below((double)logits[base + (u64)y * d], st.max);
+            st.qw += qwy;
         }
-        const double lse = ms.max + log(ms.sum);
+        // loss = S * ln(sum) - shifted; ln(sum) is never added to max (it would round away
+        // beyond 1e16), so probabilities are exp((z - max) - ln(sum)).
+        const double log_sum = log(st.sum);
         if (threadIdx.x == 0) {
-            losses[pos] = (T)(qw * lse - qwz);
+            losses[pos] = (T)(st.qw * log_sum - st.shifted);
             atomicAdd(weight_sum, wy);
         }
         if (with_grad) {
             for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
                 const double q = smooth + ((long long)k == y ? 1.0 - eps : 0.0);
-                const double p = exp((double)logits[base + k * d] - lse);
-                grad[base + k * d] = (T)(p * qw - share(q, (double)weight[k]));
+                const double p = exp(((double)logits[base + k * d] - st.max) - log_sum);
+                grad[base + k * d] = (T)(p * st.qw - share(q, (double)weight[k]));
             }
         }
     }
@@ -158,26 +176,19 @@ __device__ void xent_prob(const T* __restrict__ logits, const T* __restrict__ ta
     for (u64 pos = blockIdx.x; pos < positions; pos += gridDim.x) {
         const u64 n = pos / d, j = pos % d;
         const u64 base = n * c * d + j;
-        MaxSum ms{KILN_NEG_INF, 0.0};
-        double qwz = 0.0, qw = 0.0;
+        Stats st{KILN_NEG_INF, 0.0, 0.0, 0.0};
         for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
-            const double z = (double)logits[base + k * d];
-            ms = push(ms, z);
-            const double qwk =
-                share((1.0 - eps) * (double)targets[base + k * d] + smooth, (double)weight[k]);
-            if (qwk != 0.0) {  // 0 * -inf must not turn a masked class into NaN
-                qwz += qwk * z;
-                qw += qwk;
-            }
+            const double q = (1.0 - eps) * (double)targets[base + k * d] + smooth;
+            st = push(st, (double)logits[base + k * d], share(q, (double)weight[k]));
         }
-        block_reduce(ms, qwz, qw);
-        const double lse = ms.max + log(ms.sum);
-        if (threadIdx.x == 0) losses[pos] = (T)(qw * lse - qwz);
+        st = block_reduce(st);
+        const double log_sum = log(st.sum);
+        if (threadIdx.x == 0) losses[pos] = (T)(st.qw * log_sum - st.shifted);
         if (with_grad) {
             for (u64 k = threadIdx.x; k < c; k += blockDim.x) {
                 const double q = (1.0 - eps) * (double)targets[base + k * d] + smooth;
-                const double p = exp((double)logits[base + k * d] - lse);
-                grad[base + k * d] = (T)(p * qw - share(q, (double)weight[k]));
+                const double p = exp(((double)logits[base + k * d] - st.max) - log_sum);
+                grad[base + k * d] = (T)(p * st.qw - share(q, (double)weight[k]));
             }
         }
     }

@@ -16,14 +16,17 @@
 //! A class with `q_c = 0` has coefficient `q_c w_c = 0` whatever its weight, so a NaN or infinite
 //! weight of a class the target does not name never reaches the loss or the gradient (PyTorch
 //! agrees); and a zero coefficient adds nothing even where `z_c = -inf` (a masked class), where
-//! PyTorch's `0 · -inf` gives NaN. Operands so large that `q w z` overflows `f64` (beyond about
-//! 1e154 in an `F64` call) give NaN where PyTorch's step-by-step sum may stay finite.
+//! PyTorch's `0 · -inf` gives NaN.
 //!
 //! The kernel makes one streaming pass over a row for the statistics (running maximum with the
-//! rescaled running sum of `e^{z - max}`, the "online softmax", plus `Σ q w z` and `Σ q w`), then
+//! rescaled running sum of `e^{z - max}`, the "online softmax", plus `S = Σ q w` and the shifted
+//! sum `Σ q w (z - max)`, moved by `(old - new) · S` whenever the running maximum rises), then
 //! one pass that writes the gradient; nothing of size `N·C` is stored but the gradient itself.
-//! All row statistics accumulate in `f64`, and `lse = max + log(sum)` is shifted by the row
-//! maximum, so logits of magnitude 1e4 (where `e^z` overflows even `f64`) give exact losses.
+//! All row statistics accumulate in `f64`. The loss is `S · ln(sum) - Σ q w (z - max)`, two sums
+//! of like sign that overflow only where the loss itself does (a `q w z` product would overflow
+//! beyond about 1e154), and `ln(sum)` is never added to the maximum: softmax is
+//! `e^{(z - max) - ln(sum)}`, so logits of magnitude 1e4 (where `e^z` overflows even `f64`) or
+//! 1e17 (where `max + ln(sum)` rounds back to `max`) give PyTorch's losses and gradients.
 //!
 //! The gradient is for unit upstream gradient per position (`reduction='none'`); autograd
 //! multiplies it by the upstream gradient of each position in backward, so forward and
