@@ -499,8 +499,12 @@ pub fn parse_memory_size(text: &str) -> Result<usize> {
     let bytes = (value * scale).floor();
     // `usize::MAX as f64` is 2^64 (rounded up), the first size that does not fit.
     if bytes >= usize::MAX as f64 {
+        let size = match unit {
+            "" => format!("{value:?}"),
+            _ => format!("{value:?} {unit}"),
+        };
         return Err(bad(format!(
-            "{value:?} {unit} is more than the {} bytes a usize can count",
+            "{size} is more than the {} bytes a usize can count",
             usize::MAX
         )));
     }

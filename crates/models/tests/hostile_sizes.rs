@@ -77,6 +77,11 @@ fn memory_sizes_parse_or_say_what_is_wrong() {
         let msg = parse_memory_size(bad).unwrap_err().to_string();
         assert!(msg.contains(says) && msg.contains("24GiB"), "{bad}: {msg}");
     }
+    // The size is shown with its unit, and without a stray space when it has none.
+    let msg = parse_memory_size("1e30").unwrap_err().to_string();
+    assert!(msg.contains(": 1e30 is more than the "), "{msg}");
+    let msg = parse_memory_size("1e30GB").unwrap_err().to_string();
+    assert!(msg.contains(": 1e30 GB is more than the "), "{msg}");
 }
 
 /// A ResNet, GPT or ViT whose blocks' weights no memory holds is refused before its first
