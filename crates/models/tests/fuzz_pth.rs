@@ -232,7 +232,9 @@ fn mutated_pth_files_never_panic_nor_allocate_much() {
             match result {
                 Ok(Ok(_)) => ok += 1,
                 Ok(Err(e)) => {
-                    assert!(!e.to_string().is_empty());
+                    let message = e.to_string();
+                    assert!(!message.is_empty());
+                    kiln_testkit::assert_readable(&message);
                     *kinds.entry(kind(&e)).or_default() += 1;
                     err += 1
                 }

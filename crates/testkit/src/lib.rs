@@ -1,6 +1,6 @@
 //! Numeric helpers for kiln's tests, written once: closeness with an absolute and a relative
-//! tolerance, slice assertions that name the first bad index, and a central finite-difference
-//! gradient check.
+//! tolerance, slice assertions that name the first bad index, a central finite-difference
+//! gradient check, and a check that an error message prints its numbers readably.
 //!
 //! Invariants: every helper works on plain `f64` values and closures and depends on no kiln
 //! crate (each kiln crate's tests adapt their tensors or storages to it); a value `got` matches
@@ -110,6 +110,32 @@ pub fn gradcheck(
     }
 }
 
+/// The longest run of digits an error message may print. Integers (a size, an index, a step,
+/// an i128 read from a file) have at most 39; a float printed with `{}` (Display) writes every
+/// digit of its integer part or every leading zero (1e300 as 301 digits), where `{:?}` writes
+/// `1e300`.
+pub const LONGEST_DIGIT_RUN: usize = 40;
+
+/// Panics when `message` prints a number as a run of more than [`LONGEST_DIGIT_RUN`] digits,
+/// outside double quotes and backticks (text the caller gave, such as an environment
+/// variable's value or a setting, is quoted back as it was).
+pub fn assert_readable(message: &str) {
+    let (mut run, mut quoted) = (0, false);
+    for c in message.chars() {
+        quoted ^= c == '"' || c == '`';
+        run = if c.is_ascii_digit() && !quoted {
+            run + 1
+        } else {
+            0
+        };
+        assert!(
+            run <= LONGEST_DIGIT_RUN,
+            "an error message prints a number as more than {LONGEST_DIGIT_RUN} digits (a float \
+             shown with {{}} rather than {{:?}}): {message}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +196,16 @@ mod tests {
             )
         });
         assert!(wrong.is_err());
+    }
+
+    #[test]
+    fn assert_readable_fails_a_float_shown_in_full_but_not_quoted_text() {
+        assert_readable(&format!("factor {:?} in (0, 1)", 1e300));
+        assert_readable(&format!("size {} is too large", u128::MAX));
+        assert_readable(&format!("KILN_X=\"{}\" is not a number", "9".repeat(60)));
+        let shown = std::panic::catch_unwind(|| assert_readable(&format!("factor {}", 1e300)));
+        assert!(shown.is_err(), "1e300 written as 301 digits must fail");
+        let zeros = std::panic::catch_unwind(|| assert_readable(&format!("lr {}", 1e-300)));
+        assert!(zeros.is_err(), "1e-300 written with 300 zeros must fail");
     }
 }

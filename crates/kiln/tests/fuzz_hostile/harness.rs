@@ -116,30 +116,7 @@ pub fn refused(error: impl std::fmt::Display) -> Outcome {
     Outcome::Refused
 }
 
-/// The longest run of digits a refusal may print. Integers (a size, an index, a step, an i128
-/// read from a file) have at most 39; a float printed with `{}` (Display) writes every digit of
-/// its integer part or every leading zero (1e300 as 301 digits), where `{:?}` writes `1e300`.
-const LONGEST_DIGIT_RUN: usize = 40;
-
-/// Panics when `message` prints a number as a run of more than [`LONGEST_DIGIT_RUN`] digits,
-/// outside double quotes and backticks (text the caller gave, such as an environment
-/// variable's value or a setting, is quoted back as it was).
-pub fn assert_readable(message: &str) {
-    let (mut run, mut quoted) = (0, false);
-    for c in message.chars() {
-        quoted ^= c == '"' || c == '`';
-        run = if c.is_ascii_digit() && !quoted {
-            run + 1
-        } else {
-            0
-        };
-        assert!(
-            run <= LONGEST_DIGIT_RUN,
-            "a refusal prints a number as more than {LONGEST_DIGIT_RUN} digits (a float shown \
-             with {{}} rather than {{:?}}): {message}"
-        );
-    }
-}
+pub use kiln_testkit::assert_readable;
 
 /// Runs `cases` cases of `target` from `seed`: `generate` makes an input, `check` calls the
 /// public API on it. Prints one summary line and fails the test on any panic.
