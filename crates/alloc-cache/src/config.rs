@@ -154,7 +154,7 @@ impl AllocatorConfig {
         if let Some(t) = self.garbage_collection_threshold {
             if !(t > 0.0 && t < 1.0) {
                 return Err(Error::InvalidConfig(format!(
-                    "garbage_collection_threshold {t} must lie strictly between 0 and 1; \
+                    "garbage_collection_threshold {t:?} must lie strictly between 0 and 1; \
                      0.8 is a common choice"
                 )));
             }

@@ -21,6 +21,10 @@ fn config_parsing_and_validation() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("strictly between 0 and 1"), "{e}");
+    let e = AllocatorConfig::parse("garbage_collection_threshold:-1e300")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("threshold -1e300 must"), "{e}");
     let e = AllocatorConfig::parse("roundup_power2:4")
         .unwrap_err()
         .to_string();

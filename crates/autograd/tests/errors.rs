@@ -1,6 +1,6 @@
 //! One test per bad-input class: each error names the op, the offending values and the fix.
 
-use kiln_autograd::{DType, Device, Error, Tensor};
+use kiln_autograd::{BatchNormOptions, DType, Device, Error, Tensor};
 
 fn zeros(shape: &[usize]) -> Tensor {
     Tensor::zeros(shape, DType::F32, Device::Cpu).unwrap()
@@ -171,4 +171,22 @@ fn masks_must_be_bool_and_fit() {
     );
     assert!(msg(zeros(&[3]).triu(0)).contains("at least 2 dims"));
     assert!(msg(x.norm(0.0, &[], false)).contains("p must be positive"));
+}
+
+/// A hostile float setting is echoed as `-1e300`, not as 301 digits (Display's form).
+#[test]
+fn float_settings_are_echoed_in_short_form() {
+    let x = zeros(&[2, 3]);
+    let options = BatchNormOptions {
+        eps: -1e300,
+        ..BatchNormOptions::default()
+    };
+    for e in [
+        msg(x.dropout(-1e300, true)),
+        msg(x.norm(-1e300, &[], false)),
+        msg(x.layer_norm(&[3], None, None, -1e300)),
+        msg(x.batch_norm(None, None, None, None, options)),
+    ] {
+        assert!(e.contains("-1e300") && e.len() < 300, "{e}");
+    }
 }

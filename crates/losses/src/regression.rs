@@ -46,7 +46,7 @@ pub fn smooth_l1_loss(
     if beta.is_nan() || beta < 0.0 || beta.is_infinite() {
         return Err(arg_err(
             OP,
-            format!("beta must be a finite number >= 0, got {beta}; the default is 1.0"),
+            format!("beta must be a finite number >= 0, got {beta:?}; the default is 1.0"),
         ));
     }
     if beta == 0.0 {
@@ -68,7 +68,7 @@ pub fn huber_loss(
     if delta.is_nan() || delta <= 0.0 || delta.is_infinite() {
         return Err(arg_err(
             OP,
-            format!("delta must be a finite number > 0, got {delta}; the default is 1.0"),
+            format!("delta must be a finite number > 0, got {delta:?}; the default is 1.0"),
         ));
     }
     reduction.apply(piecewise(input, target, delta, 1.0, delta)?)

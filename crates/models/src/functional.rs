@@ -104,7 +104,7 @@ pub fn check_dropout(what: &'static str, p: f64) -> Result<f64> {
     if !(0.0..1.0).contains(&p) {
         return Err(config_err(
             what,
-            format!("dropout p = {p} must be in [0, 1); use 0 to drop nothing"),
+            format!("dropout p = {p:?} must be in [0, 1); use 0 to drop nothing"),
         ));
     }
     Ok(p)

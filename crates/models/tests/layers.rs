@@ -73,6 +73,9 @@ fn mlp_names_and_dropout_modes() {
     let b = m.forward(&x).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(a, b, "eval-mode dropout must be the identity");
     assert!(Dropout::new(1.0).is_err());
+    // A hostile p is echoed in short form, not as 301 digits.
+    let e = Dropout::new(-1e300).unwrap_err().to_string();
+    assert!(e.contains("p = -1e300 must"), "{e}");
 }
 
 #[derive(serde::Deserialize)]

@@ -55,7 +55,7 @@ fn check_max_norm(op: &'static str, max_norm: f64) -> Result<()> {
         return Err(arg_err(
             op,
             format!(
-                "max_norm is {max_norm}; pass a non-negative number (1.0 is common; \
+                "max_norm is {max_norm:?}; pass a non-negative number (1.0 is common; \
                  f64::INFINITY only measures the norm)"
             ),
         ));
@@ -364,7 +364,7 @@ pub fn clip_grad_value_<P: ParamEntry>(params: &[P], clip_value: f64) -> Result<
         return Err(arg_err(
             "clip_grad_value_",
             format!(
-                "clip_value is {clip_value}; pass a non-negative number (gradients are clamped \
+                "clip_value is {clip_value:?}; pass a non-negative number (gradients are clamped \
                  to [-clip_value, clip_value])"
             ),
         ));

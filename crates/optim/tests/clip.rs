@@ -65,6 +65,11 @@ fn clip_skips_the_scale_pass_when_not_clipping_and_names_nonfinite_params() {
         .unwrap_err()
         .to_string()
         .contains("NaN"));
+    // A hostile max_norm or clip_value is echoed in short form, not as 301 digits.
+    let e = clip_grad_norm_(&ps, -1e300, 2.0, false).unwrap_err();
+    assert!(e.to_string().contains("max_norm is -1e300;"), "{e}");
+    let e = clip_grad_value_(&ps, -1e300).unwrap_err();
+    assert!(e.to_string().contains("clip_value is -1e300;"), "{e}");
     // No gradients at all: total 0.
     assert_eq!(
         clip_grad_norm_(&[("n".to_string(), none)], 1.0, 2.0, true).unwrap(),

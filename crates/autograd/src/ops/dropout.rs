@@ -40,7 +40,7 @@ impl Tensor {
             return Err(arg_err(
                 OP,
                 format!(
-                    "probability p = {p} must lie in [0, 1); p = 1 would zero everything (use \
+                    "probability p = {p:?} must lie in [0, 1); p = 1 would zero everything (use \
                      zeros_like), and typical values are 0.1 to 0.5"
                 ),
             ));

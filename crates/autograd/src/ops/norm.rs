@@ -178,7 +178,7 @@ impl Tensor {
             return Err(arg_err(
                 OP,
                 format!(
-                    "eps {} must be >= 0 (PyTorch's default is 1e-5)",
+                    "eps {:?} must be >= 0 (PyTorch's default is 1e-5)",
                     options.eps
                 ),
             ));
@@ -353,7 +353,7 @@ impl Tensor {
         check_param(OP, self, "weight", weight, normalized_shape, true)?;
         check_param(OP, self, "bias", bias, normalized_shape, true)?;
         if eps.is_nan() || eps < 0.0 {
-            return Err(arg_err(OP, format!("eps {eps} must be >= 0")));
+            return Err(arg_err(OP, format!("eps {eps:?} must be >= 0")));
         }
         let [storage, mean, rstd] = {
             let x = self.storage();

@@ -319,7 +319,7 @@ impl Tensor {
         if p.is_nan() || p <= 0.0 {
             return Err(arg_err(
                 "norm",
-                format!("p must be positive (1, 2, inf, ...), got {p}"),
+                format!("p must be positive (1, 2, inf, ...), got {p:?}"),
             ));
         }
         let d = resolve_dims("norm", dims, self.rank())?;
