@@ -2,7 +2,7 @@
 //! [`crate::loss_reference`]. Each case draws a loss, its options (ignore_index, label
 //! smoothing, beta, delta, num_classes; in and out of range, NaN, infinities), a reduction, an
 //! input shape (an empty batch, an empty class dim, spatial dims), values (sometimes NaN,
-//! infinities, 0 or huge), targets in the right form or in one of the usual mix-ups (one-hot
+//! infinities, 0 or huge; cross-entropy logits sometimes all moved by 1e17 or more), targets in the right form or in one of the usual mix-ups (one-hot
 //! for indices, floats for indices, bools, another shape or dtype; labels out of range or equal
 //! to ignore_index), and class weights or BCE weights of the right or a wrong shape.
 //!
@@ -155,14 +155,34 @@ fn class_case(rng: &mut Rng, loss: Loss, kind: Kind) -> LossCase {
         1 => floats(rng, &[c], other_float(kind), 0.1, 2.0),
         _ => floats(rng, &[c], kind, 0.1, 2.0),
     });
+    let mut input = floats(rng, &shape, kind, -4.0, 4.0);
+    if matches!(loss, Loss::CrossEntropy { .. }) && input.kind.is_float() && rng.chance(0.1) {
+        shift_far(rng, &mut input);
+    }
     LossCase {
         loss,
         reduce: rng.pick(&[Reduce::None, Reduce::Mean, Reduce::Sum]),
-        input: floats(rng, &shape, kind, -4.0, 4.0),
+        input,
         target,
         weight,
         pos_weight: None,
         grad: rng.chance(0.5),
+    }
+}
+
+/// Moves every finite logit by one huge offset (1e17 and beyond, where a row's values round to
+/// a few neighbours and `max + ln(sum)` rounds back to `max`): the losses stay of order 1, so
+/// a kernel that loses `ln(sum)` beside the maximum gives visibly wrong values.
+fn shift_far(rng: &mut Rng, input: &mut Operand) {
+    let offset = match input.kind {
+        Kind::F64 => rng.pick(&[1e17, -1e17, 1e200]),
+        _ => rng.pick(&[1e17, -1e17, 1e30]),
+    };
+    for v in input.values.iter_mut().filter(|v| v.is_finite()) {
+        *v += offset;
+        if input.kind == Kind::F32 {
+            *v = *v as f32 as f64;
+        }
     }
 }
 
