@@ -2,9 +2,10 @@
 //! [`crate::loss_reference`]. Each case draws a loss, its options (ignore_index, label
 //! smoothing, beta, delta, num_classes; in and out of range, NaN, infinities), a reduction, an
 //! input shape (an empty batch, an empty class dim, spatial dims), values (sometimes NaN,
-//! infinities, 0 or huge; cross-entropy logits sometimes all moved by 1e17 or more), targets in the right form or in one of the usual mix-ups (one-hot
-//! for indices, floats for indices, bools, another shape or dtype; labels out of range or equal
-//! to ignore_index), and class weights or BCE weights of the right or a wrong shape.
+//! infinities, 0 or huge; cross-entropy logits sometimes all moved by 1e17 or more), targets
+//! in the right form or in one of the usual mix-ups (one-hot for indices, floats for indices,
+//! bools, another shape or dtype; labels out of range or equal to ignore_index), and class
+//! weights or BCE weights of the right or a wrong shape.
 //!
 //! The check: where the reference refuses, kiln must return an error; otherwise kiln's shape,
 //! dtype and values must equal the reference's (NaN where it is NaN, the same infinity where it
