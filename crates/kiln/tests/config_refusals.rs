@@ -24,7 +24,7 @@ fn unworkable_settings_are_refused_by_name_and_a_one_step_run_trains() {
                 warmup_fraction: 1.0,
                 ..base()
             },
-            "warmup_fraction 1: the share of the optimizer steps",
+            "warmup_fraction 1.0: the share of the optimizer steps",
         ),
         (
             TrainConfig {
@@ -39,6 +39,21 @@ fn unworkable_settings_are_refused_by_name_and_a_one_step_run_trains() {
                 ..base()
             },
             "warmup_fraction NaN:",
+        ),
+        // Hostile values are echoed as 1e300, not as 301 digits.
+        (
+            TrainConfig {
+                warmup_fraction: 1e300,
+                ..base()
+            },
+            "warmup_fraction 1e300:",
+        ),
+        (
+            TrainConfig {
+                backbone_lr_factor: -1e300,
+                ..base()
+            },
+            "--backbone-lr-factor -1e300:",
         ),
     ];
     for (config, want) in refused {

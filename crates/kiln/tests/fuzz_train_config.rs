@@ -32,7 +32,7 @@ fn or_hostile<T: Clone>(rng: &mut Rng, base: T, hostile: &[T]) -> T {
 
 fn hostile_config(rng: &mut Rng, run_dir: &Path) -> TrainConfig {
     let huge = 1usize << 40;
-    let floats = [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300, 1e-300];
+    let floats = [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300, -1e300, 1e-300];
     let mut c = common::tiny_config(run_dir.to_path_buf(), 7, (32, 16));
     c.blocks = [1, 1, 1, 1];
     c.epochs = or_hostile(rng, 2, &[0, 1, 3, usize::MAX]);
@@ -54,7 +54,7 @@ fn hostile_config(rng: &mut Rng, run_dir: &Path) -> TrainConfig {
     c.lr = or_hostile(rng, 1e-2, &floats);
     c.backbone_lr_factor = or_hostile(rng, 0.1, &floats);
     c.weight_decay = or_hostile(rng, 0.05, &floats);
-    c.warmup_fraction = or_hostile(rng, 0.1, &[-0.1, 0.0, 0.999_999, 1.0, f64::NAN]);
+    c.warmup_fraction = or_hostile(rng, 0.1, &[-0.1, 0.0, 0.999_999, 1.0, 1e300, f64::NAN]);
     c.seed = or_hostile(rng, 7, &[0, u64::MAX]);
     c.freeze_epochs = or_hostile(rng, 1, &[0, 2, usize::MAX]);
     c.accum_steps = or_hostile(rng, 1, &[0, 2, 3, 1000, usize::MAX]);

@@ -168,7 +168,7 @@ pub(super) fn check(config: &TrainConfig) -> Result<()> {
     }
     if !(0.0..1.0).contains(&config.warmup_fraction) {
         return bad(format!(
-            "warmup_fraction {}: the share of the optimizer steps spent warming up before the \
+            "warmup_fraction {:?}: the share of the optimizer steps spent warming up before the \
              cosine decay; pass a value of at least 0 and below 1 (0.1 is the default)",
             config.warmup_fraction
         ));
@@ -189,7 +189,7 @@ pub(super) fn check(config: &TrainConfig) -> Result<()> {
     }
     if !(config.backbone_lr_factor >= 0.0 && config.backbone_lr_factor.is_finite()) {
         return bad(format!(
-            "--backbone-lr-factor {}: the backbone's lr is the head's times this factor; pass \
+            "--backbone-lr-factor {:?}: the backbone's lr is the head's times this factor; pass \
              a finite factor of at least 0",
             config.backbone_lr_factor
         ));
