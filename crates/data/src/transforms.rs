@@ -173,7 +173,7 @@ impl Augment {
             return Err(arg_err(
                 "Augment",
                 format!(
-                    "flip_prob {} is not a probability; pass a value in [0, 1]",
+                    "flip_prob {:?} is not a probability; pass a value in [0, 1]",
                     self.flip_prob
                 ),
             ));

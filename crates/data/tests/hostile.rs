@@ -124,7 +124,7 @@ fn huge_prefetch_and_crop_padding_do_not_abort() {
         },
         ..Default::default()
     };
-    let msg = DataLoader::new(ds, config, Device::Cpu)
+    let msg = DataLoader::new(ds.clone(), config, Device::Cpu)
         .err()
         .unwrap()
         .to_string();
@@ -132,6 +132,20 @@ fn huge_prefetch_and_crop_padding_do_not_abort() {
         msg.contains("crop_padding") && msg.contains("uses 4"),
         "{msg}"
     );
+    // A hostile flip_prob is echoed as -1e300, not as 301 digits.
+    let config = DataLoaderConfig {
+        batch_size: 2,
+        augment: Augment {
+            crop_padding: 0,
+            flip_prob: -1e300,
+        },
+        ..Default::default()
+    };
+    let msg = DataLoader::new(ds, config, Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("flip_prob -1e300 is not"), "{msg}");
 }
 
 /// Image shapes whose byte count overflows `usize` panicked (debug) or wrapped (release) in

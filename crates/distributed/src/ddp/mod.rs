@@ -93,7 +93,7 @@ impl<L: Layer> DistributedDataParallel<L> {
             return Err(Error::InvalidArgument {
                 op: "DistributedDataParallel::new",
                 msg: format!(
-                    "bucket_cap_mb is {}; pass a positive size in MiB (PyTorch's default is 25)",
+                    "bucket_cap_mb is {:?}; pass a positive size in MiB (PyTorch's default is 25)",
                     options.bucket_cap_mb
                 ),
             });
