@@ -193,7 +193,8 @@ fn the_weight_of_a_class_no_target_names_stays_out_of_the_loss_on_cuda() {
 
 /// Logits so large that `max + ln(sum)` rounds back to `max` (beyond about 1e16 in f64), and
 /// weights so large that any `q·w·z` product overflows, on `device`; the values are PyTorch
-/// 2.15's. Before, kiln gave 0 for `ln 2` and a zero gradient (case 2) and NaN for case 1.
+/// 2.15's (case 4 by the formula). Before, kiln gave 0 for `ln 2` and a zero gradient (case 2)
+/// and NaN for cases 1 and 4.
 fn huge_logits_on(device: Device) {
     let none = |weight| CrossEntropyOptions {
         weight,
@@ -247,6 +248,20 @@ fn huge_logits_on(device: Device) {
     let (e64, q) = ((-64f64).exp(), 1.0 / 600.0);
     let want = [e64 * e64 - q, e64 - q, 1.0 - e64 - q];
     check(&[g[597], g[598], g[599]], &want, "600-class grad");
+    // 4. [1, 2, 2] probability targets, class-major, weights 1e110. Position 0: z = [1e200,
+    // 1e200 + 1e190], target [1, 0]: the whole loss is the shifted sum's move as the max rises,
+    // w · (z1 - z0) = 1e300, while w · z overflows. Position 1: equal logits, w · ln 2.
+    let (w, z1) = (1e110, 1.000_000_000_1e200);
+    let x = Tensor::from_slice(&[1e200, 1e200, z1, 1e200], &[1, 2, 2], device).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let q = Tensor::from_slice(&[1.0f64, 0.25, 0.0, 0.75], &[1, 2, 2], device).unwrap();
+    let weight = Tensor::from_slice(&[w, w], &[2], device).unwrap();
+    let loss = cross_entropy(&x, &q, &none(Some(&weight))).unwrap();
+    loss.sum_all().unwrap().backward().unwrap();
+    let want = [w * (z1 - 1e200), w * 2f64.ln()];
+    check(&loss.to_vec::<f64>().unwrap(), &want, "shifted loss");
+    let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+    check(&g, &[-w, 0.25 * w, w, -0.25 * w], "shifted grad");
 }
 
 #[test]
