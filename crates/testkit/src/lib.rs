@@ -118,12 +118,19 @@ pub const LONGEST_DIGIT_RUN: usize = 40;
 
 /// Panics when `message` prints a number as a run of more than [`LONGEST_DIGIT_RUN`] digits,
 /// outside double quotes and backticks (text the caller gave, such as an environment
-/// variable's value or a setting, is quoted back as it was).
+/// variable's value or a setting, is quoted back as it was; inside double quotes a backslash
+/// escapes the next character, as `{:?}` writes a quote in the text).
 pub fn assert_readable(message: &str) {
-    let (mut run, mut quoted) = (0, false);
+    let (mut run, mut open, mut escaped) = (0, None, false);
     for c in message.chars() {
-        quoted ^= c == '"' || c == '`';
-        run = if c.is_ascii_digit() && !quoted {
+        match open {
+            Some('"') if escaped => escaped = false,
+            Some('"') if c == '\\' => escaped = true,
+            Some(q) if c == q => open = None,
+            None if c == '"' || c == '`' => open = Some(c),
+            _ => {}
+        }
+        run = if c.is_ascii_digit() && open.is_none() {
             run + 1
         } else {
             0
@@ -203,6 +210,11 @@ mod tests {
         assert_readable(&format!("factor {:?} in (0, 1)", 1e300));
         assert_readable(&format!("size {} is too large", u128::MAX));
         assert_readable(&format!("KILN_X=\"{}\" is not a number", "9".repeat(60)));
+        // A quote inside the caller's text, escaped by {:?}, does not end the quotation.
+        assert_readable(&format!(
+            "{:?} is not a number",
+            format!("\"{}", "9".repeat(60))
+        ));
         let shown = std::panic::catch_unwind(|| assert_readable(&format!("factor {}", 1e300)));
         assert!(shown.is_err(), "1e300 written as 301 digits must fail");
         let zeros = std::panic::catch_unwind(|| assert_readable(&format!("lr {}", 1e-300)));
