@@ -2,10 +2,11 @@
 //! tolerance, slice assertions that name the first bad index, a central finite-difference
 //! gradient check, and a check that an error message prints its numbers readably.
 //!
-//! Invariants: every helper works on plain `f64` values and closures and depends on no kiln
-//! crate (each kiln crate's tests adapt their tensors or storages to it); a value `got` matches
-//! `want` within `(atol, rtol)` when `|got - want| <= atol + rtol * |want|`, and the rule is
-//! written only in [`close`] (and [`close_finite`] for comparisons that must fail on NaN).
+//! Invariants: every helper works on plain `f64` values, closures or message text and depends
+//! on no kiln crate (each kiln crate's tests adapt their tensors or storages to it); a value
+//! `got` matches `want` within `(atol, rtol)` when `|got - want| <= atol + rtol * |want|`, and
+//! the rule is written only in [`close`] (and [`close_finite`] for comparisons that must fail
+//! on NaN).
 
 /// An absolute and a relative tolerance, `(atol, rtol)`.
 pub type Tol = (f64, f64);

@@ -155,8 +155,9 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
             } else {
                 denom += 1.0;
             }
-            // Σ q w (lse - z) = S · ln(sum) - Σ q w (z - max): two sums of like sign, and
-            // ln(sum) is never added to `max` (beyond 1e16 it would round away).
+            // Σ q w (lse - z) = S · ln(sum) - Σ q w (z - max) (two sums of like sign for
+            // non-negative q and w); ln(sum) is never added to `max` (beyond 1e16 it would round
+            // away).
             let log_sum = sum.ln();
             *loss = T::from_f64(qw * log_sum - shifted);
             // Pass 2: gradient softmax_k * S - q_k w_k with S = Σ q w.

@@ -2,11 +2,11 @@
 // with kiln's one option list, and checked for sm_80/sm_90 by `cargo xtask kernels`).
 //
 // The math and the [N, C, D] view are described in mod.rs. On the GPU one thread block owns one
-// position (n, d) at a time (grid-stride over positions): each thread runs the online softmax
-// statistics (running max, rescaled running sum of exp) plus the q*w sums over its
-// strided share of the C classes, the block combines them (warp shuffles, then one value per
-// warp through shared memory), thread 0 writes the loss, and every thread writes the gradient of
-// its classes. Statistics are double, like the CPU kernel, so the two agree to rounding.
+// position (n, d) at a time (grid-stride over positions): each thread runs the row statistics
+// of `Stats` (online softmax max and sum, S = sum of q*w, the shifted sum) over its strided share
+// of the C classes, the block combines them (warp shuffles, then one value per warp through
+// shared memory), thread 0 writes the loss, and every thread writes the gradient of its classes.
+// Statistics are double, like the CPU kernel, so the two agree to rounding.
 //
 //   kiln_xent_index_<T>(logits, targets, weight, N, C, D, ignore_index, eps, with_grad,
 //                       losses, grad, weight_sum)

@@ -22,9 +22,10 @@
 //! rescaled running sum of `e^{z - max}`, the "online softmax", plus `S = Σ q w` and the shifted
 //! sum `Σ q w (z - max)`, moved by `(old - new) · S` whenever the running maximum rises), then
 //! one pass that writes the gradient; nothing of size `N·C` is stored but the gradient itself.
-//! All row statistics accumulate in `f64`. The loss is `S · ln(sum) - Σ q w (z - max)`, two sums
-//! of like sign that overflow only where the loss itself does (a `q w z` product would overflow
-//! beyond about 1e154), and `ln(sum)` is never added to the maximum: softmax is
+//! All row statistics accumulate in `f64`. The loss is `S · ln(sum) - Σ q w (z - max)`: with
+//! non-negative targets and weights, two sums of like sign that overflow only where the loss
+//! itself does (a `q w z` product would overflow beyond about 1e154). `ln(sum)` is never added
+//! to the maximum: softmax is
 //! `e^{(z - max) - ln(sum)}`, so logits of magnitude 1e4 (where `e^z` overflows even `f64`) or
 //! 1e17 (where `max + ln(sum)` rounds back to `max`) give PyTorch's losses and gradients.
 //!
