@@ -557,15 +557,17 @@ fn a_forward_before_finish_and_a_peer_that_left_are_errors() {
     );
     let msg = got[0].1.as_ref().unwrap();
     assert!(msg.contains("rank 1 left the group"), "{msg}");
-    // A hostile bucket size is refused before any collective, echoed as -1e300.
+}
+
+/// A hostile bucket size is refused before any collective, echoed as -1e300, not 301 digits.
+#[test]
+fn a_hostile_bucket_size_is_refused_in_short_form() {
     let got = ThreadGroup::run(1, T, |g| {
-        let group: Arc<dyn ProcessGroup> = Arc::new(g);
         let options = DdpOptions::default().bucket_cap_mb(-1e300);
-        let made = DistributedDataParallel::new(initialised(mlp), group, options);
+        let made = DistributedDataParallel::new(initialised(mlp), Arc::new(g), options);
         made.err().map(|e| e.to_string())
-    })
-    .unwrap();
-    let msg = got[0].as_ref().expect("a negative bucket size is refused");
+    });
+    let msg = got.unwrap().remove(0).expect("refused");
     assert!(msg.contains("bucket_cap_mb is -1e300;"), "{msg}");
 }
 
