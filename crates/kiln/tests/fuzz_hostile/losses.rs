@@ -419,26 +419,28 @@ fn call(case: &LossCase, input: &Tensor, target: &Tensor) -> l::Result<Tensor> {
 /// beyond 1e16 fails it. For the others, the largest finite magnitude among the case's float
 /// operands (at least 1), squared for the losses that square.
 fn scale(case: &LossCase) -> f64 {
+    // The largest finite magnitude among `ops`' float values, at least 1.
+    let largest = |ops: &[Option<&Operand>]| {
+        let floats = ops.iter().flatten().filter(|o| o.kind.is_float());
+        let finite = floats
+            .flat_map(|o| o.values.iter())
+            .filter(|v| v.is_finite());
+        finite.fold(1.0f64, |m, v| m.max(v.abs()))
+    };
     if matches!(case.loss, Loss::CrossEntropy { .. }) {
-        let largest = |o: Option<&Operand>| {
-            let values = o.filter(|o| o.kind.is_float()).map(|o| &o.values[..]);
-            let finite = values.unwrap_or_default().iter().filter(|v| v.is_finite());
-            finite.fold(1.0f64, |m, v| m.max(v.abs()))
-        };
         let logits = case.input.values.iter().filter(|v| v.is_finite());
         let (lo, hi) = logits.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
             (lo.min(v), hi.max(v))
         });
         let spread = (hi - lo).max(1.0);
-        return largest(case.weight.as_ref()) * largest(Some(&case.target)) * spread;
+        return largest(&[case.weight.as_ref()]) * largest(&[Some(&case.target)]) * spread;
     }
-    let ops = [Some(&case.input), Some(&case.target), case.weight.as_ref()];
-    let ops = ops.into_iter().chain([case.pos_weight.as_ref()]).flatten();
-    let m = ops
-        .filter(|o| o.kind.is_float())
-        .flat_map(|o| o.values.iter())
-        .filter(|v| v.is_finite())
-        .fold(1.0f64, |m, v| m.max(v.abs()));
+    let m = largest(&[
+        Some(&case.input),
+        Some(&case.target),
+        case.weight.as_ref(),
+        case.pos_weight.as_ref(),
+    ]);
     m * m
 }
 
