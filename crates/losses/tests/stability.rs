@@ -4,6 +4,11 @@
 
 use kiln_autograd::{no_grad, DType, Device, Tensor};
 use kiln_losses::*;
+use kiln_testkit::{assert_close, Tol};
+
+/// The huge-value checks' tolerance (`atol`, `rtol`): `5e-13 · (1 + |want|)`, within
+/// `1e-12 · max(|want|, 1)`.
+const TOL: Tol = (5e-13, 5e-13);
 
 #[test]
 fn logits_of_magnitude_1e4_give_exact_losses_and_gradients() {
@@ -201,14 +206,6 @@ fn huge_logits_on(device: Device) {
         reduction: Reduction::None,
         ..Default::default()
     };
-    let check = |got: &[f64], want: &[f64], what: &str| {
-        for (g, w) in got.iter().zip(want) {
-            assert!(
-                (g - w).abs() <= 1e-12 * w.abs().max(1.0),
-                "{what}: {got:?} vs {want:?}"
-            );
-        }
-    };
     // 1. [1, 2] logits 1e200 with weights 1e200, target 0: loss 1e200·ln 2.
     let x = Tensor::from_slice(&[1e200f64, 1e200], &[1, 2], device).unwrap();
     x.set_requires_grad(true).unwrap();
@@ -216,15 +213,17 @@ fn huge_logits_on(device: Device) {
     let t = Tensor::from_slice(&[0i64], &[1], device).unwrap();
     let loss = cross_entropy(&x, &t, &none(Some(&w))).unwrap();
     loss.sum_all().unwrap().backward().unwrap();
-    check(
+    assert_close(
+        "1e200 loss",
         &loss.to_vec::<f64>().unwrap(),
         &[1e200 * 2f64.ln()],
-        "1e200 loss",
+        TOL,
     );
-    check(
+    assert_close(
+        "1e200 grad",
         &x.grad().unwrap().to_vec::<f64>().unwrap(),
         &[-5e199, 5e199],
-        "1e200 grad",
+        TOL,
     );
     // 2. [1, 2, 2] logits 1e17 (the class-major sweep), targets [[0, 1]]: ln 2 at each.
     let x = Tensor::from_slice(&[1e17f64; 4], &[1, 2, 2], device).unwrap();
@@ -232,9 +231,14 @@ fn huge_logits_on(device: Device) {
     let t = Tensor::from_slice(&[0i64, 1], &[1, 2], device).unwrap();
     let loss = cross_entropy(&x, &t, &none(None)).unwrap();
     loss.sum_all().unwrap().backward().unwrap();
-    check(&loss.to_vec::<f64>().unwrap(), &[2f64.ln(); 2], "1e17 loss");
+    assert_close(
+        "1e17 loss",
+        &loss.to_vec::<f64>().unwrap(),
+        &[2f64.ln(); 2],
+        TOL,
+    );
     let g = x.grad().unwrap().to_vec::<f64>().unwrap();
-    check(&g, &[-0.5, 0.5, 0.5, -0.5], "1e17 grad");
+    assert_close("1e17 grad", &g, &[-0.5, 0.5, 0.5, -0.5], TOL);
     // 3. 600 classes 1e17 + 64k, a uniform probability target (many CUDA threads, each with a
     // different running max): loss = mean of (max - z) = 64 · 599 / 2 = 19168 to 1e-27.
     let z: Vec<f64> = (0..600).map(|k| 1e17 + 64.0 * k as f64).collect();
@@ -243,11 +247,16 @@ fn huge_logits_on(device: Device) {
     let q = Tensor::from_slice(&[1.0f64 / 600.0; 600], &[1, 600], device).unwrap();
     let loss = cross_entropy(&x, &q, &none(None)).unwrap();
     loss.sum_all().unwrap().backward().unwrap();
-    check(&loss.to_vec::<f64>().unwrap(), &[19168.0], "600-class loss");
+    assert_close(
+        "600-class loss",
+        &loss.to_vec::<f64>().unwrap(),
+        &[19168.0],
+        TOL,
+    );
     let g = x.grad().unwrap().to_vec::<f64>().unwrap();
     let (e64, q) = ((-64f64).exp(), 1.0 / 600.0);
     let want = [e64 * e64 - q, e64 - q, 1.0 - e64 - q];
-    check(&[g[597], g[598], g[599]], &want, "600-class grad");
+    assert_close("600-class grad", &[g[597], g[598], g[599]], &want, TOL);
     // 4. [1, 2, 2] probability targets, class-major, weights 1e110. Position 0: z = [1e200,
     // 1e200 + 1e190], target [1, 0]: the whole loss is the shifted sum's move as the max rises,
     // w · (z1 - z0) = 1e300, while w · z overflows. Position 1: equal logits, w · ln 2.
@@ -259,9 +268,9 @@ fn huge_logits_on(device: Device) {
     let loss = cross_entropy(&x, &q, &none(Some(&weight))).unwrap();
     loss.sum_all().unwrap().backward().unwrap();
     let want = [w * (z1 - 1e200), w * 2f64.ln()];
-    check(&loss.to_vec::<f64>().unwrap(), &want, "shifted loss");
+    assert_close("shifted loss", &loss.to_vec::<f64>().unwrap(), &want, TOL);
     let g = x.grad().unwrap().to_vec::<f64>().unwrap();
-    check(&g, &[-w, 0.25 * w, w, -0.25 * w], "shifted grad");
+    assert_close("shifted grad", &g, &[-w, 0.25 * w, w, -0.25 * w], TOL);
 }
 
 #[test]
