@@ -14,6 +14,7 @@ pub mod conv;
 pub mod copy;
 pub(crate) mod cpu_dispatch;
 pub mod elementwise;
+pub(crate) mod exp_math;
 pub mod fill;
 pub mod index;
 mod kernel_error;

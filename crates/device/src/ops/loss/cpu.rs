@@ -1,7 +1,7 @@
 //! CPU fused softmax-cross-entropy: samples in parallel (one rayon task per sample `n`, covering
 //! its `D` positions), statistics in `f64` (see the module docs of [`super`] for the math).
 //!
-//! Plain `[N, C]` logits (`D = 1`) are swept row by row. Spatial logits (`D > 1`, e.g.
+//! Plain `[N, C]` logits (`D = 1`) are swept row by row, in `cpu_row`'s vectorised passes. Spatial logits (`D > 1`, e.g.
 //! `[N, C, H, W]`) store a position's classes `D` elements apart, so a per-position sweep would
 //! touch one cache line per logit; there the sample's `[C, D]` block is swept class-major instead,
 //! carrying the `D` positions' running statistics side by side, so every read and write is
@@ -10,6 +10,7 @@
 use rayon::prelude::*;
 use std::any::Any;
 
+use super::cpu_row::{self, below, share, RowTarget};
 use super::{
     check_spec, check_targets, CrossEntropyOutput, CrossEntropyShape, CrossEntropySpec, LossOps,
     TargetKind,
@@ -28,28 +29,6 @@ pub enum Targets<'a, T> {
     Indices(&'a [i64]),
     /// `[N, C, D]` class probabilities.
     Probabilities(&'a [T]),
-}
-
-/// A class's coefficient `q_k · w_k`: 0 when its target share `q_k` is 0, whatever its weight,
-/// so a NaN or infinite weight of a class the target does not name cannot reach the loss (as in
-/// PyTorch). A zero coefficient then adds nothing, even where the logit is -inf (masked).
-fn share(q: f64, w: f64) -> f64 {
-    if q == 0.0 {
-        0.0
-    } else {
-        q * w
-    }
-}
-
-/// `z - max`, a logit's distance below its row's running maximum, for the shifted sum
-/// `Σ q w (z - max)`: a masked (-inf) logit stays -inf even before any finite maximum is seen,
-/// where the plain difference would be NaN.
-fn below(z: f64, max: f64) -> f64 {
-    if z == f64::NEG_INFINITY {
-        z
-    } else {
-        z - max
-    }
 }
 
 /// Fused softmax-cross-entropy on contiguous `[N, C, D]` `logits`: writes the per-position
@@ -86,88 +65,25 @@ pub fn softmax_cross_entropy<T: KernelFloat>(
     if shape.positions() == 0 {
         return Ok(0.0);
     }
-    let eps = spec.label_smoothing;
-    let w_of = |k: usize| weight.map_or(1.0, |w| w[k].to_f64());
-    let smooth = eps / c as f64;
-
-    // One sample: its D positions; returns its share of the mean's denominator.
-    let sample = |n: usize, loss_row: &mut [T], mut grad_block: Option<&mut [T]>| -> f64 {
-        let base = n * c * d;
-        let mut denom = 0.0;
-        for (j, loss) in loss_row.iter_mut().enumerate() {
-            let z = |k: usize| logits[base + k * d + j].to_f64();
-            // q_k for this position: returns (the index target, if any, and q of class k).
-            let label = match targets {
-                Targets::Indices(t) => {
-                    let y = t[n * d + j];
-                    if y == spec.ignore_index {
-                        *loss = T::ZERO;
-                        if let Some(g) = grad_block.as_deref_mut() {
-                            (0..c).for_each(|k| g[k * d + j] = T::ZERO);
-                        }
-                        continue;
+    // One row of plain [N, C] logits (D = 1); returns its share of the mean's denominator.
+    let sample = |n: usize, loss_row: &mut [T], grad_row: Option<&mut [T]>| -> f64 {
+        let z = &logits[n * c..][..c];
+        let (target, denom) = match targets {
+            Targets::Indices(t) => {
+                let y = t[n];
+                if y == spec.ignore_index {
+                    loss_row[0] = T::ZERO;
+                    if let Some(g) = grad_row {
+                        g.fill(T::ZERO);
                     }
-                    Some(y as usize)
+                    return 0.0;
                 }
-                Targets::Probabilities(_) => None,
-            };
-            let q = |k: usize| match (targets, label) {
-                (Targets::Probabilities(t), _) => {
-                    (1.0 - eps) * t[base + k * d + j].to_f64() + smooth
-                }
-                (_, Some(y)) => smooth + if k == y { 1.0 - eps } else { 0.0 },
-                _ => unreachable!("index targets always have a label"),
-            };
-            // Pass 1: online max / sum of exp, S = Σ q w, and the shifted sum Σ q w (z - max)
-            // against the running max (moved by (old - new) · S when the max rises).
-            let (mut max, mut sum) = (f64::NEG_INFINITY, 0.0f64);
-            let (mut shifted, mut qw) = (0.0f64, 0.0f64);
-            for k in 0..c {
-                let zk = z(k);
-                if zk > max {
-                    if qw != 0.0 {
-                        shifted += (max - zk) * qw;
-                    }
-                    sum = sum * (max - zk).exp() + 1.0;
-                    max = zk;
-                } else if zk != f64::NEG_INFINITY {
-                    // (-inf logits, i.e. masked classes, add nothing; NaN still propagates.)
-                    sum += (zk - max).exp();
-                }
-                let qwk = match label {
-                    // Index targets: only the smoothing part runs over all classes.
-                    Some(_) => share(smooth, w_of(k)),
-                    None => share(q(k), w_of(k)),
-                };
-                if qwk != 0.0 {
-                    shifted += qwk * below(zk, max);
-                    qw += qwk;
-                }
+                let y = y as usize;
+                (RowTarget::Label(y), weight.map_or(1.0, |w| w[y].to_f64()))
             }
-            if let Some(y) = label {
-                let wy = w_of(y);
-                let qwy = share(1.0 - eps, wy);
-                if qwy != 0.0 {
-                    shifted += qwy * below(z(y), max);
-                    qw += qwy;
-                }
-                denom += wy;
-            } else {
-                denom += 1.0;
-            }
-            // Σ q w (lse - z) = S · ln(sum) - Σ q w (z - max) (two sums of like sign for
-            // non-negative q and w); ln(sum) is never added to `max` (beyond 1e16 it would round
-            // away).
-            let log_sum = sum.ln();
-            *loss = T::from_f64(qw * log_sum - shifted);
-            // Pass 2: gradient softmax_k * S - q_k w_k with S = Σ q w.
-            if let Some(g) = grad_block.as_deref_mut() {
-                for k in 0..c {
-                    let p = ((z(k) - max) - log_sum).exp();
-                    g[k * d + j] = T::from_f64(p * qw - share(q(k), w_of(k)));
-                }
-            }
-        }
+            Targets::Probabilities(t) => (RowTarget::Probabilities(&t[n * c..][..c]), 1.0),
+        };
+        loss_row[0] = cpu_row::row(spec, z, target, weight, grad_row);
         denom
     };
 
@@ -380,9 +296,10 @@ fn run_typed<T: KernelFloat + crate::Element>(
         }
     };
     // Outputs are written in place into blocks of the CPU allocator.
-    let mut losses = HostBuffer::filled(spec.shape.positions(), T::ZERO)?;
+    // Every element of both is written (an ignored position's with 0).
+    let mut losses = HostBuffer::for_overwrite(spec.shape.positions())?;
     let mut grad = match spec.with_grad {
-        true => Some(HostBuffer::filled(spec.shape.logits(), T::ZERO)?),
+        true => Some(HostBuffer::for_overwrite(spec.shape.logits())?),
         false => None,
     };
     let total = softmax_cross_entropy(

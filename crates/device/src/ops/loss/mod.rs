@@ -46,6 +46,7 @@
 //! gradient and reads nothing through it. The mean's denominator stays on the device too.
 
 pub mod cpu;
+mod cpu_row;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 

@@ -20,11 +20,9 @@
 //! 17th and 18th powers leave remainders below `2^-60`; the quarter `k` picks `cos x`,
 //! `-sin x`, `-cos x` or `sin x`. Unlike `cos(2 pi * u)`, no rounding of `2 pi u` enters.
 
-/// `ln 2`, split so that `e * LN2_HI` is exact for any exponent `e` of an `f64` (its low 21
-/// bits are zero).
-const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-/// `ln 2 - LN2_HI`.
-const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+// `ln 2` in two parts (`e * LN2_HI` is exact for any exponent `e` of an `f64`), shared with
+// `exp_math`.
+use crate::ops::exp_math::{LN2_HI, LN2_LO};
 /// The `f64` nearest `2 pi`.
 const TAU_HI: f64 = std::f64::consts::TAU;
 /// `2 pi - TAU_HI`, so that `x = r * TAU_HI + r * TAU_LO` carries about one rounding.
