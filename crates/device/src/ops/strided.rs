@@ -38,6 +38,64 @@ pub(crate) fn fill_chunks_parallel<U: Send>(
     });
 }
 
+/// Innermost rows at least this long are walked a row at a time ([`row_pieces`]); shorter ones
+/// element by element, where a row's setup would cost more than it saves.
+const ROW_MIN: usize = 16;
+
+/// The pieces of `[start, start + n)` that each lie in one innermost row of `layout`, as
+/// `(at, first, len)`: the chunk's elements `at..at + len` read `src[first + t * step]` for `t`
+/// in `0..len`, `step` being the innermost stride (0 for a value broadcast along the row, 1 for
+/// a dense row). `None` when the innermost rows are shorter than [`ROW_MIN`].
+fn row_pieces(layout: &Layout, start: usize, n: usize) -> Option<(usize, Vec<[usize; 3]>)> {
+    let (&inner, outer) = layout.shape().split_last()?;
+    let (&step, outer_strides) = layout.strides().split_last()?;
+    if inner < ROW_MIN {
+        return None;
+    }
+    let rows = Layout::new(outer.to_vec(), outer_strides.to_vec(), layout.offset());
+    let mut row_offsets = StridedIndex::new(&rows, start / inner);
+    let (mut at, mut col) = (0, start % inner);
+    let mut pieces = Vec::with_capacity(n / inner + 2);
+    while at < n {
+        let first = row_offsets.next()? + col * step;
+        let len = (inner - col).min(n - at);
+        pieces.push([at, first, len]);
+        at += len;
+        col = 0;
+    }
+    Some((step, pieces))
+}
+
+/// `f(x, b[first + t * step])` for the `t`-th `x` of `xs` into `out`: one row piece, with the
+/// broadcast and dense rows as plain loops the compiler vectorises.
+#[inline(always)]
+fn piece2<A: Copy, B: Copy, U>(
+    out: &mut [U],
+    xs: impl Iterator<Item = A>,
+    b: &[B],
+    [first, step]: [usize; 2],
+    f: impl Fn(A, B) -> U,
+) {
+    match step {
+        0 => {
+            let y = b[first];
+            out.iter_mut().zip(xs).for_each(|(o, x)| *o = f(x, y));
+        }
+        1 => {
+            let ys = &b[first..first + out.len()];
+            out.iter_mut()
+                .zip(xs)
+                .zip(ys)
+                .for_each(|((o, x), &y)| *o = f(x, y));
+        }
+        _ => out
+            .iter_mut()
+            .zip(xs)
+            .enumerate()
+            .for_each(|(t, (o, x))| *o = f(x, b[first + t * step])),
+    }
+}
+
 /// `f` of every element of `src` viewed through `layout`, as a new `Vec` (the allocating form of
 /// [`map1_into`], for tests and callers outside the storage).
 pub fn map1<T: Copy + Sync, U: Element>(
@@ -98,8 +156,30 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
             }
             (Some(oa), None) => {
                 let sa = &a[oa + start..oa + start + n];
+                if let Some((step, pieces)) = row_pieces(lb, start, n) {
+                    for [at, first, len] in pieces {
+                        let xs = sa[at..at + len].iter().copied();
+                        piece2(&mut chunk[at..at + len], xs, b, [first, step], &f);
+                    }
+                    return;
+                }
                 for ((o, &x), j) in chunk.iter_mut().zip(sa).zip(StridedIndex::new(lb, start)) {
                     *o = f(x, b[j]);
+                }
+            }
+            (None, Some(ob)) => {
+                let sb = &b[ob + start..ob + start + n];
+                if let Some((step, pieces)) = row_pieces(la, start, n) {
+                    for [at, first, len] in pieces {
+                        let ys = sb[at..at + len].iter().copied();
+                        piece2(&mut chunk[at..at + len], ys, a, [first, step], |y, x| {
+                            f(x, y)
+                        });
+                    }
+                    return;
+                }
+                for ((o, &y), i) in chunk.iter_mut().zip(sb).zip(StridedIndex::new(la, start)) {
+                    *o = f(a[i], y);
                 }
             }
             _ => {
@@ -137,6 +217,23 @@ pub fn map2_assign<T: Copy + Send + Sync, B: Copy + Sync>(
             }
         }
         None => {
+            if let Some((step, pieces)) = row_pieces(lb, start, chunk.len()) {
+                for [at, first, len] in pieces {
+                    let out = &mut chunk[at..at + len];
+                    // Each element is read (as `x`) before it is overwritten.
+                    match step {
+                        0 => {
+                            let y = b[first];
+                            out.iter_mut().for_each(|o| *o = f(*o, y));
+                        }
+                        _ => out
+                            .iter_mut()
+                            .enumerate()
+                            .for_each(|(t, o)| *o = f(*o, b[first + t * step])),
+                    }
+                }
+                return;
+            }
             for (o, j) in chunk.iter_mut().zip(StridedIndex::new(lb, start)) {
                 *o = f(*o, b[j]);
             }
@@ -216,15 +313,17 @@ mod tests {
     }
 
     /// Views of one `[240, 300]` shape, large enough that the loops split them into parallel
-    /// chunks, so every chunk after the first starts its strided walk mid-view: contiguous, a
-    /// transpose, a narrowed view with an offset, and a broadcast row.
-    fn views() -> [Layout; 4] {
+    /// chunks, so every chunk after the first starts its strided walk mid-view (and mid-row):
+    /// contiguous, a transpose, a narrowed view with an offset, a broadcast row and a broadcast
+    /// column (one value along each row: the row walk's innermost stride 0).
+    fn views() -> [Layout; 5] {
         let shape = [240, 300];
         [
             Layout::contiguous(&shape),
             Layout::contiguous(&[300, 240]).transpose(0, 1),
             Layout::contiguous(&[240, 311]).narrow(1, 5, 300),
             Layout::contiguous(&[1, 300]).broadcast_to(&shape),
+            Layout::contiguous(&[240, 1]).broadcast_to(&shape),
         ]
     }
 
@@ -252,7 +351,7 @@ mod tests {
                 assert_eq!(dst, pairs, "map2_assign, views {v} and {w}");
             }
         }
-        let [_, t, narrow, row] = &views;
+        let [_, t, narrow, row, _] = &views;
         let (a, b, c) = (source(t), source(narrow), source(row));
         let mut out = vec![(0f32, 0f32, 0f32); n];
         map3((&a, t), (&b, narrow), (&c, row), &mut out, |x, y, z| {
@@ -269,14 +368,16 @@ mod tests {
     #[test]
     fn the_serial_walk_is_the_views_own_indexing() {
         // The reference above, checked against index arithmetic written out by hand.
-        let [_, t, narrow, row] = views();
+        let [_, t, narrow, row, column] = views();
         let (a, b, c) = (source(&t), source(&narrow), source(&row));
         let (ra, rb, rc) = (serial(&a, &t), serial(&b, &narrow), serial(&c, &row));
+        let rd = serial(&source(&column), &column);
         for (i, j) in [(0, 0), (0, 299), (1, 0), (131, 17), (239, 299)] {
             let k = i * 300 + j;
             assert_eq!(ra[k], (j * 240 + i) as f32);
             assert_eq!(rb[k], (i * 311 + 5 + j) as f32);
             assert_eq!(rc[k], j as f32);
+            assert_eq!(rd[k], i as f32);
         }
     }
 }
