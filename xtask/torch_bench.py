@@ -213,6 +213,19 @@ def matmul(n, reps):
     return gflops
 
 
+def cross_entropy(rows, classes, reps):
+    """The `ops` group's loss case: F.cross_entropy then backward on [rows, classes] logits."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(rows, classes, generator=gen) * 2.0).requires_grad_()
+    y = labels(rows, classes)
+
+    def call():
+        x.grad = None
+        F.cross_entropy(x, y).backward()
+
+    return lambda: adaptive_median_ms(reps, call)
+
+
 def mlp_step(batch, steps):
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -462,6 +475,9 @@ def set_up(name, arg, quick):
         return resnet_eval(arg, 3 if quick else 20), "ms"
     if name == "matmul":
         return matmul(arg, 2 if quick else 10), "GFLOP/s"
+    if name.startswith("cross_entropy_") and name.endswith("_classes"):
+        classes = int(name[len("cross_entropy_"):-len("_classes")])
+        return cross_entropy(arg, classes, 2 if quick else 10), "ms"
     if name == "mlp_step":
         return mlp_step(arg, 3 if quick else 30), "ms"
     if name == "adamw_resnet18":

@@ -30,6 +30,7 @@ mod harness;
 mod ops;
 mod ops_gpu;
 mod ops_gpu_conv;
+mod ops_loss;
 mod optim;
 mod optim_gpu;
 pub mod threads;

@@ -7,7 +7,8 @@
 //! unvectorised by design. `ratio` is kiln's GFLOP/s over the reference's.
 //!
 //! With `--vs-torch`, matmul at 512 and 1024 also gets a row against PyTorch's `torch.matmul`
-//! measured in the same run (best of as many calls; `torch.rs`).
+//! measured in the same run (best of as many calls; `torch.rs`). Cross-entropy's rows are in
+//! `ops_loss.rs`.
 //!
 //! kiln's figure is the best of a few timed repetitions after one warm-up. The references are
 //! slow, so each is timed once, and the conv reference runs on a smaller batch (its rate per
@@ -37,6 +38,7 @@ pub fn run(options: &Options) -> Result<Vec<Row>, String> {
         let mut pairs = Pairs::new(GROUP, options);
         matmul(options, &mut rows, &mut pairs)?;
         conv2d(options, &mut rows)?;
+        super::ops_loss::rows(options, &mut rows, &mut pairs)?;
         rows.extend(pairs.into_rows());
     }
     if options.gpu {
