@@ -58,7 +58,7 @@ pub struct Mutant {
 }
 
 /// The planted bugs.
-pub const MUTANTS: [Mutant; 10] = [
+pub const MUTANTS: [Mutant; 11] = [
     Mutant {
         bug: "off-by-one in a reduction tail",
         place: "ops/reduce/reduce.cu fold_chunk (vector path's scalar tail)",
@@ -120,6 +120,19 @@ pub const MUTANTS: [Mutant; 10] = [
             replace: "return __float2bfloat16_rz((float)__longlong_as_double((i64)(bits & 0xFFFFFFFF00000000ULL)));",
             binary: "kiln-device--test-cuda_ops",
             filter: "casts_and_copies_match_cpu_bit_for_bit",
+        },
+        env: &[],
+        expect: &["panicked"],
+    },
+    Mutant {
+        bug: "log-sum-exp rounded into the maximum",
+        place: "ops/loss/loss.cu xent_index (loss as S * (max + ln sum) - sum of q*w*z)",
+        plant: Plant::Kernel {
+            file: "ops/loss/loss.cu",
+            find: "losses[pos] = (T)(st.qw * log_sum - st.shifted);\n            atomicAdd",
+            replace: "losses[pos] = (T)(st.qw * (st.max + log_sum) - (st.shifted + st.qw * st.max));\n            atomicAdd",
+            binary: "kiln-losses--test-stability",
+            filter: "huge_logits_and_weights_give_pytorchs_losses_and_gradients_on_cuda",
         },
         env: &[],
         expect: &["panicked"],
