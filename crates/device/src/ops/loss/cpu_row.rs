@@ -184,3 +184,83 @@ pub(super) fn row<T: KernelFloat>(
     }
     T::from_f64(qw * log_sum - shifted)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::loss::{CrossEntropyShape, TargetKind};
+    use crate::ops::simd::available;
+
+    fn spec(classes: usize, label_smoothing: f64) -> CrossEntropySpec {
+        CrossEntropySpec {
+            shape: CrossEntropyShape {
+                batch: 1,
+                classes,
+                inner: 1,
+            },
+            target: TargetKind::Indices,
+            ignore_index: -100,
+            label_smoothing,
+            with_grad: true,
+        }
+    }
+
+    /// Every pass gives the portable build's bits on every instruction set this CPU has, on a
+    /// row whose length leaves a tail after the lanes and whose logits span exp's whole range.
+    #[test]
+    fn every_instruction_set_gives_the_portable_bits() {
+        let z: Vec<f32> = (0..1003)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * if i % 7 == 0 { 16.0 } else { 0.3 })
+            .collect();
+        let coef = |k: usize| if k == 5 { 0.75 } else { 0.001 };
+        let portable = {
+            let max = row_max_body(&z);
+            let sum = exp_sum_body(&z, max);
+            let mut g = vec![0f32; z.len()];
+            grad_body(&z, [max, sum.ln(), 1.5], coef, &mut g);
+            (max.to_bits(), sum.to_bits(), g.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        for isa in available().into_iter().map(Some).chain([None]) {
+            let max = row_max(isa, &z);
+            let sum = exp_sum(isa, &z, max);
+            let mut g = vec![0f32; z.len()];
+            gradient(isa, &z, [max, sum.ln(), 1.5], coef, &mut g);
+            let got = (max.to_bits(), sum.to_bits(), g.iter().map(|v| v.to_bits()).collect());
+            assert_eq!(got, portable, "{isa:?}");
+        }
+    }
+
+    /// Against the definitions in f64 with libm: a label with and without smoothing, a masked
+    /// (-inf) class that gets exactly 0 gradient, and a NaN logit that makes the loss NaN.
+    #[test]
+    fn rows_match_the_definition_and_keep_masked_and_nan_logits_apart() {
+        let z = [0.5f64, -1.25, f64::NEG_INFINITY, 3.0, 2.0, -0.75, 0.0, 1.0, 0.25, -2.0]
+            .repeat(3);
+        let c = z.len();
+        for eps in [0.0, 0.2] {
+            let mut g = vec![0f64; c];
+            let loss = row(&spec(c, eps), &z, RowTarget::Label(3), None, Some(&mut g));
+            let lse = z.iter().map(|v| v.exp()).sum::<f64>().ln();
+            let q = |k: usize| eps / c as f64 + if k == 3 { 1.0 - eps } else { 0.0 };
+            let want: f64 = (0..c)
+                .filter(|&k| z[k] != f64::NEG_INFINITY)
+                .map(|k| q(k) * (lse - z[k]))
+                .sum();
+            if eps == 0.0 {
+                assert!((loss - want).abs() < 1e-14, "{loss} vs {want}");
+                for k in 0..c {
+                    let want = (z[k] - lse).exp() - q(k);
+                    assert!((g[k] - want).abs() < 1e-15, "class {k}: {} vs {want}", g[k]);
+                }
+                assert_eq!(g[2], 0.0);
+            } else {
+                // A masked class with a smoothing share has an infinite loss, as in PyTorch.
+                assert_eq!(loss, f64::INFINITY);
+            }
+        }
+        let mut z = z;
+        z[4] = f64::NAN;
+        let loss = row(&spec(c, 0.0), &z, RowTarget::Label(3), None, None);
+        assert!(loss.is_nan());
+    }
+}
