@@ -59,7 +59,7 @@ fn assert_all<T: Copy + Into<f64>>(
     );
     if let Some((i, g, w)) = first_mismatch(got, want, tol, matches) {
         panic!(
-            "{what}[{i}]: got {g}, want {w} (atol {}, rtol {}; {} elements)",
+            "{what}[{i}]: got {g:?}, want {w:?} (atol {:?}, rtol {:?}; {} elements)",
             tol.0,
             tol.1,
             got.len()
@@ -171,7 +171,13 @@ mod tests {
         })
         .unwrap_err();
         let msg = err.downcast_ref::<String>().unwrap();
-        assert!(msg.starts_with("v[2]: got 5, want 3"), "{msg}");
+        assert!(msg.starts_with("v[2]: got 5.0, want 3.0"), "{msg}");
+        // Huge values read as exponents, not as 200 digits.
+        let err = std::panic::catch_unwind(|| assert_close("h", &[f64::NAN], &[1e200], (0.0, 0.0)))
+            .unwrap_err();
+        let msg = err.downcast_ref::<String>().unwrap();
+        assert!(msg.starts_with("h[0]: got NaN, want 1e200"), "{msg}");
+        assert_readable(msg);
     }
 
     #[test]
