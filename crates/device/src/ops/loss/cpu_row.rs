@@ -218,14 +218,22 @@ mod tests {
             let sum = exp_sum_body(&z, max);
             let mut g = vec![0f32; z.len()];
             grad_body(&z, [max, sum.ln(), 1.5], coef, &mut g);
-            (max.to_bits(), sum.to_bits(), g.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            (
+                max.to_bits(),
+                sum.to_bits(),
+                g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            )
         };
         for isa in available().into_iter().map(Some).chain([None]) {
             let max = row_max(isa, &z);
             let sum = exp_sum(isa, &z, max);
             let mut g = vec![0f32; z.len()];
             gradient(isa, &z, [max, sum.ln(), 1.5], coef, &mut g);
-            let got = (max.to_bits(), sum.to_bits(), g.iter().map(|v| v.to_bits()).collect());
+            let got = (
+                max.to_bits(),
+                sum.to_bits(),
+                g.iter().map(|v| v.to_bits()).collect(),
+            );
             assert_eq!(got, portable, "{isa:?}");
         }
     }
@@ -234,8 +242,19 @@ mod tests {
     /// (-inf) class that gets exactly 0 gradient, and a NaN logit that makes the loss NaN.
     #[test]
     fn rows_match_the_definition_and_keep_masked_and_nan_logits_apart() {
-        let z = [0.5f64, -1.25, f64::NEG_INFINITY, 3.0, 2.0, -0.75, 0.0, 1.0, 0.25, -2.0]
-            .repeat(3);
+        let z = [
+            0.5f64,
+            -1.25,
+            f64::NEG_INFINITY,
+            3.0,
+            2.0,
+            -0.75,
+            0.0,
+            1.0,
+            0.25,
+            -2.0,
+        ]
+        .repeat(3);
         let c = z.len();
         for eps in [0.0, 0.2] {
             let mut g = vec![0f64; c];
