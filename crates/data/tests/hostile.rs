@@ -43,7 +43,12 @@ fn huge_image_inputs_are_errors_before_decoding() {
     let e = load_image("/nonexistent.png", [3, 8, 1 << 33], opts, None, Device::Cpu).unwrap_err();
     assert!(e.to_string().contains("beyond 4294967295 pixels"), "{e}");
     let e = load_image("/x.png", [3, usize::MAX, 2], opts, None, Device::Cpu).unwrap_err();
-    assert!(!e.to_string().is_empty());
+    let msg = e.to_string();
+    assert!(
+        msg.contains("has a side beyond 4294967295 pixels") && msg.contains("real input size"),
+        "{msg}"
+    );
+    kiln_testkit::assert_readable(&msg);
     let img = [0u8; 12];
     let e = image_grid(&[&img], [3, 2, 2], 1, usize::MAX / 2, 0).unwrap_err();
     assert!(e.to_string().contains("smaller gap"), "{e}");
