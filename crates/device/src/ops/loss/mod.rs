@@ -18,10 +18,13 @@
 //! agrees); and a zero coefficient adds nothing even where `z_c = -inf` (a masked class), where
 //! PyTorch's `0 · -inf` gives NaN.
 //!
-//! The kernel makes one streaming pass over a row for the statistics (running maximum with the
-//! rescaled running sum of `e^{z - max}`, the "online softmax", plus `S = Σ q w` and the shifted
-//! sum `Σ q w (z - max)`, moved by `(old - new) · S` whenever the running maximum rises), then
-//! one pass that writes the gradient; nothing of size `N·C` is stored but the gradient itself.
+//! The statistics of a row are its maximum, the sum of `e^{z - max}`, `S = Σ q w` and the shifted
+//! sum `Σ q w (z - max)`. The CUDA kernel and the CPU's class-major sweep gather them in one
+//! streaming pass (a running maximum with the rescaled running sum, the "online softmax", the
+//! shifted sum moved by `(old - new) · S` whenever the running maximum rises); the CPU's plain
+//! `[N, C]` rows make a pass for the maximum and a vectorised one for the sum (`cpu_row.rs`),
+//! the row staying in cache between them. Then one pass writes the gradient; nothing of size
+//! `N·C` is stored but the gradient itself.
 //! All row statistics accumulate in `f64`. The loss is `S · ln(sum) - Σ q w (z - max)`: with
 //! non-negative targets and weights, two sums of like sign that overflow only where the loss
 //! itself does (a `q w z` product would overflow beyond about 1e154). `ln(sum)` is never added
