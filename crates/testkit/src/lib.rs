@@ -1,5 +1,5 @@
 //! Numeric helpers for kiln's tests, written once: closeness with an absolute and a relative
-//! tolerance, slice assertions that name the first bad index, a central finite-difference
+//! tolerance, errors in units in the last place, slice assertions that name the first bad index, a central finite-difference
 //! gradient check, and a check that an error message prints its numbers readably.
 //!
 //! Invariants: every helper works on plain `f64` values, closures or message text and depends
@@ -21,6 +21,12 @@ pub fn close(got: f64, want: f64, (atol, rtol): Tol) -> bool {
         return got == want;
     }
     (got - want).abs() <= atol + rtol * want.abs()
+}
+
+/// How many units in the last place of `want` (`f64::EPSILON * |want|`) `got` is from it: the
+/// error measure of a math function written to track libm (`want` a normal number).
+pub fn ulps(got: f64, want: f64) -> f64 {
+    (got - want).abs() / (want.abs() * f64::EPSILON)
 }
 
 /// [`close`] for values that must be finite: a NaN or an infinity on either side never matches.

@@ -91,11 +91,7 @@ pub(crate) fn exp_nonpositive(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Units in the last place between `got` and `want` (`want` a normal number).
-    fn ulps(got: f64, want: f64) -> f64 {
-        (got - want).abs() / (want.abs() * f64::EPSILON)
-    }
+    use kiln_testkit::ulps;
 
     #[test]
     fn exp_stays_within_two_ulps_of_libm_over_the_whole_domain() {

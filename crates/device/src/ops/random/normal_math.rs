@@ -115,11 +115,7 @@ pub(crate) fn cos_turns(u: f64) -> f64 {
 mod tests {
     use super::*;
     use crate::ops::random::{block, uniform53};
-
-    /// Units in the last place between `got` and `want` (`want` not zero).
-    fn ulps(got: f64, want: f64) -> f64 {
-        (got - want).abs() / (want.abs() * f64::EPSILON)
-    }
+    use kiln_testkit::ulps;
 
     #[test]
     fn ln_stays_within_two_ulps_of_libm() {
