@@ -1,7 +1,8 @@
 //! `exp(x)` for `x <= 0`, written without branches or library calls so that a loop over a row
-//! compiles to vector instructions (the `simd_dispatch!` builds of the loss kernel's row
-//! passes); libm's scalar `exp` is one call per element, which made cross-entropy over a
-//! language model's vocabulary several times slower than PyTorch's vectorised kernel.
+//! compiles to vector instructions (the `simd_dispatch!` builds of cross-entropy's and
+//! softmax's row passes); libm's scalar `exp` is one call per element, which made
+//! cross-entropy over a language model's vocabulary several times slower than PyTorch's
+//! vectorised kernel.
 //!
 //! Invariants: the result stays within a few units in the last place of `f64::exp` wherever that
 //! is a normal number, and within one unit of the smallest subnormal below that; `-inf` and
@@ -14,9 +15,8 @@
 //! subtracting `1.5 * 2^52`, whose last bit is 1, so the sum's low bits hold `k`) and
 //! `|r| <= ln(2) / 2`, `ln 2` carried in two parts so `k * LN2_HI` is exact; `exp(r)` is its
 //! Taylor series to the 13th power (remainder below `2^-57` of the result, summed by Estrin's
-//! scheme); `2^k` is applied as
-//! two powers of two of about `k / 2` each, so both are normal numbers and only the last
-//! multiplication rounds, into a subnormal where the result is one.
+//! scheme); `2^k` is applied as two powers of two of about `k / 2` each, so both are normal
+//! numbers and only the last multiplication rounds, into a subnormal where the result is one.
 
 /// `ln 2`, split so that `k * LN2_HI` is exact for any `|k| < 2^21` (its low 21 bits are zero).
 pub(crate) const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);

@@ -2,10 +2,12 @@
 //! copies and casts of a strided view (the leaf kernels the CPU dtype dispatch and every op
 //! family read operands through).
 //!
-//! Inputs are read through their [`Layout`]s (a contiguous input takes a plain slice fast path),
-//! outputs are written contiguously into a caller-provided slice, parallel over output chunks
-//! above [`crate::threads::PARALLEL_THRESHOLD`] elements. Each parallel chunk starts its own
-//! [`StridedIndex`] at the chunk's first logical index, so no chunk depends on another.
+//! Inputs are read through their [`Layout`]s (a contiguous input takes a plain slice fast path;
+//! in the two-operand maps, a strided or broadcast one with innermost rows of `ROW_MIN` or
+//! more is read a row at a time), outputs are written contiguously into a caller-provided slice,
+//! parallel over output chunks above [`crate::threads::PARALLEL_THRESHOLD`] elements. Each
+//! parallel chunk starts its own [`StridedIndex`] at the chunk's first logical index, so no
+//! chunk depends on another.
 
 use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
@@ -220,7 +222,6 @@ pub fn map2_assign<T: Copy + Send + Sync, B: Copy + Sync>(
             if let Some((step, pieces)) = row_pieces(lb, start, chunk.len()) {
                 for [at, first, len] in pieces {
                     let out = &mut chunk[at..at + len];
-                    // Each element is read (as `x`) before it is overwritten.
                     match step {
                         0 => {
                             let y = b[first];

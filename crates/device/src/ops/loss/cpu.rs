@@ -1,11 +1,11 @@
 //! CPU fused softmax-cross-entropy: samples in parallel (one rayon task per sample `n`, covering
 //! its `D` positions), statistics in `f64` (see the module docs of [`super`] for the math).
 //!
-//! Plain `[N, C]` logits (`D = 1`) are swept row by row, in `cpu_row`'s vectorised passes. Spatial logits (`D > 1`, e.g.
-//! `[N, C, H, W]`) store a position's classes `D` elements apart, so a per-position sweep would
-//! touch one cache line per logit; there the sample's `[C, D]` block is swept class-major instead,
-//! carrying the `D` positions' running statistics side by side, so every read and write is
-//! contiguous.
+//! Plain `[N, C]` logits (`D = 1`) are swept row by row, in `cpu_row`'s vectorised passes.
+//! Spatial logits (`D > 1`, e.g. `[N, C, H, W]`) store a position's classes `D` elements apart,
+//! so a per-position sweep would touch one cache line per logit; there the sample's `[C, D]`
+//! block is swept class-major instead, carrying the `D` positions' running statistics side by
+//! side, so every read and write is contiguous.
 
 use rayon::prelude::*;
 use std::any::Any;
