@@ -1,6 +1,7 @@
 //! Numeric helpers for kiln's tests, written once: closeness with an absolute and a relative
-//! tolerance, errors in units in the last place, slice assertions that name the first bad index, a central finite-difference
-//! gradient check, and a check that an error message prints its numbers readably.
+//! tolerance, errors in units in the last place, slice assertions that name the first bad
+//! index, a central finite-difference gradient check, and a check that an error message prints
+//! its numbers readably.
 //!
 //! Invariants: every helper works on plain `f64` values, closures or message text and depends
 //! on no kiln crate (each kiln crate's tests adapt their tensors or storages to it); a value
