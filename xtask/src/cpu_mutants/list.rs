@@ -56,6 +56,15 @@ pub const MUTANTS: &[Mutant] = &[
         test: STRIDED,
     },
     Mutant {
+        bug: "a parallel chunk of a binary op read a row at a time starts at the wrong row",
+        package: DEVICE,
+        file: "crates/device/src/ops/strided.rs",
+        find: "let mut row_offsets = StridedIndex::new(&rows, start / inner);",
+        replace: "let mut row_offsets = StridedIndex::new(&rows, start / inner / 2);",
+        target: LIB,
+        test: STRIDED,
+    },
+    Mutant {
         bug: "a parallel chunk of a binary op with two strided operands starts its walk at the wrong element",
         package: DEVICE,
         file: "crates/device/src/ops/strided.rs",

@@ -313,63 +313,69 @@ mod tests {
         layout.offsets().map(|i| src[i]).collect()
     }
 
-    /// Views of one `[240, 300]` shape, large enough that the loops split them into parallel
+    /// Views of one `[h, w]` shape, large enough that the loops split them into parallel
     /// chunks, so every chunk after the first starts its strided walk mid-view (and mid-row):
     /// contiguous, a transpose, a narrowed view with an offset, a broadcast row and a broadcast
     /// column (one value along each row: the row walk's innermost stride 0).
-    fn views() -> [Layout; 5] {
-        let shape = [240, 300];
+    fn views([h, w]: [usize; 2]) -> [Layout; 5] {
         [
-            Layout::contiguous(&shape),
-            Layout::contiguous(&[300, 240]).transpose(0, 1),
-            Layout::contiguous(&[240, 311]).narrow(1, 5, 300),
-            Layout::contiguous(&[1, 300]).broadcast_to(&shape),
-            Layout::contiguous(&[240, 1]).broadcast_to(&shape),
+            Layout::contiguous(&[h, w]),
+            Layout::contiguous(&[w, h]).transpose(0, 1),
+            Layout::contiguous(&[h, w + 11]).narrow(1, 5, w),
+            Layout::contiguous(&[1, w]).broadcast_to(&[h, w]),
+            Layout::contiguous(&[h, 1]).broadcast_to(&[h, w]),
         ]
     }
 
+    /// Rows of 300 take the two-operand maps' row walk; rows of 10 (under `ROW_MIN`) the
+    /// element-by-element walk.
+    const SHAPES: [[usize; 2]; 2] = [[240, 300], [7200, 10]];
+
     #[test]
     fn parallel_chunks_of_strided_views_read_what_a_serial_walk_reads() {
-        let views = views();
-        let n = views[0].numel();
-        assert!(
-            n > PARALLEL_THRESHOLD,
-            "the views must be split into chunks"
-        );
-        for (v, layout) in views.iter().enumerate() {
-            let src = source(layout);
-            let want = serial(&src, layout);
-            assert_eq!(map1(&src, layout, |x: f32| x), want, "map1, view {v}");
-            for (w, other) in views.iter().enumerate() {
-                let src_b = source(other);
-                let pairs: Vec<(f32, f32)> =
-                    want.iter().copied().zip(serial(&src_b, other)).collect();
-                let mut out = vec![(0f32, 0f32); n];
-                map2((&src, layout), (&src_b, other), &mut out, |a, b| (a, b));
-                assert_eq!(out, pairs, "map2, views {v} and {w}");
-                let mut dst: Vec<(f32, f32)> = want.iter().map(|&a| (a, f32::NAN)).collect();
-                map2_assign(&mut dst, (&src_b, other), |(a, _), b| (a, b));
-                assert_eq!(dst, pairs, "map2_assign, views {v} and {w}");
+        assert!(SHAPES[1][1] < ROW_MIN && SHAPES[0][1] >= ROW_MIN);
+        for shape in SHAPES {
+            let views = views(shape);
+            let n = views[0].numel();
+            assert!(
+                n > PARALLEL_THRESHOLD,
+                "the views must be split into chunks"
+            );
+            for (v, layout) in views.iter().enumerate() {
+                let src = source(layout);
+                let want = serial(&src, layout);
+                assert_eq!(map1(&src, layout, |x: f32| x), want, "map1, view {v}");
+                for (w, other) in views.iter().enumerate() {
+                    let src_b = source(other);
+                    let pairs: Vec<(f32, f32)> =
+                        want.iter().copied().zip(serial(&src_b, other)).collect();
+                    let mut out = vec![(0f32, 0f32); n];
+                    map2((&src, layout), (&src_b, other), &mut out, |a, b| (a, b));
+                    assert_eq!(out, pairs, "map2, {shape:?} views {v} and {w}");
+                    let mut dst: Vec<(f32, f32)> = want.iter().map(|&a| (a, f32::NAN)).collect();
+                    map2_assign(&mut dst, (&src_b, other), |(a, _), b| (a, b));
+                    assert_eq!(dst, pairs, "map2_assign, {shape:?} views {v} and {w}");
+                }
             }
+            let [_, t, narrow, row, _] = &views;
+            let (a, b, c) = (source(t), source(narrow), source(row));
+            let mut out = vec![(0f32, 0f32, 0f32); n];
+            map3((&a, t), (&b, narrow), (&c, row), &mut out, |x, y, z| {
+                (x, y, z)
+            });
+            let want: Vec<(f32, f32, f32)> = (serial(&a, t).into_iter())
+                .zip(serial(&b, narrow))
+                .zip(serial(&c, row))
+                .map(|((x, y), z)| (x, y, z))
+                .collect();
+            assert_eq!(out, want, "map3, {shape:?}");
         }
-        let [_, t, narrow, row, _] = &views;
-        let (a, b, c) = (source(t), source(narrow), source(row));
-        let mut out = vec![(0f32, 0f32, 0f32); n];
-        map3((&a, t), (&b, narrow), (&c, row), &mut out, |x, y, z| {
-            (x, y, z)
-        });
-        let want: Vec<(f32, f32, f32)> = (serial(&a, t).into_iter())
-            .zip(serial(&b, narrow))
-            .zip(serial(&c, row))
-            .map(|((x, y), z)| (x, y, z))
-            .collect();
-        assert_eq!(out, want, "map3");
     }
 
     #[test]
     fn the_serial_walk_is_the_views_own_indexing() {
         // The reference above, checked against index arithmetic written out by hand.
-        let [_, t, narrow, row, column] = views();
+        let [_, t, narrow, row, column] = views(SHAPES[0]);
         let (a, b, c) = (source(&t), source(&narrow), source(&row));
         let (ra, rb, rc) = (serial(&a, &t), serial(&b, &narrow), serial(&c, &row));
         let rd = serial(&source(&column), &column);
