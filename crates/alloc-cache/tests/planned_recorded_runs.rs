@@ -31,8 +31,8 @@ const RUNS: [Run; 8] = [
         name: "vit_adamw",
         text: include_str!("../traces/vit_adamw.trace"),
         planned_with_stitching: true,
-        from_setup: (1.1259, 10),
-        from_step_1: (1.0606, 0),
+        from_setup: (1.1916, 5),
+        from_step_1: (1.0514, 0),
     },
     Run {
         name: "resnet18_sgd_gpu",
@@ -45,8 +45,8 @@ const RUNS: [Run; 8] = [
         name: "vit_adamw_gpu",
         text: include_str!("../traces/vit_adamw_gpu.trace"),
         planned_with_stitching: true,
-        from_setup: (1.0871, 5),
-        from_step_1: (1.0607, 6),
+        from_setup: (1.1182, 18),
+        from_step_1: (1.0623, 19),
     },
     Run {
         name: "torch_resnet18_sgd",
@@ -110,20 +110,20 @@ fn replay(
 /// Default mode: the fixed-shape runs reach their peak in step 2, after step 1's optimizer put
 /// its state into free blocks the activations had left. The plan made from step 1 serves
 /// step 2 and every step after it (the state's requests, made in step 1 only, are skipped), so
-/// the peak is the plan's: ResNet-18 1.072 -> 1.020, ViT 1.126 -> 1.061 (the cache alone:
-/// resnet18_sgd 1.072, vit_adamw 1.126, resnet18_sgd_gpu 1.070, vit_adamw_gpu 1.087; PyTorch's
+/// the peak is the plan's: ResNet-18 1.072 -> 1.020, ViT 1.192 -> 1.051 (the cache alone:
+/// resnet18_sgd 1.072, vit_adamw 1.192, resnet18_sgd_gpu 1.070, vit_adamw_gpu 1.118; PyTorch's
 /// runs 1.195, 1.059, 1.062, 1.098). Marked from before the model is built, the ViTs' first
 /// recorded step is that work, whose plan step 1 leaves at once; they are then planned once
 /// two steps repeat, with the cache's peak. A plan from step 1 costs failures on a tight
-/// device on the GPU-scale ViTs (kiln's 5 -> 6, PyTorch's 5 -> 6) and on PyTorch's CPU-scale
+/// device on the GPU-scale ViTs (kiln's 18 -> 19, PyTorch's 5 -> 6) and on PyTorch's CPU-scale
 /// ViT, which it also makes worse (1.059 -> 1.077, 0 -> 13 failures; PyTorch's GPU-scale ViT
 /// 1.098 -> 1.110), after the plan gives its bins back dissolved when the cache runs short.
 /// From step 4 on no run asks anything of the backend. With page stitching a first step with
 /// blocks left to the cache is not planned, steps 2 and 3 repeat and steps 4-6 are planned
-/// with the peak and failures of the same mode without planning; PyTorch's runs, which keep
-/// each batch into the next step, are not planned (a step that does not fit the free blocks
-/// at its marker is not: a plan of the bins that fit would leave the rest to map new pages
-/// every step).
+/// with the peak and failures of the same mode without planning, and no backend call (unplanned,
+/// vit_adamw_gpu maps pages 3 times in them); PyTorch's runs, which keep each batch into the
+/// next step, are not planned (a step that does not fit the free blocks at its marker is not: a
+/// plan of the bins that fit would leave the rest to map new pages every step).
 #[test]
 fn recorded_runs_are_planned_from_their_first_step() {
     let stitching = AllocatorConfig {
@@ -153,10 +153,13 @@ fn recorded_runs_are_planned_from_their_first_step() {
         }
         let plain = replay(&steps, &stitching, 0, capacity);
         let (report, calls, counts, failed) = replay(&steps, &planned(&stitching), 0, capacity);
-        assert_eq!(
-            (report, calls, failed),
-            (plain.0, plain.1, plain.3),
-            "{name}"
+        assert_eq!((report, failed), (plain.0, plain.3), "{name}");
+        // The plan serves steps 4-6 without the backend; without it, stitching still maps pages
+        // in them on vit_adamw_gpu (3 calls).
+        assert!(
+            calls <= plain.1,
+            "{name}: {calls} calls, {} unplanned",
+            plain.1
         );
         // Steps 4 and 5 counted at the marker after them; step 6 has none.
         let expected = if run.planned_with_stitching {

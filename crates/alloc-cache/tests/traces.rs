@@ -349,12 +349,15 @@ fn compact_recording_drops_foreign_frees_renumbers_and_closes() {
 /// The recordings of session 40 (after in-place ReLUs and residual sums) measured 1.072 / 1.033,
 /// 1.043 / 1.117, 1.136 / 1.054 and 1.132 / 1.132; session 46's GPT and ViT recordings (a
 /// product or quotient keeps only what a gradient reads, so their peak of live bytes fell by
-/// 9% and 4%) measure 1.052 / 1.139 and 1.126 / 1.061.
+/// 9% and 4%) measured 1.052 / 1.139 and 1.126 / 1.061. Session 50's (a batch of matrices
+/// times one matrix runs as one product, so no weight gradient is made per batch and summed)
+/// measure 1.047 / 1.047 and 1.192 / 1.069: the ViT's peak of live bytes fell by 7%, from 122.6
+/// to 114.4 MiB, while its default reserve fell only from 138 to 136 MiB.
 const RECORDED_BOUNDS: [(&str, f64, f64); 4] = [
     ("resnet18_sgd", 1.076, 1.037),
-    ("gpt_varlen_adamw", 1.056, 1.143),
+    ("gpt_varlen_adamw", 1.051, 1.051),
     ("finetune_resnet18_varbatch", 1.14, 1.058),
-    ("vit_adamw", 1.13, 1.065),
+    ("vit_adamw", 1.196, 1.073),
 ];
 
 /// The recorded traces and modes where the model of PyTorch's policy reserves less than kiln:
@@ -412,8 +415,11 @@ fn recorded_fixed_shape_runs_replayed_ten_times_call_the_backend_only_in_the_fir
 
 /// Upper bounds on `reserved_over_live` of the GPU-scale recordings (default, expandable,
 /// expandable with page stitching): the measured figures plus a little room. They are 1.070 /
-/// 1.004 / 1.004, 1.125 / 1.078 / 1.007, 1.058 / 1.005 / 1.002 and 1.087 / 1.031 / 1.012; the
-/// model of PyTorch's policy gives 1.269 / 1.006, 1.074 / 1.102, 1.352 / 1.013 and 1.089 / 1.029.
+/// 1.004 / 1.004, 1.125 / 1.111 / 1.008, 1.058 / 1.005 / 1.002 and 1.118 / 1.035 / 1.015; the
+/// model of PyTorch's policy gives 1.269 / 1.006, 1.073 / 1.102, 1.352 / 1.013 and 1.094 / 1.033.
+/// (Session 50's GPT and ViT recordings, with a batch of matrices times one matrix run as one
+/// product, moved the GPT's expandable figure from 1.078 and the ViT's default from 1.087: the
+/// ViT's peak of live bytes fell from 2500 to 2430 MiB and its default reserve stayed at 2718.)
 /// (Session 46's GPT and ViT recordings, whose peaks of live bytes fell by 22% and 12% when
 /// products and quotients stopped keeping what no gradient reads, moved the GPT's default from
 /// 1.060 to 1.125 while its peak reserved fell from 3567 to 2956 MiB.)
@@ -421,9 +427,9 @@ fn recorded_fixed_shape_runs_replayed_ten_times_call_the_backend_only_in_the_fir
 /// and 1.021: the runs' placement is chaotic, and in-place ReLUs moved it.)
 const GPU_SCALE_BOUNDS: [(&str, [f64; 3]); 4] = [
     ("resnet18_sgd_gpu", [1.074, 1.008, 1.008]),
-    ("gpt_varlen_adamw_gpu", [1.129, 1.082, 1.011]),
+    ("gpt_varlen_adamw_gpu", [1.129, 1.115, 1.012]),
     ("finetune_resnet18_varbatch_gpu", [1.062, 1.009, 1.006]),
-    ("vit_adamw_gpu", [1.091, 1.035, 1.016]),
+    ("vit_adamw_gpu", [1.122, 1.039, 1.019]),
 ];
 
 #[test]

@@ -113,6 +113,23 @@ fn matmul_and_softmax() {
         &[data(14, &[2, 1, 3, 4]), data(15, &[3, 4, 2])],
         |t| t[0].matmul(&t[1]),
     );
+    // A batch of matrices times one matrix folds the batch into rows: a dense batch, a
+    // transposed one (folded through a copy, since the matrix needs a gradient) and a vector.
+    gradcheck(
+        "matmul_batch_fold",
+        &[data(30, &[2, 3, 4]), data(31, &[4, 2])],
+        |t| t[0].matmul(&t[1]),
+    );
+    gradcheck(
+        "matmul_batch_fold_transposed",
+        &[data(32, &[3, 4, 2]), data(33, &[4, 5])],
+        |t| t[0].transpose(1, 2)?.matmul(&t[1]),
+    );
+    gradcheck(
+        "matmul_batch_fold_vector",
+        &[data(34, &[2, 3, 4]), data(35, &[4])],
+        |t| t[0].matmul(&t[1]),
+    );
     gradcheck(
         "matmul_vec_mat",
         &[data(16, &[4]), data(17, &[2, 4, 3])],

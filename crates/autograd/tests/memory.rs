@@ -167,11 +167,43 @@ fn empty_cache_returns_cached_bytes(base: usize) {
     assert_eq!(empty_cache(CPU).unwrap(), 0, "nothing left to release");
 }
 
+/// `x @ w` with `x` `[16, 8, 32]` and `w` `[32, 48]` needing a gradient folds `x`'s batch into
+/// its rows: `w`'s gradient is one `[32, 48]` product, never sixteen of them held at once and
+/// summed (the unfolded backward's `[16, 32, 48]`), and it equals the gradient of the same
+/// product written on `x` as a `[128, 32]` matrix.
+fn batched_matmul_gradient_is_one_product(base: usize) {
+    let x = Tensor::randn(&[16, 8, 32], DType::F32, CPU).unwrap();
+    let w = Tensor::randn(&[32, 48], DType::F32, CPU)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let loss = x.matmul(&w).unwrap().sum(&[], false).unwrap();
+    let before = allocated();
+    reset_peak_memory_stats(CPU).unwrap();
+    loss.backward().unwrap();
+    let peak = max_memory_allocated(CPU).unwrap() - before;
+    assert!(
+        peak < f32_block(&[16, 32, 48]),
+        "backward peaked {peak} bytes above its start"
+    );
+    let flat = x.reshape(&[128, 32]).unwrap();
+    let w2 = w.detach().set_requires_grad(true).unwrap();
+    let loss2 = flat.matmul(&w2).unwrap().sum(&[], false).unwrap();
+    loss2.backward().unwrap();
+    assert_eq!(
+        w.grad().unwrap().to_vec::<f32>().unwrap(),
+        w2.grad().unwrap().to_vec::<f32>().unwrap()
+    );
+    drop((x, w, loss, flat, w2, loss2));
+    assert_eq!(allocated(), base);
+}
+
 #[test]
 fn cpu_tensor_memory_through_the_caching_allocator() {
     let base = allocated();
     new_tensor_counts_its_rounded_size(base);
     mlp_memory_with_and_without_grad(base);
+    batched_matmul_gradient_is_one_product(base);
     peaks_and_reset(base);
     // The segment sizes below are the default configuration's (fixed segments).
     match std::env::var("KILN_ALLOC_CONF") {

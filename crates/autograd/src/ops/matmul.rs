@@ -1,7 +1,8 @@
 //! `matmul` with PyTorch's rules: 1-D operands are promoted (and the added dim removed after),
-//! batch dims broadcast. Both operands reach the kernel as views expanded to one batch shape, so
-//! broadcast batches are not copied; the backward is two more matmuls, and `expand`'s backward
-//! sums the broadcast batch dims.
+//! batch dims broadcast. A batch of matrices times one matrix (`Linear` on `[B, T, D]`) folds
+//! the batch into the rows and runs as one product (see [`folded_rows`]). Otherwise both operands
+//! reach the kernel as views expanded to one batch shape, so broadcast batches are not copied;
+//! the backward is two more matmuls, and `expand`'s backward sums the broadcast batch dims.
 
 use crate::error::shape_err;
 use crate::ops::broadcast_shapes;
@@ -59,9 +60,17 @@ impl Tensor {
                 ),
                 )
             })?;
-        let sa: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
-        let sb: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
-        let out = a.expand(&sa)?.bmm(&b.expand(&sb)?)?;
+        let out = if let Some(rows) = folded_rows(&a, &b) {
+            // `[.., m, k] @ [k, n]` as one `[rows, k] @ [k, n]` product: one GEMM, and the
+            // matrix's gradient is one product over all rows, not one per batch summed after.
+            let out = a.reshape_to(&[rows, k])?.bmm(&b)?;
+            let shape: Vec<usize> = a.shape()[..ra - 1].iter().copied().chain([n]).collect();
+            out.reshape_to(&shape)?
+        } else {
+            let sa: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
+            let sb: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
+            a.expand(&sa)?.bmm(&b.expand(&sb)?)?
+        };
         let out = if self.rank() == 1 {
             out.squeeze_dim(-2)?
         } else {
@@ -111,6 +120,23 @@ impl Tensor {
         });
         Ok(Tensor::with_node(&out, node))
     }
+}
+
+/// The rows of `a` folded into a matrix when `a @ b` (`a` of rank 3 or more, `b` a matrix)
+/// runs as one `[rows, k] @ [k, n]` product. It does when `a`'s rows fold without a copy, and
+/// also when `b`'s gradient is recorded: unfolded, that gradient would be one `[k, n]` product
+/// per batch, all held at once and then summed (PyTorch folds in the same two cases).
+fn folded_rows(a: &Tensor, b: &Tensor) -> Option<usize> {
+    let ra = a.rank();
+    if ra < 3 || b.rank() != 2 {
+        return None;
+    }
+    let rows = a.shape()[..ra - 1]
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+    let k = a.shape()[ra - 1];
+    let grad = b.requires_grad() && crate::autograd::grad_mode::is_grad_enabled();
+    (grad || a.layout().view(&[rows, k]).is_some()).then_some(rows)
 }
 
 /// An operand `MmBackward` kept (it keeps each one only when the other needs a gradient).
