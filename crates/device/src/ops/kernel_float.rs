@@ -44,6 +44,10 @@ pub trait KernelFloat:
     const ONE: Self;
     /// Negative infinity (the identity of `max`).
     const NEG_INFINITY: Self;
+    /// Whether the transcendental activations (`exp`, `tanh`, sigmoid, SiLU, tanh-GELU) are
+    /// computed in `f64` by `activation_math`'s vectorisable formulas and rounded once (`f32`),
+    /// rather than by libm (`f64`, which needs libm's last-place accuracy).
+    const WIDE_ACTIVATIONS: bool;
     /// `v` converted.
     fn c(v: f64) -> Self;
     /// e^x
@@ -67,11 +71,12 @@ pub trait KernelFloat:
 }
 
 macro_rules! kernel_float_impl {
-    ($t:ty, $erf:path) => {
+    ($t:ty, $erf:path, $wide:expr) => {
         impl KernelFloat for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            const WIDE_ACTIVATIONS: bool = $wide;
 
             #[inline]
             fn c(v: f64) -> Self {
@@ -117,5 +122,5 @@ macro_rules! kernel_float_impl {
     };
 }
 
-kernel_float_impl!(f32, libm::erff);
-kernel_float_impl!(f64, libm::erf);
+kernel_float_impl!(f32, libm::erff, true);
+kernel_float_impl!(f64, libm::erf, false);

@@ -9,6 +9,7 @@
 //! Invariant: a family's `mod.rs` imports nothing from its own `cpu.rs`/`cuda.rs` (they import
 //! the trait from it).
 
+pub(crate) mod activation_math;
 pub mod buffer;
 pub mod conv;
 pub mod copy;

@@ -11,6 +11,7 @@
 
 use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
+use crate::ops::simd::{isa, simd_dispatch, Isa};
 use crate::threads::PARALLEL_THRESHOLD;
 use rayon::prelude::*;
 
@@ -118,15 +119,37 @@ pub fn map1_into<T: Copy + Sync, U: Copy + Send>(
     out: &mut [U],
     f: impl Fn(T) -> U + Sync,
 ) {
+    map1_into_on(None, src, layout, out, f)
+}
+
+/// [`map1_into`] with a dense input's loop compiled for this CPU's vector instructions
+/// (`simd_dispatch!`): for a branch-free `f` (`activation_math`'s) that the portable build
+/// would run two `f64` lanes at a time.
+pub fn map1_into_vectorised<T: Copy + Sync, U: Copy + Send>(
+    src: &[T],
+    layout: &Layout,
+    out: &mut [U],
+    f: impl Fn(T) -> U + Sync,
+) {
+    map1_into_on(isa(), src, layout, out, f)
+}
+
+fn map1_into_on<T: Copy + Sync, U: Copy + Send>(
+    isa: Option<Isa>,
+    src: &[T],
+    layout: &Layout,
+    out: &mut [U],
+    f: impl Fn(T) -> U + Sync,
+) {
     debug_assert_eq!(out.len(), layout.numel());
     let contiguous = layout.contiguous_offset();
     fill_chunks(out, |start, chunk| match contiguous {
-        Some(base) => {
-            let s = &src[base + start..base + start + chunk.len()];
-            for (o, &v) in chunk.iter_mut().zip(s) {
-                *o = f(v);
-            }
-        }
+        Some(base) => dense_map1(
+            isa,
+            &src[base + start..base + start + chunk.len()],
+            chunk,
+            &f,
+        ),
         None => {
             for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start)) {
                 *o = f(src[i]);
@@ -135,8 +158,64 @@ pub fn map1_into<T: Copy + Sync, U: Copy + Send>(
     });
 }
 
+simd_dispatch! {
+    /// `out[i] = f(src[i])` over two slices of one length.
+    pub(crate) fn dense_map1[T: Copy, U: Copy, F: Fn(T) -> U](src: &[T], out: &mut [U], f: &F)
+        => dense_map1_body[T, U, F];
+}
+
+#[inline(always)]
+fn dense_map1_body<T: Copy, U: Copy, F: Fn(T) -> U>(src: &[T], out: &mut [U], f: &F) {
+    for (o, &v) in out.iter_mut().zip(src) {
+        *o = f(v);
+    }
+}
+
+simd_dispatch! {
+    /// `out[i] = f(a[i], b[i])` over three slices of one length.
+    fn dense_map2[A: Copy, B: Copy, U: Copy, F: Fn(A, B) -> U](
+        a: &[A],
+        b: &[B],
+        out: &mut [U],
+        f: &F,
+    ) => dense_map2_body[A, B, U, F];
+}
+
+#[inline(always)]
+fn dense_map2_body<A: Copy, B: Copy, U: Copy, F: Fn(A, B) -> U>(
+    a: &[A],
+    b: &[B],
+    out: &mut [U],
+    f: &F,
+) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
 /// Writes `f(a, b)` elementwise over two same-shaped layouts into `out` (contiguous).
 pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
+    a: (&[A], &Layout),
+    b: (&[B], &Layout),
+    out: &mut [U],
+    f: impl Fn(A, B) -> U + Sync,
+) {
+    map2_on(None, a, b, out, f)
+}
+
+/// [`map2`] with the loop over two dense operands compiled for this CPU's vector instructions
+/// (as [`map1_into_vectorised`]).
+pub fn map2_vectorised<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
+    a: (&[A], &Layout),
+    b: (&[B], &Layout),
+    out: &mut [U],
+    f: impl Fn(A, B) -> U + Sync,
+) {
+    map2_on(isa(), a, b, out, f)
+}
+
+fn map2_on<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
+    isa: Option<Isa>,
     (a, la): (&[A], &Layout),
     (b, lb): (&[B], &Layout),
     out: &mut [U],
@@ -152,9 +231,7 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
                     &a[oa + start..oa + start + n],
                     &b[ob + start..ob + start + n],
                 );
-                for ((o, &x), &y) in chunk.iter_mut().zip(sa).zip(sb) {
-                    *o = f(x, y);
-                }
+                dense_map2(isa, sa, sb, chunk, &f);
             }
             (Some(oa), None) => {
                 let sa = &a[oa + start..oa + start + n];
@@ -252,6 +329,20 @@ pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Copy + Send>(
 ) {
     debug_assert_eq!(out.len(), la.numel());
     fill_chunks(out, |start, chunk| {
+        let n = chunk.len();
+        // The three layouts share a shape, so their row pieces cover the same spans.
+        if let (Some((sa, pa)), Some((sb, pb)), Some((sc, pc))) = (
+            row_pieces(la, start, n),
+            row_pieces(lb, start, n),
+            row_pieces(lc, start, n),
+        ) {
+            for (([at, fa, len], [_, fb, _]), [_, fc, _]) in pa.into_iter().zip(pb).zip(pc) {
+                for (t, o) in chunk[at..at + len].iter_mut().enumerate() {
+                    *o = f(a[fa + t * sa], b[fb + t * sb], c[fc + t * sc]);
+                }
+            }
+            return;
+        }
         let ia = StridedIndex::new(la, start);
         let ib = StridedIndex::new(lb, start);
         let ic = StridedIndex::new(lc, start);
@@ -357,15 +448,16 @@ mod tests {
                     assert_eq!(dst, pairs, "map2_assign, {shape:?} views {v} and {w}");
                 }
             }
-            let [_, t, narrow, row, _] = &views;
-            let (a, b, c) = (source(t), source(narrow), source(row));
+            // Three operands with three different innermost strides (rows, 1 and 0).
+            let [_, t, narrow, _, column] = &views;
+            let (a, b, c) = (source(t), source(narrow), source(column));
             let mut out = vec![(0f32, 0f32, 0f32); n];
-            map3((&a, t), (&b, narrow), (&c, row), &mut out, |x, y, z| {
+            map3((&a, t), (&b, narrow), (&c, column), &mut out, |x, y, z| {
                 (x, y, z)
             });
             let want: Vec<(f32, f32, f32)> = (serial(&a, t).into_iter())
                 .zip(serial(&b, narrow))
-                .zip(serial(&c, row))
+                .zip(serial(&c, column))
                 .map(|((x, y), z)| (x, y, z))
                 .collect();
             assert_eq!(out, want, "map3, {shape:?}");

@@ -5,17 +5,19 @@
 //! block of the caching allocator, so no output goes through a `Vec`); `F16`/`BF16` operands are
 //! computed in `f32` and rounded once (`crate::ops::cpu_dispatch`).
 
-use super::cpu_assign::{assign_through, check_in_place};
+use super::cpu_assign::{assign_through, assign_through_vectorised, check_in_place};
 use super::ElementwiseOps;
 use super::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::DType;
 use crate::dtype::{BoolByte, Element};
 use crate::layout::Layout;
+use crate::ops::activation_math::{self as math, GELU_TANH_COEF, SQRT_2_OVER_PI};
 use crate::ops::cpu_dispatch::{
     as_condition, buffer_of, finish_cast, float_dispatch, float_op, output, read_as, same_dtype,
     unsupported, FLOAT_HINT,
 };
 pub use crate::ops::strided::{map1, map1_into, map2, map2_assign, map3};
+use crate::ops::strided::{map1_into_vectorised, map2_vectorised};
 use crate::ops::KernelFloat;
 use crate::storage::{with_slice, HostElement};
 use crate::{CpuStorage, Result};
@@ -25,8 +27,30 @@ fn sigmoid<F: KernelFloat>(x: F) -> F {
     F::c(1.0) / (F::c(1.0) + (-x).exp())
 }
 
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_TANH_COEF: f64 = 0.044715;
+/// `wide` of `x` in `f64` rounded once where `F` computes its activations that way
+/// ([`KernelFloat::WIDE_ACTIVATIONS`], `f32`); libm's `exact` otherwise (`f64`).
+#[inline(always)]
+fn activation<F: KernelFloat>(x: F, wide: impl Fn(f64) -> f64, exact: impl Fn(F) -> F) -> F {
+    if F::WIDE_ACTIVATIONS {
+        F::from_f64(wide(x.to_f64()))
+    } else {
+        exact(x)
+    }
+}
+
+/// An activation's backward, as [`activation`]: `wide(g, x)` or `exact(g, x)`.
+#[inline(always)]
+fn activation_backward<F: KernelFloat>(
+    (g, x): (F, F),
+    wide: impl Fn(f64, f64) -> f64,
+    exact: impl Fn(F, F) -> F,
+) -> F {
+    if F::WIDE_ACTIVATIONS {
+        F::from_f64(wide(g.to_f64(), x.to_f64()))
+    } else {
+        exact(g, x)
+    }
+}
 
 /// A float unary op on `src` through `layout`, written into `out` (`layout.numel()` elements).
 pub fn unary_float<F: KernelFloat>(src: &[F], layout: &Layout, op: UnaryOp, out: &mut [F]) {
@@ -35,7 +59,9 @@ pub fn unary_float<F: KernelFloat>(src: &[F], layout: &Layout, op: UnaryOp, out:
     let zero = F::c(0.0);
     match op {
         UnaryOp::Neg => map1_into(src, layout, out, |x: F| -x),
-        UnaryOp::Exp => map1_into(src, layout, out, |x: F| x.exp()),
+        UnaryOp::Exp => {
+            map1_into_vectorised(src, layout, out, |x: F| activation(x, math::exp, F::exp))
+        }
         UnaryOp::Log => map1_into(src, layout, out, |x: F| x.ln()),
         UnaryOp::Sqrt => map1_into(src, layout, out, |x: F| x.sqrt()),
         UnaryOp::Rsqrt => map1_into(src, layout, out, |x: F| one / x.sqrt()),
@@ -45,13 +71,21 @@ pub fn unary_float<F: KernelFloat>(src: &[F], layout: &Layout, op: UnaryOp, out:
         UnaryOp::GeluErf => map1_into(src, layout, out, |x: F| {
             half * x * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf())
         }),
-        UnaryOp::GeluTanh => map1_into(src, layout, out, |x: F| {
-            half * x
-                * (one + (F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x)).tanh())
+        UnaryOp::GeluTanh => map1_into_vectorised(src, layout, out, |x: F| {
+            activation(x, math::gelu_tanh, |x| {
+                let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
+                half * x * (one + inner.tanh())
+            })
         }),
-        UnaryOp::Sigmoid => map1_into(src, layout, out, sigmoid),
-        UnaryOp::Tanh => map1_into(src, layout, out, |x: F| x.tanh()),
-        UnaryOp::Silu => map1_into(src, layout, out, |x: F| x * sigmoid(x)),
+        UnaryOp::Sigmoid => map1_into_vectorised(src, layout, out, |x: F| {
+            activation(x, |x| math::sigmoid(x).0, sigmoid)
+        }),
+        UnaryOp::Tanh => {
+            map1_into_vectorised(src, layout, out, |x: F| activation(x, math::tanh, F::tanh))
+        }
+        UnaryOp::Silu => map1_into_vectorised(src, layout, out, |x: F| {
+            activation(x, math::silu, |x| x * sigmoid(x))
+        }),
         UnaryOp::Sign => map1_into(src, layout, out, |x: F| {
             if x > zero {
                 one
@@ -102,8 +136,14 @@ fn nan_min<F: KernelFloat>(a: F, b: F) -> F {
 /// Where a binary op's scalar function is applied: a trait with a generic method rather than a
 /// closure, so each op's function stays a concrete, inlined type in the loop. The op tables
 /// below ([`float_binary`], [`int_binary`]) are written once for both ways of applying them.
-trait ApplyBinary<T> {
+trait ApplyBinary<T>: Sized {
     fn apply(self, f: impl Fn(T, T) -> T + Sync);
+
+    /// [`ApplyBinary::apply`] for a branch-free `f`, whose loop over dense operands pays to
+    /// compile for this CPU's vector instructions (the widened 16-bit form does not).
+    fn apply_vectorised(self, f: impl Fn(T, T) -> T + Sync) {
+        self.apply(f)
+    }
 }
 
 /// Into a new contiguous `out`.
@@ -117,6 +157,10 @@ impl<T: Copy + Send + Sync> ApplyBinary<T> for IntoOut<'_, T> {
     fn apply(self, f: impl Fn(T, T) -> T + Sync) {
         map2(self.a, self.b, self.out, f)
     }
+
+    fn apply_vectorised(self, f: impl Fn(T, T) -> T + Sync) {
+        map2_vectorised(self.a, self.b, self.out, f)
+    }
 }
 
 /// In place through the destination's layout, the right operand read through its own (of the
@@ -129,6 +173,10 @@ struct InPlace<'a, T> {
 impl<T: Copy + Send + Sync> ApplyBinary<T> for InPlace<'_, T> {
     fn apply(self, f: impl Fn(T, T) -> T + Sync) {
         assign_through(self.dst, self.b, f)
+    }
+
+    fn apply_vectorised(self, f: impl Fn(T, T) -> T + Sync) {
+        assign_through_vectorised(self.dst, self.b, f)
     }
 }
 
@@ -166,15 +214,19 @@ fn float_binary<F: KernelFloat>(op: BinaryOp, to: impl ApplyBinary<F>) {
             let pdf = (-half * x * x).exp() * F::c(0.398_942_280_401_432_7);
             g * (cdf + x * pdf)
         }),
-        BinaryOp::GeluTanhBackward => to.apply(|g: F, x: F| {
-            let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
-            let t = inner.tanh();
-            let dinner = F::c(SQRT_2_OVER_PI) * (one + F::c(3.0 * GELU_TANH_COEF) * x * x);
-            g * (half * (one + t) + half * x * (one - t * t) * dinner)
+        BinaryOp::GeluTanhBackward => to.apply_vectorised(|g: F, x: F| {
+            activation_backward((g, x), math::gelu_tanh_backward, |g, x| {
+                let inner = F::c(SQRT_2_OVER_PI) * (x + F::c(GELU_TANH_COEF) * x * x * x);
+                let t = inner.tanh();
+                let dinner = F::c(SQRT_2_OVER_PI) * (one + F::c(3.0 * GELU_TANH_COEF) * x * x);
+                g * (half * (one + t) + half * x * (one - t * t) * dinner)
+            })
         }),
-        BinaryOp::SiluBackward => to.apply(|g: F, x: F| {
-            let s = sigmoid(x);
-            g * (s * (one + x * (one - s)))
+        BinaryOp::SiluBackward => to.apply_vectorised(|g: F, x: F| {
+            activation_backward((g, x), math::silu_backward, |g, x| {
+                let s = sigmoid(x);
+                g * (s * (one + x * (one - s)))
+            })
         }),
         BinaryOp::SigmoidBackward => to.apply(|g: F, y: F| g * (one - y) * y),
         BinaryOp::TanhBackward => to.apply(|g: F, y: F| g * (one - y * y)),

@@ -77,6 +77,30 @@ pub(super) fn assign_through<T: Copy + Send + Sync, B: Copy + Sync>(
     }
 }
 
+/// [`assign_through`] for a branch-free `f` (`activation_math`'s backwards): two dense operands'
+/// loop is compiled for this CPU's vector instructions.
+pub(super) fn assign_through_vectorised<T: Copy + Send + Sync>(
+    dst: (&mut [T], &Layout),
+    b: (&[T], &Layout),
+    f: impl Fn(T, T) -> T + Sync,
+) {
+    let isa = crate::ops::simd::isa();
+    chunked_or_walked(dst, b, |out, b| dense_assign(isa, out, b, &f), &f)
+}
+
+simd_dispatch! {
+    /// `dst[i] = f(dst[i], b[i])` over two slices of one length.
+    fn dense_assign[T: Copy, F: Fn(T, T) -> T](dst: &mut [T], b: &[T], f: &F)
+        => dense_assign_body[T, F];
+}
+
+#[inline(always)]
+fn dense_assign_body<T: Copy, F: Fn(T, T) -> T>(dst: &mut [T], b: &[T], f: &F) {
+    for (o, &y) in dst.iter_mut().zip(b) {
+        *o = f(*o, y);
+    }
+}
+
 /// `dst[i] = elem(dst[i], b[j])` through both layouts: contiguous operands in parallel chunks,
 /// each handed whole to `chunk` (a loop compiled for the CPU's vector instructions), other views
 /// through [`assign_through`]. `chunk` and `elem` must compute the same function.
