@@ -39,6 +39,9 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
     finish: impl Fn(A) -> U + Sync,
     out: &mut [U],
 ) {
+    if let Some(leading) = LeadingDims::of(layout, dims) {
+        return fold_leading(src, leading, init, fold, finish, out);
+    }
     let (perm, r) = kept_then_reduced(layout, dims);
     let n_out = out.len();
     debug_assert_eq!(n_out, reduced_len(layout, dims));
@@ -74,6 +77,73 @@ pub fn fold_groups<T: Element, A: Copy + Send + Sync, U: Element>(
 
 /// About how many source elements one parallel block of [`fold_groups`]'s outputs reads.
 const BLOCK_ELEMENTS: usize = 1 << 13;
+
+/// A dense source whose reduced dims are its leading ones (`dims` is `0..p`, in order): a bias
+/// gradient's sum over batch and positions. Seen as `rows x cols` (`rows` the reduced count),
+/// output `c` folds column `c`; [`fold_leading`] walks it a row at a time.
+#[derive(Clone, Copy)]
+struct LeadingDims {
+    base: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl LeadingDims {
+    fn of(layout: &Layout, dims: &[usize]) -> Option<LeadingDims> {
+        let base = layout.contiguous_offset()?;
+        // Every dim reduced is one dense group: the plain slice path's case.
+        let leading = dims.iter().enumerate().all(|(i, &d)| d == i);
+        if dims.is_empty() || dims.len() >= layout.rank() || !leading {
+            return None;
+        }
+        let shape = layout.shape();
+        Some(LeadingDims {
+            base,
+            rows: shape[..dims.len()].iter().product(),
+            cols: shape[dims.len()..].iter().product(),
+        })
+    }
+}
+
+/// Columns one tile of [`fold_leading`] folds at once (its accumulators stay in registers or
+/// the first cache level while it walks every row).
+const TILE: usize = 64;
+
+/// [`fold_groups`] over [`LeadingDims`]: tiles of [`TILE`] columns, each walking every row's
+/// piece of the tile in order, so each column is read contiguously across the tile and folds
+/// its elements in the same order (row `j` as position `j`) as the element walk would.
+fn fold_leading<T: Element, A: Copy + Send + Sync, U: Element>(
+    src: &[T],
+    m: LeadingDims,
+    init: A,
+    fold: impl Fn(A, usize, T) -> A + Sync,
+    finish: impl Fn(A) -> U + Sync,
+    out: &mut [U],
+) {
+    debug_assert_eq!(out.len(), m.cols);
+    let tiles = |first: usize, slots: &mut [U]| {
+        for (t, tile) in slots.chunks_mut(TILE).enumerate() {
+            let col = first + t * TILE;
+            let mut acc = [init; TILE];
+            for j in 0..m.rows {
+                let at = m.base + j * m.cols + col;
+                for (a, &v) in acc.iter_mut().zip(&src[at..at + tile.len()]) {
+                    *a = fold(*a, j, v);
+                }
+            }
+            for (slot, &a) in tile.iter_mut().zip(&acc) {
+                *slot = finish(a);
+            }
+        }
+    };
+    if m.rows.saturating_mul(m.cols) > PARALLEL_THRESHOLD && m.cols > TILE {
+        // Whole tiles per block, about `BLOCK_ELEMENTS` source elements each.
+        let block = (BLOCK_ELEMENTS / m.rows.max(1)).div_ceil(TILE).max(1) * TILE;
+        crate::ops::strided::fill_chunks_parallel(out, block, &tiles);
+    } else {
+        tiles(0, out);
+    }
+}
 
 /// The allocating form of a `*_into` reduction.
 fn collect<U: Element>(layout: &Layout, dims: &[usize], into: impl FnOnce(&mut [U])) -> Vec<U> {
@@ -272,8 +342,9 @@ mod tests {
     }
 
     /// The parallel path hands out blocks of outputs; every output, in full and partial blocks,
-    /// on the slice path (rows of 200: blocks of 40 rows over 300) and the strided one (columns
-    /// of 300: blocks of 27 columns over 200), equals its plain sum.
+    /// on the slice path (rows of 200: blocks of 40 rows over 300), the leading-dims path
+    /// (columns of 300: blocks of 64 columns over 200, the last one 8 wide) and the strided one
+    /// (the same columns read through a transpose: blocks of 27 columns), equals its plain sum.
     #[test]
     fn parallel_blocks_of_outputs_write_every_output() {
         let (rows, cols) = (300, 200);
@@ -286,5 +357,45 @@ mod tests {
             .map(|c| (0..rows).map(|r| x[r * cols + c]).sum())
             .collect();
         assert_eq!(sum_float(&x, &l, &[0]), col_sums);
+        // The same data stored column-major: a strided view of the same logical matrix.
+        let stored: Vec<f32> = (0..cols)
+            .flat_map(|c| (0..rows).map(move |r| (r, c)))
+            .map(|(r, c)| x[r * cols + c])
+            .collect();
+        let transposed = Layout::contiguous(&[cols, rows]).permute(&[1, 0]);
+        assert_eq!(sum_float(&stored, &transposed, &[0]), col_sums);
+    }
+
+    /// Reducing leading dims folds each column in row order, position by position: arg-max's
+    /// positions, a three-dim source reduced over two, and an offset view; reducing every dim
+    /// keeps the plain slice path.
+    #[test]
+    fn leading_dims_fold_columns_in_row_order() {
+        let (b, t, d) = (3, 5, 70);
+        let x: Vec<f32> = (0..b * t * d).map(|v| ((v * 37) % 101) as f32).collect();
+        let l = Layout::contiguous(&[b, t, d]);
+        let want_sum: Vec<f32> = (0..d)
+            .map(|c| (0..b * t).map(|r| x[r * d + c]).sum())
+            .collect();
+        assert_eq!(sum_float(&x, &l, &[0, 1]), want_sum);
+        let want_arg: Vec<i64> = (0..d)
+            .map(|c| {
+                let col: Vec<f32> = (0..b * t).map(|r| x[r * d + c]).collect();
+                let best = col.iter().cloned().fold(f32::MIN, f32::max);
+                col.iter().position(|&v| v == best).unwrap() as i64
+            })
+            .collect();
+        let flat = Layout::contiguous(&[b * t, d]);
+        assert_eq!(arg_extreme(&x, &flat, &[0], true), want_arg);
+        // Not leading in order: the element walk, same sums.
+        assert_eq!(sum_float(&x, &l, &[1, 0]), want_sum);
+        // A view starting one row in.
+        let view = flat.narrow(0, 1, b * t - 1);
+        let tail: Vec<f32> = (0..d)
+            .map(|c| (1..b * t).map(|r| x[r * d + c]).sum())
+            .collect();
+        assert_eq!(sum_float(&x, &view, &[0]), tail);
+        assert!(LeadingDims::of(&l, &[0, 1, 2]).is_none());
+        assert!(LeadingDims::of(&l, &[1]).is_none());
     }
 }
