@@ -15,6 +15,7 @@
 //!
 //! [`super::NormOps`] for host buffers (the dtype dispatch over these kernels) is in `cpu/seam.rs`.
 
+mod layer_rows;
 mod seam;
 
 use rayon::prelude::*;
@@ -492,26 +493,24 @@ pub fn layer_norm_backward<T: KernelFloat>(
     if cols == 0 {
         return Ok(());
     }
-    let xhat = |row: usize, j: usize| {
-        (input[row * cols + j].to_f64() - saved.mean[row].to_f64()) * saved.rstd[row].to_f64()
-    };
+    let isa = crate::ops::simd::isa();
+    let stats = |row: usize| [saved.mean[row].to_f64(), saved.rstd[row].to_f64()];
     if let Some(gin) = grads.input {
-        let n = cols as f64;
+        // A norm without weight scales by ones.
+        let ones;
+        let w = match weight {
+            Some(w) => w,
+            None => {
+                ones = vec![T::ONE; cols];
+                &ones
+            }
+        };
         gin.par_chunks_mut(cols).enumerate().for_each(|(row, gin)| {
-            let dy = &grad_output[row * cols..][..cols];
-            let g = |j: usize| dy[j].to_f64() * weight.map_or(1.0, |w| w[j].to_f64());
-            let mut mean_g = 0.0;
-            let mut mean_g_xhat = 0.0;
-            for j in 0..cols {
-                mean_g += g(j);
-                mean_g_xhat += g(j) * xhat(row, j);
-            }
-            mean_g /= n;
-            mean_g_xhat /= n;
-            let rstd = saved.rstd[row].to_f64();
-            for (j, out) in gin.iter_mut().enumerate() {
-                *out = T::from_f64(rstd * (g(j) - mean_g - xhat(row, j) * mean_g_xhat));
-            }
+            let (dy, x) = (
+                &grad_output[row * cols..][..cols],
+                &input[row * cols..][..cols],
+            );
+            layer_rows::input_grad_row(isa, dy, x, w, stats(row), gin);
         });
     }
     if grads.weight.is_none() && grads.bias.is_none() {
@@ -521,14 +520,12 @@ pub fn layer_norm_backward<T: KernelFloat>(
     let partials: Vec<Vec<f64>> = (0..shape.rows.div_ceil(ROW_BLOCK))
         .into_par_iter()
         .map(|block| {
+            let rows = block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(shape.rows);
+            let block_stats: Vec<[f64; 2]> = rows.clone().map(stats).collect();
+            let span = rows.start * cols..rows.end * cols;
             let mut acc = vec![0.0; 2 * cols];
-            for row in block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(shape.rows) {
-                for j in 0..cols {
-                    let dy = grad_output[row * cols + j].to_f64();
-                    acc[j] += dy * xhat(row, j);
-                    acc[cols + j] += dy;
-                }
-            }
+            let (dy, x) = (&grad_output[span.clone()], &input[span]);
+            layer_rows::param_grads_rows(isa, dy, x, &block_stats, &mut acc);
             acc
         })
         .collect();
