@@ -16,9 +16,9 @@ the same case, so the two figures of each round are taken within seconds of each
 figure is measured the way the bench measures kiln's: one untimed warm-up call, then the median
 (steps, optimizer and clip cases) or the best (matmul) of the timed calls. The models are
 defined here (torchvision's ResNet-18 layout, the train example's narrower CIFAR ResNet, a
-784-512-256-10 MLP), so nothing but `torch` is needed. The `gpu_` cases run on `cuda:0` and
-are timed as the bench's GPU cases are: warm-up calls, then the best of three rounds of calls
-between two synchronisations.
+784-512-256-10 MLP, a small GPT), so nothing but `torch` is needed. The `gpu_` cases run on
+`cuda:0` and are timed as the bench's GPU cases are: warm-up calls, then the best of three
+rounds of calls between two synchronisations.
 
 Invariants: every case uses the same model, batch, loss, optimizer and options as the kiln case
 of the same name in xtask/src/bench/; nothing is downloaded; an error is a JSON line, never a
@@ -234,6 +234,53 @@ def mlp_step(batch, steps):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(batch, 784)
     return clipped_step(model, opt, x, labels(batch, 10), steps)
+
+
+class Gpt(nn.Module):
+    """The `train` group's GPT (train_gpt.rs): token and position embeddings, pre-norm causal
+    `nn.TransformerEncoderLayer` blocks with tanh-GELU, a final LayerNorm, a bias-free head."""
+
+    def __init__(self, vocab=65, block=64, layers=4, heads=4, width=128):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(block, width)
+        self.h = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                width, heads, 4 * width, 0.0,
+                activation=lambda x: F.gelu(x, approximate="tanh"),
+                batch_first=True, norm_first=True,
+            )
+            for _ in range(layers)
+        )
+        self.ln_f = nn.LayerNorm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(block))
+
+    def forward(self, x):
+        h = self.wte(x) + self.wpe(torch.arange(x.shape[1]))
+        for block in self.h:
+            h = block(h, src_mask=self.mask, is_causal=True)
+        return self.lm_head(self.ln_f(h))
+
+
+def gpt_step(batch, steps):
+    """The `train` group's GPT step: next-token cross-entropy over the fixed token pattern of
+    train_gpt.rs, AdamW, clip."""
+    torch.manual_seed(0)
+    model = Gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = (torch.arange(batch * 64) * 7919) % 65
+    x, y = ids.view(batch, 64), (ids + 1) % 65
+    params = list(model.parameters())
+
+    def step():
+        F.cross_entropy(model(x).view(-1, 65), y).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    return lambda: median_ms(steps, step)
 
 
 def resnet18_lens():
@@ -480,6 +527,8 @@ def set_up(name, arg, quick):
         return cross_entropy(arg, classes, 2 if quick else 10), "ms"
     if name == "mlp_step":
         return mlp_step(arg, 3 if quick else 30), "ms"
+    if name == "gpt_step":
+        return gpt_step(arg, 3 if quick else 20), "ms"
     if name == "adamw_resnet18":
         return adamw(resnet18_lens(), reps, clip=False), "ms"
     if name == "clip_adamw_resnet18":

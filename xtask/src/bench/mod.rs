@@ -36,6 +36,7 @@ mod optim_gpu;
 pub mod threads;
 mod torch;
 mod train;
+mod train_gpt;
 mod train_small;
 
 use harness::{cpu_then_gpu, Options, Row, FAILED};
@@ -53,7 +54,10 @@ const GROUPS: &[(&str, Group)] = &[
     ("clip", |options| cpu_then_gpu(options, clip::cpu_cases, clip_gpu::run)),
     ("optim", |options| cpu_then_gpu(options, optim::cpu_cases, optim_gpu::run)),
     ("ops", ops::run),
-    ("train", |options| Ok([train::run(options)?, train_small::run(options)?].concat())),
+    ("train", |options| {
+        let cases = [train::run, train_small::run, train_gpt::run];
+        Ok(cases.iter().map(|run| run(options)).collect::<Result<Vec<_>, _>>()?.concat())
+    }),
     ("threads", threads::run),
     ("distributed", distributed::run),
 ];
