@@ -2,7 +2,7 @@
 //! and the backwards of the last two), computed in `f64` by branch-free formulas over
 //! [`exp_nonpositive`] and rounded to `f32` once by the caller. libm's scalar `expf`/`tanhf`
 //! are one call per element; these compile to vector instructions inside a `simd_dispatch!`
-//! loop, which made a small GPT's GELUs on the CPU several times cheaper.
+//! loop.
 //!
 //! Invariants: every function takes an `f32` value widened to `f64` (any finite `f32`, the
 //! infinities and NaN); its `f64` result is within a few units of `f64`'s last place of the true

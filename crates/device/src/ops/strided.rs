@@ -3,11 +3,13 @@
 //! family read operands through).
 //!
 //! Inputs are read through their [`Layout`]s (a contiguous input takes a plain slice fast path;
-//! in the two-operand maps, a strided or broadcast one with innermost rows of `ROW_MIN` or
-//! more is read a row at a time), outputs are written contiguously into a caller-provided slice,
-//! parallel over output chunks above [`crate::threads::PARALLEL_THRESHOLD`] elements. Each
-//! parallel chunk starts its own [`StridedIndex`] at the chunk's first logical index, so no
-//! chunk depends on another.
+//! in the two- and three-operand maps, a strided or broadcast one with innermost rows of
+//! `ROW_MIN` or more is read a row at a time), outputs are written contiguously into a
+//! caller-provided slice, parallel over output chunks above
+//! [`crate::threads::PARALLEL_THRESHOLD`] elements. Each parallel chunk starts its own
+//! [`StridedIndex`] at the chunk's first logical index, so no chunk depends on another. The
+//! `*_vectorised` maps compile their dense loop once per instruction set (`simd_dispatch!`),
+//! for branch-free functions; the plain ones keep the portable build.
 
 use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};

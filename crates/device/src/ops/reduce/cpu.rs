@@ -1,8 +1,10 @@
 //! CPU reductions. The input layout is permuted so the kept dims come first and the reduced dims
 //! last; output element `o` then folds the `R` consecutive logical elements `o*R .. (o+1)*R` of
-//! the permuted layout. Outputs are independent, so they are split across the pool. Floats
-//! accumulate in `f64` (more accurate than PyTorch's f32 cascade sum, never less), integers in
-//! `i64`.
+//! the permuted layout, in that order. A dense input reduced over its leading dims (a bias
+//! gradient) is walked a row at a time over tiles of columns instead, each output folding its
+//! elements in the same order. Outputs are independent, so they are split across the pool.
+//! Floats accumulate in `f64` (more accurate than PyTorch's f32 cascade sum, never less),
+//! integers in `i64`.
 //!
 //! The `*_into` kernels write into a caller-provided slice of [`reduced_len`] elements (the CPU
 //! storage passes a block of the caching allocator); the plain forms return a new `Vec`.
@@ -91,8 +93,8 @@ struct LeadingDims {
 impl LeadingDims {
     fn of(layout: &Layout, dims: &[usize]) -> Option<LeadingDims> {
         let base = layout.contiguous_offset()?;
-        // Every dim reduced is one dense group: the plain slice path's case.
         let leading = dims.iter().enumerate().all(|(i, &d)| d == i);
+        // Reducing every dim makes one dense group: the plain slice path's case.
         if dims.is_empty() || dims.len() >= layout.rank() || !leading {
             return None;
         }
