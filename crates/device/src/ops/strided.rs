@@ -13,7 +13,7 @@
 
 use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
-use crate::ops::simd::{isa, simd_dispatch, Isa};
+use crate::ops::simd::{isa, simd_dispatch};
 use crate::threads::PARALLEL_THRESHOLD;
 use rayon::prelude::*;
 
@@ -121,7 +121,11 @@ pub fn map1_into<T: Copy + Sync, U: Copy + Send>(
     out: &mut [U],
     f: impl Fn(T) -> U + Sync,
 ) {
-    map1_into_on(None, src, layout, out, f)
+    map1_into_on(src, layout, out, &f, |s, o| {
+        for (o, &v) in o.iter_mut().zip(s) {
+            *o = f(v);
+        }
+    })
 }
 
 /// [`map1_into`] with a dense input's loop compiled for this CPU's vector instructions
@@ -133,25 +137,23 @@ pub fn map1_into_vectorised<T: Copy + Sync, U: Copy + Send>(
     out: &mut [U],
     f: impl Fn(T) -> U + Sync,
 ) {
-    map1_into_on(isa(), src, layout, out, f)
+    let isa = isa();
+    map1_into_on(src, layout, out, &f, |s, o| dense_map1(isa, s, o, &f))
 }
 
+/// [`map1_into`]'s walk, with `dense(src, out)` for a contiguous input's chunks (a plain loop,
+/// or the dispatched one: only the vectorised maps instantiate a loop per instruction set).
 fn map1_into_on<T: Copy + Sync, U: Copy + Send>(
-    isa: Option<Isa>,
     src: &[T],
     layout: &Layout,
     out: &mut [U],
-    f: impl Fn(T) -> U + Sync,
+    f: &(impl Fn(T) -> U + Sync),
+    dense: impl Fn(&[T], &mut [U]) + Sync,
 ) {
     debug_assert_eq!(out.len(), layout.numel());
     let contiguous = layout.contiguous_offset();
     fill_chunks(out, |start, chunk| match contiguous {
-        Some(base) => dense_map1(
-            isa,
-            &src[base + start..base + start + chunk.len()],
-            chunk,
-            &f,
-        ),
+        Some(base) => dense(&src[base + start..base + start + chunk.len()], chunk),
         None => {
             for (o, i) in chunk.iter_mut().zip(StridedIndex::new(layout, start)) {
                 *o = f(src[i]);
@@ -202,7 +204,11 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
     out: &mut [U],
     f: impl Fn(A, B) -> U + Sync,
 ) {
-    map2_on(None, a, b, out, f)
+    map2_on(a, b, out, &f, |x, y, o| {
+        for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+            *o = f(x, y);
+        }
+    })
 }
 
 /// [`map2`] with the loop over two dense operands compiled for this CPU's vector instructions
@@ -213,15 +219,18 @@ pub fn map2_vectorised<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
     out: &mut [U],
     f: impl Fn(A, B) -> U + Sync,
 ) {
-    map2_on(isa(), a, b, out, f)
+    let isa = isa();
+    map2_on(a, b, out, &f, |x, y, o| dense_map2(isa, x, y, o, &f))
 }
 
+/// [`map2`]'s walk, with `dense(a, b, out)` for two contiguous operands' chunks (as
+/// [`map1_into_on`]).
 fn map2_on<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
-    isa: Option<Isa>,
     (a, la): (&[A], &Layout),
     (b, lb): (&[B], &Layout),
     out: &mut [U],
-    f: impl Fn(A, B) -> U + Sync,
+    f: &(impl Fn(A, B) -> U + Sync),
+    dense: impl Fn(&[A], &[B], &mut [U]) + Sync,
 ) {
     debug_assert_eq!(out.len(), la.numel());
     let (ca, cb) = (la.contiguous_offset(), lb.contiguous_offset());
@@ -233,14 +242,14 @@ fn map2_on<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
                     &a[oa + start..oa + start + n],
                     &b[ob + start..ob + start + n],
                 );
-                dense_map2(isa, sa, sb, chunk, &f);
+                dense(sa, sb, chunk);
             }
             (Some(oa), None) => {
                 let sa = &a[oa + start..oa + start + n];
                 if let Some((step, pieces)) = row_pieces(lb, start, n) {
                     for [at, first, len] in pieces {
                         let xs = sa[at..at + len].iter().copied();
-                        piece2(&mut chunk[at..at + len], xs, b, [first, step], &f);
+                        piece2(&mut chunk[at..at + len], xs, b, [first, step], f);
                     }
                     return;
                 }
