@@ -1,6 +1,5 @@
 //! Layer norm's backward a row at a time, in loops over slices that `simd_dispatch!` compiles
-//! for this CPU's vector instructions (the per-element closures and index arithmetic they
-//! replace ran one scalar element at a time).
+//! for this CPU's vector instructions.
 //!
 //! Invariants: everything accumulates in `f64` from the saved statistics as stored (`T`); a
 //! row's two sums are kept in [`LANES`] partial sums added in lane order, and the parameter
