@@ -352,7 +352,7 @@ fn compact_recording_drops_foreign_frees_renumbers_and_closes() {
 /// 9% and 4%) measured 1.052 / 1.139 and 1.126 / 1.061. Session 50's (a batch of matrices
 /// times one matrix runs as one product, so no weight gradient is made per batch and summed)
 /// measure 1.047 / 1.047 and 1.192 / 1.069: the ViT's peak of live bytes fell by 7%, from 122.6
-/// to 114.4 MiB, while its default reserve fell only from 138 to 136 MiB.
+/// to 114.1 MiB, while its default reserve fell only from 138 to 136 MiB.
 const RECORDED_BOUNDS: [(&str, f64, f64); 4] = [
     ("resnet18_sgd", 1.076, 1.037),
     ("gpt_varlen_adamw", 1.051, 1.051),
