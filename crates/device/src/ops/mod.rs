@@ -24,6 +24,7 @@ pub mod loss;
 pub mod matmul;
 pub mod multi_tensor;
 pub mod norm;
+pub(crate) mod par;
 pub mod pool;
 pub mod random;
 pub mod reduce;

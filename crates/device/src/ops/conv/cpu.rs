@@ -39,7 +39,6 @@ use crate::ops::cpu_dispatch::{dense, dense_opt, float_kernel, for_overwrite, in
 use crate::seam::{GradMask, InputGrads, Strided};
 use crate::{CpuStorage, Layout, Result};
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
 use super::cpu_chunked_weight as chunked_weight;
@@ -300,7 +299,7 @@ pub fn conv2d_backward_bias<T: KernelFloat>(
     check_len(OP, "grad_bias", grad_bias, &[geometry.out_channels])?;
     let plane = geometry.output_size[0] * geometry.output_size[1];
     let channels = geometry.out_channels;
-    grad_bias.par_iter_mut().enumerate().for_each(|(o, gb)| {
+    crate::ops::par::chunks_mut(grad_bias, 1, &|o, gb| {
         let sum: f64 = (0..geometry.batch)
             .map(|n| {
                 let start = (n * channels + o) * plane;
@@ -310,7 +309,7 @@ pub fn conv2d_backward_bias<T: KernelFloat>(
                     .sum::<f64>()
             })
             .sum();
-        *gb = T::from_f64(sum);
+        gb[0] = T::from_f64(sum);
     });
     Ok(())
 }

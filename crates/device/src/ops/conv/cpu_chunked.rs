@@ -32,7 +32,6 @@ use crate::ops::simd::prefetch_read;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use rayon::prelude::*;
 
 /// A chunk's GEMMs aim at this many columns.
 const TARGET_COLS: usize = 256;
@@ -247,22 +246,19 @@ fn transposed_weight<T: KernelFloat>(d: Dims, weight: &[T]) -> Result<HostBuffer
     let mut out = HostBuffer::<T>::for_overwrite(weight.len())?;
     // Past `usize` only for a weight larger than memory; a chunk past the end is the whole.
     let rows_len = BAND.saturating_mul(d.c_out);
-    out.as_mut_slice()
-        .par_chunks_mut(rows_len)
-        .enumerate()
-        .for_each(|(band, rows)| {
-            let first = band * BAND;
-            let width = rows.len() / d.c_out;
-            for (c, w_row) in weight.chunks_exact(d.k).enumerate() {
-                // Rows lie `K` apart (18 KiB in layer4), too far for the CPU's prefetchers.
-                if let Some(ahead) = weight.get((c + PREFETCH_ROWS) * d.k + first) {
-                    prefetch_read(ahead);
-                }
-                for (i, &v) in w_row[first..first + width].iter().enumerate() {
-                    rows[i * d.c_out + c] = v;
-                }
+    crate::ops::par::chunks_mut(out.as_mut_slice(), rows_len, &|band, rows| {
+        let first = band * BAND;
+        let width = rows.len() / d.c_out;
+        for (c, w_row) in weight.chunks_exact(d.k).enumerate() {
+            // Rows lie `K` apart (18 KiB in layer4), too far for the CPU's prefetchers.
+            if let Some(ahead) = weight.get((c + PREFETCH_ROWS) * d.k + first) {
+                prefetch_read(ahead);
             }
-        });
+            for (i, &v) in w_row[first..first + width].iter().enumerate() {
+                rows[i * d.c_out + c] = v;
+            }
+        }
+    });
     Ok(out)
 }
 

@@ -22,7 +22,6 @@ use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use rayon::prelude::*;
 
 /// One chunk's images copied pixel-major with zero borders: the layout of [`Padded`] with a
 /// pixel's `C_in` channels in place of each value. Image `i`'s padded pixel `(r, q)` sits at
@@ -201,21 +200,18 @@ pub(super) fn taps_major_to_weight_order<T: KernelFloat>(
     }
     let k = c_in * taps;
     let failure = ScratchFailure::new();
-    grad_weight.par_chunks_mut(k).for_each_init(
-        || failure.take::<T>(k),
-        |copy, row| {
-            let Some(copy) = copy.as_mut() else {
-                return;
-            };
-            let copy = copy.as_mut_slice();
-            copy.copy_from_slice(row);
-            for (c, weights) in row.chunks_mut(taps).enumerate() {
-                for (t, v) in weights.iter_mut().enumerate() {
-                    *v = copy[t * c_in + c];
-                }
+    crate::ops::par::chunks_mut_with(grad_weight, k, &|| failure.take::<T>(k), &|copy, _, row| {
+        let Some(copy) = copy.as_mut() else {
+            return;
+        };
+        let copy = copy.as_mut_slice();
+        copy.copy_from_slice(row);
+        for (c, weights) in row.chunks_mut(taps).enumerate() {
+            for (t, v) in weights.iter_mut().enumerate() {
+                *v = copy[t * c_in + c];
             }
-        },
-    );
+        }
+    });
     failure.into_result()
 }
 

@@ -15,7 +15,6 @@ use crate::storage::HostBuffer;
 use crate::{Error, Result};
 use gemm::Parallelism;
 use kiln_alloc_cache::{AllocContext, ContextGuard, StepThread, StepThreadGuard};
-use rayon::prelude::*;
 use std::sync::Mutex;
 
 /// Per-image and per-group block sizes of the GEMM-per-image path (`cpu.rs`) and its input
@@ -272,26 +271,23 @@ pub(super) fn sum_transposed_partials<T: KernelFloat>(
         return; // No taps or no channels: an empty gradient.
     }
     let block = gcd(outs, SUM_BLOCK);
-    grad_weight
-        .par_chunks_mut(block * rows)
-        .enumerate()
-        .for_each(|(b, gw_rows)| {
-            let (g, o0) = (b * block / outs, b * block % outs);
-            let mut acc = [T::ZERO; SUM_BLOCK];
-            let acc = &mut acc[..block];
-            for r in 0..rows {
-                let at = g * group + r * outs + o0;
-                acc.fill(T::ZERO);
-                for p in partials {
-                    for (a, &v) in acc.iter_mut().zip(&p.as_slice()[at..][..block]) {
-                        *a += v;
-                    }
-                }
-                for (i, &a) in acc.iter().enumerate() {
-                    gw_rows[i * rows + r] = a;
+    crate::ops::par::chunks_mut(grad_weight, block * rows, &|b, gw_rows| {
+        let (g, o0) = (b * block / outs, b * block % outs);
+        let mut acc = [T::ZERO; SUM_BLOCK];
+        let acc = &mut acc[..block];
+        for r in 0..rows {
+            let at = g * group + r * outs + o0;
+            acc.fill(T::ZERO);
+            for p in partials {
+                for (a, &v) in acc.iter_mut().zip(&p.as_slice()[at..][..block]) {
+                    *a += v;
                 }
             }
-        });
+            for (i, &a) in acc.iter().enumerate() {
+                gw_rows[i * rows + r] = a;
+            }
+        }
+    });
 }
 
 fn gcd(mut a: usize, mut b: usize) -> usize {

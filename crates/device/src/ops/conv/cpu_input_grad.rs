@@ -20,7 +20,6 @@ use super::Conv2dGeometry;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::Result;
-use rayon::prelude::*;
 
 /// The input gradient by columns: for each image and group, the GEMM of the weight
 /// (transposed) with the output gradient into the column matrix, folded back onto a padded
@@ -135,23 +134,20 @@ pub(super) fn rotate_weight<T: KernelFloat>(
     // runs, revisited by each of its rows while they are still cached.
     const ROWS: usize = 32;
     const COLS: usize = 8;
-    rotated
-        .par_chunks_mut(ROWS * row)
-        .enumerate()
-        .for_each(|(b, rows)| {
-            for co0 in (0..cout).step_by(COLS) {
-                for (r, dst_row) in rows.chunks_mut(row).enumerate() {
-                    let (gi, ci) = ((b * ROWS + r) / cin, (b * ROWS + r) % cin);
-                    for co in co0..(co0 + COLS).min(cout) {
-                        let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
-                        let dst = &mut dst_row[co * taps..][..taps];
-                        for (t, v) in dst.iter_mut().enumerate() {
-                            *v = src[taps - 1 - t];
-                        }
+    crate::ops::par::chunks_mut(rotated.as_mut_slice(), ROWS * row, &|b, rows| {
+        for co0 in (0..cout).step_by(COLS) {
+            for (r, dst_row) in rows.chunks_mut(row).enumerate() {
+                let (gi, ci) = ((b * ROWS + r) / cin, (b * ROWS + r) % cin);
+                for co in co0..(co0 + COLS).min(cout) {
+                    let src = &weight[((gi * cout + co) * cin + ci) * taps..][..taps];
+                    let dst = &mut dst_row[co * taps..][..taps];
+                    for (t, v) in dst.iter_mut().enumerate() {
+                        *v = src[taps - 1 - t];
                     }
                 }
             }
-        });
+        }
+    });
     Ok(rotated)
 }
 

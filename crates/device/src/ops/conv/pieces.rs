@@ -9,7 +9,6 @@
 //! weight gradient's images are sliced into partials (so the order of its float sums).
 
 use gemm::Parallelism;
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// How many of a pass's `batch` images run one task each on a pool of `threads`, the first
@@ -95,10 +94,9 @@ pub(super) fn for_each_image<T: Send, S>(
     let batch = output.len() / out_image;
     let parallel = images_in_parallel(batch, rayon::current_num_threads());
     let (whole_rounds, rest) = output.split_at_mut(parallel * out_image);
-    whole_rounds
-        .par_chunks_mut(out_image)
-        .enumerate()
-        .for_each_init(&scratch, |s, (n, out)| one_image(s, n, out, false));
+    crate::ops::par::chunks_mut_with(whole_rounds, out_image, &scratch, &|s, n, out| {
+        one_image(s, n, out, false)
+    });
     if !rest.is_empty() {
         let mut s = scratch();
         for (i, out) in rest.chunks_mut(out_image).enumerate() {
@@ -131,10 +129,9 @@ pub(super) fn for_each_chunk<T: Send, S>(
         false => Parallelism::None,
     };
     let (whole_rounds, rest) = output.split_at_mut(parallel * image);
-    whole_rounds
-        .par_chunks_mut(chunk * image)
-        .enumerate()
-        .for_each_init(&scratch, |s, (c, out)| body(s, c * chunk, out, shared));
+    crate::ops::par::chunks_mut_with(whole_rounds, chunk * image, &scratch, &|s, c, out| {
+        body(s, c * chunk, out, shared)
+    });
     if !rest.is_empty() {
         let mut s = scratch();
         for (c, out) in rest.chunks_mut(chunk * image).enumerate() {
@@ -157,15 +154,14 @@ pub(super) fn weight_grad_partials<P: Send>(
     let parallel = images_in_parallel(batch, threads);
     let mut partials = if parallel > 0 {
         let per_slice = parallel.div_ceil(threads);
-        (0..parallel.div_ceil(per_slice))
-            .into_par_iter()
-            .map(|s| {
-                slice(
-                    s * per_slice..((s + 1) * per_slice).min(parallel),
-                    Parallelism::None,
-                )
-            })
-            .collect::<crate::Result<Vec<_>>>()?
+        crate::ops::par::map(parallel.div_ceil(per_slice), &|s| {
+            slice(
+                s * per_slice..((s + 1) * per_slice).min(parallel),
+                Parallelism::None,
+            )
+        })
+        .into_iter()
+        .collect::<crate::Result<Vec<_>>>()?
     } else {
         Vec::new()
     };
@@ -187,9 +183,7 @@ pub(super) fn for_each_piece<T: Send>(
 ) {
     let size = size.max(1);
     if parallel {
-        data.par_chunks_mut(size)
-            .enumerate()
-            .for_each(|(i, piece)| body(i, piece));
+        crate::ops::par::chunks_mut(data, size, &body);
     } else {
         data.chunks_mut(size)
             .enumerate()

@@ -13,10 +13,10 @@
 
 use super::IndexOps;
 use crate::ops::cpu_dispatch::{dense, float_kernel, in_pool, wrap, zeros};
+use crate::ops::par;
 use crate::seam::Strided;
 use crate::storage::by_dtype;
 use crate::{CpuStorage, Error, Layout, Result};
-use rayon::prelude::*;
 
 use super::{
     check_dim, check_index_fits, check_index_values, contiguous_strides, DimIndex,
@@ -78,10 +78,9 @@ pub fn embedding_forward<T: Copy + Send + Sync>(
     if dim == 0 {
         return Ok(());
     }
-    output
-        .par_chunks_mut(dim)
-        .zip(indices.par_iter())
-        .for_each(|(row, &i)| row.copy_from_slice(&weight[i as usize * dim..][..dim]));
+    par::chunks_mut(output, dim, &|r, row| {
+        row.copy_from_slice(&weight[indices[r] as usize * dim..][..dim])
+    });
     Ok(())
 }
 
@@ -165,15 +164,12 @@ pub fn index_select_forward<T: Copy + Send + Sync>(
     if output.is_empty() {
         return Ok(());
     }
-    output
-        .par_chunks_mut(index.len() * inner)
-        .enumerate()
-        .for_each(|(o, out)| {
-            let src = &input[o * size * inner..][..size * inner];
-            for (row, &i) in out.chunks_mut(inner).zip(index) {
-                row.copy_from_slice(&src[i as usize * inner..][..inner]);
-            }
-        });
+    par::chunks_mut(output, index.len() * inner, &|o, out| {
+        let src = &input[o * size * inner..][..size * inner];
+        for (row, &i) in out.chunks_mut(inner).zip(index) {
+            row.copy_from_slice(&src[i as usize * inner..][..inner]);
+        }
+    });
     Ok(())
 }
 
@@ -196,16 +192,13 @@ pub fn index_select_backward<T: KernelFloat>(
     if grad_input.is_empty() {
         return Ok(());
     }
-    grad_input
-        .par_chunks_mut(size * inner)
-        .enumerate()
-        .for_each(|(o, gin)| {
-            let gout = &grad_output[o * index.len() * inner..][..index.len() * inner];
-            for (row, &i) in gout.chunks(inner.max(1)).zip(index) {
-                let dst = &mut gin[i as usize * inner..][..inner];
-                dst.iter_mut().zip(row).for_each(|(d, &g)| *d += g);
-            }
-        });
+    par::chunks_mut(grad_input, size * inner, &|o, gin| {
+        let gout = &grad_output[o * index.len() * inner..][..index.len() * inner];
+        for (row, &i) in gout.chunks(inner.max(1)).zip(index) {
+            let dst = &mut gin[i as usize * inner..][..inner];
+            dst.iter_mut().zip(row).for_each(|(d, &g)| *d += g);
+        }
+    });
     Ok(())
 }
 

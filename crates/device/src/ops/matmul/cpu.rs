@@ -14,7 +14,6 @@ use crate::ops::KernelFloat;
 use crate::threads::num_threads;
 use crate::{CpuStorage, Error, Result};
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 struct SendPtr<T>(*const T);
 unsafe impl<T> Send for SendPtr<T> {}
@@ -112,9 +111,9 @@ pub fn matmul_into<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layout, o
                 one_matrix(dst, offs_a[i], offs_b[i], par);
             }
         } else {
-            out.par_chunks_mut(m * n)
-                .enumerate()
-                .for_each(|(i, dst)| one_matrix(dst, offs_a[i], offs_b[i], Parallelism::None));
+            crate::ops::par::chunks_mut(out, m * n, &|i, dst| {
+                one_matrix(dst, offs_a[i], offs_b[i], Parallelism::None)
+            });
         }
     });
 }

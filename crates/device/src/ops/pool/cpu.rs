@@ -8,6 +8,7 @@
 
 use super::{Pool2d, PoolOps};
 use crate::ops::cpu_dispatch::{dense, float_kernel, for_overwrite, in_pool, wrap};
+use crate::ops::par;
 use crate::seam::Strided;
 use crate::{CpuStorage, Error, Layout, Result};
 use rayon::prelude::*;
@@ -80,17 +81,14 @@ pub fn max_pool2d_backward<T: KernelFloat>(
             size: in_plane,
         });
     }
-    grad_input
-        .par_chunks_mut(in_plane)
-        .enumerate()
-        .for_each(|(plane, gin)| {
-            gin.fill(T::ZERO);
-            let gout = &grad_output[plane * out_plane..][..out_plane];
-            let idx = &indices[plane * out_plane..][..out_plane];
-            for (&g, &i) in gout.iter().zip(idx) {
-                gin[i as usize] += g;
-            }
-        });
+    par::chunks_mut(grad_input, in_plane, &|plane, gin| {
+        gin.fill(T::ZERO);
+        let gout = &grad_output[plane * out_plane..][..out_plane];
+        let idx = &indices[plane * out_plane..][..out_plane];
+        for (&g, &i) in gout.iter().zip(idx) {
+            gin[i as usize] += g;
+        }
+    });
     Ok(())
 }
 
@@ -136,27 +134,24 @@ fn window_mean_forward<T: KernelFloat>(
 ) {
     let in_w = shape.input_size[1];
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    output
-        .par_chunks_mut(out_plane)
-        .enumerate()
-        .for_each(|(plane, out)| {
-            let src = &input[plane * in_plane..][..in_plane];
-            for (o, out) in out.iter_mut().enumerate() {
-                let win = window(o);
-                let mut sum = T::ZERO;
-                for ih in win.h.0..win.h.1 {
-                    for &v in &src[ih * in_w + win.w.0..ih * in_w + win.w.1] {
-                        sum += v;
-                    }
+    par::chunks_mut(output, out_plane, &|plane, out| {
+        let src = &input[plane * in_plane..][..in_plane];
+        for (o, out) in out.iter_mut().enumerate() {
+            let win = window(o);
+            let mut sum = T::ZERO;
+            for ih in win.h.0..win.h.1 {
+                for &v in &src[ih * in_w + win.w.0..ih * in_w + win.w.1] {
+                    sum += v;
                 }
-                let empty = win.h.0 == win.h.1 || win.w.0 == win.w.1;
-                *out = if empty {
-                    T::ZERO
-                } else {
-                    sum / T::from_f64(win.divisor as f64)
-                };
             }
-        });
+            let empty = win.h.0 == win.h.1 || win.w.0 == win.w.1;
+            *out = if empty {
+                T::ZERO
+            } else {
+                sum / T::from_f64(win.divisor as f64)
+            };
+        }
+    });
 }
 
 /// The gradient of [`window_mean_forward`]: each output gradient, divided by its window's
@@ -169,22 +164,19 @@ fn window_mean_backward<T: KernelFloat>(
 ) {
     let in_w = shape.input_size[1];
     let (in_plane, out_plane) = (shape.input_plane(), shape.output_plane());
-    grad_input
-        .par_chunks_mut(in_plane)
-        .enumerate()
-        .for_each(|(plane, gin)| {
-            gin.fill(T::ZERO);
-            let gout = &grad_output[plane * out_plane..][..out_plane];
-            for (o, &g) in gout.iter().enumerate() {
-                let win = window(o);
-                let share = g / T::from_f64(win.divisor as f64);
-                for ih in win.h.0..win.h.1 {
-                    for v in &mut gin[ih * in_w + win.w.0..ih * in_w + win.w.1] {
-                        *v += share;
-                    }
+    par::chunks_mut(grad_input, in_plane, &|plane, gin| {
+        gin.fill(T::ZERO);
+        let gout = &grad_output[plane * out_plane..][..out_plane];
+        for (o, &g) in gout.iter().enumerate() {
+            let win = window(o);
+            let share = g / T::from_f64(win.divisor as f64);
+            for ih in win.h.0..win.h.1 {
+                for v in &mut gin[ih * in_w + win.w.0..ih * in_w + win.w.1] {
+                    *v += share;
                 }
             }
-        });
+        }
+    });
 }
 
 /// Average pooling (zero padding; divisor per [`super::AvgPool2dParams`]); a window that holds

@@ -18,9 +18,9 @@
 
 use super::{MaxPool2dGeometry, MaxPool2dParams, PoolShape};
 use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::par;
 use crate::ops::simd::{self, simd_dispatch};
 use crate::ops::KernelFloat;
-use rayon::prelude::*;
 
 /// Where the window of output position `o` starts along `axis` (negative inside the padding).
 fn window_start(p: &MaxPool2dParams, axis: usize, o: usize) -> i64 {
@@ -259,17 +259,17 @@ fn by_plane<T: KernelFloat, S>(
     each: impl Fn(&mut S, usize, &mut [T], Option<&mut [i64]>) + Sync + Send,
 ) {
     match indices {
-        Some(indices) => output
-            .par_chunks_mut(out_plane)
-            .zip(indices.par_chunks_mut(out_plane))
-            .enumerate()
-            .for_each_init(scratch, |s, (plane, (out, idx))| {
-                each(s, plane, out, Some(idx))
-            }),
-        None => output
-            .par_chunks_mut(out_plane)
-            .enumerate()
-            .for_each_init(scratch, |s, (plane, out)| each(s, plane, out, None)),
+        Some(indices) => par::chunks_mut_pair_with(
+            output,
+            out_plane,
+            indices,
+            out_plane,
+            &scratch,
+            &|s, plane, out, idx| each(s, plane, out, Some(idx)),
+        ),
+        None => par::chunks_mut_with(output, out_plane, &scratch, &|s, plane, out| {
+            each(s, plane, out, None)
+        }),
     }
 }
 

@@ -9,7 +9,6 @@ use crate::ops::simd::{self, simd_dispatch};
 use crate::storage::by_dtype;
 use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Device, Result};
-use rayon::prelude::*;
 
 /// Uniforms in `[low, high)` into `out` (element `i` is draw `offset + i` of `seed`'s stream).
 pub fn uniform<T: Element>(out: &mut [T], low: f64, high: f64, seed: u64, offset: u64) {
@@ -36,11 +35,13 @@ const LANES: usize = 8;
 /// Runs `fill(part, counter of its first element)` over `out` in parts of [`CHUNK`] draws, in
 /// parallel when `out` is large.
 fn in_parts<T: Element>(out: &mut [T], offset: u64, fill: impl Fn(&mut [T], u64) + Sync) {
-    let each = |(c, part): (usize, &mut [T])| fill(part, offset.wrapping_add((c * CHUNK) as u64));
+    let each = |c: usize, part: &mut [T]| fill(part, offset.wrapping_add((c * CHUNK) as u64));
     if out.len() > PARALLEL_THRESHOLD {
-        crate::threads::install(|| out.par_chunks_mut(CHUNK).enumerate().for_each(each));
+        crate::threads::install(|| crate::ops::par::chunks_mut(out, CHUNK, &each));
     } else {
-        out.chunks_mut(CHUNK).enumerate().for_each(each);
+        for (c, part) in out.chunks_mut(CHUNK).enumerate() {
+            each(c, part);
+        }
     }
 }
 

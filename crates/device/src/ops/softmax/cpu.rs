@@ -10,7 +10,6 @@ use crate::ops::strided::copy_contiguous_into;
 use crate::ops::KernelFloat;
 use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Result};
-use rayon::prelude::*;
 
 /// Independent accumulators of a row's maximum and sum (the order of the reduction is fixed,
 /// so every instruction set gives the same bits).
@@ -87,11 +86,11 @@ pub fn softmax_last_dim<F: KernelFloat>(src: &[F], layout: &Layout, log: bool, o
         return;
     }
     let chosen = isa();
-    let row = |r: &mut [F]| softmax_row(chosen, r, log);
+    let row = |_: usize, r: &mut [F]| softmax_row(chosen, r, log);
     if out.len() > PARALLEL_THRESHOLD {
-        crate::threads::install(|| out.par_chunks_mut(d).for_each(row));
+        crate::threads::install(|| crate::ops::par::chunks_mut(out, d, &row));
     } else {
-        out.chunks_mut(d).for_each(row);
+        out.chunks_mut(d).for_each(|r| row(0, r));
     }
 }
 

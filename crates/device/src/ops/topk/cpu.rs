@@ -10,7 +10,6 @@ use crate::ops::strided::copy_contiguous_into;
 use crate::storage::with_slice;
 use crate::threads::PARALLEL_THRESHOLD;
 use crate::{CpuStorage, Result};
-use rayon::prelude::*;
 use std::cmp::Ordering;
 
 /// `a` against `b` in the family's order: NaN above every number, then by value.
@@ -67,22 +66,15 @@ pub fn top_k_into<T: Element>(
     }
     let mut dense = vec![src[0]; layout.numel()];
     copy_contiguous_into(src, layout, &mut dense);
-    let one =
-        |((row, vals), idx): ((&[T], &mut [T]), &mut [i64])| row_top_k(row, largest, vals, idx);
+    let one = |r: usize, vals: &mut [T], idx: &mut [i64]| {
+        row_top_k(&dense[r * d..][..d], largest, vals, idx)
+    };
     if dense.len() > PARALLEL_THRESHOLD {
-        crate::threads::install(|| {
-            dense
-                .par_chunks(d)
-                .zip(values.par_chunks_mut(k))
-                .zip(indices.par_chunks_mut(k))
-                .for_each(one)
-        });
+        crate::threads::install(|| crate::ops::par::chunks_mut_pair(values, k, indices, k, &one));
     } else {
-        dense
-            .chunks(d)
-            .zip(values.chunks_mut(k))
-            .zip(indices.chunks_mut(k))
-            .for_each(one);
+        for (r, (vals, idx)) in values.chunks_mut(k).zip(indices.chunks_mut(k)).enumerate() {
+            one(r, vals, idx);
+        }
     }
 }
 

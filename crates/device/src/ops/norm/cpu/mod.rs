@@ -25,6 +25,7 @@ use super::{
     SavedStats, SavedStatsMut,
 };
 use crate::ops::kernel_error::{check_len, KernelError};
+use crate::ops::par;
 use crate::ops::KernelFloat;
 use crate::Element;
 use half::{bf16, f16};
@@ -159,16 +160,13 @@ fn scale_shift<T: KernelFloat, X: NormElement<T>>(
     if output.is_empty() {
         return;
     }
-    output
-        .par_chunks_mut(shape.spatial)
-        .zip(input.par_chunks(shape.spatial))
-        .enumerate()
-        .for_each(|(block, (out, inp))| {
-            let (scale, shift) = scale_shift[block % shape.channels];
-            for (o, &x) in out.iter_mut().zip(inp) {
-                *o = X::narrow(x.widen() * scale + shift);
-            }
-        });
+    par::chunks_mut(output, shape.spatial, &|block, out| {
+        let (scale, shift) = scale_shift[block % shape.channels];
+        let inp = &input[block * shape.spatial..][..out.len()];
+        for (o, &x) in out.iter_mut().zip(inp) {
+            *o = X::narrow(x.widen() * scale + shift);
+        }
+    });
 }
 
 /// The per-channel `(scale, shift)` that normalises with `mean`/`rstd` and applies `affine`.
@@ -215,19 +213,16 @@ pub fn batch_norm_train_forward<T: KernelFloat, X: NormElement<T>>(
     }
     let n = count as f64;
     // (mean, biased variance) per channel.
-    let stats: Vec<(f64, f64)> = (0..channels)
-        .into_par_iter()
-        .map(|c| {
-            let sum: f64 = channel_blocks(input, shape, c)
-                .map(|b| blocked_sum(b, |v| v.widen().to_f64()))
-                .sum();
-            let mean = sum / n;
-            let squares: f64 = channel_blocks(input, shape, c)
-                .map(|b| blocked_sum(b, |v| (v.widen().to_f64() - mean).powi(2)))
-                .sum();
-            (mean, squares / n)
-        })
-        .collect();
+    let stats: Vec<(f64, f64)> = par::map(channels, &|c| {
+        let sum: f64 = channel_blocks(input, shape, c)
+            .map(|b| blocked_sum(b, |v| v.widen().to_f64()))
+            .sum();
+        let mean = sum / n;
+        let squares: f64 = channel_blocks(input, shape, c)
+            .map(|b| blocked_sum(b, |v| (v.widen().to_f64() - mean).powi(2)))
+            .sum();
+        (mean, squares / n)
+    });
     let mut coefficients = Vec::with_capacity(channels);
     for (c, &(mean, var)) in stats.iter().enumerate() {
         let rstd = 1.0 / (var + eps).sqrt();
@@ -291,24 +286,19 @@ fn batch_norm_backward<T: KernelFloat, X: NormElement<T>>(
     let channels = shape.channels;
     let n = shape.count() as f64;
     // (Σ dy, Σ dy * (x - mean)) per channel.
-    let sums: Vec<(f64, f64)> = (0..channels)
-        .into_par_iter()
-        .map(|c| {
-            let mut sum_dy = 0.0;
-            let mut sum_dy_xmu = 0.0;
-            for (dy, x) in
-                channel_blocks(grad_output, shape, c).zip(channel_blocks(input, shape, c))
-            {
-                let (s, sx) = blocked_sum2(dy, x, |dy, x| {
-                    let dy = dy.widen().to_f64();
-                    (dy, dy * (x.widen().to_f64() - mean[c]))
-                });
-                sum_dy += s;
-                sum_dy_xmu += sx;
-            }
-            (sum_dy, sum_dy_xmu)
-        })
-        .collect();
+    let sums: Vec<(f64, f64)> = par::map(channels, &|c| {
+        let mut sum_dy = 0.0;
+        let mut sum_dy_xmu = 0.0;
+        for (dy, x) in channel_blocks(grad_output, shape, c).zip(channel_blocks(input, shape, c)) {
+            let (s, sx) = blocked_sum2(dy, x, |dy, x| {
+                let dy = dy.widen().to_f64();
+                (dy, dy * (x.widen().to_f64() - mean[c]))
+            });
+            sum_dy += s;
+            sum_dy_xmu += sx;
+        }
+        (sum_dy, sum_dy_xmu)
+    });
     if let Some(gw) = grads.weight {
         for (c, g) in gw.iter_mut().enumerate() {
             *g = T::from_f64(sums[c].1 * rstd[c]);
@@ -338,17 +328,15 @@ fn batch_norm_backward<T: KernelFloat, X: NormElement<T>>(
             }
         })
         .collect();
-    gin.par_chunks_mut(shape.spatial)
-        .enumerate()
-        .for_each(|(block, gin)| {
-            let (a, b, k) = coefficients[block % channels];
-            let start = block * shape.spatial;
-            let dy = &grad_output[start..][..shape.spatial];
-            let x = &input[start..][..shape.spatial];
-            for ((g, &dy), &x) in gin.iter_mut().zip(dy).zip(x) {
-                *g = X::narrow(dy.widen() * a + x.widen() * b + k);
-            }
-        });
+    par::chunks_mut(gin, shape.spatial, &|block, gin| {
+        let (a, b, k) = coefficients[block % channels];
+        let start = block * shape.spatial;
+        let dy = &grad_output[start..][..shape.spatial];
+        let x = &input[start..][..shape.spatial];
+        for ((g, &dy), &x) in gin.iter_mut().zip(dy).zip(x) {
+            *g = X::narrow(dy.widen() * a + x.widen() * b + k);
+        }
+    });
 }
 
 /// Gradients of [`batch_norm_train_forward`] from its saved statistics.
@@ -505,7 +493,7 @@ pub fn layer_norm_backward<T: KernelFloat>(
                 &ones
             }
         };
-        gin.par_chunks_mut(cols).enumerate().for_each(|(row, gin)| {
+        par::chunks_mut(gin, cols, &|row, gin| {
             let (dy, x) = (
                 &grad_output[row * cols..][..cols],
                 &input[row * cols..][..cols],
@@ -517,18 +505,15 @@ pub fn layer_norm_backward<T: KernelFloat>(
         return Ok(());
     }
     // Per block of rows: Σ dy * xhat (weight) then Σ dy (bias), per column.
-    let partials: Vec<Vec<f64>> = (0..shape.rows.div_ceil(ROW_BLOCK))
-        .into_par_iter()
-        .map(|block| {
-            let rows = block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(shape.rows);
-            let block_stats: Vec<[f64; 2]> = rows.clone().map(stats).collect();
-            let span = rows.start * cols..rows.end * cols;
-            let mut acc = vec![0.0; 2 * cols];
-            let (dy, x) = (&grad_output[span.clone()], &input[span]);
-            layer_rows::param_grads_rows(isa, dy, x, &block_stats, &mut acc);
-            acc
-        })
-        .collect();
+    let partials: Vec<Vec<f64>> = par::map(shape.rows.div_ceil(ROW_BLOCK), &|block| {
+        let rows = block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(shape.rows);
+        let block_stats: Vec<[f64; 2]> = rows.clone().map(stats).collect();
+        let span = rows.start * cols..rows.end * cols;
+        let mut acc = vec![0.0; 2 * cols];
+        let (dy, x) = (&grad_output[span.clone()], &input[span]);
+        layer_rows::param_grads_rows(isa, dy, x, &block_stats, &mut acc);
+        acc
+    });
     let mut totals = vec![0.0; 2 * cols];
     for partial in partials {
         totals.iter_mut().zip(partial).for_each(|(t, p)| *t += p);
