@@ -121,11 +121,7 @@ pub fn map1_into<T: Copy + Sync, U: Copy + Send>(
     out: &mut [U],
     f: impl Fn(T) -> U + Sync,
 ) {
-    map1_into_on(src, layout, out, &f, |s, o| {
-        for (o, &v) in o.iter_mut().zip(s) {
-            *o = f(v);
-        }
-    })
+    map1_into_on(src, layout, out, &f, |s, o| dense_map1_body(s, o, &f))
 }
 
 /// [`map1_into`] with a dense input's loop compiled for this CPU's vector instructions
@@ -204,11 +200,7 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
     out: &mut [U],
     f: impl Fn(A, B) -> U + Sync,
 ) {
-    map2_on(a, b, out, &f, |x, y, o| {
-        for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
-            *o = f(x, y);
-        }
-    })
+    map2_on(a, b, out, &f, |x, y, o| dense_map2_body(x, y, o, &f))
 }
 
 /// [`map2`] with the loop over two dense operands compiled for this CPU's vector instructions
