@@ -4,7 +4,7 @@
 //! the JSON of its metadata, leaf by leaf), then read the ways the examples read it:
 //! `read_settings`, `take_checkpoint_settings`, `load_model` with `top_k` and `predict`,
 //! `resume`, and for some cases the resumed run itself. Every case must end in `Ok` or a typed
-//! error: no panic, no abort (run under `ulimit -v`, as CI does), no hang.
+//! error: no panic, no abort (the test caps its address space, as a `ulimit -v` would), no hang.
 //!
 //! Its own test binary, one test: the recipe seeds kiln's process-wide generator, so its runs
 //! must not overlap another test's in one process.
@@ -369,6 +369,7 @@ fn read_every_way(dir: &Path, png: &Path, f16: bool) -> Outcome {
 
 #[test]
 fn fuzz_training_checkpoints() {
+    kiln_testkit::limit_address_space(kiln_testkit::FUZZ_ADDRESS_SPACE_BYTES);
     let root = std::env::temp_dir().join(format!("kiln-fuzz-ckpt-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     // One epoch of two, so that a resumed run has one to train.

@@ -3,7 +3,7 @@
 //! or a hostile one (0, the top of its type, NaN and infinities, a dtype autocast cannot use, a
 //! batch larger than the data, a depth or width no memory holds, ...), on a small synthetic
 //! set. Every run must end in `Ok` or a typed error within the harness's time limit: no panic,
-//! no abort (run under `ulimit -v`, as CI does), no hang. A run the settings make valid trains
+//! no abort (the test caps its address space, as a `ulimit -v` would), no hang. A run the settings make valid trains
 //! one epoch at most (`stop_after`), so valid settings stay quick.
 //!
 //! Its own test binary, one test: the recipe seeds kiln's process-wide generator, so its runs
@@ -115,6 +115,7 @@ fn hostile_config(rng: &mut Rng, run_dir: &Path) -> TrainConfig {
 
 #[test]
 fn fuzz_train_settings() {
+    kiln_testkit::limit_address_space(kiln_testkit::FUZZ_ADDRESS_SPACE_BYTES);
     let root = std::env::temp_dir().join(format!("kiln-fuzz-train-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let run_dir = root.join("run");

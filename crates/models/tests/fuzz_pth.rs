@@ -187,6 +187,7 @@ fn kind(e: &PthError) -> &'static str {
 
 #[test]
 fn mutated_pth_files_never_panic_nor_allocate_much() {
+    kiln_testkit::limit_address_space(kiln_testkit::FUZZ_ADDRESS_SPACE_BYTES);
     let mut rng = Rng(0x5eed_0021);
     let (mut ok, mut err, mut pickle_cases) = (0usize, 0usize, 0usize);
     let mut slowest = Duration::ZERO;

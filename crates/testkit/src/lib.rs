@@ -9,6 +9,9 @@
 //! the rule is written only in [`close`] (and [`close_finite`] for comparisons that must fail
 //! on NaN).
 
+mod address_limit;
+pub use address_limit::{limit_address_space, FUZZ_ADDRESS_SPACE_BYTES};
+
 /// An absolute and a relative tolerance, `(atol, rtol)`.
 pub type Tol = (f64, f64);
 

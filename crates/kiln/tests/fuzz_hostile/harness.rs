@@ -5,7 +5,7 @@
 //! randomness); a panic in a check is caught and recorded with the case that caused it, so one
 //! run lists every panicking case; a case running past [`CASE_LIMIT`] is a hang: the watchdog
 //! prints the case and exits the process with status 3 (a stuck thread cannot be stopped), so
-//! CI counts it as a failure. An abort (an allocation the system refuses, under `ulimit -v`)
+//! CI counts it as a failure. An abort (an allocation the system refuses under the address-space limit [`run`] sets)
 //! ends the process by itself and fails the run too.
 
 use std::fmt::Debug;
@@ -127,6 +127,7 @@ pub fn run<I: Debug>(
     mut generate: impl FnMut(&mut Rng) -> I,
     mut check: impl FnMut(&I) -> Outcome,
 ) -> Report {
+    kiln_testkit::limit_address_space(kiln_testkit::FUZZ_ADDRESS_SPACE_BYTES);
     let seed = seed ^ seed_offset().wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut rng = Rng::new(seed);
     let current: Arc<Mutex<Option<(usize, Instant, String)>>> = Arc::new(Mutex::new(None));

@@ -7,11 +7,12 @@
 //! `GradScaler` flows checked against references. Each target runs a fixed number of cases
 //! from a fixed seed (the same cases on every run), fails on any panic (caught per case) or
 //! wrong result (checked against a reference where one exists), and exits the process on a
-//! case running past the harness's time limit. Run it alone, under a memory limit, so an
-//! allocation sized from input that slips through aborts instead of swapping:
+//! case running past the harness's time limit. The harness lowers the process's address-space
+//! limit to about 8 GB before the first case (`kiln_testkit::limit_address_space`), so an
+//! allocation sized from input that slips through aborts the run instead of swapping:
 //!
 //! ```text
-//! (ulimit -v 8000000; cargo test -p kiln --test fuzz_hostile -- --nocapture)
+//! cargo test -p kiln --test fuzz_hostile -- --nocapture
 //! ```
 //!
 //! `--nocapture` shows each target's counts (cases, accepted, refused, panics). For a longer

@@ -241,7 +241,7 @@ pub fn allocator_settings(seed: u64, cases: usize) {
             for &size in &sizes {
                 let raw = match alloc.allocate_raw(size, StreamId::DEFAULT) {
                     Ok(raw) => raw,
-                    // Under `ulimit -v` (CI's fuzz step) the address space of an expandable
+                    // Under the suite's address-space limit (the harness's) the address space of an expandable
                     // segment is refused, and the report must say that, not "memory".
                     Err(AllocError::OutOfMemory(r)) if r.address_space > 0 => {
                         assert!(r.to_string().contains("`ulimit -v`"), "{text:?}");
