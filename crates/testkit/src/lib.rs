@@ -1,13 +1,13 @@
 //! Numeric helpers for kiln's tests, written once: closeness with an absolute and a relative
 //! tolerance, errors in units in the last place, slice assertions that name the first bad
-//! index, a central finite-difference gradient check, and a check that an error message prints
-//! its numbers readably.
+//! index, a central finite-difference gradient check, a check that an error message prints
+//! its numbers readably, and the fuzz suites' cap on their own address space.
 //!
-//! Invariants: every helper works on plain `f64` values, closures or message text and depends
-//! on no kiln crate (each kiln crate's tests adapt their tensors or storages to it); a value
-//! `got` matches `want` within `(atol, rtol)` when `|got - want| <= atol + rtol * |want|`, and
-//! the rule is written only in [`close`] (and [`close_finite`] for comparisons that must fail
-//! on NaN).
+//! Invariants: every numeric helper works on plain `f64` values, closures or message text (the
+//! address-space cap on the test process itself), and none depends on a kiln crate (each kiln
+//! crate's tests adapt their tensors or storages to it); a value `got` matches `want` within
+//! `(atol, rtol)` when `|got - want| <= atol + rtol * |want|`, and the rule is written only in
+//! [`close`] (and [`close_finite`] for comparisons that must fail on NaN).
 
 mod address_limit;
 pub use address_limit::{limit_address_space, FUZZ_ADDRESS_SPACE_BYTES};

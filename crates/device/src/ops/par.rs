@@ -3,8 +3,9 @@
 //! A rayon chain such as `par_chunks_mut(n).enumerate().for_each(body)` is compiled again for
 //! every closure it runs (its jobs, joins and splitting code), and every kernel is generic over
 //! its element type: those copies made up about a third of this crate's LLVM IR. The loops here
-//! take the body as `&dyn Fn`, so each exists once per element type and a kernel pays one
-//! indirect call per chunk or index, which is always a row, a plane or a block of work.
+//! take the body as `&dyn Fn`, so each exists once per element type (and scratch type) and a
+//! kernel pays one indirect call per chunk or index, which is always a row, a plane or a block
+//! of work.
 //!
 //! Invariants: each helper runs on the current rayon pool (callers enter kiln's pool with
 //! [`crate::threads::install`] or already run on it), visits every chunk or index exactly once
