@@ -3,8 +3,8 @@
 //! or a hostile one (0, the top of its type, NaN and infinities, a dtype autocast cannot use, a
 //! batch larger than the data, a depth or width no memory holds, ...), on a small synthetic
 //! set. Every run must end in `Ok` or a typed error within the harness's time limit: no panic,
-//! no abort (the test caps its address space, as a `ulimit -v` would), no hang. A run the settings make valid trains
-//! one epoch at most (`stop_after`), so valid settings stay quick.
+//! no abort (the test caps its address space, as a `ulimit -v` would), no hang. A run the
+//! settings make valid trains one epoch at most (`stop_after`), so valid settings stay quick.
 //!
 //! Its own test binary, one test: the recipe seeds kiln's process-wide generator, so its runs
 //! must not overlap another test's in one process.

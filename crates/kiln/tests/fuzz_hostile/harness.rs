@@ -5,8 +5,8 @@
 //! randomness); a panic in a check is caught and recorded with the case that caused it, so one
 //! run lists every panicking case; a case running past [`CASE_LIMIT`] is a hang: the watchdog
 //! prints the case and exits the process with status 3 (a stuck thread cannot be stopped), so
-//! CI counts it as a failure. An abort (an allocation the system refuses under the address-space limit [`run`] sets)
-//! ends the process by itself and fails the run too.
+//! CI counts it as a failure. An abort (an allocation the system refuses under the
+//! address-space limit [`run`] sets) ends the process by itself and fails the run too.
 
 use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};

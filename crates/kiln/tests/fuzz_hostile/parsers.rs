@@ -241,8 +241,8 @@ pub fn allocator_settings(seed: u64, cases: usize) {
             for &size in &sizes {
                 let raw = match alloc.allocate_raw(size, StreamId::DEFAULT) {
                     Ok(raw) => raw,
-                    // Under the suite's address-space limit (the harness's) the address space of an expandable
-                    // segment is refused, and the report must say that, not "memory".
+                    // Under the address-space limit the harness sets, the address space of an
+                    // expandable segment is refused, and the report must say that, not "memory".
                     Err(AllocError::OutOfMemory(r)) if r.address_space > 0 => {
                         assert!(r.to_string().contains("`ulimit -v`"), "{text:?}");
                         return Outcome::Refused;
