@@ -8,7 +8,8 @@
 //! of work.
 //!
 //! Invariants: each helper runs on the current rayon pool (callers enter kiln's pool with
-//! [`crate::threads::install`] or already run on it), visits every chunk or index exactly once
+//! [`crate::threads::install`] or already run on it; the `_if` forms enter it themselves, and
+//! only when told to run in parallel), visits every chunk or index exactly once
 //! with its position, and splits exactly as the rayon chain named in its doc, so kernels keep
 //! their chunking; [`map`] returns results in index order.
 
@@ -76,6 +77,42 @@ pub(crate) fn chunks_mut_pair_with<A: Send, B: Send, S>(
         .zip(b.par_chunks_mut(b_size))
         .enumerate()
         .for_each_init(init, |s, (i, (a, b))| body(s, i, a, b));
+}
+
+/// [`chunks_mut`] on kiln's pool when `parallel`, else the same chunks in order on this thread:
+/// the branch a kernel takes on its size (usually above [`crate::threads::PARALLEL_THRESHOLD`]).
+pub(crate) fn chunks_mut_if<T: Send>(
+    parallel: bool,
+    data: &mut [T],
+    size: usize,
+    body: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    if parallel {
+        crate::threads::install(|| chunks_mut(data, size, body));
+    } else {
+        for (i, chunk) in data.chunks_mut(size).enumerate() {
+            body(i, chunk);
+        }
+    }
+}
+
+/// [`chunks_mut_pair`] on kiln's pool when `parallel`, else the same pairs of chunks in order on
+/// this thread, as [`chunks_mut_if`].
+pub(crate) fn chunks_mut_pair_if<A: Send, B: Send>(
+    parallel: bool,
+    a: &mut [A],
+    a_size: usize,
+    b: &mut [B],
+    b_size: usize,
+    body: &PairBody<'_, A, B>,
+) {
+    if parallel {
+        crate::threads::install(|| chunks_mut_pair(a, a_size, b, b_size, body));
+    } else {
+        for (i, (a, b)) in a.chunks_mut(a_size).zip(b.chunks_mut(b_size)).enumerate() {
+            body(i, a, b);
+        }
+    }
 }
 
 /// `f(i)` for every `i` in `0..n`, in index order: `(0..n).into_par_iter().map(f).collect()`.
@@ -149,6 +186,51 @@ mod tests {
         assert!(b.iter().enumerate().all(|(k, &v)| v == k / 5));
         // a scratch per task, not per chunk (200 chunks in all)
         assert!(made.load(Ordering::Relaxed) < 200, "{made:?}");
+    }
+
+    #[test]
+    fn the_if_forms_visit_the_same_chunks_in_parallel_or_in_order_on_this_thread() {
+        use std::sync::Mutex;
+        for parallel in [false, true] {
+            let seen = Mutex::new(Vec::new());
+            let caller = std::thread::current().id();
+            let mut data = vec![0usize; 1003];
+            chunks_mut_if(parallel, &mut data, 10, &|i, chunk| {
+                seen.lock()
+                    .unwrap()
+                    .push((i, std::thread::current().id() == caller));
+                chunk
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, v)| *v = i * 10 + j);
+            });
+            assert!(data.iter().enumerate().all(|(k, &v)| v == k));
+            let mut seen = seen.into_inner().unwrap();
+            if !parallel {
+                // in order, on the calling thread
+                assert!(seen
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &(i, here))| i == k && here));
+            }
+            seen.sort();
+            assert_eq!(seen.len(), 101);
+            assert!(seen.iter().enumerate().all(|(k, &(i, _))| i == k));
+
+            let pairs = Mutex::new(Vec::new());
+            let (mut a, mut b) = (vec![0usize; 9], vec![0usize; 8]);
+            chunks_mut_pair_if(parallel, &mut a, 3, &mut b, 4, &|i, a, b| {
+                pairs.lock().unwrap().push(i);
+                a.fill(i + 1);
+                b.fill(i + 1);
+            });
+            // b has two chunks of 4, so a's third chunk of 3 is not visited
+            assert_eq!(a, [1, 1, 1, 2, 2, 2, 0, 0, 0]);
+            assert_eq!(b, [1, 1, 1, 1, 2, 2, 2, 2]);
+            let mut pairs = pairs.into_inner().unwrap();
+            pairs.sort();
+            assert_eq!(pairs, [0, 1]);
+        }
     }
 
     #[test]

@@ -15,7 +15,6 @@ use crate::dtype::Element;
 use crate::layout::{Layout, StridedIndex};
 use crate::ops::simd::{isa, simd_dispatch};
 use crate::threads::PARALLEL_THRESHOLD;
-use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 13;
 
@@ -37,9 +36,7 @@ pub(crate) fn fill_chunks_parallel<U: Send>(
     body: &(dyn Fn(usize, &mut [U]) + Sync),
 ) {
     crate::threads::install(|| {
-        out.par_chunks_mut(chunk_len)
-            .enumerate()
-            .for_each(|(i, chunk)| body(i * chunk_len, chunk))
+        super::par::chunks_mut(out, chunk_len, &|i, chunk| body(i * chunk_len, chunk))
     });
 }
 

@@ -36,13 +36,8 @@ const LANES: usize = 8;
 /// parallel when `out` is large.
 fn in_parts<T: Element>(out: &mut [T], offset: u64, fill: impl Fn(&mut [T], u64) + Sync) {
     let each = |c: usize, part: &mut [T]| fill(part, offset.wrapping_add((c * CHUNK) as u64));
-    if out.len() > PARALLEL_THRESHOLD {
-        crate::threads::install(|| crate::ops::par::chunks_mut(out, CHUNK, &each));
-    } else {
-        for (c, part) in out.chunks_mut(CHUNK).enumerate() {
-            each(c, part);
-        }
-    }
+    let parallel = out.len() > PARALLEL_THRESHOLD;
+    crate::ops::par::chunks_mut_if(parallel, out, CHUNK, &each);
 }
 
 /// A distribution drawn from one Philox block: its value is always inlined, so a block of

@@ -87,11 +87,8 @@ pub fn softmax_last_dim<F: KernelFloat>(src: &[F], layout: &Layout, log: bool, o
     }
     let chosen = isa();
     let row = |_: usize, r: &mut [F]| softmax_row(chosen, r, log);
-    if out.len() > PARALLEL_THRESHOLD {
-        crate::threads::install(|| crate::ops::par::chunks_mut(out, d, &row));
-    } else {
-        out.chunks_mut(d).for_each(|r| row(0, r));
-    }
+    let parallel = out.len() > PARALLEL_THRESHOLD;
+    crate::ops::par::chunks_mut_if(parallel, out, d, &row);
 }
 
 impl SoftmaxOps for CpuStorage {

@@ -69,13 +69,9 @@ pub fn top_k_into<T: Element>(
     let one = |r: usize, vals: &mut [T], idx: &mut [i64]| {
         row_top_k(&dense[r * d..][..d], largest, vals, idx)
     };
-    if dense.len() > PARALLEL_THRESHOLD {
-        crate::threads::install(|| crate::ops::par::chunks_mut_pair(values, k, indices, k, &one));
-    } else {
-        for (r, (vals, idx)) in values.chunks_mut(k).zip(indices.chunks_mut(k)).enumerate() {
-            one(r, vals, idx);
-        }
-    }
+    // parallel on the input's size: each row reads `d` elements to write `k`
+    let parallel = dense.len() > PARALLEL_THRESHOLD;
+    crate::ops::par::chunks_mut_pair_if(parallel, values, k, indices, k, &one);
 }
 
 impl TopkOps for CpuStorage {
