@@ -1,17 +1,20 @@
 //! Single images in and out: PNG/JPEG files to a normalised `[C, H, W]` tensor for inference
 //! (`predict`), and dataset samples to PNG (`save_png`, `image_grid`) for docs and debugging.
 //!
-//! Decoding is the `image` crate (PNG and JPEG only). A file's pixels become 8-bit HWC, then CHW
-//! `f32` in `[0, 1]`, then normalised, as torchvision's `ToTensor` + `Normalize`. Nothing is
-//! changed silently: a size or channel count the model does not take is an error naming both,
-//! unless the caller asks for the fix ([`ImageOptions`]). The channel conversions are fixed and
-//! documented: gray to RGB repeats the gray plane; alpha is dropped, not composited (PIL's
-//! `convert("RGB")`); RGB to gray is PIL's `L` (ITU-R 601-2 luma, 299/587/114 per mille).
+//! Decoding is `image_codec` (PNG and JPEG only). A file's pixels become 8-bit HWC, are
+//! converted to the model's channel count, resized with Pillow's bilinear filter
+//! ([`crate::resize_bilinear`]), then become CHW `f32` in `[0, 1]` and are normalised: what
+//! torchvision's `Image.open(p).convert(mode)`, `Resize`, `ToTensor` and `Normalize` do. Nothing
+//! is changed silently: a size or channel count the model does not take is an error naming
+//! both, unless the caller asks for the fix ([`ImageOptions`]). The channel conversions are
+//! fixed and documented: gray to RGB repeats the gray plane; alpha is dropped, not composited
+//! (PIL's `convert("RGB")`); RGB to gray is PIL's `L` (ITU-R 601-2 luma, 299/587/114 per mille).
 
 use crate::error::{Error, Result};
+use crate::image_codec::{self, Decoded};
 use crate::memory;
+use crate::resize::resize_bilinear;
 use crate::transforms::{push_f32, Normalize};
-use image::{imageops::FilterType, ColorType, DynamicImage, ImageFormat, ImageReader};
 use kiln_autograd::{Device, Tensor};
 use std::path::Path;
 
@@ -20,7 +23,7 @@ use std::path::Path;
 pub struct ImageOptions {
     /// Convert gray/gray+alpha/RGB/RGBA to the model's channel count (see the module docs).
     pub convert_channels: bool,
-    /// Resize to the model's height and width (bilinear, aspect ratio not kept).
+    /// Resize to the model's height and width (Pillow's bilinear, aspect ratio not kept).
     pub resize: bool,
 }
 
@@ -32,60 +35,47 @@ fn channels_word(c: usize) -> &'static str {
     }
 }
 
-fn decode(path: &Path) -> Result<DynamicImage> {
-    let image_err = |msg: String| Error::Image {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let reader = ImageReader::open(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = reader
-        .with_guessed_format()
-        .map_err(|e| image_err(format!("cannot read the file: {e}")))?;
-    reader.decode().map_err(|e| {
-        image_err(format!(
-            "cannot decode the image ({e}); kiln reads PNG and JPEG files"
-        ))
-    })
-}
-
 /// Reads a PNG or JPEG as 8-bit CHW bytes with its own channel count (1 gray, 2 gray+alpha,
 /// 3 RGB, 4 RGBA): `(pixels, [C, H, W])`.
 pub fn read_image(path: impl AsRef<Path>) -> Result<(Vec<u8>, [usize; 3])> {
-    let img = decode(path.as_ref())?;
-    to_chw(&img, img.color().channel_count() as usize)
+    let img = image_codec::decode(path.as_ref())?;
+    let shape = [img.height, img.width, img.channels];
+    Ok((
+        hwc_to_chw(&img.hwc, shape)?,
+        [img.channels, img.height, img.width],
+    ))
 }
 
-/// `img` as CHW bytes with `c` channels (1..=4), converting as the module docs say.
-fn to_chw(img: &DynamicImage, c: usize) -> Result<(Vec<u8>, [usize; 3])> {
-    let (w, h) = (img.width() as usize, img.height() as usize);
-    let src = img.color().channel_count() as usize;
-    let hwc: Vec<u8> = match (src, c) {
-        (1 | 2, 1) => img.to_luma8().into_raw(),
-        (3 | 4, 1) => img
-            .to_rgb8()
-            .pixels()
-            .map(|p| {
-                let [r, g, b] = p.0.map(|v| v as u32);
-                ((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8
-            })
-            .collect(),
-        (1 | 2, 2) => img.to_luma_alpha8().into_raw(),
-        (_, 2) => {
-            let rgba = img.to_rgba8();
-            rgba.pixels()
-                .flat_map(|p| {
-                    let [r, g, b, a] = p.0.map(|v| v as u32);
-                    [((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8, a as u8]
-                })
-                .collect()
+/// `img`'s HWC bytes with `c` channels (1..=4), converting as the module docs say.
+fn with_channels(img: Decoded, c: usize, what: &str, fix: &str) -> Result<Vec<u8>> {
+    let src = img.channels;
+    if src == c {
+        return Ok(img.hwc);
+    }
+    let pixels = img.hwc.len() / src;
+    let len = memory::checked_size("load_image", what, &[pixels, c], fix)?;
+    let mut out = memory::filled("load_image", what, len, 0u8, fix)?;
+    for (px, dst) in img.hwc.chunks_exact(src).zip(out.chunks_exact_mut(c)) {
+        let (rgb, alpha) = match src {
+            1 => ([px[0]; 3], 255),
+            2 => ([px[0]; 3], px[1]),
+            3 => ([px[0], px[1], px[2]], 255),
+            _ => ([px[0], px[1], px[2]], px[3]),
+        };
+        let gray = if src <= 2 {
+            px[0]
+        } else {
+            let [r, g, b] = rgb.map(u32::from);
+            ((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8
+        };
+        match c {
+            1 => dst[0] = gray,
+            2 => dst.copy_from_slice(&[gray, alpha]),
+            3 => dst.copy_from_slice(&rgb),
+            _ => dst.copy_from_slice(&[rgb[0], rgb[1], rgb[2], alpha]),
         }
-        (_, 3) => img.to_rgb8().into_raw(), // gray repeats; alpha dropped
-        _ => img.to_rgba8().into_raw(),
-    };
-    Ok((hwc_to_chw(&hwc, [h, w, c])?, [c, h, w]))
+    }
+    Ok(out)
 }
 
 /// Reorders HWC bytes (`shape` = `[H, W, C]`) to CHW. Errors when `hwc` does not hold exactly
@@ -130,8 +120,8 @@ pub fn load_image(
             format!("expected input {ec}x{eh}x{ew} is not an image shape; pass [C, H, W] with C in 1..=4"),
         ));
     }
-    // The model's input must fit `resize_exact`'s u32 sides and this machine's memory: the
-    // resize holds the image as RGBA f32 (16 bytes a pixel) twice, then the tensor (4 a value).
+    // The model's input must be a size an image file can have (PNG's sides are u32, JPEG's
+    // u16) and fit this machine's memory: the resized bytes (1 a value), then the tensor (4).
     let fix = format!(
         "a {ec}x{eh}x{ew} input is larger than this machine can hold; pass the model's real \
          input size"
@@ -146,7 +136,7 @@ pub fn load_image(
         ));
     }
     let what = format!("a {ec}x{eh}x{ew} image");
-    let bytes = memory::checked_size("load_image", &what, &[eh, ew, 16 * 2 + 4 * ec], &fix)?;
+    let bytes = memory::checked_size("load_image", &what, &[eh, ew, 5 * ec], &fix)?;
     memory::check_fits("load_image", &what, bytes, &fix)?;
     if let Some(n) = normalize {
         if n.channels() != ec {
@@ -160,9 +150,8 @@ pub fn load_image(
             ));
         }
     }
-    let mut img = decode(path)?;
-    let (h, w) = (img.height() as usize, img.width() as usize);
-    let c = img.color().channel_count() as usize;
+    let img = image_codec::decode(path)?;
+    let (h, w, c) = (img.height, img.width, img.channels);
     let wrong_size = (h, w) != (eh, ew) && !options.resize;
     let wrong_channels = c != ec && !options.convert_channels;
     if wrong_size || wrong_channels {
@@ -186,10 +175,12 @@ pub fn load_image(
             fix: fixes.join(", and "),
         });
     }
+    let hwc = with_channels(img, ec, &what, &fix)?;
+    let mut chw = hwc_to_chw(&hwc, [h, w, ec])?;
+    drop(hwc);
     if (h, w) != (eh, ew) {
-        img = img.resize_exact(ew as u32, eh as u32, FilterType::Triangle);
+        chw = resize_bilinear(&chw, [ec, h, w], [eh, ew])?;
     }
-    let (chw, _) = to_chw(&img, ec)?;
     let mut data = Vec::new();
     data.try_reserve_exact(chw.len())
         .map_err(|_| memory::overflow("load_image", &what, &fix))?;
@@ -201,18 +192,12 @@ pub fn load_image(
 pub fn save_png(path: impl AsRef<Path>, chw: &[u8], shape: [usize; 3]) -> Result<()> {
     let path = path.as_ref();
     let [c, h, w] = shape;
-    let color = match c {
-        1 => ColorType::L8,
-        2 => ColorType::La8,
-        3 => ColorType::Rgb8,
-        4 => ColorType::Rgba8,
-        _ => {
-            return Err(crate::error::arg_err(
-                "save_png",
-                format!("{c} channels; PNG holds 1 (gray), 2, 3 (RGB) or 4 (RGBA)"),
-            ))
-        }
-    };
+    if !(1..=4).contains(&c) {
+        return Err(crate::error::arg_err(
+            "save_png",
+            format!("{c} channels; PNG holds 1 (gray), 2, 3 (RGB) or 4 (RGBA)"),
+        ));
+    }
     let n = memory::image_len("save_png", shape)?;
     if chw.len() != n {
         return Err(crate::error::arg_err(
@@ -229,16 +214,18 @@ pub fn save_png(path: impl AsRef<Path>, chw: &[u8], shape: [usize; 3]) -> Result
             hwc[i * c + ch] = chw[ch * h * w + i];
         }
     }
-    image::save_buffer_with_format(path, &hwc, w as u32, h as u32, color, ImageFormat::Png).map_err(
-        |e| Error::Write {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-            source: match e {
-                image::ImageError::IoError(io) => Some(io),
-                _ => None,
-            },
-        },
-    )
+    let side = |n: usize| {
+        u32::try_from(n).map_err(|_| {
+            crate::error::arg_err(
+                "save_png",
+                format!(
+                    "a {c}x{h}x{w} image has a side beyond PNG's {} pixels",
+                    u32::MAX
+                ),
+            )
+        })
+    };
+    image_codec::write_png(path, &hwc, side(h)?, side(w)?, c)
 }
 
 /// Tiles same-shape CHW `images` into one CHW image, `cols` per row, `gap` pixels of `fill`

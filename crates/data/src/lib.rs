@@ -15,7 +15,8 @@
 //! - [`DataSource`]: the training example's `--data` flag (`synthetic`, `mnist:DIR`,
 //!   `cifar10:DIR`) with each source's validation split, normalisation and augmentation.
 //! - [`load_image`] / [`save_png`]: one PNG/JPEG in as a normalised `[C, H, W]` tensor (for
-//!   `predict`), samples out as PNG.
+//!   `predict`), samples out as PNG; [`resize_bilinear`]: Pillow's bilinear resize, byte for
+//!   byte.
 //!
 //! ```no_run
 //! use kiln_data::{synthetic, DataLoader, DataLoaderConfig, Normalize, Augment};
@@ -42,9 +43,11 @@
 mod dataset;
 mod error;
 mod files;
+mod image_codec;
 mod image_io;
 mod loader;
 mod memory;
+mod resize;
 mod rng;
 mod sampler;
 mod source;
@@ -58,6 +61,7 @@ pub use dataset::{ImageDataset, Split};
 pub use error::{Error, Result};
 pub use image_io::{hwc_to_chw, image_grid, load_image, read_image, save_png, ImageOptions};
 pub use loader::{Batch, DataLoader, DataLoaderConfig, EpochIter, LoaderState};
+pub use resize::resize_bilinear;
 pub use sampler::DistributedSampler;
 pub use source::DataSource;
 pub use transforms::{Augment, Normalize};

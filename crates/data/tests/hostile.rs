@@ -202,3 +202,68 @@ fn image_shapes_that_overflow_are_errors() {
     let e = e.unwrap_err().to_string();
     assert!(e.contains("(needs more than can be addressed)"), "{e}");
 }
+
+/// A small file whose header claims a huge image is refused from its header, before any pixel
+/// buffer is allocated (the `image` crate's 512 MiB limit, kept when kiln began decoding with
+/// `png` and `zune-jpeg` directly).
+#[test]
+fn files_claiming_huge_images_are_refused_from_the_header() {
+    fn chunk(kind: &[u8], data: &[u8]) -> Vec<u8> {
+        let mut c = (data.len() as u32).to_be_bytes().to_vec();
+        c.extend_from_slice(kind);
+        c.extend_from_slice(data);
+        let mut crc = kind.to_vec();
+        crc.extend_from_slice(data);
+        c.extend_from_slice(&crc32(&crc).to_be_bytes());
+        c
+    }
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xedb8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-huge-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // 60000 x 60000 RGBA: 13.4 GiB decoded, from a 65-byte file whose pixel data is an empty
+    // zlib stream
+    let mut ihdr = 60_000u32.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&60_000u32.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 6, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(chunk(b"IHDR", &ihdr));
+    png.extend(chunk(b"IDAT", &[0x78, 0x9c, 0x03, 0, 0, 0, 0, 1]));
+    png.extend(chunk(b"IEND", &[]));
+    let path = dir.join("huge.png");
+    std::fs::write(&path, &png).unwrap();
+    let msg = kiln_data::read_image(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains("60000x60000 with 4 channel(s), more than the 512 MiB"),
+        "{msg}"
+    );
+    kiln_testkit::assert_readable(&msg);
+    // The gray JPEG fixture with its frame header's sides set to 65535 (4 GiB decoded).
+    let mut jpeg = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/flat_gray.jpg"
+    ))
+    .unwrap();
+    let sof = jpeg.windows(2).position(|m| m == [0xff, 0xc0]).unwrap();
+    jpeg[sof + 5..sof + 9].copy_from_slice(&[0xff; 4]);
+    let path = dir.join("huge.jpg");
+    std::fs::write(&path, &jpeg).unwrap();
+    let msg = kiln_data::read_image(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains("65535x65535 with 1 channel(s), more than the 512 MiB"),
+        "{msg}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

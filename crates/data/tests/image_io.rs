@@ -2,7 +2,8 @@
 
 use kiln_autograd::Device;
 use kiln_data::{
-    image_grid, load_image, read_image, save_png, synthetic, ImageOptions, Normalize, Split,
+    image_grid, load_image, read_image, resize_bilinear, save_png, synthetic, ImageOptions,
+    Normalize, Split,
 };
 use std::path::PathBuf;
 
@@ -115,21 +116,141 @@ fn rgba_drops_alpha_and_rgb_to_gray_is_luma() {
     assert!((gray.to_vec::<f32>().unwrap()[0] - 124.0 / 255.0).abs() < 1e-6);
 }
 
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// A `[C, H, W]` nested list of a fixture file, flattened.
+fn flat(v: &serde_json::Value) -> Vec<u8> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<u8>) {
+        match v {
+            serde_json::Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            n => out.push(u8::try_from(n.as_u64().unwrap()).unwrap()),
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, &mut out);
+    out
+}
+
+fn dims<const N: usize>(v: &serde_json::Value) -> [usize; N] {
+    let d: Vec<usize> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
+    d.try_into().unwrap()
+}
+
 #[test]
 fn jpeg_decodes_and_garbage_is_a_clear_error() {
-    let dir = temp_dir("jpeg");
-    // A flat 16x16 gray JPEG decodes back to (nearly) the same value.
-    let path = dir.join("flat.jpg");
-    let img = image::GrayImage::from_pixel(16, 16, image::Luma([90u8]));
-    img.save(&path).unwrap();
-    let (px, shape) = read_image(&path).unwrap();
+    // A flat 16x16 gray JPEG (Pillow, quality 90) decodes back to (nearly) its value.
+    let (px, shape) = read_image(fixture("flat_gray.jpg")).unwrap();
     assert_eq!(shape, [1, 16, 16]);
-    assert!(px.iter().all(|&v| v.abs_diff(90) <= 2), "{px:?}");
+    assert!(px.iter().all(|&v| v.abs_diff(90) <= 1), "{px:?}");
+    let dir = temp_dir("jpeg");
     let bad = dir.join("bad.png");
     std::fs::write(&bad, b"not an image at all").unwrap();
     let msg = read_image(&bad).unwrap_err().to_string();
     assert!(msg.contains("bad.png: cannot decode the image"), "{msg}");
     assert!(msg.contains("PNG and JPEG"), "{msg}");
+    // A PNG signature followed by garbage is a decoder error, not a panic.
+    std::fs::write(&bad, b"\x89PNG\r\n\x1a\nnot really").unwrap();
+    let msg = read_image(&bad).unwrap_err().to_string();
+    assert!(msg.contains("cannot decode the image"), "{msg}");
+}
+
+#[test]
+fn rgb_jpeg_decodes_as_pillow_does_within_a_step() {
+    let want: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/pattern_jpg.json")).unwrap();
+    let (px, shape) = read_image(fixture("pattern.jpg")).unwrap();
+    assert_eq!(shape, dims::<3>(&want["shape"]));
+    let want = flat(&want["pixels"]);
+    assert_eq!(px.len(), want.len());
+    // libjpeg (Pillow's) and zune-jpeg round their IDCT and chroma upsampling differently, the
+    // most in the last column, where the 4:2:0 chroma is upsampled at the image's edge: two
+    // thirds of the samples are equal here and the rest a few steps off.
+    let diff: Vec<u8> = px.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).collect();
+    let worst = diff.iter().max().copied().unwrap_or(0);
+    let mean = diff.iter().map(|&d| f64::from(d)).sum::<f64>() / diff.len() as f64;
+    assert!(worst <= 8 && mean < 0.75, "worst {worst}, mean {mean}");
+}
+
+#[test]
+fn png_palette_transparency_and_sixteen_bit_samples_expand_to_bytes() {
+    // index 0 opaque red, index 1 green made transparent by tRNS
+    let (px, shape) = read_image(fixture("palette_trns.png")).unwrap();
+    assert_eq!(shape, [4, 1, 2]);
+    assert_eq!(px, [255, 0, 0, 255, 0, 0, 255, 0]);
+    // 16-bit samples round to the nearest byte: (v + 128) / 257
+    let (px, shape) = read_image(fixture("gray16.png")).unwrap();
+    assert_eq!(shape, [1, 1, 6]);
+    assert_eq!(px, [0, 0, 1, 2, 128, 255]);
+}
+
+#[test]
+fn resize_bilinear_equals_pillow_byte_for_byte() {
+    let cases: Vec<serde_json::Value> =
+        serde_json::from_str(include_str!("fixtures/pil_resize.json")).unwrap();
+    let mut checked = 0;
+    for case in &cases {
+        let shape = dims::<3>(&case["shape"]);
+        let input = flat(&case["input"]);
+        for r in case["resized"].as_array().unwrap() {
+            let size = dims::<2>(&r["size"]);
+            let got = resize_bilinear(&input, shape, size).unwrap();
+            assert_eq!(got, flat(&r["output"]), "{shape:?} -> {size:?}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 11);
+}
+
+#[test]
+fn resize_bilinear_refuses_wrong_lengths_and_empty_sides() {
+    let msg = resize_bilinear(&[0; 5], [1, 2, 3], [4, 4])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("5 bytes of a 1x2x3 image") && msg.contains("needs 6"),
+        "{msg}"
+    );
+    let msg = resize_bilinear(&[0; 6], [1, 2, 3], [0, 4])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("at least one pixel"), "{msg}");
+    kiln_testkit::assert_readable(&msg);
+}
+
+#[test]
+fn load_image_resizes_as_pillow_after_converting_channels() {
+    // An RGB file loaded as gray and resized: Pillow's `convert("L")` (the luma above) then
+    // its bilinear resize of the gray plane.
+    let dir = temp_dir("resize");
+    let path = dir.join("rgb.png");
+    let (rgb, _) = synthetic::render(1, Split::Train, 0);
+    save_png(&path, &rgb, [3, 32, 32]).unwrap();
+    let opts = ImageOptions {
+        convert_channels: true,
+        resize: true,
+    };
+    let t = load_image(&path, [1, 20, 45], opts, None, Device::Cpu).unwrap();
+    let gray: Vec<u8> = (0..32 * 32)
+        .map(|i| {
+            let [r, g, b] = [0, 1, 2].map(|c| u32::from(rgb[c * 1024 + i]));
+            ((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8
+        })
+        .collect();
+    let want = resize_bilinear(&gray, [1, 32, 32], [20, 45]).unwrap();
+    let got = t.to_vec::<f32>().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - f32::from(*b) / 255.0).abs() < 1e-6);
+    }
 }
 
 #[test]

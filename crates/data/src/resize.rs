@@ -1,0 +1,146 @@
+//! Bilinear resize of 8-bit images, equal byte for byte to Pillow's `Image.resize(size,
+//! BILINEAR)`, which torchvision's `Resize` calls on PIL images.
+//!
+//! Invariants (Pillow's convolution resampling, the semantics of its `Resample.c`, written anew):
+//! - Each side is resampled on its own, the width first, and only when its size changes. The
+//!   width pass writes 8-bit rows, which the height pass reads.
+//! - Output sample `i` of a side of `n_in` samples resized to `n_out` is centred at
+//!   `(i + 0.5) * scale` with `scale = n_in / n_out`. The triangle filter's support widens
+//!   by `max(scale, 1)` when shrinking, so every input sample under it counts (antialiasing);
+//!   its weights are cut at the image's edge and renormalised to sum to one.
+//! - Weights are rounded to fixed point with 22 fraction bits; a sample is the rounded fixed-point
+//!   sum, clamped to 0..=255. Every channel is resampled alone, alpha included (Pillow
+//!   premultiplies RGBA and LA; kiln resizes after converting to the model's channels, so
+//!   only a model that takes alpha sees the difference).
+
+use crate::error::Result;
+use crate::memory;
+
+/// Fraction bits of the fixed-point weights: 32 bits less the 8 of a sample and 2 of headroom.
+const PRECISION_BITS: u32 = 32 - 8 - 2;
+
+/// Where each output sample of one side reads, and with what weights.
+struct SideWeights {
+    /// `(first input sample, count)` per output sample.
+    spans: Vec<(usize, usize)>,
+    /// `max_count` fixed-point weights per output sample (the first `count` used).
+    weights: Vec<i32>,
+    max_count: usize,
+}
+
+/// The triangle (bilinear) filter, support 1.
+fn triangle(x: f64) -> f64 {
+    let x = x.abs();
+    if x < 1.0 {
+        1.0 - x
+    } else {
+        0.0
+    }
+}
+
+fn side_weights(n_in: usize, n_out: usize) -> SideWeights {
+    let scale = n_in as f64 / n_out as f64;
+    let filter_scale = scale.max(1.0);
+    let support = filter_scale; // the triangle's support (1) widened when shrinking
+    let inv = 1.0 / filter_scale; // multiplied, not divided by, as Pillow does (same rounding)
+    let max_count = (support.ceil() as usize) * 2 + 1;
+    let mut spans = Vec::with_capacity(n_out);
+    let mut weights = vec![0i32; n_out * max_count];
+    let mut raw = vec![0f64; max_count];
+    for (i, row) in weights.chunks_exact_mut(max_count).enumerate() {
+        let center = (i as f64 + 0.5) * scale;
+        // truncation toward zero, as a C cast, then clamped to the side
+        let first = ((center - support + 0.5) as i64).max(0) as usize;
+        let end = ((center + support + 0.5) as i64).clamp(0, n_in as i64) as usize;
+        let count = end.saturating_sub(first).min(max_count);
+        let mut total = 0.0;
+        for (t, w) in raw[..count].iter_mut().enumerate() {
+            *w = triangle(((first + t) as f64 - center + 0.5) * inv);
+            total += *w;
+        }
+        for (slot, &w) in row.iter_mut().zip(&raw[..count]) {
+            let w = if total != 0.0 { w / total } else { w };
+            let fixed = w * f64::from(1u32 << PRECISION_BITS);
+            *slot = (fixed + if w < 0.0 { -0.5 } else { 0.5 }) as i32;
+        }
+        spans.push((first, count));
+    }
+    SideWeights {
+        spans,
+        weights,
+        max_count,
+    }
+}
+
+/// The fixed-point sum of one output sample, rounded and clamped to a byte.
+fn clamp_sample(sum: i64) -> u8 {
+    (sum >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+/// One output sample: `weights` over `count` inputs read `step` apart from `at`.
+fn sample(src: &[u8], at: usize, step: usize, weights: &[i32]) -> u8 {
+    let mut sum = 1i64 << (PRECISION_BITS - 1);
+    for (t, &w) in weights.iter().enumerate() {
+        sum += i64::from(src[at + t * step]) * i64::from(w);
+    }
+    clamp_sample(sum)
+}
+
+/// Resizes CHW bytes of `shape` (`[C, H, W]`) to `size` (`[H', W']`) with Pillow's bilinear
+/// filter (see the module docs): the `[C, H', W']` bytes. Errors when `chw` does not hold
+/// `C * H * W` bytes, a side is zero, or the result would not fit in memory.
+pub fn resize_bilinear(chw: &[u8], shape: [usize; 3], size: [usize; 2]) -> Result<Vec<u8>> {
+    let [c, h, w] = shape;
+    let [oh, ow] = size;
+    let n = memory::image_len("resize_bilinear", shape)?;
+    if chw.len() != n || h == 0 || w == 0 || oh == 0 || ow == 0 || c == 0 {
+        return Err(crate::error::arg_err(
+            "resize_bilinear",
+            format!(
+                "{} bytes of a {c}x{h}x{w} image resized to {oh}x{ow}; pass CHW bytes of that \
+                 shape (needs {n}) and sides of at least one pixel",
+                chw.len()
+            ),
+        ));
+    }
+    let what = format!("a {c}x{h}x{w} image resized to {oh}x{ow}");
+    let fix = "resize to a smaller size";
+    let mid_len = memory::checked_size("resize_bilinear", &what, &[c, h, ow], fix)?;
+    let out_len = memory::checked_size("resize_bilinear", &what, &[c, oh, ow], fix)?;
+    memory::check_fits(
+        "resize_bilinear",
+        &what,
+        mid_len.saturating_add(out_len),
+        fix,
+    )?;
+    // width pass: [C, H, W] -> [C, H, W']
+    let mid = if ow == w {
+        chw.to_vec()
+    } else {
+        let side = side_weights(w, ow);
+        let mut mid = memory::filled("resize_bilinear", &what, mid_len, 0u8, fix)?;
+        for (row_in, row_out) in chw.chunks_exact(w).zip(mid.chunks_exact_mut(ow)) {
+            for (j, (out, &(first, count))) in row_out.iter_mut().zip(&side.spans).enumerate() {
+                let k = &side.weights[j * side.max_count..][..count];
+                *out = sample(row_in, first, 1, k);
+            }
+        }
+        mid
+    };
+    if oh == h {
+        return Ok(mid);
+    }
+    // height pass: [C, H, W'] -> [C, H', W']
+    let side = side_weights(h, oh);
+    let mut out = memory::filled("resize_bilinear", &what, out_len, 0u8, fix)?;
+    for (plane_in, plane_out) in mid.chunks_exact(h * ow).zip(out.chunks_exact_mut(oh * ow)) {
+        for (i, row_out) in plane_out.chunks_exact_mut(ow).enumerate() {
+            let (first, count) = side.spans[i];
+            let k = &side.weights[i * side.max_count..][..count];
+            for (x, out) in row_out.iter_mut().enumerate() {
+                *out = sample(plane_in, first * ow + x, ow, k);
+            }
+        }
+    }
+    Ok(out)
+}
