@@ -9,8 +9,11 @@
 //!   compute types first round A and B to TF32 / f16 / bf16 (as tensor cores read them); the
 //!   result is rounded once to C's type with round-to-nearest-even (the `half` crate).
 //! - The caller guarantees every element the plan reaches is readable (and C writable).
+//! - Products run on `gemm`'s f32 / f64 kernels (`gemm-f32`, `gemm-f64`) as `gemm::gemm` would
+//!   call them: C is column-major (column stride `ld`, row stride 1), the layout `gemm::gemm`
+//!   passes through untransposed, and every stride here is positive.
 
-use gemm::Parallelism;
+use gemm_common::Parallelism;
 use half::{bf16, f16};
 
 /// A matrix element type the emulator multiplies.
@@ -289,7 +292,7 @@ unsafe fn gemm_f64(plan: &GemmPlan, a: u64, b: u64, c: u64) {
     let (brs, bcs) = strides(plan.transpose_b, plan.b.ld);
     // SAFETY: the strides address exactly op(A), op(B) and C, which the caller guarantees.
     unsafe {
-        gemm::gemm(
+        gemm_f64::gemm::f64::get_gemm_fn()(
             plan.m,
             plan.n,
             plan.k,
@@ -338,7 +341,7 @@ unsafe fn gemm_f32(plan: &GemmPlan, a: u64, b: u64, c: u64) {
     if plan.c.elem == Elem::F32 {
         // SAFETY: C is m×n f32 with leading dimension ld, writable (readable when beta != 0).
         unsafe {
-            gemm::gemm(
+            gemm_f32::gemm::f32::get_gemm_fn()(
                 m,
                 n,
                 k,
@@ -365,7 +368,7 @@ unsafe fn gemm_f32(plan: &GemmPlan, a: u64, b: u64, c: u64) {
     let mut product = vec![0f32; m * n];
     // SAFETY: `product` is m×n column-major; the views are valid for the call.
     unsafe {
-        gemm::gemm(
+        gemm_f32::gemm::f32::get_gemm_fn()(
             m,
             n,
             k,

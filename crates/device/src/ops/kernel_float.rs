@@ -26,6 +26,7 @@ mod sealed {
 /// A floating-point element type the CPU kernels run on: `f32` or `f64`.
 pub trait KernelFloat:
     sealed::Sealed
+    + super::gemm::GemmFloat
     + Element
     + Add<Output = Self>
     + Sub<Output = Self>

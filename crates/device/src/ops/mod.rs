@@ -17,6 +17,7 @@ pub(crate) mod cpu_dispatch;
 pub mod elementwise;
 pub(crate) mod exp_math;
 pub mod fill;
+pub(crate) mod gemm;
 pub mod index;
 mod kernel_error;
 mod kernel_float;

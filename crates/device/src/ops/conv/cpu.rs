@@ -36,9 +36,9 @@
 
 use super::ConvOps;
 use crate::ops::cpu_dispatch::{dense, dense_opt, float_kernel, for_overwrite, in_pool, wrap};
+use crate::ops::gemm::Parallelism;
 use crate::seam::{GradMask, InputGrads, Strided};
 use crate::{CpuStorage, Layout, Result};
-use gemm::Parallelism;
 
 use super::cpu_chunked::{self as chunked, chunk_images};
 use super::cpu_chunked_weight as chunked_weight;

@@ -10,10 +10,10 @@ use super::padded::{too_large, unfold_on, Padded};
 use super::pieces::is_split;
 use super::subsample::subsample_plane;
 use super::Conv2dGeometry;
+use crate::ops::gemm::Parallelism;
 use crate::ops::KernelFloat;
 use crate::storage::HostBuffer;
 use crate::{Error, Result};
-use gemm::Parallelism;
 use kiln_alloc_cache::{AllocContext, ContextGuard, StepThread, StepThreadGuard};
 use std::sync::Mutex;
 
@@ -164,7 +164,7 @@ pub(super) fn matmul_into_at<T: KernelFloat>(
     // inside its slice; `T` is `f32` or `f64` (sealed), which `gemm` supports; `dst` does not
     // alias `lhs`/`rhs` (distinct borrows).
     unsafe {
-        gemm::gemm(
+        crate::ops::gemm::gemm(
             m,
             n,
             k,
@@ -180,9 +180,6 @@ pub(super) fn matmul_into_at<T: KernelFloat>(
             rhs_rs,
             T::ONE,
             T::ONE,
-            false,
-            false,
-            false,
             parallelism,
         );
     }

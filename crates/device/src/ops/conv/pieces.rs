@@ -8,7 +8,7 @@
 //! which thread runs which image or piece, which images share a chunk's product, and how the
 //! weight gradient's images are sliced into partials (so the order of its float sums).
 
-use gemm::Parallelism;
+use crate::ops::gemm::Parallelism;
 use std::ops::Range;
 
 /// How many of a pass's `batch` images run one task each on a pool of `threads`, the first

@@ -10,10 +10,10 @@ use crate::layout::{Layout, StridedIndex};
 use crate::ops::cpu_dispatch::{
     buffer_of, finish_cast, float_dispatch, read_as, same_dtype, FLOAT_HINT,
 };
+use crate::ops::gemm::Parallelism;
 use crate::ops::KernelFloat;
 use crate::threads::num_threads;
 use crate::{CpuStorage, Error, Result};
-use gemm::Parallelism;
 
 struct SendPtr<T>(*const T);
 unsafe impl<T> Send for SendPtr<T> {}
@@ -75,7 +75,7 @@ pub fn matmul_into<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layout, o
         // the layouts were built over these buffers (checked by the caller's `required_len`), and
         // `dst` holds exactly m*n elements written with row stride n, column stride 1.
         unsafe {
-            gemm::gemm(
+            crate::ops::gemm::gemm(
                 m,
                 n,
                 k,
@@ -91,9 +91,6 @@ pub fn matmul_into<T: KernelFloat>(a: &[T], la: &Layout, b: &[T], lb: &Layout, o
                 b_rs,
                 T::zero(),
                 T::ONE,
-                false,
-                false,
-                false,
                 par,
             );
         }
