@@ -1,12 +1,13 @@
 //! The CPU's matrix products: `gemm`'s `f32` and `f64` kernels (`gemm-f32`, `gemm-f64`),
 //! called without the `gemm` front crate, which also builds complex and `f16` kernels kiln
-//! never runs (a sixth of a clean build's CPU time).
+//! never runs.
 //!
-//! Invariants: [`gemm`] computes what `gemm::gemm` computes, with the same argument order,
-//! and hands the kernel the same problem: a destination stored by rows (column stride smaller
-//! than row stride) is computed as its transpose, `dst^T = rhs^T lhs^T`, since the kernels
-//! prefer contiguous destination columns. Strides are never negative (kiln's layouts have
-//! none), so the front crate's handling of reversed strides is not needed.
+//! Invariants: [`gemm`] computes what `gemm::gemm` computes and takes its arguments, less the
+//! three conjugation flags (always off for real numbers). It hands the kernel the same problem:
+//! a destination stored by rows (column stride smaller than row stride) is computed as its
+//! transpose, `dst^T = rhs^T lhs^T`, since the kernels prefer contiguous destination columns.
+//! Strides are never negative (kiln's layouts have none), so the front crate's handling of
+//! reversed strides is not needed.
 
 pub(crate) use gemm_common::Parallelism;
 

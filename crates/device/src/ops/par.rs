@@ -9,9 +9,9 @@
 //!
 //! Invariants: each helper runs on the current rayon pool (callers enter kiln's pool with
 //! [`crate::threads::install`] or already run on it; the `_if` forms enter it themselves, and
-//! only when told to run in parallel), visits every chunk or index exactly once
-//! with its position, and splits exactly as the rayon chain named in its doc, so kernels keep
-//! their chunking; [`map`] returns results in index order.
+//! only when told to run in parallel), visits every chunk or index exactly once with its
+//! position, and splits exactly as the rayon chain named in its doc, so kernels keep their
+//! chunking; [`map`] returns results in index order.
 
 use rayon::prelude::*;
 
