@@ -8,7 +8,8 @@
 //! is changed silently: a size or channel count the model does not take is an error naming
 //! both, unless the caller asks for the fix ([`ImageOptions`]). The channel conversions are
 //! fixed and documented: gray to RGB repeats the gray plane; alpha is dropped, not composited
-//! (PIL's `convert("RGB")`); RGB to gray is PIL's `L` (ITU-R 601-2 luma, 299/587/114 per mille).
+//! (PIL's `convert("RGB")`); RGB to gray is PIL's `L` exactly (ITU-R 601-2 luma in 16-bit fixed
+//! point: `(19595 r + 38470 g + 7471 b + 2^15) >> 16`).
 
 use crate::error::{Error, Result};
 use crate::image_codec::{self, Decoded};
@@ -66,7 +67,7 @@ fn with_channels(img: Decoded, c: usize, what: &str, fix: &str) -> Result<Vec<u8
             px[0]
         } else {
             let [r, g, b] = rgb.map(u32::from);
-            ((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8
+            ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
         };
         match c {
             1 => dst[0] = gray,

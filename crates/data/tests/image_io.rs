@@ -112,7 +112,7 @@ fn rgba_drops_alpha_and_rgb_to_gray_is_luma() {
         assert!((a - b).abs() < 1e-6);
     }
     let gray = load_image(&path, [1, 1, 1], convert, None, Device::Cpu).unwrap();
-    // (200 * 299 + 100 * 587 + 50 * 114 + 500) / 1000 = 124
+    // (200 * 19595 + 100 * 38470 + 50 * 7471 + 32768) >> 16 = 124
     assert!((gray.to_vec::<f32>().unwrap()[0] - 124.0 / 255.0).abs() < 1e-6);
 }
 
@@ -164,7 +164,7 @@ fn jpeg_decodes_and_garbage_is_a_clear_error() {
 }
 
 #[test]
-fn rgb_jpeg_decodes_as_pillow_does_within_a_step() {
+fn rgb_jpeg_decodes_close_to_pillow() {
     let want: serde_json::Value =
         serde_json::from_str(include_str!("fixtures/pattern_jpg.json")).unwrap();
     let (px, shape) = read_image(fixture("pattern.jpg")).unwrap();
@@ -211,6 +211,35 @@ fn resize_bilinear_equals_pillow_byte_for_byte() {
 }
 
 #[test]
+fn rgb_to_gray_equals_pillow_convert_l() {
+    // Every RGB triple of the fixture, as one row of an RGB PNG, loaded as one channel.
+    let want: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/pil_luma.json")).unwrap();
+    let (rgb, gray) = (flat(&want["rgb"]), flat(&want["gray"]));
+    let n = gray.len();
+    assert_eq!(rgb.len(), 3 * n);
+    let dir = temp_dir("luma");
+    let path = dir.join("row.png");
+    let chw: Vec<u8> = (0..3)
+        .flat_map(|c| (0..n).map(move |i| (c, i)))
+        .map(|(c, i)| rgb[3 * i + c])
+        .collect();
+    save_png(&path, &chw, [3, 1, n]).unwrap();
+    let opts = ImageOptions {
+        convert_channels: true,
+        resize: false,
+    };
+    let t = load_image(&path, [1, 1, n], opts, None, Device::Cpu).unwrap();
+    let got: Vec<u8> = t
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| (v * 255.0).round() as u8)
+        .collect();
+    assert_eq!(got, gray);
+}
+
+#[test]
 fn resize_bilinear_refuses_wrong_lengths_and_empty_sides() {
     let msg = resize_bilinear(&[0; 5], [1, 2, 3], [4, 4])
         .unwrap_err()
@@ -242,7 +271,7 @@ fn load_image_resizes_as_pillow_after_converting_channels() {
     let gray: Vec<u8> = (0..32 * 32)
         .map(|i| {
             let [r, g, b] = [0, 1, 2].map(|c| u32::from(rgb[c * 1024 + i]));
-            ((r * 299 + g * 587 + b * 114 + 500) / 1000) as u8
+            ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
         })
         .collect();
     let want = resize_bilinear(&gray, [1, 32, 32], [20, 45]).unwrap();
