@@ -21,11 +21,19 @@ const PRECISION_BITS: u32 = 32 - 8 - 2;
 
 /// Where each output sample of one side reads, and with what weights.
 struct SideWeights {
-    /// `(first input sample, count)` per output sample.
-    spans: Vec<(usize, usize)>,
-    /// `max_count` fixed-point weights per output sample (the first `count` used).
+    /// `(first input sample, count, offset in weights)` per output sample.
+    spans: Vec<(usize, usize, usize)>,
+    /// Every output sample's `count` fixed-point weights, one after another: about two per
+    /// input sample when shrinking, three per output sample when growing.
     weights: Vec<i32>,
-    max_count: usize,
+}
+
+impl SideWeights {
+    /// Output sample `i`'s first input sample and its weights.
+    fn of(&self, i: usize) -> (usize, &[i32]) {
+        let (first, count, at) = self.spans[i];
+        (first, &self.weights[at..at + count])
+    }
 }
 
 /// The triangle (bilinear) filter, support 1.
@@ -38,38 +46,41 @@ fn triangle(x: f64) -> f64 {
     }
 }
 
-fn side_weights(n_in: usize, n_out: usize) -> SideWeights {
+fn side_weights(n_in: usize, n_out: usize, what: &str, fix: &str) -> Result<SideWeights> {
     let scale = n_in as f64 / n_out as f64;
     let filter_scale = scale.max(1.0);
     let support = filter_scale; // the triangle's support (1) widened when shrinking
     let inv = 1.0 / filter_scale; // multiplied, not divided by, as Pillow does (same rounding)
-    let max_count = (support.ceil() as usize) * 2 + 1;
-    let mut spans = Vec::with_capacity(n_out);
-    let mut weights = vec![0i32; n_out * max_count];
-    let mut raw = vec![0f64; max_count];
-    for (i, row) in weights.chunks_exact_mut(max_count).enumerate() {
+                                  // (first input sample, count, centre) of output sample `i`: truncation toward zero, as a
+                                  // C cast, then clamped to the side
+    let span = |i: usize| {
         let center = (i as f64 + 0.5) * scale;
-        // truncation toward zero, as a C cast, then clamped to the side
         let first = ((center - support + 0.5) as i64).max(0) as usize;
         let end = ((center + support + 0.5) as i64).clamp(0, n_in as i64) as usize;
-        let count = end.saturating_sub(first).min(max_count);
-        let mut total = 0.0;
-        for (t, w) in raw[..count].iter_mut().enumerate() {
-            *w = triangle(((first + t) as f64 - center + 0.5) * inv);
-            total += *w;
+        (first, end.saturating_sub(first), center)
+    };
+    let total = (0..n_out)
+        .try_fold(0usize, |sum, i| sum.checked_add(span(i).1))
+        .ok_or_else(|| memory::overflow("resize_bilinear", what, fix))?;
+    let mut spans = memory::filled("resize_bilinear", what, n_out, (0, 0, 0), fix)?;
+    let mut weights = memory::filled("resize_bilinear", what, total, 0i32, fix)?;
+    let mut at = 0;
+    for (i, slot) in spans.iter_mut().enumerate() {
+        let (first, count, center) = span(i);
+        let raw = |t: usize| triangle(((first + t) as f64 - center + 0.5) * inv);
+        let mut sum = 0.0;
+        for t in 0..count {
+            sum += raw(t);
         }
-        for (slot, &w) in row.iter_mut().zip(&raw[..count]) {
-            let w = if total != 0.0 { w / total } else { w };
+        for (t, out) in weights[at..at + count].iter_mut().enumerate() {
+            let w = if sum != 0.0 { raw(t) / sum } else { raw(t) };
             let fixed = w * f64::from(1u32 << PRECISION_BITS);
-            *slot = (fixed + if w < 0.0 { -0.5 } else { 0.5 }) as i32;
+            *out = (fixed + if w < 0.0 { -0.5 } else { 0.5 }) as i32;
         }
-        spans.push((first, count));
+        *slot = (first, count, at);
+        at += count;
     }
-    SideWeights {
-        spans,
-        weights,
-        max_count,
-    }
+    Ok(SideWeights { spans, weights })
 }
 
 /// The fixed-point sum of one output sample, rounded and clamped to a byte.
@@ -88,7 +99,8 @@ fn sample(src: &[u8], at: usize, step: usize, weights: &[i32]) -> u8 {
 
 /// Resizes CHW bytes of `shape` (`[C, H, W]`) to `size` (`[H', W']`) with Pillow's bilinear
 /// filter (see the module docs): the `[C, H', W']` bytes. Errors when `chw` does not hold
-/// `C * H * W` bytes, a side is zero, or the result would not fit in memory.
+/// `C * H * W` bytes, a side is zero, or the result, the width pass's rows or the filter's
+/// weights (each output's window only) would not fit in memory.
 pub fn resize_bilinear(chw: &[u8], shape: [usize; 3], size: [usize; 2]) -> Result<Vec<u8>> {
     let [c, h, w] = shape;
     let [oh, ow] = size;
@@ -117,11 +129,11 @@ pub fn resize_bilinear(chw: &[u8], shape: [usize; 3], size: [usize; 2]) -> Resul
     let mid = if ow == w {
         chw.to_vec()
     } else {
-        let side = side_weights(w, ow);
+        let side = side_weights(w, ow, &what, fix)?;
         let mut mid = memory::filled("resize_bilinear", &what, mid_len, 0u8, fix)?;
         for (row_in, row_out) in chw.chunks_exact(w).zip(mid.chunks_exact_mut(ow)) {
-            for (j, (out, &(first, count))) in row_out.iter_mut().zip(&side.spans).enumerate() {
-                let k = &side.weights[j * side.max_count..][..count];
+            for (j, out) in row_out.iter_mut().enumerate() {
+                let (first, k) = side.of(j);
                 *out = sample(row_in, first, 1, k);
             }
         }
@@ -131,12 +143,11 @@ pub fn resize_bilinear(chw: &[u8], shape: [usize; 3], size: [usize; 2]) -> Resul
         return Ok(mid);
     }
     // height pass: [C, H, W'] -> [C, H', W']
-    let side = side_weights(h, oh);
+    let side = side_weights(h, oh, &what, fix)?;
     let mut out = memory::filled("resize_bilinear", &what, out_len, 0u8, fix)?;
     for (plane_in, plane_out) in mid.chunks_exact(h * ow).zip(out.chunks_exact_mut(oh * ow)) {
         for (i, row_out) in plane_out.chunks_exact_mut(ow).enumerate() {
-            let (first, count) = side.spans[i];
-            let k = &side.weights[i * side.max_count..][..count];
+            let (first, k) = side.of(i);
             for (x, out) in row_out.iter_mut().enumerate() {
                 *out = sample(plane_in, first * ow + x, ow, k);
             }
