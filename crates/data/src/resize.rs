@@ -49,10 +49,12 @@ fn triangle(x: f64) -> f64 {
 fn side_weights(n_in: usize, n_out: usize, what: &str, fix: &str) -> Result<SideWeights> {
     let scale = n_in as f64 / n_out as f64;
     let filter_scale = scale.max(1.0);
-    let support = filter_scale; // the triangle's support (1) widened when shrinking
-    let inv = 1.0 / filter_scale; // multiplied, not divided by, as Pillow does (same rounding)
-                                  // (first input sample, count, centre) of output sample `i`: truncation toward zero, as a
-                                  // C cast, then clamped to the side
+    // the triangle's support (1), widened when shrinking
+    let support = filter_scale;
+    // multiplied by, not divided by `filter_scale`, as Pillow does (the same rounding)
+    let inv = 1.0 / filter_scale;
+    // (first input sample, count, centre) of output sample `i`: truncation toward zero, as a
+    // C cast, then clamped to the side
     let span = |i: usize| {
         let center = (i as f64 + 0.5) * scale;
         let first = ((center - support + 0.5) as i64).max(0) as usize;

@@ -82,54 +82,40 @@ pub(crate) unsafe fn gemm<T: GemmFloat>(
     debug_assert!([dst_cs, dst_rs, lhs_cs, lhs_rs, rhs_cs, rhs_rs]
         .iter()
         .all(|&s| s >= 0));
-    let kernel = T::kernel();
+    // A destination stored by rows is computed as its transpose: swap the sizes, the
+    // destination's strides, and the operands with their strides swapped.
+    let (m, n, dst_cs, dst_rs, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs) = if dst_cs < dst_rs {
+        (
+            n, m, dst_rs, dst_cs, rhs, rhs_rs, rhs_cs, lhs, lhs_rs, lhs_cs,
+        )
+    } else {
+        (
+            m, n, dst_cs, dst_rs, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs,
+        )
+    };
     // SAFETY: the caller's guarantees, for the product or (same elements) its transpose.
     unsafe {
-        if dst_cs < dst_rs {
-            kernel(
-                n,
-                m,
-                k,
-                dst,
-                dst_rs,
-                dst_cs,
-                read_dst,
-                rhs,
-                rhs_rs,
-                rhs_cs,
-                lhs,
-                lhs_rs,
-                lhs_cs,
-                alpha,
-                beta,
-                false,
-                false,
-                false,
-                parallelism,
-            )
-        } else {
-            kernel(
-                m,
-                n,
-                k,
-                dst,
-                dst_cs,
-                dst_rs,
-                read_dst,
-                lhs,
-                lhs_cs,
-                lhs_rs,
-                rhs,
-                rhs_cs,
-                rhs_rs,
-                alpha,
-                beta,
-                false,
-                false,
-                false,
-                parallelism,
-            )
-        }
+        T::kernel()(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs,
+            dst_rs,
+            read_dst,
+            lhs,
+            lhs_cs,
+            lhs_rs,
+            rhs,
+            rhs_cs,
+            rhs_rs,
+            alpha,
+            beta,
+            false,
+            false,
+            false,
+            parallelism,
+        )
     }
 }
 
