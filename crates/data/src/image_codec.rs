@@ -6,7 +6,8 @@
 //! - PNG is expanded as libpng's `expand` does: palette to RGB or RGBA, gray under 8 bits to 8
 //!   bits, a `tRNS` colour to alpha. 16-bit samples are rounded to 8 bits, `(v + 128) / 257`,
 //!   as the `image` crate does (Pillow's `convert("L")` of a 16-bit image clips at 255 instead).
-//! - JPEG gray stays gray; every other JPEG colour space (YCbCr, CMYK, YCCK) becomes RGB.
+//! - JPEG gray stays gray; every other JPEG colour space (YCbCr, CMYK, YCCK) becomes RGB. A JPEG
+//!   side above libjpeg's 65500 is refused, as Pillow refuses it.
 //! - The format is chosen by the file's signature, never by its name.
 //! - No file decodes to more than [`MAX_DECODED_BYTES`]: the limit is checked from the header,
 //!   before the pixels are read.
@@ -20,6 +21,8 @@ pub(crate) const MAX_DECODED_BYTES: usize = 512 << 20;
 
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 const JPEG_SIGNATURE: &[u8] = &[0xff, 0xd8, 0xff];
+/// libjpeg's `JPEG_MAX_DIMENSION`: the longest JPEG side Pillow (and so torchvision) opens.
+const JPEG_MAX_SIDE: usize = 65500;
 
 /// A decoded image: HWC bytes with `channels` (1..=4) per pixel.
 pub(crate) struct Decoded {
@@ -114,7 +117,8 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<Decoded> {
 
 fn decode_jpeg(path: &Path, bytes: &[u8]) -> Result<Decoded> {
     use zune_core::colorspace::ColorSpace;
-    // JPEG sides are 16-bit; the decoded size is checked below instead of zune's default sides.
+    // JPEG sides are 16-bit: zune's smaller default limit is lifted and the sides and the
+    // decoded size are checked below.
     let options = zune_core::options::DecoderOptions::default()
         .set_strict_mode(false)
         .set_max_width(usize::from(u16::MAX))
@@ -128,6 +132,16 @@ fn decode_jpeg(path: &Path, bytes: &[u8]) -> Result<Decoded> {
     else {
         return Err(undecodable(path, "no frame header"));
     };
+    // Above this zune-jpeg's MCU count overflows the 16-bit side (a panic in a debug build).
+    if width.max(height) > JPEG_MAX_SIDE {
+        return Err(undecodable(
+            path,
+            format!(
+                "its frame header claims {height}x{width} pixels, beyond JPEG's practical \
+                 limit of {JPEG_MAX_SIDE} a side (libjpeg's, so Pillow refuses it too)"
+            ),
+        ));
+    }
     let out = match input {
         ColorSpace::Luma | ColorSpace::LumaA => ColorSpace::Luma,
         _ => ColorSpace::RGB,

@@ -151,6 +151,9 @@ pub fn load_image(
             ));
         }
     }
+    // The tensor's buffer first: a size this process cannot hold is refused before the file is
+    // decoded and resized to it.
+    let mut data = memory::reserved("load_image", &what, ec * eh * ew, &fix)?;
     let img = image_codec::decode(path)?;
     let (h, w, c) = (img.height, img.width, img.channels);
     let wrong_size = (h, w) != (eh, ew) && !options.resize;
@@ -182,9 +185,6 @@ pub fn load_image(
     if (h, w) != (eh, ew) {
         chw = resize_bilinear(&chw, [ec, h, w], [eh, ew])?;
     }
-    let mut data = Vec::new();
-    data.try_reserve_exact(chw.len())
-        .map_err(|_| memory::overflow("load_image", &what, &fix))?;
     push_f32(&chw, ec, normalize, &mut data);
     Ok(Tensor::from_vec(data, &[ec, eh, ew], device)?)
 }

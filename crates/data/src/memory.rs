@@ -58,6 +58,14 @@ pub(crate) fn filled<T: Clone>(
     fill: T,
     fix: &str,
 ) -> Result<Vec<T>> {
+    let mut v = reserved(op, what, len, fix)?;
+    v.resize(len, fill);
+    Ok(v)
+}
+
+/// An empty buffer with room for `len` values, checked against memory first and allocated
+/// fallibly (before the work that fills it, so a size that cannot be held costs nothing).
+pub(crate) fn reserved<T>(op: &'static str, what: &str, len: usize, fix: &str) -> Result<Vec<T>> {
     let bytes = checked_size(op, what, &[len, std::mem::size_of::<T>()], fix)?;
     check_fits(op, what, bytes, fix)?;
     let mut v = Vec::new();
@@ -68,12 +76,9 @@ pub(crate) fn filled<T: Clone>(
         available: physical_memory(),
         fix: fix.to_string(),
     })?;
-    v.resize(len, fill);
     Ok(v)
 }
 
-/// The bytes of a `[C, H, W]` image of 8-bit pixels, or an error for `op` naming the shape
-/// when the product does not fit in `usize`.
 pub(crate) fn image_len(op: &'static str, [c, h, w]: [usize; 3]) -> Result<usize> {
     c.checked_mul(h)
         .and_then(|n| n.checked_mul(w))

@@ -61,14 +61,20 @@ fn side_weights(n_in: usize, n_out: usize, what: &str, fix: &str) -> Result<Side
         let end = ((center + support + 0.5) as i64).clamp(0, n_in as i64) as usize;
         (first, end.saturating_sub(first), center)
     };
-    let total = (0..n_out)
-        .try_fold(0usize, |sum, i| sum.checked_add(span(i).1))
-        .ok_or_else(|| memory::overflow("resize_bilinear", what, fix))?;
+    // The spans first: their buffer is checked before any work is done per output sample, so a
+    // hostile output size is refused at once.
     let mut spans = memory::filled("resize_bilinear", what, n_out, (0, 0, 0), fix)?;
-    let mut weights = memory::filled("resize_bilinear", what, total, 0i32, fix)?;
-    let mut at = 0;
+    let mut total = 0usize;
     for (i, slot) in spans.iter_mut().enumerate() {
-        let (first, count, center) = span(i);
+        let (first, count, _) = span(i);
+        *slot = (first, count, total);
+        total = total
+            .checked_add(count)
+            .ok_or_else(|| memory::overflow("resize_bilinear", what, fix))?;
+    }
+    let mut weights = memory::filled("resize_bilinear", what, total, 0i32, fix)?;
+    for (i, &(first, count, at)) in spans.iter().enumerate() {
+        let center = span(i).2;
         let raw = |t: usize| triangle(((first + t) as f64 - center + 0.5) * inv);
         let mut sum = 0.0;
         for t in 0..count {
@@ -79,8 +85,6 @@ fn side_weights(n_in: usize, n_out: usize, what: &str, fix: &str) -> Result<Side
             let fixed = w * f64::from(1u32 << PRECISION_BITS);
             *out = (fixed + if w < 0.0 { -0.5 } else { 0.5 }) as i32;
         }
-        *slot = (first, count, at);
-        at += count;
     }
     Ok(SideWeights { spans, weights })
 }

@@ -237,18 +237,29 @@ fn files_claiming_huge_images_are_refused_from_the_header() {
         "{msg}"
     );
     kiln_testkit::assert_readable(&msg);
-    // The gray JPEG fixture with its frame header's sides set to 65535 (4 GiB decoded).
+    // The gray JPEG fixture with its frame header's sides set to 65500 (4 GiB decoded), then
+    // to 65535, beyond libjpeg's limit (and where zune-jpeg's MCU count overflows).
     let mut jpeg = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/flat_gray.jpg"
     ))
     .unwrap();
     let sof = jpeg.windows(2).position(|m| m == [0xff, 0xc0]).unwrap();
-    jpeg[sof + 5..sof + 9].copy_from_slice(&[0xff; 4]);
+    for side in [sof + 5, sof + 7] {
+        jpeg[side..side + 2].copy_from_slice(&65500u16.to_be_bytes());
+    }
     let msg = refusal("huge.jpg", &jpeg);
     assert!(
-        msg.contains("65535x65535 with 1 channel(s), more than the 512 MiB"),
+        msg.contains("65500x65500 with 1 channel(s), more than the 512 MiB"),
         "{msg}"
     );
+    // a one-row image 65535 wide is small (64 KiB) but still refused by its side
+    jpeg[sof + 5..sof + 9].copy_from_slice(&[0, 1, 0xff, 0xff]);
+    let msg = refusal("wide.jpg", &jpeg);
+    assert!(
+        msg.contains("claims 1x65535 pixels, beyond JPEG's practical limit of 65500"),
+        "{msg}"
+    );
+    kiln_testkit::assert_readable(&msg);
     let _ = std::fs::remove_dir_all(&dir);
 }

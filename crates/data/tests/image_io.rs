@@ -181,6 +181,17 @@ fn rgb_jpeg_decodes_close_to_pillow() {
 }
 
 #[test]
+fn progressive_jpeg_decodes_to_the_baseline_pixels() {
+    // The same coefficients in progressive scans (Pillow decodes both files to the same pixels;
+    // the fixture script asserts it), so zune-jpeg's progressive path must give the baseline
+    // path's bytes.
+    let baseline = read_image(fixture("pattern.jpg")).unwrap();
+    let progressive = read_image(fixture("pattern_progressive.jpg")).unwrap();
+    assert_eq!(progressive.1, [3, 12, 20]);
+    assert_eq!(progressive, baseline);
+}
+
+#[test]
 fn png_palette_transparency_and_sixteen_bit_samples_expand_to_bytes() {
     // index 0 opaque red, index 1 green made transparent by tRNS
     let (px, shape) = read_image(fixture("palette_trns.png")).unwrap();

@@ -1,4 +1,4 @@
-//! Data: loader states and configurations, and mutated IDX (MNIST), CIFAR-10 and PNG bytes,
+//! Data: loader states and configurations, and mutated IDX (MNIST), CIFAR-10, PNG and JPEG bytes,
 //! through the public loaders. Every case must end in `Ok` or a typed error.
 
 use crate::harness::{refused, run, Outcome, Rng};
@@ -114,6 +114,7 @@ fn png_bytes(dir: &Path) -> Vec<u8> {
     std::fs::read(&path).unwrap()
 }
 
+/// Image bytes and the model input they are loaded for (PNG and JPEG targets).
 #[derive(Debug)]
 pub struct Png {
     bytes: Vec<u8>,
@@ -152,6 +153,80 @@ pub fn png_files(seed: u64, cases: usize) {
         Outcome::from(load_image(&path, p.expected, p.options, n, Device::Cpu))
     };
     run("PNG bytes and model inputs", seed, cases, generate, check);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The JPEG fixtures kiln-data's tests check against Pillow: RGB 4:2:0 baseline, the same image
+/// progressive, and a gray baseline, so the mutations reach each of zune-jpeg's decode paths.
+const JPEGS: [&[u8]; 3] = [
+    include_bytes!("../../../data/tests/fixtures/pattern.jpg"),
+    include_bytes!("../../../data/tests/fixtures/pattern_progressive.jpg"),
+    include_bytes!("../../../data/tests/fixtures/flat_gray.jpg"),
+];
+
+/// Where each marker segment (`FF xx` followed by a big-endian length) starts, before the
+/// entropy-coded data of the first scan.
+fn jpeg_segments(bytes: &[u8]) -> Vec<usize> {
+    let mut at = 2; // past SOI
+    let mut found = Vec::new();
+    while at + 4 <= bytes.len() && bytes[at] == 0xff {
+        found.push(at);
+        if bytes[at + 1] == 0xda {
+            break; // start of scan: entropy-coded data follows
+        }
+        at += 2 + usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
+    }
+    found
+}
+
+pub fn jpeg_files(seed: u64, cases: usize) {
+    let dir = scratch("jpeg");
+    let generate = |rng: &mut Rng| {
+        let mut bytes = JPEGS[rng.below(JPEGS.len())].to_vec();
+        let segments = jpeg_segments(&bytes);
+        let hostile = |rng: &mut Rng| rng.pick(&[0u16, 1, 2, 7, 0x8000, 0xfffe, 0xffff]);
+        // A frame header (SOF0 / SOF2) with hostile sides, component count or sampling.
+        if let Some(&sof) = segments
+            .iter()
+            .find(|&&at| matches!(bytes[at + 1], 0xc0 | 0xc2))
+        {
+            if rng.chance(0.3) && sof + 9 <= bytes.len() {
+                let at = sof + 5 + 2 * rng.below(2); // height, then width
+                bytes[at..at + 2].copy_from_slice(&hostile(rng).to_be_bytes());
+            }
+            if rng.chance(0.15) && sof + 12 <= bytes.len() {
+                // the component count, or the first component's sampling factors
+                let at = sof + 9 + 2 * rng.below(2);
+                bytes[at] = rng.pick(&[0, 1, 2, 4, 0x11, 0x44, 0x41, 0xff]);
+            }
+        }
+        // A segment's length field.
+        if rng.chance(0.2) && !segments.is_empty() {
+            let at = segments[rng.below(segments.len())] + 2;
+            bytes[at..at + 2].copy_from_slice(&hostile(rng).to_be_bytes());
+        }
+        mutate_bytes(&mut bytes, rng, 0);
+        // Hostile requested sizes are the PNG target's. A large real size here would only time
+        // a large resize in a debug build: zune-jpeg fills a short file out to its header's
+        // size, and a 16x32768 decode resized to 1000 wide is 0.3 G multiply-adds of
+        // legitimate work (a second in release, as in Pillow), to 65536 wide 20 G.
+        let side = |rng: &mut Rng| rng.pick(&[12, 20, 16, 1, 100, usize::MAX]);
+        Png {
+            bytes,
+            expected: [rng.pick(&[3, 3, 1, 0, 4]), side(rng), side(rng)],
+            options: ImageOptions {
+                resize: rng.chance(0.5),
+                convert_channels: rng.chance(0.5),
+            },
+        }
+    };
+    let path = dir.join("case.jpg");
+    let check = |p: &Png| {
+        std::fs::write(&path, &p.bytes).unwrap();
+        let _ = read_image(&path);
+        Outcome::from(load_image(&path, p.expected, p.options, None, Device::Cpu))
+    };
+    run("JPEG bytes and model inputs", seed, cases, generate, check);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -73,6 +73,11 @@ fn fuzz_png_bytes_and_model_inputs() {
 }
 
 #[test]
+fn fuzz_jpeg_bytes_and_model_inputs() {
+    data::jpeg_files(0x5eed_001c, 600);
+}
+
+#[test]
 fn fuzz_strings() {
     parsers::strings(0x5eed_0006, 3000);
 }
