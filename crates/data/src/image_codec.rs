@@ -7,7 +7,8 @@
 //!   bits, a `tRNS` colour to alpha. 16-bit samples are rounded to 8 bits, `(v + 128) / 257`,
 //!   as the `image` crate does (Pillow's `convert("L")` of a 16-bit image clips at 255 instead).
 //! - JPEG gray stays gray; every other JPEG colour space (YCbCr, CMYK, YCCK) becomes RGB. A JPEG
-//!   side above libjpeg's 65500 is refused, as Pillow refuses it.
+//!   side above libjpeg's 65500 is refused, as Pillow refuses it, and so is a JPEG that ends
+//!   before its end-of-image marker (a truncated file, which zune-jpeg would fill out with gray).
 //! - The format is chosen by the file's signature, never by its name.
 //! - No file decodes to more than [`MAX_DECODED_BYTES`]: the limit is checked from the header,
 //!   before the pixels are read.
@@ -115,8 +116,44 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<Decoded> {
     })
 }
 
+/// Whether the JPEG's segments and scans run to its end-of-image marker before the bytes end.
+/// Segments are skipped by their lengths (so an EXIF thumbnail's own end marker is not taken for
+/// the image's), entropy-coded data up to the next marker (in it `FF 00` is a stuffed byte and
+/// `FF D0`..`FF D7` a restart marker), and bytes that are not a marker are passed over, as
+/// libjpeg passes over them.
+fn reaches_end_of_image(bytes: &[u8]) -> bool {
+    let mut at = 2; // past SOI (FF D8)
+    while at + 1 < bytes.len() {
+        let code = bytes[at + 1];
+        if bytes[at] != 0xff || code == 0 || code == 0xff {
+            at += 1;
+            continue;
+        }
+        at += 2;
+        match code {
+            0xd9 => return true,
+            // SOI, restart markers and TEM have no length
+            0xd8 | 0xd0..=0xd7 | 0x01 => {}
+            _ => match bytes.get(at..at + 2) {
+                Some(len) => at += usize::from(u16::from_be_bytes([len[0], len[1]])),
+                None => return false,
+            },
+        }
+    }
+    false
+}
+
 fn decode_jpeg(path: &Path, bytes: &[u8]) -> Result<Decoded> {
     use zune_core::colorspace::ColorSpace;
+    // zune-jpeg fills a truncated file out with gray; Pillow refuses it (unless told to load
+    // truncated images), and so does kiln rather than train on made-up pixels.
+    if !reaches_end_of_image(bytes) {
+        return Err(undecodable(
+            path,
+            "the file ends before its end-of-image marker: it is truncated (a partial download \
+             or copy?), as Pillow reports it; fetch the file again or re-encode it",
+        ));
+    }
     // JPEG sides are 16-bit: zune's smaller default limit is lifted and the sides and the
     // decoded size are checked below.
     let options = zune_core::options::DecoderOptions::default()

@@ -192,6 +192,47 @@ fn progressive_jpeg_decodes_to_the_baseline_pixels() {
 }
 
 #[test]
+fn truncated_jpeg_is_refused_as_pillow_refuses_it() {
+    let dir = temp_dir("truncated-jpeg");
+    let decode = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        read_image(&path)
+    };
+    let baseline = read_image(fixture("pattern.jpg")).unwrap();
+    for name in ["pattern.jpg", "pattern_progressive.jpg"] {
+        let bytes = std::fs::read(fixture(name)).unwrap();
+        // Pillow 13 raises "image file is truncated" on each of these cuts (zune-jpeg alone
+        // decodes the first three, filling the missing blocks with gray).
+        for cut in [bytes.len() - 2, bytes.len() - 20, bytes.len() * 3 / 4, 40] {
+            let msg = decode("cut.jpg", &bytes[..cut]).unwrap_err().to_string();
+            assert!(
+                msg.contains("cut.jpg: cannot decode the image")
+                    && msg.contains("ends before its end-of-image marker: it is truncated"),
+                "{name} cut to {cut} bytes: {msg}"
+            );
+        }
+        // Bytes after the end marker are ignored, as Pillow ignores them.
+        let mut padded = bytes.clone();
+        padded.extend_from_slice(b"trailing bytes \xff\xd8");
+        assert_eq!(decode("padded.jpg", &padded).unwrap(), baseline, "{name}");
+    }
+    // An end marker inside a segment (an EXIF thumbnail's) does not end the image: an APP1
+    // segment holding `FF D9` after SOI, then the image cut short, is still truncated.
+    let bytes = std::fs::read(fixture("pattern.jpg")).unwrap();
+    let mut app1 = vec![
+        0xff, 0xd8, 0xff, 0xe1, 0x00, 0x08, b'E', b'x', 0xff, 0xd9, 0xff, 0xd9,
+    ];
+    app1.extend_from_slice(&bytes[2..]);
+    assert_eq!(decode("exif.jpg", &app1).unwrap(), baseline);
+    let msg = decode("exif_cut.jpg", &app1[..app1.len() - 30])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("it is truncated"), "{msg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn png_palette_transparency_and_sixteen_bit_samples_expand_to_bytes() {
     // index 0 opaque red, index 1 green made transparent by tRNS
     let (px, shape) = read_image(fixture("palette_trns.png")).unwrap();
