@@ -114,29 +114,9 @@ pub fn load_image(
     device: Device,
 ) -> Result<Tensor> {
     let path = path.as_ref();
+    let (what, fix) = check_target("load_image", expected)?;
     let [ec, eh, ew] = expected;
-    if !(1..=4).contains(&ec) || eh == 0 || ew == 0 {
-        return Err(crate::error::arg_err(
-            "load_image",
-            format!("expected input {ec}x{eh}x{ew} is not an image shape; pass [C, H, W] with C in 1..=4"),
-        ));
-    }
-    // The model's input must be a size an image file can have (PNG's sides are u32, JPEG's
-    // u16) and fit this machine's memory: the resized bytes (1 a value), then the tensor (4).
-    let fix = format!(
-        "a {ec}x{eh}x{ew} input is larger than this machine can hold; pass the model's real \
-         input size"
-    );
-    if u32::try_from(eh).is_err() || u32::try_from(ew).is_err() {
-        return Err(crate::error::arg_err(
-            "load_image",
-            format!(
-                "expected size {eh}x{ew} has a side beyond {} pixels; {fix}",
-                u32::MAX
-            ),
-        ));
-    }
-    let what = format!("a {ec}x{eh}x{ew} image");
+    // the resized bytes (1 a value), then the tensor (4)
     let bytes = memory::checked_size("load_image", &what, &[eh, ew, 5 * ec], &fix)?;
     memory::check_fits("load_image", &what, bytes, &fix)?;
     if let Some(n) = normalize {
@@ -154,6 +134,47 @@ pub fn load_image(
     // The tensor's buffer first: a size this process cannot hold is refused before the file is
     // decoded and resized to it.
     let mut data = memory::reserved("load_image", &what, ec * eh * ew, &fix)?;
+    let chw = fit_image(path, expected, options, &what, &fix)?;
+    push_f32(&chw, ec, normalize, &mut data);
+    Ok(Tensor::from_vec(data, &[ec, eh, ew], device)?)
+}
+
+/// Checks that `expected` (`[C, H, W]`) is an image shape an image file can have (PNG's sides
+/// are u32, JPEG's u16): `(what, fix)` for the messages about it.
+pub(crate) fn check_target(op: &'static str, expected: [usize; 3]) -> Result<(String, String)> {
+    let [ec, eh, ew] = expected;
+    if !(1..=4).contains(&ec) || eh == 0 || ew == 0 {
+        return Err(crate::error::arg_err(
+            op,
+            format!("expected input {ec}x{eh}x{ew} is not an image shape; pass [C, H, W] with C in 1..=4"),
+        ));
+    }
+    let fix = format!(
+        "a {ec}x{eh}x{ew} input is larger than this machine can hold; pass the model's real \
+         input size"
+    );
+    if u32::try_from(eh).is_err() || u32::try_from(ew).is_err() {
+        return Err(crate::error::arg_err(
+            op,
+            format!(
+                "expected size {eh}x{ew} has a side beyond {} pixels; {fix}",
+                u32::MAX
+            ),
+        ));
+    }
+    Ok((format!("a {ec}x{eh}x{ew} image"), fix))
+}
+
+/// The image at `path` as CHW bytes of `expected` (checked by [`check_target`]): decoded, its
+/// channels converted and resized when `options` allow, else an error naming both shapes.
+pub(crate) fn fit_image(
+    path: &Path,
+    expected: [usize; 3],
+    options: ImageOptions,
+    what: &str,
+    fix: &str,
+) -> Result<Vec<u8>> {
+    let [ec, eh, ew] = expected;
     let img = image_codec::decode(path)?;
     let (h, w, c) = (img.height, img.width, img.channels);
     let wrong_size = (h, w) != (eh, ew) && !options.resize;
@@ -179,14 +200,13 @@ pub fn load_image(
             fix: fixes.join(", and "),
         });
     }
-    let hwc = with_channels(img, ec, &what, &fix)?;
-    let mut chw = hwc_to_chw(&hwc, [h, w, ec])?;
+    let hwc = with_channels(img, ec, what, fix)?;
+    let chw = hwc_to_chw(&hwc, [h, w, ec])?;
     drop(hwc);
-    if (h, w) != (eh, ew) {
-        chw = resize_bilinear(&chw, [ec, h, w], [eh, ew])?;
+    if (h, w) == (eh, ew) {
+        return Ok(chw);
     }
-    push_f32(&chw, ec, normalize, &mut data);
-    Ok(Tensor::from_vec(data, &[ec, eh, ew], device)?)
+    resize_bilinear(&chw, [ec, h, w], [eh, ew])
 }
 
 /// Writes CHW bytes of `shape` (`C` = 1 gray, 3 RGB or 4 RGBA) as a PNG file.

@@ -1,0 +1,188 @@
+//! [`image_folder`]: torchvision's `ImageFolder` layout (`root/<class>/**/<image>`) read into an
+//! in-memory [`ImageDataset`], so a model trained on the same folder in PyTorch sees the same
+//! class indices and sample order here.
+//!
+//! Invariants (torchvision's `find_classes` and `make_dataset`, written from their documented
+//! behaviour):
+//! - the classes are the names of `root`'s sub-folders (links to folders included), sorted by
+//!   code point as Python's `sorted` does; label `i` is the `i`-th name;
+//! - a class's samples are the files anywhere under its folder (links followed), folder by
+//!   folder in the order of their whole path strings (Python's `sorted(os.walk(...))`: `a b/`
+//!   comes before `a/x/`), and by name within a folder;
+//! - a file is an image when its name ends, in any case, with one of torchvision's image
+//!   extensions; other files are skipped as torchvision skips them. kiln decodes PNG and JPEG
+//!   only, so an image of another format (`.bmp`, `.webp`, ...) is an error naming the file
+//!   instead of a silently smaller dataset;
+//! - a class with no image is an error naming it (torchvision's "Found no valid file");
+//! - every image becomes `[C, H, W]` bytes as [`crate::load_image`] makes them, under the same
+//!   [`ImageOptions`], or is an error naming its file.
+//!
+//! Beyond torchvision: a folder reached through several links is walked once, under its first
+//! path in the order above (`os.walk` with `followlinks=True` lists it under each path, and
+//! loops forever on a link to a parent), and the images are decoded in parallel on rayon's pool
+//! into one buffer whose size is checked first.
+
+use crate::dataset::ImageDataset;
+use crate::error::{arg_err, Error, Result};
+use crate::image_io::{check_target, fit_image, ImageOptions};
+use crate::memory;
+use rayon::prelude::*;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::path::{Path, PathBuf};
+
+/// torchvision's `IMG_EXTENSIONS`: the file names `ImageFolder` counts as images.
+const IMAGE_EXTENSIONS: [&str; 9] = [
+    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+];
+/// The ones kiln decodes.
+const DECODED_EXTENSIONS: [&str; 3] = [".jpg", ".jpeg", ".png"];
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The entries of `dir` as `(name, path, is a folder)`, links followed.
+fn entries(dir: &Path) -> Result<Vec<(String, PathBuf, bool)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let path = entry.path();
+        // a broken link is a file here, as in `os.walk`: with an image's name it is a sample
+        // whose reading fails, naming it
+        let is_dir = std::fs::metadata(&path).is_ok_and(|m| m.is_dir());
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            path,
+            is_dir,
+        ));
+    }
+    Ok(out)
+}
+
+/// Every folder under `top` (itself included), in the order of its path string, each once: a
+/// folder reached through several links keeps its first path in that order.
+fn folders_under(top: &Path) -> Result<Vec<PathBuf>> {
+    // A child's path string extends its parent's, so popping the smallest known path visits
+    // every reachable path in sorted order, whatever order the folders list their entries in.
+    let key = |p: PathBuf| Reverse((p.to_string_lossy().into_owned(), p));
+    let mut seen = HashSet::new();
+    let mut found = Vec::new();
+    let mut next = BinaryHeap::from([key(top.to_path_buf())]);
+    while let Some(Reverse((_, dir))) = next.pop() {
+        let real = std::fs::canonicalize(&dir).map_err(io_err(&dir))?;
+        if !seen.insert(real) {
+            continue;
+        }
+        for (_, path, is_dir) in entries(&dir)? {
+            if is_dir {
+                next.push(key(path));
+            }
+        }
+        found.push(dir);
+    }
+    Ok(found)
+}
+
+fn ends_with_any(name: &str, extensions: &[&str]) -> bool {
+    let lower = name.to_lowercase();
+    extensions.iter().any(|e| lower.ends_with(e))
+}
+
+/// The image files of one class folder, in torchvision's order (see the module docs).
+fn class_files(class: &str, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for folder in folders_under(dir)? {
+        let mut names: Vec<(String, PathBuf)> = entries(&folder)?
+            .into_iter()
+            .filter(|(name, _, is_dir)| !is_dir && ends_with_any(name, &IMAGE_EXTENSIONS))
+            .map(|(name, path, _)| (name, path))
+            .collect();
+        names.sort();
+        for (name, path) in names {
+            if !ends_with_any(&name, &DECODED_EXTENSIONS) {
+                return Err(Error::Image {
+                    path,
+                    msg: "an image format kiln does not decode; kiln reads PNG and JPEG, so \
+                          convert it (e.g. with Pillow: Image.open(p).save(q.png)) or remove it"
+                        .to_string(),
+                });
+            }
+            files.push(path);
+        }
+    }
+    if files.is_empty() {
+        return Err(arg_err(
+            "image_folder",
+            format!(
+                "class folder {} ({class:?}) holds no PNG or JPEG image; remove the folder \
+                 (a stray folder such as .ipynb_checkpoints becomes a class) or add its images",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(files)
+}
+
+/// Reads a folder of class folders (`root/<class>/**/<image>.png|jpg`), torchvision's
+/// `ImageFolder` layout, into an [`ImageDataset`] of `shape` (`[C, H, W]`) samples named after
+/// `root`: classes, labels and sample order as torchvision gives them (see the module docs),
+/// each image converted and resized only as `options` allow, as [`crate::load_image`] does.
+///
+/// Errors name the problem and its file or folder: a missing root, a root with no class
+/// folder, a class with no image, an image in a format kiln does not decode, an image that
+/// does not fit `shape` under `options`, or a dataset too large for memory.
+pub fn image_folder(
+    root: impl AsRef<Path>,
+    shape: [usize; 3],
+    options: ImageOptions,
+) -> Result<ImageDataset> {
+    let root = root.as_ref();
+    let (what, fix) = check_target("image_folder", shape)?;
+    let mut classes: Vec<(String, PathBuf)> = entries(root)?
+        .into_iter()
+        .filter(|(_, _, is_dir)| *is_dir)
+        .map(|(name, path, _)| (name, path))
+        .collect();
+    classes.sort();
+    if classes.is_empty() {
+        return Err(arg_err(
+            "image_folder",
+            format!(
+                "{} has no class folders; put each class's images in a folder of its own \
+                 (root/<class>/<image>.png), as torchvision's ImageFolder expects",
+                root.display()
+            ),
+        ));
+    }
+    let mut files = Vec::new();
+    let mut labels = Vec::new();
+    for (label, (name, dir)) in classes.iter().enumerate() {
+        let found = class_files(name, dir)?;
+        labels.extend(std::iter::repeat_n(label as i64, found.len()));
+        files.extend(found);
+    }
+    let per = memory::image_len("image_folder", shape)?;
+    let what = format!("{} images of {what}", files.len());
+    let len = memory::checked_size("image_folder", &what, &[files.len(), per], &fix)?;
+    let mut pixels = memory::filled("image_folder", &what, len, 0u8, &fix)?;
+    let results: Vec<Result<()>> = pixels
+        .par_chunks_mut(per)
+        .zip(files.par_iter())
+        .map(|(slot, path)| {
+            slot.copy_from_slice(&fit_image(path, shape, options, &what, &fix)?);
+            Ok(())
+        })
+        .collect();
+    // the first failing file in sample order, whatever order the pool met them in
+    results.into_iter().collect::<Result<()>>()?;
+    let name = root.file_name().map_or_else(
+        || "image_folder".to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let classes = classes.into_iter().map(|(name, _)| name).collect();
+    ImageDataset::new(name, shape, pixels, labels, classes)
+}
