@@ -127,21 +127,14 @@ fn class_files(class: &str, dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads a folder of class folders (`root/<class>/**/<image>.png|jpg`), torchvision's
-/// `ImageFolder` layout, into an [`ImageDataset`] of `shape` (`[C, H, W]`) samples named after
-/// `root`: classes, labels and sample order as torchvision gives them (see the module docs),
-/// each image converted and resized only as `options` allow, as [`crate::load_image`] does.
-///
-/// Errors name the problem and its file or folder: a missing root, a root with no class
-/// folder, a class with no image, an image in a format kiln does not decode, an image that
-/// does not fit `shape` under `options`, or a dataset too large for memory.
-pub fn image_folder(
-    root: impl AsRef<Path>,
-    shape: [usize; 3],
-    options: ImageOptions,
-) -> Result<ImageDataset> {
-    let root = root.as_ref();
-    let (what, fix) = check_target("image_folder", shape)?;
+/// The first image of the first class under `root`: sample 0 of [`image_folder`]`(root, ..)`.
+pub(crate) fn first_image(root: &Path) -> Result<PathBuf> {
+    let (name, dir) = class_folders(root)?.swap_remove(0);
+    Ok(class_files(&name, &dir)?.swap_remove(0))
+}
+
+/// `root`'s class folders as `(name, path)`, sorted by name; none is an error.
+fn class_folders(root: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut classes: Vec<(String, PathBuf)> = entries(root)?
         .into_iter()
         .filter(|(_, _, is_dir)| *is_dir)
@@ -158,6 +151,25 @@ pub fn image_folder(
             ),
         ));
     }
+    Ok(classes)
+}
+
+/// Reads a folder of class folders (`root/<class>/**/<image>.png|jpg`), torchvision's
+/// `ImageFolder` layout, into an [`ImageDataset`] of `shape` (`[C, H, W]`) samples named after
+/// `root`: classes, labels and sample order as torchvision gives them (see the module docs),
+/// each image converted and resized only as `options` allow, as [`crate::load_image`] does.
+///
+/// Errors name the problem and its file or folder: a missing root, a root with no class
+/// folder, a class with no image, an image in a format kiln does not decode, an image that
+/// does not fit `shape` under `options`, or a dataset too large for memory.
+pub fn image_folder(
+    root: impl AsRef<Path>,
+    shape: [usize; 3],
+    options: ImageOptions,
+) -> Result<ImageDataset> {
+    let root = root.as_ref();
+    let (what, fix) = check_target("image_folder", shape)?;
+    let classes = class_folders(root)?;
     let mut files = Vec::new();
     let mut labels = Vec::new();
     for (label, (name, dir)) in classes.iter().enumerate() {

@@ -15,7 +15,8 @@
 //! - [`DistributedSampler`]: each rank's equal-length shard for data-parallel training
 //!   (PyTorch's padding and `drop_last`), fed to a loader with [`DataLoader::with_sampler`].
 //! - [`DataSource`]: the training example's `--data` flag (`synthetic`, `mnist:DIR`,
-//!   `cifar10:DIR`) with each source's validation split, normalisation and augmentation.
+//!   `cifar10:DIR`, `folder:DIR`) with each source's validation split, normalisation and
+//!   augmentation.
 //! - [`load_image`] / [`save_png`]: one PNG/JPEG in as a normalised `[C, H, W]` tensor (for
 //!   `predict`), samples out as PNG; [`resize_bilinear`]: Pillow's bilinear resize, byte for
 //!   byte.

@@ -1,12 +1,15 @@
 //! [`DataSource`]: the `--data` flag of the training example (`synthetic`, `synthetic:N`,
-//! `mnist:DIR`, `cifar10:DIR`) and the per-source defaults that go with it: which split is the
-//! validation set, which normalisation constants, which augmentation.
+//! `mnist:DIR`, `cifar10:DIR`, `folder:DIR`, `folder:HxW:DIR`) and the per-source defaults that
+//! go with it: which split is the validation set, which normalisation constants, which
+//! augmentation.
 
 use crate::dataset::{ImageDataset, Split};
 use crate::error::{arg_err, Error, Result};
+use crate::image_folder::{first_image, image_folder};
+use crate::image_io::{read_image, ImageOptions};
 use crate::transforms::{Augment, Normalize};
 use crate::{cifar10, mnist, synthetic};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 /// Where the training and validation images come from.
@@ -23,6 +26,16 @@ pub enum DataSource {
     Mnist(PathBuf),
     /// CIFAR-10's binary batches in a folder (data_batch_1..5 / test_batch).
     Cifar10(PathBuf),
+    /// Your own images: `DIR/train` and `DIR/val`, each in torchvision's `ImageFolder` layout
+    /// ([`crate::image_folder`]), as RGB (torchvision's loader converts every image to RGB), at
+    /// `size` (`[H, W]`, each image resized with Pillow's bilinear filter) or, without it, at
+    /// the size of the first training image, which every image must then have.
+    Folder {
+        /// The folder holding `train/` and `val/`.
+        dir: PathBuf,
+        /// The size every image is resized to, if any.
+        size: Option<[usize; 2]>,
+    },
 }
 
 impl DataSource {
@@ -51,21 +64,25 @@ impl DataSource {
                 cifar10::load(dir, Split::Train)?,
                 cifar10::load(dir, Split::Test)?,
             ),
+            DataSource::Folder { dir, size } => load_folders(dir, *size)?,
         })
     }
 
     /// The normalisation to use for both splits: the published constants for MNIST and
-    /// CIFAR-10, the training split's own statistics for the synthetic set.
+    /// CIFAR-10, the training split's own statistics for the synthetic set and for folders.
     pub fn normalize(&self, train: &ImageDataset) -> Result<Normalize> {
         match self {
-            DataSource::Synthetic { .. } => Normalize::from_dataset(train),
+            DataSource::Synthetic { .. } | DataSource::Folder { .. } => {
+                Normalize::from_dataset(train)
+            }
             DataSource::Mnist(_) => Ok(Normalize::mnist()),
             DataSource::Cifar10(_) => Ok(Normalize::cifar10()),
         }
     }
 
-    /// The training augmentation: crop (padding 4) and flip for CIFAR-10 and the synthetic set
-    /// (their classes survive a mirror), none for MNIST (a mirrored digit is another glyph).
+    /// The training augmentation: crop (padding 4) and flip for CIFAR-10, the synthetic set and
+    /// folders of photos (their classes survive a mirror), none for MNIST (a mirrored digit is
+    /// another glyph).
     pub fn augment(&self) -> Augment {
         match self {
             DataSource::Mnist(_) => Augment::default(),
@@ -77,10 +94,11 @@ impl DataSource {
 impl FromStr for DataSource {
     type Err = Error;
 
-    /// `synthetic`, `synthetic:TRAIN_LEN` (validation: a fifth of it), `mnist:DIR` or
-    /// `cifar10:DIR`.
+    /// `synthetic`, `synthetic:TRAIN_LEN` (validation: a fifth of it), `mnist:DIR`,
+    /// `cifar10:DIR`, `folder:DIR` or `folder:HxW:DIR`.
     fn from_str(s: &str) -> Result<Self> {
-        let usage = "use synthetic, synthetic:TRAIN_LEN, mnist:DIR or cifar10:DIR";
+        let usage =
+            "use synthetic, synthetic:TRAIN_LEN, mnist:DIR, cifar10:DIR, folder:DIR or folder:HxW:DIR";
         let (kind, arg) = match s.split_once(':') {
             Some((k, a)) => (k, Some(a)),
             None => (s, None),
@@ -97,18 +115,100 @@ impl FromStr for DataSource {
                     format!("`{s}`: `{n}` is not a sample count of at least 5; {usage}"),
                 )),
             },
-            ("mnist" | "cifar10", None | Some("")) => Err(arg_err(
+            ("mnist" | "cifar10" | "folder", None | Some("")) => Err(arg_err(
                 "DataSource",
                 format!("`{s}` names no folder; {usage}"),
             )),
             ("mnist", Some(dir)) => Ok(DataSource::Mnist(dir.into())),
             ("cifar10", Some(dir)) => Ok(DataSource::Cifar10(dir.into())),
+            ("folder", Some(arg)) => folder_source(s, arg, usage),
             _ => Err(arg_err(
                 "DataSource",
                 format!("unknown data source `{s}`; {usage}"),
             )),
         }
     }
+}
+
+/// `folder:`'s argument: `DIR`, or `HxW:DIR` when what precedes the first `:` reads as a size.
+fn folder_source(s: &str, arg: &str, usage: &str) -> Result<DataSource> {
+    let side = |v: &str| v.parse::<usize>().ok().filter(|&n| n > 0);
+    if let Some((first, dir)) = arg.split_once(':') {
+        if let Some((h, w)) = first.split_once('x') {
+            let (Some(h), Some(w)) = (side(h), side(w)) else {
+                return Err(arg_err(
+                    "DataSource",
+                    format!("`{s}`: `{first}` is not a size of whole pixels above 0; {usage}"),
+                ));
+            };
+            if dir.is_empty() {
+                return Err(arg_err(
+                    "DataSource",
+                    format!("`{s}` names no folder; {usage}"),
+                ));
+            }
+            return Ok(DataSource::Folder {
+                dir: dir.into(),
+                size: Some([h, w]),
+            });
+        }
+    }
+    Ok(DataSource::Folder {
+        dir: arg.into(),
+        size: None,
+    })
+}
+
+/// `dir/train` and `dir/val` as RGB image folders at `size`, or at the first training image's
+/// size; the two must have the same classes, or the labels would not mean the same classes.
+fn load_folders(dir: &Path, size: Option<[usize; 2]>) -> Result<(ImageDataset, ImageDataset)> {
+    let (train_dir, val_dir) = (dir.join("train"), dir.join("val"));
+    for split in [&train_dir, &val_dir] {
+        if !split.is_dir() {
+            return Err(arg_err(
+                "DataSource",
+                format!(
+                    "{} is not a folder; folder:{} needs train/ and val/ in it, each holding \
+                     one folder of images per class (train/<class>/<image>.png)",
+                    split.display(),
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    let (options, [h, w]) = match size {
+        Some(size) => (
+            ImageOptions {
+                convert_channels: true,
+                resize: true,
+            },
+            size,
+        ),
+        None => {
+            let (_, [_, h, w]) = read_image(first_image(&train_dir)?)?;
+            let options = ImageOptions {
+                convert_channels: true,
+                resize: false,
+            };
+            (options, [h, w])
+        }
+    };
+    let train = image_folder(&train_dir, [3, h, w], options)?;
+    let val = image_folder(&val_dir, [3, h, w], options)?;
+    if train.classes() != val.classes() {
+        return Err(arg_err(
+            "DataSource",
+            format!(
+                "{} has the classes {:?} but {} has {:?}; give both splits the same class \
+                 folders (an empty one is an error, so move at least one image into it)",
+                train_dir.display(),
+                train.classes(),
+                val_dir.display(),
+                val.classes()
+            ),
+        ));
+    }
+    Ok((train, val))
 }
 
 #[cfg(test)]
@@ -136,10 +236,35 @@ mod tests {
             "cifar10:C:/x".parse::<DataSource>().unwrap(),
             DataSource::Cifar10("C:/x".into())
         );
+        assert_eq!(
+            "folder:/data/pets".parse::<DataSource>().unwrap(),
+            DataSource::Folder {
+                dir: "/data/pets".into(),
+                size: None
+            }
+        );
+        assert_eq!(
+            "folder:224x160:C:/pets".parse::<DataSource>().unwrap(),
+            DataSource::Folder {
+                dir: "C:/pets".into(),
+                size: Some([224, 160])
+            }
+        );
+        assert_eq!(
+            "folder:C:/pets".parse::<DataSource>().unwrap(),
+            DataSource::Folder {
+                dir: "C:/pets".into(),
+                size: None
+            }
+        );
         for (bad, says) in [
             ("imagenet:/x", "unknown data source `imagenet:/x`"),
             ("mnist", "names no folder"),
             ("synthetic:lots", "`lots` is not a sample count"),
+            ("folder:", "names no folder"),
+            ("folder:32x32:", "names no folder"),
+            ("folder:0x32:/x", "`0x32` is not a size of whole pixels"),
+            ("folder:32xbig:/x", "`32xbig` is not a size"),
         ] {
             let msg = bad.parse::<DataSource>().unwrap_err().to_string();
             assert!(msg.contains(says) && msg.contains("cifar10:DIR"), "{msg}");

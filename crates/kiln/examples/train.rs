@@ -48,7 +48,8 @@ struct Args {
     /// Run folder: checkpoint, TensorBoard events, metrics.csv, metrics.svg, memory.svg.
     #[arg(long, default_value = "runs/train")]
     run_dir: PathBuf,
-    /// Data: synthetic, synthetic:N, mnist:DIR or cifar10:DIR.
+    /// Data: synthetic, synthetic:N, mnist:DIR, cifar10:DIR, or folder:DIR / folder:HxW:DIR
+    /// (DIR/train/<class>/*.png|jpg and DIR/val/<class>/, torchvision's ImageFolder layout).
     #[arg(long, default_value = "synthetic", value_parser = parse_data)]
     data: DataSource,
     /// Epochs with the backbone frozen (only the head trains).

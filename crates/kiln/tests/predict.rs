@@ -1,7 +1,8 @@
 //! `predict` end to end: a tiny checkpoint written by the recipe, a synthetic sample saved as a
 //! PNG, and the top-5 classes read back through `kiln::recipe::predict`; wrong sizes and
 //! channel counts are kiln-data's errors; a class list that does not fit the model, and NaN
-//! weights, are errors naming the problem.
+//! weights, are errors naming the problem. A run on a folder of PNGs (`--data folder:DIR`)
+//! predicts with its folders' names.
 
 use kiln::data::{save_png, synthetic, DataSource, ImageOptions, Split};
 use kiln::recipe::{checkpoint, train, Quiet, TrainConfig};
@@ -119,6 +120,61 @@ fn predict_prints_five_classes_that_sum_to_at_most_one() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("probabilities are NaN"), "{msg}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn a_folder_of_images_trains_and_predicts_with_its_class_names() {
+    let root = std::env::temp_dir().join(format!("kiln-predict-folder-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let data = root.join("data");
+    // train/<class>/ and val/<class>/ from the synthetic set: 4 and 1 images of each class
+    for index in 0..50 {
+        let (pixels, label) = synthetic::render(7, Split::Train, index);
+        // each class's fifth image (labels cycle through the ten classes) is a validation one
+        let split = if index >= 40 { "val" } else { "train" };
+        let dir = data.join(split).join(synthetic::CLASSES[label as usize]);
+        std::fs::create_dir_all(&dir).unwrap();
+        save_png(dir.join(format!("{index}.png")), &pixels, [3, 32, 32]).unwrap();
+    }
+    let mut sorted: Vec<String> = synthetic::CLASSES.iter().map(|c| c.to_string()).collect();
+    sorted.sort();
+    let config = TrainConfig {
+        epochs: 2,
+        batch_size: Some(10),
+        run_dir: root.join("run"),
+        data: format!("folder:{}", data.display()).parse().unwrap(),
+        width: 4,
+        prefetch_batches: 0,
+        ..TrainConfig::default()
+    };
+    let ckpt = train(&config, &mut Quiet).unwrap().checkpoint;
+    let info = checkpoint::read_info(&ckpt).unwrap();
+    assert_eq!(info.classes, sorted);
+    assert_eq!(info.config.input_shape(), [3, 32, 32]);
+    let image = std::fs::read_dir(data.join("val").join(&sorted[0]))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let top = kiln::recipe::predict(&ckpt, &image, ImageOptions::default(), 10).unwrap();
+    let mut names: Vec<String> = top.into_iter().map(|(c, _)| c).collect();
+    names.sort();
+    assert_eq!(names, sorted);
+    // `folder:HxW:DIR` resizes every image
+    let resized: DataSource = format!("folder:16x16:{}", data.display()).parse().unwrap();
+    let (train_set, val_set) = resized.load(0).unwrap();
+    assert_eq!((train_set.len(), val_set.len()), (40, 10));
+    assert_eq!(val_set.sample_shape(), [3, 16, 16]);
+    // splits with different classes would give one label two meanings: refused
+    std::fs::remove_dir_all(data.join("val").join(&sorted[9])).unwrap();
+    let msg = config.data.load(0).unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!("but {} has", data.join("val").display()))
+            && msg.contains("give both splits the same class folders"),
+        "{msg}"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -66,6 +66,7 @@ pub fn strings(seed: u64, cases: usize) {
             "synthetic:",
             "mnist:",
             "cifar10:",
+            "folder:",
             "sgd",
             "adamw",
             "0x10",
