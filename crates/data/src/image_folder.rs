@@ -19,8 +19,10 @@
 //!
 //! Beyond torchvision: a folder reached through several links is walked once, under its first
 //! path in the order above (`os.walk` with `followlinks=True` lists it under each path, and
-//! loops forever on a link to a parent), and the images are decoded in parallel on rayon's pool
-//! into one buffer whose size is checked first.
+//! loops forever on a link to a parent), and the images are decoded in parallel on rayon's pool.
+//! Unlike torchvision, which reads each image as it is used, the dataset is held in memory, one
+//! byte a value (10,000 images of 3x224x224 take 1.5 GB), in one buffer whose size is checked
+//! against memory before any image is read.
 
 use crate::dataset::ImageDataset;
 use crate::error::{arg_err, Error, Result};
@@ -134,7 +136,7 @@ pub(crate) fn first_image(root: &Path) -> Result<PathBuf> {
 }
 
 /// `root`'s class folders as `(name, path)`, sorted by name; none is an error.
-fn class_folders(root: &Path) -> Result<Vec<(String, PathBuf)>> {
+pub(crate) fn class_folders(root: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut classes: Vec<(String, PathBuf)> = entries(root)?
         .into_iter()
         .filter(|(_, _, is_dir)| *is_dir)
@@ -178,9 +180,17 @@ pub fn image_folder(
         files.extend(found);
     }
     let per = memory::image_len("image_folder", shape)?;
-    let what = format!("{} images of {what}", files.len());
-    let len = memory::checked_size("image_folder", &what, &[files.len(), per], &fix)?;
-    let mut pixels = memory::filled("image_folder", &what, len, 0u8, &fix)?;
+    let all = format!(
+        "{} images of {}x{}x{}",
+        files.len(),
+        shape[0],
+        shape[1],
+        shape[2]
+    );
+    let all_fix = "the dataset is held in memory, one byte a value; use a smaller size \
+                   (folder:HxW:DIR) or fewer images";
+    let len = memory::checked_size("image_folder", &all, &[files.len(), per], all_fix)?;
+    let mut pixels = memory::filled("image_folder", &all, len, 0u8, all_fix)?;
     let results: Vec<Result<()>> = pixels
         .par_chunks_mut(per)
         .zip(files.par_iter())

@@ -79,6 +79,8 @@ pub(crate) fn reserved<T>(op: &'static str, what: &str, len: usize, fix: &str) -
     Ok(v)
 }
 
+/// The bytes of a `[C, H, W]` image of 8-bit pixels, or an error for `op` naming the shape
+/// when the product does not fit in `usize`.
 pub(crate) fn image_len(op: &'static str, [c, h, w]: [usize; 3]) -> Result<usize> {
     c.checked_mul(h)
         .and_then(|n| n.checked_mul(w))

@@ -5,7 +5,7 @@
 
 use crate::dataset::{ImageDataset, Split};
 use crate::error::{arg_err, Error, Result};
-use crate::image_folder::{first_image, image_folder};
+use crate::image_folder::{class_folders, first_image, image_folder};
 use crate::image_io::{read_image, ImageOptions};
 use crate::transforms::{Augment, Normalize};
 use crate::{cifar10, mnist, synthetic};
@@ -176,6 +176,23 @@ fn load_folders(dir: &Path, size: Option<[usize; 2]>) -> Result<(ImageDataset, I
             ));
         }
     }
+    // the class folders first, so differing splits are refused before any image is decoded
+    let names = |split: &Path| -> Result<Vec<String>> {
+        Ok(class_folders(split)?.into_iter().map(|(n, _)| n).collect())
+    };
+    let (train_classes, val_classes) = (names(&train_dir)?, names(&val_dir)?);
+    if train_classes != val_classes {
+        return Err(arg_err(
+            "DataSource",
+            format!(
+                "{} has the classes {train_classes:?} but {} has {val_classes:?}; give both \
+                 splits the same class folders (an empty one is an error, so move at least one \
+                 image into it)",
+                train_dir.display(),
+                val_dir.display(),
+            ),
+        ));
+    }
     let (options, [h, w]) = match size {
         Some(size) => (
             ImageOptions {
@@ -193,22 +210,25 @@ fn load_folders(dir: &Path, size: Option<[usize; 2]>) -> Result<(ImageDataset, I
             (options, [h, w])
         }
     };
-    let train = image_folder(&train_dir, [3, h, w], options)?;
-    let val = image_folder(&val_dir, [3, h, w], options)?;
-    if train.classes() != val.classes() {
-        return Err(arg_err(
-            "DataSource",
-            format!(
-                "{} has the classes {:?} but {} has {:?}; give both splits the same class \
-                 folders (an empty one is an error, so move at least one image into it)",
-                train_dir.display(),
-                train.classes(),
-                val_dir.display(),
-                val.classes()
+    // an image of another size names the flag that resizes, not the library option
+    let load = |split: &Path| match image_folder(split, [3, h, w], options) {
+        Err(Error::ImageShape {
+            path,
+            found,
+            expected,
+            ..
+        }) => Err(Error::ImageShape {
+            path,
+            found,
+            expected,
+            fix: format!(
+                "pass folder:{h}x{w}:{} to resize every image to the first one's size",
+                dir.display()
             ),
-        ));
-    }
-    Ok((train, val))
+        }),
+        loaded => loaded,
+    };
+    Ok((load(&train_dir)?, load(&val_dir)?))
 }
 
 #[cfg(test)]

@@ -167,6 +167,16 @@ fn a_folder_of_images_trains_and_predicts_with_its_class_names() {
     let (train_set, val_set) = resized.load(0).unwrap();
     assert_eq!((train_set.len(), val_set.len()), (40, 10));
     assert_eq!(val_set.sample_shape(), [3, 16, 16]);
+    // without a size, an image of another size is refused naming the flag that resizes
+    let odd = data.join("train").join(&sorted[3]).join("odd.png");
+    save_png(&odd, &vec![7u8; 3 * 20 * 24], [3, 20, 24]).unwrap();
+    let msg = config.data.load(0).unwrap_err().to_string();
+    assert!(
+        msg.contains("odd.png") && msg.contains(&format!("pass folder:32x32:{}", data.display())),
+        "{msg}"
+    );
+    let (train_set, _) = resized.load(0).unwrap();
+    assert_eq!(train_set.len(), 41);
     // splits with different classes would give one label two meanings: refused
     std::fs::remove_dir_all(data.join("val").join(&sorted[9])).unwrap();
     let msg = config.data.load(0).unwrap_err().to_string();
