@@ -337,6 +337,31 @@ fn freezing_and_per_group_learning_rates() -> Res {
     Ok(())
 }
 
+/// GUIDE.md: "9. Per-group learning rates", "Your own images".
+#[test]
+fn your_own_images_in_class_folders() -> Res {
+    let root = std::env::temp_dir().join(format!("kiln-guide-pets-{}", std::process::id()));
+    let (images, _) = synthetic::train_val(2, 3, 1)?;
+    for (i, class) in ["dog", "cat", "cat"].iter().enumerate() {
+        let dir = root.join("pets/train").join(class);
+        std::fs::create_dir_all(&dir)?;
+        kiln::data::save_png(dir.join(format!("{i}.png")), images.image(i), [3, 32, 32])?;
+    }
+    let pets_train = root.join("pets/train"); // "pets/train" in the guide
+
+    let resize = ImageOptions {
+        resize: true,
+        ..Default::default()
+    };
+    let train = kiln::data::image_folder(&pets_train, [3, 224, 224], resize)?;
+
+    assert_eq!(train.classes(), ["cat", "dog"]); // sorted, as torchvision's
+    assert_eq!(train.labels(), [0, 0, 1]);
+    assert_eq!(train.sample_shape(), [3, 224, 224]);
+    std::fs::remove_dir_all(&root)?;
+    Ok(())
+}
+
 /// GUIDE.md: "10. Mixed precision".
 #[test]
 fn mixed_precision_grad_scaler() -> Res {
