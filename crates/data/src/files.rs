@@ -6,6 +6,23 @@ use flate2::read::GzDecoder;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+/// The bytes of the regular file at `path` (links followed). Anything else is an error before
+/// it is opened: reading a named pipe would wait for a writer forever, and a folder or a device
+/// is never a data file.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a folder, pipe, socket or device)",
+        )));
+    }
+    std::fs::read(path).map_err(io)
+}
+
 /// A dataset file's bytes (decompressed when it was gzip) and where they came from.
 pub(crate) struct FileBytes {
     pub(crate) path: PathBuf,
@@ -16,10 +33,7 @@ pub(crate) struct FileBytes {
 impl FileBytes {
     /// Reads `path`, gunzipping it when it starts with the gzip magic bytes.
     pub(crate) fn read(path: &Path) -> Result<Self> {
-        let raw = std::fs::read(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let raw = read_file(path)?;
         if raw.len() >= 2 && raw[0] == 0x1f && raw[1] == 0x8b {
             let mut bytes = Vec::new();
             if let Err(source) = GzDecoder::new(raw.as_slice()).read_to_end(&mut bytes) {

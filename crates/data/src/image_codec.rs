@@ -68,10 +68,7 @@ fn decoded_len(path: &Path, height: usize, width: usize, channels: usize) -> Res
 
 /// Reads and decodes the PNG or JPEG at `path`.
 pub(crate) fn decode(path: &Path) -> Result<Decoded> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = crate::files::read_file(path)?;
     if bytes.starts_with(PNG_SIGNATURE) {
         decode_png(path, &bytes)
     } else if bytes.starts_with(JPEG_SIGNATURE) {

@@ -263,3 +263,50 @@ fn files_claiming_huge_images_are_refused_from_the_header() {
     kiln_testkit::assert_readable(&msg);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A named pipe (or a folder) where a data file is expected is refused before it is opened:
+/// reading a pipe would wait for a writer forever. Each read runs on its own thread and must
+/// answer within a few seconds.
+#[cfg(unix)]
+#[test]
+fn a_pipe_or_a_folder_is_refused_not_waited_on() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let dir = std::env::temp_dir().join(format!("kiln-pipes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("folder.png")).unwrap();
+    let fifo = |name: &str| {
+        let ok = std::process::Command::new("mkfifo")
+            .arg(dir.join(name))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mkfifo {name} failed");
+    };
+    fifo("pipe.png");
+    fifo("t10k-images-idx3-ubyte");
+    let answer = |read: Box<dyn FnOnce() -> String + Send>| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || tx.send(read()));
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the read waited on the pipe")
+    };
+    for name in ["pipe.png", "folder.png"] {
+        let path = dir.join(name);
+        let msg = answer(Box::new(move || {
+            kiln_data::read_image(&path).unwrap_err().to_string()
+        }));
+        assert!(
+            msg.contains(name) && msg.contains("not a regular file"),
+            "{msg}"
+        );
+    }
+    let root = dir.clone();
+    let msg = answer(Box::new(move || {
+        kiln_data::mnist::load(&root, kiln_data::Split::Test)
+            .unwrap_err()
+            .to_string()
+    }));
+    // MNIST looks only for regular files under its names, so the pipe is not one of them
+    assert!(msg.contains("t10k-images-idx3-ubyte"), "{msg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -116,7 +116,7 @@ fn png_bytes(dir: &Path) -> Vec<u8> {
 
 /// Image bytes and the model input they are loaded for (PNG and JPEG targets).
 #[derive(Debug)]
-pub struct Png {
+pub struct ImageCase {
     bytes: Vec<u8>,
     expected: [usize; 3],
     options: ImageOptions,
@@ -135,7 +135,7 @@ pub fn png_files(seed: u64, cases: usize) {
         }
         mutate_bytes(&mut bytes, rng, 0);
         let side = |rng: &mut Rng| rng.pick(&[4, 4, 4, 1, 32, 1 << 16, 1 << 31, usize::MAX]);
-        Png {
+        ImageCase {
             bytes,
             expected: [rng.pick(&[3, 3, 0, 1, 4, 5]), side(rng), side(rng)],
             options: ImageOptions {
@@ -145,7 +145,7 @@ pub fn png_files(seed: u64, cases: usize) {
         }
     };
     let path = dir.join("case.png");
-    let check = |p: &Png| {
+    let check = |p: &ImageCase| {
         std::fs::write(&path, &p.bytes).unwrap();
         let _ = read_image(&path);
         let norm = Normalize::new(&[0.5; 3], &[0.25; 3]).unwrap();
@@ -211,7 +211,7 @@ pub fn jpeg_files(seed: u64, cases: usize) {
         // size, and a 16x32768 decode resized to 1000 wide is 0.3 G multiply-adds of
         // legitimate work (a second in release, as in Pillow), to 65536 wide 20 G.
         let side = |rng: &mut Rng| rng.pick(&[12, 20, 16, 1, 100, usize::MAX]);
-        Png {
+        ImageCase {
             bytes,
             expected: [rng.pick(&[3, 3, 1, 0, 4]), side(rng), side(rng)],
             options: ImageOptions {
@@ -221,7 +221,7 @@ pub fn jpeg_files(seed: u64, cases: usize) {
         }
     };
     let path = dir.join("case.jpg");
-    let check = |p: &Png| {
+    let check = |p: &ImageCase| {
         std::fs::write(&path, &p.bytes).unwrap();
         let _ = read_image(&path);
         Outcome::from(load_image(&path, p.expected, p.options, None, Device::Cpu))
