@@ -10,17 +10,21 @@ use std::path::{Path, PathBuf};
 /// it is opened: reading a named pipe would wait for a writer forever, and a folder or a device
 /// is never a data file.
 pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    if !std::fs::metadata(path).map_err(io)?.is_file() {
-        return Err(io(std::io::Error::new(
+    if !std::fs::metadata(path).map_err(io_err(path))?.is_file() {
+        return Err(io_err(path)(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "not a regular file (a folder, pipe, socket or device)",
         )));
     }
-    std::fs::read(path).map_err(io)
+    std::fs::read(path).map_err(io_err(path))
+}
+
+/// An operating-system error on `path` as kiln-data's [`Error::Io`], for `map_err`.
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// A dataset file's bytes (decompressed when it was gzip) and where they came from.

@@ -26,6 +26,7 @@
 
 use crate::dataset::ImageDataset;
 use crate::error::{arg_err, Error, Result};
+use crate::files::io_err;
 use crate::image_io::{check_target, fit_image, ImageOptions};
 use crate::memory;
 use rayon::prelude::*;
@@ -40,15 +41,11 @@ const IMAGE_EXTENSIONS: [&str; 9] = [
 /// The ones kiln decodes.
 const DECODED_EXTENSIONS: [&str; 3] = [".jpg", ".jpeg", ".png"];
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
+/// One folder's entries as `(name, path, is a folder)`.
+type Listing = Vec<(String, PathBuf, bool)>;
 
-/// The entries of `dir` as `(name, path, is a folder)`, links followed.
-fn entries(dir: &Path) -> Result<Vec<(String, PathBuf, bool)>> {
+/// The entries of `dir`, links followed.
+fn entries(dir: &Path) -> Result<Listing> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
         let entry = entry.map_err(io_err(dir))?;
@@ -65,9 +62,10 @@ fn entries(dir: &Path) -> Result<Vec<(String, PathBuf, bool)>> {
     Ok(out)
 }
 
-/// Every folder under `top` (itself included), in the order of its path string, each once: a
-/// folder reached through several links keeps its first path in that order.
-fn folders_under(top: &Path) -> Result<Vec<PathBuf>> {
+/// The listing of every folder under `top` (itself included), in the order of the folder's path
+/// string, each folder once: one reached through several links keeps its first path in that
+/// order. Each folder is read once; the caller takes its files from the same listing.
+fn folders_under(top: &Path) -> Result<Vec<Listing>> {
     // A child's path string extends its parent's, so popping the smallest known path visits
     // every reachable path in sorted order, whatever order the folders list their entries in.
     let key = |p: PathBuf| Reverse((p.to_string_lossy().into_owned(), p));
@@ -79,12 +77,13 @@ fn folders_under(top: &Path) -> Result<Vec<PathBuf>> {
         if !seen.insert(real) {
             continue;
         }
-        for (_, path, is_dir) in entries(&dir)? {
-            if is_dir {
-                next.push(key(path));
+        let listing = entries(&dir)?;
+        for (_, path, is_dir) in &listing {
+            if *is_dir {
+                next.push(key(path.clone()));
             }
         }
-        found.push(dir);
+        found.push(listing);
     }
     Ok(found)
 }
@@ -97,8 +96,8 @@ fn ends_with_any(name: &str, extensions: &[&str]) -> bool {
 /// The image files of one class folder, in torchvision's order (see the module docs).
 fn class_files(class: &str, dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
-    for folder in folders_under(dir)? {
-        let mut names: Vec<(String, PathBuf)> = entries(&folder)?
+    for listing in folders_under(dir)? {
+        let mut names: Vec<(String, PathBuf)> = listing
             .into_iter()
             .filter(|(name, _, is_dir)| !is_dir && ends_with_any(name, &IMAGE_EXTENSIONS))
             .map(|(name, path, _)| (name, path))

@@ -15,6 +15,7 @@
 
 use crate::error::Result;
 use crate::memory;
+use std::borrow::Cow;
 
 /// Fraction bits of the fixed-point weights: 32 bits less the 8 of a sample and 2 of headroom.
 const PRECISION_BITS: u32 = 32 - 8 - 2;
@@ -53,20 +54,20 @@ fn side_weights(n_in: usize, n_out: usize, what: &str, fix: &str) -> Result<Side
     let support = filter_scale;
     // multiplied by, not divided by `filter_scale`, as Pillow does (the same rounding)
     let inv = 1.0 / filter_scale;
-    // (first input sample, count, centre) of output sample `i`: truncation toward zero, as a
-    // C cast, then clamped to the side
+    let center = |i: usize| (i as f64 + 0.5) * scale;
+    // (first input sample, count) of output sample `i`: truncation toward zero, as a C cast,
+    // then clamped to the side
     let span = |i: usize| {
-        let center = (i as f64 + 0.5) * scale;
-        let first = ((center - support + 0.5) as i64).max(0) as usize;
-        let end = ((center + support + 0.5) as i64).clamp(0, n_in as i64) as usize;
-        (first, end.saturating_sub(first), center)
+        let first = ((center(i) - support + 0.5) as i64).max(0) as usize;
+        let end = ((center(i) + support + 0.5) as i64).clamp(0, n_in as i64) as usize;
+        (first, end.saturating_sub(first))
     };
     // The spans first: their buffer is checked before any work is done per output sample, so a
     // hostile output size is refused at once.
     let mut spans = memory::filled("resize_bilinear", what, n_out, (0, 0, 0), fix)?;
     let mut total = 0usize;
     for (i, slot) in spans.iter_mut().enumerate() {
-        let (first, count, _) = span(i);
+        let (first, count) = span(i);
         *slot = (first, count, total);
         total = total
             .checked_add(count)
@@ -74,7 +75,7 @@ fn side_weights(n_in: usize, n_out: usize, what: &str, fix: &str) -> Result<Side
     }
     let mut weights = memory::filled("resize_bilinear", what, total, 0i32, fix)?;
     for (i, &(first, count, at)) in spans.iter().enumerate() {
-        let center = span(i).2;
+        let center = center(i);
         let raw = |t: usize| triangle(((first + t) as f64 - center + 0.5) * inv);
         let mut sum = 0.0;
         for t in 0..count {
@@ -132,8 +133,9 @@ pub fn resize_bilinear(chw: &[u8], shape: [usize; 3], size: [usize; 2]) -> Resul
         fix,
     )?;
     // width pass: [C, H, W] -> [C, H, W']
-    let mid = if ow == w {
-        chw.to_vec()
+    // an unchanged width is read in place by the height pass, not copied
+    let mid: Cow<[u8]> = if ow == w {
+        Cow::Borrowed(chw)
     } else {
         let side = side_weights(w, ow, &what, fix)?;
         let mut mid = memory::filled("resize_bilinear", &what, mid_len, 0u8, fix)?;
@@ -143,10 +145,10 @@ pub fn resize_bilinear(chw: &[u8], shape: [usize; 3], size: [usize; 2]) -> Resul
                 *out = sample(row_in, first, 1, k);
             }
         }
-        mid
+        Cow::Owned(mid)
     };
     if oh == h {
-        return Ok(mid);
+        return Ok(mid.into_owned());
     }
     // height pass: [C, H, W'] -> [C, H', W']
     let side = side_weights(h, oh, &what, fix)?;

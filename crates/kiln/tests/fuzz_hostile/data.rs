@@ -122,6 +122,34 @@ pub struct ImageCase {
     options: ImageOptions,
 }
 
+impl ImageCase {
+    /// `bytes` for a model input drawn from `channels` and `sides`, resizing and converting
+    /// each allowed half of the time.
+    fn drawn(rng: &mut Rng, bytes: Vec<u8>, channels: &[usize], sides: &[usize]) -> Self {
+        ImageCase {
+            bytes,
+            expected: [rng.pick(channels), rng.pick(sides), rng.pick(sides)],
+            options: ImageOptions {
+                resize: rng.chance(0.5),
+                convert_channels: rng.chance(0.5),
+            },
+        }
+    }
+
+    /// Writes the bytes to `path`, reads them as they are, then loads them as the model input.
+    fn load(&self, path: &Path, normalize: Option<&Normalize>) -> Outcome {
+        std::fs::write(path, &self.bytes).unwrap();
+        let _ = read_image(path);
+        Outcome::from(load_image(
+            path,
+            self.expected,
+            self.options,
+            normalize,
+            Device::Cpu,
+        ))
+    }
+}
+
 pub fn png_files(seed: u64, cases: usize) {
     let dir = scratch("png");
     let valid = png_bytes(&dir);
@@ -134,24 +162,12 @@ pub fn png_files(seed: u64, cases: usize) {
             bytes[at..at + 4].copy_from_slice(&v.to_be_bytes());
         }
         mutate_bytes(&mut bytes, rng, 0);
-        let side = |rng: &mut Rng| rng.pick(&[4, 4, 4, 1, 32, 1 << 16, 1 << 31, usize::MAX]);
-        ImageCase {
-            bytes,
-            expected: [rng.pick(&[3, 3, 0, 1, 4, 5]), side(rng), side(rng)],
-            options: ImageOptions {
-                resize: rng.chance(0.5),
-                convert_channels: rng.chance(0.5),
-            },
-        }
+        let sides = [4, 4, 4, 1, 32, 1 << 16, 1 << 31, usize::MAX];
+        ImageCase::drawn(rng, bytes, &[3, 3, 0, 1, 4, 5], &sides)
     };
     let path = dir.join("case.png");
-    let check = |p: &ImageCase| {
-        std::fs::write(&path, &p.bytes).unwrap();
-        let _ = read_image(&path);
-        let norm = Normalize::new(&[0.5; 3], &[0.25; 3]).unwrap();
-        let n = (p.expected[0] == 3).then_some(&norm);
-        Outcome::from(load_image(&path, p.expected, p.options, n, Device::Cpu))
-    };
+    let norm = Normalize::new(&[0.5; 3], &[0.25; 3]).unwrap();
+    let check = |p: &ImageCase| p.load(&path, (p.expected[0] == 3).then_some(&norm));
     run("PNG bytes and model inputs", seed, cases, generate, check);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -210,22 +226,15 @@ pub fn jpeg_files(seed: u64, cases: usize) {
         // a large resize in a debug build: zune-jpeg fills a short file out to its header's
         // size, and a 16x32768 decode resized to 1000 wide is 0.3 G multiply-adds of
         // legitimate work (a second in release, as in Pillow), to 65536 wide 20 G.
-        let side = |rng: &mut Rng| rng.pick(&[12, 20, 16, 1, 100, usize::MAX]);
-        ImageCase {
+        ImageCase::drawn(
+            rng,
             bytes,
-            expected: [rng.pick(&[3, 3, 1, 0, 4]), side(rng), side(rng)],
-            options: ImageOptions {
-                resize: rng.chance(0.5),
-                convert_channels: rng.chance(0.5),
-            },
-        }
+            &[3, 3, 1, 0, 4],
+            &[12, 20, 16, 1, 100, usize::MAX],
+        )
     };
     let path = dir.join("case.jpg");
-    let check = |p: &ImageCase| {
-        std::fs::write(&path, &p.bytes).unwrap();
-        let _ = read_image(&path);
-        Outcome::from(load_image(&path, p.expected, p.options, None, Device::Cpu))
-    };
+    let check = |p: &ImageCase| p.load(&path, None);
     run("JPEG bytes and model inputs", seed, cases, generate, check);
     let _ = std::fs::remove_dir_all(&dir);
 }
