@@ -14,15 +14,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let scaled: Vec<Vec<u8>> = (0..100)
         .map(|cell| {
             let (row, col) = (cell / 10, cell % 10);
-            let img = ds.image(row + 10 * col);
-            (0..3 * 64 * 64)
+            let img = ds.image(row + 10 * col)?;
+            Ok((0..3 * 64 * 64)
                 .map(|i| {
                     let (c, y, x) = (i / 4096, i / 64 % 64, i % 64);
                     img[c * 1024 + (y / 2) * 32 + x / 2]
                 })
-                .collect()
+                .collect())
         })
-        .collect();
+        .collect::<kiln_data::Result<_>>()?;
     let refs: Vec<&[u8]> = scaled.iter().map(|v| v.as_slice()).collect();
     let (grid, shape) = image_grid(&refs, [3, 64, 64], 10, 4, 255)?;
     save_png(&out, &grid, shape)?;

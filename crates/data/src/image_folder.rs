@@ -1,6 +1,7 @@
-//! [`image_folder`]: torchvision's `ImageFolder` layout (`root/<class>/**/<image>`) read into an
-//! in-memory [`ImageDataset`], so a model trained on the same folder in PyTorch sees the same
-//! class indices and sample order here.
+//! [`image_folder`] and [`image_folder_on_disk`]: torchvision's `ImageFolder` layout
+//! (`root/<class>/**/<image>`) as an [`ImageDataset`] held in memory or read from disk as it is
+//! used, so a model trained on the same folder in PyTorch sees the same class indices and
+//! sample order here.
 //!
 //! Invariants (torchvision's `find_classes` and `make_dataset`, written from their documented
 //! behaviour):
@@ -20,16 +21,15 @@
 //! Beyond torchvision: a folder reached through several links is walked once, under its first
 //! path in the order above (`os.walk` with `followlinks=True` lists it under each path, and
 //! loops forever on a link to a parent), and the images are decoded in parallel on rayon's pool.
-//! Unlike torchvision, which reads each image as it is used, the dataset is held in memory, one
-//! byte a value (10,000 images of 3x224x224 take 1.5 GB), in one buffer whose size is checked
-//! against memory before any image is read.
+//! [`image_folder`] holds the dataset in memory, one byte a value (10,000 images of 3x224x224
+//! take 1.5 GB), in one buffer whose size is checked against memory before any image is read;
+//! [`image_folder_on_disk`] keeps only the file list and decodes each image when it is used, as
+//! torchvision does.
 
-use crate::dataset::ImageDataset;
+use crate::dataset::{ImageDataset, ImageFiles};
 use crate::error::{arg_err, Error, Result};
 use crate::files::io_err;
-use crate::image_io::{check_target, fit_image, ImageOptions};
-use crate::memory;
-use rayon::prelude::*;
+use crate::image_io::{check_target, ImageOptions};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::path::{Path, PathBuf};
@@ -156,9 +156,11 @@ pub(crate) fn class_folders(root: &Path) -> Result<Vec<(String, PathBuf)>> {
 }
 
 /// Reads a folder of class folders (`root/<class>/**/<image>.png|jpg`), torchvision's
-/// `ImageFolder` layout, into an [`ImageDataset`] of `shape` (`[C, H, W]`) samples named after
-/// `root`: classes, labels and sample order as torchvision gives them (see the module docs),
-/// each image converted and resized only as `options` allow, as [`crate::load_image`] does.
+/// `ImageFolder` layout, into an in-memory [`ImageDataset`] of `shape` (`[C, H, W]`) samples
+/// named after `root`: classes, labels and sample order as torchvision gives them (see the
+/// module docs), each image converted and resized only as `options` allow, as
+/// [`crate::load_image`] does. Every image is decoded here, once; for a folder larger than
+/// memory use [`image_folder_on_disk`].
 ///
 /// Errors name the problem and its file or folder: a missing root, a root with no class
 /// folder, a class with no image, an image in a format kiln does not decode, an image that
@@ -168,42 +170,55 @@ pub fn image_folder(
     shape: [usize; 3],
     options: ImageOptions,
 ) -> Result<ImageDataset> {
-    let root = root.as_ref();
-    let (what, fix) = check_target("image_folder", shape)?;
+    listed("image_folder", root.as_ref(), shape, options, None)?.into_memory()
+}
+
+/// [`image_folder`]'s dataset (the same classes, labels, order and bytes) with its images left
+/// on disk: each is decoded, converted and resized when a sample is read, as torchvision's
+/// `ImageFolder` does, so memory holds only the file list whatever the folder's size. A
+/// [`crate::DataLoader`] decodes each batch's images in parallel;
+/// [`ImageDataset::into_memory`] decodes them all once.
+///
+/// Only the folders are read here, so an image that cannot be read as `shape` under `options`
+/// is an error naming it when it is first used (by [`ImageDataset::image`],
+/// [`ImageDataset::channel_stats`] or a loader's batch), not here.
+pub fn image_folder_on_disk(
+    root: impl AsRef<Path>,
+    shape: [usize; 3],
+    options: ImageOptions,
+) -> Result<ImageDataset> {
+    listed("image_folder_on_disk", root.as_ref(), shape, options, None)
+}
+
+/// The folder's dataset on disk; `op` names the caller in errors, and `shape_fix` (if any) is
+/// the fix an image of the wrong size names.
+pub(crate) fn listed(
+    op: &'static str,
+    root: &Path,
+    shape: [usize; 3],
+    options: ImageOptions,
+    shape_fix: Option<String>,
+) -> Result<ImageDataset> {
+    let (what, fix) = check_target(op, shape)?;
     let classes = class_folders(root)?;
-    let mut files = Vec::new();
+    let mut paths = Vec::new();
     let mut labels = Vec::new();
     for (label, (name, dir)) in classes.iter().enumerate() {
         let found = class_files(name, dir)?;
         labels.extend(std::iter::repeat_n(label as i64, found.len()));
-        files.extend(found);
+        paths.extend(found);
     }
-    let per = memory::image_len("image_folder", shape)?;
-    let all = format!(
-        "{} images of {}x{}x{}",
-        files.len(),
-        shape[0],
-        shape[1],
-        shape[2]
-    );
-    let all_fix = "the dataset is held in memory, one byte a value; use a smaller size \
-                   (folder:HxW:DIR) or fewer images";
-    let len = memory::checked_size("image_folder", &all, &[files.len(), per], all_fix)?;
-    let mut pixels = memory::filled("image_folder", &all, len, 0u8, all_fix)?;
-    let results: Vec<Result<()>> = pixels
-        .par_chunks_mut(per)
-        .zip(files.par_iter())
-        .map(|(slot, path)| {
-            slot.copy_from_slice(&fit_image(path, shape, options, &what, &fix)?);
-            Ok(())
-        })
-        .collect();
-    // the first failing file in sample order, whatever order the pool met them in
-    results.into_iter().collect::<Result<()>>()?;
     let name = root.file_name().map_or_else(
         || "image_folder".to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
     let classes = classes.into_iter().map(|(name, _)| name).collect();
-    ImageDataset::new(name, shape, pixels, labels, classes)
+    let files = ImageFiles {
+        paths,
+        options,
+        what,
+        fix,
+        shape_fix,
+    };
+    ImageDataset::on_disk(name, shape, files, labels, classes)
 }

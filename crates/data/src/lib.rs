@@ -5,8 +5,9 @@
 //! - [`mnist`] and [`cifar10`]: the real datasets from their distribution files (IDX, gz or not;
 //!   CIFAR-10 binary batches). A corrupt or truncated file is an error naming the file, the byte
 //!   offset and what the format expects there.
-//! - [`image_folder`]: your own images in torchvision's `ImageFolder` layout
-//!   (`root/<class>/<image>.png|jpg`), with torchvision's class indices and sample order.
+//! - [`image_folder`] / [`image_folder_on_disk`]: your own images in torchvision's
+//!   `ImageFolder` layout (`root/<class>/<image>.png|jpg`), with torchvision's class indices and
+//!   sample order, decoded once into memory or read from disk as they are used.
 //! - [`Normalize`] and [`Augment`]: per-channel normalisation (standard constants included) and
 //!   seeded random crop / horizontal flip.
 //! - [`DataLoader`]: per-epoch shuffling from a seed, batches as `[B, C, H, W]` `F32` images and
@@ -63,7 +64,7 @@ pub mod synthetic;
 
 pub use dataset::{ImageDataset, Split};
 pub use error::{Error, Result};
-pub use image_folder::image_folder;
+pub use image_folder::{image_folder, image_folder_on_disk};
 pub use image_io::{hwc_to_chw, image_grid, load_image, read_image, save_png, ImageOptions};
 pub use loader::{Batch, DataLoader, DataLoaderConfig, EpochIter, LoaderState};
 pub use resize::resize_bilinear;

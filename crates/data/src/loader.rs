@@ -105,15 +105,15 @@ struct Plan {
 }
 
 impl Plan {
-    fn build(&self, epoch: u64, indices: &[usize]) -> HostBatch {
+    fn build(&self, epoch: u64, indices: &[usize]) -> Result<HostBatch> {
         let shape = self.dataset.sample_shape();
         let per: usize = shape.iter().product();
         let mut images = Vec::with_capacity(indices.len() * per);
         let mut scratch = vec![0u8; per];
         let aug = &self.config.augment;
-        for &i in indices {
-            let src = self.dataset.image(i);
-            let pixels = if aug.is_identity() {
+        let samples = self.dataset.images(indices)?;
+        for (&i, src) in indices.iter().zip(&samples) {
+            let pixels: &[u8] = if aug.is_identity() {
                 src
             } else {
                 aug.apply(src, shape, self.config.seed, epoch, i, &mut scratch)
@@ -127,11 +127,11 @@ impl Plan {
                 &mut images,
             );
         }
-        HostBatch {
+        Ok(HostBatch {
             images,
             labels: indices.iter().map(|&i| self.dataset.label(i)).collect(),
             indices: indices.to_vec(),
-        }
+        })
     }
 }
 
@@ -372,6 +372,7 @@ impl DataLoader {
             loader: self,
             source,
             epoch,
+            ended: false,
         }
     }
 }
@@ -382,7 +383,7 @@ enum Source {
         chunks: std::vec::IntoIter<Vec<usize>>,
     },
     Worker {
-        rx: Option<Receiver<HostBatch>>,
+        rx: Option<Receiver<Result<HostBatch>>>,
         handle: Option<JoinHandle<()>>,
         stop: Arc<AtomicBool>,
         remaining: usize,
@@ -405,8 +406,10 @@ impl Source {
                     if stop_worker.load(Ordering::Relaxed) {
                         return;
                     }
-                    if tx.send(plan.build(epoch, &chunk)).is_err() {
-                        return; // the iterator was dropped
+                    let built = plan.build(epoch, &chunk);
+                    let failed = built.is_err();
+                    if tx.send(built).is_err() || failed {
+                        return; // the iterator was dropped, or met the error and stops
                     }
                 }
             });
@@ -453,6 +456,8 @@ pub struct EpochIter<'a> {
     loader: &'a mut DataLoader,
     source: Source,
     epoch: u64,
+    /// An error was yielded: the iterator is over (see [`Iterator::next`]).
+    ended: bool,
 }
 
 impl EpochIter<'_> {
@@ -465,7 +470,7 @@ impl EpochIter<'_> {
         match &mut self.source {
             Source::Inline { chunks } => {
                 let chunk = chunks.next()?;
-                Some(Ok(self.loader.plan.build(self.epoch, &chunk)))
+                Some(self.loader.plan.build(self.epoch, &chunk))
             }
             Source::Worker { rx, remaining, .. } => {
                 if *remaining == 0 {
@@ -474,7 +479,7 @@ impl EpochIter<'_> {
                 match rx.as_ref()?.recv() {
                     Ok(batch) => {
                         *remaining -= 1;
-                        Some(Ok(batch))
+                        Some(batch)
                     }
                     Err(_) => {
                         let why = self
@@ -492,7 +497,21 @@ impl EpochIter<'_> {
 impl Iterator for EpochIter<'_> {
     type Item = Result<Batch>;
 
+    /// The next batch. An error (an image file that cannot be read, a failed worker) ends the
+    /// iterator: the loader's state stays after the last batch yielded, so once the cause is
+    /// fixed the next [`DataLoader::iter`] builds the failed batch again.
     fn next(&mut self) -> Option<Result<Batch>> {
+        if self.ended {
+            return None;
+        }
+        let batch = self.next_batch();
+        self.ended = matches!(batch, Some(Err(_)));
+        batch
+    }
+}
+
+impl EpochIter<'_> {
+    fn next_batch(&mut self) -> Option<Result<Batch>> {
         let host = match self.next_host()? {
             Ok(h) => h,
             Err(e) => return Some(Err(e)),

@@ -5,7 +5,7 @@
 
 use crate::dataset::{ImageDataset, Split};
 use crate::error::{arg_err, Error, Result};
-use crate::image_folder::{class_folders, first_image, image_folder};
+use crate::image_folder::{class_folders, first_image, listed};
 use crate::image_io::{read_image, ImageOptions};
 use crate::transforms::{Augment, Normalize};
 use crate::{cifar10, mnist, synthetic};
@@ -29,7 +29,10 @@ pub enum DataSource {
     /// Your own images: `DIR/train` and `DIR/val`, each in torchvision's `ImageFolder` layout
     /// ([`crate::image_folder`]), as RGB (torchvision's loader converts every image to RGB), at
     /// `size` (`[H, W]`, each image resized with Pillow's bilinear filter) or, without it, at
-    /// the size of the first training image, which every image must then have.
+    /// the size of the first training image, which every image must then have. The images are
+    /// decoded into memory once when both splits take at most a quarter of the machine's
+    /// memory, and otherwise read from disk as they are used
+    /// ([`crate::image_folder_on_disk`]).
     Folder {
         /// The folder holding `train/` and `val/`.
         dir: PathBuf,
@@ -64,7 +67,9 @@ impl DataSource {
                 cifar10::load(dir, Split::Train)?,
                 cifar10::load(dir, Split::Test)?,
             ),
-            DataSource::Folder { dir, size } => load_folders(dir, *size)?,
+            DataSource::Folder { dir, size } => {
+                load_folders(dir, *size, crate::memory::physical_memory())?
+            }
         })
     }
 
@@ -161,7 +166,12 @@ fn folder_source(s: &str, arg: &str, usage: &str) -> Result<DataSource> {
 
 /// `dir/train` and `dir/val` as RGB image folders at `size`, or at the first training image's
 /// size; the two must have the same classes, or the labels would not mean the same classes.
-fn load_folders(dir: &Path, size: Option<[usize; 2]>) -> Result<(ImageDataset, ImageDataset)> {
+/// `memory` is the machine's (see [`fits_in_memory`]).
+fn load_folders(
+    dir: &Path,
+    size: Option<[usize; 2]>,
+    memory: Option<usize>,
+) -> Result<(ImageDataset, ImageDataset)> {
     let (train_dir, val_dir) = (dir.join("train"), dir.join("val"));
     for split in [&train_dir, &val_dir] {
         if !split.is_dir() {
@@ -211,24 +221,30 @@ fn load_folders(dir: &Path, size: Option<[usize; 2]>) -> Result<(ImageDataset, I
         }
     };
     // an image of another size names the flag that resizes, not the library option
-    let load = |split: &Path| match image_folder(split, [3, h, w], options) {
-        Err(Error::ImageShape {
-            path,
-            found,
-            expected,
-            ..
-        }) => Err(Error::ImageShape {
-            path,
-            found,
-            expected,
-            fix: format!(
-                "pass folder:{h}x{w}:{} to resize every image to the first one's size",
-                dir.display()
-            ),
-        }),
-        loaded => loaded,
-    };
-    Ok((load(&train_dir)?, load(&val_dir)?))
+    let fix = format!(
+        "pass folder:{h}x{w}:{} to resize every image to the first one's size",
+        dir.display()
+    );
+    let list = |split: &Path| listed("DataSource", split, [3, h, w], options, Some(fix.clone()));
+    let (train, val) = (list(&train_dir)?, list(&val_dir)?);
+    let samples = train.len().saturating_add(val.len());
+    if !fits_in_memory(samples, [3, h, w], memory) {
+        return Ok((train, val));
+    }
+    Ok((train.into_memory()?, val.into_memory()?))
+}
+
+/// Whether a folder source's splits, `samples` images of `shape` in all, are decoded into
+/// memory: when their bytes take at most a quarter of `memory` (the machine's; the model, its
+/// gradients and the batches need the rest) or the machine's memory is unknown. Larger ones
+/// stay on disk, each image decoded when it is used, as torchvision reads an `ImageFolder`.
+fn fits_in_memory(samples: usize, shape: [usize; 3], memory: Option<usize>) -> bool {
+    let bytes = shape.into_iter().try_fold(samples, usize::checked_mul);
+    match (bytes, memory) {
+        (_, None) => true,
+        (Some(bytes), Some(memory)) => bytes <= memory / 4,
+        (None, Some(_)) => false,
+    }
 }
 
 #[cfg(test)]
@@ -297,7 +313,7 @@ mod tests {
         let (train, val) = src.load(1).unwrap();
         assert_eq!((train.len(), val.len()), (50, 10));
         let n = src.normalize(&train).unwrap();
-        let (mean, _) = train.channel_stats();
+        let (mean, _) = train.channel_stats().unwrap();
         assert!((n.mean()[0] as f64 - mean[0]).abs() < 1e-6);
         assert_eq!(src.augment(), Augment::cifar());
         assert_eq!(DataSource::Mnist("x".into()).augment(), Augment::default());
@@ -305,5 +321,54 @@ mod tests {
             DataSource::Cifar10("x".into()).normalize(&train).unwrap(),
             Normalize::cifar10()
         );
+    }
+
+    /// Writes `dir/{train,val}/{a,b}/k.png`, 4x6 RGB, with `odd` (a 5x6 image) as train/b/9.png.
+    fn folder_source(dir: &Path, odd: bool) {
+        let _ = std::fs::remove_dir_all(dir);
+        for (split, class, k) in [
+            ("train", "a", 0),
+            ("train", "b", 1),
+            ("val", "a", 2),
+            ("val", "b", 3),
+        ] {
+            let path = dir.join(split).join(class);
+            std::fs::create_dir_all(&path).unwrap();
+            let px: Vec<u8> = (0..72).map(|i| (i * 7 + k * 31) as u8).collect();
+            crate::save_png(path.join(format!("{k}.png")), &px, [3, 4, 6]).unwrap();
+        }
+        if odd {
+            crate::save_png(dir.join("train/b/9.png"), &[9; 90], [3, 5, 6]).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_folder_is_held_in_memory_up_to_a_quarter_of_the_machine() {
+        let dir = std::env::temp_dir().join(format!("kiln-source-{}", std::process::id()));
+        folder_source(&dir, false);
+        // two splits of two 3x4x6 images: 288 bytes
+        for (memory, on_disk) in [(None, false), (Some(1152), false), (Some(1151), true)] {
+            let (train, val) = load_folders(&dir, None, memory).unwrap();
+            assert_eq!((train.is_on_disk(), val.is_on_disk()), (on_disk, on_disk));
+            assert_eq!((train.len(), val.len()), (2, 2));
+            assert_eq!(train.classes(), ["a", "b"]);
+        }
+        assert!(!fits_in_memory(
+            1 << 30,
+            [3, 1 << 20, 1 << 20],
+            Some(usize::MAX)
+        ));
+        assert!(fits_in_memory(usize::MAX, [3, 1 << 20, 1 << 20], None));
+        // an image of another size names the flag that resizes it, in memory and on disk
+        folder_source(&dir, true);
+        let err = load_folders(&dir, None, None).unwrap_err().to_string();
+        let fix = format!("pass folder:4x6:{} to resize", dir.display());
+        assert!(err.contains("9.png") && err.contains(&fix), "{err}");
+        let (train, _) = load_folders(&dir, None, Some(0)).unwrap();
+        let err = train.image(2).unwrap_err().to_string();
+        assert!(err.contains("9.png") && err.contains(&fix), "{err}");
+        let (train, _) = load_folders(&dir, Some([4, 6]), Some(0)).unwrap();
+        assert_eq!(train.image(2).unwrap().len(), 72);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -6,7 +6,6 @@
 //! from the Philox stream at `(seed, augment, epoch, index)`, so a resumed run, a prefetching
 //! loader and a single-threaded one all augment each sample the same way.
 
-use crate::dataset::ImageDataset;
 use crate::error::{arg_err, Result};
 use crate::rng::{Domain, Stream};
 
@@ -82,14 +81,6 @@ impl Normalize {
             mean: vec![0.1307],
             std: vec![0.3081],
         }
-    }
-
-    /// The statistics of `dataset` itself (for the synthetic set: compute them on the training
-    /// split and use them for both splits).
-    pub fn from_dataset(dataset: &ImageDataset) -> Result<Self> {
-        let (mean, std) = dataset.channel_stats();
-        let std: Vec<f64> = std.iter().map(|s| s.max(1e-6)).collect();
-        Normalize::new(&mean, &std)
     }
 
     /// The per-channel means.
@@ -328,8 +319,8 @@ mod tests {
         let pixels: Vec<u8> = (0..4u8)
             .flat_map(|i| [i * 50, i * 50 + 10, 200, 200])
             .collect();
-        let ds =
-            ImageDataset::new("flat", [2, 1, 2], pixels, vec![0; 4], vec!["a".into()]).unwrap();
+        let ds = crate::ImageDataset::new("flat", [2, 1, 2], pixels, vec![0; 4], vec!["a".into()])
+            .unwrap();
         let n = Normalize::from_dataset(&ds).unwrap();
         assert_eq!(n.std()[1], 1e-6);
         assert!((n.mean()[1] - 200.0 / 255.0).abs() < 1e-6);

@@ -69,7 +69,7 @@ fn mnist_plain_and_gzip_load_the_same_samples() {
         assert_eq!(train.labels(), &[7, 0, 9]);
         // Sample 1 starts at pixel 20: bytes (20 * 7) % 256, ...
         let want: Vec<u8> = (20..40u32).map(|i| (i * 7 % 256) as u8).collect();
-        assert_eq!(train.image(1), want.as_slice());
+        assert_eq!(&*train.image(1).unwrap(), want.as_slice());
         assert_eq!(train.num_classes(), 10);
         let test = mnist::load(&dir, Split::Test).unwrap();
         assert_eq!(test.labels(), &[1, 2]);
@@ -222,7 +222,7 @@ fn cifar10_loads_all_batches_in_order_plain_and_gzip() {
         assert_eq!(train.sample_shape(), [3, 32, 32]);
         assert_eq!(train.labels(), &[1, 2, 2, 3, 3, 4, 4, 5, 5, 6]);
         // Record 1 of batch 1 is sample 1: byte i of its image is (1 + i / 1024 + i) % 256.
-        let img = train.image(1);
+        let img = train.image(1).unwrap();
         assert_eq!((img[0], img[1], img[1024], img[3071]), (1, 2, 2, 2));
         assert_eq!(train.classes()[3], "cat");
         let test = cifar10::load(&root, Split::Test).unwrap();

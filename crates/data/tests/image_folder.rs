@@ -1,10 +1,16 @@
 //! `kiln_data::image_folder` against torchvision's `ImageFolder`: the classes, labels and sample
 //! order torchvision finds in a tree (`fixtures/image_folder_order.json`, made by
-//! `fixtures/image_folder_order.py`), each sample's bytes, links, and the refusals.
+//! `fixtures/image_folder_order.py`), each sample's bytes, links, and the refusals; and the same
+//! folder read from disk as it is used (`image_folder_on_disk`), batch for batch.
 
-use kiln_data::{image_folder, read_image, resize_bilinear, save_png, Error, ImageOptions};
+use kiln_autograd::Device;
+use kiln_data::{
+    image_folder, image_folder_on_disk, read_image, resize_bilinear, save_png, Augment, DataLoader,
+    DataLoaderConfig, Error, ImageOptions, LoaderState, Normalize,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const SHAPE: [usize; 3] = [3, 12, 20];
 
@@ -77,7 +83,7 @@ fn classes_labels_and_order_equal_torchvision() {
             "sample {i} ({rel})"
         );
         assert!(
-            ds.image(i) == &expected[rel][..],
+            *ds.image(i).unwrap() == expected[rel][..],
             "sample {i} is not {rel}'s image"
         );
     }
@@ -128,7 +134,7 @@ fn refusals_name_the_folder_or_file() {
     assert_eq!(ds.classes(), ["cat", "dog"]);
     assert_eq!(ds.labels(), [0, 1]);
     assert_eq!(
-        ds.image(1),
+        &*ds.image(1).unwrap(),
         resize_bilinear(&small, [3, 6, 10], [12, 20]).unwrap()
     );
     // not an image shape
@@ -162,9 +168,151 @@ fn links_are_followed_and_each_folder_walked_once() {
         .enumerate()
     {
         assert!(
-            ds.image(i) == &expected[*rel][..],
+            *ds.image(i).unwrap() == expected[*rel][..],
             "sample {i} is not {rel}'s image"
         );
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Every batch of the loader's next epoch as (indices, images, labels).
+type Batches = Vec<(Vec<usize>, Vec<f32>, Vec<i64>)>;
+
+fn next_epoch(loader: &mut DataLoader) -> Batches {
+    loader
+        .iter()
+        .map(|b| {
+            let b = b.unwrap();
+            (
+                b.indices,
+                b.images.to_vec::<f32>().unwrap(),
+                b.labels.to_vec::<i64>().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn loader_config(prefetch_batches: usize, normalize: Normalize) -> DataLoaderConfig {
+    DataLoaderConfig {
+        batch_size: 4,
+        shuffle: true,
+        drop_last: false,
+        seed: 7,
+        prefetch_batches,
+        augment: Augment::cifar(),
+        normalize: Some(normalize),
+    }
+}
+
+/// Eleven images in two classes: ten distinct PNGs and the pattern JPEG.
+fn eleven_images(root: &Path) {
+    let mut files: Vec<String> = (0..10)
+        .map(|k| format!("{}/{k}.png", ["cat", "dog"][k % 2]))
+        .collect();
+    files.push("dog/pattern.jpg".into());
+    let refs: Vec<&str> = files.iter().map(String::as_str).collect();
+    write_tree(root, &refs);
+}
+
+#[test]
+fn on_disk_dataset_gives_the_in_memory_samples_statistics_and_batches() {
+    let root = temp_dir("on-disk");
+    eleven_images(&root);
+    let options = ImageOptions::default();
+    let memory = image_folder(&root, SHAPE, options).unwrap();
+    let disk = image_folder_on_disk(&root, SHAPE, options).unwrap();
+    assert!(disk.is_on_disk() && !memory.is_on_disk());
+    assert_eq!(disk.len(), 11);
+    assert_eq!(disk.classes(), memory.classes());
+    assert_eq!(disk.labels(), memory.labels());
+    for i in 0..disk.len() {
+        assert_eq!(
+            disk.image(i).unwrap(),
+            memory.image(i).unwrap(),
+            "sample {i}"
+        );
+    }
+    let msg = disk.image(11).unwrap_err().to_string();
+    assert!(
+        msg.contains("sample 11 of a dataset of 11 samples"),
+        "{msg}"
+    );
+    assert_eq!(
+        disk.channel_stats().unwrap(),
+        memory.channel_stats().unwrap()
+    );
+    assert_eq!(disk.clone().into_memory().unwrap(), memory);
+
+    let normalize = Normalize::from_dataset(&memory).unwrap();
+    let (memory, disk) = (Arc::new(memory), Arc::new(disk));
+    for prefetch in [0, 2] {
+        let config = loader_config(prefetch, normalize.clone());
+        let mut from_memory = DataLoader::new(memory.clone(), config.clone(), Device::Cpu).unwrap();
+        let mut from_disk = DataLoader::new(disk.clone(), config, Device::Cpu).unwrap();
+        for epoch in 0..2 {
+            let want = next_epoch(&mut from_memory);
+            assert_eq!(want.len(), 3);
+            assert_eq!(
+                next_epoch(&mut from_disk),
+                want,
+                "prefetch {prefetch}, epoch {epoch}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A file that breaks after listing is an error naming it when its batch is built; the epoch's
+/// iterator ends there, the loader stays after the last good batch, and once the file is back
+/// the next `iter` builds that batch as it would have been.
+#[test]
+fn an_unreadable_file_ends_the_epoch_and_the_next_iter_retries_its_batch() {
+    let root = temp_dir("on-disk-broken");
+    eleven_images(&root);
+    let disk = Arc::new(image_folder_on_disk(&root, SHAPE, ImageOptions::default()).unwrap());
+    let normalize = Normalize::from_dataset(&disk).unwrap();
+    for prefetch in [0, 2] {
+        let config = loader_config(prefetch, normalize.clone());
+        let mut reference = DataLoader::new(disk.clone(), config.clone(), Device::Cpu).unwrap();
+        let want = next_epoch(&mut reference);
+        let mut loader = DataLoader::new(disk.clone(), config, Device::Cpu).unwrap();
+        // the second batch's first sample: cat holds 0.png, 2.png, .. 8.png (samples 0-4), dog
+        // holds 1.png, 3.png, .. 9.png and then pattern.jpg (samples 5-10)
+        let victim = want[1].0[0];
+        let path = match victim {
+            0..=4 => root.join(format!("cat/{}.png", 2 * victim)),
+            5..=9 => root.join(format!("dog/{}.png", 2 * (victim - 5) + 1)),
+            _ => root.join("dog/pattern.jpg"),
+        };
+        let saved = std::fs::read(&path).unwrap();
+        for broken in [&b"not a png"[..], &saved[..saved.len() / 2]] {
+            std::fs::write(&path, broken).unwrap();
+            let mut it = loader.iter();
+            let first = it.next().unwrap().unwrap();
+            assert_eq!(first.indices, want[0].0);
+            let msg = it.next().unwrap().unwrap_err().to_string();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(msg.contains(&name), "prefetch {prefetch}: {msg}");
+            assert!(it.next().is_none(), "the iterator ends at its error");
+            drop(it);
+            assert_eq!(
+                loader.state(),
+                LoaderState {
+                    epoch: 0,
+                    batches_done: 1
+                }
+            );
+            // back where it was: the first batch again, this time from a rewound loader
+            loader.set_state(LoaderState::default()).unwrap();
+        }
+        std::fs::write(&path, &saved).unwrap();
+        loader
+            .set_state(LoaderState {
+                epoch: 0,
+                batches_done: 1,
+            })
+            .unwrap();
+        assert_eq!(next_epoch(&mut loader), want[1..].to_vec());
     }
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -7,7 +7,7 @@ fn sample_i_is_a_function_of_seed_split_and_index() {
     let ds = synthetic::generate(3, Split::Train, 40).unwrap();
     for i in [0usize, 7, 39] {
         let (img, label) = synthetic::render(3, Split::Train, i as u64);
-        assert_eq!(ds.image(i), img.as_slice());
+        assert_eq!(&*ds.image(i).unwrap(), img.as_slice());
         assert_eq!(ds.label(i), label);
     }
     // Generated on a one-thread pool: the same bytes.
@@ -19,7 +19,7 @@ fn sample_i_is_a_function_of_seed_split_and_index() {
     assert_eq!(one, ds);
     // A longer set starts with the shorter one.
     let longer = synthetic::generate(3, Split::Train, 50).unwrap();
-    assert_eq!(longer.image(39), ds.image(39));
+    assert_eq!(longer.image(39).unwrap(), ds.image(39).unwrap());
 }
 
 #[test]
@@ -32,7 +32,7 @@ fn seeds_and_splits_give_different_images() {
     assert_eq!(train.name(), "synthetic/train");
     assert_eq!(val.name(), "synthetic/val");
     for i in 0..10 {
-        assert_ne!(train.image(i), val.image(i));
+        assert_ne!(train.image(i).unwrap(), val.image(i).unwrap());
     }
 }
 
@@ -47,20 +47,20 @@ fn classes_are_balanced_and_images_are_varied() {
     }
     assert_eq!(counts, [20; 10]);
     // Images use the range and carry real contrast (a figure on a background).
-    let (mean, std) = ds.channel_stats();
+    let (mean, std) = ds.channel_stats().unwrap();
     for c in 0..3 {
         assert!((0.3..0.7).contains(&mean[c]), "mean {mean:?}");
         assert!(std[c] > 0.15, "std {std:?}");
     }
     for i in 0..200 {
-        let img = ds.image(i);
+        let img = ds.image(i).unwrap();
         let (lo, hi) = img
             .iter()
             .fold((255u8, 0u8), |(l, h), &v| (l.min(v), h.max(v)));
         assert!(hi - lo > 60, "sample {i} is nearly flat: {lo}..{hi}");
     }
     // No two samples of a class alike.
-    assert_ne!(ds.image(0), ds.image(10));
+    assert_ne!(ds.image(0).unwrap(), ds.image(10).unwrap());
 }
 
 /// Nearest-class-mean on raw pixels (a linear-ish baseline) stays far below what a CNN reaches:
@@ -72,18 +72,18 @@ fn nearest_class_mean_on_pixels_is_weak() {
     let mut means = vec![vec![0f64; per]; 10];
     for i in 0..train.len() {
         let l = train.label(i) as usize;
-        for (m, &v) in means[l].iter_mut().zip(train.image(i)) {
+        for (m, &v) in means[l].iter_mut().zip(train.image(i).unwrap().iter()) {
             *m += v as f64 / 50.0;
         }
     }
     let mut correct = 0;
     for i in 0..val.len() {
-        let img = val.image(i);
+        let img = val.image(i).unwrap();
         let best = (0..10)
             .min_by(|&a, &b| {
                 let d = |m: &Vec<f64>| {
                     m.iter()
-                        .zip(img)
+                        .zip(img.iter())
                         .map(|(m, &v)| (m - v as f64).powi(2))
                         .sum::<f64>()
                 };

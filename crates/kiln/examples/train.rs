@@ -49,7 +49,8 @@ struct Args {
     #[arg(long, default_value = "runs/train")]
     run_dir: PathBuf,
     /// Data: synthetic, synthetic:N, mnist:DIR, cifar10:DIR, or folder:DIR / folder:HxW:DIR
-    /// (DIR/train/<class>/*.png|jpg and DIR/val/<class>/, torchvision's ImageFolder layout).
+    /// (DIR/train/<class>/*.png|jpg and DIR/val/<class>/, torchvision's ImageFolder layout;
+    /// read from disk as used when both splits take over a quarter of memory).
     #[arg(long, default_value = "synthetic", value_parser = parse_data)]
     data: DataSource,
     /// Epochs with the backbone frozen (only the head trains).
@@ -203,8 +204,15 @@ impl Observer for Display {
             ),
         }
         println!(
-            "== data: {} training / {} validation samples, {} batches per epoch",
-            s.samples.0, s.samples.1, s.batches_per_epoch
+            "== data: {} training / {} validation samples, {} batches per epoch{}",
+            s.samples.0,
+            s.samples.1,
+            s.batches_per_epoch,
+            if s.data_on_disk {
+                " (images read from disk as they are used: more than a quarter of memory)"
+            } else {
+                ""
+            }
         );
         if let Some(path) = &s.resume_missing {
             println!(

@@ -186,7 +186,7 @@ fn single_image_inference() -> Res {
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("sample.png");
     let (val, _) = synthetic::train_val(1, 1, 1)?;
-    kiln::data::save_png(&path, val.image(0), [3, 32, 32])?;
+    kiln::data::save_png(&path, &val.image(0)?, [3, 32, 32])?;
 
     let mut model = mlp(&[3 * 32 * 32, 64, 10], 0.0)?;
     let normalize = Normalize::cifar10();
@@ -345,7 +345,7 @@ fn your_own_images_in_class_folders() -> Res {
     for (i, class) in ["dog", "cat", "cat"].iter().enumerate() {
         let dir = root.join("pets/train").join(class);
         std::fs::create_dir_all(&dir)?;
-        kiln::data::save_png(dir.join(format!("{i}.png")), images.image(i), [3, 32, 32])?;
+        kiln::data::save_png(dir.join(format!("{i}.png")), &images.image(i)?, [3, 32, 32])?;
     }
     let pets_train = root.join("pets/train"); // "pets/train" in the guide
 
@@ -354,10 +354,14 @@ fn your_own_images_in_class_folders() -> Res {
         ..Default::default()
     };
     let train = kiln::data::image_folder(&pets_train, [3, 224, 224], resize)?;
+    // too large for memory: each image is decoded when a batch needs it, as torchvision does
+    let big = kiln::data::image_folder_on_disk(&pets_train, [3, 224, 224], resize)?;
 
     assert_eq!(train.classes(), ["cat", "dog"]); // sorted, as torchvision's
     assert_eq!(train.labels(), [0, 0, 1]);
     assert_eq!(train.sample_shape(), [3, 224, 224]);
+    assert!(big.is_on_disk() && !train.is_on_disk());
+    assert_eq!(big.image(2)?, train.image(2)?);
     std::fs::remove_dir_all(&root)?;
     Ok(())
 }

@@ -131,6 +131,7 @@ pub(super) fn trainer(
         resumed_epochs: progress.epochs_done,
         resume_missing: (config.resume && !resuming).then(|| ckpt_path.to_path_buf()),
         samples: (train_loader.dataset().len(), val_loader.dataset().len()),
+        data_on_disk: train_loader.dataset().is_on_disk(),
         pretrained: pretrained_report,
         zero1,
     });

@@ -53,6 +53,9 @@ pub struct Setup {
     pub resume_missing: Option<std::path::PathBuf>,
     /// Training / validation samples.
     pub samples: (usize, usize),
+    /// Whether the training images are read from disk as they are used (a folder too large to
+    /// hold in memory) rather than held in memory.
+    pub data_on_disk: bool,
     /// The pretrained backbone loaded before training (`None` without `pretrained`, and on
     /// resume, where the weights come from the checkpoint).
     pub pretrained: Option<super::model::PretrainedReport>,
