@@ -69,5 +69,5 @@ pub use image_io::{hwc_to_chw, image_grid, load_image, read_image, save_png, Ima
 pub use loader::{Batch, DataLoader, DataLoaderConfig, EpochIter, LoaderState};
 pub use resize::resize_bilinear;
 pub use sampler::DistributedSampler;
-pub use source::DataSource;
+pub use source::{DataSource, NormalizeChoice};
 pub use transforms::{Augment, Normalize};

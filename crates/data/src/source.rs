@@ -74,9 +74,12 @@ impl DataSource {
     }
 
     /// The normalisation to use for both splits: the published constants for MNIST and
-    /// CIFAR-10, the training split's own statistics for the synthetic set and for folders.
-    pub fn normalize(&self, train: &ImageDataset) -> Result<Normalize> {
+    /// CIFAR-10, the training split's own statistics for the synthetic set, and for folders
+    /// either their own statistics or, when the run starts from `pretrained` weights,
+    /// ImageNet's ([`Normalize::imagenet`]), which torchvision's pretrained weights expect.
+    pub fn normalize(&self, train: &ImageDataset, pretrained: bool) -> Result<Normalize> {
         match self {
+            DataSource::Folder { .. } if pretrained => Ok(Normalize::imagenet()),
             DataSource::Synthetic { .. } | DataSource::Folder { .. } => {
                 Normalize::from_dataset(train)
             }
@@ -132,6 +135,76 @@ impl FromStr for DataSource {
                 format!("unknown data source `{s}`; {usage}"),
             )),
         }
+    }
+}
+
+/// Which per-channel normalisation a training run uses (the `train` example's `--normalize`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum NormalizeChoice {
+    /// The data source's rule ([`DataSource::normalize`]): `source`.
+    #[default]
+    Source,
+    /// The training split's own statistics ([`Normalize::from_dataset`]): `dataset`.
+    Dataset,
+    /// These constants: `imagenet`, `cifar10` or `mnist`.
+    Constants(Normalize),
+}
+
+impl NormalizeChoice {
+    /// The normalisation for a run on `source` whose training split is `train`, starting from
+    /// `pretrained` weights or not. Constants with another channel count than the images are
+    /// an error naming the choices that fit.
+    pub fn resolve(
+        &self,
+        source: &DataSource,
+        train: &ImageDataset,
+        pretrained: bool,
+    ) -> Result<Normalize> {
+        let normalize = match self {
+            NormalizeChoice::Source => source.normalize(train, pretrained)?,
+            NormalizeChoice::Dataset => Normalize::from_dataset(train)?,
+            NormalizeChoice::Constants(n) => n.clone(),
+        };
+        let c = train.channels();
+        if normalize.channels() != c {
+            let fits = if c == 1 {
+                "mnist"
+            } else {
+                "imagenet or cifar10"
+            };
+            return Err(arg_err(
+                "--normalize",
+                format!(
+                    "the constants have {} channel(s) but {}'s images have {c}; use source,                      dataset or {fits}",
+                    normalize.channels(),
+                    train.name()
+                ),
+            ));
+        }
+        Ok(normalize)
+    }
+}
+
+impl FromStr for NormalizeChoice {
+    type Err = Error;
+
+    /// `source`, `dataset`, `imagenet`, `cifar10` or `mnist`.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "source" => NormalizeChoice::Source,
+            "dataset" => NormalizeChoice::Dataset,
+            "imagenet" => NormalizeChoice::Constants(Normalize::imagenet()),
+            "cifar10" => NormalizeChoice::Constants(Normalize::cifar10()),
+            "mnist" => NormalizeChoice::Constants(Normalize::mnist()),
+            _ => {
+                return Err(arg_err(
+                    "--normalize",
+                    format!(
+                        "unknown normalisation `{s}`; use source (the data's default), dataset                          (the training split's statistics), imagenet, cifar10 or mnist"
+                    ),
+                ))
+            }
+        })
     }
 }
 
@@ -312,15 +385,52 @@ mod tests {
         let src: DataSource = "synthetic:50".parse().unwrap();
         let (train, val) = src.load(1).unwrap();
         assert_eq!((train.len(), val.len()), (50, 10));
-        let n = src.normalize(&train).unwrap();
+        let n = src.normalize(&train, false).unwrap();
         let (mean, _) = train.channel_stats().unwrap();
         assert!((n.mean()[0] as f64 - mean[0]).abs() < 1e-6);
         assert_eq!(src.augment(), Augment::cifar());
         assert_eq!(DataSource::Mnist("x".into()).augment(), Augment::default());
         assert_eq!(
-            DataSource::Cifar10("x".into()).normalize(&train).unwrap(),
+            DataSource::Cifar10("x".into())
+                .normalize(&train, true)
+                .unwrap(),
             Normalize::cifar10()
         );
+    }
+
+    #[test]
+    fn normalize_follows_the_flag_the_source_and_the_weights() {
+        let (train, _) = synthetic::train_val(1, 20, 5).unwrap();
+        let folder = DataSource::Folder {
+            dir: "x".into(),
+            size: None,
+        };
+        let own = Normalize::from_dataset(&train).unwrap();
+        let pick = |choice: &str, source: &DataSource, pretrained| {
+            let choice: NormalizeChoice = choice.parse().unwrap();
+            choice.resolve(source, &train, pretrained)
+        };
+        assert_eq!(pick("source", &folder, false).unwrap(), own);
+        assert_eq!(
+            pick("source", &folder, true).unwrap(),
+            Normalize::imagenet()
+        );
+        assert_eq!(pick("source", &DataSource::synthetic(), true).unwrap(), own);
+        assert_eq!(pick("dataset", &folder, true).unwrap(), own);
+        assert_eq!(
+            pick("cifar10", &folder, true).unwrap(),
+            Normalize::cifar10()
+        );
+        let msg = pick("mnist", &folder, false).unwrap_err().to_string();
+        assert!(
+            msg.contains("1 channel(s) but") && msg.contains("dataset or imagenet or cifar10"),
+            "{msg}"
+        );
+        let msg = "imagnet"
+            .parse::<NormalizeChoice>()
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("unknown normalisation `imagnet`"), "{msg}");
     }
 
     /// Writes `dir/{train,val}/{a,b}/k.png`, 4x6 RGB, with `odd` (a 5x6 image) as train/b/9.png.

@@ -75,6 +75,16 @@ impl Normalize {
         }
     }
 
+    /// ImageNet's training-set statistics (mean 0.485, 0.456, 0.406; std 0.229, 0.224, 0.225):
+    /// the inputs torchvision's pretrained weights were trained on (their `weights.transforms()`
+    /// normalises with these).
+    pub fn imagenet() -> Self {
+        Normalize {
+            mean: vec![0.485, 0.456, 0.406],
+            std: vec![0.229, 0.224, 0.225],
+        }
+    }
+
     /// MNIST's training-set statistics (mean 0.1307, std 0.3081), as in PyTorch's MNIST example.
     pub fn mnist() -> Self {
         Normalize {

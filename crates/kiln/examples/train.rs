@@ -19,7 +19,7 @@
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kiln::data::DataSource;
+use kiln::data::{DataSource, NormalizeChoice};
 use kiln::device::{cuda_status, format_bytes, DType, Device};
 use kiln::recipe::{self, EpochReport, Observer, Setup, TrainConfig};
 use std::io::IsTerminal;
@@ -53,6 +53,11 @@ struct Args {
     /// read from disk as used when both splits take over a quarter of memory).
     #[arg(long, default_value = "synthetic", value_parser = parse_data)]
     data: DataSource,
+    /// Input normalisation: source (the data's default: MNIST's or CIFAR-10's constants, the
+    /// training split's statistics for synthetic data and folders, ImageNet's for a folder
+    /// with --pretrained), dataset, imagenet, cifar10 or mnist.
+    #[arg(long, default_value = "source", value_parser = parse_normalize)]
+    normalize: NormalizeChoice,
     /// Epochs with the backbone frozen (only the head trains).
     #[arg(long, default_value_t = TrainConfig::default().freeze_epochs)]
     freeze_epochs: usize,
@@ -99,6 +104,10 @@ struct Args {
 }
 
 fn parse_data(s: &str) -> Result<DataSource, String> {
+    s.parse().map_err(|e: kiln::data::Error| e.to_string())
+}
+
+fn parse_normalize(s: &str) -> Result<NormalizeChoice, String> {
     s.parse().map_err(|e: kiln::data::Error| e.to_string())
 }
 
@@ -299,6 +308,7 @@ fn main() {
         lr: given("lr"),
         seed: given("seed"),
         width: given("width"),
+        normalize: given("normalize"),
     };
     let device = match parse_device(&args.device) {
         Ok(d) => d,
@@ -329,6 +339,7 @@ fn main() {
         seed: args.seed,
         run_dir: args.run_dir,
         data: args.data,
+        normalize: args.normalize,
         freeze_epochs: args.freeze_epochs,
         accum_steps: args.accum_steps,
         max_grad_norm: args.max_grad_norm,

@@ -4,8 +4,9 @@
 //! weights, are errors naming the problem. A run on a folder of PNGs (`--data folder:DIR`)
 //! predicts with its folders' names.
 
-use kiln::data::{save_png, synthetic, DataSource, ImageOptions, Split};
-use kiln::recipe::{checkpoint, train, Quiet, TrainConfig};
+use kiln::data::{save_png, synthetic, DataSource, ImageOptions, Normalize, Split};
+use kiln::recipe::{checkpoint, train, Arch, Quiet, TrainConfig};
+use std::path::Path;
 
 #[test]
 fn predict_prints_five_classes_that_sum_to_at_most_one() {
@@ -162,6 +163,28 @@ fn a_folder_of_images_trains_and_predicts_with_its_class_names() {
     let mut names: Vec<String> = top.into_iter().map(|(c, _)| c).collect();
     names.sort();
     assert_eq!(names, sorted);
+    // a folder normalises with its training split's statistics, or with ImageNet's when the
+    // run starts from torchvision weights (which expect them), unless --normalize says otherwise
+    let (train_set, _) = config.data.load(0).unwrap();
+    let own = Normalize::from_dataset(&train_set).unwrap();
+    assert_eq!(info.normalize, own);
+    let pth = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/resnet18_w4.pth");
+    for (choice, want) in [("source", Normalize::imagenet()), ("dataset", own)] {
+        let finetune = TrainConfig {
+            model: Arch::ResNet18,
+            pretrained: Some(pth.clone()),
+            normalize: choice.parse().unwrap(),
+            stop_after: Some(1),
+            run_dir: root.join(format!("finetune-{choice}")),
+            ..config.clone()
+        };
+        let ckpt = train(&finetune, &mut Quiet).unwrap().checkpoint;
+        assert_eq!(
+            checkpoint::read_info(&ckpt).unwrap().normalize,
+            want,
+            "{choice}"
+        );
+    }
     // `folder:HxW:DIR` resizes every image
     let resized: DataSource = format!("folder:16x16:{}", data.display()).parse().unwrap();
     let (train_set, val_set) = resized.load(0).unwrap();

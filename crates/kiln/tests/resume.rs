@@ -12,7 +12,7 @@
 mod common;
 
 use common::{assert_same_bits, bits};
-use kiln::data::DataSource;
+use kiln::data::{DataSource, NormalizeChoice};
 use kiln::recipe::{take_checkpoint_settings, train, GivenSettings, Quiet, TrainConfig};
 use kiln::sched::log::tfevents::{read_log_dir, EventBody};
 use kiln::sched::log::ScalarLogger;
@@ -91,6 +91,13 @@ fn resume_continues_bit_identically() {
         ),
         (
             TrainConfig {
+                normalize: "imagenet".parse().unwrap(),
+                ..config(root.join("resumed"))
+            },
+            "pass the --normalize the run started with",
+        ),
+        (
+            TrainConfig {
                 lr: 2e-2,
                 ..config(root.join("resumed"))
             },
@@ -157,6 +164,12 @@ fn resume_continues_bit_identically() {
     assert_eq!((explicit.lr, explicit.seed, explicit.width), (2e-2, 7, 4));
     assert!(take_checkpoint_settings(&mut resumed, GivenSettings::default()).unwrap());
     assert_eq!((resumed.lr, resumed.seed, resumed.width), (1e-2, 7, 4));
+    // the synthetic set's own statistics, as the checkpoint recorded them
+    let info = kiln::recipe::checkpoint::read_info(&root.join("resumed/ckpt.safetensors")).unwrap();
+    assert_eq!(
+        resumed.normalize,
+        NormalizeChoice::Constants(info.normalize)
+    );
     let second = train(&resumed, &mut Quiet).unwrap();
     assert_eq!(second.batch_losses[..], straight.batch_losses[6..]);
 

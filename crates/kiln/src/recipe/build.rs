@@ -65,12 +65,19 @@ pub(super) fn trainer(
             arch: config.model,
         },
         classes: train_set.classes().to_vec(),
-        normalize: config.data.normalize(&train_set)?,
+        normalize: config.normalize.resolve(
+            &config.data,
+            &train_set,
+            config.pretrained.is_some(),
+        )?,
     };
-    if resuming {
+    let saved_normalize = if resuming {
         let saved = checkpoint::read_info(ckpt_path)?;
         resume::check_model(&info.config, &saved.config, ckpt_path)?;
-    }
+        Some(saved.normalize)
+    } else {
+        None
+    };
     // Recording starts before the model exists, so its parameters are attributed.
     let memory = super::memory::MemoryPicture::start(config)?;
     let mut model = {
@@ -88,6 +95,11 @@ pub(super) fn trainer(
     let resumed = if resuming {
         let resumed = checkpoint::resume(&model, ckpt_path)?;
         resume::check_settings(config, &resumed, ckpt_path)?;
+        // after the seed: another seed's synthetic set has other statistics, and the seed is
+        // what to name then
+        if let Some(saved) = &saved_normalize {
+            resume::check_normalize(&info.normalize, saved, ckpt_path)?;
+        }
         Some(resumed)
     } else {
         None

@@ -266,6 +266,8 @@ pub struct RunSettings {
     pub width: usize,
     /// The batch size.
     pub batch_size: usize,
+    /// The inputs' normalisation.
+    pub normalize: Normalize,
 }
 
 /// Reads [`RunSettings`] from a training checkpoint's metadata, building nothing.
@@ -273,12 +275,13 @@ pub fn read_settings(path: &Path) -> Result<RunSettings> {
     let (_, meta) = load_tensors(path)?;
     let optimizer: StateDict = field(&meta, "kiln.optimizer", path)?;
     let progress: Progress = field(&meta, "kiln.progress", path)?;
-    let config: ModelConfig = field(&meta, "kiln.model_config", path)?;
+    let info = info_from(&meta, path)?;
     Ok(RunSettings {
         lr: optimizer.groups.last().and_then(|g| g.initial_lr),
         seed: progress.seed,
-        width: config.width,
+        width: info.config.width,
         batch_size: progress.batch_size,
+        normalize: info.normalize,
     })
 }
 

@@ -4,7 +4,7 @@
 use super::error::{Error, Result};
 use super::model::Arch;
 use kiln_autograd::{DType, Device};
-use kiln_data::DataSource;
+use kiln_data::{DataSource, NormalizeChoice};
 use kiln_distributed::ProcessGroup;
 use kiln_optim::GradScalerOptions;
 use std::path::PathBuf;
@@ -79,6 +79,10 @@ pub struct TrainConfig {
     pub width: usize,
     /// Blocks per stage of the CIFAR ResNet (a torchvision `model` has its own).
     pub blocks: [usize; 4],
+    /// Per-channel normalisation of both splits (`--normalize`): by default the data source's
+    /// rule (ImageNet's constants for a folder fine-tuned from `pretrained` weights). Recorded
+    /// in the checkpoint; a resumed run must normalise as the checkpoint does.
+    pub normalize: NormalizeChoice,
     /// Random crop and flip on the training set (the data source's default augmentation).
     pub augment: bool,
     /// Batches the loader's worker prepares ahead.
@@ -130,6 +134,7 @@ impl Default for TrainConfig {
             pretrained: None,
             width: 16,
             blocks: [1, 1, 1, 1],
+            normalize: NormalizeChoice::Source,
             augment: true,
             prefetch_batches: 2,
             memory_history: None,

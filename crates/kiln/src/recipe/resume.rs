@@ -19,7 +19,7 @@ use super::config::TrainConfig;
 use super::error::{Error, Result};
 use super::model::ModelConfig;
 use kiln_autograd::DType;
-use kiln_data::DataLoader;
+use kiln_data::{DataLoader, Normalize, NormalizeChoice};
 use kiln_optim::{Adam, GradScaler, GradScalerState, Optimizer};
 use kiln_sched::log::ScalarLogger;
 use kiln_sched::{LrScheduler, SequentialLR};
@@ -125,6 +125,23 @@ pub(super) fn check_model(wanted: &ModelConfig, saved: &ModelConfig, path: &Path
     refuse(path, diffs.into_iter().flatten().collect())
 }
 
+/// Refuses to resume with another normalisation than the checkpoint's: the continued run would
+/// feed the model inputs on another scale than it was trained on.
+pub(super) fn check_normalize(wanted: &Normalize, saved: &Normalize, path: &Path) -> Result<()> {
+    if wanted == saved {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "--resume: {} normalises inputs with mean {:?}, std {:?}, and this run would use mean \
+         {:?}, std {:?}; pass the --normalize the run started with, or leave the flag out",
+        path.display(),
+        saved.mean(),
+        saved.std(),
+        wanted.mean(),
+        wanted.std()
+    )))
+}
+
 /// Refuses to resume with another seed, head lr or given batch size than the checkpoint's
 /// (each would silently change the data, the schedule or the steps of the continued run).
 /// Settings the user did not give are taken from the checkpoint first
@@ -162,7 +179,8 @@ pub(super) fn check_settings(config: &TrainConfig, resumed: &Resumed, path: &Pat
 }
 
 /// Which of the settings a resume compares with its checkpoint were given explicitly (on the
-/// command line: `--lr`, `--seed`, `--width`); a default is not a choice the user made.
+/// command line: `--lr`, `--seed`, `--width`, `--normalize`); a default is not a choice the
+/// user made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GivenSettings {
     /// `--lr` was passed.
@@ -171,10 +189,12 @@ pub struct GivenSettings {
     pub seed: bool,
     /// `--width` was passed.
     pub width: bool,
+    /// `--normalize` was passed.
+    pub normalize: bool,
 }
 
-/// For `--resume` with a checkpoint in `config.run_dir`: the head's lr, the seed and the width
-/// that were not `given` are set to the checkpoint's, so resuming with the command that started
+/// For `--resume` with a checkpoint in `config.run_dir`: the head's lr, the seed, the width and
+/// the normalisation that were not `given` are set to the checkpoint's, so resuming with the command that started
 /// the run, or with fewer flags, just works, while a flag given with another value is still
 /// refused by `train`, naming the value to pass. (A batch size not given is the checkpoint's
 /// already: `batch_size: None`.) Returns whether a checkpoint was read; without `resume` or
@@ -193,6 +213,9 @@ pub fn take_checkpoint_settings(config: &mut TrainConfig, given: GivenSettings) 
     }
     if !given.width {
         config.width = saved.width;
+    }
+    if !given.normalize {
+        config.normalize = NormalizeChoice::Constants(saved.normalize);
     }
     Ok(true)
 }
