@@ -23,6 +23,7 @@ mod attention;
 mod conv_pool;
 mod data;
 mod events;
+mod folders;
 mod graph_programs;
 mod graph_reference;
 mod graph_steps;
@@ -75,6 +76,11 @@ fn fuzz_png_bytes_and_model_inputs() {
 #[test]
 fn fuzz_jpeg_bytes_and_model_inputs() {
     data::jpeg_files(0x5eed_001c, 600);
+}
+
+#[test]
+fn fuzz_image_folder_trees() {
+    folders::image_folder_trees(0x5eed_001d, 300);
 }
 
 #[test]
