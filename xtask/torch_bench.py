@@ -1,7 +1,7 @@
 """PyTorch's side of `cargo xtask bench --vs-torch` (issue 16).
 
 The bench embeds this file and runs it as `PYTHON -c SCRIPT [--quick] CASE`, one interpreter per
-CASE (`NAME` or `NAME/ARG`, ARG a batch or a matrix size). The script sets the case up (model,
+CASE (`NAME` or `NAME/ARG`, ARG a batch, a matrix size or a worker count). The script sets the case up (model,
 optimizer, inputs; one warm-up call), prints one JSON line
 
     {"torch": "2.x", "threads": 2}        or        {"error": "..."}
@@ -16,7 +16,8 @@ the same case, so the two figures of each round are taken within seconds of each
 figure is measured the way the bench measures kiln's: one untimed warm-up call, then the median
 (steps, optimizer and clip cases) or the best (matmul) of the timed calls. The models are
 defined here (torchvision's ResNet-18 layout, the train example's narrower CIFAR ResNet, a
-784-512-256-10 MLP, a small GPT), so nothing but `torch` is needed. The `gpu_` cases run on
+784-512-256-10 MLP, a small GPT), so nothing but `torch` is needed, except by the `data` group's
+`image_folder_epoch`, which reads the bench's image folder with torchvision's `ImageFolder`. The `gpu_` cases run on
 `cuda:0` and are timed as the bench's GPU cases are: warm-up calls, then the best of three
 rounds of calls between two synchronisations.
 
@@ -520,6 +521,8 @@ def set_up(name, arg, quick):
         return small_resnet_eval(arg, 3 if quick else 20), "ms"
     if name == "resnet18_224_eval":
         return resnet_eval(arg, 3 if quick else 20), "ms"
+    if name == "image_folder_epoch":
+        return image_folder_epoch(arg, 1 if quick else 5), "ms"
     if name == "matmul":
         return matmul(arg, 2 if quick else 10), "GFLOP/s"
     if name.startswith("cross_entropy_") and name.endswith("_classes"):
@@ -540,6 +543,22 @@ def set_up(name, arg, quick):
     if name == "clip_resnet18":
         return clip_only(resnet18_lens(), reps), "ms"
     raise ValueError(f"unknown case `{name}`")
+
+
+def image_folder_epoch(workers, runs):
+    """The `data` group (data.rs): an epoch of torchvision's `ImageFolder` over the bench's
+    $TMPDIR/kiln-bench-image-folder: resize to 224x224, crop (padding 4), flip, normalise
+    (ImageNet), shuffled batches of 16 from `workers` processes kept between epochs."""
+    import os, tempfile, torchvision
+    from torchvision import transforms as T
+    imagenet = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    transform = T.Compose([T.Resize((224, 224)), T.RandomCrop(224, padding=4),
+                           T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*imagenet)])
+    root = os.path.join(tempfile.gettempdir(), "kiln-bench-image-folder")
+    loader = torch.utils.data.DataLoader(
+        torchvision.datasets.ImageFolder(root, transform=transform), batch_size=16,
+        shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    return lambda: median_ms(runs, lambda: [None for _ in loader])
 
 
 def say(obj):

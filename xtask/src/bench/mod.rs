@@ -2,7 +2,7 @@
 //! [--torch-steady-malloc]]`: runs benchmark groups, prints a table and writes `report.json` (an array of rows) and `report.md` to
 //! `$KILN_BENCH_OUT`, or to `target/kiln-bench/` when it is unset. `--gpu-only` runs just the
 //! CUDA cases of every group (what the GPU machine of `cargo xtask gpu-pack` runs).
-//! `--vs-torch` also runs the `train`, `ops`, `optim` and `clip` CPU cases in PyTorch in the
+//! `--vs-torch` also runs the `train`, `ops`, `optim`, `clip` and `data` CPU cases in PyTorch in the
 //! same run, in rounds alternating with kiln's (`torch.rs`; `$KILN_TORCH_PYTHON`, else
 //! `python3`), and adds kiln/PyTorch rows; without PyTorch those rows keep kiln's figure and say
 //! why PyTorch's is missing. With `--gpu` / `--gpu-only` it does the same for the CUDA cases of
@@ -23,6 +23,7 @@ mod alloc_traces;
 mod clip;
 mod clip_gpu;
 mod conv_shapes;
+mod data;
 mod distributed;
 pub mod distributed_mpi;
 mod distributed_parts;
@@ -59,6 +60,7 @@ const GROUPS: &[(&str, Group)] = &[
         Ok(cases.iter().map(|run| run(options)).collect::<Result<Vec<_>, _>>()?.concat())
     }),
     ("threads", threads::run),
+    ("data", data::run),
     ("distributed", distributed::run),
 ];
 
