@@ -11,7 +11,7 @@ use kiln::alloc::{
     DEFAULT_HOST_PAGE,
 };
 use kiln::autograd::DType;
-use kiln::data::DataSource;
+use kiln::data::{DataSource, NormalizeChoice};
 use kiln::device::threads::{resolve_num_threads, MAX_THREADS_PER_CORE};
 use kiln::device::visibility::parse_selectors;
 use kiln::device::VisibleDevices;
@@ -67,6 +67,7 @@ pub fn strings(seed: u64, cases: usize) {
             "mnist:",
             "cifar10:",
             "folder:",
+            "imagenet",
             "sgd",
             "adamw",
             "0x10",
@@ -89,6 +90,7 @@ pub fn strings(seed: u64, cases: usize) {
             "{text:?}: {threads:?}"
         );
         let _ = text.parse::<DataSource>();
+        let _ = text.parse::<NormalizeChoice>();
         let _ = text.parse::<OptimizerKind>();
         let size = parse_memory_size(text);
         if let Ok(bytes) = size {
@@ -100,7 +102,7 @@ pub fn strings(seed: u64, cases: usize) {
         Outcome::from(size)
     };
     run(
-        "strings (devices, threads, sizes, --data, --optimizer)",
+        "strings (devices, threads, sizes, --data, --normalize, --optimizer)",
         seed,
         cases,
         generate,
