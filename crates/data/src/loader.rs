@@ -492,25 +492,7 @@ impl EpochIter<'_> {
             }
         }
     }
-}
 
-impl Iterator for EpochIter<'_> {
-    type Item = Result<Batch>;
-
-    /// The next batch. An error (an image file that cannot be read, a failed worker) ends the
-    /// iterator: the loader's state stays after the last batch yielded, so once the cause is
-    /// fixed the next [`DataLoader::iter`] builds the failed batch again.
-    fn next(&mut self) -> Option<Result<Batch>> {
-        if self.ended {
-            return None;
-        }
-        let batch = self.next_batch();
-        self.ended = matches!(batch, Some(Err(_)));
-        batch
-    }
-}
-
-impl EpochIter<'_> {
     fn next_batch(&mut self) -> Option<Result<Batch>> {
         let host = match self.next_host()? {
             Ok(h) => h,
@@ -556,6 +538,22 @@ impl EpochIter<'_> {
             batch_index,
             state_after: after,
         }))
+    }
+}
+
+impl Iterator for EpochIter<'_> {
+    type Item = Result<Batch>;
+
+    /// The next batch. An error (an image file that cannot be read, a failed worker) ends the
+    /// iterator: the loader's state stays after the last batch yielded, so once the cause is
+    /// fixed the next [`DataLoader::iter`] builds the failed batch again.
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.ended {
+            return None;
+        }
+        let batch = self.next_batch();
+        self.ended = matches!(batch, Some(Err(_)));
+        batch
     }
 }
 

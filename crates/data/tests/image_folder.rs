@@ -3,6 +3,9 @@
 //! `fixtures/image_folder_order.py`), each sample's bytes, links, and the refusals; and the same
 //! folder read from disk as it is used (`image_folder_on_disk`), batch for batch.
 
+mod common;
+
+use common::epoch;
 use kiln_autograd::Device;
 use kiln_data::{
     image_folder, image_folder_on_disk, read_image, resize_bilinear, save_png, Augment, DataLoader,
@@ -175,23 +178,6 @@ fn links_are_followed_and_each_folder_walked_once() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// Every batch of the loader's next epoch as (indices, images, labels).
-type Batches = Vec<(Vec<usize>, Vec<f32>, Vec<i64>)>;
-
-fn next_epoch(loader: &mut DataLoader) -> Batches {
-    loader
-        .iter()
-        .map(|b| {
-            let b = b.unwrap();
-            (
-                b.indices,
-                b.images.to_vec::<f32>().unwrap(),
-                b.labels.to_vec::<i64>().unwrap(),
-            )
-        })
-        .collect()
-}
-
 fn loader_config(prefetch_batches: usize, normalize: Normalize) -> DataLoaderConfig {
     DataLoaderConfig {
         batch_size: 4,
@@ -249,13 +235,13 @@ fn on_disk_dataset_gives_the_in_memory_samples_statistics_and_batches() {
         let config = loader_config(prefetch, normalize.clone());
         let mut from_memory = DataLoader::new(memory.clone(), config.clone(), Device::Cpu).unwrap();
         let mut from_disk = DataLoader::new(disk.clone(), config, Device::Cpu).unwrap();
-        for epoch in 0..2 {
-            let want = next_epoch(&mut from_memory);
+        for round in 0..2 {
+            let want = epoch(&mut from_memory);
             assert_eq!(want.len(), 3);
             assert_eq!(
-                next_epoch(&mut from_disk),
+                epoch(&mut from_disk),
                 want,
-                "prefetch {prefetch}, epoch {epoch}"
+                "prefetch {prefetch}, epoch {round}"
             );
         }
     }
@@ -274,7 +260,7 @@ fn an_unreadable_file_ends_the_epoch_and_the_next_iter_retries_its_batch() {
     for prefetch in [0, 2] {
         let config = loader_config(prefetch, normalize.clone());
         let mut reference = DataLoader::new(disk.clone(), config.clone(), Device::Cpu).unwrap();
-        let want = next_epoch(&mut reference);
+        let want = epoch(&mut reference);
         let mut loader = DataLoader::new(disk.clone(), config, Device::Cpu).unwrap();
         // the second batch's first sample: cat holds 0.png, 2.png, .. 8.png (samples 0-4), dog
         // holds 1.png, 3.png, .. 9.png and then pattern.jpg (samples 5-10)
@@ -312,7 +298,7 @@ fn an_unreadable_file_ends_the_epoch_and_the_next_iter_retries_its_batch() {
                 batches_done: 1,
             })
             .unwrap();
-        assert_eq!(next_epoch(&mut loader), want[1..].to_vec());
+        assert_eq!(epoch(&mut loader), want[1..].to_vec());
     }
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -1,5 +1,8 @@
 //! DataLoader: batch counts, coverage, reproducible order, resume, prefetch, clean shutdown.
 
+mod common;
+
+use common::epoch;
 use kiln_autograd::{DType, Device};
 use kiln_data::{Augment, DataLoader, DataLoaderConfig, ImageDataset, LoaderState, Normalize};
 use std::sync::Arc;
@@ -20,21 +23,6 @@ fn config(batch_size: usize, shuffle: bool, drop_last: bool) -> DataLoaderConfig
         seed: 42,
         ..Default::default()
     }
-}
-
-/// Every batch of one epoch: (indices, images, labels).
-fn epoch(loader: &mut DataLoader) -> Vec<(Vec<usize>, Vec<f32>, Vec<i64>)> {
-    loader
-        .iter()
-        .map(|b| {
-            let b = b.unwrap();
-            (
-                b.indices,
-                b.images.to_vec::<f32>().unwrap(),
-                b.labels.to_vec::<i64>().unwrap(),
-            )
-        })
-        .collect()
 }
 
 #[test]
