@@ -175,7 +175,8 @@ impl NormalizeChoice {
             return Err(arg_err(
                 "--normalize",
                 format!(
-                    "the constants have {} channel(s) but {}'s images have {c}; use source,                      dataset or {fits}",
+                    "the constants have {} channel(s) but {}'s images have {c}; use source, \
+                     dataset or {fits}",
                     normalize.channels(),
                     train.name()
                 ),
@@ -200,7 +201,8 @@ impl FromStr for NormalizeChoice {
                 return Err(arg_err(
                     "--normalize",
                     format!(
-                        "unknown normalisation `{s}`; use source (the data's default), dataset                          (the training split's statistics), imagenet, cifar10 or mnist"
+                        "unknown normalisation `{s}`; use source (the data's default), dataset \
+                         (the training split's statistics), imagenet, cifar10 or mnist"
                     ),
                 ))
             }
@@ -426,11 +428,13 @@ mod tests {
             msg.contains("1 channel(s) but") && msg.contains("dataset or imagenet or cifar10"),
             "{msg}"
         );
+        assert!(!msg.contains("  "), "{msg}");
         let msg = "imagnet"
             .parse::<NormalizeChoice>()
             .unwrap_err()
             .to_string();
         assert!(msg.contains("unknown normalisation `imagnet`"), "{msg}");
+        assert!(!msg.contains("  "), "{msg}");
     }
 
     /// Writes `dir/{train,val}/{a,b}/k.png`, 4x6 RGB, with `odd` (a 5x6 image) as train/b/9.png.
