@@ -128,14 +128,8 @@ fn class_files(class: &str, dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// The first image of the first class under `root`: sample 0 of [`image_folder`]`(root, ..)`.
-pub(crate) fn first_image(root: &Path) -> Result<PathBuf> {
-    let (name, dir) = class_folders(root)?.swap_remove(0);
-    Ok(class_files(&name, &dir)?.swap_remove(0))
-}
-
 /// `root`'s class folders as `(name, path)`, sorted by name; none is an error.
-pub(crate) fn class_folders(root: &Path) -> Result<Vec<(String, PathBuf)>> {
+fn class_folders(root: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut classes: Vec<(String, PathBuf)> = entries(root)?
         .into_iter()
         .filter(|(_, _, is_dir)| *is_dir)
@@ -170,7 +164,10 @@ pub fn image_folder(
     shape: [usize; 3],
     options: ImageOptions,
 ) -> Result<ImageDataset> {
-    listed("image_folder", root.as_ref(), shape, options, None)?.into_memory()
+    let target = check_target("image_folder", shape)?;
+    FolderFiles::list(root.as_ref())?
+        .on_disk(shape, options, target, None)?
+        .into_memory()
 }
 
 /// [`image_folder`]'s dataset (the same classes, labels, order and bytes) with its images left
@@ -187,38 +184,62 @@ pub fn image_folder_on_disk(
     shape: [usize; 3],
     options: ImageOptions,
 ) -> Result<ImageDataset> {
-    listed("image_folder_on_disk", root.as_ref(), shape, options, None)
+    let target = check_target("image_folder_on_disk", shape)?;
+    FolderFiles::list(root.as_ref())?.on_disk(shape, options, target, None)
 }
 
-/// The folder's dataset on disk; `op` names the caller in errors, and `shape_fix` (if any) is
-/// the fix an image of the wrong size names.
-pub(crate) fn listed(
-    op: &'static str,
-    root: &Path,
-    shape: [usize; 3],
-    options: ImageOptions,
-    shape_fix: Option<String>,
-) -> Result<ImageDataset> {
-    let (what, fix) = check_target(op, shape)?;
-    let classes = class_folders(root)?;
-    let mut paths = Vec::new();
-    let mut labels = Vec::new();
-    for (label, (name, dir)) in classes.iter().enumerate() {
-        let found = class_files(name, dir)?;
-        labels.extend(std::iter::repeat_n(label as i64, found.len()));
-        paths.extend(found);
+/// A folder's samples in torchvision's order (see the module docs), each folder walked once.
+pub(crate) struct FolderFiles {
+    /// The dataset's name: the folder's.
+    name: String,
+    /// Sample `i`'s file.
+    pub(crate) paths: Vec<PathBuf>,
+    /// Sample `i`'s class index.
+    labels: Vec<i64>,
+    /// The class names, sorted: label `i` is the `i`-th.
+    pub(crate) classes: Vec<String>,
+}
+
+impl FolderFiles {
+    /// Lists `root`'s class folders and their images; reads no image.
+    pub(crate) fn list(root: &Path) -> Result<Self> {
+        let classes = class_folders(root)?;
+        let mut paths = Vec::new();
+        let mut labels = Vec::new();
+        for (label, (name, dir)) in classes.iter().enumerate() {
+            let found = class_files(name, dir)?;
+            labels.extend(std::iter::repeat_n(label as i64, found.len()));
+            paths.extend(found);
+        }
+        let name = root.file_name().map_or_else(
+            || "image_folder".to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let classes = classes.into_iter().map(|(name, _)| name).collect();
+        Ok(FolderFiles {
+            name,
+            paths,
+            labels,
+            classes,
+        })
     }
-    let name = root.file_name().map_or_else(
-        || "image_folder".to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
-    let classes = classes.into_iter().map(|(name, _)| name).collect();
-    let files = ImageFiles {
-        paths,
-        options,
-        what,
-        fix,
-        shape_fix,
-    };
-    ImageDataset::on_disk(name, shape, files, labels, classes)
+
+    /// The dataset of `shape` samples on disk. `(what, fix)` is [`check_target`]'s for
+    /// `shape`, and `shape_fix` (if any) the fix an image of the wrong size names.
+    pub(crate) fn on_disk(
+        self,
+        shape: [usize; 3],
+        options: ImageOptions,
+        (what, fix): (String, String),
+        shape_fix: Option<String>,
+    ) -> Result<ImageDataset> {
+        let files = ImageFiles {
+            paths: self.paths,
+            options,
+            what,
+            fix,
+            shape_fix,
+        };
+        ImageDataset::on_disk(self.name, shape, files, self.labels, self.classes)
+    }
 }

@@ -5,8 +5,8 @@
 
 use crate::dataset::{ImageDataset, Split};
 use crate::error::{arg_err, Error, Result};
-use crate::image_folder::{class_folders, first_image, listed};
-use crate::image_io::{read_image, ImageOptions};
+use crate::image_folder::FolderFiles;
+use crate::image_io::{check_target, read_image, ImageOptions};
 use crate::transforms::{Augment, Normalize};
 use crate::{cifar10, mnist, synthetic};
 use std::path::{Path, PathBuf};
@@ -261,20 +261,18 @@ fn load_folders(
             ));
         }
     }
-    // the class folders first, so differing splits are refused before any image is decoded
-    let names = |split: &Path| -> Result<Vec<String>> {
-        Ok(class_folders(split)?.into_iter().map(|(n, _)| n).collect())
-    };
-    let (train_classes, val_classes) = (names(&train_dir)?, names(&val_dir)?);
-    if train_classes != val_classes {
+    // both splits listed first, so differing classes are refused before any image is decoded
+    let (train, val) = (FolderFiles::list(&train_dir)?, FolderFiles::list(&val_dir)?);
+    if train.classes != val.classes {
         return Err(arg_err(
             "DataSource",
             format!(
-                "{} has the classes {train_classes:?} but {} has {val_classes:?}; give both \
-                 splits the same class folders (an empty one is an error, so move at least one \
-                 image into it)",
+                "{} has the classes {:?} but {} has {:?}; give both splits the same class \
+                 folders (an empty one is an error, so move at least one image into it)",
                 train_dir.display(),
+                train.classes,
                 val_dir.display(),
+                val.classes,
             ),
         ));
     }
@@ -287,7 +285,8 @@ fn load_folders(
             size,
         ),
         None => {
-            let (_, [_, h, w]) = read_image(first_image(&train_dir)?)?;
+            // a listed split holds at least one image (an empty class is an error)
+            let (_, [_, h, w]) = read_image(&train.paths[0])?;
             let options = ImageOptions {
                 convert_channels: true,
                 resize: false,
@@ -295,15 +294,17 @@ fn load_folders(
             (options, [h, w])
         }
     };
+    let shape = [3, h, w];
+    let target = check_target("DataSource", shape)?;
     // an image of another size names the flag that resizes, not the library option
     let fix = format!(
         "pass folder:{h}x{w}:{} to resize every image to the first one's size",
         dir.display()
     );
-    let list = |split: &Path| listed("DataSource", split, [3, h, w], options, Some(fix.clone()));
-    let (train, val) = (list(&train_dir)?, list(&val_dir)?);
+    let train = train.on_disk(shape, options, target.clone(), Some(fix.clone()))?;
+    let val = val.on_disk(shape, options, target, Some(fix))?;
     let samples = train.len().saturating_add(val.len());
-    if !fits_in_memory(samples, [3, h, w], memory) {
+    if !fits_in_memory(samples, shape, memory) {
         return Ok((train, val));
     }
     Ok((train.into_memory()?, val.into_memory()?))
