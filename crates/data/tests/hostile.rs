@@ -275,15 +275,8 @@ fn a_pipe_or_a_folder_is_refused_not_waited_on() {
     let dir = std::env::temp_dir().join(format!("kiln-pipes-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("folder.png")).unwrap();
-    let fifo = |name: &str| {
-        let ok = std::process::Command::new("mkfifo")
-            .arg(dir.join(name))
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mkfifo {name} failed");
-    };
-    fifo("pipe.png");
-    fifo("t10k-images-idx3-ubyte");
+    kiln_testkit::make_fifo(&dir.join("pipe.png"));
+    kiln_testkit::make_fifo(&dir.join("t10k-images-idx3-ubyte"));
     let answer = |read: Box<dyn FnOnce() -> String + Send>| {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || tx.send(read()));

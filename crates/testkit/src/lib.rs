@@ -1,7 +1,8 @@
 //! Numeric helpers for kiln's tests, written once: closeness with an absolute and a relative
 //! tolerance, errors in units in the last place, slice assertions that name the first bad
 //! index, a central finite-difference gradient check, a check that an error message prints
-//! its numbers readably, and the fuzz suites' cap on their own address space.
+//! its numbers readably, the fuzz suites' cap on their own address space, and a named pipe for
+//! the tests of readers that must refuse one.
 //!
 //! Invariants: every numeric helper works on plain `f64` values, closures or message text (the
 //! address-space cap on the test process itself), and none depends on a kiln crate (each kiln
@@ -152,6 +153,16 @@ pub fn assert_readable(message: &str) {
              shown with {{}} rather than {{:?}}): {message}"
         );
     }
+}
+
+/// Makes a named pipe at `path` (the `mkfifo` command), for the tests of readers that must
+/// refuse one rather than wait for its writer. Panics when it cannot.
+pub fn make_fifo(path: &std::path::Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(made, "mkfifo {} failed", path.display());
 }
 
 #[cfg(test)]

@@ -223,9 +223,9 @@ pub fn jpeg_files(seed: u64, cases: usize) {
         }
         mutate_bytes(&mut bytes, rng, 0);
         // Hostile requested sizes are the PNG target's. A large real size here would only time
-        // a large resize in a debug build: zune-jpeg fills a short file out to its header's
-        // size, and a 16x32768 decode resized to 1000 wide is 0.3 G multiply-adds of
-        // legitimate work (a second in release, as in Pillow), to 65536 wide 20 G.
+        // a large resize in a debug build: a mutated header's size is what gets decoded, and a
+        // 16x32768 decode resized to 1000 wide is 0.3 G multiply-adds of legitimate work (a
+        // second in release, as in Pillow), to 65536 wide 20 G.
         ImageCase::drawn(
             rng,
             bytes,

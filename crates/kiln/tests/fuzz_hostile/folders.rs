@@ -144,13 +144,7 @@ fn write(dir: &Path, root: &Path, entries: &[Entry], png: &[u8]) {
                 };
                 std::os::unix::fs::symlink(target, dir.join(name)).unwrap();
             }
-            Entry::Pipe => {
-                let ok = std::process::Command::new("mkfifo")
-                    .arg(dir.join(format!("{k}pipe.png")))
-                    .status()
-                    .is_ok_and(|s| s.success());
-                assert!(ok, "mkfifo failed");
-            }
+            Entry::Pipe => kiln_testkit::make_fifo(&dir.join(format!("{k}pipe.png"))),
         }
     }
 }
